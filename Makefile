@@ -1,0 +1,54 @@
+# ddslurm developer entry points. `make help` lists them.
+.DEFAULT_GOAL := help
+SHELL := /bin/bash
+export UV_PYTHON_DOWNLOADS := never
+PKGS := config providers planner launcher runtime collector
+UV ?= uv
+
+bootstrap: ## install uv (pip) if missing and sync the workspace
+	@command -v $(UV) >/dev/null 2>&1 || python3 -m pip install --quiet 'uv==0.13.8'
+	$(UV) sync --all-packages --locked
+
+cluster: ## start the embedded local Slurm cluster (idempotent)
+	tools/local-slurm start
+
+demo: bootstrap cluster ## end to end: local Slurm + local hosted endpoint + hosted-only example + collection
+	tools/demo
+
+test: bootstrap cluster ## the whole suite, in parallel
+	$(UV) run pytest -n auto --dist=loadgroup --durations=15
+
+lint: ## ruff lint + format check
+	$(UV) run ruff check .
+	$(UV) run ruff format --check .
+
+typecheck: ## mypy --strict over the packages
+	$(UV) run mypy
+
+imports: ## import-linter layering contracts
+	$(UV) run lint-imports
+
+lock-check: ## uv.lock up to date with the pyproject files
+	$(UV) lock --check
+
+check: bootstrap lint typecheck imports lock-check test ## what CI runs
+
+test-%: ## one package's tests: make test-runtime
+	$(UV) run pytest -n auto packages/$*/tests
+
+test-isolated-%: ## one package with ONLY its declared dependencies installed
+	@V=$$(mktemp -d); trap 'rm -rf $$V' EXIT; \
+	UV_PROJECT_ENVIRONMENT=$$V $(UV) sync --package ddslurm-$* --locked --quiet && \
+	UV_PROJECT_ENVIRONMENT=$$V $(UV) run --no-sync --with pytest --with pytest-xdist \
+	  pytest -n auto -p no:cacheprovider packages/$*/tests
+
+bench: bootstrap cluster ## benchmarks (ratios against a baseline measured in the same run)
+	$(UV) run python bench/run.py
+
+clean-work: ## remove the local workspace of runs
+	rm -rf .ddslurm-work
+
+help:
+	@awk -F':.*## ' '/^[a-zA-Z%_-]+:.*## /{printf "  %-18s %s\n",$$1,$$2}' $(MAKEFILE_LIST)
+
+.PHONY: bootstrap cluster demo test lint typecheck imports lock-check check bench clean-work help

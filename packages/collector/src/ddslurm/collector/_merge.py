@@ -1,0 +1,194 @@
+"""Merge the published winners of a run into one Parquet dataset, streaming with bounded memory."""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import msgspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ddslurm.collector.errors import CollectError, DestinationExistsError, MissingWinnersError, SchemaConflictError
+from ddslurm.config import (
+    FileEntry,
+    Frozen,
+    Plan,
+    RunLayout,
+    WinnerRecord,
+    atomic_write,
+    digest,
+    encode_pretty,
+    make_private_dir,
+    read_json,
+    sha256_file,
+)
+
+MANIFEST = "_manifest.json"  # leading underscore: pyarrow and pandas skip it when reading the directory
+TARGET_FILE_BYTES = 512 << 20
+
+
+class ShardEntry(Frozen, kw_only=True):
+    shard: int
+    attempt: str
+    rows: int
+
+
+class Manifest(Frozen, kw_only=True):
+    run_id: str
+    plan_sha256: str
+    rows: int
+    shards: tuple[ShardEntry, ...]
+    schema: str
+    files: tuple[FileEntry, ...]
+    collected_at: str
+
+
+@dataclass(frozen=True, slots=True)
+class CollectResult:
+    dataset: Path
+    rows: int
+    files: tuple[Path, ...]
+    manifest: Path
+
+
+def _winners(layout: RunLayout, plan: Plan) -> list[WinnerRecord]:
+    winners: list[WinnerRecord] = []
+    missing: list[int] = []
+    for spec in plan.shards:
+        path = layout.shard(spec.index).winner
+        try:
+            winners.append(read_json(path, WinnerRecord))
+        except FileNotFoundError:
+            missing.append(spec.index)
+    if missing:
+        raise MissingWinnersError(missing)
+    return winners
+
+
+def _batch_files(winners: list[WinnerRecord]) -> list[Path]:
+    files: list[Path] = []
+    for w in winners:
+        for entry in w.files:
+            path = Path(w.dataset_dir) / entry.path
+            if not path.is_file() or path.stat().st_size != entry.size:
+                raise CollectError(f"shard {w.shard}: {path} is missing or changed since it was published")
+            files.append(path)
+    return files
+
+
+def unified_schema(schemas: list[tuple[Path, pa.Schema]]) -> pa.Schema:
+    """One schema for all files: columns in first-seen order, types unified without changing values."""
+    order: dict[str, None] = {}
+    for _, schema in schemas:
+        for name in schema.names:
+            order.setdefault(name, None)
+    fields: list[pa.Field] = []
+    for name in order:
+        seen = [(path, s.field(name)) for path, s in schemas if name in s.names]
+        try:
+            merged = pa.unify_schemas([pa.schema([f]) for _, f in seen], promote_options="permissive")
+        except (pa.ArrowTypeError, pa.ArrowInvalid) as exc:
+            first_path, first = seen[0]
+            other_path, other = next(((p, f) for p, f in seen if f.type != first.type), seen[-1])
+            raise SchemaConflictError(
+                f"column {name!r} has types that cannot be unified: {first.type} in {first_path} and "
+                f"{other.type} in {other_path} ({exc})"
+            ) from exc
+        fields.append(merged.field(name).with_nullable(True))
+    return pa.schema(fields)
+
+
+def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """Select by name into the unified order (never by position), add missing columns as nulls, cast."""
+    columns = []
+    for field in schema:
+        if field.name in table.column_names:
+            columns.append(table.column(field.name).cast(field.type))
+        else:
+            columns.append(pa.nulls(table.num_rows, type=field.type))
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _publish(staging: Path, destination: Path, overwrite: bool) -> None:
+    if destination.is_symlink():
+        raise DestinationExistsError(f"{destination}: is a symbolic link; refusing to replace it")
+    if not destination.exists():
+        staging.rename(destination)
+        return
+    if not overwrite:
+        raise DestinationExistsError(f"{destination}: already exists; pass --overwrite to replace it")
+    trash = destination.with_name(f".{destination.name}.old-{secrets.token_hex(4)}")
+    destination.rename(trash)
+    staging.rename(destination)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def collect(
+    layout: RunLayout,
+    *,
+    destination: Path | None = None,
+    overwrite: bool = False,
+    clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    target_file_bytes: int = TARGET_FILE_BYTES,
+    progress: Callable[[int, int], None] | None = None,
+) -> CollectResult:
+    """Merge every shard's winner into ``destination`` (default: the run's ``dataset/``) atomically."""
+    plan = read_json(layout.plan, Plan)
+    destination = destination or layout.dataset
+    if (destination.exists() or destination.is_symlink()) and not overwrite:
+        raise DestinationExistsError(f"{destination}: already exists; pass --overwrite to replace it")
+    winners = _winners(layout, plan)
+    files = _batch_files(winners)
+    schema = unified_schema([(f, pq.read_schema(f)) for f in files])
+    make_private_dir(layout.collections, exist_ok=True)
+    staging = destination.parent / f".{destination.name}.staging-{secrets.token_hex(6)}"
+    make_private_dir(staging)
+    try:
+        written: list[Path] = []
+        writer: pq.ParquetWriter | None = None
+        rows = 0
+        for done, path in enumerate(files, start=1):
+            table = _conform(pq.read_table(path), schema)
+            if writer is None or (written and written[-1].stat().st_size >= target_file_bytes):
+                if writer is not None:
+                    writer.close()
+                written.append(staging / f"part-{len(written):05d}.parquet")
+                writer = pq.ParquetWriter(written[-1], schema)
+            writer.write_table(table, row_group_size=64 * 1024)
+            rows += table.num_rows
+            if progress is not None:
+                progress(done, len(files))
+        if writer is not None:
+            writer.close()
+        expected = sum(w.rows for w in winners)
+        if rows != expected:
+            raise CollectError(f"collected {rows} rows but the winners report {expected}; nothing was published")
+        manifest = Manifest(
+            run_id=plan.run_id,
+            plan_sha256=digest(plan),
+            rows=rows,
+            shards=tuple(ShardEntry(shard=w.shard, attempt=w.attempt, rows=w.rows) for w in winners),
+            schema=schema.to_string(show_schema_metadata=False),
+            files=tuple(FileEntry(path=p.name, size=p.stat().st_size, sha256=sha256_file(p)) for p in written),
+            collected_at=clock().isoformat(),
+        )
+        atomic_write(staging / MANIFEST, encode_pretty(manifest))
+        _publish(staging, destination, overwrite)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return CollectResult(
+        dataset=destination,
+        rows=rows,
+        files=tuple(destination / p.name for p in written),
+        manifest=destination / MANIFEST,
+    )
+
+
+def read_manifest(dataset: Path) -> Manifest:
+    return msgspec.json.decode((dataset / MANIFEST).read_bytes(), type=Manifest)

@@ -1,0 +1,70 @@
+"""JSON encoding of contract structs: canonical (sorted keys) so that hashes are stable."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, TypeVar
+
+import msgspec
+
+from ddslurm.config._files import read_regular, sha256_bytes
+from ddslurm.config._profile import ClusterProfile
+from ddslurm.config._runfile import RunFile
+from ddslurm.config._yaml import load_struct
+from ddslurm.config.errors import ConfigFileError
+
+T = TypeVar("T")
+
+_ENCODER = msgspec.json.Encoder(order="deterministic")
+
+
+def encode(obj: Any) -> bytes:
+    """Canonical JSON: sorted keys, no insignificant whitespace, trailing newline."""
+    return _ENCODER.encode(obj) + b"\n"
+
+
+def encode_pretty(obj: Any) -> bytes:
+    return msgspec.json.format(_ENCODER.encode(obj), indent=2) + b"\n"
+
+
+def digest(obj: Any) -> str:
+    """sha256 of the canonical encoding."""
+    return sha256_bytes(_ENCODER.encode(obj))
+
+
+def read_json(path: Path, kind: type[T]) -> T:
+    """Read a record written by ddslurm; never follows a symbolic link."""
+    try:
+        data = read_regular(path)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise ConfigFileError(path, f"cannot read: {exc.strerror or exc}") from exc
+    try:
+        return msgspec.json.decode(data, type=kind)
+    except msgspec.DecodeError as exc:
+        raise ConfigFileError(path, str(exc)) from exc
+
+
+def load_run_file(path: Path) -> RunFile:
+    """Load a run file strictly (unknown keys, wrong types and bad values name file:line:col and field)."""
+    return load_struct(path, RunFile)
+
+
+def load_profile(path: Path) -> ClusterProfile:
+    """Load a cluster profile; relative paths in it are made absolute against the profile's directory."""
+    profile = load_struct(path, ClusterProfile)
+    base = path.resolve().parent
+
+    def absolute(value: str) -> str:
+        return str((base / value).resolve()) if not Path(value).is_absolute() else value
+
+    executable = profile.vllm_executable
+    if executable is not None and ("/" in executable):
+        executable = absolute(executable)
+    return msgspec.structs.replace(
+        profile,
+        workspace=absolute(profile.workspace),
+        python_env=absolute(profile.python_env),
+        vllm_executable=executable,
+    )

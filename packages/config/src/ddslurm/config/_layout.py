@@ -1,0 +1,129 @@
+"""The run-directory layout (version 1). Every path a run uses is derived here and nowhere else.
+
+<workspace>/runs/<run_id>/
+    run.json                      the plan (immutable, hashed)
+    inputs/recipe.yaml            the recipe as submitted
+    inputs/snapshot.json          the provider snapshot (owner-only)
+    inputs/run.yaml               the run file as submitted
+    submissions/<array_job_id>.json
+    generate.sbatch               the rendered batch script
+    logs/slurm-<array>_<task>.out
+    shards/shard-<NNNNN>/
+        winner.json               written once by the first verified attempt
+        attempts/attempt-<job_id>/
+            attempt.json          attempt record (state, reason, rows)
+            client.log            structured log of the generation step
+            output/<dataset>/     Data Designer's own dataset directory
+    collections/<id>/             collection working area
+    dataset/                      the final dataset (published atomically)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+LAYOUT_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptLayout:
+    dir: Path
+
+    @property
+    def record(self) -> Path:
+        return self.dir / "attempt.json"
+
+    @property
+    def client_log(self) -> Path:
+        return self.dir / "client.log"
+
+    @property
+    def output(self) -> Path:
+        return self.dir / "output"
+
+
+@dataclass(frozen=True, slots=True)
+class ShardLayout:
+    dir: Path
+    index: int
+
+    @property
+    def winner(self) -> Path:
+        return self.dir / "winner.json"
+
+    @property
+    def attempts(self) -> Path:
+        return self.dir / "attempts"
+
+    def attempt(self, attempt_id: str) -> AttemptLayout:
+        return AttemptLayout(self.attempts / attempt_id)
+
+
+@dataclass(frozen=True, slots=True)
+class RunLayout:
+    root: Path
+
+    @classmethod
+    def in_workspace(cls, workspace: Path, run_id: str) -> RunLayout:
+        return cls(workspace / "runs" / run_id)
+
+    @property
+    def run_id(self) -> str:
+        return self.root.name
+
+    @property
+    def plan(self) -> Path:
+        return self.root / "run.json"
+
+    @property
+    def inputs(self) -> Path:
+        return self.root / "inputs"
+
+    @property
+    def recipe(self) -> Path:
+        return self.inputs / "recipe.yaml"
+
+    @property
+    def snapshot(self) -> Path:
+        return self.inputs / "snapshot.json"
+
+    @property
+    def run_file(self) -> Path:
+        return self.inputs / "run.yaml"
+
+    @property
+    def submissions(self) -> Path:
+        return self.root / "submissions"
+
+    @property
+    def script(self) -> Path:
+        return self.root / "generate.sbatch"
+
+    @property
+    def collect_script(self) -> Path:
+        return self.root / "collect.sbatch"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def shards(self) -> Path:
+        return self.root / "shards"
+
+    @property
+    def collections(self) -> Path:
+        return self.root / "collections"
+
+    @property
+    def dataset(self) -> Path:
+        return self.root / "dataset"
+
+    def shard(self, index: int) -> ShardLayout:
+        return ShardLayout(self.shards / f"shard-{index:05d}", index)
+
+
+def attempt_id_for(job_id: str) -> str:
+    """The attempt directory name of a Slurm job (unique per cluster, so no counter is needed)."""
+    return f"attempt-{job_id}"

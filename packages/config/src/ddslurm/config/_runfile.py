@@ -1,0 +1,61 @@
+"""The run file: what a user writes to describe one run. It names no providers and no API keys."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+
+from ddslurm.config._base import Frozen
+
+PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
+Name = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+ResumeMode = Literal["never", "always", "if_possible"]
+
+
+class Deployment(Frozen, kw_only=True):
+    """A vLLM deployment started inside the job, serving one model alias of the recipe."""
+
+    model_alias: str
+    model: str
+    served_model_name: str | None = None
+    replicas: PositiveInt = 1
+    tensor_parallel: PositiveInt = 1
+    extra_args: tuple[str, ...] = ()
+
+
+class Submission(Frozen, kw_only=True):
+    """Scheduler settings of the generation jobs. ``None`` means "take the profile's default"."""
+
+    account: str | None = None
+    partition: str | None = None
+    qos: str | None = None
+    time_limit: str | int = "01:00:00"
+    memory: str | None = None
+    cpus: PositiveInt = 2
+    constraint: str | None = None
+    reservation: str | None = None
+    extra_sbatch: tuple[str, ...] = ()
+
+
+class Collection(Frozen, kw_only=True):
+    """Scheduler settings of the collection job."""
+
+    partition: str | None = None
+    memory: str | None = None
+    time_limit: str | int = "00:30:00"
+    cpus: PositiveInt = 1
+
+
+class RunFile(Frozen, kw_only=True):
+    """Top level of ``run.yaml``."""
+
+    name: Name
+    recipe: str
+    num_records: PositiveInt
+    shards: PositiveInt = 1
+    resume: ResumeMode = "if_possible"
+    buffer_size: PositiveInt = 1000
+    deployments: tuple[Deployment, ...] = ()
+    submission: Submission = msgspec.field(default_factory=Submission)
+    collection: Collection = msgspec.field(default_factory=Collection)

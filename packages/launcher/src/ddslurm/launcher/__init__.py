@@ -1,0 +1,37 @@
+"""ddslurm.launcher: the ``ddslurm`` CLI: renders batch scripts, submits, status, wait, cancel, collect."""
+
+from ddslurm.launcher._collect import collect_local, collect_with_slurm, wait_for_job
+from ddslurm.launcher._render import render_collection, render_generation
+from ddslurm.launcher._slurm import Completed, Runner, Slurm, TaskState, parse_job_key, subprocess_runner
+from ddslurm.launcher._status import RunStatus, ShardStatus, find_run, run_state, run_status
+from ddslurm.launcher._submit import Prepared, Submitted, prepare, submit, submit_shards, write_run_dir
+from ddslurm.launcher.errors import LauncherError, RunNotFoundError, SlurmError, SubmitError
+
+__all__ = [
+    "Completed",
+    "LauncherError",
+    "Prepared",
+    "RunNotFoundError",
+    "RunStatus",
+    "Runner",
+    "ShardStatus",
+    "Slurm",
+    "SlurmError",
+    "SubmitError",
+    "Submitted",
+    "TaskState",
+    "collect_local",
+    "collect_with_slurm",
+    "find_run",
+    "parse_job_key",
+    "prepare",
+    "render_collection",
+    "render_generation",
+    "run_state",
+    "run_status",
+    "submit",
+    "submit_shards",
+    "subprocess_runner",
+    "wait_for_job",
+    "write_run_dir",
+]

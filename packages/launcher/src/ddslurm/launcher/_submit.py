@@ -1,0 +1,145 @@
+"""Submission: capture inputs, compile the plan, write the run directory, sbatch the array.
+
+Everything that can be wrong with the inputs is checked before the run directory is created, so a refused
+submission changes nothing on disk.
+"""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from ddslurm.config import (
+    ConfigError,
+    Plan,
+    ProviderSnapshot,
+    RunLayout,
+    SubmissionRecord,
+    atomic_write,
+    encode,
+    encode_pretty,
+    load_profile,
+    load_run_file,
+    make_private_dir,
+    publish_once,
+    sha256_bytes,
+)
+from ddslurm.launcher._render import render_generation
+from ddslurm.launcher._slurm import Slurm
+from ddslurm.launcher.errors import LauncherError, SubmitError
+from ddslurm.planner import PlanError, PlanInputs, compile_plan
+from ddslurm.providers import AliasRow, Origin, ProvidersError, load_recipe, load_settings, resolve
+from ddslurm.providers.discovery import settings_dir
+
+
+@dataclass(frozen=True, slots=True)
+class Submitted:
+    layout: RunLayout
+    plan: Plan
+    job_id: str
+    aliases: tuple[AliasRow, ...]
+
+
+def new_run_id(name: str, now: datetime) -> str:
+    return f"{name}-{now.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    layout: RunLayout
+    plan: Plan
+    run_bytes: bytes
+    recipe_bytes: bytes
+    snapshot_bytes: bytes
+    aliases: tuple[AliasRow, ...]
+
+
+def prepare(
+    run_path: Path, profile_path: Path, env: Mapping[str, str], now: datetime, home: Path | None = None
+) -> Prepared:
+    """Validate and compile everything; touch nothing on disk."""
+    try:
+        run = load_run_file(run_path)
+        profile = load_profile(profile_path)
+        recipe_path = (run_path.parent / run.recipe).resolve()
+        if not recipe_path.is_file():
+            raise SubmitError(f"{run_path}: recipe: {recipe_path} does not exist")
+        recipe_bytes = recipe_path.read_bytes()
+        recipe = load_recipe(recipe_path)
+        settings = load_settings(settings_dir(env, home))
+        resolution = resolve(recipe, Origin(recipe_path), settings, run.deployments, env)
+        snapshot: ProviderSnapshot = resolution.snapshot
+        snapshot_bytes = encode_pretty(snapshot)
+        layout = RunLayout.in_workspace(Path(profile.workspace), new_run_id(run.name, now))
+        plan = compile_plan(
+            PlanInputs(
+                run=run,
+                profile=profile,
+                snapshot=snapshot,
+                layout=layout,
+                recipe_sha256=sha256_bytes(recipe_bytes),
+                snapshot_sha256=sha256_bytes(snapshot_bytes),
+            )
+        )
+    except (ConfigError, ProvidersError, PlanError) as exc:
+        raise SubmitError(str(exc)) from exc
+    python = Path(profile.python_env) / "bin" / "ddslurm-runtime"
+    if not python.exists():
+        raise SubmitError(f"{profile_path}: python_env: {python} does not exist (the compute nodes run it)")
+    return Prepared(layout, plan, run_path.read_bytes(), recipe_bytes, snapshot_bytes, resolution.rows)
+
+
+def write_run_dir(p: Prepared) -> None:
+    layout = p.layout
+    make_private_dir(layout.root)
+    for d in (layout.inputs, layout.submissions, layout.logs, layout.shards):
+        make_private_dir(d)
+    for spec in p.plan.shards:
+        shard = layout.shard(spec.index)
+        make_private_dir(shard.dir)
+        make_private_dir(shard.attempts)
+    atomic_write(layout.run_file, p.run_bytes)
+    atomic_write(layout.recipe, p.recipe_bytes)
+    atomic_write(layout.snapshot, p.snapshot_bytes)
+    atomic_write(layout.plan, encode_pretty(p.plan))
+
+
+def submit_shards(
+    layout: RunLayout, plan: Plan, shards: list[int], slurm: Slurm, env: Mapping[str, str], now: datetime
+) -> str:
+    """sbatch one array for ``shards``; the secret variables travel by name (``--export=NAMES``)."""
+    script = render_generation(plan, layout, shards)
+    script_path = layout.root / f"generate-{now.strftime('%Y%m%d%H%M%S')}-{secrets.token_hex(2)}.sbatch"
+    atomic_write(script_path, script.encode(), mode=0o700)
+    if not layout.script.exists():
+        atomic_write(layout.script, script.encode(), mode=0o700)
+    job_id = slurm.sbatch(str(script_path), export=plan.secret_env, env=env)
+    record = SubmissionRecord(
+        array_job_id=job_id, shards=tuple(shards), submitted_at=now.isoformat(), script=str(script_path)
+    )
+    publish_once(layout.submissions / f"{job_id}.json", encode(record))
+    return job_id
+
+
+def submit(
+    run_path: Path,
+    profile_path: Path,
+    *,
+    slurm: Slurm,
+    env: Mapping[str, str],
+    clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    home: Path | None = None,
+) -> Submitted:
+    now = clock()
+    prepared = prepare(run_path, profile_path, env, now, home)
+    write_run_dir(prepared)
+    try:
+        job_id = submit_shards(prepared.layout, prepared.plan, [s.index for s in prepared.plan.shards], slurm, env, now)
+    except LauncherError:
+        shutil.rmtree(prepared.layout.root, ignore_errors=True)
+        raise
+    return Submitted(prepared.layout, prepared.plan, job_id, prepared.aliases)

@@ -1,0 +1,6 @@
+"""ddslurm.planner: a pure compiler from run file, recipe, snapshot and profile to an immutable plan."""
+
+from ddslurm.planner._compile import PlanInputs, compile_plan, parse_time_limit, split_records
+from ddslurm.planner.errors import PlanError
+
+__all__ = ["PlanError", "PlanInputs", "compile_plan", "parse_time_limit", "split_records"]

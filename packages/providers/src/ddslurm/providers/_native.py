@@ -1,0 +1,101 @@
+"""Data Designer's native settings files: ``model_providers.yaml`` and ``model_configs.yaml``.
+
+Both shapes are accepted: the one DD's library writes (explicit nulls) and the one its CLI writes (keys
+absent). Inference parameters are kept as written, so hosted aliases keep their settings exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from ddslurm.config import ConfigFileError, load_struct
+from ddslurm.providers.errors import SettingsError
+
+PROVIDERS_FILE = "model_providers.yaml"
+MODEL_CONFIGS_FILE = "model_configs.yaml"
+
+
+class NativeProvider(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    name: str
+    endpoint: str
+    provider_type: str = "openai"
+    api_key: str | None = None
+    extra_body: dict[str, Any] | None = None
+    extra_headers: dict[str, str] | None = None
+
+
+class NativeModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    alias: str
+    model: str
+    provider: str | None = None
+    inference_parameters: dict[str, Any] | None = None
+    skip_health_check: bool = False
+
+
+class _ProvidersFile(msgspec.Struct, frozen=True, kw_only=True):
+    providers: tuple[NativeProvider, ...] = ()
+
+
+class _ModelConfigsFile(msgspec.Struct, frozen=True, kw_only=True):
+    model_configs: tuple[NativeModelConfig, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Where a definition came from, for error messages."""
+
+    path: Path
+    line: int | None = None
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}" if self.line is not None else str(self.path)
+
+
+@dataclass(frozen=True, slots=True)
+class NativeSettings:
+    """Providers and model configs found in a settings directory, with their origins."""
+
+    directory: Path
+    providers: tuple[tuple[NativeProvider, Origin], ...]
+    models: tuple[tuple[NativeModelConfig, Origin], ...]
+
+
+def _lower_provider_type(tree: Any) -> Any:
+    if isinstance(tree, dict):
+        for entry in tree.get("providers") or []:
+            if isinstance(entry, dict) and isinstance(entry.get("provider_type"), str):
+                entry["provider_type"] = entry["provider_type"].lower()
+        if tree.get("providers") is None:
+            tree["providers"] = []
+    return tree
+
+
+def _null_list(key: str) -> Any:
+    def prepare(tree: Any) -> Any:
+        if isinstance(tree, dict) and tree.get(key) is None:
+            tree[key] = []
+        return tree
+
+    return prepare
+
+
+def load_settings(directory: Path) -> NativeSettings:
+    """Read the settings directory. Missing files mean "nothing defined there"; malformed ones are errors."""
+    providers: list[tuple[NativeProvider, Origin]] = []
+    models: list[tuple[NativeModelConfig, Origin]] = []
+    providers_path = directory / PROVIDERS_FILE
+    models_path = directory / MODEL_CONFIGS_FILE
+    try:
+        if providers_path.is_file():
+            pfile = load_struct(providers_path, _ProvidersFile, prepare=_lower_provider_type)
+            providers = [(p, Origin(providers_path)) for p in pfile.providers]
+        if models_path.is_file():
+            mfile = load_struct(models_path, _ModelConfigsFile, prepare=_null_list("model_configs"))
+            models = [(m, Origin(models_path)) for m in mfile.model_configs]
+    except ConfigFileError as exc:
+        raise SettingsError(str(exc)) from exc
+    return NativeSettings(directory=directory, providers=tuple(providers), models=tuple(models))

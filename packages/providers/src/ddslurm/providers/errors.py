@@ -1,0 +1,25 @@
+"""Errors of the providers layer.
+
+ProvidersError               root of every error this package raises
+├── SettingsError            a native settings file is malformed (wraps ConfigFileError text)
+└── ResolutionError          aliases, providers or secrets do not resolve; lists every problem found
+"""
+
+from __future__ import annotations
+
+
+class ProvidersError(Exception):
+    """Root of the errors raised by ddslurm.providers."""
+
+
+class SettingsError(ProvidersError):
+    """A Data Designer settings file could not be read."""
+
+
+class ResolutionError(ProvidersError):
+    """The recipe's model aliases cannot be resolved to providers; ``problems`` lists each reason."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = list(problems)
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(f"{len(self.problems)} problem(s) resolving model providers:\n{lines}")

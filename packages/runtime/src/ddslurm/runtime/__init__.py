@@ -1,0 +1,34 @@
+"""ddslurm.runtime: runs on compute nodes; reads only the plan and the snapshot, never the submitter's home."""
+
+from ddslurm.runtime._attempt import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL, AttemptRunner, Inputs, load_inputs
+from ddslurm.runtime._engine import EngineRequest, EngineResult, engine_environment, recipe_with_models, run_engine
+from ddslurm.runtime._verify import make_private, scan_for_secrets, verify_dataset
+from ddslurm.runtime.errors import (
+    EngineError,
+    InputsError,
+    RuntimeFailure,
+    SecretMissingError,
+    VerificationError,
+)
+
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_OK",
+    "EXIT_PARTIAL",
+    "AttemptRunner",
+    "EngineError",
+    "EngineRequest",
+    "EngineResult",
+    "Inputs",
+    "InputsError",
+    "RuntimeFailure",
+    "SecretMissingError",
+    "VerificationError",
+    "engine_environment",
+    "load_inputs",
+    "make_private",
+    "recipe_with_models",
+    "run_engine",
+    "scan_for_secrets",
+    "verify_dataset",
+]

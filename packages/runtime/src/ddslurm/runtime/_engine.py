@@ -1,0 +1,131 @@
+"""The one place that drives Data Designer: build the providers and config from the snapshot, run create().
+
+Data Designer reads several environment variables at import time, so :func:`engine_environment` must be
+applied to ``os.environ`` before this module's functions import it (the CLI does that first thing).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ddslurm.config import ProviderSnapshot
+from ddslurm.runtime.errors import EngineError
+
+# sha1 of tiktoken's cl100k_base blob URL: the cache file name tiktoken looks for.
+_CL100K_CACHE_NAME = "9b5ad71b2ce5302211f9c61530b329a4922fc6a4"
+
+
+def engine_environment(scratch_home: Path) -> dict[str, str]:
+    """Variables that keep Data Designer offline and out of the user's home directory."""
+    return {
+        "DATA_DESIGNER_HOME": str(scratch_home),
+        "DATA_DESIGNER_MANAGED_ASSETS_PATH": str(scratch_home / "managed-assets"),
+        "NEMO_TELEMETRY_ENABLED": "false",
+        "HF_HUB_OFFLINE": "1",
+        "DISABLE_DATA_DESIGNER_PLUGINS": "true",
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class EngineRequest:
+    recipe: Mapping[str, Any]
+    snapshot: ProviderSnapshot
+    endpoints: Mapping[str, str]
+    artifact_path: Path
+    scratch_home: Path
+    dataset_name: str
+    num_records: int
+    buffer_size: int
+    on_batch_complete: Callable[[Path], None] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineResult:
+    dataset_dir: Path
+    rows: int
+    requested: int
+
+
+def recipe_with_models(recipe: Mapping[str, Any], snapshot: ProviderSnapshot) -> dict[str, Any]:
+    """The recipe with its model configs replaced by the snapshot's (hosted ones kept exactly)."""
+    out = copy.deepcopy(dict(recipe))
+    section = out["data_designer"] if isinstance(out.get("data_designer"), dict) else out
+    models: list[dict[str, Any]] = []
+    for m in snapshot.models:
+        entry: dict[str, Any] = {"alias": m.alias, "model": m.model, "provider": m.provider}
+        if m.inference_parameters is not None:
+            entry["inference_parameters"] = m.inference_parameters
+        entry["skip_health_check"] = m.skip_health_check
+        models.append(entry)
+    section["model_configs"] = models
+    return out
+
+
+def _estimate_tokens_offline() -> None:
+    """Without tiktoken's cl100k_base file the profiler would try to download it for every LLM column
+    (and on reasoning responses): swap in a len/4 estimate so a node without internet never waits on it."""
+    cache = os.environ.get("TIKTOKEN_CACHE_DIR") or os.environ.get("DATA_GYM_CACHE_DIR")
+    cache_dir = Path(cache) if cache else Path(tempfile.gettempdir()) / "data-gym-cache"
+    if (cache_dir / _CL100K_CACHE_NAME).is_file():
+        return
+    from data_designer.engine.utils import token_counting
+
+    class _Estimate:
+        def encode(self, text: str, **_: Any) -> list[int]:
+            return [0] * max(1, (len(text) + 3) // 4) if text else []
+
+    token_counting.get_cl100k_base_tokenizer = lambda: _Estimate()  # type: ignore[assignment]
+
+
+def run_engine(request: EngineRequest) -> EngineResult:
+    """Run Data Designer for one shard and return where it wrote the dataset and how many rows it made."""
+    import data_designer.config as dd
+    from data_designer.engine.secret_resolver import EnvironmentResolver
+    from data_designer.interface import DataDesigner
+
+    _estimate_tokens_offline()
+    providers = []
+    for p in request.snapshot.providers:
+        endpoint = request.endpoints.get(p.name, p.endpoint) if p.local else p.endpoint
+        providers.append(
+            dd.ModelProvider(
+                name=p.name,
+                endpoint=endpoint,
+                provider_type=p.provider_type,
+                api_key=p.api_key_env,
+                extra_body=p.extra_body,
+                extra_headers=p.extra_headers,
+            )
+        )
+    try:
+        builder = dd.DataDesignerConfigBuilder.from_config(recipe_with_models(request.recipe, request.snapshot))
+    except Exception as exc:
+        raise EngineError(f"the recipe is not a valid Data Designer config: {exc}", retryable=False) from exc
+    designer = DataDesigner(
+        artifact_path=request.artifact_path,
+        model_providers=providers,
+        secret_resolver=EnvironmentResolver(),
+        managed_assets_path=request.scratch_home / "managed-assets",
+    )
+    designer.set_run_config(dd.RunConfig(buffer_size=request.buffer_size, otel_metrics_port=None))
+    try:
+        results = designer.create(
+            builder,
+            num_records=request.num_records,
+            dataset_name=request.dataset_name,
+            resume=dd.ResumeMode.NEVER,
+            on_batch_complete=request.on_batch_complete,
+        )
+    except Exception as exc:
+        name = type(exc).__name__
+        retryable = "EarlyShutdown" not in name and "Validation" not in name
+        raise EngineError(f"Data Designer failed: {name}: {exc}", retryable=retryable) from exc
+    dataset_dir = Path(results.artifact_storage.base_dataset_path)
+    rows = len(results.load_dataset())
+    return EngineResult(dataset_dir=dataset_dir, rows=rows, requested=request.num_records)

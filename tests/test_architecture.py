@@ -1,0 +1,92 @@
+"""Architecture rules that import-linter alone cannot see: home-directory access and runtime imports."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = REPO / "packages"
+DISCOVERY = PACKAGES / "providers" / "src" / "ddslurm" / "providers" / "discovery.py"
+HOME_NAMES = {"HOME", "USERPROFILE", "XDG_CONFIG_HOME", "DATA_DESIGNER_HOME"}
+
+
+def home_access(source: str, filename: str) -> list[str]:
+    """``file:line: what`` for every way a module could reach the home directory."""
+    found: list[str] = []
+    tree = ast.parse(source, filename)
+    # Setting a variable for a child (a key of a dict literal) is a write, not a read of the home directory.
+    written = {id(k) for node in ast.walk(tree) if isinstance(node, ast.Dict) for k in node.keys if k is not None}
+    for node in ast.walk(tree):
+        if id(node) in written:
+            continue
+        if isinstance(node, ast.Attribute) and node.attr in {"home", "expanduser"}:
+            found.append(f"{filename}:{node.lineno}: .{node.attr}")
+        elif isinstance(node, ast.Name) and node.id == "expanduser":
+            found.append(f"{filename}:{node.lineno}: expanduser")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if node.value.startswith("~") or node.value in HOME_NAMES:
+                found.append(f"{filename}:{node.lineno}: {node.value!r}")
+    return found
+
+
+def _sources(package: str) -> list[Path]:
+    return sorted((PACKAGES / package / "src").rglob("*.py"))
+
+
+@pytest.mark.parametrize("package", ["runtime", "collector", "config", "planner"])
+def test_node_side_and_lower_packages_never_touch_the_home_directory(package: str) -> None:
+    hits = [hit for path in _sources(package) for hit in home_access(path.read_text(), str(path.relative_to(REPO)))]
+    assert hits == []
+
+
+def test_only_discovery_touches_home_in_providers_and_launcher() -> None:
+    paths = [p for pkg in ("providers", "launcher") for p in _sources(pkg) if p != DISCOVERY]
+    hits = [hit for path in paths for hit in home_access(path.read_text(), str(path))]
+    assert hits == []
+    assert home_access(DISCOVERY.read_text(), "discovery.py"), "discovery is where home access is expected"
+
+
+@pytest.mark.parametrize(
+    "snippet",
+    [
+        pytest.param("from pathlib import Path\nPath.home()", id="path-home"),
+        pytest.param("import os\nos.path.expanduser('~/.x')", id="expanduser"),
+        pytest.param("import os\nos.environ['HOME']", id="env-home"),
+        pytest.param("from os.path import expanduser\nexpanduser('x')", id="imported-expanduser"),
+        pytest.param("x = '~/.data-designer'", id="tilde-string"),
+    ],
+)
+def test_home_access_check_fires(snippet: str) -> None:
+    assert home_access(snippet, "bad.py")
+
+
+def test_runtime_and_collector_do_not_load_higher_layers() -> None:
+    code = (
+        "import sys, ddslurm.runtime, ddslurm.runtime.cli, ddslurm.collector, ddslurm.collector.cli\n"
+        "bad = sorted(m for m in sys.modules if m.startswith(('ddslurm.planner', 'ddslurm.launcher', "
+        "'ddslurm.providers')))\n"
+        "print(','.join(bad))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
+
+
+def test_importing_packages_has_no_heavy_side_effects() -> None:
+    code = (
+        "import sys, ddslurm.config, ddslurm.providers, ddslurm.planner, ddslurm.launcher, ddslurm.runtime\n"
+        "print('data_designer' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_import_contracts_hold() -> None:
+    lint = Path(sys.executable).parent / "lint-imports"
+    out = subprocess.run([str(lint)], capture_output=True, text=True, cwd=REPO, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "Contracts: 3 kept, 0 broken." in out.stdout

@@ -1,0 +1,360 @@
+"""The Starlette application: vLLM's OpenAI-compatible endpoints plus the stand-in behaviours.
+
+Capacity model: with ``capacity`` C > 0 at most C chat requests are processed at once; the rest wait in a
+FIFO queue (``vllm:num_requests_waiting``). A request admitted while k others are running takes
+``latency * (1 + k / C)`` seconds, so one request alone takes ``latency`` and a full server about twice that:
+throughput rises with concurrency and saturates near ``C / (2 * latency)`` requests/s. With C = 0 there is no
+limit and every request takes ``latency``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any, NoReturn
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from fake_vllm.content import Reply, generate_replies, prompt_tokens
+from fake_vllm.faults import Fault, FaultInjector
+from fake_vllm.log import log
+from fake_vllm.metrics import CONTENT_TYPE, Metrics
+from fake_vllm.request_log import RequestLog, RequestLogEntry, now
+from fake_vllm.settings import Settings
+from fake_vllm.version import version
+
+MAX_MODEL_LEN = 4096
+MAX_N = 16
+
+
+def crash_process(reason: str) -> NoReturn:
+    """Die abruptly, like an engine failure: no graceful shutdown, no response, exit status 1."""
+    log(f"EngineCore encountered a fatal error: {reason}", level="ERROR")
+    sys.stderr.flush()
+    os._exit(1)
+
+
+def error_body(message: str, kind: str, code: int, param: str | None = None) -> dict[str, Any]:
+    """vLLM's (OpenAI's) error shape."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+class _BadRequest(Exception):
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class ServerState:
+    """Per-process state shared by the handlers (only touched from the event loop)."""
+
+    def __init__(self, settings: Settings, crash: Callable[[str], NoReturn]) -> None:
+        self.settings = settings
+        self.crash = crash
+        self.ready = False
+        self.metrics = Metrics(model_name=settings.primary_name, capacity=settings.capacity)
+        self.faults = FaultInjector(settings)
+        self.request_log = RequestLog(settings.request_log) if settings.request_log else None
+        self.slots = asyncio.Semaphore(settings.capacity) if settings.capacity > 0 else None
+        self.created = int(time.time())
+
+
+class _Handlers:
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+        self.settings = state.settings
+
+    # -- helpers ----------------------------------------------------------------------------------
+
+    def _auth(self, request: Request) -> tuple[bool, bool]:
+        header = request.headers.get("authorization")
+        if header is None:
+            return False, False
+        if not self.settings.requires_key:
+            return True, True
+        return True, any(header == f"Bearer {key}" for key in self.settings.api_keys)
+
+    def _finish(
+        self,
+        request: Request,
+        response: Response,
+        *,
+        model: str | None = None,
+        n_messages: int | None = None,
+    ) -> Response:
+        if self.state.request_log is not None:
+            present, valid = self._auth(request)
+            self.state.request_log.write(
+                RequestLogEntry(
+                    time=now(),
+                    method=request.method,
+                    path=request.url.path,
+                    status=response.status_code,
+                    model=model,
+                    auth_present=present,
+                    authorized=valid,
+                    n_messages=n_messages,
+                )
+            )
+        return response
+
+    def _reject_v1(self, request: Request) -> Response | None:
+        """vLLM's API-key middleware (only on /v1 paths), then the loading check."""
+        if self.settings.requires_key and not self._auth(request)[1]:
+            return JSONResponse({"error": "Unauthorized"}, status_code=401)
+        if not self.state.ready:
+            return JSONResponse(
+                error_body("The model is still loading.", "ServiceUnavailableError", 503), status_code=503
+            )
+        return None
+
+    # -- endpoints ------------------------------------------------------------------------------------
+
+    async def health(self, request: Request) -> Response:
+        return self._finish(request, Response(status_code=200 if self.state.ready else 503))
+
+    async def version(self, request: Request) -> Response:
+        return self._finish(request, JSONResponse({"version": version()}))
+
+    async def metrics(self, request: Request) -> Response:
+        body = self.state.metrics.render()
+        return self._finish(request, PlainTextResponse(body, media_type=CONTENT_TYPE))
+
+    async def models(self, request: Request) -> Response:
+        rejected = self._reject_v1(request)
+        if rejected is not None:
+            return self._finish(request, rejected)
+        data = [
+            {
+                "id": name,
+                "object": "model",
+                "created": self.state.created,
+                "owned_by": "vllm",
+                "root": self.settings.model,
+                "parent": None,
+                "max_model_len": MAX_MODEL_LEN,
+                "permission": [
+                    {
+                        "id": f"modelperm-{uuid.uuid5(uuid.NAMESPACE_URL, name).hex}",
+                        "object": "model_permission",
+                        "created": self.state.created,
+                        "allow_create_engine": False,
+                        "allow_sampling": True,
+                        "allow_logprobs": True,
+                        "allow_search_indices": False,
+                        "allow_view": True,
+                        "allow_fine_tuning": False,
+                        "organization": "*",
+                        "group": None,
+                        "is_blocking": False,
+                    }
+                ],
+            }
+            for name in self.settings.served_model_names
+        ]
+        return self._finish(request, JSONResponse({"object": "list", "data": data}))
+
+    async def chat_completions(self, request: Request) -> Response:
+        rejected = self._reject_v1(request)
+        if rejected is not None:
+            return self._finish(request, rejected)
+        try:
+            body = _validate(await _read_json(request))
+        except _BadRequest as exc:
+            response = JSONResponse(error_body(str(exc), "BadRequestError", 400, exc.param), status_code=400)
+            return self._finish(request, response)
+        n_messages = len(body["messages"])
+        model = body.get("model") or self.settings.primary_name
+        if model not in self.settings.served_model_names:
+            response = JSONResponse(
+                error_body(f"The model `{model}` does not exist.", "NotFoundError", 404, "model"),
+                status_code=404,
+            )
+            return self._finish(request, response, model=model, n_messages=n_messages)
+
+        fault = self.state.faults.next_chat_request()
+        if fault is Fault.CRASH:
+            self.state.crash(
+                f"injected crash on chat request {self.state.faults.chat_requests} "
+                f"(--fake-crash-after {self.settings.crash_after})"
+            )
+        if fault is Fault.ERROR_500:
+            response = JSONResponse(
+                error_body("fake-vllm: injected internal server error", "InternalServerError", 500),
+                status_code=500,
+            )
+            return self._finish(request, response, model=model, n_messages=n_messages)
+        if fault is Fault.ERROR_429:
+            response = JSONResponse(
+                error_body("fake-vllm: injected rate limit", "RateLimitError", 429), status_code=429
+            )
+            return self._finish(request, response, model=model, n_messages=n_messages)
+
+        replies, seconds = await self._process({**body, "model": model})
+        n_prompt = prompt_tokens(body["messages"])
+        n_generated = sum(r.completion_tokens for r in replies)
+        for reply in replies:
+            self.state.metrics.record_success(
+                finish_reason=reply.finish_reason,
+                prompt=n_prompt,
+                generated=reply.completion_tokens,
+                seconds=seconds,
+            )
+        completion_id = f"chatcmpl-{uuid.uuid4().hex}"
+        created = int(time.time())
+        if body.get("stream"):
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            stream = _sse(completion_id, created, model, replies, n_prompt, include_usage=include_usage)
+            streaming = StreamingResponse(stream, media_type="text/event-stream")
+            return self._finish(request, streaming, model=model, n_messages=n_messages)
+        payload = {
+            "id": completion_id,
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "choices": [
+                {
+                    "index": index,
+                    "message": {"role": "assistant", "content": reply.content, "tool_calls": []},
+                    "logprobs": None,
+                    "finish_reason": reply.finish_reason,
+                    "stop_reason": None,
+                }
+                for index, reply in enumerate(replies)
+            ],
+            "usage": {
+                "prompt_tokens": n_prompt,
+                "completion_tokens": n_generated,
+                "total_tokens": n_prompt + n_generated,
+                "prompt_tokens_details": None,
+            },
+            "prompt_logprobs": None,
+        }
+        return self._finish(request, JSONResponse(payload), model=model, n_messages=n_messages)
+
+    async def _process(self, body: Mapping[str, Any]) -> tuple[list[Reply], float]:
+        """Queue for a slot, hold it for the modelled latency, return the replies and the e2e seconds."""
+        metrics = self.state.metrics
+        slots = self.state.slots
+        started = time.monotonic()
+        metrics.waiting += 1
+        try:
+            if slots is not None:
+                await slots.acquire()
+        finally:
+            metrics.waiting -= 1
+        others = metrics.running
+        metrics.running += 1
+        try:
+            replies = generate_replies(body)
+            capacity = self.settings.capacity
+            delay = self.settings.latency * (1 + others / capacity) if capacity > 0 else self.settings.latency
+            if delay > 0:
+                await asyncio.sleep(delay)
+        finally:
+            metrics.running -= 1
+            if slots is not None:
+                slots.release()
+        return replies, time.monotonic() - started
+
+
+async def _read_json(request: Request) -> Any:
+    try:
+        return await request.json()
+    except ValueError as exc:
+        raise _BadRequest(f"Invalid JSON body: {exc}") from None
+
+
+def _validate(body: Any) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise _BadRequest("The request body must be a JSON object.")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _BadRequest("`messages` must be a non-empty list.", "messages")
+    if not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
+        raise _BadRequest("Every message must be an object with a `role`.", "messages")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise _BadRequest("`model` must be a string.", "model")
+    n = body.get("n")
+    if n is not None and (not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_N):
+        raise _BadRequest(f"`n` must be an integer between 1 and {MAX_N}.", "n")
+    for key in ("max_tokens", "max_completion_tokens"):
+        value = body.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise _BadRequest(f"`{key}` must be a positive integer.", key)
+    return body
+
+
+async def _sse(
+    completion_id: str, created: int, model: str, replies: list[Reply], n_prompt: int, *, include_usage: bool
+) -> AsyncIterator[str]:
+    base = {"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model}
+    for index, reply in enumerate(replies):
+        first = {"index": index, "delta": {"role": "assistant", "content": reply.content}, "finish_reason": None}
+        yield f"data: {json.dumps({**base, 'choices': [first]})}\n\n"
+        last = {"index": index, "delta": {}, "finish_reason": reply.finish_reason}
+        yield f"data: {json.dumps({**base, 'choices': [last]})}\n\n"
+    if include_usage:
+        generated = sum(r.completion_tokens for r in replies)
+        usage = {"prompt_tokens": n_prompt, "completion_tokens": generated, "total_tokens": n_prompt + generated}
+        yield f"data: {json.dumps({**base, 'choices': [], 'usage': usage})}\n\n"
+    yield "data: [DONE]\n\n"
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    status = exc.status_code if isinstance(exc, HTTPException) else 500
+    detail = exc.detail if isinstance(exc, HTTPException) else "Internal Server Error"
+    return JSONResponse({"detail": detail}, status_code=status)
+
+
+def create_app(settings: Settings, *, crash: Callable[[str], NoReturn] = crash_process) -> Starlette:
+    """The ASGI app for ``settings``; readiness flips after ``startup_delay`` once the lifespan starts."""
+    state = ServerState(settings, crash)
+    handlers = _Handlers(state)
+
+    async def become_ready() -> None:
+        if state.ready:
+            log("Model loaded; ready (GET /health -> 200)")
+            return
+        started = time.monotonic()
+        if settings.startup_delay > 0:
+            await asyncio.sleep(settings.startup_delay)
+        if settings.never_healthy:
+            log("--fake-never-healthy: the model will never finish loading; /health stays 503", "WARNING")
+            return
+        state.ready = True
+        log(f"Model loading took {time.monotonic() - started:.2f} seconds; ready (GET /health -> 200)")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        if settings.startup_delay <= 0 and not settings.never_healthy:
+            state.ready = True
+        task = asyncio.create_task(become_ready())
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    routes = [
+        Route("/health", handlers.health, methods=["GET"]),
+        Route("/version", handlers.version, methods=["GET"]),
+        Route("/metrics", handlers.metrics, methods=["GET"]),
+        Route("/v1/models", handlers.models, methods=["GET"]),
+        Route("/v1/chat/completions", handlers.chat_completions, methods=["POST"]),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error})
+    app.state.fake_vllm = state
+    return app

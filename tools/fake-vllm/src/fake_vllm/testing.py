@@ -1,0 +1,164 @@
+"""Start a fake-vllm server as a subprocess on a free loopback port, for tests.
+
+    with start_server("m", args=["--fake-latency", "0.01"], api_key="k") as server:
+        httpx.post(f"{server.base_url}/chat/completions", headers=server.headers, json=...)
+
+The child gets the parent's environment without any ``FAKE_VLLM_*`` or ``VLLM_API_KEY`` variables, plus
+``env``. Its stdout and stderr go to ``server.log_path``. The server is terminated (then killed) on exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+WaitFor = Literal["healthy", "listening", "none"]
+_PORT_ATTEMPTS = 3
+_POLL_S = 0.05
+
+
+class ServerStartError(RuntimeError):
+    """The server exited or did not become ready before the deadline; the message ends with its log."""
+
+
+@dataclass(frozen=True)
+class RunningServer:
+    proc: subprocess.Popen[bytes]
+    host: str
+    port: int
+    api_key: str | None
+    log_path: Path
+
+    @property
+    def root_url(self) -> str:
+        """``http://HOST:PORT`` (for /health and /metrics)."""
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI base URL, ``http://HOST:PORT/v1``."""
+        return f"{self.root_url}/v1"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The Authorization header for the configured key (empty without one)."""
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def log_text(self) -> str:
+        """Everything the server wrote to stdout and stderr so far."""
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that was free a moment ago (the caller retries if it is taken before use)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def child_environment(env: Mapping[str, str] | None) -> dict[str, str]:
+    """The parent's environment minus ``FAKE_VLLM_*`` and ``VLLM_API_KEY``, plus ``env``."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_VLLM_") and k != "VLLM_API_KEY"}
+    base["PYTHONUNBUFFERED"] = "1"
+    return {**base, **(env or {})}
+
+
+def _health_status(url: str) -> int | None:
+    try:
+        with urllib.request.urlopen(url, timeout=1.0) as response:
+            status: int = response.status
+            return status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except (urllib.error.URLError, OSError):
+        return None
+
+
+def _stop(proc: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _wait(server: RunningServer, wait: WaitFor, deadline: float) -> bool:
+    """True when ready; False when the process exited (the caller inspects the log)."""
+    if wait == "none":
+        return True
+    url = f"{server.root_url}/health"
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            return False
+        status = _health_status(url)
+        if status == 200 or (wait == "listening" and status is not None):
+            return True
+        time.sleep(_POLL_S)
+    raise ServerStartError(f"fake-vllm not {wait} after the deadline:\n{server.log_text()[-4000:]}")
+
+
+@contextlib.contextmanager
+def start_server(
+    model: str = "m",
+    *,
+    args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    api_key: str | None = None,
+    wait: WaitFor = "healthy",
+    timeout: float = 20.0,
+    host: str = "127.0.0.1",
+    log_path: Path | None = None,
+) -> Iterator[RunningServer]:
+    """Run ``fake-vllm serve MODEL --host HOST --port <free> [--api-key KEY] *args``.
+
+    ``wait``: ``"healthy"`` until /health is 200, ``"listening"`` until /health answers at all,
+    ``"none"`` not at all. ``timeout`` bounds the wait; ``ServerStartError`` if it runs out or the server
+    exits first. ``log_path`` defaults to a temporary file removed on exit.
+    """
+    scratch = None if log_path is not None else Path(tempfile.mkdtemp(prefix="fake-vllm-"))
+    path = log_path if log_path is not None else Path(scratch or ".") / "server.log"
+    deadline = time.monotonic() + timeout
+    try:
+        for attempt in range(_PORT_ATTEMPTS):
+            port = free_port(host)
+            command = [sys.executable, "-m", "fake_vllm", "serve", model, "--host", host, "--port", str(port)]
+            if api_key is not None:
+                command += ["--api-key", api_key]
+            command += list(args)
+            with path.open("wb") as log_file:
+                proc = subprocess.Popen(
+                    command, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file, env=child_environment(env)
+                )
+            server = RunningServer(proc=proc, host=host, port=port, api_key=api_key, log_path=path)
+            try:
+                ready = _wait(server, wait, deadline)
+            except BaseException:
+                _stop(proc)
+                raise
+            if ready:
+                try:
+                    yield server
+                finally:
+                    _stop(proc)
+                return
+            text = server.log_text()
+            if "address already in use" not in text.lower() or attempt == _PORT_ATTEMPTS - 1:
+                raise ServerStartError(f"fake-vllm exited with status {proc.returncode}:\n{text[-4000:]}")
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)

@@ -1,0 +1,220 @@
+"""In-process tests of the Starlette app (no subprocess): protocol shapes, errors, auth, the fault draws."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, NoReturn
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+
+from fake_vllm.app import create_app
+from fake_vllm.settings import Settings
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "temperature": 0.5}
+
+
+class Crashed(Exception):
+    pass
+
+
+def _crash(reason: str) -> NoReturn:
+    raise Crashed(reason)
+
+
+class AppClient:
+    """A synchronous in-process client: httpx's ASGI transport on a private event loop, with the app's
+    lifespan entered (starlette's own TestClient now warns about httpx)."""
+
+    def __init__(self, app: Starlette) -> None:
+        self._app = app
+        self._loop = asyncio.new_event_loop()
+        self._client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://fake")
+        self._lifespan: contextlib.AbstractAsyncContextManager[Any] = app.router.lifespan_context(app)
+
+    def __enter__(self) -> AppClient:
+        self._loop.run_until_complete(self._lifespan.__aenter__())
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._loop.run_until_complete(self._lifespan.__aexit__(None, None, None))
+        self._loop.run_until_complete(self._client.aclose())
+        self._loop.close()
+
+    def request(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
+        return self._loop.run_until_complete(self._client.request(method, url, **kwargs))
+
+    def get(self, url: str, **kwargs: Any) -> httpx.Response:
+        return self.request("GET", url, **kwargs)
+
+    def post(self, url: str, **kwargs: Any) -> httpx.Response:
+        return self.request("POST", url, **kwargs)
+
+
+def _client(**overrides: Any) -> AppClient:
+    settings = Settings(**{"model": "org/model", "served_model_names": ("m", "alias"), **overrides})
+    return AppClient(create_app(settings, crash=_crash))
+
+
+@pytest.fixture
+def client() -> Iterator[AppClient]:
+    with _client() as c:
+        yield c
+
+
+def test_chat_completion_shape(client: AppClient) -> None:
+    response = client.post("/v1/chat/completions", json=CHAT)
+    assert response.status_code == 200
+    body = response.json()
+    assert body["id"].startswith("chatcmpl-")
+    assert body["object"] == "chat.completion"
+    assert isinstance(body["created"], int)
+    assert body["model"] == "m"
+    choice = body["choices"][0]
+    assert choice["message"]["role"] == "assistant"
+    assert isinstance(choice["message"]["content"], str) and choice["message"]["content"]
+    assert choice["finish_reason"] in ("stop", "length")
+    usage = body["usage"]
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"] > 0
+
+
+def test_alias_and_missing_model_use_served_names(client: AppClient) -> None:
+    content = client.post("/v1/chat/completions", json={**CHAT, "model": "alias"}).json()
+    assert content["model"] == "alias"
+    no_model = {k: v for k, v in CHAT.items() if k != "model"}
+    assert client.post("/v1/chat/completions", json=no_model).json()["model"] == "m"
+
+
+def test_unknown_model_is_404_like_vllm(client: AppClient) -> None:
+    response = client.post("/v1/chat/completions", json={**CHAT, "model": "org/model-x"})
+    assert response.status_code == 404
+    error = response.json()["error"]
+    assert error["type"] == "NotFoundError" and error["code"] == 404
+    assert "org/model-x" in error["message"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param({"model": "m"}, id="no-messages"),
+        pytest.param({"model": "m", "messages": []}, id="empty-messages"),
+        pytest.param({"model": "m", "messages": ["hi"]}, id="message-not-object"),
+        pytest.param({**CHAT, "n": 0}, id="bad-n"),
+        pytest.param({**CHAT, "max_tokens": -5}, id="bad-max-tokens"),
+        pytest.param([1, 2], id="not-an-object"),
+    ],
+)
+def test_bad_requests_are_400(client: AppClient, body: Any) -> None:
+    response = client.post("/v1/chat/completions", json=body)
+    assert response.status_code == 400
+    assert response.json()["error"]["type"] == "BadRequestError"
+
+
+def test_invalid_json_is_400(client: AppClient) -> None:
+    response = client.post("/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"})
+    assert response.status_code == 400
+
+
+def test_models_list(client: AppClient) -> None:
+    body = client.get("/v1/models").json()
+    assert body["object"] == "list"
+    assert [m["id"] for m in body["data"]] == ["m", "alias"]
+    assert all(m["object"] == "model" and m["owned_by"] == "vllm" and m["root"] == "org/model" for m in body["data"])
+
+
+def test_unknown_route_is_json_404(client: AppClient) -> None:
+    response = client.get("/v1/nothing")
+    assert response.status_code == 404
+    assert response.json() == {"detail": "Not Found"}
+
+
+def test_streaming(client: AppClient) -> None:
+    response = client.post(
+        "/v1/chat/completions", json={**CHAT, "stream": True, "stream_options": {"include_usage": True}}
+    )
+    assert response.status_code == 200
+    events = [line.removeprefix("data: ") for line in response.text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    streamed = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    plain = client.post("/v1/chat/completions", json=CHAT).json()["choices"][0]["message"]["content"]
+    assert streamed == plain
+    assert chunks[-1]["usage"]["total_tokens"] > 0
+
+
+def test_api_key_required_on_v1_only(tmp_path: Path) -> None:
+    log = tmp_path / "requests.jsonl"
+    with _client(api_keys=("s3cret-key",), request_log=log) as client:
+        assert client.post("/v1/chat/completions", json=CHAT).status_code == 401
+        wrong = client.post("/v1/chat/completions", json=CHAT, headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 401
+        assert wrong.json() == {"error": "Unauthorized"}
+        assert client.get("/v1/models").status_code == 401
+        good = {"Authorization": "Bearer s3cret-key"}
+        assert client.post("/v1/chat/completions", json=CHAT, headers=good).status_code == 200
+        assert client.get("/v1/models", headers=good).status_code == 200
+        assert client.get("/health").status_code == 200
+        assert client.get("/metrics").status_code == 200
+    text = log.read_text()
+    assert "s3cret-key" not in text and "Bearer" not in text and "nope" not in text
+    entries = [json.loads(line) for line in text.splitlines()]
+    chat = [(e["status"], e["auth_present"], e["authorized"]) for e in entries if e["path"] == "/v1/chat/completions"]
+    assert chat == [(401, False, False), (401, True, False), (200, True, True)]
+    first = entries[0]
+    assert set(first) == {"time", "method", "path", "status", "model", "auth_present", "authorized", "n_messages"}
+    assert entries[2]["n_messages"] is None
+    ok = next(e for e in entries if e["status"] == 200 and e["path"] == "/v1/chat/completions")
+    assert ok["model"] == "m" and ok["n_messages"] == 1
+
+
+def _statuses(n: int, **overrides: Any) -> list[int]:
+    with _client(**overrides) as client:
+        return [client.post("/v1/chat/completions", json=CHAT).status_code for _ in range(n)]
+
+
+def test_error_and_429_rates_are_deterministic_given_seed() -> None:
+    statuses = _statuses(300, error_rate=0.2, rate_429=0.1, seed=7)
+    assert set(statuses) == {200, 429, 500}
+    assert 35 <= statuses.count(500) <= 85
+    assert 10 <= statuses.count(429) <= 50
+    assert _statuses(300, error_rate=0.2, rate_429=0.1, seed=7) == statuses
+    assert _statuses(300, error_rate=0.2, rate_429=0.1, seed=8) != statuses
+
+
+def test_error_body_shapes() -> None:
+    with _client(error_rate=1.0) as client:
+        response = client.post("/v1/chat/completions", json=CHAT)
+        assert response.status_code == 500
+        assert response.json()["error"]["type"] == "InternalServerError"
+    with _client(rate_429=1.0) as client:
+        assert client.post("/v1/chat/completions", json=CHAT).status_code == 429
+
+
+def test_crash_after_n_requests_calls_crash() -> None:
+    with _client(crash_after=2) as client:
+        for _ in range(2):
+            assert client.post("/v1/chat/completions", json=CHAT).status_code == 200
+        with pytest.raises(Crashed, match="chat request 3"):
+            client.post("/v1/chat/completions", json=CHAT)
+
+
+def test_never_healthy() -> None:
+    with _client(never_healthy=True) as client:
+        assert client.get("/health").status_code == 503
+        assert client.post("/v1/chat/completions", json=CHAT).status_code == 503
+        assert client.get("/metrics").status_code == 200
+
+
+def test_metrics_counts_tokens_and_successes(client: AppClient) -> None:
+    usage = client.post("/v1/chat/completions", json=CHAT).json()["usage"]
+    text = client.get("/metrics").text
+    assert f'vllm:prompt_tokens_total{{engine="0",model_name="m"}} {float(usage["prompt_tokens"])}' in text
+    assert f'vllm:generation_tokens_total{{engine="0",model_name="m"}} {float(usage["completion_tokens"])}' in text
+    assert 'vllm:e2e_request_latency_seconds_count{engine="0",model_name="m"} 1.0' in text
+    successes = [line for line in text.splitlines() if line.startswith("vllm:request_success_total{")]
+    assert sum(float(line.rsplit(" ", 1)[1]) for line in successes) == 1.0

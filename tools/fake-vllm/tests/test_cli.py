@@ -1,0 +1,133 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fake_vllm.cli import FAKE_OPTIONS, UsageError, main, parse_serve_args, split_known
+from fake_vllm.testing import child_environment, free_port
+
+
+def test_vllm_command_line_with_ignored_flags() -> None:
+    settings = parse_serve_args(
+        [
+            "meta-llama/Llama-3.1-8B-Instruct",
+            "--host", "0.0.0.0",
+            "--port", "9001",
+            "--served-model-name", "llama", "llama-8b",
+            "--tensor-parallel-size", "4",
+            "--max-model-len", "4096",
+            "--gpu-memory-utilization", "0.9",
+            "--dtype", "auto",
+            "--enable-prefix-caching",
+            "--trust-remote-code",
+            "--kv-cache-dtype=fp8",
+            "--swap-space", "-1",
+            "--api-key", "secret",
+        ],
+        {},
+    )  # fmt: skip
+    assert settings.model == "meta-llama/Llama-3.1-8B-Instruct"
+    assert settings.served_model_names == ("llama", "llama-8b")
+    assert (settings.host, settings.port, settings.tensor_parallel_size) == ("0.0.0.0", 9001, 4)
+    assert settings.api_keys == ("secret",)
+    assert settings.ignored_args == (
+        "--max-model-len", "4096", "--gpu-memory-utilization", "0.9", "--dtype", "auto",
+        "--enable-prefix-caching", "--trust-remote-code", "--kv-cache-dtype=fp8", "--swap-space", "-1",
+    )  # fmt: skip
+
+
+def test_defaults() -> None:
+    settings = parse_serve_args(["m"], {})
+    assert settings.served_model_names == ("m",)
+    assert (settings.host, settings.port, settings.api_keys) == ("127.0.0.1", 8000, ())
+    for option in FAKE_OPTIONS:
+        assert getattr(settings, option.dest) == option.default
+
+
+@pytest.mark.parametrize(
+    ("args", "want_model", "want_ignored"),
+    [
+        pytest.param(["--model", "m", "--dtype", "auto"], "m", ["--dtype", "auto"], id="model-flag"),
+        pytest.param(["--disable-log-requests", "m"], "m", ["--disable-log-requests"], id="boolean-before-model"),
+        pytest.param(["-tp", "2", "m", "-O3"], "m", ["-O3"], id="short-flags"),
+        pytest.param(["m", "--limit-mm-per-prompt", '{"image": 1}'], "m", ["--limit-mm-per-prompt", '{"image": 1}'], id="json-value"),
+    ],
+)
+def test_model_position_and_unknown_flags(args: list[str], want_model: str, want_ignored: list[str]) -> None:
+    settings = parse_serve_args(args, {})
+    assert settings.model == want_model
+    assert list(settings.ignored_args) == want_ignored
+
+
+def test_split_known_keeps_known_values() -> None:
+    known, ignored = split_known(["m", "--port", "1", "--x", "y", "--api-key", "a", "b"], {"--port": 1, "--api-key": -1})
+    assert known == ["m", "--port", "1", "--api-key", "a", "b"]
+    assert ignored == ["--x", "y"]
+
+
+def test_env_sets_fake_options_and_flag_wins() -> None:
+    env = {
+        "FAKE_VLLM_LATENCY": "0.25",
+        "FAKE_VLLM_CAPACITY": "3",
+        "FAKE_VLLM_CRASH_AFTER": "5",
+        "FAKE_VLLM_ERROR_RATE": "0.1",
+        "FAKE_VLLM_429_RATE": "0.2",
+        "FAKE_VLLM_SEED": "9",
+        "FAKE_VLLM_NEVER_HEALTHY": "yes",
+        "FAKE_VLLM_FAIL_START": "0",
+        "FAKE_VLLM_REQUEST_LOG": "/tmp/x.jsonl",
+        "FAKE_VLLM_STARTUP_DELAY": "2",
+        "VLLM_API_KEY": "from-env",
+    }
+    settings = parse_serve_args(["m", "--fake-latency", "0.5"], env)
+    assert settings.latency == 0.5
+    assert (settings.capacity, settings.crash_after, settings.seed) == (3, 5, 9)
+    assert (settings.error_rate, settings.rate_429, settings.startup_delay) == (0.1, 0.2, 2.0)
+    assert settings.never_healthy is True and settings.fail_start is False
+    assert settings.request_log == Path("/tmp/x.jsonl")
+    assert settings.api_keys == ("from-env",)
+    assert parse_serve_args(["m", "--api-key", "flag"], env).api_keys == ("flag",)
+
+
+@pytest.mark.parametrize(
+    ("args", "env"),
+    [
+        pytest.param([], {}, id="no-model"),
+        pytest.param(["m", "--fake-error-rate", "1.5"], {}, id="rate-above-one"),
+        pytest.param(["m", "--fake-latency", "-1"], {}, id="negative-latency"),
+        pytest.param(["m"], {"FAKE_VLLM_NEVER_HEALTHY": "maybe"}, id="bad-env-bool"),
+        pytest.param(["m"], {"FAKE_VLLM_ERROR_RATE": "0.6", "FAKE_VLLM_429_RATE": "0.6"}, id="rates-sum"),
+        pytest.param(["m", "--port", "70000"], {}, id="bad-port"),
+        pytest.param(["a", "--model", "b"], {}, id="two-models"),
+    ],
+)
+def test_bad_values_are_usage_errors(args: list[str], env: dict[str, str]) -> None:
+    with pytest.raises(UsageError):
+        parse_serve_args(args, env)
+
+
+def test_main_version_and_usage(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.startswith("fake-vllm ")
+    assert main(["launch"]) == 2
+    assert main(["serve", "m", "--fake-capacity", "x"]) == 2
+    assert "fake-capacity" in capsys.readouterr().err
+
+
+def test_fail_start_exits_non_zero_without_listening() -> None:
+    port = free_port()
+    proc = subprocess.run(
+        [sys.executable, "-m", "fake_vllm", "serve", "m", "--port", str(port), "--max-model-len", "8"],
+        env=child_environment({"FAKE_VLLM_FAIL_START": "1"}),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert proc.returncode == 1
+    assert "Engine core initialization failed" in proc.stderr
+    assert "vLLM API server version fake-vllm" in proc.stderr
+    assert "ignoring vLLM arguments the stand-in does not model: --max-model-len 8" in proc.stderr
