@@ -18,7 +18,6 @@ import sys
 import time
 from pathlib import Path
 
-
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
@@ -112,7 +111,11 @@ def main() -> int:
     seconds = time.monotonic() - started
     frame = results.load_dataset()
     records = json.loads(frame.to_json(orient="records"))
-    print(json.dumps({"records": records, "columns": list(frame.columns), "seconds": seconds, "remote_hosts": sorted(remote)}))
+    print(
+        json.dumps(
+            {"records": records, "columns": list(frame.columns), "seconds": seconds, "remote_hosts": sorted(remote)}
+        )
+    )
     return 0
 
 

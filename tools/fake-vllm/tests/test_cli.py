@@ -53,7 +53,12 @@ def test_defaults() -> None:
         pytest.param(["--model", "m", "--dtype", "auto"], "m", ["--dtype", "auto"], id="model-flag"),
         pytest.param(["--disable-log-requests", "m"], "m", ["--disable-log-requests"], id="boolean-before-model"),
         pytest.param(["-tp", "2", "m", "-O3"], "m", ["-O3"], id="short-flags"),
-        pytest.param(["m", "--limit-mm-per-prompt", '{"image": 1}'], "m", ["--limit-mm-per-prompt", '{"image": 1}'], id="json-value"),
+        pytest.param(
+            ["m", "--limit-mm-per-prompt", '{"image": 1}'],
+            "m",
+            ["--limit-mm-per-prompt", '{"image": 1}'],
+            id="json-value",
+        ),
     ],
 )
 def test_model_position_and_unknown_flags(args: list[str], want_model: str, want_ignored: list[str]) -> None:
@@ -63,7 +68,9 @@ def test_model_position_and_unknown_flags(args: list[str], want_model: str, want
 
 
 def test_split_known_keeps_known_values() -> None:
-    known, ignored = split_known(["m", "--port", "1", "--x", "y", "--api-key", "a", "b"], {"--port": 1, "--api-key": -1})
+    known, ignored = split_known(
+        ["m", "--port", "1", "--x", "y", "--api-key", "a", "b"], {"--port": 1, "--api-key": -1}
+    )
     assert known == ["m", "--port", "1", "--api-key", "a", "b"]
     assert ignored == ["--x", "y"]
 

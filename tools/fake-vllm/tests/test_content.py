@@ -56,7 +56,10 @@ def test_prompt_schema_gives_fenced_json() -> None:
 
 def test_find_prompt_schema_prefers_newest_message() -> None:
     old = {"role": "user", "content": '<response_schema>{"type": "integer"}</response_schema>'}
-    new = {"role": "user", "content": [{"type": "text", "text": '<response_schema>{"type": "string"}</response_schema>'}]}
+    new = {
+        "role": "user",
+        "content": [{"type": "text", "text": '<response_schema>{"type": "string"}</response_schema>'}],
+    }
     assert find_prompt_schema([old, new]) == {"type": "string"}
     assert find_prompt_schema([{"role": "user", "content": "no schema <response_schema> here"}]) is None
 
@@ -64,7 +67,9 @@ def test_find_prompt_schema_prefers_newest_message() -> None:
 @pytest.mark.parametrize(
     "extra",
     [
-        pytest.param({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA}}}, id="rf"),
+        pytest.param(
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA}}}, id="rf"
+        ),
         pytest.param({"guided_json": SCHEMA}, id="guided-json"),
         pytest.param({"structured_outputs": {"json": json.dumps(SCHEMA)}}, id="structured-outputs"),
     ],

@@ -39,7 +39,10 @@ TREE_SCHEMA: dict[str, Any] = {
     "$defs": {
         "Node": {
             "type": "object",
-            "properties": {"name": {"type": "string"}, "children": {"type": "array", "items": {"$ref": "#/$defs/Node"}}},
+            "properties": {
+                "name": {"type": "string"},
+                "children": {"type": "array", "items": {"$ref": "#/$defs/Node"}},
+            },
             "required": ["name", "children"],
         }
     },

@@ -85,9 +85,9 @@ def test_crash_after_n_requests_kills_the_process() -> None:
 
 
 def test_never_healthy_times_out_in_start_server() -> None:
-    with pytest.raises(ServerStartError, match="not healthy"):
-        with start_server(env={"FAKE_VLLM_NEVER_HEALTHY": "1"}, timeout=1.5):
-            pass
+    never = start_server(env={"FAKE_VLLM_NEVER_HEALTHY": "1"}, timeout=1.0)
+    with pytest.raises(ServerStartError, match="not healthy"), never:
+        pass
     with start_server(args=["--fake-never-healthy"], wait="listening") as server:
         for _ in range(3):
             assert httpx.get(f"{server.root_url}/health").status_code == 503
@@ -95,9 +95,8 @@ def test_never_healthy_times_out_in_start_server() -> None:
 
 
 def test_fail_start_raises_start_error() -> None:
-    with pytest.raises(ServerStartError, match="exited with status 1"):
-        with start_server(args=["--fake-fail-start"]):
-            pass
+    with pytest.raises(ServerStartError, match="exited with status 1"), start_server(args=["--fake-fail-start"]):
+        pass
 
 
 def test_metrics_running_and_waiting_rise_beyond_capacity() -> None:

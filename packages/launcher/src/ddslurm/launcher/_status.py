@@ -134,9 +134,9 @@ def run_state(shards: list[ShardStatus]) -> RunState:
         return "running"
     if states & {"pending", "unknown"}:
         return "running" if "succeeded" in states or "failed" in states else "pending"
-    if "cancelled" in states:
-        return "cancelled"
-    return "failed"
+    if states & {"failed", "partial"}:
+        return "failed"
+    return "cancelled"
 
 
 def run_status(layout: RunLayout, slurm: Slurm) -> RunStatus:

@@ -1,0 +1,249 @@
+"""Safe file primitives: atomic_write, publish_once, make_private_dir, read_regular, hashing."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import multiprocessing
+import stat
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ddslurm.config import (
+    UnsafePathError,
+    atomic_write,
+    make_private_dir,
+    publish_once,
+    read_regular,
+    sha256_bytes,
+    sha256_file,
+)
+
+
+def mode_of(path: Path) -> int:
+    return stat.S_IMODE(path.lstat().st_mode)
+
+
+# --- atomic_write ---
+
+
+def test_atomic_write_creates_a_private_file(tmp_path: Path) -> None:
+    path = tmp_path / "f.json"
+    atomic_write(path, b"one")
+    assert path.read_bytes() == b"one"
+    assert mode_of(path) == 0o600
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.json"]
+
+
+def test_atomic_write_replaces_content_and_leaves_no_temp_files(tmp_path: Path) -> None:
+    path = tmp_path / "f.json"
+    path.write_bytes(b"old content that is longer")
+    atomic_write(path, b"new")
+    atomic_write(path, b"newer")
+    assert path.read_bytes() == b"newer"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.json"]
+
+
+def test_atomic_write_honours_mode(tmp_path: Path) -> None:
+    path = tmp_path / "script.sbatch"
+    atomic_write(path, b"#!/bin/bash\n", mode=0o700)
+    assert mode_of(path) == 0o700
+
+
+@pytest.mark.parametrize("dangling", [pytest.param(False, id="to-a-file"), pytest.param(True, id="dangling")])
+def test_atomic_write_refuses_a_symlink(tmp_path: Path, dangling: bool) -> None:
+    target = tmp_path / "target"
+    if not dangling:
+        target.write_bytes(b"precious")
+    link = tmp_path / "link"
+    link.symlink_to(target)
+
+    with pytest.raises(UnsafePathError, match="symbolic link"):
+        atomic_write(link, b"evil")
+
+    assert link.is_symlink()
+    if dangling:
+        assert not target.exists()
+    else:
+        assert target.read_bytes() == b"precious"
+    assert sorted(p.name for p in tmp_path.iterdir()) == (["link"] if dangling else ["link", "target"])
+
+
+def test_atomic_write_into_missing_directory_fails_cleanly(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        atomic_write(tmp_path / "nope" / "f", b"x")
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- publish_once ---
+
+
+def test_publish_once_creates_once_and_keeps_the_first_content(tmp_path: Path) -> None:
+    path = tmp_path / "winner.json"
+
+    assert publish_once(path, b"first") is True
+    assert publish_once(path, b"second") is False
+
+    assert path.read_bytes() == b"first"
+    assert mode_of(path) == 0o600
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["winner.json"]
+
+
+def test_publish_once_does_not_replace_an_existing_file(tmp_path: Path) -> None:
+    path = tmp_path / "winner.json"
+    path.write_bytes(b"someone else")
+    assert publish_once(path, b"mine") is False
+    assert path.read_bytes() == b"someone else"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["winner.json"]
+
+
+@pytest.mark.parametrize("dangling", [pytest.param(False, id="to-a-file"), pytest.param(True, id="dangling")])
+def test_publish_once_never_replaces_or_follows_a_symlink(tmp_path: Path, dangling: bool) -> None:
+    target = tmp_path / "target"
+    if not dangling:
+        target.write_bytes(b"precious")
+    link = tmp_path / "winner.json"
+    link.symlink_to(target)
+
+    assert publish_once(link, b"evil") is False
+
+    assert link.is_symlink()
+    assert link.readlink() == target
+    if dangling:
+        assert not target.exists()
+    else:
+        assert target.read_bytes() == b"precious"
+
+
+def test_publish_once_racing_threads_exactly_one_wins(tmp_path: Path) -> None:
+    path = tmp_path / "winner.json"
+    n = 16
+    barrier = threading.Barrier(n)
+    results: list[bool] = [False] * n
+
+    def worker(i: int) -> None:
+        barrier.wait()
+        results[i] = publish_once(path, f"writer-{i}".encode())
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+    assert results.count(True) == 1
+    winner = results.index(True)
+    assert path.read_bytes() == f"writer-{winner}".encode()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["winner.json"]
+
+
+def _publish_in_child(path: str, index: int, barrier: Any) -> None:
+    barrier.wait()
+    won = publish_once(Path(path), f"process-{index}".encode())
+    sys.exit(0 if won else 3)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="uses the fork start method")
+def test_publish_once_racing_processes_exactly_one_wins(tmp_path: Path) -> None:
+    path = tmp_path / "winner.json"
+    n = 8
+    ctx = multiprocessing.get_context("fork")
+    barrier = ctx.Barrier(n)
+    procs = [ctx.Process(target=_publish_in_child, args=(str(path), i, barrier)) for i in range(n)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=30)
+
+    codes = [p.exitcode for p in procs]
+    assert sorted(codes) == [0] + [3] * (n - 1), codes
+    assert path.read_bytes() == f"process-{codes.index(0)}".encode()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["winner.json"]
+
+
+# --- make_private_dir ---
+
+
+def test_make_private_dir_is_owner_only_and_creates_parents(tmp_path: Path) -> None:
+    path = tmp_path / "a" / "b" / "run"
+    make_private_dir(path)
+    assert path.is_dir()
+    assert mode_of(path) == 0o700
+
+
+def test_make_private_dir_refuses_an_existing_directory(tmp_path: Path) -> None:
+    path = tmp_path / "run"
+    path.mkdir()
+    with pytest.raises(UnsafePathError, match="already exists"):
+        make_private_dir(path)
+
+
+def test_make_private_dir_exist_ok_accepts_a_directory(tmp_path: Path) -> None:
+    path = tmp_path / "run"
+    make_private_dir(path)
+    make_private_dir(path, exist_ok=True)
+    assert path.is_dir()
+
+
+@pytest.mark.parametrize("exist_ok", [False, True])
+def test_make_private_dir_refuses_a_file_in_its_place(tmp_path: Path, exist_ok: bool) -> None:
+    path = tmp_path / "run"
+    path.write_bytes(b"x")
+    with pytest.raises(UnsafePathError):
+        make_private_dir(path, exist_ok=exist_ok)
+    assert path.read_bytes() == b"x"
+
+
+@pytest.mark.parametrize("exist_ok", [False, True])
+def test_make_private_dir_refuses_a_symlink(tmp_path: Path, exist_ok: bool) -> None:
+    target = tmp_path / "elsewhere"
+    target.mkdir(mode=0o755)
+    link = tmp_path / "run"
+    link.symlink_to(target)
+
+    with pytest.raises(UnsafePathError, match="symbolic link"):
+        make_private_dir(link, exist_ok=exist_ok)
+
+    assert link.is_symlink()
+    assert mode_of(target) == 0o755
+    assert list(target.iterdir()) == []
+
+
+# --- read_regular and hashing ---
+
+
+def test_read_regular_reads_a_file(tmp_path: Path) -> None:
+    path = tmp_path / "f"
+    path.write_bytes(b"\x00data\xff")
+    assert read_regular(path) == b"\x00data\xff"
+
+
+def test_read_regular_refuses_a_symlink(tmp_path: Path) -> None:
+    target = tmp_path / "secret"
+    target.write_bytes(b"do not read")
+    link = tmp_path / "f"
+    link.symlink_to(target)
+    with pytest.raises(OSError) as info:
+        read_regular(link)
+    assert info.value.errno == errno.ELOOP
+
+
+def test_read_regular_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        read_regular(tmp_path / "absent")
+
+
+@pytest.mark.parametrize(
+    "data",
+    [pytest.param(b"", id="empty"), pytest.param(b"abc", id="small"), pytest.param(b"x" * (3 << 20), id="3MiB")],
+)
+def test_sha256_file_and_bytes_agree_with_hashlib(tmp_path: Path, data: bytes) -> None:
+    path = tmp_path / "f"
+    path.write_bytes(data)
+    want = hashlib.sha256(data).hexdigest()
+    assert sha256_file(path) == want
+    assert sha256_bytes(data) == want

@@ -1,0 +1,172 @@
+"""Launcher units: scheduler output parsing, rendering, submission with a recording Slurm runner."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from ddslurm.config import Plan, RunLayout, SubmissionRecord, read_json
+from ddslurm.launcher import (
+    Completed,
+    Slurm,
+    SlurmError,
+    SubmitError,
+    parse_job_key,
+    prepare,
+    render_generation,
+    run_status,
+    submit,
+)
+
+KEY = "sk-launcher-test-value-123"
+RECIPE = """data_designer:
+  columns:
+  - {name: topic, column_type: sampler, sampler_type: category, params: {sampler_type: category, values: [a, b]}}
+  - {name: q, column_type: llm-text, model_alias: writer, prompt: "Say {{ topic }}"}
+  model_configs:
+  - {alias: writer, model: m-1, provider: hosted, inference_parameters: {temperature: 0.3, max_parallel_requests: 8}}
+"""
+
+
+class RecordingRunner:
+    """Answers sbatch/squeue/sacct like Slurm would, and records every call with its environment."""
+
+    def __init__(self, *, sbatch_rc: int = 0, squeue: str = "", sacct: str = "") -> None:
+        self.calls: list[tuple[list[str], Mapping[str, str] | None]] = []
+        self.sbatch_rc, self.squeue_out, self.sacct_out = sbatch_rc, squeue, sacct
+
+    def __call__(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> Completed:
+        self.calls.append((list(argv), env))
+        if argv[0] == "sbatch":
+            if self.sbatch_rc:
+                return Completed(self.sbatch_rc, "", "sbatch: error: Invalid partition name specified")
+            return Completed(0, "4242\n", "")
+        if argv[0] == "squeue":
+            return Completed(0, self.squeue_out, "")
+        if argv[0] == "sacct":
+            return Completed(0, self.sacct_out, "")
+        return Completed(0, "", "")
+
+
+def _files(tmp_path: Path, *, api_key: str = "HOSTED_KEY", run_extra: str = "") -> tuple[Path, Path, dict[str, str]]:
+    home = tmp_path / "dd"
+    home.mkdir()
+    (home / "model_providers.yaml").write_text(
+        f"providers:\n- {{name: hosted, endpoint: 'http://127.0.0.1:9/v1', api_key: {api_key}}}\n"
+        "- {name: unused, endpoint: 'http://127.0.0.1:8/v1', api_key: OTHER_KEY}\n"
+    )
+    (tmp_path / "recipe.yaml").write_text(RECIPE)
+    run = tmp_path / "run.yaml"
+    run.write_text(f"name: unit\nrecipe: recipe.yaml\nnum_records: 10\nshards: 3\n{run_extra}")
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "ddslurm-runtime").write_text("#!/bin/sh\n")
+    profile = tmp_path / "profile.yaml"
+    profile.write_text("workspace: work\npython_env: venv\npartition: gpu\ncpu_partition: cpu\n")
+    env = {"DATA_DESIGNER_HOME": str(home), "HOSTED_KEY": KEY, "PATH": "/usr/bin:/bin"}
+    return run, profile, env
+
+
+def _all_bytes(root: Path) -> bytes:
+    return b"".join(p.read_bytes() for p in root.rglob("*") if p.is_file())
+
+
+def test_submit_writes_run_dir_and_exports_the_key_by_name_only(tmp_path: Path) -> None:
+    run, profile, env = _files(tmp_path)
+    runner = RecordingRunner()
+    done = submit(run, profile, slurm=Slurm(runner), env=env, clock=lambda: datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC))
+    assert done.job_id == "4242"
+    layout = done.layout
+    assert layout.root.parent == tmp_path / "work" / "runs" and layout.run_id.startswith("unit-20260102-030405-")
+    assert layout.root.stat().st_mode & 0o777 == 0o700
+    plan = read_json(layout.plan, Plan)
+    assert [s.num_records for s in plan.shards] == [4, 3, 3]
+    assert plan.secret_env == ("HOSTED_KEY",)
+    argv, call_env = runner.calls[0]
+    assert argv[:3] == ["sbatch", "--parsable", "--export=HOSTED_KEY"]
+    assert call_env is not None and call_env["HOSTED_KEY"] == KEY  # sbatch reads the value itself
+    assert KEY.encode() not in _all_bytes(layout.root)
+    assert b"OTHER_KEY" not in layout.snapshot.read_bytes()  # only the providers the run needs
+    assert read_json(layout.submissions / "4242.json", SubmissionRecord).shards == (0, 1, 2)
+
+
+def test_rendered_script_asks_for_cpus_only_and_runs_the_runtime(tmp_path: Path) -> None:
+    run, profile, env = _files(tmp_path, run_extra="submission:\n  memory: 3G\n  qos: high\n  time_limit: '2:00:00'\n")
+    prepared = prepare(run, profile, env, datetime.now(UTC))
+    script = render_generation(prepared.plan, prepared.layout, [0, 2])
+    for line in ("#SBATCH --array=0,2", "#SBATCH --gres=none", "#SBATCH --partition=cpu", "#SBATCH --mem=3G",
+                 "#SBATCH --qos=high", "#SBATCH --time=120", "unset SLURM_EXPORT_ENV"):
+        assert line in script
+    assert f"{tmp_path / 'venv' / 'bin' / 'ddslurm-runtime'} generate --run-dir {prepared.layout.root}" in script
+
+
+@pytest.mark.parametrize(
+    ("api_key", "env_change", "needle"),
+    [
+        pytest.param("HOSTED_KEY", {"HOSTED_KEY": ""}, "HOSTED_KEY is unset or empty", id="key-unset"),
+        pytest.param("sk-abc123literal", {}, "looks like a literal key", id="literal-key"),
+    ],
+)
+def test_refused_submission_changes_nothing(
+    tmp_path: Path, api_key: str, env_change: dict[str, str], needle: str
+) -> None:
+    run, profile, env = _files(tmp_path, api_key=api_key)
+    runner = RecordingRunner()
+    with pytest.raises(SubmitError, match=needle):
+        submit(run, profile, slurm=Slurm(runner), env={**env, **env_change})
+    assert runner.calls == []
+    assert not (tmp_path / "work").exists()
+
+
+def test_bad_run_file_error_points_at_line_and_field(tmp_path: Path) -> None:
+    run, profile, env = _files(tmp_path, run_extra="submission:\n  cpus: many\n")
+    with pytest.raises(SubmitError, match=r"run\.yaml:6:3: submission\.cpus: expected int, got str"):
+        prepare(run, profile, env, datetime.now(UTC))
+
+
+def test_failed_sbatch_leaves_no_run_dir(tmp_path: Path) -> None:
+    run, profile, env = _files(tmp_path)
+    with pytest.raises(SlurmError, match="Invalid partition"):
+        submit(run, profile, slurm=Slurm(RecordingRunner(sbatch_rc=1)), env=env)
+    assert list((tmp_path / "work" / "runs").iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("key", "want"),
+    [
+        pytest.param("12_3", [("12", 3)], id="task"),
+        pytest.param("12_[0-2]", [("12", 0), ("12", 1), ("12", 2)], id="pending-range"),
+        pytest.param("12_[1,4-5%2]", [("12", 1), ("12", 4), ("12", 5)], id="throttled-list"),
+        pytest.param("12", [("12", None)], id="plain-job"),
+    ],
+)
+def test_parse_job_key(key: str, want: list[tuple[str, int | None]]) -> None:
+    assert parse_job_key(key) == want
+
+
+@pytest.mark.parametrize(
+    ("squeue", "sacct", "want_run", "want_shards"),
+    [
+        pytest.param("4242_[0-2]|PENDING|Priority\n", "", "pending", ["pending"] * 3, id="pending"),
+        pytest.param("4242_0|RUNNING|None\n4242_[1-2]|PENDING|Resources\n", "", "running",
+                     ["running", "pending", "pending"], id="running"),
+        pytest.param("", "4242_0|FAILED|1:0|None\n4242_1|CANCELLED|0:0|None\n4242_2|TIMEOUT|0:0|None\n", "failed",
+                     ["failed", "cancelled", "failed"], id="failed"),
+        pytest.param("", "4242_0|CANCELLED|0:0|None\n4242_1|CANCELLED|0:0|None\n4242_2|CANCELLED|0:0|None\n",
+                     "cancelled", ["cancelled"] * 3, id="cancelled"),
+        pytest.param("", "", "pending", ["unknown"] * 3, id="accounting-lag-is-not-lost"),
+    ],
+)
+def test_status_from_one_squeue_and_one_sacct(
+    tmp_path: Path, squeue: str, sacct: str, want_run: str, want_shards: list[str]
+) -> None:
+    run, profile, env = _files(tmp_path)
+    done = submit(run, profile, slurm=Slurm(RecordingRunner()), env=env)
+    runner = RecordingRunner(squeue=squeue, sacct=sacct)
+    status = run_status(RunLayout(done.layout.root), Slurm(runner))
+    assert status.state == want_run
+    assert [s.state for s in status.shards] == want_shards
+    assert sorted(c[0][0] for c in runner.calls) == ["sacct", "squeue"]

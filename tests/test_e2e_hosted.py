@@ -1,0 +1,80 @@
+"""A hosted-only run end to end through the `ddslurm` CLI, the real local Slurm cluster and the real engine."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+pytestmark = [pytest.mark.slurm, pytest.mark.dd]
+
+DDSLURM = str(Path(sys.executable).parent / "ddslurm")
+
+
+def _cli(*args: str, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([DDSLURM, *args], capture_output=True, text=True, env=env, timeout=timeout, check=False)
+
+
+def _json(done: subprocess.CompletedProcess[str]) -> Any:
+    assert done.returncode == 0, f"rc={done.returncode}\n{done.stdout}\n{done.stderr[-3000:]}"
+    return json.loads(done.stdout)
+
+
+def test_hosted_only_run_end_to_end(make_run_files: Any, hosted_endpoint: Any, scan_for_secret: Any) -> None:
+    files = make_run_files("e2e", num_records=9, shards=3, buffer_size=2)
+    submitted = _json(_cli("submit", str(files.run_file), "--profile", str(files.profile), "--json", env=files.env))
+    run_dir = Path(submitted["run_dir"])
+    assert submitted["shards"] == 3 and submitted["job_id"].isdigit()
+
+    script = (run_dir / "generate.sbatch").read_text()
+    assert "#SBATCH --gres=none" in script and "#SBATCH --partition=cpu" in script
+    assert "#SBATCH --array=0,1,2" in script and "#SBATCH --mem=1G" in script
+
+    final = _json(_cli("wait", str(run_dir), "--json", env=files.env))
+    assert final["state"] == "succeeded", final
+    assert final["records_done"] == 9
+    assert [s["state"] for s in final["shards"]] == ["succeeded"] * 3
+
+    status = _json(_cli("status", str(run_dir), "--json", env=files.env))
+    assert status["state"] == "succeeded"
+
+    # The collection job runs on the CPU partition without the key in its environment.
+    env_without_key = {k: v for k, v in files.env.items() if k != "DEMO_HOSTED_API_KEY"}
+    collected = _json(_cli("collect", str(run_dir), "--json", env=env_without_key))
+    dataset = Path(collected["dataset"])
+    assert collected["rows"] == 9 and dataset == run_dir / "dataset"
+    assert Path(collected["manifest"]).is_file()
+    assert pq.read_table(dataset).num_rows == 9
+    assert len(pd.read_parquet(dataset)) == 9
+    assert duckdb.sql(f"select count(*) from read_parquet('{dataset}/*.parquet')").fetchone() == (9,)
+    assert "--gres=none" in next(run_dir.glob("collect-*.sbatch")).read_text()
+
+    requests = [json.loads(line) for line in hosted_endpoint.request_log.read_text().splitlines()]
+    assert any(r["authorized"] and r["model"] == "demo/judge-70b" for r in requests)
+    # Nothing the run left behind holds the key: scripts, plan, snapshot, records, logs, data.
+    assert scan_for_secret(run_dir, hosted_endpoint.api_key) == []
+    assert scan_for_secret(files.root, hosted_endpoint.api_key) == []
+
+
+def test_status_and_wait_report_a_failed_run(make_run_files: Any) -> None:
+    files = make_run_files("fail", num_records=2, shards=1, buffer_size=2)
+    submitted = _json(_cli("submit", str(files.run_file), "--profile", str(files.profile), "--json", env=files.env))
+    run_dir = Path(submitted["run_dir"])
+    # The snapshot is checked against the plan's sha256 on the node: tampering makes the attempt fail.
+    snapshot = run_dir / "inputs" / "snapshot.json"
+    snapshot.write_bytes(snapshot.read_bytes().replace(b"demo-hosted", b"demo-hostex"))
+    done = _cli("wait", str(run_dir), "--json", env=files.env)
+    assert done.returncode == 1
+    final = json.loads(done.stdout)
+    assert final["state"] == "failed"
+    assert final["shards"][0]["state"] == "failed"
+    collect = _cli("collect", str(run_dir), "--local", env=files.env)
+    assert collect.returncode != 0 and "no published result" in collect.stderr
+    assert not (run_dir / "dataset").exists()

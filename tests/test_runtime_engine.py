@@ -1,0 +1,102 @@
+"""The node-side runtime with the real Data Designer engine against the hosted stand-in, outside Slurm.
+
+The runtime runs in a subprocess whose HOME does not exist and whose audit hook records every file the
+process opens, creates or lists under HOME: the runtime must succeed and touch nothing there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+
+from ddslurm.config import AttemptRecord, WinnerRecord, read_json
+from ddslurm.launcher import prepare, write_run_dir
+
+AUDIT_HOOK = """
+import os, sys
+_home = os.environ["HOME"]
+_report = os.environ["HOME_AUDIT_REPORT"]
+def _hook(event, args):
+    if event in ("open", "os.mkdir", "os.listdir", "os.scandir", "os.rename", "os.remove") and args:
+        path = args[0]
+        if isinstance(path, (str, bytes, os.PathLike)):
+            path = os.fsdecode(path)
+            if path == _home or path.startswith(_home.rstrip("/") + "/"):
+                with open(_report, "a") as fh:
+                    fh.write(f"{event} {path}\\n")
+sys.addaudithook(_hook)
+"""
+
+pytestmark = pytest.mark.dd
+
+
+def _runtime(run_dir: Path, shard: int, job_id: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    exe = Path(sys.executable).parent / "ddslurm-runtime"
+    return subprocess.run(
+        [str(exe), "generate", "--run-dir", str(run_dir), "--shard", str(shard), "--job-id", job_id],
+        capture_output=True, text=True, env=env, timeout=240, check=False,
+    )
+
+
+def test_runtime_generates_and_publishes_without_a_home_directory(
+    run_files: Any, hosted_endpoint: Any, tmp_path: Path, scan_for_secret: Any
+) -> None:
+    prepared = prepare(run_files.run_file, run_files.profile, run_files.env, datetime.now(UTC))
+    write_run_dir(prepared)
+    run_dir = prepared.layout.root
+
+    hook_dir = tmp_path / "hook"
+    hook_dir.mkdir()
+    (hook_dir / "sitecustomize.py").write_text(AUDIT_HOOK)
+    report = tmp_path / "home-access.txt"
+    missing_home = tmp_path / "no-such-home"
+    env = {
+        k: v for k, v in os.environ.items() if k not in {"DATA_DESIGNER_HOME", "HOME"} and not k.startswith("SLURM")
+    }
+    env.update(
+        HOME=str(missing_home),
+        HOME_AUDIT_REPORT=str(report),
+        PYTHONPATH=str(hook_dir),
+        DEMO_HOSTED_API_KEY=hosted_endpoint.api_key,
+    )
+    done = _runtime(run_dir, 0, "local-1", env)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    assert not missing_home.exists()
+    assert not report.exists() or report.read_text() == ""
+    shard = prepared.layout.shard(0)
+    winner = read_json(shard.winner, WinnerRecord)
+    assert winner.rows == prepared.plan.shards[0].num_records
+    table = pq.read_table(Path(winner.dataset_dir) / "parquet-files")
+    assert table.num_rows == winner.rows
+    assert {"topic", "difficulty", "question", "quality", "question_length"} <= set(table.column_names)
+    scores = [row["quality"]["Relevance"]["score"] for row in table.to_pylist()]
+    assert all(str(s) in {"1", "2", "3"} for s in scores)
+    assert read_json(shard.attempt("attempt-local-1").record, AttemptRecord).state == "succeeded"
+
+    assert scan_for_secret(run_dir, hosted_endpoint.api_key) == []
+    assert hosted_endpoint.api_key not in done.stdout + done.stderr
+    requests = [json.loads(line) for line in hosted_endpoint.request_log.read_text().splitlines()]
+    chats = [r for r in requests if r["path"].endswith("/chat/completions")]
+    assert chats and all(r["authorized"] for r in chats)
+
+
+def test_runtime_without_the_key_fails_with_a_reason_and_publishes_nothing(run_files: Any) -> None:
+    prepared = prepare(run_files.run_file, run_files.profile, run_files.env, datetime.now(UTC))
+    write_run_dir(prepared)
+    env = {k: v for k, v in os.environ.items() if k != "DEMO_HOSTED_API_KEY" and not k.startswith("SLURM")}
+    done = _runtime(prepared.layout.root, 1, "local-2", env)
+    assert done.returncode == 1
+    shard = prepared.layout.shard(1)
+    assert not shard.winner.exists()
+    record = read_json(shard.attempt("attempt-local-2").record, AttemptRecord)
+    assert record.state == "failed" and record.reason == "secret_missing"
+    assert "DEMO_HOSTED_API_KEY" in (record.message or "")
