@@ -28,9 +28,12 @@ def home_access(source: str, filename: str) -> list[str]:
             found.append(f"{filename}:{node.lineno}: .{node.attr}")
         elif isinstance(node, ast.Name) and node.id == "expanduser":
             found.append(f"{filename}:{node.lineno}: expanduser")
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-            if node.value.startswith("~") or node.value in HOME_NAMES:
-                found.append(f"{filename}:{node.lineno}: {node.value!r}")
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and (node.value.startswith("~") or node.value in HOME_NAMES)
+        ):
+            found.append(f"{filename}:{node.lineno}: {node.value!r}")
     return found
 
 

@@ -42,7 +42,11 @@ def _runtime(run_dir: Path, shard: int, job_id: str, env: dict[str, str]) -> sub
     exe = Path(sys.executable).parent / "ddslurm-runtime"
     return subprocess.run(
         [str(exe), "generate", "--run-dir", str(run_dir), "--shard", str(shard), "--job-id", job_id],
-        capture_output=True, text=True, env=env, timeout=240, check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+        check=False,
     )
 
 
@@ -58,9 +62,7 @@ def test_runtime_generates_and_publishes_without_a_home_directory(
     (hook_dir / "sitecustomize.py").write_text(AUDIT_HOOK)
     report = tmp_path / "home-access.txt"
     missing_home = tmp_path / "no-such-home"
-    env = {
-        k: v for k, v in os.environ.items() if k not in {"DATA_DESIGNER_HOME", "HOME"} and not k.startswith("SLURM")
-    }
+    env = {k: v for k, v in os.environ.items() if k not in {"DATA_DESIGNER_HOME", "HOME"} and not k.startswith("SLURM")}
     env.update(
         HOME=str(missing_home),
         HOME_AUDIT_REPORT=str(report),

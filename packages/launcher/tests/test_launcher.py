@@ -97,8 +97,15 @@ def test_rendered_script_asks_for_cpus_only_and_runs_the_runtime(tmp_path: Path)
     run, profile, env = _files(tmp_path, run_extra="submission:\n  memory: 3G\n  qos: high\n  time_limit: '2:00:00'\n")
     prepared = prepare(run, profile, env, datetime.now(UTC))
     script = render_generation(prepared.plan, prepared.layout, [0, 2])
-    for line in ("#SBATCH --array=0,2", "#SBATCH --gres=none", "#SBATCH --partition=cpu", "#SBATCH --mem=3G",
-                 "#SBATCH --qos=high", "#SBATCH --time=120", "unset SLURM_EXPORT_ENV"):
+    for line in (
+        "#SBATCH --array=0,2",
+        "#SBATCH --gres=none",
+        "#SBATCH --partition=cpu",
+        "#SBATCH --mem=3G",
+        "#SBATCH --qos=high",
+        "#SBATCH --time=120",
+        "unset SLURM_EXPORT_ENV",
+    ):
         assert line in script
     assert f"{tmp_path / 'venv' / 'bin' / 'ddslurm-runtime'} generate --run-dir {prepared.layout.root}" in script
 
@@ -151,12 +158,27 @@ def test_parse_job_key(key: str, want: list[tuple[str, int | None]]) -> None:
     ("squeue", "sacct", "want_run", "want_shards"),
     [
         pytest.param("4242_[0-2]|PENDING|Priority\n", "", "pending", ["pending"] * 3, id="pending"),
-        pytest.param("4242_0|RUNNING|None\n4242_[1-2]|PENDING|Resources\n", "", "running",
-                     ["running", "pending", "pending"], id="running"),
-        pytest.param("", "4242_0|FAILED|1:0|None\n4242_1|CANCELLED|0:0|None\n4242_2|TIMEOUT|0:0|None\n", "failed",
-                     ["failed", "cancelled", "failed"], id="failed"),
-        pytest.param("", "4242_0|CANCELLED|0:0|None\n4242_1|CANCELLED|0:0|None\n4242_2|CANCELLED|0:0|None\n",
-                     "cancelled", ["cancelled"] * 3, id="cancelled"),
+        pytest.param(
+            "4242_0|RUNNING|None\n4242_[1-2]|PENDING|Resources\n",
+            "",
+            "running",
+            ["running", "pending", "pending"],
+            id="running",
+        ),
+        pytest.param(
+            "",
+            "4242_0|FAILED|1:0|None\n4242_1|CANCELLED|0:0|None\n4242_2|TIMEOUT|0:0|None\n",
+            "failed",
+            ["failed", "cancelled", "failed"],
+            id="failed",
+        ),
+        pytest.param(
+            "",
+            "4242_0|CANCELLED|0:0|None\n4242_1|CANCELLED|0:0|None\n4242_2|CANCELLED|0:0|None\n",
+            "cancelled",
+            ["cancelled"] * 3,
+            id="cancelled",
+        ),
         pytest.param("", "", "pending", ["unknown"] * 3, id="accounting-lag-is-not-lost"),
     ],
 )

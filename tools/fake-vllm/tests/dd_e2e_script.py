@@ -29,7 +29,7 @@ class _ApproxEncoding:
 
 
 def _watch_remote_hosts(remote: set[str]) -> None:
-    def hook(event: str, args: tuple) -> None:
+    def hook(event: str, args: tuple[object, ...]) -> None:
         host = None
         if event == "socket.getaddrinfo":
             host = args[0]
@@ -60,7 +60,7 @@ def main() -> int:
     from data_designer.engine.secret_resolver import EnvironmentResolver
     from data_designer.interface import DataDesigner
 
-    token_counting.get_cl100k_base_tokenizer = _ApproxEncoding  # type: ignore[assignment]
+    token_counting.get_cl100k_base_tokenizer = _ApproxEncoding
 
     provider = dd.ModelProvider(name="fake", endpoint=endpoint, provider_type="openai", api_key=api_key_env)
     model = dd.ModelConfig(

@@ -32,13 +32,13 @@ MANIFEST = "_manifest.json"  # leading underscore: pyarrow and pandas skip it wh
 TARGET_FILE_BYTES = 512 << 20
 
 
-class ShardEntry(Frozen, kw_only=True):
+class ShardEntry(Frozen, frozen=True, kw_only=True):
     shard: int
     attempt: str
     rows: int
 
 
-class Manifest(Frozen, kw_only=True):
+class Manifest(Frozen, frozen=True, kw_only=True):
     run_id: str
     plan_sha256: str
     rows: int

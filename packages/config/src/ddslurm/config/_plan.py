@@ -8,7 +8,7 @@ from ddslurm.config._runfile import ResumeMode
 PLAN_VERSION = 1
 
 
-class Resources(Frozen, kw_only=True):
+class Resources(Frozen, frozen=True, kw_only=True):
     """One Slurm job's request. ``gres == "none"`` asks for a CPU-only allocation."""
 
     partition: str | None = None
@@ -25,13 +25,13 @@ class Resources(Frozen, kw_only=True):
     extra_sbatch: tuple[str, ...] = ()
 
 
-class ShardSpec(Frozen, kw_only=True):
+class ShardSpec(Frozen, frozen=True, kw_only=True):
     index: int
     first_record: int
     num_records: int
 
 
-class Plan(Frozen, kw_only=True):
+class Plan(Frozen, frozen=True, kw_only=True):
     version: int = PLAN_VERSION
     run_id: str
     run_name: str

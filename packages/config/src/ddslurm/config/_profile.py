@@ -11,7 +11,7 @@ from ddslurm.config._base import Frozen
 NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
 
 
-class ClusterProfile(Frozen, kw_only=True):
+class ClusterProfile(Frozen, frozen=True, kw_only=True):
     """Top level of a profile file. Relative paths are relative to the profile file's directory."""
 
     name: str = "default"

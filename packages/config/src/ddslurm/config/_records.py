@@ -9,13 +9,13 @@ from ddslurm.config._base import Frozen
 AttemptState = Literal["running", "succeeded", "failed", "partial", "superseded"]
 
 
-class FileEntry(Frozen, kw_only=True):
+class FileEntry(Frozen, frozen=True, kw_only=True):
     path: str
     size: int
     sha256: str
 
 
-class SubmissionRecord(Frozen, kw_only=True):
+class SubmissionRecord(Frozen, frozen=True, kw_only=True):
     """One ``sbatch`` of an array: which array job runs which shards."""
 
     array_job_id: str
@@ -24,7 +24,7 @@ class SubmissionRecord(Frozen, kw_only=True):
     script: str
 
 
-class AttemptRecord(Frozen, kw_only=True):
+class AttemptRecord(Frozen, frozen=True, kw_only=True):
     shard: int
     attempt: str
     job_id: str
@@ -38,7 +38,7 @@ class AttemptRecord(Frozen, kw_only=True):
     requested_rows: int | None = None
 
 
-class WinnerRecord(Frozen, kw_only=True):
+class WinnerRecord(Frozen, frozen=True, kw_only=True):
     """The one published result of a shard. Written once, never replaced."""
 
     shard: int

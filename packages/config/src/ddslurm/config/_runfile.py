@@ -13,7 +13,7 @@ Name = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za
 ResumeMode = Literal["never", "always", "if_possible"]
 
 
-class Deployment(Frozen, kw_only=True):
+class Deployment(Frozen, frozen=True, kw_only=True):
     """A vLLM deployment started inside the job, serving one model alias of the recipe."""
 
     model_alias: str
@@ -24,7 +24,7 @@ class Deployment(Frozen, kw_only=True):
     extra_args: tuple[str, ...] = ()
 
 
-class Submission(Frozen, kw_only=True):
+class Submission(Frozen, frozen=True, kw_only=True):
     """Scheduler settings of the generation jobs. ``None`` means "take the profile's default"."""
 
     account: str | None = None
@@ -38,7 +38,7 @@ class Submission(Frozen, kw_only=True):
     extra_sbatch: tuple[str, ...] = ()
 
 
-class Collection(Frozen, kw_only=True):
+class Collection(Frozen, frozen=True, kw_only=True):
     """Scheduler settings of the collection job."""
 
     partition: str | None = None
@@ -47,7 +47,7 @@ class Collection(Frozen, kw_only=True):
     cpus: PositiveInt = 1
 
 
-class RunFile(Frozen, kw_only=True):
+class RunFile(Frozen, frozen=True, kw_only=True):
     """Top level of ``run.yaml``."""
 
     name: Name

@@ -13,7 +13,7 @@ from ddslurm.config._base import Frozen
 SNAPSHOT_VERSION = 1
 
 
-class SnapshotProvider(Frozen, kw_only=True):
+class SnapshotProvider(Frozen, frozen=True, kw_only=True):
     """A Data Designer model provider. ``local`` providers get their endpoint on the node."""
 
     name: str
@@ -25,7 +25,7 @@ class SnapshotProvider(Frozen, kw_only=True):
     local: bool = False
 
 
-class SnapshotModel(Frozen, kw_only=True):
+class SnapshotModel(Frozen, frozen=True, kw_only=True):
     """A Data Designer model config, with inference parameters kept exactly as the user wrote them."""
 
     alias: str
@@ -36,7 +36,7 @@ class SnapshotModel(Frozen, kw_only=True):
     source: Literal["recipe", "settings", "deployment"] = "recipe"
 
 
-class ProviderSnapshot(Frozen, kw_only=True):
+class ProviderSnapshot(Frozen, frozen=True, kw_only=True):
     version: int = SNAPSHOT_VERSION
     providers: tuple[SnapshotProvider, ...] = ()
     models: tuple[SnapshotModel, ...] = ()

@@ -80,7 +80,7 @@ def _estimate_tokens_offline() -> None:
         def encode(self, text: str, **_: Any) -> list[int]:
             return [0] * max(1, (len(text) + 3) // 4) if text else []
 
-    token_counting.get_cl100k_base_tokenizer = lambda: _Estimate()  # type: ignore[assignment]
+    token_counting.get_cl100k_base_tokenizer = lambda: _Estimate()
 
 
 def run_engine(request: EngineRequest) -> EngineResult:

@@ -1,0 +1,414 @@
+"""The planner: time limits, record splitting and the pure compilation of a hosted-only plan."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from ddslurm.config import (
+    ClusterProfile,
+    Collection,
+    Deployment,
+    Plan,
+    ProviderSnapshot,
+    Resources,
+    RunFile,
+    RunLayout,
+    ShardSpec,
+    SnapshotModel,
+    SnapshotProvider,
+    Submission,
+    digest,
+    encode,
+    load_profile,
+    load_run_file,
+)
+from ddslurm.planner import PlanError, PlanInputs, compile_plan, parse_time_limit, split_records
+
+REPO = Path(__file__).resolve().parents[3]
+LAYOUT = RunLayout.in_workspace(Path("/ws"), "run-1")
+SNAPSHOT = ProviderSnapshot(
+    providers=(
+        SnapshotProvider(name="zeta", endpoint="https://z/v1", api_key_env="ZETA_API_KEY"),
+        SnapshotProvider(name="alpha", endpoint="https://a/v1", api_key_env="ALPHA_API_KEY"),
+        SnapshotProvider(name="open", endpoint="http://o/v1"),
+    ),
+    models=(SnapshotModel(alias="gen", model="m", provider="zeta"),),
+)
+
+
+def make_run(**overrides: object) -> RunFile:
+    fields: dict[str, object] = {"name": "demo", "recipe": "recipe.yaml", "num_records": 100}
+    fields.update(overrides)
+    return RunFile(**fields)  # type: ignore[arg-type]
+
+
+def make_profile(**overrides: object) -> ClusterProfile:
+    fields: dict[str, object] = {"workspace": "/ws", "python_env": "/venv"}
+    fields.update(overrides)
+    return ClusterProfile(**fields)  # type: ignore[arg-type]
+
+
+def make_inputs(
+    run: RunFile | None = None,
+    profile: ClusterProfile | None = None,
+    snapshot: ProviderSnapshot = SNAPSHOT,
+) -> PlanInputs:
+    return PlanInputs(
+        run=run or make_run(),
+        profile=profile or make_profile(),
+        snapshot=snapshot,
+        layout=LAYOUT,
+        recipe_sha256="1" * 64,
+        snapshot_sha256="2" * 64,
+    )
+
+
+# --- parse_time_limit ---
+
+
+@pytest.mark.parametrize(
+    ("value", "minutes"),
+    [
+        pytest.param(90, 90, id="int-minutes"),
+        pytest.param(1, 1, id="int-one-minute"),
+        pytest.param("90", 90, id="str-minutes"),
+        pytest.param(" 45 ", 45, id="surrounding-space"),
+        pytest.param("1:30:00", 90, id="h-mm-ss"),
+        pytest.param("01:00:00", 60, id="hh-mm-ss"),
+        pytest.param("12:00:00", 720, id="twelve-hours"),
+        pytest.param("2-00:00:00", 2880, id="days-hh-mm-ss"),
+        pytest.param("1-2", 1440 + 120, id="days-hours"),
+        pytest.param("1-02:30", 1440 + 150, id="days-hh-mm"),
+        pytest.param("0-00:00:01", 1, id="days-seconds-round-up"),
+        pytest.param("00:00:30", 1, id="thirty-seconds-rounds-up"),
+        pytest.param("00:01:01", 2, id="one-second-over-rounds-up"),
+        pytest.param("00:01:00", 1, id="exact-minute"),
+        pytest.param("10:30", 11, id="mm-ss-ten-minutes-thirty-seconds"),
+        pytest.param("10:00", 10, id="mm-ss-exact"),
+        pytest.param("0:59", 1, id="mm-ss-under-a-minute"),
+    ],
+)
+def test_parse_time_limit(value: str | int, minutes: int) -> None:
+    assert parse_time_limit(value) == minutes
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        pytest.param("", "is not a Slurm time", id="empty"),
+        pytest.param("abc", "is not a Slurm time", id="word"),
+        pytest.param("1h", "is not a Slurm time", id="unit-suffix"),
+        pytest.param("1.5", "is not a Slurm time", id="decimal"),
+        pytest.param("-5", "is not a Slurm time", id="negative-string"),
+        pytest.param("1:2:3:4", "is not a Slurm time", id="four-fields"),
+        pytest.param("1-", "is not a Slurm time", id="dangling-day"),
+        pytest.param("1:", "is not a Slurm time", id="dangling-colon"),
+        pytest.param("UNLIMITED", "is not a Slurm time", id="unlimited"),
+        pytest.param("0", "shorter than one minute", id="zero-string"),
+        pytest.param("00:00:00", "shorter than one minute", id="zero-hms"),
+        pytest.param(0, "at least 1 minute", id="zero-int"),
+        pytest.param(-3, "at least 1 minute", id="negative-int"),
+    ],
+)
+def test_parse_time_limit_rejects(value: str | int, message: str) -> None:
+    with pytest.raises(PlanError, match=message):
+        parse_time_limit(value)
+
+
+# --- split_records ---
+
+
+@pytest.mark.parametrize(
+    ("total", "shards", "sizes"),
+    [
+        pytest.param(10, 1, [10], id="one-shard"),
+        pytest.param(10, 2, [5, 5], id="even"),
+        pytest.param(10, 3, [4, 3, 3], id="remainder-goes-first"),
+        pytest.param(7, 7, [1] * 7, id="one-record-each"),
+        pytest.param(40, 6, [7, 7, 7, 7, 6, 6], id="forty-by-six"),
+        pytest.param(1, 1, [1], id="single-record"),
+    ],
+)
+def test_split_records_sizes(total: int, shards: int, sizes: list[int]) -> None:
+    specs = split_records(total, shards)
+    assert [s.num_records for s in specs] == sizes
+
+
+@pytest.mark.parametrize(
+    ("total", "shards"),
+    [(1, 1), (10, 3), (100, 7), (1000, 999), (12345, 64), (5, 5), (1_000_000, 1000)],
+)
+def test_split_records_invariants(total: int, shards: int) -> None:
+    specs = split_records(total, shards)
+
+    assert len(specs) == shards
+    assert [s.index for s in specs] == list(range(shards))
+    sizes = [s.num_records for s in specs]
+    assert sum(sizes) == total
+    assert max(sizes) - min(sizes) <= 1
+    assert min(sizes) >= 1
+    assert specs[0].first_record == 0
+    for prev, nxt in itertools.pairwise(specs):
+        assert nxt.first_record == prev.first_record + prev.num_records
+    assert specs[-1].first_record + specs[-1].num_records == total
+
+
+@pytest.mark.parametrize(
+    ("total", "shards", "message"),
+    [
+        pytest.param(3, 4, r"shards \(4\) exceeds num_records \(3\)", id="more-shards-than-records"),
+        pytest.param(0, 1, r"shards \(1\) exceeds num_records \(0\)", id="no-records"),
+        pytest.param(5, 0, r"shards must be at least 1, got 0", id="zero-shards"),
+        pytest.param(5, -1, r"shards must be at least 1, got -1", id="negative-shards"),
+    ],
+)
+def test_split_records_rejects(total: int, shards: int, message: str) -> None:
+    with pytest.raises(PlanError, match=message):
+        split_records(total, shards)
+
+
+# --- compile_plan ---
+
+
+def test_hosted_only_plan() -> None:
+    run = make_run(
+        num_records=40,
+        shards=2,
+        buffer_size=10,
+        resume="always",
+        submission=Submission(
+            account="acct",
+            qos="normal",
+            time_limit="00:20:00",
+            memory="2G",
+            cpus=2,
+            constraint="intel",
+            reservation="resv",
+            extra_sbatch=("--exclusive",),
+        ),
+        collection=Collection(memory="1G", time_limit="00:10:00", cpus=3),
+    )
+    profile = make_profile(partition="gpu", cpu_partition="cpu", extra_sbatch=("--comment=ddslurm",))
+
+    plan = compile_plan(make_inputs(run, profile))
+
+    assert plan == Plan(
+        run_id="run-1",
+        run_name="demo",
+        num_records=40,
+        shards=(
+            ShardSpec(index=0, first_record=0, num_records=20),
+            ShardSpec(index=1, first_record=20, num_records=20),
+        ),
+        resume="always",
+        buffer_size=10,
+        recipe_file="/ws/runs/run-1/inputs/recipe.yaml",
+        recipe_sha256="1" * 64,
+        snapshot_file="/ws/runs/run-1/inputs/snapshot.json",
+        snapshot_sha256="2" * 64,
+        secret_env=("ALPHA_API_KEY", "ZETA_API_KEY"),
+        python_env="/venv",
+        generation=Resources(
+            partition="cpu",
+            account="acct",
+            qos="normal",
+            time_minutes=20,
+            nodes=1,
+            cpus_per_task=2,
+            memory="2G",
+            gres="none",
+            gpus=None,
+            constraint="intel",
+            reservation="resv",
+            extra_sbatch=("--comment=ddslurm", "--exclusive"),
+        ),
+        collection=Resources(
+            partition="cpu",
+            account="acct",
+            time_minutes=10,
+            cpus_per_task=3,
+            memory="1G",
+            gres="none",
+            extra_sbatch=("--comment=ddslurm",),
+        ),
+        local_aliases=(),
+    )
+
+
+def test_gres_is_none_for_every_job() -> None:
+    plan = compile_plan(make_inputs(profile=make_profile(gpus_per_node=8, partition="gpu")))
+    assert (plan.generation.gres, plan.collection.gres) == ("none", "none")
+    assert (plan.generation.gpus, plan.collection.gpus) == (None, None)
+
+
+@pytest.mark.parametrize(
+    ("submission", "collection", "cpu_partition", "partition", "want_generation", "want_collection"),
+    [
+        pytest.param("sub", "col", "cpu", "gpu", "sub", "col", id="run-file-wins"),
+        pytest.param(None, None, "cpu", "gpu", "cpu", "cpu", id="profile-cpu-partition"),
+        pytest.param(None, None, None, "gpu", "gpu", "gpu", id="profile-partition"),
+        pytest.param(None, None, None, None, None, None, id="cluster-default"),
+        pytest.param("sub", None, None, "gpu", "sub", "gpu", id="collection-does-not-inherit-submission"),
+    ],
+)
+def test_partition_fallback(
+    submission: str | None,
+    collection: str | None,
+    cpu_partition: str | None,
+    partition: str | None,
+    want_generation: str | None,
+    want_collection: str | None,
+) -> None:
+    run = make_run(submission=Submission(partition=submission), collection=Collection(partition=collection))
+    profile = make_profile(cpu_partition=cpu_partition, partition=partition)
+
+    plan = compile_plan(make_inputs(run, profile))
+
+    assert plan.generation.partition == want_generation
+    assert plan.collection.partition == want_collection
+
+
+@pytest.mark.parametrize(
+    ("run_account", "profile_account", "want"),
+    [
+        pytest.param("mine", "site", "mine", id="run-file-wins"),
+        pytest.param(None, "site", "site", id="profile-default"),
+        pytest.param(None, None, None, id="none"),
+    ],
+)
+def test_account_fallback(run_account: str | None, profile_account: str | None, want: str | None) -> None:
+    plan = compile_plan(
+        make_inputs(make_run(submission=Submission(account=run_account)), make_profile(account=profile_account))
+    )
+    assert (plan.generation.account, plan.collection.account) == (want, want)
+
+
+@pytest.mark.parametrize(
+    ("snapshot", "want"),
+    [
+        pytest.param(SNAPSHOT, ("ALPHA_API_KEY", "ZETA_API_KEY"), id="sorted-names"),
+        pytest.param(ProviderSnapshot(), (), id="no-providers"),
+        pytest.param(
+            ProviderSnapshot(
+                providers=(
+                    SnapshotProvider(name="a", endpoint="e", api_key_env="SHARED_KEY"),
+                    SnapshotProvider(name="b", endpoint="e", api_key_env="SHARED_KEY"),
+                )
+            ),
+            ("SHARED_KEY",),
+            id="shared-name-once",
+        ),
+    ],
+)
+def test_secret_env_equals_the_snapshot_key_names(snapshot: ProviderSnapshot, want: tuple[str, ...]) -> None:
+    plan = compile_plan(make_inputs(snapshot=snapshot))
+    assert plan.secret_env == want == snapshot.secret_env_names()
+
+
+@pytest.mark.parametrize(
+    ("buffer_size", "num_records", "want"),
+    [
+        pytest.param(1000, 40, 40, id="capped-at-num-records"),
+        pytest.param(10, 40, 10, id="smaller-kept"),
+        pytest.param(40, 40, 40, id="equal"),
+    ],
+)
+def test_buffer_size_is_capped_at_num_records(buffer_size: int, num_records: int, want: int) -> None:
+    plan = compile_plan(make_inputs(make_run(buffer_size=buffer_size, num_records=num_records)))
+    assert plan.buffer_size == want
+
+
+@pytest.mark.parametrize(
+    ("generation", "collection", "want"),
+    [
+        pytest.param("01:00:00", "00:30:00", (60, 30), id="defaults"),
+        pytest.param(90, "10:30", (90, 11), id="int-and-mm-ss"),
+        pytest.param("1-00:00:00", 5, (1440, 5), id="days"),
+    ],
+)
+def test_time_limits_in_minutes(generation: str | int, collection: str | int, want: tuple[int, int]) -> None:
+    run = make_run(submission=Submission(time_limit=generation), collection=Collection(time_limit=collection))
+    plan = compile_plan(make_inputs(run))
+    assert (plan.generation.time_minutes, plan.collection.time_minutes) == want
+
+
+def test_bad_time_limit_is_a_plan_error() -> None:
+    with pytest.raises(PlanError, match="'soon' is not a Slurm time"):
+        compile_plan(make_inputs(make_run(submission=Submission(time_limit="soon"))))
+
+
+def test_more_shards_than_records_is_a_plan_error() -> None:
+    with pytest.raises(PlanError, match=r"shards \(5\) exceeds num_records \(4\)"):
+        compile_plan(make_inputs(make_run(num_records=4, shards=5)))
+
+
+def test_deployments_are_refused_with_a_clear_message() -> None:
+    run = make_run(deployments=(Deployment(model_alias="gen", model="m"), Deployment(model_alias="judge", model="j")))
+
+    with pytest.raises(PlanError) as info:
+        compile_plan(make_inputs(run))
+
+    message = str(info.value)
+    assert "run 'demo' declares 2 local deployment(s)" in message
+    assert "not available in this version" in message
+    assert "hosted providers" in message
+
+
+def test_plan_is_a_pure_function() -> None:
+    first = compile_plan(make_inputs())
+    second = compile_plan(make_inputs())
+
+    assert first == second
+    assert digest(first) == digest(second)
+    assert encode(first) == encode(second)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        pytest.param({"run": make_run(num_records=101)}, id="num-records"),
+        pytest.param({"profile": make_profile(python_env="/other")}, id="python-env"),
+        pytest.param({"snapshot": ProviderSnapshot()}, id="snapshot"),
+        pytest.param({"recipe_sha256": "3" * 64}, id="recipe-digest"),
+        pytest.param({"snapshot_sha256": "4" * 64}, id="snapshot-digest"),
+        pytest.param({"layout": RunLayout.in_workspace(Path("/ws"), "run-2")}, id="run-id"),
+    ],
+)
+def test_plan_digest_depends_on_every_input(change: dict[str, object]) -> None:
+    base = make_inputs()
+    changed = PlanInputs(
+        **{
+            "run": base.run,
+            "profile": base.profile,
+            "snapshot": base.snapshot,
+            "layout": base.layout,
+            "recipe_sha256": base.recipe_sha256,
+            "snapshot_sha256": base.snapshot_sha256,
+            **change,
+        }  # type: ignore[arg-type]
+    )
+    assert digest(compile_plan(changed)) != digest(compile_plan(base))
+
+
+def test_plan_round_trips_through_json() -> None:
+    plan = compile_plan(make_inputs())
+    assert msgspec.json.decode(encode(plan), type=Plan) == plan
+
+
+def test_compile_the_hosted_only_example() -> None:
+    run = load_run_file(REPO / "examples" / "hosted-only" / "run.yaml")
+    profile = load_profile(REPO / "examples" / "local-profile.yaml")
+
+    plan = compile_plan(make_inputs(run, profile))
+
+    assert [(s.first_record, s.num_records) for s in plan.shards] == [(0, 20), (20, 20)]
+    assert plan.buffer_size == 10
+    assert plan.generation.partition == "cpu"
+    assert plan.generation.gres == "none"
+    assert (plan.generation.time_minutes, plan.collection.time_minutes) == (20, 10)
+    assert (plan.generation.memory, plan.collection.memory) == ("2G", "1G")
+    assert plan.python_env == profile.python_env
