@@ -20,19 +20,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ddslurm.collector import collect
-from ddslurm.config import (
-    FileEntry,
-    Plan,
-    Resources,
-    RunLayout,
-    ShardSpec,
-    WinnerRecord,
-    atomic_write,
-    digest,
-    encode,
-    publish_once,
-    sha256_file,
-)
+from ddslurm.collector.testing import make_published_run
+from ddslurm.config import RunLayout
 
 
 def _table(rows: int, seed: int) -> pa.Table:
@@ -48,51 +37,9 @@ def _table(rows: int, seed: int) -> pa.Table:
 
 
 def build_run(root: Path, shards: int, batches: int, rows: int) -> tuple[RunLayout, list[Path]]:
-    layout = RunLayout(root / "run")
-    layout.root.mkdir(parents=True)
-    res = Resources(time_minutes=10)
-    plan = Plan(
-        run_id="bench",
-        run_name="bench",
-        num_records=shards * batches * rows,
-        shards=tuple(
-            ShardSpec(index=i, first_record=i * batches * rows, num_records=batches * rows) for i in range(shards)
-        ),
-        resume="never",
-        buffer_size=rows,
-        recipe_file="-",
-        recipe_sha256="-",
-        snapshot_file="-",
-        snapshot_sha256="-",
-        secret_env=(),
-        python_env="-",
-        generation=res,
-        collection=res,
-    )
-    atomic_write(layout.plan, encode(plan))
-    files: list[Path] = []
-    for s in range(shards):
-        dataset = layout.shard(s).attempt("attempt-1").output / f"shard-{s:05d}"
-        (dataset / "parquet-files").mkdir(parents=True)
-        entries = []
-        for b in range(batches):
-            path = dataset / "parquet-files" / f"batch_{b:05d}.parquet"
-            pq.write_table(_table(rows, s * batches + b), path)
-            files.append(path)
-            entries.append(
-                FileEntry(path=str(path.relative_to(dataset)), size=path.stat().st_size, sha256=sha256_file(path))
-            )
-        winner = WinnerRecord(
-            shard=s,
-            attempt="attempt-1",
-            rows=batches * rows,
-            dataset_dir=str(dataset),
-            files=tuple(entries),
-            plan_sha256=digest(plan),
-            published_at="-",
-        )
-        publish_once(layout.shard(s).winner, encode(winner))
-    return layout, files
+    tables = [[_table(rows, s * batches + b) for b in range(batches)] for s in range(shards)]
+    layout = make_published_run(root, tables)
+    return layout, sorted(layout.shards.rglob("batch_*.parquet"))
 
 
 def baseline(files: list[Path], out: Path) -> float:

@@ -18,73 +18,8 @@ from ddslurm.collector import (
     read_manifest,
 )
 from ddslurm.collector.cli import main as collect_main
-from ddslurm.config import (
-    FileEntry,
-    Plan,
-    Resources,
-    RunLayout,
-    ShardSpec,
-    WinnerRecord,
-    atomic_write,
-    digest,
-    encode,
-    publish_once,
-    sha256_file,
-)
-
-
-def _plan(layout: RunLayout, rows: list[int]) -> Plan:
-    shards, first = [], 0
-    for i, n in enumerate(rows):
-        shards.append(ShardSpec(index=i, first_record=first, num_records=n))
-        first += n
-    res = Resources(time_minutes=10)
-    return Plan(
-        run_id=layout.run_id,
-        run_name="t",
-        num_records=sum(rows),
-        shards=tuple(shards),
-        resume="never",
-        buffer_size=10,
-        recipe_file="r",
-        recipe_sha256="0",
-        snapshot_file="s",
-        snapshot_sha256="0",
-        secret_env=(),
-        python_env="/nonexistent",
-        generation=res,
-        collection=res,
-    )
-
-
-def _make_run(tmp_path: Path, shard_batches: list[list[pa.Table]], *, publish: list[bool] | None = None) -> RunLayout:
-    layout = RunLayout(tmp_path / "run-1")
-    layout.root.mkdir()
-    plan = _plan(layout, [sum(t.num_rows for t in batches) for batches in shard_batches])
-    atomic_write(layout.plan, encode(plan))
-    for i, batches in enumerate(shard_batches):
-        shard = layout.shard(i)
-        dataset = shard.attempt("attempt-1").output / f"shard-{i:05d}"
-        (dataset / "parquet-files").mkdir(parents=True)
-        entries = []
-        for b, table in enumerate(batches):
-            path = dataset / "parquet-files" / f"batch_{b:05d}.parquet"
-            pq.write_table(table, path)
-            entries.append(
-                FileEntry(path=str(path.relative_to(dataset)), size=path.stat().st_size, sha256=sha256_file(path))
-            )
-        if publish is None or publish[i]:
-            winner = WinnerRecord(
-                shard=i,
-                attempt="attempt-1",
-                rows=sum(t.num_rows for t in batches),
-                dataset_dir=str(dataset),
-                files=tuple(entries),
-                plan_sha256=digest(plan),
-                published_at="2026-01-01T00:00:00+00:00",
-            )
-            assert publish_once(shard.winner, encode(winner))
-    return layout
+from ddslurm.collector.testing import make_published_run
+from ddslurm.config import Plan, digest, read_json, sha256_file
 
 
 def _rows(tables: list[pa.Table]) -> list[dict[str, Any]]:
@@ -124,7 +59,7 @@ CASES = [
 
 @pytest.mark.parametrize("shards", CASES)
 def test_collect_unifies_schema_without_changing_values(tmp_path: Path, shards: list[list[pa.Table]]) -> None:
-    layout = _make_run(tmp_path, shards)
+    layout = make_published_run(tmp_path, shards)
     result = collect(layout)
     out = pq.read_table(result.dataset)
     want = _rows([t for batches in shards for t in batches])
@@ -141,7 +76,7 @@ def test_collect_unifies_schema_without_changing_values(tmp_path: Path, shards: 
 
 
 def test_collect_conflict_names_column_types_and_files(tmp_path: Path) -> None:
-    layout = _make_run(tmp_path, [[pa.table({"a": [1]})], [pa.table({"a": ["one"]})]])
+    layout = make_published_run(tmp_path, [[pa.table({"a": [1]})], [pa.table({"a": ["one"]})]])
     with pytest.raises(SchemaConflictError) as err:
         collect(layout)
     msg = str(err.value)
@@ -150,7 +85,7 @@ def test_collect_conflict_names_column_types_and_files(tmp_path: Path) -> None:
 
 
 def test_collect_refuses_missing_winners_and_publishes_nothing(tmp_path: Path) -> None:
-    layout = _make_run(tmp_path, [[pa.table({"a": [1]})], [pa.table({"a": [2]})]], publish=[True, False])
+    layout = make_published_run(tmp_path, [[pa.table({"a": [1]})], [pa.table({"a": [2]})]], publish=[True, False])
     with pytest.raises(MissingWinnersError) as err:
         collect(layout)
     assert err.value.shards == [1]
@@ -158,7 +93,7 @@ def test_collect_refuses_missing_winners_and_publishes_nothing(tmp_path: Path) -
 
 
 def test_collect_never_overwrites_unless_asked(tmp_path: Path) -> None:
-    layout = _make_run(tmp_path, [[pa.table({"a": [1, 2, 3]})]])
+    layout = make_published_run(tmp_path, [[pa.table({"a": [1, 2, 3]})]])
     first = collect(layout)
     before = sha256_file(first.files[0])
     with pytest.raises(DestinationExistsError):
@@ -170,29 +105,26 @@ def test_collect_never_overwrites_unless_asked(tmp_path: Path) -> None:
 
 
 def test_manifest_lists_rows_files_winners_and_plan_hash(tmp_path: Path) -> None:
-    layout = _make_run(tmp_path, [[pa.table({"a": [1, 2]}), pa.table({"a": [3]})], [pa.table({"a": [4]})]])
+    layout = make_published_run(tmp_path, [[pa.table({"a": [1, 2]}), pa.table({"a": [3]})], [pa.table({"a": [4]})]])
     result = collect(layout)
     manifest = read_manifest(result.dataset)
     assert manifest.rows == 4
     assert [(s.shard, s.rows, s.attempt) for s in manifest.shards] == [(0, 3, "attempt-1"), (1, 1, "attempt-1")]
     assert manifest.files and all(sha256_file(result.dataset / f.path) == f.sha256 for f in manifest.files)
     assert "a: int64" in manifest.schema
-    from ddslurm.config import Plan as PlanT
-    from ddslurm.config import read_json
-
-    assert manifest.plan_sha256 == digest(read_json(layout.plan, PlanT))
+    assert manifest.plan_sha256 == digest(read_json(layout.plan, Plan))
 
 
 def test_collect_splits_output_into_files_of_target_size(tmp_path: Path) -> None:
     tables = [pa.table({"a": list(range(i * 1000, (i + 1) * 1000))}) for i in range(4)]
-    layout = _make_run(tmp_path, [tables])
+    layout = make_published_run(tmp_path, [tables])
     result = collect(layout, target_file_bytes=1)
     assert len(result.files) == 4
     assert pq.read_table(result.dataset).column("a").to_pylist() == list(range(4000))
 
 
 def test_collect_detects_batch_changed_after_publication(tmp_path: Path) -> None:
-    layout = _make_run(tmp_path, [[pa.table({"a": [1]})]])
+    layout = make_published_run(tmp_path, [[pa.table({"a": [1]})]])
     batch = next(layout.shards.rglob("batch_00000.parquet"))
     pq.write_table(pa.table({"a": [1, 2, 3, 4, 5, 6]}), batch)
     with pytest.raises(CollectError, match="changed since it was published"):
@@ -202,7 +134,7 @@ def test_collect_detects_batch_changed_after_publication(tmp_path: Path) -> None
 def test_interrupted_collection_leaves_nothing_visible_and_rerun_succeeds(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    layout = _make_run(tmp_path, [[pa.table({"a": [1]}), pa.table({"a": [2]})]])
+    layout = make_published_run(tmp_path, [[pa.table({"a": [1]}), pa.table({"a": [2]})]])
 
     def boom(done: int, total: int) -> None:
         if done == 1:
@@ -218,7 +150,7 @@ def test_interrupted_collection_leaves_nothing_visible_and_rerun_succeeds(
 def test_cli_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import json
 
-    layout = _make_run(tmp_path, [[pa.table({"a": [1, 2]})]])
+    layout = make_published_run(tmp_path, [[pa.table({"a": [1, 2]})]])
     assert collect_main([str(layout.root), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["rows"] == 2 and out["dataset"] == str(layout.dataset)

@@ -1,4 +1,4 @@
-"""JSON encoding of contract structs: canonical (sorted keys) so that hashes are stable."""
+"""JSON encoding of contract structs: canonical (fields and keys sorted by name) so that hashes are stable."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ from ddslurm.config.errors import ConfigFileError
 
 T = TypeVar("T")
 
-_ENCODER = msgspec.json.Encoder(order="deterministic")
+_ENCODER = msgspec.json.Encoder(order="sorted")
 
 
 def encode(obj: Any) -> bytes:
-    """Canonical JSON: sorted keys, no insignificant whitespace, trailing newline."""
+    """Canonical JSON: struct fields and dict keys sorted by name, no insignificant whitespace, trailing newline."""
     return _ENCODER.encode(obj) + b"\n"
 
 

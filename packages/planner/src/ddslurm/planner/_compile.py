@@ -80,7 +80,7 @@ def compile_plan(inputs: PlanInputs) -> Plan:
         time_minutes=parse_time_limit(sub.time_limit),
         cpus_per_task=sub.cpus,
         memory=sub.memory,
-        gres="gpu:1",
+        gres="none",
         constraint=sub.constraint,
         reservation=sub.reservation,
         extra_sbatch=(*profile.extra_sbatch, *sub.extra_sbatch),
