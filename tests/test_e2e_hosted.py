@@ -18,8 +18,13 @@ pytestmark = [pytest.mark.slurm, pytest.mark.dd]
 DDSLURM = str(Path(sys.executable).parent / "ddslurm")
 
 
+OUTPUTS: list[str] = []  # everything the CLI printed in this process, scanned for secrets
+
+
 def _cli(*args: str, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([DDSLURM, *args], capture_output=True, text=True, env=env, timeout=timeout, check=False)
+    done = subprocess.run([DDSLURM, *args], capture_output=True, text=True, env=env, timeout=timeout, check=False)
+    OUTPUTS.extend((done.stdout, done.stderr))
+    return done
 
 
 def _json(done: subprocess.CompletedProcess[str]) -> Any:
@@ -32,6 +37,8 @@ def test_hosted_only_run_end_to_end(make_run_files: Any, hosted_endpoint: Any, s
     submitted = _json(_cli("submit", str(files.run_file), "--profile", str(files.profile), "--json", env=files.env))
     run_dir = Path(submitted["run_dir"])
     assert submitted["shards"] == 3 and submitted["job_id"].isdigit()
+    # The job reads the snapshot captured at submit time, never the settings directory: break it now.
+    (files.dd_home / "model_providers.yaml").write_text("providers:\n- {name: demo-hosted, endpoint: 'http://x'}\n")
 
     script = (run_dir / "generate.sbatch").read_text()
     assert "#SBATCH --gres=none" in script and "#SBATCH --partition=cpu" in script
@@ -61,6 +68,7 @@ def test_hosted_only_run_end_to_end(make_run_files: Any, hosted_endpoint: Any, s
     # Nothing the run left behind holds the key: scripts, plan, snapshot, records, logs, data.
     assert scan_for_secret(run_dir, hosted_endpoint.api_key) == []
     assert scan_for_secret(files.root, hosted_endpoint.api_key) == []
+    assert not any(hosted_endpoint.api_key in text for text in OUTPUTS)
 
 
 def test_status_and_wait_report_a_failed_run(make_run_files: Any) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from ddslurm.config import ConfigFileError, Deployment, RunFile, Submission, load_run_file
+from ddslurm.config import ConfigFileError, Deployment, RunFile, ServerSpec, Submission, load_run_file
 
 MINIMAL = "name: demo\nrecipe: recipe.yaml\nnum_records: 10\n"
 
@@ -66,7 +66,9 @@ deployments:
     served_model_name: llama
     replicas: 2
     tensor_parallel: 4
-    extra_args: ["--max-model-len", "8192"]
+    server:
+      port: 8100
+      extra_args: ["--max-model-len", "8192"]
 submission:
   account: acct
   partition: batch
@@ -95,7 +97,7 @@ collection:
             served_model_name="llama",
             replicas=2,
             tensor_parallel=4,
-            extra_args=("--max-model-len", "8192"),
+            server=ServerSpec(port=8100, extra_args=("--max-model-len", "8192")),
         ),
     )
     assert run.submission == Submission(

@@ -192,3 +192,23 @@ def test_status_from_one_squeue_and_one_sacct(
     assert status.state == want_run
     assert [s.state for s in status.shards] == want_shards
     assert sorted(c[0][0] for c in runner.calls) == ["sacct", "squeue"]
+
+
+def test_dry_run_prints_plan_and_script_and_writes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from ddslurm.launcher.cli import main
+
+    run, profile, env = _files(tmp_path)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert main(["submit", str(run), "--profile", str(profile), "--dry-run"]) == 0
+    text = capsys.readouterr().out
+    assert "#SBATCH --gres=none" in text and "--export=HOSTED_KEY" in text
+    assert main(["submit", str(run), "--profile", str(profile), "--dry-run", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["plan"]["secret_env"] == ["HOSTED_KEY"] and "#SBATCH --array=0,1,2" in out["script"]
+    assert KEY not in text and KEY not in json.dumps(out)
+    assert not (tmp_path / "work").exists()

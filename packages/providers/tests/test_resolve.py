@@ -528,3 +528,10 @@ def test_is_credential_header(header: str, want: bool) -> None:
 )
 def test_missing_env(names: list[str], env: dict[str, str], want: list[str]) -> None:
     assert missing_env(names, env) == want
+
+
+def test_a_model_alias_deployed_twice_is_refused(recipe: dict[str, Any], settings: NativeSettings) -> None:
+    deps = (Deployment(model_alias="writer", model="a"), Deployment(model_alias="writer", model="b"))
+    with pytest.raises(ResolutionError) as err:
+        resolve(recipe, Origin(Path("recipe.yaml")), settings, deps, {})
+    assert any("deployments[1]" in p and "'writer'" in p for p in err.value.problems)

@@ -18,7 +18,7 @@ from ddslurm.config._layout import LAYOUT_VERSION, AttemptLayout, RunLayout, Sha
 from ddslurm.config._plan import PLAN_VERSION, Plan, Resources, ShardSpec
 from ddslurm.config._profile import ClusterProfile
 from ddslurm.config._records import AttemptRecord, AttemptState, FileEntry, SubmissionRecord, WinnerRecord
-from ddslurm.config._runfile import Collection, Deployment, ResumeMode, RunFile, Submission
+from ddslurm.config._runfile import Collection, Deployment, ResumeMode, RunFile, ServerSpec, Submission
 from ddslurm.config._snapshot import SNAPSHOT_VERSION, ProviderSnapshot, SnapshotModel, SnapshotProvider
 from ddslurm.config._yaml import load_struct, locate, read_yaml, to_builtins
 from ddslurm.config.errors import ConfigError, ConfigFileError, UnsafePathError
@@ -43,6 +43,7 @@ __all__ = [
     "ResumeMode",
     "RunFile",
     "RunLayout",
+    "ServerSpec",
     "ShardLayout",
     "ShardSpec",
     "SnapshotModel",

@@ -13,6 +13,19 @@ Name = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za
 ResumeMode = Literal["never", "always", "if_possible"]
 
 
+class ServerSpec(Frozen, frozen=True, kw_only=True):
+    """How each vLLM server process of a deployment is started."""
+
+    port: Annotated[int, msgspec.Meta(ge=1024, le=65535)] | None = None
+    """First port; replica i listens on port + i. None: planned per job, so jobs sharing a node never collide."""
+    startup_timeout: PositiveInt = 1800
+    """Seconds a replica may take to answer /health with 200 before the attempt fails."""
+    extra_args: tuple[str, ...] = ()
+    """Passed to ``vllm serve`` verbatim, after the arguments ddslurm sets."""
+    env: dict[str, str] = msgspec.field(default_factory=dict)
+    """Extra environment for the server steps (never secrets: they are refused)."""
+
+
 class Deployment(Frozen, frozen=True, kw_only=True):
     """A vLLM deployment started inside the job, serving one model alias of the recipe."""
 
@@ -21,7 +34,7 @@ class Deployment(Frozen, frozen=True, kw_only=True):
     served_model_name: str | None = None
     replicas: PositiveInt = 1
     tensor_parallel: PositiveInt = 1
-    extra_args: tuple[str, ...] = ()
+    server: ServerSpec = msgspec.field(default_factory=ServerSpec)
 
 
 class Submission(Frozen, frozen=True, kw_only=True):

@@ -18,6 +18,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -26,9 +27,10 @@ import msgspec
 from ddslurm.collector import CollectError, CollectResult
 from ddslurm.config import ConfigError, Plan, RunLayout, load_profile, read_json
 from ddslurm.launcher._collect import collect_local, collect_with_slurm
+from ddslurm.launcher._render import render_generation
 from ddslurm.launcher._slurm import Slurm
 from ddslurm.launcher._status import RunStatus, find_run, run_status, submissions
-from ddslurm.launcher._submit import submit
+from ddslurm.launcher._submit import prepare, submit
 from ddslurm.launcher.errors import LauncherError
 from ddslurm.providers import ProvidersError
 from ddslurm.providers.cli import main as providers_main
@@ -67,6 +69,8 @@ def _format_status(st: RunStatus) -> str:
 
 
 def cmd_submit(args: argparse.Namespace, slurm: Slurm, env: Mapping[str, str], out: TextIO) -> int:
+    if args.dry_run:
+        return _dry_run(args, env, out)
     done = submit(args.run_file, args.profile, slurm=slurm, env=env)
     if args.json:
         _json(
@@ -84,6 +88,19 @@ def cmd_submit(args: argparse.Namespace, slurm: Slurm, env: Mapping[str, str], o
             f"{done.plan.num_records} records\n  run dir: {done.layout.root}\n"
             f"  next: ddslurm wait {done.layout.root}\n"
         )
+    return EXIT_OK
+
+
+def _dry_run(args: argparse.Namespace, env: Mapping[str, str], out: TextIO) -> int:
+    """Validate and compile everything and show what would be submitted; write nothing, submit nothing."""
+    prepared = prepare(args.run_file, args.profile, env, datetime.now(UTC))
+    script = render_generation(prepared.plan, prepared.layout, [s.index for s in prepared.plan.shards])
+    if args.json:
+        _json({"plan": prepared.plan, "script": script, "aliases": list(prepared.aliases)}, out)
+    else:
+        out.write(f"# dry run: nothing was written or submitted\n# run dir would be {prepared.layout.root}\n")
+        out.write(f"# sbatch --export={','.join(prepared.plan.secret_env) or 'NONE'} (values stay in your shell)\n")
+        out.write(script)
     return EXIT_OK
 
 
@@ -195,6 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_file", type=Path)
     p.add_argument("--profile", type=Path, required=True)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--dry-run", action="store_true", help="validate and print the plan and script; submit nothing")
     p = sub.add_parser("providers", help="show how the run's model aliases resolve")
     p.add_argument("run_file", type=Path)
     p.add_argument("--json", action="store_true")

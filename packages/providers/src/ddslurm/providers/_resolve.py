@@ -117,7 +117,14 @@ def resolve(
     problems: list[str] = []
     models = _unique((*recipe_models(recipe, recipe_origin), *settings.models), "alias", "model alias", problems)
     providers = _unique(settings.providers, "name", "provider", problems)
-    local = {d.model_alias: d for d in deployments}
+    local: dict[str, Deployment] = {}
+    for index, dep in enumerate(deployments):
+        if dep.model_alias in local:
+            problems.append(
+                f"deployments[{index}]: model alias {dep.model_alias!r} is already deployed by an earlier entry; "
+                "use replicas to run more copies of one model"
+            )
+        local.setdefault(dep.model_alias, dep)
     for name in (f"{LOCAL_PROVIDER_PREFIX}{a}" for a in local):
         if name in providers:
             problems.append(f"provider name {name!r} is reserved for ddslurm's local deployments; rename yours")
