@@ -99,6 +99,8 @@ def _isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
 # --- runs: a hosted provider (the vLLM stand-in with a key) and run files that use it ---
 
 EXAMPLE_RECIPE = REPO_ROOT / "examples" / "hosted-only" / "recipe.yaml"
+MIXED_RECIPE = REPO_ROOT / "examples" / "mixed" / "recipe.yaml"
+FAKE_VLLM = REPO_ROOT / ".venv" / "bin" / "fake-vllm"  # the vLLM stand-in, started as `vllm serve ...`
 HOSTED_KEY_ENV = "DEMO_HOSTED_API_KEY"
 
 
@@ -142,6 +144,9 @@ def write_run_files(
     shards: int = 2,
     buffer_size: int = 3,
     extra_run: str = "",
+    recipe: Path = EXAMPLE_RECIPE,
+    extra_profile: str = "",
+    vllm_executable: Path = FAKE_VLLM,
 ) -> RunFiles:
     root.mkdir(parents=True, exist_ok=True)
     dd_home = root / "dd-home"
@@ -153,7 +158,7 @@ def write_run_files(
         "  provider_type: openai\n"
         f"  api_key: {HOSTED_KEY_ENV}\n"
     )
-    (root / "recipe.yaml").write_bytes(EXAMPLE_RECIPE.read_bytes())
+    (root / "recipe.yaml").write_bytes(recipe.read_bytes())
     run_file = root / "run.yaml"
     run_file.write_text(
         f"name: t\nrecipe: recipe.yaml\nnum_records: {num_records}\nshards: {shards}\nbuffer_size: {buffer_size}\n"
@@ -163,6 +168,7 @@ def write_run_files(
     profile = root / "profile.yaml"
     profile.write_text(
         f"name: test\nworkspace: {workspace}\npython_env: {REPO_ROOT / '.venv'}\npartition: gpu\ncpu_partition: cpu\n"
+        f"gpus_per_node: 4\nvllm_executable: {vllm_executable}\n{extra_profile}"
     )
     env = {**os.environ, "DATA_DESIGNER_HOME": str(dd_home), HOSTED_KEY_ENV: endpoint.api_key}
     return RunFiles(root, run_file, profile, dd_home, workspace, env)

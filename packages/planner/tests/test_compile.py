@@ -17,6 +17,7 @@ from ddslurm.config import (
     Resources,
     RunFile,
     RunLayout,
+    ServerSpec,
     ShardSpec,
     SnapshotModel,
     SnapshotProvider,
@@ -235,7 +236,8 @@ def test_hosted_only_plan() -> None:
             gres="none",
             extra_sbatch=("--comment=ddslurm",),
         ),
-        local_aliases=(),
+        client_cpus=2,
+        serving=None,
     )
 
 
@@ -346,16 +348,119 @@ def test_more_shards_than_records_is_a_plan_error() -> None:
         compile_plan(make_inputs(make_run(num_records=4, shards=5)))
 
 
-def test_deployments_are_refused_with_a_clear_message() -> None:
-    run = make_run(deployments=(Deployment(model_alias="gen", model="m"), Deployment(model_alias="judge", model="j")))
+def _gpu_profile(**overrides: object) -> ClusterProfile:
+    fields: dict[str, object] = {"partition": "gpu", "cpu_partition": "cpu", "gpus_per_node": 4}
+    fields.update(overrides)
+    return make_profile(**fields)
 
+
+def test_mixed_run_gets_one_gpu_node_with_replicas_on_distinct_gpus() -> None:
+    run = make_run(
+        deployments=(Deployment(model_alias="gen", model="org/gen", replicas=2, tensor_parallel=2),),
+        submission=Submission(cpus=3),
+    )
+    plan = compile_plan(make_inputs(run, _gpu_profile()))
+    assert plan.serving is not None
+    gen = plan.serving.deployments[0]
+    assert (gen.alias, gen.served_model_name, gen.proxy) == ("gen", "org/gen", True)
+    assert [(r.index, r.gpus, r.port) for r in gen.replicas] == [(0, 2, None), (1, 2, None)]
+    res = plan.generation
+    assert (res.partition, res.gres, res.gpus, res.nodes) == ("gpu", "gpu:4", None, 1)
+    assert res.cpus_per_task == 3 + 2 * 4 + 1  # client + two replicas of 4 CPUs + one proxy
+    assert plan.client_cpus == 3
+
+
+def test_single_replica_needs_no_proxy_and_gpus_mode_uses_gpus_flag() -> None:
+    run = make_run(deployments=(Deployment(model_alias="gen", model="m", served_model_name="s"),))
+    plan = compile_plan(make_inputs(run, _gpu_profile(gpu_request="gpus")))
+    assert plan.serving is not None and not plan.serving.deployments[0].proxy
+    assert (plan.generation.gres, plan.generation.gpus) == ("none", 1)
+
+
+def test_two_deployments_share_the_node_and_explicit_ports_are_kept() -> None:
+    run = make_run(
+        deployments=(
+            Deployment(model_alias="gen", model="g", replicas=1, tensor_parallel=2, server=ServerSpec(port=8100)),
+            Deployment(model_alias="judge", model="j", replicas=2, tensor_parallel=1),
+        )
+    )
+    plan = compile_plan(make_inputs(run, _gpu_profile()))
+    assert plan.serving is not None and plan.serving.gpus == 4
+    assert [r.port for r in plan.serving.deployments[0].replicas] == [8100]
+
+
+@pytest.mark.parametrize(
+    ("memory", "per_gpu", "want"),
+    [
+        pytest.param("24G", "8G", "24G", id="explicit-memory-wins"),
+        pytest.param(None, "8G", "16384M", id="derived-from-gpus"),
+        pytest.param(None, None, None, id="site-default"),
+    ],
+)
+def test_memory_request(memory: str | None, per_gpu: str | None, want: str | None) -> None:
+    run = make_run(
+        deployments=(Deployment(model_alias="gen", model="m", tensor_parallel=2),),
+        submission=Submission(memory=memory),
+    )
+    plan = compile_plan(make_inputs(run, _gpu_profile(memory_per_gpu=per_gpu)))
+    assert plan.generation.memory == want
+
+
+@pytest.mark.parametrize(
+    ("deployments", "profile", "submission", "needles"),
+    [
+        pytest.param(
+            (Deployment(model_alias="gen", model="m", replicas=3, tensor_parallel=2),),
+            {},
+            {},
+            ["need 6 GPUs", "gen: 3 x 2", "a node has 4"],
+            id="more-gpus-than-a-node",
+        ),
+        pytest.param(
+            (Deployment(model_alias="gen", model="m", tensor_parallel=3),),
+            {},
+            {},
+            ["deployments[0] (gen)", "tensor_parallel 3 does not divide the 4 GPUs"],
+            id="tp-does-not-divide",
+        ),
+        pytest.param(
+            (Deployment(model_alias="gen", model="m", tensor_parallel=8),),
+            {},
+            {},
+            ["tensor_parallel 8 is more than the 4 GPUs"],
+            id="tp-larger-than-node",
+        ),
+        pytest.param(
+            (Deployment(model_alias="gen", model="m"),),
+            {},
+            {"partition": "cpu"},
+            ["'cpu' is the profile's CPU-only partition"],
+            id="cpu-partition",
+        ),
+        pytest.param(
+            (Deployment(model_alias="gen", model="m"),),
+            {"gpus_per_node": 0},
+            {},
+            ["0 GPUs", "gpus_per_node"],
+            id="no-gpus-in-profile",
+        ),
+        pytest.param(
+            (Deployment(model_alias="gen", model="m"),),
+            {},
+            {"memory": "lots"},
+            ["'lots' is not a Slurm size"],
+            id="bad-memory",
+        ),
+    ],
+)
+def test_plans_that_cannot_fit_are_refused(
+    deployments: tuple[Deployment, ...], profile: dict[str, object], submission: dict[str, object], needles: list[str]
+) -> None:
+    run = make_run(deployments=deployments, submission=Submission(**submission))  # type: ignore[arg-type]
     with pytest.raises(PlanError) as info:
-        compile_plan(make_inputs(run))
-
-    message = str(info.value)
-    assert "run 'demo' declares 2 local deployment(s)" in message
-    assert "not available in this version" in message
-    assert "hosted providers" in message
+        compile_plan(make_inputs(run, _gpu_profile(**profile)))
+    for needle in needles:
+        assert needle in str(info.value)
 
 
 def test_plan_is_a_pure_function() -> None:

@@ -15,7 +15,15 @@ from ddslurm.config._files import (
     sha256_file,
 )
 from ddslurm.config._layout import LAYOUT_VERSION, AttemptLayout, RunLayout, ShardLayout, attempt_id_for
-from ddslurm.config._plan import PLAN_VERSION, Plan, Resources, ShardSpec
+from ddslurm.config._plan import (
+    PLAN_VERSION,
+    DeploymentPlan,
+    Plan,
+    ReplicaPlan,
+    Resources,
+    ServingPlan,
+    ShardSpec,
+)
 from ddslurm.config._profile import ClusterProfile
 from ddslurm.config._records import AttemptRecord, AttemptState, FileEntry, SubmissionRecord, WinnerRecord
 from ddslurm.config._runfile import Collection, Deployment, ResumeMode, RunFile, ServerSpec, Submission
@@ -35,15 +43,18 @@ __all__ = [
     "ConfigError",
     "ConfigFileError",
     "Deployment",
+    "DeploymentPlan",
     "FileEntry",
     "Frozen",
     "Plan",
     "ProviderSnapshot",
+    "ReplicaPlan",
     "Resources",
     "ResumeMode",
     "RunFile",
     "RunLayout",
     "ServerSpec",
+    "ServingPlan",
     "ShardLayout",
     "ShardSpec",
     "SnapshotModel",

@@ -60,7 +60,7 @@ def load_profile(path: Path) -> ClusterProfile:
         return str((base / value).resolve()) if not Path(value).is_absolute() else value
 
     executable = profile.vllm_executable
-    if executable is not None and ("/" in executable):
+    if "/" in executable:
         executable = absolute(executable)
     return msgspec.structs.replace(
         profile,

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
+import msgspec
+
 from ddslurm.config._base import Frozen
 from ddslurm.config._runfile import ResumeMode
 
@@ -23,6 +27,41 @@ class Resources(Frozen, frozen=True, kw_only=True):
     constraint: str | None = None
     reservation: str | None = None
     extra_sbatch: tuple[str, ...] = ()
+
+
+class ReplicaPlan(Frozen, frozen=True, kw_only=True):
+    """One vLLM server process: ``gpus`` GPUs (its tensor-parallel size) in its own srun step."""
+
+    index: int
+    gpus: int
+    cpus: int
+    port: int | None = None
+
+
+class DeploymentPlan(Frozen, frozen=True, kw_only=True):
+    alias: str
+    model: str
+    served_model_name: str
+    tensor_parallel: int
+    replicas: tuple[ReplicaPlan, ...]
+    startup_timeout: int
+    extra_args: tuple[str, ...] = ()
+    env: dict[str, str] = msgspec.field(default_factory=dict)
+    proxy: bool = False
+    """Whether the alias's endpoint is a balancing proxy (more than one replica) or the replica itself."""
+
+
+class ServingPlan(Frozen, frozen=True, kw_only=True):
+    """Everything needed to start the run's model servers inside the allocation."""
+
+    deployments: tuple[DeploymentPlan, ...]
+    gpus: int
+    gpu_request: Literal["gres", "gpus"] = "gres"
+    container_runtime: Literal["none", "pyxis", "apptainer"] = "none"
+    vllm_executable: str = "vllm"
+    vllm_image: str | None = None
+    container_mounts: tuple[str, ...] = ()
+    proxy_cpus: int = 1
 
 
 class ShardSpec(Frozen, frozen=True, kw_only=True):
@@ -47,4 +86,6 @@ class Plan(Frozen, frozen=True, kw_only=True):
     python_env: str
     generation: Resources
     collection: Resources
-    local_aliases: tuple[str, ...] = ()
+    client_cpus: int = 1
+    serving: ServingPlan | None = None
+    """None for hosted-only runs: no GPU discovery, servers, containers or proxies at all."""

@@ -22,8 +22,10 @@ class ClusterProfile(Frozen, frozen=True, kw_only=True):
     cpu_partition: str | None = None
     gpus_per_node: NonNegativeInt = 0
     gpu_request: Literal["gres", "gpus"] = "gres"
+    memory_per_gpu: str | None = None
+    """Host memory asked per GPU (``--mem`` = GPUs x this) when the run file sets no ``submission.memory``."""
     container_runtime: Literal["none", "pyxis", "apptainer"] = "none"
     container_mounts: tuple[str, ...] = ()
-    vllm_executable: str | None = None
+    vllm_executable: str = "vllm"
     vllm_image: str | None = None
     extra_sbatch: tuple[str, ...] = ()

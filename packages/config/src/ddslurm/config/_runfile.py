@@ -20,6 +20,8 @@ class ServerSpec(Frozen, frozen=True, kw_only=True):
     """First port; replica i listens on port + i. None: planned per job, so jobs sharing a node never collide."""
     startup_timeout: PositiveInt = 1800
     """Seconds a replica may take to answer /health with 200 before the attempt fails."""
+    cpus: PositiveInt = 4
+    """CPUs of each replica's step (tokenisation, scheduling, the API server)."""
     extra_args: tuple[str, ...] = ()
     """Passed to ``vllm serve`` verbatim, after the arguments ddslurm sets."""
     env: dict[str, str] = msgspec.field(default_factory=dict)
@@ -46,6 +48,7 @@ class Submission(Frozen, frozen=True, kw_only=True):
     time_limit: str | int = "01:00:00"
     memory: str | None = None
     cpus: PositiveInt = 2
+    """CPUs of the Data Designer client step; server and proxy CPUs are added to the job's request."""
     constraint: str | None = None
     reservation: str | None = None
     extra_sbatch: tuple[str, ...] = ()

@@ -7,6 +7,8 @@ from pathlib import Path
 
 from ddslurm.config import Plan, Resources, RunLayout
 
+TIME_LIMIT_WARNING_S = 90
+
 
 def _directives(res: Resources) -> list[str]:
     lines = [f"--time={res.time_minutes}", f"--nodes={res.nodes}", "--ntasks=1", f"--cpus-per-task={res.cpus_per_task}"]
@@ -51,6 +53,8 @@ def render_generation(plan: Plan, layout: RunLayout, shards: list[int]) -> str:
         f"--output={layout.logs}/slurm-%A_%a.out",
         "--open-mode=append",
         f"--chdir={layout.root}",
+        # A warning before the time limit, so the runtime stops its steps and records why it ended.
+        f"--signal=B:USR1@{TIME_LIMIT_WARNING_S}",
         *_directives(plan.generation),
     ]
     runtime = shlex.quote(tool(plan, "ddslurm-runtime"))

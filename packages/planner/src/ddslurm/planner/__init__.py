@@ -1,6 +1,21 @@
 """ddslurm.planner: a pure compiler from run file, recipe, snapshot and profile to an immutable plan."""
 
-from ddslurm.planner._compile import PlanInputs, compile_plan, parse_time_limit, split_records
+from ddslurm.planner._compile import (
+    PlanInputs,
+    compile_plan,
+    parse_memory_mb,
+    parse_time_limit,
+    plan_serving,
+    split_records,
+)
 from ddslurm.planner.errors import PlanError
 
-__all__ = ["PlanError", "PlanInputs", "compile_plan", "parse_time_limit", "split_records"]
+__all__ = [
+    "PlanError",
+    "PlanInputs",
+    "compile_plan",
+    "parse_memory_mb",
+    "parse_time_limit",
+    "plan_serving",
+    "split_records",
+]

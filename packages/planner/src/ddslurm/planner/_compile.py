@@ -6,7 +6,18 @@ import math
 import re
 from dataclasses import dataclass
 
-from ddslurm.config import ClusterProfile, Plan, ProviderSnapshot, Resources, RunFile, RunLayout, ShardSpec
+from ddslurm.config import (
+    ClusterProfile,
+    DeploymentPlan,
+    Plan,
+    ProviderSnapshot,
+    ReplicaPlan,
+    Resources,
+    RunFile,
+    RunLayout,
+    ServingPlan,
+    ShardSpec,
+)
 from ddslurm.planner.errors import PlanError
 
 _TIME = re.compile(r"^(?:(?P<days>\d+)-)?(?P<a>\d+)(?::(?P<b>\d+))?(?::(?P<c>\d+))?$")
@@ -65,26 +76,123 @@ class PlanInputs:
     snapshot_sha256: str
 
 
+_MEM = re.compile(r"^(?P<n>\d+(?:\.\d+)?)(?P<unit>[KMGT]?)B?$", re.IGNORECASE)
+_MB = {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024 * 1024}
+
+
+def parse_memory_mb(value: str) -> int:
+    """Slurm memory sizes (``500``, ``500M``, ``16G``, ``1T``; default unit MB) to whole megabytes."""
+    match = _MEM.match(value.strip())
+    if not match:
+        raise PlanError(f"memory {value!r} is not a Slurm size such as 16G or 500M")
+    return max(1, math.ceil(float(match.group("n")) * _MB[match.group("unit").upper()]))
+
+
+def plan_serving(run: RunFile, profile: ClusterProfile, partition: str | None) -> ServingPlan:
+    """Place every replica on the one node of the allocation, or say which numbers disagree."""
+    per_node = profile.gpus_per_node
+    if per_node == 0:
+        raise PlanError(
+            f"run {run.name!r} deploys models but the profile says its GPU nodes have 0 GPUs "
+            "(set gpus_per_node in the profile)"
+        )
+    if partition is not None and partition == profile.cpu_partition and partition != profile.partition:
+        raise PlanError(
+            f"submission.partition {partition!r} is the profile's CPU-only partition, but the run deploys models "
+            "that need GPUs; use a GPU partition"
+        )
+    deployments: list[DeploymentPlan] = []
+    total = 0
+    for index, dep in enumerate(run.deployments):
+        tp = dep.tensor_parallel
+        where = f"deployments[{index}] ({dep.model_alias})"
+        if tp > per_node:
+            raise PlanError(f"{where}: tensor_parallel {tp} is more than the {per_node} GPUs of one node")
+        if per_node % tp:
+            raise PlanError(f"{where}: tensor_parallel {tp} does not divide the {per_node} GPUs of a node")
+        if dep.server.port is not None and dep.server.port + dep.replicas - 1 > 65535:
+            raise PlanError(f"{where}: server.port {dep.server.port} + {dep.replicas} replicas exceeds 65535")
+        replicas = tuple(
+            ReplicaPlan(
+                index=r,
+                gpus=tp,
+                cpus=dep.server.cpus,
+                port=None if dep.server.port is None else dep.server.port + r,
+            )
+            for r in range(dep.replicas)
+        )
+        total += tp * dep.replicas
+        deployments.append(
+            DeploymentPlan(
+                alias=dep.model_alias,
+                model=dep.model,
+                served_model_name=dep.served_model_name or dep.model,
+                tensor_parallel=tp,
+                replicas=replicas,
+                startup_timeout=dep.server.startup_timeout,
+                extra_args=dep.server.extra_args,
+                env=dict(dep.server.env),
+                proxy=dep.replicas > 1,
+            )
+        )
+    if total > per_node:
+        detail = " + ".join(f"{d.alias}: {len(d.replicas)} x {d.tensor_parallel}" for d in deployments)
+        raise PlanError(
+            f"the deployments need {total} GPUs ({detail}) but a node has {per_node}; "
+            "use fewer replicas or a smaller tensor_parallel (one allocation is one node)"
+        )
+    return ServingPlan(
+        deployments=tuple(deployments),
+        gpus=total,
+        gpu_request=profile.gpu_request,
+        container_runtime=profile.container_runtime,
+        vllm_executable=profile.vllm_executable,
+        vllm_image=profile.vllm_image,
+        container_mounts=profile.container_mounts,
+    )
+
+
 def compile_plan(inputs: PlanInputs) -> Plan:
     run, profile = inputs.run, inputs.profile
-    if run.deployments:
-        raise PlanError(
-            f"run {run.name!r} declares {len(run.deployments)} local deployment(s); serving local models inside "
-            "the job is not available in this version yet. Use hosted providers (model_providers.yaml) for now."
-        )
     sub = run.submission
-    generation = Resources(
-        partition=sub.partition or profile.cpu_partition or profile.partition,
-        account=sub.account or profile.account,
-        qos=sub.qos,
-        time_minutes=parse_time_limit(sub.time_limit),
-        cpus_per_task=sub.cpus,
-        memory=sub.memory,
-        gres="none",
-        constraint=sub.constraint,
-        reservation=sub.reservation,
-        extra_sbatch=(*profile.extra_sbatch, *sub.extra_sbatch),
-    )
+    serving: ServingPlan | None = None
+    if run.deployments:
+        partition = sub.partition or profile.partition
+        serving = plan_serving(run, profile, partition)
+        server_cpus = sum(r.cpus for d in serving.deployments for r in d.replicas)
+        proxy_cpus = serving.proxy_cpus * sum(1 for d in serving.deployments if d.proxy)
+        memory = sub.memory
+        if memory is None and profile.memory_per_gpu is not None:
+            memory = f"{parse_memory_mb(profile.memory_per_gpu) * serving.gpus}M"
+        generation = Resources(
+            partition=partition,
+            account=sub.account or profile.account,
+            qos=sub.qos,
+            time_minutes=parse_time_limit(sub.time_limit),
+            cpus_per_task=sub.cpus + server_cpus + proxy_cpus,
+            memory=memory,
+            gres=f"gpu:{serving.gpus}" if serving.gpu_request == "gres" else "none",
+            gpus=serving.gpus if serving.gpu_request == "gpus" else None,
+            constraint=sub.constraint,
+            reservation=sub.reservation,
+            extra_sbatch=(*profile.extra_sbatch, *sub.extra_sbatch),
+        )
+    else:
+        generation = Resources(
+            partition=sub.partition or profile.cpu_partition or profile.partition,
+            account=sub.account or profile.account,
+            qos=sub.qos,
+            time_minutes=parse_time_limit(sub.time_limit),
+            cpus_per_task=sub.cpus,
+            memory=sub.memory,
+            gres="none",
+            constraint=sub.constraint,
+            reservation=sub.reservation,
+            extra_sbatch=(*profile.extra_sbatch, *sub.extra_sbatch),
+        )
+    for value in (generation.memory, run.collection.memory):
+        if value is not None:
+            parse_memory_mb(value)
     col = run.collection
     collection = Resources(
         partition=col.partition or profile.cpu_partition or profile.partition,
@@ -111,4 +219,6 @@ def compile_plan(inputs: PlanInputs) -> Plan:
         python_env=profile.python_env,
         generation=generation,
         collection=collection,
+        client_cpus=sub.cpus,
+        serving=serving,
     )

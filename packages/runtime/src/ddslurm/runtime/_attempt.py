@@ -70,8 +70,25 @@ def load_inputs(layout: RunLayout) -> Inputs:
     return Inputs(plan=plan, plan_sha256=digest(plan), recipe=recipe, snapshot=snapshot)
 
 
+@dataclass(frozen=True, slots=True)
+class Began:
+    """An attempt that has its directory and a ``running`` record."""
+
+    shard: int
+    num_records: int
+    layout: AttemptLayout
+    record: AttemptRecord
+
+
+def exit_code_for(record: AttemptRecord) -> int:
+    return {"succeeded": EXIT_OK, "superseded": EXIT_OK, "partial": EXIT_PARTIAL}.get(record.state, EXIT_FAILED)
+
+
 class AttemptRunner:
-    """Runs one attempt. Dependencies (engine, environment, clock, logger) are passed in."""
+    """One attempt of one shard: begin it, run the engine, verify, publish once, or record the failure.
+
+    Dependencies (engine, environment, scratch home, logger factory, clock) are passed in.
+    """
 
     def __init__(
         self,
@@ -96,7 +113,9 @@ class AttemptRunner:
     def _write(self, attempt: AttemptLayout, record: AttemptRecord) -> None:
         atomic_write(attempt.record, encode(record))
 
-    def run(self, inputs: Inputs, shard_index: int, job_id: str, node: str) -> int:
+    def begin(self, inputs: Inputs, shard_index: int, job_id: str, node: str) -> Began | None:
+        """Create the attempt directory and its ``running`` record; None (recorded superseded) if the shard
+        already has a winner."""
         plan = inputs.plan
         if not 0 <= shard_index < len(plan.shards):
             raise InputsError(f"shard {shard_index} does not exist; the plan has {len(plan.shards)} shard(s)")
@@ -115,51 +134,55 @@ class AttemptRunner:
             started_at=self._now(),
             requested_rows=spec.num_records,
         )
-        with attempt.client_log.open("ab") as log_stream:
-            log = self._make_logger(log_stream).bind(shard=shard_index, attempt=attempt_id)
-            return self._run_logged(inputs, spec.num_records, shard_index, attempt, record, log)
-
-    def _run_logged(
-        self,
-        inputs: Inputs,
-        num_records: int,
-        shard_index: int,
-        attempt: AttemptLayout,
-        record: AttemptRecord,
-        log: Any,
-    ) -> int:
-        shard = self._layout.shard(shard_index)
         if shard.winner.exists():
             self._write(
                 attempt,
                 msgspec.structs.replace(record, state="superseded", ended_at=self._now(), reason="winner_exists"),
             )
-            log.info("attempt.superseded", why="shard already has a winner")
-            return EXIT_OK
+            return None
         self._write(attempt, record)
-        log.info("attempt.started", records=num_records, job_id=record.job_id, node=record.node)
-        try:
-            return self._generate(inputs, num_records, shard_index, attempt, record, log)
-        except RuntimeFailure as exc:
-            self._write(
-                attempt,
-                msgspec.structs.replace(
-                    record, state="failed", ended_at=self._now(), reason=exc.reason, message=exc.message
-                ),
-            )
-            log.error("attempt.failed", reason=exc.reason, message=exc.message)
-            return EXIT_FAILED
+        return Began(shard_index, spec.num_records, attempt, record)
 
-    def _generate(
-        self,
-        inputs: Inputs,
-        num_records: int,
-        shard_index: int,
-        attempt: AttemptLayout,
-        record: AttemptRecord,
-        log: Any,
+    def resume(self, shard_index: int, attempt_id: str) -> Began:
+        """The attempt a controller began, for the client step that runs the engine."""
+        attempt = self._layout.shard(shard_index).attempt(attempt_id)
+        record = read_json(attempt.record, AttemptRecord)
+        return Began(shard_index, record.requested_rows or 0, attempt, record)
+
+    def fail(self, began: Began, failure: RuntimeFailure) -> int:
+        current = read_json(began.layout.record, AttemptRecord)
+        if current.state != "running":
+            return exit_code_for(current)
+        self._write(
+            began.layout,
+            msgspec.structs.replace(
+                current, state="failed", ended_at=self._now(), reason=failure.reason, message=failure.message
+            ),
+        )
+        return EXIT_FAILED
+
+    def run(
+        self, inputs: Inputs, shard_index: int, job_id: str, node: str, endpoints: Mapping[str, str] | None = None
     ) -> int:
+        """Begin and generate in this process (the hosted-only path outside Slurm, and tests)."""
+        began = self.begin(inputs, shard_index, job_id, node)
+        if began is None:
+            return EXIT_OK
+        return self.generate(inputs, began, endpoints or {})
+
+    def generate(self, inputs: Inputs, began: Began, endpoints: Mapping[str, str]) -> int:
+        with began.layout.client_log.open("ab") as log_stream:
+            log = self._make_logger(log_stream).bind(shard=began.shard, attempt=began.record.attempt)
+            log.info("attempt.generating", records=began.num_records, endpoints=dict(endpoints))
+            try:
+                return self._generate(inputs, began, endpoints, log)
+            except RuntimeFailure as exc:
+                log.error("attempt.failed", reason=exc.reason, message=exc.message)
+                return self.fail(began, exc)
+
+    def _generate(self, inputs: Inputs, began: Began, endpoints: Mapping[str, str], log: Any) -> int:
         plan = inputs.plan
+        num_records, shard_index, attempt, record = began.num_records, began.shard, began.layout, began.record
         missing = [n for n in plan.secret_env if not self._env.get(n)]
         if missing:
             raise SecretMissingError(f"API-key variable(s) {', '.join(missing)} are unset in the job's environment")
@@ -171,7 +194,7 @@ class AttemptRunner:
             EngineRequest(
                 recipe=inputs.recipe,
                 snapshot=inputs.snapshot,
-                endpoints={},
+                endpoints=endpoints,
                 artifact_path=attempt.output,
                 scratch_home=self._scratch_home,
                 dataset_name=f"shard-{shard_index:05d}",
@@ -208,8 +231,7 @@ class AttemptRunner:
             plan_sha256=inputs.plan_sha256,
             published_at=self._now(),
         )
-        shard_dir = self._layout.shard(shard_index)
-        if publish_once(shard_dir.winner, encode(winner)):
+        if publish_once(self._layout.shard(shard_index).winner, encode(winner)):
             self._write(attempt, msgspec.structs.replace(record, state="succeeded", ended_at=self._now(), rows=rows))
             log.info("attempt.published", rows=rows, files=len(files))
         else:

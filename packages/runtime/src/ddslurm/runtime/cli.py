@@ -1,6 +1,12 @@
 """``ddslurm-runtime``: what runs on compute nodes. Reads only the run directory's plan and snapshot.
 
-    ddslurm-runtime generate --run-dir DIR [--shard N] [--job-id ID]
+    ddslurm-runtime generate --run-dir DIR [--shard N] [--job-id ID] [--launcher auto|srun|local]
+        the array task: begin the attempt, start model servers and proxies as steps, run the client step,
+        watch, tear everything down
+    ddslurm-runtime client --run-dir DIR --shard N --attempt ID --endpoints FILE
+        the Data Designer step (the only one that sees API keys)
+    ddslurm-runtime proxy --listen HOST:PORT --upstream URL [--upstream URL ...]
+        one endpoint in front of several replicas of a model
 
 Inside a Slurm array task the shard and job id come from ``SLURM_ARRAY_TASK_ID`` and ``SLURM_JOB_ID``.
 """
@@ -10,16 +16,25 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import socket
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 from typing import IO, Any
+
+import httpx
+import msgspec
 
 from ddslurm.config import RunLayout
 from ddslurm.runtime._attempt import EXIT_FAILED, AttemptRunner, load_inputs
+from ddslurm.runtime._controller import Controller, StopSignal
 from ddslurm.runtime._engine import engine_environment, run_engine
 from ddslurm.runtime._log import new_logger
+from ddslurm.runtime._steps import LocalLauncher, SrunLauncher, StepLauncher
 from ddslurm.runtime.errors import RuntimeFailure
 
 EXIT_USAGE = 64
@@ -31,17 +46,32 @@ def _int_from(value: str | None, what: str) -> int:
     return int(value)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="ddslurm-runtime", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    gen = sub.add_parser("generate", help="run one attempt of one shard")
-    gen.add_argument("--run-dir", type=Path, required=True)
-    gen.add_argument("--shard", type=int, default=None)
-    gen.add_argument("--job-id", default=None)
-    args = parser.parse_args(argv)
+@contextmanager
+def _engine_scratch(job_id: str) -> Iterator[Path]:
+    """A per-process scratch home for Data Designer, set up before anything imports it, removed after."""
+    scratch = Path(tempfile.mkdtemp(prefix=f"ddslurm-{job_id}-"))
+    try:
+        home = scratch / "dd-home"
+        os.environ.update(engine_environment(home))
+        yield home
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
+
+def _logger_factory(layout: RunLayout, component: str) -> Any:
+    def make(stream: IO[bytes]) -> Any:
+        return new_logger(stream, sys.stderr.buffer, component=component, run_id=layout.run_id)
+
+    return make
+
+
+def _launcher(kind: str, env: os._Environ[str]) -> StepLauncher:
+    if kind == "srun" or (kind == "auto" and env.get("SLURM_JOB_ID") and shutil.which("srun")):
+        return SrunLauncher()
+    return LocalLauncher()
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
     env = os.environ
     shard = args.shard if args.shard is not None else _int_from(env.get("SLURM_ARRAY_TASK_ID"), "--shard")
     job_id = args.job_id or env.get("SLURM_JOB_ID")
@@ -50,21 +80,78 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     node = env.get("SLURMD_NODENAME") or socket.gethostname()
     layout = RunLayout(args.run_dir.resolve())
-    scratch = Path(tempfile.mkdtemp(prefix=f"ddslurm-{job_id}-"))
+    stop = StopSignal()
+
+    def on_signal(signum: int, _: FrameType | None) -> None:
+        stop.set("time_limit" if signum == signal.SIGUSR1 else signal.Signals(signum).name)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+        signal.signal(sig, on_signal)
     try:
-        # Data Designer reads these at import time: set them before anything imports it.
-        dd_home = scratch / "dd-home"
-        os.environ.update(engine_environment(dd_home))
+        inputs = load_inputs(layout)
+    except RuntimeFailure as exc:
+        print(f"ddslurm-runtime: {exc.reason}: {exc.message}", file=sys.stderr)
+        return EXIT_FAILED
+    make_logger = _logger_factory(layout, "controller")
+    runner = AttemptRunner(
+        layout, engine=run_engine, env=env, scratch_home=Path("/nonexistent"), make_logger=make_logger
+    )
+    with httpx.Client(timeout=5.0) as http:
+        controller = Controller(
+            runner,
+            launcher=_launcher(args.launcher, env),
+            env=dict(env),
+            runtime_exe=Path(sys.executable).parent / "ddslurm-runtime",
+            run_dir=layout.root,
+            logger=new_logger(sys.stderr.buffer, component="controller", run_id=layout.run_id),
+            http=http,
+            stop=stop,
+            grace=args.grace,
+        )
+        return controller.run(inputs, shard, job_id, node)
 
-        def make_logger(stream: IO[bytes]) -> Any:
-            return new_logger(stream, sys.stderr.buffer, component="runtime", run_id=layout.run_id)
 
+def cmd_client(args: argparse.Namespace) -> int:
+    layout = RunLayout(args.run_dir.resolve())
+    endpoints = msgspec.json.decode(args.endpoints.read_bytes(), type=dict[str, str]) if args.endpoints else {}
+    with _engine_scratch(args.attempt) as home:
         try:
             inputs = load_inputs(layout)
         except RuntimeFailure as exc:
             print(f"ddslurm-runtime: {exc.reason}: {exc.message}", file=sys.stderr)
             return EXIT_FAILED
-        runner = AttemptRunner(layout, engine=run_engine, env=os.environ, scratch_home=dd_home, make_logger=make_logger)
-        return runner.run(inputs, shard, job_id, node)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        runner = AttemptRunner(
+            layout,
+            engine=run_engine,
+            env=os.environ,
+            scratch_home=home,
+            make_logger=_logger_factory(layout, "client"),
+        )
+        return runner.generate(inputs, runner.resume(args.shard, args.attempt), endpoints)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="ddslurm-runtime", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="run one attempt of one shard (the array task)")
+    gen.add_argument("--run-dir", type=Path, required=True)
+    gen.add_argument("--shard", type=int, default=None)
+    gen.add_argument("--job-id", default=None)
+    gen.add_argument("--launcher", choices=["auto", "srun", "local"], default="auto")
+    gen.add_argument("--grace", type=float, default=15.0, help="seconds between TERM and KILL at teardown")
+    client = sub.add_parser("client", help="the Data Designer step of an attempt")
+    client.add_argument("--run-dir", type=Path, required=True)
+    client.add_argument("--shard", type=int, required=True)
+    client.add_argument("--attempt", required=True)
+    client.add_argument("--endpoints", type=Path, default=None)
+    sub.add_parser("proxy", help="balancing endpoint in front of several replicas", add_help=False)
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "proxy":
+        from ddslurm.runtime._proxy import main as proxy_main
+
+        return proxy_main(rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    return cmd_generate(args) if args.command == "generate" else cmd_client(args)

@@ -1,0 +1,349 @@
+"""The allocation controller: everything an array task does around the Data Designer client.
+
+    hosted-only:  begin attempt ─► client step ─► teardown
+    with models:  begin attempt ─► GPU check ─► server steps ─► ready? ─► proxy steps ─► client step
+                  ─► watch (a replica that dies leaves rotation; no replica left fails the attempt) ─► teardown
+
+Every process is a step started by the injected launcher (``srun`` in a job). Secrets reach only the client
+step's environment. Teardown always runs: on success, failure, cancellation (SIGTERM) or the time-limit
+warning (SIGUSR1 from ``#SBATCH --signal``), and the attempt record says why it ended.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from ddslurm.config import AttemptRecord, ServingPlan, atomic_write, encode_pretty, read_json
+from ddslurm.runtime._attempt import EXIT_OK, AttemptRunner, Began, Inputs, exit_code_for
+from ddslurm.runtime._serving import (
+    ServerDiedError,
+    check_gpus,
+    choose_ports,
+    port_is_free,
+    server_command,
+    vllm_version,
+    wait_ready,
+)
+from ddslurm.runtime._steps import Step, StepLauncher, StepSpec, log_tail, without
+from ddslurm.runtime.errors import RuntimeFailure
+
+HOST = "127.0.0.1"
+
+
+class InterruptedFailure(RuntimeFailure):
+    reason = "cancelled"
+
+
+class TimeLimitFailure(RuntimeFailure):
+    reason = "time_limit"
+
+
+class ClientFailure(RuntimeFailure):
+    reason = "client_failed"
+
+
+@dataclass(slots=True)
+class StopSignal:
+    """Set from a signal handler; the controller's loops look at it."""
+
+    event: threading.Event = field(default_factory=threading.Event)
+    reason: str = ""
+
+    def set(self, reason: str) -> None:
+        self.reason = self.reason or reason
+        self.event.set()
+
+
+@dataclass(frozen=True, slots=True)
+class MemorySplit:
+    client: int | None
+    server: int | None
+    proxy: int | None
+
+
+def split_memory(env: Mapping[str, str], servers: int, proxies: int) -> MemorySplit:
+    """Shares of the node's memory for each step (MB), from what Slurm actually granted; None if unknown."""
+    total: int | None = None
+    if env.get("SLURM_MEM_PER_NODE", "").isdigit():
+        total = int(env["SLURM_MEM_PER_NODE"])
+    elif env.get("SLURM_MEM_PER_CPU", "").isdigit() and env.get("SLURM_CPUS_ON_NODE", "").isdigit():
+        total = int(env["SLURM_MEM_PER_CPU"]) * int(env["SLURM_CPUS_ON_NODE"])
+    if total is None:
+        return MemorySplit(None, None, None)
+    proxy = 256 if proxies else None
+    rest = total - (proxy or 0) * proxies
+    if servers == 0:
+        return MemorySplit(max(64, rest), None, proxy)
+    client = max(256, rest // 4)
+    server = max(64, (rest - client) // servers)
+    return MemorySplit(client, server, proxy)
+
+
+@dataclass(slots=True)
+class Replica:
+    alias: str
+    index: int
+    port: int
+    step: Step
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+
+class Controller:
+    def __init__(
+        self,
+        runner: AttemptRunner,
+        *,
+        launcher: StepLauncher,
+        env: Mapping[str, str],
+        runtime_exe: Path,
+        run_dir: Path,
+        logger: Any,
+        http: httpx.Client,
+        stop: StopSignal,
+        grace: float = 15.0,
+        poll: float = 0.5,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._runner = runner
+        self._launcher = launcher
+        self._env = env
+        self._runtime_exe = runtime_exe
+        self._run_dir = run_dir
+        self._log = logger
+        self._http = http
+        self._stop = stop
+        self._grace = grace
+        self._poll = poll
+        self._sleep = sleep
+        self._steps: list[Step] = []
+        self._secrets: tuple[str, ...] = ()
+
+    def run(self, inputs: Inputs, shard: int, job_id: str, node: str) -> int:
+        began = self._runner.begin(inputs, shard, job_id, node)
+        if began is None:
+            self._log.info("attempt.superseded", shard=shard, why="shard already has a winner")
+            return EXIT_OK
+        log = self._log.bind(shard=shard, attempt=began.record.attempt)
+        log.info("attempt.started", records=began.num_records, node=node, job_id=job_id)
+        try:
+            return self._run(inputs, began, job_id, log)
+        except RuntimeFailure as exc:
+            log.error("attempt.failed", reason=exc.reason, message=exc.message)
+            return self._runner.fail(began, exc)
+        finally:
+            self._teardown(log)
+
+    def _run(self, inputs: Inputs, began: Began, job_id: str, log: Any) -> int:
+        self._secrets = inputs.plan.secret_env
+        serving = inputs.plan.serving
+        replicas: dict[str, list[Replica]] = {}
+        endpoints: dict[str, str] = {}
+        servers = sum(len(d.replicas) for d in serving.deployments) if serving else 0
+        proxies = sum(1 for d in serving.deployments if d.proxy) if serving else 0
+        memory = split_memory(self._env, servers, proxies)
+        if serving is not None:
+            replicas = self._start_servers(serving, began, job_id, memory, log)
+            endpoints = self._endpoints(serving, replicas, began, job_id, memory, log)
+        client = self._start_client(inputs, began, endpoints, memory)
+        return self._watch(client, began, replicas, log)
+
+    # --- servers ---------------------------------------------------------------------------------------
+
+    def _start_servers(
+        self, serving: ServingPlan, began: Began, job_id: str, memory: MemorySplit, log: Any
+    ) -> dict[str, list[Replica]]:
+        gpus = check_gpus(serving, self._env)
+        server_env = without(self._env, self._secrets)
+        version = vllm_version(serving, server_env)
+        log.info("serving.start", gpus=len(gpus), vllm=version)
+        wanted = [r.port for d in serving.deployments for r in d.replicas]
+        ports = iter(choose_ports(wanted, job_id))
+        replicas: dict[str, list[Replica]] = {}
+        for dep in serving.deployments:
+            for rep in dep.replicas:
+                port = next(ports)
+                cmd = server_command(serving, dep, HOST, port)
+                spec = StepSpec(
+                    name=f"server-{dep.alias}-{rep.index}",
+                    argv=cmd.argv,
+                    env={**server_env, **dep.env},
+                    log=began.layout.dir / f"server-{dep.alias}-{rep.index}.log",
+                    cpus=rep.cpus,
+                    mem_mb=memory.server,
+                    gpus=rep.gpus,
+                    gpu_request=serving.gpu_request,
+                    srun_extra=cmd.srun_extra,
+                )
+                replicas.setdefault(dep.alias, []).append(Replica(dep.alias, rep.index, port, self._start(spec)))
+                log.info("server.started", step=spec.name, port=port, argv=list(cmd.argv))
+        for dep in serving.deployments:
+            for replica in replicas[dep.alias]:
+                took = self._wait_ready(replica.step, replica.url, dep.served_model_name, dep.startup_timeout)
+                log.info("server.ready", step=replica.step.name, seconds=round(took, 2))
+        self._record_serving(began, serving, replicas, version)
+        return replicas
+
+    def _wait_ready(self, step: Step, url: str, served: str | None, timeout: float) -> float:
+        deadline = time.monotonic() + timeout
+
+        def sleep(seconds: float) -> None:
+            if self._stop.event.wait(seconds):
+                raise self._interrupted()
+
+        return wait_ready(step, url, served, max(0.0, deadline - time.monotonic()), client=self._http, sleep=sleep)
+
+    def _endpoints(
+        self,
+        serving: ServingPlan,
+        replicas: dict[str, list[Replica]],
+        began: Began,
+        job_id: str,
+        memory: MemorySplit,
+        log: Any,
+    ) -> dict[str, str]:
+        """One endpoint per local alias: the replica itself, or a balancing proxy in front of several."""
+        urls: dict[str, str] = {}
+        proxied = [d for d in serving.deployments if d.proxy]
+        used = {r.port for reps in replicas.values() for r in reps}
+        ports = iter(choose_ports([None] * len(proxied), f"{job_id}7", lambda p: p not in used and port_is_free(p)))
+        for dep in serving.deployments:
+            if not dep.proxy:
+                urls[dep.alias] = replicas[dep.alias][0].url
+                continue
+            port = next(ports)
+            argv = [str(self._runtime_exe), "proxy", "--listen", f"{HOST}:{port}"]
+            for replica in replicas[dep.alias]:
+                argv += ["--upstream", replica.url]
+            log_path = began.layout.dir / f"proxy-{dep.alias}.log"
+            spec = StepSpec(
+                name=f"proxy-{dep.alias}",
+                argv=(*argv, "--log", str(log_path)),
+                env=without(self._env, self._secrets),
+                log=began.layout.dir / f"proxy-{dep.alias}.out",
+                cpus=serving.proxy_cpus,
+                mem_mb=memory.proxy,
+            )
+            step = self._start(spec)
+            url = f"http://{HOST}:{port}"
+            self._wait_ready(step, url, None, 60.0)
+            log.info("proxy.ready", alias=dep.alias, port=port, upstreams=[r.url for r in replicas[dep.alias]])
+            urls[dep.alias] = url
+        return urls
+
+    def _record_serving(
+        self, began: Began, serving: ServingPlan, replicas: dict[str, list[Replica]], version: str
+    ) -> None:
+        doc = {
+            "vllm_version": version,
+            "container_runtime": serving.container_runtime,
+            "replicas": [
+                {
+                    "alias": r.alias,
+                    "index": r.index,
+                    "port": r.port,
+                    "step": r.step.name,
+                    "argv": list(r.step.spec.argv),
+                }
+                for reps in replicas.values()
+                for r in reps
+            ],
+        }
+        atomic_write(began.layout.dir / "serving.json", encode_pretty(doc))
+
+    # --- client ----------------------------------------------------------------------------------------
+
+    def _start_client(self, inputs: Inputs, began: Began, endpoints: dict[str, str], memory: MemorySplit) -> Step:
+        by_provider = _provider_endpoints(inputs, endpoints)
+        endpoints_file = began.layout.dir / "endpoints.json"
+        atomic_write(endpoints_file, encode_pretty(by_provider))
+        argv = (
+            str(self._runtime_exe),
+            "client",
+            "--run-dir",
+            str(self._run_dir),
+            "--shard",
+            str(began.shard),
+            "--attempt",
+            began.record.attempt,
+            "--endpoints",
+            str(endpoints_file),
+        )
+        spec = StepSpec(
+            name="client",
+            argv=argv,
+            env=dict(self._env),
+            log=began.layout.dir / "client.out",
+            cpus=inputs.plan.client_cpus,
+            mem_mb=memory.client,
+        )
+        return self._start(spec)
+
+    def _watch(self, client: Step, began: Began, replicas: dict[str, list[Replica]], log: Any) -> int:
+        reported: set[str] = set()
+        while True:
+            code = client.poll()
+            if code is not None:
+                break
+            if self._stop.event.is_set():
+                raise self._interrupted()
+            for alias, reps in replicas.items():
+                alive = [r for r in reps if r.step.poll() is None]
+                for r in reps:
+                    if r.step.poll() is not None and r.step.name not in reported:
+                        reported.add(r.step.name)
+                        log.warning("server.died", step=r.step.name, status=r.step.poll(), left=len(alive))
+                if not alive:
+                    tails = "\n".join(f"--- {r.step.spec.log}:\n{log_tail(r.step.spec.log)}" for r in reps)
+                    raise ServerDiedError(f"every replica of {alias!r} exited during generation\n{tails}")
+            self._sleep(self._poll)
+        record = read_json(began.layout.record, AttemptRecord)
+        if record.state == "running":
+            raise ClientFailure(
+                f"the client step exited with status {code} without recording a result; last lines of "
+                f"{client.spec.log}:\n{log_tail(client.spec.log)}"
+            )
+        log.info("attempt.ended", state=record.state, rows=record.rows, client_status=code)
+        return exit_code_for(record)
+
+    # --- processes -------------------------------------------------------------------------------------
+
+    def _start(self, spec: StepSpec) -> Step:
+        step = self._launcher.start(spec)
+        self._steps.append(step)
+        return step
+
+    def _interrupted(self) -> RuntimeFailure:
+        if self._stop.reason == "time_limit":
+            return TimeLimitFailure("the job reached its time-limit warning; stopped cleanly before the limit")
+        return InterruptedFailure(f"the job was cancelled ({self._stop.reason or 'signal'})")
+
+    def _teardown(self, log: Any) -> None:
+        """Client first, then proxies, then servers: each TERM, a grace period, then KILL."""
+        for step in reversed(self._steps):
+            if step.poll() is None:
+                status = step.stop(self._grace)
+                log.info("step.stopped", step=step.name, status=status)
+        self._steps.clear()
+
+
+def _provider_endpoints(inputs: Inputs, alias_urls: Mapping[str, str]) -> dict[str, str]:
+    """Local providers' OpenAI base URLs (``.../v1``), keyed by provider name as the snapshot names them."""
+    local = {p.name for p in inputs.snapshot.providers if p.local}
+    out: dict[str, str] = {}
+    for model in inputs.snapshot.models:
+        if model.provider in local and model.alias in alias_urls:
+            out[model.provider] = f"{alias_urls[model.alias]}/v1"
+    missing = local - set(out)
+    if missing:
+        raise RuntimeFailure(f"no endpoint was started for local provider(s) {sorted(missing)}")
+    return out

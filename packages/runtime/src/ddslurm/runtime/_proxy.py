@@ -1,0 +1,560 @@
+"""The per-model-alias endpoint: an asynchronous HTTP reverse proxy in front of several vLLM replicas.
+
+    ddslurm-runtime proxy --listen HOST:PORT --upstream URL [--upstream URL ...] [--log PATH] [--max-waiting N]
+
+Any method and path is forwarded to one upstream (``/v1/chat/completions``, ``/v1/models``, ...): the body and
+headers are copied (minus hop-by-hop headers and Host) and the answer is streamed back chunk by chunk, so SSE
+(``stream: true``) works and large bodies are never buffered. Status codes pass through unchanged.
+
+Choice of upstream: least requests in flight through this proxy among the healthy, non-saturated upstreams;
+ties go to the fewest ``vllm:num_requests_waiting`` (last scrape of ``GET /metrics``), then round-robin.
+An upstream whose waiting queue exceeds ``max_waiting`` is skipped; when every healthy upstream is saturated a
+request waits (without polling) until one is not, up to ``admission_timeout``, then gets 503.
+
+A connection failure before the response headers arrive (refused, reset, closed) is retried on another
+replica and marks the upstream unhealthy until its ``GET /health`` answers 200 again (it is re-probed at
+once, then every ``health_interval``). With no healthy upstream a request waits ``unavailable_grace``
+seconds for one, then gets 503 ``{"error": {"message": ..., "type": "ServiceUnavailable"}}``.
+
+The proxy's own endpoints: ``GET /health`` (200 when at least one upstream is healthy, else 503) and
+``GET /ddslurm/upstreams`` (JSON: each upstream's healthy flag, in-flight, waiting, served and failed counts).
+The request body is read whole before forwarding (it has to be kept for a retry); the response never is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, Final
+
+import aiohttp
+from aiohttp import web
+from yarl import URL
+
+from ddslurm.runtime._log import new_logger
+
+_HOP_BY_HOP: Final = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+# Content-Length is recomputed by the client session from the body; Expect is answered by our own server.
+_DROP_REQUEST: Final = _HOP_BY_HOP | {"host", "content-length", "expect"}
+_DROP_RESPONSE: Final = _HOP_BY_HOP | {"content-length"}
+_WAITING_METRIC: Final = "vllm:num_requests_waiting"
+# Below uvicorn's (and so vLLM's) 5 s keep-alive, so the pool rarely reuses a connection the server is closing.
+_POOL_KEEPALIVE_S: Final = 3.0
+_JSON: Final = "application/json"
+
+
+@dataclass(frozen=True, slots=True)
+class ProxyConfig:
+    listen_host: str
+    listen_port: int
+    upstreams: tuple[str, ...]  # base URLs without /v1, e.g. "http://127.0.0.1:8101"
+    health_interval: float = 1.0  # seconds between /health probes of each upstream
+    metrics_interval: float = 1.0  # seconds between /metrics scrapes of each upstream
+    max_waiting: int = 64  # vllm:num_requests_waiting above which an upstream is "saturated"
+    admission_timeout: float = 600.0  # how long a request may wait for a non-saturated healthy upstream
+    unavailable_grace: float = 1.0  # how long a request waits for a healthy upstream when none is
+    connect_timeout: float = 5.0  # TCP connect to an upstream
+    probe_timeout: float = 5.0  # one /health probe or /metrics scrape
+    shutdown_timeout: float = 5.0  # how long a stop lets in-flight requests finish
+
+    def __post_init__(self) -> None:
+        if not self.upstreams:
+            raise ValueError("at least one upstream is required")
+        if len(set(self.upstreams)) != len(self.upstreams):
+            raise ValueError(f"duplicate upstreams: {list(self.upstreams)}")
+        for url in self.upstreams:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"upstream must be an http(s) base URL: {url!r}")
+        if not 0 <= self.listen_port <= 65535:
+            raise ValueError(f"listen_port out of range: {self.listen_port}")
+        for name in ("health_interval", "metrics_interval", "connect_timeout", "probe_timeout"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
+        for name in ("admission_timeout", "unavailable_grace", "shutdown_timeout"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must not be negative")
+        if self.max_waiting < 0:
+            raise ValueError("max_waiting must not be negative")
+
+
+def parse_waiting(text: str) -> int:
+    """Sum of ``vllm:num_requests_waiting`` over all its label sets in a Prometheus text exposition."""
+    total = 0.0
+    size = len(_WAITING_METRIC)
+    for line in text.splitlines():
+        if not line.startswith(_WAITING_METRIC):
+            continue
+        rest = line[size:]
+        if rest.startswith("{"):
+            rest = rest[rest.rfind("}") + 1 :]
+        elif not rest.startswith((" ", "\t")):
+            continue  # another metric whose name merely starts the same way
+        fields = rest.split()
+        if fields:
+            with contextlib.suppress(ValueError):
+                total += float(fields[0])
+    return int(total)
+
+
+class _Upstream:
+    """One replica and what the proxy knows about it (only touched from the event loop)."""
+
+    __slots__ = ("base", "failed", "healthy", "in_flight", "recheck", "served", "url", "waiting")
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.base = url.rstrip("/")
+        self.healthy = False
+        self.in_flight = 0
+        self.waiting = 0
+        self.served = 0
+        self.failed = 0
+        self.recheck = asyncio.Event()  # set to probe /health now instead of after the interval
+
+    def describe(self, max_waiting: int) -> dict[str, Any]:
+        return {
+            "url": self.url,
+            "healthy": self.healthy,
+            "saturated": self.waiting > max_waiting,
+            "in_flight": self.in_flight,
+            "waiting": self.waiting,
+            "served": self.served,
+            "failed": self.failed,
+        }
+
+
+def _error(status: int, kind: str, message: str) -> web.Response:
+    body = json.dumps({"error": {"message": message, "type": kind, "code": status}})
+    return web.Response(status=status, text=body, content_type=_JSON)
+
+
+class Proxy:
+    """The proxy's state and server. ``await start()`` (returns the bound port), ``await stop()`` (counts)."""
+
+    def __init__(self, config: ProxyConfig, logger: Any) -> None:
+        self.config = config
+        self._log = logger
+        self._upstreams = [_Upstream(url) for url in config.upstreams]
+        self._next = 0  # round-robin start for ties
+        self._changed = asyncio.Event()  # replaced on every health/saturation change; waiters hold the old one
+        self._session: aiohttp.ClientSession | None = None
+        self._probes: aiohttp.ClientSession | None = None
+        self._runner: web.ServerRunner | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self.port: int | None = None
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    async def start(self) -> int:
+        """Probe every upstream once, start listening and the probe loops; returns the bound port."""
+        cfg = self.config
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=_POOL_KEEPALIVE_S),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=cfg.connect_timeout),
+            auto_decompress=False,
+            cookie_jar=aiohttp.DummyCookieJar(),
+            skip_auto_headers=("Accept-Encoding", "User-Agent"),
+            trust_env=False,
+        )
+        # A fresh connection per probe: it tells whether the upstream accepts connections now.
+        self._probes = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, force_close=True),
+            timeout=aiohttp.ClientTimeout(total=cfg.probe_timeout),
+            cookie_jar=aiohttp.DummyCookieJar(),
+            trust_env=False,
+        )
+        try:
+            await asyncio.gather(*(self._probe_health(up) for up in self._upstreams))
+            await asyncio.gather(*(self._scrape(up) for up in self._upstreams if up.healthy))
+            server = web.Server(self._handle, handler_cancellation=True, access_log=None)
+            self._runner = web.ServerRunner(server, shutdown_timeout=cfg.shutdown_timeout)
+            await self._runner.setup()
+            await web.TCPSite(self._runner, cfg.listen_host, cfg.listen_port).start()
+        except BaseException:
+            await self._close()
+            raise
+        self.port = int(self._runner.addresses[0][1])
+        for up in self._upstreams:
+            self._tasks.append(asyncio.create_task(self._health_loop(up)))
+            self._tasks.append(asyncio.create_task(self._metrics_loop(up)))
+        self._log.info(
+            "proxy.started",
+            listen=f"{cfg.listen_host}:{self.port}",
+            upstreams=list(cfg.upstreams),
+            healthy=[up.url for up in self._upstreams if up.healthy],
+            max_waiting=cfg.max_waiting,
+        )
+        return self.port
+
+    async def stop(self) -> dict[str, int]:
+        """Stop listening, let in-flight requests finish (up to shutdown_timeout), close; returns served counts."""
+        await self._close()
+        served = self.served()
+        self._log.info("proxy.stopped", served=served, failed={up.url: up.failed for up in self._upstreams})
+        return served
+
+    async def _close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()  # the probe loops keep running meanwhile: retries still work
+            self._runner = None
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        for session in (self._session, self._probes):
+            if session is not None:
+                await session.close()
+        self._session = self._probes = None
+
+    def served(self) -> dict[str, int]:
+        return {up.url: up.served for up in self._upstreams}
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "max_waiting": self.config.max_waiting,
+            "upstreams": [up.describe(self.config.max_waiting) for up in self._upstreams],
+        }
+
+    # -- upstream state ---------------------------------------------------------------------------
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def _set_health(self, up: _Upstream, healthy: bool, reason: str) -> None:
+        if up.healthy == healthy:
+            return
+        up.healthy = healthy
+        if not healthy:
+            up.waiting = 0  # stale once it is back; the first scrape after recovery sets it again
+        if self.port is not None:  # the initial probe's outcome is in proxy.started
+            if healthy:
+                self._log.info("proxy.upstream_healthy", upstream=up.url)
+            else:
+                self._log.warning("proxy.upstream_unhealthy", upstream=up.url, reason=reason)
+        self._notify()
+
+    def _failed(self, up: _Upstream, exc: BaseException, where: str) -> None:
+        up.failed += 1
+        self._set_health(up, False, f"{where}: {type(exc).__name__}: {exc}")
+        up.recheck.set()
+
+    async def _probe_health(self, up: _Upstream) -> None:
+        assert self._probes is not None
+        try:
+            async with self._probes.get(up.base + "/health") as response:
+                healthy, reason = response.status == 200, f"/health answered {response.status}"
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            healthy, reason = False, f"/health failed: {type(exc).__name__}: {exc}"
+        self._set_health(up, healthy, reason)
+
+    async def _scrape(self, up: _Upstream) -> None:
+        assert self._probes is not None
+        try:
+            async with self._probes.get(up.base + "/metrics") as response:
+                waiting = parse_waiting(await response.text()) if response.status == 200 else 0
+        except (aiohttp.ClientError, OSError, TimeoutError, UnicodeDecodeError):
+            waiting = 0  # advisory only: an unreadable queue never blocks admission
+        limit = self.config.max_waiting
+        was_saturated = up.waiting > limit
+        up.waiting = waiting
+        if was_saturated != (waiting > limit):
+            self._log.debug("proxy.upstream_saturation", upstream=up.url, waiting=waiting, saturated=waiting > limit)
+            self._notify()
+
+    async def _health_loop(self, up: _Upstream) -> None:
+        interval = self.config.health_interval
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(interval):
+                    await up.recheck.wait()
+            up.recheck.clear()
+            await self._probe_health(up)
+
+    async def _metrics_loop(self, up: _Upstream) -> None:
+        interval = self.config.metrics_interval
+        while True:
+            await asyncio.sleep(interval)
+            if up.healthy:
+                await self._scrape(up)
+
+    # -- choosing an upstream ---------------------------------------------------------------------
+
+    def _pick(self) -> tuple[_Upstream | None, bool]:
+        """(least-loaded healthy non-saturated upstream or None, whether any upstream is healthy)."""
+        ups = self._upstreams
+        n = len(ups)
+        start = self._next
+        self._next = (start + 1) % n
+        limit = self.config.max_waiting
+        best: _Upstream | None = None
+        any_healthy = False
+        for i in range(n):
+            up = ups[(start + i) % n]
+            if not up.healthy:
+                continue
+            any_healthy = True
+            if up.waiting > limit:
+                continue
+            if best is None or (up.in_flight, up.waiting) < (best.in_flight, best.waiting):
+                best = up
+        return best, any_healthy
+
+    async def _admit(self, deadline: float) -> _Upstream | str:
+        """Wait for an upstream to become usable; the reason for a 503 if none does in time."""
+        loop = asyncio.get_running_loop()
+        grace_until: float | None = None
+        while True:
+            changed = self._changed
+            up, any_healthy = self._pick()
+            if up is not None:
+                return up
+            now = loop.time()
+            if any_healthy:
+                grace_until = None
+                until, reason = deadline, "every healthy upstream is saturated (vllm:num_requests_waiting)"
+            else:
+                if grace_until is None:
+                    grace_until = now + self.config.unavailable_grace
+                until, reason = min(grace_until, deadline), "no healthy upstream"
+            if until <= now:
+                return reason
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(until - now):
+                    await changed.wait()
+
+    # -- request handling -------------------------------------------------------------------------
+
+    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        path = request.path
+        if path == "/health":
+            healthy = sum(up.healthy for up in self._upstreams)
+            if healthy:
+                return web.Response(text=json.dumps({"healthy_upstreams": healthy}), content_type=_JSON)
+            return _error(503, "ServiceUnavailable", "no healthy upstream")
+        if path == "/ddslurm/upstreams":
+            return web.Response(text=json.dumps(self.describe()), content_type=_JSON)
+        return await self._forward(request)
+
+    async def _forward(self, request: web.BaseRequest) -> web.StreamResponse:
+        session = self._session
+        assert session is not None
+        body = await request.content.read()  # kept for a retry; no size cap (unlike request.read())
+        drop = _DROP_REQUEST
+        connection = request.headers.get("Connection")
+        if connection:
+            drop = drop | {token.strip().lower() for token in connection.split(",")}
+        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in drop]
+        method = request.method
+        raw_path = request.raw_path
+        deadline = asyncio.get_running_loop().time() + self.config.admission_timeout
+        attempts = len(self._upstreams) + 1
+        last_error = ""
+        for _ in range(attempts):
+            up, _healthy = self._pick()
+            if up is None:
+                admitted = await self._admit(deadline)
+                if isinstance(admitted, str):
+                    return _error(503, "ServiceUnavailable", admitted + last_error)
+                up = admitted
+            up.in_flight += 1
+            try:
+                try:
+                    upstream = await session.request(
+                        method,
+                        URL(up.base + raw_path, encoded=True),
+                        data=body or None,
+                        headers=headers,
+                        allow_redirects=False,
+                    )
+                except aiohttp.ClientConnectionError as exc:  # refused, reset or closed before the headers
+                    self._failed(up, exc, "before response headers")
+                    last_error = f" (last failure: {up.url}: {type(exc).__name__})"
+                    continue
+                up.served += 1
+                self._log.debug("proxy.forward", upstream=up.url, method=method, path=raw_path, status=upstream.status)
+                return await self._relay(request, upstream, up)
+            finally:
+                up.in_flight -= 1
+        return _error(503, "ServiceUnavailable", f"{attempts} attempts failed{last_error}")
+
+    async def _relay(
+        self, request: web.BaseRequest, upstream: aiohttp.ClientResponse, up: _Upstream
+    ) -> web.StreamResponse:
+        """Stream ``upstream`` back to the client; on an upstream failure mid-body, abort the client's connection."""
+        complete = False
+        try:
+            response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+            out = response.headers
+            for key, value in upstream.headers.items():
+                if key.lower() not in _DROP_RESPONSE:
+                    out.add(key, value)
+            length = upstream.content_length
+            if length is not None:
+                response.content_length = length
+            try:
+                await response.prepare(request)
+            except ConnectionError:
+                return response  # the client left
+            content = upstream.content
+            while True:
+                try:
+                    chunk = await content.readany()
+                except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                    self._failed(up, exc, "during response body")
+                    transport = request.transport
+                    if transport is not None:
+                        transport.abort()  # never let a truncated body look complete
+                    return response
+                if not chunk:
+                    break
+                try:
+                    await response.write(chunk)
+                except ConnectionError:
+                    return response  # the client left; closing the upstream connection aborts its request
+            complete = True
+            with contextlib.suppress(ConnectionError):
+                await response.write_eof()
+            return response
+        finally:
+            if complete:
+                upstream.release()
+            else:
+                upstream.close()
+
+
+async def serve(
+    config: ProxyConfig,
+    logger: Any,
+    *,
+    started: asyncio.Event | None = None,
+    stop: asyncio.Event | None = None,
+) -> dict[str, int]:
+    """Run the proxy until ``stop`` is set (or the task is cancelled); returns requests served per upstream."""
+    proxy = Proxy(config, logger)
+    await proxy.start()
+    try:
+        if started is not None:
+            started.set()
+        await (stop.wait() if stop is not None else asyncio.Event().wait())
+    finally:
+        served = await asyncio.shield(proxy.stop())
+    return served
+
+
+def _listen(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {value!r}")
+    return host.removeprefix("[").removesuffix("]"), int(port)
+
+
+def _upstream(value: str) -> str:
+    url = value.rstrip("/")
+    return url.removesuffix("/v1")  # accept an OpenAI base URL too
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ddslurm-runtime proxy",
+        description="Reverse proxy for the OpenAI API in front of several vLLM replicas (least outstanding).",
+    )
+    defaults = ProxyConfig("", 0, ("http://x",))
+    parser.add_argument("--listen", type=_listen, required=True, metavar="HOST:PORT")
+    parser.add_argument(
+        "--upstream", type=_upstream, action="append", required=True, metavar="URL", help="base URL without /v1"
+    )
+    parser.add_argument("--log", type=Path, default=None, help="append JSON log lines here (default: stderr)")
+    parser.add_argument("--max-waiting", type=int, default=defaults.max_waiting, metavar="N")
+    parser.add_argument("--health-interval", type=float, default=defaults.health_interval, metavar="S")
+    parser.add_argument("--metrics-interval", type=float, default=defaults.metrics_interval, metavar="S")
+    parser.add_argument("--admission-timeout", type=float, default=defaults.admission_timeout, metavar="S")
+    parser.add_argument("--unavailable-grace", type=float, default=defaults.unavailable_grace, metavar="S")
+    parser.add_argument("--shutdown-timeout", type=float, default=defaults.shutdown_timeout, metavar="S")
+    parser.add_argument("--debug", action="store_true", help="log every forwarded request")
+    return parser
+
+
+@contextlib.contextmanager
+def _log_stream(path: Path | None) -> Iterator[IO[bytes]]:
+    if path is None:
+        yield sys.stderr.buffer
+        return
+    with path.open("ab") as stream:
+        yield stream
+
+
+async def _run(config: ProxyConfig, logger: Any) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    handled: list[signal.Signals] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(sig, _on_signal(stop, logger, sig))
+            handled.append(sig)
+    try:
+        await serve(config, logger, stop=stop)
+    finally:
+        for sig in handled:
+            loop.remove_signal_handler(sig)
+
+
+def _on_signal(stop: asyncio.Event, logger: Any, sig: signal.Signals) -> Callable[[], None]:
+    def handler() -> None:
+        if not stop.is_set():
+            logger.info("proxy.stopping", signal=sig.name)
+        stop.set()
+
+    return handler
+
+
+def main(argv: list[str]) -> int:
+    """``ddslurm-runtime proxy ...``: serve until SIGTERM/SIGINT; 0 after a graceful stop, 1 if it cannot start."""
+    args = _parser().parse_args(argv)
+    host, port = args.listen
+    try:
+        config = ProxyConfig(
+            listen_host=host,
+            listen_port=port,
+            upstreams=tuple(args.upstream),
+            health_interval=args.health_interval,
+            metrics_interval=args.metrics_interval,
+            max_waiting=args.max_waiting,
+            admission_timeout=args.admission_timeout,
+            unavailable_grace=args.unavailable_grace,
+            shutdown_timeout=args.shutdown_timeout,
+        )
+    except ValueError as exc:
+        print(f"ddslurm-runtime proxy: {exc}", file=sys.stderr)
+        return 2
+    with _log_stream(args.log) as stream:
+        logger = new_logger(stream, level=logging.DEBUG if args.debug else logging.INFO, component="proxy")
+        try:
+            asyncio.run(_run(config, logger))
+        except OSError as exc:  # cannot listen
+            logger.error("proxy.failed", error=f"{type(exc).__name__}: {exc}")
+            return 1
+    return 0

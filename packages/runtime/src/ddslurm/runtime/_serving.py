@@ -1,0 +1,192 @@
+"""Model servers: vLLM command lines (bare, Pyxis, Apptainer), ports, GPU discovery, readiness."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import httpx
+
+from ddslurm.config import DeploymentPlan, ServingPlan
+from ddslurm.runtime._steps import Step, log_tail
+from ddslurm.runtime.errors import RuntimeFailure
+
+PORT_BASE = 20000
+PORT_SPAN = 30000
+
+
+class ServerError(RuntimeFailure):
+    reason = "server_failed"
+
+
+class ServerStartError(ServerError):
+    reason = "server_start_failed"
+
+
+class ServerNotReadyError(ServerError):
+    reason = "server_not_ready"
+
+
+class ServerDiedError(ServerError):
+    reason = "server_died"
+
+
+class GpuMismatchError(RuntimeFailure):
+    reason = "gpu_mismatch"
+
+
+class PortUnavailableError(RuntimeFailure):
+    reason = "port_unavailable"
+
+
+def vllm_serve_args(dep: DeploymentPlan, host: str, port: int) -> list[str]:
+    """``serve MODEL --host --port --served-model-name --tensor-parallel-size`` plus the user's extra args."""
+    return [
+        "serve",
+        dep.model,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--served-model-name",
+        dep.served_model_name,
+        "--tensor-parallel-size",
+        str(dep.tensor_parallel),
+        *dep.extra_args,
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class ServerCommand:
+    argv: tuple[str, ...]
+    srun_extra: tuple[str, ...] = ()
+
+
+def server_command(serving: ServingPlan, dep: DeploymentPlan, host: str, port: int) -> ServerCommand:
+    """How a replica is started: a bare executable, a Pyxis container (srun options) or Apptainer."""
+    args = vllm_serve_args(dep, host, port)
+    if serving.container_runtime == "pyxis":
+        extra = [f"--container-image={serving.vllm_image}", "--no-container-mount-home"]
+        if serving.container_mounts:
+            extra.append(f"--container-mounts={','.join(serving.container_mounts)}")
+        return ServerCommand(argv=("vllm", *args), srun_extra=tuple(extra))
+    if serving.container_runtime == "apptainer":
+        binds = [f"--bind={m}" for m in serving.container_mounts]
+        return ServerCommand(argv=("apptainer", "exec", "--nv", *binds, str(serving.vllm_image), "vllm", *args))
+    return ServerCommand(argv=(serving.vllm_executable, *args))
+
+
+def vllm_version(serving: ServingPlan, env: Mapping[str, str]) -> str:
+    """The vLLM version (recorded, never gated). Only a bare executable can be asked cheaply."""
+    if serving.container_runtime != "none":
+        return f"unknown ({serving.container_runtime} image {serving.vllm_image})"
+    try:
+        out = subprocess.run(
+            [serving.vllm_executable, "--version"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=dict(env),
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"unknown ({exc})"
+    return (out.stdout.strip() or out.stderr.strip()).splitlines()[-1] if out.returncode == 0 else "unknown"
+
+
+def visible_gpus(env: Mapping[str, str]) -> list[str]:
+    """GPUs Slurm gave this step: CUDA_VISIBLE_DEVICES, else SLURM_JOB_GPUS."""
+    for name in ("CUDA_VISIBLE_DEVICES", "SLURM_JOB_GPUS"):
+        value = env.get(name, "").strip()
+        if value:
+            return [v for v in value.split(",") if v]
+    return []
+
+
+def check_gpus(serving: ServingPlan, env: Mapping[str, str]) -> list[str]:
+    gpus = visible_gpus(env)
+    if len(gpus) < serving.gpus:
+        raise GpuMismatchError(
+            f"the plan places {serving.gpus} GPU(s) but this allocation sees {len(gpus)} "
+            f"(CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES', '')!r}, "
+            f"SLURM_JOB_GPUS={env.get('SLURM_JOB_GPUS', '')!r})"
+        )
+    return gpus
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def choose_ports(wanted: list[int | None], job_id: str, is_free: Callable[[int], bool] = port_is_free) -> list[int]:
+    """Concrete ports: fixed ones are checked, the rest come from a range derived from the job id (so two
+    jobs sharing a node start far apart) and are checked before use."""
+    digits = "".join(ch for ch in job_id if ch.isdigit()) or "0"
+    candidate = PORT_BASE + (int(digits) * 64) % PORT_SPAN
+    taken: set[int] = {p for p in wanted if p is not None}
+    out: list[int] = []
+    for port in wanted:
+        if port is not None:
+            if not is_free(port):
+                raise PortUnavailableError(f"port {port} (server.port) is already in use on this node")
+            out.append(port)
+            continue
+        for _ in range(PORT_SPAN):
+            if candidate not in taken and is_free(candidate):
+                break
+            candidate = PORT_BASE + (candidate - PORT_BASE + 1) % PORT_SPAN
+        else:
+            raise PortUnavailableError("no free port found on this node")
+        taken.add(candidate)
+        out.append(candidate)
+    return out
+
+
+def wait_ready(
+    step: Step,
+    base_url: str,
+    served_name: str | None,
+    timeout: float,
+    *,
+    client: httpx.Client,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    interval: float = 0.5,
+) -> float:
+    """Poll /health (then /v1/models for the served name) until ready; fail fast if the process exits.
+
+    Returns the seconds it took. Raises ServerStartError (process died) or ServerNotReadyError (deadline),
+    each with the tail of the step's log.
+    """
+    start = clock()
+    deadline = start + timeout
+    while True:
+        code = step.poll()
+        if code is not None:
+            raise ServerStartError(
+                f"{step.name} exited with status {code} before it was ready; last lines of {step.spec.log}:\n"
+                f"{log_tail(step.spec.log)}"
+            )
+        try:
+            if client.get(f"{base_url}/health").status_code == 200:
+                if served_name is None:
+                    return clock() - start
+                models = client.get(f"{base_url}/v1/models")
+                if models.status_code == 200 and served_name in {m.get("id") for m in models.json().get("data", [])}:
+                    return clock() - start
+        except (httpx.HTTPError, ValueError):
+            pass
+        if clock() >= deadline:
+            raise ServerNotReadyError(
+                f"{step.name} was not ready after {timeout:.0f} s (server.startup_timeout); last lines of "
+                f"{step.spec.log}:\n{log_tail(step.spec.log)}"
+            )
+        sleep(interval)

@@ -1,0 +1,136 @@
+"""Processes of an attempt, each an ``srun`` step inside the allocation (or a plain process outside Slurm).
+
+Slurm accounts every step and tears them all down with the job; the controller stops them itself first
+(TERM, a grace period that lets vLLM exit, then KILL).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Protocol
+
+GpuRequest = Literal["gres", "gpus"]
+
+
+@dataclass(frozen=True, slots=True)
+class StepSpec:
+    """What to run and with which share of the allocation. ``env`` is the step's whole environment."""
+
+    name: str
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    log: Path
+    cpus: int = 1
+    mem_mb: int | None = None
+    gpus: int = 0
+    gpu_request: GpuRequest = "gres"
+    srun_extra: tuple[str, ...] = ()
+
+
+@dataclass(slots=True)
+class Step:
+    spec: StepSpec
+    proc: subprocess.Popen[bytes]
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def stop(self, grace: float) -> int:
+        """TERM, wait up to ``grace`` seconds, then KILL the whole process group; returns the exit status."""
+        if self.proc.poll() is None:
+            self._signal(signal.SIGTERM)
+            try:
+                return self.proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                self._signal(signal.SIGKILL)
+        return self.proc.wait()
+
+    def _signal(self, sig: signal.Signals) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+class StepLauncher(Protocol):
+    def start(self, spec: StepSpec) -> Step: ...
+
+
+def srun_argv(spec: StepSpec) -> list[str]:
+    """The ``srun`` command line of a step: exactly its CPUs, memory and GPUs, so steps never share GPUs."""
+    argv = [
+        "srun",
+        "--exact",
+        "--nodes=1",
+        "--ntasks=1",
+        f"--cpus-per-task={spec.cpus}",
+        f"--job-name={spec.name}",
+        "--export=ALL",
+        "--kill-on-bad-exit=1",
+    ]
+    if spec.mem_mb is not None:
+        argv.append(f"--mem={spec.mem_mb}M")
+    if spec.gpus and spec.gpu_request == "gpus":
+        argv.append(f"--gpus={spec.gpus}")
+    else:
+        argv.append(f"--gres=gpu:{spec.gpus}" if spec.gpus else "--gres=none")
+    argv.extend(spec.srun_extra)
+    argv.extend(spec.argv)
+    return argv
+
+
+def _popen(argv: Sequence[str], spec: StepSpec) -> subprocess.Popen[bytes]:
+    spec.log.parent.mkdir(parents=True, exist_ok=True)
+    with spec.log.open("ab") as log:
+        return subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=dict(spec.env),
+            start_new_session=True,
+        )
+
+
+class SrunLauncher:
+    """Starts steps with srun inside the current allocation."""
+
+    def start(self, spec: StepSpec) -> Step:
+        return Step(spec, _popen(srun_argv(spec), spec))
+
+
+class LocalLauncher:
+    """Starts steps as plain processes (outside Slurm: development and tests)."""
+
+    def start(self, spec: StepSpec) -> Step:
+        return Step(spec, _popen(spec.argv, spec))
+
+
+def without(env: Mapping[str, str], names: Sequence[str]) -> dict[str, str]:
+    """``env`` minus ``names`` (the run's secret variables never reach server or proxy steps)."""
+    drop = set(names)
+    return {k: v for k, v in env.items() if k not in drop}
+
+
+def log_tail(path: Path, lines: int = 20, max_bytes: int = 64 * 1024) -> str:
+    """The last lines of a step's log, for error records (bounded read)."""
+    try:
+        with path.open("rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - max_bytes))
+            data = fh.read()
+    except OSError:
+        return ""
+    return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])

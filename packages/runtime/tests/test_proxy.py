@@ -1,0 +1,491 @@
+"""The per-model-alias reverse proxy in front of vLLM replicas (stand-ins and tiny inline aiohttp upstreams)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import aiohttp
+import httpx
+import pytest
+from aiohttp import web
+
+from ddslurm.runtime._log import new_logger
+from ddslurm.runtime._proxy import Proxy, ProxyConfig, main, parse_waiting, serve
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 16}
+FAST = {"health_interval": 0.1, "metrics_interval": 0.1}
+
+
+def _fake() -> ModuleType:
+    """fake_vllm.testing (a dev dependency: absent when only the runtime's own dependencies are installed)."""
+    return pytest.importorskip("fake_vllm.testing")
+
+
+@contextlib.asynccontextmanager
+async def running_proxy(upstreams: list[str], **overrides: Any) -> AsyncIterator[tuple[Proxy, str]]:
+    config = ProxyConfig("127.0.0.1", 0, tuple(upstreams), **{**FAST, **overrides})
+    proxy = Proxy(config, new_logger(io.BytesIO()))
+    port = await proxy.start()
+    try:
+        yield proxy, f"http://127.0.0.1:{port}"
+    finally:
+        await proxy.stop()
+
+
+@contextlib.asynccontextmanager
+async def serving(app: web.Application) -> AsyncIterator[str]:
+    """An inline upstream on a free port; yields its base URL."""
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
+class Inline:
+    """A minimal vLLM-like upstream whose waiting queue and health the test sets."""
+
+    def __init__(self, name: str, waiting: int = 0) -> None:
+        self.name = name
+        self.waiting = waiting
+        self.chats = 0
+        self.app = web.Application()
+        self.app.router.add_get("/health", self.health)
+        self.app.router.add_get("/metrics", self.metrics)
+        self.app.router.add_post("/v1/chat/completions", self.chat)
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response()
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        # Two engines: the proxy has to sum the label sets.
+        half = self.waiting // 2
+        text = (
+            "# TYPE vllm:num_requests_waiting gauge\n"
+            f'vllm:num_requests_waiting{{engine="0",model_name="m"}} {float(half)}\n'
+            f'vllm:num_requests_waiting{{engine="1",model_name="m"}} {float(self.waiting - half)}\n'
+            'vllm:num_requests_waiting_by_reason{reason="capacity"} 1000.0\n'
+        )
+        return web.Response(text=text)
+
+    async def chat(self, request: web.Request) -> web.Response:
+        await request.read()
+        self.chats += 1
+        return web.json_response({"served_by": self.name})
+
+
+async def _wait_until(predicate: Callable[[], Awaitable[bool]], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not await predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.02)
+
+
+async def _upstreams(session: aiohttp.ClientSession, url: str) -> dict[str, dict[str, Any]]:
+    async with session.get(f"{url}/ddslurm/upstreams") as response:
+        assert response.status == 200
+        data = await response.json()
+    return {entry["url"]: entry for entry in data["upstreams"]}
+
+
+def _sse_events(body: bytes) -> list[Any]:
+    """The data of each SSE event, without the per-response id and timestamp."""
+    events: list[Any] = []
+    for block in body.decode().split("\n\n"):
+        if not block.strip():
+            continue
+        assert block.startswith("data: "), block
+        data = block.removeprefix("data: ")
+        if data == "[DONE]":
+            events.append(data)
+            continue
+        event = json.loads(data)
+        event.pop("id")
+        event.pop("created")
+        events.append(event)
+    return events
+
+
+# --- pure functions --------------------------------------------------------------------------------
+
+
+def test_parse_waiting_sums_label_sets_and_ignores_lookalikes() -> None:
+    text = (
+        "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n"
+        "# TYPE vllm:num_requests_waiting gauge\n"
+        'vllm:num_requests_waiting{engine="0",model_name="m"} 40.0\n'
+        'vllm:num_requests_waiting{engine="1",model_name="m"} 30.0\n'
+        'vllm:num_requests_waiting_by_reason{reason="x"} 99.0\n'
+        "vllm:num_requests_running 5.0\n"
+        "vllm:num_requests_waiting 2\n"
+    )
+    assert parse_waiting(text) == 72
+    assert parse_waiting("") == 0
+
+
+def test_config_rejects_nonsense() -> None:
+    with pytest.raises(ValueError, match="upstream"):
+        ProxyConfig("127.0.0.1", 0, ())
+    with pytest.raises(ValueError, match="duplicate"):
+        ProxyConfig("127.0.0.1", 0, ("http://a:1", "http://a:1"))
+    with pytest.raises(ValueError, match="http"):
+        ProxyConfig("127.0.0.1", 0, ("a:1",))
+
+
+# --- 1. balancing ----------------------------------------------------------------------------------
+
+
+def test_least_outstanding_sends_more_to_the_fast_replica() -> None:
+    fake = _fake()
+    with (
+        fake.start_server("m", args=["--fake-latency", "0.25"]) as slow,
+        fake.start_server("m", args=["--fake-latency", "0.02"]) as fast,
+    ):
+        counts = asyncio.run(_balance(fake.free_port(), [slow.root_url, fast.root_url]))
+    assert counts[slow.root_url] >= 1, counts  # both replicas are used
+    assert counts[slow.root_url] + counts[fast.root_url] == 120
+    # Round-robin would split 60/60; least outstanding follows the 12x speed difference.
+    assert counts[fast.root_url] > 4 * counts[slow.root_url], counts
+
+
+async def _balance(port: int, upstreams: list[str]) -> dict[str, int]:
+    config = ProxyConfig("127.0.0.1", port, tuple(upstreams), **FAST)
+    started, stop = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(serve(config, new_logger(io.BytesIO()), started=started, stop=stop))
+    await asyncio.wait_for(started.wait(), 10)
+    gate = asyncio.Semaphore(8)
+
+    async def one(session: aiohttp.ClientSession) -> int:
+        async with gate, session.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=CHAT) as response:
+            await response.read()
+            return response.status
+
+    async with aiohttp.ClientSession() as session:
+        statuses = await asyncio.gather(*(one(session) for _ in range(120)))
+    assert set(statuses) == {200}
+    stop.set()
+    return await asyncio.wait_for(task, 10)
+
+
+# --- 2. streaming ----------------------------------------------------------------------------------
+
+
+def test_sse_is_streamed_chunk_by_chunk() -> None:
+    asyncio.run(_sse_handshake())
+
+
+async def _sse_handshake() -> None:
+    first_seen = asyncio.Event()
+    outcome: dict[str, bool] = {}
+
+    async def sse(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b"data: one\n\n")
+        # The second chunk is only sent once the client has seen the first: a buffering proxy deadlocks here.
+        try:
+            async with asyncio.timeout(5):
+                await first_seen.wait()
+            outcome["streamed"] = True
+        except TimeoutError:
+            outcome["streamed"] = False
+        await response.write(b"data: two\n\n")
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    upstream = Inline("sse")
+    upstream.app.router.add_post("/v1/sse", sse)
+    async with (
+        serving(upstream.app) as url,
+        running_proxy([url]) as (_, proxy_url),
+        aiohttp.ClientSession() as session,
+        session.post(f"{proxy_url}/v1/sse", json={**CHAT, "stream": True}) as response,
+    ):
+        assert response.status == 200
+        assert response.headers["Content-Type"] == "text/event-stream"
+        first = await response.content.readuntil(b"\n\n")
+        first_seen.set()
+        rest = await response.read()
+    assert first == b"data: one\n\n"
+    assert rest == b"data: two\n\ndata: [DONE]\n\n"
+    assert outcome == {"streamed": True}
+
+
+def test_streamed_chat_completion_equals_the_direct_one() -> None:
+    fake = _fake()
+    with fake.start_server("m") as server:
+        asyncio.run(_stream_equal(server.root_url))
+
+
+async def _stream_equal(root: str) -> None:
+    body = {**CHAT, "stream": True, "n": 2, "stream_options": {"include_usage": True}}
+    async with running_proxy([root]) as (_, url), aiohttp.ClientSession() as session:
+        results = []
+        for base in (root, url):
+            async with session.post(f"{base}/v1/chat/completions", json=body) as response:
+                assert response.status == 200
+                assert response.headers["Content-Type"].startswith("text/event-stream")
+                chunks = [chunk async for chunk, _ in response.content.iter_chunks()]
+                results.append(b"".join(chunks))
+    direct, proxied = (_sse_events(raw) for raw in results)
+    assert proxied == direct
+    assert len(direct) == 2 * 2 + 2  # two chunks per choice, usage, [DONE]
+
+
+# --- 3. failures -----------------------------------------------------------------------------------
+
+
+def test_crashed_replica_is_avoided_and_all_dead_gives_503() -> None:
+    fake = _fake()
+    with (
+        fake.start_server("m", args=["--fake-crash-after", "5", "--fake-latency", "0.05"]) as crashing,
+        fake.start_server("m", args=["--fake-latency", "0.05"]) as steady,
+    ):
+        asyncio.run(_crash(crashing, steady))
+
+
+async def _crash(crashing: Any, steady: Any) -> None:
+    gate = asyncio.Semaphore(6)
+    async with (
+        running_proxy([crashing.root_url, steady.root_url], unavailable_grace=0.3) as (_, url),
+        aiohttp.ClientSession() as session,
+    ):
+
+        async def one() -> int:
+            async with gate, session.post(f"{url}/v1/chat/completions", json=CHAT) as response:
+                await response.read()
+                return response.status
+
+        statuses = await asyncio.gather(*(one() for _ in range(40)))
+        assert statuses == [200] * 40  # requests lost in the crash were retried on the other replica
+        assert crashing.proc.wait(timeout=5) == 1
+        state = await _upstreams(session, url)
+        assert state[crashing.root_url]["healthy"] is False
+        assert state[crashing.root_url]["failed"] >= 1
+        assert state[crashing.root_url]["served"] <= 5
+        assert state[steady.root_url]["healthy"] is True
+        assert state[steady.root_url]["served"] >= 35
+
+        # Later requests all go to the survivor.
+        statuses = await asyncio.gather(*(one() for _ in range(10)))
+        assert statuses == [200] * 10
+        assert (await _upstreams(session, url))[steady.root_url]["served"] == 50 - state[crashing.root_url]["served"]
+
+        steady.proc.terminate()
+        steady.proc.wait(timeout=10)
+
+        async def proxy_unhealthy() -> bool:
+            async with session.get(f"{url}/health") as response:
+                return response.status == 503
+
+        await _wait_until(proxy_unhealthy)
+        started = time.monotonic()
+        async with session.post(f"{url}/v1/chat/completions", json=CHAT) as response:
+            assert response.status == 503
+            error = (await response.json())["error"]
+        assert time.monotonic() - started < 2.0
+        assert error["type"] == "ServiceUnavailable"
+        assert "no healthy upstream" in error["message"]
+
+
+def test_upstream_dying_mid_body_is_not_passed_off_as_complete() -> None:
+    asyncio.run(_mid_body())
+
+
+async def _mid_body() -> None:
+    async def dies(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b"data: one\n\n")
+        await asyncio.sleep(0.05)
+        assert request.transport is not None
+        request.transport.abort()
+        return response
+
+    upstream = Inline("dies")
+    upstream.app.router.add_post("/v1/dies", dies)
+    async with (
+        serving(upstream.app) as upstream_url,
+        running_proxy([upstream_url]) as (proxy, url),
+        aiohttp.ClientSession() as session,
+    ):
+        async with session.post(f"{url}/v1/dies", json=CHAT) as response:
+            assert response.status == 200
+            with pytest.raises(aiohttp.ClientPayloadError):
+                await response.read()
+        assert proxy.describe()["upstreams"][0]["failed"] == 1
+
+
+# --- 4. back-pressure ------------------------------------------------------------------------------
+
+
+def test_saturated_upstream_is_skipped_and_requests_wait_for_capacity() -> None:
+    asyncio.run(_backpressure())
+
+
+async def _backpressure() -> None:
+    busy, idle = Inline("busy", waiting=100), Inline("idle", waiting=0)
+    async with (
+        serving(busy.app) as busy_url,
+        serving(idle.app) as idle_url,
+        running_proxy([busy_url, idle_url], max_waiting=10, admission_timeout=1.0) as (_, url),
+        aiohttp.ClientSession() as session,
+    ):
+
+        async def one() -> tuple[int, str]:
+            async with session.post(f"{url}/v1/chat/completions", json=CHAT) as response:
+                text = await response.text()
+                return response.status, text
+
+        results = await asyncio.gather(*(one() for _ in range(30)))
+        assert {status for status, _ in results} == {200}
+        assert (busy.chats, idle.chats) == (0, 30)
+        state = await _upstreams(session, url)
+        assert state[busy_url]["saturated"] is True
+        assert state[busy_url]["waiting"] == 100
+
+        # Everything saturated: a request waits (not 503) until an upstream has room again.
+        idle.waiting = 100
+
+        async def all_saturated() -> bool:
+            return all(entry["saturated"] for entry in (await _upstreams(session, url)).values())
+
+        await _wait_until(all_saturated)
+        pending = asyncio.create_task(one())
+        await asyncio.sleep(0.4)
+        assert not pending.done()
+        busy.waiting = 0
+        status, text = await asyncio.wait_for(pending, 2)
+        assert status == 200
+        assert json.loads(text) == {"served_by": "busy"}
+
+        # ...and gives up with 503 after admission_timeout.
+        busy.waiting = 100
+        await _wait_until(all_saturated)
+        started = time.monotonic()
+        status, text = await one()
+        assert status == 503
+        assert 0.9 <= time.monotonic() - started < 2.0
+        assert json.loads(text)["error"]["type"] == "ServiceUnavailable"
+        assert (busy.chats, idle.chats) == (1, 30)
+
+
+# --- 5. pass-through -------------------------------------------------------------------------------
+
+
+def test_upstream_errors_pass_through_unchanged_and_are_not_retried(tmp_path: Path) -> None:
+    fake = _fake()
+    logs = [tmp_path / "a.jsonl", tmp_path / "b.jsonl"]
+    with (
+        fake.start_server("m", api_key="k", args=["--fake-error-rate", "1", "--fake-request-log", str(logs[0])]) as a,
+        fake.start_server("m", api_key="k", args=["--fake-error-rate", "1", "--fake-request-log", str(logs[1])]) as b,
+    ):
+        asyncio.run(_pass_through([a.root_url, b.root_url], a.headers))
+    chats = [
+        entry
+        for path in logs
+        for entry in map(json.loads, path.read_text().splitlines())
+        if entry["path"] == "/v1/chat/completions"
+    ]
+    # 1 unauthorised + 4 errors + 404 through the proxy + 404 direct: one upstream request each, no retries.
+    assert sorted(entry["status"] for entry in chats) == [401, 404, 404, 500, 500, 500, 500]
+
+
+async def _pass_through(upstreams: list[str], headers: dict[str, str]) -> None:
+    async with running_proxy(upstreams) as (_, url), aiohttp.ClientSession() as session:
+        async with session.post(f"{url}/v1/chat/completions", json=CHAT) as response:
+            assert response.status == 401  # no key: the upstream's answer
+            assert await response.json() == {"error": "Unauthorized"}
+        for _ in range(4):
+            async with session.post(f"{url}/v1/chat/completions", json=CHAT, headers=headers) as response:
+                assert response.status == 500
+                assert (await response.json())["error"]["type"] == "InternalServerError"
+        unknown = {**CHAT, "model": "nope"}
+        async with session.post(f"{url}/v1/chat/completions", json=unknown, headers=headers) as response:
+            assert response.status == 404
+            proxied = await response.read()
+        async with session.post(f"{upstreams[0]}/v1/chat/completions", json=unknown, headers=headers) as response:
+            direct = await response.read()
+        assert proxied == direct
+        async with session.get(f"{url}/v1/models", headers=headers) as response:
+            assert response.status == 200
+            assert [m["id"] for m in (await response.json())["data"]] == ["m"]
+        state = await _upstreams(session, url)
+        assert all(entry["failed"] == 0 and entry["healthy"] for entry in state.values())
+        assert sum(entry["served"] for entry in state.values()) == 7
+
+
+# --- 6. the command --------------------------------------------------------------------------------
+
+
+def test_main_stops_gracefully_on_sigterm(tmp_path: Path) -> None:
+    fake = _fake()
+    log = tmp_path / "proxy.log"
+    with fake.start_server("m", args=["--fake-latency", "0.6"]) as server:
+        port = fake.free_port()
+        code = "import sys; from ddslurm.runtime._proxy import main; sys.exit(main(sys.argv[1:]))"
+        command = [sys.executable, "-c", code, "--listen", f"127.0.0.1:{port}", "--upstream", server.base_url]
+        command += ["--log", str(log), "--health-interval", "0.1", "--max-waiting", "8"]
+        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 10
+            while True:
+                assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+                with contextlib.suppress(httpx.HTTPError):
+                    if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                        break
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            assert httpx.post(f"{url}/v1/chat/completions", json=CHAT, timeout=10).status_code == 200
+
+            # A request in flight when SIGTERM arrives still completes.
+            outcome: dict[str, int] = {}
+
+            def in_flight() -> None:
+                outcome["status"] = httpx.post(f"{url}/v1/chat/completions", json=CHAT, timeout=10).status_code
+
+            thread = threading.Thread(target=in_flight)
+            thread.start()
+            time.sleep(0.25)
+            os.kill(proc.pid, signal.SIGTERM)
+            assert proc.wait(timeout=10) == 0
+            thread.join(timeout=10)
+            assert outcome == {"status": 200}
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert lines[0]["event"] == "proxy.started"
+    assert lines[-1]["event"] == "proxy.stopped"
+    assert lines[-1]["served"] == {server.root_url: 2}  # the /v1 suffix is dropped from --upstream
+    assert lines[-1]["component"] == "proxy"
+
+
+def test_main_fails_when_the_port_is_taken(tmp_path: Path) -> None:
+    log = tmp_path / "proxy.log"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        argv = ["--listen", f"127.0.0.1:{port}", "--upstream", "http://127.0.0.1:9", "--log", str(log)]
+        assert main(argv) == 1
+    assert json.loads(log.read_text().splitlines()[-1])["event"] == "proxy.failed"

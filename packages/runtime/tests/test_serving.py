@@ -1,0 +1,135 @@
+"""Serving units: vLLM command lines (bare, Pyxis, Apptainer), srun steps, ports, GPUs, memory shares."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ddslurm.config import DeploymentPlan, ReplicaPlan, ServingPlan
+from ddslurm.runtime._controller import split_memory
+from ddslurm.runtime._serving import (
+    GpuMismatchError,
+    PortUnavailableError,
+    check_gpus,
+    choose_ports,
+    server_command,
+)
+from ddslurm.runtime._steps import StepSpec, srun_argv, without
+
+DEP = DeploymentPlan(
+    alias="gen",
+    model="Qwen/Qwen3-8B",
+    served_model_name="qwen3-8b",
+    tensor_parallel=2,
+    replicas=(ReplicaPlan(index=0, gpus=2, cpus=4),),
+    startup_timeout=60,
+    extra_args=("--max-model-len", "8192"),
+)
+SERVE = (
+    "serve",
+    "Qwen/Qwen3-8B",
+    "--host",
+    "127.0.0.1",
+    "--port",
+    "8100",
+    "--served-model-name",
+    "qwen3-8b",
+    "--tensor-parallel-size",
+    "2",
+    "--max-model-len",
+    "8192",
+)
+
+
+def _serving(**kw: object) -> ServingPlan:
+    return ServingPlan(deployments=(DEP,), gpus=2, **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("serving", "argv", "srun_extra"),
+    [
+        pytest.param(_serving(vllm_executable="/opt/venv/bin/vllm"), ("/opt/venv/bin/vllm", *SERVE), (), id="bare"),
+        pytest.param(
+            _serving(container_runtime="pyxis", vllm_image="nvcr.io#vllm:0.9", container_mounts=("/models:/models",)),
+            ("vllm", *SERVE),
+            ("--container-image=nvcr.io#vllm:0.9", "--no-container-mount-home", "--container-mounts=/models:/models"),
+            id="pyxis",
+        ),
+        pytest.param(
+            _serving(container_runtime="apptainer", vllm_image="/images/vllm.sif", container_mounts=("/models",)),
+            ("apptainer", "exec", "--nv", "--bind=/models", "/images/vllm.sif", "vllm", *SERVE),
+            (),
+            id="apptainer",
+        ),
+    ],
+)
+def test_server_command_lines(serving: ServingPlan, argv: tuple[str, ...], srun_extra: tuple[str, ...]) -> None:
+    cmd = server_command(serving, DEP, "127.0.0.1", 8100)
+    assert cmd.argv == argv
+    assert cmd.srun_extra == srun_extra
+
+
+@pytest.mark.parametrize(
+    ("gpus", "mode", "mem", "want"),
+    [
+        pytest.param(2, "gres", 4096, ["--mem=4096M", "--gres=gpu:2"], id="gres"),
+        pytest.param(2, "gpus", None, ["--gpus=2"], id="gpus"),
+        pytest.param(0, "gres", 512, ["--mem=512M", "--gres=none"], id="cpu-step"),
+    ],
+)
+def test_srun_step_asks_for_exactly_its_share(gpus: int, mode: str, mem: int | None, want: list[str]) -> None:
+    spec = StepSpec(
+        name="s",
+        argv=("prog", "--x"),
+        env={},
+        log=Path("/tmp/x.log"),
+        cpus=3,
+        mem_mb=mem,
+        gpus=gpus,
+        gpu_request=mode,
+        srun_extra=("--container-image=i",),
+    )  # type: ignore[arg-type]
+    argv = srun_argv(spec)
+    assert argv[:2] == ["srun", "--exact"] and "--cpus-per-task=3" in argv and "--export=ALL" in argv
+    for flag in want:
+        assert flag in argv
+    assert argv[-3:] == ["--container-image=i", "prog", "--x"]
+
+
+def test_ports_fixed_are_checked_and_planned_ones_skip_taken_ports() -> None:
+    busy = {20000 + (123 * 64) % 30000}
+    ports = choose_ports([None, 8100, None], "123", lambda p: p not in busy)
+    assert ports[1] == 8100 and len(set(ports)) == 3 and not busy & set(ports)
+    with pytest.raises(PortUnavailableError, match="8100"):
+        choose_ports([8100], "1", lambda p: p != 8100)
+    assert choose_ports([None], "1")[0] != choose_ports([None], "2")[0]  # jobs sharing a node start apart
+
+
+def test_gpu_discovery_must_match_the_plan() -> None:
+    assert check_gpus(_serving(), {"CUDA_VISIBLE_DEVICES": "0,1"}) == ["0", "1"]
+    assert check_gpus(_serving(), {"SLURM_JOB_GPUS": "2,3,4"}) == ["2", "3", "4"]
+    with pytest.raises(GpuMismatchError, match="places 2 GPU"):
+        check_gpus(_serving(), {"CUDA_VISIBLE_DEVICES": "0"})
+
+
+@pytest.mark.parametrize(
+    ("env", "servers", "proxies", "want"),
+    [
+        pytest.param({"SLURM_MEM_PER_NODE": "16384"}, 2, 1, (4032, 6048, 256), id="per-node"),
+        pytest.param({"SLURM_MEM_PER_CPU": "500", "SLURM_CPUS_ON_NODE": "2"}, 0, 0, (1000, None, None), id="hosted"),
+        pytest.param({}, 2, 1, (None, None, None), id="unknown"),
+    ],
+)
+def test_memory_shares_fit_the_allocation(
+    env: dict[str, str], servers: int, proxies: int, want: tuple[int | None, ...]
+) -> None:
+    split = split_memory(env, servers, proxies)
+    assert (split.client, split.server, split.proxy) == want
+    if split.client is not None and "SLURM_MEM_PER_NODE" in env:
+        total = split.client + servers * (split.server or 0) + proxies * (split.proxy or 0)
+        assert total <= int(env["SLURM_MEM_PER_NODE"])
+
+
+def test_secrets_are_removed_from_server_environments() -> None:
+    assert without({"A": "1", "KEY": "s", "PATH": "/bin"}, ("KEY",)) == {"A": "1", "PATH": "/bin"}

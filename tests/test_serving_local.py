@@ -1,0 +1,166 @@
+"""The allocation controller outside Slurm (plain processes instead of srun steps): model servers started
+from the plan, readiness, failures with reasons and log tails, secrets kept out of server environments.
+
+The same code paths run under srun in tests/test_e2e_mixed.py.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ddslurm.config import AttemptRecord, WinnerRecord, read_json
+from ddslurm.launcher import prepare, write_run_dir
+
+pytestmark = pytest.mark.dd
+
+REPO = Path(__file__).resolve().parents[1]
+MIXED_RECIPE = REPO / "examples" / "mixed" / "recipe.yaml"
+RUNTIME = Path(sys.executable).parent / "ddslurm-runtime"
+FAKE_VLLM = Path(sys.executable).parent / "fake-vllm"
+
+
+def _deployment(replicas: int = 1, tp: int = 1, timeout: int = 60, env: dict[str, str] | None = None) -> str:
+    text = (
+        "deployments:\n  - model_alias: generator\n    model: org/generator\n    served_model_name: qwen3-8b\n"
+        f"    replicas: {replicas}\n    tensor_parallel: {tp}\n    server:\n      startup_timeout: {timeout}\n"
+        "      cpus: 1\n"
+    )
+    if env:
+        text += "      env:\n" + "".join(f"        {k}: '{v}'\n" for k, v in env.items())
+    return text
+
+
+def _env_dumping_vllm(tmp_path: Path) -> Path:
+    """A `vllm` that records its environment, then becomes the stand-in with a request log of its own."""
+    script = tmp_path / "vllm-wrapper"
+    script.write_text(
+        f'#!/bin/sh\nenv > "{tmp_path}/server-env-$$.txt"\n'
+        f'FAKE_VLLM_REQUEST_LOG="{tmp_path}/requests-$$.jsonl" exec "{FAKE_VLLM}" "$@"\n'
+    )
+    script.chmod(0o755)
+    return script
+
+
+def _run(files: Any, job_id: str, *, gpus: str = "0,1,2,3", timeout: float = 240) -> tuple[Path, int, float]:
+    prepared = prepare(files.run_file, files.profile, files.env, datetime.now(UTC))
+    write_run_dir(prepared)
+    env = {k: v for k, v in files.env.items() if not k.startswith("SLURM")}
+    env["CUDA_VISIBLE_DEVICES"] = gpus
+    start = time.monotonic()
+    done = subprocess.run(
+        [
+            str(RUNTIME),
+            "generate",
+            "--run-dir",
+            str(prepared.layout.root),
+            "--shard",
+            "0",
+            "--job-id",
+            job_id,
+            "--launcher",
+            "local",
+            "--grace",
+            "3",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    return prepared.layout.root, done.returncode, time.monotonic() - start
+
+
+def _record(run_dir: Path, job_id: str) -> AttemptRecord:
+    return read_json(
+        run_dir / "shards" / "shard-00000" / "attempts" / f"attempt-{job_id}" / "attempt.json", AttemptRecord
+    )
+
+
+def _no_processes_left(run_dir: Path) -> None:
+    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout
+    assert str(run_dir) not in out
+
+
+def test_local_generator_and_hosted_judge(make_run_files: Any, hosted_endpoint: Any, tmp_path: Path) -> None:
+    wrapper = _env_dumping_vllm(tmp_path)
+    files = make_run_files(
+        "mixed",
+        num_records=6,
+        shards=1,
+        recipe=MIXED_RECIPE,
+        extra_run=_deployment(),
+        vllm_executable=wrapper,
+    )
+    run_dir, code, _ = _run(files, "11")
+    attempt = run_dir / "shards" / "shard-00000" / "attempts" / "attempt-11"
+    assert code == 0, (attempt / "client.out").read_text()[-3000:]
+    winner = read_json(run_dir / "shards" / "shard-00000" / "winner.json", WinnerRecord)
+    assert winner.rows == 6
+    served = [line for f in tmp_path.glob("requests-*.jsonl") for line in f.read_text().splitlines()]
+    assert sum('"/v1/chat/completions"' in line for line in served) >= 12  # the local replica served the generator
+    dumps = list(tmp_path.glob("server-env-*.txt"))
+    assert dumps and all(files.env["DEMO_HOSTED_API_KEY"] not in d.read_text() for d in dumps)
+    assert all("DEMO_HOSTED_API_KEY" not in d.read_text() for d in dumps)
+    assert (attempt / "serving.json").is_file() and (attempt / "endpoints.json").is_file()
+    _no_processes_left(run_dir)
+
+
+@pytest.mark.parametrize(
+    ("server_env", "timeout", "reason", "in_message", "max_seconds"),
+    [
+        pytest.param(
+            {"FAKE_VLLM_NEVER_HEALTHY": "1"}, 4, "server_not_ready", "not ready after 4 s", 30, id="never-healthy"
+        ),
+        pytest.param(
+            {"FAKE_VLLM_FAIL_START": "1"},
+            600,
+            "server_start_failed",
+            "Engine core initialization failed",
+            30,
+            id="fails-at-start",
+        ),
+        pytest.param(
+            {"FAKE_VLLM_CRASH_AFTER": "3"}, 60, "server_died", "exited during generation", 45, id="crashes-mid-run"
+        ),
+    ],
+)
+def test_failing_server_fails_the_attempt_fast_with_reason_and_log_tail(
+    make_run_files: Any, server_env: dict[str, str], timeout: int, reason: str, in_message: str, max_seconds: float
+) -> None:
+    files = make_run_files(
+        reason, num_records=12, shards=1, recipe=MIXED_RECIPE, extra_run=_deployment(timeout=timeout, env=server_env)
+    )
+    run_dir, code, seconds = _run(files, "21")
+    record = _record(run_dir, "21")
+    assert code == 1
+    assert record.state == "failed" and record.reason == reason, record
+    assert in_message in (record.message or "")
+    assert seconds < max_seconds
+    assert not (run_dir / "shards" / "shard-00000" / "winner.json").exists()
+    _no_processes_left(run_dir)
+
+
+def test_gpu_mismatch_is_refused_before_any_server_starts(make_run_files: Any) -> None:
+    files = make_run_files("gpus", num_records=2, shards=1, recipe=MIXED_RECIPE, extra_run=_deployment(tp=2))
+    run_dir, code, _ = _run(files, "31", gpus="0")
+    record = _record(run_dir, "31")
+    assert code == 1 and record.reason == "gpu_mismatch"
+    assert not list((run_dir / "shards" / "shard-00000" / "attempts" / "attempt-31").glob("server-*.log"))
+
+
+def test_hosted_only_starts_no_server_or_proxy(run_files: Any) -> None:
+    run_dir, code, _ = _run(run_files, "41", gpus="")
+    attempt = run_dir / "shards" / "shard-00000" / "attempts" / "attempt-41"
+    assert code == 0
+    assert not list(attempt.glob("server-*")) and not list(attempt.glob("proxy-*"))
+    assert not (attempt / "serving.json").exists()
+    assert os.environ.get("DEMO_HOSTED_API_KEY") is None  # the key lives only in the run's env mapping
