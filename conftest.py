@@ -159,6 +159,9 @@ def write_run_files(
         f"  api_key: {HOSTED_KEY_ENV}\n"
     )
     (root / "recipe.yaml").write_bytes(recipe.read_bytes())
+    for data in recipe.parent.iterdir():  # files the recipe refers to, such as a seed dataset
+        if data.is_file() and data.suffix in {".csv", ".jsonl", ".parquet", ".json"}:
+            (root / data.name).write_bytes(data.read_bytes())
     run_file = root / "run.yaml"
     run_file.write_text(
         f"name: t\nrecipe: recipe.yaml\nnum_records: {num_records}\nshards: {shards}\nbuffer_size: {buffer_size}\n"

@@ -106,7 +106,7 @@ def test_local_generator_and_hosted_judge(make_run_files: Any, hosted_endpoint: 
     winner = read_json(run_dir / "shards" / "shard-00000" / "winner.json", WinnerRecord)
     assert winner.rows == 6
     served = [line for f in tmp_path.glob("requests-*.jsonl") for line in f.read_text().splitlines()]
-    assert sum('"/v1/chat/completions"' in line for line in served) >= 12  # the local replica served the generator
+    assert sum('"/v1/chat/completions"' in line for line in served) >= 6  # one generator request per record
     dumps = list(tmp_path.glob("server-env-*.txt"))
     assert dumps and all(files.env["DEMO_HOSTED_API_KEY"] not in d.read_text() for d in dumps)
     assert all("DEMO_HOSTED_API_KEY" not in d.read_text() for d in dumps)

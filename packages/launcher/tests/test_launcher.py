@@ -212,3 +212,35 @@ def test_dry_run_prints_plan_and_script_and_writes_nothing(
     assert out["plan"]["secret_env"] == ["HOSTED_KEY"] and "#SBATCH --array=0,1,2" in out["script"]
     assert KEY not in text and KEY not in json.dumps(out)
     assert not (tmp_path / "work").exists()
+
+
+def test_local_seed_file_becomes_part_of_the_run_inputs(tmp_path: Path) -> None:
+    import json
+
+    from ddslurm.launcher import write_run_dir
+    from ddslurm.providers import load_recipe
+
+    run, profile, env = _files(tmp_path)
+    (tmp_path / "seeds").mkdir()
+    (tmp_path / "seeds" / "q.csv").write_text("topic\na\nb\n")
+    recipe = (tmp_path / "recipe.yaml").read_text()
+    (tmp_path / "recipe.yaml").write_text(
+        recipe.replace(
+            "  model_configs:",
+            "  seed_config:\n    source: {seed_type: local, path: seeds/q.csv}\n"
+            "    sampling_strategy: ordered\n  model_configs:",
+        )
+    )
+    prepared = prepare(run, profile, env, datetime.now(UTC))
+    write_run_dir(prepared)
+    layout = prepared.layout
+    copy = layout.inputs / "seed" / "q.csv"
+    assert copy.read_text() == "topic\na\nb\n"
+    assert prepared.plan.seed_file == str(copy) and prepared.plan.seed_sha256
+    stored = load_recipe(layout.recipe)
+    assert stored["data_designer"]["seed_config"]["source"]["path"] == str(copy)
+    assert json.loads(layout.recipe.read_text())  # stored as JSON, which is YAML too
+
+    (tmp_path / "seeds" / "q.csv").unlink()
+    with pytest.raises(SubmitError, match=r"seed_config\.source\.path: .*q\.csv is not a file"):
+        prepare(run, profile, env, datetime.now(UTC))

@@ -225,3 +225,15 @@ def test_recipe_models_replaced_by_snapshot_keeping_params() -> None:
         }
     ]
     assert recipe["data_designer"]["model_configs"][0]["alias"] == "old"
+
+
+def test_each_shard_gets_its_own_block_of_the_seed() -> None:
+    from ddslurm.runtime import partition_seed
+
+    recipe = {"data_designer": {"seed_config": {"source": {"path": "x"}, "selection_strategy": None}}}
+    out = partition_seed(recipe, 2, 4)
+    assert out["data_designer"]["seed_config"]["selection_strategy"] == {"index": 2, "num_partitions": 4}
+    assert recipe["data_designer"]["seed_config"]["selection_strategy"] is None
+    assert partition_seed(recipe, 0, 1) is recipe  # one shard: the whole seed
+    chosen = {"data_designer": {"seed_config": {"selection_strategy": {"start": 0, "end": 3}}}}
+    assert partition_seed(chosen, 1, 2) is chosen  # the recipe's own selection wins

@@ -438,7 +438,7 @@ async def _pass_through(upstreams: list[str], headers: dict[str, str]) -> None:
 def test_main_stops_gracefully_on_sigterm(tmp_path: Path) -> None:
     fake = _fake()
     log = tmp_path / "proxy.log"
-    with fake.start_server("m", args=["--fake-latency", "0.6"]) as server:
+    with fake.start_server("m", args=["--fake-latency", "0.4"]) as server:
         port = fake.free_port()
         code = "import sys; from ddslurm.runtime._proxy import main; sys.exit(main(sys.argv[1:]))"
         command = [sys.executable, "-c", code, "--listen", f"127.0.0.1:{port}", "--upstream", server.base_url]

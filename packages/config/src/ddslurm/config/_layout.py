@@ -89,6 +89,10 @@ class RunLayout:
         return self.inputs / "snapshot.json"
 
     @property
+    def seed_dir(self) -> Path:
+        return self.inputs / "seed"
+
+    @property
     def run_file(self) -> Path:
         return self.inputs / "run.yaml"
 

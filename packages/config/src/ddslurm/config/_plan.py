@@ -82,6 +82,9 @@ class Plan(Frozen, frozen=True, kw_only=True):
     recipe_sha256: str
     snapshot_file: str
     snapshot_sha256: str
+    seed_file: str | None = None
+    """The recipe's local seed dataset, copied into the run's inputs (the recipe points at the copy)."""
+    seed_sha256: str | None = None
     secret_env: tuple[str, ...]
     python_env: str
     generation: Resources

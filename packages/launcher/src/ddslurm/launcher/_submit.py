@@ -6,12 +6,16 @@ submission changes nothing on disk.
 
 from __future__ import annotations
 
+import copy as copy_module
 import secrets
 import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
+
+import msgspec
 
 from ddslurm.config import (
     ConfigError,
@@ -27,12 +31,13 @@ from ddslurm.config import (
     make_private_dir,
     publish_once,
     sha256_bytes,
+    sha256_file,
 )
 from ddslurm.launcher._render import render_generation
 from ddslurm.launcher._slurm import Slurm
 from ddslurm.launcher.errors import LauncherError, SubmitError
 from ddslurm.planner import PlanError, PlanInputs, compile_plan
-from ddslurm.providers import AliasRow, Origin, ProvidersError, load_recipe, load_settings, resolve
+from ddslurm.providers import AliasRow, Origin, ProvidersError, load_recipe, load_settings, recipe_section, resolve
 from ddslurm.providers.discovery import settings_dir
 
 
@@ -56,6 +61,33 @@ class Prepared:
     recipe_bytes: bytes
     snapshot_bytes: bytes
     aliases: tuple[AliasRow, ...]
+    seed: Path | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Seed:
+    source: Path
+    recipe_bytes: bytes
+
+
+def capture_seed(recipe: dict[str, Any], recipe_path: Path, layout: RunLayout) -> Seed | None:
+    """A local seed file of the recipe, resolved against the recipe's directory, becomes part of the run's
+    inputs: the stored recipe points at the copy, so nodes never depend on the submitter's working directory."""
+    seed = recipe_section(recipe).get("seed_config")
+    source = seed.get("source") if isinstance(seed, dict) else None
+    if not isinstance(source, dict) or source.get("seed_type", "local") != "local" or "path" not in source:
+        return None
+    path = Path(str(source["path"]))
+    resolved = path if path.is_absolute() else (recipe_path.parent / path).resolve()
+    if not resolved.is_file():
+        raise SubmitError(
+            f"{recipe_path}: seed_config.source.path: {resolved} is not a file (relative paths are relative to "
+            "the recipe)"
+        )
+    copy = copy_module.deepcopy(recipe)
+    recipe_section(copy)["seed_config"]["source"]["path"] = str(layout.seed_dir / resolved.name)
+    # JSON is YAML too: the stored recipe stays loadable by Data Designer and by ddslurm's YAML reader.
+    return Seed(source=resolved, recipe_bytes=encode_pretty(copy))
 
 
 def prepare(
@@ -75,6 +107,9 @@ def prepare(
         snapshot: ProviderSnapshot = resolution.snapshot
         snapshot_bytes = encode_pretty(snapshot)
         layout = RunLayout.in_workspace(Path(profile.workspace), new_run_id(run.name, now))
+        seed = capture_seed(recipe, recipe_path, layout)
+        if seed is not None:
+            recipe_bytes = seed.recipe_bytes
         plan = compile_plan(
             PlanInputs(
                 run=run,
@@ -85,12 +120,24 @@ def prepare(
                 snapshot_sha256=sha256_bytes(snapshot_bytes),
             )
         )
+        if seed is not None:
+            plan = msgspec.structs.replace(
+                plan, seed_file=str(layout.seed_dir / seed.source.name), seed_sha256=sha256_file(seed.source)
+            )
     except (ConfigError, ProvidersError, PlanError) as exc:
         raise SubmitError(str(exc)) from exc
     python = Path(profile.python_env) / "bin" / "ddslurm-runtime"
     if not python.exists():
         raise SubmitError(f"{profile_path}: python_env: {python} does not exist (the compute nodes run it)")
-    return Prepared(layout, plan, run_path.read_bytes(), recipe_bytes, snapshot_bytes, resolution.rows)
+    return Prepared(
+        layout,
+        plan,
+        run_path.read_bytes(),
+        recipe_bytes,
+        snapshot_bytes,
+        resolution.rows,
+        seed.source if seed else None,
+    )
 
 
 def write_run_dir(p: Prepared) -> None:
@@ -102,6 +149,12 @@ def write_run_dir(p: Prepared) -> None:
         shard = layout.shard(spec.index)
         make_private_dir(shard.dir)
         make_private_dir(shard.attempts)
+    if p.seed is not None and p.plan.seed_file is not None:
+        make_private_dir(layout.seed_dir)
+        data = p.seed.read_bytes()
+        if sha256_bytes(data) != p.plan.seed_sha256:
+            raise SubmitError(f"{p.seed}: changed while the run was being submitted")
+        atomic_write(Path(p.plan.seed_file), data)
     atomic_write(layout.run_file, p.run_bytes)
     atomic_write(layout.recipe, p.recipe_bytes)
     atomic_write(layout.snapshot, p.snapshot_bytes)

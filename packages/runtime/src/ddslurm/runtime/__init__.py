@@ -1,7 +1,14 @@
 """ddslurm.runtime: runs on compute nodes; reads only the plan and the snapshot, never the submitter's home."""
 
 from ddslurm.runtime._attempt import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL, AttemptRunner, Inputs, load_inputs
-from ddslurm.runtime._engine import EngineRequest, EngineResult, engine_environment, recipe_with_models, run_engine
+from ddslurm.runtime._engine import (
+    EngineRequest,
+    EngineResult,
+    engine_environment,
+    partition_seed,
+    recipe_with_models,
+    run_engine,
+)
 from ddslurm.runtime._verify import make_private, scan_for_secrets, verify_dataset
 from ddslurm.runtime.errors import (
     EngineError,
@@ -27,6 +34,7 @@ __all__ = [
     "engine_environment",
     "load_inputs",
     "make_private",
+    "partition_seed",
     "recipe_with_models",
     "run_engine",
     "scan_for_secrets",

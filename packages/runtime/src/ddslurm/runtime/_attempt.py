@@ -27,9 +27,10 @@ from ddslurm.config import (
     read_regular,
     read_yaml,
     sha256_bytes,
+    sha256_file,
     to_builtins,
 )
-from ddslurm.runtime._engine import EngineRequest, EngineResult
+from ddslurm.runtime._engine import EngineRequest, EngineResult, partition_seed
 from ddslurm.runtime._verify import make_private, scan_for_secrets, verify_dataset
 from ddslurm.runtime.errors import InputsError, RuntimeFailure, SecretMissingError, VerificationError
 
@@ -65,6 +66,13 @@ def load_inputs(layout: RunLayout) -> Inputs:
         raise InputsError(f"{plan.recipe_file}: sha256 differs from the plan; the run's inputs were modified")
     if sha256_bytes(snapshot_bytes) != plan.snapshot_sha256:
         raise InputsError(f"{plan.snapshot_file}: sha256 differs from the plan; the run's inputs were modified")
+    if plan.seed_file is not None:
+        try:
+            seed_sha = sha256_file(Path(plan.seed_file))
+        except OSError as exc:
+            raise InputsError(f"cannot read the run's seed dataset {plan.seed_file}: {exc}") from exc
+        if seed_sha != plan.seed_sha256:
+            raise InputsError(f"{plan.seed_file}: sha256 differs from the plan; the run's inputs were modified")
     snapshot = msgspec.json.decode(snapshot_bytes, type=ProviderSnapshot)
     recipe = to_builtins(read_yaml(Path(plan.recipe_file)))
     return Inputs(plan=plan, plan_sha256=digest(plan), recipe=recipe, snapshot=snapshot)
@@ -192,7 +200,7 @@ class AttemptRunner:
 
         result = self._engine(
             EngineRequest(
-                recipe=inputs.recipe,
+                recipe=partition_seed(inputs.recipe, shard_index, len(plan.shards)),
                 snapshot=inputs.snapshot,
                 endpoints=endpoints,
                 artifact_path=attempt.output,

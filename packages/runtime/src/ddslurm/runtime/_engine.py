@@ -67,6 +67,18 @@ def recipe_with_models(recipe: Mapping[str, Any], snapshot: ProviderSnapshot) ->
     return out
 
 
+def partition_seed(recipe: Mapping[str, Any], shard: int, shards: int) -> Mapping[str, Any]:
+    """Give each shard its own block of the seed dataset (unless the recipe selects rows itself)."""
+    section = recipe.get("data_designer") if isinstance(recipe.get("data_designer"), dict) else recipe
+    seed = section.get("seed_config") if isinstance(section, Mapping) else None
+    if shards < 2 or not isinstance(seed, dict) or seed.get("selection_strategy") is not None:
+        return recipe
+    out = copy.deepcopy(dict(recipe))
+    target = out["data_designer"] if isinstance(out.get("data_designer"), dict) else out
+    target["seed_config"]["selection_strategy"] = {"index": shard, "num_partitions": shards}
+    return out
+
+
 def _estimate_tokens_offline() -> None:
     """Without tiktoken's cl100k_base file the profiler would try to download it for every LLM column
     (and on reasoning responses): swap in a len/4 estimate so a node without internet never waits on it."""
