@@ -33,13 +33,13 @@ class SlurmCluster:
 
     state_dir: Path
     gpu_partition: str = "gpu"  # the default partition: n1, n2
-    cpu_partition: str = "cpu"  # n1, n2, n3
+    cpu_partition: str = "cpu"  # n1, n2, n3; n3 has the lowest weight, so CPU-only jobs land there first
     nodes: tuple[str, ...] = ("n1", "n2", "n3")
     gpu_nodes: tuple[str, ...] = ("n1", "n2")
     cpu_only_nodes: tuple[str, ...] = ("n3",)
     gpus_per_node: int = 4
-    cpus_per_node: int = 8
-    memory_per_node_mb: int = 16000
+    cpus_per_node: int = 16
+    memory_per_node_mb: int = 32000
     max_array_size: int = 1001
 
 

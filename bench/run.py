@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-BENCHES = ["collect.py"]
+BENCHES = ["collect.py", "proxy.py"]
 
 
 def main() -> int:

@@ -10,7 +10,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
@@ -37,6 +37,8 @@ class StepSpec:
 class Step:
     spec: StepSpec
     proc: subprocess.Popen[bytes]
+    terminate: Callable[[Step], None] | None = None
+    """How to deliver TERM to the step's task (srun itself would kill it at once); default: the process group."""
     started: float = field(default_factory=time.monotonic)
 
     @property
@@ -47,16 +49,19 @@ class Step:
         return self.proc.poll()
 
     def stop(self, grace: float) -> int:
-        """TERM, wait up to ``grace`` seconds, then KILL the whole process group; returns the exit status."""
+        """TERM, wait up to ``grace`` seconds, then KILL; returns the exit status."""
         if self.proc.poll() is None:
-            self._signal(signal.SIGTERM)
+            if self.terminate is not None:
+                self.terminate(self)
+            else:
+                self.signal_group(signal.SIGTERM)
             try:
                 return self.proc.wait(timeout=grace)
             except subprocess.TimeoutExpired:
-                self._signal(signal.SIGKILL)
+                self.signal_group(signal.SIGKILL)
         return self.proc.wait()
 
-    def _signal(self, sig: signal.Signals) -> None:
+    def signal_group(self, sig: signal.Signals) -> None:
         try:
             os.killpg(self.proc.pid, sig)
         except ProcessLookupError:
@@ -104,10 +109,40 @@ def _popen(argv: Sequence[str], spec: StepSpec) -> subprocess.Popen[bytes]:
 
 
 class SrunLauncher:
-    """Starts steps with srun inside the current allocation."""
+    """Starts steps with srun inside the current allocation.
+
+    srun answers SIGTERM by killing its tasks at once, which gives vLLM no time to exit; so TERM goes to the
+    step's task through ``scancel --signal=TERM JOB.STEP`` (the step found by its unique name), and srun
+    ends when the task does.
+    """
+
+    def __init__(self, job_id: str, run: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run) -> None:
+        self._job_id = job_id
+        self._run = run
 
     def start(self, spec: StepSpec) -> Step:
-        return Step(spec, _popen(srun_argv(spec), spec))
+        return Step(spec, _popen(srun_argv(spec), spec), terminate=self._terminate)
+
+    def step_id(self, name: str) -> str | None:
+        out = self._run(
+            ["squeue", "-h", "--steps", "-j", self._job_id, "-o", "%i|%j"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        for line in out.stdout.splitlines():
+            step, _, step_name = line.strip().partition("|")
+            if step_name == name:
+                return step
+        return None
+
+    def _terminate(self, step: Step) -> None:
+        step_id = self.step_id(step.name)
+        if step_id is None:
+            step.signal_group(signal.SIGTERM)
+            return
+        self._run(["scancel", "--signal=TERM", step_id], capture_output=True, text=True, timeout=30, check=False)
 
 
 class LocalLauncher:

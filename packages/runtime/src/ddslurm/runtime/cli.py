@@ -66,8 +66,9 @@ def _logger_factory(layout: RunLayout, component: str) -> Any:
 
 
 def _launcher(kind: str, env: os._Environ[str]) -> StepLauncher:
-    if kind == "srun" or (kind == "auto" and env.get("SLURM_JOB_ID") and shutil.which("srun")):
-        return SrunLauncher()
+    job_id = env.get("SLURM_JOB_ID", "")
+    if kind == "srun" or (kind == "auto" and job_id and shutil.which("srun")):
+        return SrunLauncher(job_id)
     return LocalLauncher()
 
 

@@ -1,0 +1,173 @@
+"""Mixed and hosted-only runs on the real local Slurm cluster: vLLM stand-ins started as srun steps on fake
+GPUs, a balancing proxy in front of two replicas, a hosted judge with a required key, and the real engine."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+
+from ddslurm.config import AttemptRecord, read_json
+
+pytestmark = [pytest.mark.slurm, pytest.mark.dd]
+
+REPO = Path(__file__).resolve().parents[1]
+MIXED_RECIPE = REPO / "examples" / "mixed" / "recipe.yaml"
+DDSLURM = str(Path(sys.executable).parent / "ddslurm")
+FAKE_VLLM = Path(sys.executable).parent / "fake-vllm"
+GENERATOR = (
+    "deployments:\n  - model_alias: generator\n    model: Qwen/Qwen3-8B\n    served_model_name: qwen3-8b\n"
+    "    replicas: 2\n    tensor_parallel: 2\n    server:\n      cpus: 1\n      startup_timeout: 120\n"
+    "      env: {FAKE_VLLM_LATENCY: '0.02', FAKE_VLLM_STARTUP_DELAY: '1'}\n"
+)
+
+
+def _cli(*args: str, env: dict[str, str], timeout: float = 400) -> Any:
+    done = subprocess.run([DDSLURM, *args], capture_output=True, text=True, env=env, timeout=timeout, check=False)
+    assert done.returncode == 0, f"{args}: rc={done.returncode}\n{done.stdout}\n{done.stderr[-3000:]}"
+    return json.loads(done.stdout)
+
+
+def _wrapper(tmp_path: Path) -> Path:
+    """`vllm` for the profile: records the server step's environment and GPUs, then becomes the stand-in."""
+    script = tmp_path / "vllm"
+    script.write_text(
+        "#!/bin/sh\n"
+        f'[ "$1" = serve ] && env > "{tmp_path}/server-env-$$.txt"\n'
+        f'FAKE_VLLM_REQUEST_LOG="{tmp_path}/requests-$$.jsonl" exec "{FAKE_VLLM}" "$@"\n'
+    )
+    script.chmod(0o755)
+    return script
+
+
+def _attempts(run_dir: Path) -> list[Path]:
+    return sorted(run_dir.glob("shards/shard-*/attempts/attempt-*"))
+
+
+def test_mixed_run_local_generator_two_replicas_and_hosted_judge(
+    make_run_files: Any, hosted_endpoint: Any, tmp_path: Path, scan_for_secret: Any
+) -> None:
+    key = hosted_endpoint.api_key
+    before = len(hosted_endpoint.request_log.read_text().splitlines()) if hosted_endpoint.request_log.exists() else 0
+    files = make_run_files(
+        "mixed",
+        num_records=12,
+        shards=1,
+        buffer_size=6,
+        recipe=MIXED_RECIPE,
+        extra_run=GENERATOR,
+        vllm_executable=_wrapper(tmp_path),
+    )
+    submitted = _cli("submit", str(files.run_file), "--profile", str(files.profile), "--json", env=files.env)
+    run_dir = Path(submitted["run_dir"])
+    script = (run_dir / "generate.sbatch").read_text()
+    assert "#SBATCH --gres=gpu:4" in script and "#SBATCH --partition=gpu" in script
+    assert "#SBATCH --signal=B:USR1@90" in script
+
+    final = _cli("wait", str(run_dir), "--json", env=files.env)
+    attempt = _attempts(run_dir)[0]
+    assert final["state"] == "succeeded", (attempt / "client.out").read_text()[-3000:]
+    assert final["records_done"] == 12
+    table = pq.read_table(
+        json.loads(
+            subprocess.run(
+                [DDSLURM, "collect", str(run_dir), "--json", "--local"],
+                capture_output=True,
+                text=True,
+                env=files.env,
+                check=True,
+            ).stdout
+        )["dataset"]
+    )
+    assert table.num_rows == 12 and {"question", "sql", "sql_quality", "sql_chars"} <= set(table.column_names)
+
+    # Both replicas served the generator: each stand-in process kept its own request log.
+    served = [
+        sum('"/v1/chat/completions"' in line for line in f.read_text().splitlines())
+        for f in tmp_path.glob("requests-*.jsonl")
+    ]
+    assert len(served) == 2 and all(n > 0 for n in served), served
+    # Each replica got its own two GPUs from Slurm, and none of the server steps saw the key.
+    dumps = [d.read_text() for d in tmp_path.glob("server-env-*.txt")]
+    gpus = sorted(line for d in dumps for line in d.splitlines() if line.startswith("CUDA_VISIBLE_DEVICES="))
+    assert gpus == ["CUDA_VISIBLE_DEVICES=0,1", "CUDA_VISIBLE_DEVICES=2,3"]
+    assert all(key not in d and "DEMO_HOSTED_API_KEY" not in d for d in dumps)
+    # The proxy balanced and stopped cleanly; the judge went to the hosted stand-in with the key.
+    proxy_log = [json.loads(line) for line in (attempt / "proxy-generator.log").read_text().splitlines()]
+    assert proxy_log[-1]["event"] == "proxy.stopped"
+    hosted = [json.loads(line) for line in hosted_endpoint.request_log.read_text().splitlines()[before:]]
+    judge = [r for r in hosted if r["model"] == "demo/judge-70b" and r["path"].endswith("/chat/completions")]
+    assert len(judge) >= 12 and all(r["authorized"] for r in judge)
+    assert scan_for_secret(run_dir, key) == []
+    record = read_json(attempt / "attempt.json", AttemptRecord)
+    assert record.state == "succeeded" and record.node in {"n1", "n2"}
+
+
+def test_hosted_only_run_lands_on_the_cpu_node_without_servers(make_run_files: Any) -> None:
+    files = make_run_files("hosted", num_records=4, shards=1, buffer_size=4)
+    submitted = _cli("submit", str(files.run_file), "--profile", str(files.profile), "--json", env=files.env)
+    run_dir = Path(submitted["run_dir"])
+    assert "#SBATCH --gres=none" in (run_dir / "generate.sbatch").read_text()
+    assert _cli("wait", str(run_dir), "--json", env=files.env)["state"] == "succeeded"
+    attempt = _attempts(run_dir)[0]
+    assert read_json(attempt / "attempt.json", AttemptRecord).node == "n3"
+    assert not list(attempt.glob("server-*")) and not list(attempt.glob("proxy-*"))
+    assert not (attempt / "serving.json").exists()
+    steps = subprocess.run(
+        ["sacct", "-n", "-P", "-j", submitted["job_id"], "--format=JobName"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert "client" in steps and not any(s.startswith(("server-", "proxy-")) for s in steps)
+
+
+@pytest.mark.parametrize(
+    ("server_env", "timeout", "reason", "needle"),
+    [
+        pytest.param(
+            "{FAKE_VLLM_NEVER_HEALTHY: '1'}", 5, "server_not_ready", "not ready after 5 s", id="never-healthy"
+        ),
+        pytest.param(
+            "{FAKE_VLLM_CRASH_AFTER: '2', FAKE_VLLM_LATENCY: '0.05'}",
+            120,
+            "server_died",
+            "exited during generation",
+            id="crash-mid-run",
+        ),
+    ],
+)
+def test_failing_server_under_srun_fails_fast_with_reason_and_log_tail(
+    make_run_files: Any, server_env: str, timeout: int, reason: str, needle: str
+) -> None:
+    deployment = (
+        "deployments:\n  - model_alias: generator\n    model: m\n    served_model_name: qwen3-8b\n"
+        f"    server:\n      cpus: 1\n      startup_timeout: {timeout}\n      env: {server_env}\n"
+    )
+    files = make_run_files(reason, num_records=12, shards=1, recipe=MIXED_RECIPE, extra_run=deployment)
+    submitted = _cli("submit", str(files.run_file), "--profile", str(files.profile), "--json", env=files.env)
+    run_dir = Path(submitted["run_dir"])
+    done = subprocess.run(
+        [DDSLURM, "wait", str(run_dir), "--json", "--timeout", "120"],
+        capture_output=True,
+        text=True,
+        env=files.env,
+        timeout=200,
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr
+    final = json.loads(done.stdout)
+    assert final["state"] == "failed" and final["shards"][0]["reason"] == reason
+    record = read_json(_attempts(run_dir)[0] / "attempt.json", AttemptRecord)
+    assert record.reason == reason and needle in (record.message or "")
+    assert "server-generator-0.log" in (record.message or "")  # the log tail says where it came from
+    started, ended = record.started_at, record.ended_at
+    assert ended is not None
+    from datetime import datetime
+
+    assert (datetime.fromisoformat(ended) - datetime.fromisoformat(started)).total_seconds() < timeout + 30
