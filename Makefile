@@ -15,6 +15,9 @@ cluster: ## start the embedded local Slurm cluster (idempotent)
 demo: bootstrap cluster ## end to end: local Slurm + local hosted endpoint + hosted-only example + collection
 	tools/demo
 
+demo-mixed: bootstrap cluster ## the mixed example: local generator (2 replicas on fake GPUs) + hosted judge
+	tools/demo mixed
+
 test: bootstrap cluster ## the whole suite, in parallel
 	$(UV) run pytest -n auto --dist=loadgroup --durations=15
 
@@ -51,4 +54,4 @@ clean-work: ## remove the local workspace of runs
 help:
 	@awk -F':.*## ' '/^[a-zA-Z%_-]+:.*## /{printf "  %-18s %s\n",$$1,$$2}' $(MAKEFILE_LIST)
 
-.PHONY: bootstrap cluster demo test lint typecheck imports lock-check check bench clean-work help
+.PHONY: bootstrap cluster demo demo-mixed test lint typecheck imports lock-check check bench clean-work help
