@@ -84,7 +84,7 @@ def test_equal_structs_have_equal_digests() -> None:
         pytest.param({"secret_env": ()}, id="secret-env"),
         pytest.param({"resume": "never"}, id="resume"),
         pytest.param({"generation": Resources(time_minutes=61)}, id="nested-resources"),
-        pytest.param({"local_aliases": ("gen",)}, id="default-field-set"),
+        pytest.param({"client_cpus": 7}, id="default-field-set"),
     ],
 )
 def test_different_structs_have_different_digests(change: dict[str, object]) -> None:

@@ -30,9 +30,10 @@ def test_minimal_profile_fills_every_default(tmp_path: Path) -> None:
         cpu_partition=None,
         gpus_per_node=0,
         gpu_request="gres",
+        memory_per_gpu=None,
         container_runtime="none",
         container_mounts=(),
-        vllm_executable=None,
+        vllm_executable="vllm",
         vllm_image=None,
         extra_sbatch=(),
     )
@@ -70,7 +71,7 @@ def test_relative_profile_path_is_resolved_from_the_working_directory(
     [
         pytest.param("vllm", "vllm", id="bare-command-stays-a-PATH-lookup"),
         pytest.param("/usr/bin/vllm", "/usr/bin/vllm", id="absolute-unchanged"),
-        pytest.param(None, None, id="absent"),
+        pytest.param(None, "vllm", id="absent"),
     ],
 )
 def test_vllm_executable_forms(tmp_path: Path, executable: str | None, want: str | None) -> None:
