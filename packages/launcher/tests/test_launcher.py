@@ -85,7 +85,7 @@ def test_submit_writes_run_dir_and_exports_the_key_by_name_only(tmp_path: Path) 
     plan = read_json(layout.plan, Plan)
     assert [s.num_records for s in plan.shards] == [4, 3, 3]
     assert plan.secret_env == ("HOSTED_KEY",)
-    argv, call_env = runner.calls[0]
+    argv, call_env = next(c for c in runner.calls if c[0][0] == "sbatch")
     assert argv[:3] == ["sbatch", "--parsable", "--export=HOSTED_KEY"]
     assert call_env is not None and call_env["HOSTED_KEY"] == KEY  # sbatch reads the value itself
     assert KEY.encode() not in _all_bytes(layout.root)
@@ -98,7 +98,9 @@ def test_rendered_script_asks_for_cpus_only_and_runs_the_runtime(tmp_path: Path)
     prepared = prepare(run, profile, env, datetime.now(UTC))
     script = render_generation(prepared.plan, prepared.layout, [0, 2])
     for line in (
-        "#SBATCH --array=0,2",
+        "#SBATCH --array=0-1",
+        "SHARDS=(0 2)",
+        '--shard "${SHARDS[$SLURM_ARRAY_TASK_ID]}"',
         "#SBATCH --gres=none",
         "#SBATCH --partition=cpu",
         "#SBATCH --mem=3G",
@@ -108,6 +110,7 @@ def test_rendered_script_asks_for_cpus_only_and_runs_the_runtime(tmp_path: Path)
     ):
         assert line in script
     assert f"{tmp_path / 'venv' / 'bin' / 'ddslurm-runtime'} generate --run-dir {prepared.layout.root}" in script
+    assert "#SBATCH --signal=B:USR1@90" in script
 
 
 @pytest.mark.parametrize(
@@ -194,6 +197,67 @@ def test_status_from_one_squeue_and_one_sacct(
     assert sorted(c[0][0] for c in runner.calls) == ["sacct", "squeue"]
 
 
+def test_status_of_500_shards_costs_one_squeue_and_one_sacct(tmp_path: Path) -> None:
+    run, profile, env = _files(tmp_path)
+    run.write_text(run.read_text().replace("num_records: 10\nshards: 3", "num_records: 1000\nshards: 500"))
+    done = submit(run, profile, slurm=Slurm(RecordingRunner()), env=env)
+    live = "".join(f"4242_{t}|RUNNING|None\n" for t in range(200)) + "4242_[200-499]|PENDING|Resources\n"
+    runner = RecordingRunner(squeue=live)
+    status = run_status(RunLayout(done.layout.root), Slurm(runner))
+    assert [c[0][0] for c in runner.calls].count("squeue") == 1
+    assert [c[0][0] for c in runner.calls].count("sacct") == 1
+    assert status.counts == {"running": 200, "pending": 300}
+
+
+@pytest.mark.parametrize(
+    ("max_array", "shards", "retries", "want_arrays"),
+    [
+        pytest.param("MaxArraySize = 4\n", 10, 0, [["0-3"], ["0-3"], ["0-1"]], id="split-by-max-array-size"),
+        pytest.param(
+            "MaxArraySize = 1001\n",
+            3,
+            2,
+            [["0-2"], ["0-2", "afternotok"], ["0-2", "afternotok"]],
+            id="automatic-retries-chain",
+        ),
+    ],
+)
+def test_arrays_respect_max_array_size_and_chain_retries(
+    tmp_path: Path, max_array: str, shards: int, retries: int, want_arrays: list[list[str]]
+) -> None:
+    run, profile, env = _files(tmp_path)
+    run.write_text(run.read_text().replace("shards: 3", f"shards: {shards}\nretries: {retries}\nmax_concurrent: 2"))
+
+    class Runner(RecordingRunner):
+        next_id = 100
+
+        def __call__(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> Completed:
+            if argv[0] == "scontrol":
+                self.calls.append((list(argv), env))
+                return Completed(0, max_array, "")
+            if argv[0] == "sbatch":
+                self.calls.append((list(argv), env))
+                Runner.next_id += 1
+                return Completed(0, f"{Runner.next_id}\n", "")
+            return super().__call__(argv, env=env)
+
+    runner = Runner()
+    done = submit(run, profile, slurm=Slurm(runner), env=env)
+    scripts = [Path(c[0][-1]).read_text() for c in runner.calls if c[0][0] == "sbatch"]
+    assert len(scripts) == len(want_arrays) == len(done.job_ids)
+    for script, want in zip(scripts, want_arrays, strict=True):
+        assert f"#SBATCH --array={want[0]}%2" in script
+        assert ("--dependency=afternotok:" in script) == ("afternotok" in want)
+    if retries:
+        assert f"--dependency=afternotok:{done.job_ids[0]}" in scripts[1]
+        assert f"--dependency=afternotok:{done.job_ids[1]}" in scripts[2]
+        assert "--kill-on-invalid-dep=yes" in scripts[1]
+    else:
+        assert "SHARDS" not in scripts[1] and '--shard "$((4 + SLURM_ARRAY_TASK_ID))"' in scripts[1]
+    covered = sorted(s for p in (done.layout.submissions).glob("*.json") for s in read_json(p, SubmissionRecord).shards)
+    assert covered == sorted(list(range(shards)) * (retries + 1))
+
+
 def test_dry_run_prints_plan_and_script_and_writes_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -209,7 +273,7 @@ def test_dry_run_prints_plan_and_script_and_writes_nothing(
     assert "#SBATCH --gres=none" in text and "--export=HOSTED_KEY" in text
     assert main(["submit", str(run), "--profile", str(profile), "--dry-run", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["plan"]["secret_env"] == ["HOSTED_KEY"] and "#SBATCH --array=0,1,2" in out["script"]
+    assert out["plan"]["secret_env"] == ["HOSTED_KEY"] and "#SBATCH --array=0-2" in out["script"]
     assert KEY not in text and KEY not in json.dumps(out)
     assert not (tmp_path / "work").exists()
 

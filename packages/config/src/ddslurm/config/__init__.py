@@ -25,7 +25,15 @@ from ddslurm.config._plan import (
     ShardSpec,
 )
 from ddslurm.config._profile import ClusterProfile
-from ddslurm.config._records import AttemptRecord, AttemptState, FileEntry, SubmissionRecord, WinnerRecord
+from ddslurm.config._records import (
+    AttemptRecord,
+    AttemptState,
+    FileEntry,
+    Progress,
+    SubmissionKind,
+    SubmissionRecord,
+    WinnerRecord,
+)
 from ddslurm.config._runfile import Collection, Deployment, ResumeMode, RunFile, ServerSpec, Submission
 from ddslurm.config._snapshot import SNAPSHOT_VERSION, ProviderSnapshot, SnapshotModel, SnapshotProvider
 from ddslurm.config._yaml import load_struct, locate, read_yaml, to_builtins
@@ -47,6 +55,7 @@ __all__ = [
     "FileEntry",
     "Frozen",
     "Plan",
+    "Progress",
     "ProviderSnapshot",
     "ReplicaPlan",
     "Resources",
@@ -60,6 +69,7 @@ __all__ = [
     "SnapshotModel",
     "SnapshotProvider",
     "Submission",
+    "SubmissionKind",
     "SubmissionRecord",
     "UnsafePathError",
     "WinnerRecord",

@@ -42,6 +42,10 @@ class AttemptLayout:
     def output(self) -> Path:
         return self.dir / "output"
 
+    @property
+    def progress(self) -> Path:
+        return self.dir / "progress.json"
+
 
 @dataclass(frozen=True, slots=True)
 class ShardLayout:
@@ -128,6 +132,7 @@ class RunLayout:
         return ShardLayout(self.shards / f"shard-{index:05d}", index)
 
 
-def attempt_id_for(job_id: str) -> str:
-    """The attempt directory name of a Slurm job (unique per cluster, so no counter is needed)."""
-    return f"attempt-{job_id}"
+def attempt_id_for(job_id: str, restart: int = 0) -> str:
+    """The attempt directory name of a Slurm job (unique per cluster, so no counter is needed); a job that
+    Slurm requeued gets a new attempt per restart."""
+    return f"attempt-{job_id}" if restart == 0 else f"attempt-{job_id}-r{restart}"

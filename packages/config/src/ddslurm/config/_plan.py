@@ -78,6 +78,9 @@ class Plan(Frozen, frozen=True, kw_only=True):
     shards: tuple[ShardSpec, ...]
     resume: ResumeMode
     buffer_size: int
+    max_concurrent: int | None = None
+    retries: int = 0
+    client_retries: int = 1
     recipe_file: str
     recipe_sha256: str
     snapshot_file: str

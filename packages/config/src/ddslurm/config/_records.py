@@ -15,13 +15,19 @@ class FileEntry(Frozen, frozen=True, kw_only=True):
     sha256: str
 
 
+SubmissionKind = Literal["initial", "retry", "auto-retry"]
+
+
 class SubmissionRecord(Frozen, frozen=True, kw_only=True):
-    """One ``sbatch`` of an array: which array job runs which shards."""
+    """One ``sbatch`` of an array: task i of ``array_job_id`` runs ``shards[i]``."""
 
     array_job_id: str
     shards: tuple[int, ...]
     submitted_at: str
     script: str
+    kind: SubmissionKind = "initial"
+    after: str | None = None
+    """For automatic retries: the array whose failure starts this one."""
 
 
 class AttemptRecord(Frozen, frozen=True, kw_only=True):
@@ -36,6 +42,18 @@ class AttemptRecord(Frozen, frozen=True, kw_only=True):
     message: str | None = None
     rows: int | None = None
     requested_rows: int | None = None
+    resumed_from: str | None = None
+    """The earlier attempt whose completed batches this attempt continued from."""
+    resumed_rows: int = 0
+    client_runs: int = 0
+
+
+class Progress(Frozen, frozen=True, kw_only=True):
+    """Written by the generation step after every completed batch."""
+
+    rows: int
+    batches: int
+    updated_at: str
 
 
 class WinnerRecord(Frozen, frozen=True, kw_only=True):

@@ -72,6 +72,12 @@ class RunFile(Frozen, frozen=True, kw_only=True):
     shards: PositiveInt = 1
     resume: ResumeMode = "if_possible"
     buffer_size: PositiveInt = 1000
+    max_concurrent: PositiveInt | None = None
+    """At most this many shards run at once (the array's ``%N`` throttle)."""
+    retries: Annotated[int, msgspec.Meta(ge=0, le=10)] = 0
+    """Retry arrays submitted with the run, each after the previous one if any of its shards failed."""
+    client_retries: Annotated[int, msgspec.Meta(ge=0, le=10)] = 1
+    """Inside an allocation: rerun a failed generation step this often, servers kept, resuming its batches."""
     deployments: tuple[Deployment, ...] = ()
     submission: Submission = msgspec.field(default_factory=Submission)
     collection: Collection = msgspec.field(default_factory=Collection)

@@ -46,22 +46,44 @@ def tool(plan: Plan, name: str) -> str:
     return str(Path(plan.python_env) / "bin" / name)
 
 
-def render_generation(plan: Plan, layout: RunLayout, shards: list[int]) -> str:
-    array = ",".join(str(s) for s in shards)
+def array_spec(count: int, throttle: int | None) -> str:
+    spec = f"0-{count - 1}" if count > 1 else "0"
+    return f"{spec}%{throttle}" if throttle else spec
+
+
+def shard_expression(shards: list[int]) -> str:
+    """Shell text that maps SLURM_ARRAY_TASK_ID to a shard index (a range, or a list for retries)."""
+    if shards == list(range(shards[0], shards[0] + len(shards))):
+        return f"$(({shards[0]} + SLURM_ARRAY_TASK_ID))" if shards[0] else "$SLURM_ARRAY_TASK_ID"
+    return "${SHARDS[$SLURM_ARRAY_TASK_ID]}"
+
+
+def render_generation(plan: Plan, layout: RunLayout, shards: list[int], *, after_failure_of: str | None = None) -> str:
+    """One array over ``shards`` (task i runs shards[i]); ``after_failure_of``: an automatic retry array that
+    starts only if that array had a failed task, and is cancelled by Slurm otherwise."""
     directives = [
-        f"--array={array}",
+        f"--array={array_spec(len(shards), plan.max_concurrent)}",
         f"--output={layout.logs}/slurm-%A_%a.out",
         "--open-mode=append",
         f"--chdir={layout.root}",
         # A warning before the time limit, so the runtime stops its steps and records why it ended.
-        f"--signal=B:USR1@{TIME_LIMIT_WARNING_S}",
+        f"--signal=B:USR1@{warning_seconds(plan.generation.time_minutes)}",
         *_directives(plan.generation),
     ]
+    if after_failure_of is not None:
+        directives += [f"--dependency=afternotok:{after_failure_of}", "--kill-on-invalid-dep=yes"]
     runtime = shlex.quote(tool(plan, "ddslurm-runtime"))
+    expr = shard_expression(shards)
+    table = "" if "SHARDS" not in expr else "SHARDS=(" + " ".join(str(s) for s in shards) + ")\n"
     return (
-        f"{_header(f'ddslurm-{plan.run_name}', directives)}\n\n{_PRELUDE}\n\n"
-        f"exec {runtime} generate --run-dir {shlex.quote(str(layout.root))}\n"
+        f"{_header(f'ddslurm-{plan.run_name}', directives)}\n\n{_PRELUDE}\n\n{table}"
+        f'exec {runtime} generate --run-dir {shlex.quote(str(layout.root))} --shard "{expr}"\n'
     )
+
+
+def warning_seconds(time_minutes: int) -> int:
+    """How long before the time limit the runtime is warned: 90 s, less for very short limits."""
+    return max(10, min(TIME_LIMIT_WARNING_S, time_minutes * 60 // 4))
 
 
 def render_collection(plan: Plan, layout: RunLayout, *, overwrite: bool) -> str:

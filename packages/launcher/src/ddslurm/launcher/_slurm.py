@@ -76,6 +76,7 @@ class Slurm:
     def __init__(self, runner: Runner = subprocess_runner, env: Mapping[str, str] | None = None) -> None:
         self._run = runner
         self._env = env
+        self._max_array: int | None = None
 
     def _check(self, argv: list[str], env: Mapping[str, str] | None = None) -> str:
         done = self._run(argv, env=env if env is not None else self._env)
@@ -128,5 +129,14 @@ class Slurm:
         return states
 
     def scancel(self, job_ids: Sequence[str]) -> None:
+        """Cancel jobs, array tasks (``12_3``) or steps; unknown or finished ids are not an error."""
         if job_ids:
             self._check(["scancel", *job_ids])
+
+    def max_array_size(self) -> int:
+        """The cluster's MaxArraySize: task ids must stay below it (1001 when Slurm does not say)."""
+        if self._max_array is None:
+            out = self._check(["scontrol", "show", "config"])
+            match = re.search(r"^MaxArraySize\s*=\s*(\d+)", out, re.MULTILINE)
+            self._max_array = int(match.group(1)) if match else 1001
+        return self._max_array

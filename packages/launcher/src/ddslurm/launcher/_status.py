@@ -1,8 +1,9 @@
-"""Run and shard states from the run directory plus one squeue and one sacct call."""
+"""Run and shard states from the run directory plus one squeue and one sacct call, whatever the shard count."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
@@ -12,6 +13,7 @@ from ddslurm.config import (
     AttemptRecord,
     ConfigError,
     Plan,
+    Progress,
     RunLayout,
     SubmissionRecord,
     WinnerRecord,
@@ -33,9 +35,12 @@ class ShardStatus(msgspec.Struct, kw_only=True):
     state: ShardState
     records: int
     rows: int | None = None
+    rate: float | None = None
+    """Records per second of the running attempt, from its progress file."""
     job_id: str | None = None
     slurm_state: str | None = None
     attempt: str | None = None
+    attempts: int = 0
     reason: str | None = None
     message: str | None = None
 
@@ -51,9 +56,19 @@ class RunStatus(msgspec.Struct, kw_only=True):
 
 
 @dataclass(slots=True)
-class _Scheduler:
+class Scheduler:
+    """One squeue and one sacct answer, keyed by (array job id, task id)."""
+
     live: dict[tuple[str, int | None], TaskState] = field(default_factory=dict)
     final: dict[tuple[str, int | None], TaskState] = field(default_factory=dict)
+
+    def state_of(self, job: str, task: int) -> TaskState | None:
+        return (
+            self.live.get((job, task))
+            or self.live.get((job, None))
+            or self.final.get((job, task))
+            or self.final.get((job, None))
+        )
 
 
 def submissions(layout: RunLayout) -> list[SubmissionRecord]:
@@ -61,68 +76,112 @@ def submissions(layout: RunLayout) -> list[SubmissionRecord]:
     return sorted(records, key=lambda r: int(r.array_job_id))
 
 
-def _latest_attempt(layout: RunLayout, shard: int) -> AttemptRecord | None:
-    best: AttemptRecord | None = None
+def attempt_records(layout: RunLayout, shard: int) -> list[AttemptRecord]:
+    records: list[AttemptRecord] = []
     for path in layout.shard(shard).attempts.glob("attempt-*/attempt.json"):
         try:
-            rec = read_json(path, AttemptRecord)
+            records.append(read_json(path, AttemptRecord))
         except (ConfigError, OSError):
             continue
-        if best is None or rec.started_at > best.started_at:
-            best = rec
-    return best
+    return sorted(records, key=lambda r: r.started_at)
 
 
-def _query(slurm: Slurm, job_ids: list[str]) -> _Scheduler:
-    sched = _Scheduler()
+def query(slurm: Slurm, subs: list[SubmissionRecord]) -> Scheduler:
+    job_ids = sorted({s.array_job_id for s in subs}, key=int)
+    sched = Scheduler()
     for t in slurm.squeue(job_ids):
         sched.live[(t.job_id, t.task)] = t
     for t in slurm.sacct(job_ids):
-        sched.final[(t.job_id, t.task)] = t
+        sched.final.setdefault((t.job_id, t.task), t)
     return sched
 
 
-def shard_status(layout: RunLayout, plan: Plan, index: int, job: str | None, sched: _Scheduler) -> ShardStatus:
+def _progress(layout: RunLayout, shard: int, attempt: AttemptRecord, now: datetime) -> tuple[int | None, float | None]:
+    try:
+        progress = read_json(layout.shard(shard).attempt(attempt.attempt).progress, Progress)
+    except (FileNotFoundError, ConfigError):
+        return None, None
+    elapsed = (now - datetime.fromisoformat(attempt.started_at)).total_seconds()
+    new_rows = progress.rows - attempt.resumed_rows
+    return progress.rows, round(new_rows / elapsed, 2) if elapsed > 0 else None
+
+
+def _scheduler_view(
+    covering: list[tuple[SubmissionRecord, int]], sched: Scheduler
+) -> tuple[str | None, TaskState | None]:
+    """The job that speaks for a shard now: a live task first, else the newest with a final state; an
+    automatic retry still waiting for its dependency counts only once every earlier array has ended."""
+    newest: tuple[str | None, TaskState | None] = (None, None)
+    for sub, task in reversed(covering):
+        state = sched.state_of(sub.array_job_id, task)
+        job = f"{sub.array_job_id}_{task}"
+        if state is None:
+            if newest == (None, None):
+                newest = (job, None)
+            continue
+        if state.state in _RUNNING:
+            return job, state
+        waiting_on_dependency = state.state in _PENDING and "Dependency" in state.reason
+        if state.state in _PENDING and not waiting_on_dependency:
+            return job, state
+        if sub.kind == "auto-retry" and state.state == "CANCELLED" and newest[1] is None:
+            continue  # Slurm cancelled a retry whose dependency can never be met: nothing failed before it
+        if newest[1] is None:
+            newest = (job, state)
+    return newest
+
+
+def shard_status(
+    layout: RunLayout,
+    plan: Plan,
+    index: int,
+    covering: list[tuple[SubmissionRecord, int]],
+    sched: Scheduler,
+    now: datetime,
+) -> ShardStatus:
     spec = plan.shards[index]
-    status = ShardStatus(shard=index, state="pending", records=spec.num_records, job_id=job)
+    status = ShardStatus(shard=index, state="pending", records=spec.num_records)
+    attempts = attempt_records(layout, index)
+    status.attempts = len(attempts)
     try:
         winner = read_json(layout.shard(index).winner, WinnerRecord)
     except FileNotFoundError:
         winner = None
-    attempt = _latest_attempt(layout, index)
-    if attempt is not None:
-        status.attempt, status.reason, status.message = attempt.attempt, attempt.reason, attempt.message
-        status.rows = attempt.rows
+    latest = attempts[-1] if attempts else None
+    if latest is not None:
+        status.attempt, status.reason, status.message, status.rows = (
+            latest.attempt,
+            latest.reason,
+            latest.message,
+            latest.rows,
+        )
     if winner is not None:
         status.state, status.rows, status.attempt = "succeeded", winner.rows, winner.attempt
         status.reason = status.message = None
         return status
+    job, state = _scheduler_view(covering, sched)
+    status.job_id = job
     if job is None:
         return status
-    key = (job, index)
-    live = sched.live.get(key) or sched.live.get((job, None))
-    final = sched.final.get(key) or sched.final.get((job, None))
-    if live is not None:
-        status.slurm_state = live.state
-        status.state = "running" if live.state in _RUNNING else "pending"
+    if state is None:
+        status.state = "unknown"  # neither squeue nor sacct knows it yet (accounting lag): not lost
         return status
-    if final is not None:
-        status.slurm_state = final.state
-        if final.state in _PENDING:
-            status.state = "pending"
-        elif final.state in _RUNNING:
-            status.state = "running"
-        elif final.state == "CANCELLED":
-            status.state = "cancelled"
-        elif attempt is not None and attempt.state == "partial":
-            status.state = "partial"
-        elif final.state in _FAILED or final.state == "COMPLETED":
-            status.state = "failed"
-            if status.reason is None:
-                status.reason = final.state.lower() if final.state != "COMPLETED" else "no_result"
-        return status
-    # Neither squeue nor sacct knows the task yet (accounting lag): not lost, just not visible.
-    status.state = "unknown"
+    status.slurm_state = state.state
+    if state.state in _RUNNING:
+        status.state = "running"
+        if latest is not None and latest.state == "running":
+            status.rows, status.rate = _progress(layout, index, latest, now)
+    elif state.state in _PENDING:
+        status.state = "pending"
+    elif latest is not None and latest.state == "partial":
+        status.state = "partial"
+    elif state.state == "CANCELLED":
+        status.state = "cancelled"
+        status.reason = status.reason or "cancelled"
+    else:
+        status.state = "failed"
+        if status.reason is None or (latest is not None and latest.state == "running"):
+            status.reason = state.state.lower() if state.state in _FAILED else "no_result"
     return status
 
 
@@ -133,25 +192,32 @@ def run_state(shards: list[ShardStatus]) -> RunState:
     if "running" in states:
         return "running"
     if states & {"pending", "unknown"}:
-        return "running" if "succeeded" in states or "failed" in states else "pending"
+        return "running" if states & {"succeeded", "failed", "partial", "cancelled"} else "pending"
     if states & {"failed", "partial"}:
         return "failed"
     return "cancelled"
 
 
-def run_status(layout: RunLayout, slurm: Slurm) -> RunStatus:
+def covering_tasks(subs: list[SubmissionRecord]) -> dict[int, list[tuple[SubmissionRecord, int]]]:
+    """For each shard, every (submission, task id) that ran or will run it, oldest first."""
+    out: dict[int, list[tuple[SubmissionRecord, int]]] = {}
+    for sub in subs:
+        for task, shard in enumerate(sub.shards):
+            out.setdefault(shard, []).append((sub, task))
+    return out
+
+
+def run_status(layout: RunLayout, slurm: Slurm, *, now: datetime | None = None) -> RunStatus:
     plan = read_json(layout.plan, Plan)
     subs = submissions(layout)
-    job_for: dict[int, str] = {}
-    for sub in subs:
-        for shard in sub.shards:
-            job_for[shard] = sub.array_job_id
-    sched = _query(slurm, sorted({s.array_job_id for s in subs}, key=int))
-    shards = [shard_status(layout, plan, s.index, job_for.get(s.index), sched) for s in plan.shards]
+    covering = covering_tasks(subs)
+    sched = query(slurm, subs)
+    moment = now or datetime.now(UTC)
+    shards = [shard_status(layout, plan, s.index, covering.get(s.index, []), sched, moment) for s in plan.shards]
     counts: dict[str, int] = {}
     for s in shards:
         counts[s.state] = counts.get(s.state, 0) + 1
-    done = sum(s.rows or 0 for s in shards if s.state == "succeeded")
+    done = sum(s.rows or 0 for s in shards if s.state in {"succeeded", "running"})
     return RunStatus(
         run_id=plan.run_id,
         run_dir=str(layout.root),

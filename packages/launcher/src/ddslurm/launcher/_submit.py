@@ -22,6 +22,7 @@ from ddslurm.config import (
     Plan,
     ProviderSnapshot,
     RunLayout,
+    SubmissionKind,
     SubmissionRecord,
     atomic_write,
     encode,
@@ -37,7 +38,16 @@ from ddslurm.launcher._render import render_generation
 from ddslurm.launcher._slurm import Slurm
 from ddslurm.launcher.errors import LauncherError, SubmitError
 from ddslurm.planner import PlanError, PlanInputs, compile_plan
-from ddslurm.providers import AliasRow, Origin, ProvidersError, load_recipe, load_settings, recipe_section, resolve
+from ddslurm.providers import (
+    AliasRow,
+    Origin,
+    ProvidersError,
+    load_recipe,
+    load_settings,
+    missing_env,
+    recipe_section,
+    resolve,
+)
 from ddslurm.providers.discovery import settings_dir
 
 
@@ -47,6 +57,7 @@ class Submitted:
     plan: Plan
     job_id: str
     aliases: tuple[AliasRow, ...]
+    job_ids: tuple[str, ...] = ()
 
 
 def new_run_id(name: str, now: datetime) -> str:
@@ -162,17 +173,60 @@ def write_run_dir(p: Prepared) -> None:
 
 
 def submit_shards(
-    layout: RunLayout, plan: Plan, shards: list[int], slurm: Slurm, env: Mapping[str, str], now: datetime
+    layout: RunLayout,
+    plan: Plan,
+    shards: list[int],
+    slurm: Slurm,
+    env: Mapping[str, str],
+    now: datetime,
+    *,
+    kind: SubmissionKind = "initial",
+) -> list[str]:
+    """sbatch ``shards`` as arrays no larger than the cluster's MaxArraySize, each followed by the plan's
+    automatic retry arrays; secret variables travel by name (``--export=NAMES``). Returns the array ids."""
+    missing = missing_env(list(plan.secret_env), env)
+    if missing:
+        raise SubmitError(
+            f"API-key variable(s) {', '.join(missing)} are unset or empty in this shell; the run's providers "
+            "need them (export them and try again)"
+        )
+    chunk = slurm.max_array_size()
+    submitted: list[str] = []
+    for start in range(0, len(shards), chunk):
+        part = shards[start : start + chunk]
+        job_id = _sbatch(layout, plan, part, slurm, env, now, kind=kind, after=None)
+        submitted.append(job_id)
+        previous = job_id
+        for _ in range(plan.retries if kind == "initial" else 0):
+            previous = _sbatch(layout, plan, part, slurm, env, now, kind="auto-retry", after=previous)
+            submitted.append(previous)
+    return submitted
+
+
+def _sbatch(
+    layout: RunLayout,
+    plan: Plan,
+    shards: list[int],
+    slurm: Slurm,
+    env: Mapping[str, str],
+    now: datetime,
+    *,
+    kind: SubmissionKind,
+    after: str | None,
 ) -> str:
-    """sbatch one array for ``shards``; the secret variables travel by name (``--export=NAMES``)."""
-    script = render_generation(plan, layout, shards)
-    script_path = layout.root / f"generate-{now.strftime('%Y%m%d%H%M%S')}-{secrets.token_hex(2)}.sbatch"
+    script = render_generation(plan, layout, shards, after_failure_of=after)
+    script_path = layout.root / f"generate-{now.strftime('%Y%m%d%H%M%S')}-{secrets.token_hex(3)}.sbatch"
     atomic_write(script_path, script.encode(), mode=0o700)
     if not layout.script.exists():
         atomic_write(layout.script, script.encode(), mode=0o700)
     job_id = slurm.sbatch(str(script_path), export=plan.secret_env, env=env)
     record = SubmissionRecord(
-        array_job_id=job_id, shards=tuple(shards), submitted_at=now.isoformat(), script=str(script_path)
+        array_job_id=job_id,
+        shards=tuple(shards),
+        submitted_at=now.isoformat(),
+        script=str(script_path),
+        kind=kind,
+        after=after,
     )
     publish_once(layout.submissions / f"{job_id}.json", encode(record))
     return job_id
@@ -191,8 +245,11 @@ def submit(
     prepared = prepare(run_path, profile_path, env, now, home)
     write_run_dir(prepared)
     try:
-        job_id = submit_shards(prepared.layout, prepared.plan, [s.index for s in prepared.plan.shards], slurm, env, now)
+        job_ids = submit_shards(
+            prepared.layout, prepared.plan, [s.index for s in prepared.plan.shards], slurm, env, now
+        )
     except LauncherError:
-        shutil.rmtree(prepared.layout.root, ignore_errors=True)
+        if not any(prepared.layout.submissions.iterdir()):
+            shutil.rmtree(prepared.layout.root, ignore_errors=True)
         raise
-    return Submitted(prepared.layout, prepared.plan, job_id, prepared.aliases)
+    return Submitted(prepared.layout, prepared.plan, job_ids[0], prepared.aliases, tuple(job_ids))
