@@ -37,13 +37,15 @@ class RecordingRunner:
     def __init__(self, *, sbatch_rc: int = 0, squeue: str = "", sacct: str = "") -> None:
         self.calls: list[tuple[list[str], Mapping[str, str] | None]] = []
         self.sbatch_rc, self.squeue_out, self.sacct_out = sbatch_rc, squeue, sacct
+        self.next_id = 4242
 
     def __call__(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> Completed:
         self.calls.append((list(argv), env))
         if argv[0] == "sbatch":
             if self.sbatch_rc:
                 return Completed(self.sbatch_rc, "", "sbatch: error: Invalid partition name specified")
-            return Completed(0, "4242\n", "")
+            self.next_id += 1
+            return Completed(0, f"{self.next_id - 1}\n", "")
         if argv[0] == "squeue":
             return Completed(0, self.squeue_out, "")
         if argv[0] == "sacct":
@@ -308,3 +310,98 @@ def test_local_seed_file_becomes_part_of_the_run_inputs(tmp_path: Path) -> None:
     (tmp_path / "seeds" / "q.csv").unlink()
     with pytest.raises(SubmitError, match=r"seed_config\.source\.path: .*q\.csv is not a file"):
         prepare(run, profile, env, datetime.now(UTC))
+
+
+def _attempt(layout: RunLayout, shard: int, job: str, state: str, rows: int = 0) -> None:
+    from ddslurm.config import AttemptRecord, atomic_write, encode
+
+    attempt = layout.shard(shard).attempt(f"attempt-{job}")
+    attempt.dir.mkdir(parents=True)
+    atomic_write(
+        attempt.record,
+        encode(
+            AttemptRecord(
+                shard=shard,
+                attempt=f"attempt-{job}",
+                job_id=job,
+                node="n",
+                state=state,  # type: ignore[arg-type]
+                started_at="2026-01-01T00:00:00+00:00",
+                rows=rows,
+                reason=None if state == "partial" else "cancelled",
+            )
+        ),
+    )
+
+
+def test_retry_resubmits_only_shards_without_winner_or_live_task_and_rechecks_keys(tmp_path: Path) -> None:
+    from ddslurm.config import WinnerRecord, encode, publish_once
+    from ddslurm.launcher import LauncherError
+    from ddslurm.launcher._steer import retry
+
+    run, profile, env = _files(tmp_path)
+    done = submit(run, profile, slurm=Slurm(RecordingRunner()), env=env)
+    layout = RunLayout(done.layout.root)
+    publish_once(
+        layout.shard(0).winner,
+        encode(
+            WinnerRecord(
+                shard=0, attempt="attempt-1", rows=4, dataset_dir="/x", files=(), plan_sha256="-", published_at="-"
+            )
+        ),
+    )
+    _attempt(layout, 1, "4243", "failed")
+    runner = RecordingRunner(sacct="4242_1|CANCELLED|0:0|None\n", squeue="4242_2|RUNNING|None\n")
+    runner.next_id = 5000
+    with pytest.raises(SubmitError, match="HOSTED_KEY"):
+        retry(layout, Slurm(runner), {**env, "HOSTED_KEY": ""})
+    retried = retry(layout, Slurm(runner), env)
+    assert retried.shards == (1,)
+    record = read_json(layout.submissions / f"{retried.job_ids[0]}.json", SubmissionRecord)
+    assert record.kind == "retry" and record.shards == (1,)
+    with pytest.raises(LauncherError, match="still running or queued"):
+        retry(layout, Slurm(runner), env, [2])
+
+
+def test_cancel_targets_the_live_tasks_of_the_chosen_shards(tmp_path: Path) -> None:
+    from ddslurm.launcher._steer import cancel
+
+    run, profile, env = _files(tmp_path)
+    done = submit(run, profile, slurm=Slurm(RecordingRunner()), env=env)
+    runner = RecordingRunner(squeue="4242_0|RUNNING|None\n4242_1|RUNNING|None\n4242_2|PENDING|Priority\n")
+    assert cancel(RunLayout(done.layout.root), Slurm(runner), [1, 2]) == ["4242_1", "4242_2"]
+    assert ["scancel", "4242_1", "4242_2"] in [c[0] for c in runner.calls]
+
+
+def test_accept_partial_publishes_the_best_candidate_once(tmp_path: Path) -> None:
+    from ddslurm.config import WinnerRecord, atomic_write, encode
+    from ddslurm.launcher import LauncherError
+    from ddslurm.launcher._steer import accept_partial
+
+    run, profile, env = _files(tmp_path)
+    done = submit(run, profile, slurm=Slurm(RecordingRunner()), env=env)
+    layout = RunLayout(done.layout.root)
+    for job, rows in (("7", 2), ("8", 3)):
+        _attempt(layout, 1, job, "partial", rows)
+        atomic_write(
+            layout.shard(1).attempt(f"attempt-{job}").candidate,
+            encode(
+                WinnerRecord(
+                    shard=1,
+                    attempt=f"attempt-{job}",
+                    rows=rows,
+                    dataset_dir="/x",
+                    files=(),
+                    plan_sha256="-",
+                    published_at="-",
+                    partial=True,
+                )
+            ),
+        )
+    assert accept_partial(layout, [1]) == [(1, 3)]
+    winner = read_json(layout.shard(1).winner, WinnerRecord)
+    assert winner.partial and winner.attempt == "attempt-8"
+    with pytest.raises(LauncherError, match="already has a winner"):
+        accept_partial(layout, [1])
+    with pytest.raises(LauncherError, match="no partial result"):
+        accept_partial(layout, [2])

@@ -16,9 +16,7 @@ from ddslurm.config import (
     AttemptRecord,
     Plan,
     ProviderSnapshot,
-    Resources,
     RunLayout,
-    ShardSpec,
     SnapshotModel,
     SnapshotProvider,
     WinnerRecord,
@@ -28,6 +26,7 @@ from ddslurm.config import (
     read_json,
     sha256_bytes,
 )
+from ddslurm.config.testing import make_plan
 from ddslurm.runtime import (
     EXIT_FAILED,
     EXIT_OK,
@@ -56,26 +55,16 @@ def _run(tmp_path: Path, *, shard_records: tuple[int, ...] = (4, 4)) -> RunLayou
     snap_bytes = encode_pretty(snapshot)
     atomic_write(layout.recipe, RECIPE)
     atomic_write(layout.snapshot, snap_bytes)
-    shards, first = [], 0
-    for i, n in enumerate(shard_records):
-        shards.append(ShardSpec(index=i, first_record=first, num_records=n))
-        first += n
-    res = Resources(time_minutes=5)
-    plan = Plan(
-        run_id="run-1",
-        run_name="t",
-        num_records=first,
-        shards=tuple(shards),
-        resume="never",
+    plan = make_plan(
+        "run-1",
+        shard_records,
         buffer_size=2,
+        resume="if_possible",
         recipe_file=str(layout.recipe),
         recipe_sha256=sha256_bytes(RECIPE),
         snapshot_file=str(layout.snapshot),
         snapshot_sha256=sha256_bytes(snap_bytes),
         secret_env=("T_KEY",),
-        python_env="/x",
-        generation=res,
-        collection=res,
     )
     atomic_write(layout.plan, encode(plan))
     return layout
@@ -142,7 +131,10 @@ def test_second_attempt_after_winner_is_superseded_and_runs_nothing(tmp_path: Pa
 
 
 def test_racing_attempts_publish_exactly_one_winner(tmp_path: Path) -> None:
+    import msgspec
+
     layout = _run(tmp_path)
+    atomic_write(layout.plan, encode(msgspec.structs.replace(read_json(layout.plan, Plan), resume="never")))
     inputs = load_inputs(layout)
     barrier = threading.Barrier(4)
 
@@ -237,3 +229,112 @@ def test_each_shard_gets_its_own_block_of_the_seed() -> None:
     assert partition_seed(recipe, 0, 1) is recipe  # one shard: the whole seed
     chosen = {"data_designer": {"seed_config": {"selection_strategy": {"start": 0, "end": 3}}}}
     assert partition_seed(chosen, 1, 2) is chosen  # the recipe's own selection wins
+
+
+class ResumingEngine(FakeEngine):
+    """Writes one batch per ``buffer_size`` records; on resume keeps the batches already on disk."""
+
+    def __init__(self, *, stop_after: int | None = None) -> None:
+        super().__init__()
+        self.stop_after = stop_after
+
+    def __call__(self, request: EngineRequest) -> EngineResult:
+        self.requests.append(request)
+        dataset = request.artifact_path / request.dataset_name
+        files = dataset / "parquet-files"
+        if request.resume:
+            assert (dataset / "metadata.json").is_file()
+        else:
+            files.mkdir(parents=True)
+            (dataset / "metadata.json").write_text(json.dumps({"buffer_size": request.buffer_size}))
+        n = -(-request.num_records // request.buffer_size)
+        for b in range(n):
+            path = files / f"batch_{b:05d}.parquet"
+            if path.exists():
+                continue
+            if self.stop_after is not None and b >= self.stop_after:
+                raise EngineError("endpoint went away", retryable=True)
+            rows = min(request.buffer_size, request.num_records - b * request.buffer_size)
+            pq.write_table(pa.table({"x": [f"{request.dataset_name}-{b}-{i}" for i in range(rows)]}), path)
+            if request.on_batch_complete:
+                request.on_batch_complete(path)
+        total = sum(pq.read_metadata(f).num_rows for f in files.glob("*.parquet"))
+        (dataset / "metadata.json").write_text(json.dumps({"actual_num_records": total}))
+        return EngineResult(dataset_dir=dataset, rows=total, requested=request.num_records)
+
+
+def test_a_new_attempt_resumes_from_the_best_earlier_attempt_without_duplicates(tmp_path: Path) -> None:
+    layout = _run(tmp_path, shard_records=(8,))
+    inputs = load_inputs(layout)
+    first = ResumingEngine(stop_after=2)
+    assert _runner(layout, first).run(inputs, 0, "1", "n") == EXIT_FAILED
+    progress = json.loads(layout.shard(0).attempt("attempt-1").progress.read_text())
+    assert (progress["rows"], progress["batches"]) == (4, 2)
+
+    second = ResumingEngine()
+    assert _runner(layout, second).run(inputs, 0, "2", "n") == EXIT_OK
+    assert second.requests[0].resume is True
+    record = read_json(layout.shard(0).attempt("attempt-2").record, AttemptRecord)
+    assert (record.resumed_from, record.resumed_rows, record.rows) == ("attempt-1", 4, 8)
+    winner = read_json(layout.shard(0).winner, WinnerRecord)
+    values = [v for f in winner.files for v in pq.read_table(Path(winner.dataset_dir) / f.path).column("x").to_pylist()]
+    assert len(values) == len(set(values)) == 8
+    # the earlier attempt's files are still there, unchanged (hard links, never moved)
+    assert len(list((layout.shard(0).attempt("attempt-1").output / "shard-00000" / "parquet-files").iterdir())) == 2
+
+
+def test_resume_never_starts_fresh(tmp_path: Path) -> None:
+    import msgspec
+
+    layout = _run(tmp_path, shard_records=(8,))
+    plan = read_json(layout.plan, Plan)
+    atomic_write(layout.plan, encode(msgspec.structs.replace(plan, resume="never")))
+    inputs = load_inputs(layout)
+    _runner(layout, ResumingEngine(stop_after=2)).run(inputs, 0, "1", "n")
+    fresh = ResumingEngine()
+    assert _runner(layout, fresh).run(inputs, 0, "2", "n") == EXIT_OK
+    assert fresh.requests[0].resume is False
+
+
+@pytest.mark.parametrize("kind", ["non-empty-dir", "symlink", "file"])
+def test_existing_dataset_path_is_left_byte_for_byte_untouched(tmp_path: Path, kind: str) -> None:
+    layout = _run(tmp_path)
+    inputs = load_inputs(layout)
+    runner = _runner(layout, FakeEngine())
+    began = runner.begin(inputs, 0, "5", "n")
+    assert began is not None
+    target = began.layout.output / "shard-00000"
+    target.parent.mkdir()
+    outside = tmp_path / "precious"
+    outside.mkdir()
+    (outside / "data.txt").write_bytes(b"keep me")
+    if kind == "non-empty-dir":
+        target.mkdir()
+        (target / "data.txt").write_bytes(b"keep me")
+    elif kind == "symlink":
+        target.symlink_to(outside, target_is_directory=True)
+    else:
+        target.write_bytes(b"keep me")
+    before = sorted(
+        (str(p), p.is_symlink(), p.read_bytes() if p.is_file() else b"")
+        for p in tmp_path.rglob("*")
+        if "precious" in str(p) or "shard-00000" in p.name or p.parent == target
+    )
+    engine = FakeEngine()
+    assert runner.generate(inputs, began, {}) == EXIT_FAILED
+    assert engine.requests == []
+    record = read_json(began.layout.record, AttemptRecord)
+    assert record.reason == "output_exists" and "left untouched" in (record.message or "")
+    after = sorted(
+        (str(p), p.is_symlink(), p.read_bytes() if p.is_file() else b"")
+        for p in tmp_path.rglob("*")
+        if "precious" in str(p) or "shard-00000" in p.name or p.parent == target
+    )
+    assert after == before
+
+
+def test_partial_attempt_leaves_a_candidate_for_accept_partial(tmp_path: Path) -> None:
+    layout = _run(tmp_path)
+    assert _runner(layout, FakeEngine(rows=3)).run(load_inputs(layout), 0, "7", "n") == EXIT_PARTIAL
+    candidate = read_json(layout.shard(0).attempt("attempt-7").candidate, WinnerRecord)
+    assert candidate.partial and candidate.rows == 3 and not layout.shard(0).winner.exists()

@@ -46,6 +46,11 @@ class AttemptLayout:
     def progress(self) -> Path:
         return self.dir / "progress.json"
 
+    @property
+    def candidate(self) -> Path:
+        """A verified but short result, publishable only by ``ddslurm accept-partial``."""
+        return self.dir / "candidate.json"
+
 
 @dataclass(frozen=True, slots=True)
 class ShardLayout:

@@ -46,6 +46,10 @@ class AttemptRecord(Frozen, frozen=True, kw_only=True):
     """The earlier attempt whose completed batches this attempt continued from."""
     resumed_rows: int = 0
     client_runs: int = 0
+    retryable: bool = False
+    """Whether running the generation step again (servers kept) may succeed."""
+    slurm_log: str | None = None
+    """The array task's batch output file (``logs/slurm-<array>_<task>.out``)."""
 
 
 class Progress(Frozen, frozen=True, kw_only=True):
@@ -66,3 +70,5 @@ class WinnerRecord(Frozen, frozen=True, kw_only=True):
     files: tuple[FileEntry, ...]
     plan_sha256: str
     published_at: str
+    partial: bool = False
+    """A short shard the user accepted explicitly (``ddslurm accept-partial``)."""

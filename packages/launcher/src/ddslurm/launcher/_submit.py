@@ -228,7 +228,8 @@ def _sbatch(
         kind=kind,
         after=after,
     )
-    publish_once(layout.submissions / f"{job_id}.json", encode(record))
+    if not publish_once(layout.submissions / f"{job_id}.json", encode(record)):
+        raise LauncherError(f"job {job_id} was submitted but {layout.submissions} already records that id")
     return job_id
 
 

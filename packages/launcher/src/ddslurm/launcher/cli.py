@@ -2,9 +2,12 @@
 
     ddslurm submit RUN.yaml --profile PROFILE.yaml   capture inputs, compile the plan, submit the array
     ddslurm providers RUN.yaml                       how each model alias resolves (local or hosted)
-    ddslurm status RUN [--json]                      the run and every shard
+    ddslurm status RUN [--json] [--watch]            the run and every shard
     ddslurm wait RUN [--json]                        wait until the run ends; exit 0 only if it succeeded
-    ddslurm cancel RUN                               cancel the run's jobs
+    ddslurm cancel RUN [--shards 1,3]                cancel the run's queued and running tasks
+    ddslurm retry RUN [--shards 1,3]                 new attempts for shards without a winner (resuming)
+    ddslurm accept-partial RUN --shards 1,3          publish short shards' results as their winners
+    ddslurm logs RUN [--shard N] [--step S] [-f]     a step's log of a shard's latest attempt
     ddslurm collect RUN [--local] [--json]           merge the shards into one Parquet dataset
     ddslurm list --profile PROFILE.yaml              runs in the workspace
 
@@ -29,9 +32,10 @@ from ddslurm.config import ConfigError, Plan, RunLayout, load_profile, read_json
 from ddslurm.launcher._collect import collect_local, collect_with_slurm
 from ddslurm.launcher._render import render_generation
 from ddslurm.launcher._slurm import Slurm
-from ddslurm.launcher._status import RunStatus, find_run, run_status, submissions
+from ddslurm.launcher._status import RunStatus, find_run, run_status
+from ddslurm.launcher._steer import accept_partial, cancel, log_files, retry
 from ddslurm.launcher._submit import prepare, submit
-from ddslurm.launcher.errors import LauncherError
+from ddslurm.launcher.errors import LauncherError, SlurmError
 from ddslurm.providers import ProvidersError
 from ddslurm.providers.cli import main as providers_main
 
@@ -104,14 +108,60 @@ def _dry_run(args: argparse.Namespace, env: Mapping[str, str], out: TextIO) -> i
     return EXIT_OK
 
 
-def cmd_status(args: argparse.Namespace, slurm: Slurm, env: Mapping[str, str], out: TextIO) -> int:
+def _bar(done: int, total: int, width: int = 24) -> str:
+    filled = min(width, width * done // total) if total else width
+    return "[" + "#" * filled + "." * (width - filled) + "]"
+
+
+def _format_watch(st: RunStatus) -> str:
+    lines = [
+        f"{st.run_id}: {st.state}  {_bar(st.records_done, st.records_requested)} "
+        f"{st.records_done}/{st.records_requested} records"
+    ]
+    for s in st.shards:
+        rate = f" {s.rate:.1f} rec/s" if s.rate else ""
+        why = f"  {s.reason}" if s.reason and s.state in {"failed", "partial", "cancelled"} else ""
+        lines.append(
+            f"  shard {s.shard:>5} {s.state:<10} {_bar(s.rows or 0, s.records, 16)} "
+            f"{s.rows or 0}/{s.records}{rate}{why}"
+        )
+    return "\n".join(lines)
+
+
+def cmd_status(
+    args: argparse.Namespace,
+    slurm: Slurm,
+    env: Mapping[str, str],
+    out: TextIO,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
     layout = find_run(args.run, _workspace(args, env))
-    st = run_status(layout, slurm)
-    if args.json:
-        _json(st, out)
-    else:
-        out.write(_format_status(st) + "\n")
-    return EXIT_OK
+    if not args.watch:
+        st = run_status(layout, slurm)
+        if args.json:
+            _json(st, out)
+        else:
+            out.write(_format_status(st) + "\n")
+        return EXIT_OK
+    delay = 2.0
+    while True:
+        try:
+            st = run_status(layout, slurm)
+            delay = 2.0
+        except SlurmError as exc:  # a busy controller: back off, keep watching
+            print(f"scheduler query failed ({exc}); retrying in {delay:.0f} s", file=sys.stderr)
+            sleep(delay)
+            delay = min(delay * 2, 60.0)
+            continue
+        if args.json:
+            _json(st, out)
+        else:
+            out.write("\x1b[2J\x1b[H" if out.isatty() else "")
+            out.write(_format_watch(st) + "\n")
+        out.flush()
+        if st.state in TERMINAL:
+            return EXIT_OK
+        sleep(delay)
 
 
 def cmd_wait(
@@ -148,12 +198,84 @@ def cmd_wait(
     return EXIT_OK if st.state == "succeeded" else EXIT_RUN_FAILED
 
 
+def _shards(value: str | None) -> list[int] | None:
+    if value is None:
+        return None
+    try:
+        out: list[int] = []
+        for part in value.split(","):
+            lo, _, hi = part.partition("-")
+            out.extend(range(int(lo), int(hi) + 1) if hi else [int(lo)])
+        return out
+    except ValueError:
+        raise LauncherError(f"--shards {value!r}: expected numbers and ranges such as 1,3,5-7") from None
+
+
 def cmd_cancel(args: argparse.Namespace, slurm: Slurm, env: Mapping[str, str], out: TextIO) -> int:
     layout = find_run(args.run, _workspace(args, env))
-    ids = [s.array_job_id for s in submissions(layout)]
-    slurm.scancel(ids)
-    out.write(f"cancelled job(s) {', '.join(ids) or '(none)'} of run {layout.run_id}\n")
+    ids = cancel(layout, slurm, _shards(args.shards))
+    if args.json:
+        _json({"cancelled": ids}, out)
+    else:
+        out.write(f"cancelled {len(ids)} task(s) of run {layout.run_id}: {', '.join(ids) or '(none)'}\n")
     return EXIT_OK
+
+
+def cmd_retry(args: argparse.Namespace, slurm: Slurm, env: Mapping[str, str], out: TextIO) -> int:
+    layout = find_run(args.run, _workspace(args, env))
+    done = retry(layout, slurm, env, _shards(args.shards))
+    if args.json:
+        _json({"shards": list(done.shards), "job_ids": list(done.job_ids)}, out)
+    elif not done.shards:
+        out.write(f"nothing to retry: every shard of {layout.run_id} has a winner or is still running\n")
+    else:
+        out.write(f"retrying {len(done.shards)} shard(s) as array job(s) {', '.join(done.job_ids)}\n")
+    return EXIT_OK
+
+
+def cmd_accept_partial(args: argparse.Namespace, slurm: Slurm, env: Mapping[str, str], out: TextIO) -> int:
+    layout = find_run(args.run, _workspace(args, env))
+    shards = _shards(args.shards) or []
+    accepted = accept_partial(layout, shards)
+    if args.json:
+        _json({"accepted": [{"shard": s, "rows": r} for s, r in accepted]}, out)
+    else:
+        for shard, rows in accepted:
+            out.write(f"shard {shard}: accepted {rows} rows as its result\n")
+    return EXIT_OK
+
+
+def cmd_logs(
+    args: argparse.Namespace,
+    slurm: Slurm,
+    env: Mapping[str, str],
+    out: TextIO,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
+    layout = find_run(args.run, _workspace(args, env))
+    files = log_files(layout, args.shard, args.step)
+    if not files:
+        raise LauncherError(f"shard {args.shard} has no {args.step} log yet")
+    for path in files:
+        lines = path.read_text(errors="replace").splitlines()
+        if len(files) > 1:
+            out.write(f"==> {path} <==\n")
+        out.write("".join(f"{line}\n" for line in lines[-args.lines :]))
+    if not args.follow:
+        return EXIT_OK
+    offsets = {p: p.stat().st_size for p in files}
+    while True:
+        for path in files:
+            size = path.stat().st_size
+            if size > offsets[path]:
+                with path.open("rb") as fh:
+                    fh.seek(offsets[path])
+                    out.write(fh.read(size - offsets[path]).decode(errors="replace"))
+                out.flush()
+                offsets[path] = size
+        if run_status(layout, slurm).state in TERMINAL:
+            return EXIT_OK
+        sleep(1.0)
 
 
 def cmd_collect(args: argparse.Namespace, slurm: Slurm, env: Mapping[str, str], out: TextIO) -> int:
@@ -219,19 +341,30 @@ def build_parser() -> argparse.ArgumentParser:
     for name, help_text in (
         ("status", "show a run"),
         ("wait", "wait for a run to end"),
-        ("cancel", "cancel a run"),
+        ("cancel", "cancel a run's queued and running tasks"),
         ("collect", "merge a run's shards"),
+        ("retry", "new attempts for shards without a winner"),
+        ("accept-partial", "accept short shards as their results"),
+        ("logs", "a step's log of a shard's latest attempt"),
     ):
         p = sub.add_parser(name, help=help_text)
         p.add_argument("run")
         p.add_argument("--profile", type=Path, default=None)
-        if name != "cancel":
-            p.add_argument("--json", action="store_true")
+        p.add_argument("--json", action="store_true")
         if name == "wait":
             p.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
         if name == "collect":
             p.add_argument("--local", action="store_true", help="collect in this process instead of a Slurm job")
             p.add_argument("--overwrite", action="store_true", help="replace an existing dataset")
+        if name in {"cancel", "retry", "accept-partial"}:
+            p.add_argument("--shards", default=None, required=name == "accept-partial", help="e.g. 1,3,5-7")
+        if name == "status":
+            p.add_argument("--watch", action="store_true", help="refresh until the run ends")
+        if name == "logs":
+            p.add_argument("--shard", type=int, default=0)
+            p.add_argument("--step", choices=["client", "server", "proxy", "slurm"], default="client")
+            p.add_argument("--lines", type=int, default=50)
+            p.add_argument("-f", "--follow", action="store_true", help="keep printing until the run ends")
     p = sub.add_parser("list", help="list runs in the workspace")
     p.add_argument("--profile", type=Path, default=None)
     p.add_argument("--json", action="store_true")
@@ -245,6 +378,9 @@ COMMANDS = {
     "cancel": cmd_cancel,
     "collect": cmd_collect,
     "list": cmd_list,
+    "retry": cmd_retry,
+    "accept-partial": cmd_accept_partial,
+    "logs": cmd_logs,
 }
 
 

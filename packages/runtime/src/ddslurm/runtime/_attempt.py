@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -9,11 +11,13 @@ from pathlib import Path
 from typing import IO, Any
 
 import msgspec
+import pyarrow.parquet as pq
 
 from ddslurm.config import (
     AttemptLayout,
     AttemptRecord,
     Plan,
+    Progress,
     ProviderSnapshot,
     RunLayout,
     WinnerRecord,
@@ -32,7 +36,13 @@ from ddslurm.config import (
 )
 from ddslurm.runtime._engine import EngineRequest, EngineResult, partition_seed
 from ddslurm.runtime._verify import make_private, scan_for_secrets, verify_dataset
-from ddslurm.runtime.errors import InputsError, RuntimeFailure, SecretMissingError, VerificationError
+from ddslurm.runtime.errors import (
+    InputsError,
+    OutputExistsError,
+    RuntimeFailure,
+    SecretMissingError,
+    VerificationError,
+)
 
 Engine = Callable[[EngineRequest], EngineResult]
 Clock = Callable[[], datetime]
@@ -121,7 +131,9 @@ class AttemptRunner:
     def _write(self, attempt: AttemptLayout, record: AttemptRecord) -> None:
         atomic_write(attempt.record, encode(record))
 
-    def begin(self, inputs: Inputs, shard_index: int, job_id: str, node: str) -> Began | None:
+    def begin(
+        self, inputs: Inputs, shard_index: int, job_id: str, node: str, restart: int = 0, slurm_log: str | None = None
+    ) -> Began | None:
         """Create the attempt directory and its ``running`` record; None (recorded superseded) if the shard
         already has a winner."""
         plan = inputs.plan
@@ -129,7 +141,7 @@ class AttemptRunner:
             raise InputsError(f"shard {shard_index} does not exist; the plan has {len(plan.shards)} shard(s)")
         spec = plan.shards[shard_index]
         shard = self._layout.shard(shard_index)
-        attempt_id = attempt_id_for(job_id)
+        attempt_id = attempt_id_for(job_id, restart)
         make_private_dir(shard.attempts, exist_ok=True)
         attempt = shard.attempt(attempt_id)
         make_private_dir(attempt.dir)
@@ -141,6 +153,7 @@ class AttemptRunner:
             state="running",
             started_at=self._now(),
             requested_rows=spec.num_records,
+            slurm_log=slurm_log,
         )
         if shard.winner.exists():
             self._write(
@@ -164,10 +177,24 @@ class AttemptRunner:
         self._write(
             began.layout,
             msgspec.structs.replace(
-                current, state="failed", ended_at=self._now(), reason=failure.reason, message=failure.message
+                current,
+                state="failed",
+                ended_at=self._now(),
+                reason=failure.reason,
+                message=failure.message,
+                retryable=failure.retryable,
             ),
         )
         return EXIT_FAILED
+
+    def rerun(self, began: Began) -> AttemptRecord:
+        """Mark a failed attempt running again for another generation step inside the same allocation."""
+        current = read_json(began.layout.record, AttemptRecord)
+        again = msgspec.structs.replace(
+            current, state="running", ended_at=None, reason=None, message=None, retryable=False
+        )
+        self._write(began.layout, again)
+        return again
 
     def run(
         self, inputs: Inputs, shard_index: int, job_id: str, node: str, endpoints: Mapping[str, str] | None = None
@@ -178,25 +205,34 @@ class AttemptRunner:
             return EXIT_OK
         return self.generate(inputs, began, endpoints or {})
 
-    def generate(self, inputs: Inputs, began: Began, endpoints: Mapping[str, str]) -> int:
+    def generate(self, inputs: Inputs, began: Began, endpoints: Mapping[str, str], *, resume_own: bool = False) -> int:
         with began.layout.client_log.open("ab") as log_stream:
             log = self._make_logger(log_stream).bind(shard=began.shard, attempt=began.record.attempt)
-            log.info("attempt.generating", records=began.num_records, endpoints=dict(endpoints))
+            log.info("attempt.generating", records=began.num_records, endpoints=dict(endpoints), resume=resume_own)
             try:
-                return self._generate(inputs, began, endpoints, log)
+                return self._generate(inputs, began, endpoints, log, resume_own)
             except RuntimeFailure as exc:
                 log.error("attempt.failed", reason=exc.reason, message=exc.message)
                 return self.fail(began, exc)
 
-    def _generate(self, inputs: Inputs, began: Began, endpoints: Mapping[str, str], log: Any) -> int:
+    def _generate(self, inputs: Inputs, began: Began, endpoints: Mapping[str, str], log: Any, resume_own: bool) -> int:
         plan = inputs.plan
-        num_records, shard_index, attempt, record = began.num_records, began.shard, began.layout, began.record
+        num_records, shard_index, attempt = began.num_records, began.shard, began.layout
         missing = [n for n in plan.secret_env if not self._env.get(n)]
         if missing:
             raise SecretMissingError(f"API-key variable(s) {', '.join(missing)} are unset in the job's environment")
+        dataset_name = f"shard-{shard_index:05d}"
+        target = attempt.output / dataset_name
+        resume = self._prepare_output(plan, shard_index, began, target, resume_own, log)
+        record = read_json(attempt.record, AttemptRecord)
+        record = msgspec.structs.replace(record, client_runs=record.client_runs + 1)
+        self._write(attempt, record)
 
         def on_batch(path: Path) -> None:
-            log.info("batch.complete", file=str(path))
+            rows, batches = _rows_on_disk(path.parent)
+            progress = Progress(rows=rows, batches=batches, updated_at=self._now())
+            atomic_write(attempt.progress, encode(progress))
+            log.info("batch.complete", file=str(path), rows=rows, batches=batches)
 
         result = self._engine(
             EngineRequest(
@@ -205,18 +241,32 @@ class AttemptRunner:
                 endpoints=endpoints,
                 artifact_path=attempt.output,
                 scratch_home=self._scratch_home,
-                dataset_name=f"shard-{shard_index:05d}",
+                dataset_name=dataset_name,
                 num_records=num_records,
                 buffer_size=min(plan.buffer_size, num_records),
                 on_batch_complete=on_batch,
+                resume=resume,
             )
         )
+        if result.dataset_dir != target:
+            raise VerificationError(f"Data Designer wrote {result.dataset_dir}, not the attempt's {target}")
         rows, files = verify_dataset(result.dataset_dir, result.rows)
         leaks = scan_for_secrets(attempt.dir, (self._env.get(n, "") for n in plan.secret_env))
         if leaks:
             raise VerificationError(f"a secret value was found in {len(leaks)} file(s), e.g. {leaks[0]}")
         make_private(result.dataset_dir)
         if rows < num_records:
+            candidate = WinnerRecord(
+                shard=shard_index,
+                attempt=record.attempt,
+                rows=rows,
+                dataset_dir=str(result.dataset_dir),
+                files=files,
+                plan_sha256=inputs.plan_sha256,
+                published_at=self._now(),
+                partial=True,
+            )
+            atomic_write(attempt.candidate, encode(candidate))
             self._write(
                 attempt,
                 msgspec.structs.replace(
@@ -251,3 +301,76 @@ class AttemptRunner:
             )
             log.info("attempt.superseded", why="another attempt published first", rows=rows)
         return EXIT_OK
+
+    def _prepare_output(
+        self, plan: Plan, shard_index: int, began: Began, target: Path, resume_own: bool, log: Any
+    ) -> bool:
+        """Decide whether Data Designer resumes, and from what. Returns the resume flag.
+
+        A fresh attempt never finds its dataset path in place: an existing non-empty path or a symbolic link
+        there fails the attempt and is left exactly as it is. Resuming this attempt's own dataset (a rerun
+        inside the allocation) continues in place; resuming across allocations seeds the new dataset directory
+        with the completed batches of the shard's best earlier attempt.
+        """
+        if target.is_symlink() or (target.exists() and not target.is_dir()):
+            raise OutputExistsError(f"{target} is a symbolic link or not a directory; it was left untouched")
+        if resume_own:
+            return target.is_dir() and (target / "metadata.json").is_file()
+        if target.exists() and any(target.iterdir()):
+            raise OutputExistsError(f"{target} already exists and is not empty; it was left untouched")
+        if plan.resume == "never":
+            return False
+        source = self._resume_source(shard_index, began.record.attempt)
+        if source is None:
+            if plan.resume == "always":
+                log.info("resume.nothing", why="no earlier attempt of this shard completed a batch")
+            return False
+        rows = seed_from(source, target)
+        record = read_json(began.layout.record, AttemptRecord)
+        self._write(
+            began.layout, msgspec.structs.replace(record, resumed_from=source.parent.parent.name, resumed_rows=rows)
+        )
+        log.info("resume.seeded", source=str(source), rows=rows)
+        return True
+
+    def _resume_source(self, shard_index: int, attempt_id: str) -> Path | None:
+        """The earlier attempt dataset of this shard with the most completed rows (and a metadata file)."""
+        best: tuple[int, Path] | None = None
+        for dataset in self._layout.shard(shard_index).attempts.glob("attempt-*/output/shard-*"):
+            if dataset.parent.parent.name == attempt_id or dataset.is_symlink():
+                continue
+            if not (dataset / "metadata.json").is_file():
+                continue
+            rows, _ = _rows_on_disk(dataset / "parquet-files")
+            if rows and (best is None or rows > best[0]):
+                best = (rows, dataset)
+        return best[1] if best else None
+
+
+def _rows_on_disk(parquet_dir: Path) -> tuple[int, int]:
+    rows = batches = 0
+    for f in sorted(parquet_dir.glob("batch_*.parquet")):
+        try:
+            rows += pq.read_metadata(f).num_rows
+            batches += 1
+        except Exception:  # a batch being written or damaged is not progress
+            continue
+    return rows, batches
+
+
+def seed_from(source: Path, target: Path) -> int:
+    """A new dataset directory holding ``source``'s metadata and completed batches (hard links, never the
+    originals moved or changed); returns the rows it holds."""
+    (target / "parquet-files").mkdir(parents=True, mode=0o700)
+    shutil.copy2(source / "metadata.json", target / "metadata.json")
+    for batch in sorted((source / "parquet-files").glob("batch_*.parquet")):
+        try:
+            pq.read_metadata(batch)
+        except Exception:
+            continue
+        try:
+            os.link(batch, target / "parquet-files" / batch.name)
+        except OSError:
+            shutil.copy2(batch, target / "parquet-files" / batch.name)
+    rows, _ = _rows_on_disk(target / "parquet-files")
+    return rows

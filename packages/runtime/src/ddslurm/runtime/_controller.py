@@ -47,6 +47,7 @@ class TimeLimitFailure(RuntimeFailure):
 
 class ClientFailure(RuntimeFailure):
     reason = "client_failed"
+    retryable = True
 
 
 @dataclass(slots=True)
@@ -128,8 +129,10 @@ class Controller:
         self._steps: list[Step] = []
         self._secrets: tuple[str, ...] = ()
 
-    def run(self, inputs: Inputs, shard: int, job_id: str, node: str) -> int:
-        began = self._runner.begin(inputs, shard, job_id, node)
+    def run(self, inputs: Inputs, shard: int, job_id: str, node: str, restart: int = 0) -> int:
+        array, task = self._env.get("SLURM_ARRAY_JOB_ID"), self._env.get("SLURM_ARRAY_TASK_ID")
+        slurm_log = str(self._run_dir / "logs" / f"slurm-{array}_{task}.out") if array and task else None
+        began = self._runner.begin(inputs, shard, job_id, node, restart, slurm_log)
         if began is None:
             self._log.info("attempt.superseded", shard=shard, why="shard already has a winner")
             return EXIT_OK
@@ -154,8 +157,19 @@ class Controller:
         if serving is not None:
             replicas = self._start_servers(serving, began, job_id, memory, log)
             endpoints = self._endpoints(serving, replicas, began, job_id, memory, log)
-        client = self._start_client(inputs, began, endpoints, memory)
-        return self._watch(client, began, replicas, log)
+        client = self._start_client(inputs, began, endpoints, memory, resume=False)
+        runs = 1
+        while True:
+            record = self._watch(client, began, replicas, log)
+            if record.state == "failed" and record.retryable and runs <= inputs.plan.client_retries:
+                log.warning("client.rerun", run=runs + 1, reason=record.reason, why="servers kept; resuming batches")
+                self._runner.rerun(began)
+                self._steps.remove(client)
+                client = self._start_client(inputs, began, endpoints, memory, resume=True)
+                runs += 1
+                continue
+            log.info("attempt.ended", state=record.state, rows=record.rows, client_runs=runs)
+            return exit_code_for(record)
 
     # --- servers ---------------------------------------------------------------------------------------
 
@@ -262,11 +276,13 @@ class Controller:
 
     # --- client ----------------------------------------------------------------------------------------
 
-    def _start_client(self, inputs: Inputs, began: Began, endpoints: dict[str, str], memory: MemorySplit) -> Step:
+    def _start_client(
+        self, inputs: Inputs, began: Began, endpoints: dict[str, str], memory: MemorySplit, *, resume: bool
+    ) -> Step:
         by_provider = _provider_endpoints(inputs, endpoints)
         endpoints_file = began.layout.dir / "endpoints.json"
         atomic_write(endpoints_file, encode_pretty(by_provider))
-        argv = (
+        argv: tuple[str, ...] = (
             str(self._runtime_exe),
             "client",
             "--run-dir",
@@ -278,6 +294,8 @@ class Controller:
             "--endpoints",
             str(endpoints_file),
         )
+        if resume:
+            argv = (*argv, "--resume")
         spec = StepSpec(
             name="client",
             argv=argv,
@@ -288,7 +306,8 @@ class Controller:
         )
         return self._start(spec)
 
-    def _watch(self, client: Step, began: Began, replicas: dict[str, list[Replica]], log: Any) -> int:
+    def _watch(self, client: Step, began: Began, replicas: dict[str, list[Replica]], log: Any) -> AttemptRecord:
+        """Wait for the client step while watching the servers; the attempt's record once the client ended."""
         reported: set[str] = set()
         while True:
             code = client.poll()
@@ -308,12 +327,15 @@ class Controller:
             self._sleep(self._poll)
         record = read_json(began.layout.record, AttemptRecord)
         if record.state == "running":
-            raise ClientFailure(
-                f"the client step exited with status {code} without recording a result; last lines of "
-                f"{client.spec.log}:\n{log_tail(client.spec.log)}"
+            self._runner.fail(
+                began,
+                ClientFailure(
+                    f"the client step exited with status {code} without recording a result; last lines of "
+                    f"{client.spec.log}:\n{log_tail(client.spec.log)}"
+                ),
             )
-        log.info("attempt.ended", state=record.state, rows=record.rows, client_status=code)
-        return exit_code_for(record)
+            record = read_json(began.layout.record, AttemptRecord)
+        return record
 
     # --- processes -------------------------------------------------------------------------------------
 

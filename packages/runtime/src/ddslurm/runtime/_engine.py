@@ -43,6 +43,8 @@ class EngineRequest:
     num_records: int
     buffer_size: int
     on_batch_complete: Callable[[Path], None] | None = None
+    resume: bool = False
+    """Continue the dataset already in ``artifact_path / dataset_name`` (Data Designer's ResumeMode.ALWAYS)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +133,7 @@ def run_engine(request: EngineRequest) -> EngineResult:
             builder,
             num_records=request.num_records,
             dataset_name=request.dataset_name,
-            resume=dd.ResumeMode.NEVER,
+            resume=dd.ResumeMode.ALWAYS if request.resume else dd.ResumeMode.NEVER,
             on_batch_complete=request.on_batch_complete,
         )
     except Exception as exc:

@@ -109,7 +109,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
             stop=stop,
             grace=args.grace,
         )
-        return controller.run(inputs, shard, job_id, node)
+        restart = env.get("SLURM_RESTART_COUNT", "0")
+        return controller.run(inputs, shard, job_id, node, int(restart) if restart.isdigit() else 0)
 
 
 def cmd_client(args: argparse.Namespace) -> int:
@@ -128,7 +129,8 @@ def cmd_client(args: argparse.Namespace) -> int:
             scratch_home=home,
             make_logger=_logger_factory(layout, "client"),
         )
-        return runner.generate(inputs, runner.resume(args.shard, args.attempt), endpoints)
+        began = runner.resume(args.shard, args.attempt)
+        return runner.generate(inputs, began, endpoints, resume_own=args.resume)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -147,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     client.add_argument("--shard", type=int, required=True)
     client.add_argument("--attempt", required=True)
     client.add_argument("--endpoints", type=Path, default=None)
+    client.add_argument("--resume", action="store_true", help="continue this attempt's own dataset (a rerun)")
     sub.add_parser("proxy", help="balancing endpoint in front of several replicas", add_help=False)
     args, rest = parser.parse_known_args(argv)
     if args.command == "proxy":

@@ -14,6 +14,7 @@ class RuntimeFailure(Exception):
     """Root of the errors raised by ddslurm.runtime."""
 
     reason = "internal"
+    retryable = False
 
     def __init__(self, message: str) -> None:
         self.message = message
@@ -34,6 +35,12 @@ class EngineError(RuntimeFailure):
     def __init__(self, message: str, *, retryable: bool) -> None:
         super().__init__(message)
         self.retryable = retryable
+
+
+class OutputExistsError(RuntimeFailure):
+    """The attempt's dataset path exists (non-empty, or a symbolic link): it is never touched."""
+
+    reason = "output_exists"
 
 
 class VerificationError(RuntimeFailure):
