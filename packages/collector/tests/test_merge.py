@@ -51,6 +51,14 @@ CASES = [
         id="struct-fields-reordered",
     ),
     pytest.param(
+        [[pa.table({"s": [{"score": 1, "reasoning": "r"}]})], [pa.table({"s": [{"reasoning": "only"}]})]],
+        id="struct-field-missing-in-a-batch",
+    ),
+    pytest.param(
+        [[pa.table({"a": pa.array([1], type=pa.int32())})], [pa.table({"a": pa.array([2**40], type=pa.int64())})]],
+        id="int32-int64-widening",
+    ),
+    pytest.param(
         [[pa.table({"l": pa.array([[]], type=pa.list_(pa.null()))})], [pa.table({"l": [[{"k": 1}]]})]],
         id="empty-list-vs-list-of-structs",
     ),
@@ -156,3 +164,35 @@ def test_cli_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert out["rows"] == 2 and out["dataset"] == str(layout.dataset)
     assert collect_main([str(layout.root)]) == 1
     assert "already exists" in capsys.readouterr().err
+
+
+def test_lossy_widening_is_a_conflict_not_a_rounding(tmp_path: Path) -> None:
+    layout = make_published_run(tmp_path, [[pa.table({"a": [2**53 + 1]})], [pa.table({"a": [0.5]})]])
+    with pytest.raises(SchemaConflictError, match=r"column 'a' in .*batch_00000\.parquet \(int64\) cannot become"):
+        collect(layout)
+    assert not layout.dataset.exists()
+
+
+def test_leftovers_of_a_killed_collection_are_removed_and_rerun_succeeds(tmp_path: Path) -> None:
+    layout = make_published_run(tmp_path, [[pa.table({"a": [1, 2]})]])
+    stale = layout.root / ".dataset.staging-deadbeef"
+    stale.mkdir()
+    (stale / "part-00000.parquet").write_bytes(b"half written")
+    assert collect(layout).rows == 2
+    assert not stale.exists()
+
+
+def test_one_collection_of_a_run_at_a_time(tmp_path: Path) -> None:
+    import fcntl
+    import os
+
+    layout = make_published_run(tmp_path, [[pa.table({"a": [1]})]])
+    layout.collections.mkdir()
+    fd = os.open(layout.collections / "collect.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        with pytest.raises(CollectError, match="another collection"):
+            collect(layout)
+    finally:
+        os.close(fd)
+    assert collect(layout).rows == 1

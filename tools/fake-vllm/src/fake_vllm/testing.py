@@ -123,20 +123,23 @@ def start_server(
     timeout: float = 20.0,
     host: str = "127.0.0.1",
     log_path: Path | None = None,
+    port: int | None = None,
 ) -> Iterator[RunningServer]:
     """Run ``fake-vllm serve MODEL --host HOST --port <free> [--api-key KEY] *args``.
 
     ``wait``: ``"healthy"`` until /health is 200, ``"listening"`` until /health answers at all,
     ``"none"`` not at all. ``timeout`` bounds the wait; ``ServerStartError`` if it runs out or the server
-    exits first. ``log_path`` defaults to a temporary file removed on exit.
+    exits first. ``log_path`` defaults to a temporary file removed on exit. ``port`` pins the port (no retry on
+    another one), e.g. to restart a server where its clients expect it.
     """
     scratch = None if log_path is not None else Path(tempfile.mkdtemp(prefix="fake-vllm-"))
     path = log_path if log_path is not None else Path(scratch or ".") / "server.log"
     deadline = time.monotonic() + timeout
     try:
-        for attempt in range(_PORT_ATTEMPTS):
-            port = free_port(host)
-            command = [sys.executable, "-m", "fake_vllm", "serve", model, "--host", host, "--port", str(port)]
+        attempts = _PORT_ATTEMPTS if port is None else 1
+        for attempt in range(attempts):
+            chosen = port if port is not None else free_port(host)
+            command = [sys.executable, "-m", "fake_vllm", "serve", model, "--host", host, "--port", str(chosen)]
             if api_key is not None:
                 command += ["--api-key", api_key]
             command += list(args)
@@ -144,7 +147,7 @@ def start_server(
                 proc = subprocess.Popen(
                     command, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file, env=child_environment(env)
                 )
-            server = RunningServer(proc=proc, host=host, port=port, api_key=api_key, log_path=path)
+            server = RunningServer(proc=proc, host=host, port=chosen, api_key=api_key, log_path=path)
             try:
                 ready = _wait(server, wait, deadline)
             except BaseException:
@@ -157,7 +160,7 @@ def start_server(
                     _stop(proc)
                 return
             text = server.log_text()
-            if "address already in use" not in text.lower() or attempt == _PORT_ATTEMPTS - 1:
+            if "address already in use" not in text.lower() or attempt == attempts - 1:
                 raise ServerStartError(f"fake-vllm exited with status {proc.returncode}:\n{text[-4000:]}")
     finally:
         if scratch is not None:

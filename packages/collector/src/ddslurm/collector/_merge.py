@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
 import secrets
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -103,14 +106,22 @@ def unified_schema(schemas: list[tuple[Path, pa.Schema]]) -> pa.Schema:
     return pa.schema(fields)
 
 
-def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
-    """Select by name into the unified order (never by position), add missing columns as nulls, cast."""
+def _conform(table: pa.Table, schema: pa.Schema, path: Path) -> pa.Table:
+    """Select by name into the unified order (never by position), add missing columns as nulls, cast safely:
+    a cast that would change a value (an int too large for a float, say) is a conflict, not a rounding."""
     columns = []
     for field in schema:
-        if field.name in table.column_names:
-            columns.append(table.column(field.name).cast(field.type))
-        else:
+        if field.name not in table.column_names:
             columns.append(pa.nulls(table.num_rows, type=field.type))
+            continue
+        column = table.column(field.name)
+        try:
+            columns.append(column.cast(field.type, safe=True))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+            raise SchemaConflictError(
+                f"column {field.name!r} in {path} ({column.type}) cannot become {field.type} without changing "
+                f"values: {exc}"
+            ) from exc
     return pa.Table.from_arrays(columns, schema=schema)
 
 
@@ -146,6 +157,46 @@ def collect(
     files = _batch_files(winners)
     schema = unified_schema([(f, pq.read_schema(f)) for f in files])
     make_private_dir(layout.collections, exist_ok=True)
+    with _exclusive(layout.collections / "collect.lock"):
+        _remove_stale_staging(destination)
+        return _collect_locked(
+            layout, plan, destination, winners, files, schema, overwrite, clock, target_file_bytes, progress
+        )
+
+
+@contextlib.contextmanager
+def _exclusive(lock_path: Path) -> Iterator[None]:
+    """One collection of a run at a time (so leftovers of a killed one can be removed safely)."""
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise CollectError(f"another collection of this run is in progress ({lock_path})") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def _remove_stale_staging(destination: Path) -> None:
+    """A collection killed half-way leaves only a hidden staging directory: remove it before starting."""
+    for stale in destination.parent.glob(f".{destination.name}.staging-*"):
+        if stale.is_dir() and not stale.is_symlink():
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+def _collect_locked(
+    layout: RunLayout,
+    plan: Plan,
+    destination: Path,
+    winners: list[WinnerRecord],
+    files: list[Path],
+    schema: pa.Schema,
+    overwrite: bool,
+    clock: Callable[[], datetime],
+    target_file_bytes: int,
+    progress: Callable[[int, int], None] | None,
+) -> CollectResult:
     staging = destination.parent / f".{destination.name}.staging-{secrets.token_hex(6)}"
     make_private_dir(staging)
     try:
@@ -153,7 +204,7 @@ def collect(
         writer: pq.ParquetWriter | None = None
         rows = 0
         for done, path in enumerate(files, start=1):
-            table = _conform(pq.read_table(path), schema)
+            table = _conform(pq.read_table(path), schema, path)
             if writer is None or (written and written[-1].stat().st_size >= target_file_bytes):
                 if writer is not None:
                     writer.close()

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
+from types import FrameType
 
 import msgspec
 
@@ -20,6 +22,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overwrite", action="store_true", help="replace an existing destination")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args(argv)
+
+    def on_term(signum: int, _: FrameType | None) -> None:
+        # Unwind like Ctrl-C so the half-written staging directory is removed and nothing is published.
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, on_term)
     try:
         result = collect(RunLayout(args.run_dir.resolve()), destination=args.output, overwrite=args.overwrite)
     except (CollectError, ConfigError, FileNotFoundError) as exc:

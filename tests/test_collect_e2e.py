@@ -1,0 +1,109 @@
+"""Collection with real Data Designer output, and a collection job killed half-way on the local cluster."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from ddslurm.collector import collect
+from ddslurm.collector.testing import make_published_run
+from ddslurm.config import WinnerRecord, atomic_write, encode, read_json
+from ddslurm.config.testing import make_plan
+from ddslurm.launcher import prepare, write_run_dir
+
+REPO = Path(__file__).resolve().parents[1]
+RUNTIME = Path(sys.executable).parent / "ddslurm-runtime"
+DDSLURM = Path(sys.executable).parent / "ddslurm"
+
+
+@pytest.mark.dd
+def test_batches_of_a_real_dd_run_with_different_column_orders_collect_row_for_row(
+    make_run_files: Any, tmp_path: Path
+) -> None:
+    files = make_run_files("dd", num_records=6, shards=1, buffer_size=3)
+    prepared = prepare(files.run_file, files.profile, files.env, datetime.now(UTC))
+    write_run_dir(prepared)
+    env = {k: v for k, v in files.env.items() if not k.startswith("SLURM")}
+    done = subprocess.run(
+        [
+            str(RUNTIME),
+            "generate",
+            "--run-dir",
+            str(prepared.layout.root),
+            "--shard",
+            "0",
+            "--job-id",
+            "1",
+            "--launcher",
+            "local",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    winner = read_json(prepared.layout.shard(0).winner, WinnerRecord)
+    batches = [pq.read_table(Path(winner.dataset_dir) / f.path) for f in winner.files]
+    assert len(batches) == 2
+    # Data Designer writes independent columns in the order they finish; make the second batch disagree.
+    second = batches[1].select(list(reversed(batches[1].column_names)))
+    assert second.column_names != batches[0].column_names
+    layout = make_published_run(tmp_path / "merge", [[batches[0], second]])
+    out = pq.read_table(collect(layout).dataset)
+    assert out.column_names == batches[0].column_names
+    want = batches[0].to_pylist() + batches[1].to_pylist()
+    assert out.to_pylist() == want
+
+
+@pytest.mark.slurm
+def test_killed_collection_job_publishes_nothing_and_a_rerun_succeeds(tmp_path: Path) -> None:
+    tables = [[pa.table({"a": list(range(i * 50, (i + 1) * 50)), "t": ["x" * 200] * 50}) for i in range(600)]]
+    layout = make_published_run(tmp_path, tables)
+    plan = make_plan(layout.run_id, (30000,), python_env=str(REPO / ".venv"))
+    plan = type(plan)(
+        **{
+            **{f: getattr(plan, f) for f in plan.__struct_fields__},
+            "collection": type(plan.collection)(time_minutes=5, partition="cpu", memory="1G"),
+        }
+    )
+    atomic_write(layout.plan, encode(plan))
+    env = {**os.environ}
+    proc = subprocess.Popen(
+        [str(DDSLURM), "collect", str(layout.root), "--json"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 90
+    staging: list[Path] = []
+    while time.monotonic() < deadline and not staging and proc.poll() is None:
+        staging = list(layout.root.glob(".dataset.staging-*/part-*.parquet"))
+        time.sleep(0.05)
+    assert staging, "the collection job never started writing"
+    subprocess.run(["scancel", "--name=ddslurm-collect-test"], check=True)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0 and "ended CANCELLED" in err, (out, err)
+    assert not layout.dataset.exists()
+    assert not list(layout.root.glob(".dataset.staging-*"))  # the job cleaned up on SIGTERM
+    again = subprocess.run(
+        [str(DDSLURM), "collect", str(layout.root), "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert again.returncode == 0, again.stderr
+    assert pq.read_table(layout.dataset).num_rows == 30000

@@ -1,0 +1,140 @@
+"""Nothing generated is lost and nothing is duplicated: a shard cancelled mid-generation is retried and
+resumes from its completed batches; a shard killed by its time limit is retried automatically."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+
+from ddslurm.config import AttemptRecord, read_json
+
+pytestmark = [pytest.mark.slurm, pytest.mark.dd]
+
+REPO = Path(__file__).resolve().parents[1]
+DDSLURM = str(Path(sys.executable).parent / "ddslurm")
+RECORD_ID = "  - column_type: sampler\n    name: record_id\n    sampler_type: uuid\n    params: {sampler_type: uuid}\n"
+
+
+def _recipe_with_ids(tmp_path: Path) -> Path:
+    text = (REPO / "examples" / "hosted-only" / "recipe.yaml").read_text()
+    recipe = tmp_path / "ids" / "recipe.yaml"
+    recipe.parent.mkdir()
+    recipe.write_text(text.replace("  columns:\n", "  columns:\n" + RECORD_ID, 1))
+    return recipe
+
+
+def _cli(*args: str, env: dict[str, str], timeout: float = 400, ok: bool = True) -> Any:
+    done = subprocess.run([DDSLURM, *args], capture_output=True, text=True, env=env, timeout=timeout, check=False)
+    if ok:
+        assert done.returncode == 0, f"{args}: rc={done.returncode}\n{done.stdout}\n{done.stderr[-3000:]}"
+    return json.loads(done.stdout) if done.stdout.strip().startswith(("{", "[")) else done
+
+
+def _until(predicate: Any, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.3)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def _rows_done(run_dir: Path, shard: int) -> int:
+    best = 0
+    for progress in run_dir.glob(f"shards/shard-{shard:05d}/attempts/*/progress.json"):
+        try:
+            best = max(best, json.loads(progress.read_text())["rows"])
+        except (ValueError, KeyError):
+            continue
+    return best
+
+
+def test_cancelled_shard_is_retried_and_resumes_without_losing_or_duplicating(
+    make_run_files: Any, tmp_path: Path
+) -> None:
+    from fake_vllm.testing import start_server
+
+    key = "sk-recovery-" + "9" * 16
+    args = ["--served-model-name", "demo/writer-8b", "demo/judge-70b", "--fake-latency", "0.25", "--fake-capacity", "4"]
+    with start_server("demo", args=args, api_key=key) as slow:
+        endpoint = type("E", (), {"base_url": slow.base_url, "api_key": key, "request_log": tmp_path / "r.jsonl"})
+        files = make_run_files("cancel", num_records=24, shards=2, buffer_size=3, recipe=_recipe_with_ids(tmp_path))
+        (files.dd_home / "model_providers.yaml").write_text(
+            "providers:\n- {name: demo-hosted, endpoint: '" + endpoint.base_url + "', api_key: DEMO_HOSTED_API_KEY}\n"
+        )
+        env = {**files.env, "DEMO_HOSTED_API_KEY": key}
+        run_dir = Path(
+            _cli("submit", str(files.run_file), "--profile", str(files.profile), "--json", env=env)["run_dir"]
+        )
+        _until(lambda: _rows_done(run_dir, 1) >= 3, 120, "shard 1 to complete a batch")
+        cancelled = _cli("cancel", str(run_dir), "--shards", "1", "--json", env=env)["cancelled"]
+        assert len(cancelled) == 1
+        status = _until(
+            lambda: (s := _cli("status", str(run_dir), "--json", env=env))["shards"][1]["state"] == "cancelled" and s,
+            60,
+            "shard 1 to be cancelled",
+        )
+        first = read_json(next(run_dir.glob("shards/shard-00001/attempts/*/attempt.json")), AttemptRecord)
+        assert first.state == "failed" and first.reason == "cancelled", first
+        done_before = _rows_done(run_dir, 1)
+        assert 3 <= done_before < 12
+
+        retried = _cli("retry", str(run_dir), "--json", env=env)
+        assert retried["shards"] == [1]
+        final = _cli("wait", str(run_dir), "--json", env=env)
+        assert final["state"] == "succeeded" and final["records_done"] == 24, status
+
+    attempts = sorted(run_dir.glob("shards/shard-00001/attempts/*/attempt.json"))
+    records = [read_json(p, AttemptRecord) for p in attempts]
+    resumed = [r for r in records if r.resumed_from]
+    assert resumed and resumed[-1].resumed_rows >= 3 and resumed[-1].state == "succeeded"
+    dataset = Path(_cli("collect", str(run_dir), "--local", "--json", env=env)["dataset"])
+    ids = pq.read_table(dataset).column("record_id").to_pylist()
+    assert len(ids) == 24 and len(set(ids)) == 24
+
+
+def test_shard_killed_by_its_time_limit_is_retried_automatically(make_run_files: Any, tmp_path: Path) -> None:
+    """The provider hangs during the first allocation (a 1-minute limit kills it), then recovers; the retry
+    array submitted with the run (retries: 1) finishes the shard."""
+    from fake_vllm.testing import free_port, start_server
+
+    key = "sk-timeout-" + "7" * 16
+    port = free_port()
+    files = make_run_files(
+        "timeout",
+        num_records=4,
+        shards=1,
+        buffer_size=2,
+        recipe=_recipe_with_ids(tmp_path),
+        extra_run="retries: 1\n",
+    )
+    run_text = files.run_file.read_text().replace("time_limit: '00:10:00'", "time_limit: 1")
+    files.run_file.write_text(run_text)
+    (files.dd_home / "model_providers.yaml").write_text(
+        f"providers:\n- {{name: demo-hosted, endpoint: 'http://127.0.0.1:{port}/v1', api_key: DEMO_HOSTED_API_KEY}}\n"
+    )
+    env = {**files.env, "DEMO_HOSTED_API_KEY": key}
+    served = ["--served-model-name", "demo/writer-8b", "demo/judge-70b"]
+    with start_server("demo", args=[*served, "--fake-latency", "600"], api_key=key, port=port):
+        submitted = _cli("submit", str(files.run_file), "--profile", str(files.profile), "--json", env=env)
+        run_dir = Path(submitted["run_dir"])
+        subs = sorted(run_dir.glob("submissions/*.json"))
+        assert len(subs) == 2  # the run and its automatic retry array
+        _until(lambda: list(run_dir.glob("shards/shard-00000/attempts/*/attempt.json")), 60, "the first attempt")
+        first = next(run_dir.glob("shards/shard-00000/attempts/*/attempt.json"))
+        _until(lambda: read_json(first, AttemptRecord).state != "running", 240, "the time limit to end attempt 1")
+    record = read_json(first, AttemptRecord)
+    assert record.reason in {"time_limit", "cancelled"}, record
+    with start_server("demo", args=served, api_key=key, port=port):
+        final = _cli("wait", str(run_dir), "--json", "--timeout", "240", env=env)
+    assert final["state"] == "succeeded" and final["records_done"] == 4
+    records = [read_json(p, AttemptRecord) for p in run_dir.glob("shards/shard-00000/attempts/*/attempt.json")]
+    assert sorted(r.state for r in records) == ["failed", "succeeded"]
