@@ -126,9 +126,17 @@ def test_manifest_lists_rows_files_winners_and_plan_hash(tmp_path: Path) -> None
 def test_collect_splits_output_into_files_of_target_size(tmp_path: Path) -> None:
     tables = [pa.table({"a": list(range(i * 1000, (i + 1) * 1000))}) for i in range(4)]
     layout = make_published_run(tmp_path, [tables])
-    result = collect(layout, target_file_bytes=1)
+    result = collect(layout, target_file_bytes=1, row_group_rows=1000)
     assert len(result.files) == 4
     assert pq.read_table(result.dataset).column("a").to_pylist() == list(range(4000))
+
+
+def test_small_batches_are_merged_into_sensible_row_groups(tmp_path: Path) -> None:
+    tables = [pa.table({"a": list(range(i * 100, (i + 1) * 100))}) for i in range(30)]
+    result = collect(make_published_run(tmp_path, [tables[:15], tables[15:]]), row_group_rows=1000)
+    meta = pq.ParquetFile(result.files[0]).metadata
+    assert [meta.row_group(i).num_rows for i in range(meta.num_row_groups)] == [1000, 1000, 1000]
+    assert pq.read_table(result.dataset).column("a").to_pylist() == list(range(3000))
 
 
 def test_collect_detects_batch_changed_after_publication(tmp_path: Path) -> None:

@@ -33,6 +33,8 @@ from ddslurm.config import (
 
 MANIFEST = "_manifest.json"  # leading underscore: pyarrow and pandas skip it when reading the directory
 TARGET_FILE_BYTES = 512 << 20
+ROW_GROUP_ROWS = 128 * 1024
+ROW_GROUP_BYTES = 128 << 20
 
 
 class ShardEntry(Frozen, frozen=True, kw_only=True):
@@ -125,6 +127,47 @@ def _conform(table: pa.Table, schema: pa.Schema, path: Path) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=schema)
 
 
+class _PartWriter:
+    """Buffers batches into row groups of a sensible size and rolls over to a new file at the target size;
+    memory holds at most one row group."""
+
+    def __init__(self, directory: Path, schema: pa.Schema, target_file_bytes: int, row_group_rows: int) -> None:
+        self._dir = directory
+        self._group_rows = row_group_rows
+        self._schema = schema
+        self._target = target_file_bytes
+        self._pending: list[pa.Table] = []
+        self._pending_rows = 0
+        self._pending_bytes = 0
+        self._writer: pq.ParquetWriter | None = None
+        self.files: list[Path] = []
+
+    def add(self, table: pa.Table) -> None:
+        self._pending.append(table)
+        self._pending_rows += table.num_rows
+        self._pending_bytes += table.nbytes
+        if self._pending_rows >= self._group_rows or self._pending_bytes >= ROW_GROUP_BYTES:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        if self._writer is None or self.files[-1].stat().st_size >= self._target:
+            if self._writer is not None:
+                self._writer.close()
+            self.files.append(self._dir / f"part-{len(self.files):05d}.parquet")
+            self._writer = pq.ParquetWriter(self.files[-1], self._schema)
+        group = pa.concat_tables(self._pending)
+        self._writer.write_table(group, row_group_size=max(1, group.num_rows))
+        self._pending, self._pending_rows, self._pending_bytes = [], 0, 0
+
+    def close(self) -> list[Path]:
+        self._flush()
+        if self._writer is not None:
+            self._writer.close()
+        return self.files
+
+
 def _publish(staging: Path, destination: Path, overwrite: bool) -> None:
     if destination.is_symlink():
         raise DestinationExistsError(f"{destination}: is a symbolic link; refusing to replace it")
@@ -146,6 +189,7 @@ def collect(
     overwrite: bool = False,
     clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     target_file_bytes: int = TARGET_FILE_BYTES,
+    row_group_rows: int = ROW_GROUP_ROWS,
     progress: Callable[[int, int], None] | None = None,
 ) -> CollectResult:
     """Merge every shard's winner into ``destination`` (default: the run's ``dataset/``) atomically."""
@@ -160,7 +204,17 @@ def collect(
     with _exclusive(layout.collections / "collect.lock"):
         _remove_stale_staging(destination)
         return _collect_locked(
-            layout, plan, destination, winners, files, schema, overwrite, clock, target_file_bytes, progress
+            layout,
+            plan,
+            destination,
+            winners,
+            files,
+            schema,
+            overwrite,
+            clock,
+            target_file_bytes,
+            row_group_rows,
+            progress,
         )
 
 
@@ -195,27 +249,21 @@ def _collect_locked(
     overwrite: bool,
     clock: Callable[[], datetime],
     target_file_bytes: int,
+    row_group_rows: int,
     progress: Callable[[int, int], None] | None,
 ) -> CollectResult:
     staging = destination.parent / f".{destination.name}.staging-{secrets.token_hex(6)}"
     make_private_dir(staging)
     try:
-        written: list[Path] = []
-        writer: pq.ParquetWriter | None = None
+        parts = _PartWriter(staging, schema, target_file_bytes, row_group_rows)
         rows = 0
         for done, path in enumerate(files, start=1):
             table = _conform(pq.read_table(path), schema, path)
-            if writer is None or (written and written[-1].stat().st_size >= target_file_bytes):
-                if writer is not None:
-                    writer.close()
-                written.append(staging / f"part-{len(written):05d}.parquet")
-                writer = pq.ParquetWriter(written[-1], schema)
-            writer.write_table(table, row_group_size=64 * 1024)
+            parts.add(table)
             rows += table.num_rows
             if progress is not None:
                 progress(done, len(files))
-        if writer is not None:
-            writer.close()
+        written = parts.close()
         expected = sum(w.rows for w in winners)
         if rows != expected:
             raise CollectError(f"collected {rows} rows but the winners report {expected}; nothing was published")
