@@ -16,7 +16,7 @@ import pytest
 
 from ddslurm.collector import collect
 from ddslurm.collector.testing import make_published_run
-from ddslurm.config import WinnerRecord, atomic_write, encode, read_json
+from ddslurm.config import Resources, WinnerRecord, atomic_write, encode, read_json
 from ddslurm.config.testing import make_plan
 from ddslurm.launcher import prepare, write_run_dir
 
@@ -68,14 +68,14 @@ def test_batches_of_a_real_dd_run_with_different_column_orders_collect_row_for_r
 
 @pytest.mark.slurm
 def test_killed_collection_job_publishes_nothing_and_a_rerun_succeeds(tmp_path: Path) -> None:
-    tables = [[pa.table({"a": list(range(i * 50, (i + 1) * 50)), "t": ["x" * 200] * 50}) for i in range(600)]]
+    # Enough batch files that reading them takes seconds: the job is cancelled while it works.
+    tables = [[pa.table({"a": list(range(i * 20, (i + 1) * 20)), "t": ["x" * 100] * 20}) for i in range(2000)]]
     layout = make_published_run(tmp_path, tables)
-    plan = make_plan(layout.run_id, (30000,), python_env=str(REPO / ".venv"))
-    plan = type(plan)(
-        **{
-            **{f: getattr(plan, f) for f in plan.__struct_fields__},
-            "collection": type(plan.collection)(time_minutes=5, partition="cpu", memory="1G"),
-        }
+    plan = make_plan(
+        layout.run_id,
+        (40000,),
+        python_env=str(REPO / ".venv"),
+        collection=Resources(time_minutes=5, partition="cpu", memory="1G"),
     )
     atomic_write(layout.plan, encode(plan))
     env = {**os.environ}
@@ -89,8 +89,8 @@ def test_killed_collection_job_publishes_nothing_and_a_rerun_succeeds(tmp_path: 
     deadline = time.monotonic() + 90
     staging: list[Path] = []
     while time.monotonic() < deadline and not staging and proc.poll() is None:
-        staging = list(layout.root.glob(".dataset.staging-*/part-*.parquet"))
-        time.sleep(0.05)
+        staging = list(layout.root.glob(".dataset.staging-*"))
+        time.sleep(0.02)
     assert staging, "the collection job never started writing"
     subprocess.run(["scancel", "--name=ddslurm-collect-test"], check=True)
     out, err = proc.communicate(timeout=120)
@@ -106,4 +106,4 @@ def test_killed_collection_job_publishes_nothing_and_a_rerun_succeeds(tmp_path: 
         check=False,
     )
     assert again.returncode == 0, again.stderr
-    assert pq.read_table(layout.dataset).num_rows == 30000
+    assert pq.read_table(layout.dataset).num_rows == 40000

@@ -42,7 +42,7 @@ def test_hosted_only_run_end_to_end(make_run_files: Any, hosted_endpoint: Any, s
 
     script = (run_dir / "generate.sbatch").read_text()
     assert "#SBATCH --gres=none" in script and "#SBATCH --partition=cpu" in script
-    assert "#SBATCH --array=0,1,2" in script and "#SBATCH --mem=1G" in script
+    assert "#SBATCH --array=0-2" in script and "#SBATCH --mem=1G" in script
 
     final = _json(_cli("wait", str(run_dir), "--json", env=files.env))
     assert final["state"] == "succeeded", final

@@ -36,6 +36,9 @@ def test_minimal_run_file_fills_every_default(tmp_path: Path) -> None:
         "shards": 1,
         "resume": "if_possible",
         "buffer_size": 1000,
+        "max_concurrent": None,
+        "retries": 0,
+        "client_retries": 1,
         "deployments": [],
         "submission": {
             "account": None,
