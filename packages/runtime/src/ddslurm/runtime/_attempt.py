@@ -255,18 +255,18 @@ class AttemptRunner:
         if leaks:
             raise VerificationError(f"a secret value was found in {len(leaks)} file(s), e.g. {leaks[0]}")
         make_private(result.dataset_dir)
-        if rows < num_records:
-            candidate = WinnerRecord(
-                shard=shard_index,
-                attempt=record.attempt,
-                rows=rows,
-                dataset_dir=str(result.dataset_dir),
-                files=files,
-                plan_sha256=inputs.plan_sha256,
-                published_at=self._now(),
-                partial=True,
-            )
-            atomic_write(attempt.candidate, encode(candidate))
+        winner = WinnerRecord(
+            shard=shard_index,
+            attempt=record.attempt,
+            rows=rows,
+            dataset_dir=str(result.dataset_dir),
+            files=files,
+            plan_sha256=inputs.plan_sha256,
+            published_at=self._now(),
+            partial=rows < num_records,
+        )
+        if winner.partial:
+            atomic_write(attempt.candidate, encode(winner))
             self._write(
                 attempt,
                 msgspec.structs.replace(
@@ -280,15 +280,6 @@ class AttemptRunner:
             )
             log.warning("attempt.partial", rows=rows, requested=num_records)
             return EXIT_PARTIAL
-        winner = WinnerRecord(
-            shard=shard_index,
-            attempt=record.attempt,
-            rows=rows,
-            dataset_dir=str(result.dataset_dir),
-            files=files,
-            plan_sha256=inputs.plan_sha256,
-            published_at=self._now(),
-        )
         if publish_once(self._layout.shard(shard_index).winner, encode(winner)):
             self._write(attempt, msgspec.structs.replace(record, state="succeeded", ended_at=self._now(), rows=rows))
             log.info("attempt.published", rows=rows, files=len(files))
