@@ -83,6 +83,7 @@ def test_status_and_wait_report_a_failed_run(make_run_files: Any) -> None:
     final = json.loads(done.stdout)
     assert final["state"] == "failed"
     assert final["shards"][0]["state"] == "failed"
+    assert "sha256 differs from the plan" in final["shards"][0]["message"]  # from the task's batch output
     collect = _cli("collect", str(run_dir), "--local", env=files.env)
     assert collect.returncode != 0 and "no published result" in collect.stderr
     assert not (run_dir / "dataset").exists()

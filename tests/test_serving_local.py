@@ -49,34 +49,35 @@ def _env_dumping_vllm(tmp_path: Path) -> Path:
     return script
 
 
-def _run(files: Any, job_id: str, *, gpus: str = "0,1,2,3", timeout: float = 240) -> tuple[Path, int, float]:
+def _start(files: Any, job_id: str, gpus: str, extra: tuple[str, ...] = ()) -> tuple[Path, subprocess.Popen[str]]:
     prepared = prepare(files.run_file, files.profile, files.env, datetime.now(UTC))
     write_run_dir(prepared)
     env = {k: v for k, v in files.env.items() if not k.startswith("SLURM")}
     env["CUDA_VISIBLE_DEVICES"] = gpus
+    argv = [
+        str(RUNTIME),
+        "generate",
+        "--run-dir",
+        str(prepared.layout.root),
+        "--shard",
+        "0",
+        "--job-id",
+        job_id,
+        "--launcher",
+        "local",
+        "--grace",
+        "3",
+        *extra,
+    ]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return prepared.layout.root, proc
+
+
+def _run(files: Any, job_id: str, *, gpus: str = "0", timeout: float = 240) -> tuple[Path, int, float]:
     start = time.monotonic()
-    done = subprocess.run(
-        [
-            str(RUNTIME),
-            "generate",
-            "--run-dir",
-            str(prepared.layout.root),
-            "--shard",
-            "0",
-            "--job-id",
-            job_id,
-            "--launcher",
-            "local",
-            "--grace",
-            "3",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    return prepared.layout.root, done.returncode, time.monotonic() - start
+    run_dir, proc = _start(files, job_id, gpus)
+    proc.communicate(timeout=timeout)
+    return run_dir, proc.returncode, time.monotonic() - start
 
 
 def _record(run_dir: Path, job_id: str) -> AttemptRecord:
@@ -164,3 +165,33 @@ def test_hosted_only_starts_no_server_or_proxy(run_files: Any) -> None:
     assert not list(attempt.glob("server-*")) and not list(attempt.glob("proxy-*"))
     assert not (attempt / "serving.json").exists()
     assert os.environ.get("DEMO_HOSTED_API_KEY") is None  # the key lives only in the run's env mapping
+
+
+def test_a_hung_server_is_stopped_and_fails_the_attempt(make_run_files: Any) -> None:
+    """A replica that keeps its port but stops answering (SIGSTOP) leaves rotation after a few failed checks."""
+    import json
+    import signal
+
+    files = make_run_files(
+        "hung",
+        num_records=40,
+        shards=1,
+        recipe=MIXED_RECIPE,
+        extra_run=_deployment(env={"FAKE_VLLM_LATENCY": "0.5"}),
+    )
+    run_dir, proc = _start(files, "51", "0", ("--health-interval", "0.5", "--unhealthy-limit", "3"))
+    attempt = run_dir / "shards" / "shard-00000" / "attempts" / "attempt-51"
+    deadline = time.monotonic() + 60
+    while not (attempt / "endpoints.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    port = json.loads((attempt / "serving.json").read_text())["replicas"][0]["port"]
+    pids = subprocess.run(["pgrep", "-f", "--", f"--port {port}"], capture_output=True, text=True, check=False).stdout
+    assert pids.split()
+    for pid in pids.split():
+        os.kill(int(pid), signal.SIGSTOP)
+    start = time.monotonic()
+    proc.communicate(timeout=120)
+    assert proc.returncode == 1 and time.monotonic() - start < 30
+    record = _record(run_dir, "51")
+    assert record.reason == "server_died" and "every replica of 'generator'" in (record.message or "")
+    _no_processes_left(run_dir)

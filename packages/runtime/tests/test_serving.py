@@ -108,9 +108,11 @@ def test_ports_fixed_are_checked_and_planned_ones_skip_taken_ports() -> None:
 
 def test_gpu_discovery_must_match_the_plan() -> None:
     assert check_gpus(_serving(), {"CUDA_VISIBLE_DEVICES": "0,1"}) == ["0", "1"]
-    assert check_gpus(_serving(), {"SLURM_JOB_GPUS": "2,3,4"}) == ["2", "3", "4"]
+    assert check_gpus(_serving(), {"SLURM_JOB_GPUS": "2,3"}) == ["2", "3"]
     with pytest.raises(GpuMismatchError, match="places 2 GPU"):
         check_gpus(_serving(), {"CUDA_VISIBLE_DEVICES": "0"})
+    with pytest.raises(GpuMismatchError, match="sees 3"):
+        check_gpus(_serving(), {"CUDA_VISIBLE_DEVICES": "0,1,2"})  # more than planned is a mismatch too
 
 
 @pytest.mark.parametrize(

@@ -28,6 +28,7 @@ from ddslurm.config import (
     encode_pretty,
     make_private_dir,
     read_json,
+    read_plan,
     sha256_file,
 )
 
@@ -193,7 +194,7 @@ def collect(
     progress: Callable[[int, int], None] | None = None,
 ) -> CollectResult:
     """Merge every shard's winner into ``destination`` (default: the run's ``dataset/``) atomically."""
-    plan = read_json(layout.plan, Plan)
+    plan = read_plan(layout.plan)
     destination = destination or layout.dataset
     if (destination.exists() or destination.is_symlink()) and not overwrite:
         raise DestinationExistsError(f"{destination}: already exists; pass --overwrite to replace it")

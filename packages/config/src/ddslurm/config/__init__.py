@@ -5,7 +5,15 @@ Frozen msgspec structs for everything that crosses a package or machine boundary
 """
 
 from ddslurm.config._base import Frozen
-from ddslurm.config._codec import digest, encode, encode_pretty, load_profile, load_run_file, read_json
+from ddslurm.config._codec import (
+    digest,
+    encode,
+    encode_pretty,
+    load_profile,
+    load_run_file,
+    read_json,
+    read_plan,
+)
 from ddslurm.config._files import (
     atomic_write,
     make_private_dir,
@@ -85,6 +93,7 @@ __all__ = [
     "make_private_dir",
     "publish_once",
     "read_json",
+    "read_plan",
     "read_regular",
     "read_yaml",
     "sha256_bytes",

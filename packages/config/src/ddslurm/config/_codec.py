@@ -8,6 +8,8 @@ from typing import Any, TypeVar
 import msgspec
 
 from ddslurm.config._files import read_regular, sha256_bytes
+from ddslurm.config._layout import LAYOUT_VERSION
+from ddslurm.config._plan import PLAN_VERSION, Plan
 from ddslurm.config._profile import ClusterProfile
 from ddslurm.config._runfile import RunFile
 from ddslurm.config._yaml import load_struct
@@ -44,6 +46,18 @@ def read_json(path: Path, kind: type[T]) -> T:
         return msgspec.json.decode(data, type=kind)
     except msgspec.DecodeError as exc:
         raise ConfigFileError(path, str(exc)) from exc
+
+
+def read_plan(path: Path) -> Plan:
+    """A run's plan, refused with a clear message when this version of ddslurm cannot read its layout."""
+    plan = read_json(path, Plan)
+    if plan.version != PLAN_VERSION or plan.layout_version != LAYOUT_VERSION:
+        raise ConfigFileError(
+            path,
+            f"written by another ddslurm version (plan {plan.version}, layout {plan.layout_version}); this one reads "
+            f"plan {PLAN_VERSION}, layout {LAYOUT_VERSION}",
+        )
+    return plan
 
 
 def load_run_file(path: Path) -> RunFile:

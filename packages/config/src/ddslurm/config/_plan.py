@@ -7,6 +7,7 @@ from typing import Literal
 import msgspec
 
 from ddslurm.config._base import Frozen
+from ddslurm.config._layout import LAYOUT_VERSION
 from ddslurm.config._runfile import ResumeMode
 
 PLAN_VERSION = 1
@@ -72,6 +73,8 @@ class ShardSpec(Frozen, frozen=True, kw_only=True):
 
 class Plan(Frozen, frozen=True, kw_only=True):
     version: int = PLAN_VERSION
+    layout_version: int = LAYOUT_VERSION
+    """The run-directory layout the run was created with (``ddslurm.config._layout``)."""
     run_id: str
     run_name: str
     num_records: int

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from ddslurm.collector import MANIFEST, CollectResult, collect, read_manifest
-from ddslurm.config import Plan, RunLayout, atomic_write, make_private_dir, read_json
+from ddslurm.config import RunLayout, atomic_write, make_private_dir, read_plan
 from ddslurm.launcher._render import render_collection
 from ddslurm.launcher._slurm import Slurm
 from ddslurm.launcher.errors import LauncherError
@@ -38,7 +38,7 @@ def wait_for_job(
 
 
 def collect_with_slurm(layout: RunLayout, slurm: Slurm, *, overwrite: bool) -> CollectResult:
-    plan = read_json(layout.plan, Plan)
+    plan = read_plan(layout.plan)
     make_private_dir(layout.logs, exist_ok=True)  # Slurm cannot start a job whose output file it cannot open
     script = render_collection(plan, layout, overwrite=overwrite)
     path = layout.root / f"collect-{datetime.now(UTC).strftime('%Y%m%d%H%M%S')}.sbatch"

@@ -18,6 +18,7 @@ from ddslurm.config import (
     SubmissionRecord,
     WinnerRecord,
     read_json,
+    read_plan,
 )
 from ddslurm.launcher._slurm import Slurm, TaskState
 from ddslurm.launcher.errors import RunNotFoundError
@@ -182,7 +183,21 @@ def shard_status(
         status.state = "failed"
         if status.reason is None or (latest is not None and latest.state == "running"):
             status.reason = state.state.lower() if state.state in _FAILED else "no_result"
+            status.message = _tail(layout.logs / f"slurm-{job}.out") or status.message
     return status
+
+
+def _tail(path: Path, lines: int = 8) -> str | None:
+    """The end of a batch output file: why a task failed before it could write an attempt record."""
+    try:
+        with path.open("rb") as fh:
+            fh.seek(0, 2)
+            fh.seek(max(0, fh.tell() - 16384))
+            text = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    tail = "\n".join(text.splitlines()[-lines:]).strip()
+    return f"last lines of {path}:\n{tail}" if tail else None
 
 
 def run_state(shards: list[ShardStatus]) -> RunState:
@@ -208,7 +223,7 @@ def covering_tasks(subs: list[SubmissionRecord]) -> dict[int, list[tuple[Submiss
 
 
 def run_status(layout: RunLayout, slurm: Slurm, *, now: datetime | None = None) -> RunStatus:
-    plan = read_json(layout.plan, Plan)
+    plan = read_plan(layout.plan)
     subs = submissions(layout)
     covering = covering_tasks(subs)
     sched = query(slurm, subs)

@@ -7,7 +7,16 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from ddslurm.config import AttemptRecord, Plan, RunLayout, WinnerRecord, publish_once, read_json, read_regular
+from ddslurm.config import (
+    AttemptRecord,
+    Plan,
+    RunLayout,
+    WinnerRecord,
+    publish_once,
+    read_json,
+    read_plan,
+    read_regular,
+)
 from ddslurm.launcher._slurm import Slurm
 from ddslurm.launcher._status import RunStatus, attempt_records, run_status
 from ddslurm.launcher._submit import submit_shards
@@ -42,7 +51,7 @@ def retry(
     Every API-key variable the run needs is checked again in this shell first; the new attempts resume from
     the batches of earlier attempts when the run's resume mode allows it.
     """
-    plan = read_json(layout.plan, Plan)
+    plan = read_plan(layout.plan)
     status = run_status(layout, slurm)
     by_index = {s.shard: s for s in status.shards}
     chosen = _pick(status, shards, plan)
@@ -58,7 +67,7 @@ def retry(
 
 def cancel(layout: RunLayout, slurm: Slurm, shards: list[int] | None = None) -> list[str]:
     """Cancel the run's queued and running tasks (only those of ``shards`` if given); returns the ids."""
-    plan = read_json(layout.plan, Plan)
+    plan = read_plan(layout.plan)
     status = run_status(layout, slurm)
     chosen = set(_pick(status, shards, plan))
     ids = [s.job_id for s in status.shards if s.shard in chosen and s.job_id and s.state in ACTIVE]

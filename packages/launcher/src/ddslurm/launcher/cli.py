@@ -28,7 +28,7 @@ from typing import Any, TextIO
 import msgspec
 
 from ddslurm.collector import CollectError, CollectResult
-from ddslurm.config import ConfigError, Plan, RunLayout, load_profile, read_json
+from ddslurm.config import ConfigError, RunLayout, load_profile, read_plan
 from ddslurm.launcher._collect import collect_local, collect_with_slurm
 from ddslurm.launcher._render import render_generation
 from ddslurm.launcher._slurm import Slurm
@@ -307,7 +307,7 @@ def cmd_list(args: argparse.Namespace, slurm: Slurm, env: Mapping[str, str], out
     rows = []
     for plan_path in sorted((workspace / "runs").glob("*/run.json")):
         layout = RunLayout(plan_path.parent)
-        plan = read_json(plan_path, Plan)
+        plan = read_plan(plan_path)
         rows.append(
             {
                 "run_id": layout.run_id,

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ddslurm.config import ConfigError, Plan, RunLayout, digest, encode_pretty, read_json
+from ddslurm.config import ConfigError, RunLayout, digest, encode_pretty, read_plan
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -15,7 +15,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     layout = RunLayout(args.run_dir)
     try:
-        plan = read_json(layout.plan, Plan)
+        plan = read_plan(layout.plan)
     except (ConfigError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

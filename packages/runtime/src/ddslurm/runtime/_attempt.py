@@ -28,6 +28,7 @@ from ddslurm.config import (
     make_private_dir,
     publish_once,
     read_json,
+    read_plan,
     read_regular,
     read_yaml,
     sha256_bytes,
@@ -67,7 +68,7 @@ class Inputs:
 def load_inputs(layout: RunLayout) -> Inputs:
     """Read the plan, recipe and snapshot from the run directory and check their recorded digests."""
     try:
-        plan = read_json(layout.plan, Plan)
+        plan = read_plan(layout.plan)
         recipe_bytes = read_regular(Path(plan.recipe_file))
         snapshot_bytes = read_regular(Path(plan.snapshot_file))
     except (OSError, msgspec.DecodeError, Exception) as exc:

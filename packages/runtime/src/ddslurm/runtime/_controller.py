@@ -26,6 +26,7 @@ from ddslurm.runtime._serving import (
     ServerDiedError,
     check_gpus,
     choose_ports,
+    is_healthy,
     port_is_free,
     server_command,
     vllm_version,
@@ -113,6 +114,8 @@ class Controller:
         stop: StopSignal,
         grace: float = 15.0,
         poll: float = 0.5,
+        health_interval: float = 5.0,
+        unhealthy_limit: int = 6,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self._runner = runner
@@ -126,6 +129,8 @@ class Controller:
         self._grace = grace
         self._poll = poll
         self._sleep = sleep
+        self._health_interval = health_interval
+        self._unhealthy_limit = unhealthy_limit
         self._steps: list[Step] = []
         self._secrets: tuple[str, ...] = ()
 
@@ -309,12 +314,17 @@ class Controller:
     def _watch(self, client: Step, began: Began, replicas: dict[str, list[Replica]], log: Any) -> AttemptRecord:
         """Wait for the client step while watching the servers; the attempt's record once the client ended."""
         reported: set[str] = set()
+        failures: dict[str, int] = {}
+        next_check = time.monotonic() + self._health_interval
         while True:
             code = client.poll()
             if code is not None:
                 break
             if self._stop.event.is_set():
                 raise self._interrupted()
+            if time.monotonic() >= next_check:
+                next_check = time.monotonic() + self._health_interval
+                self._check_health(replicas, failures, log)
             for alias, reps in replicas.items():
                 alive = [r for r in reps if r.step.poll() is None]
                 for r in reps:
@@ -336,6 +346,22 @@ class Controller:
             )
             record = read_json(began.layout.record, AttemptRecord)
         return record
+
+    def _check_health(self, replicas: dict[str, list[Replica]], failures: dict[str, int], log: Any) -> None:
+        """A live replica that stops answering /health (hung, holding its port) is stopped after
+        ``unhealthy_limit`` checks in a row, so it leaves the proxy's rotation and counts as dead."""
+        for reps in replicas.values():
+            for r in reps:
+                if r.step.poll() is not None:
+                    continue
+                if is_healthy(self._http, r.url):
+                    failures.pop(r.step.name, None)
+                    continue
+                failures[r.step.name] = failures.get(r.step.name, 0) + 1
+                log.warning("server.unhealthy", step=r.step.name, checks=failures[r.step.name])
+                if failures[r.step.name] >= self._unhealthy_limit:
+                    log.error("server.hung", step=r.step.name, why="no healthy answer; stopping it")
+                    r.step.stop(self._grace)
 
     # --- processes -------------------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ from ddslurm.runtime._steps import Step, log_tail
 from ddslurm.runtime.errors import RuntimeFailure
 
 PORT_BASE = 20000
+HEALTH_TIMEOUT_S = 5.0
 PORT_SPAN = 30000
 
 
@@ -108,13 +109,20 @@ def visible_gpus(env: Mapping[str, str]) -> list[str]:
 
 def check_gpus(serving: ServingPlan, env: Mapping[str, str]) -> list[str]:
     gpus = visible_gpus(env)
-    if len(gpus) < serving.gpus:
+    if len(gpus) != serving.gpus:
         raise GpuMismatchError(
             f"the plan places {serving.gpus} GPU(s) but this allocation sees {len(gpus)} "
             f"(CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES', '')!r}, "
             f"SLURM_JOB_GPUS={env.get('SLURM_JOB_GPUS', '')!r})"
         )
     return gpus
+
+
+def is_healthy(client: httpx.Client, base_url: str) -> bool:
+    try:
+        return client.get(f"{base_url}/health", timeout=HEALTH_TIMEOUT_S).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:

@@ -108,6 +108,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
             http=http,
             stop=stop,
             grace=args.grace,
+            health_interval=args.health_interval,
+            unhealthy_limit=args.unhealthy_limit,
         )
         restart = env.get("SLURM_RESTART_COUNT", "0")
         return controller.run(inputs, shard, job_id, node, int(restart) if restart.isdigit() else 0)
@@ -144,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--job-id", default=None)
     gen.add_argument("--launcher", choices=["auto", "srun", "local"], default="auto")
     gen.add_argument("--grace", type=float, default=15.0, help="seconds between TERM and KILL at teardown")
+    gen.add_argument("--health-interval", type=float, default=5.0, help="seconds between health checks")
+    gen.add_argument("--unhealthy-limit", type=int, default=6, help="failed checks in a row that stop a replica")
     client = sub.add_parser("client", help="the Data Designer step of an attempt")
     client.add_argument("--run-dir", type=Path, required=True)
     client.add_argument("--shard", type=int, required=True)
