@@ -158,6 +158,7 @@ def shard_status(
         )
     if winner is not None:
         status.state, status.rows, status.attempt = "succeeded", winner.rows, winner.attempt
+        status.job_id = next((a.job_id for a in attempts if a.attempt == winner.attempt), None)
         status.reason = status.message = None
         return status
     job, state = _scheduler_view(covering, sched)

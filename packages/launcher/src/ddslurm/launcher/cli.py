@@ -307,15 +307,13 @@ def cmd_list(args: argparse.Namespace, slurm: Slurm, env: Mapping[str, str], out
     rows = []
     for plan_path in sorted((workspace / "runs").glob("*/run.json")):
         layout = RunLayout(plan_path.parent)
-        plan = read_plan(plan_path)
+        try:
+            plan = read_plan(plan_path)
+            state, name, records = run_status(layout, slurm).state, plan.run_name, plan.num_records
+        except ConfigError:  # a run written by another ddslurm version: list it, do not fail the listing
+            state, name, records = "unreadable", "?", 0
         rows.append(
-            {
-                "run_id": layout.run_id,
-                "name": plan.run_name,
-                "state": run_status(layout, slurm).state,
-                "records": plan.num_records,
-                "run_dir": str(layout.root),
-            }
+            {"run_id": layout.run_id, "name": name, "state": state, "records": records, "run_dir": str(layout.root)}
         )
     if args.json:
         _json(rows, out)
