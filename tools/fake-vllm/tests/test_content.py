@@ -126,3 +126,25 @@ def test_data_designer_parsers_accept_replies(kind: str, monkeypatch: pytest.Mon
         if kind == "judge":
             assert parsed.Accuracy.score in (1, 5)
             assert parsed.Style.score in ("A", "B", 3)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "needles"),
+    [
+        pytest.param("Tables: orders(id, customer_id, total)\nWrite a query", ["FROM orders", "GROUP BY"], id="one"),
+        pytest.param(
+            "Tables: customers(id, name); orders(id, customer_id, total)\nWrite a query",
+            ["FROM customers AS t", "JOIN orders AS o ON o.customer_id = t.id"],
+            id="join",
+        ),
+        pytest.param("Write a query", ["SELECT 1 AS answer;"], id="no-tables"),
+    ],
+)
+def test_sql_code_columns_get_a_query_over_the_prompts_tables(prompt: str, needles: list[str]) -> None:
+    body = {
+        "messages": [{"role": "user", "content": f"{prompt}\nYour response must be code written in sql:postgres. "}]
+    }
+    text = generate_replies(body)[0].content
+    assert text.startswith("```sql:postgres\n") and text.endswith("\n```")
+    for needle in needles:
+        assert needle in text

@@ -103,10 +103,32 @@ def _generate_one(body: Mapping[str, Any], rng: random.Random) -> Reply:
         return _json_reply(prompt_schema, rng, fenced=True)
     lang = _code_language(messages)
     if lang is not None:
-        code = _CODE_SNIPPETS.get(lang.split(":")[0], f"// answer in {lang}")
+        base = lang.split(":")[0]
+        code = _sql_for(messages, rng) if base == "sql" else _CODE_SNIPPETS.get(base, f"// answer in {lang}")
         text = f"```{lang}\n{code}\n```"
         return Reply(text, "stop", estimate_tokens(text))
     return _text_reply(body, rng)
+
+
+_TABLE = re.compile(r"\b([A-Za-z_]\w*)\(([A-Za-z_][\w, ]*)\)")
+
+
+def _sql_for(messages: Sequence[Mapping[str, Any]], rng: random.Random) -> str:
+    """A plausible query over the tables the prompt names as ``table(col, col, ...)``, deterministic per prompt."""
+    text = "\n".join(message_text(m) for m in messages)
+    tables = [(name, [c.strip() for c in cols.split(",") if c.strip()]) for name, cols in _TABLE.findall(text)]
+    if not tables:
+        return _CODE_SNIPPETS["sql"]
+    table, columns = tables[0]
+    group = rng.choice(columns[1:] or columns)
+    if len(tables) > 1:
+        other, other_cols = tables[1]
+        key = next((c for c in other_cols if c.endswith("_id")), other_cols[0])
+        return (
+            f"SELECT t.{group}, COUNT(*) AS n\nFROM {table} AS t\nJOIN {other} AS o ON o.{key} = t.{columns[0]}\n"
+            f"GROUP BY t.{group}\nORDER BY n DESC\nLIMIT {rng.choice([5, 10, 20])};"
+        )
+    return f"SELECT {group}, COUNT(*) AS n\nFROM {table}\nGROUP BY {group}\nORDER BY n DESC;"
 
 
 def _text_reply(body: Mapping[str, Any], rng: random.Random) -> Reply:

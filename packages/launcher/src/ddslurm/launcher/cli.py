@@ -307,6 +307,7 @@ def cmd_list(args: argparse.Namespace, slurm: Slurm, env: Mapping[str, str], out
     rows = []
     for plan_path in sorted((workspace / "runs").glob("*/run.json")):
         layout = RunLayout(plan_path.parent)
+        state: str
         try:
             plan = read_plan(plan_path)
             state, name, records = run_status(layout, slurm).state, plan.run_name, plan.num_records
