@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -190,6 +191,30 @@ def make_run_files(tmp_path: Path, hosted_endpoint: HostedEndpoint) -> Callable[
         return write_run_files(tmp_path / name, hosted_endpoint, **kwargs)
 
     return make
+
+
+def start_attempt(
+    files: RunFiles, job_id: str, *, gpus: str = "", extra: tuple[str, ...] = ()
+) -> tuple[Path, subprocess.Popen[str]]:
+    """Submit-side preparation of ``files`` as a run, then its shard 0 as one attempt outside Slurm
+    (``ddslurm-runtime generate --launcher local``): the same controller, with plain processes for steps."""
+    from ddslurm.launcher import prepare, write_run_dir
+
+    prepared = prepare(files.run_file, files.profile, files.env, datetime.now(UTC))
+    write_run_dir(prepared)
+    env = {k: v for k, v in files.env.items() if not k.startswith("SLURM")}
+    env["CUDA_VISIBLE_DEVICES"] = gpus
+    runtime = Path(sys.executable).parent / "ddslurm-runtime"
+    argv = [str(runtime), "generate", "--run-dir", str(prepared.layout.root), "--shard", "0", "--job-id", job_id]
+    argv += ["--launcher", "local", "--grace", "3", *extra]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return prepared.layout.root, proc
+
+
+@pytest.fixture(scope="session")
+def local_attempt() -> Callable[..., tuple[Path, subprocess.Popen[str]]]:
+    """``local_attempt(run_files, job_id, gpus="0", extra=(...)) -> (run_dir, process)``."""
+    return start_attempt
 
 
 @pytest.fixture(scope="session")

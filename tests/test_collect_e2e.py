@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +15,8 @@ import pytest
 
 from ddslurm.collector import collect
 from ddslurm.collector.testing import make_published_run
-from ddslurm.config import Resources, WinnerRecord, atomic_write, encode, read_json
+from ddslurm.config import Resources, RunLayout, WinnerRecord, atomic_write, encode, read_json
 from ddslurm.config.testing import make_plan
-from ddslurm.launcher import prepare, write_run_dir
 
 REPO = Path(__file__).resolve().parents[1]
 RUNTIME = Path(sys.executable).parent / "ddslurm-runtime"
@@ -27,33 +25,13 @@ DDSLURM = Path(sys.executable).parent / "ddslurm"
 
 @pytest.mark.dd
 def test_batches_of_a_real_dd_run_with_different_column_orders_collect_row_for_row(
-    make_run_files: Any, tmp_path: Path
+    make_run_files: Any, local_attempt: Any, tmp_path: Path
 ) -> None:
     files = make_run_files("dd", num_records=6, shards=1, buffer_size=3)
-    prepared = prepare(files.run_file, files.profile, files.env, datetime.now(UTC))
-    write_run_dir(prepared)
-    env = {k: v for k, v in files.env.items() if not k.startswith("SLURM")}
-    done = subprocess.run(
-        [
-            str(RUNTIME),
-            "generate",
-            "--run-dir",
-            str(prepared.layout.root),
-            "--shard",
-            "0",
-            "--job-id",
-            "1",
-            "--launcher",
-            "local",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    winner = read_json(prepared.layout.shard(0).winner, WinnerRecord)
+    run_dir, proc = local_attempt(files, "1")
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err[-2000:]
+    winner = read_json(RunLayout(run_dir).shard(0).winner, WinnerRecord)
     batches = [pq.read_table(Path(winner.dataset_dir) / f.path) for f in winner.files]
     assert len(batches) == 2
     # Data Designer writes independent columns in the order they finish; make the second batch disagree.
@@ -86,12 +64,15 @@ def test_killed_collection_job_publishes_nothing_and_a_rerun_succeeds(tmp_path: 
         stderr=subprocess.PIPE,
         text=True,
     )
+    # Cancel once the job reports progress, well before it is done (it prints every 5 % of the files).
     deadline = time.monotonic() + 90
-    staging: list[Path] = []
-    while time.monotonic() < deadline and not staging and proc.poll() is None:
-        staging = list(layout.root.glob(".dataset.staging-*"))
+    started = False
+    while time.monotonic() < deadline and not started and proc.poll() is None:
+        logs = "".join(p.read_text(errors="replace") for p in layout.logs.glob("collect-*.out"))
+        started = "collected 100/2000 batch files" in logs
         time.sleep(0.02)
-    assert staging, "the collection job never started writing"
+    assert started, "the collection job never reported progress"
+    assert list(layout.root.glob(".dataset.staging-*"))
     subprocess.run(["scancel", "--name=ddslurm-collect-test"], check=True)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode != 0 and "ended CANCELLED" in err, (out, err)

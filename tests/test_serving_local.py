@@ -10,14 +10,12 @@ import os
 import subprocess
 import sys
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ddslurm.config import AttemptRecord, WinnerRecord, read_json
-from ddslurm.launcher import prepare, write_run_dir
 
 pytestmark = pytest.mark.dd
 
@@ -49,35 +47,11 @@ def _env_dumping_vllm(tmp_path: Path) -> Path:
     return script
 
 
-def _start(files: Any, job_id: str, gpus: str, extra: tuple[str, ...] = ()) -> tuple[Path, subprocess.Popen[str]]:
-    prepared = prepare(files.run_file, files.profile, files.env, datetime.now(UTC))
-    write_run_dir(prepared)
-    env = {k: v for k, v in files.env.items() if not k.startswith("SLURM")}
-    env["CUDA_VISIBLE_DEVICES"] = gpus
-    argv = [
-        str(RUNTIME),
-        "generate",
-        "--run-dir",
-        str(prepared.layout.root),
-        "--shard",
-        "0",
-        "--job-id",
-        job_id,
-        "--launcher",
-        "local",
-        "--grace",
-        "3",
-        *extra,
-    ]
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    return prepared.layout.root, proc
-
-
-def _run(files: Any, job_id: str, *, gpus: str = "0", timeout: float = 240) -> tuple[Path, int, float]:
-    start = time.monotonic()
-    run_dir, proc = _start(files, job_id, gpus)
+def _run(start: Any, files: Any, job_id: str, *, gpus: str = "0", timeout: float = 240) -> tuple[Path, int, float]:
+    began = time.monotonic()
+    run_dir, proc = start(files, job_id, gpus=gpus)
     proc.communicate(timeout=timeout)
-    return run_dir, proc.returncode, time.monotonic() - start
+    return run_dir, proc.returncode, time.monotonic() - began
 
 
 def _record(run_dir: Path, job_id: str) -> AttemptRecord:
@@ -91,7 +65,9 @@ def _no_processes_left(run_dir: Path) -> None:
     assert str(run_dir) not in out
 
 
-def test_local_generator_and_hosted_judge(make_run_files: Any, hosted_endpoint: Any, tmp_path: Path) -> None:
+def test_local_generator_and_hosted_judge(
+    make_run_files: Any, hosted_endpoint: Any, tmp_path: Path, local_attempt: Any
+) -> None:
     wrapper = _env_dumping_vllm(tmp_path)
     files = make_run_files(
         "mixed",
@@ -101,7 +77,7 @@ def test_local_generator_and_hosted_judge(make_run_files: Any, hosted_endpoint: 
         extra_run=_deployment(),
         vllm_executable=wrapper,
     )
-    run_dir, code, _ = _run(files, "11")
+    run_dir, code, _ = _run(local_attempt, files, "11")
     attempt = run_dir / "shards" / "shard-00000" / "attempts" / "attempt-11"
     assert code == 0, (attempt / "client.out").read_text()[-3000:]
     winner = read_json(run_dir / "shards" / "shard-00000" / "winner.json", WinnerRecord)
@@ -135,12 +111,18 @@ def test_local_generator_and_hosted_judge(make_run_files: Any, hosted_endpoint: 
     ],
 )
 def test_failing_server_fails_the_attempt_fast_with_reason_and_log_tail(
-    make_run_files: Any, server_env: dict[str, str], timeout: int, reason: str, in_message: str, max_seconds: float
+    make_run_files: Any,
+    server_env: dict[str, str],
+    timeout: int,
+    reason: str,
+    in_message: str,
+    max_seconds: float,
+    local_attempt: Any,
 ) -> None:
     files = make_run_files(
         reason, num_records=12, shards=1, recipe=MIXED_RECIPE, extra_run=_deployment(timeout=timeout, env=server_env)
     )
-    run_dir, code, seconds = _run(files, "21")
+    run_dir, code, seconds = _run(local_attempt, files, "21")
     record = _record(run_dir, "21")
     assert code == 1
     assert record.state == "failed" and record.reason == reason, record
@@ -150,16 +132,16 @@ def test_failing_server_fails_the_attempt_fast_with_reason_and_log_tail(
     _no_processes_left(run_dir)
 
 
-def test_gpu_mismatch_is_refused_before_any_server_starts(make_run_files: Any) -> None:
+def test_gpu_mismatch_is_refused_before_any_server_starts(make_run_files: Any, local_attempt: Any) -> None:
     files = make_run_files("gpus", num_records=2, shards=1, recipe=MIXED_RECIPE, extra_run=_deployment(tp=2))
-    run_dir, code, _ = _run(files, "31", gpus="0")
+    run_dir, code, _ = _run(local_attempt, files, "31", gpus="0")
     record = _record(run_dir, "31")
     assert code == 1 and record.reason == "gpu_mismatch"
     assert not list((run_dir / "shards" / "shard-00000" / "attempts" / "attempt-31").glob("server-*.log"))
 
 
-def test_hosted_only_starts_no_server_or_proxy(run_files: Any) -> None:
-    run_dir, code, _ = _run(run_files, "41", gpus="")
+def test_hosted_only_starts_no_server_or_proxy(run_files: Any, local_attempt: Any) -> None:
+    run_dir, code, _ = _run(local_attempt, run_files, "41", gpus="")
     attempt = run_dir / "shards" / "shard-00000" / "attempts" / "attempt-41"
     assert code == 0
     assert not list(attempt.glob("server-*")) and not list(attempt.glob("proxy-*"))
@@ -167,7 +149,7 @@ def test_hosted_only_starts_no_server_or_proxy(run_files: Any) -> None:
     assert os.environ.get("DEMO_HOSTED_API_KEY") is None  # the key lives only in the run's env mapping
 
 
-def test_a_hung_server_is_stopped_and_fails_the_attempt(make_run_files: Any) -> None:
+def test_a_hung_server_is_stopped_and_fails_the_attempt(make_run_files: Any, local_attempt: Any) -> None:
     """A replica that keeps its port but stops answering (SIGSTOP) leaves rotation after a few failed checks."""
     import json
     import signal
@@ -179,7 +161,7 @@ def test_a_hung_server_is_stopped_and_fails_the_attempt(make_run_files: Any) -> 
         recipe=MIXED_RECIPE,
         extra_run=_deployment(env={"FAKE_VLLM_LATENCY": "0.5"}),
     )
-    run_dir, proc = _start(files, "51", "0", ("--health-interval", "0.5", "--unhealthy-limit", "3"))
+    run_dir, proc = local_attempt(files, "51", gpus="0", extra=("--health-interval", "0.5", "--unhealthy-limit", "3"))
     attempt = run_dir / "shards" / "shard-00000" / "attempts" / "attempt-51"
     deadline = time.monotonic() + 60
     while not (attempt / "endpoints.json").exists() and time.monotonic() < deadline:

@@ -28,8 +28,15 @@ def main(argv: list[str] | None = None) -> int:
         raise KeyboardInterrupt(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, on_term)
+
+    def report(done: int, total: int) -> None:
+        if done == total or done % max(1, total // 20) == 0:
+            print(f"collected {done}/{total} batch files", file=sys.stderr, flush=True)
+
     try:
-        result = collect(RunLayout(args.run_dir.resolve()), destination=args.output, overwrite=args.overwrite)
+        result = collect(
+            RunLayout(args.run_dir.resolve()), destination=args.output, overwrite=args.overwrite, progress=report
+        )
     except (CollectError, ConfigError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

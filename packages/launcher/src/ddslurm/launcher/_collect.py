@@ -15,8 +15,10 @@ from ddslurm.launcher.errors import LauncherError
 _LIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "SUSPENDED"}
 
 
-def collect_local(layout: RunLayout, *, overwrite: bool) -> CollectResult:
-    return collect(layout, overwrite=overwrite)
+def collect_local(
+    layout: RunLayout, *, overwrite: bool, progress: Callable[[int, int], None] | None = None
+) -> CollectResult:
+    return collect(layout, overwrite=overwrite, progress=progress)
 
 
 def wait_for_job(
