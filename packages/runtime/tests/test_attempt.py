@@ -338,3 +338,19 @@ def test_partial_attempt_leaves_a_candidate_for_accept_partial(tmp_path: Path) -
     assert _runner(layout, FakeEngine(rows=3)).run(load_inputs(layout), 0, "7", "n") == EXIT_PARTIAL
     candidate = read_json(layout.shard(0).attempt("attempt-7").candidate, WinnerRecord)
     assert candidate.partial and candidate.rows == 3 and not layout.shard(0).winner.exists()
+
+
+def test_a_rerun_with_nothing_to_resume_starts_afresh_and_keeps_what_was_left(tmp_path: Path) -> None:
+    layout = _run(tmp_path)
+    inputs = load_inputs(layout)
+    runner = _runner(layout, FakeEngine())
+    began = runner.begin(inputs, 0, "6", "n")
+    assert began is not None
+    target = began.layout.output / "shard-00000"
+    target.mkdir(parents=True)
+    (target / "builder_config.json").write_text("{}")  # what a run killed during start-up leaves
+    runner.rerun(began)
+    assert runner.generate(inputs, began, {}, resume_own=True) == EXIT_OK
+    assert read_json(layout.shard(0).winner, WinnerRecord).dataset_dir == str(target)
+    kept = list(began.layout.output.glob("shard-00000.stopped-*"))
+    assert len(kept) == 1 and (kept[0] / "builder_config.json").read_text() == "{}"

@@ -135,3 +135,25 @@ def test_memory_shares_fit_the_allocation(
 
 def test_secrets_are_removed_from_server_environments() -> None:
     assert without({"A": "1", "KEY": "s", "PATH": "/bin"}, ("KEY",)) == {"A": "1", "PATH": "/bin"}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "want"),
+    [
+        pytest.param({"array_job_id": "278", "array_task_id": "0"}, "278_0.0", id="array-task-0"),
+        pytest.param({"array_job_id": "278", "array_task_id": "1"}, "278_1.0", id="array-task-1"),
+        pytest.param({}, None, id="plain-job-sees-no-array-steps"),
+    ],
+)
+def test_teardown_finds_only_this_tasks_step(kwargs: dict[str, str], want: str | None) -> None:
+    """Every task of an array has a step named "client": TERM must reach this task's, never a sibling's."""
+    import subprocess
+
+    from ddslurm.runtime._steps import SrunLauncher
+
+    listing = "278_1.0|client\n278_1.batch|batch\n278_0.0|client\n278_0.batch|batch\n"
+
+    def run(argv: list[str], **_: object) -> subprocess.CompletedProcess[str]:
+        return subprocess.CompletedProcess(argv, 0, listing, "")
+
+    assert SrunLauncher("279", run=run, **kwargs).step_id("client") == want

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -307,9 +308,15 @@ class AttemptRunner:
         if target.is_symlink() or (target.exists() and not target.is_dir()):
             raise OutputExistsError(f"{target} is a symbolic link or not a directory; it was left untouched")
         if resume_own:
-            return target.is_dir() and (target / "metadata.json").is_file()
-        if target.exists() and any(target.iterdir()):
-            raise OutputExistsError(f"{target} already exists and is not empty; it was left untouched")
+            if (target / "metadata.json").is_file():
+                return True
+            if target.exists():
+                # The previous run of this attempt stopped before Data Designer recorded anything to resume:
+                # keep what it left under another name, and let Data Designer start the dataset afresh.
+                target.rename(target.with_name(f"{target.name}.stopped-{secrets.token_hex(3)}"))
+            return False
+        if target.exists():
+            raise OutputExistsError(f"{target} already exists; it was left untouched")
         if plan.resume == "never":
             return False
         source = self._resume_source(shard_index, began.record.attempt)

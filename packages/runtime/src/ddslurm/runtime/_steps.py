@@ -116,9 +116,19 @@ class SrunLauncher:
     ends when the task does.
     """
 
-    def __init__(self, job_id: str, run: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run) -> None:
+    def __init__(
+        self,
+        job_id: str,
+        *,
+        array_job_id: str | None = None,
+        array_task_id: str | None = None,
+        run: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run,
+    ) -> None:
         self._job_id = job_id
         self._run = run
+        # squeue names an array task's steps "<array>_<task>.<step>", other jobs' "<job>.<step>"; the array's
+        # other tasks run steps with the same names, so only this task's prefix may match.
+        self._prefix = f"{array_job_id}_{array_task_id}." if array_job_id and array_task_id else f"{job_id}."
 
     def start(self, spec: StepSpec) -> Step:
         return Step(spec, _popen(srun_argv(spec), spec), terminate=self._terminate)
@@ -133,7 +143,7 @@ class SrunLauncher:
         )
         for line in out.stdout.splitlines():
             step, _, step_name = line.strip().partition("|")
-            if step_name == name:
+            if step_name == name and step.startswith(self._prefix):
                 return step
         return None
 

@@ -68,7 +68,9 @@ def _logger_factory(layout: RunLayout, component: str) -> Any:
 def _launcher(kind: str, env: os._Environ[str]) -> StepLauncher:
     job_id = env.get("SLURM_JOB_ID", "")
     if kind == "srun" or (kind == "auto" and job_id and shutil.which("srun")):
-        return SrunLauncher(job_id)
+        return SrunLauncher(
+            job_id, array_job_id=env.get("SLURM_ARRAY_JOB_ID"), array_task_id=env.get("SLURM_ARRAY_TASK_ID")
+        )
     return LocalLauncher()
 
 
