@@ -92,6 +92,9 @@ def test_cancelled_shard_is_retried_and_resumes_without_losing_or_duplicating(
         final = _cli("wait", str(run_dir), "--json", env=env)
         assert final["state"] == "succeeded" and final["records_done"] == 24, status
 
+    # Cancelling shard 1 left shard 0 alone: its only attempt ran its generation step once.
+    shard0 = [read_json(p, AttemptRecord) for p in run_dir.glob("shards/shard-00000/attempts/*/attempt.json")]
+    assert [(r.state, r.client_runs) for r in shard0] == [("succeeded", 1)]
     attempts = sorted(run_dir.glob("shards/shard-00001/attempts/*/attempt.json"))
     records = [read_json(p, AttemptRecord) for p in attempts]
     resumed = [r for r in records if r.resumed_from]
