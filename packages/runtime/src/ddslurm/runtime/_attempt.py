@@ -116,7 +116,7 @@ class AttemptRunner:
         *,
         engine: Engine,
         env: Mapping[str, str],
-        scratch_home: Path,
+        scratch_home: Path | None = None,
         make_logger: Callable[[IO[bytes]], Any],
         clock: Clock = utc_now,
     ) -> None:
@@ -129,6 +129,11 @@ class AttemptRunner:
 
     def _now(self) -> str:
         return self._clock().isoformat()
+
+    def _require_scratch(self) -> Path:
+        if self._scratch_home is None:
+            raise RuntimeFailure("this runner has no scratch home for Data Designer (it only begins attempts)")
+        return self._scratch_home
 
     def _write(self, attempt: AttemptLayout, record: AttemptRecord) -> None:
         atomic_write(attempt.record, encode(record))
@@ -242,7 +247,7 @@ class AttemptRunner:
                 snapshot=inputs.snapshot,
                 endpoints=endpoints,
                 artifact_path=attempt.output,
-                scratch_home=self._scratch_home,
+                scratch_home=self._require_scratch(),
                 dataset_name=dataset_name,
                 num_records=num_records,
                 buffer_size=min(plan.buffer_size, num_records),

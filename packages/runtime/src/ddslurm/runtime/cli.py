@@ -96,9 +96,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print(f"ddslurm-runtime: {exc.reason}: {exc.message}", file=sys.stderr)
         return EXIT_FAILED
     make_logger = _logger_factory(layout, "controller")
-    runner = AttemptRunner(
-        layout, engine=run_engine, env=env, scratch_home=Path("/nonexistent"), make_logger=make_logger
-    )
+    runner = AttemptRunner(layout, engine=run_engine, env=env, make_logger=make_logger)
     with httpx.Client(timeout=5.0) as http:
         controller = Controller(
             runner,
