@@ -19,6 +19,7 @@ from ddslurm.config._files import (
     make_private_dir,
     publish_once,
     read_regular,
+    read_tail,
     sha256_bytes,
     sha256_file,
 )
@@ -95,6 +96,7 @@ __all__ = [
     "read_json",
     "read_plan",
     "read_regular",
+    "read_tail",
     "read_yaml",
     "sha256_bytes",
     "sha256_file",

@@ -90,6 +90,18 @@ def read_regular(path: Path) -> bytes:
         return fh.read()
 
 
+def read_tail(path: Path, lines: int = 20, max_bytes: int = 64 * 1024) -> str:
+    """The last ``lines`` lines of a log file, reading at most ``max_bytes``; "" if it cannot be read."""
+    try:
+        with path.open("rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - max_bytes))
+            data = fh.read()
+    except OSError:
+        return ""
+    return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
+
+
 def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as fh:

@@ -19,6 +19,7 @@ from ddslurm.config import (
     WinnerRecord,
     read_json,
     read_plan,
+    read_tail,
 )
 from ddslurm.launcher._slurm import Slurm, TaskState
 from ddslurm.launcher.errors import RunNotFoundError
@@ -190,14 +191,7 @@ def shard_status(
 
 def _tail(path: Path, lines: int = 8) -> str | None:
     """The end of a batch output file: why a task failed before it could write an attempt record."""
-    try:
-        with path.open("rb") as fh:
-            fh.seek(0, 2)
-            fh.seek(max(0, fh.tell() - 16384))
-            text = fh.read().decode("utf-8", "replace")
-    except OSError:
-        return None
-    tail = "\n".join(text.splitlines()[-lines:]).strip()
+    tail = read_tail(path, lines, 16384).strip()
     return f"last lines of {path}:\n{tail}" if tail else None
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from ddslurm.config import AttemptRecord, ServingPlan, atomic_write, encode_pretty, read_json
+from ddslurm.config import AttemptRecord, ServingPlan, atomic_write, encode_pretty, read_json, read_tail
 from ddslurm.runtime._attempt import EXIT_OK, AttemptRunner, Began, Inputs, exit_code_for
 from ddslurm.runtime._serving import (
     ServerDiedError,
@@ -32,7 +32,7 @@ from ddslurm.runtime._serving import (
     vllm_version,
     wait_ready,
 )
-from ddslurm.runtime._steps import Step, StepLauncher, StepSpec, log_tail, without
+from ddslurm.runtime._steps import Step, StepLauncher, StepSpec, without
 from ddslurm.runtime.errors import RuntimeFailure
 
 HOST = "127.0.0.1"
@@ -332,7 +332,7 @@ class Controller:
                         reported.add(r.step.name)
                         log.warning("server.died", step=r.step.name, status=r.step.poll(), left=len(alive))
                 if not alive:
-                    tails = "\n".join(f"--- {r.step.spec.log}:\n{log_tail(r.step.spec.log)}" for r in reps)
+                    tails = "\n".join(f"--- {r.step.spec.log}:\n{read_tail(r.step.spec.log)}" for r in reps)
                     raise ServerDiedError(f"every replica of {alias!r} exited during generation\n{tails}")
             self._sleep(self._poll)
         record = read_json(began.layout.record, AttemptRecord)
@@ -341,7 +341,7 @@ class Controller:
                 began,
                 ClientFailure(
                     f"the client step exited with status {code} without recording a result; last lines of "
-                    f"{client.spec.log}:\n{log_tail(client.spec.log)}"
+                    f"{client.spec.log}:\n{read_tail(client.spec.log)}"
                 ),
             )
             record = read_json(began.layout.record, AttemptRecord)

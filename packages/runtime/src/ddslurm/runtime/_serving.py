@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import httpx
 
-from ddslurm.config import DeploymentPlan, ServingPlan
-from ddslurm.runtime._steps import Step, log_tail
+from ddslurm.config import DeploymentPlan, ServingPlan, read_tail
+from ddslurm.runtime._steps import Step
 from ddslurm.runtime.errors import RuntimeFailure
 
 PORT_BASE = 20000
@@ -181,7 +181,7 @@ def wait_ready(
         if code is not None:
             raise ServerStartError(
                 f"{step.name} exited with status {code} before it was ready; last lines of {step.spec.log}:\n"
-                f"{log_tail(step.spec.log)}"
+                f"{read_tail(step.spec.log)}"
             )
         try:
             if client.get(f"{base_url}/health").status_code == 200:
@@ -195,6 +195,6 @@ def wait_ready(
         if clock() >= deadline:
             raise ServerNotReadyError(
                 f"{step.name} was not ready after {timeout:.0f} s (server.startup_timeout); last lines of "
-                f"{step.spec.log}:\n{log_tail(step.spec.log)}"
+                f"{step.spec.log}:\n{read_tail(step.spec.log)}"
             )
         sleep(interval)

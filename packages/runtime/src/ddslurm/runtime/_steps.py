@@ -166,16 +166,3 @@ def without(env: Mapping[str, str], names: Sequence[str]) -> dict[str, str]:
     """``env`` minus ``names`` (the run's secret variables never reach server or proxy steps)."""
     drop = set(names)
     return {k: v for k, v in env.items() if k not in drop}
-
-
-def log_tail(path: Path, lines: int = 20, max_bytes: int = 64 * 1024) -> str:
-    """The last lines of a step's log, for error records (bounded read)."""
-    try:
-        with path.open("rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            size = fh.tell()
-            fh.seek(max(0, size - max_bytes))
-            data = fh.read()
-    except OSError:
-        return ""
-    return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
