@@ -1,6 +1,14 @@
 """ddslurm.collector: merges the published shards of a run into one Parquet dataset."""
 
-from ddslurm.collector._merge import MANIFEST, CollectResult, Manifest, collect, read_manifest, unified_schema
+from ddslurm.collector._merge import (
+    MANIFEST,
+    CollectResult,
+    Manifest,
+    collect,
+    progress_reporter,
+    read_manifest,
+    unified_schema,
+)
 from ddslurm.collector.errors import (
     CollectError,
     DestinationExistsError,
@@ -17,6 +25,7 @@ __all__ = [
     "MissingWinnersError",
     "SchemaConflictError",
     "collect",
+    "progress_reporter",
     "read_manifest",
     "unified_schema",
 ]

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TextIO
 
 import msgspec
 import pyarrow as pa
@@ -288,6 +289,16 @@ def _collect_locked(
         files=tuple(destination / p.name for p in written),
         manifest=destination / MANIFEST,
     )
+
+
+def progress_reporter(stream: TextIO) -> Callable[[int, int], None]:
+    """A ``progress`` callback for :func:`collect` that prints every 5 % of the batch files, and the last."""
+
+    def report(done: int, total: int) -> None:
+        if done == total or done % max(1, total // 20) == 0:
+            print(f"collected {done}/{total} batch files", file=stream, flush=True)
+
+    return report
 
 
 def read_manifest(dataset: Path) -> Manifest:

@@ -10,7 +10,7 @@ from types import FrameType
 
 import msgspec
 
-from ddslurm.collector._merge import collect
+from ddslurm.collector._merge import collect, progress_reporter
 from ddslurm.collector.errors import CollectError
 from ddslurm.config import ConfigError, RunLayout
 
@@ -29,13 +29,12 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
 
-    def report(done: int, total: int) -> None:
-        if done == total or done % max(1, total // 20) == 0:
-            print(f"collected {done}/{total} batch files", file=sys.stderr, flush=True)
-
     try:
         result = collect(
-            RunLayout(args.run_dir.resolve()), destination=args.output, overwrite=args.overwrite, progress=report
+            RunLayout(args.run_dir.resolve()),
+            destination=args.output,
+            overwrite=args.overwrite,
+            progress=progress_reporter(sys.stderr),
         )
     except (CollectError, ConfigError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)

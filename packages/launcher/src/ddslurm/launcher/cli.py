@@ -27,7 +27,7 @@ from typing import Any, TextIO
 
 import msgspec
 
-from ddslurm.collector import CollectError, CollectResult
+from ddslurm.collector import CollectError, CollectResult, progress_reporter
 from ddslurm.config import ConfigError, RunLayout, load_profile, read_plan
 from ddslurm.launcher._collect import collect_local, collect_with_slurm
 from ddslurm.launcher._render import render_generation
@@ -278,18 +278,10 @@ def cmd_logs(
         sleep(1.0)
 
 
-def _progress_printer(verb: str, unit: str) -> Callable[[int, int], None]:
-    def report(done: int, total: int) -> None:
-        if done == total or done % max(1, total // 20) == 0:
-            print(f"{verb} {done}/{total} {unit}", file=sys.stderr, flush=True)
-
-    return report
-
-
 def cmd_collect(args: argparse.Namespace, slurm: Slurm, env: Mapping[str, str], out: TextIO) -> int:
     layout = find_run(args.run, _workspace(args, env))
     result: CollectResult = (
-        collect_local(layout, overwrite=args.overwrite, progress=_progress_printer("collected", "batch files"))
+        collect_local(layout, overwrite=args.overwrite, progress=progress_reporter(sys.stderr))
         if args.local
         else collect_with_slurm(layout, slurm, overwrite=args.overwrite)
     )
