@@ -54,10 +54,15 @@ class EngineResult:
     requested: int
 
 
+def _section(recipe: Mapping[str, Any]) -> Any:
+    """The ``data_designer`` section of a full config, or the recipe itself in DD's shorthand form."""
+    inner = recipe.get("data_designer")
+    return inner if isinstance(inner, dict) else recipe
+
+
 def recipe_with_models(recipe: Mapping[str, Any], snapshot: ProviderSnapshot) -> dict[str, Any]:
     """The recipe with its model configs replaced by the snapshot's (hosted ones kept exactly)."""
     out = copy.deepcopy(dict(recipe))
-    section = out["data_designer"] if isinstance(out.get("data_designer"), dict) else out
     models: list[dict[str, Any]] = []
     for m in snapshot.models:
         entry: dict[str, Any] = {"alias": m.alias, "model": m.model, "provider": m.provider}
@@ -65,19 +70,17 @@ def recipe_with_models(recipe: Mapping[str, Any], snapshot: ProviderSnapshot) ->
             entry["inference_parameters"] = m.inference_parameters
         entry["skip_health_check"] = m.skip_health_check
         models.append(entry)
-    section["model_configs"] = models
+    _section(out)["model_configs"] = models
     return out
 
 
 def partition_seed(recipe: Mapping[str, Any], shard: int, shards: int) -> Mapping[str, Any]:
     """Give each shard its own block of the seed dataset (unless the recipe selects rows itself)."""
-    section = recipe.get("data_designer") if isinstance(recipe.get("data_designer"), dict) else recipe
-    seed = section.get("seed_config") if isinstance(section, Mapping) else None
+    seed = _section(recipe).get("seed_config")
     if shards < 2 or not isinstance(seed, dict) or seed.get("selection_strategy") is not None:
         return recipe
     out = copy.deepcopy(dict(recipe))
-    target = out["data_designer"] if isinstance(out.get("data_designer"), dict) else out
-    target["seed_config"]["selection_strategy"] = {"index": shard, "num_partitions": shards}
+    _section(out)["seed_config"]["selection_strategy"] = {"index": shard, "num_partitions": shards}
     return out
 
 

@@ -125,6 +125,15 @@ def is_healthy(client: httpx.Client, base_url: str) -> bool:
         return False
 
 
+def _serves(client: httpx.Client, base_url: str, served_name: str) -> bool:
+    """Whether ``/v1/models`` lists the served model name."""
+    try:
+        models = client.get(f"{base_url}/v1/models", timeout=HEALTH_TIMEOUT_S)
+        return models.status_code == 200 and served_name in {m.get("id") for m in models.json().get("data", [])}
+    except (httpx.HTTPError, ValueError):
+        return False
+
+
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         try:
@@ -183,15 +192,8 @@ def wait_ready(
                 f"{step.name} exited with status {code} before it was ready; last lines of {step.spec.log}:\n"
                 f"{read_tail(step.spec.log)}"
             )
-        try:
-            if client.get(f"{base_url}/health").status_code == 200:
-                if served_name is None:
-                    return clock() - start
-                models = client.get(f"{base_url}/v1/models")
-                if models.status_code == 200 and served_name in {m.get("id") for m in models.json().get("data", [])}:
-                    return clock() - start
-        except (httpx.HTTPError, ValueError):
-            pass
+        if is_healthy(client, base_url) and (served_name is None or _serves(client, base_url, served_name)):
+            return clock() - start
         if clock() >= deadline:
             raise ServerNotReadyError(
                 f"{step.name} was not ready after {timeout:.0f} s (server.startup_timeout); last lines of "
