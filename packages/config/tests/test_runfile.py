@@ -39,6 +39,7 @@ def test_minimal_run_file_fills_every_default(tmp_path: Path) -> None:
         "max_concurrent": None,
         "retries": 0,
         "client_retries": 1,
+        "max_empty_outputs": 0,
         "deployments": [],
         "submission": {
             "account": None,
@@ -63,6 +64,7 @@ num_records: 1000
 shards: 8
 resume: never
 buffer_size: 50
+max_empty_outputs: 3
 deployments:
   - model_alias: writer
     model: meta/llama-3.1-8b
@@ -93,6 +95,7 @@ collection:
     assert run.name == "full.run-1"
     assert run.recipe == "../recipes/r.yaml"
     assert (run.num_records, run.shards, run.resume, run.buffer_size) == (1000, 8, "never", 50)
+    assert run.max_empty_outputs == 3
     assert run.deployments == (
         Deployment(
             model_alias="writer",
@@ -120,6 +123,11 @@ collection:
         "time_limit": "00:10:00",
         "cpus": 3,
     }
+
+
+def test_max_empty_outputs_null_turns_the_check_off(tmp_path: Path) -> None:
+    assert load_run_file(write(tmp_path, MINIMAL + "max_empty_outputs: null\n")).max_empty_outputs is None
+    assert load_run_file(write(tmp_path, MINIMAL + "max_empty_outputs: 0\n")).max_empty_outputs == 0
 
 
 def test_example_run_file_loads() -> None:
@@ -223,6 +231,14 @@ def test_time_limit_scalar_forms(tmp_path: Path, value: str, want: str | int) ->
             id="bad-value-zero-records",
         ),
         pytest.param(MINIMAL + "shards: -1\n", 4, 1, "shards", "expected int >= 1", id="bad-value-negative-shards"),
+        pytest.param(
+            MINIMAL + "max_empty_outputs: -1\n",
+            4,
+            1,
+            "max_empty_outputs",
+            "expected int >= 0",
+            id="bad-value-negative-max-empty-outputs",
+        ),
         pytest.param(
             MINIMAL + "resume: sometimes\n",
             4,

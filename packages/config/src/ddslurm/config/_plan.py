@@ -98,3 +98,5 @@ class Plan(Frozen, frozen=True, kw_only=True):
     client_cpus: int = 1
     serving: ServingPlan | None = None
     """None for hosted-only runs: no GPU discovery, servers, containers or proxies at all."""
+    max_empty_outputs: int | None = 0
+    """Empty or null values each LLM column of a shard may hold (the run file's ``max_empty_outputs``)."""

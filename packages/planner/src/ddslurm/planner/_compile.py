@@ -224,4 +224,5 @@ def compile_plan(inputs: PlanInputs) -> Plan:
         collection=collection,
         client_cpus=sub.cpus,
         serving=serving,
+        max_empty_outputs=run.max_empty_outputs,
     )
