@@ -195,6 +195,26 @@ def test_error_body_shapes() -> None:
         assert client.post("/v1/chat/completions", json=CHAT).status_code == 429
 
 
+def test_no_choices_rate_answers_200_without_choices() -> None:
+    """A broken gateway's answer: HTTP 200, a chat-completion body, but no `choices` (streamed: no chunks)."""
+    with _client(no_choices_rate=1.0) as client:
+        response = client.post("/v1/chat/completions", json=CHAT)
+        assert response.status_code == 200
+        body = response.json()
+        assert body["object"] == "chat.completion" and "choices" not in body
+        assert body["usage"]["completion_tokens"] == 0
+        streamed = client.post("/v1/chat/completions", json={**CHAT, "stream": True}).text
+        assert streamed.strip() == "data: [DONE]"
+    statuses = _statuses(60, no_choices_rate=0.5, seed=3)
+    assert statuses == [200] * 60
+    with _client(no_choices_rate=0.5, seed=3) as client:
+        answers = ["choices" in client.post("/v1/chat/completions", json=CHAT).json() for _ in range(60)]
+    assert 15 <= answers.count(False) <= 45  # expected 30
+    with _client(no_choices_rate=0.5, seed=3) as client:
+        again = ["choices" in client.post("/v1/chat/completions", json=CHAT).json() for _ in range(60)]
+    assert again == answers
+
+
 def test_crash_after_n_requests_calls_crash() -> None:
     with _client(crash_after=2) as client:
         for _ in range(2):

@@ -82,6 +82,7 @@ def test_env_sets_fake_options_and_flag_wins() -> None:
         "FAKE_VLLM_CRASH_AFTER": "5",
         "FAKE_VLLM_ERROR_RATE": "0.1",
         "FAKE_VLLM_429_RATE": "0.2",
+        "FAKE_VLLM_NO_CHOICES_RATE": "0.3",
         "FAKE_VLLM_SEED": "9",
         "FAKE_VLLM_NEVER_HEALTHY": "yes",
         "FAKE_VLLM_FAIL_START": "0",
@@ -93,6 +94,8 @@ def test_env_sets_fake_options_and_flag_wins() -> None:
     assert settings.latency == 0.5
     assert (settings.capacity, settings.crash_after, settings.seed) == (3, 5, 9)
     assert (settings.error_rate, settings.rate_429, settings.startup_delay) == (0.1, 0.2, 2.0)
+    assert settings.no_choices_rate == 0.3
+    assert parse_serve_args(["m", "--fake-no-choices-rate", "0.05"], env).no_choices_rate == 0.05
     assert settings.never_healthy is True and settings.fail_start is False
     assert settings.request_log == Path("/tmp/x.jsonl")
     assert settings.api_keys == ("from-env",)
@@ -107,6 +110,7 @@ def test_env_sets_fake_options_and_flag_wins() -> None:
         pytest.param(["m", "--fake-latency", "-1"], {}, id="negative-latency"),
         pytest.param(["m"], {"FAKE_VLLM_NEVER_HEALTHY": "maybe"}, id="bad-env-bool"),
         pytest.param(["m"], {"FAKE_VLLM_ERROR_RATE": "0.6", "FAKE_VLLM_429_RATE": "0.6"}, id="rates-sum"),
+        pytest.param(["m", "--fake-no-choices-rate", "0.5", "--fake-error-rate", "0.6"], {}, id="no-choices-sum"),
         pytest.param(["m", "--port", "70000"], {}, id="bad-port"),
         pytest.param(["a", "--model", "b"], {}, id="two-models"),
     ],

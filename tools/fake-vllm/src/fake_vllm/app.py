@@ -201,6 +201,8 @@ class _Handlers:
             return self._finish(request, response, model=model, n_messages=n_messages)
 
         replies, seconds = await self._process({**body, "model": model})
+        if fault is Fault.NO_CHOICES:
+            replies = []  # a 200 answer whose body has no `choices` (a broken gateway or server)
         n_prompt = prompt_tokens(body["messages"])
         n_generated = sum(r.completion_tokens for r in replies)
         for reply in replies:
@@ -240,6 +242,8 @@ class _Handlers:
             },
             "prompt_logprobs": None,
         }
+        if fault is Fault.NO_CHOICES:
+            del payload["choices"]
         return self._finish(request, JSONResponse(payload), model=model, n_messages=n_messages)
 
     async def _process(self, body: Mapping[str, Any]) -> tuple[list[Reply], float]:

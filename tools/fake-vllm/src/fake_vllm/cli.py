@@ -77,8 +77,12 @@ FAKE_OPTIONS: tuple[FakeOption, ...] = (
         "fraction of chat requests answered with HTTP 429",
     ),
     FakeOption(
+        "--fake-no-choices-rate", "FAKE_VLLM_NO_CHOICES_RATE", "no_choices_rate", "rate", 0.0,
+        "fraction of chat requests answered with HTTP 200 and a body without 'choices'",
+    ),
+    FakeOption(
         "--fake-seed", "FAKE_VLLM_SEED", "seed", "int", 0,
-        "seed of the 500/429 draws (one draw per chat request, in arrival order)",
+        "seed of the 500/429/no-choices draws (one draw per chat request, in arrival order)",
     ),
     FakeOption(
         "--fake-never-healthy", "FAKE_VLLM_NEVER_HEALTHY", "never_healthy", "bool", False,
@@ -256,8 +260,8 @@ def parse_serve_args(args: Sequence[str], environ: Mapping[str, str]) -> Setting
     if not api_keys and environ.get("VLLM_API_KEY"):
         api_keys = (environ["VLLM_API_KEY"],)
     fake = {option.dest: _fake_value(option, getattr(namespace, option.dest), environ) for option in FAKE_OPTIONS}
-    if fake["error_rate"] + fake["rate_429"] > 1.0:
-        raise UsageError("--fake-error-rate plus --fake-429-rate must not exceed 1")
+    if fake["error_rate"] + fake["rate_429"] + fake["no_choices_rate"] > 1.0:
+        raise UsageError("--fake-error-rate, --fake-429-rate and --fake-no-choices-rate must not sum above 1")
     return Settings(
         model=model,
         served_model_names=tuple(namespace.served_model_name or (model,)),

@@ -1,4 +1,5 @@
-"""The fault model: which chat request crashes the server or gets a 500/429, deterministic given the seed."""
+"""The fault model: which chat request crashes the server, gets a 500/429 or a 200 without ``choices``,
+deterministic given the seed."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ class Fault(enum.Enum):
     CRASH = "crash"
     ERROR_500 = "500"
     ERROR_429 = "429"
+    NO_CHOICES = "no-choices"
 
 
 class FaultInjector:
@@ -20,13 +22,15 @@ class FaultInjector:
 
     Request number ``k`` (1-based) crashes the process when ``k > crash_after``. Otherwise one uniform draw
     from ``random.Random(seed)`` per request picks 500 (``u < error_rate``), 429
-    (``u < error_rate + rate_429``) or success, so a sequential client sees the same faults on every run.
+    (``u < error_rate + rate_429``), a 200 answer without ``choices`` (``u < error_rate + rate_429 +
+    no_choices_rate``) or success, so a sequential client sees the same faults on every run.
     """
 
     def __init__(self, settings: Settings) -> None:
         self._crash_after = settings.crash_after
         self._error_rate = settings.error_rate
         self._rate_429 = settings.rate_429
+        self._no_choices_rate = settings.no_choices_rate
         self._rng = random.Random(settings.seed)
         self.chat_requests = 0
 
@@ -39,4 +43,6 @@ class FaultInjector:
             return Fault.ERROR_500
         if draw < self._error_rate + self._rate_429:
             return Fault.ERROR_429
+        if draw < self._error_rate + self._rate_429 + self._no_choices_rate:
+            return Fault.NO_CHOICES
         return Fault.NONE

@@ -28,6 +28,7 @@ class Settings:
     crash_after: int | None = None
     error_rate: float = 0.0
     rate_429: float = 0.0
+    no_choices_rate: float = 0.0
     seed: int = 0
     never_healthy: bool = False
     fail_start: bool = False
