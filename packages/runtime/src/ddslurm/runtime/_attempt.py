@@ -37,7 +37,7 @@ from ddslurm.config import (
     to_builtins,
 )
 from ddslurm.runtime._engine import EngineRequest, EngineResult, partition_seed
-from ddslurm.runtime._verify import make_private, scan_for_secrets, verify_dataset
+from ddslurm.runtime._verify import make_private, reject_empty_outputs, scan_for_secrets, verify_dataset
 from ddslurm.runtime.errors import (
     InputsError,
     OutputExistsError,
@@ -258,6 +258,7 @@ class AttemptRunner:
         if result.dataset_dir != target:
             raise VerificationError(f"Data Designer wrote {result.dataset_dir}, not the attempt's {target}")
         rows, files = verify_dataset(result.dataset_dir, result.rows)
+        reject_empty_outputs(result.dataset_dir, inputs.recipe, plan.max_empty_outputs, rows)
         leaks = scan_for_secrets(attempt.dir, (self._env.get(n, "") for n in plan.secret_env))
         if leaks:
             raise VerificationError(f"a secret value was found in {len(leaks)} file(s), e.g. {leaks[0]}")

@@ -4,16 +4,23 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
+import secrets
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
+from pyarrow._compute import call_function  # pyarrow.compute generates its functions at import time
 
 from ddslurm.config import FileEntry, sha256_file
-from ddslurm.runtime.errors import VerificationError
+from ddslurm.runtime._engine import _section
+from ddslurm.runtime.errors import EmptyOutputsError, VerificationError
 
 _TEXT_SUFFIXES = {".json", ".jsonl", ".log", ".txt", ".yaml", ".yml", ".out", ".err", ".csv", ".md"}
 _SCAN_LIMIT = 64 << 20
+LLM_COLUMN_TYPES = frozenset({"llm-text", "llm-code", "llm-structured", "llm-judge"})
+"""Data Designer column types whose values an LLM wrote (``column_type`` in the recipe)."""
 
 
 def parquet_files(dataset_dir: Path) -> list[Path]:
@@ -44,6 +51,82 @@ def verify_dataset(dataset_dir: Path, expected_rows: int) -> tuple[int, tuple[Fi
         FileEntry(path=str(f.relative_to(dataset_dir)), size=f.stat().st_size, sha256=sha256_file(f)) for f in files
     )
     return rows, entries
+
+
+def llm_columns(recipe: Mapping[str, Any]) -> tuple[str, ...]:
+    """Names of the recipe's LLM columns (text, code, structured, judge), in recipe order."""
+    columns = _section(recipe).get("columns")
+    if not isinstance(columns, list):
+        return ()
+    return tuple(
+        c["name"]
+        for c in columns
+        if isinstance(c, dict) and c.get("column_type") in LLM_COLUMN_TYPES and isinstance(c.get("name"), str)
+    )
+
+
+def _count_equal(values: Any, value: object) -> int:
+    mask = call_function("equal", [values, pa.scalar(value)])
+    return int(call_function("sum", [mask]).as_py() or 0)
+
+
+def _empty_values(values: pa.Array) -> int:
+    """Null values, plus blank strings (what Data Designer stores for an answer without content) and empty
+    lists or maps."""
+    empty = int(values.null_count)
+    if pa.types.is_dictionary(values.type):
+        values = values.dictionary_decode()
+    kind = values.type
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        empty += _count_equal(call_function("utf8_trim_whitespace", [values]), "")
+    elif pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
+        empty += _count_equal(call_function("binary_length", [values]), 0)
+    elif pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_map(kind):
+        empty += _count_equal(call_function("list_value_length", [values]), 0)
+    return empty
+
+
+def count_empty_outputs(dataset_dir: Path, columns: Sequence[str]) -> dict[str, int]:
+    """Empty or null values of each of ``columns`` over the dataset's batch files (and Data Designer's
+    ``dropped-columns-parquet-files`` for columns the recipe drops). Columns found in no file are left out."""
+    counts: dict[str, int] = {}
+    files = [*parquet_files(dataset_dir), *sorted((dataset_dir / "dropped-columns-parquet-files").glob("*.parquet"))]
+    for f in files:
+        parquet = pq.ParquetFile(f)
+        present = [c for c in columns if c in parquet.schema_arrow.names]
+        for c in present:
+            counts.setdefault(c, 0)
+        if not present:
+            continue
+        for batch in parquet.iter_batches(columns=present):
+            for c in present:
+                counts[c] += _empty_values(batch.column(c))
+    return {c: counts[c] for c in columns if c in counts}
+
+
+def reject_empty_outputs(dataset_dir: Path, recipe: Mapping[str, Any], limit: int | None, rows: int) -> dict[str, int]:
+    """Fail the candidate when an LLM column holds more than ``limit`` empty or null values (None: no check).
+
+    An endpoint that answers HTTP 200 without ``choices`` (or with empty content) is stored by Data Designer as
+    an empty string, not as an error. A rejected dataset is renamed to ``rejected-<name>-<token>`` next to
+    where it was (kept for inspection, nothing deleted) so that neither the rerun inside the allocation nor a
+    later ``retry`` resumes from its batches: the next generation starts the shard again. Returns the counts.
+    """
+    if limit is None:
+        return {}
+    counts = count_empty_outputs(dataset_dir, llm_columns(recipe))
+    over = {c: n for c, n in counts.items() if n > limit}
+    if not over:
+        return counts
+    aside = dataset_dir.with_name(f"rejected-{dataset_dir.name}-{secrets.token_hex(3)}")
+    dataset_dir.rename(aside)
+    detail = ", ".join(f"{c}: {n} of {rows}" for c, n in counts.items() if n)
+    raise EmptyOutputsError(
+        f"empty or null LLM outputs per column ({detail}) exceed max_empty_outputs: {limit} "
+        f"(an endpoint answered without content, e.g. HTTP 200 without choices); the dataset was set aside as "
+        f"{aside} and is not resumed, so a rerun or `ddslurm retry` generates the shard again",
+        counts=over,
+    )
 
 
 def _text_files(root: Path) -> Iterable[Path]:

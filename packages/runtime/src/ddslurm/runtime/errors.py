@@ -5,9 +5,14 @@ RuntimeFailure           root: the attempt failed; ``reason`` is a stable code f
 ├── SecretMissingError   an API-key variable the snapshot names is unset in the job's environment
 ├── EngineError          Data Designer failed (``retryable`` says whether a new attempt may help)
 └── VerificationError    the candidate dataset is unreadable, short, or leaks a secret
+    └── EmptyOutputsError  LLM columns hold more empty or null values than ``max_empty_outputs`` (retryable)
+
+The serving errors (``server_*``, ``proxy_died``, ``gpu_mismatch``, ``port_unavailable``) live in ``_serving.py``.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 
 class RuntimeFailure(Exception):
@@ -45,3 +50,19 @@ class OutputExistsError(RuntimeFailure):
 
 class VerificationError(RuntimeFailure):
     reason = "output_invalid"
+
+
+class EmptyOutputsError(VerificationError):
+    """LLM columns of the candidate hold more empty or null values than the plan's ``max_empty_outputs``.
+
+    Retryable: the rejected dataset is set aside, so the next generation (a rerun inside the allocation or a
+    ``ddslurm retry``) regenerates the shard instead of resuming the empty values. ``counts``: per column, the
+    empty or null values of the columns above the limit.
+    """
+
+    reason = "empty_outputs"
+    retryable = True
+
+    def __init__(self, message: str, *, counts: Mapping[str, int]) -> None:
+        super().__init__(message)
+        self.counts = dict(counts)

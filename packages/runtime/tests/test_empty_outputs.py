@@ -1,0 +1,165 @@
+"""Empty or null LLM outputs (an endpoint that answered HTTP 200 without ``choices``) fail the attempt with
+``empty_outputs`` instead of being published, and the next generation starts the shard again."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from ddslurm.config import AttemptRecord, ProviderSnapshot, RunLayout, WinnerRecord, read_json
+from ddslurm.config.testing import make_plan
+from ddslurm.runtime import EXIT_FAILED, EXIT_OK, AttemptRunner, EngineRequest, EngineResult, Inputs
+from ddslurm.runtime._log import new_logger
+from ddslurm.runtime._verify import count_empty_outputs, llm_columns, reject_empty_outputs
+from ddslurm.runtime.errors import EmptyOutputsError
+
+RECIPE: dict[str, Any] = {
+    "data_designer": {
+        "columns": [
+            {"name": "topic", "column_type": "sampler"},
+            {"name": "answer", "column_type": "llm-text", "model_alias": "gen"},
+            {"name": "sql", "column_type": "llm-code", "model_alias": "gen"},
+            {"name": "facts", "column_type": "llm-structured", "model_alias": "gen"},
+            {"name": "quality", "column_type": "llm-judge", "model_alias": "gen"},
+            {"name": "notes", "column_type": "llm-text", "model_alias": "gen", "drop": True},
+            {"name": "chars", "column_type": "expression"},
+        ]
+    }
+}
+GOOD = {"answer": "a", "sql": "SELECT 1", "facts": {"k": "v"}, "quality": {"Score": {"score": 2}}, "notes": "n"}
+
+
+def _write_dataset(dataset: Path, rows: list[dict[str, Any]], batch: int = 2) -> None:
+    """Data Designer's layout: parquet-files/batch_*.parquet (dropped columns apart) and metadata.json."""
+    (dataset / "parquet-files").mkdir(parents=True)
+    (dataset / "dropped-columns-parquet-files").mkdir()
+    for i in range(0, len(rows), batch):
+        chunk = rows[i : i + batch]
+        kept = [{k: v for k, v in r.items() if k != "notes"} | {"topic": "t", "chars": 1} for r in chunk]
+        pq.write_table(pa.Table.from_pylist(kept), dataset / "parquet-files" / f"batch_{i // batch:05d}.parquet")
+        dropped = pa.Table.from_pylist([{"notes": r["notes"]} for r in chunk])
+        pq.write_table(dropped, dataset / "dropped-columns-parquet-files" / f"batch_{i // batch:05d}.parquet")
+    (dataset / "metadata.json").write_text(json.dumps({"actual_num_records": len(rows)}))
+
+
+def test_llm_columns_are_read_from_the_recipe() -> None:
+    assert llm_columns(RECIPE) == ("answer", "sql", "facts", "quality", "notes")
+    assert llm_columns(RECIPE["data_designer"]) == ("answer", "sql", "facts", "quality", "notes")  # shorthand
+    assert llm_columns({"data_designer": {"columns": None}}) == ()
+
+
+def test_empty_and_null_values_are_counted_per_column(tmp_path: Path) -> None:
+    rows = [
+        GOOD,
+        {**GOOD, "answer": ""},  # what Data Designer stores for a 200 answer without choices
+        {**GOOD, "answer": "  \n", "sql": None},
+        {**GOOD, "quality": None, "notes": ""},
+        {**GOOD, "facts": None},
+    ]
+    _write_dataset(tmp_path / "d", rows)
+    counts = count_empty_outputs(tmp_path / "d", llm_columns(RECIPE))
+    assert counts == {"answer": 2, "sql": 1, "facts": 1, "quality": 1, "notes": 1}
+    assert count_empty_outputs(tmp_path / "d", ("missing",)) == {}
+
+
+def test_above_the_limit_the_dataset_is_set_aside_with_counts_in_the_message(tmp_path: Path) -> None:
+    _write_dataset(tmp_path / "shard-00000", [GOOD, {**GOOD, "sql": ""}, {**GOOD, "sql": ""}, {**GOOD, "answer": ""}])
+    assert reject_empty_outputs(tmp_path / "shard-00000", RECIPE, None, 4) == {}
+    assert reject_empty_outputs(tmp_path / "shard-00000", RECIPE, 2, 4)["sql"] == 2
+    with pytest.raises(EmptyOutputsError) as failure:
+        reject_empty_outputs(tmp_path / "shard-00000", RECIPE, 1, 4)
+    assert failure.value.reason == "empty_outputs" and failure.value.retryable
+    assert failure.value.counts == {"sql": 2}
+    assert "answer: 1 of 4, sql: 2 of 4" in failure.value.message and "max_empty_outputs: 1" in failure.value.message
+    assert not (tmp_path / "shard-00000").exists()
+    [aside] = tmp_path.glob("rejected-shard-00000-*")
+    assert len(list((aside / "parquet-files").glob("*.parquet"))) == 2  # kept, only renamed
+
+
+class EmptyingEngine:
+    """Writes the dataset Data Designer would write, with ``empty`` rows whose LLM text is ''."""
+
+    def __init__(self, empty: int) -> None:
+        self.empty = empty
+        self.requests: list[EngineRequest] = []
+
+    def __call__(self, request: EngineRequest) -> EngineResult:
+        self.requests.append(request)
+        dataset = request.artifact_path / request.dataset_name
+        if request.resume:
+            # A resumed dataset keeps its batches: Data Designer would find it complete and add nothing.
+            rows = read_json(dataset / "metadata.json", dict[str, int])["actual_num_records"]
+            return EngineResult(dataset_dir=dataset, rows=rows, requested=request.num_records)
+        n = request.num_records
+        _write_dataset(dataset, [{**GOOD, "answer": ""} if i < self.empty else GOOD for i in range(n)])
+        return EngineResult(dataset_dir=dataset, rows=n, requested=n)
+
+
+def _setup(tmp_path: Path, **plan: Any) -> tuple[RunLayout, Inputs]:
+    layout = RunLayout(tmp_path / "run-1")
+    layout.root.mkdir()
+    inputs = Inputs(
+        plan=make_plan("run-1", (6,), resume="if_possible", **plan),
+        plan_sha256="-",
+        recipe=RECIPE,
+        snapshot=ProviderSnapshot(),
+    )
+    return layout, inputs
+
+
+def _runner(layout: RunLayout, engine: Any) -> AttemptRunner:
+    return AttemptRunner(
+        layout, engine=engine, env={}, scratch_home=layout.root, make_logger=lambda s: new_logger(s, io.BytesIO())
+    )
+
+
+def test_empty_outputs_fail_the_attempt_and_a_retry_regenerates_the_shard(tmp_path: Path) -> None:
+    layout, inputs = _setup(tmp_path)
+    shard = layout.shard(0)
+    assert _runner(layout, EmptyingEngine(empty=2)).run(inputs, 0, "11", "n1") == EXIT_FAILED
+    record = read_json(shard.attempt("attempt-11").record, AttemptRecord)
+    assert (record.state, record.reason, record.retryable) == ("failed", "empty_outputs", True)
+    assert "answer: 2 of 6" in (record.message or "")
+    assert not shard.winner.exists()
+
+    # The in-allocation rerun (client_retries) does not resume the rejected dataset: it starts afresh.
+    rerun = EmptyingEngine(empty=0)
+    runner = _runner(layout, rerun)
+    began = runner.resume(0, "attempt-11")
+    runner.rerun(began)
+    assert runner.generate(inputs, began, {}, resume_own=True) == EXIT_OK
+    assert rerun.requests[0].resume is False
+    winner = read_json(shard.winner, WinnerRecord)
+    assert winner.rows == 6 and winner.attempt == "attempt-11"
+    table = pq.read_table(Path(winner.dataset_dir) / "parquet-files")
+    assert table.num_rows == 6 and "" not in table.column("answer").to_pylist()
+
+
+def test_a_retry_after_empty_outputs_does_not_resume_the_rejected_batches(tmp_path: Path) -> None:
+    layout, inputs = _setup(tmp_path)
+    assert _runner(layout, EmptyingEngine(empty=1)).run(inputs, 0, "21", "n1") == EXIT_FAILED
+    retry = EmptyingEngine(empty=0)
+    assert _runner(layout, retry).run(inputs, 0, "22", "n1") == EXIT_OK
+    assert retry.requests[0].resume is False
+    record = read_json(layout.shard(0).attempt("attempt-22").record, AttemptRecord)
+    assert record.state == "succeeded" and record.resumed_from is None and record.rows == 6
+
+
+@pytest.mark.parametrize(("limit", "state"), [(None, "succeeded"), (3, "succeeded"), (2, "failed")])
+def test_the_run_file_limit_decides(tmp_path: Path, limit: int | None, state: str) -> None:
+    layout, inputs = _setup(tmp_path)
+    inputs = Inputs(
+        plan=msgspec.structs.replace(inputs.plan, max_empty_outputs=limit),
+        plan_sha256="-",
+        recipe=RECIPE,
+        snapshot=ProviderSnapshot(),
+    )
+    _runner(layout, EmptyingEngine(empty=3)).run(inputs, 0, "31", "n1")
+    assert read_json(layout.shard(0).attempt("attempt-31").record, AttemptRecord).state == state
