@@ -27,7 +27,7 @@ from ddslurm.config import (
     load_profile,
     load_run_file,
 )
-from ddslurm.planner import PlanError, PlanInputs, compile_plan, parse_time_limit, split_records
+from ddslurm.planner import PlanError, PlanInputs, compile_plan, parse_time_limit, plan_shards
 
 REPO = Path(__file__).resolve().parents[3]
 LAYOUT = RunLayout.in_workspace(Path("/ws"), "run-1")
@@ -120,7 +120,7 @@ def test_parse_time_limit_rejects(value: str | int, message: str) -> None:
         parse_time_limit(value)
 
 
-# --- split_records ---
+# --- plan_shards ---
 
 
 @pytest.mark.parametrize(
@@ -134,8 +134,8 @@ def test_parse_time_limit_rejects(value: str | int, message: str) -> None:
         pytest.param(1, 1, [1], id="single-record"),
     ],
 )
-def test_split_records_sizes(total: int, shards: int, sizes: list[int]) -> None:
-    specs = split_records(total, shards)
+def test_plan_shards_sizes(total: int, shards: int, sizes: list[int]) -> None:
+    specs = plan_shards(total, shards)
     assert [s.num_records for s in specs] == sizes
 
 
@@ -143,8 +143,8 @@ def test_split_records_sizes(total: int, shards: int, sizes: list[int]) -> None:
     ("total", "shards"),
     [(1, 1), (10, 3), (100, 7), (1000, 999), (12345, 64), (5, 5), (1_000_000, 1000)],
 )
-def test_split_records_invariants(total: int, shards: int) -> None:
-    specs = split_records(total, shards)
+def test_plan_shards_invariants(total: int, shards: int) -> None:
+    specs = plan_shards(total, shards)
 
     assert len(specs) == shards
     assert [s.index for s in specs] == list(range(shards))
@@ -167,9 +167,9 @@ def test_split_records_invariants(total: int, shards: int) -> None:
         pytest.param(5, -1, r"shards must be at least 1, got -1", id="negative-shards"),
     ],
 )
-def test_split_records_rejects(total: int, shards: int, message: str) -> None:
+def test_plan_shards_rejects(total: int, shards: int, message: str) -> None:
     with pytest.raises(PlanError, match=message):
-        split_records(total, shards)
+        plan_shards(total, shards)
 
 
 # --- compile_plan ---

@@ -219,16 +219,17 @@ def test_recipe_models_replaced_by_snapshot_keeping_params() -> None:
     assert recipe["data_designer"]["model_configs"][0]["alias"] == "old"
 
 
-def test_each_shard_gets_its_own_block_of_the_seed() -> None:
+def test_each_shard_reads_the_seed_block_the_plan_gives_it() -> None:
+    from ddslurm.config import ShardSpec
     from ddslurm.runtime import partition_seed
 
     recipe = {"data_designer": {"seed_config": {"source": {"path": "x"}, "selection_strategy": None}}}
-    out = partition_seed(recipe, 2, 4)
-    assert out["data_designer"]["seed_config"]["selection_strategy"] == {"index": 2, "num_partitions": 4}
-    assert recipe["data_designer"]["seed_config"]["selection_strategy"] is None
-    assert partition_seed(recipe, 0, 1) is recipe  # one shard: the whole seed
-    chosen = {"data_designer": {"seed_config": {"selection_strategy": {"start": 0, "end": 3}}}}
-    assert partition_seed(chosen, 1, 2) is chosen  # the recipe's own selection wins
+    spec = ShardSpec(index=2, first_record=14, num_records=7, seed_start=14, seed_end=19)
+    out = partition_seed(recipe, spec)
+    assert out["data_designer"]["seed_config"]["selection_strategy"] == {"start": 14, "end": 19}
+    assert recipe["data_designer"]["seed_config"]["selection_strategy"] is None  # the input is not changed
+    assert partition_seed(recipe, ShardSpec(index=0, first_record=0, num_records=3)) is recipe  # no seed block
+    assert partition_seed({"data_designer": {}}, spec) == {"data_designer": {}}  # no seed config
 
 
 class ResumingEngine(FakeEngine):

@@ -30,6 +30,8 @@ from ddslurm.config._plan import (
     Plan,
     ReplicaPlan,
     Resources,
+    SeedKind,
+    SeedPlan,
     ServingPlan,
     ShardSpec,
 )
@@ -37,6 +39,7 @@ from ddslurm.config._profile import ClusterProfile
 from ddslurm.config._records import (
     AttemptRecord,
     AttemptState,
+    CancelRecord,
     FileEntry,
     Progress,
     SubmissionKind,
@@ -55,6 +58,7 @@ __all__ = [
     "AttemptLayout",
     "AttemptRecord",
     "AttemptState",
+    "CancelRecord",
     "ClusterProfile",
     "Collection",
     "ConfigError",
@@ -74,6 +78,8 @@ __all__ = [
     "ServerSpec",
     "ServingPlan",
     "ShardLayout",
+    "SeedKind",
+    "SeedPlan",
     "ShardSpec",
     "SnapshotModel",
     "SnapshotProvider",

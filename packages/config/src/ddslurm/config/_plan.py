@@ -8,9 +8,10 @@ import msgspec
 
 from ddslurm.config._base import Frozen
 from ddslurm.config._layout import LAYOUT_VERSION
+from ddslurm.config._records import FileEntry
 from ddslurm.config._runfile import ResumeMode
 
-PLAN_VERSION = 1
+PLAN_VERSION = 2
 
 
 class Resources(Frozen, frozen=True, kw_only=True):
@@ -69,6 +70,37 @@ class ShardSpec(Frozen, frozen=True, kw_only=True):
     index: int
     first_record: int
     num_records: int
+    seed_start: int | None = None
+    """First seed row (inclusive) of the shard's block when the recipe has a seed dataset: the node gives Data
+    Designer ``IndexRange(seed_start, seed_end)``, so the shard reads exactly the seed rows an unsharded run would
+    use for records ``first_record .. first_record + num_records - 1``."""
+    seed_end: int | None = None
+    """Last seed row (inclusive) of the shard's block."""
+
+
+SeedKind = Literal["file", "files", "directory"]
+
+
+class SeedPlan(Frozen, frozen=True, kw_only=True):
+    """The recipe's seed dataset, captured into the run's inputs (never read from the submitter's tree)."""
+
+    seed_type: str
+    """Data Designer's ``seed_config.source.seed_type`` (local, directory, file_contents, agent_rollout)."""
+    kind: SeedKind
+    """One file, the files of a wildcard pattern, or a directory tree."""
+    root: str
+    """The directory in the run's inputs that holds the captured files."""
+    path: str
+    """What the stored recipe's ``seed_config.source.path`` says (a file, a pattern or a directory under root)."""
+    files: tuple[FileEntry, ...]
+    """Every captured file, relative to ``root``, with its size and sha256 (checked on the node)."""
+    rows: int
+    """Seed rows as Data Designer counts them (for directory sources: the files it matches)."""
+    pool_start: int = 0
+    """First row of the recipe's own selection (``selection_strategy``), 0 without one."""
+    pool_size: int
+    """Rows of the recipe's own selection, ``rows`` without one."""
+    sampling: Literal["ordered", "shuffle"] = "ordered"
 
 
 class Plan(Frozen, frozen=True, kw_only=True):
@@ -88,9 +120,8 @@ class Plan(Frozen, frozen=True, kw_only=True):
     recipe_sha256: str
     snapshot_file: str
     snapshot_sha256: str
-    seed_file: str | None = None
-    """The recipe's local seed dataset, copied into the run's inputs (the recipe points at the copy)."""
-    seed_sha256: str | None = None
+    seed: SeedPlan | None = None
+    """The recipe's seed dataset, copied into the run's inputs (the stored recipe points at the copy)."""
     secret_env: tuple[str, ...]
     python_env: str
     generation: Resources

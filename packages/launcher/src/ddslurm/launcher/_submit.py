@@ -6,16 +6,12 @@ submission changes nothing on disk.
 
 from __future__ import annotations
 
-import copy as copy_module
 import secrets
 import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
-
-import msgspec
 
 from ddslurm.config import (
     ConfigError,
@@ -32,9 +28,9 @@ from ddslurm.config import (
     make_private_dir,
     publish_once,
     sha256_bytes,
-    sha256_file,
 )
 from ddslurm.launcher._render import render_generation
+from ddslurm.launcher._seed import CountRows, SeedCapture, capture_seed, dd_seed_rows
 from ddslurm.launcher._slurm import Slurm
 from ddslurm.launcher.errors import LauncherError, SubmitError
 from ddslurm.planner import PlanError, PlanInputs, compile_plan
@@ -45,7 +41,6 @@ from ddslurm.providers import (
     load_recipe,
     load_settings,
     missing_env,
-    recipe_section,
     resolve,
 )
 from ddslurm.providers.discovery import settings_dir
@@ -72,37 +67,17 @@ class Prepared:
     recipe_bytes: bytes
     snapshot_bytes: bytes
     aliases: tuple[AliasRow, ...]
-    seed: Path | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Seed:
-    source: Path
-    recipe_bytes: bytes
-
-
-def capture_seed(recipe: dict[str, Any], recipe_path: Path, layout: RunLayout) -> Seed | None:
-    """A local seed file of the recipe, resolved against the recipe's directory, becomes part of the run's
-    inputs: the stored recipe points at the copy, so nodes never depend on the submitter's working directory."""
-    seed = recipe_section(recipe).get("seed_config")
-    source = seed.get("source") if isinstance(seed, dict) else None
-    if not isinstance(source, dict) or source.get("seed_type", "local") != "local" or "path" not in source:
-        return None
-    path = Path(str(source["path"]))
-    resolved = path if path.is_absolute() else (recipe_path.parent / path).resolve()
-    if not resolved.is_file():
-        raise SubmitError(
-            f"{recipe_path}: seed_config.source.path: {resolved} is not a file (relative paths are relative to "
-            "the recipe)"
-        )
-    copy = copy_module.deepcopy(recipe)
-    recipe_section(copy)["seed_config"]["source"]["path"] = str(layout.seed_dir / resolved.name)
-    # JSON is YAML too: the stored recipe stays loadable by Data Designer and by ddslurm's YAML reader.
-    return Seed(source=resolved, recipe_bytes=encode_pretty(copy))
+    seed: SeedCapture | None = None
 
 
 def prepare(
-    run_path: Path, profile_path: Path, env: Mapping[str, str], now: datetime, home: Path | None = None
+    run_path: Path,
+    profile_path: Path,
+    env: Mapping[str, str],
+    now: datetime,
+    home: Path | None = None,
+    *,
+    count_seed_rows: CountRows = dd_seed_rows,
 ) -> Prepared:
     """Validate and compile everything; touch nothing on disk."""
     try:
@@ -118,7 +93,7 @@ def prepare(
         snapshot: ProviderSnapshot = resolution.snapshot
         snapshot_bytes = encode_pretty(snapshot)
         layout = RunLayout.in_workspace(Path(profile.workspace), new_run_id(run.name, now))
-        seed = capture_seed(recipe, recipe_path, layout)
+        seed = capture_seed(recipe, recipe_path, layout, count_rows=count_seed_rows)
         if seed is not None:
             recipe_bytes = seed.recipe_bytes
         plan = compile_plan(
@@ -129,12 +104,9 @@ def prepare(
                 layout=layout,
                 recipe_sha256=sha256_bytes(recipe_bytes),
                 snapshot_sha256=sha256_bytes(snapshot_bytes),
+                seed=None if seed is None else seed.plan,
             )
         )
-        if seed is not None:
-            plan = msgspec.structs.replace(
-                plan, seed_file=str(layout.seed_dir / seed.source.name), seed_sha256=sha256_file(seed.source)
-            )
     except (ConfigError, ProvidersError, PlanError) as exc:
         raise SubmitError(str(exc)) from exc
     python = Path(profile.python_env) / "bin" / "ddslurm-runtime"
@@ -147,8 +119,23 @@ def prepare(
         recipe_bytes,
         snapshot_bytes,
         resolution.rows,
-        seed.source if seed else None,
+        seed,
     )
+
+
+def copy_seed(seed: SeedCapture) -> None:
+    """Copy the seed files into the run's inputs, each checked against the digest the plan records."""
+    root = Path(seed.plan.root)
+    make_private_dir(root.parent, exist_ok=True)
+    make_private_dir(root, exist_ok=True)
+    for source, entry in zip(seed.sources, seed.plan.files, strict=True):
+        data = source.read_bytes()
+        if sha256_bytes(data) != entry.sha256:
+            raise SubmitError(f"{source}: changed while the run was being submitted")
+        target = root / entry.path
+        for parent in reversed(target.relative_to(root).parents[:-1]):
+            make_private_dir(root / parent, exist_ok=True)
+        atomic_write(target, data)
 
 
 def write_run_dir(p: Prepared) -> None:
@@ -160,12 +147,8 @@ def write_run_dir(p: Prepared) -> None:
         shard = layout.shard(spec.index)
         make_private_dir(shard.dir)
         make_private_dir(shard.attempts)
-    if p.seed is not None and p.plan.seed_file is not None:
-        make_private_dir(layout.seed_dir)
-        data = p.seed.read_bytes()
-        if sha256_bytes(data) != p.plan.seed_sha256:
-            raise SubmitError(f"{p.seed}: changed while the run was being submitted")
-        atomic_write(Path(p.plan.seed_file), data)
+    if p.seed is not None:
+        copy_seed(p.seed)
     atomic_write(layout.run_file, p.run_bytes)
     atomic_write(layout.recipe, p.recipe_bytes)
     atomic_write(layout.snapshot, p.snapshot_bytes)

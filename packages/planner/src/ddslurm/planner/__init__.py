@@ -6,16 +6,17 @@ from ddslurm.planner._compile import (
     parse_memory_mb,
     parse_time_limit,
     plan_serving,
-    split_records,
 )
+from ddslurm.planner._shards import SeedPool, plan_shards
 from ddslurm.planner.errors import PlanError
 
 __all__ = [
     "PlanError",
     "PlanInputs",
+    "SeedPool",
     "compile_plan",
     "parse_memory_mb",
     "parse_time_limit",
     "plan_serving",
-    "split_records",
+    "plan_shards",
 ]

@@ -15,9 +15,10 @@ from ddslurm.config import (
     Resources,
     RunFile,
     RunLayout,
+    SeedPlan,
     ServingPlan,
-    ShardSpec,
 )
+from ddslurm.planner._shards import SeedPool, plan_shards
 from ddslurm.planner.errors import PlanError
 
 _TIME = re.compile(r"^(?:(?P<days>\d+)-)?(?P<a>\d+)(?::(?P<b>\d+))?(?::(?P<c>\d+))?$")
@@ -48,22 +49,6 @@ def parse_time_limit(value: str | int) -> int:
     return total
 
 
-def split_records(num_records: int, shards: int) -> tuple[ShardSpec, ...]:
-    """Contiguous record ranges whose sizes differ by at most one."""
-    if shards < 1:
-        raise PlanError(f"shards must be at least 1, got {shards}")
-    if shards > num_records:
-        raise PlanError(f"shards ({shards}) exceeds num_records ({num_records}); every shard needs a record")
-    base, extra = divmod(num_records, shards)
-    specs: list[ShardSpec] = []
-    first = 0
-    for index in range(shards):
-        size = base + (1 if index < extra else 0)
-        specs.append(ShardSpec(index=index, first_record=first, num_records=size))
-        first += size
-    return tuple(specs)
-
-
 @dataclass(frozen=True, slots=True)
 class PlanInputs:
     """Everything the compiler reads; digests are of the copies stored in the run's inputs."""
@@ -74,6 +59,8 @@ class PlanInputs:
     layout: RunLayout
     recipe_sha256: str
     snapshot_sha256: str
+    seed: SeedPlan | None = None
+    """The recipe's seed dataset as captured into the run's inputs (its rows decide the shards' seed blocks)."""
 
 
 _MEM = re.compile(r"^(?P<n>\d+(?:\.\d+)?)(?P<unit>[KMGT]?)B?$", re.IGNORECASE)
@@ -152,7 +139,26 @@ def plan_serving(run: RunFile, profile: ClusterProfile, partition: str | None) -
     )
 
 
+MIN_TIME_LIMIT_MINUTES = 2
+SLURM_SIGNAL_SLACK_S = 60
+"""Slurm may send the time-limit warning (``#SBATCH --signal=B:USR1@N``) up to this much earlier than asked."""
+
+
+def check_time_limit(value: str | int) -> int:
+    """The generation time limit in minutes, refused when it leaves no useful time: Slurm's time-limit warning
+    may arrive up to a minute early, and the attempt stops generating when it does."""
+    minutes = parse_time_limit(value)
+    if minutes < MIN_TIME_LIMIT_MINUTES:
+        raise PlanError(
+            f"submission.time_limit: {value!r} is {minutes} minute(s); at least {MIN_TIME_LIMIT_MINUTES} are "
+            f"needed, because Slurm may send the time-limit warning up to {SLURM_SIGNAL_SLACK_S} s early and the "
+            "attempt stops generating when it arrives"
+        )
+    return minutes
+
+
 def compile_plan(inputs: PlanInputs) -> Plan:
+    check_time_limit(inputs.run.submission.time_limit)
     run, profile = inputs.run, inputs.profile
     sub = run.submission
     serving: ServingPlan | None = None
@@ -208,7 +214,12 @@ def compile_plan(inputs: PlanInputs) -> Plan:
         run_id=layout.run_id,
         run_name=run.name,
         num_records=run.num_records,
-        shards=split_records(run.num_records, run.shards),
+        shards=plan_shards(
+            run.num_records,
+            run.shards,
+            None if inputs.seed is None else SeedPool(inputs.seed.pool_start, inputs.seed.pool_size),
+        ),
+        seed=inputs.seed,
         resume=run.resume,
         buffer_size=min(run.buffer_size, run.num_records),
         max_concurrent=run.max_concurrent,

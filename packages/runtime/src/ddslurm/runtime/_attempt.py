@@ -21,6 +21,7 @@ from ddslurm.config import (
     Progress,
     ProviderSnapshot,
     RunLayout,
+    SeedPlan,
     WinnerRecord,
     atomic_write,
     attempt_id_for,
@@ -66,6 +67,28 @@ class Inputs:
     snapshot: ProviderSnapshot
 
 
+def check_seed(seed: SeedPlan) -> None:
+    """The captured seed files are exactly those the plan lists, unchanged (a directory source would read an
+    added file as another seed row)."""
+    root = Path(seed.root)
+    listed = {entry.path: entry for entry in seed.files}
+    try:
+        found = {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() or p.is_symlink()}
+    except OSError as exc:
+        raise InputsError(f"cannot read the run's seed dataset {root}: {exc}") from exc
+    extra = sorted(found - listed.keys())
+    if extra:
+        raise InputsError(f"{root / extra[0]}: not part of the run's seed dataset; the run's inputs were modified")
+    for entry in seed.files:
+        path = root / entry.path
+        try:
+            actual = sha256_file(path)
+        except OSError as exc:
+            raise InputsError(f"cannot read the run's seed file {path}: {exc}") from exc
+        if path.is_symlink() or actual != entry.sha256:
+            raise InputsError(f"{path}: sha256 differs from the plan; the run's inputs were modified")
+
+
 def load_inputs(layout: RunLayout) -> Inputs:
     """Read the plan, recipe and snapshot from the run directory and check their recorded digests."""
     try:
@@ -78,13 +101,8 @@ def load_inputs(layout: RunLayout) -> Inputs:
         raise InputsError(f"{plan.recipe_file}: sha256 differs from the plan; the run's inputs were modified")
     if sha256_bytes(snapshot_bytes) != plan.snapshot_sha256:
         raise InputsError(f"{plan.snapshot_file}: sha256 differs from the plan; the run's inputs were modified")
-    if plan.seed_file is not None:
-        try:
-            seed_sha = sha256_file(Path(plan.seed_file))
-        except OSError as exc:
-            raise InputsError(f"cannot read the run's seed dataset {plan.seed_file}: {exc}") from exc
-        if seed_sha != plan.seed_sha256:
-            raise InputsError(f"{plan.seed_file}: sha256 differs from the plan; the run's inputs were modified")
+    if plan.seed is not None:
+        check_seed(plan.seed)
     snapshot = msgspec.json.decode(snapshot_bytes, type=ProviderSnapshot)
     recipe = to_builtins(read_yaml(Path(plan.recipe_file)))
     return Inputs(plan=plan, plan_sha256=digest(plan), recipe=recipe, snapshot=snapshot)
@@ -141,8 +159,9 @@ class AttemptRunner:
     def begin(
         self, inputs: Inputs, shard_index: int, job_id: str, node: str, restart: int = 0, slurm_log: str | None = None
     ) -> Began | None:
-        """Create the attempt directory and its ``running`` record; None (recorded superseded) if the shard
-        already has a winner."""
+        """Create the attempt directory and its ``running`` record; None if the attempt must not generate:
+        recorded ``cancelled`` (reason ``run_cancelled``) when the whole run was cancelled, ``superseded`` when
+        the shard already has a winner."""
         plan = inputs.plan
         if not 0 <= shard_index < len(plan.shards):
             raise InputsError(f"shard {shard_index} does not exist; the plan has {len(plan.shards)} shard(s)")
@@ -162,6 +181,20 @@ class AttemptRunner:
             requested_rows=spec.num_records,
             slurm_log=slurm_log,
         )
+        if os.path.lexists(self._layout.cancelled):
+            # `ddslurm cancel` writes this before it asks Slurm to cancel the run's arrays: an array that starts
+            # anyway (a dependency met by the cancelled tasks, a race with scancel) does no work.
+            self._write(
+                attempt,
+                msgspec.structs.replace(
+                    record,
+                    state="cancelled",
+                    ended_at=self._now(),
+                    reason="run_cancelled",
+                    message=f"the run was cancelled (ddslurm cancel; {self._layout.cancelled}); nothing generated",
+                ),
+            )
+            return None
         if shard.winner.exists():
             self._write(
                 attempt,
@@ -243,7 +276,7 @@ class AttemptRunner:
 
         result = self._engine(
             EngineRequest(
-                recipe=partition_seed(inputs.recipe, shard_index, len(plan.shards)),
+                recipe=partition_seed(inputs.recipe, plan.shards[shard_index]),
                 snapshot=inputs.snapshot,
                 endpoints=endpoints,
                 artifact_path=attempt.output,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ddslurm.config import ProviderSnapshot
+from ddslurm.config import ProviderSnapshot, ShardSpec
 from ddslurm.runtime.errors import EngineError
 
 # sha1 of tiktoken's cl100k_base blob URL: the cache file name tiktoken looks for.
@@ -74,13 +74,17 @@ def recipe_with_models(recipe: Mapping[str, Any], snapshot: ProviderSnapshot) ->
     return out
 
 
-def partition_seed(recipe: Mapping[str, Any], shard: int, shards: int) -> Mapping[str, Any]:
-    """Give each shard its own block of the seed dataset (unless the recipe selects rows itself)."""
+def partition_seed(recipe: Mapping[str, Any], spec: ShardSpec) -> Mapping[str, Any]:
+    """The recipe reading exactly the shard's block of the seed dataset (``IndexRange`` from the plan).
+
+    The planner chose the block so that the shard uses the seed rows an unsharded run would use for the same
+    records (see ``ddslurm.planner._shards``); a shard without a block (no seed dataset) is left as it is.
+    """
     seed = _section(recipe).get("seed_config")
-    if shards < 2 or not isinstance(seed, dict) or seed.get("selection_strategy") is not None:
+    if spec.seed_start is None or spec.seed_end is None or not isinstance(seed, dict):
         return recipe
     out = copy.deepcopy(dict(recipe))
-    _section(out)["seed_config"]["selection_strategy"] = {"index": shard, "num_partitions": shards}
+    _section(out)["seed_config"]["selection_strategy"] = {"start": spec.seed_start, "end": spec.seed_end}
     return out
 
 
@@ -141,8 +145,19 @@ def run_engine(request: EngineRequest) -> EngineResult:
         )
     except Exception as exc:
         name = type(exc).__name__
+        if name == "DataDesignerProfilingError":
+            # The statistics Data Designer computes after writing every batch failed (0.9.7 fails on a one-record
+            # dataset with an int expression column): the dataset itself is complete, and verification checks it.
+            dataset_dir = request.artifact_path / request.dataset_name
+            return EngineResult(dataset_dir=dataset_dir, rows=_rows(dataset_dir), requested=request.num_records)
         retryable = "EarlyShutdown" not in name and "Validation" not in name
         raise EngineError(f"Data Designer failed: {name}: {exc}", retryable=retryable) from exc
     dataset_dir = Path(results.artifact_storage.base_dataset_path)
     rows = len(results.load_dataset())
     return EngineResult(dataset_dir=dataset_dir, rows=rows, requested=request.num_records)
+
+
+def _rows(dataset_dir: Path) -> int:
+    import pyarrow.parquet as pq
+
+    return sum(pq.read_metadata(f).num_rows for f in sorted((dataset_dir / "parquet-files").glob("batch_*.parquet")))
