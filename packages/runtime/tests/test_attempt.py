@@ -8,6 +8,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -191,6 +192,38 @@ def test_modified_inputs_are_refused(tmp_path: Path) -> None:
     layout = _run(tmp_path)
     layout.snapshot.write_bytes(layout.snapshot.read_bytes().replace(b"T_KEY", b"X_KEY"))
     with pytest.raises(InputsError, match="sha256 differs"):
+        load_inputs(layout)
+
+
+@pytest.mark.parametrize(
+    ("tamper", "message"),
+    [
+        (lambda root: (root / "d" / "b.txt").write_text("BETA"), "b.txt: sha256 differs"),
+        (lambda root: (root / "d" / "new.txt").write_text("x"), "new.txt: not part of the run's seed dataset"),
+        (lambda root: (root / "a.txt").unlink(), "cannot read the run's seed file"),
+    ],
+    ids=["changed", "added", "removed"],
+)
+def test_seed_files_are_checked_against_the_plans_manifest(tmp_path: Path, tamper: Any, message: str) -> None:
+    from ddslurm.config import FileEntry, SeedPlan, read_plan, sha256_file
+    from ddslurm.runtime._attempt import check_seed
+
+    root = tmp_path / "seed"
+    (root / "d").mkdir(parents=True)
+    (root / "a.txt").write_text("alpha")
+    (root / "d" / "b.txt").write_text("beta")
+    files = tuple(
+        FileEntry(path=rel, size=(root / rel).stat().st_size, sha256=sha256_file(root / rel))
+        for rel in ("a.txt", "d/b.txt")
+    )
+    seed = SeedPlan(
+        seed_type="file_contents", kind="directory", root=str(root), path=str(root), files=files, rows=2, pool_size=2
+    )
+    check_seed(seed)  # untouched: fine
+    layout = _run(tmp_path / "run")
+    atomic_write(layout.plan, encode(msgspec.structs.replace(read_plan(layout.plan), seed=seed)))
+    tamper(root)
+    with pytest.raises(InputsError, match=message):
         load_inputs(layout)
 
 
