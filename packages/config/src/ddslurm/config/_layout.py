@@ -6,6 +6,7 @@
     inputs/snapshot.json          the provider snapshot (owner-only)
     inputs/run.yaml               the run file as submitted
     submissions/<array_job_id>.json
+    cancelled.json                written once by ``ddslurm cancel`` (whole run): no later attempt generates
     generate.sbatch               the rendered batch script
     logs/slurm-<array>_<task>.out
     shards/shard-<NNNNN>/
@@ -108,6 +109,15 @@ class RunLayout:
     @property
     def submissions(self) -> Path:
         return self.root / "submissions"
+
+    @property
+    def cancelled(self) -> Path:
+        """The whole run was cancelled: an attempt that begins after this exists ends at once."""
+        return self.root / "cancelled.json"
+
+    def cleared_cancel(self, stamp: str) -> Path:
+        """Where ``retry --resume-cancelled`` moves the cancel record (kept, so the history stays readable)."""
+        return self.root / f"cancelled-cleared-{stamp}.json"
 
     @property
     def script(self) -> Path:

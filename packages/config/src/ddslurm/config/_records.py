@@ -6,7 +6,8 @@ from typing import Literal
 
 from ddslurm.config._base import Frozen
 
-AttemptState = Literal["running", "succeeded", "failed", "partial", "superseded"]
+AttemptState = Literal["running", "succeeded", "failed", "partial", "superseded", "cancelled"]
+"""``cancelled``: the attempt began after the whole run was cancelled and generated nothing."""
 
 
 class FileEntry(Frozen, frozen=True, kw_only=True):
@@ -72,3 +73,11 @@ class WinnerRecord(Frozen, frozen=True, kw_only=True):
     published_at: str
     partial: bool = False
     """A short shard the user accepted explicitly (``ddslurm accept-partial``)."""
+
+
+class CancelRecord(Frozen, frozen=True, kw_only=True):
+    """``ddslurm cancel`` of a whole run (written once, before the scheduler is asked to cancel anything)."""
+
+    cancelled_at: str
+    array_job_ids: tuple[str, ...]
+    """Every array of the run when it was cancelled, pending automatic retries included."""
