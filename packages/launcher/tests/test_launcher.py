@@ -302,7 +302,12 @@ def test_local_seed_file_becomes_part_of_the_run_inputs(tmp_path: Path) -> None:
     layout = prepared.layout
     copy = layout.inputs / "seed" / "q.csv"
     assert copy.read_text() == "topic\na\nb\n"
-    assert prepared.plan.seed_file == str(copy) and prepared.plan.seed_sha256
+    seed = prepared.plan.seed
+    assert seed is not None and seed.kind == "file" and seed.root == str(layout.inputs / "seed")
+    assert [(f.path, f.size) for f in seed.files] == [("q.csv", 10)] and seed.files[0].sha256
+    assert (seed.rows, seed.pool_start, seed.pool_size) == (2, 0, 2)  # counted by Data Designer's reader
+    # more records than seed rows: every shard starts a cycle of the two rows, as an unsharded run cycles them
+    assert {(s.seed_start, s.seed_end) for s in prepared.plan.shards} == {(0, 1)}
     stored = load_recipe(layout.recipe)
     assert stored["data_designer"]["seed_config"]["source"]["path"] == str(copy)
     assert json.loads(layout.recipe.read_text())  # stored as JSON, which is YAML too
@@ -310,6 +315,90 @@ def test_local_seed_file_becomes_part_of_the_run_inputs(tmp_path: Path) -> None:
     (tmp_path / "seeds" / "q.csv").unlink()
     with pytest.raises(SubmitError, match=r"seed_config\.source\.path: .*q\.csv is not a file"):
         prepare(run, profile, env, datetime.now(UTC))
+
+
+def _with_seed(tmp_path: Path, seed_config: str) -> None:
+    recipe = (tmp_path / "recipe.yaml").read_text()
+    (tmp_path / "recipe.yaml").write_text(recipe.replace("  model_configs:", seed_config + "  model_configs:"))
+
+
+def test_seed_directory_is_captured_with_a_manifest(tmp_path: Path) -> None:
+    """A directory seed (relative to the recipe) is copied into the run: only the files Data Designer would
+    match, each listed with size and sha256, and the stored recipe points at the copy."""
+    from ddslurm.launcher import write_run_dir
+    from ddslurm.providers import load_recipe
+
+    run, profile, env = _files(tmp_path)
+    traces = tmp_path / "traces"
+    (traces / "deep").mkdir(parents=True)
+    for name, text in {"a.md": "alpha", "b.md": "beta", "deep/c.md": "gamma", "skip.txt": "no"}.items():
+        (traces / name).write_text(text)
+    _with_seed(
+        tmp_path,
+        "  seed_config:\n    source: {seed_type: file_contents, path: traces, file_pattern: '*.md'}\n"
+        "    sampling_strategy: ordered\n",
+    )
+    prepared = prepare(run, profile, env, datetime.now(UTC))
+    seed = prepared.plan.seed
+    assert seed is not None and seed.kind == "directory" and seed.seed_type == "file_contents"
+    assert sorted(f.path for f in seed.files) == ["a.md", "b.md", "deep/c.md"]
+    assert seed.rows == 3  # Data Designer's manifest: one row per matching file
+    write_run_dir(prepared)
+    copy = prepared.layout.inputs / "seed" / "traces"
+    assert (copy / "deep" / "c.md").read_text() == "gamma" and not (copy / "skip.txt").exists()
+    stored = load_recipe(prepared.layout.recipe)
+    assert stored["data_designer"]["seed_config"]["source"]["path"] == str(copy) == seed.path
+
+
+def test_seed_file_pattern_is_captured(tmp_path: Path) -> None:
+    from ddslurm.launcher import write_run_dir
+
+    run, profile, env = _files(tmp_path)
+    (tmp_path / "parts").mkdir()
+    for i in range(3):
+        (tmp_path / "parts" / f"p{i}.csv").write_text(f"topic\nt{i}a\nt{i}b\n")
+    _with_seed(tmp_path, "  seed_config:\n    source: {seed_type: local, path: parts/*.csv}\n")
+    prepared = prepare(run, profile, env, datetime.now(UTC))
+    seed = prepared.plan.seed
+    assert seed is not None and seed.kind == "files" and seed.rows == 6
+    assert seed.path == str(prepared.layout.inputs / "seed" / "parts" / "*.csv")
+    write_run_dir(prepared)
+    assert sorted(p.name for p in (prepared.layout.inputs / "seed" / "parts").iterdir()) == [
+        "p0.csv",
+        "p1.csv",
+        "p2.csv",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("seed_config", "message"),
+    [
+        (
+            "  seed_config:\n    source: {seed_type: hf, path: datasets/x/y/data.parquet}\n",
+            r"seed_config\.source\.seed_type: Hugging Face seed datasets cannot be read on the nodes",
+        ),
+        ("  seed_config:\n    source: {seed_type: directory, path: ~/traces}\n", r"source\.path: '~/traces'"),
+        ("  seed_config:\n    source: {seed_type: directory, path: nowhere}\n", r"nowhere is not a directory"),
+        (
+            "  seed_config:\n    source: {seed_type: local, path: q.csv}\n    selection_strategy: {start: 0, end: 5}\n",
+            r"seed_config\.selection_strategy\.end: 5 is past the seed dataset's 2 rows",
+        ),
+        (
+            "  seed_config:\n    source: {seed_type: local, path: q.csv}\n"
+            "    selection_strategy: {index: 0, num_partitions: 3}\n",
+            r"num_partitions: 3 exceeds the seed's 2 rows",
+        ),
+    ],
+)
+def test_seed_sources_that_would_fail_on_the_nodes_are_refused_at_submit(
+    tmp_path: Path, seed_config: str, message: str
+) -> None:
+    run, profile, env = _files(tmp_path)
+    (tmp_path / "q.csv").write_text("topic\na\nb\n")
+    _with_seed(tmp_path, seed_config)
+    with pytest.raises(SubmitError, match=message):
+        prepare(run, profile, env, datetime.now(UTC))
+    assert not (tmp_path / "work").exists()
 
 
 def _attempt(layout: RunLayout, shard: int, job: str, state: str, rows: int = 0) -> None:
@@ -369,7 +458,7 @@ def test_cancel_targets_the_live_tasks_of_the_chosen_shards(tmp_path: Path) -> N
     run, profile, env = _files(tmp_path)
     done = submit(run, profile, slurm=Slurm(RecordingRunner()), env=env)
     runner = RecordingRunner(squeue="4242_0|RUNNING|None\n4242_1|RUNNING|None\n4242_2|PENDING|Priority\n")
-    assert cancel(RunLayout(done.layout.root), Slurm(runner), [1, 2]) == ["4242_1", "4242_2"]
+    assert cancel(RunLayout(done.layout.root), Slurm(runner), [1, 2]).ids == ("4242_1", "4242_2")
     assert ["scancel", "4242_1", "4242_2"] in [c[0] for c in runner.calls]
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from ddslurm.config import Plan, Resources, RunLayout
 
 TIME_LIMIT_WARNING_S = 90
+SLURM_SIGNAL_SLACK_S = 60
 
 
 def _directives(res: Resources) -> list[str]:
@@ -82,8 +83,14 @@ def render_generation(plan: Plan, layout: RunLayout, shards: list[int], *, after
 
 
 def warning_seconds(time_minutes: int) -> int:
-    """How long before the time limit the runtime is warned: 90 s, less for very short limits."""
-    return max(10, min(TIME_LIMIT_WARNING_S, time_minutes * 60 // 4))
+    """How long before the time limit the runtime is warned: 90 s, less for short limits.
+
+    Slurm may send the warning up to a minute earlier than asked, so a short limit gets a quarter of what is
+    left after that minute (at least 10 s): 2 minutes → 15 s, so the warning comes 45 s in at the earliest.
+    ``submission.time_limit`` below 2 minutes is refused at submit.
+    """
+    usable = time_minutes * 60 - SLURM_SIGNAL_SLACK_S
+    return max(10, min(TIME_LIMIT_WARNING_S, usable // 4))
 
 
 def render_collection(plan: Plan, layout: RunLayout, *, overwrite: bool) -> str:

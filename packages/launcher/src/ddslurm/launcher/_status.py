@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import stat
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -11,6 +14,7 @@ import msgspec
 
 from ddslurm.config import (
     AttemptRecord,
+    CancelRecord,
     ConfigError,
     Plan,
     Progress,
@@ -20,16 +24,21 @@ from ddslurm.config import (
     read_json,
     read_plan,
     read_tail,
+    sha256_file,
 )
 from ddslurm.launcher._slurm import Slurm, TaskState
 from ddslurm.launcher.errors import RunNotFoundError
 
 RunState = Literal["pending", "running", "succeeded", "failed", "cancelled"]
-ShardState = Literal["pending", "running", "succeeded", "partial", "failed", "cancelled", "unknown"]
+ShardState = Literal["pending", "running", "succeeded", "partial", "failed", "cancelled", "corrupt", "unknown"]
+"""``corrupt``: the shard has a winner whose files no longer verify; it counts as failed, never as succeeded."""
 
 _PENDING = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "RESIZING", "SUSPENDED"}
 _RUNNING = {"RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING"}
 _FAILED = {"FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
+_REQUEUED = {"REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"}
+_SLURM_REASONS = {"TIMEOUT": "timeout", "NODE_FAIL": "node_fail", "OUT_OF_MEMORY": "out_of_memory"}
+_DISK_FULL = ("No space left on device", "[Errno 28]", "Disk quota exceeded", "[Errno 122]")
 
 
 class ShardStatus(msgspec.Struct, kw_only=True):
@@ -55,6 +64,8 @@ class RunStatus(msgspec.Struct, kw_only=True):
     records_requested: int
     records_done: int
     counts: dict[str, int] = msgspec.field(default_factory=dict)
+    cancelled_at: str | None = None
+    """When ``ddslurm cancel`` cancelled the whole run (its cancel record); ``retry --resume-cancelled`` clears it."""
 
 
 @dataclass(slots=True)
@@ -71,6 +82,10 @@ class Scheduler:
             or self.final.get((job, task))
             or self.final.get((job, None))
         )
+
+    def accounting_of(self, job: str, task: int) -> TaskState | None:
+        """What sacct says about a task; for a task pending again after a requeue, why it was requeued."""
+        return self.final.get((job, task)) or self.final.get((job, None))
 
 
 def submissions(layout: RunLayout) -> list[SubmissionRecord]:
@@ -133,6 +148,93 @@ def _scheduler_view(
     return newest
 
 
+def winner_problem(layout: RunLayout, index: int, winner: WinnerRecord) -> str | None:
+    """Why a published winner no longer verifies, or None. Every file must exist as a regular file of its
+    recorded size; a file whose inode changed after ``winner.json`` was written (ctime later than the
+    record's mtime: any write, even one that keeps the size) is hashed again and must match its sha256."""
+    try:
+        published = layout.shard(index).winner.lstat().st_mtime_ns
+    except OSError as exc:
+        return f"{layout.shard(index).winner}: {exc.strerror}"
+    for entry in winner.files:
+        path = Path(winner.dataset_dir) / entry.path
+        try:
+            st = path.lstat()
+        except OSError:
+            return f"{path} is missing"
+        if not stat.S_ISREG(st.st_mode):
+            return f"{path} is no longer a regular file"
+        if st.st_size != entry.size:
+            return f"{path} holds {st.st_size} bytes, not the {entry.size} recorded in winner.json"
+        if st.st_ctime_ns > published:
+            try:
+                changed = sha256_file(path) != entry.sha256
+            except OSError as exc:
+                return f"{path} cannot be read: {exc.strerror}"
+            if changed:
+                return f"{path}: sha256 differs from winner.json (the file changed after it was published)"
+    return None
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def slurm_reason(state: TaskState, tail: str = "") -> tuple[str, str]:
+    """Why a task ended, from Slurm's own record (state and ``exit:signal`` code) and the end of its batch
+    output: for an attempt that could not record it (killed, out of memory, node lost, disk full).
+    Returns (reason, what Slurm says)."""
+    code, _, sig = state.exit_code.partition(":")
+    said = f"Slurm: {state.state}" + (f", exit code {state.exit_code}" if state.exit_code else "")
+    signum = int(sig) if sig.isdigit() else 0
+    exit_status = int(code) if code.isdigit() else 0
+    if signum:
+        said += f" ({_signal_name(signum)})"
+    if state.state in _SLURM_REASONS:
+        return _SLURM_REASONS[state.state], said
+    if state.state in _FAILED - {"FAILED"}:
+        return state.state.lower(), said
+    if state.state == "CANCELLED":
+        return "cancelled", said
+    if any(marker in tail for marker in _DISK_FULL):
+        return "disk_full", said
+    if signum:
+        return f"killed (signal {signum})", said
+    if exit_status:
+        return f"exited (code {exit_status})", said
+    return "no_result", said
+
+
+def _ran_as(attempt: AttemptRecord | None, job: str) -> bool:
+    """Whether ``attempt`` was begun by array task ``job`` (``<array>_<task>``), per its batch output path."""
+    return attempt is not None and attempt.slurm_log is not None and Path(attempt.slurm_log).name == f"slurm-{job}.out"
+
+
+def _requeued(job: str, live: TaskState, sched: Scheduler, latest: AttemptRecord | None) -> str | None:
+    """Why a pending task is pending again (Slurm requeued it), or None if it has not run yet."""
+    array, _, task = job.partition("_")
+    before = sched.accounting_of(array, int(task)) if task.isdigit() else None
+    if before is not None and before.state == "NODE_FAIL":
+        return "requeued (node failure)"
+    if (before is not None and before.state in _REQUEUED) or live.state in _REQUEUED or _ran_as(latest, job):
+        return "requeued"
+    return None
+
+
+def _read_winner(layout: RunLayout, index: int) -> tuple[WinnerRecord | None, str | None]:
+    """The shard's winner record (None if it has none), or why an existing one cannot be read."""
+    path = layout.shard(index).winner
+    try:
+        return read_json(path, WinnerRecord), None
+    except FileNotFoundError:
+        return None, None
+    except (ConfigError, OSError, ValueError) as exc:
+        return None, f"{path} cannot be read: {exc}"
+
+
 def shard_status(
     layout: RunLayout,
     plan: Plan,
@@ -145,10 +247,7 @@ def shard_status(
     status = ShardStatus(shard=index, state="pending", records=spec.num_records)
     attempts = attempt_records(layout, index)
     status.attempts = len(attempts)
-    try:
-        winner = read_json(layout.shard(index).winner, WinnerRecord)
-    except FileNotFoundError:
-        winner = None
+    winner, unreadable = _read_winner(layout, index)
     latest = attempts[-1] if attempts else None
     if latest is not None:
         status.attempt, status.reason, status.message, status.rows = (
@@ -157,10 +256,15 @@ def shard_status(
             latest.message,
             latest.rows,
         )
+    if unreadable is not None:
+        status.state, status.reason, status.message = "corrupt", "winner_unreadable", unreadable
+        return status
     if winner is not None:
         status.state, status.rows, status.attempt = "succeeded", winner.rows, winner.attempt
         status.job_id = next((a.job_id for a in attempts if a.attempt == winner.attempt), None)
         status.reason = status.message = None
+        if (problem := winner_problem(layout, index, winner)) is not None:
+            status.state, status.reason, status.message = "corrupt", "winner_corrupt", problem
         return status
     job, state = _scheduler_view(covering, sched)
     status.job_id = job
@@ -176,6 +280,12 @@ def shard_status(
             status.rows, status.rate = _progress(layout, index, latest, now)
     elif state.state in _PENDING:
         status.state = "pending"
+        if (requeued := _requeued(job, state, sched, latest)) is not None:
+            status.reason = requeued
+            stopped = f"; attempt {latest.attempt} ended: {latest.reason}" if _ran_as(latest, job) and latest else ""
+            status.message = f"Slurm requeued task {job}; it will run again as a new attempt{stopped}"
+    elif latest is not None and latest.state == "cancelled":
+        status.state = "cancelled"
     elif latest is not None and latest.state == "partial":
         status.state = "partial"
     elif state.state == "CANCELLED":
@@ -183,29 +293,40 @@ def shard_status(
         status.reason = status.reason or "cancelled"
     else:
         status.state = "failed"
-        if status.reason is None or (latest is not None and latest.state == "running"):
-            status.reason = state.state.lower() if state.state in _FAILED else "no_result"
-            status.message = _tail(layout.logs / f"slurm-{job}.out") or status.message
+        own = latest is not None and latest.state != "running" and status.reason is not None
+        if not own or (status.reason == "cancelled" and state.state in _FAILED - {"FAILED"}):
+            # The attempt could not record why it ended (or saw only the SIGTERM): Slurm's record says.
+            log = layout.logs / f"slurm-{job}.out"
+            tail = read_tail(log, 8, 16384).strip()
+            status.reason, said = slurm_reason(state, tail)
+            stuck = f"; {latest.attempt} still says running" if latest is not None and latest.state == "running" else ""
+            status.message = f"{said}{stuck}" + (f"\nlast lines of {log}:\n{tail}" if tail else "")
     return status
 
 
-def _tail(path: Path, lines: int = 8) -> str | None:
-    """The end of a batch output file: why a task failed before it could write an attempt record."""
-    tail = read_tail(path, lines, 16384).strip()
-    return f"last lines of {path}:\n{tail}" if tail else None
-
-
-def run_state(shards: list[ShardStatus]) -> RunState:
+def run_state(shards: list[ShardStatus], cancelled: bool = False) -> RunState:
     states = {s.state for s in shards}
     if states == {"succeeded"}:
         return "succeeded"
     if "running" in states:
         return "running"
     if states & {"pending", "unknown"}:
-        return "running" if states & {"succeeded", "failed", "partial", "cancelled"} else "pending"
-    if states & {"failed", "partial"}:
+        return "running" if states & {"succeeded", "failed", "partial", "cancelled", "corrupt"} else "pending"
+    if cancelled:
+        return "cancelled"
+    if states & {"failed", "partial", "corrupt"}:
         return "failed"
     return "cancelled"
+
+
+def cancel_record(layout: RunLayout) -> CancelRecord | None:
+    """The whole-run cancel record, if the run was cancelled (an unreadable one still counts)."""
+    if not os.path.lexists(layout.cancelled):
+        return None
+    try:
+        return read_json(layout.cancelled, CancelRecord)
+    except (ConfigError, OSError, ValueError):
+        return CancelRecord(cancelled_at="unknown", array_job_ids=())
 
 
 def covering_tasks(subs: list[SubmissionRecord]) -> dict[int, list[tuple[SubmissionRecord, int]]]:
@@ -228,14 +349,16 @@ def run_status(layout: RunLayout, slurm: Slurm, *, now: datetime | None = None) 
     for s in shards:
         counts[s.state] = counts.get(s.state, 0) + 1
     done = sum(s.rows or 0 for s in shards if s.state in {"succeeded", "running"})
+    cancelled = cancel_record(layout)
     return RunStatus(
         run_id=plan.run_id,
         run_dir=str(layout.root),
-        state=run_state(shards),
+        state=run_state(shards, cancelled is not None),
         shards=shards,
         records_requested=plan.num_records,
         records_done=done,
         counts=counts,
+        cancelled_at=cancelled.cancelled_at if cancelled else None,
     )
 
 

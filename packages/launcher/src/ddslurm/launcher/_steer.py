@@ -9,20 +9,30 @@ from pathlib import Path
 
 from ddslurm.config import (
     AttemptRecord,
+    CancelRecord,
     Plan,
     RunLayout,
     WinnerRecord,
+    encode,
     publish_once,
     read_json,
     read_plan,
     read_regular,
 )
 from ddslurm.launcher._slurm import Slurm
-from ddslurm.launcher._status import RunStatus, attempt_records, run_status
+from ddslurm.launcher._status import (
+    RunStatus,
+    attempt_records,
+    cancel_record,
+    query,
+    run_status,
+    submissions,
+)
 from ddslurm.launcher._submit import submit_shards
 from ddslurm.launcher.errors import LauncherError
 
 ACTIVE = {"running", "pending", "unknown"}
+_LIVE = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "RESIZING", "SUSPENDED", "RUNNING", "COMPLETING"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,12 +41,15 @@ class Retried:
     job_ids: tuple[str, ...]
 
 
+def _pick_indices(wanted: list[int], plan: Plan) -> list[int]:
+    bad = [s for s in wanted if not 0 <= s < len(plan.shards)]
+    if bad:
+        raise LauncherError(f"no shard {bad[0]}: the run has shards 0-{len(plan.shards) - 1}")
+    return sorted(wanted)
+
+
 def _pick(status: RunStatus, wanted: list[int] | None, plan: Plan) -> list[int]:
-    if wanted is not None:
-        bad = [s for s in wanted if not 0 <= s < len(plan.shards)]
-        if bad:
-            raise LauncherError(f"no shard {bad[0]}: the run has shards 0-{len(plan.shards) - 1}")
-    return sorted(wanted) if wanted is not None else [s.shard for s in status.shards]
+    return _pick_indices(wanted, plan) if wanted is not None else [s.shard for s in status.shards]
 
 
 def retry(
@@ -45,34 +58,82 @@ def retry(
     env: Mapping[str, str],
     shards: list[int] | None = None,
     now: datetime | None = None,
+    *,
+    resume_cancelled: bool = False,
 ) -> Retried:
     """Submit new attempts, as one array, for shards that have no winner and nothing running or queued.
 
     Every API-key variable the run needs is checked again in this shell first; the new attempts resume from
-    the batches of earlier attempts when the run's resume mode allows it.
+    the batches of earlier attempts when the run's resume mode allows it. A run cancelled as a whole is
+    retried only with ``resume_cancelled``, which moves its cancel record aside first. A shard whose winner no
+    longer verifies is not retried (a new attempt could not replace the winner): see ``docs/attempts.md``.
     """
     plan = read_plan(layout.plan)
+    mark = cancel_record(layout)
+    if mark is not None and not resume_cancelled:
+        raise LauncherError(
+            f"run {layout.run_id} was cancelled (ddslurm cancel, {mark.cancelled_at}); retry it with "
+            "--resume-cancelled, which clears the cancel record"
+        )
     status = run_status(layout, slurm)
     by_index = {s.shard: s for s in status.shards}
     chosen = _pick(status, shards, plan)
     busy = [s for s in chosen if by_index[s].state in ACTIVE]
     if shards is not None and busy:
         raise LauncherError(f"shard(s) {', '.join(map(str, busy))} are still running or queued; cancel them first")
-    todo = [s for s in chosen if by_index[s].state not in ACTIVE | {"succeeded"}]
+    corrupt = [s for s in chosen if by_index[s].state == "corrupt"]
+    if shards is not None and corrupt:
+        raise LauncherError(
+            f"shard {corrupt[0]} has a winner that no longer verifies ({by_index[corrupt[0]].message}); a new "
+            f"attempt cannot replace it: move {layout.shard(corrupt[0]).winner} aside first"
+        )
+    todo = [s for s in chosen if by_index[s].state not in ACTIVE | {"succeeded", "corrupt"}]
     if not todo:
         return Retried((), ())
-    job_ids = submit_shards(layout, plan, todo, slurm, env, now or datetime.now(UTC), kind="retry")
+    moment = now or datetime.now(UTC)
+    if mark is not None:
+        layout.cancelled.rename(layout.cleared_cancel(moment.strftime("%Y%m%dT%H%M%S%f")))
+    job_ids = submit_shards(layout, plan, todo, slurm, env, moment, kind="retry")
     return Retried(tuple(todo), tuple(job_ids))
 
 
-def cancel(layout: RunLayout, slurm: Slurm, shards: list[int] | None = None) -> list[str]:
-    """Cancel the run's queued and running tasks (only those of ``shards`` if given); returns the ids."""
+@dataclass(frozen=True, slots=True)
+class Cancelled:
+    ids: tuple[str, ...]
+    """What was passed to scancel: every array of the run (whole run), or array tasks (``--shards``)."""
+    run: bool
+    """Whether the whole run was cancelled (and its cancel record written)."""
+
+
+def cancel(layout: RunLayout, slurm: Slurm, shards: list[int] | None = None, now: datetime | None = None) -> Cancelled:
+    """Cancel the whole run, or the queued and running tasks of ``shards``, in one scancel call.
+
+    The whole run: its cancel record is written first (once; a later cancel keeps the first record), so an
+    array that starts anyway does no work, then every array of the run is cancelled, the pending automatic
+    retries included (newest first, so no retry is released by the cancellation of the array it follows).
+    Shards: every task that runs or will run them, in the run's arrays or in pending retry arrays.
+    """
     plan = read_plan(layout.plan)
-    status = run_status(layout, slurm)
-    chosen = set(_pick(status, shards, plan))
-    ids = [s.job_id for s in status.shards if s.shard in chosen and s.job_id and s.state in ACTIVE]
+    subs = submissions(layout)
+    newest_first = sorted(subs, key=lambda s: int(s.array_job_id), reverse=True)
+    if shards is None:
+        arrays = tuple(s.array_job_id for s in newest_first)
+        record = CancelRecord(cancelled_at=(now or datetime.now(UTC)).isoformat(), array_job_ids=arrays)
+        publish_once(layout.cancelled, encode(record))
+        slurm.scancel(arrays)
+        return Cancelled(arrays, run=True)
+    chosen = set(_pick_indices(shards, plan))
+    sched = query(slurm, subs)
+    ids: list[str] = []
+    for sub in newest_first:
+        for task, shard in enumerate(sub.shards):
+            if shard not in chosen:
+                continue
+            state = sched.state_of(sub.array_job_id, task)
+            if state is None or state.state in _LIVE:  # unknown to both: just submitted (accounting lag)
+                ids.append(f"{sub.array_job_id}_{task}")
     slurm.scancel(ids)
-    return ids
+    return Cancelled(tuple(ids), run=False)
 
 
 def accept_partial(layout: RunLayout, shards: list[int]) -> list[tuple[int, int]]:

@@ -4,8 +4,9 @@
     ddslurm providers RUN.yaml                       how each model alias resolves (local or hosted)
     ddslurm status RUN [--json] [--watch]            the run and every shard
     ddslurm wait RUN [--json]                        wait until the run ends; exit 0 only if it succeeded
-    ddslurm cancel RUN [--shards 1,3]                cancel the run's queued and running tasks
-    ddslurm retry RUN [--shards 1,3]                 new attempts for shards without a winner (resuming)
+    ddslurm cancel RUN [--shards 1,3]                cancel the whole run (every array) or the shards' tasks
+    ddslurm retry RUN [--shards 1,3]                 new attempts for shards without a winner (resuming);
+                      [--resume-cancelled]           a run cancelled as a whole needs this flag
     ddslurm accept-partial RUN --shards 1,3          publish short shards' results as their winners
     ddslurm logs RUN [--shard N] [--step S] [-f]     a step's log of a shard's latest attempt
     ddslurm collect RUN [--local] [--json]           merge the shards into one Parquet dataset
@@ -63,6 +64,8 @@ def _format_status(st: RunStatus) -> str:
         f"  dir: {st.run_dir}",
         f"  {'SHARD':>5}  {'STATE':<10} {'ROWS':>11}  {'JOB':<10} {'SLURM':<11} REASON",
     ]
+    if st.cancelled_at:
+        lines.insert(2, f"  cancelled at {st.cancelled_at} (ddslurm cancel); retry --resume-cancelled continues it")
     for s in st.shards:
         rows = f"{s.rows if s.rows is not None else '-'}/{s.records}"
         why = f"{s.reason}: {s.message}" if s.reason and s.message else (s.reason or "")
@@ -120,7 +123,7 @@ def _format_watch(st: RunStatus) -> str:
     ]
     for s in st.shards:
         rate = f" {s.rate:.1f} rec/s" if s.rate else ""
-        why = f"  {s.reason}" if s.reason and s.state in {"failed", "partial", "cancelled"} else ""
+        why = f"  {s.reason}" if s.reason and s.state in {"failed", "partial", "cancelled", "corrupt"} else ""
         lines.append(
             f"  shard {s.shard:>5} {s.state:<10} {_bar(s.rows or 0, s.records, 16)} "
             f"{s.rows or 0}/{s.records}{rate}{why}"
@@ -213,17 +216,22 @@ def _shards(value: str | None) -> list[int] | None:
 
 def cmd_cancel(args: argparse.Namespace, slurm: Slurm, env: Mapping[str, str], out: TextIO) -> int:
     layout = find_run(args.run, _workspace(args, env))
-    ids = cancel(layout, slurm, _shards(args.shards))
+    done = cancel(layout, slurm, _shards(args.shards))
     if args.json:
-        _json({"cancelled": ids}, out)
+        _json({"cancelled": list(done.ids), "run_cancelled": done.run}, out)
+    elif done.run:
+        out.write(
+            f"cancelled run {layout.run_id}: array job(s) {', '.join(done.ids) or '(none)'}, pending retries "
+            "included; no later attempt will generate (ddslurm retry --resume-cancelled to continue it)\n"
+        )
     else:
-        out.write(f"cancelled {len(ids)} task(s) of run {layout.run_id}: {', '.join(ids) or '(none)'}\n")
+        out.write(f"cancelled {len(done.ids)} task(s) of run {layout.run_id}: {', '.join(done.ids) or '(none)'}\n")
     return EXIT_OK
 
 
 def cmd_retry(args: argparse.Namespace, slurm: Slurm, env: Mapping[str, str], out: TextIO) -> int:
     layout = find_run(args.run, _workspace(args, env))
-    done = retry(layout, slurm, env, _shards(args.shards))
+    done = retry(layout, slurm, env, _shards(args.shards), resume_cancelled=args.resume_cancelled)
     if args.json:
         _json({"shards": list(done.shards), "job_ids": list(done.job_ids)}, out)
     elif not done.shards:
@@ -359,6 +367,10 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--shards", default=None, required=name == "accept-partial", help="e.g. 1,3,5-7")
         if name == "status":
             p.add_argument("--watch", action="store_true", help="refresh until the run ends")
+        if name == "retry":
+            p.add_argument(
+                "--resume-cancelled", action="store_true", help="retry a run cancelled as a whole (clears the mark)"
+            )
         if name == "logs":
             p.add_argument("--shard", type=int, default=0)
             p.add_argument("--step", choices=["client", "server", "proxy", "slurm"], default="client")
