@@ -81,3 +81,58 @@ def test_relative_seed_directory_is_captured_and_read_from_the_run(make_run_file
     shutil.copytree(notes, files.root / "notes", dirs_exist_ok=True)
     table = _run(files, remove=files.root / "notes")
     assert sorted(table.column("content").to_pylist()) == [f"note number {i}" for i in range(5)]
+
+
+def test_retry_completes_a_partial_shard_with_exactly_its_missing_seed_rows(
+    make_run_files: Any, tmp_path: Path
+) -> None:
+    """A flaky provider makes Data Designer drop records (the shard is partial); once the provider heals,
+    `ddslurm retry` generates exactly the dropped records, for the seed rows they belonged to."""
+    from ddslurm.config import AttemptRecord, read_json
+    from fake_vllm.testing import free_port, start_server
+
+    source = tmp_path / "src"
+    recipe = _seeded_recipe(
+        source,
+        "  seed_config:\n    sampling_strategy: ordered\n    selection_strategy: null\n"
+        "    source: {seed_type: local, path: seed.parquet}\n",
+    )
+    # the flaky phase must reach generation: Data Designer's one-request health probe would fail the run first
+    recipe.write_text(recipe.read_text().replace("skip_health_check: false", "skip_health_check: true"))
+    pq.write_table(pa.table({"seed_id": list(range(24))}), source / "seed.parquet")
+    files = make_run_files("partial", num_records=24, shards=2, buffer_size=6, recipe=recipe)
+    key, port = files.env["DEMO_HOSTED_API_KEY"], free_port()
+    (files.dd_home / "model_providers.yaml").write_text(
+        f"providers:\n- {{name: demo-hosted, endpoint: 'http://127.0.0.1:{port}/v1', api_key: DEMO_HOSTED_API_KEY}}\n"
+    )
+    served = ["--served-model-name", "demo/writer-8b", "demo/judge-70b"]
+    with start_server("demo", args=[*served, "--fake-error-rate", "0.6", "--fake-seed", "3"], api_key=key, port=port):
+        run_dir = Path(
+            _cli("submit", str(files.run_file), "--profile", str(files.profile), "--json", env=files.env)["run_dir"]
+        )
+        done = subprocess.run(
+            [DDSLURM, "wait", str(run_dir), "--json", "--timeout", "300"],
+            capture_output=True,
+            text=True,
+            env=files.env,
+            timeout=400,
+            check=False,
+        )
+    first = json.loads(done.stdout)
+    short = [s for s in first["shards"] if s["state"] == "partial"]
+    assert short, f"the flaky provider should have left a shard short: {first}"
+    with start_server("demo", args=served, api_key=key, port=port):
+        retried = _cli("retry", str(run_dir), "--json", env=files.env)
+        assert sorted(retried["shards"]) == sorted(s["shard"] for s in first["shards"] if s["state"] != "succeeded")
+        final = _cli("wait", str(run_dir), "--json", "--timeout", "300", env=files.env)
+    assert final["state"] == "succeeded" and final["records_done"] == 24, final
+    for shard in short:
+        records = [
+            read_json(p, AttemptRecord)
+            for p in run_dir.glob(f"shards/shard-{shard['shard']:05d}/attempts/*/attempt.json")
+        ]
+        won = [r for r in records if r.state == "succeeded"]
+        assert won and won[0].resumed_from, records  # the retry kept the records it had and added the rest
+    dataset = Path(_cli("collect", str(run_dir), "--local", "--json", env=files.env)["dataset"])
+    ids = pq.read_table(dataset).column("seed_id").to_pylist()
+    assert Counter(ids) == Counter(range(24))

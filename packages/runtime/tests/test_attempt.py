@@ -388,3 +388,56 @@ def test_a_rerun_with_nothing_to_resume_starts_afresh_and_keeps_what_was_left(tm
     assert read_json(layout.shard(0).winner, WinnerRecord).dataset_dir == str(target)
     kept = list(began.layout.output.glob("shard-00000.stopped-*"))
     assert len(kept) == 1 and (kept[0] / "builder_config.json").read_text() == "{}"
+
+
+class DroppingEngine:
+    """Drops records like Data Designer under a flaky provider: call i yields ``num_records - drops[i]`` rows.
+    A resumed dataset whose batches are all there is complete (Data Designer generates nothing)."""
+
+    def __init__(self, *drops: int) -> None:
+        self.drops = list(drops)
+        self.requests: list[EngineRequest] = []
+
+    def __call__(self, request: EngineRequest) -> EngineResult:
+        self.requests.append(request)
+        dataset = request.artifact_path / request.dataset_name
+        if request.resume and (dataset / "metadata.json").is_file():
+            rows = json.loads((dataset / "metadata.json").read_text())["actual_num_records"]
+            return EngineResult(dataset_dir=dataset, rows=rows, requested=request.num_records)
+        rows = request.num_records - (self.drops.pop(0) if self.drops else 0)
+        (dataset / "parquet-files").mkdir(parents=True)
+        pq.write_table(pa.table({"x": [len(self.requests)] * rows}), dataset / "parquet-files" / "batch_00000.parquet")
+        (dataset / "metadata.json").write_text(json.dumps({"actual_num_records": rows}))
+        return EngineResult(dataset_dir=dataset, rows=rows, requested=request.num_records)
+
+
+def test_dropped_records_are_generated_again_once_in_the_same_step(tmp_path: Path) -> None:
+    layout = _run(tmp_path)
+    engine = DroppingEngine(1, 0)
+    assert _runner(layout, engine).run(load_inputs(layout), 0, "7", "n") == EXIT_OK
+    assert [r.num_records for r in engine.requests] == [4, 1]  # the shard, then exactly the one dropped record
+    winner = read_json(layout.shard(0).winner, WinnerRecord)
+    assert winner.rows == 4 and not winner.partial
+    assert [f.path for f in winner.files] == [
+        "parquet-files/batch_00000.parquet",
+        "fill-files/fill_00000_00000.parquet",
+    ]
+    dataset = Path(winner.dataset_dir)
+    assert sum(pq.read_table(dataset / f.path).num_rows for f in winner.files) == 4
+
+
+def test_retry_of_a_partial_shard_generates_only_what_is_still_missing(tmp_path: Path) -> None:
+    layout = _run(tmp_path)
+    inputs = load_inputs(layout)
+    first = DroppingEngine(2, 1)  # the provider stays flaky: the fill brings one of the two back
+    assert _runner(layout, first).run(inputs, 0, "7", "n") == EXIT_PARTIAL
+    record = read_json(layout.shard(0).attempt("attempt-7").record, AttemptRecord)
+    assert (record.state, record.rows) == ("partial", 3)
+    healed = DroppingEngine()
+    assert _runner(layout, healed).run(inputs, 0, "8", "n") == EXIT_OK
+    # Data Designer finds the resumed dataset complete; only the one missing record is generated.
+    assert [(r.resume, r.num_records) for r in healed.requests] == [(True, 4), (False, 1)]
+    winner = read_json(layout.shard(0).winner, WinnerRecord)
+    assert winner.attempt == "attempt-8" and winner.rows == 4
+    assert len([f for f in winner.files if f.path.startswith("fill-files/")]) == 2
+    assert read_json(layout.shard(0).attempt("attempt-8").record, AttemptRecord).resumed_from == "attempt-7"

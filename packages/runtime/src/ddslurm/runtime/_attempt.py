@@ -37,8 +37,17 @@ from ddslurm.config import (
     sha256_file,
     to_builtins,
 )
-from ddslurm.runtime._engine import EngineRequest, EngineResult, partition_seed
-from ddslurm.runtime._verify import make_private, reject_empty_outputs, scan_for_secrets, verify_dataset
+from ddslurm.runtime._engine import EngineRequest, EngineResult, partition_seed, read_seed_block
+from ddslurm.runtime._fill import fill_recipe, missing_rows, observed_keys, row_keys
+from ddslurm.runtime._verify import (
+    FILL_DIR,
+    make_private,
+    parquet_files,
+    reject_empty_outputs,
+    rows_in,
+    scan_for_secrets,
+    verify_dataset,
+)
 from ddslurm.runtime.errors import (
     InputsError,
     OutputExistsError,
@@ -49,6 +58,8 @@ from ddslurm.runtime.errors import (
 
 Engine = Callable[[EngineRequest], EngineResult]
 Clock = Callable[[], datetime]
+SeedReader = Callable[[Mapping[str, Any], int, int], Any]
+"""Reads seed rows ``start..end`` of a recipe's seed dataset as a ``pyarrow.Table`` (``read_seed_block``)."""
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -137,9 +148,11 @@ class AttemptRunner:
         scratch_home: Path | None = None,
         make_logger: Callable[[IO[bytes]], Any],
         clock: Clock = utc_now,
+        read_seed: SeedReader = read_seed_block,
     ) -> None:
         self._layout = layout
         self._engine = engine
+        self._read_seed = read_seed
         self._env = env
         self._scratch_home = scratch_home
         self._make_logger = make_logger
@@ -290,7 +303,8 @@ class AttemptRunner:
         )
         if result.dataset_dir != target:
             raise VerificationError(f"Data Designer wrote {result.dataset_dir}, not the attempt's {target}")
-        rows, files = verify_dataset(result.dataset_dir, result.rows)
+        self._fill(inputs, began, target, result.rows, endpoints, log)
+        rows, files = verify_dataset(result.dataset_dir, result.rows + rows_in(target / FILL_DIR))
         reject_empty_outputs(result.dataset_dir, inputs.recipe, plan.max_empty_outputs, rows)
         leaks = scan_for_secrets(attempt.dir, (self._env.get(n, "") for n in plan.secret_env))
         if leaks:
@@ -333,6 +347,70 @@ class AttemptRunner:
             )
             log.info("attempt.superseded", why="another attempt published first", rows=rows)
         return EXIT_OK
+
+    def _fill(
+        self, inputs: Inputs, began: Began, target: Path, dd_rows: int, endpoints: Mapping[str, str], log: Any
+    ) -> int:
+        """Generate again exactly the records the shard's dataset is missing (Data Designer dropped them and
+        counts the dataset complete); the new batches go to ``fill-files/``. Returns the rows added.
+
+        Once per generation step: what is still missing afterwards leaves the attempt partial, and the next
+        rerun or ``ddslurm retry`` (which resumes from this dataset) fills again.
+        """
+        plan, spec = inputs.plan, inputs.plan.shards[began.shard]
+        fill_dir = target / FILL_DIR
+        missing = began.num_records - dd_rows - rows_in(fill_dir)
+        if missing <= 0:
+            return 0
+        number = len(list(fill_dir.glob("fill_*.parquet"))) if fill_dir.is_dir() else 0
+        name = f"fill-{number:05d}-{secrets.token_hex(3)}"
+        recipe = partition_seed(inputs.recipe, spec)
+        seed_file: Path | None = None
+        if plan.seed is not None and spec.seed_start is not None and spec.seed_end is not None:
+            try:
+                block = self._read_seed(recipe, spec.seed_start, spec.seed_end)
+            except Exception as exc:
+                log.warning("fill.skipped", why=f"cannot read the shard's seed rows: {exc}", missing=missing)
+                return 0
+            columns = list(block.column_names)
+            observed = observed_keys(parquet_files(target), columns)
+            chosen = None
+            if observed is not None:
+                chosen = missing_rows(row_keys(block, columns), observed, began.num_records, plan.seed.sampling)
+            if chosen is None or len(chosen) != missing:
+                log.warning("fill.skipped", why="cannot tell which seed rows the dropped records used", missing=missing)
+                return 0
+            seed_file = began.layout.dir / f"{name}-seed.parquet"
+            pq.write_table(block.take(chosen), seed_file)
+        log.info("fill.start", missing=missing, seeded=seed_file is not None)
+        try:
+            result = self._engine(
+                EngineRequest(
+                    recipe=fill_recipe(recipe, seed_file),
+                    snapshot=inputs.snapshot,
+                    endpoints=endpoints,
+                    artifact_path=began.layout.output,
+                    scratch_home=self._require_scratch(),
+                    dataset_name=name,
+                    num_records=missing,
+                    buffer_size=missing,
+                )
+            )
+        except RuntimeFailure as exc:
+            log.warning("fill.failed", reason=exc.reason, message=exc.message, missing=missing)
+            return 0
+        batches = sorted((result.dataset_dir / "parquet-files").glob("batch_*.parquet"))
+        added = rows_in(result.dataset_dir / "parquet-files")
+        if added > missing:
+            log.warning("fill.discarded", why=f"{added} rows for {missing} missing records", dataset=str(name))
+            return 0
+        make_private_dir(fill_dir, exist_ok=True)
+        for index, batch in enumerate(batches):
+            batch.rename(fill_dir / f"fill_{number:05d}_{index:05d}.parquet")
+        rows, batches_done = _rows_on_disk(target)
+        atomic_write(began.layout.progress, encode(Progress(rows=rows, batches=batches_done, updated_at=self._now())))
+        log.info("fill.done", added=added, missing=missing - added)
+        return added
 
     def _prepare_output(
         self, plan: Plan, shard_index: int, began: Began, target: Path, resume_own: bool, log: Any
@@ -379,15 +457,21 @@ class AttemptRunner:
                 continue
             if not (dataset / "metadata.json").is_file():
                 continue
-            rows, _ = _rows_on_disk(dataset / "parquet-files")
+            rows, _ = _rows_on_disk(dataset)
             if rows and (best is None or rows > best[0]):
                 best = (rows, dataset)
         return best[1] if best else None
 
 
-def _rows_on_disk(parquet_dir: Path) -> tuple[int, int]:
+def _rows_on_disk(directory: Path) -> tuple[int, int]:
+    """(rows, files) of the readable batches in ``directory`` (a ``parquet-files`` folder), or of a whole
+    dataset directory (its batches and fill batches)."""
+    if (directory / "parquet-files").is_dir():
+        files = parquet_files(directory)
+    else:
+        files = sorted(directory.glob("batch_*.parquet"))
     rows = batches = 0
-    for f in sorted(parquet_dir.glob("batch_*.parquet")):
+    for f in files:
         try:
             rows += pq.read_metadata(f).num_rows
             batches += 1
@@ -397,18 +481,20 @@ def _rows_on_disk(parquet_dir: Path) -> tuple[int, int]:
 
 
 def seed_from(source: Path, target: Path) -> int:
-    """A new dataset directory holding ``source``'s metadata and completed batches (hard links, never the
-    originals moved or changed); returns the rows it holds."""
+    """A new dataset directory holding ``source``'s metadata, completed batches and fill batches (hard links,
+    never the originals moved or changed); returns the rows it holds."""
     (target / "parquet-files").mkdir(parents=True, mode=0o700)
     shutil.copy2(source / "metadata.json", target / "metadata.json")
-    for batch in sorted((source / "parquet-files").glob("batch_*.parquet")):
-        try:
-            pq.read_metadata(batch)
-        except Exception:
-            continue
-        try:
-            os.link(batch, target / "parquet-files" / batch.name)
-        except OSError:
-            shutil.copy2(batch, target / "parquet-files" / batch.name)
-    rows, _ = _rows_on_disk(target / "parquet-files")
+    for folder, pattern in (("parquet-files", "batch_*.parquet"), (FILL_DIR, "fill_*.parquet")):
+        for batch in sorted((source / folder).glob(pattern)):
+            try:
+                pq.read_metadata(batch)
+            except Exception:
+                continue
+            (target / folder).mkdir(mode=0o700, exist_ok=True)
+            try:
+                os.link(batch, target / folder / batch.name)
+            except OSError:
+                shutil.copy2(batch, target / folder / batch.name)
+    rows, _ = _rows_on_disk(target)
     return rows

@@ -161,3 +161,41 @@ def _rows(dataset_dir: Path) -> int:
     import pyarrow.parquet as pq
 
     return sum(pq.read_metadata(f).num_rows for f in sorted((dataset_dir / "parquet-files").glob("batch_*.parquet")))
+
+
+def read_seed_block(recipe: Mapping[str, Any], start: int, end: int) -> Any:
+    """Seed rows ``start..end`` (inclusive) of the recipe's seed dataset, in order, as Data Designer's own seed
+    reader produces them (hydrated rows for directory sources), as a ``pyarrow.Table``."""
+    import pyarrow as pa
+    from data_designer.config.seed import IndexRange, SeedConfig
+    from data_designer.engine.resources.seed_reader import (
+        AgentRolloutSeedReader,
+        DirectorySeedReader,
+        FileContentsSeedReader,
+        LocalFileSeedReader,
+        SeedReaderRegistry,
+    )
+    from data_designer.engine.secret_resolver import EnvironmentResolver
+
+    seed = _section(recipe).get("seed_config")
+    if not isinstance(seed, dict):
+        raise EngineError("the recipe has no seed dataset", retryable=False)
+    config = SeedConfig.model_validate({"source": seed["source"]})
+    readers = [LocalFileSeedReader(), DirectorySeedReader(), FileContentsSeedReader(), AgentRolloutSeedReader()]
+    reader = SeedReaderRegistry(readers).get_reader(config.source, EnvironmentResolver())
+    batches = reader.create_batch_reader(
+        batch_size=end - start + 1, index_range=IndexRange(start=start, end=end), shuffle=False
+    )
+    tables = []
+    while True:
+        try:
+            batch = batches.read_next_batch()
+        except StopIteration:
+            break
+        if isinstance(batch, pa.RecordBatch):
+            tables.append(pa.Table.from_batches([batch]))
+        else:
+            tables.append(pa.Table.from_pandas(batch.to_pandas(), preserve_index=False))
+    if not tables:
+        raise EngineError(f"the seed dataset has no rows {start}..{end}", retryable=False)
+    return pa.concat_tables(tables, promote_options="default")

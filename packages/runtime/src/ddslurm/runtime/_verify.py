@@ -23,8 +23,26 @@ LLM_COLUMN_TYPES = frozenset({"llm-text", "llm-code", "llm-structured", "llm-jud
 """Data Designer column types whose values an LLM wrote (``column_type`` in the recipe)."""
 
 
+FILL_DIR = "fill-files"
+"""Batches that regenerated a shard's dropped records, beside Data Designer's own ``parquet-files``."""
+
+
 def parquet_files(dataset_dir: Path) -> list[Path]:
-    return sorted((dataset_dir / "parquet-files").glob("*.parquet"))
+    """Data Designer's batches, then the fill batches (the order the records are collected in)."""
+    return sorted((dataset_dir / "parquet-files").glob("*.parquet")) + sorted(
+        (dataset_dir / FILL_DIR).glob("*.parquet")
+    )
+
+
+def rows_in(directory: Path) -> int:
+    """Rows of the readable Parquet files directly in ``directory`` (0 when it does not exist)."""
+    rows = 0
+    for f in sorted(directory.glob("*.parquet")):
+        try:
+            rows += pq.read_metadata(f).num_rows
+        except Exception:  # a file being written or damaged is not progress; verification reports it
+            continue
+    return rows
 
 
 def verify_dataset(dataset_dir: Path, expected_rows: int) -> tuple[int, tuple[FileEntry, ...]]:
@@ -43,10 +61,13 @@ def verify_dataset(dataset_dir: Path, expected_rows: int) -> tuple[int, tuple[Fi
     metadata = dataset_dir / "metadata.json"
     if metadata.is_file():
         reported = json.loads(metadata.read_text()).get("actual_num_records")
-        if reported is not None and int(reported) != rows:
-            raise VerificationError(f"{dataset_dir}: metadata.json reports {reported} rows but the files hold {rows}")
+        batches = rows_in(dataset_dir / "parquet-files")
+        if reported is not None and int(reported) != batches:
+            raise VerificationError(
+                f"{dataset_dir}: metadata.json reports {reported} rows but the batch files hold {batches}"
+            )
     if rows != expected_rows:
-        raise VerificationError(f"{dataset_dir}: Data Designer reported {expected_rows} rows but the files hold {rows}")
+        raise VerificationError(f"{dataset_dir}: {expected_rows} rows were generated but the files hold {rows}")
     entries = tuple(
         FileEntry(path=str(f.relative_to(dataset_dir)), size=f.stat().st_size, sha256=sha256_file(f)) for f in files
     )

@@ -1,0 +1,89 @@
+"""Which records a short shard is missing, so that a rerun or retry generates exactly those.
+
+Data Designer drops a record whose cells failed after its retries and salvage rounds, and then counts the
+dataset complete: resuming it generates nothing. Without a seed dataset any new record takes a dropped one's
+place. With a seed, each record belongs to a seed row; the missing ones are the seed rows of the shard's block
+that the dataset uses fewer times than an unsharded run would (matched by the values of the seed columns,
+which Data Designer copies into every record).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ddslurm.runtime._engine import _section
+
+
+def row_keys(table: pa.Table, columns: Sequence[str]) -> list[str]:
+    """One comparable key per row from the values of ``columns``."""
+    return [json.dumps(row, default=str) for row in table.select(list(columns)).to_pylist()]
+
+
+def observed_keys(files: Sequence[Path], columns: Sequence[str]) -> Counter[str] | None:
+    """How often each seed row (by its key) occurs in ``files``; None when a seed column is missing from one."""
+    seen: Counter[str] = Counter()
+    for f in files:
+        names = set(pq.read_schema(f).names)
+        if not set(columns) <= names:
+            return None
+        seen.update(row_keys(pq.read_table(f, columns=list(columns)), columns))
+    return seen
+
+
+def missing_rows(
+    block: Sequence[str], observed: Counter[str], records: int, sampling: Literal["ordered", "shuffle"]
+) -> list[int] | None:
+    """Indexes into ``block`` (the keys of the shard's seed rows) of the records to generate again, in block order.
+
+    ``records`` records over a block of ``width`` rows use each row ``records // width`` times plus, for the
+    remainder, the first rows once more (ORDERED) or a random choice of rows (SHUFFLE; any rows not yet used
+    that extra time may stand in for it). None when the dataset holds rows the block cannot explain.
+    """
+    width = len(block)
+    full, rest = divmod(records, width)
+    positions: dict[str, list[int]] = defaultdict(list)
+    for index, key in enumerate(block):
+        positions[key].append(index)
+    if set(observed) - positions.keys():
+        return None
+    chosen: list[int] = []
+    extra_used = 0
+    for key, indexes in positions.items():
+        remainder = sum(1 for i in indexes if i < rest) if sampling == "ordered" else 0
+        expected = full * len(indexes) + remainder
+        have = observed.get(key, 0)
+        if have > expected:
+            if sampling == "ordered" or have - expected > len(indexes):
+                return None
+            extra_used += have - expected
+            continue
+        # The key's rows with the fewest uses are the ones to make again (rows are interchangeable by value).
+        chosen += [indexes[i % len(indexes)] for i in range(expected - have)]
+    if sampling == "shuffle":
+        spare = rest - extra_used
+        if spare < 0:
+            return None
+        used_extra = {k for k, idx in positions.items() if observed.get(k, 0) > full * len(idx)}
+        candidates = [i for i, key in enumerate(block) if key not in used_extra]
+        chosen += candidates[:spare]
+    return sorted(chosen)
+
+
+def fill_recipe(recipe: Mapping[str, Any], seed_file: Path | None) -> dict[str, Any]:
+    """The recipe reading ``seed_file`` (the rows to generate again) in order, or unchanged without a seed."""
+    out = copy.deepcopy(dict(recipe))
+    if seed_file is not None:
+        _section(out)["seed_config"] = {
+            "source": {"seed_type": "local", "path": str(seed_file)},
+            "sampling_strategy": "ordered",
+            "selection_strategy": None,
+        }
+    return out
