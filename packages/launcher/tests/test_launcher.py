@@ -452,6 +452,23 @@ def test_retry_resubmits_only_shards_without_winner_or_live_task_and_rechecks_ke
         retry(layout, Slurm(runner), env, [2])
 
 
+def test_retry_fresh_excludes_every_earlier_attempt_from_resume(tmp_path: Path) -> None:
+    from ddslurm.config import FreshRecord
+    from ddslurm.launcher._steer import retry
+
+    run, profile, env = _files(tmp_path)
+    done = submit(run, profile, slurm=Slurm(RecordingRunner()), env=env)
+    layout = RunLayout(done.layout.root)
+    _attempt(layout, 1, "4243", "partial", rows=1)
+    runner = RecordingRunner(sacct="4242_0|COMPLETED|0:0|None\n4242_1|FAILED|3:0|None\n4242_2|COMPLETED|0:0|None\n")
+    runner.next_id = 6000
+    retried = retry(layout, Slurm(runner), env, [1], fresh=True)
+    assert retried.shards == (1,)
+    fresh = read_json(layout.shard(1).fresh, FreshRecord)
+    assert fresh.excluded == ("attempt-4243",)
+    assert not layout.shard(0).fresh.exists()  # only the retried shards start afresh
+
+
 def test_cancel_targets_the_live_tasks_of_the_chosen_shards(tmp_path: Path) -> None:
     from ddslurm.launcher._steer import cancel
 

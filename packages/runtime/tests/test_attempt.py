@@ -441,3 +441,18 @@ def test_retry_of_a_partial_shard_generates_only_what_is_still_missing(tmp_path:
     assert winner.attempt == "attempt-8" and winner.rows == 4
     assert len([f for f in winner.files if f.path.startswith("fill-files/")]) == 2
     assert read_json(layout.shard(0).attempt("attempt-8").record, AttemptRecord).resumed_from == "attempt-7"
+
+
+def test_retry_fresh_starts_the_shard_from_nothing(tmp_path: Path) -> None:
+    from ddslurm.config import FreshRecord
+
+    layout = _run(tmp_path)
+    inputs = load_inputs(layout)
+    assert _runner(layout, DroppingEngine(2, 2)).run(inputs, 0, "7", "n") == EXIT_PARTIAL
+    atomic_write(layout.shard(0).fresh, encode(FreshRecord(excluded=("attempt-7",), at="2026-01-01T00:00:00+00:00")))
+    engine = DroppingEngine()
+    assert _runner(layout, engine).run(inputs, 0, "8", "n") == EXIT_OK
+    assert [(r.resume, r.num_records) for r in engine.requests] == [(False, 4)]  # nothing resumed, nothing filled
+    record = read_json(layout.shard(0).attempt("attempt-8").record, AttemptRecord)
+    assert record.resumed_from is None and record.rows == 4
+    assert (layout.shard(0).attempt("attempt-7").output / "shard-00000" / "parquet-files").is_dir()  # kept

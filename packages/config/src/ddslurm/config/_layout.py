@@ -66,6 +66,11 @@ class ShardLayout:
     def attempts(self) -> Path:
         return self.dir / "attempts"
 
+    @property
+    def fresh(self) -> Path:
+        """Attempts a new attempt must not resume from (``ddslurm retry --fresh``): a ``FreshRecord``."""
+        return self.dir / "fresh.json"
+
     def attempt(self, attempt_id: str) -> AttemptLayout:
         return AttemptLayout(self.attempts / attempt_id)
 

@@ -81,3 +81,11 @@ class CancelRecord(Frozen, frozen=True, kw_only=True):
     cancelled_at: str
     array_job_ids: tuple[str, ...]
     """Every array of the run when it was cancelled, pending automatic retries included."""
+
+
+class FreshRecord(Frozen, frozen=True, kw_only=True):
+    """Written by ``ddslurm retry --fresh``: later attempts of the shard start from nothing, never resuming
+    from these attempts' batches (which stay on disk)."""
+
+    excluded: tuple[str, ...]
+    at: str

@@ -10,9 +10,12 @@ from pathlib import Path
 from ddslurm.config import (
     AttemptRecord,
     CancelRecord,
+    FreshRecord,
     Plan,
     RunLayout,
+    ShardLayout,
     WinnerRecord,
+    atomic_write,
     encode,
     publish_once,
     read_json,
@@ -33,6 +36,14 @@ from ddslurm.launcher.errors import LauncherError
 
 ACTIVE = {"running", "pending", "unknown"}
 _LIVE = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "RESIZING", "SUSPENDED", "RUNNING", "COMPLETING"}
+
+
+def _start_fresh(shard: ShardLayout, now: datetime) -> None:
+    """Exclude every attempt the shard has now from being resumed (their files stay where they are)."""
+    excluded = {p.name for p in shard.attempts.glob("attempt-*")}
+    if shard.fresh.is_file():
+        excluded |= set(read_json(shard.fresh, FreshRecord).excluded)
+    atomic_write(shard.fresh, encode(FreshRecord(excluded=tuple(sorted(excluded)), at=now.isoformat())))
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +71,7 @@ def retry(
     now: datetime | None = None,
     *,
     resume_cancelled: bool = False,
+    fresh: bool = False,
 ) -> Retried:
     """Submit new attempts, as one array, for shards that have no winner and nothing running or queued.
 
@@ -67,6 +79,7 @@ def retry(
     the batches of earlier attempts when the run's resume mode allows it. A run cancelled as a whole is
     retried only with ``resume_cancelled``, which moves its cancel record aside first. A shard whose winner no
     longer verifies is not retried (a new attempt could not replace the winner): see ``docs/attempts.md``.
+    ``fresh``: the new attempts start from nothing; no later attempt continues the shards' earlier batches.
     """
     plan = read_plan(layout.plan)
     mark = cancel_record(layout)
@@ -93,6 +106,9 @@ def retry(
     moment = now or datetime.now(UTC)
     if mark is not None:
         layout.cancelled.rename(layout.cleared_cancel(moment.strftime("%Y%m%dT%H%M%S%f")))
+    if fresh:
+        for index in todo:
+            _start_fresh(layout.shard(index), moment)
     job_ids = submit_shards(layout, plan, todo, slurm, env, moment, kind="retry")
     return Retried(tuple(todo), tuple(job_ids))
 

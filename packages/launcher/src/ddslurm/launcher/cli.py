@@ -5,7 +5,7 @@
     ddslurm status RUN [--json] [--watch]            the run and every shard
     ddslurm wait RUN [--json]                        wait until the run ends; exit 0 only if it succeeded
     ddslurm cancel RUN [--shards 1,3]                cancel the whole run (every array) or the shards' tasks
-    ddslurm retry RUN [--shards 1,3]                 new attempts for shards without a winner (resuming);
+    ddslurm retry RUN [--shards 1,3] [--fresh]       new attempts for shards without a winner (resuming);
                       [--resume-cancelled]           a run cancelled as a whole needs this flag
     ddslurm accept-partial RUN --shards 1,3          publish short shards' results as their winners
     ddslurm logs RUN [--shard N] [--step S] [-f]     a step's log of a shard's latest attempt
@@ -231,7 +231,7 @@ def cmd_cancel(args: argparse.Namespace, slurm: Slurm, env: Mapping[str, str], o
 
 def cmd_retry(args: argparse.Namespace, slurm: Slurm, env: Mapping[str, str], out: TextIO) -> int:
     layout = find_run(args.run, _workspace(args, env))
-    done = retry(layout, slurm, env, _shards(args.shards), resume_cancelled=args.resume_cancelled)
+    done = retry(layout, slurm, env, _shards(args.shards), resume_cancelled=args.resume_cancelled, fresh=args.fresh)
     if args.json:
         _json({"shards": list(done.shards), "job_ids": list(done.job_ids)}, out)
     elif not done.shards:
@@ -370,6 +370,9 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "retry":
             p.add_argument(
                 "--resume-cancelled", action="store_true", help="retry a run cancelled as a whole (clears the mark)"
+            )
+            p.add_argument(
+                "--fresh", action="store_true", help="start the shards from nothing (never resume earlier batches)"
             )
         if name == "logs":
             p.add_argument("--shard", type=int, default=0)

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 from ddslurm.config import (
     AttemptLayout,
     AttemptRecord,
+    FreshRecord,
     Plan,
     Progress,
     ProviderSnapshot,
@@ -452,8 +453,13 @@ class AttemptRunner:
     def _resume_source(self, shard_index: int, attempt_id: str) -> Path | None:
         """The earlier attempt dataset of this shard with the most completed rows (and a metadata file)."""
         best: tuple[int, Path] | None = None
-        for dataset in self._layout.shard(shard_index).attempts.glob("attempt-*/output/shard-*"):
-            if dataset.parent.parent.name == attempt_id or dataset.is_symlink():
+        shard = self._layout.shard(shard_index)
+        excluded: set[str] = set()
+        if shard.fresh.is_file():  # `ddslurm retry --fresh`: these attempts' batches are never continued
+            excluded = set(read_json(shard.fresh, FreshRecord).excluded)
+        for dataset in shard.attempts.glob("attempt-*/output/shard-*"):
+            owner = dataset.parent.parent.name
+            if owner == attempt_id or owner in excluded or dataset.is_symlink():
                 continue
             if not (dataset / "metadata.json").is_file():
                 continue
