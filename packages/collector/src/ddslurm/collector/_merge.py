@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import os
 import secrets
 import shutil
@@ -17,8 +18,19 @@ import msgspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ddslurm.collector.errors import CollectError, DestinationExistsError, MissingWinnersError, SchemaConflictError
+from ddslurm.collector._schema import conform, unified_schema
+from ddslurm.collector._verify import Batch, batches_of, check_present, read_verified
+from ddslurm.collector._writer import ROW_GROUP_BYTES, ROW_GROUP_ROWS, TARGET_FILE_BYTES, PartWriter
+from ddslurm.collector.errors import (
+    CollectError,
+    DestinationExistsError,
+    MissingWinnersError,
+    SchemaConflictError,
+    WinnerUnreadableError,
+)
 from ddslurm.config import (
+    ConfigError,
+    ConfigFileError,
     FileEntry,
     Frozen,
     Plan,
@@ -30,13 +42,9 @@ from ddslurm.config import (
     make_private_dir,
     read_json,
     read_plan,
-    sha256_file,
 )
 
 MANIFEST = "_manifest.json"  # leading underscore: pyarrow and pandas skip it when reading the directory
-TARGET_FILE_BYTES = 512 << 20
-ROW_GROUP_ROWS = 128 * 1024
-ROW_GROUP_BYTES = 128 << 20
 
 
 class ShardEntry(Frozen, frozen=True, kw_only=True):
@@ -69,119 +77,60 @@ def _winners(layout: RunLayout, plan: Plan) -> list[WinnerRecord]:
     for spec in plan.shards:
         path = layout.shard(spec.index).winner
         try:
-            winners.append(read_json(path, WinnerRecord))
+            winner = read_json(path, WinnerRecord)
         except FileNotFoundError:
             missing.append(spec.index)
+            continue
+        except ConfigError as exc:
+            why = exc.message if isinstance(exc, ConfigFileError) else str(exc)
+            raise WinnerUnreadableError(spec.index, path, why) from exc
+        if winner.shard != spec.index:
+            raise WinnerUnreadableError(spec.index, path, f"it describes shard {winner.shard}")
+        winners.append(winner)
     if missing:
         raise MissingWinnersError(missing)
     return winners
 
 
-def _batch_files(winners: list[WinnerRecord]) -> list[Path]:
-    files: list[Path] = []
-    for w in winners:
-        for entry in w.files:
-            path = Path(w.dataset_dir) / entry.path
-            if not path.is_file() or path.stat().st_size != entry.size:
-                raise CollectError(f"shard {w.shard}: {path} is missing or changed since it was published")
-            files.append(path)
-    return files
-
-
-def unified_schema(schemas: list[tuple[Path, pa.Schema]]) -> pa.Schema:
-    """One schema for all files: columns in first-seen order, types unified without changing values."""
-    order: dict[str, None] = {}
-    for _, schema in schemas:
-        for name in schema.names:
-            order.setdefault(name, None)
-    fields: list[pa.Field] = []
-    for name in order:
-        seen = [(path, s.field(name)) for path, s in schemas if name in s.names]
-        try:
-            merged = pa.unify_schemas([pa.schema([f]) for _, f in seen], promote_options="permissive")
-        except (pa.ArrowTypeError, pa.ArrowInvalid) as exc:
-            first_path, first = seen[0]
-            other_path, other = next(((p, f) for p, f in seen if f.type != first.type), seen[-1])
-            raise SchemaConflictError(
-                f"column {name!r} has types that cannot be unified: {first.type} in {first_path} and "
-                f"{other.type} in {other_path} ({exc})"
-            ) from exc
-        fields.append(merged.field(name).with_nullable(True))
-    return pa.schema(fields)
-
-
-def _conform(table: pa.Table, schema: pa.Schema, path: Path) -> pa.Table:
-    """Select by name into the unified order (never by position), add missing columns as nulls, cast safely:
-    a cast that would change a value (an int too large for a float, say) is a conflict, not a rounding."""
-    columns = []
-    for field in schema:
-        if field.name not in table.column_names:
-            columns.append(pa.nulls(table.num_rows, type=field.type))
-            continue
-        column = table.column(field.name)
-        try:
-            columns.append(column.cast(field.type, safe=True))
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
-            raise SchemaConflictError(
-                f"column {field.name!r} in {path} ({column.type}) cannot become {field.type} without changing "
-                f"values: {exc}"
-            ) from exc
-    return pa.Table.from_arrays(columns, schema=schema)
-
-
-class _PartWriter:
-    """Buffers batches into row groups of a sensible size and rolls over to a new file at the target size;
-    memory holds at most one row group."""
-
-    def __init__(self, directory: Path, schema: pa.Schema, target_file_bytes: int, row_group_rows: int) -> None:
-        self._dir = directory
-        self._group_rows = row_group_rows
-        self._schema = schema
-        self._target = target_file_bytes
-        self._pending: list[pa.Table] = []
-        self._pending_rows = 0
-        self._pending_bytes = 0
-        self._writer: pq.ParquetWriter | None = None
-        self.files: list[Path] = []
-
-    def add(self, table: pa.Table) -> None:
-        self._pending.append(table)
-        self._pending_rows += table.num_rows
-        self._pending_bytes += table.nbytes
-        if self._pending_rows >= self._group_rows or self._pending_bytes >= ROW_GROUP_BYTES:
-            self._flush()
-
-    def _flush(self) -> None:
-        if not self._pending:
-            return
-        if self._writer is None or self.files[-1].stat().st_size >= self._target:
-            if self._writer is not None:
-                self._writer.close()
-            self.files.append(self._dir / f"part-{len(self.files):05d}.parquet")
-            self._writer = pq.ParquetWriter(self.files[-1], self._schema)
-        group = pa.concat_tables(self._pending)
-        self._writer.write_table(group, row_group_size=max(1, group.num_rows))
-        self._pending, self._pending_rows, self._pending_bytes = [], 0, 0
-
-    def close(self) -> list[Path]:
-        self._flush()
-        if self._writer is not None:
-            self._writer.close()
-        return self.files
-
-
-def _publish(staging: Path, destination: Path, overwrite: bool) -> None:
-    if destination.is_symlink():
-        raise DestinationExistsError(f"{destination}: is a symbolic link; refusing to replace it")
-    if not destination.exists():
-        staging.rename(destination)
-        return
-    if not overwrite:
+def _check(layout: RunLayout, destination: Path, overwrite: bool) -> tuple[Plan, list[WinnerRecord], list[Batch]]:
+    plan = read_plan(layout.plan)
+    if (destination.exists() or destination.is_symlink()) and not overwrite:
         raise DestinationExistsError(f"{destination}: already exists; pass --overwrite to replace it")
-    trash = destination.with_name(f".{destination.name}.old-{secrets.token_hex(4)}")
-    destination.rename(trash)
-    staging.rename(destination)
-    shutil.rmtree(trash, ignore_errors=True)
+    winners = _winners(layout, plan)
+    batches = [batch for winner in winners for batch in batches_of(winner)]
+    for batch in batches:
+        check_present(batch)
+    return plan, winners, batches
+
+
+def preflight(layout: RunLayout, *, destination: Path | None = None, overwrite: bool = False) -> None:
+    """What :func:`collect` checks before it reads any data, without reading any (so cheap enough to run
+    before submitting a collection job): the plan is readable, the destination does not exist (unless
+    ``overwrite``), every shard has a readable winner, and every batch file exists with its published size."""
+    _check(layout, destination or layout.dataset, overwrite)
+
+
+def _not_parquet(batch: Batch, exc: BaseException) -> CollectError:
+    return CollectError(f"shard {batch.shard}: {batch.entry.path} is not a readable Parquet file ({batch.path}): {exc}")
+
+
+def _schema(batches: list[Batch]) -> pa.Schema:
+    """The unified schema, from the files' footers. A footer that cannot be read, or a type conflict, is first
+    checked against the published sha256, so a file changed since publication is reported as such."""
+    schemas: list[tuple[Path, pa.Schema]] = []
+    for batch in batches:
+        try:
+            schemas.append((batch.path, pq.read_schema(batch.path)))
+        except (pa.ArrowException, OSError) as exc:
+            read_verified(batch, keep=False)
+            raise _not_parquet(batch, exc) from exc
+    try:
+        return unified_schema(schemas)
+    except SchemaConflictError as exc:
+        by_path = {batch.path: batch for batch in batches}
+        for path in exc.files:
+            read_verified(by_path[path], keep=False)
+        raise
 
 
 def collect(
@@ -192,32 +141,27 @@ def collect(
     clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     target_file_bytes: int = TARGET_FILE_BYTES,
     row_group_rows: int = ROW_GROUP_ROWS,
+    row_group_bytes: int = ROW_GROUP_BYTES,
     progress: Callable[[int, int], None] | None = None,
 ) -> CollectResult:
-    """Merge every shard's winner into ``destination`` (default: the run's ``dataset/``) atomically."""
-    plan = read_plan(layout.plan)
+    """Merge every shard's winner into ``destination`` (default: the run's ``dataset/``) atomically.
+
+    Every batch file is verified against the size and sha256 its winner recorded, from the very bytes that are
+    then parsed; a file that changed or disappeared since publication fails the collection and nothing is
+    published."""
     destination = destination or layout.dataset
-    if (destination.exists() or destination.is_symlink()) and not overwrite:
-        raise DestinationExistsError(f"{destination}: already exists; pass --overwrite to replace it")
-    winners = _winners(layout, plan)
-    files = _batch_files(winners)
-    schema = unified_schema([(f, pq.read_schema(f)) for f in files])
+    plan, winners, batches = _check(layout, destination, overwrite)
+    schema = _schema(batches)
     make_private_dir(layout.collections, exist_ok=True)
     with _exclusive(layout.collections / "collect.lock"):
         _remove_stale_staging(destination)
-        return _collect_locked(
-            layout,
-            plan,
-            destination,
-            winners,
-            files,
-            schema,
-            overwrite,
-            clock,
-            target_file_bytes,
-            row_group_rows,
-            progress,
+        writer = functools.partial(
+            PartWriter,
+            target_file_bytes=target_file_bytes,
+            row_group_rows=row_group_rows,
+            row_group_bytes=row_group_bytes,
         )
+        return _collect_locked(plan, destination, winners, batches, schema, overwrite, clock, writer, progress)
 
 
 @contextlib.contextmanager
@@ -241,52 +185,78 @@ def _remove_stale_staging(destination: Path) -> None:
             shutil.rmtree(stale, ignore_errors=True)
 
 
+def _publish(staging: Path, destination: Path, overwrite: bool) -> None:
+    if destination.is_symlink():
+        raise DestinationExistsError(f"{destination}: is a symbolic link; refusing to replace it")
+    if not destination.exists():
+        staging.rename(destination)
+        return
+    if not overwrite:
+        raise DestinationExistsError(f"{destination}: already exists; pass --overwrite to replace it")
+    trash = destination.with_name(f".{destination.name}.old-{secrets.token_hex(4)}")
+    destination.rename(trash)
+    staging.rename(destination)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def _read(batch: Batch) -> pa.Table:
+    data = read_verified(batch)  # size and sha256 checked on the bytes that are parsed next
+    try:
+        return pq.ParquetFile(pa.BufferReader(data)).read()
+    except (pa.ArrowException, OSError) as exc:
+        raise _not_parquet(batch, exc) from exc
+
+
 def _collect_locked(
-    layout: RunLayout,
     plan: Plan,
     destination: Path,
     winners: list[WinnerRecord],
-    files: list[Path],
+    batches: list[Batch],
     schema: pa.Schema,
     overwrite: bool,
     clock: Callable[[], datetime],
-    target_file_bytes: int,
-    row_group_rows: int,
+    writer: Callable[[Path, pa.Schema], PartWriter],
     progress: Callable[[int, int], None] | None,
 ) -> CollectResult:
     staging = destination.parent / f".{destination.name}.staging-{secrets.token_hex(6)}"
-    make_private_dir(staging)
+    parts: PartWriter | None = None
     try:
-        parts = _PartWriter(staging, schema, target_file_bytes, row_group_rows)
-        rows = 0
-        for done, path in enumerate(files, start=1):
-            table = _conform(pq.read_table(path), schema, path)
-            parts.add(table)
-            rows += table.num_rows
+        make_private_dir(staging)
+        parts = writer(staging, schema)
+        rows = dict.fromkeys((w.shard for w in winners), 0)
+        for done, batch in enumerate(batches, start=1):
+            table = _read(batch)
+            parts.add(conform(table, schema, batch.path))
+            rows[batch.shard] += table.num_rows
             if progress is not None:
-                progress(done, len(files))
+                progress(done, len(batches))
         written = parts.close()
-        expected = sum(w.rows for w in winners)
-        if rows != expected:
-            raise CollectError(f"collected {rows} rows but the winners report {expected}; nothing was published")
+        for w in winners:
+            if rows[w.shard] != w.rows:
+                raise CollectError(
+                    f"shard {w.shard}: its batch files hold {rows[w.shard]} rows but its winner reports {w.rows}; "
+                    "nothing was published"
+                )
         manifest = Manifest(
             run_id=plan.run_id,
             plan_sha256=digest(plan),
-            rows=rows,
+            rows=sum(rows.values()),
             shards=tuple(ShardEntry(shard=w.shard, attempt=w.attempt, rows=w.rows) for w in winners),
             schema=schema.to_string(show_schema_metadata=False),
-            files=tuple(FileEntry(path=p.name, size=p.stat().st_size, sha256=sha256_file(p)) for p in written),
+            files=tuple(written),
             collected_at=clock().isoformat(),
         )
         atomic_write(staging / MANIFEST, encode_pretty(manifest))
         _publish(staging, destination, overwrite)
     except BaseException:
+        if parts is not None:
+            parts.abort()
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return CollectResult(
         dataset=destination,
-        rows=rows,
-        files=tuple(destination / p.name for p in written),
+        rows=manifest.rows,
+        files=tuple(destination / f.path for f in written),
         manifest=destination / MANIFEST,
     )
 

@@ -5,8 +5,14 @@ Not used by production code; importing it has no side effects.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import os
+import select
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -47,3 +53,69 @@ def make_published_run(
             )
             publish_once(shard.winner, encode(winner))
     return layout
+
+
+class BlockedStderr:
+    """A pipe for a child's stderr that is full before the child starts: the child's first write to stderr
+    blocks until :meth:`drain` reads it. A collection's first progress line then holds it half-way, so a
+    test can signal it at a known point without sleeping."""
+
+    def __init__(self) -> None:
+        self.read_fd, self.write_fd = os.pipe()
+        self._filler = 0
+        os.set_blocking(self.write_fd, False)
+        chunk = b"." * 4096
+        while True:
+            try:
+                self._filler += os.write(self.write_fd, chunk)
+            except BlockingIOError:
+                if len(chunk) == 1:
+                    break
+                chunk = chunk[: len(chunk) // 2]
+        os.set_blocking(self.write_fd, True)
+
+    def child_started(self) -> None:
+        """Close this process's copy of the write end (the child holds its own)."""
+        if self.write_fd >= 0:
+            os.close(self.write_fd)
+            self.write_fd = -1
+
+    def wait_for(self, condition: Callable[[], bool], proc: subprocess.Popen[Any], timeout: float = 60.0) -> bool:
+        """Poll ``condition`` until it holds, the child exits or ``timeout`` passes."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if condition():
+                return True
+            if proc.poll() is not None:
+                return condition()
+            time.sleep(0.01)
+        return False
+
+    def drain(self, timeout: float = 60.0) -> str:
+        """Everything the child wrote to stderr until it closed it (the filler removed)."""
+        data = bytearray()
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            ready, _, _ = select.select([self.read_fd], [], [], left)
+            if not ready:
+                continue
+            chunk = os.read(self.read_fd, 65536)
+            if not chunk:
+                break
+            data += chunk
+        return bytes(data[self._filler :]).decode(errors="replace")
+
+    def close(self) -> None:
+        self.child_started()
+        if self.read_fd >= 0:
+            os.close(self.read_fd)
+            self.read_fd = -1
+
+
+@contextlib.contextmanager
+def blocked_stderr() -> Iterator[BlockedStderr]:
+    pipe = BlockedStderr()
+    try:
+        yield pipe
+    finally:
+        pipe.close()

@@ -1,0 +1,95 @@
+"""A collection as a command: output and exit code, the same for ``ddslurm-collect`` (the Slurm job's entry
+point) and ``ddslurm collect --local``.
+
+Exit codes: 0 collected; 1 (``EXIT_FAILED``) the collection failed (:class:`CollectError`: missing winners, a
+changed batch file, a schema conflict, an existing destination); 2 (``EXIT_UNREADABLE``) the run directory
+cannot be read; 128 + N when signal N (SIGTERM: 143, SIGINT: 130) interrupted it. In every failing case
+nothing was published and no staging directory is left behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from types import FrameType
+from typing import Any, TextIO
+
+import msgspec
+
+from ddslurm.collector._merge import CollectResult, collect, progress_reporter
+from ddslurm.collector.errors import CollectError
+from ddslurm.config import ConfigError, RunLayout
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_UNREADABLE = 2
+EXIT_SIGNAL_BASE = 128
+
+
+def result_json(result: CollectResult) -> dict[str, Any]:
+    """What ``--json`` prints: ``{"dataset", "rows", "files", "manifest"}``."""
+    return {
+        "dataset": str(result.dataset),
+        "rows": result.rows,
+        "files": [str(f) for f in result.files],
+        "manifest": str(result.manifest),
+    }
+
+
+def print_result(result: CollectResult, *, as_json: bool, out: TextIO) -> None:
+    if as_json:
+        out.write(msgspec.json.encode(result_json(result)).decode() + "\n")
+    else:
+        out.write(f"collected {result.rows} rows into {result.dataset}\n")
+    out.flush()
+
+
+@contextlib.contextmanager
+def sigterm_unwinds(received: list[int]) -> Iterator[None]:
+    """While active, SIGTERM raises KeyboardInterrupt (recording the signal in ``received``), so a collection
+    unwinds like Ctrl-C: its staging directory is removed and nothing is published. Main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_term(signum: int, _: FrameType | None) -> None:
+        received.append(signum)
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
+def collect_command(
+    layout: RunLayout,
+    *,
+    destination: Path | None = None,
+    overwrite: bool = False,
+    as_json: bool = False,
+    out: TextIO,
+    err: TextIO,
+) -> int:
+    """Collect, print the result to ``out`` (progress and errors to ``err``) and return the exit code."""
+    received: list[int] = []
+    try:
+        with sigterm_unwinds(received):
+            result = collect(layout, destination=destination, overwrite=overwrite, progress=progress_reporter(err))
+            print_result(result, as_json=as_json, out=out)
+    except KeyboardInterrupt:
+        signum = received[0] if received else signal.SIGINT
+        name = signal.Signals(signum).name
+        print(f"error: collection interrupted by {name}; nothing was published", file=err, flush=True)
+        return EXIT_SIGNAL_BASE + signum
+    except CollectError as exc:
+        print(f"error: {exc}", file=err, flush=True)
+        return EXIT_FAILED
+    except (ConfigError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=err, flush=True)
+        return EXIT_UNREADABLE
+    return EXIT_OK
