@@ -2,21 +2,28 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from ddslurm.collector import collect
-from ddslurm.collector.testing import make_published_run
-from ddslurm.config import Resources, RunLayout, WinnerRecord, atomic_write, encode, read_json
+from ddslurm.collector import EXIT_FAILED, collect
+from ddslurm.collector.testing import blocked_stderr, make_published_run
+from ddslurm.config import Resources, RunLayout, WinnerRecord, atomic_write, encode, read_json, read_plan
 from ddslurm.config.testing import make_plan
+from ddslurm.launcher import Completed, Slurm
+from ddslurm.launcher.cli import build_parser, cmd_collect
 
 REPO = Path(__file__).resolve().parents[1]
 RUNTIME = Path(sys.executable).parent / "ddslurm-runtime"
@@ -73,7 +80,8 @@ def test_killed_collection_job_publishes_nothing_and_a_rerun_succeeds(tmp_path: 
         time.sleep(0.02)
     assert started, "the collection job never reported progress"
     assert list(layout.root.glob(".dataset.staging-*"))
-    subprocess.run(["scancel", "--name=ddslurm-collect-test"], check=True)
+    job_id = next(layout.logs.glob("collect-*.out")).stem.removeprefix("collect-")
+    subprocess.run(["scancel", job_id], check=True)  # by id: other tests' jobs may carry the same name
     out, err = proc.communicate(timeout=120)
     assert proc.returncode != 0 and "ended CANCELLED" in err, (out, err)
     assert not layout.dataset.exists()
@@ -88,3 +96,86 @@ def test_killed_collection_job_publishes_nothing_and_a_rerun_succeeds(tmp_path: 
     )
     assert again.returncode == 0, again.stderr
     assert pq.read_table(layout.dataset).num_rows == 40000
+
+
+def _for_slurm(layout: RunLayout) -> None:
+    """Let the run's collection job run on the local cluster's CPU partition with this checkout's venv."""
+    plan = msgspec.structs.replace(
+        read_plan(layout.plan),
+        python_env=str(REPO / ".venv"),
+        collection=Resources(time_minutes=5, partition="cpu", memory="1G"),
+    )
+    atomic_write(layout.plan, encode(plan))
+
+
+def _refusing_slurm(calls: list[list[str]]) -> Slurm:
+    def runner(argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> Completed:
+        calls.append(list(argv))
+        return Completed(1, "", "this test submits nothing")
+
+    return Slurm(runner=runner)
+
+
+def test_collect_checks_winners_and_destination_before_it_submits_a_job(tmp_path: Path) -> None:
+    missing = make_published_run(
+        tmp_path / "missing", [[pa.table({"a": [1]})], [pa.table({"a": [2]})]], publish=[True, False]
+    )
+    existing = make_published_run(tmp_path / "existing", [[pa.table({"a": [1]})]])
+    existing.dataset.mkdir()
+    calls: list[list[str]] = []
+    for layout, message in ((missing, "no published result"), (existing, "already exists")):
+        args = build_parser().parse_args(["collect", str(layout.root)])
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            rc = cmd_collect(args, _refusing_slurm(calls), {}, io.StringIO())
+        assert rc == EXIT_FAILED and message in err.getvalue(), err.getvalue()
+        assert not list(layout.root.glob("collect-*.sbatch"))
+    assert calls == []
+
+
+def test_sigterm_to_collect_local_unwinds_without_a_traceback(tmp_path: Path) -> None:
+    layout = make_published_run(tmp_path, [[pa.table({"a": [i]}) for i in range(3)]])
+    with blocked_stderr() as pipe:
+        proc = subprocess.Popen(
+            [str(DDSLURM), "collect", str(layout.root), "--local"], stderr=pipe.write_fd, stdout=subprocess.DEVNULL
+        )
+        pipe.child_started()
+        assert pipe.wait_for(lambda: any(layout.root.glob(".dataset.staging-*")), proc), "collection never started"
+        proc.send_signal(signal.SIGTERM)
+        err = pipe.drain()
+        rc = proc.wait(timeout=30)
+    assert rc == 128 + signal.SIGTERM, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert "interrupted" in err
+    assert not list(layout.root.glob(".dataset.staging-*"))
+    assert not layout.dataset.exists()
+
+
+def _conflict(root: Path) -> RunLayout:
+    return make_published_run(root, [[pa.table({"a": [1]})], [pa.table({"a": ["one"]})]])
+
+
+def _changed(root: Path) -> RunLayout:
+    layout = make_published_run(root, [[pa.table({"a": [1, 2, 3]})]])
+    batch = next(layout.shards.rglob("batch_00000.parquet"))
+    size = batch.stat().st_size
+    pq.write_table(pa.table({"a": [7, 8, 9]}), batch)
+    assert batch.stat().st_size == size
+    return layout
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("make", [_conflict, _changed], ids=["schema-conflict", "batch-changed-in-place"])
+def test_local_and_slurm_collection_fail_alike(tmp_path: Path, make: Any) -> None:
+    layout = make(tmp_path)
+    _for_slurm(layout)
+    results = {}
+    for mode in ("--local", None):
+        argv = [str(DDSLURM), "collect", str(layout.root), *([mode] if mode else [])]
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+        results[mode] = (proc.returncode, errors[0] if errors else proc.stderr)
+    assert results["--local"] == results[None], results
+    assert results[None][0] == EXIT_FAILED
+    assert not layout.dataset.exists()
+    assert not list(layout.root.glob(".dataset.staging-*"))

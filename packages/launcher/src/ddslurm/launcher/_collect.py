@@ -1,15 +1,33 @@
-"""Collection as a CPU Slurm job (no secrets travel with it), or in-process."""
+"""Collection as a CPU Slurm job (no secrets travel with it), or in-process.
+
+Both ways check the run first (every shard has a winner, every batch file is there with its published size, no
+dataset unless overwriting) and exit with the collector's codes (``ddslurm.collector.collect_command``): the
+job's exit code is passed on, so ``ddslurm collect`` and ``ddslurm collect --local`` fail alike.
+"""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
+from typing import TextIO
 
-from ddslurm.collector import MANIFEST, CollectResult, collect, read_manifest
-from ddslurm.config import RunLayout, atomic_write, make_private_dir, read_plan
+from ddslurm.collector import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_SIGNAL_BASE,
+    MANIFEST,
+    CollectError,
+    CollectResult,
+    collect,
+    preflight,
+    print_result,
+    read_manifest,
+)
+from ddslurm.config import RunLayout, atomic_write, make_private_dir, read_plan, read_tail
 from ddslurm.launcher._render import render_collection
-from ddslurm.launcher._slurm import Slurm
+from ddslurm.launcher._slurm import Slurm, TaskState
 from ddslurm.launcher.errors import LauncherError
 
 _LIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "SUSPENDED"}
@@ -21,10 +39,9 @@ def collect_local(
     return collect(layout, overwrite=overwrite, progress=progress)
 
 
-def wait_for_job(
+def _final(
     slurm: Slurm, job_id: str, *, sleep: Callable[[float], None] = time.sleep, timeout: float | None = None
-) -> str:
-    """Poll until the job has a final accounting state; returns it (e.g. COMPLETED, FAILED)."""
+) -> TaskState:
     start = time.monotonic()
     delay = 0.5
     while True:
@@ -32,25 +49,43 @@ def wait_for_job(
         if not any(t.state in _LIVE for t in live):
             final = [t for t in slurm.sacct([job_id]) if t.state not in _LIVE]
             if final:
-                return final[0].state
+                return final[0]
         if timeout is not None and time.monotonic() - start > timeout:
             raise LauncherError(f"job {job_id} did not finish within {timeout:.0f} s")
         sleep(delay)
         delay = min(delay * 1.5, 5.0)
 
 
-def collect_with_slurm(layout: RunLayout, slurm: Slurm, *, overwrite: bool) -> CollectResult:
+def wait_for_job(
+    slurm: Slurm, job_id: str, *, sleep: Callable[[float], None] = time.sleep, timeout: float | None = None
+) -> str:
+    """Poll until the job has a final accounting state; returns it (e.g. COMPLETED, FAILED)."""
+    return _final(slurm, job_id, sleep=sleep, timeout=timeout).state
+
+
+def job_exit_code(final: TaskState) -> int:
+    """The exit code ``ddslurm collect`` passes on for a collection job that did not complete: the job's own
+    (``ddslurm-collect``'s) code, 128 + N for a job ended by signal N, 1 when Slurm gives neither."""
+    code, _, sig = final.exit_code.partition(":")
+    if code.isdigit() and int(code):
+        return int(code)
+    if sig.isdigit() and 0 < int(sig) < 64:
+        return EXIT_SIGNAL_BASE + int(sig)
+    return EXIT_FAILED
+
+
+def _run_job(layout: RunLayout, slurm: Slurm, *, overwrite: bool) -> tuple[str, TaskState, Path]:
+    preflight(layout, overwrite=overwrite)  # a job that would fail at once is never submitted
     plan = read_plan(layout.plan)
     make_private_dir(layout.logs, exist_ok=True)  # Slurm cannot start a job whose output file it cannot open
     script = render_collection(plan, layout, overwrite=overwrite)
     path = layout.root / f"collect-{datetime.now(UTC).strftime('%Y%m%d%H%M%S')}.sbatch"
     atomic_write(path, script.encode(), mode=0o700)
     job_id = slurm.sbatch(str(path), export=())
-    state = wait_for_job(slurm, job_id)
-    log = layout.logs / f"collect-{job_id}.out"
-    if state != "COMPLETED":
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:]) if log.is_file() else "(no log)"
-        raise LauncherError(f"collection job {job_id} ended {state}; last lines of {log}:\n{tail}")
+    return job_id, _final(slurm, job_id), layout.logs / f"collect-{job_id}.out"
+
+
+def _result(layout: RunLayout) -> CollectResult:
     manifest = read_manifest(layout.dataset)
     return CollectResult(
         dataset=layout.dataset,
@@ -58,3 +93,36 @@ def collect_with_slurm(layout: RunLayout, slurm: Slurm, *, overwrite: bool) -> C
         files=tuple(layout.dataset / f.path for f in manifest.files),
         manifest=layout.dataset / MANIFEST,
     )
+
+
+def collect_with_slurm(layout: RunLayout, slurm: Slurm, *, overwrite: bool) -> CollectResult:
+    job_id, final, log = _run_job(layout, slurm, overwrite=overwrite)
+    if final.state != "COMPLETED":
+        tail = read_tail(log, 15) if log.is_file() else "(no log)"
+        raise LauncherError(f"collection job {job_id} ended {final.state}; last lines of {log}:\n{tail}")
+    return _result(layout)
+
+
+def collect_job_command(
+    layout: RunLayout, slurm: Slurm, *, overwrite: bool, as_json: bool, out: TextIO, err: TextIO
+) -> int:
+    """``ddslurm collect`` with a Slurm job: print the result, or the job's own error lines, and return the
+    exit code ``ddslurm collect --local`` returns for the same error."""
+    try:
+        job_id, final, log = _run_job(layout, slurm, overwrite=overwrite)
+    except CollectError as exc:
+        print(f"error: {exc}", file=err, flush=True)
+        return EXIT_FAILED
+    if final.state == "COMPLETED":
+        print_result(_result(layout), as_json=as_json, out=out)
+        return EXIT_OK
+    tail = read_tail(log, 200)
+    errors = [line for line in tail.splitlines() if line.startswith("error: ")]
+    for line in errors or [f"  {line}" for line in tail.splitlines()[-15:]]:
+        print(line, file=err)
+    print(
+        f"error: collection job {job_id} ended {final.state} (exit code {final.exit_code or '?'}); log: {log}",
+        file=err,
+        flush=True,
+    )
+    return job_exit_code(final)

@@ -28,9 +28,9 @@ from typing import Any, TextIO
 
 import msgspec
 
-from ddslurm.collector import CollectError, CollectResult, progress_reporter
+from ddslurm.collector import CollectError, collect_command
 from ddslurm.config import ConfigError, RunLayout, load_profile, read_plan
-from ddslurm.launcher._collect import collect_local, collect_with_slurm
+from ddslurm.launcher._collect import collect_job_command
 from ddslurm.launcher._render import render_generation
 from ddslurm.launcher._slurm import Slurm
 from ddslurm.launcher._status import RunStatus, find_run, run_status
@@ -287,25 +287,11 @@ def cmd_logs(
 
 
 def cmd_collect(args: argparse.Namespace, slurm: Slurm, env: Mapping[str, str], out: TextIO) -> int:
+    """Exit codes are the collector's (``ddslurm.collector.collect_command``), in a job or with --local alike."""
     layout = find_run(args.run, _workspace(args, env))
-    result: CollectResult = (
-        collect_local(layout, overwrite=args.overwrite, progress=progress_reporter(sys.stderr))
-        if args.local
-        else collect_with_slurm(layout, slurm, overwrite=args.overwrite)
-    )
-    if args.json:
-        _json(
-            {
-                "dataset": str(result.dataset),
-                "rows": result.rows,
-                "files": [str(f) for f in result.files],
-                "manifest": str(result.manifest),
-            },
-            out,
-        )
-    else:
-        out.write(f"collected {result.rows} rows into {result.dataset}\n")
-    return EXIT_OK
+    if args.local:
+        return collect_command(layout, overwrite=args.overwrite, as_json=args.json, out=out, err=sys.stderr)
+    return collect_job_command(layout, slurm, overwrite=args.overwrite, as_json=args.json, out=out, err=sys.stderr)
 
 
 def cmd_list(args: argparse.Namespace, slurm: Slurm, env: Mapping[str, str], out: TextIO) -> int:
