@@ -110,3 +110,17 @@ def test_plain_collection_imports_neither_pyarrow_dataset_nor_pandas(tmp_path: P
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_output_is_owner_only_and_its_manifest_hashes_match_the_files(tmp_path: Path) -> None:
+    from ddslurm.collector import read_manifest
+    from ddslurm.config import sha256_file
+
+    layout = make_published_run(tmp_path, [[pa.table({"a": list(range(i, i + 500))}) for i in range(4)]])
+    result = collect(layout, target_file_bytes=1, row_group_rows=1000)
+    manifest = read_manifest(result.dataset)
+    assert len(manifest.files) == 2
+    for entry in manifest.files:
+        path = result.dataset / entry.path
+        assert path.stat().st_mode & 0o777 == 0o600
+        assert (path.stat().st_size, sha256_file(path)) == (entry.size, entry.sha256)
