@@ -83,7 +83,7 @@ def test_killed_collection_job_publishes_nothing_and_a_rerun_succeeds(tmp_path: 
     job_id = next(layout.logs.glob("collect-*.out")).stem.removeprefix("collect-")
     subprocess.run(["scancel", job_id], check=True)  # by id: other tests' jobs may carry the same name
     out, err = proc.communicate(timeout=120)
-    assert proc.returncode != 0 and "ended CANCELLED" in err, (out, err)
+    assert proc.returncode == 128 + signal.SIGTERM and "ended CANCELLED" in err, (proc.returncode, out, err)
     assert not layout.dataset.exists()
     assert not list(layout.root.glob(".dataset.staging-*"))  # the job cleaned up on SIGTERM
     again = subprocess.run(

@@ -7,6 +7,7 @@ job's exit code is passed on, so ``ddslurm collect`` and ``ddslurm collect --loc
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -31,6 +32,7 @@ from ddslurm.launcher._slurm import Slurm, TaskState
 from ddslurm.launcher.errors import LauncherError
 
 _LIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "SUSPENDED"}
+_TERMINATED = {"CANCELLED", "TIMEOUT", "PREEMPTED", "DEADLINE"}  # Slurm sends SIGTERM (then SIGKILL)
 
 
 def collect_local(
@@ -65,12 +67,15 @@ def wait_for_job(
 
 def job_exit_code(final: TaskState) -> int:
     """The exit code ``ddslurm collect`` passes on for a collection job that did not complete: the job's own
-    (``ddslurm-collect``'s) code, 128 + N for a job ended by signal N, 1 when Slurm gives neither."""
+    (``ddslurm-collect``'s) code, 128 + N for a job ended by signal N, 143 for a job Slurm ended with SIGTERM
+    (cancelled, time limit, preempted: sacct records those as ``0:0``), else 1."""
     code, _, sig = final.exit_code.partition(":")
     if code.isdigit() and int(code):
         return int(code)
     if sig.isdigit() and 0 < int(sig) < 64:
         return EXIT_SIGNAL_BASE + int(sig)
+    if final.state in _TERMINATED:
+        return EXIT_SIGNAL_BASE + signal.SIGTERM
     return EXIT_FAILED
 
 
