@@ -61,6 +61,7 @@ def test_verify_winner_lists_every_file_that_no_longer_verifies(tmp_path: Path) 
     (files / "batch_00001.parquet").unlink()
     problems = verify_winner(winner)
     assert len(problems) == 2
+    assert verify_winner(winner, hashes=False) == [problems[1]]  # sizes only: the same-size change goes unseen
     assert "batch_00000.parquet" in problems[0] and "sha256" in problems[0]
     assert "batch_00001.parquet" in problems[1] and "missing" in problems[1]
     # the dataset directory can be given explicitly (a winner whose files were moved, say)
