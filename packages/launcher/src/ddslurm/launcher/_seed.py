@@ -21,6 +21,7 @@ from typing import Any
 from ddslurm.config import FileEntry, RunLayout, SeedKind, SeedPlan, encode_pretty, sha256_file
 from ddslurm.launcher.errors import SubmitError
 from ddslurm.providers import recipe_section
+from ddslurm.providers.discovery import is_home_relative
 
 FILESYSTEM_SOURCES = ("directory", "file_contents", "agent_rollout")
 CountRows = Callable[[dict[str, Any]], int]
@@ -60,7 +61,7 @@ def _field(recipe_path: Path, field: str, message: str) -> SubmitError:
 def _resolve(recipe_path: Path, raw: object, field: str) -> Path:
     if not isinstance(raw, str) or not raw.strip():
         raise _field(recipe_path, field, "must name a file or directory")
-    if raw.startswith("~"):
+    if is_home_relative(raw):
         raise _field(recipe_path, field, f"{raw!r}: use an absolute path or one relative to the recipe")
     path = Path(raw)
     return path if path.is_absolute() else (recipe_path.parent / path).resolve()

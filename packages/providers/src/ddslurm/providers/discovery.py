@@ -14,3 +14,9 @@ def settings_dir(env: Mapping[str, str], home: Path | None = None) -> Path:
     if configured:
         return Path(configured)
     return (home if home is not None else Path.home()) / ".data-designer"
+
+
+def is_home_relative(path: str) -> bool:
+    """Whether ``path`` names a place in somebody's home directory (``~``, ``~user``): the nodes must never
+    depend on the submitter's home, so such paths in a recipe are refused rather than expanded."""
+    return path.startswith("~")
