@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import stat
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import Literal
 
 import msgspec
 
+from ddslurm.collector import verify_winner
 from ddslurm.config import (
     AttemptRecord,
     CancelRecord,
@@ -24,7 +24,6 @@ from ddslurm.config import (
     read_json,
     read_plan,
     read_tail,
-    sha256_file,
 )
 from ddslurm.launcher._slurm import Slurm, TaskState
 from ddslurm.launcher.errors import RunNotFoundError
@@ -148,32 +147,25 @@ def _scheduler_view(
     return newest
 
 
-def winner_problem(layout: RunLayout, index: int, winner: WinnerRecord) -> str | None:
-    """Why a published winner no longer verifies, or None. Every file must exist as a regular file of its
-    recorded size; a file whose inode changed after ``winner.json`` was written (ctime later than the
-    record's mtime: any write, even one that keeps the size) is hashed again and must match its sha256."""
+def _changed_since_published(layout: RunLayout, index: int, winner: WinnerRecord) -> bool:
+    """Whether any file of the winner changed after ``winner.json`` was written: its inode's ctime (which any
+    write updates, even one that keeps the size, and which cannot be set back) is not older than the record."""
     try:
         published = layout.shard(index).winner.lstat().st_mtime_ns
-    except OSError as exc:
-        return f"{layout.shard(index).winner}: {exc.strerror}"
-    for entry in winner.files:
-        path = Path(winner.dataset_dir) / entry.path
-        try:
-            st = path.lstat()
-        except OSError:
-            return f"{path} is missing"
-        if not stat.S_ISREG(st.st_mode):
-            return f"{path} is no longer a regular file"
-        if st.st_size != entry.size:
-            return f"{path} holds {st.st_size} bytes, not the {entry.size} recorded in winner.json"
-        if st.st_ctime_ns > published:
-            try:
-                changed = sha256_file(path) != entry.sha256
-            except OSError as exc:
-                return f"{path} cannot be read: {exc.strerror}"
-            if changed:
-                return f"{path}: sha256 differs from winner.json (the file changed after it was published)"
-    return None
+        return any((Path(winner.dataset_dir) / entry.path).lstat().st_ctime_ns >= published for entry in winner.files)
+    except OSError:
+        return True
+
+
+def winner_problem(layout: RunLayout, index: int, winner: WinnerRecord) -> str | None:
+    """Why a published winner no longer verifies, or None (``ddslurm.collector.verify_winner``).
+
+    Presence, type and size of every file are checked on every refresh; the sha256 of the winner's files is
+    checked again when one of them changed after publication, so a refresh reads no data in the usual case."""
+    problems = verify_winner(winner, hashes=_changed_since_published(layout, index, winner))
+    if not problems:
+        return None
+    return problems[0] + (f" (and {len(problems) - 1} more file(s))" if len(problems) > 1 else "")
 
 
 def _signal_name(number: int) -> str:

@@ -98,7 +98,8 @@ def retry(
     if shards is not None and corrupt:
         raise LauncherError(
             f"shard {corrupt[0]} has a winner that no longer verifies ({by_index[corrupt[0]].message}); a new "
-            f"attempt cannot replace it: move {layout.shard(corrupt[0]).winner} aside first"
+            f"attempt cannot replace it: move {layout.shard(corrupt[0]).winner} aside, then retry the shard with "
+            "--fresh (so that no attempt resumes from the changed batches)"
         )
     todo = [s for s in chosen if by_index[s].state not in ACTIVE | {"succeeded", "corrupt"}]
     if not todo:
