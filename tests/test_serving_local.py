@@ -177,3 +177,116 @@ def test_a_hung_server_is_stopped_and_fails_the_attempt(make_run_files: Any, loc
     record = _record(run_dir, "51")
     assert record.reason == "server_died" and "every replica of 'generator'" in (record.message or "")
     _no_processes_left(run_dir)
+
+
+def _proxy_pids(run_dir: Path) -> list[int]:
+    """This run's proxy processes themselves (never an ``srun`` that started one), found by their log path."""
+    pids = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = cmdline.read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        args = " ".join(argv)
+        if argv[0] != "srun" and " proxy --listen " in args and str(run_dir) in args:
+            pids.append(int(cmdline.parent.name))
+    return pids
+
+
+def _finish(proc: subprocess.Popen[str], timeout: float) -> str:
+    """The attempt's stderr once it ended; one still running after ``timeout`` is cancelled (its teardown
+    stops every step), so a failing test leaves nothing behind."""
+    try:
+        return proc.communicate(timeout=timeout)[1]
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        proc.communicate(timeout=60)
+        raise
+
+
+def _wait_for_rows(attempt: Path, proc: subprocess.Popen[str], rows: int, timeout: float = 120) -> None:
+    """Until the attempt's progress file shows ``rows`` (a batch is on disk: generation is under way)."""
+    import json
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"the attempt ended before {rows} rows: {proc.communicate()[1][-3000:]}"
+        progress = attempt / "progress.json"
+        if progress.is_file() and json.loads(progress.read_text())["rows"] >= rows:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"no progress of {rows} rows in {timeout} s")
+
+
+@pytest.mark.parametrize("client_retries", [0, 1])
+def test_a_dead_proxy_fails_the_client_run_at_once_and_a_rerun_restarts_it(
+    make_run_files: Any, local_attempt: Any, client_retries: int
+) -> None:
+    """Killing the proxy in front of two replicas mid-generation: without reruns the attempt fails at once with
+    ``proxy_died``; with one rerun the proxy is started again and the shard gets exactly its records."""
+    import json
+    import signal
+
+    files = make_run_files(
+        f"proxy-{client_retries}",
+        num_records=36,
+        shards=1,
+        buffer_size=6,
+        recipe=MIXED_RECIPE,
+        extra_run=_deployment(replicas=2, env={"FAKE_VLLM_LATENCY": "2"}) + f"client_retries: {client_retries}\n",
+    )
+    job = f"6{client_retries}"
+    run_dir, proc = local_attempt(files, job, gpus="0,1")
+    attempt = run_dir / "shards" / "shard-00000" / "attempts" / f"attempt-{job}"
+    _wait_for_rows(attempt, proc, 6)
+    pids = _proxy_pids(run_dir)
+    assert len(pids) == 1
+    os.kill(pids[0], signal.SIGKILL)
+    killed = time.monotonic()
+    stderr = _finish(proc, 180)
+    record = _record(run_dir, job)
+    if client_retries == 0:
+        assert proc.returncode == 1, stderr[-3000:]
+        assert (record.state, record.reason, record.retryable) == ("failed", "proxy_died", True), record
+        assert "proxy-generator" in (record.message or "") and "exited with status" in (record.message or "")
+        assert time.monotonic() - killed < 20  # not the minutes Data Designer spends retrying a dead endpoint
+        assert not (run_dir / "shards" / "shard-00000" / "winner.json").exists()
+    else:
+        assert proc.returncode == 0, stderr[-3000:]
+        assert record.state == "succeeded" and record.rows == 36 and record.client_runs == 2, record
+        winner = read_json(run_dir / "shards" / "shard-00000" / "winner.json", WinnerRecord)
+        import pyarrow.parquet as pq
+
+        assert winner.rows == 36 and pq.read_table(Path(winner.dataset_dir) / "parquet-files").num_rows == 36
+        events = [json.loads(line)["event"] for line in stderr.splitlines() if line.startswith("{")]
+        assert "proxy.died" in events and "proxy.restarted" in events
+        proxy_log = [json.loads(line)["event"] for line in (attempt / "proxy-generator.log").read_text().splitlines()]
+        assert proxy_log.count("proxy.started") == 2
+    _no_processes_left(run_dir)
+
+
+def test_a_hung_proxy_is_stopped_and_fails_the_client_run(make_run_files: Any, local_attempt: Any) -> None:
+    """A proxy that keeps its port but answers nothing (SIGSTOP) is stopped after a few checks: proxy_died."""
+    import signal
+
+    files = make_run_files(
+        "proxy-hung",
+        num_records=36,
+        shards=1,
+        buffer_size=6,
+        recipe=MIXED_RECIPE,
+        extra_run=_deployment(replicas=2, env={"FAKE_VLLM_LATENCY": "2"}) + "client_retries: 0\n",
+    )
+    run_dir, proc = local_attempt(files, "71", gpus="0,1", extra=("--health-interval", "0.5", "--unhealthy-limit", "2"))
+    attempt = run_dir / "shards" / "shard-00000" / "attempts" / "attempt-71"
+    _wait_for_rows(attempt, proc, 6)
+    [pid] = _proxy_pids(run_dir)
+    os.kill(pid, signal.SIGSTOP)
+    stopped = time.monotonic()
+    _finish(proc, 60)
+    record = _record(run_dir, "71")
+    assert proc.returncode == 1
+    assert (record.state, record.reason) == ("failed", "proxy_died"), record
+    assert "without an answer" in (record.message or "")
+    assert time.monotonic() - stopped < 40
+    _no_processes_left(run_dir)

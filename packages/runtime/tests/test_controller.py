@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -99,3 +101,125 @@ def test_generation_step_is_rerun_inside_the_allocation(
     assert len(launcher.client_argv) == runs
     assert "--resume" not in launcher.client_argv[0]
     assert all("--resume" in argv for argv in launcher.client_argv[1:])
+
+
+# --- a proxy that dies while the client depends on it -------------------------------------------------------
+
+STAND_IN = """
+import json, sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+class Handler(BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({"data": [{"id": "served"}]}).encode() if self.path == "/v1/models" else b""
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
+"""
+
+
+class ServingLauncher(ScriptedLauncher):
+    """Servers and proxies are tiny HTTP stand-ins (200 on /health, the served name on /v1/models); clients are
+    scripted as above, plus ``hang`` (runs until stopped)."""
+
+    def __init__(self, outcomes: list[str]) -> None:
+        super().__init__(outcomes)
+        self.proxies: list[Step] = []
+        self.servers: list[Step] = []
+        self.clients: list[Step] = []
+
+    def start(self, spec: StepSpec) -> Step:
+        if spec.name == "client":
+            outcome = self.outcomes[len(self.client_argv)]
+            if outcome == "hang":
+                self.client_argv.append(spec.argv)
+                hang = [sys.executable, "-c", "import time; time.sleep(120)"]
+                step = Step(spec, subprocess.Popen(hang, start_new_session=True))
+            else:
+                step = super().start(spec)
+            self.clients.append(step)
+            return step
+        if spec.name.startswith("proxy-"):
+            port = spec.argv[spec.argv.index("--listen") + 1].rpartition(":")[2]
+        else:
+            port = spec.argv[spec.argv.index("--port") + 1]
+        step = Step(spec, subprocess.Popen([sys.executable, "-c", STAND_IN, port], start_new_session=True))
+        (self.proxies if spec.name.startswith("proxy-") else self.servers).append(step)
+        return step
+
+
+def _serving_controller(tmp_path: Path, launcher: ServingLauncher, client_retries: int) -> tuple[Controller, Inputs]:
+    from ddslurm.config import DeploymentPlan, ReplicaPlan, ServingPlan
+
+    layout = RunLayout(tmp_path / "run-1")
+    layout.root.mkdir()
+    replicas = tuple(ReplicaPlan(index=i, gpus=1, cpus=1) for i in range(2))
+    deployment = DeploymentPlan(
+        alias="gen", model="m", served_model_name="served", tensor_parallel=1, replicas=replicas, startup_timeout=30,
+        proxy=True,
+    )  # fmt: skip
+    serving = ServingPlan(deployments=(deployment,), gpus=2, vllm_executable=str(tmp_path / "no-vllm"))
+    plan = make_plan("run-1", (4,), client_retries=client_retries, serving=serving)
+    atomic_write(layout.plan, encode(plan))
+    inputs = Inputs(plan=plan, plan_sha256="-", recipe={}, snapshot=ProviderSnapshot())
+    runner = AttemptRunner(
+        layout, engine=lambda r: pytest.fail("no engine here"), env={}, make_logger=lambda s: new_logger(s)
+    )
+    controller = Controller(
+        runner,
+        launcher=launcher,
+        env={"CUDA_VISIBLE_DEVICES": "0,1"},
+        runtime_exe=Path("/x/ddslurm-runtime"),
+        run_dir=layout.root,
+        logger=new_logger(io.BytesIO()),
+        http=httpx.Client(),
+        stop=StopSignal(),
+        grace=2.0,
+        poll=0.05,
+    )
+    return controller, inputs
+
+
+def _kill_first_proxy_once_the_client_runs(launcher: ServingLauncher) -> threading.Thread:
+    def kill() -> None:
+        deadline = time.monotonic() + 30
+        while not launcher.clients and time.monotonic() < deadline:
+            time.sleep(0.02)
+        launcher.proxies[0].proc.kill()
+
+    thread = threading.Thread(target=kill, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize(
+    ("outcomes", "retries", "code", "state", "proxies"),
+    [
+        pytest.param(["hang"], 0, 1, "failed", 1, id="no-rerun-fails-with-proxy-died"),
+        pytest.param(["hang", "ok"], 1, 0, "succeeded", 2, id="rerun-restarts-the-proxy-first"),
+    ],
+)
+def test_a_dead_proxy_stops_the_client_and_the_rerun_restarts_it(
+    tmp_path: Path, outcomes: list[str], retries: int, code: int, state: str, proxies: int
+) -> None:
+    launcher = ServingLauncher(outcomes)
+    controller, inputs = _serving_controller(tmp_path, launcher, retries)
+    killer = _kill_first_proxy_once_the_client_runs(launcher)
+    started = time.monotonic()
+    job = f"910{retries}"  # ports derive from the job id: distinct ones for tests running side by side
+    assert controller.run(inputs, 0, job, "n1") == code
+    killer.join()
+    assert time.monotonic() - started < 15  # the hanging client was stopped at once, not waited for
+    record = read_json(RunLayout(tmp_path / "run-1").shard(0).attempt(f"attempt-{job}").record, AttemptRecord)
+    assert record.state == state
+    if state == "failed":
+        assert (record.reason, record.retryable) == ("proxy_died", True)
+        assert "proxy-gen" in (record.message or "") and "exited with status -9" in (record.message or "")
+    assert len(launcher.proxies) == proxies and len(launcher.clients) == len(outcomes)
+    assert launcher.clients[0].proc.returncode is not None and launcher.clients[0].proc.returncode < 0  # stopped
+    if proxies == 2:  # the new proxy was up before the client ran again, in front of both replicas
+        assert launcher.proxies[1].spec.argv.count("--upstream") == 2
+    assert all(s.poll() is not None for s in [*launcher.proxies, *launcher.servers, *launcher.clients])

@@ -2,11 +2,14 @@
 
     hosted-only:  begin attempt ─► client step ─► teardown
     with models:  begin attempt ─► GPU check ─► server steps ─► ready? ─► proxy steps ─► client step
-                  ─► watch (a replica that dies leaves rotation; no replica left fails the attempt) ─► teardown
+                  ─► watch (a replica that dies leaves rotation; no replica left fails the attempt; a proxy
+                     that dies or stops answering fails the client run with proxy_died) ─► teardown
 
 Every process is a step started by the injected launcher (``srun`` in a job). Secrets reach only the client
-step's environment. Teardown always runs: on success, failure, cancellation (SIGTERM) or the time-limit
-warning (SIGUSR1 from ``#SBATCH --signal``), and the attempt record says why it ended.
+step's environment. A retryable failure of the client run (``client_retries``) reruns the client with the
+servers kept; a proxy that died is started again first. Teardown always runs: on success, failure,
+cancellation (SIGTERM) or the time-limit warning (SIGUSR1 from ``#SBATCH --signal``), and the attempt record
+says why it ended.
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ import httpx
 from ddslurm.config import AttemptRecord, ServingPlan, atomic_write, encode_pretty, read_json, read_tail
 from ddslurm.runtime._attempt import EXIT_OK, AttemptRunner, Began, Inputs, exit_code_for
 from ddslurm.runtime._serving import (
+    ProxyDiedError,
     ServerDiedError,
+    answers,
     check_gpus,
     choose_ports,
     is_healthy,
@@ -100,6 +105,23 @@ class Replica:
         return f"http://{HOST}:{self.port}"
 
 
+@dataclass(slots=True)
+class ProxyStep:
+    """The balancing endpoint of one alias: the client's only way to its replicas, so it is watched too."""
+
+    alias: str
+    port: int
+    step: Step
+    log: Path
+    """The proxy's structured log (``proxy-<alias>.log``); the step's own output is ``step.spec.log``."""
+    hung: bool = False
+    """Stopped by the controller because it no longer answered."""
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+
 class Controller:
     def __init__(
         self,
@@ -132,6 +154,7 @@ class Controller:
         self._health_interval = health_interval
         self._unhealthy_limit = unhealthy_limit
         self._steps: list[Step] = []
+        self._proxies: dict[str, ProxyStep] = {}
         self._secrets: tuple[str, ...] = ()
 
     def run(self, inputs: Inputs, shard: int, job_id: str, node: str, restart: int = 0) -> int:
@@ -170,6 +193,7 @@ class Controller:
                 log.warning("client.rerun", run=runs + 1, reason=record.reason, why="servers kept; resuming batches")
                 self._runner.rerun(began)
                 self._steps.remove(client)
+                endpoints.update(self._restart_dead_proxies(replicas, began, memory, log))
                 client = self._start_client(inputs, began, endpoints, memory, resume=True)
                 runs += 1
                 continue
@@ -239,24 +263,53 @@ class Controller:
             if not dep.proxy:
                 urls[dep.alias] = replicas[dep.alias][0].url
                 continue
-            port = next(ports)
-            argv = [str(self._runtime_exe), "proxy", "--listen", f"{HOST}:{port}"]
-            for replica in replicas[dep.alias]:
-                argv += ["--upstream", replica.url]
-            log_path = began.layout.dir / f"proxy-{dep.alias}.log"
-            spec = StepSpec(
-                name=f"proxy-{dep.alias}",
-                argv=(*argv, "--log", str(log_path)),
-                env=without(self._env, self._secrets),
-                log=began.layout.dir / f"proxy-{dep.alias}.out",
-                cpus=serving.proxy_cpus,
-                mem_mb=memory.proxy,
-            )
-            step = self._start(spec)
-            url = f"http://{HOST}:{port}"
-            self._wait_ready(step, url, None, 60.0)
-            log.info("proxy.ready", alias=dep.alias, port=port, upstreams=[r.url for r in replicas[dep.alias]])
-            urls[dep.alias] = url
+            proxy = self._start_proxy(dep.alias, next(ports), replicas[dep.alias], began, serving.proxy_cpus, memory)
+            log.info("proxy.ready", alias=dep.alias, port=proxy.port, upstreams=[r.url for r in replicas[dep.alias]])
+            urls[dep.alias] = proxy.url
+        return urls
+
+    def _start_proxy(
+        self, alias: str, port: int, upstreams: list[Replica], began: Began, cpus: int, memory: MemorySplit
+    ) -> ProxyStep:
+        argv = [str(self._runtime_exe), "proxy", "--listen", f"{HOST}:{port}"]
+        for replica in upstreams:
+            argv += ["--upstream", replica.url]
+        log_path = began.layout.dir / f"proxy-{alias}.log"
+        spec = StepSpec(
+            name=f"proxy-{alias}",
+            argv=(*argv, "--log", str(log_path)),
+            env=without(self._env, self._secrets),
+            log=began.layout.dir / f"proxy-{alias}.out",
+            cpus=cpus,
+            mem_mb=memory.proxy,
+        )
+        proxy = ProxyStep(alias, port, self._start(spec), log_path)
+        self._proxies[alias] = proxy
+        self._wait_ready(proxy.step, proxy.url, None, 60.0)
+        return proxy
+
+    def _free_port(self, replicas: dict[str, list[Replica]], began: Began) -> int:
+        used = {r.port for reps in replicas.values() for r in reps} | {p.port for p in self._proxies.values()}
+        [port] = choose_ports([None], f"{began.record.job_id}8", lambda p: p not in used and port_is_free(p))
+        return port
+
+    def _restart_dead_proxies(
+        self, replicas: dict[str, list[Replica]], began: Began, memory: MemorySplit, log: Any
+    ) -> dict[str, str]:
+        """Start every proxy that has exited again, in front of the replicas still running, before the client
+        runs again (on its old port when that is free); the new endpoint of each alias restarted."""
+        urls: dict[str, str] = {}
+        for alias, old in list(self._proxies.items()):
+            if old.step.poll() is None:
+                continue
+            self._steps.remove(old.step)
+            alive = [r for r in replicas[alias] if r.step.poll() is None]
+            if not alive:
+                raise ServerDiedError(f"no replica of {alias!r} is left to restart its proxy in front of")
+            port = old.port if port_is_free(old.port) else self._free_port(replicas, began)
+            proxy = self._start_proxy(alias, port, alive, began, old.step.spec.cpus, memory)
+            log.warning("proxy.restarted", alias=alias, port=port, upstreams=[r.url for r in alive])
+            urls[alias] = proxy.url
         return urls
 
     def _record_serving(
@@ -334,6 +387,9 @@ class Controller:
                 if not alive:
                     tails = "\n".join(f"--- {r.step.spec.log}:\n{read_tail(r.step.spec.log)}" for r in reps)
                     raise ServerDiedError(f"every replica of {alias!r} exited during generation\n{tails}")
+            dead = next((p for p in self._proxies.values() if p.step.poll() is not None), None)
+            if dead is not None:
+                return self._proxy_died(dead, client, began, log)
             self._sleep(self._poll)
         record = read_json(began.layout.record, AttemptRecord)
         if record.state == "running":
@@ -347,9 +403,46 @@ class Controller:
             record = read_json(began.layout.record, AttemptRecord)
         return record
 
+    def _proxy_died(self, proxy: ProxyStep, client: Step, began: Began, log: Any) -> AttemptRecord:
+        """The client's endpoint is gone: stop the client at once (it would only retry against nothing and drop
+        rows) and fail its run with ``proxy_died`` (retryable: a rerun starts the proxy again)."""
+        status = proxy.step.poll()
+        why = (
+            f"stopped after {self._unhealthy_limit} health checks in a row without an answer"
+            if proxy.hung
+            else f"exited with status {status}"
+        )
+        log.error("proxy.died", step=proxy.step.name, status=status, hung=proxy.hung, why="stopping the client")
+        client_status = client.stop(self._grace) if client.poll() is None else client.poll()
+        log.info("step.stopped", step=client.name, status=client_status)
+        tails = "".join(
+            f"\n--- {path}:\n{tail}" for path in (proxy.step.spec.log, proxy.log) if (tail := read_tail(path).strip())
+        )
+        self._runner.fail(
+            began,
+            ProxyDiedError(
+                f"{proxy.step.name}, the endpoint of {proxy.alias!r} at {proxy.url}, {why} during generation; "
+                f"the client was stopped{tails}"
+            ),
+        )
+        return read_json(began.layout.record, AttemptRecord)
+
     def _check_health(self, replicas: dict[str, list[Replica]], failures: dict[str, int], log: Any) -> None:
         """A live replica that stops answering /health (hung, holding its port) is stopped after
-        ``unhealthy_limit`` checks in a row, so it leaves the proxy's rotation and counts as dead."""
+        ``unhealthy_limit`` checks in a row, so it leaves the proxy's rotation and counts as dead. A proxy that
+        stops answering at all is stopped the same way (and then counts as a dead proxy)."""
+        for proxy in self._proxies.values():
+            if proxy.step.poll() is not None:
+                continue
+            if answers(self._http, proxy.url):
+                failures.pop(proxy.step.name, None)
+                continue
+            failures[proxy.step.name] = failures.get(proxy.step.name, 0) + 1
+            log.warning("proxy.unresponsive", step=proxy.step.name, checks=failures[proxy.step.name])
+            if failures[proxy.step.name] >= self._unhealthy_limit:
+                log.error("proxy.hung", step=proxy.step.name, why="no answer; stopping it")
+                proxy.hung = True
+                proxy.step.stop(self._grace)
         for reps in replicas.values():
             for r in reps:
                 if r.step.poll() is not None:

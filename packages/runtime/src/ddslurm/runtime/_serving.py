@@ -35,6 +35,16 @@ class ServerDiedError(ServerError):
     reason = "server_died"
 
 
+class ProxyDiedError(ServerError):
+    """The balancing proxy of an alias exited (or stopped answering) while the client depended on it.
+
+    Retryable: the controller restarts the proxy before it reruns the client (``client_retries``), and a new
+    attempt starts one of its own."""
+
+    reason = "proxy_died"
+    retryable = True
+
+
 class GpuMismatchError(RuntimeFailure):
     reason = "gpu_mismatch"
 
@@ -123,6 +133,16 @@ def is_healthy(client: httpx.Client, base_url: str) -> bool:
         return client.get(f"{base_url}/health", timeout=HEALTH_TIMEOUT_S).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def answers(client: httpx.Client, base_url: str) -> bool:
+    """Whether anything answers ``GET /health`` at all (any status): the process is alive and serving, even
+    if it reports itself unhealthy (a proxy says 503 while none of its replicas is healthy)."""
+    try:
+        client.get(f"{base_url}/health", timeout=HEALTH_TIMEOUT_S)
+    except httpx.HTTPError:
+        return False
+    return True
 
 
 def _serves(client: httpx.Client, base_url: str, served_name: str) -> bool:
