@@ -290,3 +290,52 @@ def test_a_hung_proxy_is_stopped_and_fails_the_client_run(make_run_files: Any, l
     assert "without an answer" in (record.message or "")
     assert time.monotonic() - stopped < 40
     _no_processes_left(run_dir)
+
+
+@pytest.mark.parametrize("limit", ["0", "null"])
+def test_answers_without_choices_fail_the_attempt_with_counts_per_column(
+    make_run_files: Any, local_attempt: Any, tmp_path: Path, limit: str
+) -> None:
+    """The generator answers about half of its requests with HTTP 200 and no ``choices``; Data Designer stores
+    those as empty text (an llm-code column would retry them: its parser finds no code). With
+    ``max_empty_outputs: 0`` (the default) nothing is published and the record says how many values of which
+    column were empty; ``null`` turns the check off."""
+    import yaml
+
+    recipe_dir = tmp_path / f"recipe-{limit}"
+    recipe_dir.mkdir()
+    recipe = yaml.safe_load(MIXED_RECIPE.read_text())
+    for column in recipe["data_designer"]["columns"]:
+        if column["name"] == "sql":  # the generator's column as LLM text
+            column["column_type"] = "llm-text"
+            del column["code_lang"]
+    (recipe_dir / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    (recipe_dir / "questions.csv").write_bytes((MIXED_RECIPE.parent / "questions.csv").read_bytes())
+    files = make_run_files(
+        f"no-choices-{limit}",
+        num_records=12,
+        shards=1,
+        buffer_size=6,
+        recipe=recipe_dir / "recipe.yaml",
+        extra_run=_deployment(env={"FAKE_VLLM_NO_CHOICES_RATE": "0.5"})
+        + f"client_retries: 0\nmax_empty_outputs: {limit}\n",
+    )
+    run_dir, code, _ = _run(local_attempt, files, f"8{len(limit)}")
+    record = _record(run_dir, f"8{len(limit)}")
+    winner = run_dir / "shards" / "shard-00000" / "winner.json"
+    if limit == "null":  # what every run did before the check: the empty answers are published
+        assert code == 0 and record.state == "succeeded" and winner.exists(), record
+        import pyarrow.parquet as pq
+
+        published = read_json(winner, WinnerRecord)
+        assert "" in pq.read_table(Path(published.dataset_dir) / "parquet-files").column("sql").to_pylist()
+        return
+    assert code == 1
+    assert (record.state, record.reason, record.retryable) == ("failed", "empty_outputs", True), record
+    assert "sql: " in (record.message or "") and " of 12" in (record.message or "")
+    assert "max_empty_outputs: 0" in (record.message or "")
+    assert not winner.exists()
+    attempt = run_dir / "shards" / "shard-00000" / "attempts" / f"attempt-8{len(limit)}"
+    assert not (attempt / "output" / "shard-00000").exists()  # set aside: no rerun or retry resumes it
+    assert len(list((attempt / "output").glob("rejected-shard-00000-*"))) == 1
+    _no_processes_left(run_dir)
