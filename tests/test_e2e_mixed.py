@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -98,7 +99,13 @@ def test_mixed_run_local_generator_two_replicas_and_hosted_judge(
     assert gpus == ["CUDA_VISIBLE_DEVICES=0,1", "CUDA_VISIBLE_DEVICES=2,3"]
     assert all(key not in d and "DEMO_HOSTED_API_KEY" not in d for d in dumps)
     # The proxy balanced and stopped cleanly; the judge went to the hosted stand-in with the key.
-    proxy_log = [json.loads(line) for line in (attempt / "proxy-generator.log").read_text().splitlines()]
+    # `wait` returns on the attempt's record; the allocation's teardown (TERM to the proxy) follows it.
+    deadline = time.monotonic() + 60
+    while True:
+        proxy_log = [json.loads(line) for line in (attempt / "proxy-generator.log").read_text().splitlines()]
+        if proxy_log[-1]["event"] == "proxy.stopped" or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     assert proxy_log[-1]["event"] == "proxy.stopped"
     hosted = [json.loads(line) for line in hosted_endpoint.request_log.read_text().splitlines()[before:]]
     judge = [r for r in hosted if r["model"] == "demo/judge-70b" and r["path"].endswith("/chat/completions")]

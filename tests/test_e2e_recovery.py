@@ -121,6 +121,9 @@ def test_shard_killed_by_its_time_limit_is_retried_automatically(make_run_files:
     )
     run_text = files.run_file.read_text().replace("time_limit: '00:10:00'", "time_limit: 2")
     files.run_file.write_text(run_text)
+    # Data Designer's own request timeout (60 s by default) must not end the hanging requests before the limit.
+    recipe = files.root / "recipe.yaml"
+    recipe.write_text(recipe.read_text().replace("timeout: null", "timeout: 600"))
     (files.dd_home / "model_providers.yaml").write_text(
         f"providers:\n- {{name: demo-hosted, endpoint: 'http://127.0.0.1:{port}/v1', api_key: DEMO_HOSTED_API_KEY}}\n"
     )

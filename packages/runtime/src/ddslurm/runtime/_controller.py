@@ -23,7 +23,15 @@ from typing import Any
 
 import httpx
 
-from ddslurm.config import AttemptRecord, ServingPlan, atomic_write, encode_pretty, read_json, read_tail
+from ddslurm.config import (
+    AttemptRecord,
+    RunLayout,
+    ServingPlan,
+    atomic_write,
+    encode_pretty,
+    read_json,
+    read_tail,
+)
 from ddslurm.runtime._attempt import EXIT_OK, AttemptRunner, Began, Inputs, exit_code_for
 from ddslurm.runtime._serving import (
     ProxyDiedError,
@@ -162,7 +170,10 @@ class Controller:
         slurm_log = str(self._run_dir / "logs" / f"slurm-{array}_{task}.out") if array and task else None
         began = self._runner.begin(inputs, shard, job_id, node, restart, slurm_log)
         if began is None:
-            self._log.info("attempt.superseded", shard=shard, why="shard already has a winner")
+            if RunLayout(self._run_dir).cancelled.exists():
+                self._log.info("attempt.cancelled", shard=shard, why="the run was cancelled (ddslurm cancel)")
+            else:
+                self._log.info("attempt.superseded", shard=shard, why="shard already has a winner")
             return EXIT_OK
         log = self._log.bind(shard=shard, attempt=began.record.attempt)
         log.info("attempt.started", records=began.num_records, node=node, job_id=job_id)
