@@ -88,7 +88,7 @@ def test_submit_writes_run_dir_and_exports_the_key_by_name_only(tmp_path: Path) 
     assert [s.num_records for s in plan.shards] == [4, 3, 3]
     assert plan.secret_env == ("HOSTED_KEY",)
     argv, call_env = next(c for c in runner.calls if c[0][0] == "sbatch")
-    assert argv[:3] == ["sbatch", "--parsable", "--export=HOSTED_KEY"]
+    assert argv[:3] == ["sbatch", "--parsable", "--export=ALL"]
     assert call_env is not None and call_env["HOSTED_KEY"] == KEY  # sbatch reads the value itself
     assert KEY.encode() not in _all_bytes(layout.root)
     assert b"OTHER_KEY" not in layout.snapshot.read_bytes()  # only the providers the run needs
@@ -272,7 +272,9 @@ def test_dry_run_prints_plan_and_script_and_writes_nothing(
         monkeypatch.setenv(k, v)
     assert main(["submit", str(run), "--profile", str(profile), "--dry-run"]) == 0
     text = capsys.readouterr().out
-    assert "#SBATCH --gres=none" in text and "--export=HOSTED_KEY" in text
+    assert "#SBATCH --gres=none" in text
+    assert "# sbatch --export=ALL from an environment of PATH, LANG, LC_ALL, LC_CTYPE, TZ, TMPDIR, SLURM_CONF, " in text
+    assert "HOSTED_KEY only" in text
     assert main(["submit", str(run), "--profile", str(profile), "--dry-run", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["plan"]["secret_env"] == ["HOSTED_KEY"] and "#SBATCH --array=0-2" in out["script"]
@@ -511,3 +513,27 @@ def test_accept_partial_publishes_the_best_candidate_once(tmp_path: Path) -> Non
         accept_partial(layout, [1])
     with pytest.raises(LauncherError, match="no partial result"):
         accept_partial(layout, [2])
+
+
+def test_jobs_get_exactly_the_environment_ddslurm_builds(tmp_path: Path) -> None:
+    """sbatch runs with --export=ALL in an environment of the allow-list and the run's key only: neither the rest
+    of the submitting shell nor (see tests/test_e2e_environment.py) the user's login files reach the job."""
+    run, profile, env = _files(tmp_path)
+    env |= {"LANG": "C.UTF-8", "OPENAI_API_KEY": "sk-unrelated", "SBATCH_ACCOUNT": "x", "SLURM_JOB_ID": "9"}
+    runner = RecordingRunner()
+    submit(run, profile, slurm=Slurm(runner, env={"PATH": "/elsewhere"}), env=env)
+    argv, call_env = next(c for c in runner.calls if c[0][0] == "sbatch")
+    assert "--export=ALL" in argv and not [a for a in argv if a.startswith("--export=") and a != "--export=ALL"]
+    assert call_env == {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOSTED_KEY": KEY}
+
+
+def test_collection_job_gets_only_the_allow_list() -> None:
+    from ddslurm.launcher._slurm import job_environment
+
+    runner = RecordingRunner()
+    env = {"PATH": "/usr/bin", "TZ": "UTC", "HOSTED_KEY": KEY, "HF_TOKEN": "hf_x", "HOME": "/root", "EMPTY": ""}
+    Slurm(runner, env=env).sbatch("/tmp/collect.sbatch")
+    assert runner.calls == [
+        (["sbatch", "--parsable", "--export=ALL", "/tmp/collect.sbatch"], {"PATH": "/usr/bin", "TZ": "UTC"})
+    ]
+    assert job_environment(env, ["HOME", "EMPTY", "UNSET"]) == {"PATH": "/usr/bin", "TZ": "UTC", "HOME": "/root"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -72,6 +73,24 @@ def parse_job_key(key: str) -> list[tuple[str, int | None]]:
     return [(key, None)]
 
 
+NODE_ENV_ALLOWED = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "SLURM_CONF")
+"""The submitting environment's variables a job gets besides the ones its submission names: where programs are,
+the locale and time zone, the temporary directory, and where Slurm's configuration is. Nothing else."""
+
+
+def job_environment(env: Mapping[str, str], names: Sequence[str] = ()) -> dict[str, str]:
+    """The whole environment a job gets: :data:`NODE_ENV_ALLOWED` and ``names`` as ``env`` has them (unset or
+    empty ones are left out). ``sbatch --export=ALL`` from exactly this environment: Slurm passes it on as it
+    is, and does not load the user's login environment (``--export=NONE`` and ``--export=NAME,...`` both make
+    the node run the user's login shell, ``~/.profile`` and ``~/.bashrc`` included, and keep what it sets)."""
+    out: dict[str, str] = {}
+    for name in (*NODE_ENV_ALLOWED, *names):
+        value = env.get(name)
+        if value:
+            out[name] = value
+    return out
+
+
 class Slurm:
     def __init__(self, runner: Runner = subprocess_runner, env: Mapping[str, str] | None = None) -> None:
         self._run = runner
@@ -85,9 +104,11 @@ class Slurm:
         return done.stdout
 
     def sbatch(self, script: str, *, export: Sequence[str] = (), env: Mapping[str, str] | None = None) -> str:
-        """Submit ``script`` (a path); only the variables named in ``export`` travel with the job."""
-        exported = ",".join(export) if export else "NONE"
-        out = self._check(["sbatch", "--parsable", f"--export={exported}", script], env)
+        """Submit ``script`` (a path). The job's environment is exactly :func:`job_environment` of the submitting
+        environment (``env``, else the client's, else this process's) and ``export``: sbatch runs in it with
+        ``--export=ALL``, so no login file of the user and nothing else of the submitting shell reaches the job."""
+        base = env if env is not None else self._env if self._env is not None else os.environ
+        out = self._check(["sbatch", "--parsable", "--export=ALL", script], job_environment(base, export))
         job_id = out.strip().split(";")[0]
         if not job_id.isdigit():
             raise SlurmError(["sbatch"], 0, f"unexpected output: {out!r}")

@@ -166,7 +166,9 @@ def submit_shards(
     kind: SubmissionKind = "initial",
 ) -> list[str]:
     """sbatch ``shards`` as arrays no larger than the cluster's MaxArraySize, each followed by the plan's
-    automatic retry arrays; secret variables travel by name (``--export=NAMES``). Returns the array ids."""
+    automatic retry arrays. The jobs get exactly the environment built here, never the user's login environment:
+    the exported names and a minimal allow-list (``Slurm.sbatch``: ``--export=ALL`` from that environment).
+    Returns the array ids."""
     missing = missing_env(list(plan.secret_env), env)
     if missing:
         raise SubmitError(
@@ -186,6 +188,19 @@ def submit_shards(
     return submitted
 
 
+def profile_env(plan: Plan) -> tuple[str, ...]:
+    """Variables of the submitting environment the cluster profile needs on the node, besides the exported names
+    and the minimal set every job gets (``_slurm.NODE_ENV_ALLOWED``): a container runtime finds its settings and
+    registry credentials under ``HOME`` (enroot's ``~/.config/enroot``, apptainer's ``~/.apptainer``)."""
+    serving = plan.serving
+    return ("HOME",) if serving is not None and serving.container_runtime != "none" else ()
+
+
+def job_variables(plan: Plan) -> tuple[str, ...]:
+    """Every variable of the submitting environment a generation job gets besides ``_slurm.NODE_ENV_ALLOWED``."""
+    return (*plan.secret_env, *profile_env(plan))
+
+
 def _sbatch(
     layout: RunLayout,
     plan: Plan,
@@ -202,7 +217,7 @@ def _sbatch(
     atomic_write(script_path, script.encode(), mode=0o700)
     if not layout.script.exists():
         atomic_write(layout.script, script.encode(), mode=0o700)
-    job_id = slurm.sbatch(str(script_path), export=plan.secret_env, env=env)
+    job_id = slurm.sbatch(str(script_path), export=job_variables(plan), env=env)
     record = SubmissionRecord(
         array_job_id=job_id,
         shards=tuple(shards),

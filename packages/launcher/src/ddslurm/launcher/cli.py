@@ -32,10 +32,10 @@ from ddslurm.collector import CollectError, collect_command
 from ddslurm.config import ConfigError, RunLayout, load_profile, read_plan
 from ddslurm.launcher._collect import collect_job_command
 from ddslurm.launcher._render import render_generation
-from ddslurm.launcher._slurm import Slurm
+from ddslurm.launcher._slurm import NODE_ENV_ALLOWED, Slurm
 from ddslurm.launcher._status import RunStatus, find_run, run_status
 from ddslurm.launcher._steer import accept_partial, cancel, log_files, retry
-from ddslurm.launcher._submit import prepare, submit
+from ddslurm.launcher._submit import job_variables, prepare, submit
 from ddslurm.launcher.errors import LauncherError, SlurmError
 from ddslurm.providers import ProvidersError
 from ddslurm.providers.cli import main as providers_main
@@ -106,7 +106,11 @@ def _dry_run(args: argparse.Namespace, env: Mapping[str, str], out: TextIO) -> i
         _json({"plan": prepared.plan, "script": script, "aliases": list(prepared.aliases)}, out)
     else:
         out.write(f"# dry run: nothing was written or submitted\n# run dir would be {prepared.layout.root}\n")
-        out.write(f"# sbatch --export={','.join(prepared.plan.secret_env) or 'NONE'} (values stay in your shell)\n")
+        names = ", ".join((*NODE_ENV_ALLOWED, *job_variables(prepared.plan)))
+        out.write(
+            f"# sbatch --export=ALL from an environment of {names} only (values stay in your shell; "
+            "the node reads no login file)\n"
+        )
         out.write(script)
     return EXIT_OK
 
