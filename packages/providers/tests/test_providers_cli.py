@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 
-from ddslurm.providers import AliasRow, load_recipe, resolve_run
-from ddslurm.providers.cli import format_table, main
+from ddslurm.providers import AliasRow, Resolution, check_endpoints, describe_run, load_recipe, resolve_run
+from ddslurm.providers.cli import exit_code, format_table, main
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "hosted-only"
 SECRET = "s3cr3t-VALUE-never-printed-9876543210"
@@ -49,12 +51,22 @@ def test_json(run_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
 
     captured = capsys.readouterr()
     assert SECRET not in captured.out + captured.err
-    row = {"kind": "hosted", "provider": "demo-hosted", "endpoint": ENDPOINT, "key_env": KEY_ENV, "key_set": True}
+    row = {
+        "kind": "hosted",
+        "provider": "demo-hosted",
+        "endpoint": ENDPOINT,
+        "key_env": KEY_ENV,
+        "key_set": True,
+        "key_scanned": True,
+        "key_literal": False,
+        "check": None,
+    }
     assert json.loads(captured.out) == {
         "aliases": [
             {"alias": "writer", **row, "model": "demo/writer-8b"},
             {"alias": "judge", **row, "model": "demo/judge-70b"},
-        ]
+        ],
+        "problems": [],
     }
 
 
@@ -70,30 +82,70 @@ def test_settings_come_from_the_home_directory_without_data_designer_home(
     assert [r["provider"] for r in json.loads(capsys.readouterr().out)["aliases"]] == ["demo-hosted"] * 2
 
 
-def test_unset_key_is_an_error(
+def test_unset_key_shows_the_table_with_the_key_marked_and_the_problem_below(
     run_file: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.delenv(KEY_ENV)
 
-    assert main([str(run_file)]) == 2
+    assert main([str(run_file)]) == 1
 
     captured = capsys.readouterr()
-    assert captured.out == ""
-    assert captured.err.startswith("error: 1 problem(s) resolving model providers:\n  - provider 'demo-hosted'")
-    assert f"environment variable {KEY_ENV} is unset or empty" in captured.err
+    assert captured.out.splitlines() == [
+        "ALIAS   KIND    PROVIDER     ENDPOINT                   MODEL           API KEY VARIABLE",
+        f"writer  hosted  demo-hosted  {ENDPOINT}  demo/writer-8b  {KEY_ENV} (UNSET)",
+        f"judge   hosted  demo-hosted  {ENDPOINT}  demo/judge-70b  {KEY_ENV} (UNSET)",
+    ]
+    assert captured.err.startswith("1 problem(s) would stop `ddslurm submit`:\n  - ")
+    assert f"providers[0].api_key: provider 'demo-hosted': environment variable {KEY_ENV} is unset" in captured.err
 
 
-def test_literal_key_is_an_error_and_is_not_echoed(
-    run_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_unset_key_in_json(run_file: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv(KEY_ENV)
+
+    assert main([str(run_file), "--json"]) == 1
+
+    out = json.loads(capsys.readouterr().out)
+    assert [(r["key_env"], r["key_set"]) for r in out["aliases"]] == [(KEY_ENV, False)] * 2
+    assert len(out["problems"]) == 1 and "is unset or empty" in out["problems"][0]
+
+
+def test_unresolved_aliases_are_rows_too(run_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    recipe = run_file.parent / "recipe.yaml"
+    recipe.write_text(recipe.read_text().replace("model_alias: judge", "model_alias: ghost"))
+
+    assert main([str(run_file)]) == 1
+
+    captured = capsys.readouterr()
+    assert "ghost   unresolved  -" in captured.out
+    assert "model alias 'ghost' has no deployment" in captured.err
+
+
+def test_placeholder_key_is_marked_not_scanned(
+    run_file: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv(KEY_ENV, "EMPTY")
+
+    assert main([str(run_file)]) == 0
+
+    out = capsys.readouterr().out
+    assert f"{KEY_ENV} (set; placeholder value, not scanned for)" in out
+    assert "EMPTY" not in out
+
+
+@pytest.mark.parametrize("literal", [f"sk-{SECRET}", "LIVEKEY7F3A9C0D1E2B55"])
+def test_literal_key_is_refused_and_never_echoed(
+    run_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], literal: str
 ) -> None:
     providers = tmp_path / "dd-home" / "model_providers.yaml"
-    providers.write_text(providers.read_text().replace(f"api_key: {KEY_ENV}", f"api_key: sk-{SECRET}"))
+    providers.write_text(providers.read_text().replace(f"api_key: {KEY_ENV}", f"api_key: {literal}"))
 
-    assert main([str(run_file)]) == 2
+    assert main([str(run_file)]) == 1
+    assert main([str(run_file), "--json"]) == 1
 
     captured = capsys.readouterr()
     assert "looks like a literal key" in captured.err
-    assert SECRET not in captured.out + captured.err
+    assert "(literal key, not shown)" in captured.out
+    assert literal not in captured.out + captured.err
 
 
 @pytest.mark.parametrize(
@@ -156,6 +208,68 @@ def test_resolve_run_uses_the_given_environment(run_file: Path, tmp_path: Path) 
     resolution = resolve_run(run_file, env)
     assert [m.alias for m in resolution.snapshot.models] == ["writer", "judge"]
     assert load_recipe(run_file.parent / "recipe.yaml")["library_version"] == "0.9.7"
+
+
+def main_rc(resolution: Resolution) -> int:
+    return exit_code(resolution, checked=True)
+
+
+class FakeFetch:
+    """Answers GET {endpoint}/models like the stand-in would; records what it was asked."""
+
+    def __init__(self, status: int = 200, models: tuple[str, ...] = ("demo/writer-8b", "demo/judge-70b")) -> None:
+        self.status, self.models = status, models
+        self.calls: list[tuple[str, dict[str, str]]] = []
+
+    def __call__(self, url: str, headers: Mapping[str, str], timeout: float) -> tuple[int, bytes]:
+        self.calls.append((url, dict(headers)))
+        if self.status == 0:
+            raise OSError("connection refused")
+        return self.status, json.dumps({"object": "list", "data": [{"id": m} for m in self.models]}).encode()
+
+
+@pytest.mark.parametrize(
+    ("fetch", "want", "rc"),
+    [
+        pytest.param(FakeFetch(), ["ok", "ok"], 0, id="listed-and-accepted"),
+        pytest.param(FakeFetch(401), ["key refused (HTTP 401)"] * 2, 1, id="key-refused"),
+        pytest.param(FakeFetch(models=("demo/writer-8b",)), ["ok", "model not listed by /models"], 1, id="not-listed"),
+        pytest.param(FakeFetch(0), ["unreachable: connection refused"] * 2, 1, id="unreachable"),
+        pytest.param(FakeFetch(503), ["HTTP 503 from /models"] * 2, 1, id="server-error"),
+    ],
+)
+def test_check(run_file: Path, fetch: FakeFetch, want: list[str], rc: int) -> None:
+    resolution = describe_run(run_file, os.environ)
+    checked = check_endpoints(resolution, os.environ, fetch=fetch)
+    assert [r.check for r in checked.rows] == want
+    assert fetch.calls == [(f"{ENDPOINT}/models", {"Authorization": f"Bearer {SECRET}"})]  # once per provider
+    assert SECRET not in repr(checked.rows)
+    assert main_rc(checked) == rc
+
+
+def test_check_is_off_by_default_and_skips_providers_with_problems(
+    run_file: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv(KEY_ENV)
+    fetch = FakeFetch()
+    checked = check_endpoints(describe_run(run_file, os.environ), os.environ, fetch=fetch)
+    assert [r.check for r in checked.rows] == [f"not checked: {KEY_ENV} is unset"] * 2
+    assert fetch.calls == []
+
+    assert main([str(run_file)]) == 1
+    assert "CHECK" not in capsys.readouterr().out
+
+
+def test_check_column_in_the_table(run_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rows = [
+        AliasRow("gen", "local", "ddslurm-local-gen", "(started in the job)", "llama", None, None),
+        AliasRow("judge", "hosted", "nv", "https://nv/v1", "big", "NV_KEY", True, True, check="ok"),
+    ]
+    assert format_table(rows, check=True).splitlines() == [
+        "ALIAS  KIND    PROVIDER           ENDPOINT              MODEL  API KEY VARIABLE  CHECK",
+        "gen    local   ddslurm-local-gen  (started in the job)  llama  -                 -",
+        "judge  hosted  nv                 https://nv/v1         big    NV_KEY (set)      ok",
+    ]
 
 
 def test_format_table_marks_unset_keys_and_local_rows() -> None:

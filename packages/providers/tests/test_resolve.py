@@ -210,8 +210,8 @@ def test_api_keys_appear_only_as_names(recipe: dict[str, Any], settings: NativeS
 def test_rows_describe_each_alias(recipe: dict[str, Any], settings: NativeSettings) -> None:
     rows = resolve(recipe, origin(), settings, (), ENV).rows
     assert rows == (
-        AliasRow("writer", "hosted", "demo-hosted", "http://127.0.0.1:18400/v1", "demo/writer-8b", KEY_ENV, True),
-        AliasRow("judge", "hosted", "demo-hosted", "http://127.0.0.1:18400/v1", "demo/judge-70b", KEY_ENV, True),
+        AliasRow("writer", "hosted", "demo-hosted", "http://127.0.0.1:18400/v1", "demo/writer-8b", KEY_ENV, True, True),
+        AliasRow("judge", "hosted", "demo-hosted", "http://127.0.0.1:18400/v1", "demo/judge-70b", KEY_ENV, True, True),
     )
 
 
@@ -441,11 +441,11 @@ def test_every_problem_is_reported_at_once(recipe: dict[str, Any], tmp_path: Pat
     text = "\n".join(problems)
     for fragment in (
         f"environment variable {KEY_ENV} is unset",
-        "extra_headers['X-Api-Key'] carries a credential",
+        "providers[0].extra_headers['X-Api-Key']: provider 'demo-hosted': carries a credential",
         "model alias 'ghost' has no deployment",
         "model alias 'orphan'",
         "provider 'nowhere' does not exist",
-        "deployment for model alias 'unused'",
+        "no column of the recipe uses model alias 'unused'",
     ):
         assert fragment in text
     assert str(info.value).startswith("5 problem(s) resolving model providers:\n")

@@ -122,9 +122,13 @@ def test_load_settings_accepts_both_shapes(tmp_path: Path, providers: str, model
 
     assert settings.directory == directory
     assert tuple(p for p, _ in settings.providers) == WANT_PROVIDERS
-    assert [o for _, o in settings.providers] == [Origin(directory / PROVIDERS_FILE)] * 2
+    assert [o for _, o in settings.providers] == [
+        Origin(directory / PROVIDERS_FILE, steps=("providers", 0)),
+        Origin(directory / PROVIDERS_FILE, steps=("providers", 1)),
+    ]
     [(model, origin)] = settings.models
-    assert origin == Origin(directory / MODEL_CONFIGS_FILE)
+    assert origin == Origin(directory / MODEL_CONFIGS_FILE, steps=("model_configs", 0))
+    assert origin.at("provider") == f"{directory / MODEL_CONFIGS_FILE}:4:3: model_configs[0].provider"
     assert (model.alias, model.model, model.provider, model.skip_health_check) == (
         "gen",
         "served-name",

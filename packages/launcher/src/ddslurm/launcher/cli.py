@@ -1,7 +1,7 @@
 """``ddslurm``: run Data Designer recipes on Slurm.
 
     ddslurm submit RUN.yaml --profile PROFILE.yaml   capture inputs, compile the plan, submit the array
-    ddslurm providers RUN.yaml                       how each model alias resolves (local or hosted)
+    ddslurm providers RUN.yaml [--check]             how each model alias resolves; --check asks hosted endpoints
     ddslurm status RUN [--json] [--watch]            the run and every shard
     ddslurm wait RUN [--json]                        wait until the run ends; exit 0 only if it succeeded
     ddslurm cancel RUN [--shards 1,3]                cancel the whole run (every array) or the shards' tasks
@@ -332,9 +332,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", type=Path, required=True)
     p.add_argument("--json", action="store_true")
     p.add_argument("--dry-run", action="store_true", help="validate and print the plan and script; submit nothing")
-    p = sub.add_parser("providers", help="show how the run's model aliases resolve")
+    p = sub.add_parser("providers", help="show how the run's model aliases resolve, and what would stop a submit")
     p.add_argument("run_file", type=Path)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--check", action="store_true", help="ask each hosted endpoint for the model and accept the key")
+    p.add_argument("--timeout", default="10", help="seconds per endpoint for --check")
     for name, help_text in (
         ("status", "show a run"),
         ("wait", "wait for a run to end"),
@@ -391,7 +393,8 @@ COMMANDS = {
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "providers":
-        return providers_main([str(args.run_file), *(["--json"] if args.json else [])])
+        flags = [*(["--json"] if args.json else []), *(["--check", "--timeout", args.timeout] if args.check else [])]
+        return providers_main([str(args.run_file), *flags])
     env = os.environ
     try:
         return COMMANDS[args.command](args, Slurm(env=env), env, sys.stdout)

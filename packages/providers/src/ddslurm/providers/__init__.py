@@ -4,7 +4,9 @@ Only :mod:`ddslurm.providers.discovery` looks at the home directory; everything 
 and an explicit environment mapping.
 """
 
-from ddslurm.providers._capture import load_recipe, resolve_run
+from ddslurm.providers._capture import describe_run, load_recipe, resolve_run
+from ddslurm.providers._check import EndpointChecker, Fetch, check_endpoints, urllib_fetch
+from ddslurm.providers._compare import same_model_config
 from ddslurm.providers._native import (
     MODEL_CONFIGS_FILE,
     PROVIDERS_FILE,
@@ -17,19 +19,37 @@ from ddslurm.providers._native import (
 from ddslurm.providers._resolve import (
     LOCAL_PROVIDER_PREFIX,
     AliasRow,
+    ModelComparer,
     Resolution,
+    describe,
     recipe_section,
     resolve,
     used_aliases,
 )
-from ddslurm.providers._secrets import is_credential_header, is_env_var_name, missing_env
+from ddslurm.providers._secrets import (
+    PLACEHOLDER_MIN_LENGTH,
+    body_credentials,
+    is_credential_header,
+    is_credential_key,
+    is_env_var_name,
+    is_placeholder_secret,
+    looks_like_credential,
+    missing_env,
+    placeholder_secrets,
+    redact_url,
+    url_credentials,
+)
 from ddslurm.providers.errors import ProvidersError, ResolutionError, SettingsError
 
 __all__ = [
     "LOCAL_PROVIDER_PREFIX",
     "MODEL_CONFIGS_FILE",
+    "PLACEHOLDER_MIN_LENGTH",
     "PROVIDERS_FILE",
     "AliasRow",
+    "EndpointChecker",
+    "Fetch",
+    "ModelComparer",
     "NativeModelConfig",
     "NativeProvider",
     "NativeSettings",
@@ -38,13 +58,25 @@ __all__ = [
     "Resolution",
     "ResolutionError",
     "SettingsError",
+    "body_credentials",
+    "check_endpoints",
+    "describe",
+    "describe_run",
     "is_credential_header",
+    "is_credential_key",
     "is_env_var_name",
+    "is_placeholder_secret",
     "load_recipe",
     "load_settings",
+    "looks_like_credential",
     "missing_env",
+    "placeholder_secrets",
     "recipe_section",
+    "redact_url",
     "resolve",
     "resolve_run",
+    "same_model_config",
+    "url_credentials",
+    "urllib_fetch",
     "used_aliases",
 ]

@@ -6,17 +6,19 @@ absent). Inference parameters are kept as written, so hosted aliases keep their 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
-from ddslurm.config import ConfigFileError, load_struct
+from ddslurm.config import ConfigError, ConfigFileError, load_struct, locate, read_yaml
 from ddslurm.providers.errors import SettingsError
 
 PROVIDERS_FILE = "model_providers.yaml"
 MODEL_CONFIGS_FILE = "model_configs.yaml"
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class NativeProvider(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -44,15 +46,52 @@ class _ModelConfigsFile(msgspec.Struct, frozen=True, kw_only=True):
     model_configs: tuple[NativeModelConfig, ...] = ()
 
 
+Step = str | int
+
+
+def field_text(steps: tuple[Step, ...] | list[Step]) -> str:
+    """``("providers", 0, "extra_headers", "X-Title")`` → ``providers[0].extra_headers['X-Title']``."""
+    out = ""
+    for step in steps:
+        if isinstance(step, int):
+            out += f"[{step}]"
+        elif _IDENTIFIER.fullmatch(step):
+            out += f".{step}" if out else step
+        else:
+            out += f"[{step!r}]"
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class Origin:
-    """Where a definition came from, for error messages."""
+    """Where a definition came from, for error messages: a file and the field path of the entry in it."""
 
     path: Path
     line: int | None = None
+    steps: tuple[Step, ...] = ()
 
     def __str__(self) -> str:
         return f"{self.path}:{self.line}" if self.line is not None else str(self.path)
+
+    def at(self, *more: Step, shown: str | None = None) -> str:
+        """``file:line:col: field`` of a field under this entry (line and column looked up in the file).
+
+        ``more`` is the path used to find the line; ``shown`` replaces its text when the deepest part is not a
+        plain key (a nested ``extra_body`` path)."""
+        steps = (*self.steps, *more)
+        line, col = self.line, None
+        if steps:
+            try:
+                found = locate(read_yaml(self.path), list(steps))
+            except ConfigError:
+                found = (None, None)
+            if found[0] is not None:
+                line, col = found
+        where = str(self.path)
+        if line is not None:
+            where += f":{line}" + (f":{col}" if col is not None else "")
+        text = shown if shown is not None else field_text(steps)
+        return f"{where}: {text}" if text else where
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,10 +131,10 @@ def load_settings(directory: Path) -> NativeSettings:
     try:
         if providers_path.is_file():
             pfile = load_struct(providers_path, _ProvidersFile, prepare=_lower_provider_type)
-            providers = [(p, Origin(providers_path)) for p in pfile.providers]
+            providers = [(p, Origin(providers_path, steps=("providers", i))) for i, p in enumerate(pfile.providers)]
         if models_path.is_file():
             mfile = load_struct(models_path, _ModelConfigsFile, prepare=_null_list("model_configs"))
-            models = [(m, Origin(models_path)) for m in mfile.model_configs]
+            models = [(m, Origin(models_path, steps=("model_configs", i))) for i, m in enumerate(mfile.model_configs)]
     except ConfigFileError as exc:
         raise SettingsError(str(exc)) from exc
     return NativeSettings(directory=directory, providers=tuple(providers), models=tuple(models))

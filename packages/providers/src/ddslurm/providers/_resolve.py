@@ -2,18 +2,40 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import re
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import msgspec
 
 from ddslurm.config import Deployment, ProviderSnapshot, SnapshotModel, SnapshotProvider
-from ddslurm.providers._native import NativeModelConfig, NativeProvider, NativeSettings, Origin
-from ddslurm.providers._secrets import is_credential_header, is_env_var_name, missing_env
+from ddslurm.providers._compare import same_model_config
+from ddslurm.providers._native import (
+    PROVIDERS_FILE,
+    NativeModelConfig,
+    NativeProvider,
+    NativeSettings,
+    Origin,
+    Step,
+    field_text,
+)
+from ddslurm.providers._secrets import (
+    body_credentials,
+    is_credential_header,
+    is_env_var_name,
+    is_placeholder_secret,
+    looks_like_credential,
+    missing_env,
+    redact_url,
+    url_credentials,
+)
 from ddslurm.providers.errors import ResolutionError
 
 LOCAL_PROVIDER_PREFIX = "ddslurm-local-"
+
+ModelComparer = Callable[[Mapping[str, Any], Mapping[str, Any]], bool]
+"""Whether two model configs (plain data) are the same one; the default asks Data Designer's ``ModelConfig``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,18 +43,28 @@ class AliasRow:
     """One line of the resolution table shown to users (never holds a secret value)."""
 
     alias: str
-    kind: Literal["local", "hosted"]
+    kind: Literal["local", "hosted", "unresolved"]
     provider: str
     endpoint: str
+    """The endpoint as shown: credentials in it (refused anyway) replaced by ``***``."""
     model: str
     key_env: str | None
+    """The API-key variable's name; None without a key, or when ``api_key`` is a literal key (never shown)."""
     key_set: bool | None
+    key_scanned: bool | None = None
+    """False when the key's value is a placeholder (``EMPTY``, ``none``): attempts do not scan their files for it."""
+    key_literal: bool = False
+    """``api_key`` holds a literal key rather than a variable name (refused; the value is never shown)."""
+    check: str | None = None
+    """The reachability check's result (``ddslurm providers --check``), None when not checked."""
 
 
 @dataclass(frozen=True, slots=True)
 class Resolution:
     snapshot: ProviderSnapshot
     rows: tuple[AliasRow, ...]
+    problems: tuple[str, ...] = ()
+    """What stops a submission (:func:`describe` only; :func:`resolve` raises instead). Never holds a value."""
 
 
 def recipe_section(recipe: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -41,101 +73,219 @@ def recipe_section(recipe: Mapping[str, Any]) -> Mapping[str, Any]:
     return section if isinstance(section, Mapping) else recipe
 
 
-def _walk_aliases(node: Any) -> Iterator[str]:
+def _section_steps(recipe: Mapping[str, Any]) -> tuple[Step, ...]:
+    return ("data_designer",) if isinstance(recipe.get("data_designer"), Mapping) else ()
+
+
+def _walk_aliases(node: Any, steps: tuple[Step, ...]) -> Iterator[tuple[str, tuple[Step, ...]]]:
     if isinstance(node, Mapping):
         for key, value in node.items():
             if key == "model_alias" and isinstance(value, str):
-                yield value
+                yield value, (*steps, key)
             else:
-                yield from _walk_aliases(value)
+                yield from _walk_aliases(value, (*steps, str(key)))
     elif isinstance(node, list | tuple):
-        for item in node:
-            yield from _walk_aliases(item)
+        for index, item in enumerate(node):
+            yield from _walk_aliases(item, (*steps, index))
+
+
+def _alias_uses(recipe: Mapping[str, Any]) -> dict[str, tuple[Step, ...]]:
+    """Each model alias the recipe's columns use, with the field path of its first use."""
+    steps = (*_section_steps(recipe), "columns")
+    seen: dict[str, tuple[Step, ...]] = {}
+    for alias, where in _walk_aliases(recipe_section(recipe).get("columns") or [], steps):
+        seen.setdefault(alias, where)
+    return seen
 
 
 def used_aliases(recipe: Mapping[str, Any]) -> tuple[str, ...]:
     """Model aliases referenced by the recipe's columns, in order of first use."""
-    seen: dict[str, None] = {}
-    for alias in _walk_aliases(recipe_section(recipe).get("columns") or []):
-        seen.setdefault(alias, None)
-    return tuple(seen)
+    return tuple(_alias_uses(recipe))
+
+
+_AT = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
+_STEP = re.compile(r"\.([^.\[\]]+)|\[(\d+)\]")
+_UNKNOWN = re.compile(r"^Object contains unknown field `(?P<name>[^`]+)`$")
+_MISSING = re.compile(r"^Object missing required field `(?P<name>[^`]+)`$")
+
+
+def _validation_problem(origin: Origin, exc: msgspec.ValidationError) -> str:
+    match = _AT.match(str(exc))
+    message, path = (match.group("msg"), match.group("path") or "") if match else (str(exc), "")
+    steps: list[Step] = [int(i) if i else name for name, i in _STEP.findall(path)]
+    if unknown := _UNKNOWN.match(message):
+        steps.append(unknown.group("name"))
+        message = "unknown field (Data Designer's model configs have alias, model, provider, inference_parameters, "
+        message += "skip_health_check)"
+    elif missing := _MISSING.match(message):
+        steps.append(missing.group("name"))
+        message = "required field is missing"
+    else:
+        message = message.replace("`", "")
+        message = message[:1].lower() + message[1:]
+    return f"{origin.at(*steps)}: {message}"
+
+
+def _recipe_definitions(
+    recipe: Mapping[str, Any], origin: Origin
+) -> tuple[tuple[tuple[NativeModelConfig, Origin], ...], list[str], set[str]]:
+    """The recipe's model configs that can be read, the problems of those that cannot, and their aliases."""
+    raw = recipe_section(recipe).get("model_configs") or []
+    base = Origin(origin.path, origin.line, (*origin.steps, *_section_steps(recipe), "model_configs"))
+    if not isinstance(raw, list):
+        try:
+            msgspec.convert(raw, tuple[NativeModelConfig, ...])
+        except msgspec.ValidationError as exc:
+            return (), [_validation_problem(base, exc)], set()
+    found: list[tuple[NativeModelConfig, Origin]] = []
+    problems: list[str] = []
+    broken: set[str] = set()
+    for index, entry in enumerate(raw):
+        entry_origin = Origin(base.path, base.line, (*base.steps, index))
+        try:
+            found.append((msgspec.convert(entry, NativeModelConfig), entry_origin))
+        except msgspec.ValidationError as exc:
+            problems.append(_validation_problem(entry_origin, exc))
+            if isinstance(entry, Mapping) and isinstance(entry.get("alias"), str):
+                broken.add(entry["alias"])
+    return tuple(found), problems, broken
 
 
 def recipe_models(recipe: Mapping[str, Any], origin: Origin) -> tuple[tuple[NativeModelConfig, Origin], ...]:
-    raw = recipe_section(recipe).get("model_configs") or []
-    try:
-        models = msgspec.convert(raw, tuple[NativeModelConfig, ...])
-    except msgspec.ValidationError as exc:
-        raise ResolutionError([f"{origin}: model_configs: {exc}"]) from exc
-    return tuple((m, origin) for m in models)
-
-
-def _unique(
-    items: tuple[tuple[Any, Origin], ...], key: str, what: str, problems: list[str]
-) -> dict[str, tuple[Any, Origin]]:
-    found: dict[str, tuple[Any, Origin]] = {}
-    for item, origin in items:
-        name = getattr(item, key)
-        if name in found and found[name][0] != item:
-            problems.append(
-                f"{what} {name!r} is defined twice with different content ({found[name][1]} and {origin}); "
-                "keep one definition"
-            )
-            continue
-        found.setdefault(name, (item, origin))
+    """The recipe's own model configs, each with its origin (file and ``model_configs[i]``); ResolutionError
+    naming file, line and field of every one that is malformed."""
+    found, problems, _ = _recipe_definitions(recipe, origin)
+    if problems:
+        raise ResolutionError(problems)
     return found
 
 
+def _run_at(run_origin: Origin | None, *steps: Step) -> str:
+    return run_origin.at(*steps) if run_origin is not None else f"the run file: {field_text(steps)}"
+
+
 def _check_provider(provider: NativeProvider, origin: Origin, env: Mapping[str, str], problems: list[str]) -> None:
+    """Every way a provider's settings could carry a credential into the snapshot; values are never repeated."""
+    subject = f"provider {provider.name!r}"
+    why = url_credentials(provider.endpoint)
+    if why is not None:
+        problems.append(
+            f"{origin.at('endpoint')}: {subject}: {why}; write the bare base URL here and give the key through "
+            "api_key (the NAME of an environment variable)"
+        )
     if provider.api_key:
         if not is_env_var_name(provider.api_key):
             problems.append(
-                f"provider {provider.name!r} ({origin}): api_key looks like a literal key; put the key in an "
+                f"{origin.at('api_key')}: {subject}: looks like a literal key (not shown); put the key in an "
                 "environment variable and write its NAME here (e.g. api_key: MY_PROVIDER_API_KEY)"
             )
         elif missing_env([provider.api_key], env):
             problems.append(
-                f"provider {provider.name!r} ({origin}): environment variable {provider.api_key} is unset or "
-                "empty in this shell; export it before submitting"
+                f"{origin.at('api_key')}: {subject}: environment variable {provider.api_key} is unset or empty in "
+                "this shell; export it before submitting"
             )
-    for header in provider.extra_headers or {}:
-        if is_credential_header(header):
+    for header, value in (provider.extra_headers or {}).items():
+        hidden = looks_like_credential(header)
+        shown = field_text((*origin.steps, "extra_headers")) + ("[<redacted>]" if hidden else f"[{header!r}]")
+        where = origin.at("extra_headers", header, shown=shown)
+        if is_credential_header(header) or hidden:
             problems.append(
-                f"provider {provider.name!r} ({origin}): extra_headers[{header!r}] carries a credential; use "
-                "api_key with an environment-variable name instead"
+                f"{where}: {subject}: carries a credential; use api_key with an environment-variable name instead"
             )
+        elif looks_like_credential(value):
+            problems.append(
+                f"{where}: {subject}: the value looks like a credential (not shown); extra_headers are written to "
+                "the run's snapshot: use api_key with an environment-variable name instead"
+            )
+    for path in body_credentials(provider.extra_body or {}, field_text((*origin.steps, "extra_body"))):
+        problems.append(
+            f"{origin.at('extra_body', shown=path)}: {subject}: carries a credential (not shown); extra_body is "
+            "written to the run's snapshot: use api_key with an environment-variable name instead"
+        )
 
 
-def resolve(
+def _check_model(model: NativeModelConfig, origin: Origin, problems: list[str]) -> None:
+    body = (model.inference_parameters or {}).get("extra_body")
+    base = field_text((*origin.steps, "inference_parameters", "extra_body"))
+    for path in body_credentials(body or {}, base):
+        problems.append(
+            f"{origin.at('inference_parameters', 'extra_body', shown=path)}: model alias {model.alias!r}: carries a "
+            "credential (not shown); extra_body is written to the run's snapshot: use the provider's api_key with "
+            "an environment-variable name instead"
+        )
+
+
+def _first_definition(
+    what: str,
+    name: str,
+    definitions: list[tuple[Any, Origin]],
+    same: Callable[[Any, Any], bool],
+    problems: list[str],
+) -> tuple[Any, Origin]:
+    """The first definition of ``name``; any later one with different content is a problem naming both places."""
+    first, first_origin = definitions[0]
+    for other, other_origin in definitions[1:]:
+        if not same(first, other):
+            problems.append(
+                f"{other_origin.at()}: {what} {name!r} is defined twice with different content (first at "
+                f"{first_origin.at()}); keep one definition"
+            )
+    return first, first_origin
+
+
+def describe(
     recipe: Mapping[str, Any],
     recipe_origin: Origin,
     settings: NativeSettings,
     deployments: tuple[Deployment, ...],
     env: Mapping[str, str],
+    *,
+    run_origin: Origin | None = None,
+    same_model: ModelComparer = same_model_config,
 ) -> Resolution:
-    """Resolve every alias the recipe uses; raise ResolutionError listing every problem at once."""
-    problems: list[str] = []
-    models = _unique((*recipe_models(recipe, recipe_origin), *settings.models), "alias", "model alias", problems)
-    providers = _unique(settings.providers, "name", "provider", problems)
-    local: dict[str, Deployment] = {}
+    """Resolve every alias the recipe uses as far as possible: a row for each alias (unresolved ones marked) and
+    every problem that would stop a submission. Only aliases the recipe uses, and their providers, are checked."""
+    recipe_defs, problems, broken = _recipe_definitions(recipe, recipe_origin)
+    from_recipe = {origin for _, origin in recipe_defs}
+    model_defs: dict[str, list[tuple[NativeModelConfig, Origin]]] = {}
+    for model_def, model_origin in (*recipe_defs, *settings.models):
+        model_defs.setdefault(model_def.alias, []).append((model_def, model_origin))
+    provider_defs: dict[str, list[tuple[NativeProvider, Origin]]] = {}
+    for provider_def, provider_origin in settings.providers:
+        provider_defs.setdefault(provider_def.name, []).append((provider_def, provider_origin))
+
+    def same_models(a: NativeModelConfig, b: NativeModelConfig) -> bool:
+        return a == b or same_model(msgspec.to_builtins(a), msgspec.to_builtins(b))
+
+    local: dict[str, tuple[int, Deployment]] = {}
     for index, dep in enumerate(deployments):
         if dep.model_alias in local:
             problems.append(
-                f"deployments[{index}]: model alias {dep.model_alias!r} is already deployed by an earlier entry; "
-                "use replicas to run more copies of one model"
+                f"{_run_at(run_origin, 'deployments', index, 'model_alias')}: model alias {dep.model_alias!r} is "
+                f"already deployed by deployments[{local[dep.model_alias][0]}]; use replicas to run more copies "
+                "of one model"
             )
-        local.setdefault(dep.model_alias, dep)
-    for name in (f"{LOCAL_PROVIDER_PREFIX}{a}" for a in local):
-        if name in providers:
-            problems.append(f"provider name {name!r} is reserved for ddslurm's local deployments; rename yours")
+        local.setdefault(dep.model_alias, (index, dep))
+    for alias, (index, _) in local.items():
+        reserved = f"{LOCAL_PROVIDER_PREFIX}{alias}"
+        if reserved in provider_defs:
+            problems.append(
+                f"{provider_defs[reserved][0][1].at('name')}: provider name {reserved!r} is reserved for ddslurm's "
+                f"local deployment of model alias {alias!r} ({_run_at(run_origin, 'deployments', index)}); "
+                "rename yours"
+            )
 
     snap_providers: dict[str, SnapshotProvider] = {}
     snap_models: list[SnapshotModel] = []
     rows: list[AliasRow] = []
-    for alias in used_aliases(recipe):
-        model_entry = models.get(alias)
+    uses = _alias_uses(recipe)
+    for alias, use in uses.items():
+        defs = model_defs.get(alias, [])
+        model_entry = _first_definition("model alias", alias, defs, same_models, problems) if defs else None
+        if model_entry is not None:
+            _check_model(model_entry[0], model_entry[1], problems)
         if alias in local:
-            dep = local[alias]
+            dep = local[alias][1]
             pname = f"{LOCAL_PROVIDER_PREFIX}{alias}"
             served = dep.served_model_name or dep.model
             params = model_entry[0].inference_parameters if model_entry else None
@@ -152,23 +302,27 @@ def resolve(
             rows.append(AliasRow(alias, "local", pname, "(started in the job)", served, None, None))
             continue
         if model_entry is None:
-            problems.append(
-                f"model alias {alias!r} has no deployment in the run file and no model config in the recipe or "
-                f"in {settings.directory}"
-            )
+            if alias not in broken:
+                problems.append(
+                    f"{recipe_origin.at(*use)}: model alias {alias!r} has no deployment in the run file and no "
+                    f"model config in the recipe or in {settings.directory}"
+                )
+            rows.append(AliasRow(alias, "unresolved", "-", "-", "-", None, None))
             continue
         model, origin = model_entry
-        if not model.provider:
-            problems.append(f"model alias {alias!r} ({origin}): model config names no provider")
+        if not model.provider or model.provider not in provider_defs:
+            if not model.provider:
+                problems.append(f"{origin.at('provider')}: model alias {alias!r}: the model config names no provider")
+            else:
+                problems.append(
+                    f"{origin.at('provider')}: model alias {alias!r}: provider {model.provider!r} does not exist in "
+                    f"{settings.directory / PROVIDERS_FILE}"
+                )
+            rows.append(AliasRow(alias, "unresolved", model.provider or "-", "-", model.model, None, None))
             continue
-        if model.provider not in providers:
-            problems.append(
-                f"model alias {alias!r} ({origin}): provider {model.provider!r} does not exist in "
-                f"{settings.directory / 'model_providers.yaml'}"
-            )
-            continue
-        provider, porigin = providers[model.provider]
+        provider, porigin = provider_defs[model.provider][0]
         if provider.name not in snap_providers:
+            _first_definition("provider", provider.name, provider_defs[provider.name], lambda a, b: a == b, problems)
             _check_provider(provider, porigin, env, problems)
             snap_providers[provider.name] = SnapshotProvider(
                 name=provider.name,
@@ -178,7 +332,6 @@ def resolve(
                 extra_body=provider.extra_body,
                 extra_headers=provider.extra_headers,
             )
-        source: Literal["recipe", "settings"] = "recipe" if origin == recipe_origin else "settings"
         snap_models.append(
             SnapshotModel(
                 alias=alias,
@@ -186,25 +339,52 @@ def resolve(
                 provider=provider.name,
                 inference_parameters=model.inference_parameters,
                 skip_health_check=model.skip_health_check,
-                source=source,
+                source="recipe" if origin in from_recipe else "settings",
             )
         )
-        key = provider.api_key or None
-        rows.append(
-            AliasRow(
-                alias,
-                "hosted",
-                provider.name,
-                provider.endpoint,
-                model.model,
-                key,
-                bool(env.get(key)) if key else None,
+        rows.append(_hosted_row(alias, provider, model, env))
+    for alias, (index, _) in local.items():
+        if alias not in uses:
+            problems.append(
+                f"{_run_at(run_origin, 'deployments', index, 'model_alias')}: no column of the recipe uses model "
+                f"alias {alias!r}; remove the deployment"
             )
-        )
-    for alias in local:
-        if alias not in {r.alias for r in rows}:
-            problems.append(f"deployment for model alias {alias!r}: no column of the recipe uses this alias")
-    if problems:
-        raise ResolutionError(problems)
     snapshot = ProviderSnapshot(providers=tuple(snap_providers.values()), models=tuple(snap_models))
-    return Resolution(snapshot=snapshot, rows=tuple(rows))
+    return Resolution(snapshot=snapshot, rows=tuple(rows), problems=tuple(problems))
+
+
+def _hosted_row(alias: str, provider: NativeProvider, model: NativeModelConfig, env: Mapping[str, str]) -> AliasRow:
+    key = provider.api_key or None
+    literal = key is not None and not is_env_var_name(key)
+    key_env = None if literal else key
+    value = env.get(key_env, "") if key_env else ""
+    return AliasRow(
+        alias,
+        "hosted",
+        provider.name,
+        redact_url(provider.endpoint),
+        model.model,
+        key_env,
+        bool(value) if key_env else None,
+        (not is_placeholder_secret(value)) if value else None,
+        literal,
+    )
+
+
+def resolve(
+    recipe: Mapping[str, Any],
+    recipe_origin: Origin,
+    settings: NativeSettings,
+    deployments: tuple[Deployment, ...],
+    env: Mapping[str, str],
+    *,
+    run_origin: Origin | None = None,
+    same_model: ModelComparer = same_model_config,
+) -> Resolution:
+    """Resolve every alias the recipe uses; raise ResolutionError listing every problem at once."""
+    resolution = describe(
+        recipe, recipe_origin, settings, deployments, env, run_origin=run_origin, same_model=same_model
+    )
+    if resolution.problems:
+        raise ResolutionError(list(resolution.problems))
+    return resolution

@@ -1,30 +1,259 @@
-"""Secret policy: API keys travel as environment-variable names; credentials never sit in settings."""
+"""Secret policy: API keys travel as environment-variable names; credentials never sit in settings.
+
+Nothing here returns or formats a value that might be a key: callers get booleans, field paths and reasons.
+"""
 
 from __future__ import annotations
 
+import itertools
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_UPPER_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+_KEY_PREFIXES = ("sk-", "nvapi-", "ghp_", "gho_", "ghs_", "github_pat_", "AKIA", "ASIA", "xoxb-", "xoxp-", "hf_")
+_DIGIT_RUN = re.compile(r"[0-9]{5,}")
+_HEX_RUN = re.compile(r"[0-9A-F]{8,}")
+_LONGEST_WORD = 32
+
 _CREDENTIAL_HEADERS = {"authorization", "proxy-authorization", "cookie", "set-cookie", "x-api-key", "api-key"}
-_CREDENTIAL_WORDS = re.compile(r"(token|secret|passw(or)?d|credential|auth|(^|[-_])key($|[-_])|apikey)", re.I)
-_KEY_PREFIXES = ("sk-", "nvapi-", "ghp_", "gho_", "github_pat_", "AKIA", "xoxb-", "hf_")
+_CREDENTIAL_HEADER_WORDS = re.compile(
+    r"(token|secret|passw(or)?d|passphrase|credential|auth|bearer|jwt|assertion|session|signature|cookie|apikey"
+    r"|(^|[-_])(keys?|pass|pwd|sig)($|[-_]))",
+    re.I,
+)
+
+# Keys of extra_body (and of URL queries): "token" alone is no sign (max_tokens, budget_tokens, stop_token_ids).
+_CREDENTIAL_KEY_WORDS = {
+    "apikey",
+    "apikeys",
+    "secret",
+    "secrets",
+    "password",
+    "passwd",
+    "passphrase",
+    "pwd",
+    "credential",
+    "credentials",
+    "authorization",
+    "auth",
+    "bearer",
+    "jwt",
+    "cookie",
+    "signature",
+    "sig",
+}
+_KEY_QUALIFIERS = {"api", "secret", "private", "access", "auth", "client", "session", "subscription", "x"}
+_NOT_A_CREDENTIAL_TOKEN = {"max", "min", "budget", "stop", "special", "bos", "eos", "pad", "unk", "sep", "cls", "mask"}
+_QUERY_CREDENTIAL_NAMES = {"key", "keys", "token", "code", "sig"}
+
+_AUTH_SCHEME = re.compile(r"^\s*(bearer|basic|token|digest|apikey|api-key|key)\s+\S", re.I)
+_PREFIX_INSIDE = re.compile(
+    r"(^|[^A-Za-z0-9])(sk-[A-Za-z0-9_-]{3,}|nvapi-[A-Za-z0-9_-]{3,}|gh[pos]_[A-Za-z0-9]{3,}|github_pat_\w{3,}"
+    r"|(AKIA|ASIA)[A-Z0-9]{12,}|xox[bp]-[A-Za-z0-9-]{3,}|hf_[A-Za-z0-9]{3,})"
+)
+_JWT = re.compile(r"eyJ[A-Za-z0-9_-]{4,}\.eyJ[A-Za-z0-9_-]{4,}\.")
+_TOKEN_RUN = re.compile(r"[A-Za-z0-9+/_=]{32,}")
+_HEX_TOKEN = re.compile(r"(?<![0-9A-Fa-f])[0-9A-Fa-f]{32,}(?![0-9A-Fa-f])")
+
+PLACEHOLDER_MIN_LENGTH = 8
+"""Key values shorter than this are placeholders (``none``, ``EMPTY``, ``dummy``), not secrets to scan for."""
+PLACEHOLDER_VALUES = frozenset(
+    {
+        "none",
+        "null",
+        "nil",
+        "empty",
+        "dummy",
+        "dummy-key",
+        "fake",
+        "fake-key",
+        "placeholder",
+        "not-needed",
+        "not_needed",
+        "notneeded",
+        "not-used",
+        "unused",
+        "no-key",
+        "nokey",
+        "no-key-required",
+        "sk-no-key-required",
+        "sk-dummy",
+        "sk-fake",
+        "sk-xxx",
+        "sk-empty",
+        "anything",
+        "changeme",
+        "your-api-key",
+        "your_api_key",
+        "api-key",
+        "api_key",
+        "apikey",
+        "token",
+        "secret",
+        "password",
+        "ollama",
+        "lm-studio",
+        "lmstudio",
+        "vllm",
+        "local",
+        "test",
+        "testing",
+        "xxx",
+    }
+)
 
 
 def is_env_var_name(value: str) -> bool:
-    """True if ``value`` can only be an environment-variable name, not a literal key.
+    """True if ``value`` can be taken for an environment-variable name rather than a literal key.
 
-    Names are upper case with underscores (``NVIDIA_API_KEY``); anything with other characters, known key
-    prefixes, or lower-case letters mixed with digits in the way generated keys look is a literal.
+    A name is upper case, digits and underscores (``NVIDIA_API_KEY``, ``GPT4_API_KEY``) and reads like words:
+    no known key prefix, no run of five digits or of eight hex characters with digits among them, no word of
+    more than 32 characters, no word alternating letters and digits (``A1B2C3``), and at most a third digits.
+    Anything else is a literal key, and must never be echoed.
     """
-    if not ENV_NAME.match(value) or value.startswith(_KEY_PREFIXES):
+    if not _UPPER_NAME.match(value) or value.startswith(_KEY_PREFIXES):
         return False
-    return value.upper() == value
+    if _DIGIT_RUN.search(value):
+        return False
+    if any(sum(c.isdigit() for c in run) >= 2 for run in _HEX_RUN.findall(value)):
+        return False
+    digits = sum(c.isdigit() for c in value)
+    if digits >= 3 and digits * 3 > len(value):
+        return False
+    for word in value.split("_"):
+        if len(word) > _LONGEST_WORD:
+            return False
+        switches = sum(1 for a, b in itertools.pairwise(word) if a.isdigit() != b.isdigit())
+        if switches >= 4:
+            return False
+    return True
 
 
 def is_credential_header(name: str) -> bool:
+    """A header name that carries a credential (``Authorization``, ``X-API-Keys``, ``X-JWT-Assertion``, ...)."""
     lowered = name.strip().lower()
-    return lowered in _CREDENTIAL_HEADERS or bool(_CREDENTIAL_WORDS.search(lowered))
+    return lowered in _CREDENTIAL_HEADERS or bool(_CREDENTIAL_HEADER_WORDS.search(lowered))
+
+
+def _words(name: str) -> list[str]:
+    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name.strip())
+    return [w for w in re.split(r"[^A-Za-z0-9]+", spaced.lower()) if w]
+
+
+def is_credential_key(name: str) -> bool:
+    """A key of ``extra_body`` or of a URL query that names a credential (``api_key``, ``access_token``,
+    ``client_secret``, ``password``, ``Authorization``); ``max_tokens`` and ``budget_tokens`` are not."""
+    words = _words(name)
+    if not words:
+        return False
+    if any(w in _CREDENTIAL_KEY_WORDS for w in words):
+        return True
+    last = words[-1]
+    before = words[-2] if len(words) > 1 else ""
+    if last in {"key", "keys"}:
+        return len(words) == 1 or before in _KEY_QUALIFIERS
+    if last == "token":
+        return before not in _NOT_A_CREDENTIAL_TOKEN
+    return any(w.endswith("password") or w.endswith("secret") or w.endswith("apikey") for w in words)
+
+
+def _strong_credential(text: str) -> bool:
+    return bool(_AUTH_SCHEME.match(text) or _PREFIX_INSIDE.search(text) or _JWT.search(text))
+
+
+def looks_like_credential(value: str) -> bool:
+    """A string that looks like a key or token: an auth scheme (``Bearer ...``), a known key prefix anywhere
+    (``sk-``, ``nvapi-``, ...), a JWT, a run of 32 or more hex characters, a run of 32 or more letters and
+    digits mixed, or an all-capitals literal key (``LIVEKEY7F3A9C0D1E2B55``)."""
+    text = value.strip()
+    if not text:
+        return False
+    if _strong_credential(text) or _HEX_TOKEN.search(text):
+        return True
+    for run in _TOKEN_RUN.findall(text):
+        if any(c.isdigit() for c in run) and any(c.isalpha() for c in run) and not run.startswith("/"):
+            return True
+    return bool(_UPPER_NAME.match(text)) and len(text) >= 12 and not is_env_var_name(text)
+
+
+def _path_holds_key(path: str) -> bool:
+    return any(_strong_credential(segment) for segment in path.split("/"))
+
+
+def url_credentials(url: str) -> str | None:
+    """Why ``url`` carries a credential (user-info, a credential query parameter, a key in its path), else None.
+    The reason names the part, never its value."""
+    try:
+        parts = urlsplit(url.strip())
+    except ValueError:
+        return "it is not a valid URL"
+    if "@" in parts.netloc:
+        return "the URL carries credentials in its user-info part (before '@')"
+    for name, value in parse_qsl(parts.query, keep_blank_values=True):
+        if is_credential_key(name) or (_words(name) or [""])[-1] in _QUERY_CREDENTIAL_NAMES:
+            return f"query parameter {_safe_key(name)} carries a credential"
+        if looks_like_credential(value):
+            return f"query parameter {_safe_key(name)} holds a value that looks like a credential"
+    if _path_holds_key(parts.path) or _strong_credential(parts.fragment):
+        return "the URL's path looks like it holds a key"
+    return None
+
+
+def redact_url(url: str) -> str:
+    """``url`` for display: user-info, query and path replaced by ``***`` when they carry a credential."""
+    if url_credentials(url) is None:
+        return url
+    try:
+        parts = urlsplit(url.strip())
+    except ValueError:
+        return "***"
+    host = parts.netloc.rsplit("@", 1)[-1]
+    path = "/***" if _path_holds_key(parts.path) else parts.path
+    return urlunsplit((parts.scheme, host, path, "***" if parts.query else "", ""))
+
+
+def _safe_key(name: str) -> str:
+    return "<redacted>" if looks_like_credential(name) else repr(name)
+
+
+def _child(path: str, key: str) -> str:
+    if looks_like_credential(key):
+        return f"{path}[<redacted>]"
+    return f"{path}.{key}" if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key) else f"{path}[{key!r}]"
+
+
+def body_credentials(tree: Any, path: str) -> list[str]:
+    """Field paths under ``tree`` (an ``extra_body``) whose key names a credential or whose string value looks
+    like one; nested mappings and lists are searched. A credential key is reported once, not descended into."""
+    found: list[str] = []
+    if isinstance(tree, Mapping):
+        for key, value in tree.items():
+            where = _child(path, str(key))
+            if is_credential_key(str(key)) or looks_like_credential(str(key)):
+                found.append(where)
+            else:
+                found.extend(body_credentials(value, where))
+    elif isinstance(tree, list | tuple):
+        for index, item in enumerate(tree):
+            found.extend(body_credentials(item, f"{path}[{index}]"))
+    elif isinstance(tree, str) and looks_like_credential(tree):
+        found.append(path)
+    return found
+
+
+def is_placeholder_secret(value: str) -> bool:
+    """A key value that local OpenAI-compatible servers accept as "no key" (``none``, ``EMPTY``, ``dummy``):
+    shorter than PLACEHOLDER_MIN_LENGTH or a known placeholder. Such values occur in ordinary output (Data
+    Designer writes ``"with_trace": "none"``), so scanning for them would fail every attempt."""
+    stripped = value.strip()
+    return len(stripped) < PLACEHOLDER_MIN_LENGTH or stripped.lower() in PLACEHOLDER_VALUES
+
+
+def placeholder_secrets(names: Iterable[str], env: Mapping[str, str]) -> tuple[str, ...]:
+    """The names among ``names`` whose value in ``env`` is set and a placeholder (not scanned for on the node)."""
+    return tuple(n for n in names if env.get(n) and is_placeholder_secret(env[n]))
 
 
 def missing_env(names: tuple[str, ...] | list[str], env: Mapping[str, str]) -> list[str]:

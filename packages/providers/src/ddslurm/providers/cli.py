@@ -1,4 +1,9 @@
-"""``ddslurm-providers RUN.yaml``: show how each model alias of a run resolves (never a secret value)."""
+"""``ddslurm-providers RUN.yaml [--json] [--check]``: show how each model alias of a run resolves, and what
+would stop a submission (never a secret value).
+
+Exit status: 0 when ``ddslurm submit`` would accept the providers (and, with ``--check``, every hosted endpoint
+answered and lists its model); 1 when the table shows problems (listed on stderr); 2 when a file cannot be read.
+"""
 
 from __future__ import annotations
 
@@ -11,42 +16,68 @@ from pathlib import Path
 import msgspec
 
 from ddslurm.config import ConfigError
-from ddslurm.providers._capture import resolve_run
-from ddslurm.providers._resolve import AliasRow
+from ddslurm.providers._capture import describe_run
+from ddslurm.providers._check import check_endpoints
+from ddslurm.providers._resolve import AliasRow, Resolution
 from ddslurm.providers.errors import ProvidersError
 
 
-def format_table(rows: Sequence[AliasRow]) -> str:
-    header = ("ALIAS", "KIND", "PROVIDER", "ENDPOINT", "MODEL", "API KEY VARIABLE")
-    body = [
-        (
-            r.alias,
-            r.kind,
-            r.provider,
-            r.endpoint,
-            r.model,
-            "-" if r.key_env is None else f"{r.key_env} ({'set' if r.key_set else 'UNSET'})",
-        )
-        for r in rows
-    ]
+def key_text(row: AliasRow) -> str:
+    """The API-key cell: the variable's name and whether it is set; never a value."""
+    if row.key_literal:
+        return "(literal key, not shown)"
+    if row.key_env is None:
+        return "-"
+    if not row.key_set:
+        return f"{row.key_env} (UNSET)"
+    if row.key_scanned is False:
+        return f"{row.key_env} (set; placeholder value, not scanned for)"
+    return f"{row.key_env} (set)"
+
+
+def format_table(rows: Sequence[AliasRow], *, check: bool = False) -> str:
+    header: tuple[str, ...] = ("ALIAS", "KIND", "PROVIDER", "ENDPOINT", "MODEL", "API KEY VARIABLE")
+    body: list[tuple[str, ...]] = [(r.alias, r.kind, r.provider, r.endpoint, r.model, key_text(r)) for r in rows]
+    if check:
+        header = (*header, "CHECK")
+        body = [(*line, r.check or "-") for line, r in zip(body, rows, strict=True)]
     widths = [max(len(str(x)) for x in col) for col in zip(header, *body, strict=False)]
     return "\n".join(
         "  ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in (header, *body)
     )
 
 
+def exit_code(resolution: Resolution, *, checked: bool) -> int:
+    """0 when nothing would stop a submission and every check passed, else 1."""
+    failed_check = checked and any(r.check not in (None, "ok") for r in resolution.rows)
+    return 1 if resolution.problems or failed_check else 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ddslurm-providers", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="ddslurm-providers", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("run_file", type=Path)
-    parser.add_argument("--json", action="store_true", help="print the table as JSON")
+    parser.add_argument("--json", action="store_true", help="print the table and the problems as JSON")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="ask every hosted endpoint's /models whether it lists the model and accepts the key (off by default)",
+    )
+    parser.add_argument("--timeout", type=float, default=10.0, help="seconds per endpoint for --check")
     args = parser.parse_args(argv)
     try:
-        resolution = resolve_run(args.run_file, os.environ)
+        resolution = describe_run(args.run_file, os.environ)
     except (ConfigError, ProvidersError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if args.check:
+        resolution = check_endpoints(resolution, os.environ, timeout=args.timeout)
     if args.json:
-        print(msgspec.json.encode({"aliases": list(resolution.rows)}).decode())
+        print(msgspec.json.encode({"aliases": list(resolution.rows), "problems": list(resolution.problems)}).decode())
     else:
-        print(format_table(resolution.rows))
-    return 0
+        print(format_table(resolution.rows, check=args.check))
+    if resolution.problems:
+        lines = "".join(f"  - {p}\n" for p in resolution.problems)
+        print(f"{len(resolution.problems)} problem(s) would stop `ddslurm submit`:\n{lines}", end="", file=sys.stderr)
+    return exit_code(resolution, checked=args.check)
