@@ -290,7 +290,7 @@ def test_local_seed_file_becomes_part_of_the_run_inputs(tmp_path: Path) -> None:
 
     run, profile, env = _files(tmp_path)
     (tmp_path / "seeds").mkdir()
-    (tmp_path / "seeds" / "q.csv").write_text("topic\na\nb\n")
+    (tmp_path / "seeds" / "q.csv").write_text("subject\na\nb\n")  # not "topic": the recipe's sampler has it
     recipe = (tmp_path / "recipe.yaml").read_text()
     (tmp_path / "recipe.yaml").write_text(
         recipe.replace(
@@ -303,10 +303,10 @@ def test_local_seed_file_becomes_part_of_the_run_inputs(tmp_path: Path) -> None:
     write_run_dir(prepared)
     layout = prepared.layout
     copy = layout.inputs / "seed" / "q.csv"
-    assert copy.read_text() == "topic\na\nb\n"
+    assert copy.read_text() == "subject\na\nb\n"
     seed = prepared.plan.seed
     assert seed is not None and seed.kind == "file" and seed.root == str(layout.inputs / "seed")
-    assert [(f.path, f.size) for f in seed.files] == [("q.csv", 10)] and seed.files[0].sha256
+    assert [(f.path, f.size) for f in seed.files] == [("q.csv", 12)] and seed.files[0].sha256
     assert (seed.rows, seed.pool_start, seed.pool_size) == (2, 0, 2)  # counted by Data Designer's reader
     # more records than seed rows: every shard starts a cycle of the two rows, as an unsharded run cycles them
     assert {(s.seed_start, s.seed_end) for s in prepared.plan.shards} == {(0, 1)}
@@ -358,7 +358,7 @@ def test_seed_file_pattern_is_captured(tmp_path: Path) -> None:
     run, profile, env = _files(tmp_path)
     (tmp_path / "parts").mkdir()
     for i in range(3):
-        (tmp_path / "parts" / f"p{i}.csv").write_text(f"topic\nt{i}a\nt{i}b\n")
+        (tmp_path / "parts" / f"p{i}.csv").write_text(f"subject\nt{i}a\nt{i}b\n")
     _with_seed(tmp_path, "  seed_config:\n    source: {seed_type: local, path: parts/*.csv}\n")
     prepared = prepare(run, profile, env, datetime.now(UTC))
     seed = prepared.plan.seed

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from ddslurm.config import (
     ConfigError,
@@ -32,6 +33,7 @@ from ddslurm.config import (
 from ddslurm.launcher._render import render_generation
 from ddslurm.launcher._seed import CountRows, SeedCapture, capture_seed, dd_seed_rows
 from ddslurm.launcher._slurm import Slurm
+from ddslurm.launcher._validate import dd_check_recipe
 from ddslurm.launcher.errors import LauncherError, SubmitError
 from ddslurm.planner import PlanError, PlanInputs, compile_plan
 from ddslurm.providers import (
@@ -44,6 +46,9 @@ from ddslurm.providers import (
     resolve,
 )
 from ddslurm.providers.discovery import settings_dir
+
+CheckRecipe = Callable[[dict[str, Any], Path, ProviderSnapshot], list[str]]
+"""(recipe, its path, the snapshot) -> what Data Designer refuses in it, one line per problem."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,8 +83,10 @@ def prepare(
     home: Path | None = None,
     *,
     count_seed_rows: CountRows = dd_seed_rows,
+    check_recipe: CheckRecipe = dd_check_recipe,
 ) -> Prepared:
-    """Validate and compile everything; touch nothing on disk."""
+    """Validate and compile everything; touch nothing on disk. Last, Data Designer's own validation of the recipe
+    (``check_recipe``, a subprocess of a few seconds): what it refuses would fail on the node."""
     try:
         run = load_run_file(run_path)
         profile = load_profile(profile_path)
@@ -112,6 +119,9 @@ def prepare(
     python = Path(profile.python_env) / "bin" / "ddslurm-runtime"
     if not python.exists():
         raise SubmitError(f"{profile_path}: python_env: {python} does not exist (the compute nodes run it)")
+    problems = check_recipe(recipe, recipe_path, snapshot)
+    if problems:
+        raise SubmitError(f"{recipe_path}: Data Designer refuses the recipe:\n" + "\n".join(f"  {p}" for p in problems))
     return Prepared(
         layout,
         plan,
@@ -188,17 +198,11 @@ def submit_shards(
     return submitted
 
 
-def profile_env(plan: Plan) -> tuple[str, ...]:
-    """Variables of the submitting environment the cluster profile needs on the node, besides the exported names
-    and the minimal set every job gets (``_slurm.NODE_ENV_ALLOWED``): a container runtime finds its settings and
-    registry credentials under ``HOME`` (enroot's ``~/.config/enroot``, apptainer's ``~/.apptainer``)."""
-    serving = plan.serving
-    return ("HOME",) if serving is not None and serving.container_runtime != "none" else ()
-
-
 def job_variables(plan: Plan) -> tuple[str, ...]:
-    """Every variable of the submitting environment a generation job gets besides ``_slurm.NODE_ENV_ALLOWED``."""
-    return (*plan.secret_env, *profile_env(plan))
+    """Every variable of the submitting environment a generation job gets besides ``_slurm.NODE_ENV_ALLOWED``
+    (which has no ``HOME``: a container runtime that needs settings finds them in the cluster's configuration,
+    or in ``server.env``)."""
+    return plan.secret_env
 
 
 def _sbatch(

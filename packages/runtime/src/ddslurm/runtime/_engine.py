@@ -9,7 +9,8 @@ from __future__ import annotations
 import copy
 import os
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -135,14 +136,16 @@ def run_engine(request: EngineRequest) -> EngineResult:
         managed_assets_path=request.scratch_home / "managed-assets",
     )
     designer.set_run_config(dd.RunConfig(buffer_size=request.buffer_size, otel_metrics_port=None))
+    violations: list[Any] = []
     try:
-        results = designer.create(
-            builder,
-            num_records=request.num_records,
-            dataset_name=request.dataset_name,
-            resume=dd.ResumeMode.ALWAYS if request.resume else dd.ResumeMode.NEVER,
-            on_batch_complete=request.on_batch_complete,
-        )
+        with _violations_reported(violations):
+            results = designer.create(
+                builder,
+                num_records=request.num_records,
+                dataset_name=request.dataset_name,
+                resume=dd.ResumeMode.ALWAYS if request.resume else dd.ResumeMode.NEVER,
+                on_batch_complete=request.on_batch_complete,
+            )
     except Exception as exc:
         name = type(exc).__name__
         if name == "DataDesignerProfilingError":
@@ -150,11 +153,77 @@ def run_engine(request: EngineRequest) -> EngineResult:
             # dataset with an int expression column): the dataset itself is complete, and verification checks it.
             dataset_dir = request.artifact_path / request.dataset_name
             return EngineResult(dataset_dir=dataset_dir, rows=_rows(dataset_dir), requested=request.num_records)
+        refused = _violation_lines(violations)
+        if refused or _refuses_config(exc):  # the recipe (and the Data Designer on this node) will not change
+            details = refused or [f"{name}: {exc}"]
+            raise EngineError("Data Designer refuses the recipe: " + "; ".join(details), retryable=False) from exc
         retryable = "EarlyShutdown" not in name and "Validation" not in name
         raise EngineError(f"Data Designer failed: {name}: {exc}", retryable=retryable) from exc
     dataset_dir = Path(results.artifact_storage.base_dataset_path)
     rows = len(results.load_dataset())
     return EngineResult(dataset_dir=dataset_dir, rows=rows, requested=request.num_records)
+
+
+# Data Designer's errors about the config itself, by class name (any class of the exception's MRO), so that the
+# check holds for every supported version without importing each class: a rerun can never change the outcome.
+_CONFIG_ERRORS = {
+    "InvalidConfigError",
+    "BuilderConfigurationError",
+    "InvalidColumnTypeError",
+    "InvalidFilePathError",
+    "InvalidFileFormatError",
+    "UnknownProviderError",
+    "NoModelProvidersError",
+    "SecretResolutionError",
+    "ValidationError",  # pydantic's
+}
+
+
+def _refuses_config(exc: BaseException) -> bool:
+    """Whether ``exc`` or what it was raised from (``create`` wraps everything in DataDesignerGenerationError) is an
+    error about the config."""
+    seen: BaseException | None = exc
+    for _ in range(10):
+        if seen is None:
+            return False
+        if any(cls.__name__ in _CONFIG_ERRORS for cls in type(seen).__mro__):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+@contextmanager
+def _violations_reported(recorded: list[Any]) -> Iterator[None]:
+    """Data Designer prints its validation violations (which column, what is wrong) and then raises a generic
+    ``InvalidConfigError`` ("Please address the indicated issues"): keep the violations it reports in ``recorded``."""
+    try:
+        from data_designer.engine import compiler
+
+        report = compiler.rich_print_violations
+    except (ImportError, AttributeError):  # another Data Designer version: its exception's text only
+        yield
+        return
+
+    def record(violations: list[Any]) -> None:
+        recorded.extend(violations)
+        report(violations)
+
+    compiler.rich_print_violations = record
+    try:
+        yield
+    finally:
+        compiler.rich_print_violations = report
+
+
+def _violation_lines(violations: list[Any]) -> list[str]:
+    lines = []
+    for v in violations:
+        level = getattr(v, "level", "")
+        if str(getattr(level, "value", level)).lower() != "error":
+            continue
+        column, message = getattr(v, "column", None), str(getattr(v, "message", v)).strip()
+        lines.append(f"column {column!r}: {message}" if column else message)
+    return lines
 
 
 def _rows(dataset_dir: Path) -> int:

@@ -1,0 +1,110 @@
+"""Data Designer's own validation of the recipe: at submit and dry run (refused before anything is written), and
+on the node (a refused recipe fails the attempt once, not retryable, with Data Designer's own message)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ddslurm.config import AttemptRecord, read_json
+from ddslurm.launcher import Completed, Slurm, SubmitError, prepare, run_status, submit, write_run_dir
+
+pytestmark = pytest.mark.dd
+
+RECIPE = """data_designer:
+  columns:
+  - {name: topic, column_type: sampler, sampler_type: category, params: {sampler_type: category, values: [a, b]}}
+  - {name: q, column_type: llm-text, model_alias: writer, prompt: "Say {{ no_such_column }} about {{ topic }}"}
+  model_configs:
+  - {alias: writer, model: m-1, provider: hosted, inference_parameters: {temperature: 0.3, max_parallel_requests: 8}}
+"""
+DD_DETAIL = "references a column that does not exist: 'no_such_column'"
+
+
+class NoSlurm:
+    """A runner that records calls and answers like an idle cluster."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+
+    def __call__(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> Completed:
+        self.calls.append(list(argv))
+        return Completed(0, "4242\n" if argv[0] == "sbatch" else "", "")
+
+
+def _files(tmp_path: Path) -> tuple[Path, Path, dict[str, str]]:
+    home = tmp_path / "dd"
+    home.mkdir()
+    (home / "model_providers.yaml").write_text(
+        "providers:\n- {name: hosted, endpoint: 'http://127.0.0.1:9/v1', api_key: HOSTED_KEY}\n"
+    )
+    (tmp_path / "recipe.yaml").write_text(RECIPE)
+    run = tmp_path / "run.yaml"
+    run.write_text("name: unit\nrecipe: recipe.yaml\nnum_records: 4\nshards: 2\n")
+    (tmp_path / "venv" / "bin").mkdir(parents=True)
+    (tmp_path / "venv" / "bin" / "ddslurm-runtime").write_text("#!/bin/sh\n")
+    profile = tmp_path / "profile.yaml"
+    profile.write_text("workspace: work\npython_env: venv\npartition: gpu\ncpu_partition: cpu\n")
+    return run, profile, {"DATA_DESIGNER_HOME": str(home), "HOSTED_KEY": "sk-validation-test-0123456789"}
+
+
+def test_submit_and_dry_run_refuse_a_recipe_data_designer_refuses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ddslurm.launcher import cli
+
+    run, profile, env = _files(tmp_path)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    runner = NoSlurm()
+    monkeypatch.setattr(cli, "Slurm", lambda env: Slurm(runner, env=env))
+    for extra in ([], ["--dry-run"]):
+        assert cli.main(["submit", str(run), "--profile", str(profile), *extra]) == 2, extra
+        err = capsys.readouterr().err
+        assert "Data Designer refuses the recipe" in err
+        assert f"column 'q': The prompt template for 'q' {DD_DETAIL}" in err
+        assert "Please address the indicated issues" not in err
+    assert runner.calls == []
+    assert not (tmp_path / "work").exists()
+    with pytest.raises(SubmitError, match="no_such_column"):
+        submit(run, profile, slurm=Slurm(runner), env=env)
+    assert runner.calls == [] and not (tmp_path / "work").exists()
+
+
+def test_a_recipe_refused_on_the_node_fails_once_not_retryable_with_data_designers_message(
+    make_run_files: Any, hosted_endpoint: Any
+) -> None:
+    """The submit host's Data Designer accepted the recipe (``check_recipe`` says so here: a user's nodes may run
+    another version); the node's refuses it: failed at once, never rerun inside the allocation, and status says
+    what Data Designer said."""
+    runtime = Path(sys.executable).parent / "ddslurm-runtime"
+    if not runtime.exists():
+        pytest.skip("ddslurm-runtime is not installed in this environment")
+    files = make_run_files("node", num_records=2, shards=1, buffer_size=2)
+    recipe = files.root / "recipe.yaml"
+    recipe.write_text(recipe.read_text().replace("{{ difficulty }}", "{{ no_such_column }}"))
+    prepared = prepare(files.run_file, files.profile, files.env, datetime.now(UTC), check_recipe=lambda *_: [])
+    write_run_dir(prepared)
+    env = {k: v for k, v in files.env.items() if not k.startswith("SLURM")}
+    argv = [str(runtime), "generate", "--run-dir", str(prepared.layout.root), "--shard", "0", "--job-id", "local-v1"]
+    done = subprocess.run(
+        [*argv, "--launcher", "local", "--grace", "3"], env=env, capture_output=True, text=True, timeout=240
+    )
+    assert done.returncode != 0, done.stderr[-2000:]
+    record = read_json(prepared.layout.shard(0).attempt("attempt-local-v1").record, AttemptRecord)
+    assert (record.state, record.retryable, record.client_runs) == ("failed", False, 1), record
+    assert record.message is not None and DD_DETAIL in record.message, record.message
+    assert "Please address the indicated issues" not in record.message
+    from ddslurm.launcher.cli import _format_status
+
+    status = run_status(prepared.layout, Slurm(NoSlurm(), env=dict(os.environ)))  # (no Slurm job: ran outside it)
+    shard = status.shards[0]
+    assert shard.reason == "generation_failed" and shard.message is not None and DD_DETAIL in shard.message
+    assert DD_DETAIL in _format_status(status)
