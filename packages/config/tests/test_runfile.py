@@ -368,3 +368,97 @@ def test_run_file_struct_is_keyword_only_and_strict() -> None:
         RunFile("demo", "r.yaml", 3)  # type: ignore[misc]
     with pytest.raises(msgspec.ValidationError, match="unknown field `extra`"):
         msgspec.json.decode(b'{"name":"a","recipe":"r","num_records":1,"extra":1}', type=RunFile)
+
+
+# --- server.env: no secrets; server.env_from: variables for the server steps, by name -----------------------
+
+DEPLOYMENT = MINIMAL + "deployments:\n  - model_alias: a\n    model: m\n    server:\n      cpus: 1\n"
+HF = "hf_" + "AbCdEfGh1234567890" * 2
+
+
+@pytest.mark.parametrize(
+    ("entry", "why"),
+    [
+        pytest.param(f"HF_TOKEN: {HF}", "name says it holds a credential", id="hf-token"),
+        pytest.param("OPENAI_API_KEY: not-a-real-key-but-long", "name says it holds a credential", id="api-key-name"),
+        pytest.param("DB_PASSWORD: correct-horse-battery", "name says it holds a credential", id="password-name"),
+        pytest.param(f"UPSTREAM: {HF}", "starts like an API key", id="prefixed-value-innocent-name"),
+        pytest.param("X: 'sk-proj-0123456789abcdef'", "starts like an API key", id="sk-value"),
+        pytest.param("X: 'Bearer abc.def.ghi'", "starts like an API key", id="bearer-value"),
+        pytest.param("HUB: 'https://user:s3cr3t-pass@hub.example/v1'", "URL with credentials", id="url-userinfo"),
+        pytest.param("X: Zq3Vb8Kd9Lm2Np4Rt6Wx1Yz5Ac7Ef0Gh", "generated key", id="random-value"),
+        pytest.param("VLLM_API_KEY: anything", "set by ddslurm itself", id="reserved-token-variable"),
+    ],
+)
+def test_server_env_refuses_secrets_without_echoing_them(tmp_path: Path, entry: str, why: str) -> None:
+    path = write(tmp_path, DEPLOYMENT + f"      env:\n        {entry}\n")
+    with pytest.raises(ConfigFileError) as info:
+        load_run_file(path)
+    err = info.value
+    name, _, value = entry.partition(": ")
+    assert (err.line, err.col, err.field) == (7, 5, "deployments[0].server")
+    assert str(err).startswith(f"{path}:7:5: deployments[0].server: env.{name}: ")
+    assert why in err.message
+    assert value.strip("'") not in str(err)
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        "VLLM_LOGGING_LEVEL: INFO",
+        "TOKENIZERS_PARALLELISM: 'false'",
+        "HF_HUB_DISABLE_IMPLICIT_TOKEN: '1'",
+        "HF_TOKEN_PATH: /scratch/hf/token",
+        "HF_HOME: /scratch/hf-cache/hub/models--Qwen--Qwen3-8B-Instruct",
+        "SERVED: Meta-Llama-3-70B-Instruct-FP8",
+        "MODEL: meta-llama/Llama-3.1-70B-Instruct",
+        "FAKE_VLLM_LATENCY: '0.02'",
+        "HF_ENDPOINT: https://hf-mirror.example/api",
+    ],
+)
+def test_server_env_keeps_ordinary_settings(tmp_path: Path, entry: str) -> None:
+    run = load_run_file(write(tmp_path, DEPLOYMENT + f"      env:\n        {entry}\n"))
+    name = entry.partition(":")[0]
+    assert name in run.deployments[0].server.env
+
+
+def test_server_env_from_names_variables_for_the_servers(tmp_path: Path) -> None:
+    run = load_run_file(write(tmp_path, DEPLOYMENT + "      env_from: [HF_TOKEN, WANDB_API_KEY]\n"))
+    assert run.deployments[0].server.env_from == ("HF_TOKEN", "WANDB_API_KEY")
+    assert load_run_file(write(tmp_path, DEPLOYMENT)).deployments[0].server.env_from == ()
+
+
+@pytest.mark.parametrize(
+    ("entry", "field", "message"),
+    [
+        pytest.param(
+            "env_from: [hf-token]",
+            "deployments[0].server.env_from[0]",
+            "expected str matching regex '^[A-Za-z_][A-Za-z0-9_]*$'",
+            id="not-a-variable-name",
+        ),
+        pytest.param("env_from: HF_TOKEN", "deployments[0].server.env_from", "expected array, got str", id="scalar"),
+        pytest.param(
+            "env_from: [HF_TOKEN, HF_TOKEN]", "deployments[0].server", "env_from: HF_TOKEN is listed twice", id="twice"
+        ),
+        pytest.param(
+            "env_from: [VLLM_API_KEY]",
+            "deployments[0].server",
+            "env_from: VLLM_API_KEY is set by ddslurm itself (each attempt's own token)",
+            id="reserved",
+        ),
+        pytest.param(
+            "env_from: [X]\n      env: {X: '1'}",
+            "deployments[0].server",
+            "env_from: X is also set in env; keep one",
+            id="also-in-env",
+        ),
+    ],
+)
+def test_server_env_from_errors_name_file_line_and_field(tmp_path: Path, entry: str, field: str, message: str) -> None:
+    path = write(tmp_path, DEPLOYMENT + f"      {entry}\n")
+    with pytest.raises(ConfigFileError) as info:
+        load_run_file(path)
+    assert (info.value.field, info.value.message) == (field, message)
+    assert str(info.value).startswith(f"{path}:")
+    assert info.value.line is not None and info.value.col is not None

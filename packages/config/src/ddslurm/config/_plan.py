@@ -51,6 +51,9 @@ class DeploymentPlan(Frozen, frozen=True, kw_only=True):
     env: dict[str, str] = msgspec.field(default_factory=dict)
     proxy: bool = False
     """Whether the alias's endpoint is a balancing proxy (more than one replica) or the replica itself."""
+    env_from: tuple[str, ...] = ()
+    """Names of job environment variables given to this deployment's server steps only (``server.env_from``);
+    their values are never in the plan."""
 
 
 class ServingPlan(Frozen, frozen=True, kw_only=True):
@@ -131,3 +134,7 @@ class Plan(Frozen, frozen=True, kw_only=True):
     """None for hosted-only runs: no GPU discovery, servers, containers or proxies at all."""
     max_empty_outputs: int | None = 0
     """Empty or null values each LLM column of a shard may hold (the run file's ``max_empty_outputs``)."""
+    server_secret_env: tuple[str, ...] = ()
+    """Variables the server steps need (every deployment's ``server.env_from``, sorted): checked set at submit and
+    exported to the job by name like ``secret_env``, but given only to the server steps that name them, never to
+    the proxy or the client."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
 import msgspec
@@ -11,6 +12,60 @@ from ddslurm.config._base import Frozen
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
 ResumeMode = Literal["never", "always", "if_possible"]
+EnvName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+
+RESERVED_SERVER_ENV = frozenset({"VLLM_API_KEY", "APPTAINERENV_VLLM_API_KEY"})
+"""Set by ddslurm on every server step (the attempt's own token); never taken from the run file."""
+
+# server.env values are stored in the run's inputs and its plan, so a credential there would be written to disk.
+_CREDENTIAL_WORDS = frozenset(
+    {"TOKEN", "SECRET", "SECRETS", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL", "CREDENTIALS", "APIKEY", "KEY",
+     "AUTH", "AUTHORIZATION", "BEARER", "JWT", "COOKIE", "PAT"}
+)  # fmt: skip
+_NOT_A_CREDENTIAL_SUFFIXES = frozenset({"PATH", "FILE", "DIR", "HOME"})
+_KEY_PREFIXES = (
+    "sk-", "hf_", "nvapi-", "ghp_", "gho_", "ghu_", "ghs_", "github_pat_", "glpat-", "xoxb-", "xoxp-", "AKIA",
+    "eyJ", "Bearer ", "Basic ",
+)  # fmt: skip
+_URL_CREDENTIALS = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/@\s]+:[^/@\s]+@")
+_RANDOM_TOKEN = re.compile(r"^[A-Za-z0-9_-]{24,}$")
+_MIN_NAMED_SECRET = 8
+
+
+def server_env_secret(name: str, value: str) -> str | None:
+    """Why ``name: value`` in ``server.env`` looks like a credential, or None.
+
+    A name whose words say it holds one (``HF_TOKEN``, ``OPENAI_API_KEY``, ``DB_PASSWORD``; not
+    ``TOKENIZERS_PARALLELISM`` or ``HF_TOKEN_PATH``) with a value of 8 characters or more, or a value that looks
+    like a key whatever the name: a known key prefix (``hf_``, ``sk-``, ``nvapi-``, a JWT, ...), credentials in a
+    URL, or a long random-looking string. The reason never repeats the value.
+    """
+    words = [w for w in re.split(r"[^A-Za-z0-9]+", name.upper()) if w]
+    if (
+        len(value) >= _MIN_NAMED_SECRET
+        and _CREDENTIAL_WORDS.intersection(words)
+        and words[-1] not in _NOT_A_CREDENTIAL_SUFFIXES
+    ):
+        return "the variable's name says it holds a credential"
+    stripped = value.strip()
+    if stripped.startswith(_KEY_PREFIXES):
+        return "the value starts like an API key or token"
+    if _URL_CREDENTIALS.match(stripped):
+        return "the value is a URL with credentials in it"
+    if _RANDOM_TOKEN.match(stripped) and _looks_random(stripped):
+        return "the value looks like a generated key"
+    return None
+
+
+def _looks_random(value: str) -> bool:
+    """Mixed case and digits with few separators: a generated key rather than a name (``Llama-3-70B-Instruct``)."""
+    separators = sum(ch in "-_" for ch in value)
+    return (
+        any(ch.isdigit() for ch in value)
+        and any(ch.islower() for ch in value)
+        and any(ch.isupper() for ch in value)
+        and separators * 8 <= len(value)
+    )
 
 
 class ServerSpec(Frozen, frozen=True, kw_only=True):
@@ -25,7 +80,32 @@ class ServerSpec(Frozen, frozen=True, kw_only=True):
     extra_args: tuple[str, ...] = ()
     """Passed to ``vllm serve`` verbatim, after the arguments ddslurm sets."""
     env: dict[str, str] = msgspec.field(default_factory=dict)
-    """Extra environment for the server steps (never secrets: they are refused)."""
+    """Extra environment for the server steps. Stored in the run's inputs and plan, so secrets are refused
+    (:func:`server_env_secret`): name them in ``env_from`` instead."""
+    env_from: tuple[EnvName, ...] = ()
+    """Variables of the submitting shell given to the server steps only (a gated model's ``HF_TOKEN``), by name:
+    checked set at submit, exported to the job by name like API keys, never written to any file, never given to
+    the proxy or the Data Designer client."""
+
+    def __post_init__(self) -> None:
+        for name, value in self.env.items():
+            if name in RESERVED_SERVER_ENV:
+                raise ValueError(f"env.{name}: set by ddslurm itself (each attempt's own token); remove it")
+            why = server_env_secret(name, value)
+            if why is not None:
+                raise ValueError(
+                    f"env.{name}: looks like a secret ({why}); server.env is written to the run's inputs and plan. "
+                    f"Export {name} in the shell you submit from and list it under server.env_from instead"
+                )
+        seen: set[str] = set()
+        for name in self.env_from:
+            if name in RESERVED_SERVER_ENV:
+                raise ValueError(f"env_from: {name} is set by ddslurm itself (each attempt's own token)")
+            if name in seen:
+                raise ValueError(f"env_from: {name} is listed twice")
+            if name in self.env:
+                raise ValueError(f"env_from: {name} is also set in env; keep one")
+            seen.add(name)
 
 
 class Deployment(Frozen, frozen=True, kw_only=True):
