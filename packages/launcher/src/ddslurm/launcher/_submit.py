@@ -185,6 +185,12 @@ def submit_shards(
             f"API-key variable(s) {', '.join(missing)} are unset or empty in this shell; the run's providers "
             "need them (export them and try again)"
         )
+    missing = missing_env(list(plan.server_secret_env), env)
+    if missing:
+        raise SubmitError(
+            f"variable(s) {', '.join(missing)} named by server.env_from are unset or empty in this shell; the run's "
+            "model servers need them (export them and try again)"
+        )
     chunk = slurm.max_array_size()
     submitted: list[str] = []
     for start in range(0, len(shards), chunk):
@@ -198,11 +204,17 @@ def submit_shards(
     return submitted
 
 
+def exported_names(plan: Plan) -> tuple[str, ...]:
+    """The variables a generation job gets from the submitting shell, by name (values never written anywhere):
+    the hosted providers' API keys (for the client step) and ``server.env_from`` (for the server steps)."""
+    return tuple(sorted({*plan.secret_env, *plan.server_secret_env}))
+
+
 def job_variables(plan: Plan) -> tuple[str, ...]:
     """Every variable of the submitting environment a generation job gets besides ``_slurm.NODE_ENV_ALLOWED``
     (which has no ``HOME``: a container runtime that needs settings finds them in the cluster's configuration,
     or in ``server.env``)."""
-    return plan.secret_env
+    return exported_names(plan)
 
 
 def _sbatch(

@@ -120,6 +120,7 @@ def plan_serving(run: RunFile, profile: ClusterProfile, partition: str | None) -
                 extra_args=dep.server.extra_args,
                 env=dict(dep.server.env),
                 proxy=dep.replicas > 1,
+                env_from=dep.server.env_from,
             )
         )
     if total > per_node:
@@ -229,11 +230,18 @@ def compile_plan(inputs: PlanInputs) -> Plan:
         recipe_sha256=inputs.recipe_sha256,
         snapshot_file=str(layout.snapshot),
         snapshot_sha256=inputs.snapshot_sha256,
-        secret_env=inputs.snapshot.secret_env_names(),
+        secret_env=hosted_key_names(inputs.snapshot),
         python_env=profile.python_env,
         generation=generation,
         collection=collection,
         client_cpus=sub.cpus,
         serving=serving,
         max_empty_outputs=run.max_empty_outputs,
+        server_secret_env=tuple(sorted({name for dep in run.deployments for name in dep.server.env_from})),
     )
+
+
+def hosted_key_names(snapshot: ProviderSnapshot) -> tuple[str, ...]:
+    """The API-key variables of the hosted providers, sorted: what the submitting shell must export. A local
+    provider's key variable names the attempt's own token, which the node makes and only the client holds."""
+    return tuple(sorted({p.api_key_env for p in snapshot.providers if p.api_key_env and not p.local}))

@@ -33,6 +33,9 @@ from ddslurm.providers._secrets import (
 from ddslurm.providers.errors import ResolutionError
 
 LOCAL_PROVIDER_PREFIX = "ddslurm-local-"
+LOCAL_TOKEN_ENV = "DDSLURM_LOCAL_TOKEN"
+"""The API-key variable of every local provider: on the node, the attempt's own random token, which the servers
+and proxies require and only the Data Designer client step's environment holds (never set on the submit host)."""
 
 ModelComparer = Callable[[Mapping[str, Any], Mapping[str, Any]], bool]
 """Whether two model configs (plain data) are the same one; the default asks Data Designer's ``ModelConfig``."""
@@ -289,7 +292,7 @@ def describe(
             pname = f"{LOCAL_PROVIDER_PREFIX}{alias}"
             served = dep.served_model_name or dep.model
             params = model_entry[0].inference_parameters if model_entry else None
-            snap_providers[pname] = SnapshotProvider(name=pname, endpoint="", local=True)
+            snap_providers[pname] = SnapshotProvider(name=pname, endpoint="", api_key_env=LOCAL_TOKEN_ENV, local=True)
             snap_models.append(
                 SnapshotModel(
                     alias=alias,
