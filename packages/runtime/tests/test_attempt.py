@@ -46,11 +46,17 @@ SECRET = "sk-attempt-test-secret-value"
 RECIPE = b"data_designer:\n  columns:\n  - {name: x, column_type: sampler}\n  model_configs: []\n"
 
 
-def _run(tmp_path: Path, *, shard_records: tuple[int, ...] = (4, 4)) -> RunLayout:
+LOCAL = SnapshotProvider(name="ddslurm-local-x", endpoint="", api_key_env="DDSLURM_LOCAL_TOKEN", local=True)
+
+
+def _run(tmp_path: Path, *, shard_records: tuple[int, ...] = (4, 4), local: bool = False) -> RunLayout:
     layout = RunLayout(tmp_path / "run-1")
     layout.inputs.mkdir(parents=True)
     snapshot = ProviderSnapshot(
-        providers=(SnapshotProvider(name="p", endpoint="http://127.0.0.1:9/v1", api_key_env="T_KEY"),),
+        providers=(
+            SnapshotProvider(name="p", endpoint="http://127.0.0.1:9/v1", api_key_env="T_KEY"),
+            *((LOCAL,) if local else ()),
+        ),
         models=(SnapshotModel(alias="gen", model="m", provider="p", inference_parameters={"temperature": 0.5}),),
     )
     snap_bytes = encode_pretty(snapshot)
@@ -186,6 +192,42 @@ def test_failures_record_a_reason_and_publish_nothing(
     record = read_json(layout.shard(0).attempt("attempt-9").record, AttemptRecord)
     assert record.state == "failed" and record.reason == reason and record.message
     assert SECRET not in record.message
+
+
+TOKEN = "the-attempts-own-token-" + "k" * 24
+
+
+@pytest.mark.parametrize(
+    ("engine", "env", "code", "reason"),
+    [
+        pytest.param(FakeEngine(), {"T_KEY": SECRET, "DDSLURM_LOCAL_TOKEN": TOKEN}, EXIT_OK, None, id="clean"),
+        pytest.param(FakeEngine(), {"T_KEY": SECRET}, EXIT_FAILED, "secret_missing", id="no-token"),
+        pytest.param(
+            FakeEngine(leak=TOKEN),
+            {"T_KEY": SECRET, "DDSLURM_LOCAL_TOKEN": TOKEN},
+            EXIT_FAILED,
+            "output_invalid",
+            id="token-in-output",
+        ),
+    ],
+)
+def test_the_client_scans_for_the_attempts_token_too(
+    tmp_path: Path, engine: FakeEngine, env: dict[str, str], code: int, reason: str | None
+) -> None:
+    """The local provider's key variable (the attempt's token, which the plan does not list: the submitting shell
+    never has it) counts among the client's secrets: required in its environment, and scanned for before the
+    shard's result may be published."""
+    from ddslurm.runtime.cli import client_inputs
+
+    layout = _run(tmp_path, local=True)
+    inputs = client_inputs(load_inputs(layout))
+    assert "DDSLURM_LOCAL_TOKEN" in inputs.plan.secret_env and "T_KEY" in inputs.plan.secret_env
+    assert inputs.plan_sha256 == load_inputs(layout).plan_sha256  # the winner still names the run's plan
+    assert _runner(layout, engine, env).run(inputs, 0, "9", "n") == code
+    record = read_json(layout.shard(0).attempt("attempt-9").record, AttemptRecord)
+    assert record.reason == reason
+    assert layout.shard(0).winner.exists() == (code == EXIT_OK)
+    assert TOKEN not in (record.message or "")
 
 
 def test_modified_inputs_are_refused(tmp_path: Path) -> None:

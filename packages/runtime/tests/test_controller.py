@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import subprocess
 import sys
 import threading
@@ -12,7 +13,16 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ddslurm.config import AttemptRecord, ProviderSnapshot, RunLayout, atomic_write, encode, read_json
+from ddslurm.config import (
+    AttemptRecord,
+    ProviderSnapshot,
+    RunLayout,
+    SnapshotModel,
+    SnapshotProvider,
+    atomic_write,
+    encode,
+    read_json,
+)
 from ddslurm.config.testing import make_plan
 from ddslurm.runtime import AttemptRunner, Inputs
 from ddslurm.runtime._controller import Controller, StopSignal
@@ -106,10 +116,16 @@ def test_generation_step_is_rerun_inside_the_allocation(
 # --- a proxy that dies while the client depends on it -------------------------------------------------------
 
 STAND_IN = """
-import json, sys
+import json, os, sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+TOKEN = os.environ.get("VLLM_API_KEY")
 class Handler(BaseHTTPRequestHandler):
     def do_GET(self):
+        if TOKEN and self.path != "/health" and self.headers.get("Authorization") != "Bearer " + TOKEN:
+            self.send_response(401)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         body = json.dumps({"data": [{"id": "served"}]}).encode() if self.path == "/v1/models" else b""
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
@@ -122,7 +138,8 @@ ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
 
 
 class ServingLauncher(ScriptedLauncher):
-    """Servers and proxies are tiny HTTP stand-ins (200 on /health, the served name on /v1/models); clients are
+    """Servers and proxies are tiny HTTP stand-ins (200 on /health, the served name on /v1/models; like vLLM,
+    ``/v1/*`` needs ``Authorization: Bearer $VLLM_API_KEY`` when the step's environment sets it); clients are
     scripted as above, plus ``hang`` (runs until stopped)."""
 
     def __init__(self, outcomes: list[str]) -> None:
@@ -146,32 +163,49 @@ class ServingLauncher(ScriptedLauncher):
             port = spec.argv[spec.argv.index("--listen") + 1].rpartition(":")[2]
         else:
             port = spec.argv[spec.argv.index("--port") + 1]
-        step = Step(spec, subprocess.Popen([sys.executable, "-c", STAND_IN, port], start_new_session=True))
+        stand_in = [sys.executable, "-c", STAND_IN, port]
+        step = Step(spec, subprocess.Popen(stand_in, env={**os.environ, **spec.env}, start_new_session=True))
         (self.proxies if spec.name.startswith("proxy-") else self.servers).append(step)
         return step
 
 
-def _serving_controller(tmp_path: Path, launcher: ServingLauncher, client_retries: int) -> tuple[Controller, Inputs]:
+def _serving_controller(
+    tmp_path: Path,
+    launcher: ServingLauncher,
+    client_retries: int,
+    *,
+    env: dict[str, str] | None = None,
+    snapshot: ProviderSnapshot | None = None,
+    env_from: tuple[str, ...] = (),
+    secret_env: tuple[str, ...] = (),
+) -> tuple[Controller, Inputs]:
     from ddslurm.config import DeploymentPlan, ReplicaPlan, ServingPlan
 
     layout = RunLayout(tmp_path / "run-1")
-    layout.root.mkdir()
+    layout.root.mkdir(exist_ok=True)
     replicas = tuple(ReplicaPlan(index=i, gpus=1, cpus=1) for i in range(2))
     deployment = DeploymentPlan(
         alias="gen", model="m", served_model_name="served", tensor_parallel=1, replicas=replicas, startup_timeout=30,
-        proxy=True,
+        proxy=True, env={"VLLM_LOGGING_LEVEL": "INFO"}, env_from=env_from,
     )  # fmt: skip
     serving = ServingPlan(deployments=(deployment,), gpus=2, vllm_executable=str(tmp_path / "no-vllm"))
-    plan = make_plan("run-1", (4,), client_retries=client_retries, serving=serving)
+    plan = make_plan(
+        "run-1",
+        (4,),
+        client_retries=client_retries,
+        serving=serving,
+        secret_env=secret_env,
+        server_secret_env=env_from,
+    )
     atomic_write(layout.plan, encode(plan))
-    inputs = Inputs(plan=plan, plan_sha256="-", recipe={}, snapshot=ProviderSnapshot())
+    inputs = Inputs(plan=plan, plan_sha256="-", recipe={}, snapshot=snapshot or ProviderSnapshot())
     runner = AttemptRunner(
         layout, engine=lambda r: pytest.fail("no engine here"), env={}, make_logger=lambda s: new_logger(s)
     )
     controller = Controller(
         runner,
         launcher=launcher,
-        env={"CUDA_VISIBLE_DEVICES": "0,1"},
+        env={"CUDA_VISIBLE_DEVICES": "0,1", **(env or {})},
         runtime_exe=Path("/x/ddslurm-runtime"),
         run_dir=layout.root,
         logger=new_logger(io.BytesIO()),
@@ -223,3 +257,70 @@ def test_a_dead_proxy_stops_the_client_and_the_rerun_restarts_it(
     if proxies == 2:  # the new proxy was up before the client ran again, in front of both replicas
         assert launcher.proxies[1].spec.argv.count("--upstream") == 2
     assert all(s.poll() is not None for s in [*launcher.proxies, *launcher.servers, *launcher.clients])
+
+
+# --- the attempt's token and the server-only variables ------------------------------------------------------
+
+HOSTED_KEY = "sk-hosted-key-value-for-the-client-only"
+HF_TOKEN = "hf_server-only-value-planted-by-the-test"
+LOCAL_AND_HOSTED = ProviderSnapshot(
+    providers=(
+        SnapshotProvider(name="ddslurm-local-gen", endpoint="", api_key_env="DDSLURM_LOCAL_TOKEN", local=True),
+        SnapshotProvider(name="hosted", endpoint="http://127.0.0.1:9/v1", api_key_env="HOSTED_KEY"),
+    ),
+    models=(SnapshotModel(alias="gen", model="served", provider="ddslurm-local-gen"),),
+)
+
+
+def _files_holding(root: Path, needle: str) -> list[Path]:
+    return [p for p in root.rglob("*") if p.is_file() and needle.encode() in p.read_bytes()]
+
+
+def test_each_attempt_has_its_own_token_in_step_environments_only(tmp_path: Path) -> None:
+    """Servers and proxies get the attempt's token in their environment (never on a command line), the client gets
+    it as the local provider's key variable, the readiness probes send it (the stand-ins answer /v1/models only
+    with it), and no file of the run holds it. The hosted key reaches only the client, server.env_from only the
+    server steps."""
+    tokens = []
+    for job in ("9201", "9202"):
+        launcher = ServingLauncher(["ok"])
+        controller, inputs = _serving_controller(
+            tmp_path,
+            launcher,
+            0,
+            env={"HOSTED_KEY": HOSTED_KEY, "HF_TOKEN": HF_TOKEN},
+            snapshot=LOCAL_AND_HOSTED,
+            env_from=("HF_TOKEN",),
+            secret_env=("HOSTED_KEY",),
+        )
+        assert controller.run(inputs, 0, job, "n1") == 0
+        [client] = launcher.clients
+        token = client.spec.env["DDSLURM_LOCAL_TOKEN"]
+        assert len(token) >= 32
+        tokens.append(token)
+        steps = [*launcher.servers, *launcher.proxies, client]
+        assert len(launcher.servers) == 2 and len(launcher.proxies) == 1
+        for step in steps:
+            assert not any(token in arg for arg in step.spec.argv), step.name
+        for server in launcher.servers:
+            assert server.spec.env["VLLM_API_KEY"] == token
+            assert server.spec.env["HF_TOKEN"] == HF_TOKEN and server.spec.env["VLLM_LOGGING_LEVEL"] == "INFO"
+            assert "HOSTED_KEY" not in server.spec.env and "DDSLURM_LOCAL_TOKEN" not in server.spec.env
+        for proxy in launcher.proxies:
+            assert proxy.spec.env["VLLM_API_KEY"] == token
+            assert not {"HF_TOKEN", "HOSTED_KEY", "DDSLURM_LOCAL_TOKEN"} & set(proxy.spec.env)
+        assert client.spec.env["HOSTED_KEY"] == HOSTED_KEY
+        assert not {"HF_TOKEN", "VLLM_API_KEY"} & set(client.spec.env)
+        for secret in (token, HF_TOKEN, HOSTED_KEY):
+            assert _files_holding(tmp_path, secret) == []
+    assert tokens[0] != tokens[1]
+
+
+def test_a_server_variable_unset_in_the_job_fails_before_any_server_starts(tmp_path: Path) -> None:
+    launcher = ServingLauncher(["ok"])
+    controller, inputs = _serving_controller(tmp_path, launcher, 0, env_from=("HF_TOKEN",))
+    assert controller.run(inputs, 0, "9203", "n1") == 1
+    record = read_json(RunLayout(tmp_path / "run-1").shard(0).attempt("attempt-9203").record, AttemptRecord)
+    assert record.reason == "secret_missing" and "HF_TOKEN" in (record.message or "")
+    assert "server.env_from" in (record.message or "")
+    assert launcher.servers == [] and launcher.clients == []

@@ -489,3 +489,85 @@ def test_main_fails_when_the_port_is_taken(tmp_path: Path) -> None:
         argv = ["--listen", f"127.0.0.1:{port}", "--upstream", "http://127.0.0.1:9", "--log", str(log)]
         assert main(argv) == 1
     assert json.loads(log.read_text().splitlines()[-1])["event"] == "proxy.failed"
+
+
+# --- 7. the attempt's token ------------------------------------------------------------------------
+
+TOKEN = "attempt-token-" + "t" * 32
+
+
+class Guarded(Inline):
+    """An upstream that, like vLLM started with a key, needs ``Authorization: Bearer TOKEN`` on ``/v1/*``."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.seen: list[str | None] = []
+
+    async def chat(self, request: web.Request) -> web.Response:
+        self.seen.append(request.headers.get("Authorization"))
+        if request.headers.get("Authorization") != f"Bearer {TOKEN}":
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        return await super().chat(request)
+
+
+def test_the_proxy_refuses_requests_without_the_token_and_sends_it_upstream() -> None:
+    async def scenario() -> None:
+        upstream = Guarded("a")
+        async with (
+            serving(upstream.app) as base,
+            running_proxy([base], token=TOKEN) as (_, url),
+            aiohttp.ClientSession() as session,
+        ):
+            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):
+                async with session.post(f"{url}/v1/chat/completions", json=CHAT, headers=headers) as response:
+                    assert response.status == 401, headers
+                    assert (await response.json())["error"]["type"] == "Unauthorized"
+                async with session.get(f"{url}/ddslurm/upstreams", headers=headers) as response:
+                    assert response.status == 401
+            assert upstream.seen == []  # refused by the proxy itself: nothing reached a replica
+            async with session.get(f"{url}/health") as response:
+                assert response.status == 200  # open, like vLLM's: the controller's liveness check needs no key
+            good = {"Authorization": f"Bearer {TOKEN}"}
+            async with session.post(f"{url}/v1/chat/completions", json=CHAT, headers=good) as response:
+                assert response.status == 200 and await response.json() == {"served_by": "a"}
+            assert upstream.seen == [f"Bearer {TOKEN}"]
+            assert TOKEN not in repr(ProxyConfig("127.0.0.1", 0, (base,), token=TOKEN))
+
+    asyncio.run(scenario())
+
+
+def test_the_command_takes_the_token_from_its_environment(tmp_path: Path) -> None:
+    async def scenario(port: int) -> None:
+        upstream = Guarded("a")
+        async with serving(upstream.app) as base:
+            argv = ["--listen", f"127.0.0.1:{port}", "--upstream", base, "--log", str(tmp_path / "proxy.log")]
+            code = "import sys; from ddslurm.runtime._proxy import main; sys.exit(main(sys.argv[1:]))"
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-c", code, *argv, env={**os.environ, "VLLM_API_KEY": TOKEN}
+            )
+            try:
+                url = f"http://127.0.0.1:{port}"
+                async with aiohttp.ClientSession() as session:
+                    deadline = time.monotonic() + 10
+                    while True:
+                        with contextlib.suppress(aiohttp.ClientError):
+                            async with session.get(f"{url}/health") as response:
+                                if response.status == 200:
+                                    break
+                        assert proc.returncode is None and time.monotonic() < deadline
+                        await asyncio.sleep(0.05)
+                    assert TOKEN.encode() not in Path(f"/proc/{proc.pid}/cmdline").read_bytes()
+                    async with session.post(f"{url}/v1/chat/completions", json=CHAT) as response:
+                        assert response.status == 401
+                    headers = {"Authorization": f"Bearer {TOKEN}"}
+                    async with session.post(f"{url}/v1/chat/completions", json=CHAT, headers=headers) as response:
+                        assert response.status == 200
+            finally:
+                proc.terminate()
+                await proc.wait()
+        assert TOKEN not in (tmp_path / "proxy.log").read_text()
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    asyncio.run(scenario(port))

@@ -14,6 +14,7 @@ from ddslurm.runtime._serving import (
     check_gpus,
     choose_ports,
     server_command,
+    token_environment,
 )
 from ddslurm.runtime._steps import StepSpec, srun_argv, without
 
@@ -68,6 +69,20 @@ def test_server_command_lines(serving: ServingPlan, argv: tuple[str, ...], srun_
     cmd = server_command(serving, DEP, "127.0.0.1", 8100)
     assert cmd.argv == argv
     assert cmd.srun_extra == srun_extra
+
+
+@pytest.mark.parametrize("runtime", ["none", "pyxis", "apptainer"])
+def test_the_token_reaches_vllm_by_environment_not_on_the_command_line(runtime: str) -> None:
+    """vLLM reads VLLM_API_KEY as it reads --api-key; on a command line ``ps`` would show the token to everyone.
+    Apptainer also gets APPTAINERENV_VLLM_API_KEY, which reaches the container even with --cleanenv."""
+    serving = _serving(container_runtime=runtime, vllm_image="img")
+    token = "tok-" + "x" * 40
+    cmd = server_command(serving, DEP, "127.0.0.1", 8100)
+    assert not any(token in arg or "--api-key" in arg for arg in (*cmd.argv, *cmd.srun_extra))
+    env = token_environment(serving, token)
+    assert env["VLLM_API_KEY"] == token
+    assert (env.get("APPTAINERENV_VLLM_API_KEY") == token) == (runtime == "apptainer")
+    assert set(env) <= {"VLLM_API_KEY", "APPTAINERENV_VLLM_API_KEY"}
 
 
 @pytest.mark.parametrize(

@@ -6,14 +6,19 @@
                      that dies or stops answering fails the client run with proxy_died) ─► teardown
 
 Every process is a step started by the injected launcher (``srun`` in a job). Secrets reach only the client
-step's environment. A retryable failure of the client run (``client_retries``) reruns the client with the
-servers kept; a proxy that died is started again first. Teardown always runs: on success, failure,
-cancellation (SIGTERM) or the time-limit warning (SIGUSR1 from ``#SBATCH --signal``), and the attempt record
+step's environment: the hosted providers' API keys and the attempt's own random token, which every server and
+proxy of the attempt requires (they get it in their environment, never on a command line; nothing writes it to
+a file). Variables the run file names in ``server.env_from`` reach only the server steps of that deployment.
+
+A retryable failure of the client run (``client_retries``) reruns the client with the servers kept; a proxy
+that died is started again first. Teardown always runs: on success, failure, cancellation (SIGTERM) or the
+time-limit warning (SIGUSR1 from ``#SBATCH --signal``), and the attempt record
 says why it ended.
 """
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -33,7 +38,9 @@ from ddslurm.config import (
     read_tail,
 )
 from ddslurm.runtime._attempt import EXIT_OK, AttemptRunner, Began, Inputs, exit_code_for
+from ddslurm.runtime._engine import local_token_names
 from ddslurm.runtime._serving import (
+    TOKEN_ENV,
     ProxyDiedError,
     ServerDiedError,
     answers,
@@ -42,11 +49,12 @@ from ddslurm.runtime._serving import (
     is_healthy,
     port_is_free,
     server_command,
+    token_environment,
     vllm_version,
     wait_ready,
 )
 from ddslurm.runtime._steps import Step, StepLauncher, StepSpec, without
-from ddslurm.runtime.errors import RuntimeFailure
+from ddslurm.runtime.errors import RuntimeFailure, SecretMissingError
 
 HOST = "127.0.0.1"
 
@@ -164,6 +172,8 @@ class Controller:
         self._steps: list[Step] = []
         self._proxies: dict[str, ProxyStep] = {}
         self._secrets: tuple[str, ...] = ()
+        self._server_secrets: tuple[str, ...] = ()
+        self._token = ""
 
     def run(self, inputs: Inputs, shard: int, job_id: str, node: str, restart: int = 0) -> int:
         array, task = self._env.get("SLURM_ARRAY_JOB_ID"), self._env.get("SLURM_ARRAY_TASK_ID")
@@ -187,6 +197,8 @@ class Controller:
 
     def _run(self, inputs: Inputs, began: Began, job_id: str, log: Any) -> int:
         self._secrets = inputs.plan.secret_env
+        self._server_secrets = inputs.plan.server_secret_env
+        self._token = secrets.token_urlsafe(32)  # this attempt's own; kept in memory and step environments only
         serving = inputs.plan.serving
         replicas: dict[str, list[Replica]] = {}
         endpoints: dict[str, str] = {}
@@ -217,7 +229,12 @@ class Controller:
         self, serving: ServingPlan, began: Began, job_id: str, memory: MemorySplit, log: Any
     ) -> dict[str, list[Replica]]:
         gpus = check_gpus(serving, self._env)
-        server_env = without(self._env, self._secrets)
+        server_env = self._without_secrets()
+        missing = sorted({n for d in serving.deployments for n in d.env_from if not self._env.get(n)})
+        if missing:
+            raise SecretMissingError(
+                f"variable(s) {', '.join(missing)} named by server.env_from are unset in the job's environment"
+            )
         version = vllm_version(serving, server_env)
         log.info("serving.start", gpus=len(gpus), vllm=version)
         wanted = [r.port for d in serving.deployments for r in d.replicas]
@@ -230,7 +247,12 @@ class Controller:
                 spec = StepSpec(
                     name=f"server-{dep.alias}-{rep.index}",
                     argv=cmd.argv,
-                    env={**server_env, **dep.env},
+                    env={
+                        **server_env,
+                        **dep.env,
+                        **{name: self._env[name] for name in dep.env_from},
+                        **token_environment(serving, self._token),
+                    },
                     log=began.layout.dir / f"server-{dep.alias}-{rep.index}.log",
                     cpus=rep.cpus,
                     mem_mb=memory.server,
@@ -254,7 +276,15 @@ class Controller:
             if self._stop.event.wait(seconds):
                 raise self._interrupted()
 
-        return wait_ready(step, url, served, max(0.0, deadline - time.monotonic()), client=self._http, sleep=sleep)
+        return wait_ready(
+            step,
+            url,
+            served,
+            max(0.0, deadline - time.monotonic()),
+            client=self._http,
+            sleep=sleep,
+            token=self._token,
+        )
 
     def _endpoints(
         self,
@@ -289,7 +319,7 @@ class Controller:
         spec = StepSpec(
             name=f"proxy-{alias}",
             argv=(*argv, "--log", str(log_path)),
-            env=without(self._env, self._secrets),
+            env={**self._without_secrets(), TOKEN_ENV: self._token},
             log=began.layout.dir / f"proxy-{alias}.out",
             cpus=cpus,
             mem_mb=memory.proxy,
@@ -368,7 +398,10 @@ class Controller:
         spec = StepSpec(
             name="client",
             argv=argv,
-            env=dict(self._env),
+            env={
+                **without(self._env, [n for n in self._server_secrets if n not in self._secrets]),
+                **dict.fromkeys(local_token_names(inputs.snapshot), self._token),
+            },
             log=began.layout.dir / "client.out",
             cpus=inputs.plan.client_cpus,
             mem_mb=memory.client,
@@ -445,7 +478,7 @@ class Controller:
         for proxy in self._proxies.values():
             if proxy.step.poll() is not None:
                 continue
-            if answers(self._http, proxy.url):
+            if answers(self._http, proxy.url, self._token):
                 failures.pop(proxy.step.name, None)
                 continue
             failures[proxy.step.name] = failures.get(proxy.step.name, 0) + 1
@@ -458,7 +491,7 @@ class Controller:
             for r in reps:
                 if r.step.poll() is not None:
                     continue
-                if is_healthy(self._http, r.url):
+                if is_healthy(self._http, r.url, self._token):
                     failures.pop(r.step.name, None)
                     continue
                 failures[r.step.name] = failures.get(r.step.name, 0) + 1
@@ -468,6 +501,10 @@ class Controller:
                     r.step.stop(self._grace)
 
     # --- processes -------------------------------------------------------------------------------------
+
+    def _without_secrets(self) -> dict[str, str]:
+        """The job's environment without any secret: the API keys (the client's) and ``server.env_from``."""
+        return without(self._env, (*self._secrets, *self._server_secrets))
 
     def _start(self, spec: StepSpec) -> Step:
         step = self._launcher.start(spec)

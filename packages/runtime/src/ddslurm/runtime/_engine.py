@@ -15,8 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ddslurm.config import ProviderSnapshot, ShardSpec
+from ddslurm.config import ProviderSnapshot, ShardSpec, SnapshotProvider
 from ddslurm.runtime.errors import EngineError
+
+LOCAL_TOKEN_ENV = "DDSLURM_LOCAL_TOKEN"
+"""The variable holding the attempt's token for a local provider whose snapshot entry names none (snapshots
+written before local providers named it)."""
 
 # sha1 of tiktoken's cl100k_base blob URL: the cache file name tiktoken looks for.
 _CL100K_CACHE_NAME = "9b5ad71b2ce5302211f9c61530b329a4922fc6a4"
@@ -31,6 +35,19 @@ def engine_environment(scratch_home: Path) -> dict[str, str]:
         "HF_HUB_OFFLINE": "1",
         "DISABLE_DATA_DESIGNER_PLUGINS": "true",
     }
+
+
+def provider_key_env(provider: SnapshotProvider) -> str | None:
+    """The API-key variable Data Designer resolves for ``provider``: a local provider's is always a variable that
+    holds the attempt's token (only in the client step's environment)."""
+    if provider.local:
+        return provider.api_key_env or LOCAL_TOKEN_ENV
+    return provider.api_key_env
+
+
+def local_token_names(snapshot: ProviderSnapshot) -> tuple[str, ...]:
+    """The variables the client step gets the attempt's token in: each local provider's key variable."""
+    return tuple(sorted({p.api_key_env or LOCAL_TOKEN_ENV for p in snapshot.providers if p.local}))
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +137,7 @@ def run_engine(request: EngineRequest) -> EngineResult:
                 name=p.name,
                 endpoint=endpoint,
                 provider_type=p.provider_type,
-                api_key=p.api_key_env,
+                api_key=provider_key_env(p),
                 extra_body=p.extra_body,
                 extra_headers=p.extra_headers,
             )

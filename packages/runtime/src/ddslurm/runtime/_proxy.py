@@ -18,6 +18,10 @@ seconds for one, then gets 503 ``{"error": {"message": ..., "type": "ServiceUnav
 
 The proxy's own endpoints: ``GET /health`` (200 when at least one upstream is healthy, else 503) and
 ``GET /ddslurm/upstreams`` (JSON: each upstream's healthy flag, in-flight, waiting, served and failed counts).
+
+With a token (``VLLM_API_KEY`` in the proxy's environment, the attempt's own token, never on its command line)
+every request but ``GET /health`` needs ``Authorization: Bearer TOKEN`` and gets 401 without it; requests are
+forwarded, and upstreams probed, with that same header, which the replicas require too.
 The request body is read whole before forwarding (it has to be kept for a retry); the response never is.
 """
 
@@ -26,12 +30,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hmac
 import json
 import logging
+import os
 import signal
 import sys
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Final
 
@@ -40,6 +46,7 @@ from aiohttp import web
 from yarl import URL
 
 from ddslurm.runtime._log import new_logger
+from ddslurm.runtime._serving import TOKEN_ENV, auth_headers
 
 _HOP_BY_HOP: Final = frozenset(
     {
@@ -77,6 +84,7 @@ class ProxyConfig:
     connect_timeout: float = 5.0  # TCP connect to an upstream
     probe_timeout: float = 5.0  # one /health probe or /metrics scrape
     shutdown_timeout: float = 5.0  # how long a stop lets in-flight requests finish
+    token: str | None = field(default=None, repr=False)  # required from clients, sent upstream; None: open
 
     def __post_init__(self) -> None:
         if not self.upstreams:
@@ -162,6 +170,7 @@ class Proxy:
         self._probes: aiohttp.ClientSession | None = None
         self._runner: web.ServerRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._expected = f"Bearer {config.token}".encode() if config.token else None
         self.port: int | None = None
 
     # -- lifecycle --------------------------------------------------------------------------------
@@ -182,6 +191,7 @@ class Proxy:
             connector=aiohttp.TCPConnector(limit=0, force_close=True),
             timeout=aiohttp.ClientTimeout(total=cfg.probe_timeout),
             cookie_jar=aiohttp.DummyCookieJar(),
+            headers=auth_headers(cfg.token),
             trust_env=False,
         )
         try:
@@ -355,9 +365,17 @@ class Proxy:
             if healthy:
                 return web.Response(text=json.dumps({"healthy_upstreams": healthy}), content_type=_JSON)
             return _error(503, "ServiceUnavailable", "no healthy upstream")
+        if not self._authorized(request):
+            return _error(401, "Unauthorized", "this endpoint requires the attempt's token (Authorization: Bearer)")
         if path == "/ddslurm/upstreams":
             return web.Response(text=json.dumps(self.describe()), content_type=_JSON)
         return await self._forward(request)
+
+    def _authorized(self, request: web.BaseRequest) -> bool:
+        if self._expected is None:
+            return True
+        given = request.headers.get("Authorization", "").encode("utf-8", "replace")
+        return hmac.compare_digest(given, self._expected)
 
     async def _forward(self, request: web.BaseRequest) -> web.StreamResponse:
         session = self._session
@@ -367,7 +385,10 @@ class Proxy:
         connection = request.headers.get("Connection")
         if connection:
             drop = drop | {token.strip().lower() for token in connection.split(",")}
+        if self.config.token:
+            drop = drop | {"authorization"}
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in drop]
+        headers += list(auth_headers(self.config.token).items())
         method = request.method
         raw_path = request.raw_path
         deadline = asyncio.get_running_loop().time() + self.config.admission_timeout
@@ -531,9 +552,12 @@ def _on_signal(stop: asyncio.Event, logger: Any, sig: signal.Signals) -> Callabl
     return handler
 
 
-def main(argv: list[str]) -> int:
-    """``ddslurm-runtime proxy ...``: serve until SIGTERM/SIGINT; 0 after a graceful stop, 1 if it cannot start."""
+def main(argv: list[str], environ: Mapping[str, str] | None = None) -> int:
+    """``ddslurm-runtime proxy ...``: serve until SIGTERM/SIGINT; 0 after a graceful stop, 1 if it cannot start.
+
+    The token clients must send is ``VLLM_API_KEY`` of ``environ`` (default: this process's environment)."""
     args = _parser().parse_args(argv)
+    token = (os.environ if environ is None else environ).get(TOKEN_ENV) or None
     host, port = args.listen
     try:
         config = ProxyConfig(
@@ -546,6 +570,7 @@ def main(argv: list[str]) -> int:
             admission_timeout=args.admission_timeout,
             unavailable_grace=args.unavailable_grace,
             shutdown_timeout=args.shutdown_timeout,
+            token=token,
         )
     except ValueError as exc:
         print(f"ddslurm-runtime proxy: {exc}", file=sys.stderr)

@@ -1,4 +1,10 @@
-"""Model servers: vLLM command lines (bare, Pyxis, Apptainer), ports, GPU discovery, readiness."""
+"""Model servers: vLLM command lines (bare, Pyxis, Apptainer), ports, GPU discovery, readiness.
+
+Every attempt's servers and proxies require the attempt's own random token (``Authorization: Bearer TOKEN`` on
+``/v1/*``), so another user's job on a shared node cannot use them. The token reaches a server through its
+environment (:data:`TOKEN_ENV`, which vLLM reads like ``--api-key``), never through its command line, where
+``ps`` would show it to every user of the node.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +23,8 @@ from ddslurm.runtime.errors import RuntimeFailure
 PORT_BASE = 20000
 HEALTH_TIMEOUT_S = 5.0
 PORT_SPAN = 30000
+TOKEN_ENV = "VLLM_API_KEY"
+"""The variable vLLM (and the proxy) read the required API key from: ``--api-key`` without a command line."""
 
 
 class ServerError(RuntimeFailure):
@@ -90,6 +98,20 @@ def server_command(serving: ServingPlan, dep: DeploymentPlan, host: str, port: i
     return ServerCommand(argv=(serving.vllm_executable, *args))
 
 
+def token_environment(serving: ServingPlan, token: str) -> dict[str, str]:
+    """What a server step's environment needs so that vLLM requires ``token``. Pyxis passes the step's
+    environment into the container; Apptainer does too, and ``APPTAINERENV_`` holds even with ``--cleanenv``."""
+    env = {TOKEN_ENV: token}
+    if serving.container_runtime == "apptainer":
+        env[f"APPTAINERENV_{TOKEN_ENV}"] = token
+    return env
+
+
+def auth_headers(token: str | None) -> dict[str, str]:
+    """The Authorization header that the attempt's servers and proxies require (none without a token)."""
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
 def vllm_version(serving: ServingPlan, env: Mapping[str, str]) -> str:
     """The vLLM version (recorded, never gated). Only a bare executable can be asked cheaply."""
     if serving.container_runtime != "none":
@@ -128,27 +150,29 @@ def check_gpus(serving: ServingPlan, env: Mapping[str, str]) -> list[str]:
     return gpus
 
 
-def is_healthy(client: httpx.Client, base_url: str) -> bool:
+def is_healthy(client: httpx.Client, base_url: str, token: str | None = None) -> bool:
     try:
-        return client.get(f"{base_url}/health", timeout=HEALTH_TIMEOUT_S).status_code == 200
+        return (
+            client.get(f"{base_url}/health", headers=auth_headers(token), timeout=HEALTH_TIMEOUT_S).status_code == 200
+        )
     except httpx.HTTPError:
         return False
 
 
-def answers(client: httpx.Client, base_url: str) -> bool:
+def answers(client: httpx.Client, base_url: str, token: str | None = None) -> bool:
     """Whether anything answers ``GET /health`` at all (any status): the process is alive and serving, even
     if it reports itself unhealthy (a proxy says 503 while none of its replicas is healthy)."""
     try:
-        client.get(f"{base_url}/health", timeout=HEALTH_TIMEOUT_S)
+        client.get(f"{base_url}/health", headers=auth_headers(token), timeout=HEALTH_TIMEOUT_S)
     except httpx.HTTPError:
         return False
     return True
 
 
-def _serves(client: httpx.Client, base_url: str, served_name: str) -> bool:
-    """Whether ``/v1/models`` lists the served model name."""
+def _serves(client: httpx.Client, base_url: str, served_name: str, token: str | None) -> bool:
+    """Whether ``/v1/models`` lists the served model name (it needs the token, unlike ``/health``)."""
     try:
-        models = client.get(f"{base_url}/v1/models", timeout=HEALTH_TIMEOUT_S)
+        models = client.get(f"{base_url}/v1/models", headers=auth_headers(token), timeout=HEALTH_TIMEOUT_S)
         return models.status_code == 200 and served_name in {m.get("id") for m in models.json().get("data", [])}
     except (httpx.HTTPError, ValueError):
         return False
@@ -197,9 +221,11 @@ def wait_ready(
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
     interval: float = 0.5,
+    token: str | None = None,
 ) -> float:
     """Poll /health (then /v1/models for the served name) until ready; fail fast if the process exits.
 
+    ``token`` is sent with every probe (vLLM's ``/health`` needs none, ``/v1/models`` does).
     Returns the seconds it took. Raises ServerStartError (process died) or ServerNotReadyError (deadline),
     each with the tail of the step's log.
     """
@@ -212,7 +238,9 @@ def wait_ready(
                 f"{step.name} exited with status {code} before it was ready; last lines of {step.spec.log}:\n"
                 f"{read_tail(step.spec.log)}"
             )
-        if is_healthy(client, base_url) and (served_name is None or _serves(client, base_url, served_name)):
+        if is_healthy(client, base_url, token) and (
+            served_name is None or _serves(client, base_url, served_name, token)
+        ):
             return clock() - start
         if clock() >= deadline:
             raise ServerNotReadyError(

@@ -14,6 +14,7 @@ Inside a Slurm array task the shard and job id come from ``SLURM_ARRAY_TASK_ID``
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shutil
 import signal
@@ -30,9 +31,9 @@ import httpx
 import msgspec
 
 from ddslurm.config import RunLayout
-from ddslurm.runtime._attempt import EXIT_FAILED, AttemptRunner, load_inputs
+from ddslurm.runtime._attempt import EXIT_FAILED, AttemptRunner, Inputs, load_inputs
 from ddslurm.runtime._controller import Controller, StopSignal
-from ddslurm.runtime._engine import engine_environment, run_engine
+from ddslurm.runtime._engine import engine_environment, local_token_names, run_engine
 from ddslurm.runtime._log import new_logger
 from ddslurm.runtime._steps import LocalLauncher, SrunLauncher, StepLauncher
 from ddslurm.runtime.errors import RuntimeFailure
@@ -115,12 +116,23 @@ def cmd_generate(args: argparse.Namespace) -> int:
         return controller.run(inputs, shard, job_id, node, int(restart) if restart.isdigit() else 0)
 
 
+def client_inputs(inputs: Inputs) -> Inputs:
+    """The client's view of the inputs: the local providers' token variables count among the run's secrets, so
+    the client refuses to start without the attempt's token and scans the attempt's files for it before it
+    publishes (the plan's own ``secret_env`` names only what the submitting shell exports)."""
+    names = local_token_names(inputs.snapshot)
+    if not names:
+        return inputs
+    plan = msgspec.structs.replace(inputs.plan, secret_env=tuple(sorted({*inputs.plan.secret_env, *names})))
+    return dataclasses.replace(inputs, plan=plan)
+
+
 def cmd_client(args: argparse.Namespace) -> int:
     layout = RunLayout(args.run_dir.resolve())
     endpoints = msgspec.json.decode(args.endpoints.read_bytes(), type=dict[str, str]) if args.endpoints else {}
     with _engine_scratch(args.attempt) as home:
         try:
-            inputs = load_inputs(layout)
+            inputs = client_inputs(load_inputs(layout))
         except RuntimeFailure as exc:
             print(f"ddslurm-runtime: {exc.reason}: {exc.message}", file=sys.stderr)
             return EXIT_FAILED
@@ -159,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "proxy":
         from ddslurm.runtime._proxy import main as proxy_main
 
-        return proxy_main(rest)
+        return proxy_main(rest, os.environ)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     return cmd_generate(args) if args.command == "generate" else cmd_client(args)
