@@ -53,6 +53,7 @@ def test_api_key_and_request_log_never_hold_the_key(tmp_path: Path) -> None:
     log_path = tmp_path / "requests.jsonl"
     key = "sk-very-secret-value"
     with start_server(api_key=key, args=["--fake-request-log", str(log_path)]) as server:
+        assert key.encode() not in Path(f"/proc/{server.proc.pid}/cmdline").read_bytes()  # by environment
         assert httpx.post(f"{server.base_url}/chat/completions", json=CHAT).status_code == 401
         ok = httpx.post(f"{server.base_url}/chat/completions", json=CHAT, headers=server.headers)
         assert ok.status_code == 200

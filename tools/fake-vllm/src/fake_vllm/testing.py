@@ -125,7 +125,8 @@ def start_server(
     log_path: Path | None = None,
     port: int | None = None,
 ) -> Iterator[RunningServer]:
-    """Run ``fake-vllm serve MODEL --host HOST --port <free> [--api-key KEY] *args``.
+    """Run ``fake-vllm serve MODEL --host HOST --port <free> *args``, with ``VLLM_API_KEY=api_key`` in its
+    environment when a key is given (never ``--api-key`` on the command line, where ``ps`` shows it).
 
     ``wait``: ``"healthy"`` until /health is 200, ``"listening"`` until /health answers at all,
     ``"none"`` not at all. ``timeout`` bounds the wait; ``ServerStartError`` if it runs out or the server
@@ -140,12 +141,13 @@ def start_server(
         for attempt in range(attempts):
             chosen = port if port is not None else free_port(host)
             command = [sys.executable, "-m", "fake_vllm", "serve", model, "--host", host, "--port", str(chosen)]
-            if api_key is not None:
-                command += ["--api-key", api_key]
             command += list(args)
+            child_env = child_environment(env)
+            if api_key is not None:  # by environment: a command line is visible to every user of the machine
+                child_env["VLLM_API_KEY"] = api_key
             with path.open("wb") as log_file:
                 proc = subprocess.Popen(
-                    command, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file, env=child_environment(env)
+                    command, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file, env=child_env
                 )
             server = RunningServer(proc=proc, host=host, port=chosen, api_key=api_key, log_path=path)
             try:
