@@ -98,6 +98,11 @@ def test_mixed_run_local_generator_two_replicas_and_hosted_judge(
     gpus = sorted(line for d in dumps for line in d.splitlines() if line.startswith("CUDA_VISIBLE_DEVICES="))
     assert gpus == ["CUDA_VISIBLE_DEVICES=0,1", "CUDA_VISIBLE_DEVICES=2,3"]
     assert all(key not in d and "DEMO_HOSTED_API_KEY" not in d for d in dumps)
+    # Both replicas required the attempt's one token (in their environment), and every generator request had it.
+    tokens = {line.partition("=")[2] for d in dumps for line in d.splitlines() if line.startswith("VLLM_API_KEY=")}
+    assert len(tokens) == 1 and len(token := tokens.pop()) >= 32
+    generator = [json.loads(line) for f in tmp_path.glob("requests-*.jsonl") for line in f.read_text().splitlines()]
+    assert generator and all(r["authorized"] for r in generator if r["path"].startswith("/v1/"))
     # The proxy balanced and stopped cleanly; the judge went to the hosted stand-in with the key.
     # `wait` returns on the attempt's record; the allocation's teardown (TERM to the proxy) follows it.
     deadline = time.monotonic() + 60
@@ -111,6 +116,7 @@ def test_mixed_run_local_generator_two_replicas_and_hosted_judge(
     judge = [r for r in hosted if r["model"] == "demo/judge-70b" and r["path"].endswith("/chat/completions")]
     assert len(judge) >= 12 and all(r["authorized"] for r in judge)
     assert scan_for_secret(run_dir, key) == []
+    assert scan_for_secret(run_dir, token) == []
     record = read_json(attempt / "attempt.json", AttemptRecord)
     assert record.state == "succeeded" and record.node in {"n1", "n2"}
 

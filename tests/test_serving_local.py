@@ -6,6 +6,7 @@ The same code paths run under srun in tests/test_e2e_mixed.py.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -65,6 +66,10 @@ def _no_processes_left(run_dir: Path) -> None:
     assert str(run_dir) not in out
 
 
+def scan_tree_for(root: Path, needle: str) -> list[Path]:
+    return [p for p in root.rglob("*") if p.is_file() and needle.encode() in p.read_bytes()]
+
+
 def test_local_generator_and_hosted_judge(
     make_run_files: Any, hosted_endpoint: Any, tmp_path: Path, local_attempt: Any
 ) -> None:
@@ -88,6 +93,11 @@ def test_local_generator_and_hosted_judge(
     assert dumps and all(files.env["DEMO_HOSTED_API_KEY"] not in d.read_text() for d in dumps)
     assert all("DEMO_HOSTED_API_KEY" not in d.read_text() for d in dumps)
     assert (attempt / "serving.json").is_file() and (attempt / "endpoints.json").is_file()
+    # The server required the attempt's token (given in its environment), and every request carried it.
+    [token] = {line.partition("=")[2] for d in dumps for line in d.read_text().splitlines() if "VLLM_API_KEY=" in line}
+    assert len(token) >= 32
+    assert all(json.loads(line)["authorized"] for line in served)
+    assert scan_tree_for(run_dir, token) == []
     _no_processes_left(run_dir)
 
 
