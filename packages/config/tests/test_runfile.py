@@ -308,7 +308,7 @@ def test_validation_error_is_file_line_col_field_message(
             "name: demo\nname: other\nrecipe: r\nnum_records: 3\n",
             2,
             1,
-            'found duplicate key "name" with value "other" (original value: "demo")',
+            "duplicate key 'name' in the mapping that starts at line 1; keep one (values not shown)",
             id="duplicate-key",
         ),
         pytest.param("name: 'demo\n", 2, 1, "found unexpected end of stream", id="unterminated-quote"),

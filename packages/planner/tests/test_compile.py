@@ -344,7 +344,7 @@ def test_bad_time_limit_is_a_plan_error() -> None:
 
 
 def test_more_shards_than_records_is_a_plan_error() -> None:
-    with pytest.raises(PlanError, match=r"shards \(5\) exceeds num_records \(4\)"):
+    with pytest.raises(PlanError, match=r"shards: 5 shards for 4 records"):
         compile_plan(make_inputs(make_run(num_records=4, shards=5)))
 
 
@@ -420,14 +420,14 @@ def test_memory_request(memory: str | None, per_gpu: str | None, want: str | Non
             (Deployment(model_alias="gen", model="m", tensor_parallel=3),),
             {},
             {},
-            ["deployments[0] (gen)", "tensor_parallel 3 does not divide the 4 GPUs"],
+            ["deployments[0].tensor_parallel: 3 does not divide the 4 GPUs", "(model alias 'gen')"],
             id="tp-does-not-divide",
         ),
         pytest.param(
             (Deployment(model_alias="gen", model="m", tensor_parallel=8),),
             {},
             {},
-            ["tensor_parallel 8 is more than the 4 GPUs"],
+            ["tensor_parallel: 8 is more than the 4 GPUs"],
             id="tp-larger-than-node",
         ),
         pytest.param(
@@ -441,7 +441,7 @@ def test_memory_request(memory: str | None, per_gpu: str | None, want: str | Non
             (Deployment(model_alias="gen", model="m"),),
             {"gpus_per_node": 0},
             {},
-            ["0 GPUs", "gpus_per_node"],
+            ["profile.gpus_per_node: 0, but the run deploys models"],
             id="no-gpus-in-profile",
         ),
         pytest.param(
@@ -517,3 +517,92 @@ def test_compile_the_hosted_only_example() -> None:
     assert (plan.generation.time_minutes, plan.collection.time_minutes) == (20, 10)
     assert (plan.generation.memory, plan.collection.memory) == ("2G", "1G")
     assert plan.python_env == profile.python_env
+
+
+# --- every refusal starts with the field it is about (run-file fields as written; profile fields "profile.") ---
+
+
+@pytest.mark.parametrize(
+    ("run", "profile", "want"),
+    [
+        pytest.param(
+            {"submission": Submission(memory="lots")},
+            {},
+            "submission.memory: 'lots' is not a Slurm size such as 16G or 500M",
+            id="submission-memory",
+        ),
+        pytest.param(
+            {"collection": Collection(memory="lots")},
+            {},
+            "collection.memory: 'lots' is not a Slurm size such as 16G or 500M",
+            id="collection-memory",
+        ),
+        pytest.param(
+            {"submission": Submission(time_limit="soon")},
+            {},
+            "submission.time_limit: 'soon' is not a Slurm time (MM, HH:MM:SS or D-HH:MM:SS)",
+            id="submission-time-limit",
+        ),
+        pytest.param(
+            {"collection": Collection(time_limit="0")},
+            {},
+            "collection.time_limit: '0' is shorter than one minute",
+            id="collection-time-limit",
+        ),
+        pytest.param(
+            {"num_records": 4, "shards": 5},
+            {},
+            "shards: 5 shards for 4 records; every shard needs at least one record",
+            id="shards",
+        ),
+        pytest.param(
+            {"deployments": (Deployment(model_alias="gen", model="m"),)},
+            {"gpus_per_node": 0},
+            "profile.gpus_per_node: 0, but the run deploys models (deployments); set the GPUs of a node",
+            id="profile-gpus",
+        ),
+        pytest.param(
+            {"deployments": (Deployment(model_alias="gen", model="m"),)},
+            {"gpus_per_node": 4, "memory_per_gpu": "much"},
+            "profile.memory_per_gpu: 'much' is not a Slurm size such as 16G or 500M",
+            id="profile-memory-per-gpu",
+        ),
+        pytest.param(
+            {"deployments": (Deployment(model_alias="gen", model="m", tensor_parallel=3),)},
+            {"gpus_per_node": 4},
+            "deployments[0].tensor_parallel: 3 does not divide the 4 GPUs of a node (model alias 'gen')",
+            id="tensor-parallel",
+        ),
+        pytest.param(
+            {"deployments": (Deployment(model_alias="gen", model="m", tensor_parallel=8),)},
+            {"gpus_per_node": 4},
+            "deployments[0].tensor_parallel: 8 is more than the 4 GPUs of one node (model alias 'gen')",
+            id="tensor-parallel-too-large",
+        ),
+        pytest.param(
+            {"deployments": (Deployment(model_alias="gen", model="m", replicas=2, server=ServerSpec(port=65535)),)},
+            {"gpus_per_node": 4},
+            "deployments[0].server.port: 65535 + 2 replicas exceeds 65535 (model alias 'gen')",
+            id="port",
+        ),
+        pytest.param(
+            {"deployments": (Deployment(model_alias="gen", model="m", replicas=3, tensor_parallel=2),)},
+            {"gpus_per_node": 4},
+            "deployments: the deployments need 6 GPUs (gen: 3 x 2) but a node has 4",
+            id="gpus-in-total",
+        ),
+        pytest.param(
+            {
+                "deployments": (Deployment(model_alias="gen", model="m"),),
+                "submission": Submission(partition="cpu"),
+            },
+            {"gpus_per_node": 4, "partition": "gpu", "cpu_partition": "cpu"},
+            "submission.partition: 'cpu' is the profile's CPU-only partition",
+            id="partition",
+        ),
+    ],
+)
+def test_refusals_start_with_their_field(run: dict[str, object], profile: dict[str, object], want: str) -> None:
+    with pytest.raises(PlanError) as info:
+        compile_plan(make_inputs(make_run(**run), make_profile(**profile)))
+    assert str(info.value).startswith(want), str(info.value)

@@ -12,6 +12,7 @@ import pytest
 from ddslurm.config import Deployment, ProviderSnapshot, SnapshotModel, SnapshotProvider
 from ddslurm.providers import (
     LOCAL_PROVIDER_PREFIX,
+    LOCAL_TOKEN_ENV,
     MODEL_CONFIGS_FILE,
     PROVIDERS_FILE,
     AliasRow,
@@ -279,7 +280,7 @@ def test_local_deployment_gets_a_generated_provider(
 
     assert LOCAL_PROVIDER_PREFIX == "ddslurm-local-"
     assert resolution.snapshot.providers == (
-        SnapshotProvider(name="ddslurm-local-writer", endpoint="", local=True),
+        SnapshotProvider(name="ddslurm-local-writer", endpoint="", api_key_env=LOCAL_TOKEN_ENV, local=True),
         SnapshotProvider(
             name="demo-hosted",
             endpoint="http://127.0.0.1:18400/v1",
@@ -308,10 +309,10 @@ def test_all_local_needs_no_settings_and_no_keys(tmp_path: Path) -> None:
     snapshot = resolve(recipe, origin(), make_settings(tmp_path / "empty"), deployments, {}).snapshot
 
     assert snapshot == ProviderSnapshot(
-        providers=(SnapshotProvider(name="ddslurm-local-gen", endpoint="", local=True),),
+        providers=(SnapshotProvider(name="ddslurm-local-gen", endpoint="", api_key_env=LOCAL_TOKEN_ENV, local=True),),
         models=(SnapshotModel(alias="gen", model="org/m", provider="ddslurm-local-gen", source="deployment"),),
     )
-    assert snapshot.secret_env_names() == ()
+    assert [p.api_key_env for p in snapshot.providers if not p.local] == []  # nothing the submitting shell exports
 
 
 # --- resolve: every problem ---

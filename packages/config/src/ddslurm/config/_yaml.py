@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 import msgspec
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.constructor import DuplicateKeyError
 from ruamel.yaml.error import MarkedYAMLError
 
 from ddslurm.config.errors import ConfigFileError
@@ -21,6 +22,7 @@ _AT = re.compile(r"^(?P<msg>.*?)(?: - at (?P<key>`key` in )?`\$(?P<path>[^`]*)`)
 _STEP = re.compile(r"\.([^.\[\]]+)|\[(\d+)\]")
 _UNKNOWN = re.compile(r"^Object contains unknown field `(?P<name>[^`]+)`$")
 _MISSING = re.compile(r"^Object missing required field `(?P<name>[^`]+)`$")
+_DUPLICATE = re.compile(r'^found duplicate key "(?P<key>.*?)" with value', re.DOTALL)
 
 
 def read_yaml(path: Path) -> Any:
@@ -33,6 +35,17 @@ def read_yaml(path: Path) -> Any:
     yaml.allow_duplicate_keys = False
     try:
         return yaml.load(text)
+    except DuplicateKeyError as exc:  # ruamel's message repeats both values, which may be keys: never show them
+        mark, start = exc.problem_mark, exc.context_mark
+        found = _DUPLICATE.match(exc.problem or "")
+        key = repr(found.group("key")) if found else "key"
+        where = f" in the mapping that starts at line {start.line + 1}" if start is not None else ""
+        raise ConfigFileError(
+            path,
+            f"duplicate key {key}{where}; keep one (values not shown)",
+            line=mark.line + 1 if mark is not None else None,
+            col=mark.column + 1 if mark is not None else None,
+        ) from None
     except MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else None

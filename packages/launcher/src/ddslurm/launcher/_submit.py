@@ -6,6 +6,7 @@ submission changes nothing on disk.
 
 from __future__ import annotations
 
+import re
 import secrets
 import shutil
 from collections.abc import Callable, Mapping
@@ -26,8 +27,10 @@ from ddslurm.config import (
     encode_pretty,
     load_profile,
     load_run_file,
+    locate,
     make_private_dir,
     publish_once,
+    read_yaml,
     sha256_bytes,
 )
 from ddslurm.launcher._render import render_generation
@@ -75,6 +78,26 @@ class Prepared:
     seed: SeedCapture | None = None
 
 
+_PLAN_FIELD = re.compile(r"^(?P<field>(?P<profile>profile\.)?[A-Za-z_]+(?:\[\d+\]|\.[A-Za-z_]+)*): ")
+
+
+def place_plan_error(message: str, run_path: Path, profile_path: Path) -> str:
+    """A planner refusal, which starts with its field (``submission.memory: ...``, profile fields
+    ``profile.gpus_per_node: ...``), placed at the file, line and column of that field."""
+    match = _PLAN_FIELD.match(message)
+    if match is None:
+        return message
+    path = profile_path if match.group("profile") else run_path
+    field = match.group("field").removeprefix("profile.")
+    steps: list[str | int] = [int(i) if i else name for name, i in re.findall(r"([A-Za-z_]+)|\[(\d+)\]", field)]
+    try:
+        line, col = locate(read_yaml(path), steps)
+    except ConfigError:
+        line, col = None, None
+    where = str(path) if line is None else f"{path}:{line}:{col}"
+    return f"{where}: {field}: {message[match.end() :]}"
+
+
 def prepare(
     run_path: Path,
     profile_path: Path,
@@ -96,7 +119,7 @@ def prepare(
         recipe_bytes = recipe_path.read_bytes()
         recipe = load_recipe(recipe_path)
         settings = load_settings(settings_dir(env, home))
-        resolution = resolve(recipe, Origin(recipe_path), settings, run.deployments, env)
+        resolution = resolve(recipe, Origin(recipe_path), settings, run.deployments, env, run_origin=Origin(run_path))
         snapshot: ProviderSnapshot = resolution.snapshot
         snapshot_bytes = encode_pretty(snapshot)
         layout = RunLayout.in_workspace(Path(profile.workspace), new_run_id(run.name, now))
@@ -114,7 +137,9 @@ def prepare(
                 seed=None if seed is None else seed.plan,
             )
         )
-    except (ConfigError, ProvidersError, PlanError) as exc:
+    except PlanError as exc:
+        raise SubmitError(place_plan_error(str(exc), run_path, profile_path)) from exc
+    except (ConfigError, ProvidersError) as exc:
         raise SubmitError(str(exc)) from exc
     python = Path(profile.python_env) / "bin" / "ddslurm-runtime"
     if not python.exists():

@@ -24,15 +24,16 @@ from ddslurm.planner.errors import PlanError
 _TIME = re.compile(r"^(?:(?P<days>\d+)-)?(?P<a>\d+)(?::(?P<b>\d+))?(?::(?P<c>\d+))?$")
 
 
-def parse_time_limit(value: str | int) -> int:
-    """Slurm time formats to whole minutes (rounded up, as Slurm does): ``90``, ``1:30:00``, ``2-00:00:00``."""
+def parse_time_limit(value: str | int, field: str = "time_limit") -> int:
+    """Slurm time formats to whole minutes (rounded up, as Slurm does): ``90``, ``1:30:00``, ``2-00:00:00``.
+    ``field`` names the setting in error messages (``submission.time_limit``)."""
     if isinstance(value, int):
         if value < 1:
-            raise PlanError(f"time limit must be at least 1 minute, got {value}")
+            raise PlanError(f"{field}: must be at least 1 minute, got {value}")
         return value
     match = _TIME.match(value.strip())
     if not match:
-        raise PlanError(f"time limit {value!r} is not a Slurm time (MM, HH:MM:SS or D-HH:MM:SS)")
+        raise PlanError(f"{field}: {value!r} is not a Slurm time (MM, HH:MM:SS or D-HH:MM:SS)")
     days = int(match.group("days") or 0)
     parts = [int(p) for p in (match.group("a"), match.group("b"), match.group("c")) if p is not None]
     if match.group("days") is not None:
@@ -45,7 +46,7 @@ def parse_time_limit(value: str | int) -> int:
         hours, minutes, seconds = 0, parts[0], 0
     total = days * 1440 + hours * 60 + minutes + math.ceil(seconds / 60)
     if total < 1:
-        raise PlanError(f"time limit {value!r} is shorter than one minute")
+        raise PlanError(f"{field}: {value!r} is shorter than one minute")
     return total
 
 
@@ -67,11 +68,12 @@ _MEM = re.compile(r"^(?P<n>\d+(?:\.\d+)?)(?P<unit>[KMGT]?)B?$", re.IGNORECASE)
 _MB = {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024 * 1024}
 
 
-def parse_memory_mb(value: str) -> int:
-    """Slurm memory sizes (``500``, ``500M``, ``16G``, ``1T``; default unit MB) to whole megabytes."""
+def parse_memory_mb(value: str, field: str = "memory") -> int:
+    """Slurm memory sizes (``500``, ``500M``, ``16G``, ``1T``; default unit MB) to whole megabytes. ``field`` names
+    the setting in error messages (``submission.memory``)."""
     match = _MEM.match(value.strip())
     if not match:
-        raise PlanError(f"memory {value!r} is not a Slurm size such as 16G or 500M")
+        raise PlanError(f"{field}: {value!r} is not a Slurm size such as 16G or 500M")
     return max(1, math.ceil(float(match.group("n")) * _MB[match.group("unit").upper()]))
 
 
@@ -80,25 +82,25 @@ def plan_serving(run: RunFile, profile: ClusterProfile, partition: str | None) -
     per_node = profile.gpus_per_node
     if per_node == 0:
         raise PlanError(
-            f"run {run.name!r} deploys models but the profile says its GPU nodes have 0 GPUs "
-            "(set gpus_per_node in the profile)"
+            "profile.gpus_per_node: 0, but the run deploys models (deployments); set the GPUs of a node of the "
+            "profile's partition"
         )
     if partition is not None and partition == profile.cpu_partition and partition != profile.partition:
         raise PlanError(
-            f"submission.partition {partition!r} is the profile's CPU-only partition, but the run deploys models "
+            f"submission.partition: {partition!r} is the profile's CPU-only partition, but the run deploys models "
             "that need GPUs; use a GPU partition"
         )
     deployments: list[DeploymentPlan] = []
     total = 0
     for index, dep in enumerate(run.deployments):
         tp = dep.tensor_parallel
-        where = f"deployments[{index}] ({dep.model_alias})"
+        where, alias = f"deployments[{index}]", f"(model alias {dep.model_alias!r})"
         if tp > per_node:
-            raise PlanError(f"{where}: tensor_parallel {tp} is more than the {per_node} GPUs of one node")
+            raise PlanError(f"{where}.tensor_parallel: {tp} is more than the {per_node} GPUs of one node {alias}")
         if per_node % tp:
-            raise PlanError(f"{where}: tensor_parallel {tp} does not divide the {per_node} GPUs of a node")
+            raise PlanError(f"{where}.tensor_parallel: {tp} does not divide the {per_node} GPUs of a node {alias}")
         if dep.server.port is not None and dep.server.port + dep.replicas - 1 > 65535:
-            raise PlanError(f"{where}: server.port {dep.server.port} + {dep.replicas} replicas exceeds 65535")
+            raise PlanError(f"{where}.server.port: {dep.server.port} + {dep.replicas} replicas exceeds 65535 {alias}")
         replicas = tuple(
             ReplicaPlan(
                 index=r,
@@ -126,7 +128,7 @@ def plan_serving(run: RunFile, profile: ClusterProfile, partition: str | None) -
     if total > per_node:
         detail = " + ".join(f"{d.alias}: {len(d.replicas)} x {d.tensor_parallel}" for d in deployments)
         raise PlanError(
-            f"the deployments need {total} GPUs ({detail}) but a node has {per_node}; "
+            f"deployments: the deployments need {total} GPUs ({detail}) but a node has {per_node}; "
             "use fewer replicas or a smaller tensor_parallel (one allocation is one node)"
         )
     return ServingPlan(
@@ -148,7 +150,7 @@ SLURM_SIGNAL_SLACK_S = 60
 def check_time_limit(value: str | int) -> int:
     """The generation time limit in minutes, refused when it leaves no useful time: Slurm's time-limit warning
     may arrive up to a minute early, and the attempt stops generating when it does."""
-    minutes = parse_time_limit(value)
+    minutes = parse_time_limit(value, "submission.time_limit")
     if minutes < MIN_TIME_LIMIT_MINUTES:
         raise PlanError(
             f"submission.time_limit: {value!r} is {minutes} minute(s); at least {MIN_TIME_LIMIT_MINUTES} are "
@@ -170,12 +172,12 @@ def compile_plan(inputs: PlanInputs) -> Plan:
         proxy_cpus = serving.proxy_cpus * sum(1 for d in serving.deployments if d.proxy)
         memory = sub.memory
         if memory is None and profile.memory_per_gpu is not None:
-            memory = f"{parse_memory_mb(profile.memory_per_gpu) * serving.gpus}M"
+            memory = f"{parse_memory_mb(profile.memory_per_gpu, 'profile.memory_per_gpu') * serving.gpus}M"
         generation = Resources(
             partition=partition,
             account=sub.account or profile.account,
             qos=sub.qos,
-            time_minutes=parse_time_limit(sub.time_limit),
+            time_minutes=parse_time_limit(sub.time_limit, "submission.time_limit"),
             cpus_per_task=sub.cpus + server_cpus + proxy_cpus,
             memory=memory,
             gres=f"gpu:{serving.gpus}" if serving.gpu_request == "gres" else "none",
@@ -189,7 +191,7 @@ def compile_plan(inputs: PlanInputs) -> Plan:
             partition=sub.partition or profile.cpu_partition or profile.partition,
             account=sub.account or profile.account,
             qos=sub.qos,
-            time_minutes=parse_time_limit(sub.time_limit),
+            time_minutes=parse_time_limit(sub.time_limit, "submission.time_limit"),
             cpus_per_task=sub.cpus,
             memory=sub.memory,
             gres="none",
@@ -197,19 +199,23 @@ def compile_plan(inputs: PlanInputs) -> Plan:
             reservation=sub.reservation,
             extra_sbatch=(*profile.extra_sbatch, *sub.extra_sbatch),
         )
-    for value in (generation.memory, run.collection.memory):
+    for field, value in (("submission.memory", sub.memory), ("collection.memory", run.collection.memory)):
         if value is not None:
-            parse_memory_mb(value)
+            parse_memory_mb(value, field)
     col = run.collection
     collection = Resources(
         partition=col.partition or profile.cpu_partition or profile.partition,
         account=sub.account or profile.account,
-        time_minutes=parse_time_limit(col.time_limit),
+        time_minutes=parse_time_limit(col.time_limit, "collection.time_limit"),
         cpus_per_task=col.cpus,
         memory=col.memory,
         gres="none",
         extra_sbatch=profile.extra_sbatch,
     )
+    if run.shards > run.num_records:
+        raise PlanError(
+            f"shards: {run.shards} shards for {run.num_records} records; every shard needs at least one record"
+        )
     layout = inputs.layout
     return Plan(
         run_id=layout.run_id,

@@ -18,6 +18,7 @@ from ddslurm.providers._native import (
 )
 from ddslurm.providers._resolve import (
     LOCAL_PROVIDER_PREFIX,
+    LOCAL_TOKEN_ENV,
     AliasRow,
     ModelComparer,
     Resolution,
@@ -43,6 +44,7 @@ from ddslurm.providers.errors import ProvidersError, ResolutionError, SettingsEr
 
 __all__ = [
     "LOCAL_PROVIDER_PREFIX",
+    "LOCAL_TOKEN_ENV",
     "MODEL_CONFIGS_FILE",
     "PLACEHOLDER_MIN_LENGTH",
     "PROVIDERS_FILE",
