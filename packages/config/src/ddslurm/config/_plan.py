@@ -138,3 +138,8 @@ class Plan(Frozen, frozen=True, kw_only=True):
     """Variables the server steps need (every deployment's ``server.env_from``, sorted): checked set at submit and
     exported to the job by name like ``secret_env``, but given only to the server steps that name them, never to
     the proxy or the client."""
+    secret_env_unscanned: tuple[str, ...] = ()
+    """Names in ``secret_env`` whose value, when the run was submitted, was a placeholder rather than a secret
+    (``EMPTY``, ``none``, ``dummy``, anything shorter than 8 characters; ``providers.is_placeholder_secret``). Such
+    values occur in ordinary output (Data Designer writes ``"with_trace": "none"``), so the node does not scan
+    the attempt's files for them; every other name in ``secret_env`` is scanned for."""

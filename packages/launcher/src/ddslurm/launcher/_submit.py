@@ -15,6 +15,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from ddslurm.config import (
     ConfigError,
     Plan,
@@ -46,6 +48,7 @@ from ddslurm.providers import (
     load_recipe,
     load_settings,
     missing_env,
+    placeholder_secrets,
     resolve,
 )
 from ddslurm.providers.discovery import settings_dir
@@ -137,6 +140,8 @@ def prepare(
                 seed=None if seed is None else seed.plan,
             )
         )
+        # Key values that are placeholders (EMPTY, none) are not secrets: the node does not scan output for them.
+        plan = msgspec.structs.replace(plan, secret_env_unscanned=placeholder_secrets(plan.secret_env, env))
     except PlanError as exc:
         raise SubmitError(place_plan_error(str(exc), run_path, profile_path)) from exc
     except (ConfigError, ProvidersError) as exc:

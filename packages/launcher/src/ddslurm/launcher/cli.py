@@ -86,6 +86,7 @@ def cmd_submit(args: argparse.Namespace, slurm: Slurm, env: Mapping[str, str], o
                 "run_dir": str(done.layout.root),
                 "job_id": done.job_id,
                 "shards": len(done.plan.shards),
+                "secret_env_unscanned": list(done.plan.secret_env_unscanned),
             },
             out,
         )
@@ -95,7 +96,18 @@ def cmd_submit(args: argparse.Namespace, slurm: Slurm, env: Mapping[str, str], o
             f"{done.plan.num_records} records\n  run dir: {done.layout.root}\n"
             f"  next: ddslurm wait {done.layout.root}\n"
         )
+        if note := placeholder_note(done.plan.secret_env_unscanned):
+            out.write(f"  note: {note}\n")
     return EXIT_OK
+
+
+def placeholder_note(names: tuple[str, ...]) -> str:
+    """What submit says about API-key variables whose values are placeholders (names only, never values)."""
+    if not names:
+        return ""
+    if len(names) == 1:
+        return f"{names[0]} holds a placeholder value (not a secret): attempts do not scan their files for it"
+    return f"{', '.join(names)} hold placeholder values (not secrets): attempts do not scan their files for them"
 
 
 def _dry_run(args: argparse.Namespace, env: Mapping[str, str], out: TextIO) -> int:
@@ -111,6 +123,8 @@ def _dry_run(args: argparse.Namespace, env: Mapping[str, str], out: TextIO) -> i
             f"# sbatch --export=ALL from an environment of {names} only (values stay in your shell; "
             "the node reads no login file)\n"
         )
+        if note := placeholder_note(prepared.plan.secret_env_unscanned):
+            out.write(f"# note: {note}\n")
         out.write(script)
     return EXIT_OK
 
