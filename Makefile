@@ -4,6 +4,11 @@ SHELL := /bin/bash
 export UV_PYTHON_DOWNLOADS := never
 PKGS := config providers planner launcher runtime collector
 UV ?= uv
+# The Data Designer versions ddslurm-runtime accepts (packages/runtime/pyproject.toml: data-designer>=OLDEST,<=NEWEST);
+# test-dd-range runs the node-side tests against both. tests/test_dd_cli.py checks that the two places agree.
+DD_OLDEST := 0.8.0
+DD_NEWEST := 0.9.7
+DD_RANGE_TESTS := packages/runtime/tests tests/test_runtime_engine.py packages/launcher/tests/test_validation.py
 
 bootstrap: ## install uv (pip) if missing and sync the workspace
 	@command -v $(UV) >/dev/null 2>&1 || python3 -m pip install --quiet 'uv==0.13.8'
@@ -36,6 +41,12 @@ lock-check: ## uv.lock up to date with the pyproject files
 
 check: bootstrap lint typecheck imports lock-check test ## what CI runs
 
+test-dd-range: ## the node-side tests against the oldest and the newest Data Designer the runtime accepts
+	@for v in $(DD_OLDEST) $(DD_NEWEST); do \
+	  echo "== data-designer $$v"; \
+	  $(UV) run --with "data-designer==$$v" pytest -n auto -p no:cacheprovider $(DD_RANGE_TESTS) || exit 1; \
+	done
+
 test-%: ## one package's tests: make test-runtime
 	$(UV) run pytest -n auto packages/$*/tests
 
@@ -54,4 +65,4 @@ clean-work: ## remove the local workspace of runs
 help:
 	@awk -F':.*## ' '/^[a-zA-Z%_-]+:.*## /{printf "  %-18s %s\n",$$1,$$2}' $(MAKEFILE_LIST)
 
-.PHONY: bootstrap cluster demo demo-mixed test lint typecheck imports lock-check check bench clean-work help
+.PHONY: bootstrap cluster demo demo-mixed test test-dd-range lint typecheck imports lock-check check bench clean-work help

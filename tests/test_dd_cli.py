@@ -1,0 +1,54 @@
+"""Data Designer compatibility: DD's own CLI still starts where ddslurm is installed, and the range of DD versions
+the runtime accepts is the range CI tests (``make test-dd-range``)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DATA_DESIGNER = Path(sys.executable).parent / "data-designer"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        pytest.param(["--help"], id="help"),
+        pytest.param(["preview", "--help"], id="preview"),
+        pytest.param(["create", "--help"], id="create"),
+        pytest.param(["validate", "--help"], id="validate"),
+    ],
+)
+def test_data_designers_cli_starts(args: list[str], tmp_path: Path) -> None:
+    """typer 0.29 broke ``data-designer preview`` and ``create`` (``Option() got an unexpected keyword argument
+    'click_type'``): the workspace locks a typer DD's CLI runs with."""
+    env = {
+        **os.environ,
+        "DATA_DESIGNER_HOME": str(tmp_path / "dd-home"),
+        "NEMO_TELEMETRY_ENABLED": "false",
+        "DATA_DESIGNER_DISABLE_VERSION_CHECK": "1",
+    }
+    done = subprocess.run(
+        [str(DATA_DESIGNER), *args], capture_output=True, text=True, env=env, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "Usage" in done.stdout and "Traceback" not in done.stdout + done.stderr
+
+
+def test_the_supported_data_designer_range_is_the_one_ci_tests() -> None:
+    """``ddslurm-runtime`` accepts ``data-designer>=OLDEST,<=NEWEST``; ``make test-dd-range`` runs the runtime's
+    tests against exactly those two versions, so widening the range means testing the new bound."""
+    deps = tomllib.loads((REPO / "packages" / "runtime" / "pyproject.toml").read_text())["project"]["dependencies"]
+    spec = next(d for d in deps if re.match(r"data-designer\b", d))
+    match = re.fullmatch(r"data-designer>=([\d.]+),<=([\d.]+)", spec.replace(" ", ""))
+    assert match, f"expected data-designer>=OLDEST,<=NEWEST, got {spec!r}"
+    makefile = (REPO / "Makefile").read_text()
+    bounds = dict(re.findall(r"^(DD_OLDEST|DD_NEWEST)\s*:?=\s*(\S+)", makefile, re.MULTILINE))
+    assert (bounds.get("DD_OLDEST"), bounds.get("DD_NEWEST")) == match.groups()
+    assert "test-dd-range" in (REPO / ".ci" / "run").read_text()
