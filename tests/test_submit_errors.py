@@ -110,3 +110,18 @@ def test_a_duplicate_key_in_a_settings_file_is_placed_and_its_values_are_not_sho
     text = str(info.value)
     assert text.startswith(f"{tmp_path / 'model_providers.yaml'}:5:3: duplicate key 'api_key'"), text
     assert "sk-first" not in text and "sk-second" not in text
+
+
+def test_missing_recipe_and_python_env_are_placed(tmp_path: Path) -> None:
+    run, profile, env = _files(tmp_path)
+    run.write_text(run.read_text().replace("recipe: recipe.yaml", "recipe: nowhere.yaml"))
+    with pytest.raises(SubmitError) as info:
+        prepare(run, profile, env, datetime.now(UTC))
+    assert str(info.value) == f"{run}:2:1: recipe: {tmp_path / 'nowhere.yaml'} does not exist"
+
+    (tmp_path / "p").mkdir()
+    run, profile, env = _files(tmp_path / "p")
+    profile.write_text(profile.read_text().replace("python_env: venv", "python_env: novenv"))
+    with pytest.raises(SubmitError) as info:
+        prepare(run, profile, env, datetime.now(UTC))
+    assert str(info.value).startswith(f"{profile}:2:1: python_env: {tmp_path / 'p' / 'novenv' / 'bin'}")

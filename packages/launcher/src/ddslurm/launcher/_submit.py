@@ -84,8 +84,8 @@ class Prepared:
 _PLAN_FIELD = re.compile(r"^(?P<field>(?P<profile>profile\.)?[A-Za-z_]+(?:\[\d+\]|\.[A-Za-z_]+)*): ")
 
 
-def place_plan_error(message: str, run_path: Path, profile_path: Path) -> str:
-    """A planner refusal, which starts with its field (``submission.memory: ...``, profile fields
+def place_error(message: str, run_path: Path, profile_path: Path) -> str:
+    """A refusal that starts with its field (the planner's ``submission.memory: ...``; profile fields
     ``profile.gpus_per_node: ...``), placed at the file, line and column of that field."""
     match = _PLAN_FIELD.match(message)
     if match is None:
@@ -118,7 +118,7 @@ def prepare(
         profile = load_profile(profile_path)
         recipe_path = (run_path.parent / run.recipe).resolve()
         if not recipe_path.is_file():
-            raise SubmitError(f"{run_path}: recipe: {recipe_path} does not exist")
+            raise SubmitError(place_error(f"recipe: {recipe_path} does not exist", run_path, profile_path))
         recipe_bytes = recipe_path.read_bytes()
         recipe = load_recipe(recipe_path)
         settings = load_settings(settings_dir(env, home))
@@ -143,12 +143,13 @@ def prepare(
         # Key values that are placeholders (EMPTY, none) are not secrets: the node does not scan output for them.
         plan = msgspec.structs.replace(plan, secret_env_unscanned=placeholder_secrets(plan.secret_env, env))
     except PlanError as exc:
-        raise SubmitError(place_plan_error(str(exc), run_path, profile_path)) from exc
+        raise SubmitError(place_error(str(exc), run_path, profile_path)) from exc
     except (ConfigError, ProvidersError) as exc:
         raise SubmitError(str(exc)) from exc
     python = Path(profile.python_env) / "bin" / "ddslurm-runtime"
     if not python.exists():
-        raise SubmitError(f"{profile_path}: python_env: {python} does not exist (the compute nodes run it)")
+        message = f"profile.python_env: {python} does not exist (the compute nodes run it)"
+        raise SubmitError(place_error(message, run_path, profile_path))
     problems = check_recipe(recipe, recipe_path, snapshot)
     if problems:
         raise SubmitError(f"{recipe_path}: Data Designer refuses the recipe:\n" + "\n".join(f"  {p}" for p in problems))
