@@ -108,3 +108,20 @@ def test_a_recipe_refused_on_the_node_fails_once_not_retryable_with_data_designe
     shard = status.shards[0]
     assert shard.reason == "generation_failed" and shard.message is not None and DD_DETAIL in shard.message
     assert DD_DETAIL in _format_status(status)
+
+
+def test_a_recipe_without_model_columns_is_validated_too(tmp_path: Path) -> None:
+    from ddslurm.config import ProviderSnapshot
+    from ddslurm.launcher._validate import dd_check_recipe
+    from ddslurm.providers import load_recipe
+
+    (tmp_path / "recipe.yaml").write_text(
+        "data_designer:\n  columns:\n"
+        "  - {name: n, column_type: sampler, sampler_type: category, params: {sampler_type: category, values: [a]}}\n"
+        "  - {name: e, column_type: expression, expr: '{{ n }}-{{ missing }}'}\n"
+    )
+    recipe = load_recipe(tmp_path / "recipe.yaml")
+    problems = dd_check_recipe(recipe, tmp_path / "recipe.yaml", ProviderSnapshot())
+    assert len(problems) == 1 and problems[0].startswith("column 'e': ") and "'missing'" in problems[0], problems
+    recipe["data_designer"]["columns"][1]["expr"] = "{{ n }}-x"
+    assert dd_check_recipe(recipe, tmp_path / "recipe.yaml", ProviderSnapshot()) == []

@@ -137,7 +137,7 @@ def _check(payload: dict[str, Any]) -> list[str]:
     providers = [
         dd.ModelProvider(name=p["name"], endpoint=_PLACEHOLDER_ENDPOINT, provider_type=p["provider_type"], api_key=None)
         for p in payload["providers"]
-    ]
+    ] or [dd.ModelProvider(name="ddslurm-validate", endpoint=_PLACEHOLDER_ENDPOINT, api_key=None)]  # DD needs one
     designer = DataDesigner(
         artifact_path=home / "artifacts", model_providers=providers, managed_assets_path=home / "managed-assets"
     )
