@@ -22,7 +22,7 @@ _CREDENTIAL_WORDS = frozenset(
     {"TOKEN", "SECRET", "SECRETS", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL", "CREDENTIALS", "APIKEY", "KEY",
      "AUTH", "AUTHORIZATION", "BEARER", "JWT", "COOKIE", "PAT"}
 )  # fmt: skip
-_NOT_A_CREDENTIAL_SUFFIXES = frozenset({"PATH", "FILE", "DIR", "HOME"})
+_NOT_A_CREDENTIAL_SUFFIXES = frozenset({"PATH", "FILE", "DIR"})
 _KEY_PREFIXES = (
     "sk-", "hf_", "nvapi-", "ghp_", "gho_", "ghu_", "ghs_", "github_pat_", "glpat-", "xoxb-", "xoxp-", "AKIA",
     "eyJ", "Bearer ", "Basic ",
