@@ -106,7 +106,7 @@ def test_a_recipe_refused_on_the_node_fails_once_not_retryable_with_data_designe
 
     status = run_status(prepared.layout, Slurm(NoSlurm(), env=dict(os.environ)))  # (no Slurm job: ran outside it)
     shard = status.shards[0]
-    assert shard.reason == "generation_failed" and shard.message is not None and DD_DETAIL in shard.message
+    assert shard.reason == "recipe_invalid" and shard.message is not None and DD_DETAIL in shard.message
     assert DD_DETAIL in _format_status(status)
 
 

@@ -498,3 +498,29 @@ def test_retry_fresh_starts_the_shard_from_nothing(tmp_path: Path) -> None:
     record = read_json(layout.shard(0).attempt("attempt-8").record, AttemptRecord)
     assert record.resumed_from is None and record.rows == 4
     assert (layout.shard(0).attempt("attempt-7").output / "shard-00000" / "parquet-files").is_dir()  # kept
+
+
+@pytest.mark.parametrize(("kind", "starts"), [("auto-retry", False), ("retry", True)])
+def test_automatic_retry_does_not_repeat_a_refused_recipe(tmp_path: Path, kind: str, starts: bool) -> None:
+    """A recipe Data Designer refuses fails every attempt of the run: the automatic retry array's task records
+    `not_retried` and generates nothing; a retry the user asks for still runs."""
+    from ddslurm.config import SubmissionRecord
+    from ddslurm.runtime.errors import RecipeError
+
+    layout = _run(tmp_path)
+    inputs = load_inputs(layout)
+    assert _runner(layout, FakeEngine(fail=RecipeError("column 'q' refers to 'nope'"))).run(inputs, 0, "7", "n") == 1
+    layout.submissions.mkdir(parents=True, exist_ok=True)
+    atomic_write(
+        layout.submissions / "900.json",
+        encode(SubmissionRecord(array_job_id="900", shards=(0,), submitted_at="-", script="-", kind=kind)),  # type: ignore[arg-type]
+    )
+    engine = FakeEngine()
+    runner = _runner(layout, engine, {"T_KEY": SECRET, "SLURM_ARRAY_JOB_ID": "900"})
+    assert runner.run(inputs, 0, "901", "n") == EXIT_OK  # exit 0 also ends the chain of retry arrays
+    record = read_json(layout.shard(0).attempt("attempt-901").record, AttemptRecord)
+    if starts:
+        assert record.state == "succeeded" and len(engine.requests) == 1
+    else:
+        assert (record.state, record.reason) == ("failed", "not_retried") and engine.requests == []
+        assert "recipe_invalid" in (record.message or "") and "nope" in (record.message or "")

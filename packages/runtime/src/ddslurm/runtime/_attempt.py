@@ -23,6 +23,7 @@ from ddslurm.config import (
     ProviderSnapshot,
     RunLayout,
     SeedPlan,
+    SubmissionRecord,
     WinnerRecord,
     atomic_write,
     attempt_id_for,
@@ -50,6 +51,7 @@ from ddslurm.runtime._verify import (
     verify_dataset,
 )
 from ddslurm.runtime.errors import (
+    PERMANENT_REASONS,
     InputsError,
     OutputExistsError,
     RuntimeFailure,
@@ -215,8 +217,49 @@ class AttemptRunner:
                 msgspec.structs.replace(record, state="superseded", ended_at=self._now(), reason="winner_exists"),
             )
             return None
+        repeated = self._repeated_failure(shard_index, attempt_id)
+        if repeated is not None:
+            self._write(
+                attempt,
+                msgspec.structs.replace(
+                    record,
+                    state="failed",
+                    ended_at=self._now(),
+                    reason="not_retried",
+                    message=f"{repeated.attempt} failed with {repeated.reason}, which every attempt of this run "
+                    f"would repeat; nothing generated ({repeated.message or ''})",
+                ),
+            )
+            return None
         self._write(attempt, record)
         return Began(shard_index, spec.num_records, attempt, record)
+
+    def _repeated_failure(self, shard_index: int, attempt_id: str) -> AttemptRecord | None:
+        """For a task of an automatic retry array: the shard's latest ended attempt, when it failed in a way
+        that a new attempt of the same run repeats (the recipe refused, the run's inputs modified)."""
+        array = self._env.get("SLURM_ARRAY_JOB_ID")
+        submission = self._layout.submissions / f"{array}.json"
+        if not array or not submission.is_file():
+            return None
+        try:
+            if read_json(submission, SubmissionRecord).kind != "auto-retry":
+                return None
+        except Exception:
+            return None
+        ended: list[AttemptRecord] = []
+        for path in self._layout.shard(shard_index).attempts.glob("attempt-*/attempt.json"):
+            if path.parent.name == attempt_id:
+                continue
+            try:
+                earlier = read_json(path, AttemptRecord)
+            except Exception:
+                continue
+            if earlier.ended_at is not None:
+                ended.append(earlier)
+        if not ended:
+            return None
+        latest = max(ended, key=lambda r: r.ended_at or "")
+        return latest if latest.state == "failed" and latest.reason in PERMANENT_REASONS else None
 
     def resume(self, shard_index: int, attempt_id: str) -> Began:
         """The attempt a controller began, for the client step that runs the engine."""

@@ -183,7 +183,12 @@ class Controller:
             if RunLayout(self._run_dir).cancelled.exists():
                 self._log.info("attempt.cancelled", shard=shard, why="the run was cancelled (ddslurm cancel)")
             else:
-                self._log.info("attempt.superseded", shard=shard, why="shard already has a winner")
+                self._log.info(
+                    "attempt.not_started",
+                    shard=shard,
+                    why="the shard has a winner, or its last attempt "
+                    "failed in a way every attempt would repeat (see the attempt record)",
+                )
             return EXIT_OK
         log = self._log.bind(shard=shard, attempt=began.record.attempt)
         log.info("attempt.started", records=began.num_records, node=node, job_id=job_id)

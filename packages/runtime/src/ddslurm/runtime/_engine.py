@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ddslurm.config import ProviderSnapshot, ShardSpec, SnapshotProvider
-from ddslurm.runtime.errors import EngineError
+from ddslurm.runtime.errors import EngineError, RecipeError
 
 LOCAL_TOKEN_ENV = "DDSLURM_LOCAL_TOKEN"
 """The variable holding the attempt's token for a local provider whose snapshot entry names none (snapshots
@@ -145,7 +145,7 @@ def run_engine(request: EngineRequest) -> EngineResult:
     try:
         builder = dd.DataDesignerConfigBuilder.from_config(recipe_with_models(request.recipe, request.snapshot))
     except Exception as exc:
-        raise EngineError(f"the recipe is not a valid Data Designer config: {exc}", retryable=False) from exc
+        raise RecipeError(f"the recipe is not a valid Data Designer config: {exc}") from exc
     designer = DataDesigner(
         artifact_path=request.artifact_path,
         model_providers=providers,
@@ -173,7 +173,7 @@ def run_engine(request: EngineRequest) -> EngineResult:
         refused = _violation_lines(violations)
         if refused or _refuses_config(exc):  # the recipe (and the Data Designer on this node) will not change
             details = refused or [f"{name}: {exc}"]
-            raise EngineError("Data Designer refuses the recipe: " + "; ".join(details), retryable=False) from exc
+            raise RecipeError("Data Designer refuses the recipe: " + "; ".join(details)) from exc
         retryable = "EarlyShutdown" not in name and "Validation" not in name
         raise EngineError(f"Data Designer failed: {name}: {exc}", retryable=retryable) from exc
     dataset_dir = Path(results.artifact_storage.base_dataset_path)

@@ -4,6 +4,7 @@ RuntimeFailure           root: the attempt failed; ``reason`` is a stable code f
 ├── InputsError          plan, recipe or snapshot missing or not matching its recorded sha256
 ├── SecretMissingError   an API-key variable the snapshot names is unset in the job's environment
 ├── EngineError          Data Designer failed (``retryable`` says whether a new attempt may help)
+│   └── RecipeError      Data Designer refuses the recipe (never retryable: every attempt would repeat it)
 └── VerificationError    the candidate dataset is unreadable, short, or leaks a secret
     └── EmptyOutputsError  LLM columns hold more empty or null values than ``max_empty_outputs`` (retryable)
 
@@ -40,6 +41,17 @@ class EngineError(RuntimeFailure):
     def __init__(self, message: str, *, retryable: bool) -> None:
         super().__init__(message)
         self.retryable = retryable
+
+
+class RecipeError(EngineError):
+    reason = "recipe_invalid"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retryable=False)
+
+
+PERMANENT_REASONS = frozenset({"recipe_invalid", "inputs_invalid"})
+"""Failures that a new attempt of the same run repeats: automatic retry arrays do not start work after them."""
 
 
 class OutputExistsError(RuntimeFailure):
