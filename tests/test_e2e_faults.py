@@ -230,8 +230,13 @@ def test_node_failure_is_shown_requeued_node_failure(make_run_files: Any) -> Non
                 if not alone:
                     pytest.skip(f"jobs of other tests still run on {node}; not failing the node under them")
                 _slurm("scontrol", "update", f"nodename={node}", "state=down", "reason=ddslurm-fault-test")
+                # Slurm's accounting records NODE_FAIL a moment after the task is pending again ("requeued").
                 shard = _until(
-                    lambda: (s := _status(run_dir, env)["shards"][0])["state"] == "pending" and s["reason"] and s,
+                    lambda: (
+                        (s := _status(run_dir, env)["shards"][0])["state"] == "pending"
+                        and s["reason"] == "requeued (node failure)"
+                        and s
+                    ),
                     60,
                     "the task to be pending again after the node failure",
                     lambda: (_status(run_dir, env), _slurm("squeue", "-h", "-r", "-o", "%i|%T|%r|%N")),
