@@ -5,9 +5,11 @@
     inputs/recipe.yaml            the recipe as submitted
     inputs/snapshot.json          the provider snapshot (owner-only)
     inputs/run.yaml               the run file as submitted
-    submissions/<array_job_id>.json
+    submit-plan.json              written once before the first sbatch: every array the submission makes
+    submissions/<array_job_id>.json   one per array submitted (plan_index: which planned array)
     cancelled.json                written once by ``ddslurm cancel`` (whole run): no later attempt generates
     generate.sbatch               the rendered batch script
+    generate-<stamp>-<NNNN>.sbatch    the script of each array submitted
     logs/slurm-<array>_<task>.out
     shards/shard-<NNNNN>/
         winner.json               written once by the first verified attempt
@@ -114,6 +116,20 @@ class RunLayout:
     @property
     def submissions(self) -> Path:
         return self.root / "submissions"
+
+    @property
+    def submit_plan(self) -> Path:
+        """Every array of the run's submission (a ``SubmitPlanRecord``), written once before the first sbatch."""
+        return self.root / "submit-plan.json"
+
+    @property
+    def submit_lock(self) -> Path:
+        """Held while arrays of the run are being submitted, so that two submitters never submit the same array."""
+        return self.root / ".submit.lock"
+
+    def array_script(self, stamp: str, index: int) -> Path:
+        """The batch script of array ``index`` of the submission made at ``stamp``."""
+        return self.root / f"generate-{stamp}-{index:04d}.sbatch"
 
     @property
     def cancelled(self) -> Path:

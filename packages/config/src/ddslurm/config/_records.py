@@ -29,6 +29,54 @@ class SubmissionRecord(Frozen, frozen=True, kw_only=True):
     kind: SubmissionKind = "initial"
     after: str | None = None
     """For automatic retries: the array whose failure starts this one."""
+    plan_index: int | None = None
+    """The array of the run's submission plan (``submit-plan.json``) this sbatch made; None for ``ddslurm retry``."""
+
+
+class PlannedArray(Frozen, frozen=True, kw_only=True):
+    """One sbatch of a submission plan: an array whose task i runs ``shards[i]``."""
+
+    index: int
+    kind: SubmissionKind
+    shards: tuple[int, ...]
+    array: str
+    """The ``--array=`` spec (``0-1000%8``)."""
+    after: int | None = None
+    """For automatic retries: the planned array whose failure starts this one (``--dependency=afternotok``)."""
+    script: str
+    """The batch script this array is submitted from (written just before its sbatch)."""
+
+
+class LimitCheck(Frozen, frozen=True, kw_only=True):
+    """One scheduler limit a submission was checked against."""
+
+    name: str
+    """As Slurm names it: ``MaxJobCount``, ``MaxSubmitJobs``, ``MaxSubmitJobsPerUser``, ``GrpSubmitJobs``, ..."""
+    scope: str
+    """Where it is set: ``cluster``, ``association root/root``, ``QOS normal (per user)``, ..."""
+    limit: int
+    used: int
+    """Jobs (array tasks each count) that counted against it when the submission was checked."""
+    usable: int
+    """What the headroom rule left for this submission: a fraction of ``limit - used``."""
+
+
+class SubmitPlanRecord(Frozen, frozen=True, kw_only=True):
+    """``submit-plan.json``: every array the run's submission makes, written once before the first sbatch.
+
+    Each array submitted has a submission record naming its ``plan_index``; the planned arrays without one
+    were not submitted (``ddslurm submit --continue`` submits them)."""
+
+    created_at: str
+    arrays: tuple[PlannedArray, ...]
+    tasks: int
+    """Array tasks of all arrays together: each counts as a job against the scheduler's limits."""
+    max_array_size: int
+    headroom: float
+    """The fraction of what is left under each limit that a submission may use."""
+    limits: tuple[LimitCheck, ...] = ()
+    notes: tuple[str, ...] = ()
+    """What was not checked, and why (``association and QOS limits are not enforced ...``)."""
 
 
 class AttemptRecord(Frozen, frozen=True, kw_only=True):
