@@ -1,15 +1,24 @@
-"""A small Slurm client over argument vectors (no shell). The command runner is injected for tests."""
+"""A small Slurm client over argument vectors (no shell). The command runner is injected for tests.
+
+Every scheduler command runs with a timeout (:class:`SubprocessRunner`; ``DDSLURM_SLURM_TIMEOUT`` seconds,
+120 by default): one that does not answer in time is stopped, with everything it started, and raises
+:class:`SlurmTimeoutError`, a :class:`SlurmError` whose message says which command and how long it waited.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
+import pwd
 import re
+import signal
 import subprocess
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
-from ddslurm.launcher.errors import SlurmError
+from ddslurm.launcher.errors import LauncherError, SlurmError
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,17 +32,82 @@ class Runner(Protocol):
     def __call__(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> Completed: ...
 
 
-def subprocess_runner(argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> Completed:
-    proc = subprocess.run(
-        list(argv),
-        env=dict(env) if env is not None else None,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        stdin=subprocess.DEVNULL,
-    )
-    return Completed(proc.returncode, proc.stdout, proc.stderr)
+DEFAULT_TIMEOUT_S = 120.0
+TIMEOUT_ENV = "DDSLURM_SLURM_TIMEOUT"
+"""Seconds every scheduler command may take (sbatch, squeue, sacct, scancel, scontrol, sacctmgr)."""
+
+
+class SlurmTimeoutError(SlurmError):
+    """A scheduler command did not answer within its timeout and was stopped."""
+
+    def __init__(self, argv: list[str], seconds: float) -> None:
+        why = "the Slurm controller is busy or unreachable"
+        if argv[0] == "sbatch":
+            why += ", or the cluster is at a job limit (sbatch waits while slurmctld holds MaxJobCount jobs)"
+        LauncherError.__init__(
+            self,
+            f"{argv[0]} did not answer within {seconds:g} s and was stopped ({why}; {TIMEOUT_ENV} sets the timeout)",
+        )
+        self.argv, self.returncode, self.stderr, self.seconds = argv, -1, "", seconds
+
+
+class SubprocessRunner:
+    """Runs a scheduler command in its own process group, without a shell, stdin from /dev/null. A command
+    that takes longer than ``timeout_s`` is killed with its whole group (sbatch wrappers that fork included)
+    and raises :class:`SlurmTimeoutError`; a command that is not installed raises :class:`SlurmError`."""
+
+    def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self.timeout_s = timeout_s
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> SubprocessRunner:
+        """The timeout from ``DDSLURM_SLURM_TIMEOUT`` (seconds) when it is a positive number."""
+        raw = env.get(TIMEOUT_ENV, "")
+        try:
+            value = float(raw)
+        except ValueError:
+            value = 0.0
+        return cls(value if math.isfinite(value) and value > 0 else DEFAULT_TIMEOUT_S)
+
+    def __call__(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> Completed:
+        args = list(argv)
+        try:
+            proc = subprocess.Popen(
+                args,
+                env=dict(env) if env is not None else None,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
+        except FileNotFoundError:
+            raise SlurmError(args, 127, f"{args[0]}: command not found (is Slurm installed and on PATH?)") from None
+        try:
+            out, err = proc.communicate(timeout=self.timeout_s)
+        except subprocess.TimeoutExpired:
+            _stop(proc)
+            raise SlurmTimeoutError(args, self.timeout_s) from None
+        except BaseException:  # Ctrl-C: the command runs in its own session, so stop it here
+            _stop(proc)
+            raise
+        return Completed(proc.returncode, out, err)
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    """Kill the command's whole process group and reap it (bounded: a child that left the group and still holds
+    the pipes is not waited for)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.communicate(timeout=5)
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+subprocess_runner = SubprocessRunner()
+"""The default runner (120 s per command)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,11 +165,112 @@ def job_environment(env: Mapping[str, str], names: Sequence[str] = ()) -> dict[s
     return out
 
 
+_FINISHED = frozenset(
+    {"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE",
+     "OUT_OF_MEMORY", "SPECIAL_EXIT", "REVOKED"}
+)  # fmt: skip
+_NO_LIMIT = frozenset({"", "-1", "INFINITE", "UNLIMITED", "NONE", "N/A"})
+
+
+def parse_limit(value: str) -> int | None:
+    """A Slurm limit as sacctmgr or scontrol prints it; None for "no limit" (empty, -1, INFINITE, ...)."""
+    text = value.strip()
+    if text.upper() in _NO_LIMIT or not text.isdigit():
+        return None
+    return int(text)
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    """What ``scontrol show config`` says about submission limits."""
+
+    max_array_size: int
+    max_job_count: int | None
+    cluster_name: str
+    enforce: str
+    """``AccountingStorageEnforce``: association and QOS limits hold only with ``limits`` (or ``safe``) in it."""
+
+    @property
+    def enforces_limits(self) -> bool:
+        words = {w.strip().lower() for w in self.enforce.split(",")}
+        return bool(words & {"limits", "safe"})
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedJob:
+    """One line of ``squeue -r -t all``: a job or one array task, in any state slurmctld still holds."""
+
+    array_job_id: str
+    user: str
+    account: str
+    qos: str
+    state: str
+    command: str
+
+    @property
+    def active(self) -> bool:
+        """Pending, running or suspended: counts against submit limits (finished ones only against MaxJobCount)."""
+        return self.state.split()[0] not in _FINISHED if self.state else True
+
+
+@dataclass(frozen=True, slots=True)
+class Association:
+    """One of the user's associations (``sacctmgr show assoc``); limits are None when not set."""
+
+    account: str
+    user: str
+    partition: str
+    max_submit_jobs: int | None
+    max_jobs: int | None
+    grp_submit_jobs: int | None
+    qos: tuple[str, ...]
+    default_qos: str
+
+
+@dataclass(frozen=True, slots=True)
+class Qos:
+    name: str
+    max_submit_per_user: int | None
+    max_submit_per_account: int | None
+    grp_submit_jobs: int | None
+    max_jobs_per_user: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Limit:
+    """A limit on how many jobs (array tasks each count) may exist, and how many count against it now."""
+
+    name: str
+    scope: str
+    limit: int
+    used: int
+
+    def usable(self, headroom: float) -> int:
+        """What a submission may use: ``headroom`` of what is left (rounded down), never below 0."""
+        return max(0, math.floor(headroom * max(0, self.limit - self.used) + 1e-9))
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerLimits:
+    """Every limit a submission must fit in, read before anything is submitted."""
+
+    max_array_size: int
+    limits: tuple[Limit, ...] = ()
+    notes: tuple[str, ...] = ()
+    """Limits that were not read or do not apply, and why; and limits that only throttle (``MaxJobs``)."""
+    queue: tuple[QueuedJob, ...] = field(default=(), repr=False)
+
+
 class Slurm:
-    def __init__(self, runner: Runner = subprocess_runner, env: Mapping[str, str] | None = None) -> None:
-        self._run = runner
+    def __init__(
+        self, runner: Runner | None = None, env: Mapping[str, str] | None = None, *, user: str | None = None
+    ) -> None:
+        self._run: Runner = (
+            runner if runner is not None else SubprocessRunner.from_env(env if env is not None else os.environ)
+        )
         self._env = env
-        self._max_array: int | None = None
+        self._user = user
+        self._config: ClusterConfig | None = None
 
     def _check(self, argv: list[str], env: Mapping[str, str] | None = None) -> str:
         done = self._run(argv, env=env if env is not None else self._env)
@@ -154,10 +329,166 @@ class Slurm:
         if job_ids:
             self._check(["scancel", *job_ids])
 
+    def config(self) -> ClusterConfig:
+        """``scontrol show config`` (read once per client): MaxArraySize (1001 when Slurm does not say; task ids
+        stay below it), MaxJobCount, ClusterName and AccountingStorageEnforce."""
+        if self._config is None:
+            out = self._check(["scontrol", "show", "config"])
+
+            def value(name: str) -> str:
+                match = re.search(rf"^{name}\s*=\s*(.*?)\s*$", out, re.MULTILINE)
+                return match.group(1) if match else ""
+
+            array = value("MaxArraySize")
+            self._config = ClusterConfig(
+                max_array_size=int(array) if array.isdigit() else 1001,
+                max_job_count=parse_limit(value("MaxJobCount")) or None,
+                cluster_name=value("ClusterName"),
+                enforce=value("AccountingStorageEnforce"),
+            )
+        return self._config
+
     def max_array_size(self) -> int:
         """The cluster's MaxArraySize: task ids must stay below it (1001 when Slurm does not say)."""
-        if self._max_array is None:
-            out = self._check(["scontrol", "show", "config"])
-            match = re.search(r"^MaxArraySize\s*=\s*(\d+)", out, re.MULTILINE)
-            self._max_array = int(match.group(1)) if match else 1001
-        return self._max_array
+        return self.config().max_array_size
+
+    def user(self) -> str:
+        """The submitting user's name (the client's ``user``, else this process's owner)."""
+        if self._user is None:
+            self._user = pwd.getpwuid(os.getuid()).pw_name
+        return self._user
+
+    def queue(self) -> list[QueuedJob]:
+        """Every job and array task slurmctld holds now, of every user and in every state (one ``squeue``):
+        what counts against its limits, and the batch script each was submitted from."""
+        out = self._check(["squeue", "-h", "-r", "-t", "all", "-o", "%F|%u|%a|%q|%T|%o"])
+        jobs: list[QueuedJob] = []
+        for line in out.splitlines():
+            parts = line.strip().split("|", 5)
+            if len(parts) == 6:
+                jobs.append(QueuedJob(*parts))
+        return jobs
+
+    def associations(self, user: str, cluster: str = "", account: str = "") -> list[Association]:
+        """The associations of ``user`` (or, with ``user`` "", every association of ``account``)."""
+        argv = ["sacctmgr", "-nP", "show", "assoc"]
+        argv += [f"user={user}"] if user else []
+        argv += [f"account={account}"] if account else []
+        argv += [f"cluster={cluster}"] if cluster else []
+        argv.append("format=Account,User,Partition,MaxSubmitJobs,MaxJobs,GrpSubmitJobs,QOS,DefaultQOS")
+        rows: list[Association] = []
+        for line in self._check(argv).splitlines():
+            parts = line.strip().split("|")
+            if len(parts) < 8:
+                continue
+            rows.append(
+                Association(
+                    account=parts[0],
+                    user=parts[1],
+                    partition=parts[2],
+                    max_submit_jobs=parse_limit(parts[3]),
+                    max_jobs=parse_limit(parts[4]),
+                    grp_submit_jobs=parse_limit(parts[5]),
+                    qos=tuple(q for q in parts[6].split(",") if q),
+                    default_qos=parts[7],
+                )
+            )
+        return rows
+
+    def default_account(self, user: str) -> str:
+        out = self._check(["sacctmgr", "-nP", "show", "user", f"name={user}", "format=DefaultAccount"])
+        return next((line.strip() for line in out.splitlines() if line.strip()), "")
+
+    def qos(self, name: str) -> Qos | None:
+        out = self._check(
+            [
+                "sacctmgr", "-nP", "show", "qos", name,
+                "format=Name,MaxSubmitJobsPerUser,MaxSubmitJobsPerAccount,GrpSubmitJobs,MaxJobsPerUser",
+            ]
+        )  # fmt: skip
+        for line in out.splitlines():
+            parts = line.strip().split("|")
+            if len(parts) >= 5 and parts[0] == name:
+                return Qos(name, *(parse_limit(p) for p in parts[1:5]))
+        return None
+
+    def limits(
+        self, *, account: str | None = None, qos: str | None = None, partition: str | None = None
+    ) -> SchedulerLimits:
+        """Every limit a submission of jobs with this ``account``, ``qos`` and ``partition`` (None: the user's
+        defaults) must fit in, with what counts against each now. One ``scontrol show config`` (cached), one
+        ``squeue`` and, where the cluster enforces association and QOS limits, three or four ``sacctmgr`` calls.
+
+        MaxJobCount counts every job slurmctld holds (all users, finished ones kept for MinJobAge included);
+        the submit limits of an association or QOS count the pending and running jobs of its user, account or
+        QOS. Each array task counts as one job. Limits that only hold back running jobs (``MaxJobs``) are notes."""
+        config = self.config()
+        queue = tuple(self.queue())
+        limits: list[Limit] = []
+        notes: list[str] = []
+        if config.max_job_count is not None:
+            limits.append(Limit("MaxJobCount", "cluster", config.max_job_count, len(queue)))
+        if not config.enforces_limits:
+            notes.append(
+                "association and QOS limits: not enforced by this cluster "
+                f"(AccountingStorageEnforce = {config.enforce or 'none'}), so not read"
+            )
+            return SchedulerLimits(config.max_array_size, tuple(limits), tuple(notes), queue)
+        user = self.user()
+        active = [j for j in queue if j.active]
+        rows = self.associations(user, config.cluster_name)
+        if account is None:
+            accounts = sorted({r.account for r in rows})
+            account = accounts[0] if len(accounts) == 1 else self.default_account(user) if accounts else ""
+        row = _pick_association([r for r in rows if r.account == account], partition)
+        if row is None:
+            notes.append(f"no association of user {user!r} with account {account!r} was found: its limits not read")
+        else:
+            self._association_limits(row, user, active, config.cluster_name, limits, notes)
+        if qos is None:
+            qos = (row.default_qos or (row.qos[0] if len(row.qos) == 1 else "")) if row is not None else ""
+        self._qos_limits(qos or "normal", user, account, active, limits, notes)
+        return SchedulerLimits(config.max_array_size, tuple(limits), tuple(notes), queue)
+
+    def _association_limits(
+        self, row: Association, user: str, active: list[QueuedJob], cluster: str, limits: list[Limit], notes: list[str]
+    ) -> None:
+        account = row.account
+        scope = f"association {account}/{user}" + (f" (partition {row.partition})" if row.partition else "")
+        mine = len([j for j in active if j.user == user and j.account == account])
+        if row.max_submit_jobs is not None:
+            limits.append(Limit("MaxSubmitJobs", scope, row.max_submit_jobs, mine))
+        if row.grp_submit_jobs is not None:
+            limits.append(Limit("GrpSubmitJobs", scope, row.grp_submit_jobs, mine))
+        if row.max_jobs is not None:
+            notes.append(f"MaxJobs {row.max_jobs} ({scope}): at most that many tasks run at once; the rest wait")
+        parent = next((r for r in self.associations("", cluster, account) if not r.user and not r.partition), None)
+        if parent is not None and parent.grp_submit_jobs is not None:  # the whole account's jobs
+            used = len([j for j in active if j.account == account])
+            limits.append(Limit("GrpSubmitJobs", f"account {account}", parent.grp_submit_jobs, used))
+
+    def _qos_limits(
+        self, qos: str, user: str, account: str, active: list[QueuedJob], limits: list[Limit], notes: list[str]
+    ) -> None:
+        found = self.qos(qos)
+        if found is None:
+            notes.append(f"QOS {qos!r} was not found: its limits not read")
+            return
+        in_qos = [j for j in active if j.qos == qos]
+        for name, value, counted, who in (
+            ("MaxSubmitJobsPerUser", found.max_submit_per_user, [j for j in in_qos if j.user == user], "per user"),
+            ("MaxSubmitJobsPerAccount", found.max_submit_per_account, [j for j in in_qos if j.account == account],
+             "per account"),
+            ("GrpSubmitJobs", found.grp_submit_jobs, in_qos, "all users"),
+        ):  # fmt: skip
+            if value is not None:
+                limits.append(Limit(name, f"QOS {qos} ({who})", value, len(counted)))
+        if found.max_jobs_per_user is not None:
+            notes.append(f"MaxJobsPerUser {found.max_jobs_per_user} (QOS {qos}): at most that many tasks run at once")
+
+
+def _pick_association(rows: list[Association], partition: str | None) -> Association | None:
+    """The association a job uses: the one of its partition, else the one without a partition."""
+    return next((r for r in rows if partition and r.partition == partition), None) or next(
+        (r for r in rows if not r.partition), rows[0] if rows else None
+    )
