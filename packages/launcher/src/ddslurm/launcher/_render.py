@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+from collections.abc import Sequence
 from pathlib import Path
 
 from ddslurm.config import Plan, Resources, RunLayout
@@ -48,8 +49,22 @@ def tool(plan: Plan, name: str) -> str:
 
 
 def array_spec(count: int, throttle: int | None) -> str:
+    """The ``--array=`` spec of an array of ``count`` tasks (ids 0 to count-1), ``%throttle`` appended."""
     spec = f"0-{count - 1}" if count > 1 else "0"
     return f"{spec}%{throttle}" if throttle else spec
+
+
+def compact_ranges(numbers: Sequence[int]) -> str:
+    """``[0, 1, 2, 5, 7, 8]`` → ``0-2,5,7-8`` (sorted, duplicates dropped); ``""`` for none."""
+    parts: list[str] = []
+    ordered = sorted(set(numbers))
+    start = 0
+    for i in range(1, len(ordered) + 1):
+        if i == len(ordered) or ordered[i] != ordered[i - 1] + 1:
+            lo, hi = ordered[start], ordered[i - 1]
+            parts.append(str(lo) if lo == hi else f"{lo}-{hi}")
+            start = i
+    return ",".join(parts)
 
 
 def shard_expression(shards: list[int]) -> str:

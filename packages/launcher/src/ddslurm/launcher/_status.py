@@ -17,9 +17,11 @@ from ddslurm.config import (
     CancelRecord,
     ConfigError,
     Plan,
+    PlannedArray,
     Progress,
     RunLayout,
     SubmissionRecord,
+    SubmitPlanRecord,
     WinnerRecord,
     read_json,
     read_plan,
@@ -28,9 +30,14 @@ from ddslurm.config import (
 from ddslurm.launcher._slurm import Slurm, TaskState
 from ddslurm.launcher.errors import RunNotFoundError
 
-RunState = Literal["pending", "running", "succeeded", "failed", "cancelled"]
-ShardState = Literal["pending", "running", "succeeded", "partial", "failed", "cancelled", "corrupt", "unknown"]
-"""``corrupt``: the shard has a winner whose files no longer verify; it counts as failed, never as succeeded."""
+RunState = Literal["pending", "running", "succeeded", "failed", "cancelled", "incomplete"]
+"""``incomplete``: the submission stopped part-way (arrays of its plan were never submitted) and the run has not
+succeeded: ``ddslurm submit --continue`` submits the rest, ``ddslurm cancel`` cancels what was submitted."""
+ShardState = Literal[
+    "pending", "running", "succeeded", "partial", "failed", "cancelled", "corrupt", "unknown", "unsubmitted"
+]
+"""``corrupt``: the shard has a winner whose files no longer verify; it counts as failed, never as succeeded.
+``unsubmitted``: no array of the run covers the shard (its submission stopped before it)."""
 
 _PENDING = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "RESIZING", "SUSPENDED"}
 _RUNNING = {"RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING"}
@@ -65,6 +72,10 @@ class RunStatus(msgspec.Struct, kw_only=True):
     counts: dict[str, int] = msgspec.field(default_factory=dict)
     cancelled_at: str | None = None
     """When ``ddslurm cancel`` cancelled the whole run (its cancel record); ``retry --resume-cancelled`` clears it."""
+    submission_incomplete: bool = False
+    """Arrays of the run's submission plan were never submitted (and the run was not cancelled since)."""
+    unsubmitted_arrays: int = 0
+    """How many planned arrays were never submitted (automatic retry arrays included)."""
 
 
 @dataclass(slots=True)
@@ -90,6 +101,47 @@ class Scheduler:
 def submissions(layout: RunLayout) -> list[SubmissionRecord]:
     records = [read_json(p, SubmissionRecord) for p in sorted(layout.submissions.glob("*.json"))]
     return sorted(records, key=lambda r: int(r.array_job_id))
+
+
+def read_submit_plan(layout: RunLayout) -> SubmitPlanRecord | None:
+    """The run's submission plan (``submit-plan.json``); None for a run submitted before plans were written."""
+    if not os.path.lexists(layout.submit_plan):
+        return None
+    return read_json(layout.submit_plan, SubmitPlanRecord)
+
+
+def was_cancelled(layout: RunLayout) -> bool:
+    """Whether the run is, or ever was, cancelled as a whole (``retry --resume-cancelled`` moves the record aside)."""
+    return os.path.lexists(layout.cancelled) or any(layout.root.glob(layout.cleared_cancel("*").name))
+
+
+@dataclass(frozen=True, slots=True)
+class SubmissionProgress:
+    """Which arrays of the run's submission plan were submitted (by their submission records)."""
+
+    plan: SubmitPlanRecord
+    submitted: dict[int, str]
+    """Plan index → array job id."""
+    closed: bool
+    """The run was cancelled as a whole: the rest of the plan is never submitted (``retry --resume-cancelled``
+    submits every shard without a result instead)."""
+
+    @property
+    def missing(self) -> list[PlannedArray]:
+        return [a for a in self.plan.arrays if a.index not in self.submitted]
+
+    @property
+    def incomplete(self) -> bool:
+        return not self.closed and any(a.index not in self.submitted for a in self.plan.arrays)
+
+
+def submission_progress(layout: RunLayout, subs: list[SubmissionRecord] | None = None) -> SubmissionProgress | None:
+    plan = read_submit_plan(layout)
+    if plan is None:
+        return None
+    records = submissions(layout) if subs is None else subs
+    submitted = {s.plan_index: s.array_job_id for s in records if s.plan_index is not None}
+    return SubmissionProgress(plan, submitted, was_cancelled(layout))
 
 
 def attempt_records(layout: RunLayout, shard: int) -> list[AttemptRecord]:
@@ -296,10 +348,12 @@ def shard_status(
     return status
 
 
-def run_state(shards: list[ShardStatus], cancelled: bool = False) -> RunState:
+def run_state(shards: list[ShardStatus], cancelled: bool = False, *, incomplete: bool = False) -> RunState:
     states = {s.state for s in shards}
     if states == {"succeeded"}:
         return "succeeded"
+    if incomplete and not cancelled:
+        return "incomplete"
     if "running" in states:
         return "running"
     if states & {"pending", "unknown"}:
@@ -336,7 +390,13 @@ def run_status(layout: RunLayout, slurm: Slurm, *, now: datetime | None = None) 
     covering = covering_tasks(subs)
     sched = query(slurm, subs)
     moment = now or datetime.now(UTC)
+    progress = submission_progress(layout, subs)
     shards = [shard_status(layout, plan, s.index, covering.get(s.index, []), sched, moment) for s in plan.shards]
+    if progress is not None:
+        for s in shards:
+            if s.state == "pending" and not covering.get(s.shard):
+                s.state = "unsubmitted"  # no array covers it: the submission stopped before it
+    incomplete = progress is not None and progress.incomplete
     counts: dict[str, int] = {}
     for s in shards:
         counts[s.state] = counts.get(s.state, 0) + 1
@@ -345,12 +405,14 @@ def run_status(layout: RunLayout, slurm: Slurm, *, now: datetime | None = None) 
     return RunStatus(
         run_id=plan.run_id,
         run_dir=str(layout.root),
-        state=run_state(shards, cancelled is not None),
+        state=run_state(shards, cancelled is not None, incomplete=incomplete),
         shards=shards,
         records_requested=plan.num_records,
         records_done=done,
         counts=counts,
         cancelled_at=cancelled.cancelled_at if cancelled else None,
+        submission_incomplete=incomplete,
+        unsubmitted_arrays=len(progress.missing) if progress is not None and incomplete else 0,
     )
 
 

@@ -1,4 +1,5 @@
-"""Steering a run: retry shards without a winner, cancel shards, accept short shards, find step logs."""
+"""Steering a run: continue a submission that stopped part-way, retry shards without a winner, cancel shards,
+accept short shards, find step logs."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from ddslurm.config import (
     Plan,
     RunLayout,
     ShardLayout,
+    SubmissionRecord,
     WinnerRecord,
     atomic_write,
     encode,
@@ -29,9 +31,18 @@ from ddslurm.launcher._status import (
     cancel_record,
     query,
     run_status,
+    submission_progress,
     submissions,
 )
-from ddslurm.launcher._submit import submit_shards
+from ddslurm.launcher._submit import (
+    check_environment,
+    plural,
+    read_limits,
+    refuse_if_over,
+    submit_arrays,
+    submit_lock,
+    submit_shards,
+)
 from ddslurm.launcher.errors import LauncherError
 
 ACTIVE = {"running", "pending", "unknown"}
@@ -88,6 +99,13 @@ def retry(
             f"run {layout.run_id} was cancelled (ddslurm cancel, {mark.cancelled_at}); retry it with "
             "--resume-cancelled, which clears the cancel record"
         )
+    progress = submission_progress(layout)
+    if progress is not None and progress.incomplete:
+        raise LauncherError(
+            f"the submission of run {layout.run_id} is incomplete ({plural(len(progress.missing), 'array')} of its "
+            f"plan not submitted): ddslurm submit --continue {layout.root} submits them first, or "
+            f"ddslurm cancel {layout.root} cancels what was submitted"
+        )
     status = run_status(layout, slurm)
     by_index = {s.shard: s for s in status.shards}
     chosen = _pick(status, shards, plan)
@@ -112,6 +130,79 @@ def retry(
             _start_fresh(layout.shard(index), moment)
     job_ids = submit_shards(layout, plan, todo, slurm, env, moment, kind="retry")
     return Retried(tuple(todo), tuple(job_ids))
+
+
+@dataclass(frozen=True, slots=True)
+class Continued:
+    job_ids: tuple[str, ...]
+    """The arrays submitted now."""
+    adopted: tuple[str, ...]
+    """Arrays found in the queue, submitted by an sbatch that was stopped before it answered: recorded, not
+    submitted again."""
+    shards: tuple[int, ...]
+    """The shards of those arrays (each once)."""
+
+
+def continue_submission(
+    layout: RunLayout, slurm: Slurm, env: Mapping[str, str], now: datetime | None = None
+) -> Continued:
+    """Submit the arrays of the run's submission plan that were never submitted, exactly as planned (automatic
+    retries after the arrays they follow), after checking that they fit in the scheduler's limits now.
+
+    An array whose sbatch was stopped (a timeout) may have reached Slurm anyway: a job in the queue submitted
+    from that array's batch script is recorded as that array instead of submitting it again. A run cancelled as
+    a whole is not continued (``retry --resume-cancelled`` submits every shard without a result instead)."""
+    plan = read_plan(layout.plan)
+    moment = now or datetime.now(UTC)
+    root = layout.root
+    progress = submission_progress(layout)
+    if progress is None:
+        raise LauncherError(
+            f"run {layout.run_id} has no submission plan ({layout.submit_plan.name}): it was submitted by an earlier "
+            f"ddslurm; ddslurm retry {root} submits its shards that have no task"
+        )
+    if progress.closed:
+        raise LauncherError(
+            f"run {layout.run_id} was cancelled (ddslurm cancel), so the rest of its submission is not submitted: "
+            f"ddslurm retry {root} --resume-cancelled submits every shard without a result"
+        )
+    with submit_lock(layout):
+        progress = submission_progress(layout)  # again, under the lock: another submitter may have finished it
+        missing = progress.missing if progress is not None else []
+        if not missing:
+            return Continued((), (), ())
+        check_environment(plan, env)
+        limits = read_limits(slurm, plan)
+        submitted = dict(progress.submitted) if progress is not None else {}
+        adopted: list[str] = []
+        for array in missing:
+            found = sorted({j.array_job_id for j in limits.queue if j.command == array.script}, key=int)
+            if not found:
+                continue
+            after = None if array.after is None else submitted.get(array.after)
+            record = SubmissionRecord(
+                array_job_id=found[0],
+                shards=array.shards,
+                submitted_at=moment.isoformat(),
+                script=array.script,
+                kind=array.kind,
+                after=after,
+                plan_index=array.index,
+            )
+            if publish_once(layout.submissions / f"{found[0]}.json", encode(record)):
+                submitted[array.index] = found[0]
+                adopted.append(found[0])
+        remaining = [a for a in missing if a.index not in submitted]
+        tasks = sum(len(a.shards) for a in remaining)
+        refuse_if_over(
+            tasks,
+            limits,
+            f"the {plural(len(remaining), 'array')} left to submit hold {plural(tasks, 'array task')}",
+            f"wait until queued jobs have finished and continue again, or cancel the run: ddslurm cancel {root}",
+        )
+        job_ids = submit_arrays(layout, plan, remaining, slurm, env, moment, submitted=submitted)
+    shards = sorted({s for a in missing for s in a.shards})
+    return Continued(tuple(job_ids), tuple(adopted), tuple(shards))
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,15 +1,21 @@
-"""Submission: capture inputs, compile the plan, write the run directory, sbatch the array.
+"""Submission: capture inputs, compile the plan, check the scheduler's limits, write the run directory, sbatch
+the arrays.
 
-Everything that can be wrong with the inputs is checked before the run directory is created, so a refused
-submission changes nothing on disk.
+Everything that can be wrong with the inputs, and whether the arrays fit in the scheduler's limits, is checked
+before the run directory is created, so a refused submission changes nothing on disk. The arrays are written
+(``submit-plan.json``) before the first sbatch and each is recorded as it is submitted, so a submission that
+stops part-way is an explicit state of the run (``ddslurm submit --continue`` finishes it).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
 import re
 import secrets
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -19,11 +25,14 @@ import msgspec
 
 from ddslurm.config import (
     ConfigError,
+    LimitCheck,
     Plan,
+    PlannedArray,
     ProviderSnapshot,
     RunLayout,
     SubmissionKind,
     SubmissionRecord,
+    SubmitPlanRecord,
     atomic_write,
     encode,
     encode_pretty,
@@ -35,9 +44,9 @@ from ddslurm.config import (
     read_yaml,
     sha256_bytes,
 )
-from ddslurm.launcher._render import render_generation
+from ddslurm.launcher._render import array_spec, compact_ranges, render_generation
 from ddslurm.launcher._seed import CountRows, SeedCapture, capture_seed, dd_seed_rows
-from ddslurm.launcher._slurm import Slurm
+from ddslurm.launcher._slurm import SchedulerLimits, Slurm, SlurmTimeoutError
 from ddslurm.launcher._validate import dd_check_recipe
 from ddslurm.launcher.errors import LauncherError, SubmitError
 from ddslurm.planner import PlanError, PlanInputs, compile_plan
@@ -64,6 +73,7 @@ class Submitted:
     job_id: str
     aliases: tuple[AliasRow, ...]
     job_ids: tuple[str, ...] = ()
+    arrays: tuple[PlannedArray, ...] = ()
 
 
 def new_run_id(name: str, now: datetime) -> str:
@@ -196,20 +206,13 @@ def write_run_dir(p: Prepared) -> None:
     atomic_write(layout.plan, encode_pretty(p.plan))
 
 
-def submit_shards(
-    layout: RunLayout,
-    plan: Plan,
-    shards: list[int],
-    slurm: Slurm,
-    env: Mapping[str, str],
-    now: datetime,
-    *,
-    kind: SubmissionKind = "initial",
-) -> list[str]:
-    """sbatch ``shards`` as arrays no larger than the cluster's MaxArraySize, each followed by the plan's
-    automatic retry arrays. The jobs get exactly the environment built here, never the user's login environment:
-    the exported names and a minimal allow-list (``Slurm.sbatch``: ``--export=ALL`` from that environment).
-    Returns the array ids."""
+HEADROOM = 0.9
+"""A submission uses at most this fraction of what is left under each scheduler limit: the rest stays free for
+other users (and for this run's own collection job)."""
+
+
+def check_environment(plan: Plan, env: Mapping[str, str]) -> None:
+    """Every variable the jobs get by name (API keys, ``server.env_from``) is set in the submitting shell."""
     missing = missing_env(list(plan.secret_env), env)
     if missing:
         raise SubmitError(
@@ -222,17 +225,293 @@ def submit_shards(
             f"variable(s) {', '.join(missing)} named by server.env_from are unset or empty in this shell; the run's "
             "model servers need them (export them and try again)"
         )
-    chunk = slurm.max_array_size()
-    submitted: list[str] = []
-    for start in range(0, len(shards), chunk):
-        part = shards[start : start + chunk]
-        job_id = _sbatch(layout, plan, part, slurm, env, now, kind=kind, after=None)
-        submitted.append(job_id)
-        previous = job_id
-        for _ in range(plan.retries if kind == "initial" else 0):
-            previous = _sbatch(layout, plan, part, slurm, env, now, kind="auto-retry", after=previous)
-            submitted.append(previous)
-    return submitted
+
+
+def read_limits(slurm: Slurm, plan: Plan) -> SchedulerLimits:
+    """The scheduler limits the run's generation jobs must fit in (its account, QOS and partition)."""
+    res = plan.generation
+    return slurm.limits(account=res.account, qos=res.qos, partition=res.partition)
+
+
+def new_stamp(now: datetime) -> str:
+    """Names one submission's batch scripts (``generate-<stamp>-<NNNN>.sbatch``)."""
+    return f"{now.strftime('%Y%m%d%H%M%S')}-{secrets.token_hex(3)}"
+
+
+def plan_arrays(
+    plan: Plan,
+    layout: RunLayout,
+    shards: Sequence[int],
+    max_array_size: int,
+    *,
+    kind: SubmissionKind,
+    stamp: str,
+) -> tuple[PlannedArray, ...]:
+    """The arrays that submit ``shards``: chunks of at most ``max_array_size`` tasks (task ids stay below
+    MaxArraySize) and, for the run's initial submission, ``retries`` automatic retry arrays per chunk, each
+    after the previous array of its chunk. Every chunk's first array comes first, so that a submission stopped
+    part-way has started as many shards as it could."""
+    if max_array_size < 1:
+        raise SubmitError(f"MaxArraySize is {max_array_size}: this cluster accepts no job arrays")
+    chunks = [tuple(shards[i : i + max_array_size]) for i in range(0, len(shards), max_array_size)]
+    levels = 1 + (plan.retries if kind == "initial" else 0)
+    arrays: list[PlannedArray] = []
+    previous: list[int | None] = [None] * len(chunks)
+    for level in range(levels):
+        for c, part in enumerate(chunks):
+            index = len(arrays)
+            arrays.append(
+                PlannedArray(
+                    index=index,
+                    kind=kind if level == 0 else "auto-retry",
+                    shards=part,
+                    array=array_spec(len(part), plan.max_concurrent),
+                    after=previous[c],
+                    script=str(layout.array_script(stamp, index)),
+                )
+            )
+            previous[c] = index
+    return tuple(arrays)
+
+
+def plural(value: int, word: str) -> str:
+    return f"{value:,} {word}" + ("" if value == 1 else "s")
+
+
+def limit_checks(tasks: int, limits: SchedulerLimits) -> tuple[tuple[LimitCheck, ...], list[LimitCheck]]:
+    """Every limit with what the headroom rule leaves under it; and those ``tasks`` would exceed."""
+    checks = tuple(
+        LimitCheck(name=lim.name, scope=lim.scope, limit=lim.limit, used=lim.used, usable=lim.usable(HEADROOM))
+        for lim in limits.limits
+    )
+    return checks, [c for c in checks if tasks > c.usable]
+
+
+def describe_limit(check: LimitCheck) -> str:
+    """``MaxJobCount is 10,000 with 120 already queued (90 % headroom rule: 8,892 usable)``."""
+    where = "" if check.scope == "cluster" else f" of {check.scope}"
+    return (
+        f"{check.name}{where} is {check.limit:,} with {check.used:,} already queued "
+        f"({round(HEADROOM * 100)} % headroom rule: {check.usable:,} usable)"
+    )
+
+
+def refuse_if_over(tasks: int, limits: SchedulerLimits, what: str, advice: str) -> tuple[LimitCheck, ...]:
+    """Raise :class:`SubmitError` with the numbers when ``tasks`` array tasks do not fit under every limit."""
+    checks, over = limit_checks(tasks, limits)
+    if over:
+        worst = min(over, key=lambda c: c.usable)
+        also = [describe_limit(c) for c in over if c is not worst]
+        raise SubmitError(
+            f"{what}, but {describe_limit(worst)}; {advice}" + "".join(f"\n  also: {line}" for line in also)
+        )
+    return checks
+
+
+@dataclass(frozen=True, slots=True)
+class SubmissionPlan:
+    """Every sbatch one submission makes, and the limits it was checked against. The dry run shows it; the real
+    submission writes it (``submit-plan.json``) and then submits exactly these arrays."""
+
+    arrays: tuple[PlannedArray, ...]
+    tasks: int
+    limits: SchedulerLimits
+    checks: tuple[LimitCheck, ...]
+
+    def record(self, now: datetime) -> SubmitPlanRecord:
+        return SubmitPlanRecord(
+            created_at=now.isoformat(),
+            arrays=self.arrays,
+            tasks=self.tasks,
+            max_array_size=self.limits.max_array_size,
+            headroom=HEADROOM,
+            limits=self.checks,
+            notes=self.limits.notes,
+        )
+
+
+def plan_submission(
+    plan: Plan,
+    layout: RunLayout,
+    shards: Sequence[int],
+    limits: SchedulerLimits,
+    *,
+    kind: SubmissionKind = "initial",
+    stamp: str,
+) -> SubmissionPlan:
+    """The arrays that submit ``shards`` and the limits they fit in; :class:`SubmitError` with the numbers when
+    they do not. The one function behind ``submit``, ``submit --dry-run`` and ``retry``."""
+    arrays = plan_arrays(plan, layout, shards, limits.max_array_size, kind=kind, stamp=stamp)
+    tasks = sum(len(a.shards) for a in arrays)
+    if kind == "initial":
+        factor = 1 + plan.retries
+        what = (
+            f"{plural(len(shards), 'shard')} \u00d7 (1 + retries {plan.retries}) = {plural(tasks, 'array task')}"
+            if plan.retries
+            else f"{plural(len(shards), 'shard')} = {plural(tasks, 'array task')}"
+        )
+        _, over = limit_checks(tasks, limits)
+        room = min((c.usable for c in over), default=0) // factor
+        fit = f" (at most {room:,} shards fit" + (f" with retries {plan.retries})" if plan.retries else ")")
+        advice = ("use fewer shards or fewer retries" if plan.retries else "use fewer shards") + (
+            fit if room else " (none fit now: wait until queued jobs have finished)"
+        )
+    else:
+        what = f"retrying {plural(len(shards), 'shard')} = {plural(tasks, 'array task')}"
+        advice = "retry fewer shards (--shards) or wait until queued jobs have finished"
+    checks = refuse_if_over(tasks, limits, what, advice)
+    return SubmissionPlan(arrays, tasks, limits, checks)
+
+
+class PartialSubmitError(LauncherError):
+    """sbatch failed or timed out after some arrays of a submission were submitted: the run exists, part of it
+    is queued, and the message says which shards were submitted, which were not, and how to go on."""
+
+    def __init__(
+        self,
+        layout: RunLayout,
+        *,
+        submitted: list[tuple[PlannedArray, str]],
+        missing: list[PlannedArray],
+        cause: BaseException,
+        planned: bool,
+        maybe_submitted: bool = False,
+    ) -> None:
+        self.layout, self.submitted, self.missing, self.cause = layout, submitted, missing, cause
+        self.planned, self.maybe_submitted = planned, maybe_submitted
+        total = len(submitted) + len(missing)
+        lines = [
+            f"the submission of run {layout.run_id} stopped after {len(submitted)} of {total} array(s): "
+            f"{cause or type(cause).__name__}"
+        ]
+        lines += [f"  submitted:     {_array_line(a, job)}" for a, job in submitted[:12]]
+        if len(submitted) > 12:
+            lines.append(f"                 ... and {len(submitted) - 12} more")
+        lines += [f"  not submitted: {_array_line(a, None)}" for a in missing[:12]]
+        if len(missing) > 12:
+            lines.append(f"                 ... and {len(missing) - 12} more")
+        root = layout.root
+        if planned:
+            lines += [
+                "  The run's submission is incomplete (ddslurm status shows the unsubmitted shards). Either",
+                f"    submit the rest:               ddslurm submit --continue {root}",
+                f"    or cancel what was submitted:  ddslurm cancel {root}",
+            ]
+        else:
+            lines += [
+                "  The shards not submitted have no task queued. Either",
+                f"    submit them again:             ddslurm retry {root}",
+                f"    or cancel what was submitted:  ddslurm cancel {root}",
+            ]
+        if maybe_submitted:
+            lines.append(
+                "  (the last sbatch may have reached Slurm before it was stopped: --continue looks for its job in "
+                "the queue by its batch script and records it instead of submitting it again)"
+            )
+        super().__init__("\n".join(lines))
+
+
+def _array_line(array: PlannedArray, job: str | None) -> str:
+    what = {"initial": "", "retry": "retry", "auto-retry": "automatic retry"}[array.kind]
+    head = f"array job {job}: " if job else ""
+    return (
+        f"{head}shards {compact_ranges(array.shards)} ({plural(len(array.shards), 'task')}{', ' if what else ''}{what})"
+    )
+
+
+@contextlib.contextmanager
+def submit_lock(layout: RunLayout) -> Iterator[None]:
+    """Held while arrays of the run are submitted: a second submitter of the same run is refused."""
+    fd = os.open(layout.submit_lock, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise LauncherError(
+                f"another ddslurm is submitting arrays of run {layout.run_id} now ({layout.submit_lock}); "
+                "wait for it to finish, then look at ddslurm status"
+            ) from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def submit_arrays(
+    layout: RunLayout,
+    plan: Plan,
+    arrays: Sequence[PlannedArray],
+    slurm: Slurm,
+    env: Mapping[str, str],
+    now: datetime,
+    *,
+    submitted: Mapping[int, str] | None = None,
+    planned: bool = True,
+) -> list[str]:
+    """sbatch ``arrays`` in order, recording each as it is submitted (``plan_index`` when ``planned``).
+    ``submitted``: the plan's arrays submitted earlier (index → job id), for the dependencies of automatic
+    retries. Stops before the next sbatch when the run was cancelled meanwhile. On a failure raises
+    :class:`PartialSubmitError`, naming what was and was not submitted."""
+    ids: dict[int, str] = dict(submitted or {})
+    before = [(a, ids[a.index]) for a in arrays if a.index in ids]
+    done: list[tuple[PlannedArray, str]] = []
+    todo = [a for a in arrays if a.index not in ids]
+    for n, array in enumerate(todo):
+        try:
+            if os.path.lexists(layout.cancelled):
+                raise LauncherError("the run was cancelled (ddslurm cancel) while it was being submitted")
+            after = None if array.after is None else ids.get(array.after)
+            if array.after is not None and after is None:
+                raise LauncherError(f"array {array.after} of the plan, which array {array.index} follows, has no job")
+            job_id = _sbatch(layout, plan, array, slurm, env, now, after=after, planned=planned)
+        except (LauncherError, OSError, KeyboardInterrupt) as exc:
+            raise PartialSubmitError(
+                layout,
+                submitted=before + done,
+                missing=todo[n:],
+                cause=exc,
+                planned=planned,
+                maybe_submitted=isinstance(exc, SlurmTimeoutError | KeyboardInterrupt | _Unrecorded),
+            ) from exc
+        ids[array.index] = job_id
+        done.append((array, job_id))
+        if os.path.lexists(layout.cancelled):  # cancelled while this array was being submitted: it goes too
+            slurm.scancel([job_id])
+            raise PartialSubmitError(
+                layout,
+                submitted=before + done,
+                missing=todo[n + 1 :],
+                cause=LauncherError("the run was cancelled (ddslurm cancel) while it was being submitted"),
+                planned=planned,
+            )
+    return [job for _, job in done]
+
+
+class _Unrecorded(LauncherError):
+    """sbatch submitted the array but its submission record could not be written."""
+
+
+def submit_shards(
+    layout: RunLayout,
+    plan: Plan,
+    shards: list[int],
+    slurm: Slurm,
+    env: Mapping[str, str],
+    now: datetime,
+    *,
+    kind: SubmissionKind = "initial",
+) -> list[str]:
+    """Submit ``shards`` of a written run directory as arrays no larger than the cluster's MaxArraySize (for
+    the initial submission, each followed by the plan's automatic retry arrays), after checking that they fit
+    in the scheduler's limits (:func:`plan_submission`). The jobs get exactly the environment built here, never
+    the user's login environment: the exported names and a minimal allow-list (``Slurm.sbatch``:
+    ``--export=ALL`` from that environment). The initial submission writes its plan first (``submit-plan.json``).
+    Returns the array ids."""
+    check_environment(plan, env)
+    planned = plan_submission(plan, layout, shards, read_limits(slurm, plan), kind=kind, stamp=new_stamp(now))
+    with submit_lock(layout):
+        if kind == "initial" and not publish_once(layout.submit_plan, encode_pretty(planned.record(now))):
+            raise LauncherError(f"run {layout.run_id} was submitted already ({layout.submit_plan} exists)")
+        return submit_arrays(layout, plan, planned.arrays, slurm, env, now, planned=kind == "initial")
 
 
 def exported_names(plan: Plan) -> tuple[str, ...]:
@@ -251,30 +530,36 @@ def job_variables(plan: Plan) -> tuple[str, ...]:
 def _sbatch(
     layout: RunLayout,
     plan: Plan,
-    shards: list[int],
+    array: PlannedArray,
     slurm: Slurm,
     env: Mapping[str, str],
     now: datetime,
     *,
-    kind: SubmissionKind,
     after: str | None,
+    planned: bool,
 ) -> str:
+    shards = list(array.shards)
     script = render_generation(plan, layout, shards, after_failure_of=after)
-    script_path = layout.root / f"generate-{now.strftime('%Y%m%d%H%M%S')}-{secrets.token_hex(3)}.sbatch"
+    script_path = Path(array.script)
     atomic_write(script_path, script.encode(), mode=0o700)
     if not layout.script.exists():
         atomic_write(layout.script, script.encode(), mode=0o700)
     job_id = slurm.sbatch(str(script_path), export=job_variables(plan), env=env)
     record = SubmissionRecord(
         array_job_id=job_id,
-        shards=tuple(shards),
+        shards=array.shards,
         submitted_at=now.isoformat(),
         script=str(script_path),
-        kind=kind,
+        kind=array.kind,
         after=after,
+        plan_index=array.index if planned else None,
     )
-    if not publish_once(layout.submissions / f"{job_id}.json", encode(record)):
-        raise LauncherError(f"job {job_id} was submitted but {layout.submissions} already records that id")
+    try:
+        published = publish_once(layout.submissions / f"{job_id}.json", encode(record))
+    except OSError as exc:
+        raise _Unrecorded(f"array job {job_id} was submitted but its record could not be written: {exc}") from exc
+    if not published:
+        raise _Unrecorded(f"job {job_id} was submitted but {layout.submissions} already records that id")
     return job_id
 
 
@@ -287,15 +572,27 @@ def submit(
     clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     home: Path | None = None,
 ) -> Submitted:
+    """Validate and compile, read the scheduler's limits and plan the arrays within them (refusing, with the
+    numbers, what does not fit), all before anything is written; then write the run directory and the
+    submission plan, and submit the arrays. A failure before the first array was submitted removes the run
+    directory again; a later one (or a timeout) raises :class:`PartialSubmitError` and leaves an incomplete run."""
     now = clock()
     prepared = prepare(run_path, profile_path, env, now, home)
+    layout, plan = prepared.layout, prepared.plan
+    check_environment(plan, env)
+    planned = plan_submission(
+        plan, layout, [s.index for s in plan.shards], read_limits(slurm, plan), stamp=new_stamp(now)
+    )
     write_run_dir(prepared)
     try:
-        job_ids = submit_shards(
-            prepared.layout, prepared.plan, [s.index for s in prepared.plan.shards], slurm, env, now
-        )
-    except LauncherError:
-        if not any(prepared.layout.submissions.iterdir()):
-            shutil.rmtree(prepared.layout.root, ignore_errors=True)
-        raise
-    return Submitted(prepared.layout, prepared.plan, job_ids[0], prepared.aliases, tuple(job_ids))
+        with submit_lock(layout):
+            publish_once(layout.submit_plan, encode_pretty(planned.record(now)))
+            job_ids = submit_arrays(layout, plan, planned.arrays, slurm, env, now)
+    except PartialSubmitError as exc:
+        if exc.submitted or exc.maybe_submitted:
+            raise
+        shutil.rmtree(layout.root, ignore_errors=True)  # nothing reached Slurm: leave nothing behind
+        if isinstance(exc.cause, LauncherError):
+            raise exc.cause from None
+        raise SubmitError(f"nothing was submitted: {exc.cause}") from exc.cause
+    return Submitted(layout, plan, job_ids[0], prepared.aliases, tuple(job_ids), planned.arrays)

@@ -1,6 +1,8 @@
 """``ddslurm``: run Data Designer recipes on Slurm.
 
-    ddslurm submit RUN.yaml --profile PROFILE.yaml   capture inputs, compile the plan, submit the array
+    ddslurm submit RUN.yaml --profile PROFILE.yaml   capture inputs, compile the plan, submit the arrays
+                                [--dry-run]          show the arrays and the limits they fit in; submit nothing
+    ddslurm submit --continue RUN                    submit the arrays a stopped submission did not submit
     ddslurm providers RUN.yaml [--check]             how each model alias resolves; --check asks hosted endpoints
     ddslurm status RUN [--json] [--watch]            the run and every shard
     ddslurm wait RUN [--json]                        wait until the run ends; exit 0 only if it succeeded
@@ -29,13 +31,24 @@ from typing import Any, TextIO
 import msgspec
 
 from ddslurm.collector import CollectError, collect_command
-from ddslurm.config import ConfigError, RunLayout, load_profile, read_plan
+from ddslurm.config import ConfigError, PlannedArray, RunLayout, load_profile, read_plan
 from ddslurm.launcher._collect import collect_job_command
-from ddslurm.launcher._render import render_generation
-from ddslurm.launcher._slurm import NODE_ENV_ALLOWED, Slurm
+from ddslurm.launcher._render import compact_ranges, render_generation
+from ddslurm.launcher._slurm import NODE_ENV_ALLOWED, SchedulerLimits, Slurm
 from ddslurm.launcher._status import RunStatus, find_run, run_status
-from ddslurm.launcher._steer import accept_partial, cancel, log_files, retry
-from ddslurm.launcher._submit import job_variables, prepare, submit
+from ddslurm.launcher._steer import accept_partial, cancel, continue_submission, log_files, retry
+from ddslurm.launcher._submit import (
+    HEADROOM,
+    PartialSubmitError,
+    SubmissionPlan,
+    describe_limit,
+    job_variables,
+    new_stamp,
+    plan_submission,
+    prepare,
+    read_limits,
+    submit,
+)
 from ddslurm.launcher.errors import LauncherError, SlurmError
 from ddslurm.providers import ProvidersError
 from ddslurm.providers.cli import main as providers_main
@@ -44,7 +57,7 @@ EXIT_OK = 0
 EXIT_RUN_FAILED = 1
 EXIT_USAGE = 2
 EXIT_TIMEOUT = 3
-TERMINAL = {"succeeded", "failed", "cancelled"}
+TERMINAL = {"succeeded", "failed", "cancelled", "incomplete"}
 
 
 def _json(obj: Any, out: TextIO) -> None:
@@ -64,8 +77,20 @@ def _format_status(st: RunStatus) -> str:
         f"  dir: {st.run_dir}",
         f"  {'SHARD':>5}  {'STATE':<10} {'ROWS':>11}  {'JOB':<10} {'SLURM':<11} REASON",
     ]
+    unsubmitted = st.counts.get("unsubmitted", 0)
     if st.cancelled_at:
-        lines.insert(2, f"  cancelled at {st.cancelled_at} (ddslurm cancel); retry --resume-cancelled continues it")
+        never = f"; {unsubmitted} shard(s) were never submitted" if unsubmitted else ""
+        lines.insert(
+            2, f"  cancelled at {st.cancelled_at} (ddslurm cancel){never}; retry --resume-cancelled continues it"
+        )
+    if st.submission_incomplete:
+        lines.insert(
+            2,
+            f"  submission incomplete: {st.unsubmitted_arrays} array(s) of its plan were not submitted"
+            + (f" ({unsubmitted} shard(s) have no task: unsubmitted)" if unsubmitted else "")
+            + f"\n    submit the rest: ddslurm submit --continue {st.run_dir}"
+            + f"\n    or cancel what was submitted: ddslurm cancel {st.run_dir}",
+        )
     for s in st.shards:
         rows = f"{s.rows if s.rows is not None else '-'}/{s.records}"
         why = f"{s.reason}: {s.message}" if s.reason and s.message else (s.reason or "")
@@ -76,28 +101,86 @@ def _format_status(st: RunStatus) -> str:
 
 
 def cmd_submit(args: argparse.Namespace, slurm: Slurm, env: Mapping[str, str], out: TextIO) -> int:
+    if args.continue_run:
+        return _continue(args, slurm, env, out)
+    if args.profile is None:
+        raise LauncherError("submit needs --profile PROFILE.yaml (the cluster profile)")
     if args.dry_run:
-        return _dry_run(args, env, out)
-    done = submit(args.run_file, args.profile, slurm=slurm, env=env)
+        return _dry_run(args, slurm, env, out)
+    try:
+        done = submit(args.run_file, args.profile, slurm=slurm, env=env)
+    except PartialSubmitError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        if args.json:
+            _json(_partial_json(exc), out)
+        return EXIT_RUN_FAILED
     if args.json:
         _json(
             {
                 "run_id": done.layout.run_id,
                 "run_dir": str(done.layout.root),
                 "job_id": done.job_id,
+                "job_ids": list(done.job_ids),
                 "shards": len(done.plan.shards),
                 "secret_env_unscanned": list(done.plan.secret_env_unscanned),
             },
             out,
         )
     else:
+        jobs = f"array job {done.job_id}" if len(done.job_ids) <= 1 else f"array jobs {', '.join(done.job_ids)}"
         out.write(
-            f"submitted run {done.layout.run_id}: array job {done.job_id}, {len(done.plan.shards)} shard(s), "
+            f"submitted run {done.layout.run_id}: {jobs}, {len(done.plan.shards)} shard(s), "
             f"{done.plan.num_records} records\n  run dir: {done.layout.root}\n"
             f"  next: ddslurm wait {done.layout.root}\n"
         )
         if note := placeholder_note(done.plan.secret_env_unscanned):
             out.write(f"  note: {note}\n")
+    return EXIT_OK
+
+
+def _array_json(array: PlannedArray, job_id: str | None = None) -> dict[str, Any]:
+    return {
+        "index": array.index,
+        "kind": array.kind,
+        "array": array.array,
+        "shards": compact_ranges(array.shards),
+        "tasks": len(array.shards),
+        "after": array.after,
+        **({"job_id": job_id} if job_id is not None else {}),
+    }
+
+
+def _partial_json(exc: PartialSubmitError) -> dict[str, Any]:
+    return {
+        "run_id": exc.layout.run_id,
+        "run_dir": str(exc.layout.root),
+        "state": "incomplete",
+        "error": str(exc.cause),
+        "submitted": [_array_json(a, job) for a, job in exc.submitted],
+        "not_submitted": [_array_json(a) for a in exc.missing],
+    }
+
+
+def _continue(args: argparse.Namespace, slurm: Slurm, env: Mapping[str, str], out: TextIO) -> int:
+    """``submit --continue RUN``: the arrays of the run's submission plan that were never submitted."""
+    layout = find_run(str(args.run_file), _workspace(args, env))
+    try:
+        done = continue_submission(layout, slurm, env)
+    except PartialSubmitError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        if args.json:
+            _json(_partial_json(exc), out)
+        return EXIT_RUN_FAILED
+    if args.json:
+        _json({"run_dir": str(layout.root), "job_ids": list(done.job_ids), "adopted": list(done.adopted)}, out)
+    elif not done.job_ids and not done.adopted:
+        out.write(f"nothing to submit: every array of run {layout.run_id} was submitted\n")
+    else:
+        found = f"; found in the queue and recorded: {', '.join(done.adopted)}" if done.adopted else ""
+        out.write(
+            f"submitted the rest of run {layout.run_id}: array job(s) {', '.join(done.job_ids) or '(none)'}{found}; "
+            f"shards {compact_ranges(done.shards)}\n  next: ddslurm wait {layout.root}\n"
+        )
     return EXIT_OK
 
 
@@ -110,23 +193,70 @@ def placeholder_note(names: tuple[str, ...]) -> str:
     return f"{', '.join(names)} hold placeholder values (not secrets): attempts do not scan their files for them"
 
 
-def _dry_run(args: argparse.Namespace, env: Mapping[str, str], out: TextIO) -> int:
-    """Validate and compile everything and show what would be submitted; write nothing, submit nothing."""
-    prepared = prepare(args.run_file, args.profile, env, datetime.now(UTC))
-    script = render_generation(prepared.plan, prepared.layout, [s.index for s in prepared.plan.shards])
+def _dry_run(args: argparse.Namespace, slurm: Slurm, env: Mapping[str, str], out: TextIO) -> int:
+    """Validate and compile everything, read the scheduler's limits and show the arrays the submission would make
+    (``plan_submission``, as ``submit`` does), or refuse as ``submit`` would; write nothing, submit nothing."""
+    now = datetime.now(UTC)
+    prepared = prepare(args.run_file, args.profile, env, now)
+    plan, layout = prepared.plan, prepared.layout
+    try:
+        limits = read_limits(slurm, plan)
+    except SlurmError as exc:  # no scheduler here: show the arrays for Slurm's default MaxArraySize
+        limits = SchedulerLimits(1001, notes=(f"scheduler limits not read ({exc}); arrays assume MaxArraySize 1001",))
+    planned = plan_submission(plan, layout, [s.index for s in plan.shards], limits, stamp=new_stamp(now))
+    first = planned.arrays[0]
+    script = render_generation(plan, layout, list(first.shards))
     if args.json:
-        _json({"plan": prepared.plan, "script": script, "aliases": list(prepared.aliases)}, out)
-    else:
-        out.write(f"# dry run: nothing was written or submitted\n# run dir would be {prepared.layout.root}\n")
-        names = ", ".join((*NODE_ENV_ALLOWED, *job_variables(prepared.plan)))
-        out.write(
-            f"# sbatch --export=ALL from an environment of {names} only (values stay in your shell; "
-            "the node reads no login file)\n"
+        _json(
+            {
+                "plan": plan,
+                "arrays": [_array_json(a) for a in planned.arrays],
+                "tasks": planned.tasks,
+                "limits": _limits_json(planned),
+                "script": script,
+                "aliases": list(prepared.aliases),
+            },
+            out,
         )
-        if note := placeholder_note(prepared.plan.secret_env_unscanned):
-            out.write(f"# note: {note}\n")
-        out.write(script)
+        return EXIT_OK
+    out.write(f"# dry run: nothing was written or submitted\n# run dir would be {layout.root}\n")
+    names = ", ".join((*NODE_ENV_ALLOWED, *job_variables(plan)))
+    out.write(
+        f"# sbatch --export=ALL from an environment of {names} only (values stay in your shell; "
+        "the node reads no login file)\n"
+    )
+    if note := placeholder_note(plan.secret_env_unscanned):
+        out.write(f"# note: {note}\n")
+    out.write("".join(f"# {line}\n" for line in _plan_lines(planned)))
+    out.write(f"# the batch script of array 0 (the others differ in --array, the shards and --dependency):\n{script}")
     return EXIT_OK
+
+
+def _limits_json(planned: SubmissionPlan) -> dict[str, Any]:
+    return {
+        "max_array_size": planned.limits.max_array_size,
+        "headroom": HEADROOM,
+        "checked": [
+            {"name": c.name, "scope": c.scope, "limit": c.limit, "used": c.used, "usable": c.usable}
+            for c in planned.checks
+        ],
+        "notes": list(planned.limits.notes),
+    }
+
+
+def _plan_lines(planned: SubmissionPlan) -> list[str]:
+    """The arrays and the limits, as the dry run prints them."""
+    lines = [
+        f"{len(planned.arrays)} sbatch call(s), {planned.tasks:,} array task(s) "
+        f"(MaxArraySize {planned.limits.max_array_size:,}):"
+    ]
+    for a in planned.arrays:
+        after = f"  --dependency=afternotok:<array {a.after}>" if a.after is not None else ""
+        lines.append(f"  array {a.index}: --array={a.array:<14} shards {compact_ranges(a.shards)} ({a.kind}){after}")
+    lines.append(f"limits checked (a submission uses at most {round(HEADROOM * 100)} % of what is left under each):")
+    lines += [f"  {describe_limit(c)}: this run needs {planned.tasks:,}" for c in planned.checks]
+    lines += [f"  {note}" for note in planned.limits.notes]
+    return lines
 
 
 def _bar(done: int, total: int, width: int = 24) -> str:
@@ -240,7 +370,8 @@ def cmd_cancel(args: argparse.Namespace, slurm: Slurm, env: Mapping[str, str], o
     elif done.run:
         out.write(
             f"cancelled run {layout.run_id}: array job(s) {', '.join(done.ids) or '(none)'}, pending retries "
-            "included; no later attempt will generate (ddslurm retry --resume-cancelled to continue it)\n"
+            "included; no later attempt will generate and no unsubmitted array will be submitted "
+            "(ddslurm retry --resume-cancelled to continue it)\n"
         )
     else:
         out.write(f"cancelled {len(done.ids)} task(s) of run {layout.run_id}: {', '.join(done.ids) or '(none)'}\n")
@@ -342,10 +473,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("submit", help="submit a run")
-    p.add_argument("run_file", type=Path)
-    p.add_argument("--profile", type=Path, required=True)
+    p.add_argument("run_file", type=Path, metavar="RUN_FILE", help="the run file; with --continue, the run (RUN)")
+    p.add_argument("--profile", type=Path, default=None)
     p.add_argument("--json", action="store_true")
-    p.add_argument("--dry-run", action="store_true", help="validate and print the plan and script; submit nothing")
+    p.add_argument(
+        "--dry-run", action="store_true", help="validate, show the arrays and the limits they fit in; submit nothing"
+    )
+    p.add_argument(
+        "--continue",
+        dest="continue_run",
+        action="store_true",
+        help="submit the arrays of RUN's submission plan that a stopped submission did not submit",
+    )
     p = sub.add_parser("providers", help="show how the run's model aliases resolve, and what would stop a submit")
     p.add_argument("run_file", type=Path)
     p.add_argument("--json", action="store_true")
