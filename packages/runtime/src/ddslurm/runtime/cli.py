@@ -20,9 +20,9 @@ import shutil
 import signal
 import socket
 import sys
-import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
 from typing import IO, Any
@@ -35,6 +35,16 @@ from ddslurm.runtime._attempt import EXIT_FAILED, AttemptRunner, Inputs, load_in
 from ddslurm.runtime._controller import Controller, StopSignal
 from ddslurm.runtime._engine import engine_environment, local_token_names, run_engine
 from ddslurm.runtime._log import new_logger
+from ddslurm.runtime._scratch import (
+    SqueueJobs,
+    Sweeper,
+    pid_alive,
+    process_start_time,
+    scratch_base,
+    scratch_directory,
+    scratch_owner,
+    user_name,
+)
 from ddslurm.runtime._steps import LocalLauncher, SrunLauncher, StepLauncher
 from ddslurm.runtime.errors import RuntimeFailure
 
@@ -48,15 +58,50 @@ def _int_from(value: str | None, what: str) -> int:
 
 
 @contextmanager
-def _engine_scratch(job_id: str) -> Iterator[Path]:
-    """A per-process scratch home for Data Designer, set up before anything imports it, removed after."""
-    scratch = Path(tempfile.mkdtemp(prefix=f"ddslurm-{job_id}-"))
-    try:
+def _engine_scratch(attempt: str, env: Mapping[str, str], log: Any) -> Iterator[Path]:
+    """A per-process scratch home for Data Designer in the job's temporary directory, set up before anything
+    imports it and removed however the step ends but SIGKILL; this user's stale ones on the node are swept first
+    (rules in ``ddslurm.runtime._scratch``)."""
+    base = scratch_base(env)
+    uid, host, pid = os.getuid(), socket.gethostname(), os.getpid()
+    _sweep_stale(base, env, uid=uid, host=host, log=log)
+    owner = scratch_owner(
+        env,
+        attempt,
+        uid=uid,
+        user=user_name(uid),
+        pid=pid,
+        pid_start=process_start_time(pid),
+        host=host,
+        now=datetime.now(UTC),
+    )
+    with scratch_directory(base, owner) as scratch:
         home = scratch / "dd-home"
         os.environ.update(engine_environment(home))
         yield home
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _sweep_stale(base: Path, env: Mapping[str, str], *, uid: int, host: str, log: Any) -> None:
+    """Remove this user's scratch directories under ``base`` whose creator and job are gone; never fails."""
+    job = env.get("SLURM_JOB_ID", "")
+    sweeper = Sweeper(
+        uid=uid,
+        host=host,
+        job_id=job if job.isdigit() else None,
+        pid_alive=pid_alive,
+        jobs_running=SqueueJobs(),
+        clock=lambda: datetime.now(UTC),
+    )
+    try:
+        report = sweeper.sweep(base)
+    except Exception as exc:  # node hygiene never fails an attempt
+        log.warning("scratch.sweep_failed", base=str(base), error=repr(exc))
+        return
+    if report.error:
+        log.warning("scratch.sweep_skipped", base=str(base), why=report.error)
+    for entry in report.entries:
+        if entry.action == "removed" or entry.why.startswith("could not"):
+            log.info(f"scratch.{entry.action}", path=str(entry.path), why=entry.why)
 
 
 def _logger_factory(layout: RunLayout, component: str) -> Any:
@@ -130,7 +175,8 @@ def client_inputs(inputs: Inputs) -> Inputs:
 def cmd_client(args: argparse.Namespace) -> int:
     layout = RunLayout(args.run_dir.resolve())
     endpoints = msgspec.json.decode(args.endpoints.read_bytes(), type=dict[str, str]) if args.endpoints else {}
-    with _engine_scratch(args.attempt) as home:
+    log = new_logger(sys.stderr.buffer, component="client", run_id=layout.run_id)
+    with _engine_scratch(args.attempt, os.environ, log) as home:
         try:
             inputs = client_inputs(load_inputs(layout))
         except RuntimeFailure as exc:
