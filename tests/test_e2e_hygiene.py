@@ -1,0 +1,144 @@
+"""Node hygiene on the real cluster: no attempt leaves its scratch directory (the per-job Data Designer home) in
+the node's temporary directory, whether it is cancelled (``scancel``) or killed (``kill -9``; the next attempt
+on the node sweeps what that left).
+
+The three local "nodes" share this host's /tmp and pids, and other tests run attempts at the same time, so every
+assertion names this test's own job ids.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ddslurm.config import AttemptRecord, read_json
+
+pytestmark = [pytest.mark.slurm, pytest.mark.dd]
+
+DDSLURM = str(Path(sys.executable).parent / "ddslurm")
+SERVED = ["--served-model-name", "demo/writer-8b", "demo/judge-70b"]
+
+
+def _cli(*args: str, env: dict[str, str], timeout: float = 400) -> Any:
+    done = subprocess.run([DDSLURM, *args], capture_output=True, text=True, env=env, timeout=timeout, check=False)
+    assert done.returncode == 0, f"{args}: rc={done.returncode}\n{done.stdout}\n{done.stderr[-3000:]}"
+    return json.loads(done.stdout)
+
+
+def _until(predicate: Any, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def _scratch_dirs(job: str) -> list[Path]:
+    """The scratch directories of Slurm job ``job`` in the node's temporary directory: ddslurm's name
+    (``ddslurm-scratch-<user>-<job>-...``) and the one earlier versions used (``ddslurm-attempt-<job>-...``)."""
+    user = re.sub(r"[^A-Za-z0-9_.]", "_", getpass.getuser())
+    names = re.compile(rf"ddslurm-scratch-{re.escape(user)}-{job}-.+|ddslurm-attempt-{job}(-r\d+)?-[^-]+")
+    found: list[Path] = []
+    for base in sorted({Path(tempfile.gettempdir()), Path("/tmp")}):
+        found += [p for p in base.iterdir() if names.fullmatch(p.name)]
+    return sorted(found)
+
+
+def _in_squeue(job: str) -> bool:
+    out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%A"], capture_output=True, text=True, check=False)
+    return job in out.stdout.split()
+
+
+def _attempt(run_dir: Path, job: str | None = None) -> AttemptRecord:
+    """The shard's attempt (with ``job``: another one than that job's) once it recorded its job id."""
+
+    def find() -> AttemptRecord | None:
+        for path in run_dir.glob("shards/shard-00000/attempts/*/attempt.json"):
+            record = read_json(path, AttemptRecord)
+            if record.job_id != job:
+                return record
+        return None
+
+    found: AttemptRecord = _until(find, 180, "an attempt to start")
+    return found
+
+
+def _client_pid(run_dir: Path) -> int:
+    """The client step's own process (not the ``srun`` that started it)."""
+
+    def find() -> int | None:
+        for proc in Path("/proc").iterdir():
+            try:
+                argv = (proc / "cmdline").read_bytes().decode().split("\0")
+            except (OSError, UnicodeDecodeError):
+                continue
+            if Path(argv[0]).name != "srun" and "client" in argv and str(run_dir) in argv:
+                return int(proc.name)
+        return None
+
+    pid: int = _until(find, 120, "the client step")
+    return pid
+
+
+def _slow_run(make_run_files: Any, name: str, base_url: str, key: str, extra_run: str = "") -> tuple[Path, dict]:
+    files = make_run_files(name, num_records=12, shards=1, buffer_size=2, extra_run=extra_run)
+    (files.dd_home / "model_providers.yaml").write_text(
+        f"providers:\n- {{name: demo-hosted, endpoint: '{base_url}', api_key: DEMO_HOSTED_API_KEY}}\n"
+    )
+    env = {**files.env, "DEMO_HOSTED_API_KEY": key}
+    submitted = _cli("submit", str(files.run_file), "--profile", str(files.profile), "--json", env=env)
+    return Path(submitted["run_dir"]), env
+
+
+def test_scancel_of_a_running_attempt_leaves_no_scratch_directory(make_run_files: Any) -> None:
+    from fake_vllm.testing import start_server
+
+    key = "sk-hygiene-" + "3" * 16
+    with start_server("demo", args=[*SERVED, "--fake-latency", "2"], api_key=key) as slow:
+        run_dir, _ = _slow_run(make_run_files, "scancel", slow.base_url, key)
+        job = _attempt(run_dir).job_id
+        made = _until(lambda: _scratch_dirs(job), 180, f"job {job}'s scratch directory")
+        assert len(made) == 1, made
+        subprocess.run(["scancel", job], check=True, timeout=30)
+        _until(lambda: not _in_squeue(job), 120, f"job {job} to end")
+    record = _attempt(run_dir)
+    assert record.state == "failed" and record.reason == "cancelled", record  # it was stopped while generating
+    assert _scratch_dirs(job) == []
+
+
+def test_a_scratch_directory_left_by_kill_9_is_swept_by_the_next_attempt_on_the_node(make_run_files: Any) -> None:
+    from fake_vllm.testing import start_server
+
+    key = "sk-hygiene-" + "4" * 16
+    with start_server("demo", args=[*SERVED, "--fake-latency", "2"], api_key=key) as slow:
+        # client_retries: 0, so that the job ends with its client instead of running it again
+        run_dir, env = _slow_run(make_run_files, "killed", slow.base_url, key, extra_run="client_retries: 0\n")
+        killed = _attempt(run_dir).job_id
+        left = _until(lambda: _scratch_dirs(killed), 180, f"job {killed}'s scratch directory")
+        os.kill(_client_pid(run_dir), signal.SIGKILL)
+        _until(lambda: not _in_squeue(killed), 120, f"job {killed} to end")
+        assert _scratch_dirs(killed) == left  # nothing runs after SIGKILL: left behind
+
+        assert _cli("retry", str(run_dir), "--json", env=env)["shards"] == [0]
+        job = _attempt(run_dir, killed).job_id
+        _until(lambda: _scratch_dirs(job), 180, f"job {job}'s scratch directory")  # made after the sweep
+        assert _scratch_dirs(killed) == []
+        client_out = (run_dir / "shards" / "shard-00000" / "attempts" / f"attempt-{job}" / "client.out").read_text()
+        assert f'"path":"{left[0]}"' in client_out and "scratch.removed" in client_out, client_out[-2000:]
+
+        _cli("cancel", str(run_dir), "--json", env=env)
+        _until(lambda: not _in_squeue(job), 120, f"job {job} to end")
+    assert _scratch_dirs(job) == []
