@@ -313,6 +313,21 @@ def test_dry_run_shows_exactly_the_arrays_the_submission_makes(tmp_path: Path) -
     assert "MaxJobCount is 10,000 with 7 already queued (90 % headroom rule: 8,993 usable)" in text
 
 
+def test_a_dry_run_without_a_scheduler_still_shows_the_arrays_and_says_what_it_did_not_check(tmp_path: Path) -> None:
+    run, profile, env = _files(tmp_path, shards=3)
+
+    class NoSlurm(FakeCluster):
+        def __call__(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> Completed:
+            raise SlurmError(list(argv), 127, f"{argv[0]}: command not found (is Slurm installed and on PATH?)")
+
+    code, text, _ = _cli(["submit", str(run), "--profile", str(profile), "--dry-run"], NoSlurm(), env)
+    assert code == 0 and "#   array 0: --array=0-2 " in text
+    assert "scheduler limits not read (scontrol failed (exit 127): scontrol: command not found" in text
+    with pytest.raises(SlurmError, match="command not found"):  # the submission itself needs them
+        submit(run, profile, slurm=Slurm(NoSlurm(), user="alice"), env=env)
+    assert not (tmp_path / "work").exists()
+
+
 # --- a submission that stops part-way ---
 
 
