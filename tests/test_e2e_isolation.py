@@ -26,7 +26,7 @@ import pytest
 
 from ddslurm.config import Plan, RunLayout, read_json
 from ddslurm.launcher import prepare
-from ddslurm.launcher._slurm import Slurm
+from ddslurm.launcher._slurm import SchedulerLimits, Slurm
 from ddslurm.launcher._submit import submit_shards, write_run_dir
 from ddslurm.launcher.errors import SubmitError
 
@@ -53,6 +53,9 @@ class RecordingSlurm(Slurm):
 
     def max_array_size(self) -> int:
         return 1001
+
+    def limits(self, **_: Any) -> SchedulerLimits:
+        return SchedulerLimits(1001)  # no scheduler asked: these tests run without a cluster
 
     def sbatch(self, script: str, *, export: Sequence[str] = (), env: Mapping[str, str] | None = None) -> str:
         self.exports.append(tuple(export))

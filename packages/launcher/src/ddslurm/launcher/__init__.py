@@ -2,28 +2,52 @@
 
 from ddslurm.launcher._collect import collect_local, collect_with_slurm, wait_for_job
 from ddslurm.launcher._render import render_collection, render_generation
-from ddslurm.launcher._slurm import Completed, Runner, Slurm, TaskState, parse_job_key, subprocess_runner
+from ddslurm.launcher._slurm import (
+    Completed,
+    Runner,
+    SchedulerLimits,
+    Slurm,
+    SlurmTimeoutError,
+    TaskState,
+    parse_job_key,
+    subprocess_runner,
+)
 from ddslurm.launcher._status import RunStatus, ShardStatus, find_run, run_state, run_status
-from ddslurm.launcher._submit import Prepared, Submitted, prepare, submit, submit_shards, write_run_dir
+from ddslurm.launcher._steer import continue_submission
+from ddslurm.launcher._submit import (
+    PartialSubmitError,
+    Prepared,
+    Submitted,
+    plan_submission,
+    prepare,
+    submit,
+    submit_shards,
+    write_run_dir,
+)
 from ddslurm.launcher.errors import LauncherError, RunNotFoundError, SlurmError, SubmitError
 
 __all__ = [
     "Completed",
     "LauncherError",
+    "PartialSubmitError",
     "Prepared",
     "RunNotFoundError",
     "RunStatus",
     "Runner",
+    "SchedulerLimits",
     "ShardStatus",
     "Slurm",
     "SlurmError",
+    "SlurmTimeoutError",
     "SubmitError",
     "Submitted",
     "TaskState",
     "collect_local",
     "collect_with_slurm",
+    "continue_submission",
     "find_run",
     "parse_job_key",
+    "plan_submission",
     "prepare",
     "render_collection",
     "render_generation",
