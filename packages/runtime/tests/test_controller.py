@@ -113,6 +113,19 @@ def test_generation_step_is_rerun_inside_the_allocation(
     assert all("--resume" in argv for argv in launcher.client_argv[1:])
 
 
+def test_a_client_ended_by_the_jobs_own_cancellation_records_cancelled(tmp_path: Path) -> None:
+    """scancel signals the steps and the batch step together: a client that dies a moment before the
+    controller sees the signal is recorded `cancelled`, not `client_failed` (and not rerun)."""
+    launcher = ScriptedLauncher(["crash", "ok"])
+    controller, inputs = _controller(tmp_path, launcher, 1)
+    stop: StopSignal = controller._stop  # the signal handler's view, set 0.3 s after the client died
+    threading.Timer(0.3, lambda: (setattr(stop, "reason", "SIGTERM"), stop.event.set())).start()
+    controller.run(inputs, 0, "9", "n1")
+    record = read_json(RunLayout(tmp_path / "run-1").shard(0).attempt("attempt-9").record, AttemptRecord)
+    assert (record.state, record.reason) == ("failed", "cancelled"), record
+    assert len(launcher.client_argv) == 1
+
+
 # --- a proxy that dies while the client depends on it -------------------------------------------------------
 
 STAND_IN = """

@@ -57,6 +57,8 @@ from ddslurm.runtime._steps import Step, StepLauncher, StepSpec, without
 from ddslurm.runtime.errors import RuntimeFailure, SecretMissingError
 
 HOST = "127.0.0.1"
+STOP_RACE_S = 2.0
+"""How long a client step's failure waits for the signal that may have ended it (scancel, time limit)."""
 
 
 class InterruptedFailure(RuntimeFailure):
@@ -441,6 +443,9 @@ class Controller:
                 return self._proxy_died(dead, client, began, log)
             self._sleep(self._poll)
         record = read_json(began.layout.record, AttemptRecord)
+        if record.state == "running" and code != 0 and self._stop.event.wait(STOP_RACE_S):
+            # scancel and the time limit signal the steps and the batch step together: the client may end first.
+            raise self._interrupted()
         if record.state == "running":
             self._runner.fail(
                 began,
