@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import io
 import json
 import os
@@ -24,7 +25,7 @@ import pytest
 from aiohttp import web
 
 from ddslurm.runtime._log import new_logger
-from ddslurm.runtime._proxy import Proxy, ProxyConfig, main, parse_waiting, serve
+from ddslurm.runtime._proxy import Proxy, ProxyConfig, loop_factory, main, parse_waiting, serve
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 16}
 FAST = {"health_interval": 0.1, "metrics_interval": 0.1}
@@ -333,6 +334,50 @@ async def _mid_body() -> None:
         assert proxy.describe()["upstreams"][0]["failed"] == 1
 
 
+def test_bodies_of_known_length_pass_whole_and_a_short_one_gives_502() -> None:
+    asyncio.run(_known_length())
+
+
+async def _known_length() -> None:
+    big = bytes(range(256)) * (3 * 4096 + 7)  # 3 MiB and a bit: longer than what is read whole, so streamed
+
+    async def sized(request: web.Request) -> web.Response:
+        size = int(request.query["size"])
+        return web.Response(body=big[:size], headers={"X-Upstream": "kept"}, content_type="application/x-test")
+
+    async def short(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse()
+        response.content_length = 1000
+        await response.prepare(request)
+        await response.write(b"x" * 10)
+        await asyncio.sleep(0.05)
+        assert request.transport is not None
+        request.transport.abort()  # 990 bytes short
+        return response
+
+    upstream = Inline("sized")
+    upstream.app.router.add_get("/v1/sized", sized)
+    upstream.app.router.add_post("/v1/short", short)
+    async with (
+        serving(upstream.app) as upstream_url,
+        running_proxy([upstream_url]) as (proxy, url),
+        aiohttp.ClientSession(auto_decompress=False) as session,
+    ):
+        for size in (0, 1, 700, len(big)):
+            async with session.get(f"{url}/v1/sized", params={"size": str(size)}) as response:
+                assert response.status == 200
+                assert await response.read() == big[:size]
+                assert response.headers["X-Upstream"] == "kept"
+                assert response.headers["Content-Type"] == "application/x-test"
+                assert response.content_length == size
+        async with session.post(f"{url}/v1/short", json=CHAT) as response:
+            assert response.status == 502  # nothing was sent yet: an error, never a truncated body
+            error = (await response.json())["error"]
+        assert error["type"] == "BadGateway"
+        assert upstream_url in error["message"]
+        assert proxy.describe()["upstreams"][0]["failed"] == 1
+
+
 # --- 4. back-pressure ------------------------------------------------------------------------------
 
 
@@ -435,14 +480,15 @@ async def _pass_through(upstreams: list[str], headers: dict[str, str]) -> None:
 # --- 6. the command --------------------------------------------------------------------------------
 
 
-def test_main_stops_gracefully_on_sigterm(tmp_path: Path) -> None:
+@pytest.mark.parametrize("loop", ["auto", "asyncio"])
+def test_main_stops_gracefully_on_sigterm(tmp_path: Path, loop: str) -> None:
     fake = _fake()
     log = tmp_path / "proxy.log"
     with fake.start_server("m", args=["--fake-latency", "0.4"]) as server:
         port = fake.free_port()
         code = "import sys; from ddslurm.runtime._proxy import main; sys.exit(main(sys.argv[1:]))"
         command = [sys.executable, "-c", code, "--listen", f"127.0.0.1:{port}", "--upstream", server.base_url]
-        command += ["--log", str(log), "--health-interval", "0.1", "--max-waiting", "8"]
+        command += ["--log", str(log), "--health-interval", "0.1", "--max-waiting", "8", "--loop", loop]
         proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:
             url = f"http://127.0.0.1:{port}"
@@ -475,9 +521,28 @@ def test_main_stops_gracefully_on_sigterm(tmp_path: Path) -> None:
                 proc.wait()
     lines = [json.loads(line) for line in log.read_text().splitlines()]
     assert lines[0]["event"] == "proxy.started"
+    expected = "uvloop" if loop == "auto" and loop_factory("auto") is not None else "asyncio"
+    assert lines[0]["loop"].split(".")[0] == expected
     assert lines[-1]["event"] == "proxy.stopped"
     assert lines[-1]["served"] == {server.root_url: 2}  # the /v1 suffix is dropped from --upstream
     assert lines[-1]["component"] == "proxy"
+
+
+def test_the_loop_is_uvloop_where_it_imports_and_asyncio_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert loop_factory("asyncio") is None
+    if importlib.util.find_spec("uvloop") is not None:
+        factory = loop_factory("auto")
+        assert factory is not None and loop_factory("uvloop") is not None
+        loop = factory()
+        try:
+            assert type(loop).__module__.startswith("uvloop")
+        finally:
+            loop.close()
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # as on a platform without it: import fails
+    assert loop_factory("auto") is None
+    with pytest.raises(ImportError):
+        loop_factory("uvloop")
+    assert main(["--listen", "127.0.0.1:0", "--upstream", "http://127.0.0.1:9", "--loop", "uvloop"]) == 2
 
 
 def test_main_fails_when_the_port_is_taken(tmp_path: Path) -> None:

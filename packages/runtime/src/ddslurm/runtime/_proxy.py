@@ -1,10 +1,13 @@
 """The per-model-alias endpoint: an asynchronous HTTP reverse proxy in front of several vLLM replicas.
 
     ddslurm-runtime proxy --listen HOST:PORT --upstream URL [--upstream URL ...] [--log PATH] [--max-waiting N]
+                          [--loop auto|uvloop|asyncio]
 
 Any method and path is forwarded to one upstream (``/v1/chat/completions``, ``/v1/models``, ...): the body and
-headers are copied (minus hop-by-hop headers and Host) and the answer is streamed back chunk by chunk, so SSE
-(``stream: true``) works and large bodies are never buffered. Status codes pass through unchanged.
+headers are copied (minus hop-by-hop headers and Host) and status codes pass through unchanged. A response body
+of known length up to 1 MiB (every non-streamed completion) is read whole and answered with its headers in one
+write; a longer one, or one without a length (SSE, ``stream: true``), is streamed back chunk by chunk, headers
+first, so large bodies are never buffered.
 
 Choice of upstream: least requests in flight through this proxy among the healthy, non-saturated upstreams;
 ties go to the fewest ``vllm:num_requests_waiting`` (last scrape of ``GET /metrics``), then round-robin.
@@ -14,7 +17,9 @@ request waits (without polling) until one is not, up to ``admission_timeout``, t
 A connection failure before the response headers arrive (refused, reset, closed) is retried on another
 replica and marks the upstream unhealthy until its ``GET /health`` answers 200 again (it is re-probed at
 once, then every ``health_interval``). With no healthy upstream a request waits ``unavailable_grace``
-seconds for one, then gets 503 ``{"error": {"message": ..., "type": "ServiceUnavailable"}}``.
+seconds for one, then gets 503 ``{"error": {"message": ..., "type": "ServiceUnavailable"}}``. A failure after
+the headers is not retried (the replica may have done the work): before any byte went to the client it is 502
+``BadGateway``, later the client's connection is aborted, so a truncated body never looks complete.
 
 The proxy's own endpoints: ``GET /health`` (200 when at least one upstream is healthy, else 503) and
 ``GET /ddslurm/upstreams`` (JSON: each upstream's healthy flag, in-flight, waiting, served and failed counts).
@@ -22,7 +27,12 @@ The proxy's own endpoints: ``GET /health`` (200 when at least one upstream is he
 With a token (``VLLM_API_KEY`` in the proxy's environment, the attempt's own token, never on its command line)
 every request but ``GET /health`` needs ``Authorization: Bearer TOKEN`` and gets 401 without it; requests are
 forwarded, and upstreams probed, with that same header, which the replicas require too.
-The request body is read whole before forwarding (it has to be kept for a retry); the response never is.
+The request body is read whole before forwarding (it has to be kept for a retry).
+
+Cost per request: nothing is parsed but the HTTP framing (bodies are opaque bytes), nothing is logged per
+request unless ``--debug``, upstream connections are kept alive and pooled, and the event loop is uvloop's where
+it is installed (``--loop auto``; a dependency of ddslurm-runtime where it builds, asyncio's own elsewhere).
+``bench/proxy.py`` measures it against direct requests and a null relay (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import hmac
 import json
 import logging
@@ -69,6 +80,16 @@ _WAITING_METRIC: Final = "vllm:num_requests_waiting"
 # Below uvicorn's (and so vLLM's) 5 s keep-alive, so the pool rarely reuses a connection the server is closing.
 _POOL_KEEPALIVE_S: Final = 3.0
 _JSON: Final = "application/json"
+# A response body of known length up to this size is read whole and sent with its headers in one write; longer
+# ones, and those without a length (SSE, chunked), are streamed chunk by chunk.
+_WHOLE_MAX: Final = 1 << 20
+_NO_BODY: Final = frozenset({204, 304})
+
+
+@functools.lru_cache(maxsize=1024)
+def _url(base: str, raw_path: str) -> URL:
+    """The upstream URL of a request (cached: parsing one costs more than the rest of a request's headers)."""
+    return URL(base + raw_path, encoded=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +192,11 @@ class Proxy:
         self._runner: web.ServerRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._expected = f"Bearer {config.token}".encode() if config.token else None
+        # Per-request constants: headers never forwarded, the token header added, whether to log each request.
+        self._drop = _DROP_REQUEST | {"authorization"} if config.token else _DROP_REQUEST
+        self._auth = list(auth_headers(config.token).items())
+        enabled = getattr(logger, "is_enabled_for", None)
+        self._debug = bool(enabled(logging.DEBUG)) if callable(enabled) else True
         self.port: int | None = None
 
     # -- lifecycle --------------------------------------------------------------------------------
@@ -214,6 +240,7 @@ class Proxy:
             upstreams=list(cfg.upstreams),
             healthy=[up.url for up in self._upstreams if up.healthy],
             max_waiting=cfg.max_waiting,
+            loop=type(asyncio.get_running_loop()).__module__,
         )
         return self.port
 
@@ -381,22 +408,22 @@ class Proxy:
         session = self._session
         assert session is not None
         body = await request.content.read()  # kept for a retry; no size cap (unlike request.read())
-        drop = _DROP_REQUEST
+        drop = self._drop
         connection = request.headers.get("Connection")
         if connection:
             drop = drop | {token.strip().lower() for token in connection.split(",")}
-        if self.config.token:
-            drop = drop | {"authorization"}
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in drop]
-        headers += list(auth_headers(self.config.token).items())
+        headers += self._auth
         method = request.method
         raw_path = request.raw_path
-        deadline = asyncio.get_running_loop().time() + self.config.admission_timeout
+        deadline: float | None = None
         attempts = len(self._upstreams) + 1
         last_error = ""
         for _ in range(attempts):
             up, _healthy = self._pick()
             if up is None:
+                if deadline is None:
+                    deadline = asyncio.get_running_loop().time() + self.config.admission_timeout
                 admitted = await self._admit(deadline)
                 if isinstance(admitted, str):
                     return _error(503, "ServiceUnavailable", admitted + last_error)
@@ -406,7 +433,7 @@ class Proxy:
                 try:
                     upstream = await session.request(
                         method,
-                        URL(up.base + raw_path, encoded=True),
+                        _url(up.base, raw_path),
                         data=body or None,
                         headers=headers,
                         allow_redirects=False,
@@ -416,11 +443,43 @@ class Proxy:
                     last_error = f" (last failure: {up.url}: {type(exc).__name__})"
                     continue
                 up.served += 1
-                self._log.debug("proxy.forward", upstream=up.url, method=method, path=raw_path, status=upstream.status)
+                if self._debug:
+                    self._log.debug(
+                        "proxy.forward", upstream=up.url, method=method, path=raw_path, status=upstream.status
+                    )
+                length = upstream.content_length
+                if (
+                    length is not None
+                    and length <= _WHOLE_MAX
+                    and upstream.status not in _NO_BODY
+                    and upstream.status >= 200
+                    and method != "HEAD"
+                ):
+                    return await self._relay_whole(upstream, up)
                 return await self._relay(request, upstream, up)
             finally:
                 up.in_flight -= 1
         return _error(503, "ServiceUnavailable", f"{attempts} attempts failed{last_error}")
+
+    @staticmethod
+    def _response_headers(upstream: aiohttp.ClientResponse) -> list[tuple[str, str]]:
+        return [(k, v) for k, v in upstream.headers.items() if k.lower() not in _DROP_RESPONSE]
+
+    async def _relay_whole(self, upstream: aiohttp.ClientResponse, up: _Upstream) -> web.StreamResponse:
+        """A body of known, bounded length: read it, then answer headers and body in one write.
+
+        The client then gets one segment instead of two (headers, body), which costs it a wake-up and a read
+        less per request. An upstream failure before the body is complete gives 502 (nothing was sent yet)."""
+        try:
+            body = await upstream.read()
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            upstream.close()
+            self._failed(up, exc, "during response body")
+            return _error(502, "BadGateway", f"{up.url} failed during the response body: {type(exc).__name__}")
+        upstream.release()
+        return web.Response(
+            body=body, status=upstream.status, reason=upstream.reason, headers=self._response_headers(upstream)
+        )
 
     async def _relay(
         self, request: web.BaseRequest, upstream: aiohttp.ClientResponse, up: _Upstream
@@ -428,11 +487,9 @@ class Proxy:
         """Stream ``upstream`` back to the client; on an upstream failure mid-body, abort the client's connection."""
         complete = False
         try:
-            response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-            out = response.headers
-            for key, value in upstream.headers.items():
-                if key.lower() not in _DROP_RESPONSE:
-                    out.add(key, value)
+            response = web.StreamResponse(
+                status=upstream.status, reason=upstream.reason, headers=self._response_headers(upstream)
+            )
             length = upstream.content_length
             if length is not None:
                 response.content_length = length
@@ -516,7 +573,28 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--unavailable-grace", type=float, default=defaults.unavailable_grace, metavar="S")
     parser.add_argument("--shutdown-timeout", type=float, default=defaults.shutdown_timeout, metavar="S")
     parser.add_argument("--debug", action="store_true", help="log every forwarded request")
+    parser.add_argument(
+        "--loop",
+        choices=("auto", "uvloop", "asyncio"),
+        default="auto",
+        help="event loop: uvloop where it is installed (auto), or asyncio's own",
+    )
     return parser
+
+
+def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The event loop for ``--loop NAME``: uvloop's for ``uvloop`` and, where it imports, ``auto``; else None
+    (asyncio's default). ``uvloop`` without uvloop installed raises ImportError."""
+    if name == "asyncio":
+        return None
+    try:
+        import uvloop  # optional, and loaded only to serve
+    except ImportError:
+        if name == "uvloop":
+            raise
+        return None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
 
 
 @contextlib.contextmanager
@@ -575,10 +653,16 @@ def main(argv: list[str], environ: Mapping[str, str] | None = None) -> int:
     except ValueError as exc:
         print(f"ddslurm-runtime proxy: {exc}", file=sys.stderr)
         return 2
+    try:
+        factory = loop_factory(args.loop)
+    except ImportError as exc:
+        print(f"ddslurm-runtime proxy: --loop uvloop: {exc}", file=sys.stderr)
+        return 2
     with _log_stream(args.log) as stream:
         logger = new_logger(stream, level=logging.DEBUG if args.debug else logging.INFO, component="proxy")
         try:
-            asyncio.run(_run(config, logger))
+            with asyncio.Runner(loop_factory=factory) as runner:
+                runner.run(_run(config, logger))
         except OSError as exc:  # cannot listen
             logger.error("proxy.failed", error=f"{type(exc).__name__}: {exc}")
             return 1
