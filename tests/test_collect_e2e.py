@@ -71,15 +71,13 @@ def test_killed_collection_job_publishes_nothing_and_a_rerun_succeeds(tmp_path: 
         stderr=subprocess.PIPE,
         text=True,
     )
-    # Cancel once the job reports progress, well before it is done (it prints every 5 % of the files).
+    # Cancel as soon as the job starts writing (its staging directory appears), well before it is done.
     deadline = time.monotonic() + 90
     started = False
     while time.monotonic() < deadline and not started and proc.poll() is None:
-        logs = "".join(p.read_text(errors="replace") for p in layout.logs.glob("collect-*.out"))
-        started = "collected 100/2000 batch files" in logs
-        time.sleep(0.02)
-    assert started, "the collection job never reported progress"
-    assert list(layout.root.glob(".dataset.staging-*"))
+        started = any(layout.root.glob(".dataset.staging-*"))
+        time.sleep(0.01)
+    assert started, "the collection job never started writing"
     job_id = next(layout.logs.glob("collect-*.out")).stem.removeprefix("collect-")
     subprocess.run(["scancel", job_id], check=True)  # by id: other tests' jobs may carry the same name
     out, err = proc.communicate(timeout=120)

@@ -53,3 +53,29 @@ def test_collect_command_prints_the_result_as_json(tmp_path: Path) -> None:
     assert collect_command(layout, overwrite=False, as_json=True, out=out, err=err) == 0
     got = json.loads(out.getvalue())
     assert got["rows"] == 2 and got["dataset"] == str(layout.dataset) and got["manifest"].endswith("_manifest.json")
+
+
+def test_sigterm_right_after_publication_says_the_dataset_is_complete(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SIGTERM (scancel) that lands as the dataset is renamed into place is held until the collection knows
+    it published: it never reports 'nothing was published' over a dataset that exists."""
+    import io
+    import os
+
+    from ddslurm.collector import _command, _merge
+
+    layout = make_published_run(tmp_path, [[pa.table({"a": [i]}) for i in range(3)]])
+    real_publish = _merge._publish
+
+    def publish_then_signal(staging: Path, destination: Path, overwrite: bool) -> None:
+        real_publish(staging, destination, overwrite)
+        os.kill(os.getpid(), signal.SIGTERM)  # arrives the instant the rename is done
+
+    monkeypatch.setattr(_merge, "_publish", publish_then_signal)
+    out, err = io.StringIO(), io.StringIO()
+    code = _command.collect_command(layout, out=out, err=err)
+    assert layout.dataset.is_dir()
+    assert code == 0, err.getvalue()
+    assert "nothing was published" not in err.getvalue()
+    assert "SIGTERM arrived after the dataset was published" in err.getvalue()

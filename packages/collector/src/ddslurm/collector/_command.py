@@ -48,7 +48,7 @@ def print_result(result: CollectResult, *, as_json: bool, out: TextIO) -> None:
 
 
 @contextlib.contextmanager
-def sigterm_unwinds(received: list[int]) -> Iterator[None]:
+def sigterm_unwinds(received: list[int], published: list[bool]) -> Iterator[None]:
     """While active, SIGTERM raises KeyboardInterrupt (recording the signal in ``received``), so a collection
     unwinds like Ctrl-C: its staging directory is removed and nothing is published. Main thread only."""
     if threading.current_thread() is not threading.main_thread():
@@ -57,7 +57,8 @@ def sigterm_unwinds(received: list[int]) -> Iterator[None]:
 
     def on_term(signum: int, _: FrameType | None) -> None:
         received.append(signum)
-        raise KeyboardInterrupt(f"signal {signum}")
+        if not published:  # once the dataset is in place, finish (say what was published) instead of unwinding
+            raise KeyboardInterrupt(f"signal {signum}")
 
     previous = signal.signal(signal.SIGTERM, on_term)
     try:
@@ -77,10 +78,20 @@ def collect_command(
 ) -> int:
     """Collect, print the result to ``out`` (progress and errors to ``err``) and return the exit code."""
     received: list[int] = []
+    published: list[bool] = []
     try:
-        with sigterm_unwinds(received):
-            result = collect(layout, destination=destination, overwrite=overwrite, progress=progress_reporter(err))
+        with sigterm_unwinds(received, published):
+            result = collect(
+                layout,
+                destination=destination,
+                overwrite=overwrite,
+                progress=progress_reporter(err),
+                on_published=lambda: published.append(True),
+            )
             print_result(result, as_json=as_json, out=out)
+        if received:
+            name = signal.Signals(received[0]).name
+            print(f"note: {name} arrived after the dataset was published; it is complete", file=err, flush=True)
     except KeyboardInterrupt:
         signum = received[0] if received else signal.SIGINT
         name = signal.Signals(signum).name
