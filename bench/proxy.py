@@ -8,7 +8,8 @@ runs all three in turn (the order rotates), ``--repeat`` rounds per case after a
 median over the rounds (ratios and added latencies are taken within a round).
 
     uv run python bench/proxy.py [--requests 3000] [--concurrency 64] [--repeat 5] [--stream]
-                                 [--cases cpu_bound,shared,replica_bound] [--loop auto|uvloop|asyncio]
+                                 [--cases cpu_bound,shared,replica_bound,unloaded] [--loop auto|uvloop|asyncio]
+                                 [--proxy-file OLD_PROXY.py]
 
 The load generator, the stand-in and the proxy are three single-threaded processes. Cases:
 
@@ -21,6 +22,10 @@ The load generator, the stand-in and the proxy are three single-threaded process
   CPU from the other two, so this ratio mostly measures the proxy's CPU per request against theirs.
 - ``replica_bound``: the stand-in holds each request ``--replica-latency`` seconds (a GPU's time per request),
   pinned as ``cpu_bound`` (with ``--replica-requests`` requests): the usual case, where the proxy should be free.
+  The 64 requests start and end in step here, so CPU 0 works through bursts of them and the p50 includes that
+  queueing, which the proxy's own CPU partly takes over: its added latency can come out below zero.
+- ``unloaded``: one request at a time (``--unloaded-requests``), stand-in answering at once, pinned: the
+  latency the hop through the proxy itself adds when nothing queues anywhere (``p50_added_ms``).
 
 Other processes on the machine disturb the timings: each run measures the CPUs they kept busy (/proc/stat
 minus our three processes); a pair with more than ``--quiet`` CPUs of that is run again (up to as many pairs
@@ -63,7 +68,7 @@ FILE_CODE = (
     "import runpy, sys; path = sys.argv.pop(1); "
     "sys.exit(runpy.run_path(path, run_name='proxy_under_test')['main'](sys.argv[1:]))"
 )
-CASES = ("cpu_bound", "shared", "replica_bound")
+CASES = ("cpu_bound", "shared", "replica_bound", "unloaded")
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -73,6 +78,7 @@ class Case:
     pinned: bool
     latency: float  # the stand-in's seconds per request
     requests: int
+    concurrency: int
 
 
 @dataclass
@@ -263,12 +269,12 @@ def _loop_of(log: Path) -> str | None:
     return None
 
 
-def _run(url: str, pids: dict[str, int], requests: int, args: argparse.Namespace) -> Sample:
+def _run(url: str, pids: dict[str, int], requests: int, concurrency: int, args: argparse.Namespace) -> Sample:
     """One timed run of ``requests`` requests, with the CPU every process (and the rest of the machine) used."""
     before = {name: _cpu_seconds(pid) for name, pid in pids.items()}
     busy = _busy_seconds()
     own = time.process_time()
-    seconds, latencies = asyncio.run(_load(url, requests, args.concurrency, args.stream))
+    seconds, latencies = asyncio.run(_load(url, requests, concurrency, args.stream))
     ours = time.process_time() - own
     busy_end = _busy_seconds()
     cpu: dict[str, float | None] = {"loadgen": ours / requests}
@@ -304,7 +310,7 @@ def _case(case: Case, args: argparse.Namespace) -> dict[str, Any]:
             _pin(relay_pid, {cpus[1]} if pinned else everything)
             try:
                 for url in targets.values():
-                    _run(url, {}, min(case.requests, 300), args)  # warm-up
+                    _run(url, {}, min(case.requests, 300), case.concurrency, args)  # warm-up
                 rounds: list[dict[str, Sample]] = []
                 quiet: list[dict[str, Sample]] = []
                 # Rotate the order each round, so drift hits every target alike.
@@ -312,7 +318,7 @@ def _case(case: Case, args: argparse.Namespace) -> dict[str, Any]:
                     _wait_quiet(args.quiet, args.patience)
                     names = list(targets)
                     names = names[len(rounds) % 3 :] + names[: len(rounds) % 3]
-                    got = {name: _run(targets[name], pids, case.requests, args) for name in names}
+                    got = {name: _run(targets[name], pids, case.requests, case.concurrency, args) for name in names}
                     rounds.append(got)
                     if max(sample.background for sample in got.values()) <= args.quiet:
                         quiet.append(got)
@@ -328,6 +334,7 @@ def _case(case: Case, args: argparse.Namespace) -> dict[str, Any]:
         "pinned": pinned,
         "latency_s": case.latency,
         "requests": case.requests,
+        "concurrency": case.concurrency,
         "loop": loop,
         "ratio": med(iter(ratios)),
         "p50_added_ms": med((r["proxy"].p50 - r["direct"].p50 for r in counted), 1000, 2),
@@ -362,6 +369,7 @@ def main() -> None:
     parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
     parser.add_argument("--replica-latency", type=float, default=0.1, help="replica_bound: stand-in s/request")
     parser.add_argument("--replica-requests", type=int, default=1000, help="replica_bound: requests per run")
+    parser.add_argument("--unloaded-requests", type=int, default=500, help="unloaded: requests per run")
     parser.add_argument("--quiet", type=float, default=0.1, help="CPUs others may keep busy during a counted pair")
     parser.add_argument("--patience", type=float, default=2.0, help="seconds to wait for quiet before a pair")
     parser.add_argument("--loop", choices=("auto", "uvloop", "asyncio"), default=None, help="the proxy's --loop")
@@ -373,22 +381,25 @@ def main() -> None:
     names = [name.strip() for name in args.cases.split(",") if name.strip()]
     if not names or any(name not in CASES for name in names):
         parser.error(f"--cases: expected some of {', '.join(CASES)}")
+    c = args.concurrency
     cases = {
-        "cpu_bound": Case("cpu_bound", True, 0.0, args.requests),
-        "shared": Case("shared", False, 0.0, args.requests),
-        "replica_bound": Case("replica_bound", True, args.replica_latency, args.replica_requests),
+        "cpu_bound": Case("cpu_bound", True, 0.0, args.requests, c),
+        "shared": Case("shared", False, 0.0, args.requests, c),
+        "replica_bound": Case("replica_bound", True, args.replica_latency, args.replica_requests, c),
+        "unloaded": Case("unloaded", True, 0.0, args.unloaded_requests, 1),
     }
     results = {name: _case(cases[name], args) for name in names}
     kind = "streamed " if args.stream else ""
     print(
-        f"proxy: {kind}chat requests at concurrency {args.concurrency}, {args.repeat} pairs per case, "
-        f"{os.cpu_count()} CPUs (ratio = proxied/direct req/s; CPU in us per request)",
+        f"proxy: {kind}chat requests at concurrency {args.concurrency} (unloaded: 1), {args.repeat} rounds per "
+        f"case, {os.cpu_count()} CPUs (ratio = proxied/direct req/s; CPU in us per request)",
         file=sys.stderr,
     )
     for name, r in results.items():
         rps, p50, cpu = r["rps"], r["p50_ms"], r["cpu_us_per_request"]
         print(
-            f"  {name}: direct {rps['direct']}/s p50 {p50['direct']} ms | relay {rps['relay']}/s p50 {p50['relay']} "
+            f"  {name} (concurrency {r['concurrency']}, stand-in {r['latency_s']} s):\n"
+            f"    direct {rps['direct']}/s p50 {p50['direct']} ms | relay {rps['relay']}/s p50 {p50['relay']} "
             f"ms | proxy {rps['proxy']}/s p50 {p50['proxy']} ms\n"
             f"    ratio {r['ratio']} {r['ratio_range']}, p50 {r['p50_added_ms']:+} ms (null relay: "
             f"{r['relay_ratio']}, {r['relay_p50_added_ms']:+} ms); proxy/relay {r['proxy_to_relay']}\n"
