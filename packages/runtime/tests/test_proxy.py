@@ -378,6 +378,41 @@ async def _known_length() -> None:
         assert proxy.describe()["upstreams"][0]["failed"] == 1
 
 
+def test_a_client_leaving_mid_body_closes_the_upstream_request() -> None:
+    asyncio.run(_client_leaves())
+
+
+async def _client_leaves() -> None:
+    closed = asyncio.Event()
+
+    async def slow(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse()
+        response.content_length = 1000
+        await response.prepare(request)
+        try:
+            for _ in range(100):  # 10 bytes every 50 ms: 5 s for the whole body
+                await response.write(b"x" * 10)
+                await asyncio.sleep(0.05)
+        except ConnectionError:
+            closed.set()
+        return response
+
+    upstream = Inline("slow")
+    upstream.app.router.add_post("/v1/slow", slow)
+    async with (
+        serving(upstream.app) as upstream_url,
+        running_proxy([upstream_url]) as (proxy, url),
+        aiohttp.ClientSession() as session,
+    ):
+        with pytest.raises(TimeoutError):
+            async with session.post(f"{url}/v1/slow", json=CHAT, timeout=aiohttp.ClientTimeout(total=0.3)) as r:
+                await r.read()
+        async with asyncio.timeout(3):
+            await closed.wait()  # the proxy dropped its upstream connection instead of reading on
+        entry = proxy.describe()["upstreams"][0]
+        assert (entry["in_flight"], entry["failed"], entry["healthy"]) == (0, 0, True)
+
+
 # --- 4. back-pressure ------------------------------------------------------------------------------
 
 

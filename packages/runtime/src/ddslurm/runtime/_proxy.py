@@ -470,13 +470,18 @@ class Proxy:
 
         The client then gets one segment instead of two (headers, body), which costs it a wake-up and a read
         less per request. An upstream failure before the body is complete gives 502 (nothing was sent yet)."""
+        complete = False
         try:
             body = await upstream.read()
+            complete = True
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            upstream.close()
             self._failed(up, exc, "during response body")
             return _error(502, "BadGateway", f"{up.url} failed during the response body: {type(exc).__name__}")
-        upstream.release()
+        finally:
+            if complete:
+                upstream.release()
+            else:
+                upstream.close()  # failed, or cancelled because the client left: the replica may stop early
         return web.Response(
             body=body, status=upstream.status, reason=upstream.reason, headers=self._response_headers(upstream)
         )
