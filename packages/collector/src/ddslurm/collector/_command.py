@@ -13,6 +13,7 @@ import contextlib
 import signal
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
@@ -47,20 +48,38 @@ def print_result(result: CollectResult, *, as_json: bool, out: TextIO) -> None:
     out.flush()
 
 
+@dataclass(slots=True)
+class Termination:
+    """What SIGTERM does during a collection: unwind (KeyboardInterrupt) until the dataset is being renamed into
+    place; from then on only recorded, so a collection is never interrupted between publishing and saying so."""
+
+    received: list[int] = field(default_factory=list)
+    holding: bool = False
+    published: bool = False
+
+    def on_signal(self, signum: int, _: FrameType | None) -> None:
+        self.received.append(signum)
+        if not (self.holding or self.published):
+            raise KeyboardInterrupt(f"signal {signum}")
+
+    @contextlib.contextmanager
+    def publishing(self) -> Iterator[None]:
+        self.holding = True
+        try:
+            yield
+            self.published = True
+        finally:
+            self.holding = False
+
+
 @contextlib.contextmanager
-def sigterm_unwinds(received: list[int], published: list[bool]) -> Iterator[None]:
-    """While active, SIGTERM raises KeyboardInterrupt (recording the signal in ``received``), so a collection
-    unwinds like Ctrl-C: its staging directory is removed and nothing is published. Main thread only."""
+def sigterm_unwinds(termination: Termination) -> Iterator[None]:
+    """While active, SIGTERM is handled by ``termination`` (main thread only): before publication it raises
+    KeyboardInterrupt, so a collection unwinds like Ctrl-C: its staging directory is removed, nothing published."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-
-    def on_term(signum: int, _: FrameType | None) -> None:
-        received.append(signum)
-        if not published:  # once the dataset is in place, finish (say what was published) instead of unwinding
-            raise KeyboardInterrupt(f"signal {signum}")
-
-    previous = signal.signal(signal.SIGTERM, on_term)
+    previous = signal.signal(signal.SIGTERM, termination.on_signal)
     try:
         yield
     finally:
@@ -77,16 +96,16 @@ def collect_command(
     err: TextIO,
 ) -> int:
     """Collect, print the result to ``out`` (progress and errors to ``err``) and return the exit code."""
-    received: list[int] = []
-    published: list[bool] = []
+    termination = Termination()
+    received = termination.received
     try:
-        with sigterm_unwinds(received, published):
+        with sigterm_unwinds(termination):
             result = collect(
                 layout,
                 destination=destination,
                 overwrite=overwrite,
                 progress=progress_reporter(err),
-                on_published=lambda: published.append(True),
+                publishing=termination.publishing,
             )
             print_result(result, as_json=as_json, out=out)
         if received:

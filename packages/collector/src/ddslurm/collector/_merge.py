@@ -8,8 +8,6 @@ import functools
 import os
 import secrets
 import shutil
-import signal
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -145,7 +143,7 @@ def collect(
     row_group_rows: int = ROW_GROUP_ROWS,
     row_group_bytes: int = ROW_GROUP_BYTES,
     progress: Callable[[int, int], None] | None = None,
-    on_published: Callable[[], None] | None = None,
+    publishing: Callable[[], contextlib.AbstractContextManager[None]] | None = None,
 ) -> CollectResult:
     """Merge every shard's winner into ``destination`` (default: the run's ``dataset/``) atomically.
 
@@ -165,7 +163,7 @@ def collect(
             row_group_bytes=row_group_bytes,
         )
         return _collect_locked(
-            plan, destination, winners, batches, schema, overwrite, clock, writer, progress, on_published
+            plan, destination, winners, batches, schema, overwrite, clock, writer, progress, publishing
         )
 
 
@@ -188,21 +186,6 @@ def _remove_stale_staging(destination: Path) -> None:
     for stale in destination.parent.glob(f".{destination.name}.staging-*"):
         if stale.is_dir() and not stale.is_symlink():
             shutil.rmtree(stale, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def _termination_held() -> Iterator[None]:
-    """SIGTERM and SIGINT wait (in the main thread) until the block is done, so a collection is never
-    interrupted between publishing its dataset and saying so."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    held = {signal.SIGTERM, signal.SIGINT}
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _publish(staging: Path, destination: Path, overwrite: bool) -> None:
@@ -237,7 +220,7 @@ def _collect_locked(
     clock: Callable[[], datetime],
     writer: Callable[[Path, pa.Schema], PartWriter],
     progress: Callable[[int, int], None] | None,
-    on_published: Callable[[], None] | None,
+    publishing: Callable[[], contextlib.AbstractContextManager[None]] | None,
 ) -> CollectResult:
     staging = destination.parent / f".{destination.name}.staging-{secrets.token_hex(6)}"
     parts: PartWriter | None = None
@@ -268,10 +251,8 @@ def _collect_locked(
             collected_at=clock().isoformat(),
         )
         atomic_write(staging / MANIFEST, encode_pretty(manifest))
-        with _termination_held():  # a SIGTERM lands before the rename (nothing published) or after on_published
+        with publishing() if publishing is not None else contextlib.nullcontext():
             _publish(staging, destination, overwrite)
-            if on_published is not None:
-                on_published()
     except BaseException:
         if parts is not None:
             parts.abort()

@@ -308,11 +308,21 @@ class Slurm:
         return states
 
     def sacct(self, job_ids: Sequence[str]) -> list[TaskState]:
-        """Accounting records (final states) for ``job_ids``; allocation lines only."""
+        """Accounting records for ``job_ids``, allocation lines only: every run of a task (a requeued task has one
+        per run, oldest first), so the last line of a task is its latest run."""
         if not job_ids:
             return []
         out = self._check(
-            ["sacct", "-X", "-n", "--parsable2", "-j", ",".join(job_ids), "--format=JobID,State,ExitCode,Reason"]
+            [
+                "sacct",
+                "-X",
+                "-n",
+                "--duplicates",
+                "--parsable2",
+                "-j",
+                ",".join(job_ids),
+                "--format=JobID,State,ExitCode,Reason",
+            ]
         )
         states: list[TaskState] = []
         for line in out.splitlines():

@@ -84,6 +84,11 @@ class Scheduler:
 
     live: dict[tuple[str, int | None], TaskState] = field(default_factory=dict)
     final: dict[tuple[str, int | None], TaskState] = field(default_factory=dict)
+    earlier: dict[tuple[str, int | None], list[TaskState]] = field(default_factory=dict)
+    """Earlier runs of a task that Slurm requeued (``sacct --duplicates``), oldest first."""
+
+    def ran_before(self, job: str, task: int) -> list[TaskState]:
+        return self.earlier.get((job, task), [])
 
     def state_of(self, job: str, task: int) -> TaskState | None:
         return (
@@ -159,8 +164,11 @@ def query(slurm: Slurm, subs: list[SubmissionRecord]) -> Scheduler:
     sched = Scheduler()
     for t in slurm.squeue(job_ids):
         sched.live[(t.job_id, t.task)] = t
-    for t in slurm.sacct(job_ids):
-        sched.final.setdefault((t.job_id, t.task), t)
+    for t in slurm.sacct(job_ids):  # every run of a task, oldest first: the last one is the latest
+        key = (t.job_id, t.task)
+        if key in sched.final:
+            sched.earlier.setdefault(key, []).append(sched.final[key])
+        sched.final[key] = t
     return sched
 
 
@@ -261,7 +269,8 @@ def _requeued(job: str, live: TaskState, sched: Scheduler, latest: AttemptRecord
     """Why a pending task is pending again (Slurm requeued it), or None if it has not run yet."""
     array, _, task = job.partition("_")
     before = sched.accounting_of(array, int(task)) if task.isdigit() else None
-    if before is not None and before.state == "NODE_FAIL":
+    runs = [*sched.ran_before(array, int(task)), *([before] if before else [])] if task.isdigit() else []
+    if runs and any(r.state == "NODE_FAIL" for r in runs):
         return "requeued (node failure)"
     if (before is not None and before.state in _REQUEUED) or live.state in _REQUEUED or _ran_as(latest, job):
         return "requeued"
