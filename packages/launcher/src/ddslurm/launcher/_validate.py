@@ -25,39 +25,22 @@ from pathlib import Path
 from typing import Any
 
 from ddslurm.config import ProviderSnapshot
+from ddslurm.providers import recipe_section
+from ddslurm.runtime import recipe_with_models
 
 VALIDATE_TIMEOUT_S = 300
 _PLACEHOLDER_ENDPOINT = "http://127.0.0.1:9/v1"  # never contacted: validation sends no request
 _ACCEPTED: set[str] = set()
 
 
-def _section(recipe: dict[str, Any]) -> dict[str, Any]:
-    inner = recipe.get("data_designer")
-    return inner if isinstance(inner, dict) else recipe
-
-
-def node_recipe(recipe: Mapping[str, Any], snapshot: ProviderSnapshot) -> dict[str, Any]:
-    """The recipe as the node gives it to Data Designer: its model configs replaced by the snapshot's."""
-    out: dict[str, Any] = json.loads(json.dumps(recipe))
-    models: list[dict[str, Any]] = []
-    for m in snapshot.models:
-        entry: dict[str, Any] = {"alias": m.alias, "model": m.model, "provider": m.provider}
-        if m.inference_parameters is not None:
-            entry["inference_parameters"] = m.inference_parameters
-        entry["skip_health_check"] = m.skip_health_check
-        models.append(entry)
-    _section(out)["model_configs"] = models
-    return out
-
-
 def dd_check_recipe(recipe: Mapping[str, Any], recipe_path: Path, snapshot: ProviderSnapshot) -> list[str]:
     """What Data Designer refuses in ``recipe`` (one line per problem, its own words), or [] when it accepts it."""
     payload: dict[str, Any] = {
-        "recipe": node_recipe(recipe, snapshot),
+        "recipe": recipe_with_models(recipe, snapshot),  # the recipe exactly as the node builds it
         "providers": [{"name": p.name, "provider_type": p.provider_type} for p in snapshot.providers],
     }
     # An accepted recipe without a seed dataset (whose files may change) is accepted again without asking.
-    key = None if _section(payload["recipe"]).get("seed_config") else json.dumps(payload, sort_keys=True)
+    key = None if recipe_section(payload["recipe"]).get("seed_config") else json.dumps(payload, sort_keys=True)
     if key is not None and key in _ACCEPTED:
         return []
     problems = _run_check(payload, recipe_path.parent, set(snapshot.secret_env_names()))
