@@ -22,6 +22,7 @@ from ddslurm.config import FileEntry, RunLayout, SeedKind, SeedPlan, encode_pret
 from ddslurm.launcher.errors import SubmitError
 from ddslurm.providers import recipe_section
 from ddslurm.providers.discovery import is_home_relative
+from ddslurm.runtime import seed_reader
 
 FILESYSTEM_SOURCES = ("directory", "file_contents", "agent_rollout")
 CountRows = Callable[[dict[str, Any]], int]
@@ -38,20 +39,7 @@ class SeedCapture:
 
 def dd_seed_rows(source: dict[str, Any]) -> int:
     """Seed rows as Data Designer counts them (its own readers; manifest rows for directory sources)."""
-    from data_designer.config.seed import SeedConfig
-    from data_designer.engine.resources.seed_reader import (
-        AgentRolloutSeedReader,
-        DirectorySeedReader,
-        FileContentsSeedReader,
-        LocalFileSeedReader,
-        SeedReaderRegistry,
-    )
-    from data_designer.engine.secret_resolver import EnvironmentResolver
-
-    config = SeedConfig.model_validate({"source": source})
-    readers = [LocalFileSeedReader(), DirectorySeedReader(), FileContentsSeedReader(), AgentRolloutSeedReader()]
-    reader = SeedReaderRegistry(readers).get_reader(config.source, EnvironmentResolver())
-    return int(reader.get_seed_dataset_size())
+    return int(seed_reader(source).get_seed_dataset_size())
 
 
 def _field(recipe_path: Path, field: str, message: str) -> SubmitError:
@@ -133,10 +121,10 @@ def _pool(recipe_path: Path, seed: dict[str, Any], rows: int) -> tuple[int, int]
         raise _field(recipe_path, "selection_strategy.index", f"{index} is not a partition of {parts}")
     if parts > rows:
         raise _field(recipe_path, "selection_strategy.num_partitions", f"{parts} exceeds the seed's {rows} rows")
-    size = rows // parts  # Data Designer's PartitionBlock.to_index_range: the last block takes the remainder
-    start = index * size
-    end = rows - 1 if index == parts - 1 else (index + 1) * size - 1
-    return start, end - start + 1
+    from data_designer.config.seed import PartitionBlock
+
+    block = PartitionBlock(index=index, num_partitions=parts).to_index_range(rows)  # DD's own arithmetic
+    return block.start, block.size
 
 
 def capture_seed(

@@ -8,6 +8,7 @@ from ddslurm.runtime._engine import (
     partition_seed,
     recipe_with_models,
     run_engine,
+    seed_reader,
 )
 from ddslurm.runtime._verify import make_private, scan_for_secrets, verify_dataset
 from ddslurm.runtime.errors import (
@@ -36,6 +37,7 @@ __all__ = [
     "make_private",
     "partition_seed",
     "recipe_with_models",
+    "seed_reader",
     "run_engine",
     "scan_for_secrets",
     "verify_dataset",

@@ -249,11 +249,10 @@ def _rows(dataset_dir: Path) -> int:
     return sum(pq.read_metadata(f).num_rows for f in sorted((dataset_dir / "parquet-files").glob("batch_*.parquet")))
 
 
-def read_seed_block(recipe: Mapping[str, Any], start: int, end: int) -> Any:
-    """Seed rows ``start..end`` (inclusive) of the recipe's seed dataset, in order, as Data Designer's own seed
-    reader produces them (hydrated rows for directory sources), as a ``pyarrow.Table``."""
-    import pyarrow as pa
-    from data_designer.config.seed import IndexRange, SeedConfig
+def seed_reader(source: Mapping[str, Any]) -> Any:
+    """Data Designer's own reader for a seed ``source`` (``seed_config.source``), attached: the built-in seed
+    types ddslurm captures (local files and patterns, directory, file_contents, agent_rollout)."""
+    from data_designer.config.seed import SeedConfig
     from data_designer.engine.resources.seed_reader import (
         AgentRolloutSeedReader,
         DirectorySeedReader,
@@ -263,12 +262,21 @@ def read_seed_block(recipe: Mapping[str, Any], start: int, end: int) -> Any:
     )
     from data_designer.engine.secret_resolver import EnvironmentResolver
 
+    config = SeedConfig.model_validate({"source": dict(source)})
+    readers = [LocalFileSeedReader(), DirectorySeedReader(), FileContentsSeedReader(), AgentRolloutSeedReader()]
+    return SeedReaderRegistry(readers).get_reader(config.source, EnvironmentResolver())
+
+
+def read_seed_block(recipe: Mapping[str, Any], start: int, end: int) -> Any:
+    """Seed rows ``start..end`` (inclusive) of the recipe's seed dataset, in order, as Data Designer's own seed
+    reader produces them (hydrated rows for directory sources), as a ``pyarrow.Table``."""
+    import pyarrow as pa
+    from data_designer.config.seed import IndexRange
+
     seed = _section(recipe).get("seed_config")
     if not isinstance(seed, dict):
         raise EngineError("the recipe has no seed dataset", retryable=False)
-    config = SeedConfig.model_validate({"source": seed["source"]})
-    readers = [LocalFileSeedReader(), DirectorySeedReader(), FileContentsSeedReader(), AgentRolloutSeedReader()]
-    reader = SeedReaderRegistry(readers).get_reader(config.source, EnvironmentResolver())
+    reader = seed_reader(seed["source"])
     batches = reader.create_batch_reader(
         batch_size=end - start + 1, index_range=IndexRange(start=start, end=end), shuffle=False
     )
