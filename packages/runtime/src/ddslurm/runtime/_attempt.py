@@ -45,6 +45,7 @@ from ddslurm.runtime._verify import (
     FILL_DIR,
     make_private,
     parquet_files,
+    readable_rows,
     reject_empty_outputs,
     rows_in,
     scan_for_secrets,
@@ -517,17 +518,8 @@ def _rows_on_disk(directory: Path) -> tuple[int, int]:
     """(rows, files) of the readable batches in ``directory`` (a ``parquet-files`` folder), or of a whole
     dataset directory (its batches and fill batches)."""
     if (directory / "parquet-files").is_dir():
-        files = parquet_files(directory)
-    else:
-        files = sorted(directory.glob("batch_*.parquet"))
-    rows = batches = 0
-    for f in files:
-        try:
-            rows += pq.read_metadata(f).num_rows
-            batches += 1
-        except Exception:  # a batch being written or damaged is not progress
-            continue
-    return rows, batches
+        return readable_rows(parquet_files(directory))
+    return readable_rows(sorted(directory.glob("batch_*.parquet")))
 
 
 def seed_from(source: Path, target: Path) -> int:

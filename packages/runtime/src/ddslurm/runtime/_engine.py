@@ -168,8 +168,11 @@ def run_engine(request: EngineRequest) -> EngineResult:
         if name == "DataDesignerProfilingError":
             # The statistics Data Designer computes after writing every batch failed (0.9.7 fails on a one-record
             # dataset with an int expression column): the dataset itself is complete, and verification checks it.
+            from ddslurm.runtime._verify import rows_in  # (_verify imports this module)
+
             dataset_dir = request.artifact_path / request.dataset_name
-            return EngineResult(dataset_dir=dataset_dir, rows=_rows(dataset_dir), requested=request.num_records)
+            rows = rows_in(dataset_dir / "parquet-files")
+            return EngineResult(dataset_dir=dataset_dir, rows=rows, requested=request.num_records)
         refused = _violation_lines(violations)
         if refused or _refuses_config(exc):  # the recipe (and the Data Designer on this node) will not change
             details = refused or [f"{name}: {exc}"]
@@ -241,12 +244,6 @@ def _violation_lines(violations: list[Any]) -> list[str]:
         column, message = getattr(v, "column", None), str(getattr(v, "message", v)).strip()
         lines.append(f"column {column!r}: {message}" if column else message)
     return lines
-
-
-def _rows(dataset_dir: Path) -> int:
-    import pyarrow.parquet as pq
-
-    return sum(pq.read_metadata(f).num_rows for f in sorted((dataset_dir / "parquet-files").glob("batch_*.parquet")))
 
 
 def seed_reader(source: Mapping[str, Any]) -> Any:

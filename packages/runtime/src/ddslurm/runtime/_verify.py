@@ -34,15 +34,22 @@ def parquet_files(dataset_dir: Path) -> list[Path]:
     )
 
 
-def rows_in(directory: Path) -> int:
-    """Rows of the readable Parquet files directly in ``directory`` (0 when it does not exist)."""
-    rows = 0
-    for f in sorted(directory.glob("*.parquet")):
+def readable_rows(files: Iterable[Path]) -> tuple[int, int]:
+    """(rows, files) of the readable Parquet ``files``: a file being written or damaged is not progress
+    (verification reports it)."""
+    rows = readable = 0
+    for f in files:
         try:
             rows += pq.read_metadata(f).num_rows
-        except Exception:  # a file being written or damaged is not progress; verification reports it
+            readable += 1
+        except Exception:
             continue
-    return rows
+    return rows, readable
+
+
+def rows_in(directory: Path) -> int:
+    """Rows of the readable Parquet files directly in ``directory`` (0 when it does not exist)."""
+    return readable_rows(sorted(directory.glob("*.parquet")))[0]
 
 
 def verify_dataset(dataset_dir: Path, expected_rows: int) -> tuple[int, tuple[FileEntry, ...]]:
