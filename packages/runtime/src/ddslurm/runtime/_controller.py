@@ -488,27 +488,38 @@ class Controller:
         for proxy in self._proxies.values():
             if proxy.step.poll() is not None:
                 continue
-            if answers(self._http, proxy.url, self._token):
-                failures.pop(proxy.step.name, None)
-                continue
-            failures[proxy.step.name] = failures.get(proxy.step.name, 0) + 1
-            log.warning("proxy.unresponsive", step=proxy.step.name, checks=failures[proxy.step.name])
-            if failures[proxy.step.name] >= self._unhealthy_limit:
-                log.error("proxy.hung", step=proxy.step.name, why="no answer; stopping it")
+            answered = answers(self._http, proxy.url, self._token)
+            if self._strike(proxy.step, answered, failures, log, "proxy.unresponsive", "proxy.hung", "no answer"):
                 proxy.hung = True
-                proxy.step.stop(self._grace)
         for reps in replicas.values():
             for r in reps:
-                if r.step.poll() is not None:
-                    continue
-                if is_healthy(self._http, r.url, self._token):
-                    failures.pop(r.step.name, None)
-                    continue
-                failures[r.step.name] = failures.get(r.step.name, 0) + 1
-                log.warning("server.unhealthy", step=r.step.name, checks=failures[r.step.name])
-                if failures[r.step.name] >= self._unhealthy_limit:
-                    log.error("server.hung", step=r.step.name, why="no healthy answer; stopping it")
-                    r.step.stop(self._grace)
+                if r.step.poll() is None:
+                    healthy = is_healthy(self._http, r.url, self._token)
+                    self._strike(
+                        r.step,
+                        healthy,
+                        failures,
+                        log,
+                        "server.unhealthy",
+                        "server.hung",
+                        "no healthy answer",
+                    )
+
+    def _strike(
+        self, step: Step, healthy: bool, failures: dict[str, int], log: Any, warning: str, hung: str, why: str
+    ) -> bool:
+        """Count a failed health check of ``step`` (a success clears its count); stop it after
+        ``unhealthy_limit`` in a row. Returns whether it was stopped."""
+        if healthy:
+            failures.pop(step.name, None)
+            return False
+        failures[step.name] = failures.get(step.name, 0) + 1
+        log.warning(warning, step=step.name, checks=failures[step.name])
+        if failures[step.name] < self._unhealthy_limit:
+            return False
+        log.error(hung, step=step.name, why=f"{why}; stopping it")
+        step.stop(self._grace)
+        return True
 
     # --- processes -------------------------------------------------------------------------------------
 
