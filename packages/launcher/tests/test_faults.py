@@ -39,15 +39,9 @@ from ddslurm.launcher import (
 )
 from ddslurm.launcher._render import warning_seconds
 from ddslurm.launcher._steer import cancel, retry
+from ddslurm.launcher.testing import write_unit_run
 
 KEY = "sk-faults-test-value-123"
-RECIPE = """data_designer:
-  columns:
-  - {name: topic, column_type: sampler, sampler_type: category, params: {sampler_type: category, values: [a, b]}}
-  - {name: q, column_type: llm-text, model_alias: writer, prompt: "Say {{ topic }}"}
-  model_configs:
-  - {alias: writer, model: m-1, provider: hosted, inference_parameters: {temperature: 0.3, max_parallel_requests: 8}}
-"""
 
 
 class FakeSlurm:
@@ -74,20 +68,7 @@ class FakeSlurm:
 
 
 def _files(tmp_path: Path, run_extra: str = "", *, shards: int = 3) -> tuple[Path, Path, dict[str, str]]:
-    home = tmp_path / "dd"
-    home.mkdir()
-    (home / "model_providers.yaml").write_text(
-        "providers:\n- {name: hosted, endpoint: 'http://127.0.0.1:9/v1', api_key: HOSTED_KEY}\n"
-    )
-    (tmp_path / "recipe.yaml").write_text(RECIPE)
-    run = tmp_path / "run.yaml"
-    run.write_text(f"name: unit\nrecipe: recipe.yaml\nnum_records: 10\nshards: {shards}\n{run_extra}")
-    (tmp_path / "venv" / "bin").mkdir(parents=True)
-    (tmp_path / "venv" / "bin" / "ddslurm-runtime").write_text("#!/bin/sh\n")
-    profile = tmp_path / "profile.yaml"
-    profile.write_text("workspace: work\npython_env: venv\npartition: gpu\ncpu_partition: cpu\n")
-    env = {"DATA_DESIGNER_HOME": str(home), "HOSTED_KEY": KEY, "PATH": "/usr/bin:/bin"}
-    return run, profile, env
+    return write_unit_run(tmp_path, KEY, shards=shards, run_extra=run_extra)
 
 
 def _run(tmp_path: Path, run_extra: str = "", *, shards: int = 3) -> tuple[RunLayout, dict[str, str]]:

@@ -20,15 +20,9 @@ from ddslurm.launcher import (
     run_status,
     submit,
 )
+from ddslurm.launcher.testing import write_unit_run
 
 KEY = "sk-launcher-test-value-123"
-RECIPE = """data_designer:
-  columns:
-  - {name: topic, column_type: sampler, sampler_type: category, params: {sampler_type: category, values: [a, b]}}
-  - {name: q, column_type: llm-text, model_alias: writer, prompt: "Say {{ topic }}"}
-  model_configs:
-  - {alias: writer, model: m-1, provider: hosted, inference_parameters: {temperature: 0.3, max_parallel_requests: 8}}
-"""
 
 
 class RecordingRunner:
@@ -54,22 +48,11 @@ class RecordingRunner:
 
 
 def _files(tmp_path: Path, *, api_key: str = "HOSTED_KEY", run_extra: str = "") -> tuple[Path, Path, dict[str, str]]:
-    home = tmp_path / "dd"
-    home.mkdir()
-    (home / "model_providers.yaml").write_text(
-        f"providers:\n- {{name: hosted, endpoint: 'http://127.0.0.1:9/v1', api_key: {api_key}}}\n"
+    providers = (
+        f"- {{name: hosted, endpoint: 'http://127.0.0.1:9/v1', api_key: {api_key}}}\n"
         "- {name: unused, endpoint: 'http://127.0.0.1:8/v1', api_key: OTHER_KEY}\n"
     )
-    (tmp_path / "recipe.yaml").write_text(RECIPE)
-    run = tmp_path / "run.yaml"
-    run.write_text(f"name: unit\nrecipe: recipe.yaml\nnum_records: 10\nshards: 3\n{run_extra}")
-    venv = tmp_path / "venv"
-    (venv / "bin").mkdir(parents=True)
-    (venv / "bin" / "ddslurm-runtime").write_text("#!/bin/sh\n")
-    profile = tmp_path / "profile.yaml"
-    profile.write_text("workspace: work\npython_env: venv\npartition: gpu\ncpu_partition: cpu\n")
-    env = {"DATA_DESIGNER_HOME": str(home), "HOSTED_KEY": KEY, "PATH": "/usr/bin:/bin"}
-    return run, profile, env
+    return write_unit_run(tmp_path, KEY, providers=providers, run_extra=run_extra)
 
 
 def _all_bytes(root: Path) -> bytes:

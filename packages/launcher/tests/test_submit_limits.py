@@ -31,15 +31,9 @@ from ddslurm.launcher import _submit as submit_module
 from ddslurm.launcher._slurm import Limit, SlurmTimeoutError, SubprocessRunner, parse_limit
 from ddslurm.launcher._steer import continue_submission, retry
 from ddslurm.launcher._submit import PartialSubmitError, submit_lock
+from ddslurm.launcher.testing import write_unit_run
 
 KEY = "sk-limits-test-value-123"
-RECIPE = """data_designer:
-  columns:
-  - {name: topic, column_type: sampler, sampler_type: category, params: {sampler_type: category, values: [a, b]}}
-  - {name: q, column_type: llm-text, model_alias: writer, prompt: "Say {{ topic }}"}
-  model_configs:
-  - {alias: writer, model: m-1, provider: hosted, inference_parameters: {temperature: 0.3, max_parallel_requests: 8}}
-"""
 CONFIG = "ClusterName = local\nMaxArraySize = {array}\nMaxJobCount = {count}\nAccountingStorageEnforce = {enforce}\n"
 
 
@@ -120,20 +114,7 @@ class FakeCluster:
 
 
 def _files(tmp_path: Path, *, shards: int = 3, run_extra: str = "") -> tuple[Path, Path, dict[str, str]]:
-    home = tmp_path / "dd"
-    home.mkdir()
-    (home / "model_providers.yaml").write_text(
-        "providers:\n- {name: hosted, endpoint: 'http://127.0.0.1:9/v1', api_key: HOSTED_KEY}\n"
-    )
-    (tmp_path / "recipe.yaml").write_text(RECIPE)
-    run = tmp_path / "run.yaml"
-    run.write_text(f"name: lim\nrecipe: recipe.yaml\nnum_records: {max(10, shards)}\nshards: {shards}\n{run_extra}")
-    (tmp_path / "venv" / "bin").mkdir(parents=True)
-    (tmp_path / "venv" / "bin" / "ddslurm-runtime").write_text("#!/bin/sh\n")
-    profile = tmp_path / "profile.yaml"
-    profile.write_text("workspace: work\npython_env: venv\npartition: gpu\ncpu_partition: cpu\n")
-    env = {"DATA_DESIGNER_HOME": str(home), "HOSTED_KEY": KEY, "PATH": "/usr/bin:/bin"}
-    return run, profile, env
+    return write_unit_run(tmp_path, KEY, name="lim", num_records=max(10, shards), shards=shards, run_extra=run_extra)
 
 
 @pytest.fixture(autouse=True)

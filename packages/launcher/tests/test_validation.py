@@ -15,6 +15,7 @@ import pytest
 
 from ddslurm.config import AttemptRecord, read_json
 from ddslurm.launcher import Completed, Slurm, SubmitError, prepare, run_status, submit, write_run_dir
+from ddslurm.launcher.testing import write_unit_run
 
 pytestmark = pytest.mark.dd
 
@@ -40,19 +41,11 @@ class NoSlurm:
 
 
 def _files(tmp_path: Path) -> tuple[Path, Path, dict[str, str]]:
-    home = tmp_path / "dd"
-    home.mkdir()
-    (home / "model_providers.yaml").write_text(
-        "providers:\n- {name: hosted, endpoint: 'http://127.0.0.1:9/v1', api_key: HOSTED_KEY}\n"
+    run, profile, env = write_unit_run(
+        tmp_path, "sk-validation-test-0123456789", recipe=RECIPE, num_records=4, shards=2
     )
-    (tmp_path / "recipe.yaml").write_text(RECIPE)
-    run = tmp_path / "run.yaml"
-    run.write_text("name: unit\nrecipe: recipe.yaml\nnum_records: 4\nshards: 2\n")
-    (tmp_path / "venv" / "bin").mkdir(parents=True)
-    (tmp_path / "venv" / "bin" / "ddslurm-runtime").write_text("#!/bin/sh\n")
-    profile = tmp_path / "profile.yaml"
-    profile.write_text("workspace: work\npython_env: venv\npartition: gpu\ncpu_partition: cpu\n")
-    return run, profile, {"DATA_DESIGNER_HOME": str(home), "HOSTED_KEY": "sk-validation-test-0123456789"}
+    del env["PATH"]
+    return run, profile, env
 
 
 def test_submit_and_dry_run_refuse_a_recipe_data_designer_refuses(
