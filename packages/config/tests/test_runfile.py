@@ -37,6 +37,8 @@ def test_minimal_run_file_fills_every_default(tmp_path: Path) -> None:
         "resume": "if_possible",
         "buffer_size": 1000,
         "max_concurrent": None,
+        "allocations": "auto",
+        "client_workers": "auto",
         "retries": 0,
         "client_retries": 1,
         "max_empty_outputs": 0,

@@ -13,10 +13,13 @@
     logs/slurm-<array>_<task>.out
     shards/shard-<NNNNN>/
         winner.json               written once by the first verified attempt
+        claims/<array_job_id>.json    the allocation of a pulling array that took the shard (once per array)
+        cancelled.json            ``ddslurm cancel --shards`` of a shard run by pulling allocations
         attempts/attempt-<job_id>/
             attempt.json          attempt record (state, reason, rows)
             client.log            structured log of the generation step
             output/<dataset>/     Data Designer's own dataset directory
+    allocations/allocation-<job_id>/  a pulling allocation's server and proxy logs (kept across its shards)
     collections/<id>/             collection working area
     dataset/                      the final dataset (published atomically)
 """
@@ -75,6 +78,22 @@ class ShardLayout:
 
     def attempt(self, attempt_id: str) -> AttemptLayout:
         return AttemptLayout(self.attempts / attempt_id)
+
+    @property
+    def claims(self) -> Path:
+        return self.dir / "claims"
+
+    def claim(self, array_job_id: str) -> Path:
+        """The claim of this shard by an allocation of pulling array ``array_job_id`` (a ``ClaimRecord``)."""
+        return self.claims / f"{array_job_id}.json"
+
+    @property
+    def cancelled(self) -> Path:
+        """``ddslurm cancel --shards`` of a shard of pulling allocations (a ``ShardCancelRecord``)."""
+        return self.dir / "cancelled.json"
+
+    def cleared_cancel(self, stamp: str) -> Path:
+        return self.dir / f"cancelled-cleared-{stamp}.json"
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +185,14 @@ class RunLayout:
 
     def shard(self, index: int) -> ShardLayout:
         return ShardLayout(self.shards / f"shard-{index:05d}", index)
+
+    @property
+    def allocations(self) -> Path:
+        return self.root / "allocations"
+
+    def allocation(self, job_id: str) -> Path:
+        """A pulling allocation's own directory: its model servers' and proxies' logs, serving.json."""
+        return self.allocations / f"allocation-{job_id}"
 
 
 def attempt_id_for(job_id: str, restart: int = 0) -> str:

@@ -117,6 +117,11 @@ class Plan(Frozen, frozen=True, kw_only=True):
     resume: ResumeMode
     buffer_size: int
     max_concurrent: int | None = None
+    allocations: int | None = None
+    """Allocations of the initial submission that pull shards (model servers started once per allocation); None:
+    one array task per shard (task i runs shard i)."""
+    client_workers: int = 1
+    """Data Designer client steps an allocation runs at once, each on its own shard (pulling allocations)."""
     retries: int = 0
     client_retries: int = 1
     recipe_file: str
@@ -130,6 +135,7 @@ class Plan(Frozen, frozen=True, kw_only=True):
     generation: Resources
     collection: Resources
     client_cpus: int = 1
+    """CPUs of each client step (the run file's ``submission.cpus`` shared among ``client_workers``)."""
     serving: ServingPlan | None = None
     """None for hosted-only runs: no GPU discovery, servers, containers or proxies at all."""
     max_empty_outputs: int | None = 0

@@ -20,10 +20,14 @@ SubmissionKind = Literal["initial", "retry", "auto-retry"]
 
 
 class SubmissionRecord(Frozen, frozen=True, kw_only=True):
-    """One ``sbatch`` of an array: task i of ``array_job_id`` runs ``shards[i]``."""
+    """One ``sbatch`` of an array: task i of ``array_job_id`` runs ``shards[i]``, or, for a pulling array
+    (``tasks`` set), each of its ``tasks`` allocations claims shards of ``shards`` until none is left."""
 
     array_job_id: str
     shards: tuple[int, ...]
+    tasks: int | None = None
+    """Allocations of a pulling array (servers kept warm across the shards each claims); None: one task per
+    shard."""
     submitted_at: str
     script: str
     kind: SubmissionKind = "initial"
@@ -34,11 +38,14 @@ class SubmissionRecord(Frozen, frozen=True, kw_only=True):
 
 
 class PlannedArray(Frozen, frozen=True, kw_only=True):
-    """One sbatch of a submission plan: an array whose task i runs ``shards[i]``."""
+    """One sbatch of a submission plan: an array whose task i runs ``shards[i]``, or whose ``tasks`` allocations
+    pull shards of ``shards``."""
 
     index: int
     kind: SubmissionKind
     shards: tuple[int, ...]
+    tasks: int | None = None
+    """Allocations of a pulling array; None: one task per shard."""
     array: str
     """The ``--array=`` spec (``0-1000%8``)."""
     after: int | None = None
@@ -99,6 +106,9 @@ class AttemptRecord(Frozen, frozen=True, kw_only=True):
     """Whether running the generation step again (servers kept) may succeed."""
     slurm_log: str | None = None
     """The array task's batch output file (``logs/slurm-<array>_<task>.out``)."""
+    allocation: str | None = None
+    """For an attempt of a pulling allocation: the allocation's directory (``allocations/<job_id>``), which holds
+    the model servers' and proxies' logs shared by every shard the allocation ran."""
 
 
 class Progress(Frozen, frozen=True, kw_only=True):
@@ -129,6 +139,27 @@ class CancelRecord(Frozen, frozen=True, kw_only=True):
     cancelled_at: str
     array_job_ids: tuple[str, ...]
     """Every array of the run when it was cancelled, pending automatic retries included."""
+
+
+class ClaimRecord(Frozen, frozen=True, kw_only=True):
+    """``shards/shard-N/claims/<array_job_id>.json``: the allocation of a pulling array that took the shard.
+
+    Published without replacing (like a winner), so each shard is claimed by exactly one allocation per array,
+    whatever the races and kills; a requeued allocation (same job id) takes its own claims again."""
+
+    shard: int
+    array_job_id: str
+    task: int
+    job_id: str
+    node: str
+    claimed_at: str
+
+
+class ShardCancelRecord(Frozen, frozen=True, kw_only=True):
+    """``shards/shard-N/cancelled.json``: ``ddslurm cancel --shards`` of a shard run by pulling allocations, which
+    keep running their other shards: the allocation stops this shard's generation step and claims it no more."""
+
+    cancelled_at: str
 
 
 class FreshRecord(Frozen, frozen=True, kw_only=True):

@@ -153,7 +153,14 @@ class RunFile(Frozen, frozen=True, kw_only=True):
     resume: ResumeMode = "if_possible"
     buffer_size: PositiveInt = 1000
     max_concurrent: PositiveInt | None = None
-    """At most this many shards run at once (the array's ``%N`` throttle)."""
+    """At most this many array tasks run at once (the array's ``%N`` throttle)."""
+    allocations: PositiveInt | Literal["auto"] = "auto"
+    """Jobs that generate the shards. Fewer allocations than shards makes each one pull shards from the run until
+    none is left, its model servers started once and kept warm across them. ``auto``: one task per shard for
+    hosted-only runs; with deployments, one allocation per ``client_workers`` shards, at most ``max_concurrent``."""
+    client_workers: PositiveInt | Literal["auto"] = "auto"
+    """Data Designer client processes per allocation, each on its own shard (runs with deployments). ``auto``: one
+    per model-server replica, at most ``submission.cpus`` (the client CPUs are shared among them)."""
     retries: Annotated[int, msgspec.Meta(ge=0, le=10)] = 0
     """Retry arrays submitted with the run, each after the previous one if any of its shards failed."""
     client_retries: Annotated[int, msgspec.Meta(ge=0, le=10)] = 1
