@@ -160,6 +160,56 @@ def check_time_limit(value: str | int) -> int:
     return minutes
 
 
+@dataclass(frozen=True, slots=True)
+class Allocations:
+    """How the shards are spread over jobs: ``count`` pulling allocations (None: one array task per shard), each
+    running ``workers`` client steps of ``client_cpus`` CPUs at once."""
+
+    count: int | None
+    workers: int
+    client_cpus: int
+
+
+def plan_allocations(run: RunFile, serving: ServingPlan | None) -> Allocations:
+    """Resolve ``allocations`` and ``client_workers`` (``auto`` or numbers) against the shards and the servers.
+
+    ``client_workers: auto``: one client step per model-server replica (one Data Designer process keeps about one
+    replica's worth of requests in flight; ~11 ms of CPU per request, docs/performance.md), never more than the
+    client CPUs (``submission.cpus``, shared among the workers) or the shards; 1 for hosted-only runs.
+    ``allocations: auto``: hosted-only runs keep one task per shard (no servers to keep warm); with deployments
+    one allocation per ``workers`` shards, so each shard starts at once and servers start once per allocation,
+    at most ``max_concurrent`` (more allocations could not run at once anyway).
+    """
+    shards, cpus = run.shards, run.submission.cpus
+    if isinstance(run.client_workers, int):
+        if run.client_workers > cpus:
+            raise PlanError(
+                f"client_workers: {run.client_workers} client steps need at least {run.client_workers} CPUs, but "
+                f"submission.cpus (the client CPUs, shared among them) is {cpus}"
+            )
+        workers = min(run.client_workers, shards)
+    elif serving is not None:
+        workers = max(1, min(sum(len(d.replicas) for d in serving.deployments), cpus, shards))
+    else:
+        workers = 1
+    if isinstance(run.allocations, int):
+        if run.allocations > shards:
+            raise PlanError(
+                f"allocations: {run.allocations} allocations for {shards} shards; an allocation needs at least one "
+                "shard (use at most as many allocations as shards)"
+            )
+        count = run.allocations
+    elif serving is None:
+        count = shards
+    else:
+        count = math.ceil(shards / workers)
+        if run.max_concurrent is not None:
+            count = min(count, run.max_concurrent)
+    if count == shards:
+        return Allocations(None, 1, cpus)  # one task per shard: task i runs shard i
+    return Allocations(count, workers, max(1, cpus // workers))
+
+
 def compile_plan(inputs: PlanInputs) -> Plan:
     check_time_limit(inputs.run.submission.time_limit)
     run, profile = inputs.run, inputs.profile
@@ -217,6 +267,7 @@ def compile_plan(inputs: PlanInputs) -> Plan:
             f"shards: {run.shards} shards for {run.num_records} records; every shard needs at least one record"
         )
     layout = inputs.layout
+    allocations = plan_allocations(run, serving)
     return Plan(
         run_id=layout.run_id,
         run_name=run.name,
@@ -230,6 +281,8 @@ def compile_plan(inputs: PlanInputs) -> Plan:
         resume=run.resume,
         buffer_size=min(run.buffer_size, run.num_records),
         max_concurrent=run.max_concurrent,
+        allocations=allocations.count,
+        client_workers=allocations.workers,
         retries=run.retries,
         client_retries=run.client_retries,
         recipe_file=str(layout.recipe),
@@ -240,7 +293,7 @@ def compile_plan(inputs: PlanInputs) -> Plan:
         python_env=profile.python_env,
         generation=generation,
         collection=collection,
-        client_cpus=sub.cpus,
+        client_cpus=allocations.client_cpus,
         serving=serving,
         max_empty_outputs=run.max_empty_outputs,
         server_secret_env=tuple(sorted({name for dep in run.deployments for name in dep.server.env_from})),
