@@ -15,6 +15,7 @@ import pytest
 
 from ddslurm.config import (
     AttemptRecord,
+    ClaimRecord,
     ProviderSnapshot,
     RunLayout,
     SnapshotModel,
@@ -25,7 +26,7 @@ from ddslurm.config import (
 )
 from ddslurm.config.testing import make_plan
 from ddslurm.runtime import AttemptRunner, Inputs
-from ddslurm.runtime._controller import Controller, StopSignal
+from ddslurm.runtime._controller import ClaimPool, Controller, StopSignal
 from ddslurm.runtime._log import new_logger
 from ddslurm.runtime._steps import Step, StepSpec
 
@@ -33,10 +34,15 @@ CLIENT = """
 import sys, msgspec
 from pathlib import Path
 from ddslurm.config import AttemptRecord, atomic_write, encode, read_json
+import time
 record_path = Path(sys.argv[1]); outcome = sys.argv[2]
 record = read_json(record_path, AttemptRecord)
 if outcome == "crash":
     sys.exit(3)
+if outcome == "slow":  # one span of generation, for the tests of pulling allocations' client workers
+    began = time.time(); time.sleep(0.5)
+    (record_path.parent / "span.txt").write_text(f"{began} {time.time()}")
+    outcome = "ok"
 state = {"fail": "failed", "ok": "succeeded"}[outcome]
 atomic_write(record_path, encode(msgspec.structs.replace(
     record, state=state, reason=None if state == "succeeded" else "generation_failed",
@@ -52,7 +58,7 @@ class ScriptedLauncher:
         self.client_argv: list[tuple[str, ...]] = []
 
     def start(self, spec: StepSpec) -> Step:
-        assert spec.name == "client"
+        assert spec.name == "client" or spec.name.startswith("client-")
         self.client_argv.append(spec.argv)
         run_dir = Path(spec.argv[spec.argv.index("--run-dir") + 1])
         shard = int(spec.argv[spec.argv.index("--shard") + 1])
@@ -162,7 +168,7 @@ class ServingLauncher(ScriptedLauncher):
         self.clients: list[Step] = []
 
     def start(self, spec: StepSpec) -> Step:
-        if spec.name == "client":
+        if spec.name == "client" or spec.name.startswith("client-"):
             outcome = self.outcomes[len(self.client_argv)]
             if outcome == "hang":
                 self.client_argv.append(spec.argv)
@@ -191,6 +197,8 @@ def _serving_controller(
     snapshot: ProviderSnapshot | None = None,
     env_from: tuple[str, ...] = (),
     secret_env: tuple[str, ...] = (),
+    shard_rows: tuple[int, ...] = (4,),
+    workers: int = 1,
 ) -> tuple[Controller, Inputs]:
     from ddslurm.config import DeploymentPlan, ReplicaPlan, ServingPlan
 
@@ -204,8 +212,10 @@ def _serving_controller(
     serving = ServingPlan(deployments=(deployment,), gpus=2, vllm_executable=str(tmp_path / "no-vllm"))
     plan = make_plan(
         "run-1",
-        (4,),
+        shard_rows,
         client_retries=client_retries,
+        client_workers=workers,
+        allocations=None if len(shard_rows) == 1 else 1,
         serving=serving,
         secret_env=secret_env,
         server_secret_env=env_from,
@@ -230,10 +240,13 @@ def _serving_controller(
     return controller, inputs
 
 
-def _kill_first_proxy_once_the_client_runs(launcher: ServingLauncher) -> threading.Thread:
+def _kill_first_proxy_once_the_client_runs(launcher: ServingLauncher, run_dir: Path) -> threading.Thread:
+    """Once generation has begun: the client step runs and the endpoints were handed to it (the client starts
+    while the servers load and waits for ``endpoints.json``)."""
+
     def kill() -> None:
         deadline = time.monotonic() + 30
-        while not launcher.clients and time.monotonic() < deadline:
+        while time.monotonic() < deadline and not (launcher.clients and any(run_dir.rglob("endpoints.json"))):
             time.sleep(0.02)
         launcher.proxies[0].proc.kill()
 
@@ -254,7 +267,7 @@ def test_a_dead_proxy_stops_the_client_and_the_rerun_restarts_it(
 ) -> None:
     launcher = ServingLauncher(outcomes)
     controller, inputs = _serving_controller(tmp_path, launcher, retries)
-    killer = _kill_first_proxy_once_the_client_runs(launcher)
+    killer = _kill_first_proxy_once_the_client_runs(launcher, tmp_path / "run-1")
     started = time.monotonic()
     job = f"910{retries}"  # ports derive from the job id: distinct ones for tests running side by side
     assert controller.run(inputs, 0, job, "n1") == code
@@ -336,4 +349,147 @@ def test_a_server_variable_unset_in_the_job_fails_before_any_server_starts(tmp_p
     record = read_json(RunLayout(tmp_path / "run-1").shard(0).attempt("attempt-9203").record, AttemptRecord)
     assert record.reason == "secret_missing" and "HF_TOKEN" in (record.message or "")
     assert "server.env_from" in (record.message or "")
+    assert launcher.servers == [] and launcher.clients == []
+
+
+# --- pulling allocations: servers started once, shards claimed, client workers --------------------------------
+
+
+def _pool(tmp_path: Path, shards: int, job: str, task: int = 0) -> ClaimPool:
+    return ClaimPool(
+        RunLayout(tmp_path / "run-1"),
+        range(shards),
+        array_job_id="77",
+        task=task,
+        job_id=job,
+        node="n1",
+        clock=lambda: "2026-11-30T00:00:00+00:00",
+    )
+
+
+def _claim_all(args: tuple[Path, int, str, int]) -> list[int]:
+    root, shards, job, task = args
+    pool, taken = _pool(root, shards, job, task), []
+    while (shard := pool.next()) is not None:
+        taken.append(shard)
+    return taken
+
+
+CLAIMER = """
+import sys, time
+from pathlib import Path
+from ddslurm.config import RunLayout
+from ddslurm.runtime._controller import ClaimPool
+root, job, task, start = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+pool = ClaimPool(RunLayout(root), range(60), array_job_id="77", task=task, job_id=job, node="n1", clock=lambda: "-")
+while time.time() < start:
+    pass
+taken = []
+while (shard := pool.next()) is not None:
+    taken.append(shard)
+print(" ".join(map(str, taken)))
+"""
+
+
+def test_racing_allocations_claim_every_shard_exactly_once(tmp_path: Path) -> None:
+    (tmp_path / "run-1" / "shards").mkdir(parents=True)
+    start = str(time.time() + 2.0)  # every process starts claiming at the same moment
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", CLAIMER, str(tmp_path / "run-1"), f"10{i}", str(i), start],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(6)
+    ]
+    taken = [[int(s) for s in proc.communicate(timeout=60)[0].split()] for proc in procs]
+    every = sorted(s for part in taken for s in part)
+    assert every == list(range(60))
+    claims = [read_json(p, ClaimRecord) for p in (tmp_path / "run-1" / "shards").glob("shard-*/claims/77.json")]
+    assert len(claims) == 60
+    assert {c.shard: c.job_id for c in claims} == {s: f"10{i}" for i, part in enumerate(taken) for s in part}
+
+
+def test_a_requeued_allocation_takes_its_own_claims_again_and_nobody_elses(tmp_path: Path) -> None:
+    (tmp_path / "run-1" / "shards").mkdir(parents=True)
+    first = _pool(tmp_path, 3, "501")
+    assert first.next() == 0
+    assert _claim_all((tmp_path, 3, "502", 1)) == [1, 2]  # another allocation: shard 0 is taken
+    assert _claim_all((tmp_path, 3, "501", 0)) == [0]  # the same job, requeued: its own claim only
+
+
+def test_a_pool_skips_winners_and_cancelled_shards_and_stops_when_the_run_is_cancelled(tmp_path: Path) -> None:
+    layout = RunLayout(tmp_path / "run-1")
+    for index in range(4):
+        layout.shard(index).dir.mkdir(parents=True)
+    layout.shard(0).winner.write_text("{}")
+    layout.shard(2).cancelled.write_text("{}")
+    pool = _pool(tmp_path, 4, "601")
+    assert pool.next() == 1
+    layout.cancelled.write_text("{}")
+    assert pool.next() is None
+    assert not layout.shard(3).claim("77").exists()
+
+
+def test_a_pulling_allocation_starts_servers_once_and_runs_its_workers_side_by_side(tmp_path: Path) -> None:
+    launcher = ServingLauncher(["slow"] * 5)
+    controller, inputs = _serving_controller(tmp_path, launcher, 0, shard_rows=(2,) * 5, workers=2)
+    assert controller.run(inputs, _pool(tmp_path, 5, "9301"), "9301", "n1") == 0
+    layout = RunLayout(tmp_path / "run-1")
+    assert len(launcher.servers) == 2 and len(launcher.proxies) == 1  # once for five shards
+    assert sorted(s.name for s in launcher.clients) == [f"client-{i}" for i in range(5)]
+    allocation = layout.allocation("9301")
+    assert (allocation / "serving.json").is_file() and (allocation / "endpoints.json").is_file()
+    spans = []
+    for index in range(5):
+        record = read_json(layout.shard(index).attempt("attempt-9301").record, AttemptRecord)
+        assert (record.state, record.allocation) == ("succeeded", str(allocation))
+        began, ended = map(float, (layout.shard(index).attempt("attempt-9301").dir / "span.txt").read_text().split())
+        spans.append((began, ended))
+    # Two client workers: two generation steps overlapped, never three.
+    busiest = max(sum(b <= t < e for b, e in spans) for t, _ in spans)
+    assert busiest == 2
+    # The clients were started while the servers loaded and waited for the endpoints file.
+    assert all("--wait-endpoints" in argv for argv in launcher.client_argv[:2])
+
+
+def test_a_failed_shard_does_not_stop_the_allocation_but_fails_its_exit_status(tmp_path: Path) -> None:
+    launcher = ServingLauncher(["ok", "fail", "ok"])
+    controller, inputs = _serving_controller(tmp_path, launcher, 0, shard_rows=(2,) * 3, workers=1)
+    assert controller.run(inputs, _pool(tmp_path, 3, "9302"), "9302", "n1") == 1
+    layout = RunLayout(tmp_path / "run-1")
+    states = [read_json(layout.shard(i).attempt("attempt-9302").record, AttemptRecord).state for i in range(3)]
+    assert states == ["succeeded", "failed", "succeeded"]
+
+
+def test_cancelling_one_shard_stops_its_client_and_the_allocation_goes_on(tmp_path: Path) -> None:
+    launcher = ServingLauncher(["hang", "ok", "ok"])
+    controller, inputs = _serving_controller(tmp_path, launcher, 0, shard_rows=(2,) * 3, workers=1)
+    layout = RunLayout(tmp_path / "run-1")
+
+    def cancel_shard_0() -> None:
+        deadline = time.monotonic() + 30
+        while not launcher.clients and time.monotonic() < deadline:
+            time.sleep(0.02)
+        layout.shard(0).cancelled.write_text("{}")
+
+    threading.Thread(target=cancel_shard_0, daemon=True).start()
+    started = time.monotonic()
+    assert controller.run(inputs, _pool(tmp_path, 3, "9303"), "9303", "n1") == 0
+    assert time.monotonic() - started < 20
+    record = read_json(layout.shard(0).attempt("attempt-9303").record, AttemptRecord)
+    assert (record.state, record.reason) == ("cancelled", "shard_cancelled")
+    for index in (1, 2):
+        assert read_json(layout.shard(index).attempt("attempt-9303").record, AttemptRecord).state == "succeeded"
+    assert len(launcher.servers) == 2
+
+
+def test_an_allocation_with_nothing_left_to_pull_starts_nothing(tmp_path: Path) -> None:
+    launcher = ServingLauncher([])
+    controller, inputs = _serving_controller(tmp_path, launcher, 0, shard_rows=(2,) * 2, workers=2)
+    layout = RunLayout(tmp_path / "run-1")
+    for index in range(2):
+        layout.shard(index).dir.mkdir(parents=True, exist_ok=True)
+        layout.shard(index).winner.write_text("{}")
+    assert controller.run(inputs, _pool(tmp_path, 2, "9304"), "9304", "n1") == 0
     assert launcher.servers == [] and launcher.clients == []

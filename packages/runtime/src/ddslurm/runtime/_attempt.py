@@ -174,7 +174,14 @@ class AttemptRunner:
         atomic_write(attempt.record, encode(record))
 
     def begin(
-        self, inputs: Inputs, shard_index: int, job_id: str, node: str, restart: int = 0, slurm_log: str | None = None
+        self,
+        inputs: Inputs,
+        shard_index: int,
+        job_id: str,
+        node: str,
+        restart: int = 0,
+        slurm_log: str | None = None,
+        allocation: str | None = None,
     ) -> Began | None:
         """Create the attempt directory and its ``running`` record; None if the attempt must not generate:
         recorded ``cancelled`` (reason ``run_cancelled``) when the whole run was cancelled, ``superseded`` when
@@ -197,6 +204,7 @@ class AttemptRunner:
             started_at=self._now(),
             requested_rows=spec.num_records,
             slurm_log=slurm_log,
+            allocation=allocation,
         )
         if os.path.lexists(self._layout.cancelled):
             # `ddslurm cancel` writes this before it asks Slurm to cancel the run's arrays: an array that starts
@@ -284,6 +292,16 @@ class AttemptRunner:
             ),
         )
         return EXIT_FAILED
+
+    def cancel(self, began: Began, message: str) -> AttemptRecord:
+        """End a running attempt as ``cancelled`` (``ddslurm cancel --shards`` of a pulling allocation's shard)."""
+        current = read_json(began.layout.record, AttemptRecord)
+        if current.state == "running":
+            current = msgspec.structs.replace(
+                current, state="cancelled", ended_at=self._now(), reason="shard_cancelled", message=message
+            )
+            self._write(began.layout, current)
+        return current
 
     def rerun(self, began: Began) -> AttemptRecord:
         """Mark a failed attempt running again for another generation step inside the same allocation."""

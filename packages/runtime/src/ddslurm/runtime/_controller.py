@@ -18,26 +18,32 @@ says why it ended.
 
 from __future__ import annotations
 
+import os
 import secrets
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
+import msgspec
 
 from ddslurm.config import (
     AttemptRecord,
+    ClaimRecord,
     RunLayout,
     ServingPlan,
     atomic_write,
+    encode,
     encode_pretty,
+    make_private_dir,
+    publish_once,
     read_json,
     read_tail,
 )
-from ddslurm.runtime._attempt import EXIT_OK, AttemptRunner, Began, Inputs, exit_code_for
+from ddslurm.runtime._attempt import EXIT_FAILED, EXIT_OK, AttemptRunner, Began, Inputs, exit_code_for
 from ddslurm.runtime._engine import local_token_names
 from ddslurm.runtime._serving import (
     TOKEN_ENV,
@@ -93,8 +99,9 @@ class MemorySplit:
     proxy: int | None
 
 
-def split_memory(env: Mapping[str, str], servers: int, proxies: int) -> MemorySplit:
-    """Shares of the node's memory for each step (MB), from what Slurm actually granted; None if unknown."""
+def split_memory(env: Mapping[str, str], servers: int, proxies: int, clients: int = 1) -> MemorySplit:
+    """Shares of the node's memory for each step (MB), from what Slurm actually granted; None if unknown. The
+    clients' share is divided among ``clients`` client steps running at once."""
     total: int | None = None
     if env.get("SLURM_MEM_PER_NODE", "").isdigit():
         total = int(env["SLURM_MEM_PER_NODE"])
@@ -105,10 +112,10 @@ def split_memory(env: Mapping[str, str], servers: int, proxies: int) -> MemorySp
     proxy = 256 if proxies else None
     rest = total - (proxy or 0) * proxies
     if servers == 0:
-        return MemorySplit(max(64, rest), None, proxy)
-    client = max(256, rest // 4)
+        return MemorySplit(max(64, rest // clients), None, proxy)
+    client = max(256 * clients, rest // 4)
     server = max(64, (rest - client) // servers)
-    return MemorySplit(client, server, proxy)
+    return MemorySplit(client // clients, server, proxy)
 
 
 @dataclass(slots=True)
@@ -138,6 +145,101 @@ class ProxyStep:
     @property
     def url(self) -> str:
         return f"http://{HOST}:{self.port}"
+
+
+class ShardSource(Protocol):
+    """Where an allocation's shards come from: its one shard (a task of a one-task-per-shard array), or claims
+    on a pool (a pulling allocation)."""
+
+    pulling: bool
+
+    def next(self) -> int | None:
+        """The next shard to run, or None when there is none left for this allocation."""
+        ...
+
+
+class OneShard:
+    """Array task i of a one-task-per-shard array: shard ``shards[i]``, once."""
+
+    pulling = False
+
+    def __init__(self, shard: int) -> None:
+        self._shard: int | None = shard
+
+    def next(self) -> int | None:
+        shard, self._shard = self._shard, None
+        return shard
+
+
+class ClaimPool:
+    """A pulling allocation's shards: each shard of ``pool`` without a winner, claimed without replacing
+    (``shards/shard-N/claims/<array>.json``), so every shard is run by exactly one allocation of the array
+    whatever the races and kills. A requeued allocation (same job id) takes its own claims again. Shards whose
+    cancel record exists (``ddslurm cancel --shards``) are not claimed; a cancelled run stops the pulling."""
+
+    pulling = True
+
+    def __init__(
+        self,
+        layout: RunLayout,
+        pool: Sequence[int],
+        *,
+        array_job_id: str,
+        task: int,
+        job_id: str,
+        node: str,
+        clock: Callable[[], str],
+    ) -> None:
+        self._layout = layout
+        self._pool = list(pool)
+        self._array, self._task, self._job, self._node = array_job_id, task, job_id, node
+        self._clock = clock
+
+    def next(self) -> int | None:
+        while self._pool:
+            shard = self._layout.shard(self._pool.pop(0))
+            if os.path.lexists(self._layout.cancelled):
+                return None
+            if shard.winner.exists() or os.path.lexists(shard.cancelled):
+                continue
+            claim = ClaimRecord(
+                shard=shard.index,
+                array_job_id=self._array,
+                task=self._task,
+                job_id=self._job,
+                node=self._node,
+                claimed_at=self._clock(),
+            )
+            make_private_dir(shard.claims, exist_ok=True)
+            if publish_once(shard.claim(self._array), encode(claim)):
+                return shard.index
+            try:
+                if read_json(shard.claim(self._array), ClaimRecord).job_id == self._job:
+                    return shard.index  # this allocation's own claim, from before Slurm requeued it
+            except Exception:
+                continue
+        return None
+
+
+def parse_pool(spec: str) -> list[int]:
+    """``0-3,7,9-10`` → ``[0, 1, 2, 3, 7, 9, 10]`` (the batch script's ``--pool``)."""
+    out: list[int] = []
+    for part in spec.split(","):
+        lo, _, hi = part.strip().partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()):
+            raise ValueError(f"not a shard list: {spec!r}")
+        out.extend(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+@dataclass(slots=True)
+class Work:
+    """A shard this allocation is generating: its attempt, its client step, how many client runs so far."""
+
+    began: Began
+    client: Step
+    log: Any
+    runs: int = 1
 
 
 class Controller:
@@ -176,65 +278,159 @@ class Controller:
         self._secrets: tuple[str, ...] = ()
         self._server_secrets: tuple[str, ...] = ()
         self._token = ""
+        self._works: list[Work] = []
+        self._waiting: list[Began] = []
+        """Attempts begun whose client step has not started yet."""
+        self._serving_dir = run_dir
 
-    def run(self, inputs: Inputs, shard: int, job_id: str, node: str, restart: int = 0) -> int:
+    def run(self, inputs: Inputs, source: ShardSource | int, job_id: str, node: str, restart: int = 0) -> int:
+        """Run the allocation: begin the first shard's attempt (nothing starts when there is none), start the
+        servers and proxies once, then generate shards (``client_workers`` at a time when pulling) until the
+        source has none left; tear everything down. The exit status is 0 only if every shard it ran succeeded."""
+        source = OneShard(source) if isinstance(source, int) else source
         array, task = self._env.get("SLURM_ARRAY_JOB_ID"), self._env.get("SLURM_ARRAY_TASK_ID")
-        slurm_log = str(self._run_dir / "logs" / f"slurm-{array}_{task}.out") if array and task else None
-        began = self._runner.begin(inputs, shard, job_id, node, restart, slurm_log)
-        if began is None:
+        self._slurm_log = str(self._run_dir / "logs" / f"slurm-{array}_{task}.out") if array and task else None
+        self._serving_dir = RunLayout(self._run_dir).allocation(job_id) if source.pulling else self._run_dir
+        self._job, self._node, self._restart = job_id, node, restart
+        first = self._begin_next(inputs, source)
+        if first is None:
             if RunLayout(self._run_dir).cancelled.exists():
-                self._log.info("attempt.cancelled", shard=shard, why="the run was cancelled (ddslurm cancel)")
+                self._log.info("attempt.cancelled", why="the run was cancelled (ddslurm cancel)")
+            elif source.pulling:
+                self._log.info("allocation.idle", why="no shard of its pool is left to run; nothing started")
             else:
                 self._log.info(
                     "attempt.not_started",
-                    shard=shard,
                     why="the shard has a winner, or its last attempt "
                     "failed in a way every attempt would repeat (see the attempt record)",
                 )
             return EXIT_OK
-        log = self._log.bind(shard=shard, attempt=began.record.attempt)
-        log.info("attempt.started", records=began.num_records, node=node, job_id=job_id)
+        if not source.pulling:
+            self._serving_dir = first.layout.dir
+        log = self._log.bind(job_id=job_id)
+        outcomes: list[AttemptRecord] = []
         try:
-            return self._run(inputs, began, job_id, log)
+            self._run(inputs, source, first, outcomes, log)
         except RuntimeFailure as exc:
-            log.error("attempt.failed", reason=exc.reason, message=exc.message)
-            return self._runner.fail(began, exc)
+            for began in [*self._waiting, *(w.began for w in self._works)]:
+                log.error("attempt.failed", shard=began.shard, attempt=began.record.attempt, reason=exc.reason,
+                          message=exc.message)  # fmt: skip
+                self._runner.fail(began, exc)
+                outcomes.append(read_json(began.layout.record, AttemptRecord))
+            self._works.clear()
+            self._waiting.clear()
+            if source.pulling:
+                log.error("allocation.failed", reason=exc.reason, message=exc.message)
         finally:
             self._teardown(log)
+        # A shard cancelled on its own (cancel --shards) is what the user asked for: it fails no allocation.
+        codes = {exit_code_for(r) for r in outcomes if r.reason != "shard_cancelled"} or {
+            EXIT_OK if outcomes else EXIT_FAILED
+        }
+        return EXIT_FAILED if EXIT_FAILED in codes else max(codes)
 
-    def _run(self, inputs: Inputs, began: Began, job_id: str, log: Any) -> int:
+    def _begin_next(self, inputs: Inputs, source: ShardSource) -> Began | None:
+        """Begin the attempt of the source's next shard that may generate (None when no shard is left)."""
+        while (shard := source.next()) is not None:
+            allocation = str(self._serving_dir) if source.pulling else None
+            began = self._runner.begin(inputs, shard, self._job, self._node, self._restart, self._slurm_log, allocation)
+            if began is not None:
+                self._log.info(
+                    "attempt.started",
+                    shard=shard,
+                    attempt=began.record.attempt,
+                    records=began.num_records,
+                    node=self._node,
+                    job_id=self._job,
+                )
+                return began
+            if source.pulling:
+                self._log.info("attempt.not_started", shard=shard, why="see the attempt record")
+        return None
+
+    def _run(self, inputs: Inputs, source: ShardSource, first: Began, outcomes: list[AttemptRecord], log: Any) -> None:
         self._secrets = inputs.plan.secret_env
         self._server_secrets = inputs.plan.server_secret_env
-        self._token = secrets.token_urlsafe(32)  # this attempt's own; kept in memory and step environments only
+        self._token = secrets.token_urlsafe(32)  # this allocation's own; kept in memory and step environments only
         serving = inputs.plan.serving
-        replicas: dict[str, list[Replica]] = {}
-        endpoints: dict[str, str] = {}
+        workers = inputs.plan.client_workers if source.pulling else 1
         servers = sum(len(d.replicas) for d in serving.deployments) if serving else 0
         proxies = sum(1 for d in serving.deployments if d.proxy) if serving else 0
-        memory = split_memory(self._env, servers, proxies)
+        memory = split_memory(self._env, servers, proxies, workers)
+        endpoints_file = self._serving_dir / "endpoints.json"
+        make_private_dir(self._serving_dir, exist_ok=True)
+        replicas: dict[str, list[Replica]] = {}
+        # Overlap the model load: servers, proxies and the first clients (Data Designer's import) start at once;
+        # the clients wait for the endpoints file, written when every replica and proxy is ready.
+        self._waiting = [first]
+        if serving is None:
+            atomic_write(endpoints_file, encode_pretty(_provider_endpoints(inputs, {})))
+        else:
+            replicas, version = self._launch_servers(serving, memory, log)
+            self._launch_proxies(serving, replicas, memory, log)
+        while len(self._waiting) < workers and (began := self._begin_next(inputs, source)) is not None:
+            self._waiting.append(began)
+        while self._waiting:
+            self._works.append(self._work(inputs, self._waiting[0], endpoints_file, memory, resume=False))
+            self._waiting.pop(0)
         if serving is not None:
-            replicas = self._start_servers(serving, began, job_id, memory, log)
-            endpoints = self._endpoints(serving, replicas, began, job_id, memory, log)
-        client = self._start_client(inputs, began, endpoints, memory, resume=False)
-        runs = 1
-        while True:
-            record = self._watch(client, began, replicas, log)
-            if record.state == "failed" and record.retryable and runs <= inputs.plan.client_retries:
-                log.warning("client.rerun", run=runs + 1, reason=record.reason, why="servers kept; resuming batches")
-                self._runner.rerun(began)
-                self._steps.remove(client)
-                endpoints.update(self._restart_dead_proxies(replicas, began, memory, log))
-                client = self._start_client(inputs, began, endpoints, memory, resume=True)
-                runs += 1
-                continue
-            log.info("attempt.ended", state=record.state, rows=record.rows, client_runs=runs)
-            return exit_code_for(record)
+            self._wait_serving(serving, replicas, version, log)
+            urls = {
+                d.alias: (self._proxies[d.alias].url if d.proxy else replicas[d.alias][0].url)
+                for d in serving.deployments
+            }
+            atomic_write(endpoints_file, encode_pretty(_provider_endpoints(inputs, urls)))
+            log.info("serving.ready", endpoints=urls)
+        exhausted = False
+        failures: dict[str, int] = {}
+        reported: set[str] = set()
+        next_check = time.monotonic() + self._health_interval
+        while self._works or not exhausted:
+            while not exhausted and len(self._works) < workers:
+                began = self._begin_next(inputs, source)
+                if began is None:
+                    exhausted = True
+                    break
+                self._waiting.append(began)
+                self._works.append(self._work(inputs, began, endpoints_file, memory, resume=False))
+                self._waiting.clear()
+            if not self._works:
+                break
+            if self._stop.event.is_set():
+                raise self._interrupted()
+            if time.monotonic() >= next_check:
+                next_check = time.monotonic() + self._health_interval
+                self._check_health(replicas, failures, log)
+            self._check_replicas(replicas, reported, log)
+            dead = next((p for p in self._proxies.values() if p.step.poll() is not None), None)
+            if dead is not None:
+                self._proxy_died(dead, log)
+            for work in list(self._works):
+                record = self._ended(work, source)
+                if record is None:
+                    continue
+                if record.state == "failed" and record.retryable and work.runs <= inputs.plan.client_retries:
+                    work.log.warning(
+                        "client.rerun", run=work.runs + 1, reason=record.reason, why="servers kept; resuming batches"
+                    )
+                    self._runner.rerun(work.began)
+                    self._steps.remove(work.client)
+                    self._restart_dead_proxies(replicas, memory, log)
+                    work.client = self._start_client(inputs, work.began, endpoints_file, memory, resume=True)
+                    work.runs += 1
+                    continue
+                work.log.info("attempt.ended", state=record.state, rows=record.rows, client_runs=work.runs)
+                self._works.remove(work)
+                self._steps.remove(work.client)
+                outcomes.append(record)
+            self._sleep(self._poll)
 
     # --- servers ---------------------------------------------------------------------------------------
 
-    def _start_servers(
-        self, serving: ServingPlan, began: Began, job_id: str, memory: MemorySplit, log: Any
-    ) -> dict[str, list[Replica]]:
+    def _launch_servers(
+        self, serving: ServingPlan, memory: MemorySplit, log: Any
+    ) -> tuple[dict[str, list[Replica]], Callable[[], str]]:
+        """Start every replica's step (not waiting for them); and the vLLM version, asked meanwhile."""
         gpus = check_gpus(serving, self._env)
         server_env = self._without_secrets()
         missing = sorted({n for d in serving.deployments for n in d.env_from if not self._env.get(n)})
@@ -242,10 +438,12 @@ class Controller:
             raise SecretMissingError(
                 f"variable(s) {', '.join(missing)} named by server.env_from are unset in the job's environment"
             )
-        version = vllm_version(serving, server_env)
-        log.info("serving.start", gpus=len(gpus), vllm=version)
+        version: list[str] = []
+        asking = threading.Thread(target=lambda: version.append(vllm_version(serving, server_env)), daemon=True)
+        asking.start()
+        log.info("serving.start", gpus=len(gpus))
         wanted = [r.port for d in serving.deployments for r in d.replicas]
-        ports = iter(choose_ports(wanted, job_id))
+        ports = iter(choose_ports(wanted, self._job))
         replicas: dict[str, list[Replica]] = {}
         for dep in serving.deployments:
             for rep in dep.replicas:
@@ -260,7 +458,7 @@ class Controller:
                         **{name: self._env[name] for name in dep.env_from},
                         **token_environment(serving, self._token),
                     },
-                    log=began.layout.dir / f"server-{dep.alias}-{rep.index}.log",
+                    log=self._serving_dir / f"server-{dep.alias}-{rep.index}.log",
                     cpus=rep.cpus,
                     mem_mb=memory.server,
                     gpus=rep.gpus,
@@ -269,12 +467,36 @@ class Controller:
                 )
                 replicas.setdefault(dep.alias, []).append(Replica(dep.alias, rep.index, port, self._start(spec)))
                 log.info("server.started", step=spec.name, port=port, argv=list(cmd.argv))
+
+        def asked() -> str:
+            asking.join(timeout=60)
+            return version[0] if version else "unknown (vllm --version did not answer)"
+
+        return replicas, asked
+
+    def _launch_proxies(
+        self, serving: ServingPlan, replicas: dict[str, list[Replica]], memory: MemorySplit, log: Any
+    ) -> None:
+        """Start the balancing proxy of every alias with several replicas (it answers once one replica does)."""
+        proxied = [d for d in serving.deployments if d.proxy]
+        used = {r.port for reps in replicas.values() for r in reps}
+        ports = iter(choose_ports([None] * len(proxied), f"{self._job}7", lambda p: p not in used and port_is_free(p)))
+        for dep in proxied:
+            proxy = self._start_proxy(dep.alias, next(ports), replicas[dep.alias], serving.proxy_cpus, memory)
+            log.info("proxy.started", alias=dep.alias, port=proxy.port, upstreams=[r.url for r in replicas[dep.alias]])
+
+    def _wait_serving(
+        self, serving: ServingPlan, replicas: dict[str, list[Replica]], version: Callable[[], str], log: Any
+    ) -> None:
+        """Every replica answers (its model loaded), then every proxy; serving.json records them."""
         for dep in serving.deployments:
             for replica in replicas[dep.alias]:
                 took = self._wait_ready(replica.step, replica.url, dep.served_model_name, dep.startup_timeout)
                 log.info("server.ready", step=replica.step.name, seconds=round(took, 2))
-        self._record_serving(began, serving, replicas, version)
-        return replicas
+        for proxy in self._proxies.values():
+            self._wait_ready(proxy.step, proxy.url, None, 60.0)
+            log.info("proxy.ready", alias=proxy.alias, port=proxy.port)
+        self._record_serving(serving, replicas, version())
 
     def _wait_ready(self, step: Step, url: str, served: str | None, timeout: float) -> float:
         deadline = time.monotonic() + timeout
@@ -291,62 +513,36 @@ class Controller:
             client=self._http,
             sleep=sleep,
             token=self._token,
+            interval=0.2,
         )
 
-    def _endpoints(
-        self,
-        serving: ServingPlan,
-        replicas: dict[str, list[Replica]],
-        began: Began,
-        job_id: str,
-        memory: MemorySplit,
-        log: Any,
-    ) -> dict[str, str]:
-        """One endpoint per local alias: the replica itself, or a balancing proxy in front of several."""
-        urls: dict[str, str] = {}
-        proxied = [d for d in serving.deployments if d.proxy]
-        used = {r.port for reps in replicas.values() for r in reps}
-        ports = iter(choose_ports([None] * len(proxied), f"{job_id}7", lambda p: p not in used and port_is_free(p)))
-        for dep in serving.deployments:
-            if not dep.proxy:
-                urls[dep.alias] = replicas[dep.alias][0].url
-                continue
-            proxy = self._start_proxy(dep.alias, next(ports), replicas[dep.alias], began, serving.proxy_cpus, memory)
-            log.info("proxy.ready", alias=dep.alias, port=proxy.port, upstreams=[r.url for r in replicas[dep.alias]])
-            urls[dep.alias] = proxy.url
-        return urls
-
     def _start_proxy(
-        self, alias: str, port: int, upstreams: list[Replica], began: Began, cpus: int, memory: MemorySplit
+        self, alias: str, port: int, upstreams: list[Replica], cpus: int, memory: MemorySplit
     ) -> ProxyStep:
         argv = [str(self._runtime_exe), "proxy", "--listen", f"{HOST}:{port}"]
         for replica in upstreams:
             argv += ["--upstream", replica.url]
-        log_path = began.layout.dir / f"proxy-{alias}.log"
+        log_path = self._serving_dir / f"proxy-{alias}.log"
         spec = StepSpec(
             name=f"proxy-{alias}",
             argv=(*argv, "--log", str(log_path)),
             env={**self._without_secrets(), TOKEN_ENV: self._token},
-            log=began.layout.dir / f"proxy-{alias}.out",
+            log=self._serving_dir / f"proxy-{alias}.out",
             cpus=cpus,
             mem_mb=memory.proxy,
         )
         proxy = ProxyStep(alias, port, self._start(spec), log_path)
         self._proxies[alias] = proxy
-        self._wait_ready(proxy.step, proxy.url, None, 60.0)
         return proxy
 
-    def _free_port(self, replicas: dict[str, list[Replica]], began: Began) -> int:
+    def _free_port(self, replicas: dict[str, list[Replica]]) -> int:
         used = {r.port for reps in replicas.values() for r in reps} | {p.port for p in self._proxies.values()}
-        [port] = choose_ports([None], f"{began.record.job_id}8", lambda p: p not in used and port_is_free(p))
+        [port] = choose_ports([None], f"{self._job}8", lambda p: p not in used and port_is_free(p))
         return port
 
-    def _restart_dead_proxies(
-        self, replicas: dict[str, list[Replica]], began: Began, memory: MemorySplit, log: Any
-    ) -> dict[str, str]:
-        """Start every proxy that has exited again, in front of the replicas still running, before the client
-        runs again (on its old port when that is free); the new endpoint of each alias restarted."""
-        urls: dict[str, str] = {}
+    def _restart_dead_proxies(self, replicas: dict[str, list[Replica]], memory: MemorySplit, log: Any) -> None:
+        """Start every proxy that has exited again, in front of the replicas still running, before a client runs
+        again, on its old port when that is free (the endpoints file is rewritten when a port changes)."""
         for alias, old in list(self._proxies.items()):
             if old.step.poll() is None:
                 continue
@@ -354,15 +550,17 @@ class Controller:
             alive = [r for r in replicas[alias] if r.step.poll() is None]
             if not alive:
                 raise ServerDiedError(f"no replica of {alias!r} is left to restart its proxy in front of")
-            port = old.port if port_is_free(old.port) else self._free_port(replicas, began)
-            proxy = self._start_proxy(alias, port, alive, began, old.step.spec.cpus, memory)
+            port = old.port if port_is_free(old.port) else self._free_port(replicas)
+            proxy = self._start_proxy(alias, port, alive, old.step.spec.cpus, memory)
+            self._wait_ready(proxy.step, proxy.url, None, 60.0)
             log.warning("proxy.restarted", alias=alias, port=port, upstreams=[r.url for r in alive])
-            urls[alias] = proxy.url
-        return urls
+            if port != old.port:
+                endpoints_file = self._serving_dir / "endpoints.json"
+                current = msgspec.json.decode(endpoints_file.read_bytes(), type=dict[str, str])
+                updated = {k: v.replace(old.url, proxy.url) for k, v in current.items()}
+                atomic_write(endpoints_file, encode_pretty(updated))
 
-    def _record_serving(
-        self, began: Began, serving: ServingPlan, replicas: dict[str, list[Replica]], version: str
-    ) -> None:
+    def _record_serving(self, serving: ServingPlan, replicas: dict[str, list[Replica]], version: str) -> None:
         doc = {
             "vllm_version": version,
             "container_runtime": serving.container_runtime,
@@ -378,16 +576,17 @@ class Controller:
                 for r in reps
             ],
         }
-        atomic_write(began.layout.dir / "serving.json", encode_pretty(doc))
+        atomic_write(self._serving_dir / "serving.json", encode_pretty(doc))
 
-    # --- client ----------------------------------------------------------------------------------------
+    # --- clients ---------------------------------------------------------------------------------------
+
+    def _work(self, inputs: Inputs, began: Began, endpoints: Path, memory: MemorySplit, *, resume: bool) -> Work:
+        log = self._log.bind(shard=began.shard, attempt=began.record.attempt)
+        return Work(began, self._start_client(inputs, began, endpoints, memory, resume=resume), log)
 
     def _start_client(
-        self, inputs: Inputs, began: Began, endpoints: dict[str, str], memory: MemorySplit, *, resume: bool
+        self, inputs: Inputs, began: Began, endpoints_file: Path, memory: MemorySplit, *, resume: bool
     ) -> Step:
-        by_provider = _provider_endpoints(inputs, endpoints)
-        endpoints_file = began.layout.dir / "endpoints.json"
-        atomic_write(endpoints_file, encode_pretty(by_provider))
         argv: tuple[str, ...] = (
             str(self._runtime_exe),
             "client",
@@ -400,10 +599,12 @@ class Controller:
             "--endpoints",
             str(endpoints_file),
         )
+        if not endpoints_file.exists():
+            argv = (*argv, "--wait-endpoints", str(_endpoints_wait(inputs)))
         if resume:
             argv = (*argv, "--resume")
         spec = StepSpec(
-            name="client",
+            name="client" if self._serving_dir == began.layout.dir else f"client-{began.shard}",
             argv=argv,
             env={
                 **without(self._env, [n for n in self._server_secrets if n not in self._secrets]),
@@ -415,33 +616,17 @@ class Controller:
         )
         return self._start(spec)
 
-    def _watch(self, client: Step, began: Began, replicas: dict[str, list[Replica]], log: Any) -> AttemptRecord:
-        """Wait for the client step while watching the servers; the attempt's record once the client ended."""
-        reported: set[str] = set()
-        failures: dict[str, int] = {}
-        next_check = time.monotonic() + self._health_interval
-        while True:
-            code = client.poll()
-            if code is not None:
-                break
-            if self._stop.event.is_set():
-                raise self._interrupted()
-            if time.monotonic() >= next_check:
-                next_check = time.monotonic() + self._health_interval
-                self._check_health(replicas, failures, log)
-            for alias, reps in replicas.items():
-                alive = [r for r in reps if r.step.poll() is None]
-                for r in reps:
-                    if r.step.poll() is not None and r.step.name not in reported:
-                        reported.add(r.step.name)
-                        log.warning("server.died", step=r.step.name, status=r.step.poll(), left=len(alive))
-                if not alive:
-                    tails = "\n".join(f"--- {r.step.spec.log}:\n{read_tail(r.step.spec.log)}" for r in reps)
-                    raise ServerDiedError(f"every replica of {alias!r} exited during generation\n{tails}")
-            dead = next((p for p in self._proxies.values() if p.step.poll() is not None), None)
-            if dead is not None:
-                return self._proxy_died(dead, client, began, log)
-            self._sleep(self._poll)
+    def _ended(self, work: Work, source: ShardSource) -> AttemptRecord | None:
+        """The attempt's record once its client step has ended (None while it runs). A pulling allocation's
+        shard whose cancel record appeared is stopped and ends ``cancelled``."""
+        client, began = work.client, work.began
+        code = client.poll()
+        if code is None:
+            if source.pulling and os.path.lexists(RunLayout(self._run_dir).shard(began.shard).cancelled):
+                status = client.stop(self._grace)
+                work.log.info("step.stopped", step=client.name, status=status, why="ddslurm cancel --shards")
+                return self._runner.cancel(began, "cancelled by ddslurm cancel --shards; the allocation goes on")
+            return None
         record = read_json(began.layout.record, AttemptRecord)
         if record.state == "running" and code != 0 and self._stop.event.wait(STOP_RACE_S):
             # scancel and the time limit signal the steps and the batch step together: the client may end first.
@@ -457,29 +642,42 @@ class Controller:
             record = read_json(began.layout.record, AttemptRecord)
         return record
 
-    def _proxy_died(self, proxy: ProxyStep, client: Step, began: Began, log: Any) -> AttemptRecord:
-        """The client's endpoint is gone: stop the client at once (it would only retry against nothing and drop
-        rows) and fail its run with ``proxy_died`` (retryable: a rerun starts the proxy again)."""
+    def _check_replicas(self, replicas: dict[str, list[Replica]], reported: set[str], log: Any) -> None:
+        """A replica that died leaves rotation (reported once); no replica of an alias left fails the attempts."""
+        for alias, reps in replicas.items():
+            alive = [r for r in reps if r.step.poll() is None]
+            for r in reps:
+                if r.step.poll() is not None and r.step.name not in reported:
+                    reported.add(r.step.name)
+                    log.warning("server.died", step=r.step.name, status=r.step.poll(), left=len(alive))
+            if not alive:
+                tails = "\n".join(f"--- {r.step.spec.log}:\n{read_tail(r.step.spec.log)}" for r in reps)
+                raise ServerDiedError(f"every replica of {alias!r} exited during generation\n{tails}")
+
+    def _proxy_died(self, proxy: ProxyStep, log: Any) -> None:
+        """The clients' endpoint is gone: stop every client at once (they would only retry against nothing and
+        drop rows) and fail their runs with ``proxy_died`` (retryable: a rerun starts the proxy again)."""
         status = proxy.step.poll()
         why = (
             f"stopped after {self._unhealthy_limit} health checks in a row without an answer"
             if proxy.hung
             else f"exited with status {status}"
         )
-        log.error("proxy.died", step=proxy.step.name, status=status, hung=proxy.hung, why="stopping the client")
-        client_status = client.stop(self._grace) if client.poll() is None else client.poll()
-        log.info("step.stopped", step=client.name, status=client_status)
+        log.error("proxy.died", step=proxy.step.name, status=status, hung=proxy.hung, why="stopping the clients")
         tails = "".join(
             f"\n--- {path}:\n{tail}" for path in (proxy.step.spec.log, proxy.log) if (tail := read_tail(path).strip())
         )
-        self._runner.fail(
-            began,
-            ProxyDiedError(
-                f"{proxy.step.name}, the endpoint of {proxy.alias!r} at {proxy.url}, {why} during generation; "
-                f"the client was stopped{tails}"
-            ),
-        )
-        return read_json(began.layout.record, AttemptRecord)
+        for work in self._works:
+            client = work.client
+            client_status = client.stop(self._grace) if client.poll() is None else client.poll()
+            work.log.info("step.stopped", step=client.name, status=client_status)
+            self._runner.fail(
+                work.began,
+                ProxyDiedError(
+                    f"{proxy.step.name}, the endpoint of {proxy.alias!r} at {proxy.url}, {why} during generation; "
+                    f"the client was stopped{tails}"
+                ),
+            )
 
     def _check_health(self, replicas: dict[str, list[Replica]], failures: dict[str, int], log: Any) -> None:
         """A live replica that stops answering /health (hung, holding its port) is stopped after
@@ -544,6 +742,13 @@ class Controller:
                 status = step.stop(self._grace)
                 log.info("step.stopped", step=step.name, status=status)
         self._steps.clear()
+
+
+def _endpoints_wait(inputs: Inputs) -> int:
+    """How long a client started during the model load waits for the endpoints (the slowest start-up, plus
+    slack for the proxies); the controller stops it sooner if serving fails."""
+    serving = inputs.plan.serving
+    return 300 + max((d.startup_timeout for d in serving.deployments), default=0) if serving else 300
 
 
 def _provider_endpoints(inputs: Inputs, alias_urls: Mapping[str, str]) -> dict[str, str]:

@@ -290,3 +290,10 @@ def read_seed_block(recipe: Mapping[str, Any], start: int, end: int) -> Any:
     if not tables:
         raise EngineError(f"the seed dataset has no rows {start}..{end}", retryable=False)
     return pa.concat_tables(tables, promote_options="default")
+
+
+def preload_engine() -> None:
+    """Import Data Designer ahead of the run (seconds of imports), so that a client step started while the model
+    servers load is ready to send its first request as soon as they are."""
+    import data_designer.config
+    import data_designer.interface  # noqa: F401

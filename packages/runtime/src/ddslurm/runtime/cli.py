@@ -1,9 +1,10 @@
 """``ddslurm-runtime``: what runs on compute nodes. Reads only the run directory's plan and snapshot.
 
-    ddslurm-runtime generate --run-dir DIR [--shard N] [--job-id ID] [--launcher auto|srun|local]
+    ddslurm-runtime generate --run-dir DIR [--shard N | --pool 0-9] [--job-id ID] [--launcher auto|srun|local]
         the array task: begin the attempt, start model servers and proxies as steps, run the client step,
-        watch, tear everything down
-    ddslurm-runtime client --run-dir DIR --shard N --attempt ID --endpoints FILE
+        watch, tear everything down; with --pool, a pulling allocation: servers started once, shards of the pool
+        claimed and generated (client_workers at a time) until none is left
+    ddslurm-runtime client --run-dir DIR --shard N --attempt ID --endpoints FILE [--wait-endpoints S]
         the Data Designer step (the only one that sees API keys)
     ddslurm-runtime proxy --listen HOST:PORT --upstream URL [--upstream URL ...]
         one endpoint in front of several replicas of a model
@@ -20,6 +21,7 @@ import shutil
 import signal
 import socket
 import sys
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -32,8 +34,8 @@ import msgspec
 
 from ddslurm.config import RunLayout
 from ddslurm.runtime._attempt import EXIT_FAILED, AttemptRunner, Inputs, load_inputs
-from ddslurm.runtime._controller import Controller, StopSignal
-from ddslurm.runtime._engine import engine_environment, local_token_names, run_engine
+from ddslurm.runtime._controller import ClaimPool, Controller, ShardSource, StopSignal, parse_pool
+from ddslurm.runtime._engine import engine_environment, local_token_names, preload_engine, run_engine
 from ddslurm.runtime._log import new_logger
 from ddslurm.runtime._scratch import (
     SqueueJobs,
@@ -122,7 +124,8 @@ def _launcher(kind: str, env: os._Environ[str]) -> StepLauncher:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     env = os.environ
-    shard = args.shard if args.shard is not None else _int_from(env.get("SLURM_ARRAY_TASK_ID"), "--shard")
+    if args.pool is None:
+        shard = args.shard if args.shard is not None else _int_from(env.get("SLURM_ARRAY_TASK_ID"), "--shard")
     job_id = args.job_id or env.get("SLURM_JOB_ID")
     if not job_id:
         print("ddslurm-runtime: --job-id is required outside Slurm", file=sys.stderr)
@@ -158,7 +161,36 @@ def cmd_generate(args: argparse.Namespace) -> int:
             unhealthy_limit=args.unhealthy_limit,
         )
         restart = env.get("SLURM_RESTART_COUNT", "0")
-        return controller.run(inputs, shard, job_id, node, int(restart) if restart.isdigit() else 0)
+        source: ShardSource | int = shard if args.pool is None else _pool(layout, args.pool, job_id, node, env)
+        return controller.run(inputs, source, job_id, node, int(restart) if restart.isdigit() else 0)
+
+
+def _pool(layout: RunLayout, spec: str, job_id: str, node: str, env: Mapping[str, str]) -> ClaimPool:
+    try:
+        shards = parse_pool(spec)
+    except ValueError as exc:
+        raise SystemExit(f"ddslurm-runtime: --pool: {exc}") from exc
+    task = env.get("SLURM_ARRAY_TASK_ID", "0")
+    return ClaimPool(
+        layout,
+        shards,
+        array_job_id=env.get("SLURM_ARRAY_JOB_ID") or job_id,
+        task=int(task) if task.isdigit() else 0,
+        job_id=job_id,
+        node=node,
+        clock=lambda: datetime.now(UTC).isoformat(),
+    )
+
+
+def _await_endpoints(path: Path, timeout: float) -> None:
+    """Started while the model servers load: import Data Designer meanwhile, then wait for the endpoints file the
+    controller writes once every server and proxy answers (it stops this step if serving fails)."""
+    preload_engine()
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() >= deadline:
+            raise SystemExit(f"ddslurm-runtime: {path} did not appear within {timeout:.0f} s")
+        time.sleep(0.05)
 
 
 def client_inputs(inputs: Inputs) -> Inputs:
@@ -174,9 +206,11 @@ def client_inputs(inputs: Inputs) -> Inputs:
 
 def cmd_client(args: argparse.Namespace) -> int:
     layout = RunLayout(args.run_dir.resolve())
-    endpoints = msgspec.json.decode(args.endpoints.read_bytes(), type=dict[str, str]) if args.endpoints else {}
     log = new_logger(sys.stderr.buffer, component="client", run_id=layout.run_id)
     with _engine_scratch(args.attempt, os.environ, log) as home:
+        if args.endpoints and args.wait_endpoints is not None:
+            _await_endpoints(args.endpoints, args.wait_endpoints)
+        endpoints = msgspec.json.decode(args.endpoints.read_bytes(), type=dict[str, str]) if args.endpoints else {}
         try:
             inputs = client_inputs(load_inputs(layout))
         except RuntimeFailure as exc:
@@ -201,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     gen = sub.add_parser("generate", help="run one attempt of one shard (the array task)")
     gen.add_argument("--run-dir", type=Path, required=True)
     gen.add_argument("--shard", type=int, default=None)
+    gen.add_argument("--pool", default=None, help="a pulling allocation's shards, e.g. 0-9,12")
     gen.add_argument("--job-id", default=None)
     gen.add_argument("--launcher", choices=["auto", "srun", "local"], default="auto")
     gen.add_argument("--grace", type=float, default=15.0, help="seconds between TERM and KILL at teardown")
@@ -211,6 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     client.add_argument("--shard", type=int, required=True)
     client.add_argument("--attempt", required=True)
     client.add_argument("--endpoints", type=Path, default=None)
+    client.add_argument(
+        "--wait-endpoints", type=float, default=None, help="seconds to wait for the endpoints file to appear"
+    )
     client.add_argument("--resume", action="store_true", help="continue this attempt's own dataset (a rerun)")
     sub.add_parser("proxy", help="balancing endpoint in front of several replicas", add_help=False)
     args, rest = parser.parse_known_args(argv)
