@@ -227,7 +227,7 @@ def test_a_run_over_max_job_count_is_refused_with_the_numbers_and_nothing_is_wri
     want = (
         "10,000 shards \u00d7 (1 + retries 1) = 20,000 array tasks, but MaxJobCount is 10,000 with 120 already "
         "queued (90 % headroom rule: 8,892 usable); use fewer shards or fewer retries (at most 4,446 shards fit "
-        "with retries 1)"
+        "with retries 1), or keep the shards and set allocations: 4,446 (each allocation pulls several shards)"
     )
     with pytest.raises(SubmitError) as refused:
         submit(run, profile, slurm=Slurm(cluster, user="alice"), env=env)
@@ -246,7 +246,8 @@ def test_a_run_over_its_association_limit_is_refused_naming_it(tmp_path: Path) -
         submit(run, profile, slurm=Slurm(cluster, user="alice"), env=env)
     assert str(refused.value) == (
         "40 shards = 40 array tasks, but MaxSubmitJobs of association acct/alice is 50 with 10 already queued "
-        "(90 % headroom rule: 36 usable); use fewer shards (at most 36 shards fit)"
+        "(90 % headroom rule: 36 usable); use fewer shards (at most 36 shards fit), or keep the shards and set "
+            "allocations: 36 (each allocation pulls several shards)"
     )
     assert cluster.commands("sbatch") == [] and not (tmp_path / "work").exists()
 

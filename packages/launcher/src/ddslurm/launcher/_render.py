@@ -74,11 +74,19 @@ def shard_expression(shards: list[int]) -> str:
     return "${SHARDS[$SLURM_ARRAY_TASK_ID]}"
 
 
-def render_generation(plan: Plan, layout: RunLayout, shards: list[int], *, after_failure_of: str | None = None) -> str:
-    """One array over ``shards`` (task i runs shards[i]); ``after_failure_of``: an automatic retry array that
-    starts only if that array had a failed task, and is cancelled by Slurm otherwise."""
+def render_generation(
+    plan: Plan,
+    layout: RunLayout,
+    shards: list[int],
+    *,
+    after_failure_of: str | None = None,
+    tasks: int | None = None,
+) -> str:
+    """One array over ``shards`` (task i runs shards[i]), or, with ``tasks``, an array of that many allocations
+    that pull shards of ``shards`` (the pool) until none is left; ``after_failure_of``: an automatic retry array
+    that starts only if that array had a failed task, and is cancelled by Slurm otherwise."""
     directives = [
-        f"--array={array_spec(len(shards), plan.max_concurrent)}",
+        f"--array={array_spec(len(shards) if tasks is None else tasks, plan.max_concurrent)}",
         f"--output={layout.logs}/slurm-%A_%a.out",
         "--open-mode=append",
         f"--chdir={layout.root}",
@@ -89,12 +97,13 @@ def render_generation(plan: Plan, layout: RunLayout, shards: list[int], *, after
     if after_failure_of is not None:
         directives += [f"--dependency=afternotok:{after_failure_of}", "--kill-on-invalid-dep=yes"]
     runtime = shlex.quote(tool(plan, "ddslurm-runtime"))
+    header = f"{_header(f'ddslurm-{plan.run_name}', directives)}\n\n{_PRELUDE}\n\n"
+    if tasks is not None:
+        pool = compact_ranges(shards)
+        return f"{header}exec {runtime} generate --run-dir {shlex.quote(str(layout.root))} --pool {pool}\n"
     expr = shard_expression(shards)
     table = "" if "SHARDS" not in expr else "SHARDS=(" + " ".join(str(s) for s in shards) + ")\n"
-    return (
-        f"{_header(f'ddslurm-{plan.run_name}', directives)}\n\n{_PRELUDE}\n\n{table}"
-        f'exec {runtime} generate --run-dir {shlex.quote(str(layout.root))} --shard "{expr}"\n'
-    )
+    return f'{header}{table}exec {runtime} generate --run-dir {shlex.quote(str(layout.root))} --shard "{expr}"\n'
 
 
 def warning_seconds(time_minutes: int) -> int:

@@ -15,6 +15,7 @@ from ddslurm.collector import verify_winner
 from ddslurm.config import (
     AttemptRecord,
     CancelRecord,
+    ClaimRecord,
     ConfigError,
     Plan,
     PlannedArray,
@@ -182,6 +183,34 @@ def _progress(layout: RunLayout, shard: int, attempt: AttemptRecord, now: dateti
     return progress.rows, round(new_rows / elapsed, 2) if elapsed > 0 else None
 
 
+POOL = -1
+"""The task of a shard no allocation of a pulling array has claimed (yet): the array as a whole speaks for it."""
+
+_SEVERITY = ("COMPLETED", "CANCELLED", "FAILED", "OUT_OF_MEMORY", "TIMEOUT", "NODE_FAIL")
+
+
+def pool_state(sub: SubmissionRecord, sched: Scheduler) -> TaskState | None:
+    """A pulling array seen from a shard none of its allocations claimed: pending while any allocation runs or
+    waits (it may still pull the shard), else the most telling end of its allocations (None: Slurm knows none)."""
+    states = [sched.state_of(sub.array_job_id, t) for t in range(sub.tasks or 0)]
+    known = [s for s in states if s is not None]
+    if not known:
+        return None
+    live = [s for s in known if s.state in _RUNNING | _PENDING]
+    if live:
+        running = sum(s.state in _RUNNING for s in live)
+        reason = (
+            f"waiting for one of {running} running allocation(s) of array {sub.array_job_id} to pull it"
+            if running
+            else next((s.reason for s in live if s.reason), "")
+        )
+        return TaskState(job_id=sub.array_job_id, task=None, state="PENDING", reason=reason)
+    if len(known) < len(states):
+        return None
+    worst = max(known, key=lambda s: _SEVERITY.index(s.state) if s.state in _SEVERITY else len(_SEVERITY))
+    return TaskState(job_id=sub.array_job_id, task=None, state=worst.state, reason="not_claimed")
+
+
 def _scheduler_view(
     covering: list[tuple[SubmissionRecord, int]], sched: Scheduler
 ) -> tuple[str | None, TaskState | None]:
@@ -189,8 +218,12 @@ def _scheduler_view(
     automatic retry still waiting for its dependency counts only once every earlier array has ended."""
     newest: tuple[str | None, TaskState | None] = (None, None)
     for sub, task in reversed(covering):
-        state = sched.state_of(sub.array_job_id, task)
-        job = f"{sub.array_job_id}_{task}"
+        if task == POOL:
+            state = pool_state(sub, sched)
+            job = f"{sub.array_job_id}_[0-{(sub.tasks or 1) - 1}]"
+        else:
+            state = sched.state_of(sub.array_job_id, task)
+            job = f"{sub.array_job_id}_{task}"
         if state is None:
             if newest == (None, None):
                 newest = (job, None)
@@ -339,6 +372,16 @@ def shard_status(
             status.message = f"Slurm requeued task {job}; it will run again as a new attempt{stopped}"
     elif latest is not None and latest.state == "cancelled":
         status.state = "cancelled"
+    elif os.path.lexists(layout.shard(index).cancelled):
+        status.state = "cancelled"  # cancel --shards of a shard pulling allocations had not started
+        status.reason = status.reason or "shard_cancelled"
+    elif state.reason == "not_claimed" and state.task is None:
+        status.state = "failed"
+        status.reason = "not_claimed"
+        status.message = (
+            f"no allocation of array {state.job_id} took this shard before they all ended ({state.state}); "
+            "ddslurm retry runs it"
+        )
     elif latest is not None and latest.state == "partial":
         status.state = "partial"
     elif state.state == "CANCELLED":
@@ -384,19 +427,35 @@ def cancel_record(layout: RunLayout) -> CancelRecord | None:
         return CancelRecord(cancelled_at="unknown", array_job_ids=())
 
 
-def covering_tasks(subs: list[SubmissionRecord]) -> dict[int, list[tuple[SubmissionRecord, int]]]:
-    """For each shard, every (submission, task id) that ran or will run it, oldest first."""
+def claimed_by(layout: RunLayout, shard: int, array_job_id: str) -> int | None:
+    """The task of pulling array ``array_job_id`` that claimed ``shard``, or None."""
+    try:
+        return read_json(layout.shard(shard).claim(array_job_id), ClaimRecord).task
+    except (FileNotFoundError, ConfigError, OSError, ValueError):
+        return None
+
+
+def covering_tasks(
+    subs: list[SubmissionRecord], layout: RunLayout | None = None
+) -> dict[int, list[tuple[SubmissionRecord, int]]]:
+    """For each shard, every (submission, task id) that ran or will run it, oldest first. For a pulling array
+    the task is the allocation that claimed the shard (its claim record), :data:`POOL` while none has."""
     out: dict[int, list[tuple[SubmissionRecord, int]]] = {}
     for sub in subs:
-        for task, shard in enumerate(sub.shards):
-            out.setdefault(shard, []).append((sub, task))
+        if sub.tasks is None:
+            for task, shard in enumerate(sub.shards):
+                out.setdefault(shard, []).append((sub, task))
+            continue
+        for shard in sub.shards:
+            claimant = claimed_by(layout, shard, sub.array_job_id) if layout is not None else None
+            out.setdefault(shard, []).append((sub, POOL if claimant is None else claimant))
     return out
 
 
 def run_status(layout: RunLayout, slurm: Slurm, *, now: datetime | None = None) -> RunStatus:
     plan = read_plan(layout.plan)
     subs = submissions(layout)
-    covering = covering_tasks(subs)
+    covering = covering_tasks(subs, layout)
     sched = query(slurm, subs)
     moment = now or datetime.now(UTC)
     progress = submission_progress(layout, subs)

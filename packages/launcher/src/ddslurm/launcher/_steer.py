@@ -3,6 +3,7 @@ accept short shards, find step logs."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -14,6 +15,7 @@ from ddslurm.config import (
     FreshRecord,
     Plan,
     RunLayout,
+    ShardCancelRecord,
     ShardLayout,
     SubmissionRecord,
     WinnerRecord,
@@ -35,6 +37,7 @@ from ddslurm.launcher._status import (
     submissions,
 )
 from ddslurm.launcher._submit import (
+    array_tasks,
     check_environment,
     plural,
     read_limits,
@@ -125,6 +128,10 @@ def retry(
     moment = now or datetime.now(UTC)
     if mark is not None:
         layout.cancelled.rename(layout.cleared_cancel(moment.strftime("%Y%m%dT%H%M%S%f")))
+    for index in todo:
+        shard = layout.shard(index)
+        if os.path.lexists(shard.cancelled):  # cancel --shards of pulling allocations: the shard may run again
+            shard.cancelled.rename(shard.cleared_cancel(moment.strftime("%Y%m%dT%H%M%S%f")))
     if fresh:
         for index in todo:
             _start_fresh(layout.shard(index), moment)
@@ -183,6 +190,7 @@ def continue_submission(
             record = SubmissionRecord(
                 array_job_id=found[0],
                 shards=array.shards,
+                tasks=array.tasks,
                 submitted_at=moment.isoformat(),
                 script=array.script,
                 kind=array.kind,
@@ -193,7 +201,7 @@ def continue_submission(
                 submitted[array.index] = found[0]
                 adopted.append(found[0])
         remaining = [a for a in missing if a.index not in submitted]
-        tasks = sum(len(a.shards) for a in remaining)
+        tasks = sum(array_tasks(a) for a in remaining)
         refuse_if_over(
             tasks,
             limits,
@@ -233,7 +241,14 @@ def cancel(layout: RunLayout, slurm: Slurm, shards: list[int] | None = None, now
     chosen = set(_pick_indices(shards, plan))
     sched = query(slurm, subs)
     ids: list[str] = []
+    moment = (now or datetime.now(UTC)).isoformat()
     for sub in newest_first:
+        if sub.tasks is not None:
+            # Pulling allocations run other shards too: each stops this shard's generation step itself (and
+            # claims it no more) when it sees the shard's cancel record.
+            for shard in sorted(chosen & set(sub.shards)):
+                publish_once(layout.shard(shard).cancelled, encode(ShardCancelRecord(cancelled_at=moment)))
+            continue
         for task, shard in enumerate(sub.shards):
             if shard not in chosen:
                 continue
@@ -280,4 +295,6 @@ def log_files(layout: RunLayout, shard: int, step: str) -> list[Path]:
     if step == "slurm":
         return [Path(latest.slurm_log)] if latest.slurm_log else []
     attempt_dir = layout.shard(shard).attempt(latest.attempt).dir
+    if step != "client" and latest.allocation:  # a pulling allocation's servers and proxies serve all its shards
+        attempt_dir = Path(latest.allocation)
     return [p for pattern in STEP_GLOBS[step] for p in sorted(attempt_dir.glob(pattern))]

@@ -238,6 +238,33 @@ def new_stamp(now: datetime) -> str:
     return f"{now.strftime('%Y%m%d%H%M%S')}-{secrets.token_hex(3)}"
 
 
+def array_tasks(array: PlannedArray | SubmissionRecord) -> int:
+    """Array tasks (jobs) of an array: its pulling allocations, or one per shard."""
+    return array.tasks if array.tasks is not None else len(array.shards)
+
+
+def pulling_tasks(plan: Plan, shards: int, kind: SubmissionKind) -> int | None:
+    """Allocations of a pulling array over ``shards`` shards (None: one task per shard). The initial submission
+    has the plan's ``allocations``; a retry as many as its shards need (``client_workers`` each), no more."""
+    if plan.allocations is None:
+        return None
+    if kind == "initial":
+        return min(plan.allocations, shards)
+    return max(1, min(plan.allocations, -(-shards // plan.client_workers)))
+
+
+def _split(items: Sequence[int], parts: int) -> list[tuple[int, ...]]:
+    """``items`` in ``parts`` contiguous pieces whose sizes differ by at most one."""
+    size, extra = divmod(len(items), parts)
+    out: list[tuple[int, ...]] = []
+    start = 0
+    for i in range(parts):
+        end = start + size + (1 if i < extra else 0)
+        out.append(tuple(items[start:end]))
+        start = end
+    return out
+
+
 def plan_arrays(
     plan: Plan,
     layout: RunLayout,
@@ -250,22 +277,33 @@ def plan_arrays(
     """The arrays that submit ``shards``: chunks of at most ``max_array_size`` tasks (task ids stay below
     MaxArraySize) and, for the run's initial submission, ``retries`` automatic retry arrays per chunk, each
     after the previous array of its chunk. Every chunk's first array comes first, so that a submission stopped
-    part-way has started as many shards as it could."""
+    part-way has started as many shards as it could.
+
+    With pulling allocations (the plan's ``allocations``) a chunk is an array of allocations over a pool of
+    shards: its tasks claim the pool's shards until none is left."""
     if max_array_size < 1:
         raise SubmitError(f"MaxArraySize is {max_array_size}: this cluster accepts no job arrays")
-    chunks = [tuple(shards[i : i + max_array_size]) for i in range(0, len(shards), max_array_size)]
+    pulling = pulling_tasks(plan, len(shards), kind)
+    chunks: list[tuple[tuple[int, ...], int | None]]
+    if pulling is None:
+        chunks = [(tuple(shards[i : i + max_array_size]), None) for i in range(0, len(shards), max_array_size)]
+    else:
+        parts = -(-pulling // max_array_size)
+        sizes = [len(p) for p in _split(range(pulling), parts)]
+        chunks = [(pool, tasks) for pool, tasks in zip(_split(list(shards), parts), sizes, strict=True)]
     levels = 1 + (plan.retries if kind == "initial" else 0)
     arrays: list[PlannedArray] = []
     previous: list[int | None] = [None] * len(chunks)
     for level in range(levels):
-        for c, part in enumerate(chunks):
+        for c, (part, tasks) in enumerate(chunks):
             index = len(arrays)
             arrays.append(
                 PlannedArray(
                     index=index,
                     kind=kind if level == 0 else "auto-retry",
                     shards=part,
-                    array=array_spec(len(part), plan.max_concurrent),
+                    tasks=tasks,
+                    array=array_spec(tasks if tasks is not None else len(part), plan.max_concurrent),
                     after=previous[c],
                     script=str(layout.array_script(stamp, index)),
                 )
@@ -342,20 +380,24 @@ def plan_submission(
     """The arrays that submit ``shards`` and the limits they fit in; :class:`SubmitError` with the numbers when
     they do not. The one function behind ``submit``, ``submit --dry-run`` and ``retry``."""
     arrays = plan_arrays(plan, layout, shards, limits.max_array_size, kind=kind, stamp=stamp)
-    tasks = sum(len(a.shards) for a in arrays)
+    tasks = sum(array_tasks(a) for a in arrays)
     if kind == "initial":
         factor = 1 + plan.retries
+        unit = "shard" if plan.allocations is None else "allocation"
+        jobs = len(shards) if plan.allocations is None else plan.allocations
         what = (
-            f"{plural(len(shards), 'shard')} \u00d7 (1 + retries {plan.retries}) = {plural(tasks, 'array task')}"
+            f"{plural(jobs, unit)} \u00d7 (1 + retries {plan.retries}) = {plural(tasks, 'array task')}"
             if plan.retries
-            else f"{plural(len(shards), 'shard')} = {plural(tasks, 'array task')}"
+            else f"{plural(jobs, unit)} = {plural(tasks, 'array task')}"
         )
         _, over = limit_checks(tasks, limits)
         room = min((c.usable for c in over), default=0) // factor
-        fit = f" (at most {room:,} shards fit" + (f" with retries {plan.retries})" if plan.retries else ")")
-        advice = ("use fewer shards or fewer retries" if plan.retries else "use fewer shards") + (
+        fit = f" (at most {room:,} {unit}s fit" + (f" with retries {plan.retries})" if plan.retries else ")")
+        advice = (f"use fewer {unit}s or fewer retries" if plan.retries else f"use fewer {unit}s") + (
             fit if room else " (none fit now: wait until queued jobs have finished)"
         )
+        if room and plan.allocations is None:
+            advice += f", or keep the shards and set allocations: {room:,} (each allocation pulls several shards)"
     else:
         what = f"retrying {plural(len(shards), 'shard')} = {plural(tasks, 'array task')}"
         advice = "retry fewer shards (--shards) or wait until queued jobs have finished"
@@ -414,9 +456,8 @@ class PartialSubmitError(LauncherError):
 def _array_line(array: PlannedArray, job: str | None) -> str:
     what = {"initial": "", "retry": "retry", "auto-retry": "automatic retry"}[array.kind]
     head = f"array job {job}: " if job else ""
-    return (
-        f"{head}shards {compact_ranges(array.shards)} ({plural(len(array.shards), 'task')}{', ' if what else ''}{what})"
-    )
+    tasks = plural(array_tasks(array), "task" if array.tasks is None else "pulling allocation")
+    return f"{head}shards {compact_ranges(array.shards)} ({tasks}{', ' if what else ''}{what})"
 
 
 @contextlib.contextmanager
@@ -539,7 +580,7 @@ def _sbatch(
     planned: bool,
 ) -> str:
     shards = list(array.shards)
-    script = render_generation(plan, layout, shards, after_failure_of=after)
+    script = render_generation(plan, layout, shards, after_failure_of=after, tasks=array.tasks)
     script_path = Path(array.script)
     atomic_write(script_path, script.encode(), mode=0o700)
     if not layout.script.exists():
@@ -548,6 +589,7 @@ def _sbatch(
     record = SubmissionRecord(
         array_job_id=job_id,
         shards=array.shards,
+        tasks=array.tasks,
         submitted_at=now.isoformat(),
         script=str(script_path),
         kind=array.kind,
