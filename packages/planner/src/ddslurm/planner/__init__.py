@@ -1,16 +1,19 @@
 """ddslurm.planner: a pure compiler from run file, recipe, snapshot and profile to an immutable plan."""
 
 from ddslurm.planner._compile import (
+    VLLM_DEFAULT_MAX_NUM_SEQS,
     PlanInputs,
     compile_plan,
     parse_memory_mb,
     parse_time_limit,
     plan_serving,
+    server_capacity,
 )
 from ddslurm.planner._shards import SeedPool, plan_shards
 from ddslurm.planner.errors import PlanError
 
 __all__ = [
+    "VLLM_DEFAULT_MAX_NUM_SEQS",
     "PlanError",
     "PlanInputs",
     "SeedPool",
@@ -19,4 +22,5 @@ __all__ = [
     "parse_time_limit",
     "plan_serving",
     "plan_shards",
+    "server_capacity",
 ]
