@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 import msgspec
+from _cpu import busy_seconds
 
 from fake_vllm.testing import start_server
 
@@ -69,7 +70,6 @@ RECIPE = """data_designer:
   - {name: text, column_type: llm-text, model_alias: gen, prompt: "Write one sentence about {{ topic }}."}
 """
 BODY = {"model": "gen", "messages": [{"role": "user", "content": "Write one sentence about sea."}]}
-_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 @dataclass(frozen=True)
@@ -78,17 +78,6 @@ class Measured:
     completions: int
     window_s: float
     busy_cpus: float | None
-
-
-def _busy_seconds() -> float | None:
-    """CPU seconds every process on the machine has used (the ``cpu`` line of /proc/stat); None elsewhere."""
-    try:
-        with Path("/proc/stat").open() as stat:
-            fields = stat.readline().split()[1:]
-    except OSError:
-        return None
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[:8])
-    return (user + nice + system + irq + softirq + steal) / _TICKS
 
 
 def steady_rate(times: list[float]) -> tuple[float, float]:
@@ -118,10 +107,10 @@ def completions(logs: list[Path]) -> list[float]:
 
 
 def _measure(logs: Callable[[], list[Path]], action: Callable[[], Any]) -> tuple[Measured, Any]:
-    busy, started = _busy_seconds(), time.monotonic()
+    busy, started = busy_seconds(), time.monotonic()
     result = action()
     seconds = time.monotonic() - started
-    busy_end = _busy_seconds()
+    busy_end = busy_seconds()
     times = completions(logs())
     rate, window = steady_rate(times)
     cpus = None if busy is None or busy_end is None else round((busy_end - busy) / seconds, 2)
