@@ -58,6 +58,7 @@ from typing import Any, cast
 
 import aiohttp
 import httpx
+from _cpu import busy_seconds, cpu_seconds
 
 from fake_vllm.testing import free_port, start_server
 
@@ -69,7 +70,6 @@ FILE_CODE = (
     "sys.exit(runpy.run_path(path, run_name='proxy_under_test')['main'](sys.argv[1:]))"
 )
 CASES = ("cpu_bound", "shared", "replica_bound", "unloaded")
-_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 @dataclass(frozen=True)
@@ -151,26 +151,6 @@ def relay_main(argv: list[str]) -> None:
         runner.run(serve())
 
 
-def _cpu_seconds(pid: int) -> float | None:
-    """User + system CPU seconds of a running process (Linux /proc); None where unavailable."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime (fields 14 and 15 of stat)
-
-
-def _busy_seconds() -> float | None:
-    """CPU seconds every process on the machine has used (the ``cpu`` line of /proc/stat); None elsewhere."""
-    try:
-        with Path("/proc/stat").open() as stat:
-            fields = stat.readline().split()[1:]
-    except OSError:
-        return None
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[:8])
-    return (user + nice + system + irq + softirq + steal) / _TICKS
-
-
 def _pin(pid: int, cpus: set[int] | None) -> None:
     if cpus is not None and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(pid, cpus)
@@ -180,9 +160,9 @@ def _wait_quiet(limit: float, patience: float) -> None:
     """Wait (up to ``patience`` seconds) until other processes keep at most ``limit`` CPUs busy for 0.3 s."""
     deadline = time.monotonic() + patience
     while time.monotonic() < deadline:
-        start = _busy_seconds()
+        start = busy_seconds()
         time.sleep(0.3)
-        end = _busy_seconds()
+        end = busy_seconds()
         if start is None or end is None or (end - start) / 0.3 <= limit:
             return
 
@@ -271,15 +251,15 @@ def _loop_of(log: Path) -> str | None:
 
 def _run(url: str, pids: dict[str, int], requests: int, concurrency: int, args: argparse.Namespace) -> Sample:
     """One timed run of ``requests`` requests, with the CPU every process (and the rest of the machine) used."""
-    before = {name: _cpu_seconds(pid) for name, pid in pids.items()}
-    busy = _busy_seconds()
+    before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    busy = busy_seconds()
     own = time.process_time()
     seconds, latencies = asyncio.run(_load(url, requests, concurrency, args.stream))
     ours = time.process_time() - own
-    busy_end = _busy_seconds()
+    busy_end = busy_seconds()
     cpu: dict[str, float | None] = {"loadgen": ours / requests}
     for name, pid in pids.items():
-        start, end = before[name], _cpu_seconds(pid)
+        start, end = before[name], cpu_seconds(pid)
         cpu[name] = None if start is None or end is None else (end - start) / requests
         ours += 0.0 if start is None or end is None else end - start
     background = 0.0 if busy is None or busy_end is None else max(0.0, (busy_end - busy - ours) / seconds)

@@ -247,7 +247,7 @@ def test_a_run_over_its_association_limit_is_refused_naming_it(tmp_path: Path) -
     assert str(refused.value) == (
         "40 shards = 40 array tasks, but MaxSubmitJobs of association acct/alice is 50 with 10 already queued "
         "(90 % headroom rule: 36 usable); use fewer shards (at most 36 shards fit), or keep the shards and set "
-            "allocations: 36 (each allocation pulls several shards)"
+        "allocations: 36 (each allocation pulls several shards)"
     )
     assert cluster.commands("sbatch") == [] and not (tmp_path / "work").exists()
 

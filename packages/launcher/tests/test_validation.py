@@ -114,7 +114,36 @@ def test_a_recipe_without_model_columns_is_validated_too(tmp_path: Path) -> None
         "  - {name: e, column_type: expression, expr: '{{ n }}-{{ missing }}'}\n"
     )
     recipe = load_recipe(tmp_path / "recipe.yaml")
-    problems = dd_check_recipe(recipe, tmp_path / "recipe.yaml", ProviderSnapshot())
+    problems = dd_check_recipe(recipe, tmp_path / "recipe.yaml", ProviderSnapshot(), None)
     assert len(problems) == 1 and problems[0].startswith("column 'e': ") and "'missing'" in problems[0], problems
     recipe["data_designer"]["columns"][1]["expr"] = "{{ n }}-x"
-    assert dd_check_recipe(recipe, tmp_path / "recipe.yaml", ProviderSnapshot()) == []
+    assert dd_check_recipe(recipe, tmp_path / "recipe.yaml", ProviderSnapshot(), None) == []
+
+
+def test_submit_validates_the_recipe_with_the_max_parallel_requests_the_node_uses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A local alias whose recipe leaves ``max_parallel_requests`` at Data Designer's default is validated with the
+    plan's replicas x capacity, the value the node runs it with."""
+    from ddslurm.launcher import _validate
+
+    recipe = RECIPE.replace("{{ no_such_column }}", "something").replace("max_parallel_requests: 8", "timeout: 30")
+    deployment = (
+        "deployments:\n"
+        "- {model_alias: writer, model: org/writer, replicas: 2, server: {extra_args: ['--max-num-seqs=6']}}\n"
+    )
+    run, profile, env = write_unit_run(tmp_path, "sk-validation-test-0123456789", recipe=recipe, run_extra=deployment)
+    profile.write_text(profile.read_text() + "gpus_per_node: 4\n")
+    seen: list[dict[str, Any]] = []
+
+    def run_check(payload: dict[str, Any], cwd: Path, secrets: set[str]) -> list[str]:
+        seen.append(payload)
+        return []
+
+    monkeypatch.setattr(_validate, "_run_check", run_check)
+    prepared = prepare(run, profile, env, datetime.now(UTC))
+    assert prepared.plan.serving is not None
+    assert prepared.plan.serving.deployments[0].max_parallel_requests == 12
+    [model] = seen[0]["recipe"]["data_designer"]["model_configs"]
+    assert model["alias"] == "writer"
+    assert model["inference_parameters"] == {"temperature": 0.3, "timeout": 30, "max_parallel_requests": 12}

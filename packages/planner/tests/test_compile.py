@@ -27,7 +27,15 @@ from ddslurm.config import (
     load_profile,
     load_run_file,
 )
-from ddslurm.planner import PlanError, PlanInputs, compile_plan, parse_time_limit, plan_shards
+from ddslurm.planner import (
+    VLLM_DEFAULT_MAX_NUM_SEQS,
+    PlanError,
+    PlanInputs,
+    compile_plan,
+    parse_time_limit,
+    plan_shards,
+    server_capacity,
+)
 
 REPO = Path(__file__).resolve().parents[3]
 LAYOUT = RunLayout.in_workspace(Path("/ws"), "run-1")
@@ -387,6 +395,75 @@ def test_two_deployments_share_the_node_and_explicit_ports_are_kept() -> None:
     plan = compile_plan(make_inputs(run, _gpu_profile()))
     assert plan.serving is not None and plan.serving.gpus == 4
     assert [r.port for r in plan.serving.deployments[0].replicas] == [8100]
+
+
+@pytest.mark.parametrize(
+    ("extra_args", "want"),
+    [
+        pytest.param((), VLLM_DEFAULT_MAX_NUM_SEQS, id="vllm-default"),
+        pytest.param(("--max-model-len", "8192"), VLLM_DEFAULT_MAX_NUM_SEQS, id="other-flags-only"),
+        pytest.param(("--max-num-seqs", "64"), 64, id="separate-value"),
+        pytest.param(("--max-model-len", "8192", "--max-num-seqs=48", "--enforce-eager"), 48, id="inline-value"),
+        pytest.param(("--max_num_seqs", "32"), 32, id="underscores-as-vllm-accepts"),
+        pytest.param(("--max-num-seqs", "8", "--max-num-seqs=16"), 16, id="last-wins"),
+        pytest.param(("--max-num-seqs-per-step", "3"), VLLM_DEFAULT_MAX_NUM_SEQS, id="longer-flag-is-not-it"),
+    ],
+)
+def test_server_capacity_reads_max_num_seqs(extra_args: tuple[str, ...], want: int) -> None:
+    assert server_capacity(extra_args) == want
+
+
+def test_vllm_default_max_num_seqs_is_the_openai_servers_on_gpus() -> None:
+    assert VLLM_DEFAULT_MAX_NUM_SEQS == 256  # vLLM's EngineArgs._set_default_args, OPENAI_API_SERVER on GPUs
+
+
+@pytest.mark.parametrize(
+    ("extra_args", "needle"),
+    [
+        pytest.param(("--max-num-seqs",), "--max-num-seqs needs a whole number of at least 1, got ''", id="missing"),
+        pytest.param(("--max-num-seqs", "0"), "got '0'", id="zero"),
+        pytest.param(("--max-num-seqs=lots",), "got 'lots'", id="not-a-number"),
+        pytest.param(("--max-num-seqs", "--enforce-eager"), "got '--enforce-eager'", id="next-is-a-flag"),
+    ],
+)
+def test_bad_max_num_seqs_is_refused_at_its_field(extra_args: tuple[str, ...], needle: str) -> None:
+    run = make_run(
+        deployments=(
+            Deployment(model_alias="judge", model="j"),
+            Deployment(model_alias="gen", model="m", server=ServerSpec(extra_args=extra_args)),
+        )
+    )
+    with pytest.raises(PlanError) as info:
+        compile_plan(make_inputs(run, _gpu_profile()))
+    assert str(info.value).startswith("deployments[1].server.extra_args: "), str(info.value)
+    assert needle in str(info.value)
+
+
+def test_each_deployment_gets_its_capacity_and_the_clients_parallel_requests() -> None:
+    run = make_run(
+        deployments=(
+            Deployment(
+                model_alias="gen",
+                model="g",
+                replicas=3,
+                server=ServerSpec(extra_args=("--max-model-len", "4096", "--max-num-seqs", "8")),
+            ),
+            Deployment(model_alias="judge", model="j", replicas=1),
+        )
+    )
+    plan = compile_plan(make_inputs(run, _gpu_profile()))
+    assert plan.serving is not None
+    sized = {d.alias: (d.capacity, d.max_parallel_requests) for d in plan.serving.deployments}
+    assert sized == {"gen": (8, 3 * 8), "judge": (VLLM_DEFAULT_MAX_NUM_SEQS, VLLM_DEFAULT_MAX_NUM_SEQS)}
+    # The sizing is part of the hashed plan; a plan written before it decodes with neither set.
+    again = msgspec.json.decode(encode(plan), type=Plan)
+    assert again.serving is not None and again.serving.deployments[0].max_parallel_requests == 24
+    older = msgspec.to_builtins(plan)
+    for deployment in older["serving"]["deployments"]:
+        del deployment["capacity"], deployment["max_parallel_requests"]
+    old = msgspec.convert(older, type=Plan)
+    assert old.serving is not None
+    assert {(d.capacity, d.max_parallel_requests) for d in old.serving.deployments} == {(None, None)}
 
 
 @pytest.mark.parametrize(

@@ -15,9 +15,12 @@ import pytest
 
 from ddslurm.config import (
     AttemptRecord,
+    DeploymentPlan,
     Plan,
     ProviderSnapshot,
+    ReplicaPlan,
     RunLayout,
+    ServingPlan,
     SnapshotModel,
     SnapshotProvider,
     WinnerRecord,
@@ -49,7 +52,16 @@ RECIPE = b"data_designer:\n  columns:\n  - {name: x, column_type: sampler}\n  mo
 LOCAL = SnapshotProvider(name="ddslurm-local-x", endpoint="", api_key_env="DDSLURM_LOCAL_TOKEN", local=True)
 
 
-def _run(tmp_path: Path, *, shard_records: tuple[int, ...] = (4, 4), local: bool = False) -> RunLayout:
+def _run(
+    tmp_path: Path,
+    *,
+    shard_records: tuple[int, ...] = (4, 4),
+    local: bool = False,
+    models: tuple[SnapshotModel, ...] = (
+        SnapshotModel(alias="gen", model="m", provider="p", inference_parameters={"temperature": 0.5}),
+    ),
+    serving: ServingPlan | None = None,
+) -> RunLayout:
     layout = RunLayout(tmp_path / "run-1")
     layout.inputs.mkdir(parents=True)
     snapshot = ProviderSnapshot(
@@ -57,7 +69,7 @@ def _run(tmp_path: Path, *, shard_records: tuple[int, ...] = (4, 4), local: bool
             SnapshotProvider(name="p", endpoint="http://127.0.0.1:9/v1", api_key_env="T_KEY"),
             *((LOCAL,) if local else ()),
         ),
-        models=(SnapshotModel(alias="gen", model="m", provider="p", inference_parameters={"temperature": 0.5}),),
+        models=models,
     )
     snap_bytes = encode_pretty(snapshot)
     atomic_write(layout.recipe, RECIPE)
@@ -72,6 +84,7 @@ def _run(tmp_path: Path, *, shard_records: tuple[int, ...] = (4, 4), local: bool
         snapshot_file=str(layout.snapshot),
         snapshot_sha256=sha256_bytes(snap_bytes),
         secret_env=("T_KEY",),
+        serving=serving,
     )
     atomic_write(layout.plan, encode(plan))
     return layout
@@ -281,7 +294,7 @@ def test_recipe_models_replaced_by_snapshot_keeping_params() -> None:
         models=(SnapshotModel(alias="a", model="m", provider="p", inference_parameters={"top_p": 0.9}),),
     )
     recipe = {"data_designer": {"columns": [], "model_configs": [{"alias": "old", "model": "x", "provider": "y"}]}}
-    out = recipe_with_models(recipe, snapshot)
+    out = recipe_with_models(recipe, snapshot, None)
     assert out["data_designer"]["model_configs"] == [
         {
             "alias": "a",
@@ -292,6 +305,35 @@ def test_recipe_models_replaced_by_snapshot_keeping_params() -> None:
         }
     ]
     assert recipe["data_designer"]["model_configs"][0]["alias"] == "old"
+
+
+def test_the_client_log_says_which_max_parallel_requests_each_alias_runs_with(tmp_path: Path) -> None:
+    """The local alias gets the plan's replicas x capacity, the hosted one its recipe's value; the engine gets the
+    plan's deployments, and ``attempt.generating`` records the decision."""
+    deployment = DeploymentPlan(
+        alias="x",
+        model="m",
+        served_model_name="m",
+        tensor_parallel=1,
+        replicas=(ReplicaPlan(index=0, gpus=1, cpus=1), ReplicaPlan(index=1, gpus=1, cpus=1)),
+        startup_timeout=30,
+        proxy=True,
+        capacity=8,
+        max_parallel_requests=16,
+    )
+    serving = ServingPlan(deployments=(deployment,), gpus=2)
+    models = (
+        SnapshotModel(alias="x", model="m", provider=LOCAL.name, source="deployment"),
+        SnapshotModel(alias="gen", model="m", provider="p", inference_parameters={"max_parallel_requests": 4}),
+    )
+    layout = _run(tmp_path, local=True, models=models, serving=serving)
+    engine = FakeEngine()
+    assert _runner(layout, engine).run(load_inputs(layout), 0, "101", "n1") == EXIT_OK
+    assert engine.requests[0].serving == serving
+    events = [json.loads(line) for line in layout.shard(0).attempt("attempt-101").client_log.read_text().splitlines()]
+    generating = next(e for e in events if e["event"] == "attempt.generating")
+    assert generating["max_parallel_requests"] == {"x": 16, "gen": 4}
+    assert generating["sized_aliases"] == ["x"]
 
 
 def test_each_shard_reads_the_seed_block_the_plan_gives_it() -> None:

@@ -103,6 +103,25 @@ def test_env_sets_fake_options_and_flag_wins() -> None:
 
 
 @pytest.mark.parametrize(
+    ("args", "env", "want_capacity"),
+    [
+        pytest.param(["m", "--max-num-seqs", "8"], {}, 8, id="max-num-seqs"),
+        pytest.param(["m", "--max-num-seqs=8"], {}, 8, id="max-num-seqs-inline"),
+        pytest.param(["m", "--max-num-seqs", "8", "--fake-capacity", "3"], {}, 3, id="fake-capacity-flag-wins"),
+        pytest.param(["m", "--max-num-seqs", "8"], {"FAKE_VLLM_CAPACITY": "2"}, 2, id="fake-capacity-env-wins"),
+        pytest.param(["m", "--max-num-seqs", "8", "--fake-capacity", "0"], {}, 0, id="explicit-unlimited-wins"),
+    ],
+)
+def test_max_num_seqs_is_the_capacity_unless_fake_capacity_is_given(
+    args: list[str], env: dict[str, str], want_capacity: int
+) -> None:
+    settings = parse_serve_args(args, env)
+    assert settings.max_num_seqs == 8
+    assert settings.capacity == want_capacity
+    assert settings.ignored_args == ()  # a flag the stand-in models, not one it ignores
+
+
+@pytest.mark.parametrize(
     ("args", "env"),
     [
         pytest.param([], {}, id="no-model"),
@@ -113,6 +132,8 @@ def test_env_sets_fake_options_and_flag_wins() -> None:
         pytest.param(["m", "--fake-no-choices-rate", "0.5", "--fake-error-rate", "0.6"], {}, id="no-choices-sum"),
         pytest.param(["m", "--port", "70000"], {}, id="bad-port"),
         pytest.param(["a", "--model", "b"], {}, id="two-models"),
+        pytest.param(["m", "--max-num-seqs", "0"], {}, id="max-num-seqs-zero"),
+        pytest.param(["m", "--max-num-seqs", "many"], {}, id="max-num-seqs-not-a-number"),
     ],
 )
 def test_bad_values_are_usage_errors(args: list[str], env: dict[str, str]) -> None:

@@ -100,7 +100,10 @@ def test_fail_start_raises_start_error() -> None:
         pass
 
 
-def test_metrics_running_and_waiting_rise_beyond_capacity() -> None:
+@pytest.mark.parametrize("capacity_flag", ["--fake-capacity", "--max-num-seqs"])
+def test_metrics_running_and_waiting_rise_beyond_capacity(capacity_flag: str) -> None:
+    """At most ``capacity`` requests run at once, the rest wait: set by ``--fake-capacity`` or, as in vLLM, by
+    ``--max-num-seqs``."""
     capacity, total, latency = 2, 6, 0.5
 
     async def scenario(server_root: str, base_url: str) -> tuple[float, float, list[int], float]:
@@ -118,7 +121,7 @@ def test_metrics_running_and_waiting_rise_beyond_capacity() -> None:
         waiting = _gauge(metrics, "vllm:num_requests_waiting")
         return running, waiting, [r.status_code for r in responses], elapsed
 
-    args = ["--fake-capacity", str(capacity), "--fake-latency", str(latency)]
+    args = [capacity_flag, str(capacity), "--fake-latency", str(latency)]
     with start_server(args=args) as server:
         running, waiting, statuses, elapsed = asyncio.run(scenario(server.root_url, server.base_url))
         after = httpx.get(f"{server.root_url}/metrics").text

@@ -4,7 +4,7 @@ Capacity model: with ``capacity`` C > 0 at most C chat requests are processed at
 FIFO queue (``vllm:num_requests_waiting``). A request admitted while k others are running takes
 ``latency * (1 + k / C)`` seconds, so one request alone takes ``latency`` and a full server about twice that:
 throughput rises with concurrency and saturates near ``C / (2 * latency)`` requests/s. With C = 0 there is no
-limit and every request takes ``latency``.
+limit and every request takes ``latency``. C is ``--fake-capacity``, else vLLM's ``--max-num-seqs``.
 """
 
 from __future__ import annotations

@@ -99,6 +99,9 @@ FAKE_OPTIONS: tuple[FakeOption, ...] = (
 )  # fmt: skip
 
 
+_CAPACITY_ENV = next(option.env for option in FAKE_OPTIONS if option.dest == "capacity")
+
+
 class UsageError(ValueError):
     """A bad command line or environment value."""
 
@@ -156,6 +159,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
     parser.add_argument("--served-model-name", nargs="+", metavar="NAME", help="names the API answers to")
     parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="N")
+    parser.add_argument(
+        "--max-num-seqs",
+        metavar="N",
+        help="sequences run at once, the rest queue (as in vLLM): the capacity unless --fake-capacity is given",
+    )
     parser.add_argument(
         "--api-key", nargs="+", metavar="KEY", help="require 'Authorization: Bearer KEY' on /v1/* (or VLLM_API_KEY)"
     )
@@ -260,6 +268,18 @@ def parse_serve_args(args: Sequence[str], environ: Mapping[str, str]) -> Setting
     if not api_keys and environ.get("VLLM_API_KEY"):
         api_keys = (environ["VLLM_API_KEY"],)
     fake = {option.dest: _fake_value(option, getattr(namespace, option.dest), environ) for option in FAKE_OPTIONS}
+    max_num_seqs = None
+    if namespace.max_num_seqs is not None:
+        try:
+            max_num_seqs = int(namespace.max_num_seqs)
+        except ValueError:
+            max_num_seqs = 0
+        if max_num_seqs < 1:
+            raise UsageError(f"--max-num-seqs: expected an integer >= 1, got {namespace.max_num_seqs!r}")
+        # vLLM runs at most max_num_seqs sequences at once and queues the rest: that is the stand-in's capacity,
+        # unless --fake-capacity (or its variable) says otherwise.
+        if namespace.capacity is None and environ.get(_CAPACITY_ENV) is None:
+            fake["capacity"] = max_num_seqs
     if fake["error_rate"] + fake["rate_429"] + fake["no_choices_rate"] > 1.0:
         raise UsageError("--fake-error-rate, --fake-429-rate and --fake-no-choices-rate must not sum above 1")
     return Settings(
@@ -269,13 +289,15 @@ def parse_serve_args(args: Sequence[str], environ: Mapping[str, str]) -> Setting
         port=namespace.port,
         api_keys=api_keys,
         tensor_parallel_size=namespace.tensor_parallel_size,
+        max_num_seqs=max_num_seqs,
         ignored_args=tuple(ignored),
         **fake,
     )
 
 
 _USAGE = """usage: fake-vllm serve MODEL [--host HOST] [--port PORT] [--served-model-name NAME ...]
-                       [--tensor-parallel-size N] [--api-key KEY] [--fake-* ...] [other vLLM flags, ignored]
+                       [--tensor-parallel-size N] [--max-num-seqs N] [--api-key KEY] [--fake-* ...]
+                       [other vLLM flags, ignored]
        fake-vllm --version
 """
 

@@ -19,10 +19,11 @@ GRACEFUL_SHUTDOWN_S = 2
 
 def describe(settings: Settings) -> list[str]:
     """The start-up lines (never the API key itself)."""
+    seqs = "" if settings.max_num_seqs is None else f"max_num_seqs={settings.max_num_seqs} "
     lines = [
         f"vLLM API server version {version_string()}",
         f"model={settings.model!r} served_model_name={list(settings.served_model_names)!r} "
-        f"tensor_parallel_size={settings.tensor_parallel_size} "
+        f"tensor_parallel_size={settings.tensor_parallel_size} {seqs}"
         f"api_key_required={'yes' if settings.requires_key else 'no'}",
     ]
     if settings.ignored_args:

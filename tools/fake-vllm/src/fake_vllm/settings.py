@@ -20,6 +20,8 @@ class Settings:
     api_keys: tuple[str, ...] = ()
     tensor_parallel_size: int = 1
     max_model_len: int = 4096
+    max_num_seqs: int | None = None
+    """vLLM's ``--max-num-seqs`` (sequences run at once): the capacity when ``--fake-capacity`` is not given."""
     ignored_args: tuple[str, ...] = ()
 
     startup_delay: float = 0.0

@@ -30,6 +30,7 @@ from ddslurm.config import (
     PlannedArray,
     ProviderSnapshot,
     RunLayout,
+    ServingPlan,
     SubmissionKind,
     SubmissionRecord,
     SubmitPlanRecord,
@@ -62,8 +63,8 @@ from ddslurm.providers import (
 )
 from ddslurm.providers.discovery import settings_dir
 
-CheckRecipe = Callable[[dict[str, Any], Path, ProviderSnapshot], list[str]]
-"""(recipe, its path, the snapshot) -> what Data Designer refuses in it, one line per problem."""
+CheckRecipe = Callable[[dict[str, Any], Path, ProviderSnapshot, ServingPlan | None], list[str]]
+"""(recipe, its path, the snapshot, the plan's serving) -> what Data Designer refuses in it, one line per problem."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,7 +161,7 @@ def prepare(
     if not python.exists():
         message = f"profile.python_env: {python} does not exist (the compute nodes run it)"
         raise SubmitError(place_error(message, run_path, profile_path))
-    problems = check_recipe(recipe, recipe_path, snapshot)
+    problems = check_recipe(recipe, recipe_path, snapshot, plan.serving)
     if problems:
         raise SubmitError(f"{recipe_path}: Data Designer refuses the recipe:\n" + "\n".join(f"  {p}" for p in problems))
     return Prepared(

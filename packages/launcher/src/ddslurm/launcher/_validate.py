@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ddslurm.config import ProviderSnapshot
+from ddslurm.config import ProviderSnapshot, ServingPlan
 from ddslurm.providers import recipe_section
 from ddslurm.runtime import recipe_with_models
 
@@ -33,10 +33,13 @@ _PLACEHOLDER_ENDPOINT = "http://127.0.0.1:9/v1"  # never contacted: validation s
 _ACCEPTED: set[str] = set()
 
 
-def dd_check_recipe(recipe: Mapping[str, Any], recipe_path: Path, snapshot: ProviderSnapshot) -> list[str]:
-    """What Data Designer refuses in ``recipe`` (one line per problem, its own words), or [] when it accepts it."""
+def dd_check_recipe(
+    recipe: Mapping[str, Any], recipe_path: Path, snapshot: ProviderSnapshot, serving: ServingPlan | None
+) -> list[str]:
+    """What Data Designer refuses in ``recipe`` (one line per problem, its own words), or [] when it accepts it.
+    ``serving``: the plan's deployments, which size the local aliases' ``max_parallel_requests`` as on the node."""
     payload: dict[str, Any] = {
-        "recipe": recipe_with_models(recipe, snapshot),  # the recipe exactly as the node builds it
+        "recipe": recipe_with_models(recipe, snapshot, serving),  # the recipe exactly as the node builds it
         "providers": [{"name": p.name, "provider_type": p.provider_type} for p in snapshot.providers],
     }
     # An accepted recipe without a seed dataset (whose files may change) is accepted again without asking.

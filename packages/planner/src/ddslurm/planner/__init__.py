@@ -1,6 +1,7 @@
 """ddslurm.planner: a pure compiler from run file, recipe, snapshot and profile to an immutable plan."""
 
 from ddslurm.planner._compile import (
+    VLLM_DEFAULT_MAX_NUM_SEQS,
     Allocations,
     PlanInputs,
     compile_plan,
@@ -8,11 +9,13 @@ from ddslurm.planner._compile import (
     parse_time_limit,
     plan_allocations,
     plan_serving,
+    server_capacity,
 )
 from ddslurm.planner._shards import SeedPool, plan_shards
 from ddslurm.planner.errors import PlanError
 
 __all__ = [
+    "VLLM_DEFAULT_MAX_NUM_SEQS",
     "Allocations",
     "PlanError",
     "PlanInputs",
@@ -23,4 +26,5 @@ __all__ = [
     "plan_allocations",
     "plan_serving",
     "plan_shards",
+    "server_capacity",
 ]

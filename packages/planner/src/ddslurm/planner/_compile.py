@@ -77,6 +77,40 @@ def parse_memory_mb(value: str, field: str = "memory") -> int:
     return max(1, math.ceil(float(match.group("n")) * _MB[match.group("unit").upper()]))
 
 
+VLLM_DEFAULT_MAX_NUM_SEQS = 256
+"""vLLM's ``max_num_seqs`` when ``--max-num-seqs`` is not given: what one replica runs at once (the rest queue).
+
+Source: ``EngineArgs._set_default_args`` in ``vllm/engine/arg_utils.py`` of vllm-project/vllm (the 0.11 series,
+commit 99d7eb5d6a51): for ``UsageContext.OPENAI_API_SERVER`` (``vllm serve``) ``default_max_num_seqs`` is 256 on
+GPUs, raised to 1024 on GPUs with at least 70 GiB that are not A100s ("For GPUs like H100 and MI300x"), and
+128 x world size on CPUs; ``SchedulerConfig``'s own fallback (128) applies only outside these usage contexts.
+
+The submit host cannot tell which GPUs a node has, so the planner takes the general GPU value, 256. On a larger
+GPU the client then keeps 256 requests per replica in flight where the server would run 1024 (set
+``--max-num-seqs`` in ``server.extra_args`` to use them); it never sends more than the server runs, so no request
+waits in vLLM's queue while Data Designer's per-request timeout runs."""
+
+
+def server_capacity(extra_args: tuple[str, ...], field: str = "server.extra_args") -> int:
+    """Sequences one vLLM replica runs at once: the last ``--max-num-seqs N`` or ``--max-num-seqs=N`` in
+    ``extra_args`` (vLLM's parser also takes ``--max_num_seqs``; the last one wins, as in argparse), else
+    :data:`VLLM_DEFAULT_MAX_NUM_SEQS`. ``field`` names the setting in error messages."""
+    capacity = VLLM_DEFAULT_MAX_NUM_SEQS
+    for index, token in enumerate(extra_args):
+        name, inline, value = token.partition("=")
+        if name.replace("_", "-") != "--max-num-seqs":
+            continue
+        if not inline:
+            value = extra_args[index + 1] if index + 1 < len(extra_args) else ""
+        try:
+            capacity = int(value)
+        except ValueError:
+            capacity = 0
+        if capacity < 1:
+            raise PlanError(f"{field}: {name} needs a whole number of at least 1, got {value!r}")
+    return capacity
+
+
 def plan_serving(run: RunFile, profile: ClusterProfile, partition: str | None) -> ServingPlan:
     """Place every replica on the one node of the allocation, or say which numbers disagree."""
     per_node = profile.gpus_per_node
@@ -111,6 +145,7 @@ def plan_serving(run: RunFile, profile: ClusterProfile, partition: str | None) -
             for r in range(dep.replicas)
         )
         total += tp * dep.replicas
+        capacity = server_capacity(dep.server.extra_args, f"{where}.server.extra_args")
         deployments.append(
             DeploymentPlan(
                 alias=dep.model_alias,
@@ -123,6 +158,8 @@ def plan_serving(run: RunFile, profile: ClusterProfile, partition: str | None) -
                 env=dict(dep.server.env),
                 proxy=dep.replicas > 1,
                 env_from=dep.server.env_from,
+                capacity=capacity,
+                max_parallel_requests=dep.replicas * capacity,
             )
         )
     if total > per_node:

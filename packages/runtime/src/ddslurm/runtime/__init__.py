@@ -2,13 +2,16 @@
 
 from ddslurm.runtime._attempt import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL, AttemptRunner, Inputs, load_inputs
 from ddslurm.runtime._engine import (
+    DD_DEFAULT_MAX_PARALLEL_REQUESTS,
     EngineRequest,
     EngineResult,
     engine_environment,
+    parallel_requests,
     partition_seed,
     recipe_with_models,
     run_engine,
     seed_reader,
+    sized_parallel_requests,
 )
 from ddslurm.runtime._verify import make_private, scan_for_secrets, verify_dataset
 from ddslurm.runtime.errors import (
@@ -20,6 +23,7 @@ from ddslurm.runtime.errors import (
 )
 
 __all__ = [
+    "DD_DEFAULT_MAX_PARALLEL_REQUESTS",
     "EXIT_FAILED",
     "EXIT_OK",
     "EXIT_PARTIAL",
@@ -35,10 +39,12 @@ __all__ = [
     "engine_environment",
     "load_inputs",
     "make_private",
+    "parallel_requests",
     "partition_seed",
     "recipe_with_models",
     "seed_reader",
     "run_engine",
     "scan_for_secrets",
+    "sized_parallel_requests",
     "verify_dataset",
 ]

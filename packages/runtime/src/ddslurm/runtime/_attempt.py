@@ -39,7 +39,14 @@ from ddslurm.config import (
     sha256_file,
     to_builtins,
 )
-from ddslurm.runtime._engine import EngineRequest, EngineResult, partition_seed, read_seed_block
+from ddslurm.runtime._engine import (
+    EngineRequest,
+    EngineResult,
+    parallel_requests,
+    partition_seed,
+    read_seed_block,
+    sized_parallel_requests,
+)
 from ddslurm.runtime._fill import fill_recipe, missing_rows, observed_keys, row_keys
 from ddslurm.runtime._verify import (
     FILL_DIR,
@@ -324,7 +331,14 @@ class AttemptRunner:
     def generate(self, inputs: Inputs, began: Began, endpoints: Mapping[str, str], *, resume_own: bool = False) -> int:
         with began.layout.client_log.open("ab") as log_stream:
             log = self._make_logger(log_stream).bind(shard=began.shard, attempt=began.record.attempt)
-            log.info("attempt.generating", records=began.num_records, endpoints=dict(endpoints), resume=resume_own)
+            log.info(
+                "attempt.generating",
+                records=began.num_records,
+                endpoints=dict(endpoints),
+                resume=resume_own,
+                max_parallel_requests=parallel_requests(inputs.snapshot, inputs.plan.serving),
+                sized_aliases=sorted(sized_parallel_requests(inputs.snapshot, inputs.plan.serving)),
+            )
             try:
                 return self._generate(inputs, began, endpoints, log, resume_own)
             except RuntimeFailure as exc:
@@ -360,6 +374,7 @@ class AttemptRunner:
                 dataset_name=dataset_name,
                 num_records=num_records,
                 buffer_size=min(plan.buffer_size, num_records),
+                serving=plan.serving,
                 on_batch_complete=on_batch,
                 resume=resume,
             )
@@ -458,6 +473,7 @@ class AttemptRunner:
                     dataset_name=name,
                     num_records=missing,
                     buffer_size=missing,
+                    serving=plan.serving,
                 )
             )
         except RuntimeFailure as exc:

@@ -15,12 +15,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ddslurm.config import ProviderSnapshot, ShardSpec, SnapshotProvider
+from ddslurm.config import ProviderSnapshot, ServingPlan, ShardSpec, SnapshotProvider
 from ddslurm.runtime.errors import EngineError, RecipeError
 
 LOCAL_TOKEN_ENV = "DDSLURM_LOCAL_TOKEN"
 """The variable holding the attempt's token for a local provider whose snapshot entry names none (snapshots
 written before local providers named it)."""
+
+DD_DEFAULT_MAX_PARALLEL_REQUESTS = 4
+"""Data Designer's default ``inference_parameters.max_parallel_requests`` (``BaseInferenceParams`` in
+``data_designer/config/models.py``: ``Field(default=4, ge=1)``, 0.9.7). A recipe that Data Designer wrote always
+carries the field, so a model config with this value has not chosen one (``tests`` check it against the installed
+Data Designer, which this module does not import on the submit host)."""
 
 # sha1 of tiktoken's cl100k_base blob URL: the cache file name tiktoken looks for.
 _CL100K_CACHE_NAME = "9b5ad71b2ce5302211f9c61530b329a4922fc6a4"
@@ -60,6 +66,8 @@ class EngineRequest:
     dataset_name: str
     num_records: int
     buffer_size: int
+    serving: ServingPlan | None
+    """The plan's deployments: their ``max_parallel_requests`` go into the local aliases' model configs."""
     on_batch_complete: Callable[[Path], None] | None = None
     resume: bool = False
     """Continue the dataset already in ``artifact_path / dataset_name`` (Data Designer's ResumeMode.ALWAYS)."""
@@ -78,14 +86,51 @@ def _section(recipe: Mapping[str, Any]) -> Any:
     return inner if isinstance(inner, dict) else recipe
 
 
-def recipe_with_models(recipe: Mapping[str, Any], snapshot: ProviderSnapshot) -> dict[str, Any]:
-    """The recipe with its model configs replaced by the snapshot's (hosted ones kept exactly)."""
+def sized_parallel_requests(snapshot: ProviderSnapshot, serving: ServingPlan | None) -> dict[str, int]:
+    """The aliases whose ``max_parallel_requests`` ddslurm chooses, with the value: every locally deployed alias
+    whose model config leaves it unset (absent, or Data Designer's default) gets its deployment's replicas x
+    capacity from the plan. Hosted aliases, and a recipe's own value, are never changed."""
+    if serving is None:
+        return {}
+    local = {p.name for p in snapshot.providers if p.local}
+    planned = {d.alias: d.max_parallel_requests for d in serving.deployments if d.max_parallel_requests is not None}
+    sized: dict[str, int] = {}
+    for m in snapshot.models:
+        if m.provider not in local or m.alias not in planned:
+            continue
+        own = (m.inference_parameters or {}).get("max_parallel_requests", DD_DEFAULT_MAX_PARALLEL_REQUESTS)
+        if own == DD_DEFAULT_MAX_PARALLEL_REQUESTS:
+            sized[m.alias] = planned[m.alias]
+    return sized
+
+
+def parallel_requests(snapshot: ProviderSnapshot, serving: ServingPlan | None) -> dict[str, Any]:
+    """The ``max_parallel_requests`` Data Designer runs each alias with (what the client logs): the plan's value
+    for sized local aliases, else the model config's own, else Data Designer's default."""
+    sized = sized_parallel_requests(snapshot, serving)
+    return {
+        m.alias: sized.get(m.alias)
+        or (m.inference_parameters or {}).get("max_parallel_requests", DD_DEFAULT_MAX_PARALLEL_REQUESTS)
+        for m in snapshot.models
+    }
+
+
+def recipe_with_models(
+    recipe: Mapping[str, Any], snapshot: ProviderSnapshot, serving: ServingPlan | None
+) -> dict[str, Any]:
+    """The recipe with its model configs replaced by the snapshot's (hosted ones kept exactly), and each local
+    alias's ``max_parallel_requests`` sized from the plan's deployments unless the recipe sets its own
+    (:func:`sized_parallel_requests`). The node and the submit-time validation both build the recipe here."""
     out = copy.deepcopy(dict(recipe))
+    sized = sized_parallel_requests(snapshot, serving)
     models: list[dict[str, Any]] = []
     for m in snapshot.models:
         entry: dict[str, Any] = {"alias": m.alias, "model": m.model, "provider": m.provider}
-        if m.inference_parameters is not None:
-            entry["inference_parameters"] = m.inference_parameters
+        params = m.inference_parameters
+        if m.alias in sized:
+            params = {**(params or {}), "max_parallel_requests": sized[m.alias]}
+        if params is not None:
+            entry["inference_parameters"] = params
         entry["skip_health_check"] = m.skip_health_check
         models.append(entry)
     _section(out)["model_configs"] = models
@@ -143,7 +188,9 @@ def run_engine(request: EngineRequest) -> EngineResult:
             )
         )
     try:
-        builder = dd.DataDesignerConfigBuilder.from_config(recipe_with_models(request.recipe, request.snapshot))
+        builder = dd.DataDesignerConfigBuilder.from_config(
+            recipe_with_models(request.recipe, request.snapshot, request.serving)
+        )
     except Exception as exc:
         raise RecipeError(f"the recipe is not a valid Data Designer config: {exc}") from exc
     designer = DataDesigner(
