@@ -10,6 +10,7 @@ from ddslurm.runtime._engine import (
     run_engine,
     seed_reader,
 )
+from ddslurm.runtime._stages import Stage, StageKind, StageSplit, final_columns, split_stages, stage_recipe
 from ddslurm.runtime._verify import make_private, scan_for_secrets, verify_dataset
 from ddslurm.runtime.errors import (
     EngineError,
@@ -31,13 +32,19 @@ __all__ = [
     "InputsError",
     "RuntimeFailure",
     "SecretMissingError",
+    "Stage",
+    "StageKind",
+    "StageSplit",
     "VerificationError",
     "engine_environment",
+    "final_columns",
     "load_inputs",
     "make_private",
     "partition_seed",
     "recipe_with_models",
     "seed_reader",
+    "split_stages",
+    "stage_recipe",
     "run_engine",
     "scan_for_secrets",
     "verify_dataset",
