@@ -244,9 +244,17 @@ def test_a_stage_whose_every_column_is_dropped_keeps_one_stage() -> None:
     assert not split.split and "every column of the CPU stage would be dropped" in split.reason
 
 
-def test_a_recipe_data_designer_refuses_is_a_recipe_error() -> None:
+@pytest.mark.parametrize(
+    "column",
+    [
+        {"name": "x", "column_type": "no-such-type"},
+        llm("x", "{{ unclosed "),  # DD's Jinja check raises its own error, not pydantic's
+        expr("x", "  "),
+    ],
+)
+def test_a_recipe_data_designer_refuses_is_a_recipe_error(column: dict[str, Any]) -> None:
     with pytest.raises(RecipeError, match="not valid Data Designer column configs"):
-        split_stages(recipe({"name": "x", "column_type": "no-such-type"}), LOCAL)
+        split_stages(recipe(column), LOCAL)
 
 
 # --- stage_recipe ---

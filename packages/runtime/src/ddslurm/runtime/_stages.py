@@ -164,13 +164,14 @@ def _parse_columns(recipe: Mapping[str, Any]) -> list[Any]:
     from typing import Annotated
 
     from data_designer.config.column_types import ColumnConfigT
+    from data_designer.errors import DataDesignerError
     from pydantic import Field, TypeAdapter, ValidationError
 
     raw = _section(recipe).get("columns") or []
     adapter: TypeAdapter[list[Any]] = TypeAdapter(list[Annotated[ColumnConfigT, Field(discriminator="column_type")]])
     try:
         return adapter.validate_python(copy.deepcopy(list(raw)))
-    except ValidationError as exc:
+    except (ValidationError, DataDesignerError) as exc:  # DD's own validators raise DataDesignerError as it is
         raise RecipeError(f"the recipe's columns are not valid Data Designer column configs: {exc}") from exc
 
 
