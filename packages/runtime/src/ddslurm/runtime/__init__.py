@@ -13,6 +13,7 @@ from ddslurm.runtime._engine import (
     seed_reader,
     sized_parallel_requests,
 )
+from ddslurm.runtime._stages import Stage, StageKind, StageSplit, final_columns, split_stages, stage_recipe
 from ddslurm.runtime._verify import make_private, scan_for_secrets, verify_dataset
 from ddslurm.runtime.errors import (
     EngineError,
@@ -35,14 +36,20 @@ __all__ = [
     "InputsError",
     "RuntimeFailure",
     "SecretMissingError",
+    "Stage",
+    "StageKind",
+    "StageSplit",
     "VerificationError",
     "engine_environment",
+    "final_columns",
     "load_inputs",
     "make_private",
     "parallel_requests",
     "partition_seed",
     "recipe_with_models",
     "seed_reader",
+    "split_stages",
+    "stage_recipe",
     "run_engine",
     "scan_for_secrets",
     "sized_parallel_requests",
