@@ -1,6 +1,7 @@
 """ddslurm.launcher: the ``ddslurm`` CLI: renders batch scripts, submits, status, wait, cancel, collect."""
 
 from ddslurm.launcher._collect import collect_local, collect_with_slurm, wait_for_job
+from ddslurm.launcher._recipe import LoadedRecipe, load_run_recipe
 from ddslurm.launcher._render import render_collection, render_generation
 from ddslurm.launcher._slurm import (
     Completed,
@@ -24,13 +25,15 @@ from ddslurm.launcher._submit import (
     submit_shards,
     write_run_dir,
 )
-from ddslurm.launcher.errors import LauncherError, RunNotFoundError, SlurmError, SubmitError
+from ddslurm.launcher.errors import LauncherError, RecipeError, RunNotFoundError, SlurmError, SubmitError
 
 __all__ = [
     "Completed",
     "LauncherError",
+    "LoadedRecipe",
     "PartialSubmitError",
     "Prepared",
+    "RecipeError",
     "RunNotFoundError",
     "RunStatus",
     "Runner",
@@ -46,6 +49,7 @@ __all__ = [
     "collect_with_slurm",
     "continue_submission",
     "find_run",
+    "load_run_recipe",
     "parse_job_key",
     "plan_submission",
     "prepare",

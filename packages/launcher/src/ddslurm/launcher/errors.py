@@ -4,6 +4,7 @@ LauncherError            root of every error the ddslurm CLI reports
 ├── SlurmError           a scheduler command failed; carries the command and its stderr
 ├── RunNotFoundError     RUN names no run directory
 └── SubmitError          the run cannot be submitted (inputs invalid); nothing was left behind
+    └── RecipeError      a builder script (recipe: build.py, module:function) failed or returned no config
 """
 
 from __future__ import annotations
@@ -27,3 +28,7 @@ class RunNotFoundError(LauncherError):
 
 class SubmitError(LauncherError):
     pass
+
+
+class RecipeError(SubmitError):
+    """The Python that builds the recipe failed, raised or returned no config; names the script and line."""
