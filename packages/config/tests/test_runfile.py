@@ -464,3 +464,33 @@ def test_server_env_from_errors_name_file_line_and_field(tmp_path: Path, entry: 
     assert (info.value.field, info.value.message) == (field, message)
     assert str(info.value).startswith(f"{path}:")
     assert info.value.line is not None and info.value.col is not None
+
+
+@pytest.mark.parametrize(
+    ("text", "kind", "target", "function"),
+    [
+        pytest.param("recipe.yaml", "config", "recipe.yaml", None, id="yaml"),
+        pytest.param("dir/recipe.json", "config", "dir/recipe.json", None, id="json"),
+        pytest.param("build.py", "script", "build.py", "load_config_builder", id="dd-convention"),
+        pytest.param("recipes/Build.PY", "script", "recipes/Build.PY", "load_config_builder", id="dd-suffix-case"),
+        pytest.param("recipes/build.py:make", "script", "recipes/build.py", "make", id="script-function"),
+        pytest.param("pkg.recipes:make", "module", "pkg.recipes", "make", id="module-function"),
+        pytest.param("recipes:make", "module", "recipes", "make", id="top-level-module"),
+        pytest.param("odd:name.yaml", "config", "odd:name.yaml", None, id="colon-in-a-file-name"),
+    ],
+)
+def test_recipe_references(text: str, kind: str, target: str, function: str | None) -> None:
+    from ddslurm.config import parse_recipe_ref
+
+    ref = parse_recipe_ref(text)
+    assert (ref.kind, ref.target, ref.function) == (kind, target, function)
+
+
+def test_a_function_of_a_config_file_is_refused_at_the_recipe_line(tmp_path: Path) -> None:
+    path = write(tmp_path, "name: demo\nnum_records: 10\nrecipe: recipe.yaml:make\n")
+    with pytest.raises(ConfigFileError) as info:
+        load_run_file(path)
+    assert str(info.value).startswith(f"{path}:3:1: recipe: 'recipe.yaml:make': a ':make' suffix names the function")
+    assert load_run_file(write(tmp_path, "name: demo\nnum_records: 10\nrecipe: build.py:make\n")).recipe == (
+        "build.py:make"
+    )

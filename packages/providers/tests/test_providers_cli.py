@@ -282,3 +282,20 @@ def test_format_table_marks_unset_keys_and_local_rows() -> None:
         "gen    local   ddslurm-local-gen  (started in the job)  llama  -",
         "judge  hosted  nv                 https://nv/v1         big    NV_KEY (UNSET)",
     ]
+
+
+def test_a_recipe_built_by_python_is_not_run_here_but_may_be_given_loaded(
+    run_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ddslurm.config import ConfigError
+
+    recipe = load_recipe(run_file.parent / "recipe.yaml")
+    run_file.write_text(run_file.read_text().replace("recipe: recipe.yaml", "recipe: build.py"))
+    with pytest.raises(ConfigError) as info:
+        describe_run(run_file, os.environ)
+    line = next(i for i, text in enumerate(run_file.read_text().splitlines(), 1) if text.startswith("recipe:"))
+    assert str(info.value).startswith(f"{run_file}:{line}:1: recipe: build.py:load_config_builder is built by Python")
+    assert main([str(run_file)]) == 2 and "ddslurm submit --dry-run" in capsys.readouterr().err
+
+    resolution = describe_run(run_file, os.environ, recipe=(recipe, run_file.parent / "build.py:load_config_builder()"))
+    assert [row.alias for row in resolution.rows] == ["writer", "judge"] and not resolution.problems

@@ -28,6 +28,7 @@ from ddslurm.config._plan import (
     PLAN_VERSION,
     DeploymentPlan,
     Plan,
+    RecipeSource,
     ReplicaPlan,
     Resources,
     SeedKind,
@@ -52,12 +53,25 @@ from ddslurm.config._records import (
     SubmitPlanRecord,
     WinnerRecord,
 )
-from ddslurm.config._runfile import Collection, Deployment, ResumeMode, RunFile, ServerSpec, Submission
+from ddslurm.config._runfile import (
+    DD_BUILDER_FUNCTION,
+    Collection,
+    Deployment,
+    RecipeKind,
+    RecipeRef,
+    ResumeMode,
+    RunFile,
+    ServerSpec,
+    Submission,
+    parse_recipe_ref,
+    server_env_secret,
+)
 from ddslurm.config._snapshot import SNAPSHOT_VERSION, ProviderSnapshot, SnapshotModel, SnapshotProvider
 from ddslurm.config._yaml import load_struct, locate, read_yaml, to_builtins
 from ddslurm.config.errors import ConfigError, ConfigFileError, UnsafePathError
 
 __all__ = [
+    "DD_BUILDER_FUNCTION",
     "LAYOUT_VERSION",
     "PLAN_VERSION",
     "SNAPSHOT_VERSION",
@@ -80,6 +94,9 @@ __all__ = [
     "PlannedArray",
     "Progress",
     "ProviderSnapshot",
+    "RecipeKind",
+    "RecipeRef",
+    "RecipeSource",
     "ReplicaPlan",
     "Resources",
     "ResumeMode",
@@ -110,6 +127,7 @@ __all__ = [
     "load_struct",
     "locate",
     "make_private_dir",
+    "parse_recipe_ref",
     "publish_once",
     "read_json",
     "read_plan",
@@ -117,6 +135,7 @@ __all__ = [
     "read_tail",
     "read_yaml",
     "sha256_bytes",
+    "server_env_secret",
     "sha256_file",
     "to_builtins",
 ]

@@ -2,7 +2,8 @@
 
 <workspace>/runs/<run_id>/
     run.json                      the plan (immutable, hashed)
-    inputs/recipe.yaml            the recipe as submitted
+    inputs/recipe.yaml            the recipe as submitted (for a builder script: the config it built)
+    inputs/recipe-source.py       the builder script the recipe was built by (provenance only; never run)
     inputs/snapshot.json          the provider snapshot (owner-only)
     inputs/run.yaml               the run file as submitted
     submit-plan.json              written once before the first sbatch: every array the submission makes
@@ -119,6 +120,11 @@ class RunLayout:
     @property
     def recipe(self) -> Path:
         return self.inputs / "recipe.yaml"
+
+    @property
+    def recipe_source(self) -> Path:
+        """The builder script the recipe was built by (``recipe: build.py``), kept for provenance; never run."""
+        return self.inputs / "recipe-source.py"
 
     @property
     def snapshot(self) -> Path:

@@ -113,6 +113,19 @@ class SeedPlan(Frozen, frozen=True, kw_only=True):
     sampling: Literal["ordered", "shuffle"] = "ordered"
 
 
+class RecipeSource(Frozen, frozen=True, kw_only=True):
+    """The builder script a recipe was made from (``recipe: build.py`` or ``module:function`` in the run file), kept
+    for provenance only: the node runs the stored config (``recipe_file``), never the script."""
+
+    file: str
+    """Its copy in the run's inputs (``inputs/recipe-source.py``)."""
+    sha256: str
+    builder: str
+    """What was called: ``/abs/build.py:load_config_builder`` or ``package.module:function``."""
+    origin: str
+    """The script's path on the submit host when the run was submitted."""
+
+
 class Plan(Frozen, frozen=True, kw_only=True):
     version: int = PLAN_VERSION
     layout_version: int = LAYOUT_VERSION
@@ -133,6 +146,8 @@ class Plan(Frozen, frozen=True, kw_only=True):
     client_retries: int = 1
     recipe_file: str
     recipe_sha256: str
+    recipe_source: RecipeSource | None = None
+    """For a recipe built by a Python script or function: that script, copied into the run's inputs."""
     snapshot_file: str
     snapshot_sha256: str
     seed: SeedPlan | None = None

@@ -34,7 +34,7 @@ class Runner(Protocol):
 
 DEFAULT_TIMEOUT_S = 120.0
 TIMEOUT_ENV = "DDSLURM_SLURM_TIMEOUT"
-"""Seconds every scheduler command may take (sbatch, squeue, sacct, scancel, scontrol, sacctmgr)."""
+"""Seconds every scheduler command may take (sbatch, squeue, sacct, scancel, scontrol, sacctmgr, sinfo)."""
 
 
 class SlurmTimeoutError(SlurmError):
@@ -338,6 +338,10 @@ class Slurm:
         """Cancel jobs, array tasks (``12_3``) or steps; unknown or finished ids are not an error."""
         if job_ids:
             self._check(["scancel", *job_ids])
+
+    def sinfo_nodes(self, fmt: str) -> str:
+        """``sinfo -h -N -o FMT``: one line per node and partition, of the partitions this user may see."""
+        return self._check(["sinfo", "-h", "-N", "-o", fmt])
 
     def config(self) -> ClusterConfig:
         """``scontrol show config`` (read once per client): MaxArraySize (1001 when Slurm does not say; task ids

@@ -45,6 +45,7 @@ from ddslurm.config import (
     read_yaml,
     sha256_bytes,
 )
+from ddslurm.launcher._recipe import load_run_recipe
 from ddslurm.launcher._render import array_spec, compact_ranges, render_generation
 from ddslurm.launcher._seed import CountRows, SeedCapture, capture_seed, dd_seed_rows
 from ddslurm.launcher._slurm import SchedulerLimits, Slurm, SlurmTimeoutError
@@ -55,7 +56,6 @@ from ddslurm.providers import (
     AliasRow,
     Origin,
     ProvidersError,
-    load_recipe,
     load_settings,
     missing_env,
     placeholder_secrets,
@@ -90,6 +90,8 @@ class Prepared:
     snapshot_bytes: bytes
     aliases: tuple[AliasRow, ...]
     seed: SeedCapture | None = None
+    recipe_source: bytes | None = None
+    """The builder script the recipe was made by (``recipe: build.py``), stored as ``inputs/recipe-source.py``."""
 
 
 _PLAN_FIELD = re.compile(r"^(?P<field>(?P<profile>profile\.)?[A-Za-z_]+(?:\[\d+\]|\.[A-Za-z_]+)*): ")
@@ -127,13 +129,10 @@ def prepare(
     try:
         run = load_run_file(run_path)
         profile = load_profile(profile_path)
-        recipe_path = (run_path.parent / run.recipe).resolve()
-        if not recipe_path.is_file():
-            raise SubmitError(place_error(f"recipe: {recipe_path} does not exist", run_path, profile_path))
-        recipe_bytes = recipe_path.read_bytes()
-        recipe = load_recipe(recipe_path)
+        loaded = load_run_recipe(run, run_path, env, settings_dir(env, home))  # a builder script runs here
+        recipe_path, recipe_bytes, recipe = loaded.path, loaded.stored, loaded.data
         settings = load_settings(settings_dir(env, home))
-        resolution = resolve(recipe, Origin(recipe_path), settings, run.deployments, env, run_origin=Origin(run_path))
+        resolution = resolve(recipe, Origin(loaded.origin), settings, run.deployments, env, run_origin=Origin(run_path))
         snapshot: ProviderSnapshot = resolution.snapshot
         snapshot_bytes = encode_pretty(snapshot)
         layout = RunLayout.in_workspace(Path(profile.workspace), new_run_id(run.name, now))
@@ -149,6 +148,7 @@ def prepare(
                 recipe_sha256=sha256_bytes(recipe_bytes),
                 snapshot_sha256=sha256_bytes(snapshot_bytes),
                 seed=None if seed is None else seed.plan,
+                recipe_source=loaded.source_record(layout),
             )
         )
         # Key values that are placeholders (EMPTY, none) are not secrets: the node does not scan output for them.
@@ -172,6 +172,7 @@ def prepare(
         snapshot_bytes,
         resolution.rows,
         seed,
+        loaded.source,
     )
 
 
@@ -203,6 +204,8 @@ def write_run_dir(p: Prepared) -> None:
         copy_seed(p.seed)
     atomic_write(layout.run_file, p.run_bytes)
     atomic_write(layout.recipe, p.recipe_bytes)
+    if p.recipe_source is not None:
+        atomic_write(layout.recipe_source, p.recipe_source)
     atomic_write(layout.snapshot, p.snapshot_bytes)
     atomic_write(layout.plan, encode_pretty(p.plan))
 

@@ -3,7 +3,9 @@
 LauncherError            root of every error the ddslurm CLI reports
 ├── SlurmError           a scheduler command failed; carries the command and its stderr
 ├── RunNotFoundError     RUN names no run directory
+├── InitError            ddslurm init wrote nothing (its files exist, or the cluster could not be read)
 └── SubmitError          the run cannot be submitted (inputs invalid); nothing was left behind
+    └── RecipeError      a builder script (recipe: build.py, module:function) failed or returned no config
 """
 
 from __future__ import annotations
@@ -27,3 +29,11 @@ class RunNotFoundError(LauncherError):
 
 class SubmitError(LauncherError):
     pass
+
+
+class RecipeError(SubmitError):
+    """The Python that builds the recipe failed, raised or returned no config; names the script and line."""
+
+
+class InitError(LauncherError):
+    """``ddslurm init`` wrote nothing: its files exist (without ``--force``), or the cluster could not be read."""

@@ -11,6 +11,7 @@ from ddslurm.config import (
     DeploymentPlan,
     Plan,
     ProviderSnapshot,
+    RecipeSource,
     ReplicaPlan,
     Resources,
     RunFile,
@@ -62,6 +63,8 @@ class PlanInputs:
     snapshot_sha256: str
     seed: SeedPlan | None = None
     """The recipe's seed dataset as captured into the run's inputs (its rows decide the shards' seed blocks)."""
+    recipe_source: RecipeSource | None = None
+    """The builder script the recipe was made from, when it was made by one (provenance)."""
 
 
 _MEM = re.compile(r"^(?P<n>\d+(?:\.\d+)?)(?P<unit>[KMGT]?)B?$", re.IGNORECASE)
@@ -324,6 +327,7 @@ def compile_plan(inputs: PlanInputs) -> Plan:
         client_retries=run.client_retries,
         recipe_file=str(layout.recipe),
         recipe_sha256=inputs.recipe_sha256,
+        recipe_source=inputs.recipe_source,
         snapshot_file=str(layout.snapshot),
         snapshot_sha256=inputs.snapshot_sha256,
         secret_env=hosted_key_names(inputs.snapshot),

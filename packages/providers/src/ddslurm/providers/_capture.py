@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ddslurm.config import ConfigFileError, load_run_file, read_yaml, to_builtins
+from ddslurm.config import ConfigFileError, load_run_file, locate, parse_recipe_ref, read_yaml, to_builtins
 from ddslurm.providers._native import Origin, load_settings
 from ddslurm.providers._resolve import Resolution, describe
 from ddslurm.providers.discovery import settings_dir
@@ -30,11 +30,29 @@ def resolve_run(run_path: Path, env: Mapping[str, str]) -> Resolution:
     return resolution
 
 
-def describe_run(run_path: Path, env: Mapping[str, str]) -> Resolution:
+def describe_run(
+    run_path: Path, env: Mapping[str, str], *, recipe: tuple[Mapping[str, Any], Path] | None = None
+) -> Resolution:
     """Like :func:`resolve_run`, but problems are returned with the rows rather than raised (files that cannot
-    be read still raise)."""
+    be read still raise). ``recipe``: the run's recipe already loaded, and how errors name it (a recipe built by
+    a Python script is loaded by the launcher, which runs the script); otherwise the run file's config file."""
     run = load_run_file(run_path)
+    if recipe is not None:
+        data, origin = recipe
+        settings = load_settings(settings_dir(env))
+        return describe(data, Origin(origin), settings, run.deployments, env, run_origin=Origin(run_path))
+    ref = parse_recipe_ref(run.recipe)
+    if ref.kind != "config":
+        line, col = locate(read_yaml(run_path), ["recipe"])
+        raise ConfigFileError(
+            run_path,
+            f"{ref} is built by Python, which this command does not run; `ddslurm submit --dry-run` runs it and "
+            "shows how the aliases resolve",
+            line=line,
+            col=col,
+            field="recipe",
+        )
     recipe_path = (run_path.parent / run.recipe).resolve()
-    recipe = load_recipe(recipe_path)
+    loaded = load_recipe(recipe_path)
     settings = load_settings(settings_dir(env))
-    return describe(recipe, Origin(recipe_path), settings, run.deployments, env, run_origin=Origin(run_path))
+    return describe(loaded, Origin(recipe_path), settings, run.deployments, env, run_origin=Origin(run_path))

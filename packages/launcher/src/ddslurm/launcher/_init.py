@@ -1,0 +1,633 @@
+"""``ddslurm init``: a run file and a cluster profile filled in from the cluster itself, every field explained.
+
+One ``sinfo -h -N`` (through :class:`~ddslurm.launcher._slurm.Slurm`: argument vector, injected runner, timeout)
+gives every node of every partition the user can see, with its CPUs, memory and GRES. From that, a pure function
+(:func:`render_init`) picks the partition for model servers (GPU nodes; the cluster's default partition first),
+the GPUs of one of its nodes and the memory per GPU, and the partition for CPU-only jobs (the one with the most
+nodes without GPUs), and writes the two YAML files as text with a comment on every field, so that a newcomer can
+read them, edit them and submit. Both texts are loaded with ``load_run_file`` and ``load_profile`` before
+anything is written; existing files are kept unless ``force``; and a failure writes nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import sys
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from ddslurm.config import ConfigError, atomic_write, load_profile, load_run_file, publish_once
+from ddslurm.launcher._slurm import Slurm
+from ddslurm.launcher.errors import InitError, SlurmError
+from ddslurm.planner import PlanError, parse_time_limit
+
+SINFO_FORMAT = "%N|%P|%c|%m|%G|%a|%l"
+"""Node, partition (``*`` marks the default), CPUs, memory (MB), GRES, availability, time limit."""
+RUN_FILE = "run.yaml"
+PROFILE_FILE = "profile.yaml"
+FILE_MODE = 0o644
+DEFAULT_TIME_LIMIT_MIN = 60
+_GPU = re.compile(r"(?:^|,)\s*gpu(?::(?P<type>[^:(),\s]+))?:(?P<count>\d+)")
+_LEADING_INT = re.compile(r"^\s*(\d+)")
+_UNLIMITED = frozenset({"infinite", "unlimited", "n/a", "none", ""})
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRow:
+    """One line of ``sinfo -h -N``: a node in one partition."""
+
+    node: str
+    partition: str
+    default: bool
+    cpus: int
+    memory_mb: int
+    gpus: int
+    gpu_types: tuple[str, ...]
+    available: str
+    time_limit: str
+
+
+@dataclass(frozen=True, slots=True)
+class Partition:
+    """A partition as ``init`` sees it: its nodes and the smallest of them (what any job may count on)."""
+
+    name: str
+    default: bool
+    available: bool
+    nodes: tuple[str, ...]
+    cpus: int
+    """CPUs of its smallest node."""
+    memory_mb: int
+    """Memory of its smallest node (MB)."""
+    gpu_nodes: int
+    """Nodes with at least one GPU."""
+    gpus: int
+    """GPUs of its GPU node with the fewest (0 without GPU nodes): what a job can count on getting on one node."""
+    max_gpus: int
+    gpu_types: tuple[str, ...]
+    gpu_memory_mb: int
+    """Memory of its smallest GPU node (MB); 0 without GPU nodes."""
+    time_limit: str
+
+    @property
+    def cpu_only_nodes(self) -> int:
+        return len(self.nodes) - self.gpu_nodes
+
+    @property
+    def time_limit_minutes(self) -> int | None:
+        """The partition's time limit in minutes; None when it has none."""
+        if self.time_limit.strip().lower() in _UNLIMITED:
+            return None
+        try:
+            return parse_time_limit(self.time_limit.strip())
+        except PlanError:
+            return None
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterInfo:
+    partitions: tuple[Partition, ...]
+    name: str = ""
+    """The cluster's name (``ClusterName``), "" when unknown."""
+
+    @property
+    def default_partition(self) -> Partition | None:
+        return next((p for p in self.partitions if p.default), None)
+
+
+@dataclass(frozen=True, slots=True)
+class InitChoices:
+    """What ``init`` chose for the profile, and why."""
+
+    gpu_partition: Partition | None
+    cpu_partition: Partition | None
+    gpus_per_node: int
+    memory_per_gpu: str | None
+    time_limit: str
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class InitFiles:
+    run_yaml: str
+    profile_yaml: str
+    choices: InitChoices
+
+
+@dataclass(frozen=True, slots=True)
+class InitResult:
+    """What ``ddslurm init`` wrote, and a summary for the terminal (``lines``) or ``--json`` (``as_dict``)."""
+
+    run_file: Path
+    profile: Path
+    cluster: ClusterInfo
+    choices: InitChoices
+    overwritten: tuple[Path, ...] = field(default=())
+
+    def as_dict(self) -> dict[str, Any]:
+        gpu, cpu = self.choices.gpu_partition, self.choices.cpu_partition
+        return {
+            "run_file": str(self.run_file),
+            "profile": str(self.profile),
+            "overwritten": [str(p) for p in self.overwritten],
+            "cluster": self.cluster.name or None,
+            "partition": gpu.name if gpu else None,
+            "cpu_partition": cpu.name if cpu else None,
+            "gpus_per_node": self.choices.gpus_per_node,
+            "memory_per_gpu": self.choices.memory_per_gpu,
+            "partitions": [
+                {
+                    "name": p.name,
+                    "default": p.default,
+                    "available": p.available,
+                    "nodes": len(p.nodes),
+                    "gpu_nodes": p.gpu_nodes,
+                    "gpus_per_node": p.gpus,
+                    "gpu_types": list(p.gpu_types),
+                    "cpus_per_node": p.cpus,
+                    "memory_per_node_mb": p.memory_mb,
+                    "time_limit": p.time_limit,
+                }
+                for p in self.cluster.partitions
+            ],
+            "notes": list(self.choices.notes),
+        }
+
+    def lines(self) -> list[str]:
+        gpu, cpu = self.choices.gpu_partition, self.choices.cpu_partition
+        out = [f"wrote {self.run_file} and {self.profile}"]
+        if gpu is not None:
+            out.append(
+                f"  model servers (deployments): partition {gpu.name}, {self.choices.gpus_per_node} GPU(s) per node"
+                + (f", memory_per_gpu {self.choices.memory_per_gpu}" if self.choices.memory_per_gpu else "")
+            )
+        else:
+            out.append("  no GPU partition: runs use hosted models only (no deployments)")
+        if cpu is not None:
+            out.append(f"  hosted-only and collection jobs: partition {cpu.name}")
+        out += [f"  note: {note}" for note in self.choices.notes]
+        out += [
+            "next: write the recipe the run file names (recipe.yaml, or a builder script build.py), then",
+            f"  ddslurm submit {self.run_file} --profile {self.profile} --dry-run",
+        ]
+        return out
+
+
+def parse_gres(gres: str) -> tuple[int, tuple[str, ...]]:
+    """GPUs in a node's GRES as sinfo prints it, and their types: ``gpu:4`` (4), ``gpu:a100:8(S:0-1)``
+    (8, a100), ``gpu:a100:2,gpu:v100:2,shard:8`` (4, a100 and v100), ``(null)`` (0)."""
+    count, types = 0, []
+    for match in _GPU.finditer(gres.strip()):
+        count += int(match.group("count"))
+        if match.group("type") and match.group("type") not in types:
+            types.append(match.group("type"))
+    return count, tuple(types)
+
+
+def _int(text: str) -> int:
+    match = _LEADING_INT.match(text)
+    return int(match.group(1)) if match else 0
+
+
+def parse_sinfo(text: str) -> list[NodeRow]:
+    """The lines of ``sinfo -h -N -o`` :data:`SINFO_FORMAT`; malformed lines are skipped."""
+    rows: list[NodeRow] = []
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) != 7 or not parts[0] or not parts[1]:
+            continue
+        node, partition, cpus, memory, gres, available, time_limit = (p.strip() for p in parts)
+        gpus, types = parse_gres(gres)
+        rows.append(
+            NodeRow(
+                node=node,
+                partition=partition.rstrip("*"),
+                default=partition.endswith("*"),
+                cpus=_int(cpus),
+                memory_mb=_int(memory),
+                gpus=gpus,
+                gpu_types=types,
+                available=available.lower(),
+                time_limit=time_limit,
+            )
+        )
+    return rows
+
+
+def cluster_from_rows(rows: Iterable[NodeRow], name: str = "") -> ClusterInfo:
+    """Partitions in the order sinfo lists them, each summarised from its nodes."""
+    by_partition: dict[str, list[NodeRow]] = {}
+    for row in rows:
+        by_partition.setdefault(row.partition, []).append(row)
+    partitions = []
+    for part, nodes in by_partition.items():
+        gpu_nodes = [n for n in nodes if n.gpus > 0]
+        types: list[str] = []
+        for n in gpu_nodes:
+            types += [t for t in n.gpu_types if t not in types]
+        partitions.append(
+            Partition(
+                name=part,
+                default=any(n.default for n in nodes),
+                available=all(n.available == "up" for n in nodes),
+                nodes=tuple(dict.fromkeys(n.node for n in nodes)),
+                cpus=min(n.cpus for n in nodes),
+                memory_mb=min(n.memory_mb for n in nodes),
+                gpu_nodes=len({n.node for n in gpu_nodes}),
+                gpus=min((n.gpus for n in gpu_nodes), default=0),
+                max_gpus=max((n.gpus for n in gpu_nodes), default=0),
+                gpu_types=tuple(types),
+                gpu_memory_mb=min((n.memory_mb for n in gpu_nodes), default=0),
+                time_limit=nodes[0].time_limit,
+            )
+        )
+    return ClusterInfo(partitions=tuple(partitions), name=name)
+
+
+def read_cluster(slurm: Slurm) -> ClusterInfo:
+    """The partitions this user can see, from one ``sinfo``, and the cluster's name when ``scontrol`` says it."""
+    rows = parse_sinfo(slurm.sinfo_nodes(SINFO_FORMAT))
+    name = ""
+    with contextlib.suppress(SlurmError):
+        name = slurm.config().cluster_name
+    return cluster_from_rows(rows, name)
+
+
+def _memory_text(mb: int) -> str:
+    """A Slurm size no larger than ``mb``: whole gigabytes when that loses little, else megabytes."""
+    return f"{mb // 1024}G" if mb % 1024 == 0 or mb >= 16 * 1024 else f"{mb}M"
+
+
+def _memory_shown(mb: int) -> str:
+    return f"{mb / 1024:.1f}".rstrip("0").rstrip(".") + "G" if mb >= 1024 else f"{mb}M"
+
+
+def choose(cluster: ClusterInfo) -> InitChoices:
+    """The profile's partitions: for model servers, a partition with GPU nodes (the default partition first, then
+    partitions of GPU nodes only, more GPUs per node, more GPU nodes); for CPU-only jobs, the partition with nodes
+    without GPUs (partitions of CPU-only nodes first, then the default, then more such nodes)."""
+    usable = [p for p in cluster.partitions if p.available] or list(cluster.partitions)
+    notes: list[str] = []
+    gpu_candidates = [p for p in usable if p.gpu_nodes > 0]
+    gpu = min(
+        gpu_candidates,
+        key=lambda p: (not p.default, p.cpu_only_nodes > 0, -p.gpus, -p.gpu_nodes, p.name),
+        default=None,
+    )
+    cpu_candidates = [p for p in usable if p.cpu_only_nodes > 0]
+    cpu = min(
+        cpu_candidates,
+        key=lambda p: (p.gpu_nodes > 0, not p.default, -p.cpu_only_nodes, p.name),
+        default=None,
+    )
+    if gpu is None and cpu is None and usable:  # cannot happen with nodes at all; keep a partition anyway
+        cpu = cluster.default_partition or usable[0]
+    if gpu is not None and gpu.max_gpus != gpu.gpus:
+        notes.append(
+            f"the GPU nodes of partition {gpu.name} have {gpu.gpus} to {gpu.max_gpus} GPUs; gpus_per_node is "
+            f"{gpu.gpus}, what every one of them has"
+        )
+    others = [p.name for p in gpu_candidates if p is not gpu]
+    if gpu is not None and others:
+        notes.append(f"other partitions with GPUs: {', '.join(others)} (profile: partition, gpus_per_node)")
+    if gpu is not None and cpu is None:
+        notes.append(f"no partition has nodes without GPUs: CPU-only jobs run on partition {gpu.name}")
+    memory_per_gpu = None
+    if gpu is not None and gpu.gpus > 0 and gpu.gpu_memory_mb > 0:
+        memory_per_gpu = _memory_text(gpu.gpu_memory_mb // gpu.gpus)
+    unavailable = [p.name for p in cluster.partitions if not p.available]
+    if unavailable:
+        notes.append(f"not used, not up now: {', '.join(unavailable)}")
+    limits = [m for m in ((gpu.time_limit_minutes if gpu else None), (cpu.time_limit_minutes if cpu else None)) if m]
+    minutes = min([DEFAULT_TIME_LIMIT_MIN, *limits])
+    time_limit = f"{minutes // 60:02d}:{minutes % 60:02d}:00"
+    return InitChoices(
+        gpu_partition=gpu,
+        cpu_partition=cpu,
+        gpus_per_node=gpu.gpus if gpu is not None else 0,
+        memory_per_gpu=memory_per_gpu,
+        time_limit=time_limit,
+        notes=tuple(notes),
+    )
+
+
+_PLAIN = re.compile(r"^[A-Za-z0-9_./][A-Za-z0-9_./-]*$")
+_YAML_WORDS = frozenset({"true", "false", "yes", "no", "on", "off", "null", "y", "n"})
+
+
+def yaml_str(value: str) -> str:
+    """``value`` as a YAML scalar that reads back as exactly this string (plain when that is safe)."""
+    if _PLAIN.match(value) and value.lower() not in _YAML_WORDS and not re.fullmatch(r"[-+.\d_eE:]+", value):
+        return value
+    return json.dumps(value)
+
+
+def _gpu_text(p: Partition) -> str:
+    if p.gpu_nodes == 0:
+        return "0"
+    count = str(p.gpus) if p.gpus == p.max_gpus else f"{p.gpus}-{p.max_gpus}"
+    kind = f" {'/'.join(p.gpu_types)}" if p.gpu_types else ""
+    part = "" if p.cpu_only_nodes == 0 else f" on {p.gpu_nodes} of {len(p.nodes)} nodes"
+    return f"{count}{kind}{part}"
+
+
+def _partition_table(cluster: ClusterInfo) -> list[str]:
+    head = ("partition", "nodes", "CPUs/node", "memory/node", "GPUs/node", "time limit", "state")
+    rows = [
+        (
+            p.name + ("*" if p.default else ""),
+            str(len(p.nodes)),
+            str(p.cpus),
+            _memory_shown(p.memory_mb),
+            _gpu_text(p),
+            p.time_limit or "-",
+            "up" if p.available else "not up",
+        )
+        for p in cluster.partitions
+    ]
+    widths = [max(len(r[i]) for r in (head, *rows)) for i in range(len(head))]
+    return ["#   " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in (head, *rows)]
+
+
+def render_init(
+    cluster: ClusterInfo, *, python_env: str, workspace: str = "ddslurm-work", now: datetime | None = None
+) -> InitFiles:
+    """The run file and the cluster profile for ``cluster`` (pure): YAML text with a comment on every field."""
+    if not cluster.partitions:
+        raise InitError("sinfo lists no partition this user can use; nothing to write a profile for")
+    choices = choose(cluster)
+    stamp = (now or datetime.now(UTC)).strftime("%Y-%m-%d %H:%M UTC")
+    return InitFiles(
+        run_yaml=_run_yaml(choices, stamp), profile_yaml=_profile_yaml(cluster, choices, python_env, workspace, stamp),
+        choices=choices,
+    )  # fmt: skip
+
+
+def _profile_yaml(cluster: ClusterInfo, c: InitChoices, python_env: str, workspace: str, stamp: str) -> str:
+    gpu, cpu = c.gpu_partition, c.cpu_partition
+    name = cluster.name if cluster.name and re.fullmatch(r"[A-Za-z0-9._-]+", cluster.name) else "default"
+    lines = [
+        "# ddslurm cluster profile: what belongs to this cluster rather than to one run. Relative paths are relative",
+        '# to this file. Every field: docs/run-files.md ("The cluster profile").',
+        "# Check it with every default shown: ddslurm-config check profile.yaml --kind profile",
+        f"# Written by `ddslurm init` on {stamp} from the partitions sinfo showed (* = the default partition):",
+        *_partition_table(cluster),
+        "",
+        "# A name for this cluster.",
+        f"name: {yaml_str(name)}",
+        "",
+        "# Where runs live (<workspace>/runs/<run_id>/). Must be a filesystem that every compute node mounts at the",
+        "# same path as this machine (a home or project directory; not /tmp).",
+        f"workspace: {yaml_str(workspace)}",
+        "",
+        "# The Python virtual environment the compute nodes run (<python_env>/bin/ddslurm-runtime), at the same path",
+        "# on every node: the environment this `ddslurm init` ran in.",
+        f"python_env: {yaml_str(python_env)}",
+        "",
+        "# The default --account of every job. Unset: your default account.",
+        "# account: my-account",
+        "",
+    ]
+    if gpu is not None:
+        kinds = f" ({'/'.join(gpu.gpu_types)})" if gpu.gpu_types else ""
+        lines += [
+            "# Partition of runs that start model servers (deployments): its nodes have GPUs.",
+            f"partition: {yaml_str(gpu.name)}",
+            "",
+            f"# GPUs on one node of `partition` (sinfo GRES: {gpu.gpus} x gpu{kinds}). A run's deployments must fit",
+            "# on one node: each replica takes tensor_parallel GPUs.",
+            f"gpus_per_node: {c.gpus_per_node}",
+        ]
+    else:
+        lines += [
+            "# Partition of runs that start model servers (deployments) on GPUs. sinfo shows no GPUs on this cluster,",
+            "# so runs use hosted models only (no deployments); set both when GPU nodes are added.",
+            "# partition: gpu",
+            "# GPUs on one node of `partition`.",
+            "gpus_per_node: 0",
+        ]
+    lines += [
+        "",
+        "# How jobs ask for GPUs: gres (--gres=gpu:N) or gpus (--gpus=N).",
+        "gpu_request: gres",
+        "",
+    ]
+    if c.memory_per_gpu is not None and gpu is not None:
+        lines += [
+            "# Host memory per GPU: a job with deployments asks --mem = its GPUs x this, unless the run file sets",
+            f"# submission.memory (here: {gpu.gpu_memory_mb} MB per node / {gpu.gpus} GPUs).",
+            f"memory_per_gpu: {yaml_str(c.memory_per_gpu)}",
+        ]
+    else:
+        lines += [
+            "# Host memory per GPU (--mem = GPUs x this when the run file sets no submission.memory).",
+            "# memory_per_gpu: 64G",
+        ]
+    lines.append("")
+    if cpu is not None:
+        has = "has" if cpu.cpu_only_nodes == 1 else "have"
+        only = (
+            "its nodes have no GPU"
+            if cpu.gpu_nodes == 0
+            else f"{cpu.cpu_only_nodes} of its {len(cpu.nodes)} nodes {has} no GPU"
+        )
+        lines += [
+            f"# Partition of hosted-only runs (CPUs only, --gres=none) and of collection jobs ({only}).",
+            f"cpu_partition: {yaml_str(cpu.name)}",
+        ]
+    else:
+        lines += [
+            "# Partition of hosted-only runs (CPUs only, --gres=none) and of collection jobs. No partition has nodes",
+            "# without GPUs, so these jobs use `partition`.",
+            "# cpu_partition: cpu",
+        ]
+    lines += [
+        "",
+        "# How vLLM is started for deployments: none (vllm_executable, found on the nodes), pyxis or apptainer",
+        "# (vllm_image).",
+        "container_runtime: none",
+        "# The vLLM command on the nodes (a path, or a name on the nodes' PATH).",
+        "vllm_executable: vllm",
+        "# The vLLM image for pyxis or apptainer, and what to mount into it.",
+        "# vllm_image: vllm/vllm-openai:latest",
+        "container_mounts: []",
+        "",
+        '# #SBATCH lines added to every job on this cluster, verbatim (e.g. "--exclude=node13").',
+        "extra_sbatch: []",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _run_yaml(c: InitChoices, stamp: str) -> str:
+    gpu = c.gpu_partition
+    if gpu is not None:
+        fit = f"replicas x tensor_parallel <= {c.gpus_per_node} (gpus_per_node)"
+        deployments = [
+            "# vLLM servers started inside each job, one entry per model alias of the recipe to serve on the job's",
+            "# GPUs (aliases not listed here resolve to hosted providers; a run without deployments asks for CPUs",
+            "# only).",
+            "deployments: []",
+            "# deployments:",
+            "#   - model_alias: generator           # an alias the recipe's columns use",
+            "#     model: Qwen/Qwen2.5-7B-Instruct   # what vLLM loads: a hub id, or a path the nodes can read",
+            "#     replicas: 1                      # server processes behind the alias's one endpoint",
+            f"#     tensor_parallel: 1               # GPUs per replica; {fit}",
+            "#     server:",
+            "#       env_from: [HF_TOKEN]           # variables of your shell the servers get, by name (gated models)",
+        ]
+    else:
+        deployments = [
+            "# vLLM servers started inside each job, one entry per model alias to serve on GPUs. This cluster shows no",
+            "# GPUs (see the profile), so every alias of the recipe resolves to a hosted provider.",
+            "deployments: []",
+        ]
+    main = gpu if gpu is not None else c.cpu_partition
+    partition = main.name if main is not None else "the profile's"
+    used = [p for p in (gpu, c.cpu_partition) if p is not None]
+    limits = ", ".join(f"{p.name} {p.time_limit or '?'}" for p in dict.fromkeys(used)) or "unknown"
+    cpu = c.cpu_partition.name if c.cpu_partition is not None else partition
+    lines = [
+        "# ddslurm run file: what one run generates and how its jobs are sized. It names no providers and no API keys:",
+        "# hosted models resolve through Data Designer's own settings (model_providers.yaml in $DATA_DESIGNER_HOME,",
+        "# else ~/.data-designer). Every field: docs/run-files.md. Check it: ddslurm-config check run.yaml --kind run",
+        f"# Written by `ddslurm init` on {stamp}.",
+        "",
+        "# Letters, digits, '.', '_', '-': prefixes the run id (<name>-<date>-<time>-<random>).",
+        "name: my-run",
+        "",
+        "# The Data Designer config to generate, relative to this file: a YAML or JSON file as",
+        "# DataDesignerConfigBuilder.write_config writes it; or a builder script, build.py, whose",
+        "# load_config_builder() returns the builder (as for `data-designer create build.py`); or build.py:FUNCTION",
+        "# or package.module:FUNCTION.",
+        "recipe: recipe.yaml",
+        "",
+        "# Records in the final dataset, and the contiguous ranges they are split into: one Slurm array task each.",
+        "num_records: 100",
+        "shards: 1",
+        "",
+        "# At most this many shards run at once (the array's %N); null: as many as Slurm starts.",
+        "max_concurrent: null",
+        "",
+        "# Records per Data Designer batch (one Parquet file each); a rerun resumes from finished batches.",
+        "buffer_size: 1000",
+        "# How a new attempt of a shard reuses an earlier attempt's batches: never, always or if_possible.",
+        "resume: if_possible",
+        "",
+        "# Retry arrays submitted with the run for shards that failed (0-10), and reruns of a failed generation step",
+        "# inside its allocation, servers kept (0-10).",
+        "retries: 0",
+        "client_retries: 1",
+        "",
+        "# Empty or null answers each LLM column of a shard may hold before the shard fails (null: not checked).",
+        "max_empty_outputs: 0",
+        "",
+        *deployments,
+        "",
+        "# Scheduler settings of the generation jobs. Unset fields come from the profile.",
+        "submission:",
+        "  # --time of each array task (HH:MM:SS, D-HH:MM:SS or minutes). sinfo's limits: " + limits + ".",
+        f"  time_limit: {json.dumps(c.time_limit)}",
+        "  # CPUs of the Data Designer client; the servers' and proxies' CPUs are added for runs with deployments.",
+        "  cpus: 2",
+        "  # --mem per node. Unset: the profile's memory_per_gpu x GPUs for runs with deployments, else the site's",
+        "  # default.",
+        "  # memory: 8G",
+        f"  # partition: {partition}       # unset: the profile's partition; hosted-only runs: its cpu_partition",
+        "  # account: my-account",
+        "  # qos: normal",
+        "  # constraint: a100",
+        "  # reservation: my-reservation",
+        "  extra_sbatch: []                  # #SBATCH lines added verbatim",
+        "",
+        "# The job that merges the shards' results into one Parquet dataset (CPUs only).",
+        "collection:",
+        f"  # partition: {cpu}       # unset: the profile's cpu_partition",
+        '  time_limit: "00:30:00"',
+        "  cpus: 1",
+        "  # memory: 4G",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _check_loads(files: InitFiles) -> None:
+    """Both texts load as ddslurm loads them, before anything is written."""
+    with tempfile.TemporaryDirectory(prefix="ddslurm-init-") as scratch:
+        run, profile = Path(scratch) / RUN_FILE, Path(scratch) / PROFILE_FILE
+        run.write_text(files.run_yaml, encoding="utf-8")
+        profile.write_text(files.profile_yaml, encoding="utf-8")
+        try:
+            load_run_file(run)
+            load_profile(profile)
+        except ConfigError as exc:
+            raise InitError(f"the files init wrote do not load (a bug in ddslurm init): {exc}") from exc
+
+
+def write_files(files: dict[Path, bytes], *, force: bool) -> tuple[Path, ...]:
+    """Write every file, or none: existing files are refused unless ``force`` (which replaces them), and a
+    failure part-way removes (or restores) what this call wrote. Returns the files that were replaced."""
+    existing = [p for p in files if p.exists() or p.is_symlink()]
+    if existing and not force:
+        names = ", ".join(str(p) for p in existing)
+        raise InitError(f"{names} already exist(s); nothing was written (--force replaces them)")
+    for path in existing:
+        if path.is_symlink() or not path.is_file():
+            raise InitError(f"{path} is not a regular file; nothing was written")
+    directories = {p.parent for p in files}
+    created = [d for d in directories if not d.exists()]
+    for d in directories:
+        d.mkdir(parents=True, exist_ok=True)
+    done: list[tuple[Path, bytes | None]] = []
+    try:
+        for path, data in files.items():
+            old = path.read_bytes() if path in existing else None
+            if old is not None:
+                atomic_write(path, data, mode=FILE_MODE)
+            elif not publish_once(path, data, mode=FILE_MODE):
+                raise InitError(f"{path} appeared while init was writing; nothing was written")
+            done.append((path, old))
+    except BaseException:
+        for path, old in reversed(done):
+            with contextlib.suppress(OSError):
+                if old is None:
+                    path.unlink()
+                else:
+                    atomic_write(path, old, mode=FILE_MODE)
+        for d in created:
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        raise
+    return tuple(existing)
+
+
+def init_command(
+    target_dir: Path,
+    *,
+    slurm: Slurm,
+    force: bool = False,
+    python_env: Path | None = None,
+    now: datetime | None = None,
+) -> InitResult:
+    """``ddslurm init [--dir D] [--force]``: read the cluster (one ``sinfo``), write ``D/run.yaml`` and
+    ``D/profile.yaml`` (``python_env``: the environment running this, by default). Nothing is written when the
+    cluster cannot be read, a file exists (without ``force``) or the texts would not load."""
+    target = target_dir.absolute()
+    env_dir = python_env if python_env is not None else Path(sys.prefix)
+    run_path, profile_path = target / RUN_FILE, target / PROFILE_FILE
+    if not force:
+        existing = [p for p in (run_path, profile_path) if p.exists() or p.is_symlink()]
+        if existing:  # before asking the cluster anything
+            names = ", ".join(str(p) for p in existing)
+            raise InitError(f"{names} already exist(s); nothing was written (--force replaces them)")
+    cluster = read_cluster(slurm)
+    files = render_init(cluster, python_env=str(env_dir.absolute()), now=now)
+    _check_loads(files)
+    replaced = write_files({run_path: files.run_yaml.encode(), profile_path: files.profile_yaml.encode()}, force=force)
+    return InitResult(run_path, profile_path, cluster, files.choices, replaced)

@@ -1,0 +1,291 @@
+"""A run's recipe, loaded on the submit host: a Data Designer config file, or Python that builds one.
+
+``recipe: recipe.yaml`` (or ``.json``) is a config as ``DataDesignerConfigBuilder.write_config`` writes it.
+``recipe: build.py`` is a builder script in Data Designer's own convention: ``data-designer create build.py``
+loads a ``.py`` config source from its file, with the file's directory first on ``sys.path``, and calls its
+``load_config_builder()`` (no argument, or one ``DataDesignerScriptParams``), which returns a
+``DataDesignerConfigBuilder`` (``data_designer/cli/utils/config_loader.py``, ``_load_from_python_module``).
+ddslurm loads the script the same way, so a script that works with Data Designer's CLI works here.
+``recipe: build.py:make`` calls ``make`` instead, and ``recipe: package.module:make`` imports an installed module
+(or one beside the run file); such a function may also return a Data Designer config object
+(``DataDesignerConfig`` or ``BuilderConfig``).
+
+The Python runs in a subprocess (``python -P -m ddslurm.launcher._builder``), never in the submitting process:
+
+- its working directory is the script's directory: Data Designer checks a relative seed path against the
+  working directory, and the seed capture (``_seed.py``) resolves it against the script's directory, as it does
+  against a YAML recipe's;
+- it has a timeout, and what it prints is captured and shown only when it fails (secret values redacted);
+- its environment has none of the run's secrets: the API-key variables of Data Designer's providers, the
+  deployments' ``server.env_from`` variables, and every variable whose name or value looks like a credential;
+- Data Designer's home is the one ddslurm resolves providers from, telemetry and plugins are off (as on the
+  nodes and in the submit-time validation).
+
+Its result is serialised by Data Designer itself (``write_config``; ``BuilderConfig.to_yaml`` for a config
+object), so ``inputs/recipe.yaml`` holds exactly what ``builder.write_config("recipe.yaml")`` would: the nodes
+run that config and never user Python. The script is kept beside it as ``inputs/recipe-source.py``, its sha256
+in the plan (``Plan.recipe_source``), for provenance.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ruamel.yaml import YAML
+
+from ddslurm.config import (
+    DD_BUILDER_FUNCTION,
+    ConfigError,
+    ConfigFileError,
+    RecipeRef,
+    RecipeSource,
+    RunFile,
+    RunLayout,
+    locate,
+    parse_recipe_ref,
+    read_yaml,
+    server_env_secret,
+    sha256_bytes,
+    to_builtins,
+)
+from ddslurm.launcher._slurm import NODE_ENV_ALLOWED
+from ddslurm.launcher.errors import RecipeError
+from ddslurm.providers import (
+    ProvidersError,
+    is_credential_key,
+    is_env_var_name,
+    is_placeholder_secret,
+    load_recipe,
+    load_settings,
+    looks_like_credential,
+)
+from ddslurm.providers.discovery import DD_HOME_ENV
+
+RECIPE_TIMEOUT_S = 300.0
+"""How long a builder script may take to return its config."""
+OUTPUT_LINES = 30
+"""Lines of a failed script's output shown in the error."""
+KEPT_ENV = (*NODE_ENV_ALLOWED, "PYTHONPATH", "VIRTUAL_ENV")
+"""Variables the builder always gets as they are (never taken for credentials)."""
+_MIN_SECRET = 8
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedRecipe:
+    """A run's recipe as plain data, and what the run's inputs store of it."""
+
+    ref: RecipeRef
+    path: Path
+    """The recipe file: the config file, or the builder script (a module's file). Relative seed paths in the
+    recipe are relative to its directory."""
+    origin: Path
+    """How errors about the recipe's content name it: the config file, or ``build.py:load_config_builder()``."""
+    data: dict[str, Any]
+    stored: bytes
+    """What ``inputs/recipe.yaml`` holds (before the seed capture points it at the copied seed)."""
+    source: bytes | None = None
+    """The builder script's source, kept as ``inputs/recipe-source.py``; None for config files."""
+    builder: str | None = None
+    """What was called, ``/abs/build.py:load_config_builder`` or ``package.module:function``."""
+
+    def source_record(self, layout: RunLayout) -> RecipeSource | None:
+        """The plan's record of the builder script (None for config files)."""
+        if self.source is None or self.builder is None:
+            return None
+        digest = sha256_bytes(self.source)
+        return RecipeSource(file=str(layout.recipe_source), sha256=digest, builder=self.builder, origin=str(self.path))
+
+
+def _at_recipe(run_path: Path, message: str) -> ConfigFileError:
+    try:
+        line, col = locate(read_yaml(run_path), ["recipe"])
+    except ConfigError:
+        line, col = None, None
+    return ConfigFileError(run_path, message, line=line, col=col, field="recipe")
+
+
+def load_run_recipe(
+    run: RunFile,
+    run_path: Path,
+    env: Mapping[str, str],
+    dd_home: Path,
+    *,
+    timeout_s: float = RECIPE_TIMEOUT_S,
+) -> LoadedRecipe:
+    """The recipe ``run`` names (relative to ``run_path``): a config file is read; a builder script or
+    ``module:function`` is run in a subprocess (see the module's docstring) with Data Designer's home ``dd_home``
+    and the secrets of ``env`` left out. Missing files are :class:`ConfigFileError` at the run file's ``recipe``;
+    a script that fails, raises or returns something else is :class:`RecipeError` naming the script and line."""
+    try:
+        ref = parse_recipe_ref(run.recipe)
+    except ValueError as exc:
+        raise _at_recipe(run_path, str(exc)) from None
+    base = run_path.parent.resolve()
+    if ref.kind == "config":
+        path = (base / ref.target).resolve()
+        if not path.is_file():
+            hint = ""
+            dotted = all(part.isidentifier() for part in ref.target.split(".")) and "." in ref.target
+            if dotted and Path(ref.target).suffix.lower() not in (".yaml", ".yml", ".json"):
+                hint = f" (a module's function is written {ref.target}:function)"
+            raise _at_recipe(run_path, f"{path} does not exist{hint}")
+        stored = path.read_bytes()
+        return LoadedRecipe(ref=ref, path=path, origin=path, data=load_recipe(path), stored=stored)
+    function = ref.function or DD_BUILDER_FUNCTION
+    payload: dict[str, Any] = {"function": function, "run_dir": str(base)}
+    if ref.kind == "script":
+        script = (base / ref.target).resolve()
+        if not script.is_file():
+            raise _at_recipe(run_path, f"{script} does not exist (a builder script, relative to the run file)")
+        payload["script"] = str(script)
+        cwd, shown = script.parent, str(script)
+    else:
+        payload["module"] = ref.target
+        cwd, shown = base, f"module {ref.target}"
+    hidden = secret_names(run, env, dd_home)
+    result = _run_builder(payload, cwd, builder_env(env, dd_home, hidden), timeout_s)
+    secrets = {name: env[name] for name in hidden if _is_secret(env.get(name, ""))}
+    if not result.get("ok"):
+        where = result.get("file") or shown
+        if result.get("line"):
+            where = f"{where}:{result['line']}"
+        message = f"{where}: {result.get('error', 'failed')}"
+        raise RecipeError(_redact(message + _output_tail(result.get("output", "")), secrets))
+    path = Path(str(result["file"]))
+    text = str(result["yaml"])
+    source = path.read_bytes()
+    builder = f"{path}:{function}" if ref.kind == "script" else str(ref)
+    for name, value in secrets.items():
+        if value in text:
+            raise RecipeError(
+                f"{path}: the config that {function}() returned holds the value of ${name}, a secret (values are "
+                "not shown); the run's inputs must not: read keys from the environment on the node (providers' "
+                "api_key names a variable), never put them into the recipe"
+            )
+        if value.encode() in source:
+            raise RecipeError(
+                f"{path}: the script holds the value of ${name}, a secret (values are not shown); ddslurm keeps a copy "
+                "of the script in the run's inputs: remove the key from it"
+            )
+    tree = YAML(typ="rt").load(text)
+    data = to_builtins(tree)
+    if not isinstance(data, dict):
+        raise RecipeError(f"{path}: {function}() did not produce a Data Designer config (not a mapping)")
+    origin = Path(f"{path}:{function}()")  # names the recipe in errors about its content; never opened as YAML
+    return LoadedRecipe(
+        ref=ref, path=path, origin=origin, data=data, stored=text.encode(), source=source, builder=builder
+    )
+
+
+def _is_secret(value: str) -> bool:
+    return len(value.strip()) >= _MIN_SECRET and not is_placeholder_secret(value)
+
+
+def secret_names(run: RunFile, env: Mapping[str, str], dd_home: Path) -> set[str]:
+    """The variables of ``env`` a builder script must not see: the API-key variables of Data Designer's providers
+    (``dd_home``), the deployments' ``server.env_from``, and any whose name or value looks like a credential."""
+    names = {name for dep in run.deployments for name in dep.server.env_from}
+    try:
+        settings = load_settings(dd_home)
+    except (ConfigError, ProvidersError):
+        settings = None  # submit reports it right after; the heuristics below still apply
+    if settings is not None:
+        names |= {p.api_key for p, _ in settings.providers if p.api_key and is_env_var_name(p.api_key)}
+    for name, value in env.items():
+        if name in KEPT_ENV:
+            continue
+        by_name = is_credential_key(name) and len(value) >= _MIN_SECRET
+        by_value = looks_like_credential(value) and os.sep not in value  # not paths that merely hold long names
+        if by_name or by_value or server_env_secret(name, value) is not None:
+            names.add(name)
+    return {name for name in names if name in env}
+
+
+def builder_env(env: Mapping[str, str], dd_home: Path, hidden: set[str]) -> dict[str, str]:
+    """The builder subprocess's environment: ``env`` without ``hidden``, Data Designer's home set to ``dd_home``
+    (where ddslurm reads the providers and Data Designer its default model configs), telemetry and plugins off."""
+    out = {name: value for name, value in env.items() if name not in hidden}
+    out |= {
+        DD_HOME_ENV: str(dd_home),
+        "NEMO_TELEMETRY_ENABLED": "false",
+        "DISABLE_DATA_DESIGNER_PLUGINS": "true",
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+    return out
+
+
+def _redact(text: str, secrets: Mapping[str, str]) -> str:
+    for name, value in secrets.items():
+        text = text.replace(value, f"<${name} redacted>")
+    return text
+
+
+def _output_tail(output: str) -> str:
+    lines = output.rstrip().splitlines()
+    if not lines:
+        return ""
+    shown = lines[-OUTPUT_LINES:]
+    head = f"last {len(shown)} of {len(lines)} lines" if len(lines) > len(shown) else f"{len(lines)} lines"
+    return f"\n  output of the script ({head}):\n" + "\n".join(f"    {line}" for line in shown)
+
+
+def _run_builder(payload: dict[str, Any], cwd: Path, env: dict[str, str], timeout_s: float) -> dict[str, Any]:
+    argv = [sys.executable, "-P", "-m", "ddslurm.launcher._builder"]
+    proc = subprocess.Popen(
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=cwd,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(json.dumps(payload), timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        err = _stop(proc)
+        return {
+            "ok": False,
+            "error": f"{payload['function']}() did not return a config within {timeout_s:g} s and was stopped",
+            "output": err,
+        }
+    except BaseException:
+        _stop(proc)
+        raise
+    try:
+        result = json.loads(out)
+        if not isinstance(result, dict):
+            raise ValueError(out)
+    except ValueError:
+        return {
+            "ok": False,
+            "error": f"running {payload['function']}() ended without a result (exit code {proc.returncode}); "
+            "see its output",
+            "file": payload.get("script"),
+            "output": err,
+        }
+    result["output"] = err
+    return result
+
+
+def _stop(proc: subprocess.Popen[str]) -> str:
+    """Kill the builder's whole process group; what it printed to stderr so far."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    err = ""
+    with contextlib.suppress(subprocess.TimeoutExpired, ValueError, OSError):
+        _, err = proc.communicate(timeout=5)
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    return err or ""

@@ -1,0 +1,362 @@
+"""Recipes built by Python: a builder script in Data Designer's convention (``recipe: build.py``), a named function
+(``build.py:make``, ``package.module:make``), and every way one can fail. The script runs in a subprocess with
+the real Data Designer; what the run stores is what Data Designer's own CLI loader and ``write_config`` give."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from ddslurm.config import ConfigFileError, RunFile, load_run_file, read_json, sha256_bytes, sha256_file
+from ddslurm.config import Plan as PlanRecord
+from ddslurm.launcher import RecipeError, SubmitError, load_run_recipe, prepare, write_run_dir
+from ddslurm.launcher.testing import write_unit_run
+
+pytestmark = pytest.mark.dd
+
+KEY = "sk-recipe-test-value-0123456789"
+
+BUILDER = """\
+import data_designer.config as dd
+
+print("building the unit recipe")
+
+
+def unit_builder() -> dd.DataDesignerConfigBuilder:
+    params = dd.ChatCompletionInferenceParams(temperature=0.3, max_parallel_requests=8)
+    builder = dd.DataDesignerConfigBuilder(
+        model_configs=[dd.ModelConfig(alias="writer", model="m-1", provider="hosted", inference_parameters=params)]
+    )
+    builder.add_column(
+        dd.SamplerColumnConfig(
+            name="topic", sampler_type="category", params=dd.CategorySamplerParams(values=["a", "b"])
+        )
+    )
+    builder.add_column(dd.LLMTextColumnConfig(name="q", model_alias="writer", prompt="Say {{ topic }}"))
+    return builder
+
+
+def load_config_builder() -> dd.DataDesignerConfigBuilder:
+    return unit_builder()
+"""
+
+
+def _script(path: Path, extra: str = "", *, body: str = BUILDER) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(body + textwrap.dedent(extra))
+    return path
+
+
+def _use_recipe(run: Path, recipe: str) -> RunFile:
+    run.write_text(run.read_text().replace("recipe: recipe.yaml", f"recipe: {recipe}"))
+    return load_run_file(run)
+
+
+def _dd_cli_yaml(script: Path) -> str:
+    """What Data Designer's own CLI loader gives for ``script``, written by ``write_config``."""
+    from data_designer.cli.utils.config_loader import load_config_builder
+
+    builder = load_config_builder(str(script))
+    out = script.parent / "dd-cli-written.yaml"
+    builder.write_config(out)
+    text = out.read_text()
+    out.unlink()
+    return text
+
+
+def _no_check(*_: Any) -> list[str]:
+    return []
+
+
+def test_a_script_in_data_designers_convention_yields_what_data_designer_writes(tmp_path: Path) -> None:
+    run, _, env = write_unit_run(tmp_path, KEY)
+    script = _script(tmp_path / "recipes" / "build.py")
+    loaded = load_run_recipe(_use_recipe(run, "recipes/build.py"), run, env, tmp_path / "dd")
+    assert loaded.stored.decode() == _dd_cli_yaml(script)  # byte for byte what `data-designer create build.py` uses
+    assert loaded.path == script and loaded.source == script.read_bytes()
+    assert loaded.builder == f"{script}:load_config_builder"
+    assert loaded.ref.kind == "script"
+    columns = [c["name"] for c in loaded.data["data_designer"]["columns"]]
+    assert columns == ["topic", "q"]
+    assert loaded.data["data_designer"]["model_configs"][0]["provider"] == "hosted"
+
+
+@pytest.mark.parametrize(
+    ("signature", "call"),
+    [
+        pytest.param("params", "params.argv", id="positional-script-params"),
+        pytest.param("*, params", "params.argv", id="keyword-only-script-params"),
+    ],
+)
+def test_the_function_may_take_data_designers_script_params(tmp_path: Path, signature: str, call: str) -> None:
+    run, _, env = write_unit_run(tmp_path, KEY)
+    _script(
+        tmp_path / "build.py",
+        f"""
+        def with_params({signature}):
+            assert {call} == (), {call}
+            assert type(params).__name__ == "DataDesignerScriptParams"
+            return unit_builder()
+        """,
+    )
+    loaded = load_run_recipe(_use_recipe(run, "build.py:with_params"), run, env, tmp_path / "dd")
+    assert [c["name"] for c in loaded.data["data_designer"]["columns"]] == ["topic", "q"]
+
+
+def test_module_function_returning_a_config_object(tmp_path: Path) -> None:
+    run, _, env = write_unit_run(tmp_path, KEY)
+    package = tmp_path / "unitrecipes"
+    module = _script(
+        package / "build.py",
+        """
+        def config():
+            return unit_builder().build()  # a DataDesignerConfig, not a builder
+        """,
+    )
+    (package / "__init__.py").write_text("")
+    loaded = load_run_recipe(_use_recipe(run, "unitrecipes.build:config"), run, env, tmp_path / "dd")
+    assert loaded.path == module and loaded.source == module.read_bytes()
+    assert loaded.builder == "unitrecipes.build:config" and loaded.ref.kind == "module"
+    assert loaded.stored.decode() == _dd_cli_yaml(module)  # BuilderConfig(data_designer=...).to_yaml() == write_config
+
+
+def test_prepare_from_a_builder_script_plans_what_the_equivalent_yaml_recipe_plans(tmp_path: Path) -> None:
+    """`recipe: build.py` and `recipe: recipe.yaml` written by the script's own builder give the same plan, the
+    same stored recipe and the same seed capture (relative seed paths resolved from the script's directory);
+    the script is kept as inputs/recipe-source.py, its sha256 in the plan. Data Designer's validation runs."""
+    run, profile, env = write_unit_run(tmp_path, KEY)
+    recipes = tmp_path / "recipes"
+    recipes.mkdir()
+    (recipes / "seed.csv").write_text("subject\nx\ny\nz\n")
+    seeded = BUILDER.replace(
+        "    return builder\n",
+        '    builder.with_seed_dataset(dd.LocalFileSeedSource(path="seed.csv"))\n    return builder\n',
+        1,
+    )
+    script = _script(recipes / "build.py", body=seeded)
+    (recipes / "recipe.yaml").write_text(_dd_cli_yaml_in(script))
+
+    _use_recipe(run, "recipes/recipe.yaml")
+    from_yaml = prepare(run, profile, env, datetime.now(UTC), check_recipe=_no_check)
+    run.write_text(run.read_text().replace("recipes/recipe.yaml", "recipes/build.py"))
+    from_script = prepare(run, profile, env, datetime.now(UTC))  # with Data Designer's own validation
+
+    def stored(prepared: Any) -> str:  # the stored recipe points at the run's copy of the seed
+        return str(prepared.recipe_bytes.decode().replace(prepared.layout.run_id, "RUN"))
+
+    assert stored(from_script) == stored(from_yaml)
+    assert from_script.snapshot_bytes == from_yaml.snapshot_bytes
+    seed = from_script.plan.seed
+    assert seed is not None and seed.rows == 3 and [f.path for f in seed.files] == ["seed.csv"]
+    source = from_script.plan.recipe_source
+    assert source is not None and from_yaml.plan.recipe_source is None
+    assert source.builder == f"{script}:load_config_builder" and source.origin == str(script)
+    layout = from_script.layout
+    assert source.file == str(layout.recipe_source)
+
+    def comparable(prepared: Any) -> Any:  # the recipe's digest differs only by the run id in its seed path
+        assert prepared.plan.recipe_sha256 == sha256_bytes(prepared.recipe_bytes)
+        plan = msgspec.structs.replace(prepared.plan, recipe_source=None, recipe_sha256="")
+        text = msgspec.json.encode(plan).decode().replace(prepared.layout.run_id, "RUN")
+        return json.loads(text)
+
+    assert comparable(from_script) == comparable(from_yaml)
+
+    write_run_dir(from_script)
+    assert layout.recipe_source.read_bytes() == script.read_bytes()
+    assert layout.recipe.read_bytes() == from_script.recipe_bytes
+    assert read_json(layout.plan, PlanRecord).recipe_source == source
+    assert source.sha256 == sha256_file(layout.recipe_source)
+    stored = json.loads(layout.recipe.read_text())
+    assert stored["data_designer"]["seed_config"]["source"]["path"] == str(layout.seed_dir / "seed.csv")
+
+
+def _dd_cli_yaml_in(script: Path) -> str:
+    import os
+
+    here = Path.cwd()
+    os.chdir(script.parent)  # Data Designer checks a relative seed path against the working directory
+    try:
+        return _dd_cli_yaml(script)
+    finally:
+        os.chdir(here)
+
+
+def test_missing_script_or_module_is_an_error_at_the_run_files_recipe(tmp_path: Path) -> None:
+    run, _, env = write_unit_run(tmp_path, KEY)
+    with pytest.raises(ConfigFileError) as info:
+        load_run_recipe(_use_recipe(run, "build.py"), run, env, tmp_path / "dd")
+    assert str(info.value) == (
+        f"{run}:2:1: recipe: {tmp_path / 'build.py'} does not exist (a builder script, relative to the run file)"
+    )
+    run.write_text(run.read_text().replace("build.py", "no_such_package.recipes:make"))
+    with pytest.raises(RecipeError, match=r"module 'no_such_package.recipes' cannot be imported: No module named"):
+        load_run_recipe(load_run_file(run), run, env, tmp_path / "dd")
+    # a module name without its function reads as a file, and the error says how to name the function
+    run.write_text(run.read_text().replace("no_such_package.recipes:make", "pkg.recipes"))
+    with pytest.raises(
+        ConfigFileError, match=r"does not exist \(a module's function is written pkg.recipes:function\)"
+    ):
+        load_run_recipe(load_run_file(run), run, env, tmp_path / "dd")
+
+
+def _error(tmp_path: Path, recipe: str, extra: str = "", *, body: str = BUILDER, **kwargs: Any) -> str:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    run, _, env = write_unit_run(tmp_path, KEY)
+    _script(tmp_path / "build.py", extra, body=body)
+    with pytest.raises(RecipeError) as info:
+        load_run_recipe(_use_recipe(run, recipe), run, env, tmp_path / "dd", **kwargs)
+    return str(info.value)
+
+
+def test_a_script_without_load_config_builder_says_what_data_designer_expects(tmp_path: Path) -> None:
+    body = BUILDER.replace("def load_config_builder()", "def something_else()")
+    message = _error(tmp_path, "build.py", body=body)
+    assert message.startswith(
+        f"{tmp_path / 'build.py'}: does not define a 'load_config_builder()' function (Data Designer's convention"
+    )
+    assert "def load_config_builder() -> DataDesignerConfigBuilder" in message
+    assert "building the unit recipe" in message  # the script's own output, shown on failure
+
+
+def test_a_missing_function_is_named(tmp_path: Path) -> None:
+    assert _error(tmp_path, "build.py:make").startswith(f"{tmp_path / 'build.py'}: defines no function 'make'")
+
+
+def test_a_function_returning_something_else_is_refused_at_its_definition(tmp_path: Path) -> None:
+    message = _error(tmp_path, "build.py:wrong", "\n\ndef wrong():\n    return {'columns': []}\n")
+    line = (tmp_path / "build.py").read_text().splitlines().index("def wrong():") + 1
+    assert message.startswith(
+        f"{tmp_path / 'build.py'}:{line}: wrong() returned dict, expected a DataDesignerConfigBuilder (or a Data "
+        "Designer config: DataDesignerConfig, BuilderConfig)"
+    )
+
+
+def test_a_script_that_raises_is_placed_at_its_line_with_its_output(tmp_path: Path) -> None:
+    extra = """
+
+    def broken():
+        print("about to fail")
+        return helper()
+
+
+    def helper():
+        raise ValueError("no such topic list")
+    """
+    message = _error(tmp_path, "build.py:broken", extra)
+    lines = (tmp_path / "build.py").read_text().splitlines()
+    raise_line = lines.index('    raise ValueError("no such topic list")') + 1
+    call_line = lines.index("    return helper()") + 1
+    script = tmp_path / "build.py"
+    assert message.startswith(f"{script}:{raise_line}: broken() raised ValueError: no such topic list\n")
+    assert f"{script}:{call_line} in broken: return helper()" in message
+    assert f"{script}:{raise_line} in helper: raise ValueError" in message
+    assert "    about to fail" in message and "RuntimeWarning" not in message
+
+
+def test_a_script_that_fails_to_import_or_parse_names_the_line(tmp_path: Path) -> None:
+    message = _error(tmp_path, "build.py", body="import data_designer.config as dd\nx = (\n")
+    assert message.startswith(f"{tmp_path / 'build.py'}:2: running the script raised SyntaxError: ")
+    message = _error(tmp_path / "b", "build.py", body="import os\n\nimport no_such_module_here\n")
+    assert message.startswith(
+        f"{tmp_path / 'b' / 'build.py'}:3: running the script raised ModuleNotFoundError: No module named"
+    )
+
+
+def test_a_script_that_does_not_finish_is_stopped(tmp_path: Path) -> None:
+    message = _error(
+        tmp_path, "build.py", body="import time\nprint('sleeping', flush=True)\ntime.sleep(600)\n", timeout_s=8
+    )
+    assert message.startswith(
+        f"{tmp_path / 'build.py'}: load_config_builder() did not return a config within 8 s and was stopped"
+    )
+    assert "sleeping" in message
+
+
+def test_a_dataframe_seed_cannot_be_stored(tmp_path: Path) -> None:
+    extra = """
+
+    def in_memory():
+        import pandas as pd
+
+        return unit_builder().with_seed_dataset(dd.DataFrameSeedSource(df=pd.DataFrame({"s": [1, 2]})))
+    """
+    message = _error(tmp_path, "build.py:in_memory", extra)
+    assert "in_memory() returned a config that Data Designer cannot write: BuilderSerializationError" in message
+
+
+def test_the_script_sees_no_secret_and_the_home_ddslurm_uses(tmp_path: Path) -> None:
+    run, _, env = write_unit_run(tmp_path, KEY)
+    probe = tmp_path / "env.json"
+    env |= {
+        "OTHER_SERVICE_TOKEN": "abcdefgh12345678",  # a credential by its name
+        "INNOCENT": "nvapi-" + "x1" * 20,  # a credential by its value
+        "HF_TOKEN": "hf_serverside0123456789",  # a deployment's server.env_from
+        "PROBE": str(probe),
+        "TOPIC_WORD": "plain",
+    }
+    run.write_text(run.read_text() + "deployments:\n- {model_alias: other, model: m, server: {env_from: [HF_TOKEN]}}\n")
+    _script(
+        tmp_path / "build.py",
+        """
+
+        def probed():
+            import json, os
+
+            with open(os.environ["PROBE"], "w") as fh:
+                json.dump(dict(os.environ), fh)
+            return unit_builder()
+        """,
+    )
+    load_run_recipe(_use_recipe(run, "build.py:probed"), run, env, tmp_path / "dd")
+    seen = json.loads(probe.read_text())
+    for name in ("HOSTED_KEY", "OTHER_SERVICE_TOKEN", "INNOCENT", "HF_TOKEN"):
+        assert name not in seen
+    assert seen["TOPIC_WORD"] == "plain" and seen["PATH"] == env["PATH"]
+    assert seen["DATA_DESIGNER_HOME"] == str(tmp_path / "dd")
+    assert seen["NEMO_TELEMETRY_ENABLED"] == "false"
+
+
+def test_a_key_that_reaches_the_config_or_the_script_is_refused_without_showing_it(tmp_path: Path) -> None:
+    """The script cannot see the key in its environment; one it reads from elsewhere is caught before it is kept:
+    in the config, in the script itself, or in what a failing script printed (redacted)."""
+    extra = """
+
+    def leaky():
+        builder = unit_builder()
+        builder.add_column(dd.ExpressionColumnConfig(name="k", expr=open("key.txt").read()))
+        return builder
+
+
+    def loud():
+        print("the key is", open("key.txt").read())
+        raise RuntimeError("failed")
+    """
+    (tmp_path / "leaky").mkdir()
+    (tmp_path / "leaky" / "key.txt").write_text(KEY)
+    message = _error(tmp_path / "leaky", "build.py:leaky", extra)
+    assert "leaky() returned holds the value of $HOSTED_KEY, a secret" in message and KEY not in message
+
+    (tmp_path / "loud").mkdir()
+    (tmp_path / "loud" / "key.txt").write_text(KEY)
+    message = _error(tmp_path / "loud", "build.py:loud", extra)
+    assert "loud() raised RuntimeError: failed" in message
+    assert "the key is <$HOSTED_KEY redacted>" in message and KEY not in message
+
+    message = _error(tmp_path / "literal", "build.py", body=BUILDER + f'\n\nAPI_KEY = "{KEY}"\n')
+    assert "the script holds the value of $HOSTED_KEY, a secret" in message and KEY not in message
+
+
+def test_submit_refuses_a_failing_script_before_writing_anything(tmp_path: Path) -> None:
+    run, profile, env = write_unit_run(tmp_path, KEY)
+    _script(tmp_path / "build.py", body="raise SystemExit(3)\n")
+    _use_recipe(run, "build.py")
+    with pytest.raises(SubmitError, match=r"build.py:1: running the script called sys.exit\(3\)"):
+        prepare(run, profile, env, datetime.now(UTC), check_recipe=_no_check)
+    assert not (tmp_path / "work").exists()
