@@ -3,6 +3,7 @@
 LauncherError            root of every error the ddslurm CLI reports
 ├── SlurmError           a scheduler command failed; carries the command and its stderr
 ├── RunNotFoundError     RUN names no run directory
+├── UsageError           a command-line value the run does not have (a shard, an attempt) or cannot take
 └── SubmitError          the run cannot be submitted (inputs invalid); nothing was left behind
 """
 
@@ -22,6 +23,10 @@ class SlurmError(LauncherError):
 
 
 class RunNotFoundError(LauncherError):
+    pass
+
+
+class UsageError(LauncherError):
     pass
 
 
