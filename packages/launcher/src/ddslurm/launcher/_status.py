@@ -33,6 +33,9 @@ from ddslurm.launcher.errors import RunNotFoundError
 RunState = Literal["pending", "running", "succeeded", "failed", "cancelled", "incomplete"]
 """``incomplete``: the submission stopped part-way (arrays of its plan were never submitted) and the run has not
 succeeded: ``ddslurm submit --continue`` submits the rest, ``ddslurm cancel`` cancels what was submitted."""
+TERMINAL: frozenset[RunState] = frozenset({"succeeded", "failed", "cancelled", "incomplete"})
+"""The run states that change only when someone acts (``retry``, ``submit --continue``, ``accept-partial``):
+``wait`` and ``status --watch`` stop at them."""
 ShardState = Literal[
     "pending", "running", "succeeded", "partial", "failed", "cancelled", "corrupt", "unknown", "unsubmitted"
 ]
