@@ -207,6 +207,19 @@ def test_every_command_reports_an_error_as_one_json_object(tmp_path: Path) -> No
     assert error["status"]["state"] == "pending"  # where the run stood when wait gave up
 
 
+def test_ctrl_c_is_an_error_too(tmp_path: Path) -> None:
+    layout, _, env = _submitted(tmp_path, shards=1)
+
+    def interrupt(_: float) -> None:
+        raise KeyboardInterrupt
+
+    out, err = io.StringIO(), io.StringIO()
+    argv = ["wait", str(layout.root), "--json"]
+    code = main(argv, env=env, slurm=Slurm(FakeSlurm()), stdout=out, stderr=err, sleep=interrupt)
+    assert code == ExitCode.INTERRUPTED and err.getvalue() == "error: interrupted\n"
+    assert json.loads(out.getvalue()) == {"error": {"code": "interrupted", "message": "interrupted", "exit_code": 130}}
+
+
 def test_a_submission_that_stopped_part_way_says_what_was_submitted_in_its_error(tmp_path: Path) -> None:
     run, profile, env = write_unit_run(tmp_path, KEY, run_extra="retries: 1\n")
 

@@ -113,11 +113,10 @@ def error_report(exc: BaseException, command: str | None) -> ErrorReport:
         (ConfigError, ErrorCode.INVALID_INPUT, ExitCode.USAGE),
         (ProvidersError, ErrorCode.PROVIDERS, ExitCode.USAGE),
         (CollectError, ErrorCode.COLLECT_FAILED, ExitCode.FAILED),
-        (KeyboardInterrupt, ErrorCode.INTERRUPTED, ExitCode.INTERRUPTED),
     ]
     for kind, code, exit_code in fixed:
         if isinstance(exc, kind):
-            return ErrorReport(code, message if kind is not KeyboardInterrupt else "interrupted", exit_code)
+            return ErrorReport(code, message, exit_code)
     if isinstance(exc, SlurmTimeoutError):
         return ErrorReport(ErrorCode.SLURM_TIMEOUT, message, _submit_exit(command))
     if isinstance(exc, SlurmError):

@@ -111,9 +111,9 @@ class PipeClosed(Exception):
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
-def _quiet_on_closed_pipe(command: _F) -> _F:
-    """Typer turns a BrokenPipeError into ``sys.exit(1)`` and rewraps the process's streams; ``main`` handles
-    it instead."""
+def _guarded(command: _F) -> _F:
+    """A command whose closed stdout and Ctrl-C ``main`` handles: Typer would turn a BrokenPipeError into
+    ``sys.exit(1)`` (rewrapping the process's streams) and Ctrl-C into a silent exit 130."""
 
     @functools.wraps(command)
     def run(*args: Any, **kwargs: Any) -> Any:
@@ -121,6 +121,8 @@ def _quiet_on_closed_pipe(command: _F) -> _F:
             return command(*args, **kwargs)
         except BrokenPipeError:
             raise PipeClosed from None
+        except KeyboardInterrupt:
+            raise CommandFailed(ErrorReport(ErrorCode.INTERRUPTED, "interrupted", ExitCode.INTERRUPTED)) from None
 
     return run  # type: ignore[return-value]
 
@@ -250,7 +252,7 @@ def parse_shards(value: str | None) -> list[int] | None:
 
 
 @app.command("submit")
-@_quiet_on_closed_pipe
+@_guarded
 def cmd_submit(
     ctx: typer.Context,
     run_file: Annotated[
@@ -364,7 +366,7 @@ def _dry_run(session: Session, run_file: Path, profile: Path) -> int:
 
 
 @app.command("providers")
-@_quiet_on_closed_pipe
+@_guarded
 def cmd_providers(
     ctx: typer.Context,
     run_file: Annotated[
@@ -415,7 +417,7 @@ def _display(session: Session, *, table: bool) -> RunDisplay | None:
 
 
 @app.command("status")
-@_quiet_on_closed_pipe
+@_guarded
 def cmd_status(
     ctx: typer.Context,
     run: RunArg,
@@ -463,7 +465,7 @@ def cmd_status(
 
 
 @app.command("wait")
-@_quiet_on_closed_pipe
+@_guarded
 def cmd_wait(
     ctx: typer.Context,
     run: RunArg,
@@ -507,7 +509,7 @@ def cmd_wait(
 
 
 @app.command("cancel")
-@_quiet_on_closed_pipe
+@_guarded
 def cmd_cancel(
     ctx: typer.Context,
     run: RunArg,
@@ -537,7 +539,7 @@ def cmd_cancel(
 
 
 @app.command("retry")
-@_quiet_on_closed_pipe
+@_guarded
 def cmd_retry(
     ctx: typer.Context,
     run: RunArg,
@@ -577,7 +579,7 @@ def cmd_retry(
 
 
 @app.command("accept-partial")
-@_quiet_on_closed_pipe
+@_guarded
 def cmd_accept_partial(
     ctx: typer.Context,
     run: RunArg,
@@ -602,7 +604,7 @@ def cmd_accept_partial(
 
 
 @app.command("logs")
-@_quiet_on_closed_pipe
+@_guarded
 def cmd_logs(
     ctx: typer.Context,
     run: RunArg,
@@ -650,7 +652,7 @@ def cmd_logs(
 
 
 @app.command("collect")
-@_quiet_on_closed_pipe
+@_guarded
 def cmd_collect(
     ctx: typer.Context,
     run: RunArg,
@@ -692,7 +694,7 @@ def cmd_collect(
 
 
 @app.command("list")
-@_quiet_on_closed_pipe
+@_guarded
 def cmd_list(ctx: typer.Context, profile: ProfileOpt = None, as_json: JsonOpt = False) -> int:
     """List the runs in the workspace, newest first: state, rows produced of those requested, age."""
     session = _session(ctx, as_json)
