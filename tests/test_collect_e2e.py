@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import io
 import os
 import signal
@@ -23,7 +22,7 @@ from ddslurm.collector.testing import blocked_stderr, make_published_run
 from ddslurm.config import Resources, RunLayout, WinnerRecord, atomic_write, encode, read_json, read_plan
 from ddslurm.config.testing import make_plan
 from ddslurm.launcher import Completed, Slurm
-from ddslurm.launcher.cli import build_parser, cmd_collect
+from ddslurm.launcher.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 RUNTIME = Path(sys.executable).parent / "ddslurm-runtime"
@@ -122,10 +121,8 @@ def test_collect_checks_winners_and_destination_before_it_submits_a_job(tmp_path
     existing.dataset.mkdir()
     calls: list[list[str]] = []
     for layout, message in ((missing, "no published result"), (existing, "already exists")):
-        args = build_parser().parse_args(["collect", str(layout.root)])
         err = io.StringIO()
-        with contextlib.redirect_stderr(err):
-            rc = cmd_collect(args, _refusing_slurm(calls), {}, io.StringIO())
+        rc = main(["collect", str(layout.root)], env={}, slurm=_refusing_slurm(calls), stdout=io.StringIO(), stderr=err)
         assert rc == EXIT_FAILED and message in err.getvalue(), err.getvalue()
         assert not list(layout.root.glob("collect-*.sbatch"))
     assert calls == []

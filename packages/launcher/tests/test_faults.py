@@ -4,7 +4,6 @@ ended, a requeued task, a time limit too short to be useful, and a winner whose 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -20,7 +19,6 @@ from ddslurm.config import (
     RunLayout,
     SubmissionRecord,
     WinnerRecord,
-    atomic_write,
     encode,
     publish_once,
     read_json,
@@ -28,7 +26,6 @@ from ddslurm.config import (
 )
 from ddslurm.config.testing import make_plan
 from ddslurm.launcher import (
-    Completed,
     LauncherError,
     Slurm,
     SubmitError,
@@ -39,32 +36,9 @@ from ddslurm.launcher import (
 )
 from ddslurm.launcher._render import warning_seconds
 from ddslurm.launcher._steer import cancel, retry
-from ddslurm.launcher.testing import write_unit_run
+from ddslurm.launcher.testing import FakeSlurm, write_attempt, write_unit_run
 
 KEY = "sk-faults-test-value-123"
-
-
-class FakeSlurm:
-    """Answers sbatch (ids from 4242), squeue and sacct like Slurm would; records every call."""
-
-    def __init__(self, *, squeue: str = "", sacct: str = "") -> None:
-        self.calls: list[list[str]] = []
-        self.squeue_out, self.sacct_out = squeue, sacct
-        self.next_id = 4242
-
-    def __call__(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> Completed:
-        self.calls.append(list(argv))
-        if argv[0] == "sbatch":
-            self.next_id += 1
-            return Completed(0, f"{self.next_id - 1}\n", "")
-        if argv[0] == "squeue":
-            return Completed(0, self.squeue_out, "")
-        if argv[0] == "sacct":
-            return Completed(0, self.sacct_out, "")
-        return Completed(0, "", "")
-
-    def commands(self, name: str) -> list[list[str]]:
-        return [c for c in self.calls if c[0] == name]
 
 
 def _files(tmp_path: Path, run_extra: str = "", *, shards: int = 3) -> tuple[Path, Path, dict[str, str]]:
@@ -76,26 +50,6 @@ def _run(tmp_path: Path, run_extra: str = "", *, shards: int = 3) -> tuple[RunLa
     run, profile, env = _files(tmp_path, run_extra, shards=shards)
     done = submit(run, profile, slurm=Slurm(FakeSlurm()), env=env)
     return RunLayout(done.layout.root), env
-
-
-def _attempt(
-    layout: RunLayout, shard: int, job: str, state: str, *, reason: str | None = None, task: str | None = None
-) -> AttemptRecord:
-    """An attempt record as array task ``task`` (``<array>_<i>``) of raw job ``job`` wrote it."""
-    record = AttemptRecord(
-        shard=shard,
-        attempt=f"attempt-{job}",
-        job_id=job,
-        node="n1",
-        state=state,  # type: ignore[arg-type]
-        started_at=datetime.now(UTC).isoformat(),
-        reason=reason,
-        slurm_log=str(layout.logs / f"slurm-{task}.out") if task else None,
-    )
-    attempt = layout.shard(shard).attempt(record.attempt)
-    attempt.dir.mkdir(parents=True, exist_ok=True)
-    atomic_write(attempt.record, encode(record))
-    return record
 
 
 # --- 1. cancel: every array of the run, in one scancel call, and a record that stops later attempts ---
@@ -156,8 +110,8 @@ def test_an_attempt_that_begins_after_the_run_was_cancelled_generates_nothing(tm
 
 def test_status_of_a_shard_whose_attempt_saw_the_cancel_record(tmp_path: Path) -> None:
     layout, _ = _run(tmp_path, "retries: 1\n", shards=1)
-    _attempt(layout, 0, "4242", "failed", reason="cancelled", task="4242_0")
-    _attempt(layout, 0, "4243", "cancelled", reason="run_cancelled", task="4243_0")
+    write_attempt(layout, 0, "4242", "failed", reason="cancelled", task="4242_0")
+    write_attempt(layout, 0, "4243", "cancelled", reason="run_cancelled", task="4243_0")
     publish_once(layout.cancelled, encode(CancelRecord(cancelled_at="t", array_job_ids=("4243", "4242"))))
     sacct = "4242_0|CANCELLED|0:0|None\n4243_0|COMPLETED|0:0|None\n"
     status = run_status(layout, Slurm(FakeSlurm(sacct=sacct)))
@@ -196,7 +150,7 @@ def test_retry_of_a_cancelled_run_needs_the_explicit_flag(tmp_path: Path) -> Non
 )
 def test_attempt_stuck_running_gets_its_end_from_slurm(tmp_path: Path, sacct: str, log: str, reason: str) -> None:
     layout, _ = _run(tmp_path, shards=1)
-    _attempt(layout, 0, "4242", "running", task="4242_0")
+    write_attempt(layout, 0, "4242", "running", task="4242_0")
     (layout.logs / "slurm-4242_0.out").write_text(f"Traceback (most recent call last):\n{log}\n")
     status = run_status(layout, Slurm(FakeSlurm(sacct=f"4242_0|{sacct}|None\n")))
     shard = status.shards[0]
@@ -208,7 +162,7 @@ def test_attempt_stuck_running_gets_its_end_from_slurm(tmp_path: Path, sacct: st
 def test_a_sigterm_the_attempt_recorded_is_explained_by_slurm(tmp_path: Path) -> None:
     """The node went away: the attempt saw only a SIGTERM; Slurm knows it was a node failure."""
     layout, _ = _run(tmp_path, shards=1)
-    _attempt(layout, 0, "4242", "failed", reason="cancelled", task="4242_0")
+    write_attempt(layout, 0, "4242", "failed", reason="cancelled", task="4242_0")
     status = run_status(layout, Slurm(FakeSlurm(sacct="4242_0|NODE_FAIL|0:0|None\n")))
     assert (status.shards[0].state, status.shards[0].reason) == ("failed", "node_fail")
 
@@ -226,7 +180,7 @@ def test_a_sigterm_the_attempt_recorded_is_explained_by_slurm(tmp_path: Path) ->
 )
 def test_requeued_task_is_shown_requeued(tmp_path: Path, sacct: str, reason: str) -> None:
     layout, _ = _run(tmp_path, shards=1)
-    _attempt(layout, 0, "4242", "failed", reason="cancelled", task="4242_0")
+    write_attempt(layout, 0, "4242", "failed", reason="cancelled", task="4242_0")
     status = run_status(layout, Slurm(FakeSlurm(squeue="4242_0|PENDING|BeginTime\n", sacct=sacct)))
     shard = status.shards[0]
     assert (shard.state, shard.reason) == ("pending", reason)
@@ -235,7 +189,7 @@ def test_requeued_task_is_shown_requeued(tmp_path: Path, sacct: str, reason: str
 
 def test_a_retry_pending_after_a_failure_is_not_called_requeued(tmp_path: Path) -> None:
     layout, _ = _run(tmp_path, "retries: 1\n", shards=1)
-    _attempt(layout, 0, "4242", "failed", reason="client_failed", task="4242_0")
+    write_attempt(layout, 0, "4242", "failed", reason="client_failed", task="4242_0")
     status = run_status(layout, Slurm(FakeSlurm(squeue="4243_0|PENDING|Priority\n", sacct="4242_0|FAILED|1:0|None\n")))
     assert (status.shards[0].state, status.shards[0].reason) == ("pending", "client_failed")
 
@@ -311,16 +265,16 @@ def test_winner_with_a_missing_file_or_an_unreadable_record_is_corrupt(tmp_path:
     assert shards[0].message is not None and "batch_00000.parquet is missing" in shards[0].message
 
 
-def test_wait_treats_a_corrupt_winner_as_a_failed_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import argparse
+def test_wait_treats_a_corrupt_winner_as_a_failed_run(tmp_path: Path) -> None:
     import io
 
-    from ddslurm.launcher.cli import EXIT_RUN_FAILED, cmd_wait
+    from ddslurm.launcher._output import ExitCode
+    from ddslurm.launcher.cli import main
 
     layout, env = _run(tmp_path, shards=1)
     batch = _winner(layout, 0)
     batch.write_bytes(batch.read_bytes().replace(b"alpha", b"ALPHA"))
     out = io.StringIO()
-    args = argparse.Namespace(run=str(layout.root), profile=None, json=False, timeout=5.0)
-    assert cmd_wait(args, Slurm(FakeSlurm()), env, out, sleep=lambda _: None) == EXIT_RUN_FAILED
+    argv = ["wait", str(layout.root), "--timeout", "5"]
+    assert main(argv, env=env, slurm=Slurm(FakeSlurm()), sleep=lambda _: None, stdout=out) == ExitCode.FAILED
     assert "corrupt" in out.getvalue() and "batch_00000.parquet" in out.getvalue()

@@ -8,7 +8,6 @@ from __future__ import annotations
 import io
 import json
 import re
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -130,18 +129,9 @@ def _no_data_designer_subprocess(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _cli(argv: list[str], cluster: FakeCluster, env: dict[str, str]) -> tuple[int, str, str]:
-    """``ddslurm <argv>`` against the fake cluster: exit code, stdout, stderr (as ``main`` reports errors)."""
-    args = cli.build_parser().parse_args(argv)
+    """``ddslurm <argv>`` against the fake cluster: exit code, stdout, stderr."""
     out, err = io.StringIO(), io.StringIO()
-    old = sys.stderr
-    sys.stderr = err
-    try:
-        code = cli.COMMANDS[args.command](args, Slurm(cluster, env=env, user="alice"), env, out)
-    except LauncherError as exc:
-        print(f"error: {exc}", file=err)
-        code = cli.EXIT_USAGE if args.command == "submit" else cli.EXIT_RUN_FAILED
-    finally:
-        sys.stderr = old
+    code = cli.main(argv, env=env, slurm=Slurm(cluster, env=env, user="alice"), stdout=out, stderr=err)
     return code, out.getvalue(), err.getvalue()
 
 

@@ -95,12 +95,12 @@ def test_a_recipe_refused_on_the_node_fails_once_not_retryable_with_data_designe
     assert (record.state, record.retryable, record.client_runs) == ("failed", False, 1), record
     assert record.message is not None and DD_DETAIL in record.message, record.message
     assert "Please address the indicated issues" not in record.message
-    from ddslurm.launcher.cli import _format_status
+    from ddslurm.launcher._console import status_text
 
     status = run_status(prepared.layout, Slurm(NoSlurm(), env=dict(os.environ)))  # (no Slurm job: ran outside it)
     shard = status.shards[0]
     assert shard.reason == "recipe_invalid" and shard.message is not None and DD_DETAIL in shard.message
-    assert DD_DETAIL in _format_status(status)
+    assert DD_DETAIL in status_text(status)
 
 
 def test_a_recipe_without_model_columns_is_validated_too(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -94,8 +94,10 @@ def collect_command(
     as_json: bool = False,
     out: TextIO,
     err: TextIO,
+    progress: Callable[[int, int], None] | None = None,
 ) -> int:
-    """Collect, print the result to ``out`` (progress and errors to ``err``) and return the exit code."""
+    """Collect, print the result to ``out`` (errors to ``err``) and return the exit code. ``progress`` is called
+    with (batch files done, total) as the collection advances; by default a line on ``err`` every 5 %."""
     termination = Termination()
     received = termination.received
     try:
@@ -104,7 +106,7 @@ def collect_command(
                 layout,
                 destination=destination,
                 overwrite=overwrite,
-                progress=progress_reporter(err),
+                progress=progress if progress is not None else progress_reporter(err),
                 publishing=termination.publishing,
             )
             print_result(result, as_json=as_json, out=out)

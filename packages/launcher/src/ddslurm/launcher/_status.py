@@ -34,6 +34,9 @@ from ddslurm.launcher.errors import RunNotFoundError
 RunState = Literal["pending", "running", "succeeded", "failed", "cancelled", "incomplete"]
 """``incomplete``: the submission stopped part-way (arrays of its plan were never submitted) and the run has not
 succeeded: ``ddslurm submit --continue`` submits the rest, ``ddslurm cancel`` cancels what was submitted."""
+TERMINAL: frozenset[RunState] = frozenset({"succeeded", "failed", "cancelled", "incomplete"})
+"""The run states that change only when someone acts (``retry``, ``submit --continue``, ``accept-partial``):
+``wait`` and ``status --watch`` stop at them."""
 ShardState = Literal[
     "pending", "running", "succeeded", "partial", "failed", "cancelled", "corrupt", "unknown", "unsubmitted"
 ]
@@ -56,7 +59,11 @@ class ShardStatus(msgspec.Struct, kw_only=True):
     rate: float | None = None
     """Records per second of the running attempt, from its progress file."""
     job_id: str | None = None
+    """The array task (``<array job>_<task>``) that ran the attempt shown, or that runs or will run the shard."""
     slurm_state: str | None = None
+    pending_reason: str | None = None
+    """Why Slurm keeps a pending task waiting (squeue's reason: ``Resources``, ``Priority``, ``Dependency``,
+    ``JobArrayTaskLimit``, ...)."""
     attempt: str | None = None
     attempts: int = 0
     reason: str | None = None
@@ -77,6 +84,10 @@ class RunStatus(msgspec.Struct, kw_only=True):
     """Arrays of the run's submission plan were never submitted (and the run was not cancelled since)."""
     unsubmitted_arrays: int = 0
     """How many planned arrays were never submitted (automatic retry arrays included)."""
+    name: str = ""
+    """The run's name (the run file's ``name``)."""
+    submitted_at: str | None = None
+    """When the run's first array was submitted (None before any was)."""
 
 
 @dataclass(slots=True)
@@ -173,10 +184,16 @@ def query(slurm: Slurm, subs: list[SubmissionRecord]) -> Scheduler:
     return sched
 
 
-def _progress(layout: RunLayout, shard: int, attempt: AttemptRecord, now: datetime) -> tuple[int | None, float | None]:
+def _read_progress(layout: RunLayout, shard: int, attempt: AttemptRecord) -> Progress | None:
     try:
-        progress = read_json(layout.shard(shard).attempt(attempt.attempt).progress, Progress)
+        return read_json(layout.shard(shard).attempt(attempt.attempt).progress, Progress)
     except (FileNotFoundError, ConfigError):
+        return None
+
+
+def _progress(layout: RunLayout, shard: int, attempt: AttemptRecord, now: datetime) -> tuple[int | None, float | None]:
+    progress = _read_progress(layout, shard, attempt)
+    if progress is None:
         return None, None
     elapsed = (now - datetime.fromisoformat(attempt.started_at)).total_seconds()
     new_rows = progress.rows - attempt.resumed_rows
@@ -295,7 +312,16 @@ def slurm_reason(state: TaskState, tail: str = "") -> tuple[str, str]:
 
 def _ran_as(attempt: AttemptRecord | None, job: str) -> bool:
     """Whether ``attempt`` was begun by array task ``job`` (``<array>_<task>``), per its batch output path."""
-    return attempt is not None and attempt.slurm_log is not None and Path(attempt.slurm_log).name == f"slurm-{job}.out"
+    return attempt is not None and _array_task(attempt) == job
+
+
+def _array_task(attempt: AttemptRecord) -> str | None:
+    """The array task (``<array>_<task>``) that began ``attempt``, from its batch output path
+    (``logs/slurm-<array>_<task>.out``); None for an attempt that ran outside a Slurm array."""
+    if attempt.slurm_log is None:
+        return None
+    name = Path(attempt.slurm_log).name
+    return name.removeprefix("slurm-").removesuffix(".out") if name.startswith("slurm-") else None
 
 
 def _requeued(job: str, live: TaskState, sched: Scheduler, latest: AttemptRecord | None) -> str | None:
@@ -347,7 +373,8 @@ def shard_status(
         return status
     if winner is not None:
         status.state, status.rows, status.attempt = "succeeded", winner.rows, winner.attempt
-        status.job_id = next((a.job_id for a in attempts if a.attempt == winner.attempt), None)
+        won = next((a for a in attempts if a.attempt == winner.attempt), None)
+        status.job_id = None if won is None else _array_task(won) or won.job_id
         status.reason = status.message = None
         if (problem := winner_problem(layout, index, winner)) is not None:
             status.state, status.reason, status.message = "corrupt", "winner_corrupt", problem
@@ -366,6 +393,7 @@ def shard_status(
             status.rows, status.rate = _progress(layout, index, latest, now)
     elif state.state in _PENDING:
         status.state = "pending"
+        status.pending_reason = state.reason if state.reason not in {"", "None"} else None
         if (requeued := _requeued(job, state, sched, latest)) is not None:
             status.reason = requeued
             stopped = f"; attempt {latest.attempt} ended: {latest.reason}" if _ran_as(latest, job) and latest else ""
@@ -397,6 +425,9 @@ def shard_status(
             status.reason, said = slurm_reason(state, tail)
             stuck = f"; {latest.attempt} still says running" if latest is not None and latest.state == "running" else ""
             status.message = f"{said}{stuck}" + (f"\nlast lines of {log}:\n{tail}" if tail else "")
+    if status.rows is None and latest is not None and status.state != "running":
+        progress = _read_progress(layout, index, latest)  # an attempt that ended without counting its rows
+        status.rows = None if progress is None else progress.rows
     return status
 
 
@@ -453,11 +484,39 @@ def covering_tasks(
 
 
 def run_status(layout: RunLayout, slurm: Slurm, *, now: datetime | None = None) -> RunStatus:
-    plan = read_plan(layout.plan)
-    subs = submissions(layout)
-    covering = covering_tasks(subs, layout)
-    sched = query(slurm, subs)
+    """The run and every shard, from its directory and one ``squeue`` and one ``sacct`` call."""
+    plan, subs = read_plan(layout.plan), submissions(layout)
+    return _run_status(layout, plan, subs, query(slurm, subs), now or datetime.now(UTC))
+
+
+@dataclass(frozen=True, slots=True)
+class Unreadable:
+    """A run directory whose records cannot be read (written by another ddslurm version, or damaged)."""
+
+    layout: RunLayout
+    error: str
+
+
+def run_statuses(
+    layouts: list[RunLayout], slurm: Slurm, *, now: datetime | None = None
+) -> list[RunStatus | Unreadable]:
+    """The status of every run of ``layouts`` (in that order) from one ``squeue`` and one ``sacct`` call for all
+    of them together; a run whose plan or submission records cannot be read is :class:`Unreadable`."""
+    read: list[tuple[RunLayout, Plan, list[SubmissionRecord]] | Unreadable] = []
+    for layout in layouts:
+        try:
+            read.append((layout, read_plan(layout.plan), submissions(layout)))
+        except (ConfigError, OSError) as exc:
+            read.append(Unreadable(layout, str(exc)))
+    sched = query(slurm, [sub for item in read if not isinstance(item, Unreadable) for sub in item[2]])
     moment = now or datetime.now(UTC)
+    return [item if isinstance(item, Unreadable) else _run_status(*item, sched, moment) for item in read]
+
+
+def _run_status(
+    layout: RunLayout, plan: Plan, subs: list[SubmissionRecord], sched: Scheduler, moment: datetime
+) -> RunStatus:
+    covering = covering_tasks(subs, layout)
     progress = submission_progress(layout, subs)
     shards = [shard_status(layout, plan, s.index, covering.get(s.index, []), sched, moment) for s in plan.shards]
     if progress is not None:
@@ -481,6 +540,8 @@ def run_status(layout: RunLayout, slurm: Slurm, *, now: datetime | None = None) 
         cancelled_at=cancelled.cancelled_at if cancelled else None,
         submission_incomplete=incomplete,
         unsubmitted_arrays=len(progress.missing) if progress is not None and incomplete else 0,
+        name=plan.run_name,
+        submitted_at=min((s.submitted_at for s in subs), default=None),
     )
 
 

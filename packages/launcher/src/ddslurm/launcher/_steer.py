@@ -46,7 +46,7 @@ from ddslurm.launcher._submit import (
     submit_lock,
     submit_shards,
 )
-from ddslurm.launcher.errors import LauncherError
+from ddslurm.launcher.errors import LauncherError, UsageError
 
 ACTIVE = {"running", "pending", "unknown"}
 _LIVE = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "RESIZING", "SUSPENDED", "RUNNING", "COMPLETING"}
@@ -66,11 +66,16 @@ class Retried:
     job_ids: tuple[str, ...]
 
 
+def check_shard(shard: int, plan: Plan) -> int:
+    """``shard`` if the run has it; else a :class:`UsageError` naming the range it has."""
+    if not 0 <= shard < len(plan.shards):
+        have = "shard 0" if len(plan.shards) == 1 else f"shards 0-{len(plan.shards) - 1}"
+        raise UsageError(f"no shard {shard}: the run has {have}")
+    return shard
+
+
 def _pick_indices(wanted: list[int], plan: Plan) -> list[int]:
-    bad = [s for s in wanted if not 0 <= s < len(plan.shards)]
-    if bad:
-        raise LauncherError(f"no shard {bad[0]}: the run has shards 0-{len(plan.shards) - 1}")
-    return sorted(wanted)
+    return sorted(check_shard(s, plan) for s in wanted)
 
 
 def _pick(status: RunStatus, wanted: list[int] | None, plan: Plan) -> list[int]:
@@ -286,15 +291,29 @@ STEP_GLOBS = {
 }
 
 
-def log_files(layout: RunLayout, shard: int, step: str) -> list[Path]:
-    """The log files of a shard's latest attempt for one step (``slurm``: the array task's batch output)."""
-    records: list[AttemptRecord] = attempt_records(layout, shard)
-    if not records:
+def pick_attempt(layout: RunLayout, shard: int, attempt: str | None = None) -> AttemptRecord | None:
+    """The shard's attempt ``attempt`` (its id, with or without the ``attempt-`` prefix), else its latest; None
+    while it has none. An id the shard does not have is a :class:`UsageError` that lists the ones it has."""
+    records = attempt_records(layout, shard)
+    if attempt is None:
+        return records[-1] if records else None
+    wanted = attempt if attempt.startswith("attempt-") else f"attempt-{attempt}"
+    found = next((r for r in records if r.attempt == wanted), None)
+    if found is None:
+        have = ", ".join(r.attempt.removeprefix("attempt-") for r in records) or "none yet"
+        raise UsageError(f"shard {shard} has no attempt {attempt!r} (its attempts: {have})")
+    return found
+
+
+def log_files(layout: RunLayout, shard: int, step: str, attempt: AttemptRecord | None = None) -> list[Path]:
+    """The log files of one step of ``attempt`` (default: the shard's latest) that exist now; ``slurm``: the
+    array task's batch output."""
+    record = attempt if attempt is not None else pick_attempt(layout, shard)
+    if record is None:
         return []
-    latest = records[-1]
     if step == "slurm":
-        return [Path(latest.slurm_log)] if latest.slurm_log else []
-    attempt_dir = layout.shard(shard).attempt(latest.attempt).dir
-    if step != "client" and latest.allocation:  # a pulling allocation's servers and proxies serve all its shards
-        attempt_dir = Path(latest.allocation)
+        return [Path(record.slurm_log)] if record.slurm_log and Path(record.slurm_log).is_file() else []
+    attempt_dir = layout.shard(shard).attempt(record.attempt).dir
+    if step != "client" and record.allocation:  # a pulling allocation's servers and proxies serve all its shards
+        attempt_dir = Path(record.allocation)
     return [p for pattern in STEP_GLOBS[step] for p in sorted(attempt_dir.glob(pattern))]

@@ -1,121 +1,297 @@
-"""``ddslurm``: run Data Designer recipes on Slurm.
+"""``ddslurm``: run Data Designer recipes on Slurm (a Typer app; ``docs/cli.md`` documents every command).
 
-    ddslurm submit RUN.yaml --profile PROFILE.yaml   capture inputs, compile the plan, submit the arrays
-                                [--dry-run]          show the arrays and the limits they fit in; submit nothing
-    ddslurm submit --continue RUN                    submit the arrays a stopped submission did not submit
-    ddslurm providers RUN.yaml [--check]             how each model alias resolves; --check asks hosted endpoints
-    ddslurm status RUN [--json] [--watch]            the run and every shard
-    ddslurm wait RUN [--json]                        wait until the run ends; exit 0 only if it succeeded
-    ddslurm cancel RUN [--shards 1,3]                cancel the whole run (every array) or the shards' tasks
-    ddslurm retry RUN [--shards 1,3] [--fresh]       new attempts for shards without a winner (resuming);
-                      [--resume-cancelled]           a run cancelled as a whole needs this flag
-    ddslurm accept-partial RUN --shards 1,3          publish short shards' results as their winners
-    ddslurm logs RUN [--shard N] [--step S] [-f]     a step's log of a shard's latest attempt
-    ddslurm collect RUN [--local] [--json]           merge the shards into one Parquet dataset
-    ddslurm list --profile PROFILE.yaml              runs in the workspace
-
-RUN is a run directory or, with --profile (or DDSLURM_PROFILE), a run id in the profile's workspace.
+Commands: submit (--dry-run, --continue), providers, status (--watch), wait (--timeout), cancel (--shards), retry
+(--shards, --fresh, --resume-cancelled), accept-partial, logs, collect (--local, --overwrite), list. Every command
+takes --json (errors included); exit codes are :class:`ddslurm.launcher._output.ExitCode`. Rendering for people
+lives in ``_console``, JSON and errors in ``_output``; this module reads the command line and calls the launcher.
 """
 
 from __future__ import annotations
 
-import argparse
+import functools
+import io
 import os
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import nullcontext
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from enum import StrEnum
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Annotated, Any, TextIO, TypeVar
 
-import msgspec
+import typer
+from typer.main import get_command
 
-from ddslurm.collector import CollectError, collect_command
-from ddslurm.config import ConfigError, PlannedArray, RunLayout, load_profile, read_plan
+from ddslurm.collector import collect_command
+from ddslurm.config import RunLayout, load_profile
 from ddslurm.launcher._collect import collect_job_command
-from ddslurm.launcher._render import compact_ranges, render_generation
-from ddslurm.launcher._slurm import NODE_ENV_ALLOWED, SchedulerLimits, Slurm
-from ddslurm.launcher._status import RunStatus, find_run, run_status
-from ddslurm.launcher._steer import accept_partial, cancel, continue_submission, log_files, retry
-from ddslurm.launcher._submit import (
-    HEADROOM,
-    PartialSubmitError,
-    SubmissionPlan,
-    describe_limit,
-    job_variables,
-    new_stamp,
-    plan_submission,
-    prepare,
-    read_limits,
-    submit,
+from ddslurm.launcher._console import (
+    FileProgress,
+    RunDisplay,
+    dry_run_text,
+    job_spinner,
+    placeholder_note,
+    run_table,
+    show,
+    show_status,
+    summary_line,
 )
-from ddslurm.launcher.errors import LauncherError, SlurmError
-from ddslurm.providers import ProvidersError
-from ddslurm.providers.cli import main as providers_main
+from ddslurm.launcher._logs import LogFollower
+from ddslurm.launcher._output import (
+    REPORTED,
+    CommandFailed,
+    ErrorCode,
+    ErrorReport,
+    ExitCode,
+    Recording,
+    array_json,
+    collect_report,
+    emit_error,
+    error_report,
+    limits_json,
+    write_json,
+)
+from ddslurm.launcher._render import compact_ranges, render_generation
+from ddslurm.launcher._slurm import SchedulerLimits, Slurm
+from ddslurm.launcher._status import TERMINAL, RunStatus, Unreadable, find_run, run_status, run_statuses
+from ddslurm.launcher._steer import (
+    accept_partial,
+    cancel,
+    continue_submission,
+    retry,
+)
+from ddslurm.launcher._submit import new_stamp, plan_submission, prepare, read_limits, submit
+from ddslurm.launcher.errors import SlurmError, UsageError
+from ddslurm.providers import check_endpoints, describe_run
+from ddslurm.providers.cli import print_resolution
 
-EXIT_OK = 0
-EXIT_RUN_FAILED = 1
-EXIT_USAGE = 2
-EXIT_TIMEOUT = 3
-TERMINAL = {"succeeded", "failed", "cancelled", "incomplete"}
-
-
-def _json(obj: Any, out: TextIO) -> None:
-    out.write(msgspec.json.encode(obj).decode() + "\n")
-
-
-def _workspace(args: argparse.Namespace, env: Mapping[str, str]) -> Path | None:
-    profile = getattr(args, "profile", None) or env.get("DDSLURM_PROFILE")
-    return Path(load_profile(Path(profile)).workspace) if profile else None
-
-
-def _format_status(st: RunStatus) -> str:
-    lines = [
-        f"run {st.run_id}: {st.state}  ({st.records_done}/{st.records_requested} records, "
-        + ", ".join(f"{n} {k}" for k, n in sorted(st.counts.items()))
-        + ")",
-        f"  dir: {st.run_dir}",
-        f"  {'SHARD':>5}  {'STATE':<10} {'ROWS':>11}  {'JOB':<10} {'SLURM':<11} REASON",
-    ]
-    unsubmitted = st.counts.get("unsubmitted", 0)
-    if st.cancelled_at:
-        never = f"; {unsubmitted} shard(s) were never submitted" if unsubmitted else ""
-        lines.insert(
-            2, f"  cancelled at {st.cancelled_at} (ddslurm cancel){never}; retry --resume-cancelled continues it"
-        )
-    if st.submission_incomplete:
-        lines.insert(
-            2,
-            f"  submission incomplete: {st.unsubmitted_arrays} array(s) of its plan were not submitted"
-            + (f" ({unsubmitted} shard(s) have no task: unsubmitted)" if unsubmitted else "")
-            + f"\n    submit the rest: ddslurm submit --continue {st.run_dir}"
-            + f"\n    or cancel what was submitted: ddslurm cancel {st.run_dir}",
-        )
-    for s in st.shards:
-        rows = f"{s.rows if s.rows is not None else '-'}/{s.records}"
-        why = f"{s.reason}: {s.message}" if s.reason and s.message else (s.reason or "")
-        lines.append(
-            f"  {s.shard:>5}  {s.state:<10} {rows:>11}  {s.job_id or '-':<10} {s.slurm_state or '-':<11} {why}"
-        )
-    return "\n".join(lines)
+DISTRIBUTIONS = (
+    "ddslurm-launcher",
+    "ddslurm-config",
+    "ddslurm-providers",
+    "ddslurm-planner",
+    "ddslurm-collector",
+    "ddslurm-runtime",
+    "data-designer",
+)
+"""What ``--version`` reports (``ddslurm-runtime`` is what the nodes run; it may be absent on a submit host)."""
 
 
-def cmd_submit(args: argparse.Namespace, slurm: Slurm, env: Mapping[str, str], out: TextIO) -> int:
-    if args.continue_run:
-        return _continue(args, slurm, env, out)
-    if args.profile is None:
-        raise LauncherError("submit needs --profile PROFILE.yaml (the cluster profile)")
-    if args.dry_run:
-        return _dry_run(args, slurm, env, out)
+@dataclass(slots=True)
+class Session:
+    """What every command works with: the environment, the scheduler, the output streams and the clock."""
+
+    env: Mapping[str, str]
+    slurm: Slurm
+    out: TextIO
+    err: TextIO
+    sleep: Callable[[float], None]
+    json: bool = False
+    """``--json`` is on the command line (so an error of the command line itself is reported as JSON too)."""
+    command: str | None = None
+
+
+def _session(ctx: typer.Context, as_json: bool) -> Session:
+    """The session of the command ``ctx`` runs, with its ``--json``."""
+    session = ctx.find_object(Session)
+    if session is None:
+        raise RuntimeError("the ddslurm app runs through ddslurm.launcher.cli.main")
+    session.command = ctx.info_name
+    session.json = session.json or as_json
+    return session
+
+
+class PipeClosed(Exception):
+    """Whoever read stdout stopped (``| head``): ``main`` exits quietly."""
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _guarded(command: _F) -> _F:
+    """A command whose closed stdout and Ctrl-C ``main`` handles: Typer would turn a BrokenPipeError into
+    ``sys.exit(1)`` (rewrapping the process's streams) and Ctrl-C into a silent exit 130."""
+
+    @functools.wraps(command)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except BrokenPipeError:
+            raise PipeClosed from None
+        except KeyboardInterrupt:
+            raise CommandFailed(ErrorReport(ErrorCode.INTERRUPTED, "interrupted", ExitCode.INTERRUPTED)) from None
+
+    return run  # type: ignore[return-value]
+
+
+def _versions() -> dict[str, str | None]:
+    found: dict[str, str | None] = {}
+    for name in DISTRIBUTIONS:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def _show_version(ctx: typer.Context, value: bool) -> None:
+    if not value:
+        return
+    session = ctx.find_object(Session)
+    out = session.out if session is not None else sys.stdout
+    found = _versions()
+    if session is not None and session.json:
+        write_json(found, out)
+    else:
+        out.write(f"ddslurm {found['ddslurm-launcher']}\n")
+        out.write("".join(f"  {name} {v or '(not installed)'}\n" for name, v in found.items()))
+    raise typer.Exit(int(ExitCode.OK))
+
+
+app = typer.Typer(
+    name="ddslurm",
+    help="Run NVIDIA Data Designer recipes on Slurm: submit a run as job arrays, follow it, steer its shards, "
+    "and collect one Parquet dataset. RUN is a run directory, or a run id with --profile or DDSLURM_PROFILE. "
+    "Exit codes and the JSON of every command: docs/cli.md.",
+    no_args_is_help=True,
+    add_completion=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+@app.callback()
+def _top(
+    ctx: typer.Context,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON, as every command's own --json does.")] = False,
+    show_version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_show_version,
+            is_eager=True,
+            help="Print the versions of the ddslurm distributions and Data Designer, and exit.",
+        ),
+    ] = False,
+) -> None:
+    """Run NVIDIA Data Designer recipes on Slurm."""
+    session = ctx.find_object(Session)
+    if session is not None:
+        session.json = session.json or as_json
+
+
+# --- the options several commands share ---
+
+RunArg = Annotated[
+    str,
+    typer.Argument(
+        metavar="RUN",
+        help="The run: its directory, or its run id in the workspace of --profile.",
+        show_default=False,
+    ),
+]
+ProfileOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--profile",
+        metavar="PROFILE.yaml",
+        help="The cluster profile, whose workspace holds the runs. Default: the file DDSLURM_PROFILE names.",
+        show_default=False,
+    ),
+]
+JsonOpt = Annotated[
+    bool,
+    typer.Option("--json", help='Print JSON instead of text; an error as {"error": {"code", "message", "exit_code"}}.'),
+]
+ShardsHelp = "Shards by number and range, such as 1,3,5-7."
+
+
+class Step(StrEnum):
+    client = "client"
+    server = "server"
+    proxy = "proxy"
+    slurm = "slurm"
+
+
+def _profile(profile: Path | None, env: Mapping[str, str]) -> Path | None:
+    """``--profile``, else the file ``DDSLURM_PROFILE`` names."""
+    if profile is not None:
+        return profile
+    named = env.get("DDSLURM_PROFILE")
+    return Path(named) if named else None
+
+
+def _workspace(profile: Path | None, env: Mapping[str, str]) -> Path | None:
+    path = _profile(profile, env)
+    return Path(load_profile(path).workspace) if path is not None else None
+
+
+def _run(session: Session, run: str, profile: Path | None) -> RunLayout:
+    return find_run(run, _workspace(profile, session.env))
+
+
+def parse_shards(value: str | None) -> list[int] | None:
+    """``1,3,5-7`` → [1, 3, 5, 6, 7]; None stays None."""
+    if value is None:
+        return None
     try:
-        done = submit(args.run_file, args.profile, slurm=slurm, env=env)
-    except PartialSubmitError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        if args.json:
-            _json(_partial_json(exc), out)
-        return EXIT_RUN_FAILED
-    if args.json:
-        _json(
+        out: list[int] = []
+        for part in value.split(","):
+            lo, _, hi = part.partition("-")
+            out.extend(range(int(lo), int(hi) + 1) if hi else [int(lo)])
+        return out
+    except ValueError:
+        raise UsageError(f"--shards {value!r}: expected numbers and ranges such as 1,3,5-7") from None
+
+
+# --- submit ---
+
+
+@app.command("submit")
+@_guarded
+def cmd_submit(
+    ctx: typer.Context,
+    run_file: Annotated[
+        Path,
+        typer.Argument(
+            metavar="RUN_FILE",
+            help="The run file (recipe, records, shards, scheduler settings); with --continue, the run (RUN).",
+            show_default=False,
+        ),
+    ],
+    profile: ProfileOpt = None,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run", help="Validate, show the arrays and the limits they fit in; write and submit nothing."
+        ),
+    ] = False,
+    continue_run: Annotated[
+        bool,
+        typer.Option(
+            "--continue",
+            help="Submit the arrays of RUN's submission plan that a submission stopped part-way did not submit.",
+        ),
+    ] = False,
+    as_json: JsonOpt = False,
+) -> int:
+    """Capture the inputs, compile the plan and submit the run's job arrays."""
+    session = _session(ctx, as_json)
+    if continue_run:
+        return _continue(session, str(run_file), profile)
+    profile_path = _profile(profile, session.env)
+    if profile_path is None:
+        raise UsageError("submit needs --profile PROFILE.yaml (the cluster profile), or DDSLURM_PROFILE naming it")
+    if dry_run:
+        return _dry_run(session, run_file, profile_path)
+    done = submit(run_file, profile_path, slurm=session.slurm, env=session.env)
+    out = session.out
+    if session.json:
+        write_json(
             {
                 "run_id": done.layout.run_id,
                 "run_dir": str(done.layout.root),
@@ -126,247 +302,231 @@ def cmd_submit(args: argparse.Namespace, slurm: Slurm, env: Mapping[str, str], o
             },
             out,
         )
-    else:
-        jobs = f"array job {done.job_id}" if len(done.job_ids) <= 1 else f"array jobs {', '.join(done.job_ids)}"
-        out.write(
-            f"submitted run {done.layout.run_id}: {jobs}, {len(done.plan.shards)} shard(s), "
-            f"{done.plan.num_records} records\n  run dir: {done.layout.root}\n"
-            f"  next: ddslurm wait {done.layout.root}\n"
-        )
-        if note := placeholder_note(done.plan.secret_env_unscanned):
-            out.write(f"  note: {note}\n")
-    return EXIT_OK
+        return ExitCode.OK
+    jobs = f"array job {done.job_id}" if len(done.job_ids) <= 1 else f"array jobs {', '.join(done.job_ids)}"
+    out.write(
+        f"submitted run {done.layout.run_id}: {jobs}, {len(done.plan.shards)} shard(s), "
+        f"{done.plan.num_records} records\n  run dir: {done.layout.root}\n"
+        f"  next: ddslurm wait {done.layout.root}\n"
+    )
+    if note := placeholder_note(done.plan.secret_env_unscanned):
+        out.write(f"  note: {note}\n")
+    return ExitCode.OK
 
 
-def _array_json(array: PlannedArray, job_id: str | None = None) -> dict[str, Any]:
-    return {
-        "index": array.index,
-        "kind": array.kind,
-        "array": array.array,
-        "shards": compact_ranges(array.shards),
-        "tasks": len(array.shards),
-        "after": array.after,
-        **({"job_id": job_id} if job_id is not None else {}),
-    }
-
-
-def _partial_json(exc: PartialSubmitError) -> dict[str, Any]:
-    return {
-        "run_id": exc.layout.run_id,
-        "run_dir": str(exc.layout.root),
-        "state": "incomplete",
-        "error": str(exc.cause),
-        "submitted": [_array_json(a, job) for a, job in exc.submitted],
-        "not_submitted": [_array_json(a) for a in exc.missing],
-    }
-
-
-def _continue(args: argparse.Namespace, slurm: Slurm, env: Mapping[str, str], out: TextIO) -> int:
+def _continue(session: Session, run: str, profile: Path | None) -> int:
     """``submit --continue RUN``: the arrays of the run's submission plan that were never submitted."""
-    layout = find_run(str(args.run_file), _workspace(args, env))
-    try:
-        done = continue_submission(layout, slurm, env)
-    except PartialSubmitError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        if args.json:
-            _json(_partial_json(exc), out)
-        return EXIT_RUN_FAILED
-    if args.json:
-        _json({"run_dir": str(layout.root), "job_ids": list(done.job_ids), "adopted": list(done.adopted)}, out)
+    layout = _run(session, run, profile)
+    done = continue_submission(layout, session.slurm, session.env)
+    out = session.out
+    if session.json:
+        write_json({"run_dir": str(layout.root), "job_ids": list(done.job_ids), "adopted": list(done.adopted)}, out)
     elif not done.job_ids and not done.adopted:
         out.write(f"nothing to submit: every array of run {layout.run_id} was submitted\n")
     else:
         found = f"; found in the queue and recorded: {', '.join(done.adopted)}" if done.adopted else ""
         out.write(
             f"submitted the rest of run {layout.run_id}: array job(s) {', '.join(done.job_ids) or '(none)'}{found}; "
-            f"shards {compact_ranges(done.shards)}\n  next: ddslurm wait {layout.root}\n"
+            f"shards {compact_ranges(done.shards)}\n"
+            f"  next: ddslurm wait {layout.root}\n"
         )
-    return EXIT_OK
+    return ExitCode.OK
 
 
-def placeholder_note(names: tuple[str, ...]) -> str:
-    """What submit says about API-key variables whose values are placeholders (names only, never values)."""
-    if not names:
-        return ""
-    if len(names) == 1:
-        return f"{names[0]} holds a placeholder value (not a secret): attempts do not scan their files for it"
-    return f"{', '.join(names)} hold placeholder values (not secrets): attempts do not scan their files for them"
-
-
-def _dry_run(args: argparse.Namespace, slurm: Slurm, env: Mapping[str, str], out: TextIO) -> int:
+def _dry_run(session: Session, run_file: Path, profile: Path) -> int:
     """Validate and compile everything, read the scheduler's limits and show the arrays the submission would make
     (``plan_submission``, as ``submit`` does), or refuse as ``submit`` would; write nothing, submit nothing."""
     now = datetime.now(UTC)
-    prepared = prepare(args.run_file, args.profile, env, now)
+    prepared = prepare(run_file, profile, session.env, now)
     plan, layout = prepared.plan, prepared.layout
     try:
-        limits = read_limits(slurm, plan)
+        limits = read_limits(session.slurm, plan)
     except SlurmError as exc:  # no scheduler here: show the arrays for Slurm's default MaxArraySize
         limits = SchedulerLimits(1001, notes=(f"scheduler limits not read ({exc}); arrays assume MaxArraySize 1001",))
     planned = plan_submission(plan, layout, [s.index for s in plan.shards], limits, stamp=new_stamp(now))
-    first = planned.arrays[0]
-    script = render_generation(plan, layout, list(first.shards))
-    if args.json:
-        _json(
+    script = render_generation(plan, layout, list(planned.arrays[0].shards))
+    if session.json:
+        write_json(
             {
                 "plan": plan,
-                "arrays": [_array_json(a) for a in planned.arrays],
+                "arrays": [array_json(a) for a in planned.arrays],
                 "tasks": planned.tasks,
-                "limits": _limits_json(planned),
+                "limits": limits_json(planned),
                 "script": script,
                 "aliases": list(prepared.aliases),
             },
-            out,
+            session.out,
         )
-        return EXIT_OK
-    out.write(f"# dry run: nothing was written or submitted\n# run dir would be {layout.root}\n")
-    names = ", ".join((*NODE_ENV_ALLOWED, *job_variables(plan)))
-    out.write(
-        f"# sbatch --export=ALL from an environment of {names} only (values stay in your shell; "
-        "the node reads no login file)\n"
-    )
-    if note := placeholder_note(plan.secret_env_unscanned):
-        out.write(f"# note: {note}\n")
-    out.write("".join(f"# {line}\n" for line in _plan_lines(planned)))
-    out.write(f"# the batch script of array 0 (the others differ in --array, the shards and --dependency):\n{script}")
-    return EXIT_OK
+    else:
+        session.out.write(dry_run_text(plan, layout, planned, script))
+    return ExitCode.OK
 
 
-def _limits_json(planned: SubmissionPlan) -> dict[str, Any]:
-    return {
-        "max_array_size": planned.limits.max_array_size,
-        "headroom": HEADROOM,
-        "checked": [
-            {"name": c.name, "scope": c.scope, "limit": c.limit, "used": c.used, "usable": c.usable}
-            for c in planned.checks
-        ],
-        "notes": list(planned.limits.notes),
-    }
+# --- providers ---
 
 
-def _plan_lines(planned: SubmissionPlan) -> list[str]:
-    """The arrays and the limits, as the dry run prints them."""
-    lines = [
-        f"{len(planned.arrays)} sbatch call(s), {planned.tasks:,} array task(s) "
-        f"(MaxArraySize {planned.limits.max_array_size:,}):"
-    ]
-    for a in planned.arrays:
-        after = f"  --dependency=afternotok:<array {a.after}>" if a.after is not None else ""
-        lines.append(f"  array {a.index}: --array={a.array:<14} shards {compact_ranges(a.shards)} ({a.kind}){after}")
-    lines.append(f"limits checked (a submission uses at most {round(HEADROOM * 100)} % of what is left under each):")
-    lines += [f"  {describe_limit(c)}: this run needs {planned.tasks:,}" for c in planned.checks]
-    lines += [f"  {note}" for note in planned.limits.notes]
-    return lines
-
-
-def _bar(done: int, total: int, width: int = 24) -> str:
-    filled = min(width, width * done // total) if total else width
-    return "[" + "#" * filled + "." * (width - filled) + "]"
-
-
-def _format_watch(st: RunStatus) -> str:
-    lines = [
-        f"{st.run_id}: {st.state}  {_bar(st.records_done, st.records_requested)} "
-        f"{st.records_done}/{st.records_requested} records"
-    ]
-    for s in st.shards:
-        rate = f" {s.rate:.1f} rec/s" if s.rate else ""
-        why = f"  {s.reason}" if s.reason and s.state in {"failed", "partial", "cancelled", "corrupt"} else ""
-        lines.append(
-            f"  shard {s.shard:>5} {s.state:<10} {_bar(s.rows or 0, s.records, 16)} "
-            f"{s.rows or 0}/{s.records}{rate}{why}"
-        )
-    return "\n".join(lines)
-
-
-def cmd_status(
-    args: argparse.Namespace,
-    slurm: Slurm,
-    env: Mapping[str, str],
-    out: TextIO,
-    sleep: Callable[[float], None] = time.sleep,
+@app.command("providers")
+@_guarded
+def cmd_providers(
+    ctx: typer.Context,
+    run_file: Annotated[
+        Path, typer.Argument(metavar="RUN_FILE", help="The run file whose recipe names the models.", show_default=False)
+    ],
+    check: Annotated[
+        bool, typer.Option("--check", help="Ask each hosted endpoint whether it lists the model and accepts the key.")
+    ] = False,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds per endpoint for --check.")] = 10.0,
+    as_json: JsonOpt = False,
 ) -> int:
-    layout = find_run(args.run, _workspace(args, env))
-    if not args.watch:
-        st = run_status(layout, slurm)
-        if args.json:
-            _json(st, out)
-        else:
-            out.write(_format_status(st) + "\n")
-        return EXIT_OK
-    delay = 2.0
+    """Show how the run's model aliases resolve, and what would stop a submit (never a key's value).
+
+    Exit 0 when submit would accept the providers (and every --check passed), 1 when the table shows problems."""
+    session = _session(ctx, as_json)
+    resolution = describe_run(run_file, session.env)
+    if check:
+        resolution = check_endpoints(resolution, session.env, timeout=timeout)
+    return print_resolution(resolution, checked=check, as_json=session.json, out=session.out, err=session.err)
+
+
+# --- status, wait ---
+
+
+def _poll(session: Session, layout: RunLayout, delay: float, *, grow: float = 1.0) -> Iterator[RunStatus | None]:
+    """The run's status, again and again (``delay`` seconds apart, times ``grow`` each time, at most 5 s when
+    growing); None after a scheduler query that failed (then waiting twice as long each time, up to 60 s)."""
+    wait, backoff = delay, 2.0
     while True:
         try:
-            st = run_status(layout, slurm)
-            delay = 2.0
-        except SlurmError as exc:  # a busy controller: back off, keep watching
-            print(f"scheduler query failed ({exc}); retrying in {delay:.0f} s", file=sys.stderr)
-            sleep(delay)
-            delay = min(delay * 2, 60.0)
+            st = run_status(layout, session.slurm)
+        except SlurmError as exc:  # a busy controller: back off, keep going
+            session.err.write(f"scheduler query failed ({exc}); retrying in {backoff:.0f} s\n")
+            session.err.flush()
+            yield None
+            session.sleep(backoff)
+            backoff = min(backoff * 2, 60.0)
             continue
-        if args.json:
-            _json(st, out)
-        else:
-            out.write("\x1b[2J\x1b[H" if out.isatty() else "")
-            out.write(_format_watch(st) + "\n")
-        out.flush()
-        if st.state in TERMINAL:
-            return EXIT_OK
-        sleep(delay)
+        backoff = 2.0
+        yield st
+        session.sleep(wait)
+        wait = min(wait * grow, 5.0) if grow > 1.0 else wait
 
 
-def cmd_wait(
-    args: argparse.Namespace,
-    slurm: Slurm,
-    env: Mapping[str, str],
-    out: TextIO,
-    sleep: Callable[[float], None] = time.sleep,
+def _display(session: Session, *, table: bool) -> RunDisplay | None:
+    """The live view, on a terminal only (and never with --json)."""
+    return RunDisplay(session.out, table=table) if not session.json and session.out.isatty() else None
+
+
+@app.command("status")
+@_guarded
+def cmd_status(
+    ctx: typer.Context,
+    run: RunArg,
+    profile: ProfileOpt = None,
+    watch: Annotated[
+        bool,
+        typer.Option(
+            "--watch",
+            help="Refresh until the run ends: live progress on a terminal, a line per change elsewhere, "
+            "a JSON object per refresh with --json.",
+        ),
+    ] = False,
+    as_json: JsonOpt = False,
 ) -> int:
-    layout = find_run(args.run, _workspace(args, env))
+    """Show the run and every shard: state, rows, rate, attempt, array task, Slurm's state and why it failed."""
+    session = _session(ctx, as_json)
+    layout = _run(session, run, profile)
+    if not watch:
+        st = run_status(layout, session.slurm)
+        if session.json:
+            write_json(st, session.out)
+        else:
+            show_status(session.out, st)
+        return ExitCode.OK
+    display = _display(session, table=True)
+    last = ""
+    with display if display is not None else nullcontext():
+        for polled in _poll(session, layout, 2.0):
+            if polled is None:
+                continue
+            st = polled
+            if session.json:
+                write_json(st, session.out)
+            elif display is not None:
+                display.update(st)
+            elif (line := summary_line(st)) != last:
+                session.out.write(line + "\n")
+                session.out.flush()
+                last = line
+            if st.state in TERMINAL:
+                break
+    if not session.json:
+        show_status(session.out, st)
+    return ExitCode.OK
+
+
+@app.command("wait")
+@_guarded
+def cmd_wait(
+    ctx: typer.Context,
+    run: RunArg,
+    profile: ProfileOpt = None,
+    timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--timeout", metavar="SECONDS", help="Give up (exit 3) after this many seconds.", show_default=False
+        ),
+    ] = None,
+    as_json: JsonOpt = False,
+) -> int:
+    """Wait until the run ends, then show it; exit 0 only if it succeeded (progress on a terminal)."""
+    session = _session(ctx, as_json)
+    layout = _run(session, run, profile)
     start = time.monotonic()
-    delay, last = 1.0, ""
-    while True:
-        st = run_status(layout, slurm)
-        line = f"{st.state}: {st.records_done}/{st.records_requested} records, " + ", ".join(
-            f"{n} {k}" for k, n in sorted(st.counts.items())
-        )
-        if line != last and not args.json:
-            print(f"[{time.monotonic() - start:6.1f}s] {line}", file=sys.stderr)
-            last = line
-        if st.state in TERMINAL:
-            break
-        if args.timeout is not None and time.monotonic() - start > args.timeout:
-            if args.json:
-                _json(st, out)
-            print(f"error: run still {st.state} after {args.timeout:.0f} s", file=sys.stderr)
-            return EXIT_TIMEOUT
-        sleep(delay)
-        delay = min(delay * 1.3, 5.0)
-    if args.json:
-        _json(st, out)
+    display = _display(session, table=False)
+    st: RunStatus | None = None
+    with display if display is not None else nullcontext():
+        for polled in _poll(session, layout, 1.0, grow=1.3):
+            st = polled or st
+            if st is not None and display is not None:
+                display.update(st)
+            if st is not None and st.state in TERMINAL:
+                break
+            if timeout is not None and time.monotonic() - start > timeout:
+                state = st.state if st is not None else "unknown"
+                report = ErrorReport(
+                    ErrorCode.TIMEOUT, f"run still {state} after {timeout:.0f} s", ExitCode.TIMEOUT, {"status": st}
+                )
+                raise CommandFailed(report)
+    assert st is not None
+    if session.json:
+        write_json(st, session.out)
     else:
-        out.write(_format_status(st) + "\n")
-    return EXIT_OK if st.state == "succeeded" else EXIT_RUN_FAILED
+        show_status(session.out, st)
+    return ExitCode.OK if st.state == "succeeded" else ExitCode.FAILED
 
 
-def _shards(value: str | None) -> list[int] | None:
-    if value is None:
-        return None
-    try:
-        out: list[int] = []
-        for part in value.split(","):
-            lo, _, hi = part.partition("-")
-            out.extend(range(int(lo), int(hi) + 1) if hi else [int(lo)])
-        return out
-    except ValueError:
-        raise LauncherError(f"--shards {value!r}: expected numbers and ranges such as 1,3,5-7") from None
+# --- steering: cancel, retry, accept-partial ---
 
 
-def cmd_cancel(args: argparse.Namespace, slurm: Slurm, env: Mapping[str, str], out: TextIO) -> int:
-    layout = find_run(args.run, _workspace(args, env))
-    done = cancel(layout, slurm, _shards(args.shards))
-    if args.json:
-        _json({"cancelled": list(done.ids), "run_cancelled": done.run}, out)
+@app.command("cancel")
+@_guarded
+def cmd_cancel(
+    ctx: typer.Context,
+    run: RunArg,
+    profile: ProfileOpt = None,
+    shards: Annotated[
+        str | None,
+        typer.Option("--shards", metavar="1,3,5-7", help=f"{ShardsHelp} Default: the whole run.", show_default=False),
+    ] = None,
+    as_json: JsonOpt = False,
+) -> int:
+    """Cancel the whole run (every array, pending retries included) or the queued and running tasks of shards."""
+    session = _session(ctx, as_json)
+    layout = _run(session, run, profile)
+    done = cancel(layout, session.slurm, parse_shards(shards))
+    out = session.out
+    if session.json:
+        write_json({"cancelled": list(done.ids), "run_cancelled": done.run}, out)
     elif done.run:
         out.write(
             f"cancelled run {layout.run_id}: array job(s) {', '.join(done.ids) or '(none)'}, pending retries "
@@ -375,187 +535,261 @@ def cmd_cancel(args: argparse.Namespace, slurm: Slurm, env: Mapping[str, str], o
         )
     else:
         out.write(f"cancelled {len(done.ids)} task(s) of run {layout.run_id}: {', '.join(done.ids) or '(none)'}\n")
-    return EXIT_OK
+    return ExitCode.OK
 
 
-def cmd_retry(args: argparse.Namespace, slurm: Slurm, env: Mapping[str, str], out: TextIO) -> int:
-    layout = find_run(args.run, _workspace(args, env))
-    done = retry(layout, slurm, env, _shards(args.shards), resume_cancelled=args.resume_cancelled, fresh=args.fresh)
-    if args.json:
-        _json({"shards": list(done.shards), "job_ids": list(done.job_ids)}, out)
+@app.command("retry")
+@_guarded
+def cmd_retry(
+    ctx: typer.Context,
+    run: RunArg,
+    profile: ProfileOpt = None,
+    shards: Annotated[
+        str | None,
+        typer.Option(
+            "--shards",
+            metavar="1,3,5-7",
+            help=f"{ShardsHelp} Default: every shard without a result and without a task.",
+            show_default=False,
+        ),
+    ] = None,
+    fresh: Annotated[
+        bool, typer.Option("--fresh", help="Start the shards from nothing: never resume earlier attempts' batches.")
+    ] = False,
+    resume_cancelled: Annotated[
+        bool,
+        typer.Option("--resume-cancelled", help="Retry a run cancelled as a whole (clears its cancel record)."),
+    ] = False,
+    as_json: JsonOpt = False,
+) -> int:
+    """Submit new attempts, as one array, for shards without a winner (resuming their batches)."""
+    session = _session(ctx, as_json)
+    layout = _run(session, run, profile)
+    done = retry(
+        layout, session.slurm, session.env, parse_shards(shards), resume_cancelled=resume_cancelled, fresh=fresh
+    )
+    out = session.out
+    if session.json:
+        write_json({"shards": list(done.shards), "job_ids": list(done.job_ids)}, out)
     elif not done.shards:
         out.write(f"nothing to retry: every shard of {layout.run_id} has a winner or is still running\n")
     else:
         out.write(f"retrying {len(done.shards)} shard(s) as array job(s) {', '.join(done.job_ids)}\n")
-    return EXIT_OK
+    return ExitCode.OK
 
 
-def cmd_accept_partial(args: argparse.Namespace, slurm: Slurm, env: Mapping[str, str], out: TextIO) -> int:
-    layout = find_run(args.run, _workspace(args, env))
-    shards = _shards(args.shards) or []
-    accepted = accept_partial(layout, shards)
-    if args.json:
-        _json({"accepted": [{"shard": s, "rows": r} for s, r in accepted]}, out)
-    else:
-        for shard, rows in accepted:
-            out.write(f"shard {shard}: accepted {rows} rows as its result\n")
-    return EXIT_OK
-
-
-def cmd_logs(
-    args: argparse.Namespace,
-    slurm: Slurm,
-    env: Mapping[str, str],
-    out: TextIO,
-    sleep: Callable[[float], None] = time.sleep,
+@app.command("accept-partial")
+@_guarded
+def cmd_accept_partial(
+    ctx: typer.Context,
+    run: RunArg,
+    shards: Annotated[
+        str, typer.Option("--shards", metavar="1,3,5-7", help=f"{ShardsHelp} Required.", show_default=False)
+    ],
+    profile: ProfileOpt = None,
+    as_json: JsonOpt = False,
 ) -> int:
-    layout = find_run(args.run, _workspace(args, env))
-    files = log_files(layout, args.shard, args.step)
-    if not files:
-        raise LauncherError(f"shard {args.shard} has no {args.step} log yet")
-    for path in files:
-        lines = path.read_text(errors="replace").splitlines()
-        if len(files) > 1:
-            out.write(f"==> {path} <==\n")
-        out.write("".join(f"{line}\n" for line in lines[-args.lines :]))
-    if not args.follow:
-        return EXIT_OK
-    offsets = {p: p.stat().st_size for p in files}
-    while True:
-        for path in files:
-            size = path.stat().st_size
-            if size > offsets[path]:
-                with path.open("rb") as fh:
-                    fh.seek(offsets[path])
-                    out.write(fh.read(size - offsets[path]).decode(errors="replace"))
-                out.flush()
-                offsets[path] = size
-        if run_status(layout, slurm).state in TERMINAL:
-            return EXIT_OK
-        sleep(1.0)
-
-
-def cmd_collect(args: argparse.Namespace, slurm: Slurm, env: Mapping[str, str], out: TextIO) -> int:
-    """Exit codes are the collector's (``ddslurm.collector.collect_command``), in a job or with --local alike."""
-    layout = find_run(args.run, _workspace(args, env))
-    if args.local:
-        return collect_command(layout, overwrite=args.overwrite, as_json=args.json, out=out, err=sys.stderr)
-    return collect_job_command(layout, slurm, overwrite=args.overwrite, as_json=args.json, out=out, err=sys.stderr)
-
-
-def cmd_list(args: argparse.Namespace, slurm: Slurm, env: Mapping[str, str], out: TextIO) -> int:
-    workspace = _workspace(args, env)
-    if workspace is None:
-        raise LauncherError("list needs --profile (or DDSLURM_PROFILE) to find the workspace")
-    rows = []
-    for plan_path in sorted((workspace / "runs").glob("*/run.json")):
-        layout = RunLayout(plan_path.parent)
-        state: str
-        try:
-            plan = read_plan(plan_path)
-            state, name, records = run_status(layout, slurm).state, plan.run_name, plan.num_records
-        except ConfigError:  # a run written by another ddslurm version: list it, do not fail the listing
-            state, name, records = "unreadable", "?", 0
-        rows.append(
-            {"run_id": layout.run_id, "name": name, "state": state, "records": records, "run_dir": str(layout.root)}
-        )
-    if args.json:
-        _json(rows, out)
+    """Publish the best short result of each shard as its winner (marked partial)."""
+    session = _session(ctx, as_json)
+    layout = _run(session, run, profile)
+    accepted = accept_partial(layout, parse_shards(shards) or [])
+    if session.json:
+        write_json({"accepted": [{"shard": s, "rows": r} for s, r in accepted]}, session.out)
     else:
-        for r in rows:
-            out.write(f"{r['run_id']:<48} {r['state']:<10} {r['records']:>8}  {r['run_dir']}\n")
-    return EXIT_OK
+        session.out.write("".join(f"shard {shard}: accepted {rows} rows as its result\n" for shard, rows in accepted))
+    return ExitCode.OK
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="ddslurm", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("submit", help="submit a run")
-    p.add_argument("run_file", type=Path, metavar="RUN_FILE", help="the run file; with --continue, the run (RUN)")
-    p.add_argument("--profile", type=Path, default=None)
-    p.add_argument("--json", action="store_true")
-    p.add_argument(
-        "--dry-run", action="store_true", help="validate, show the arrays and the limits they fit in; submit nothing"
-    )
-    p.add_argument(
-        "--continue",
-        dest="continue_run",
-        action="store_true",
-        help="submit the arrays of RUN's submission plan that a stopped submission did not submit",
-    )
-    p = sub.add_parser("providers", help="show how the run's model aliases resolve, and what would stop a submit")
-    p.add_argument("run_file", type=Path)
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--check", action="store_true", help="ask each hosted endpoint for the model and accept the key")
-    p.add_argument("--timeout", default="10", help="seconds per endpoint for --check")
-    for name, help_text in (
-        ("status", "show a run"),
-        ("wait", "wait for a run to end"),
-        ("cancel", "cancel a run's queued and running tasks"),
-        ("collect", "merge a run's shards"),
-        ("retry", "new attempts for shards without a winner"),
-        ("accept-partial", "accept short shards as their results"),
-        ("logs", "a step's log of a shard's latest attempt"),
-    ):
-        p = sub.add_parser(name, help=help_text)
-        p.add_argument("run")
-        p.add_argument("--profile", type=Path, default=None)
-        p.add_argument("--json", action="store_true")
-        if name == "wait":
-            p.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
-        if name == "collect":
-            p.add_argument("--local", action="store_true", help="collect in this process instead of a Slurm job")
-            p.add_argument("--overwrite", action="store_true", help="replace an existing dataset")
-        if name in {"cancel", "retry", "accept-partial"}:
-            p.add_argument("--shards", default=None, required=name == "accept-partial", help="e.g. 1,3,5-7")
-        if name == "status":
-            p.add_argument("--watch", action="store_true", help="refresh until the run ends")
-        if name == "retry":
-            p.add_argument(
-                "--resume-cancelled", action="store_true", help="retry a run cancelled as a whole (clears the mark)"
+# --- logs ---
+
+
+@app.command("logs")
+@_guarded
+def cmd_logs(
+    ctx: typer.Context,
+    run: RunArg,
+    profile: ProfileOpt = None,
+    shard: Annotated[
+        int | None,
+        typer.Option(
+            "--shard", help="The shard. Default: the first shard that failed, else shard 0.", show_default=False
+        ),
+    ] = None,
+    attempt: Annotated[
+        str | None,
+        typer.Option(
+            "--attempt",
+            metavar="ID",
+            help="The attempt (its id as status shows it, such as 4243). Default: the shard's latest.",
+            show_default=False,
+        ),
+    ] = None,
+    step: Annotated[
+        Step,
+        typer.Option(
+            "--step",
+            help="Which log: client (the generation step), server, proxy, or slurm (the array task's batch output).",
+        ),
+    ] = Step.client,
+    lines: Annotated[int, typer.Option("--lines", "-n", help="How many of the last lines to show.")] = 50,
+    follow: Annotated[
+        bool,
+        typer.Option(
+            "--follow", "-f", help="Keep printing until the run ends; waits for a log that does not exist yet."
+        ),
+    ] = False,
+    as_json: JsonOpt = False,
+) -> int:
+    """Print a step's log of a shard's attempt; structured log lines as time, level, event and key=value."""
+    session = _session(ctx, as_json)
+    follower = LogFollower(_run(session, run, profile), session.slurm, session.out, session.err, session.sleep)
+    index = follower.pick_shard(shard)
+    follower.show(index, step.value, attempt, lines=lines, follow=follow, as_json=session.json)
+    return ExitCode.OK
+
+
+# --- collect, list ---
+
+
+@app.command("collect")
+@_guarded
+def cmd_collect(
+    ctx: typer.Context,
+    run: RunArg,
+    profile: ProfileOpt = None,
+    local: Annotated[bool, typer.Option("--local", help="Collect in this process instead of a CPU Slurm job.")] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing dataset.")] = False,
+    as_json: JsonOpt = False,
+) -> int:
+    """Merge the shards' results into one Parquet dataset (RUN/dataset); the collector's exit codes.
+
+    Progress on a terminal: a bar over the batch files with --local, the job's elapsed time otherwise."""
+    session = _session(ctx, as_json)
+    layout = _run(session, run, profile)
+    live = not session.json and session.out.isatty()
+    held_out, held_err = io.StringIO(), io.StringIO()  # printed once the live display lets go of the terminal
+    out = held_out if live else session.out
+    err = Recording(held_err if live else session.err)
+    if local:
+        progress = FileProgress(session.out) if live else None
+        with progress.progress if progress is not None else nullcontext():
+            code = collect_command(
+                layout,
+                overwrite=overwrite,
+                as_json=session.json,
+                out=out,
+                err=err,
+                progress=progress,  # None: the collector's own lines on stderr, as in the job's log
             )
-            p.add_argument(
-                "--fresh", action="store_true", help="start the shards from nothing (never resume earlier batches)"
+    else:
+        with job_spinner(session.out, "collecting in a Slurm job") if live else nullcontext():
+            code = collect_job_command(
+                layout, session.slurm, overwrite=overwrite, as_json=session.json, out=out, err=err
             )
-        if name == "logs":
-            p.add_argument("--shard", type=int, default=0)
-            p.add_argument("--step", choices=["client", "server", "proxy", "slurm"], default="client")
-            p.add_argument("--lines", type=int, default=50)
-            p.add_argument("-f", "--follow", action="store_true", help="keep printing until the run ends")
-    p = sub.add_parser("list", help="list runs in the workspace")
-    p.add_argument("--profile", type=Path, default=None)
-    p.add_argument("--json", action="store_true")
-    return parser
+    session.err.write(held_err.getvalue())
+    session.out.write(held_out.getvalue())
+    if code != ExitCode.OK and session.json:
+        raise CommandFailed(collect_report(code, err.getvalue()), said=True)
+    return code
 
 
-COMMANDS = {
-    "submit": cmd_submit,
-    "status": cmd_status,
-    "wait": cmd_wait,
-    "cancel": cmd_cancel,
-    "collect": cmd_collect,
-    "list": cmd_list,
-    "retry": cmd_retry,
-    "accept-partial": cmd_accept_partial,
-    "logs": cmd_logs,
-}
+@app.command("list")
+@_guarded
+def cmd_list(ctx: typer.Context, profile: ProfileOpt = None, as_json: JsonOpt = False) -> int:
+    """List the runs in the workspace, newest first: state, rows produced of those requested, age."""
+    session = _session(ctx, as_json)
+    workspace = _workspace(profile, session.env)
+    if workspace is None:
+        raise UsageError("list needs --profile (or DDSLURM_PROFILE) to find the workspace")
+    layouts = [RunLayout(p.parent) for p in sorted((workspace / "runs").glob("*/run.json"))]
+    rows = [_list_row(found) for found in run_statuses(layouts, session.slurm)]
+    rows.sort(key=lambda r: r["submitted_at"] or r["created"], reverse=True)
+    if session.json:
+        write_json(rows, session.out)
+    else:
+        show(session.out, run_table(rows, datetime.now(UTC), boxed=session.out.isatty()))
+    return ExitCode.OK
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.command == "providers":
-        flags = [*(["--json"] if args.json else []), *(["--check", "--timeout", args.timeout] if args.check else [])]
-        return providers_main([str(args.run_file), *flags])
-    env = os.environ
+def _list_row(found: RunStatus | Unreadable) -> dict[str, Any]:
+    if isinstance(found, Unreadable):  # a run written by another ddslurm version: listed, never fatal
+        layout, state, name, records, done, submitted = found.layout, "unreadable", "?", 0, 0, None
+    else:
+        layout, state, name = RunLayout(Path(found.run_dir)), found.state, found.name
+        records, done, submitted = found.records_requested, found.records_done, found.submitted_at
+    created = datetime.fromtimestamp(layout.plan.stat().st_mtime, UTC).isoformat()
+    return {
+        "run_id": layout.run_id,
+        "name": name,
+        "state": state,
+        "records": records,
+        "records_done": done,
+        "submitted_at": submitted,
+        "created": created,
+        "run_dir": str(layout.root),
+    }
+
+
+# --- the entry point ---
+
+
+def _wants_json(args: list[str]) -> bool:
+    return "--json" in (args[: args.index("--")] if "--" in args else args)
+
+
+def _quiet_exit(out: TextIO) -> int:
+    """stdout was closed by its reader: point it at /dev/null so that nothing fails again at exit."""
     try:
-        return COMMANDS[args.command](args, Slurm(env=env), env, sys.stdout)
-    except (ConfigError, ProvidersError, CollectError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except LauncherError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USAGE if args.command == "submit" else EXIT_RUN_FAILED
-    except KeyboardInterrupt:
-        return 130
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, out.fileno())
+    except (OSError, ValueError):
+        pass
+    return ExitCode.CLOSED_PIPE
+
+
+def _report(exc: BaseException, session: Session) -> int:
+    """Print an error as ``error: ...`` (and, with --json, as a JSON object on stdout); its exit code."""
+    if type(exc).__name__ == "NoArgsIsHelpError":  # ``ddslurm`` alone: the help was printed
+        return ExitCode.USAGE
+    report = error_report(exc, session.command)
+    usage = getattr(exc, "ctx", None)
+    if isinstance(exc, typer.TyperException) and usage is not None:
+        session.err.write(f"{usage.get_usage()}\nTry '{usage.command_path} --help' for help.\n")
+    said = isinstance(exc, CommandFailed) and exc.said
+    emit_error(report, out=session.out, err=session.err, as_json=session.json, said=said)
+    return report.exit_code
+
+
+def main(
+    argv: list[str] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    slurm: Slurm | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    stdout: TextIO | None = None,
+    stderr: TextIO | None = None,
+) -> int:
+    """``ddslurm ARGV``; returns the exit code. ``env``, ``slurm``, ``sleep`` and the streams default to this
+    process's (tests pass fakes)."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    environ = os.environ if env is None else env
+    session = Session(
+        env=environ,
+        slurm=slurm if slurm is not None else Slurm(env=environ),
+        out=stdout if stdout is not None else sys.stdout,
+        err=stderr if stderr is not None else sys.stderr,
+        sleep=sleep,
+        json=_wants_json(args),
+    )
+    command = get_command(app)
+    try:
+        try:
+            code = command.main(args=args, prog_name="ddslurm", standalone_mode=False, obj=session)
+            session.out.flush()
+        except REPORTED as exc:
+            code = _report(exc, session)
+    except (PipeClosed, BrokenPipeError):
+        return _quiet_exit(session.out)
+    except SystemExit as exc:  # shell completion (--show-completion, --install-completion) exits by itself
+        return exc.code if isinstance(exc.code, int) else ExitCode.OK
+    return int(code) if isinstance(code, int) else ExitCode.OK

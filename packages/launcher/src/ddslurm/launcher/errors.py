@@ -4,6 +4,7 @@ LauncherError            root of every error the ddslurm CLI reports
 ├── SlurmError           a scheduler command failed; carries the command and its stderr
 ├── RunNotFoundError     RUN names no run directory
 ├── InitError            ddslurm init wrote nothing (its files exist, or the cluster could not be read)
+├── UsageError           a command-line value the run does not have (a shard, an attempt) or cannot take
 └── SubmitError          the run cannot be submitted (inputs invalid); nothing was left behind
     └── RecipeError      a builder script (recipe: build.py, module:function) failed or returned no config
 """
@@ -24,6 +25,10 @@ class SlurmError(LauncherError):
 
 
 class RunNotFoundError(LauncherError):
+    pass
+
+
+class UsageError(LauncherError):
     pass
 
 

@@ -5,7 +5,12 @@ Not used by production code; importing it has no side effects.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
+
+from ddslurm.config import AttemptRecord, AttemptState, Progress, RunLayout, atomic_write, encode
+from ddslurm.launcher._slurm import Completed
 
 UNIT_RECIPE = """data_designer:
   columns:
@@ -42,3 +47,60 @@ def write_unit_run(
     profile = root / "profile.yaml"
     profile.write_text("workspace: work\npython_env: venv\npartition: gpu\ncpu_partition: cpu\n")
     return run, profile, {"DATA_DESIGNER_HOME": str(home), "HOSTED_KEY": key, "PATH": "/usr/bin:/bin"}
+
+
+class FakeSlurm:
+    """A command runner for :class:`ddslurm.launcher.Slurm` (``Slurm(FakeSlurm())``) that answers like Slurm
+    would: ``sbatch`` with job ids from 4242, ``squeue`` and ``sacct`` with the given output, anything else with
+    nothing; it records every call."""
+
+    def __init__(self, *, squeue: str = "", sacct: str = "") -> None:
+        self.calls: list[list[str]] = []
+        self.squeue_out, self.sacct_out = squeue, sacct
+        self.next_id = 4242
+
+    def __call__(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> Completed:
+        self.calls.append(list(argv))
+        if argv[0] == "sbatch":
+            self.next_id += 1
+            return Completed(0, f"{self.next_id - 1}\n", "")
+        if argv[0] == "squeue":
+            return Completed(0, self.squeue_out, "")
+        if argv[0] == "sacct":
+            return Completed(0, self.sacct_out, "")
+        return Completed(0, "", "")
+
+    def commands(self, name: str) -> list[list[str]]:
+        return [c for c in self.calls if c[0] == name]
+
+
+def write_attempt(
+    layout: RunLayout,
+    shard: int,
+    job: str,
+    state: AttemptState,
+    *,
+    task: str | None = None,
+    reason: str | None = None,
+    started: str | None = None,
+    progress: int | None = None,
+) -> AttemptRecord:
+    """The record of attempt ``attempt-<job>`` of ``shard`` as array task ``task`` (``<array>_<i>``; None: not a
+    Slurm array) wrote it, begun at ``started`` (default: now); with ``progress``, its progress file too."""
+    began = started or datetime.now(UTC).isoformat()
+    record = AttemptRecord(
+        shard=shard,
+        attempt=f"attempt-{job}",
+        job_id=job,
+        node="n1",
+        state=state,
+        started_at=began,
+        reason=reason,
+        slurm_log=str(layout.logs / f"slurm-{task}.out") if task else None,
+    )
+    attempt = layout.shard(shard).attempt(record.attempt)
+    attempt.dir.mkdir(parents=True, exist_ok=True)
+    atomic_write(attempt.record, encode(record))
+    if progress is not None:
+        atomic_write(attempt.progress, encode(Progress(rows=progress, batches=1, updated_at=began)))
+    return record

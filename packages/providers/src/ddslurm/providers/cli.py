@@ -12,6 +12,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TextIO
 
 import msgspec
 
@@ -73,11 +74,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.check:
         resolution = check_endpoints(resolution, os.environ, timeout=args.timeout)
-    if args.json:
-        print(msgspec.json.encode({"aliases": list(resolution.rows), "problems": list(resolution.problems)}).decode())
+    return print_resolution(resolution, checked=args.check, as_json=args.json, out=sys.stdout, err=sys.stderr)
+
+
+def print_resolution(resolution: Resolution, *, checked: bool, as_json: bool, out: TextIO, err: TextIO) -> int:
+    """Print the table (or its JSON) to ``out`` and the problems to ``err``; return the exit status."""
+    if as_json:
+        document = {"aliases": list(resolution.rows), "problems": list(resolution.problems)}
+        out.write(msgspec.json.encode(document).decode() + "\n")
     else:
-        print(format_table(resolution.rows, check=args.check))
+        out.write(format_table(resolution.rows, check=checked) + "\n")
+    out.flush()
     if resolution.problems:
         lines = "".join(f"  - {p}\n" for p in resolution.problems)
-        print(f"{len(resolution.problems)} problem(s) would stop `ddslurm submit`:\n{lines}", end="", file=sys.stderr)
-    return exit_code(resolution, checked=args.check)
+        err.write(f"{len(resolution.problems)} problem(s) would stop `ddslurm submit`:\n{lines}")
+        err.flush()
+    return exit_code(resolution, checked=checked)

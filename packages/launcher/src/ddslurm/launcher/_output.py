@@ -1,0 +1,210 @@
+"""What ``ddslurm`` prints as data: exit codes, JSON output and the errors of every command.
+
+Every exit code is one :class:`ExitCode` (``docs/cli.md`` lists them; a test compares the two). An error is
+reported as one ``error: ...`` line (or more) on stderr and, with ``--json``, also as one JSON object on stdout:
+``{"error": {"code": "<snake_case>", "message": "...", "exit_code": N, ...details}}``.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import IntEnum, StrEnum
+from typing import Any, TextIO
+
+import msgspec
+import typer
+
+from ddslurm.collector import CollectError
+from ddslurm.config import ConfigError, PlannedArray
+from ddslurm.launcher._render import compact_ranges
+from ddslurm.launcher._slurm import SlurmTimeoutError
+from ddslurm.launcher._submit import HEADROOM, PartialSubmitError, SubmissionPlan
+from ddslurm.launcher.errors import LauncherError, RunNotFoundError, SlurmError, SubmitError, UsageError
+from ddslurm.providers import ProvidersError
+
+SIGNAL_BASE = 128
+
+
+class ExitCode(IntEnum):
+    """The exit codes of ``ddslurm`` (``docs/cli.md``, table "Exit codes")."""
+
+    OK = 0
+    FAILED = 1
+    USAGE = 2
+    TIMEOUT = 3
+    INTERRUPTED = 130
+    CLOSED_PIPE = 141
+    TERMINATED = 143
+
+
+class ErrorCode(StrEnum):
+    """The ``code`` of a ``--json`` error object (``docs/cli.md``, table "Error codes")."""
+
+    USAGE = "usage"
+    RUN_NOT_FOUND = "run_not_found"
+    INVALID_INPUT = "invalid_input"
+    PROVIDERS = "providers"
+    SUBMIT_REFUSED = "submit_refused"
+    SUBMISSION_INCOMPLETE = "submission_incomplete"
+    SLURM = "slurm"
+    SLURM_TIMEOUT = "slurm_timeout"
+    TIMEOUT = "timeout"
+    COLLECT_FAILED = "collect_failed"
+    RUN_UNREADABLE = "run_unreadable"
+    INTERRUPTED = "interrupted"
+    TERMINATED = "terminated"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorReport:
+    code: ErrorCode
+    message: str
+    exit_code: int
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"error": {"code": str(self.code), "message": self.message, "exit_code": self.exit_code, **self.details}}
+
+
+class CommandFailed(Exception):
+    """A command ends with this error report (``main`` prints it like any other error; ``said``: the command
+    printed its ``error:`` lines on stderr itself)."""
+
+    def __init__(self, report: ErrorReport, *, said: bool = False) -> None:
+        super().__init__(report.message)
+        self.report, self.said = report, said
+
+
+def write_json(obj: Any, out: TextIO) -> None:
+    out.write(msgspec.json.encode(obj).decode() + "\n")
+    out.flush()
+
+
+def emit_error(report: ErrorReport, *, out: TextIO, err: TextIO, as_json: bool, said: bool = False) -> None:
+    """``error: MESSAGE`` on stderr (unless ``said``); with ``as_json`` the error object on stdout too."""
+    if report.message and not said:
+        err.write(f"error: {report.message}\n")
+        err.flush()
+    if as_json:
+        write_json(report.as_json(), out)
+
+
+def _submit_exit(command: str | None) -> ExitCode:
+    """``submit`` refuses (exit 2, nothing submitted) where any other command fails (exit 1)."""
+    return ExitCode.USAGE if command == "submit" else ExitCode.FAILED
+
+
+def error_report(exc: BaseException, command: str | None) -> ErrorReport:
+    """The code, message and exit code of an error that ended ``command``."""
+    message = str(exc)
+    if isinstance(exc, CommandFailed):
+        return exc.report
+    if isinstance(exc, typer.TyperException):  # the command line itself (Typer's parser)
+        return ErrorReport(ErrorCode.USAGE, exc.format_message(), exc.exit_code)
+    if isinstance(exc, PartialSubmitError):
+        return ErrorReport(ErrorCode.SUBMISSION_INCOMPLETE, message, ExitCode.FAILED, partial_json(exc))
+    fixed: list[tuple[type[BaseException], ErrorCode, ExitCode]] = [
+        (UsageError, ErrorCode.USAGE, ExitCode.USAGE),
+        (RunNotFoundError, ErrorCode.RUN_NOT_FOUND, ExitCode.USAGE),
+        (SubmitError, ErrorCode.SUBMIT_REFUSED, ExitCode.USAGE),
+        (ConfigError, ErrorCode.INVALID_INPUT, ExitCode.USAGE),
+        (ProvidersError, ErrorCode.PROVIDERS, ExitCode.USAGE),
+        (CollectError, ErrorCode.COLLECT_FAILED, ExitCode.FAILED),
+    ]
+    for kind, code, exit_code in fixed:
+        if isinstance(exc, kind):
+            return ErrorReport(code, message, exit_code)
+    if isinstance(exc, SlurmTimeoutError):
+        return ErrorReport(ErrorCode.SLURM_TIMEOUT, message, _submit_exit(command))
+    if isinstance(exc, SlurmError):
+        return ErrorReport(ErrorCode.SLURM, message, _submit_exit(command))
+    if isinstance(exc, LauncherError):
+        return ErrorReport(
+            ErrorCode.SUBMIT_REFUSED if command == "submit" else ErrorCode.FAILED, message, _submit_exit(command)
+        )
+    raise TypeError(f"not an error ddslurm reports: {exc!r}") from exc
+
+
+REPORTED: tuple[type[BaseException], ...] = (
+    CommandFailed,
+    typer.TyperException,
+    LauncherError,
+    ConfigError,
+    ProvidersError,
+    CollectError,
+)
+"""The errors ``main`` reports as ``error: ...`` (anything else is a bug and keeps its traceback)."""
+
+
+def collect_report(code: int, errors: str) -> ErrorReport:
+    """The error of a collection that ended with exit ``code`` (``ddslurm.collector.collect_command``'s codes),
+    from the ``error: ...`` lines it printed."""
+    lines = [line.removeprefix("error: ") for line in errors.splitlines() if line.startswith("error: ")]
+    message = "\n".join(lines) or f"the collection ended with exit code {code}"
+    if code == ExitCode.USAGE:
+        kind = ErrorCode.RUN_UNREADABLE
+    elif code == ExitCode.INTERRUPTED:
+        kind = ErrorCode.INTERRUPTED
+    elif code > SIGNAL_BASE:
+        kind = ErrorCode.TERMINATED
+    else:
+        kind = ErrorCode.COLLECT_FAILED
+    return ErrorReport(kind, message, code)
+
+
+class Recording(io.StringIO):
+    """A text stream that keeps what is written to it (a command's error lines) and writes it through to
+    ``target``."""
+
+    def __init__(self, target: TextIO) -> None:
+        super().__init__()
+        self._target = target
+
+    def write(self, text: str) -> int:
+        super().write(text)
+        return self._target.write(text)
+
+    def flush(self) -> None:
+        self._target.flush()
+
+    def isatty(self) -> bool:
+        return self._target.isatty()
+
+
+def array_json(array: PlannedArray, job_id: str | None = None) -> dict[str, Any]:
+    return {
+        "index": array.index,
+        "kind": array.kind,
+        "array": array.array,
+        "shards": compact_ranges(array.shards),
+        "tasks": len(array.shards),
+        "after": array.after,
+        **({"job_id": job_id} if job_id is not None else {}),
+    }
+
+
+def partial_json(exc: PartialSubmitError) -> dict[str, Any]:
+    """What a submission that stopped part-way adds to its error object."""
+    return {
+        "run_id": exc.layout.run_id,
+        "run_dir": str(exc.layout.root),
+        "state": "incomplete",
+        "cause": str(exc.cause),
+        "submitted": [array_json(a, job) for a, job in exc.submitted],
+        "not_submitted": [array_json(a) for a in exc.missing],
+    }
+
+
+def limits_json(planned: SubmissionPlan) -> dict[str, Any]:
+    return {
+        "max_array_size": planned.limits.max_array_size,
+        "headroom": HEADROOM,
+        "checked": [
+            {"name": c.name, "scope": c.scope, "limit": c.limit, "used": c.used, "usable": c.usable}
+            for c in planned.checks
+        ],
+        "notes": list(planned.limits.notes),
+    }
