@@ -22,11 +22,13 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Annotated, Any, TextIO, TypeVar
 
+import msgspec
 import typer
 from typer.main import get_command
 
 from ddslurm.collector import collect_command
-from ddslurm.config import RunLayout, load_profile
+from ddslurm.config import ProviderSnapshot, RunLayout, load_profile
+from ddslurm.launcher._bill import bill_lines, make_bill
 from ddslurm.launcher._collect import collect_job_command
 from ddslurm.launcher._console import (
     FileProgress,
@@ -39,6 +41,7 @@ from ddslurm.launcher._console import (
     show_status,
     summary_line,
 )
+from ddslurm.launcher._init import init_command
 from ddslurm.launcher._logs import LogFollower
 from ddslurm.launcher._output import (
     REPORTED,
@@ -344,11 +347,15 @@ def _dry_run(session: Session, run_file: Path, profile: Path) -> int:
     except SlurmError as exc:  # no scheduler here: show the arrays for Slurm's default MaxArraySize
         limits = SchedulerLimits(1001, notes=(f"scheduler limits not read ({exc}); arrays assume MaxArraySize 1001",))
     planned = plan_submission(plan, layout, [s.index for s in plan.shards], limits, stamp=new_stamp(now))
-    script = render_generation(plan, layout, list(planned.arrays[0].shards))
+    first = planned.arrays[0]
+    script = render_generation(plan, layout, list(first.shards), tasks=first.tasks)
+    snapshot = msgspec.json.decode(prepared.snapshot_bytes, type=ProviderSnapshot)
+    bill = make_bill(plan, planned.arrays, prepared.aliases, snapshot)
     if session.json:
         write_json(
             {
                 "plan": plan,
+                "bill": bill,
                 "arrays": [array_json(a) for a in planned.arrays],
                 "tasks": planned.tasks,
                 "limits": limits_json(planned),
@@ -358,7 +365,7 @@ def _dry_run(session: Session, run_file: Path, profile: Path) -> int:
             session.out,
         )
     else:
-        session.out.write(dry_run_text(plan, layout, planned, script))
+        session.out.write(dry_run_text(plan, layout, planned, script, bill_lines(bill)))
     return ExitCode.OK
 
 
@@ -691,6 +698,27 @@ def cmd_collect(
     if code != ExitCode.OK and session.json:
         raise CommandFailed(collect_report(code, err.getvalue()), said=True)
     return code
+
+
+@app.command("init")
+@_guarded
+def cmd_init(
+    ctx: typer.Context,
+    directory: Annotated[
+        Path,
+        typer.Option("--dir", help="Where to write run.yaml and profile.yaml (created if missing).", show_default=True),
+    ] = Path(),
+    force: Annotated[bool, typer.Option("--force", help="Replace run.yaml and profile.yaml if they exist.")] = False,
+    as_json: JsonOpt = False,
+) -> int:
+    """Write a run file and a cluster profile filled from this cluster (one sinfo), every field explained."""
+    session = _session(ctx, as_json)
+    result = init_command(directory, slurm=session.slurm, force=force)
+    if session.json:
+        write_json(result.as_dict(), session.out)
+    else:
+        session.out.write("".join(f"{line}\n" for line in result.lines()))
+    return ExitCode.OK
 
 
 @app.command("list")
