@@ -53,3 +53,32 @@ def test_more_allocations_than_shards_is_refused_naming_the_field() -> None:
 def test_more_workers_than_client_cpus_is_refused_naming_the_field() -> None:
     with pytest.raises(PlanError, match=r"^client_workers: 4 client steps need at least 4 CPUs, but submission.cpus"):
         _plan(_run(8, replicas=2, cpus=2, client_workers=4))
+
+
+def test_client_workers_share_the_replicas_capacity() -> None:
+    from pathlib import Path
+
+    from ddslurm.config import ProviderSnapshot, RunLayout
+    from ddslurm.planner import PlanInputs, compile_plan
+
+    def sized(run: RunFile) -> int | None:
+        profile = ClusterProfile(workspace="/ws", python_env="/venv", gpus_per_node=8, partition="gpu")
+        plan = compile_plan(
+            PlanInputs(
+                run=run,
+                profile=profile,
+                snapshot=ProviderSnapshot(),
+                layout=RunLayout(Path("/ws/r")),
+                recipe_sha256="-",
+                snapshot_sha256="-",
+            )
+        )
+        assert plan.serving is not None
+        return plan.serving.deployments[0].max_parallel_requests
+
+    capacity = ("--max-num-seqs", "8")
+    two = Deployment(model_alias="gen", model="m", replicas=2, server=ServerSpec(cpus=1, extra_args=capacity))
+    base = {"name": "r", "recipe": "x.yaml", "num_records": 100, "shards": 8, "deployments": (two,)}
+    assert sized(RunFile(**base, submission=Submission(cpus=4))) == 8  # type: ignore[arg-type]  # 2 workers x 8
+    assert sized(RunFile(**base, client_workers=1, submission=Submission(cpus=4))) == 16  # type: ignore[arg-type]
+    assert sized(RunFile(**base, client_workers=3, submission=Submission(cpus=4))) == 6  # type: ignore[arg-type]
