@@ -149,3 +149,26 @@ def test_the_bill_counts_allocations_gpus_and_hours(tmp_path: Path) -> None:
     assert sum("client-<shard>" in s for s in bill.steps) == 2
     assert all("--port <port>" in s for s in bill.steps if "server-gen" in s)
     assert msgspec.json.decode(msgspec.json.encode(bill))["allocations"] == 2
+
+
+def test_retry_dry_run_shows_the_arrays_and_changes_nothing(tmp_path: Path) -> None:
+    import io
+    import json
+
+    from ddslurm.launcher.cli import main
+
+    layout, env = _pulling_run(tmp_path, shards=4, extra="allocations: 2\nclient_workers: 1\n")
+    cancel(layout, Slurm(FakeSlurm()), [1, 3])
+    ended = FakeSlurm(sacct="4242_0|COMPLETED|0:0|None\n4242_1|COMPLETED|0:0|None\n")
+    before = sorted(p.name for p in layout.root.rglob("*"))
+    out = io.StringIO()
+    code = main(["retry", str(layout.root), "--dry-run", "--json"], env=env, slurm=Slurm(ended, env=env), stdout=out)
+    assert code == 0, out.getvalue()
+    shown = json.loads(out.getvalue())
+    assert shown["shards"] == [0, 1, 2, 3] and shown["tasks"] == 2
+    assert [(a["kind"], a["pulling"], a["shards"]) for a in shown["arrays"]] == [("retry", True, "0-3")]
+    assert ended.commands("sbatch") == []
+    assert sorted(p.name for p in layout.root.rglob("*")) == before  # the cancel records are still there
+    text = io.StringIO()
+    assert main(["retry", str(layout.root), "--dry-run"], env=env, slurm=Slurm(ended, env=env), stdout=text) == 0
+    assert text.getvalue().startswith("dry run: a retry would submit 4 shard(s): 0-3\n")

@@ -36,6 +36,7 @@ from ddslurm.launcher._console import (
     dry_run_text,
     job_spinner,
     placeholder_note,
+    plan_lines,
     run_table,
     show,
     show_status,
@@ -567,15 +568,41 @@ def cmd_retry(
         bool,
         typer.Option("--resume-cancelled", help="Retry a run cancelled as a whole (clears its cancel record)."),
     ] = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="Show the shards and the arrays a retry would submit; change nothing."),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> int:
     """Submit new attempts, as one array, for shards without a winner (resuming their batches)."""
     session = _session(ctx, as_json)
     layout = _run(session, run, profile)
     done = retry(
-        layout, session.slurm, session.env, parse_shards(shards), resume_cancelled=resume_cancelled, fresh=fresh
+        layout,
+        session.slurm,
+        session.env,
+        parse_shards(shards),
+        resume_cancelled=resume_cancelled,
+        fresh=fresh,
+        dry_run=dry_run,
     )
     out = session.out
+    if done.planned is not None:
+        if session.json:
+            write_json(
+                {
+                    "shards": list(done.shards),
+                    "arrays": [array_json(a) for a in done.planned.arrays],
+                    "tasks": done.planned.tasks,
+                    "limits": limits_json(done.planned),
+                },
+                out,
+            )
+        else:
+            lines = [f"dry run: a retry would submit {len(done.shards)} shard(s): {compact_ranges(done.shards)}"]
+            lines += plan_lines(done.planned)
+            out.write("".join(f"{line}\n" for line in lines))
+        return ExitCode.OK
     if session.json:
         write_json({"shards": list(done.shards), "job_ids": list(done.job_ids)}, out)
     elif not done.shards:
