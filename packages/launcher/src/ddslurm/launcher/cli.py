@@ -1,9 +1,10 @@
 """``ddslurm``: run Data Designer recipes on Slurm (a Typer app; ``docs/cli.md`` documents every command).
 
-Commands: submit (--dry-run, --continue), providers, status (--watch), wait (--timeout), cancel (--shards), retry
-(--shards, --fresh, --resume-cancelled), accept-partial, logs, collect (--local, --overwrite), list. Every command
-takes --json (errors included); exit codes are :class:`ddslurm.launcher._output.ExitCode`. Rendering for people
-lives in ``_console``, JSON and errors in ``_output``; this module reads the command line and calls the launcher.
+Commands: init (--dir, --force), submit (--dry-run, --continue), providers, status (--watch), wait (--timeout),
+cancel (--shards), retry (--shards, --fresh, --resume-cancelled), accept-partial, logs, collect (--local,
+--overwrite), list. Every command takes --json (errors included); exit codes are
+:class:`ddslurm.launcher._output.ExitCode`. Rendering for people lives in ``_console``, JSON and errors in
+``_output``; this module reads the command line and calls the launcher.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from ddslurm.launcher._console import (
     show_status,
     summary_line,
 )
+from ddslurm.launcher._init import init_command
 from ddslurm.launcher._logs import LogFollower
 from ddslurm.launcher._output import (
     REPORTED,
@@ -691,6 +693,27 @@ def cmd_collect(
     if code != ExitCode.OK and session.json:
         raise CommandFailed(collect_report(code, err.getvalue()), said=True)
     return code
+
+
+@app.command("init")
+@_guarded
+def cmd_init(
+    ctx: typer.Context,
+    directory: Annotated[
+        Path,
+        typer.Option("--dir", metavar="DIR", help="Where to write run.yaml and profile.yaml (created if missing)."),
+    ] = Path(),
+    force: Annotated[bool, typer.Option("--force", help="Replace run.yaml and profile.yaml if they exist.")] = False,
+    as_json: JsonOpt = False,
+) -> int:
+    """Write a run file and a cluster profile for this cluster, from one sinfo; every field commented."""
+    session = _session(ctx, as_json)
+    result = init_command(directory, slurm=session.slurm, force=force)
+    if session.json:
+        write_json(result.as_dict(), session.out)
+    else:
+        session.out.write("".join(f"{line}\n" for line in result.lines()))
+    return ExitCode.OK
 
 
 @app.command("list")
