@@ -30,8 +30,11 @@ lint: ## ruff lint + format check
 	$(UV) run ruff check .
 	$(UV) run ruff format --check .
 
-typecheck: ## mypy --strict over the packages
+DOCS_PY := tools/gen_reference.py tools/mkdocs_hooks.py tests/test_docs.py
+
+typecheck: ## mypy --strict over the packages (and the docs tooling)
 	$(UV) run mypy
+	$(UV) run mypy $(DOCS_PY)
 
 imports: ## import-linter layering contracts
 	$(UV) run lint-imports

@@ -124,8 +124,8 @@ def written_reasons() -> set[str]:
         if path.name in NOT_ATTEMPT_REASONS:
             continue
         tree = ast.parse(path.read_text())
-        for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
-            for stmt in cls.body:  # ``reason = "..."`` of a failure class
+        for class_def in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+            for stmt in class_def.body:  # ``reason = "..."`` of a failure class
                 if isinstance(stmt, ast.Assign) and any(
                     isinstance(t, ast.Name) and t.id == "reason" for t in stmt.targets
                 ):
@@ -162,9 +162,9 @@ def written_reasons() -> set[str]:
 
     stack: list[type[errors.RuntimeFailure]] = [errors.RuntimeFailure]
     while stack:
-        cls = stack.pop()
-        found.add(cls.reason)
-        stack.extend(cls.__subclasses__())
+        failure = stack.pop()
+        found.add(failure.reason)
+        stack.extend(failure.__subclasses__())
     return found - {""}
 
 
@@ -212,6 +212,24 @@ def test_the_architecture_box_lists_every_command() -> None:
     listed = [c.strip() for c in text.split(",") if c.strip()]
     assert len(listed) == len(set(listed))
     assert set(listed) == app_commands()
+
+
+# --- the status table ----------------------------------------------------------------------------------------------
+
+
+def test_the_status_tables_shown_in_the_docs_have_the_real_columns() -> None:
+    from ddslurm.launcher._console import shard_table
+
+    columns = [str(c.header) for c in shard_table([], boxed=False).columns]
+    shown = [
+        (page.name, re.split(r"\s{2,}", line.strip()))
+        for page in PAGES
+        for line in page.read_text().splitlines()
+        if line.startswith("SHARD ")
+    ]
+    assert shown, "no status table is shown in the docs"
+    for name, header in shown:
+        assert header == columns, f"{name}: the status table's columns are {columns}"
 
 
 # --- command lines in the docs -----------------------------------------------------------------------------------
