@@ -88,6 +88,27 @@ def test_the_reference_covers_every_struct_a_user_writes() -> None:
     assert reachable == {cls for _, cls, _ in gen.SECTIONS}
 
 
+def test_the_field_tables_of_run_files_name_only_real_fields() -> None:
+    """docs/run-files.md explains the fields in its own tables: none of them may name a field the Structs lack
+    (the complete list is the generated reference)."""
+    from ddslurm.config import ClusterProfile, Deployment, RunFile, ServerSpec, Submission
+
+    sections = {"## The run file": RunFile, "### `deployments[]`": Deployment, "### `submission`": Submission,
+                "## The cluster profile": ClusterProfile}  # fmt: skip
+    text = (DOCS / "run-files.md").read_text()
+    stale = []
+    for heading, cls in sections.items():
+        start = text.index(f"\n{heading}\n")
+        body = text[start + len(heading) + 2 :]
+        table = re.search(r"(?:^\|.*\n)+", body, re.M)
+        assert table is not None, heading
+        for name in re.findall(r"^\| `([a-z_.]+)` \|", table.group(0), re.M):
+            owner, field = (ServerSpec, name.removeprefix("server.")) if name.startswith("server.") else (cls, name)
+            if field not in owner.__struct_fields__:
+                stale.append(f"{heading}: {name}")
+    assert not stale, f"docs/run-files.md names fields the config does not have: {stale}"
+
+
 # --- reason codes ------------------------------------------------------------------------------------------------
 
 RUNTIME_SRC = ROOT / "packages" / "runtime" / "src" / "ddslurm" / "runtime"
