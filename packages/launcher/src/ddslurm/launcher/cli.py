@@ -1,9 +1,10 @@
 """``ddslurm``: run Data Designer recipes on Slurm (a Typer app; ``docs/cli.md`` documents every command).
 
-Commands: submit (--dry-run, --continue), providers, status (--watch), wait (--timeout), cancel (--shards), retry
-(--shards, --fresh, --resume-cancelled), accept-partial, logs, collect (--local, --overwrite), list. Every command
-takes --json (errors included); exit codes are :class:`ddslurm.launcher._output.ExitCode`. Rendering for people
-lives in ``_console``, JSON and errors in ``_output``; this module reads the command line and calls the launcher.
+Commands: init (--dir, --force), submit (--dry-run, --continue), providers, status (--watch), wait (--timeout),
+cancel (--shards), retry (--shards, --fresh, --resume-cancelled), accept-partial, logs, collect (--local,
+--overwrite), list. Every command takes --json (errors included); exit codes are
+:class:`ddslurm.launcher._output.ExitCode`. Rendering for people lives in ``_console``, JSON and errors in
+``_output``; this module reads the command line and calls the launcher.
 """
 
 from __future__ import annotations
