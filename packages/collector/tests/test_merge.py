@@ -10,11 +10,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from ddslurm.collector import (
+    MANIFEST_VERSION,
     CollectError,
     DestinationExistsError,
     MissingWinnersError,
     SchemaConflictError,
-    MANIFEST_VERSION,
     SchemaField,
     collect,
     manifest_schema,

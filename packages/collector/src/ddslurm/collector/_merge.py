@@ -49,7 +49,7 @@ MANIFEST = "_manifest.json"  # leading underscore: pyarrow and pandas skip it wh
 
 
 MANIFEST_VERSION = 2
-"""2: ``schema`` is a list of fields (1: pyarrow's text, possibly truncated), ``arrow_schema`` and shards' ``partial``."""
+"""2: ``schema`` is a list of fields (1: pyarrow's text, possibly truncated); ``arrow_schema``; shards' ``partial``."""
 
 
 class ShardEntry(Frozen, frozen=True, kw_only=True):

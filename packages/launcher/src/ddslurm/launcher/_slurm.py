@@ -121,6 +121,32 @@ class TaskState:
     exit_code: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class Accounting:
+    """What one run of an array task (or job) was allocated and for how long (``sacct``)."""
+
+    job_id: str
+    task: int | None
+    state: str
+    elapsed_s: int
+    gpus: int
+    """GPUs of the allocation (``gres/gpu`` of its AllocTRES); 0 when it had none."""
+    start: str | None = None
+    end: str | None = None
+
+
+_TYPED_GPU_TRES = re.compile(r"(?:^|,)gres/gpu:[^=,]+=(\d+)")
+
+
+def tres_gpus(tres: str) -> int:
+    """``billing=2,cpu=2,gres/gpu=4,mem=2G`` → 4; a typed count (``gres/gpu:a100=4``) when no plain one is given."""
+    plain = re.search(r"(?:^|,)gres/gpu=(\d+)", tres)
+    if plain:
+        return int(plain.group(1))
+    typed = _TYPED_GPU_TRES.findall(tres)
+    return sum(int(n) for n in typed)
+
+
 _RANGE = re.compile(r"^(?P<array>\d+)_\[(?P<spec>[^\]]+)\]$")
 
 
@@ -333,6 +359,35 @@ class Slurm:
             for job, task in parse_job_key(parts[0]):
                 states.append(TaskState(job, task, state, parts[3] if len(parts) > 3 else "", parts[2]))
         return states
+
+    def accounting(self, job_ids: Sequence[str]) -> list[Accounting]:
+        """Every run of every task of ``job_ids`` (requeued runs included): elapsed seconds and GPUs allocated."""
+        if not job_ids:
+            return []
+        out = self._check(
+            [
+                "sacct",
+                "-X",
+                "-n",
+                "--duplicates",
+                "--parsable2",
+                "-j",
+                ",".join(job_ids),
+                "--format=JobID,State,ElapsedRaw,AllocTRES,Start,End",
+            ]
+        )
+        found: list[Accounting] = []
+        for line in out.splitlines():
+            parts = line.strip().split("|")
+            if len(parts) < 4:
+                continue
+            state = parts[1].split()[0] if parts[1] else ""
+            elapsed = int(parts[2]) if parts[2].isdigit() else 0
+            start = parts[4] if len(parts) > 4 and parts[4][:1].isdigit() else None
+            end = parts[5] if len(parts) > 5 and parts[5][:1].isdigit() else None
+            for job, task in parse_job_key(parts[0]):
+                found.append(Accounting(job, task, state, elapsed, tres_gpus(parts[3]), start, end))
+        return found
 
     def scancel(self, job_ids: Sequence[str]) -> None:
         """Cancel jobs, array tasks (``12_3``) or steps; unknown or finished ids are not an error."""
