@@ -58,8 +58,18 @@ def _usage(model: str, tokens: str, requests: str) -> str:
 HEAD = "[23:52:00] [INFO] 📊 Model usage summary:\n"
 SEP = "[23:52:00] [INFO]   |--\n"
 TAIL = "[23:52:00] [INFO] 📐 Measuring dataset column statistics:\n[23:52:00] [INFO]   |-- 🎲 column: 'a'\n"
-CONFIGS = _config_lines("local/writer-8b", "writer", "ddslurm-local") + _config_lines(
-    "demo/judge-70b", "judge", "demo-hosted"
+CHECKS = (
+    "[23:50:30] [INFO] 🩺 Running health checks for models...\n"
+    "[23:50:30] [INFO]   |-- 👀 Checking 'local/writer-8b' in provider named 'ddslurm-local' "
+    "for model alias 'writer'...\n"
+    "[23:50:30] [INFO]   |-- ✅ Passed!\n"
+    "[23:50:30] [INFO]   |-- 👀 Checking 'demo/judge-70b' in provider named 'demo-hosted' for model alias 'judge'...\n"
+    "[23:50:30] [INFO]   |-- ✅ Passed!\n"
+)
+CONFIGS = (
+    CHECKS
+    + _config_lines("local/writer-8b", "writer", "ddslurm-local")
+    + _config_lines("demo/judge-70b", "judge", "demo-hosted")
 )
 
 SACCT = (
@@ -220,6 +230,7 @@ def test_the_numbers_of_a_synthetic_run(tmp_path: Path) -> None:
     assert (judge.local, judge.provider, judge.requests, judge.failed) == (False, "demo-hosted", 5, 0)
     assert (judge.input_tokens, judge.output_tokens, judge.total_tokens) == (70, 14, 84)
     assert writer.latency_s is None
+    assert (writer.health_checks, judge.health_checks) == (3, 3)
 
     gpu = report.gpu
     assert gpu is not None and gpu.source == "sacct"

@@ -103,6 +103,8 @@ class ModelUsage(msgspec.Struct, kw_only=True):
     """Served by a vLLM deployment of the run (else a hosted provider)."""
     summaries: int = 0
     """How many of Data Designer's usage summaries (one per generation step run) mention the model."""
+    health_checks: int = 0
+    """Requests of Data Designer's health check before generating (one per model per run; not in ``requests``)."""
     requests: int = 0
     successful: int = 0
     failed: int = 0
@@ -254,6 +256,13 @@ class ClientOut:
     usage: list[_Usage] = field(default_factory=list)
     aliases: dict[str, tuple[str, str | None]] = field(default_factory=dict)
     """Model name → (alias, provider), from the model-config lines Data Designer prints before generating."""
+    health_checks: dict[str, int] = field(default_factory=dict)
+    """Model name → health-check requests (``👀 Checking 'M' in provider named 'P' for model alias 'A'...``)."""
+
+
+_CHECK = re.compile(
+    r"Checking '(?P<model>[^']+)' in provider named '(?P<provider>[^']+)' for model alias '(?P<alias>[^']+)'"
+)
 
 
 def _message(line: str) -> str:
@@ -273,6 +282,11 @@ def parse_client_out(text: str) -> ClientOut:
     config_alias: str | None = None
     for raw in text.splitlines():
         line = _message(raw)
+        if check := _CHECK.search(line):
+            model = check.group("model")
+            found.health_checks[model] = found.health_checks.get(model, 0) + 1
+            found.aliases.setdefault(model, (check.group("alias"), check.group("provider")))
+            continue
         if line.endswith(_USAGE_HEAD):
             in_summary, current = True, None
             continue
@@ -500,11 +514,17 @@ def _models(data: list[_AttemptData], plan: Plan) -> tuple[list[ModelUsage], lis
         parsed = parse_client_out(text)
         if not parsed.usage and item.record.client_runs:
             without += 1
+
+        def entry_of(model: str, parsed: ClientOut = parsed) -> ModelUsage:
+            alias, provider = parsed.aliases.get(model, (served.get(model, model), None))
+            if alias not in usage:
+                usage[alias] = ModelUsage(alias=alias, model=model, provider=provider, local=alias in local)
+            return usage[alias]
+
+        for model, checks in parsed.health_checks.items():
+            entry_of(model).health_checks += checks
         for u in parsed.usage:
-            alias, provider = parsed.aliases.get(u.model, (served.get(u.model, u.model), None))
-            entry = usage.get(alias)
-            if entry is None:
-                entry = usage[alias] = ModelUsage(alias=alias, model=u.model, provider=provider, local=alias in local)
+            entry = entry_of(u.model)
             entry.summaries += 1
             entry.requests += u.requests
             entry.successful += u.successful
@@ -522,7 +542,10 @@ def _models(data: list[_AttemptData], plan: Plan) -> tuple[list[ModelUsage], lis
             "(killed or failed before Data Designer returned): their requests are not counted"
         )
     if usage:
-        notes.append("latency per request is not in Data Designer's usage summary: the report shows requests/s")
+        notes.append(
+            "requests are those of Data Designer's usage summaries; its health checks (one request per model each "
+            "time the generation step starts) are counted apart; latency per request is not in its summary"
+        )
     return sorted(usage.values(), key=lambda m: (not m.local, m.alias)), notes
 
 
@@ -912,15 +935,15 @@ def render_html(report: RunReport) -> str:
         "<h2>Models</h2>",
         _chart(figures, "models"),
         _table(
-            ["alias", "model", "provider", "where", "requests", "failed", "error rate", "input tokens",
-             "output tokens", "total tokens", "tokens/s", "latency (s)"],
+            ["alias", "model", "provider", "where", "requests", "failed", "error rate", "health checks",
+             "input tokens", "output tokens", "total tokens", "tokens/s", "latency (s)"],
             [
                 [m.alias, m.model, m.provider or "-", "local" if m.local else "hosted", _num(m.requests),
-                 _num(m.failed), f"{m.error_rate:.2%}", _num(m.input_tokens), _num(m.output_tokens),
-                 _num(m.total_tokens), _num(m.tokens_per_second, 1), _num(m.latency_s)]
+                 _num(m.failed), f"{m.error_rate:.2%}", _num(m.health_checks), _num(m.input_tokens),
+                 _num(m.output_tokens), _num(m.total_tokens), _num(m.tokens_per_second, 1), _num(m.latency_s)]
                 for m in report.models
             ],
-            {4, 5, 6, 7, 8, 9, 10, 11},
+            {4, 5, 6, 7, 8, 9, 10, 11, 12},
         )
         if report.models
         else "<p>No model usage recorded.</p>",
