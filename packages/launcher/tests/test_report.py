@@ -162,7 +162,11 @@ def make_report_run(root: Path) -> RunLayout:
         layout, 1, "attempt-1", "105", "104_0", state="partial", rows=2, resumed_from="attempt-0", resumed_rows=1,
         started_at=f"{T}53:20+00:00", ended_at=f"{T}54:05+00:00",
     )  # fmt: skip
-    (a1 / "client.log").write_text(_event("batch.complete", "54:00", rows=2))
+    (a1 / "client.log").write_text(
+        _event("batch.complete", "53:55", rows=1)  # only the resumed row: nothing new
+        + _event("fill.start", "53:56", missing=1)
+        + _event("fill.done", "54:00", added=1, missing=0)
+    )
     (a1 / "client.out").write_text(
         CONFIGS
         + HEAD
@@ -217,7 +221,7 @@ def test_the_numbers_of_a_synthetic_run(tmp_path: Path) -> None:
     assert [s.job for s in report.timeline] == ["100_0", "100_1", "104_0"]
     assert [s.winner for s in report.timeline] == [True, False, True]
 
-    # batches: +2 (shard 0) and +1 (shard 1) at 51:00, +1 at 52:00, +1 (2 minus the resumed row) at 54:00
+    # batches: +2 (shard 0) and +1 (shard 1) at 51:00, +1 at 52:00, +1 (a fill; the resumed row not again) at 54:00
     assert [(b.rows, b.total) for b in report.batches] == [(2, 2), (1, 3), (1, 4), (1, 5)]
     assert report.rows_generated == 5 and sum(b.rows for b in report.rate) == 5
     assert report.records_per_second == round(5 / 230, 3)

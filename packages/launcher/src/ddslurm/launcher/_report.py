@@ -348,7 +348,7 @@ class _AttemptData:
     record: AttemptRecord
     dir: Path
     batches: list[tuple[datetime, int]]
-    """(when, the attempt's rows so far) of each batch.complete."""
+    """(when, rows added) of each batch the attempt completed (fills included)."""
 
 
 def _submission_of(record: AttemptRecord, subs: list[SubmissionRecord]) -> SubmissionRecord | None:
@@ -384,15 +384,23 @@ def _serving_ready(record: AttemptRecord, events: dict[str, list[dict[str, Any]]
     return None
 
 
-def _batches(client_log: Path) -> list[tuple[datetime, int]]:
+def _batches(client_log: Path, resumed: int) -> list[tuple[datetime, int]]:
+    """(when, rows added) of each ``batch.complete`` (which says the attempt's rows so far, resumed rows included)
+    and each ``fill.done`` (rows a fill added) of a client log, in order."""
     out: list[tuple[datetime, int]] = []
+    done = resumed
     for event in json_lines(client_log):
-        if event.get("event") != "batch.complete":
-            continue
         at = _time(event.get("timestamp"))
-        rows = event.get("rows")
-        if at is not None and isinstance(rows, int):
-            out.append((at, rows))
+        if at is None:
+            continue
+        rows, added = event.get("rows"), event.get("added")
+        if event.get("event") == "batch.complete" and isinstance(rows, int):
+            if rows > done:
+                out.append((at, rows - done))
+            done = max(done, rows)
+        elif event.get("event") == "fill.done" and isinstance(added, int) and added > 0:
+            out.append((at, added))
+            done += added
     return sorted(out)
 
 
@@ -401,12 +409,12 @@ def _attempts(layout: RunLayout, plan: Plan) -> list[_AttemptData]:
     for spec in plan.shards:
         for record in attempt_records(layout, spec.index):
             attempt_dir = layout.shard(spec.index).attempt(record.attempt).dir
-            batches = _batches(attempt_dir / "client.log")
+            batches = _batches(attempt_dir / "client.log", record.resumed_rows)
             if not batches:  # an older attempt without a client.log: its progress file, one point
                 progress = _read(attempt_dir / "progress.json", Progress)
                 at = _time(progress.updated_at) if progress is not None else None
                 if progress is not None and at is not None and progress.rows > record.resumed_rows:
-                    batches = [(at, progress.rows)]
+                    batches = [(at, progress.rows - record.resumed_rows)]
             found.append(_AttemptData(record, attempt_dir, batches))
     return found
 
@@ -467,11 +475,7 @@ def _timeline(
 def _throughput(data: list[_AttemptData], bins: int = 24) -> tuple[list[BatchPoint], list[RateBin], int]:
     steps: list[tuple[datetime, int, str, int]] = []
     for item in data:
-        previous = item.record.resumed_rows
-        for at, rows in item.batches:
-            if rows > previous:
-                steps.append((at, item.record.shard, item.record.attempt, rows - previous))
-            previous = max(previous, rows)
+        steps.extend((at, item.record.shard, item.record.attempt, rows) for at, rows in item.batches)
     steps.sort()
     points: list[BatchPoint] = []
     total = 0
