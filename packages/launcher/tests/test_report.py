@@ -268,8 +268,10 @@ def test_accounting_falls_back_to_attempt_records_when_sacct_fails(tmp_path: Pat
 
         return Completed(1, "", "sacct: error: Problem talking to the database")
 
-    gpu = run_report(layout, Slurm(broken)).gpu
+    report = run_report(layout, Slurm(broken))
+    gpu = report.gpu
     assert gpu is not None and gpu.source == "attempt records" and gpu.jobs == []
+    assert any("sacct" in note for note in report.notes)
     assert gpu.allocated_gpu_hours == round((115 + 80 + 45) * 2 / 3600, 6)
 
 

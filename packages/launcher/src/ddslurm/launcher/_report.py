@@ -737,6 +737,9 @@ def run_report(
     per_second = None
     if starts and last_batch is not None and last_batch > min(starts):
         per_second = round(generated / (last_batch - min(starts)).total_seconds(), 3)
+    gpu = _gpu(slurm, plan, subs, spans)
+    if gpu.source != "sacct" and plan.serving is not None:
+        notes.append("Slurm's accounting (sacct) could not be read: GPU-hours allocated are the attempts' own spans")
     return RunReport(
         run_id=plan.run_id,
         run_name=plan.run_name,
@@ -756,7 +759,7 @@ def run_report(
         batches=batches,
         rate=rate,
         models=models,
-        gpu=_gpu(slurm, plan, subs, spans),
+        gpu=gpu,
         failures=_failures(data),
         dataset=dataset,
         columns=columns,
