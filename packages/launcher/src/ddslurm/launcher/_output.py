@@ -180,7 +180,8 @@ def array_json(array: PlannedArray, job_id: str | None = None) -> dict[str, Any]
         "kind": array.kind,
         "array": array.array,
         "shards": compact_ranges(array.shards),
-        "tasks": len(array.shards),
+        "tasks": array.tasks if array.tasks is not None else len(array.shards),
+        "pulling": array.tasks is not None,
         "after": array.after,
         **({"job_id": job_id} if job_id is not None else {}),
     }
