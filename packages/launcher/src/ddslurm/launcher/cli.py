@@ -2,8 +2,9 @@
 
 Commands: submit (--dry-run, --continue), providers, status (--watch), wait (--timeout), cancel (--shards), retry
 (--shards, --fresh, --resume-cancelled), accept-partial, logs, collect (--local, --overwrite), report (--output),
-list, init. Every command takes --json (errors included); exit codes are :class:`ddslurm.launcher._output.ExitCode`.
-Rendering for people lives in ``_console``, JSON and errors in ``_output``; this module reads the command line and calls the launcher.
+list, init. Every command takes --json (errors included); exit codes are
+:class:`ddslurm.launcher._output.ExitCode`. Rendering for people lives in ``_console``, JSON and errors in
+``_output``; this module reads the command line and calls the launcher.
 """
 
 from __future__ import annotations
