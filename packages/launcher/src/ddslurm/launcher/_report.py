@@ -847,6 +847,8 @@ def _figures(report: RunReport) -> dict[str, Any]:
                 name="records/s",
                 x=[b.start for b in report.rate],
                 y=[b.rate for b in report.rate],
+                width=[_ms(b.start, b.end) for b in report.rate],
+                offset=0,
                 marker_color="#3d7be8",
                 opacity=0.6,
             )
@@ -896,6 +898,11 @@ def _figures(report: RunReport) -> dict[str, Any]:
         fig.update_layout(yaxis={"title": "attempts"}, height=280, margin={"t": 30, "b": 40})
         figures["failures"] = fig
     return figures
+
+
+def _ms(start: str, end: str) -> float:
+    a, b = _time(start), _time(end)
+    return (b - a).total_seconds() * 1000 if a is not None and b is not None else 0.0
 
 
 def _chart(figures: dict[str, Any], name: str) -> str:
