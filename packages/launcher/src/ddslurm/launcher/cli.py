@@ -1,8 +1,8 @@
 """``ddslurm``: run Data Designer recipes on Slurm (a Typer app; ``docs/cli.md`` documents every command).
 
 Commands: init (--dir, --force), submit (--dry-run, --continue), providers, status (--watch), wait (--timeout),
-cancel (--shards), retry (--shards, --fresh, --resume-cancelled), accept-partial, logs, collect (--local,
---overwrite), list. Every command takes --json (errors included); exit codes are
+cancel (--shards), retry (--shards, --fresh, --resume-cancelled, --dry-run), accept-partial, logs, collect (--local,
+--overwrite), report (--output), list. Every command takes --json (errors included); exit codes are
 :class:`ddslurm.launcher._output.ExitCode`. Rendering for people lives in ``_console``, JSON and errors in
 ``_output``; this module reads the command line and calls the launcher.
 """
@@ -28,7 +28,7 @@ import typer
 from typer.main import get_command
 
 from ddslurm.collector import collect_command
-from ddslurm.config import ProviderSnapshot, RunLayout, load_profile
+from ddslurm.config import ProviderSnapshot, RunLayout, atomic_write, load_profile
 from ddslurm.launcher._bill import bill_lines, make_bill
 from ddslurm.launcher._collect import collect_job_command
 from ddslurm.launcher._console import (
@@ -60,6 +60,7 @@ from ddslurm.launcher._output import (
     write_json,
 )
 from ddslurm.launcher._render import compact_ranges, render_generation
+from ddslurm.launcher._report import render_html, report_json, run_report
 from ddslurm.launcher._slurm import SchedulerLimits, Slurm
 from ddslurm.launcher._status import TERMINAL, RunStatus, Unreadable, find_run, run_status, run_statuses
 from ddslurm.launcher._steer import (
@@ -726,6 +727,59 @@ def cmd_collect(
     if code != ExitCode.OK and session.json:
         raise CommandFailed(collect_report(code, err.getvalue()), said=True)
     return code
+
+
+@app.command("report")
+@_guarded
+def cmd_report(
+    ctx: typer.Context,
+    run: RunArg,
+    profile: ProfileOpt = None,
+    output: Annotated[
+        Path | None,
+        typer.Option(
+            "--output",
+            "-o",
+            metavar="PATH",
+            help="Where to write the HTML page. Default: RUN/report.html, next to the dataset.",
+            show_default=False,
+        ),
+    ] = None,
+    as_json: JsonOpt = False,
+) -> int:
+    """Write a self-contained HTML report of the run (opens offline): every attempt's timeline, records/s,
+    requests and tokens per model alias, GPU-hours allocated and spent generating, failures by reason, and the
+    dataset's column statistics. With --json, also print its numbers."""
+    session = _session(ctx, as_json)
+    layout = _run(session, run, profile)
+    report = run_report(layout, session.slurm)
+    target = output if output is not None else layout.root / "report.html"
+    try:
+        atomic_write(target, render_html(report).encode())
+    except OSError as exc:
+        raise CommandFailed(
+            ErrorReport(ErrorCode.FAILED, f"{target}: cannot write the report: {exc}", ExitCode.FAILED)
+        ) from exc
+    if session.json:
+        write_json({"report": str(target), **report_json(report)}, session.out)
+        return ExitCode.OK
+    gpu = report.gpu
+    rate = f"{report.records_per_second:.2f}" if report.records_per_second is not None else "-"
+    lines = [
+        f"report of run {report.run_id}: {target}",
+        f"  {report.records_done}/{report.records_requested} records, {report.shards_done}/{report.shards} shards, "
+        f"{report.attempts} attempt(s), {rate} records/s",
+    ]
+    if gpu is not None and gpu.allocated_gpu_hours > 0:
+        lines.append(f"  GPU-hours: {gpu.allocated_gpu_hours:.3f} allocated, {gpu.generating_gpu_hours:.3f} generating")
+    lines += [
+        f"  {m.alias} ({'local' if m.local else 'hosted'}): {m.requests} requests, {m.failed} failed, "
+        f"{m.total_tokens} tokens"
+        for m in report.models
+    ]
+    lines += [f"  failed: {f.reason} x{f.count} (shards {compact_ranges(f.shards)})" for f in report.failures]
+    session.out.write("\n".join(lines) + "\n")
+    return ExitCode.OK
 
 
 @app.command("init")
