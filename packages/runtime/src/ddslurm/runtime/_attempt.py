@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -50,6 +52,7 @@ from ddslurm.runtime._engine import (
 from ddslurm.runtime._fill import fill_recipe, missing_rows, observed_keys, row_keys
 from ddslurm.runtime._verify import (
     FILL_DIR,
+    llm_columns,
     make_private,
     parquet_files,
     readable_rows,
@@ -358,11 +361,23 @@ class AttemptRunner:
         record = msgspec.structs.replace(record, client_runs=record.client_runs + 1)
         self._write(attempt, record)
 
+        cells = CellProgress(len(llm_columns(inputs.recipe)), min(plan.buffer_size, num_records), clock=time.monotonic)
+        if target.is_dir():  # resuming: the batches already on disk count from the start
+            cells.batch_done(*_rows_on_disk(target))
+
         def on_batch(path: Path) -> None:
             rows, batches = _rows_on_disk(path.parent)
+            cells.batch_done(rows, batches)
             progress = Progress(rows=rows, batches=batches, updated_at=self._now())
             atomic_write(attempt.progress, encode(progress))
             log.info("batch.complete", file=str(path), rows=rows, batches=batches)
+
+        def on_cell() -> None:
+            due = cells.cell_done()
+            if due is not None:
+                rows, batches, in_batch = due
+                progress = Progress(rows=rows, batches=batches, updated_at=self._now(), in_batch=in_batch)
+                atomic_write(attempt.progress, encode(progress))
 
         result = self._engine(
             EngineRequest(
@@ -376,6 +391,7 @@ class AttemptRunner:
                 buffer_size=min(plan.buffer_size, num_records),
                 serving=plan.serving,
                 on_batch_complete=on_batch,
+                on_cell=on_cell,
                 resume=resume,
             )
         )
@@ -546,6 +562,34 @@ class AttemptRunner:
             if rows and (best is None or rows > best[0]):
                 best = (rows, dataset)
         return best[1] if best else None
+
+
+class CellProgress:
+    """Records of the batch being generated, from Data Designer's finished cells: cells since the last completed
+    batch over the recipe's LLM columns, capped one short of a batch. Reported at most once per ``interval``
+    seconds (cells finish from many threads at once)."""
+
+    def __init__(self, columns: int, batch: int, *, clock: Callable[[], float], interval: float = 1.0) -> None:
+        self._columns, self._batch, self._clock, self._interval = max(1, columns), batch, clock, interval
+        self._lock = threading.Lock()
+        self._cells = 0
+        self._rows = self._batches = 0
+        self._last = float("-inf")
+
+    def batch_done(self, rows: int, batches: int) -> None:
+        with self._lock:
+            self._cells, self._rows, self._batches = 0, rows, batches
+
+    def cell_done(self) -> tuple[int, int, int] | None:
+        """(rows on disk, batches, records of the current batch) when a report is due, else None."""
+        with self._lock:
+            self._cells += 1
+            now = self._clock()
+            if now - self._last < self._interval:
+                return None
+            self._last = now
+            in_batch = min(self._cells // self._columns, max(0, self._batch - 1))
+            return self._rows, self._batches, in_batch
 
 
 def _rows_on_disk(directory: Path) -> tuple[int, int]:
