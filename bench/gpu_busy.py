@@ -18,7 +18,8 @@ it ended), the integral over time of min(running, capacity) / capacity, times it
 
 The rest is split per job, from the controller's log (the job's slurm output), the attempts' records, the hosted
 judge's request log (``--fake-log-match`` tags each request with its record, so with its shard and job) and the
-replicas' request logs:
+replicas' request logs. Each idle moment counts once, in the first category that applies, in this order after
+``first_request``: ``teardown``, ``tail``, ``sizing``, ``hosted_wait``, ``finish``, ``client``.
 
 - ``startup``: job start -> every replica ready (``serving.ready``);
 - ``first_request``: ready -> the job's first request (Data Designer's import and set-up not hidden by the load);
@@ -33,10 +34,13 @@ replicas' request logs:
   Designer's end of run: the last batch's write, its dataset statistics; the attempt's verify and publish);
 - ``teardown``: the job's last attempt ended -> job end (the steps' stop, the batch step's exit, Slurm's end).
 
-    uv run python bench/gpu_busy.py [--shards 2,4,8] [--layouts anchor,auto,alloc1] [--records 48]
-                                    [--latency 0.5] [--judge-latency 0.25] [--capacity 8] [--startup-delay 5]
+    uv run python bench/gpu_busy.py [--shards 2,4,8] [--layouts anchor,auto,alloc1] [--skip alloc1@4]
+                                    [--records 384] [--buffer 32] [--replicas 2] [--tp 1] [--capacity 8]
+                                    [--latency 1.0] [--judge-latency 0.5] [--startup-delay 5] [--keep]
 
-Prints one JSON line per (shards, layout) and a summary line. Everything shares the 2 CPUs of the benchmark machine
+Prints one JSON line per (shards, layout) and a summary line; a layout whose plan is one already run at that shard
+count (``alloc1`` at 2 shards is ``auto``) is reported with ``same_as``, not run again. Takes 7-8 minutes: an
+allocation has to work for about a minute before 0.85 is within reach of a 5 s model load. Everything shares the 2 CPUs of the benchmark machine
 (servers, proxies, several Data Designer clients, Slurm): the fractions are measured in the same benchmark run and
 each JSON line says how busy the machine's CPUs were.
 """
