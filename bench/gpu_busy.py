@@ -36,13 +36,14 @@ replicas' request logs. Each idle moment counts once, in the first category that
 
     uv run python bench/gpu_busy.py [--shards 2,4,8] [--layouts anchor,auto,alloc1] [--skip alloc1@4]
                                     [--records 384] [--buffer 32] [--replicas 2] [--tp 1] [--capacity 8]
-                                    [--latency 1.0] [--judge-latency 0.5] [--startup-delay 5] [--keep]
+                                    [--latency 1.0] [--judge-latency 0.5] [--startup-delay 5]
 
 Prints one JSON line per (shards, layout) and a summary line; a layout whose plan is one already run at that shard
 count (``alloc1`` at 2 shards is ``auto``) is reported with ``same_as``, not run again. Takes 7-8 minutes: an
-allocation has to work for about a minute before 0.85 is within reach of a 5 s model load. Everything shares the 2 CPUs of the benchmark machine
-(servers, proxies, several Data Designer clients, Slurm): the fractions are measured in the same benchmark run and
-each JSON line says how busy the machine's CPUs were.
+allocation has to work for about a minute before 0.85 is within reach of a 5 s model load.
+
+Everything shares the 2 CPUs of the benchmark machine (servers, proxies, several Data Designer clients, Slurm): the
+fractions are measured in the same benchmark run and each JSON line says how busy the machine's CPUs were.
 """
 
 from __future__ import annotations
