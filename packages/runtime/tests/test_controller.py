@@ -26,7 +26,7 @@ from ddslurm.config import (
 )
 from ddslurm.config.testing import make_plan
 from ddslurm.runtime import AttemptRunner, Inputs
-from ddslurm.runtime._controller import ClaimPool, Controller, ProxyStep, StopSignal
+from ddslurm.runtime._controller import ClaimPool, Controller, StopSignal
 from ddslurm.runtime._log import new_logger
 from ddslurm.runtime._steps import Step, StepSpec
 
@@ -493,45 +493,3 @@ def test_an_allocation_with_nothing_left_to_pull_starts_nothing(tmp_path: Path) 
         layout.shard(index).winner.write_text("{}")
     assert controller.run(inputs, _pool(tmp_path, 2, "9304"), "9304", "n1") == 0
     assert launcher.servers == [] and launcher.clients == []
-
-
-class SlowStop:
-    """A running step whose stop takes ``seconds`` (a Slurm query, the signal, the process's exit)."""
-
-    def __init__(self, name: str, events: list[tuple[str, str, float]], seconds: float = 0.3) -> None:
-        self.name, self.events, self.seconds, self.stopped = name, events, seconds, False
-
-    def poll(self) -> int | None:
-        return 0 if self.stopped else None
-
-    def stop(self, grace: float) -> int:
-        self.events.append(("begin", self.name, time.monotonic()))
-        time.sleep(self.seconds)
-        self.events.append(("end", self.name, time.monotonic()))
-        self.stopped = True
-        return 143
-
-
-def test_teardown_stops_clients_then_proxies_then_servers_each_group_at_once(tmp_path: Path) -> None:
-    controller, _ = _controller(tmp_path, ScriptedLauncher([]), 0)
-    events: list[tuple[str, str, float]] = []
-    names = ["server-gen-0", "server-gen-1", "server-gen-2", "proxy-gen", "client-0", "client-1"]  # start order
-    steps = [SlowStop(n, events) for n in names]
-    controller._steps = list(steps)  # type: ignore[arg-type]
-    controller._proxies = {"gen": ProxyStep("gen", 1, steps[3], tmp_path / "proxy.log")}  # type: ignore[arg-type]
-    out = io.BytesIO()
-    started = time.monotonic()
-    controller._teardown(new_logger(out))
-    took = time.monotonic() - started
-    assert took < 3 * 0.3 + 0.4, took  # three groups (each stopped together), not six steps one after the other
-    group = {"client": 0, "proxy": 1, "server": 2}
-    kind = {n: group[n.split("-")[0]] for n in names}
-    for begin_kind, begin_name, begin_at in events:
-        if begin_kind != "begin":
-            continue
-        # every step of an earlier group had ended before this one began
-        ends = [at for k, n, at in events if k == "end" and kind[n] < kind[begin_name]]
-        assert all(at <= begin_at for at in ends), (begin_name, events)
-    stopped = [line for line in out.getvalue().decode().splitlines() if '"step.stopped"' in line]
-    assert len(stopped) == 6 and controller._steps == []
-    assert all(s.stopped for s in steps)
