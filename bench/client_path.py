@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
 import math
 import os
@@ -42,7 +41,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
@@ -52,13 +50,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
-import msgspec
 from _cpu import busy_seconds
+from _runs import scratch, unsized
 
 from fake_vllm.testing import start_server
 
 if TYPE_CHECKING:
-    from ddslurm.launcher import Prepared
+    pass
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -187,18 +185,6 @@ def _files(root: Path, replicas: int, records: int, args: argparse.Namespace) ->
     return run, profile, env
 
 
-def _dd_default(prepared: Prepared) -> Prepared:
-    """The prepared run with the client sizing taken out of its plan (as compiled before it): Data Designer runs the
-    alias with its default max_parallel_requests."""
-    plan = prepared.plan
-    assert plan.serving is not None
-    deployments = tuple(
-        msgspec.structs.replace(d, capacity=None, max_parallel_requests=None) for d in plan.serving.deployments
-    )
-    serving = msgspec.structs.replace(plan.serving, deployments=deployments)
-    return dataclasses.replace(prepared, plan=msgspec.structs.replace(plan, serving=serving))
-
-
 def _wait_slurm(job_id: str, env: Mapping[str, str], timeout: float) -> None:
     """Until the job (its teardown included) has left the queue."""
     deadline = time.monotonic() + timeout
@@ -219,7 +205,7 @@ def runtime_run(replicas: int, records: int, mode: str, args: argparse.Namespace
     # Data Designer's validation of this fixed recipe (a subprocess of a few seconds) is left out to save time.
     prepared = prepare(run, profile, env, datetime.now(UTC), check_recipe=lambda *_: [])
     if mode == "dd_default":
-        prepared = _dd_default(prepared)
+        prepared = unsized(prepared)
     write_run_dir(prepared)
     layout = prepared.layout
     timeout = 120 + 4 * records / max(1.0, replicas)
@@ -302,18 +288,12 @@ def main() -> int:
     args = parser.parse_args()
     counts = [int(n) for n in args.replicas.split(",") if n.strip()]
     started = time.monotonic()
-    root = Path(tempfile.mkdtemp(prefix="ddslurm-bench-client-path-"))
     lines = []
-    try:
+    with scratch("ddslurm-bench-client-path-", args.keep) as root:
         for replicas in counts:
             line = measure(replicas, args, root)
             lines.append(line)
             print(json.dumps(line), flush=True)
-    finally:
-        if args.keep:
-            print(f"run directories: {root}", file=sys.stderr)
-        else:
-            shutil.rmtree(root, ignore_errors=True)
     summary = {
         "bench": "client_path",
         "summary": True,

@@ -166,10 +166,23 @@ def test_api_key_required_on_v1_only(tmp_path: Path) -> None:
     chat = [(e["status"], e["auth_present"], e["authorized"]) for e in entries if e["path"] == "/v1/chat/completions"]
     assert chat == [(401, False, False), (401, True, False), (200, True, True)]
     first = entries[0]
-    assert set(first) == {"time", "method", "path", "status", "model", "auth_present", "authorized", "n_messages"}
+    keys = {
+        "time",
+        "method",
+        "path",
+        "status",
+        "model",
+        "auth_present",
+        "authorized",
+        "n_messages",
+        "admitted",
+        "match",
+    }
+    assert set(first) == keys and first["admitted"] is None
     assert entries[2]["n_messages"] is None
     ok = next(e for e in entries if e["status"] == 200 and e["path"] == "/v1/chat/completions")
     assert ok["model"] == "m" and ok["n_messages"] == 1
+    assert ok["admitted"] is not None and ok["admitted"] <= ok["time"]  # it ran from admitted until time
 
 
 def _statuses(n: int, **overrides: Any) -> list[int]:
@@ -238,3 +251,13 @@ def test_metrics_counts_tokens_and_successes(client: AppClient) -> None:
     assert 'vllm:e2e_request_latency_seconds_count{engine="0",model_name="m"} 1.0' in text
     successes = [line for line in text.splitlines() if line.startswith("vllm:request_success_total{")]
     assert sum(float(line.rsplit(" ", 1)[1]) for line in successes) == 1.0
+
+
+def test_log_match_records_which_record_a_request_came_from(tmp_path: Path) -> None:
+    log = tmp_path / "requests.jsonl"
+    with _client(request_log=log, log_match=r"\(#(\d+)\)") as client:
+        tagged = {**CHAT, "messages": [{"role": "user", "content": "Question: how many? (#17)"}]}
+        assert client.post("/v1/chat/completions", json=tagged).status_code == 200
+        assert client.post("/v1/chat/completions", json=CHAT).status_code == 200
+    entries = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [e["match"] for e in entries] == ["17", None]

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import sys
 import time
 import uuid
@@ -91,6 +92,8 @@ class _Handlers:
         *,
         model: str | None = None,
         n_messages: int | None = None,
+        admitted: float | None = None,
+        match: str | None = None,
     ) -> Response:
         if self.state.request_log is not None:
             present, valid = self._auth(request)
@@ -104,9 +107,21 @@ class _Handlers:
                     auth_present=present,
                     authorized=valid,
                     n_messages=n_messages,
+                    admitted=admitted,
+                    match=match,
                 )
             )
         return response
+
+    def _match(self, messages: list[Any]) -> str | None:
+        """``--fake-log-match``: its first match in the messages' text (group 1 if it has one), for the log."""
+        if self.settings.log_match is None:
+            return None
+        text = "\n".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
+        found = re.search(self.settings.log_match, text)
+        if found is None:
+            return None
+        return found.group(1) if found.re.groups else found.group(0)
 
     def _reject_v1(self, request: Request) -> Response | None:
         """vLLM's API-key middleware (only on /v1 paths), then the loading check."""
@@ -174,6 +189,7 @@ class _Handlers:
             response = JSONResponse(error_body(str(exc), "BadRequestError", 400, exc.param), status_code=400)
             return self._finish(request, response)
         n_messages = len(body["messages"])
+        match = self._match(body["messages"])
         model = body.get("model") or self.settings.primary_name
         if model not in self.settings.served_model_names:
             response = JSONResponse(
@@ -200,7 +216,7 @@ class _Handlers:
             )
             return self._finish(request, response, model=model, n_messages=n_messages)
 
-        replies, seconds = await self._process({**body, "model": model})
+        replies, seconds, admitted = await self._process({**body, "model": model})
         if fault is Fault.NO_CHOICES:
             replies = []  # a 200 answer whose body has no `choices` (a broken gateway or server)
         n_prompt = prompt_tokens(body["messages"])
@@ -218,7 +234,7 @@ class _Handlers:
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             stream = _sse(completion_id, created, model, replies, n_prompt, include_usage=include_usage)
             streaming = StreamingResponse(stream, media_type="text/event-stream")
-            return self._finish(request, streaming, model=model, n_messages=n_messages)
+            return self._finish(request, streaming, model=model, n_messages=n_messages, admitted=admitted, match=match)
         payload = {
             "id": completion_id,
             "object": "chat.completion",
@@ -244,10 +260,13 @@ class _Handlers:
         }
         if fault is Fault.NO_CHOICES:
             del payload["choices"]
-        return self._finish(request, JSONResponse(payload), model=model, n_messages=n_messages)
+        return self._finish(
+            request, JSONResponse(payload), model=model, n_messages=n_messages, admitted=admitted, match=match
+        )
 
-    async def _process(self, body: Mapping[str, Any]) -> tuple[list[Reply], float]:
-        """Queue for a slot, hold it for the modelled latency, return the replies and the e2e seconds."""
+    async def _process(self, body: Mapping[str, Any]) -> tuple[list[Reply], float, float]:
+        """Queue for a slot, hold it for the modelled latency; return the replies, the e2e seconds and when the
+        request got its slot (epoch s: the request runs from then until the log's ``time``)."""
         metrics = self.state.metrics
         slots = self.state.slots
         started = time.monotonic()
@@ -257,6 +276,7 @@ class _Handlers:
                 await slots.acquire()
         finally:
             metrics.waiting -= 1
+        admitted = now()
         others = metrics.running
         metrics.running += 1
         try:
@@ -269,7 +289,7 @@ class _Handlers:
             metrics.running -= 1
             if slots is not None:
                 slots.release()
-        return replies, time.monotonic() - started
+        return replies, time.monotonic() - started, admitted
 
 
 async def _read_json(request: Request) -> Any:

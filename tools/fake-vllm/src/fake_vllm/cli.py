@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -45,7 +46,7 @@ class FakeOption:
     flag: str
     env: str
     dest: str
-    kind: str  # "seconds", "count", "rate", "int", "bool", "path"
+    kind: str  # "seconds", "count", "rate", "int", "bool", "path", "regex"
     default: Any
     help: str
 
@@ -96,6 +97,11 @@ FAKE_OPTIONS: tuple[FakeOption, ...] = (
         "--fake-request-log", "FAKE_VLLM_REQUEST_LOG", "request_log", "path", None,
         "append one JSON line per request (never the key or the Authorization header)",
     ),
+    FakeOption(
+        "--fake-log-match", "FAKE_VLLM_LOG_MATCH", "log_match", "regex", None,
+        "the request log records, as 'match', the first match of this regex (its group 1 if any) in a chat "
+        "request's messages: which record (or shard) a request came from",
+    ),
 )  # fmt: skip
 
 
@@ -104,6 +110,11 @@ _CAPACITY_ENV = next(option.env for option in FAKE_OPTIONS if option.dest == "ca
 
 class UsageError(ValueError):
     """A bad command line or environment value."""
+
+
+def _regex(text: str) -> str:
+    re.compile(text)  # re.error is a ValueError: reported like any bad value
+    return text
 
 
 def _seconds(text: str) -> float:
@@ -143,6 +154,7 @@ _CONVERTERS: dict[str, Callable[[str], Any]] = {
     "int": int,
     "bool": _boolean,
     "path": Path,
+    "regex": _regex,
 }
 
 

@@ -11,7 +11,9 @@ from pathlib import Path
 @dataclass(frozen=True, kw_only=True)
 class RequestLogEntry:
     """What is recorded about one request. ``authorized``: an Authorization header was present and valid
-    (valid means it matched a key; with no key configured, any header counts as valid)."""
+    (valid means it matched a key; with no key configured, any header counts as valid). ``admitted``: when an
+    answered chat request got a running slot (epoch s; it ran from then until ``time``), else None.
+    ``match``: what ``--fake-log-match`` found in a chat request's messages."""
 
     time: float
     method: str
@@ -21,6 +23,8 @@ class RequestLogEntry:
     auth_present: bool
     authorized: bool
     n_messages: int | None
+    admitted: float | None = None
+    match: str | None = None
 
 
 class RequestLog:

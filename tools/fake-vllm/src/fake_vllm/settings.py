@@ -35,6 +35,7 @@ class Settings:
     never_healthy: bool = False
     fail_start: bool = False
     request_log: Path | None = None
+    log_match: str | None = None
 
     @property
     def primary_name(self) -> str:

@@ -373,8 +373,36 @@ def read_seed_block(recipe: Mapping[str, Any], start: int, end: int) -> Any:
     return pa.concat_tables(tables, promote_options="default")
 
 
-def preload_engine() -> None:
+PRELOAD_MODULES = (
+    "data_designer.config.config_builder",
+    "data_designer.config.run_config",
+    "data_designer.config.analysis.dataset_profiler",
+    "data_designer.interface.data_designer",
+    "data_designer.interface.composite_workflow",
+    "data_designer.engine.secret_resolver",
+    "data_designer.engine.compiler",
+    "data_designer.engine.models.facade",
+    "data_designer.engine.dataset_builders.dataset_builder",
+    "data_designer.engine.analysis.dataset_profiler",
+    "data_designer.integrations.opentelemetry",
+    "duckdb",
+)
+"""What ``create()`` imports before its first request (Data Designer 0.9.7, ``python -X importtime``). Its
+packages import their contents lazily, so importing ``data_designer.config`` and ``data_designer.interface``
+alone loads almost nothing: the seconds of imports came after the servers were ready (docs/performance.md,
+"Runtime start-up")."""
+
+
+def preload_engine(modules: tuple[str, ...] = PRELOAD_MODULES) -> list[str]:
     """Import Data Designer ahead of the run (seconds of imports), so that a client step started while the model
-    servers load is ready to send its first request as soon as they are."""
-    import data_designer.config
-    import data_designer.interface  # noqa: F401
+    servers load is ready to send its first request as soon as they are. A module another Data Designer version
+    does not have is skipped (it imports what it needs when used); returns the ones skipped."""
+    import importlib
+
+    skipped = []
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            skipped.append(name)
+    return skipped

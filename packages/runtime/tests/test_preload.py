@@ -1,0 +1,33 @@
+"""The client step started during the model load imports Data Designer's engine, not only its lazy packages."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ddslurm.runtime._engine import PRELOAD_MODULES, preload_engine
+
+
+@pytest.mark.dd
+def test_preload_imports_the_engine_modules_create_needs() -> None:
+    # A fresh interpreter: this one may have imported Data Designer already.
+    code = (
+        "import json, sys\n"
+        "from ddslurm.runtime._engine import PRELOAD_MODULES, preload_engine\n"
+        "before = len(sys.modules)\n"
+        "skipped = preload_engine()\n"
+        "print(json.dumps({'skipped': skipped, 'missing': [m for m in PRELOAD_MODULES if m not in sys.modules],"
+        " 'added': len(sys.modules) - before}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    got = json.loads(done.stdout.splitlines()[-1])
+    assert got["skipped"] == [] and got["missing"] == []
+    assert got["added"] > 500  # the engine itself (pandas, duckdb, the builders), not just lazy packages
+
+
+def test_preload_skips_a_module_another_data_designer_version_lacks() -> None:
+    assert preload_engine(("json", "data_designer_no_such_module.x")) == ["data_designer_no_such_module.x"]
+    assert "data_designer.interface.data_designer" in PRELOAD_MODULES
