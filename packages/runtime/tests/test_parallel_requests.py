@@ -132,3 +132,14 @@ def test_data_designer_reads_the_sized_recipe_and_its_default_is_ours() -> None:
     builder = dd.DataDesignerConfigBuilder.from_config(recipe_with_models(recipe, SNAPSHOT, SERVING))
     got = {m.alias: m.inference_parameters.max_parallel_requests for m in builder.model_configs}
     assert got == {"gen": 24, "judge": 256, "fixed": 16, "writer": 4, "plain": 4}
+
+
+def test_deployed_aliases_skip_data_designers_health_check_and_hosted_ones_keep_it() -> None:
+    """The controller checked every replica's /health and served model before any client ran; Data Designer's own
+    check (a request per model before generating) would only cost seconds per shard."""
+    models = _models(recipe_with_models(RECIPE, SNAPSHOT, SERVING))
+    assert {a: m["skip_health_check"] for a, m in models.items()} == {
+        "gen": True, "judge": True, "fixed": True, "writer": False, "plain": False,
+    }  # fmt: skip
+    hosted_only = _models(recipe_with_models(RECIPE, SNAPSHOT, None))
+    assert not any(m["skip_health_check"] for m in hosted_only.values())

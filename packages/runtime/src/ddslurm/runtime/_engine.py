@@ -122,9 +122,13 @@ def recipe_with_models(
 ) -> dict[str, Any]:
     """The recipe with its model configs replaced by the snapshot's (hosted ones kept exactly), and each local
     alias's ``max_parallel_requests`` sized from the plan's deployments unless the recipe sets its own
-    (:func:`sized_parallel_requests`). The node and the submit-time validation both build the recipe here."""
+    (:func:`sized_parallel_requests`). A deployed alias skips Data Designer's health check (a request to the model
+    before generating, seconds per shard): the controller has already checked that each replica answers and serves
+    the model's name before any client may run. The node and the submit-time validation build the recipe here."""
     out = copy.deepcopy(dict(recipe))
     sized = sized_parallel_requests(snapshot, serving)
+    local = {p.name for p in snapshot.providers if p.local}
+    deployed = {d.alias for d in serving.deployments} if serving is not None else set()
     models: list[dict[str, Any]] = []
     for m in snapshot.models:
         entry: dict[str, Any] = {"alias": m.alias, "model": m.model, "provider": m.provider}
@@ -133,7 +137,7 @@ def recipe_with_models(
             params = {**(params or {}), "max_parallel_requests": sized[m.alias]}
         if params is not None:
             entry["inference_parameters"] = params
-        entry["skip_health_check"] = m.skip_health_check
+        entry["skip_health_check"] = m.skip_health_check or (m.alias in deployed and m.provider in local)
         models.append(entry)
     _section(out)["model_configs"] = models
     return out
