@@ -36,6 +36,9 @@ from pathlib import Path
 from ddslurm.config import AttemptRecord, atomic_write, encode, read_json
 import time
 record_path = Path(sys.argv[1]); outcome = sys.argv[2]
+if len(sys.argv) > 3:  # started before its endpoints (model load, or a spare client): wait for them, as the client does
+    while not Path(sys.argv[3]).exists():
+        time.sleep(0.02)
 record = read_json(record_path, AttemptRecord)
 if outcome == "crash":
     sys.exit(3)
@@ -65,7 +68,8 @@ class ScriptedLauncher:
         attempt = spec.argv[spec.argv.index("--attempt") + 1]
         record = RunLayout(run_dir).shard(shard).attempt(attempt).record
         outcome = self.outcomes[len(self.client_argv) - 1]
-        proc = subprocess.Popen([sys.executable, "-c", CLIENT, str(record), outcome], start_new_session=True)
+        wait = [spec.argv[spec.argv.index("--endpoints") + 1]] if "--wait-endpoints" in spec.argv else []
+        proc = subprocess.Popen([sys.executable, "-c", CLIENT, str(record), outcome, *wait], start_new_session=True)
         return Step(spec, proc)
 
 
@@ -451,6 +455,14 @@ def test_a_pulling_allocation_starts_servers_once_and_runs_its_workers_side_by_s
     assert busiest == 2
     # The clients were started while the servers loaded and waited for the endpoints file.
     assert all("--wait-endpoints" in argv for argv in launcher.client_argv[:2])
+    # Each later shard's client was started early as the spare (sharing the workers' CPUs) and waited for its own
+    # endpoints file, written when a worker's shard ended.
+    by_shard = {int(c.spec.argv[c.spec.argv.index("--shard") + 1]): c for c in launcher.clients}
+    spares = [i for i in range(5) if by_shard[i].spec.srun_extra == ("--overlap",)]
+    assert spares and set(spares) <= {2, 3, 4}  # two workers ended at once: one slot took a new claim instead
+    for index in spares:
+        own = layout.shard(index).attempt("attempt-9301").dir / "endpoints.json"
+        assert own.read_bytes() == (allocation / "endpoints.json").read_bytes()
 
 
 def test_a_failed_shard_does_not_stop_the_allocation_but_fails_its_exit_status(tmp_path: Path) -> None:
@@ -509,3 +521,23 @@ def test_a_proxy_that_died_is_started_again_before_the_next_shards_client(tmp_pa
     assert (first.state, first.reason) == ("failed", "proxy_died")
     assert second.state == "succeeded"
     assert len(launcher.proxies) == 2 and len(launcher.servers) == 2
+
+
+def test_a_spare_client_whose_shard_is_cancelled_never_generates(tmp_path: Path) -> None:
+    launcher = ServingLauncher(["slow", "ok", "ok"])
+    controller, inputs = _serving_controller(tmp_path, launcher, 0, shard_rows=(2, 2, 2), workers=1)
+    layout = RunLayout(tmp_path / "run-1")
+
+    def cancel_the_spare() -> None:  # shard 1's client is started while shard 0 generates
+        deadline = time.monotonic() + 30
+        while len(launcher.clients) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        layout.shard(1).cancelled.write_text("{}")
+
+    threading.Thread(target=cancel_the_spare, daemon=True).start()
+    assert controller.run(inputs, _pool(tmp_path, 3, "9306"), "9306", "n1") == 0
+    states = [read_json(layout.shard(i).attempt("attempt-9306").record, AttemptRecord) for i in range(3)]
+    assert [(r.state, r.reason) for r in states] == [
+        ("succeeded", None), ("cancelled", "shard_cancelled"), ("succeeded", None),
+    ]  # fmt: skip
+    assert not (layout.shard(1).attempt("attempt-9306").dir / "endpoints.json").exists()  # it never got endpoints

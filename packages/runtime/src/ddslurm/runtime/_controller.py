@@ -282,6 +282,8 @@ class Controller:
         self._works: list[Work] = []
         self._waiting: list[Began] = []
         """Attempts begun whose client step has not started yet."""
+        self._spare: Work | None = None
+        """A pulling allocation's next shard: its client started, waiting for its own endpoints file."""
         self._serving_dir = run_dir
 
     def run(self, inputs: Inputs, source: ShardSource | int, job_id: str, node: str, restart: int = 0) -> int:
@@ -313,13 +315,15 @@ class Controller:
         try:
             self._run(inputs, source, first, outcomes, log)
         except RuntimeFailure as exc:
-            for began in [*self._waiting, *(w.began for w in self._works)]:
+            spare = [self._spare.began] if self._spare is not None else []
+            for began in [*self._waiting, *(w.began for w in self._works), *spare]:
                 log.error("attempt.failed", shard=began.shard, attempt=began.record.attempt, reason=exc.reason,
                           message=exc.message)  # fmt: skip
                 self._runner.fail(began, exc)
                 outcomes.append(read_json(began.layout.record, AttemptRecord))
             self._works.clear()
             self._waiting.clear()
+            self._spare = None
             if source.pulling:
                 log.error("allocation.failed", reason=exc.reason, message=exc.message)
         finally:
@@ -357,7 +361,8 @@ class Controller:
         workers = inputs.plan.client_workers if source.pulling else 1
         servers = sum(len(d.replicas) for d in serving.deployments) if serving else 0
         proxies = sum(1 for d in serving.deployments if d.proxy) if serving else 0
-        memory = split_memory(self._env, servers, proxies, workers)
+        # A pulling allocation keeps one spare client ready (below): its memory share counts too.
+        memory = split_memory(self._env, servers, proxies, workers + (1 if source.pulling else 0))
         endpoints_file = self._serving_dir / "endpoints.json"
         make_private_dir(self._serving_dir, exist_ok=True)
         replicas: dict[str, list[Replica]] = {}
@@ -389,7 +394,13 @@ class Controller:
         while self._works or not exhausted:
             # A proxy that dies under running clients is handled below (their runs fail, reruns start it again);
             # one that is dead when a new shard's client starts (reruns used up) is started again first.
-            while not exhausted and len(self._works) < workers and not (self._works and self._proxy_dead()):
+            while len(self._works) < workers and not (self._works and self._proxy_dead()):
+                if self._spare is not None:  # ready: Data Designer imported, waiting for its endpoints
+                    self._restart_dead_proxies(replicas, memory, log)
+                    if self._promote(source, endpoints_file, outcomes):
+                        continue
+                if exhausted:
+                    break
                 began = self._begin_next(inputs, source)
                 if began is None:
                     exhausted = True
@@ -398,7 +409,18 @@ class Controller:
                 self._restart_dead_proxies(replicas, memory, log)
                 self._works.append(self._work(inputs, began, endpoints_file, memory, resume=False))
                 self._waiting.clear()
-            if not self._works:
+            if source.pulling and not exhausted and self._spare is None and len(self._works) == workers:
+                # The next shard's client starts now and waits, so a finished shard's successor generates at once
+                # instead of after a process start and Data Designer's import (seconds of idle GPUs per shard).
+                began = self._begin_next(inputs, source)
+                if began is None:
+                    exhausted = True
+                else:
+                    self._waiting.append(began)
+                    own = began.layout.dir / "endpoints.json"
+                    self._spare = self._work(inputs, began, own, memory, resume=False, spare=True)
+                    self._waiting.clear()
+            if not self._works and self._spare is None:
                 break
             if self._stop.event.is_set():
                 raise self._interrupted()
@@ -584,13 +606,39 @@ class Controller:
 
     # --- clients ---------------------------------------------------------------------------------------
 
-    def _work(self, inputs: Inputs, began: Began, endpoints: Path, memory: MemorySplit, *, resume: bool) -> Work:
+    def _promote(self, source: ShardSource, endpoints_file: Path, outcomes: list[AttemptRecord]) -> bool:
+        """Give the spare client its endpoints: it becomes a worker. False when its shard was cancelled meanwhile
+        (``cancel --shards``): it is stopped and its attempt recorded ``cancelled``."""
+        spare, self._spare = self._spare, None
+        assert spare is not None
+        if os.path.lexists(RunLayout(self._run_dir).shard(spare.began.shard).cancelled):
+            spare.client.stop(self._grace)
+            self._steps.remove(spare.client)
+            outcomes.append(self._runner.cancel(spare.began, "cancelled by ddslurm cancel --shards before it ran"))
+            return False
+        atomic_write(spare.began.layout.dir / "endpoints.json", endpoints_file.read_bytes())
+        spare.log.info("client.promoted", why="a worker's shard ended; the spare client generates now")
+        self._works.append(spare)
+        return True
+
+    def _work(
+        self, inputs: Inputs, began: Began, endpoints: Path, memory: MemorySplit, *, resume: bool, spare: bool = False
+    ) -> Work:
         log = self._log.bind(shard=began.shard, attempt=began.record.attempt)
-        return Work(began, self._start_client(inputs, began, endpoints, memory, resume=resume), log)
+        return Work(began, self._start_client(inputs, began, endpoints, memory, resume=resume, spare=spare), log)
 
     def _start_client(
-        self, inputs: Inputs, began: Began, endpoints_file: Path, memory: MemorySplit, *, resume: bool
+        self,
+        inputs: Inputs,
+        began: Began,
+        endpoints_file: Path,
+        memory: MemorySplit,
+        *,
+        resume: bool,
+        spare: bool = False,
     ) -> Step:
+        """A client step; a ``spare`` one shares the workers' CPUs (``srun --overlap``): it only imports Data
+        Designer and waits until a worker's shard has ended, whose CPUs it then takes over."""
         argv: tuple[str, ...] = (
             str(self._runtime_exe),
             "client",
@@ -617,6 +665,7 @@ class Controller:
             log=began.layout.dir / "client.out",
             cpus=inputs.plan.client_cpus,
             mem_mb=memory.client,
+            srun_extra=("--overlap",) if spare else (),
         )
         return self._start(spec)
 
