@@ -140,7 +140,8 @@ def retry(
     if fresh:
         for index in todo:
             _start_fresh(layout.shard(index), moment)
-    job_ids = submit_shards(layout, plan, todo, slurm, env, moment, kind="retry")
+    gpu_done = [i for i in todo if plan.stages and layout.shard(i).stage(0).winner.exists()]
+    job_ids = submit_shards(layout, plan, todo, slurm, env, moment, kind="retry", gpu_done=gpu_done)
     return Retried(tuple(todo), tuple(job_ids))
 
 
