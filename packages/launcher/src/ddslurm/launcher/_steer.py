@@ -202,6 +202,8 @@ def continue_submission(
                 kind=array.kind,
                 after=after,
                 plan_index=array.index,
+                stage=array.stage,
+                after_any=tuple(submitted[i] for i in array.after_any if i in submitted),
             )
             if publish_once(layout.submissions / f"{found[0]}.json", encode(record)):
                 submitted[array.index] = found[0]
