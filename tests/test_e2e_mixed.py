@@ -47,7 +47,10 @@ def _wrapper(tmp_path: Path) -> Path:
 
 
 def _attempts(run_dir: Path) -> list[Path]:
-    return sorted(run_dir.glob("shards/shard-*/attempts/attempt-*"))
+    """Every attempt of the run: a two-stage run's GPU-stage attempts (``stage-0/``) too."""
+    return sorted(
+        [*run_dir.glob("shards/shard-*/attempts/attempt-*"), *run_dir.glob("shards/shard-*/stage-*/attempts/attempt-*")]
+    )
 
 
 def test_mixed_run_local_generator_two_replicas_and_hosted_judge(
@@ -61,7 +64,8 @@ def test_mixed_run_local_generator_two_replicas_and_hosted_judge(
         shards=1,
         buffer_size=6,
         recipe=MIXED_RECIPE,
-        extra_run=GENERATOR,
+        # one allocation runs the generator and the judge (tests/test_e2e_stages.py: the two-stage run)
+        extra_run=GENERATOR + "stages: single\n",
         vllm_executable=_wrapper(tmp_path),
     )
     submitted = _cli("submit", str(files.run_file), "--profile", str(files.profile), "--json", env=files.env)

@@ -182,6 +182,7 @@ def array_json(array: PlannedArray, job_id: str | None = None) -> dict[str, Any]
         "shards": compact_ranges(array.shards),
         "tasks": len(array.shards),
         "after": array.after,
+        **({"stage": array.stage, "after_any": list(array.after_any)} if array.stage is not None else {}),
         **({"job_id": job_id} if job_id is not None else {}),
     }
 

@@ -344,7 +344,7 @@ def _dry_run(session: Session, run_file: Path, profile: Path) -> int:
     except SlurmError as exc:  # no scheduler here: show the arrays for Slurm's default MaxArraySize
         limits = SchedulerLimits(1001, notes=(f"scheduler limits not read ({exc}); arrays assume MaxArraySize 1001",))
     planned = plan_submission(plan, layout, [s.index for s in plan.shards], limits, stamp=new_stamp(now))
-    script = render_generation(plan, layout, list(planned.arrays[0].shards))
+    script = render_generation(plan, layout, list(planned.arrays[0].shards), stage=planned.arrays[0].stage)
     if session.json:
         write_json(
             {
