@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 from ddslurm.config import (
     AttemptLayout,
     AttemptRecord,
+    AttemptState,
     FreshRecord,
     Plan,
     Progress,
@@ -249,52 +250,35 @@ class AttemptRunner:
         if os.path.lexists(self._layout.cancelled):
             # `ddslurm cancel` writes this before it asks Slurm to cancel the run's arrays: an array that starts
             # anyway (a dependency met by the cancelled tasks, a race with scancel) does no work.
-            self._write(
-                attempt,
-                msgspec.structs.replace(
-                    record,
-                    state="cancelled",
-                    ended_at=self._now(),
-                    reason="run_cancelled",
-                    message=f"the run was cancelled (ddslurm cancel; {self._layout.cancelled}); nothing generated",
-                ),
-            )
-            return None
+            message = f"the run was cancelled (ddslurm cancel; {self._layout.cancelled}); nothing generated"
+            return self._not_begun(attempt, record, "cancelled", "run_cancelled", message)
         if shard.winner.exists() or (self._stage == 0 and self._layout.shard(shard_index).winner.exists()):
-            self._write(
-                attempt,
-                msgspec.structs.replace(record, state="superseded", ended_at=self._now(), reason="winner_exists"),
-            )
-            return None
+            return self._not_begun(attempt, record, "superseded", "winner_exists")
         if self._stage == 1 and first is None:
-            self._write(
-                attempt,
-                msgspec.structs.replace(
-                    record,
-                    state="failed",
-                    ended_at=self._now(),
-                    reason="stage_missing",
-                    message="the shard's GPU stage has no result (shards/shard-N/stage-0/winner.json); nothing "
-                    "generated",
-                ),
-            )
-            return None
+            message = "the shard's GPU stage has no result (shards/shard-N/stage-0/winner.json); nothing generated"
+            return self._not_begun(attempt, record, "failed", "stage_missing", message)
         repeated = self._repeated_failure(shard_index, attempt_id)
         if repeated is not None:
-            self._write(
-                attempt,
-                msgspec.structs.replace(
-                    record,
-                    state="failed",
-                    ended_at=self._now(),
-                    reason="not_retried",
-                    message=f"{repeated.attempt} failed with {repeated.reason}, which every attempt of this run "
-                    f"would repeat; nothing generated ({repeated.message or ''})",
-                ),
+            message = (
+                f"{repeated.attempt} failed with {repeated.reason}, which every attempt of this run "
+                f"would repeat; nothing generated ({repeated.message or ''})"
             )
-            return None
+            return self._not_begun(attempt, record, "failed", "not_retried", message)
         self._write(attempt, record)
         return Began(shard_index, record.requested_rows or spec.num_records, attempt, record)
+
+    def _not_begun(
+        self,
+        attempt: AttemptLayout,
+        record: AttemptRecord,
+        state: AttemptState,
+        reason: str,
+        message: str | None = None,
+    ) -> Began | None:
+        """Record an attempt that ends before it generates anything (None: nothing to run)."""
+        ended = msgspec.structs.replace(record, state=state, ended_at=self._now(), reason=reason, message=message)
+        self._write(attempt, ended)
+        return None
 
     def _stage_winner(self, shard_index: int) -> WinnerRecord | None:
         """The shard's GPU-stage winner (``stage-0/winner.json``), or None while it has none."""
