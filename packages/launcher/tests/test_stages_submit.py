@@ -9,11 +9,13 @@ from pathlib import Path
 import pytest
 
 from ddslurm.config import (
+    AttemptRecord,
     Plan,
     RunLayout,
     StagePlan,
     SubmissionRecord,
     WinnerRecord,
+    atomic_write,
     encode,
     make_private_dir,
     publish_once,
@@ -23,7 +25,7 @@ from ddslurm.config.testing import make_plan
 from ddslurm.launcher import Slurm, run_status, submit
 from ddslurm.launcher import _submit as submit_module
 from ddslurm.launcher._render import render_generation
-from ddslurm.launcher._steer import retry
+from ddslurm.launcher._steer import log_files, pick_attempt, retry
 from ddslurm.launcher._submit import plan_arrays, prepare
 from ddslurm.launcher.testing import UNIT_RECIPE, FakeSlurm, write_unit_run
 
@@ -200,3 +202,14 @@ def test_submit_records_the_stages_retry_and_status_follow_each_shards_stage(tmp
     ]
     assert new[0].after_any == () and new[2].after_any == (new[1].array_job_id,)
     assert "afterany" not in Path(new[0].script).read_text()
+
+
+def test_logs_find_a_gpu_stage_attempt(tmp_path: Path) -> None:
+    layout = RunLayout(tmp_path / "run-1")
+    record = AttemptRecord(shard=0, attempt="attempt-7", job_id="7", node="n1", state="failed", started_at="1")
+    attempt = layout.shard(0).stage(0).attempt("attempt-7")
+    attempt.dir.mkdir(parents=True)
+    atomic_write(attempt.record, encode(record))
+    attempt.client_log.write_text("{}\n")
+    assert pick_attempt(layout, 0) == record
+    assert log_files(layout, 0, "client") == [attempt.client_log]
