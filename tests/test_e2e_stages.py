@@ -166,3 +166,38 @@ def test_two_stage_run_frees_the_gpus_and_collects_the_single_stage_dataset(
         assert list(x.items()) == list(y.items()), f"row {i}"  # every column, in order
     # The stand-ins' replies differ per prompt: the comparison is not vacuous.
     assert len({r["sql"] for r in a}) > 1 and len({json.dumps(r["sql_quality"]) for r in a}) > 1
+
+
+def test_pulling_gpu_allocations_and_automatic_retries_in_two_stages(make_run_files: Any, tmp_path: Path) -> None:
+    recipe = _one_draw_recipe(tmp_path)
+    files = make_run_files(
+        "pulling",
+        num_records=RECORDS,
+        shards=SHARDS,
+        buffer_size=4,
+        recipe=recipe,
+        extra_run=GENERATOR + "allocations: 1\nretries: 1\n",
+        vllm_executable=_wrapper(tmp_path, "pulling"),
+    )
+    run_dir, table = _run(files)
+    assert table.num_rows == RECORDS and table.column_names == list(read_plan(run_dir / "run.json").column_order or ())
+    subs = sorted(
+        (read_json(p, SubmissionRecord) for p in (run_dir / "submissions").glob("*.json")),
+        key=lambda s: int(s.array_job_id),
+    )
+    # GPU, CPU after it; GPU retry after the GPU array's failure, CPU retry after both
+    assert [(s.stage, s.kind, s.tasks) for s in subs] == [
+        (0, "initial", 1),
+        (1, "initial", 1),
+        (0, "auto-retry", 1),
+        (1, "auto-retry", 1),
+    ]
+    assert subs[2].after == subs[0].array_job_id
+    assert subs[3].after_any == (subs[2].array_job_id, subs[1].array_job_id)
+    for index in range(SHARDS):
+        shard = run_dir / "shards" / f"shard-{index:05d}"
+        assert (shard / "stage-0" / "claims" / f"{subs[0].array_job_id}.json").is_file()
+        assert read_json(shard / "winner.json", WinnerRecord).rows == 4
+    # One GPU allocation ran the three shards with its server started once.
+    gpu_steps = [s[0] for s in _sacct(subs[0].array_job_id, "JobName")]
+    assert sum(n.startswith("server-generator") for n in gpu_steps) == 1, gpu_steps
