@@ -30,8 +30,11 @@ lint: ## ruff lint + format check
 	$(UV) run ruff check .
 	$(UV) run ruff format --check .
 
-typecheck: ## mypy --strict over the packages
+DOCS_PY := tools/gen_reference.py tools/mkdocs_hooks.py tests/test_docs.py
+
+typecheck: ## mypy --strict over the packages (and the docs tooling)
 	$(UV) run mypy
+	$(UV) run mypy $(DOCS_PY)
 
 imports: ## import-linter layering contracts
 	$(UV) run lint-imports
@@ -39,7 +42,11 @@ imports: ## import-linter layering contracts
 lock-check: ## uv.lock up to date with the pyproject files
 	$(UV) lock --check
 
-check: bootstrap lint typecheck imports lock-check test ## what CI runs
+docs: ## the docs site: the generated reference up to date, then mkdocs build --strict (into site/)
+	$(UV) run python tools/gen_reference.py --check
+	NO_MKDOCS_2_WARNING=1 $(UV) run mkdocs build --strict --quiet
+
+check: bootstrap lint typecheck imports lock-check docs test ## what CI runs
 
 test-dd-range: ## the node-side tests against the oldest and the newest Data Designer the runtime accepts
 	@for v in $(DD_OLDEST) $(DD_NEWEST); do \
@@ -65,4 +72,4 @@ clean-work: ## remove the local workspace of runs
 help:
 	@awk -F':.*## ' '/^[a-zA-Z%_-]+:.*## /{printf "  %-18s %s\n",$$1,$$2}' $(MAKEFILE_LIST)
 
-.PHONY: bootstrap cluster demo demo-mixed test test-dd-range lint typecheck imports lock-check check bench clean-work help
+.PHONY: bootstrap cluster demo demo-mixed test test-dd-range lint typecheck imports lock-check docs check bench clean-work help

@@ -4,6 +4,7 @@ GPUs, a balancing proxy in front of two replicas, a hosted judge with a required
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -188,3 +189,78 @@ def test_failing_server_under_srun_fails_fast_with_reason_and_log_tail(
     from datetime import datetime
 
     assert (datetime.fromisoformat(ended) - datetime.fromisoformat(started)).total_seconds() < timeout + 30
+
+
+# --- ddslurm report of a mixed run: the page is written and its numbers match the run (rows, attempts, the
+# requests each model endpoint received, Slurm's accounting, the dataset) ---
+
+SMALL_GENERATOR = GENERATOR.replace("replicas: 2", "replicas: 1").replace("tensor_parallel: 2", "tensor_parallel: 1")
+
+
+def _chat(lines: list[dict[str, Any]]) -> int:
+    return sum(1 for r in lines if r["path"].endswith("/chat/completions"))
+
+
+def test_report_of_a_mixed_run(make_run_files: Any, hosted_endpoint: Any, tmp_path: Path) -> None:
+    log = hosted_endpoint.request_log
+    before = len(log.read_text().splitlines()) if log.exists() else 0
+    files = make_run_files(
+        "report",
+        num_records=6,
+        shards=2,
+        buffer_size=3,
+        recipe=MIXED_RECIPE,
+        extra_run=SMALL_GENERATOR + "stages: single\n",  # the report reads the final stage's attempts only
+        vllm_executable=_wrapper(tmp_path),
+    )
+    run_dir = Path(
+        _cli("submit", str(files.run_file), "--profile", str(files.profile), "--json", env=files.env)["run_dir"]
+    )
+    final = _cli("wait", str(run_dir), "--json", env=files.env)
+    assert final["state"] == "succeeded", final
+    _cli("collect", str(run_dir), "--json", "--local", env=files.env)
+
+    report = _cli("report", str(run_dir), "--json", env=files.env)
+    page = (run_dir / "report.html").read_text()
+    assert report["report"] == str(run_dir / "report.html")
+    data = json.loads(re.search(r'id="report-data">(.*?)</script>', page, re.S).group(1))  # type: ignore[union-attr]
+    assert data["run_id"] == report["run_id"] == run_dir.name
+    assert 'id="chart-timeline"' in page and 'id="chart-throughput"' in page and 'id="chart-models"' in page
+    assert not re.search(r"<script[^>]+src=", page)
+
+    assert (report["records_requested"], report["records_done"], report["shards_done"]) == (6, 6, 2)
+    assert report["rows_generated"] == 6 and report["batches"][-1]["total"] == 6
+    assert report["records_per_second"] > 0
+    spans = report["timeline"]
+    assert len(spans) == report["attempts"] == 2 and all(s["winner"] for s in spans)
+    for span in spans:  # every phase happened, in order, on the GPU node
+        assert [p["name"] for p in span["phases"]] == ["queued", "startup", "generating", "publishing"], span
+        assert span["serving_ready_at"] is not None and span["node"] in {"n1", "n2"}
+        assert all(p["seconds"] >= 0 for p in span["phases"])
+
+    models = {m["alias"]: m for m in report["models"]}
+    generator = models["generator"]
+    judges = [m for m in report["models"] if not m["local"]]
+    assert generator["local"] and generator["provider"] and generator["failed"] == 0
+    assert judges and all(m["failed"] == 0 and m["provider"] == "demo-hosted" for m in judges)
+    # The requests Data Designer counted, with its health checks (one per model and attempt), are the requests the
+    # endpoints received.
+    local_served = [json.loads(line) for f in tmp_path.glob("requests-*.jsonl") for line in f.read_text().splitlines()]
+    assert generator["health_checks"] == 2
+    assert generator["requests"] + generator["health_checks"] == _chat(local_served) > 2
+    hosted = [json.loads(line) for line in log.read_text().splitlines()[before:]]
+    assert sum(m["requests"] + m["health_checks"] for m in judges) == _chat(hosted) > 0
+    assert generator["total_tokens"] == generator["input_tokens"] + generator["output_tokens"] > 0
+
+    gpu = report["gpu"]
+    assert gpu["source"] == "sacct" and len(gpu["jobs"]) == 2
+    assert all(j["gpus"] == 1 and j["state"] == "COMPLETED" for j in gpu["jobs"])
+    assert gpu["allocated_gpu_hours"] == pytest.approx(
+        sum(j["elapsed_s"] * j["gpus"] for j in gpu["jobs"]) / 3600, abs=1e-6
+    )
+    assert 0 < gpu["generating_gpu_hours"] <= gpu["allocated_gpu_hours"] + 2 / 3600  # sacct rounds to seconds
+
+    assert report["failures"] == []
+    assert report["dataset"]["rows"] == 6 and report["dataset"]["partial_shards"] == []
+    columns = {c["name"]: c for c in report["columns"]}
+    assert {"question", "sql"} <= set(columns) and all(c["rows"] == 6 for c in report["columns"] if c["rows"])

@@ -157,7 +157,7 @@ def test_a_run_over_max_job_count_is_refused_with_the_numbers_and_leaves_nothing
     pattern = re.compile(
         r"^error: 10,000 shards = 10,000 array tasks, but MaxJobCount is 10,000 with (?P<queued>[\d,]+) already "
         r"queued \(90 % headroom rule: (?P<usable>[\d,]+) usable\); use fewer shards \(at most (?P=usable) shards "
-        r"fit\)$"
+        r"fit\), or keep the shards and set allocations: (?P=usable) \(each allocation pulls several shards\)$"
     )
     for extra in ([], ["--dry-run"]):
         done = _cli("submit", str(run), "--profile", str(profile), *extra, env=env)

@@ -132,8 +132,10 @@ def test_failing_server_fails_the_attempt_fast_with_reason_and_log_tail(
     files = make_run_files(
         reason, num_records=12, shards=1, recipe=MIXED_RECIPE, extra_run=_deployment(timeout=timeout, env=server_env)
     )
-    run_dir, code, seconds = _run(local_attempt, files, "21")
-    record = _record(run_dir, "21")
+    # Ports derive from the job id: each case its own, so cases running side by side never share a port.
+    job = {"server_not_ready": "21", "server_start_failed": "22", "server_died": "23"}[reason]
+    run_dir, code, seconds = _run(local_attempt, files, job)
+    record = _record(run_dir, job)
     assert code == 1
     assert record.state == "failed" and record.reason == reason, record
     assert in_message in (record.message or "")

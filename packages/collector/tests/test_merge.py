@@ -10,11 +10,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from ddslurm.collector import (
+    MANIFEST_VERSION,
     CollectError,
     DestinationExistsError,
     MissingWinnersError,
     SchemaConflictError,
+    SchemaField,
     collect,
+    manifest_schema,
     read_manifest,
 )
 from ddslurm.collector.cli import main as collect_main
@@ -143,8 +146,49 @@ def test_manifest_lists_rows_files_winners_and_plan_hash(tmp_path: Path) -> None
     assert manifest.rows == 4
     assert [(s.shard, s.rows, s.attempt) for s in manifest.shards] == [(0, 3, "attempt-1"), (1, 1, "attempt-1")]
     assert manifest.files and all(sha256_file(result.dataset / f.path) == f.sha256 for f in manifest.files)
-    assert "a: int64" in manifest.schema
+    assert manifest.version == MANIFEST_VERSION
+    assert [(f.name, f.type) for f in manifest.schema] == [("a", "int64")]
     assert manifest.plan_sha256 == digest(read_json(layout.plan, Plan))
+
+
+def test_manifest_schema_is_machine_readable_and_complete(tmp_path: Path) -> None:
+    """Every column with its nested fields, and the exact Arrow schema, however wide (the text was truncated)."""
+    wide = {f"c{i:03d}": [i] for i in range(300)}
+    nested = {"s": [{"score": 1, "why": "r"}], "l": [[{"k": 1}]]}
+    layout = make_published_run(tmp_path, [[pa.table({**wide, **nested})]])
+    result = collect(layout)
+    manifest = read_manifest(result.dataset)
+    assert not isinstance(manifest.schema, str)
+    assert [f.name for f in manifest.schema] == [*wide, "s", "l"]
+    by_name = {f.name: f for f in manifest.schema}
+    assert by_name["s"].fields == (
+        SchemaField(name="score", type="int64"),
+        SchemaField(name="why", type="string"),
+    )
+    assert by_name["l"].fields[0].fields == (SchemaField(name="k", type="int64"),)
+    exact = manifest_schema(manifest)
+    assert exact is not None
+    assert exact.equals(pq.read_schema(result.files[0]), check_metadata=False)
+
+
+def test_manifest_marks_partial_shards(tmp_path: Path) -> None:
+    layout = make_published_run(tmp_path, [[pa.table({"a": [1, 2]})], [pa.table({"a": [3]})]], partial=[1])
+    manifest = read_manifest(collect(layout).dataset)
+    assert [(s.shard, s.partial) for s in manifest.shards] == [(0, False), (1, True)]
+
+
+def test_a_version_1_manifest_stays_readable(tmp_path: Path) -> None:
+    old = (
+        '{"collected_at": "2026-01-01T00:00:00+00:00", "files": [{"path": "part-00000.parquet", "sha256": "ab", '
+        '"size": 5}], "plan_sha256": "cd", "rows": 3, "run_id": "r", "schema": "a: int64\\nb: large_string", '
+        '"shards": [{"attempt": "attempt-1", "rows": 3, "shard": 0}]}'
+    )
+    (tmp_path / "_manifest.json").write_text(old)
+    manifest = read_manifest(tmp_path)
+    assert manifest.version == 1
+    assert manifest.schema == "a: int64\nb: large_string"
+    assert manifest.shards[0].partial is False
+    assert manifest_schema(manifest) is None
 
 
 def test_collect_splits_output_into_files_of_target_size(tmp_path: Path) -> None:

@@ -232,3 +232,31 @@ def test_init_on_the_local_cluster_gives_files_a_run_submits_with(tmp_path: Path
     generation = prepared.plan.generation
     assert (generation.partition, generation.gres, generation.time_minutes) == ("cpu", "none", 60)
     assert prepared.plan.collection.partition == "cpu" and prepared.plan.num_records == 100
+
+
+def test_the_init_command_of_the_cli(tmp_path: Path) -> None:
+    """``ddslurm init --dir D [--json] [--force]``: the Typer command writes both files, says what it chose, and
+    refuses (exit 1, nothing written) to replace them without --force."""
+    import io
+    import json
+
+    from ddslurm.launcher.cli import main
+
+    target = tmp_path / "my-run"
+    out, err = io.StringIO(), io.StringIO()
+    assert main(["init", "--dir", str(target)], env={}, slurm=Slurm(CannedSlurm(LOCAL)), stdout=out, stderr=err) == 0
+    assert load_run_file(target / "run.yaml") and load_profile(target / "profile.yaml")
+    assert f"wrote {target / 'run.yaml'}" in out.getvalue() and "ddslurm submit" in out.getvalue()
+
+    out = io.StringIO()
+    code = main(["init", "--dir", str(target), "--json"], env={}, slurm=Slurm(CannedSlurm(LOCAL)), stdout=out,
+                stderr=io.StringIO())  # fmt: skip
+    assert code == 1 and json.loads(out.getvalue())["error"]["code"] == "failed"
+
+    out = io.StringIO()
+    code = main(["init", "--dir", str(target), "--force", "--json"], env={}, slurm=Slurm(CannedSlurm(LOCAL)),
+                stdout=out, stderr=io.StringIO())  # fmt: skip
+    assert code == 0 and json.loads(out.getvalue())["overwritten"] == [
+        str(target / "run.yaml"),
+        str(target / "profile.yaml"),
+    ]

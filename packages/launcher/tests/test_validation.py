@@ -129,6 +129,7 @@ def test_submit_validates_the_recipe_with_the_max_parallel_requests_the_node_use
 
     recipe = RECIPE.replace("{{ no_such_column }}", "something").replace("max_parallel_requests: 8", "timeout: 30")
     deployment = (
+        "client_workers: 1\n"  # one client: it alone keeps the replicas' capacity in flight
         "deployments:\n"
         "- {model_alias: writer, model: org/writer, replicas: 2, server: {extra_args: ['--max-num-seqs=6']}}\n"
     )

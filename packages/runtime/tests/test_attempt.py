@@ -17,6 +17,7 @@ from ddslurm.config import (
     AttemptRecord,
     DeploymentPlan,
     Plan,
+    Progress,
     ProviderSnapshot,
     ReplicaPlan,
     RunLayout,
@@ -566,3 +567,28 @@ def test_automatic_retry_does_not_repeat_a_refused_recipe(tmp_path: Path, kind: 
     else:
         assert (record.state, record.reason) == ("failed", "not_retried") and engine.requests == []
         assert "recipe_invalid" in (record.message or "") and "nope" in (record.message or "")
+
+
+class CellEngine(FakeEngine):
+    """Reports finished cells before it writes its one batch, and looks at the progress file meanwhile."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[Progress] = []
+
+    def __call__(self, request: EngineRequest) -> EngineResult:
+        assert request.on_cell is not None
+        request.on_cell()
+        progress = (request.artifact_path.parent / "progress.json").read_bytes()
+        self.seen.append(msgspec.json.decode(progress, type=Progress))
+        return super().__call__(request)
+
+
+def test_progress_moves_within_a_batch_and_resets_when_the_batch_is_written(tmp_path: Path) -> None:
+    layout = _run(tmp_path, shard_records=(4,))
+    engine = CellEngine()
+    assert _runner(layout, engine).run(load_inputs(layout), 0, "111", "n1") == EXIT_OK
+    [during] = engine.seen
+    assert (during.rows, during.in_batch) == (0, 1)  # one cell of the recipe's one column: one record underway
+    after = read_json(layout.shard(0).attempt("attempt-111").progress, Progress)
+    assert (after.rows, after.in_batch) == (4, 0)

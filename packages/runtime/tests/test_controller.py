@@ -493,3 +493,19 @@ def test_an_allocation_with_nothing_left_to_pull_starts_nothing(tmp_path: Path) 
         layout.shard(index).winner.write_text("{}")
     assert controller.run(inputs, _pool(tmp_path, 2, "9304"), "9304", "n1") == 0
     assert launcher.servers == [] and launcher.clients == []
+
+
+def test_a_proxy_that_died_is_started_again_before_the_next_shards_client(tmp_path: Path) -> None:
+    """Reruns used up (client_retries 0): the shard whose proxy died fails with proxy_died, and the allocation
+    starts the proxy again before it runs the next shard, which succeeds."""
+    launcher = ServingLauncher(["hang", "ok"])
+    controller, inputs = _serving_controller(tmp_path, launcher, 0, shard_rows=(2, 2), workers=1)
+    killer = _kill_first_proxy_once_the_client_runs(launcher, tmp_path / "run-1")
+    assert controller.run(inputs, _pool(tmp_path, 2, "9305"), "9305", "n1") == 1
+    killer.join()
+    layout = RunLayout(tmp_path / "run-1")
+    first = read_json(layout.shard(0).attempt("attempt-9305").record, AttemptRecord)
+    second = read_json(layout.shard(1).attempt("attempt-9305").record, AttemptRecord)
+    assert (first.state, first.reason) == ("failed", "proxy_died")
+    assert second.state == "succeeded"
+    assert len(launcher.proxies) == 2 and len(launcher.servers) == 2

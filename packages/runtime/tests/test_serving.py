@@ -172,3 +172,19 @@ def test_teardown_finds_only_this_tasks_step(kwargs: dict[str, str], want: str |
         return subprocess.CompletedProcess(argv, 0, listing, "")
 
     assert SrunLauncher("279", run=run, **kwargs).step_id("client") == want
+
+
+def test_the_runtime_raises_its_soft_open_file_limit_to_the_hard_one() -> None:
+    import resource
+    import subprocess
+    import sys
+
+    script = (
+        "import resource; from ddslurm.runtime.cli import raise_open_files_limit; "
+        "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE); "
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard)); "
+        "print(raise_open_files_limit(), *resource.getrlimit(resource.RLIMIT_NOFILE))"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout.split()
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    assert [int(v) for v in out] == [hard, hard, hard]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import fcntl
 import functools
@@ -47,20 +48,68 @@ from ddslurm.config import (
 MANIFEST = "_manifest.json"  # leading underscore: pyarrow and pandas skip it when reading the directory
 
 
+MANIFEST_VERSION = 2
+"""2: ``schema`` is a list of fields (1: pyarrow's text, possibly truncated); ``arrow_schema``; shards' ``partial``."""
+
+
 class ShardEntry(Frozen, frozen=True, kw_only=True):
     shard: int
     attempt: str
     rows: int
+    partial: bool = False
+    """A short shard accepted with ``ddslurm accept-partial`` (its winner is marked partial)."""
+
+
+class SchemaField(Frozen, frozen=True, kw_only=True):
+    """One column (or, in ``fields``, one child of a struct, list or map column) of the dataset."""
+
+    name: str
+    type: str
+    """Arrow's name of the type (``int64``, ``large_string``, ``struct<a: int64>``, ...)."""
+    nullable: bool = True
+    fields: tuple[SchemaField, ...] = ()
+    """The children of a nested type: a struct's fields, a list's item, a map's entries."""
 
 
 class Manifest(Frozen, frozen=True, kw_only=True):
+    version: int = 1
+    """Absent in (and so 1 for) manifests written before version 2."""
     run_id: str
     plan_sha256: str
     rows: int
     shards: tuple[ShardEntry, ...]
-    schema: str
+    schema: tuple[SchemaField, ...] | str
+    """The unified schema, one entry per column; a string (pyarrow's text) in version 1 manifests."""
+    arrow_schema: str | None = None
+    """The same schema exactly, as Arrow IPC bytes in base64 (:func:`manifest_schema` reads it); None in version 1."""
     files: tuple[FileEntry, ...]
     collected_at: str
+
+
+def schema_fields(schema: pa.Schema) -> tuple[SchemaField, ...]:
+    """The manifest's ``schema``: every column, with the children of nested types."""
+    return tuple(_field(f) for f in schema)
+
+
+def _field(field: pa.Field) -> SchemaField:
+    t = field.type
+    return SchemaField(
+        name=field.name,
+        type=str(t),
+        nullable=field.nullable,
+        fields=tuple(_field(t.field(i)) for i in range(t.num_fields)),
+    )
+
+
+def encode_schema(schema: pa.Schema) -> str:
+    return base64.b64encode(schema.serialize().to_pybytes()).decode("ascii")
+
+
+def manifest_schema(manifest: Manifest) -> pa.Schema | None:
+    """The dataset's exact Arrow schema; None for a version 1 manifest (read the Parquet footers instead)."""
+    if manifest.arrow_schema is None:
+        return None
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(manifest.arrow_schema)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,11 +292,13 @@ def _collect_locked(
                     "nothing was published"
                 )
         manifest = Manifest(
+            version=MANIFEST_VERSION,
             run_id=plan.run_id,
             plan_sha256=digest(plan),
             rows=sum(rows.values()),
-            shards=tuple(ShardEntry(shard=w.shard, attempt=w.attempt, rows=w.rows) for w in winners),
-            schema=schema.to_string(show_schema_metadata=False),
+            shards=tuple(ShardEntry(shard=w.shard, attempt=w.attempt, rows=w.rows, partial=w.partial) for w in winners),
+            schema=schema_fields(schema),
+            arrow_schema=encode_schema(schema.remove_metadata()),
             files=tuple(written),
             collected_at=clock().isoformat(),
         )

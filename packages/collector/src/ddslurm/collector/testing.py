@@ -27,10 +27,12 @@ def make_published_run(
     shard_batches: Sequence[Sequence[pa.Table]],
     *,
     publish: Sequence[bool] | None = None,
+    partial: Sequence[int] = (),
     column_order: tuple[str, ...] | None = None,
 ) -> RunLayout:
     """``root/run-1`` with one shard per entry of ``shard_batches``, each written as Data Designer would
-    (``parquet-files/batch_NNNNN.parquet``) and, unless ``publish`` says otherwise, published as the winner."""
+    (``parquet-files/batch_NNNNN.parquet``) and, unless ``publish`` says otherwise, published as the winner
+    (marked partial, as ``accept-partial`` publishes it, for the shards in ``partial``)."""
     layout = RunLayout(root / "run-1")
     layout.root.mkdir(parents=True)
     plan = make_plan(layout.run_id, tuple(sum(t.num_rows for t in batches) for batches in shard_batches))
@@ -57,6 +59,7 @@ def make_published_run(
                 files=tuple(entries),
                 plan_sha256=digest(plan),
                 published_at="2026-01-01T00:00:00+00:00",
+                partial=index in partial,
             )
             publish_once(shard.winner, encode(winner))
     return layout

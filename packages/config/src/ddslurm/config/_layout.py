@@ -24,6 +24,7 @@
     allocations/allocation-<job_id>/  a pulling allocation's server and proxy logs (kept across its shards)
     collections/<id>/             collection working area
     dataset/                      the final dataset (published atomically)
+    report.html                   ``ddslurm report``: the run's timeline, rates, models, GPU-hours (default place)
 """
 
 from __future__ import annotations

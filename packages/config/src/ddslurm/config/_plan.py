@@ -58,9 +58,11 @@ class DeploymentPlan(Frozen, frozen=True, kw_only=True):
     """Sequences one replica runs at once: ``--max-num-seqs`` in ``extra_args``, else vLLM's default (the planner's
     ``VLLM_DEFAULT_MAX_NUM_SEQS``). None in plans compiled before ddslurm sized the client."""
     max_parallel_requests: int | None = None
-    """Requests the Data Designer client keeps in flight to this alias: replicas x ``capacity``. The node puts it in
-    the alias's model config unless the recipe sets its own ``max_parallel_requests`` (anything but Data Designer's
-    default); None (older plans): the recipe's value stands."""
+    """Requests each Data Designer client keeps in flight to this alias: replicas x ``capacity``, divided among the
+    allocation's ``client_workers`` (rounded up), so that the clients together never send more than the replicas
+    run at once. The node puts it in the alias's model config unless the recipe sets its own
+    ``max_parallel_requests`` (anything but Data Designer's default); None (older plans): the recipe's value
+    stands."""
 
 
 class ServingPlan(Frozen, frozen=True, kw_only=True):

@@ -15,17 +15,31 @@ class ClusterProfile(Frozen, frozen=True, kw_only=True):
     """Top level of a profile file. Relative paths are relative to the profile file's directory."""
 
     name: str = "default"
+    """The cluster's name, for people (``ddslurm init`` writes Slurm's ``ClusterName``)."""
     workspace: str
+    """Runs live in ``<workspace>/runs/<run_id>/``: a directory on a filesystem every node mounts."""
     python_env: str
+    """The virtual environment the compute nodes run (``<python_env>/bin/ddslurm-runtime``), at the same path on
+    every node."""
     account: str | None = None
+    """Default ``--account`` of every job."""
     partition: str | None = None
+    """Partition of generation jobs with deployments (GPU nodes)."""
     cpu_partition: str | None = None
+    """Partition of hosted-only generation jobs and of collection jobs."""
     gpus_per_node: NonNegativeInt = 0
+    """GPUs on one node of ``partition``: a run's deployments must fit on one node."""
     gpu_request: Literal["gres", "gpus"] = "gres"
+    """How jobs ask for GPUs: ``--gres=gpu:N`` (``gres``) or ``--gpus=N`` (``gpus``)."""
     memory_per_gpu: str | None = None
     """Host memory asked per GPU (``--mem`` = GPUs x this) when the run file sets no ``submission.memory``."""
     container_runtime: Literal["none", "pyxis", "apptainer"] = "none"
+    """How vLLM is started: a bare executable (``none``), in a Pyxis container or with ``apptainer exec --nv``."""
     container_mounts: tuple[str, ...] = ()
+    """Mounts for the container runtime (``SRC:DST``)."""
     vllm_executable: str = "vllm"
+    """The ``vllm`` command (a path or a name on ``PATH``) when no container is used."""
     vllm_image: str | None = None
+    """The vLLM image for Pyxis or Apptainer."""
     extra_sbatch: tuple[str, ...] = ()
+    """``#SBATCH`` lines added to every job of this cluster, verbatim."""

@@ -122,11 +122,16 @@ class AttemptRecord(Frozen, frozen=True, kw_only=True):
 
 
 class Progress(Frozen, frozen=True, kw_only=True):
-    """Written by the generation step after every completed batch."""
+    """Written by the generation step after every completed batch, and while a batch is generated."""
 
     rows: int
+    """Rows of the completed batches on disk."""
     batches: int
     updated_at: str
+    in_batch: int = 0
+    """Records of the batch being generated, estimated from Data Designer's per-cell progress (completed cells of
+    its LLM columns since the last batch, over the number of those columns); never a whole batch, 0 between
+    batches. ``rows + in_batch`` is what status shows while the attempt runs."""
 
 
 class WinnerRecord(Frozen, frozen=True, kw_only=True):

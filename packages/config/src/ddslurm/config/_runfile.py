@@ -163,46 +163,74 @@ class Deployment(Frozen, frozen=True, kw_only=True):
     """A vLLM deployment started inside the job, serving one model alias of the recipe."""
 
     model_alias: str
+    """An alias the recipe's columns use; each alias is deployed at most once."""
     model: str
+    """What vLLM loads: a Hugging Face hub id or a path on the nodes."""
     served_model_name: str | None = None
+    """The model name requests use. None: ``model``."""
     replicas: PositiveInt = 1
+    """Server processes behind the alias's one endpoint (a balancing proxy when more than one)."""
     tensor_parallel: PositiveInt = 1
+    """GPUs per replica (``--tensor-parallel-size``)."""
     server: ServerSpec = msgspec.field(default_factory=ServerSpec)
+    """How each replica is started (below)."""
 
 
 class Submission(Frozen, frozen=True, kw_only=True):
     """Scheduler settings of the generation jobs. ``None`` means "take the profile's default"."""
 
     account: str | None = None
+    """``--account``. None: the profile's."""
     partition: str | None = None
+    """``--partition``. None: the profile's ``partition`` (its ``cpu_partition`` for hosted-only runs)."""
     qos: str | None = None
+    """``--qos``."""
     time_limit: str | int = "01:00:00"
+    """``--time`` of each generation job: ``MM``, ``HH:MM:SS`` or ``D-HH:MM:SS`` (a bare number is minutes;
+    rounded up to whole minutes); at least 2 minutes."""
     memory: str | None = None
+    """``--mem`` per node (``16G``). None: the profile's ``memory_per_gpu`` x GPUs, else the site default."""
     cpus: PositiveInt = 2
     """CPUs of the Data Designer client step; server and proxy CPUs are added to the job's request."""
     constraint: str | None = None
+    """``--constraint``."""
     reservation: str | None = None
+    """``--reservation``."""
     extra_sbatch: tuple[str, ...] = ()
+    """Added to the batch script as ``#SBATCH`` lines, verbatim."""
 
 
 class Collection(Frozen, frozen=True, kw_only=True):
     """Scheduler settings of the collection job."""
 
     partition: str | None = None
+    """``--partition`` of the collection job. None: the profile's ``cpu_partition``."""
     memory: str | None = None
+    """``--mem`` of the collection job. None: the site default."""
     time_limit: str | int = "00:30:00"
+    """``--time`` of the collection job (as ``submission.time_limit``)."""
     cpus: PositiveInt = 1
+    """``--cpus-per-task`` of the collection job."""
 
 
 class RunFile(Frozen, frozen=True, kw_only=True):
     """Top level of ``run.yaml``."""
 
     name: Name
+    """Letters, digits, ``.``, ``_`` and ``-``; prefixes the run id."""
     recipe: str
+    """A Data Designer config file (YAML or JSON, as ``DataDesignerConfigBuilder.write_config`` writes it), a
+    builder script (``build.py``, ``build.py:make``) or a module's function (``package.module:make``) that returns
+    one. Paths are relative to the run file."""
     num_records: PositiveInt
+    """Records in the final dataset."""
     shards: PositiveInt = 1
+    """Contiguous record ranges, each generated and published on its own (one array task each by default)."""
     resume: ResumeMode = "if_possible"
+    """How a new attempt reuses an earlier attempt's completed batches: ``if_possible`` (when there are any),
+    ``always`` or ``never``."""
     buffer_size: PositiveInt = 1000
+    """Records per Data Designer batch (one Parquet file each, and the unit of resuming)."""
     max_concurrent: PositiveInt | None = None
     """At most this many array tasks run at once (the array's ``%N`` throttle)."""
     allocations: PositiveInt | Literal["auto"] = "auto"
@@ -224,5 +252,8 @@ class RunFile(Frozen, frozen=True, kw_only=True):
     they read) and a CPU stage (the hosted-only columns) runs the CPU stage in CPU-only allocations after the GPU
     stage, so the GPUs are released when their columns are done. ``single``: one stage in the GPU allocations."""
     deployments: tuple[Deployment, ...] = ()
+    """vLLM servers started inside each job, one entry per model alias. Empty: a hosted-only run (CPU jobs)."""
     submission: Submission = msgspec.field(default_factory=Submission)
+    """Scheduler settings of the generation jobs."""
     collection: Collection = msgspec.field(default_factory=Collection)
+    """Scheduler settings of the collection job."""

@@ -316,9 +316,12 @@ def plan_lines(planned: SubmissionPlan) -> list[str]:
     return lines
 
 
-def dry_run_text(plan: Plan, layout: RunLayout, planned: SubmissionPlan, script: str) -> str:
-    """What ``submit --dry-run`` prints: where the run would go, the environment the job gets, the arrays and
-    the limits they fit in (``planned``, as ``submit`` computes it), then the batch script of the first array."""
+def dry_run_text(
+    plan: Plan, layout: RunLayout, planned: SubmissionPlan, script: str, bill: list[str] | None = None
+) -> str:
+    """What ``submit --dry-run`` prints: where the run would go, the environment the job gets, the bill (how the
+    shards map to jobs, the aliases, resources, steps and CPU/GPU-hours), the arrays and the limits they fit in
+    (``planned``, as ``submit`` computes it), then the batch script of the first array."""
     names = ", ".join((*NODE_ENV_ALLOWED, *job_variables(plan)))
     lines = [
         "dry run: nothing was written or submitted",
@@ -328,6 +331,7 @@ def dry_run_text(plan: Plan, layout: RunLayout, planned: SubmissionPlan, script:
     ]
     if note := placeholder_note(plan.secret_env_unscanned):
         lines.append(f"note: {note}")
+    lines += bill or []
     lines += plan_lines(planned)
     lines.append("the batch script of array 0 (the others differ in --array, the shards and --dependency):")
     return "".join(f"# {line}\n" for line in lines) + script

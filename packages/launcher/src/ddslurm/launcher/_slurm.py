@@ -14,7 +14,7 @@ import pwd
 import re
 import signal
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -119,6 +119,32 @@ class TaskState:
     state: str
     reason: str = ""
     exit_code: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Accounting:
+    """What one run of an array task (or job) was allocated and for how long (``sacct``)."""
+
+    job_id: str
+    task: int | None
+    state: str
+    elapsed_s: int
+    gpus: int
+    """GPUs of the allocation (``gres/gpu`` of its AllocTRES); 0 when it had none."""
+    start: str | None = None
+    end: str | None = None
+
+
+_TYPED_GPU_TRES = re.compile(r"(?:^|,)gres/gpu:[^=,]+=(\d+)")
+
+
+def tres_gpus(tres: str) -> int:
+    """``billing=2,cpu=2,gres/gpu=4,mem=2G`` → 4; a typed count (``gres/gpu:a100=4``) when no plain one is given."""
+    plain = re.search(r"(?:^|,)gres/gpu=(\d+)", tres)
+    if plain:
+        return int(plain.group(1))
+    typed = _TYPED_GPU_TRES.findall(tres)
+    return sum(int(n) for n in typed)
 
 
 _RANGE = re.compile(r"^(?P<array>\d+)_\[(?P<spec>[^\]]+)\]$")
@@ -307,32 +333,38 @@ class Slurm:
                 states.append(TaskState(job, task, parts[1], parts[2]))
         return states
 
+    def _sacct(self, job_ids: Sequence[str], fields: str, least: int) -> Iterator[list[str]]:
+        """The allocation lines (``-X``) of every run of every task of ``job_ids`` (``--duplicates``: a requeued
+        task has one per run, oldest first), split into ``fields``; lines with fewer than ``least`` are skipped.
+        The state's first word only (``CANCELLED by 0`` → ``CANCELLED``)."""
+        if not job_ids:
+            return
+        argv = ["sacct", "-X", "-n", "--duplicates", "--parsable2", "-j", ",".join(job_ids), f"--format={fields}"]
+        for line in self._check(argv).splitlines():
+            parts = line.strip().split("|")
+            if len(parts) >= least:
+                parts[1] = parts[1].split()[0] if parts[1] else ""
+                yield parts
+
     def sacct(self, job_ids: Sequence[str]) -> list[TaskState]:
         """Accounting records for ``job_ids``, allocation lines only: every run of a task (a requeued task has one
         per run, oldest first), so the last line of a task is its latest run."""
-        if not job_ids:
-            return []
-        out = self._check(
-            [
-                "sacct",
-                "-X",
-                "-n",
-                "--duplicates",
-                "--parsable2",
-                "-j",
-                ",".join(job_ids),
-                "--format=JobID,State,ExitCode,Reason",
-            ]
-        )
-        states: list[TaskState] = []
-        for line in out.splitlines():
-            parts = line.strip().split("|")
-            if len(parts) < 3:
-                continue
-            state = parts[1].split()[0] if parts[1] else ""
+        return [
+            TaskState(job, task, parts[1], parts[3] if len(parts) > 3 else "", parts[2])
+            for parts in self._sacct(job_ids, "JobID,State,ExitCode,Reason", 3)
+            for job, task in parse_job_key(parts[0])
+        ]
+
+    def accounting(self, job_ids: Sequence[str]) -> list[Accounting]:
+        """Every run of every task of ``job_ids`` (requeued runs included): elapsed seconds and GPUs allocated."""
+        found: list[Accounting] = []
+        for parts in self._sacct(job_ids, "JobID,State,ElapsedRaw,AllocTRES,Start,End", 4):
+            elapsed = int(parts[2]) if parts[2].isdigit() else 0
+            start = parts[4] if len(parts) > 4 and parts[4][:1].isdigit() else None
+            end = parts[5] if len(parts) > 5 and parts[5][:1].isdigit() else None
             for job, task in parse_job_key(parts[0]):
-                states.append(TaskState(job, task, state, parts[3] if len(parts) > 3 else "", parts[2]))
-        return states
+                found.append(Accounting(job, task, parts[1], elapsed, tres_gpus(parts[3]), start, end))
+        return found
 
     def scancel(self, job_ids: Sequence[str]) -> None:
         """Cancel jobs, array tasks (``12_3``) or steps; unknown or finished ids are not an error."""

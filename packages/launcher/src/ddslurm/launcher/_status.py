@@ -216,8 +216,9 @@ def _progress(
     if progress is None:
         return None, None
     elapsed = (now - datetime.fromisoformat(attempt.started_at)).total_seconds()
-    new_rows = progress.rows - attempt.resumed_rows
-    return progress.rows, round(new_rows / elapsed, 2) if elapsed > 0 else None
+    rows = progress.rows + progress.in_batch  # the batch being generated moves too, record by record
+    new_rows = rows - attempt.resumed_rows
+    return rows, round(new_rows / elapsed, 2) if elapsed > 0 else None
 
 
 POOL = -1

@@ -37,8 +37,11 @@ from ddslurm.launcher._status import (
     submissions,
 )
 from ddslurm.launcher._submit import (
+    SubmissionPlan,
     array_tasks,
     check_environment,
+    new_stamp,
+    plan_submission,
     plural,
     read_limits,
     refuse_if_over,
@@ -64,6 +67,8 @@ def _start_fresh(shard: ShardLayout, now: datetime) -> None:
 class Retried:
     shards: tuple[int, ...]
     job_ids: tuple[str, ...]
+    planned: SubmissionPlan | None = None
+    """For ``dry_run``: the arrays the retry would submit and the limits they were checked against."""
 
 
 def check_shard(shard: int, plan: Plan) -> int:
@@ -91,6 +96,7 @@ def retry(
     *,
     resume_cancelled: bool = False,
     fresh: bool = False,
+    dry_run: bool = False,
 ) -> Retried:
     """Submit new attempts, as one array, for shards that have no winner and nothing running or queued.
 
@@ -99,6 +105,7 @@ def retry(
     retried only with ``resume_cancelled``, which moves its cancel record aside first. A shard whose winner no
     longer verifies is not retried (a new attempt could not replace the winner): see ``docs/attempts.md``.
     ``fresh``: the new attempts start from nothing; no later attempt continues the shards' earlier batches.
+    ``dry_run``: decide the shards and plan the arrays (checked against the scheduler's limits), change nothing.
     """
     plan = read_plan(layout.plan)
     mark = cancel_record(layout)
@@ -131,6 +138,10 @@ def retry(
     if not todo:
         return Retried((), ())
     moment = now or datetime.now(UTC)
+    if dry_run:
+        check_environment(plan, env)
+        planned = plan_submission(plan, layout, todo, read_limits(slurm, plan), kind="retry", stamp=new_stamp(moment))
+        return Retried(tuple(todo), (), planned)
     if mark is not None:
         layout.cancelled.rename(layout.cleared_cancel(moment.strftime("%Y%m%dT%H%M%S%f")))
     for index in todo:

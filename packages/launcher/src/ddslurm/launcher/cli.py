@@ -1,9 +1,10 @@
 """``ddslurm``: run Data Designer recipes on Slurm (a Typer app; ``docs/cli.md`` documents every command).
 
-Commands: submit (--dry-run, --continue), providers, status (--watch), wait (--timeout), cancel (--shards), retry
-(--shards, --fresh, --resume-cancelled), accept-partial, logs, collect (--local, --overwrite), list. Every command
-takes --json (errors included); exit codes are :class:`ddslurm.launcher._output.ExitCode`. Rendering for people
-lives in ``_console``, JSON and errors in ``_output``; this module reads the command line and calls the launcher.
+Commands: init (--dir, --force), submit (--dry-run, --continue), providers, status (--watch), wait (--timeout),
+cancel (--shards), retry (--shards, --fresh, --resume-cancelled, --dry-run), accept-partial, logs, collect (--local,
+--overwrite), report (--output), list. Every command takes --json (errors included); exit codes are
+:class:`ddslurm.launcher._output.ExitCode`. Rendering for people lives in ``_console``, JSON and errors in
+``_output``; this module reads the command line and calls the launcher.
 """
 
 from __future__ import annotations
@@ -22,11 +23,13 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Annotated, Any, TextIO, TypeVar
 
+import msgspec
 import typer
 from typer.main import get_command
 
 from ddslurm.collector import collect_command
-from ddslurm.config import RunLayout, load_profile
+from ddslurm.config import ProviderSnapshot, RunLayout, atomic_write, load_profile
+from ddslurm.launcher._bill import bill_lines, make_bill
 from ddslurm.launcher._collect import collect_job_command
 from ddslurm.launcher._console import (
     FileProgress,
@@ -34,11 +37,13 @@ from ddslurm.launcher._console import (
     dry_run_text,
     job_spinner,
     placeholder_note,
+    plan_lines,
     run_table,
     show,
     show_status,
     summary_line,
 )
+from ddslurm.launcher._init import init_command
 from ddslurm.launcher._logs import LogFollower
 from ddslurm.launcher._output import (
     REPORTED,
@@ -55,6 +60,7 @@ from ddslurm.launcher._output import (
     write_json,
 )
 from ddslurm.launcher._render import compact_ranges, render_generation
+from ddslurm.launcher._report import render_html, report_json, run_report
 from ddslurm.launcher._slurm import SchedulerLimits, Slurm
 from ddslurm.launcher._status import TERMINAL, RunStatus, Unreadable, find_run, run_status, run_statuses
 from ddslurm.launcher._steer import (
@@ -344,11 +350,15 @@ def _dry_run(session: Session, run_file: Path, profile: Path) -> int:
     except SlurmError as exc:  # no scheduler here: show the arrays for Slurm's default MaxArraySize
         limits = SchedulerLimits(1001, notes=(f"scheduler limits not read ({exc}); arrays assume MaxArraySize 1001",))
     planned = plan_submission(plan, layout, [s.index for s in plan.shards], limits, stamp=new_stamp(now))
-    script = render_generation(plan, layout, list(planned.arrays[0].shards), stage=planned.arrays[0].stage)
+    first = planned.arrays[0]
+    script = render_generation(plan, layout, list(first.shards), tasks=first.tasks, stage=first.stage)
+    snapshot = msgspec.json.decode(prepared.snapshot_bytes, type=ProviderSnapshot)
+    bill = make_bill(plan, planned.arrays, prepared.aliases, snapshot)
     if session.json:
         write_json(
             {
                 "plan": plan,
+                "bill": bill,
                 "arrays": [array_json(a) for a in planned.arrays],
                 "tasks": planned.tasks,
                 "limits": limits_json(planned),
@@ -358,7 +368,7 @@ def _dry_run(session: Session, run_file: Path, profile: Path) -> int:
             session.out,
         )
     else:
-        session.out.write(dry_run_text(plan, layout, planned, script))
+        session.out.write(dry_run_text(plan, layout, planned, script, bill_lines(bill)))
     return ExitCode.OK
 
 
@@ -560,15 +570,41 @@ def cmd_retry(
         bool,
         typer.Option("--resume-cancelled", help="Retry a run cancelled as a whole (clears its cancel record)."),
     ] = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="Show the shards and the arrays a retry would submit; change nothing."),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> int:
     """Submit new attempts, as one array, for shards without a winner (resuming their batches)."""
     session = _session(ctx, as_json)
     layout = _run(session, run, profile)
     done = retry(
-        layout, session.slurm, session.env, parse_shards(shards), resume_cancelled=resume_cancelled, fresh=fresh
+        layout,
+        session.slurm,
+        session.env,
+        parse_shards(shards),
+        resume_cancelled=resume_cancelled,
+        fresh=fresh,
+        dry_run=dry_run,
     )
     out = session.out
+    if done.planned is not None:
+        if session.json:
+            write_json(
+                {
+                    "shards": list(done.shards),
+                    "arrays": [array_json(a) for a in done.planned.arrays],
+                    "tasks": done.planned.tasks,
+                    "limits": limits_json(done.planned),
+                },
+                out,
+            )
+        else:
+            lines = [f"dry run: a retry would submit {len(done.shards)} shard(s): {compact_ranges(done.shards)}"]
+            lines += plan_lines(done.planned)
+            out.write("".join(f"{line}\n" for line in lines))
+        return ExitCode.OK
     if session.json:
         write_json({"shards": list(done.shards), "job_ids": list(done.job_ids)}, out)
     elif not done.shards:
@@ -691,6 +727,80 @@ def cmd_collect(
     if code != ExitCode.OK and session.json:
         raise CommandFailed(collect_report(code, err.getvalue()), said=True)
     return code
+
+
+@app.command("report")
+@_guarded
+def cmd_report(
+    ctx: typer.Context,
+    run: RunArg,
+    profile: ProfileOpt = None,
+    output: Annotated[
+        Path | None,
+        typer.Option(
+            "--output",
+            "-o",
+            metavar="PATH",
+            help="Where to write the HTML page. Default: RUN/report.html, next to the dataset.",
+            show_default=False,
+        ),
+    ] = None,
+    as_json: JsonOpt = False,
+) -> int:
+    """Write a self-contained HTML report of the run (opens offline): every attempt's timeline, records/s,
+    requests and tokens per model alias, GPU-hours allocated and spent generating, failures by reason, and the
+    dataset's column statistics. With --json, also print its numbers."""
+    session = _session(ctx, as_json)
+    layout = _run(session, run, profile)
+    report = run_report(layout, session.slurm)
+    target = output if output is not None else layout.root / "report.html"
+    try:
+        atomic_write(target, render_html(report).encode())
+    except OSError as exc:
+        raise CommandFailed(
+            ErrorReport(ErrorCode.FAILED, f"{target}: cannot write the report: {exc}", ExitCode.FAILED)
+        ) from exc
+    if session.json:
+        write_json({"report": str(target), **report_json(report)}, session.out)
+        return ExitCode.OK
+    gpu = report.gpu
+    rate = f"{report.records_per_second:.2f}" if report.records_per_second is not None else "-"
+    lines = [
+        f"report of run {report.run_id}: {target}",
+        f"  {report.records_done}/{report.records_requested} records, {report.shards_done}/{report.shards} shards, "
+        f"{report.attempts} attempt(s), {rate} records/s",
+    ]
+    if gpu is not None and gpu.allocated_gpu_hours > 0:
+        lines.append(f"  GPU-hours: {gpu.allocated_gpu_hours:.3f} allocated, {gpu.generating_gpu_hours:.3f} generating")
+    lines += [
+        f"  {m.alias} ({'local' if m.local else 'hosted'}): {m.requests} requests, {m.failed} failed, "
+        f"{m.total_tokens} tokens"
+        for m in report.models
+    ]
+    lines += [f"  failed: {f.reason} x{f.count} (shards {compact_ranges(f.shards)})" for f in report.failures]
+    session.out.write("\n".join(lines) + "\n")
+    return ExitCode.OK
+
+
+@app.command("init")
+@_guarded
+def cmd_init(
+    ctx: typer.Context,
+    directory: Annotated[
+        Path,
+        typer.Option("--dir", help="Where to write run.yaml and profile.yaml (created if missing).", show_default=True),
+    ] = Path(),
+    force: Annotated[bool, typer.Option("--force", help="Replace run.yaml and profile.yaml if they exist.")] = False,
+    as_json: JsonOpt = False,
+) -> int:
+    """Write a run file and a cluster profile filled from this cluster (one sinfo), every field explained."""
+    session = _session(ctx, as_json)
+    result = init_command(directory, slurm=session.slurm, force=force)
+    if session.json:
+        write_json(result.as_dict(), session.out)
+    else:
+        session.out.write("".join(f"{line}\n" for line in result.lines()))
+    return ExitCode.OK
 
 
 @app.command("list")

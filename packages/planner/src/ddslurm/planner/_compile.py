@@ -6,6 +6,8 @@ import math
 import re
 from dataclasses import dataclass
 
+import msgspec
+
 from ddslurm.config import (
     ClusterProfile,
     DeploymentPlan,
@@ -303,6 +305,16 @@ def compile_plan(inputs: PlanInputs) -> Plan:
         )
     layout = inputs.layout
     allocations = plan_allocations(run, serving)
+    if serving is not None and allocations.workers > 1:
+        # Client workers share the replicas: together they keep exactly their capacity in flight (a request that
+        # waits in vLLM's queue spends its Data Designer timeout there).
+        shared = tuple(
+            msgspec.structs.replace(d, max_parallel_requests=-(-d.max_parallel_requests // allocations.workers))
+            if d.max_parallel_requests is not None
+            else d
+            for d in serving.deployments
+        )
+        serving = msgspec.structs.replace(serving, deployments=shared)
     return Plan(
         run_id=layout.run_id,
         run_name=run.name,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -55,6 +57,7 @@ from ddslurm.runtime._stage_seed import read_stage_winner, write_stage_seed
 from ddslurm.runtime._stages import plan_split, stage_recipe
 from ddslurm.runtime._verify import (
     FILL_DIR,
+    llm_columns,
     make_private,
     parquet_files,
     readable_rows,
@@ -251,19 +254,19 @@ class AttemptRunner:
             # `ddslurm cancel` writes this before it asks Slurm to cancel the run's arrays: an array that starts
             # anyway (a dependency met by the cancelled tasks, a race with scancel) does no work.
             message = f"the run was cancelled (ddslurm cancel; {self._layout.cancelled}); nothing generated"
-            return self._not_begun(attempt, record, "cancelled", "run_cancelled", message)
+            return self._not_begun(attempt, record, "cancelled", reason="run_cancelled", message=message)
         if shard.winner.exists() or (self._stage == 0 and self._layout.shard(shard_index).winner.exists()):
-            return self._not_begun(attempt, record, "superseded", "winner_exists")
+            return self._not_begun(attempt, record, "superseded", reason="winner_exists")
         if self._stage == 1 and first is None:
             message = "the shard's GPU stage has no result (shards/shard-N/stage-0/winner.json); nothing generated"
-            return self._not_begun(attempt, record, "failed", "stage_missing", message)
+            return self._not_begun(attempt, record, "failed", reason="stage_missing", message=message)
         repeated = self._repeated_failure(shard_index, attempt_id)
         if repeated is not None:
             message = (
                 f"{repeated.attempt} failed with {repeated.reason}, which every attempt of this run "
                 f"would repeat; nothing generated ({repeated.message or ''})"
             )
-            return self._not_begun(attempt, record, "failed", "not_retried", message)
+            return self._not_begun(attempt, record, "failed", reason="not_retried", message=message)
         self._write(attempt, record)
         return Began(shard_index, record.requested_rows or spec.num_records, attempt, record)
 
@@ -272,6 +275,7 @@ class AttemptRunner:
         attempt: AttemptLayout,
         record: AttemptRecord,
         state: AttemptState,
+        *,
         reason: str,
         message: str | None = None,
     ) -> Began | None:
@@ -396,11 +400,23 @@ class AttemptRunner:
         record = msgspec.structs.replace(record, client_runs=record.client_runs + 1)
         self._write(attempt, record)
 
+        cells = CellProgress(len(llm_columns(stage.recipe)), min(plan.buffer_size, num_records), clock=time.monotonic)
+        if target.is_dir():  # resuming: the batches already on disk count from the start
+            cells.batch_done(*_rows_on_disk(target))
+
         def on_batch(path: Path) -> None:
             rows, batches = _rows_on_disk(path.parent)
+            cells.batch_done(rows, batches)
             progress = Progress(rows=rows, batches=batches, updated_at=self._now())
             atomic_write(attempt.progress, encode(progress))
             log.info("batch.complete", file=str(path), rows=rows, batches=batches)
+
+        def on_cell() -> None:
+            due = cells.cell_done()
+            if due is not None:
+                rows, batches, in_batch = due
+                progress = Progress(rows=rows, batches=batches, updated_at=self._now(), in_batch=in_batch)
+                atomic_write(attempt.progress, encode(progress))
 
         result = self._engine(
             EngineRequest(
@@ -414,6 +430,7 @@ class AttemptRunner:
                 buffer_size=min(plan.buffer_size, num_records),
                 serving=plan.serving,
                 on_batch_complete=on_batch,
+                on_cell=on_cell,
                 resume=resume,
             )
         )
@@ -626,6 +643,34 @@ def _comparable_columns(block: pa.Table, files: list[Path]) -> list[str]:
         for field in block.schema
         if field.name in names and (pa.types.is_string(field.type) or pa.types.is_integer(field.type))
     ]
+
+
+class CellProgress:
+    """Records of the batch being generated, from Data Designer's finished cells: cells since the last completed
+    batch over the recipe's LLM columns, capped one short of a batch. Reported at most once per ``interval``
+    seconds (cells finish from many threads at once)."""
+
+    def __init__(self, columns: int, batch: int, *, clock: Callable[[], float], interval: float = 1.0) -> None:
+        self._columns, self._batch, self._clock, self._interval = max(1, columns), batch, clock, interval
+        self._lock = threading.Lock()
+        self._cells = 0
+        self._rows = self._batches = 0
+        self._last = float("-inf")
+
+    def batch_done(self, rows: int, batches: int) -> None:
+        with self._lock:
+            self._cells, self._rows, self._batches = 0, rows, batches
+
+    def cell_done(self) -> tuple[int, int, int] | None:
+        """(rows on disk, batches, records of the current batch) when a report is due, else None."""
+        with self._lock:
+            self._cells += 1
+            now = self._clock()
+            if now - self._last < self._interval:
+                return None
+            self._last = now
+            in_batch = min(self._cells // self._columns, max(0, self._batch - 1))
+            return self._rows, self._batches, in_batch
 
 
 def _rows_on_disk(directory: Path) -> tuple[int, int]:

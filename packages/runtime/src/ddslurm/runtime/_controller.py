@@ -397,12 +397,15 @@ class Controller:
         reported: set[str] = set()
         next_check = time.monotonic() + self._health_interval
         while self._works or not exhausted:
-            while not exhausted and len(self._works) < workers:
+            # A proxy that dies under running clients is handled below (their runs fail, reruns start it again);
+            # one that is dead when a new shard's client starts (reruns used up) is started again first.
+            while not exhausted and len(self._works) < workers and not (self._works and self._proxy_dead()):
                 began = self._begin_next(inputs, source)
                 if began is None:
                     exhausted = True
                     break
                 self._waiting.append(began)
+                self._restart_dead_proxies(replicas, memory, log)
                 self._works.append(self._work(inputs, began, endpoints_file, memory, resume=False))
                 self._waiting.clear()
             if not self._works:
@@ -654,6 +657,9 @@ class Controller:
             )
             record = read_json(began.layout.record, AttemptRecord)
         return record
+
+    def _proxy_dead(self) -> bool:
+        return any(p.step.poll() is not None for p in self._proxies.values())
 
     def _check_replicas(self, replicas: dict[str, list[Replica]], reported: set[str], log: Any) -> None:
         """A replica that died leaves rotation (reported once); no replica of an alias left fails the attempts."""

@@ -69,6 +69,8 @@ class EngineRequest:
     serving: ServingPlan | None
     """The plan's deployments: their ``max_parallel_requests`` go into the local aliases' model configs."""
     on_batch_complete: Callable[[Path], None] | None = None
+    on_cell: Callable[[], None] | None = None
+    """Called (from Data Designer's worker threads) each time a cell of a cell-by-cell column is done."""
     resume: bool = False
     """Continue the dataset already in ``artifact_path / dataset_name`` (Data Designer's ResumeMode.ALWAYS)."""
 
@@ -202,7 +204,7 @@ def run_engine(request: EngineRequest) -> EngineResult:
     designer.set_run_config(dd.RunConfig(buffer_size=request.buffer_size, otel_metrics_port=None))
     violations: list[Any] = []
     try:
-        with _violations_reported(violations):
+        with _violations_reported(violations), _cells_reported(request.on_cell):
             results = designer.create(
                 builder,
                 num_records=request.num_records,
@@ -280,6 +282,38 @@ def _violations_reported(recorded: list[Any]) -> Iterator[None]:
         yield
     finally:
         compiler.rich_print_violations = report
+
+
+@contextmanager
+def _cells_reported(on_cell: Callable[[], None] | None) -> Iterator[None]:
+    """Call ``on_cell`` whenever Data Designer's progress tracker counts a finished cell (success, failure or skip):
+    Data Designer reports that progress only to its log, so the tracker's one counting method is wrapped for the
+    duration of ``create()`` (this process runs one ``create()`` at a time). Without the tracker (another Data
+    Designer version), nothing is reported and nothing fails."""
+    if on_cell is None:
+        yield
+        return
+    try:
+        from data_designer.engine.progress.tracker import ProgressTracker
+
+        original = ProgressTracker._record_completion
+    except (ImportError, AttributeError):
+        yield
+        return
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, *args, **kwargs)
+        try:
+            on_cell()
+        except Exception:  # progress reporting never fails generation
+            pass
+        return result
+
+    ProgressTracker._record_completion = counted
+    try:
+        yield
+    finally:
+        ProgressTracker._record_completion = original
 
 
 def _violation_lines(violations: list[Any]) -> list[str]:

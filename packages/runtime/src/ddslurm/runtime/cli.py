@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -261,7 +262,20 @@ def cmd_client(args: argparse.Namespace) -> int:
         return runner.generate(inputs, began, endpoints, resume_own=args.resume)
 
 
+def raise_open_files_limit() -> int:
+    """Raise the soft open-file limit to the hard one (each request in flight holds a connection: one in the client,
+    two in the proxy; sized clients keep hundreds in flight, more than a soft limit of 1024 allows). Returns it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (OSError, ValueError):
+            return soft
+    return hard
+
+
 def main(argv: list[str] | None = None) -> int:
+    raise_open_files_limit()
     parser = argparse.ArgumentParser(
         prog="ddslurm-runtime", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

@@ -1,0 +1,174 @@
+"""Pulling allocations seen from the launcher: the arrays a submission makes, what status says of shards no
+allocation has claimed yet, cancel and retry of single shards, and the dry run's bill."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from ddslurm.config import ClaimRecord, ProviderSnapshot, RunLayout, SubmissionRecord, encode, read_json
+from ddslurm.config.testing import make_plan
+from ddslurm.launcher import Slurm
+from ddslurm.launcher._bill import bill_lines, make_bill
+from ddslurm.launcher._status import run_status
+from ddslurm.launcher._steer import cancel, retry
+from ddslurm.launcher._submit import plan_arrays, prepare, pulling_tasks, submit_shards, write_run_dir
+from ddslurm.launcher.testing import FakeSlurm, write_attempt, write_unit_run
+
+KEY = "sk-pulling-test-key-0123456789"
+
+
+def _pulling_run(root: Path, *, shards: int = 7, extra: str = "allocations: 3\n") -> tuple[RunLayout, dict[str, str]]:
+    run, profile, env = write_unit_run(root, KEY, num_records=10 * shards, shards=shards, run_extra=extra)
+    now = datetime.now(UTC)
+    prepared = prepare(run, profile, env, now, check_recipe=lambda *_: [])
+    write_run_dir(prepared)
+    submit_shards(prepared.layout, prepared.plan, list(range(shards)), Slurm(FakeSlurm()), env, now)
+    return prepared.layout, env
+
+
+def _claim(layout: RunLayout, shard: int, task: int, array: str = "4242") -> None:
+    layout.shard(shard).claims.mkdir(exist_ok=True)
+    record = ClaimRecord(shard=shard, array_job_id=array, task=task, job_id=f"50{task}", node="n1", claimed_at="-")
+    layout.shard(shard).claim(array).write_bytes(encode(record))
+
+
+def test_a_pulling_run_submits_allocations_over_a_pool_with_their_retries(tmp_path: Path) -> None:
+    layout, _ = _pulling_run(tmp_path, extra="allocations: 3\nretries: 1\n")
+    records = sorted(
+        (read_json(p, SubmissionRecord) for p in layout.submissions.glob("*.json")), key=lambda r: r.array_job_id
+    )
+    assert [(r.kind, r.tasks, r.shards) for r in records] == [
+        ("initial", 3, tuple(range(7))),
+        ("auto-retry", 3, tuple(range(7))),
+    ]
+    script = layout.script.read_text()
+    assert "#SBATCH --array=0-2\n" in script
+    assert script.rstrip().endswith("--pool 0-6") and "SLURM_ARRAY_TASK_ID" not in script
+    retry_script = Path(records[1].script).read_text()
+    assert f"--dependency=afternotok:{records[0].array_job_id}" in retry_script
+
+
+@pytest.mark.parametrize(
+    ("shards", "allocations", "max_array", "tasks", "pools"),
+    [
+        (11, 5, 2, [2, 2, 1], [4, 4, 3]),
+        (7, 3, 1001, [3], [7]),
+        (4, 4, 1, [1, 1, 1, 1], [1, 1, 1, 1]),
+    ],
+)
+def test_pulling_arrays_stay_under_max_array_size_and_split_the_pool_evenly(
+    tmp_path: Path, shards: int, allocations: int, max_array: int, tasks: list[int], pools: list[int]
+) -> None:
+    plan = make_plan("run-1", (1,) * shards, allocations=allocations, client_workers=1)
+    arrays = plan_arrays(plan, RunLayout(tmp_path), list(range(shards)), max_array, kind="initial", stamp="s")
+    assert [a.tasks for a in arrays] == tasks
+    assert [len(a.shards) for a in arrays] == pools
+    assert sorted(s for a in arrays for s in a.shards) == list(range(shards))
+    assert all((a.tasks or 0) <= len(a.shards) for a in arrays)
+
+
+def test_a_retry_asks_for_as_many_allocations_as_its_shards_need() -> None:
+    plan = make_plan("run-1", (1,) * 20, allocations=6, client_workers=2)
+    assert pulling_tasks(plan, 20, "initial") == 6
+    assert pulling_tasks(plan, 3, "retry") == 2  # 3 shards, 2 workers each: 2 allocations
+    assert pulling_tasks(plan, 1, "retry") == 1
+    assert pulling_tasks(make_plan("run-1", (1,) * 3), 3, "retry") is None  # one task per shard
+
+
+def test_status_of_claimed_and_unclaimed_shards_of_a_pulling_array(tmp_path: Path) -> None:
+    layout, _ = _pulling_run(tmp_path, shards=4, extra="allocations: 2\n")
+    for shard, task in ((0, 0), (1, 1)):
+        _claim(layout, shard, task)
+        write_attempt(layout, shard, f"50{task}", "running", task=f"4242_{task}", progress=3)
+    running = Slurm(FakeSlurm(squeue="4242_0|RUNNING|None\n4242_1|RUNNING|None\n"))
+    status = run_status(layout, running)
+    assert [(s.state, s.job_id) for s in status.shards[:2]] == [("running", "4242_0"), ("running", "4242_1")]
+    for shard in status.shards[2:]:
+        assert shard.state == "pending" and shard.job_id == "4242_[0-1]"
+    assert status.state == "running"
+    # Both allocations ended and nobody took shards 2 and 3 (the time limit stopped them): failed, retryable.
+    ended = Slurm(FakeSlurm(sacct="4242_0|TIMEOUT|0:0|None\n4242_1|COMPLETED|0:0|None\n"))
+    status = run_status(layout, ended)
+    for shard in status.shards[2:]:
+        assert (shard.state, shard.reason) == ("failed", "not_claimed"), shard
+        assert "ddslurm retry" in (shard.message or "")
+
+
+def test_cancelling_shards_of_pulling_allocations_writes_records_and_cancels_no_job(tmp_path: Path) -> None:
+    layout, env = _pulling_run(tmp_path, shards=4, extra="allocations: 2\n")
+    runner = FakeSlurm(squeue="4242_0|RUNNING|None\n4242_1|RUNNING|None\n")
+    done = cancel(layout, Slurm(runner), [2, 3])
+    assert done.ids == () and not done.run
+    assert [c for c in runner.commands("scancel") if c[1:]] == []  # the allocations run other shards
+    assert layout.shard(2).cancelled.is_file() and layout.shard(3).cancelled.is_file()
+    assert not layout.shard(0).cancelled.exists()
+    ended = FakeSlurm(sacct="4242_0|COMPLETED|0:0|None\n4242_1|COMPLETED|0:0|None\n")
+    status = run_status(layout, Slurm(ended))
+    assert [s.state for s in status.shards[2:]] == ["cancelled", "cancelled"]
+    # A retry of a cancelled shard clears its record (kept aside) so that an allocation claims it again.
+    ended.next_id = 7000
+    again = retry(layout, Slurm(ended), env, [2])
+    assert again.shards == (2,)
+    assert not layout.shard(2).cancelled.exists() and list(layout.shard(2).dir.glob("cancelled-cleared-*.json"))
+    assert layout.shard(3).cancelled.exists()
+    record = read_json(layout.submissions / "7000.json", SubmissionRecord)
+    assert (record.kind, record.tasks, record.shards) == ("retry", 1, (2,))
+
+
+def test_the_bill_counts_allocations_gpus_and_hours(tmp_path: Path) -> None:
+    from ddslurm.config import DeploymentPlan, ReplicaPlan, Resources, ServingPlan
+
+    dep = DeploymentPlan(
+        alias="gen", model="m", served_model_name="m", tensor_parallel=2, startup_timeout=60, proxy=True,
+        replicas=tuple(ReplicaPlan(index=i, gpus=2, cpus=4) for i in range(2)), max_parallel_requests=512,
+    )  # fmt: skip
+    plan = make_plan(
+        "run-1",
+        (5,) * 8,
+        allocations=2,
+        client_workers=2,
+        serving=ServingPlan(deployments=(dep,), gpus=4),
+        generation=Resources(time_minutes=90, cpus_per_task=13, gres="gpu:4"),
+        retries=1,
+    )
+    arrays = plan_arrays(plan, RunLayout(tmp_path), list(range(8)), 1001, kind="initial", stamp="s")
+    bill = make_bill(plan, arrays, [], ProviderSnapshot())
+    [jobs] = bill.jobs
+    assert (jobs.tasks, jobs.retry_tasks, jobs.gpus_per_task) == (2, 2, 4)
+    assert bill.gpu_hours == 12.0  # 2 allocations x 4 GPUs x 1.5 h
+    assert bill.cpu_hours == 39.0
+    text = "\n".join(bill_lines(bill))
+    assert "2 pulling allocation(s) for 8 shards" in text and "2 client worker(s)" in text
+    assert "12 GPU-hours (2 task(s) x 4 GPU(s) x 90 min)" in text
+    assert sum("--job-name=server-gen-" in s for s in bill.steps) == 2
+    assert sum("--job-name=proxy-gen" in s for s in bill.steps) == 1
+    assert sum("client-<shard>" in s for s in bill.steps) == 2
+    assert all("--port <port>" in s for s in bill.steps if "server-gen" in s)
+    assert msgspec.json.decode(msgspec.json.encode(bill))["allocations"] == 2
+
+
+def test_retry_dry_run_shows_the_arrays_and_changes_nothing(tmp_path: Path) -> None:
+    import io
+    import json
+
+    from ddslurm.launcher.cli import main
+
+    layout, env = _pulling_run(tmp_path, shards=4, extra="allocations: 2\nclient_workers: 1\n")
+    cancel(layout, Slurm(FakeSlurm()), [1, 3])
+    ended = FakeSlurm(sacct="4242_0|COMPLETED|0:0|None\n4242_1|COMPLETED|0:0|None\n")
+    before = sorted(p.name for p in layout.root.rglob("*"))
+    out = io.StringIO()
+    code = main(["retry", str(layout.root), "--dry-run", "--json"], env=env, slurm=Slurm(ended, env=env), stdout=out)
+    assert code == 0, out.getvalue()
+    shown = json.loads(out.getvalue())
+    assert shown["shards"] == [0, 1, 2, 3] and shown["tasks"] == 2
+    assert [(a["kind"], a["pulling"], a["shards"]) for a in shown["arrays"]] == [("retry", True, "0-3")]
+    assert ended.commands("sbatch") == []
+    assert sorted(p.name for p in layout.root.rglob("*")) == before  # the cancel records are still there
+    text = io.StringIO()
+    assert main(["retry", str(layout.root), "--dry-run"], env=env, slurm=Slurm(ended, env=env), stdout=text) == 0
+    assert text.getvalue().startswith("dry run: a retry would submit 4 shard(s): 0-3\n")

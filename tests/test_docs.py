@@ -1,0 +1,429 @@
+"""The documentation cannot drift from the code.
+
+- docs/reference.md is what tools/gen_reference.py generates from the config Structs (and every field has a
+  docstring to generate it from);
+- docs/reasons.md lists exactly the reason codes the runtime and the launcher can write;
+- the launcher box of docs/architecture.md lists exactly the commands of the Typer app;
+- every ``ddslurm`` command line in a code block of README.md and docs/ parses against the Typer app, the
+  ``make`` targets the docs name exist, and the commands the README walks through run as shown.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import io
+import re
+import shlex
+import subprocess
+import sys
+from collections.abc import Iterator
+from fnmatch import fnmatch
+from pathlib import Path
+from types import ModuleType
+
+import msgspec
+import pytest
+
+from ddslurm.launcher.cli import app, main
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+PAGES = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+
+
+def _tool(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"_docs_{name}", ROOT / "tools" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# --- the generated reference -----------------------------------------------------------------------------------
+
+
+def test_the_reference_page_is_what_the_generator_writes() -> None:
+    gen = _tool("gen_reference")
+    assert (DOCS / "reference.md").read_text() == gen.render(), (
+        "docs/reference.md is out of date: run `uv run python tools/gen_reference.py`"
+    )
+
+
+def test_every_field_of_the_config_structs_is_documented_in_the_code() -> None:
+    gen = _tool("gen_reference")
+    missing = []
+    for _, cls, _ in gen.SECTIONS:
+        docs = gen.attribute_docs(cls)
+        info = msgspec.inspect.type_info(cls)
+        assert isinstance(info, msgspec.inspect.StructType)
+        missing += [f"{cls.__name__}.{f.name}" for f in info.fields if not docs.get(f.name)]
+    assert not missing, f"fields without an attribute docstring (the reference has no meaning for them): {missing}"
+
+
+def test_the_reference_covers_every_struct_a_user_writes() -> None:
+    """Every Struct reachable from RunFile and ClusterProfile has a section of its own."""
+    gen = _tool("gen_reference")
+    from ddslurm.config import ClusterProfile, RunFile
+
+    reachable: set[type] = set()
+
+    def walk(t: msgspec.inspect.Type) -> None:
+        if isinstance(t, msgspec.inspect.StructType):
+            if t.cls in reachable:
+                return
+            reachable.add(t.cls)
+            for f in t.fields:
+                walk(f.type)
+        for inner in ("types", "item_type", "value_type"):
+            value = getattr(t, inner, None)
+            if isinstance(value, tuple):
+                for u in value:
+                    walk(u)
+            elif value is not None:
+                walk(value)
+
+    walk(msgspec.inspect.type_info(RunFile))
+    walk(msgspec.inspect.type_info(ClusterProfile))
+    assert reachable == {cls for _, cls, _ in gen.SECTIONS}
+
+
+def test_the_field_tables_of_run_files_name_only_real_fields() -> None:
+    """docs/run-files.md explains the fields in its own tables: none of them may name a field the Structs lack
+    (the complete list is the generated reference)."""
+    from ddslurm.config import ClusterProfile, Deployment, RunFile, ServerSpec, Submission
+
+    sections = {"## The run file": RunFile, "### `deployments[]`": Deployment, "### `submission`": Submission,
+                "## The cluster profile": ClusterProfile}  # fmt: skip
+    text = (DOCS / "run-files.md").read_text()
+    stale = []
+    for heading, cls in sections.items():
+        start = text.index(f"\n{heading}\n")
+        body = text[start + len(heading) + 2 :]
+        table = re.search(r"(?:^\|.*\n)+", body, re.M)
+        assert table is not None, heading
+        for name in re.findall(r"^\| `([a-z_.]+)` \|", table.group(0), re.M):
+            owner, field = (ServerSpec, name.removeprefix("server.")) if name.startswith("server.") else (cls, name)
+            if field not in owner.__struct_fields__:
+                stale.append(f"{heading}: {name}")
+    assert not stale, f"docs/run-files.md names fields the config does not have: {stale}"
+
+
+# --- reason codes ------------------------------------------------------------------------------------------------
+
+RUNTIME_SRC = ROOT / "packages" / "runtime" / "src" / "ddslurm" / "runtime"
+LAUNCHER_SRC = ROOT / "packages" / "launcher" / "src" / "ddslurm" / "launcher"
+NOT_ATTEMPT_REASONS = {"_stages.py", "_proxy.py"}
+"""Modules whose ``reason`` is something else: a stage split's explanation, a proxy's upstream health."""
+
+
+def _text(node: ast.expr | None) -> list[str]:
+    """The reason strings an expression can evaluate to: constants, f-strings (values as ``N``), ``a or "b"``,
+    conditional expressions."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, ast.JoinedStr):
+        return ["".join(str(v.value) if isinstance(v, ast.Constant) else "N" for v in node.values)]
+    if isinstance(node, ast.BoolOp):
+        return [s for v in node.values for s in _text(v)]
+    if isinstance(node, ast.IfExp):
+        return [*_text(node.body), *_text(node.orelse)]
+    return []
+
+
+def _is_reason_target(target: ast.expr) -> bool:
+    return isinstance(target, ast.Attribute) and target.attr == "reason"
+
+
+def written_reasons() -> set[str]:
+    """Every reason the runtime and the launcher can write into a record or derive in ``status``, read from their
+    code: ``reason`` class attributes and assignments, ``reason=`` keywords, the values of ``*_REASONS`` tables
+    and what ``slurm_reason`` / ``_requeued`` return."""
+    found: set[str] = set()
+    files = [*sorted(RUNTIME_SRC.glob("*.py")), LAUNCHER_SRC / "_status.py", LAUNCHER_SRC / "_steer.py"]
+    for path in files:
+        if path.name in NOT_ATTEMPT_REASONS:
+            continue
+        tree = ast.parse(path.read_text())
+        for class_def in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+            for stmt in class_def.body:  # ``reason = "..."`` of a failure class
+                if isinstance(stmt, ast.Assign) and any(
+                    isinstance(t, ast.Name) and t.id == "reason" for t in stmt.targets
+                ):
+                    found.update(_text(stmt.value))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign | ast.AnnAssign):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for target in targets:
+                    if _is_reason_target(target):
+                        found.update(_text(node.value))
+                    elif isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple):
+                        for t, v in zip(target.elts, node.value.elts, strict=False):
+                            if _is_reason_target(t):
+                                found.update(_text(v))
+                    elif (
+                        isinstance(target, ast.Name)
+                        and target.id.endswith("_REASONS")
+                        and isinstance(node.value, ast.Dict)
+                    ):
+                        found.update(s for v in node.value.values for s in _text(v))
+            elif isinstance(node, ast.keyword) and node.arg == "reason":
+                found.update(_text(node.value))
+            elif isinstance(node, ast.FunctionDef) and node.name in {"slurm_reason", "_requeued"}:
+                for ret in ast.walk(node):
+                    if isinstance(ret, ast.Return) and ret.value is not None:
+                        value = ret.value.elts[0] if isinstance(ret.value, ast.Tuple) else ret.value
+                        found.update(_text(value))
+    # ``slurm_reason`` also returns ``state.state.lower()`` for Slurm's other failed end states.
+    from ddslurm.launcher import _status
+
+    found.update(s.lower() for s in _status._FAILED - {"FAILED"} - _status._SLURM_REASONS.keys())
+    # Every RuntimeFailure's class-level reason, imported (the AST pass above sees the same, by name).
+    from ddslurm.runtime import _controller, _serving, errors  # noqa: F401 (their classes register as subclasses)
+
+    stack: list[type[errors.RuntimeFailure]] = [errors.RuntimeFailure]
+    while stack:
+        failure = stack.pop()
+        found.add(failure.reason)
+        stack.extend(failure.__subclasses__())
+    return found - {""}
+
+
+def documented_reasons() -> list[str]:
+    rows = [line for line in (DOCS / "reasons.md").read_text().splitlines() if line.startswith("| `")]
+    return [row.split("|")[1].strip().strip("`") for row in rows]
+
+
+def test_the_reason_collector_finds_the_known_codes() -> None:
+    """The collector itself works: it sees codes of each kind of source."""
+    found = written_reasons()
+    expected = {"rows_dropped", "output_exists", "not_claimed", "shard_cancelled", "winner_exists", "run_cancelled",
+                "not_retried", "proxy_died", "killed (signal N)", "preempted", "winner_corrupt"}  # fmt: skip
+    assert expected <= found
+
+
+def test_every_reason_code_is_documented_once() -> None:
+    documented = documented_reasons()
+    assert len(documented) == len(set(documented)), "a reason is listed twice in docs/reasons.md"
+    written = written_reasons()
+    assert sorted(written - set(documented)) == [], "reasons the code writes that docs/reasons.md does not list"
+    assert sorted(set(documented) - written) == [], "docs/reasons.md lists reasons the code no longer writes"
+
+
+# --- the architecture's launcher box -----------------------------------------------------------------------------
+
+
+def app_commands() -> set[str]:
+    return {c.name or (c.callback.__name__ if c.callback else "") for c in app.registered_commands}
+
+
+def test_the_architecture_box_lists_every_command() -> None:
+    """The launcher box's ``CLI: a, b, ...`` (continued in the same column on the lines below) is the app's
+    commands."""
+    lines = (DOCS / "architecture.md").read_text().splitlines()
+    at = next((i for i, line in enumerate(lines) if "launcher  (ddslurm)" in line and "CLI: " in line), None)
+    assert at is not None, "docs/architecture.md: the launcher box lost its `CLI: ...` line"
+    column = lines[at].index("CLI: ") + len("CLI: ")
+    text = lines[at][column:]
+    for line in lines[at + 1 :]:
+        more = line[column:].strip() if len(line) > column and not line[column - 1].strip() else ""
+        if not re.fullmatch(r"[a-z-]+(, [a-z-]+)*,?", more):
+            break
+        text += " " + more
+    listed = [c.strip() for c in text.split(",") if c.strip()]
+    assert len(listed) == len(set(listed))
+    assert set(listed) == app_commands()
+
+
+# --- the status table ----------------------------------------------------------------------------------------------
+
+
+def test_the_status_tables_shown_in_the_docs_have_the_real_columns() -> None:
+    from ddslurm.launcher._console import shard_table
+
+    columns = [str(c.header) for c in shard_table([], boxed=False).columns]
+    shown = [
+        (page.name, re.split(r"\s{2,}", line.strip()))
+        for page in PAGES
+        for line in page.read_text().splitlines()
+        if line.startswith("SHARD ")
+    ]
+    assert shown, "no status table is shown in the docs"
+    for name, header in shown:
+        assert header == columns, f"{name}: the status table's columns are {columns}"
+
+
+# --- command lines in the docs -----------------------------------------------------------------------------------
+
+_FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
+_PREFIX = re.compile(r"^\s*(?:\$\s+)?(?:uv run (?:--frozen )?)?ddslurm(?=\s|$)")
+
+
+def documented_command_lines() -> Iterator[tuple[str, str]]:
+    """(page, line) for every line of a code block that runs ``ddslurm``, as written (comments, descriptions
+    after a wide gap, pipes and redirections cut off)."""
+    for page in PAGES:
+        for match in _FENCE.finditer(page.read_text()):
+            if match.group(1) not in {"", "bash", "sh", "console", "shell"}:
+                continue
+            for raw in match.group(2).splitlines():
+                if not _PREFIX.match(raw):
+                    continue
+                line = re.split(r"\s#\s|\s{3,}|\s\|\s|\s&\s*$|\s>", raw)[0].strip()
+                yield page.relative_to(ROOT).as_posix(), line
+
+
+def as_argv(line: str) -> list[str]:
+    """A documented command line as the argument vector it stands for: ``[--opt X]`` taken as given, and the
+    first of ``a|b|c`` alternatives."""
+    words = shlex.split(_PREFIX.sub("", line).replace("[", " ").replace("]", " "))
+    return [w.split("|")[0] if "|" in w and not w.startswith("-") else w for w in words]
+
+
+def with_help(argv: list[str]) -> list[str]:
+    """``--help`` right after the command name (or first, for top-level options): click then parses the whole
+    line, options and their arity included, and prints the help before it converts or runs anything."""
+    commands = app_commands()
+    at = next((i + 1 for i, w in enumerate(argv) if w in commands), 0)
+    return [*argv[:at], "--help", *argv[at:]]
+
+
+DOCUMENTED = sorted(set(documented_command_lines()))
+
+
+def test_the_docs_show_ddslurm_command_lines() -> None:
+    assert len(DOCUMENTED) > 20
+    shown = {a for _, line in DOCUMENTED for a in as_argv(line)[:1]}
+    assert app_commands() <= shown | {"accept-partial"}, "a command is never shown in a code block"
+
+
+@pytest.mark.parametrize(("page", "line"), DOCUMENTED, ids=[f"{p}: {line}" for p, line in DOCUMENTED])
+def test_each_documented_command_line_parses(page: str, line: str, capsys: pytest.CaptureFixture[str]) -> None:
+    err = io.StringIO()
+    code = main(with_help(as_argv(line)), env={}, stdout=io.StringIO(), stderr=err)
+    assert code == 0, f"{page}: `{line}` does not parse: {err.getvalue()}"
+    assert "Usage:" in capsys.readouterr().out  # Typer prints the help itself
+
+
+def test_every_command_has_help(capsys: pytest.CaptureFixture[str]) -> None:
+    for command in [*sorted(app_commands()), ""]:
+        assert main([command, "--help"] if command else ["--help"], env={}, stderr=io.StringIO()) == 0
+        assert "Usage:" in capsys.readouterr().out
+
+
+def test_every_help_the_docs_mention_succeeds() -> None:
+    mentioned = set()
+    for page in PAGES:
+        for m in re.finditer(r"`(?:uv run )?ddslurm ((?:[a-z-]+ )?)--help`", page.read_text()):
+            mentioned.add(m.group(1).strip())
+    assert "" in mentioned
+    for command in mentioned:
+        argv = [command, "--help"] if command and command != "COMMAND" else ["--help"]
+        assert main(argv, env={}, stdout=io.StringIO(), stderr=io.StringIO()) == 0, argv
+
+
+# --- make targets ------------------------------------------------------------------------------------------------
+
+
+def make_targets() -> set[str]:
+    return set(re.findall(r"^([A-Za-z%_-]+):", (ROOT / "Makefile").read_text(), re.M))
+
+
+def test_the_readme_set_up_commands_are_make_targets() -> None:
+    blocks = [m.group(2) for m in _FENCE.finditer((ROOT / "README.md").read_text())]
+    first = [line.split("#")[0].split() for block in blocks[:2] for line in block.splitlines() if line.strip()]
+    assert first == [["make", "demo"], ["make", "test"]]
+    assert {"demo", "test"} <= make_targets()
+
+
+def test_every_make_target_the_docs_name_exists() -> None:
+    targets = make_targets()
+    named = {m.group(1) for page in PAGES for m in re.finditer(r"(?:`|^)make ([a-z][a-z-]*)", page.read_text(), re.M)}
+    assert named, "no make target named in the docs"
+    missing = sorted(n for n in named if not any(fnmatch(n, t.replace("%", "*")) for t in targets))
+    assert not missing, f"make targets the docs name that the Makefile lacks: {missing}"
+
+
+def test_make_help_lists_docs() -> None:
+    out = subprocess.run(["make", "-s", "help"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert re.search(r"^\s+docs\s", out, re.M)
+
+
+# --- commands run as the README shows them -----------------------------------------------------------------------
+
+HOSTED_RUN = "examples/hosted-only/run.yaml"
+LOCAL_PROFILE = "examples/local-profile.yaml"
+
+
+def _demo_env(key: str | None) -> dict[str, str]:
+    env = {"DATA_DESIGNER_HOME": str(ROOT / "examples" / "hosted-only" / "dd-home"), "PATH": "/usr/bin:/bin"}
+    if key is not None:
+        env["DEMO_HOSTED_API_KEY"] = key
+    return env
+
+
+def _run(argv: list[str], env: dict[str, str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = main(argv, env=env, stdout=out, stderr=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_providers_as_the_readme_shows_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ddslurm providers RUN.yaml`` prints each alias and whether its key variable is set (never the value):
+    exit 0 when submit would accept the providers, 1 with the key unset (still the table, marked UNSET)."""
+    monkeypatch.chdir(ROOT)
+    for name, value in _demo_env("a-demo-key-value").items():
+        monkeypatch.setenv(name, value)
+    code, out, _ = _run(["providers", HOSTED_RUN], _demo_env("a-demo-key-value"))
+    assert code == 0 and "DEMO_HOSTED_API_KEY (set)" in out and "a-demo-key-value" not in out
+    monkeypatch.delenv("DEMO_HOSTED_API_KEY")
+    code, out, err = _run(["providers", HOSTED_RUN], _demo_env(None))
+    assert code == 1 and "DEMO_HOSTED_API_KEY (UNSET)" in out and "unset or empty" in err
+
+
+def test_the_version_as_the_cli_page_shows_it() -> None:
+    code, out, _ = _run(["--version"], {})
+    assert code == 0 and out.startswith("ddslurm ")
+
+
+def test_config_check_of_the_examples() -> None:
+    for path, kind in ((HOSTED_RUN, "run"), ("examples/mixed/run.yaml", "run"), (LOCAL_PROFILE, "profile")):
+        proc = subprocess.run(
+            [sys.executable, "-m", "ddslurm.config.cli", "check", path, "--kind", kind],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
+        assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.slurm
+def test_submit_dry_run_of_the_example_against_the_local_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ddslurm submit examples/hosted-only/run.yaml --profile examples/local-profile.yaml --dry-run``, as
+    getting-started.md shows it: the plan and the sbatch calls, nothing written."""
+    monkeypatch.chdir(ROOT)
+    env = _demo_env("a-demo-key-value")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    runs = ROOT / ".ddslurm-work" / "runs"
+    before = set(runs.iterdir()) if runs.is_dir() else set()
+    code, out, err = _run(["submit", HOSTED_RUN, "--profile", LOCAL_PROFILE, "--dry-run"], env)
+    assert code == 0, err
+    assert "sbatch" in out and "a-demo-key-value" not in out
+    assert (set(runs.iterdir()) if runs.is_dir() else set()) == before
+
+
+@pytest.mark.slurm
+def test_init_as_getting_started_shows_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ddslurm init --dir my-run`` writes both files from this cluster's sinfo; they load as submit loads them,
+    and a second init refuses to replace them."""
+    monkeypatch.chdir(tmp_path)
+    import os
+
+    env = dict(os.environ)
+    code, out, err = _run(["init", "--dir", "my-run"], env)
+    assert code == 0, err
+    assert (tmp_path / "my-run" / "run.yaml").is_file() and (tmp_path / "my-run" / "profile.yaml").is_file()
+    assert "ddslurm submit" in out
+    code, _, err = _run(["init", "--dir", "my-run"], env)
+    assert code == 1 and "--force" in err

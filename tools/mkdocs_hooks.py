@@ -1,0 +1,51 @@
+"""MkDocs hooks of the docs site (mkdocs.yml ``hooks:``).
+
+Pages link to repository files outside ``docs/`` the way GitHub shows them (``../examples/local-profile.yaml``).
+The site copies each such file to ``repo/<path>`` and points the link there, so ``mkdocs build --strict`` checks
+that the file exists instead of refusing every link that leaves ``docs/``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from mkdocs.structure.files import File, Files
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+_LINK = re.compile(r"\]\((\.\./[^)#\s]+)(#[^)\s]*)?\)")
+
+
+def _outside(page: Path, target: str) -> Path | None:
+    """The repository file a relative link of ``page`` names, when it lies outside docs/ and exists."""
+    path = (page.parent / target).resolve()
+    if path.is_relative_to(DOCS) or not path.is_relative_to(ROOT) or not path.is_file():
+        return None
+    return path
+
+
+def on_files(files: Files, config: Any) -> Files:
+    added: set[Path] = set()
+    for page in sorted(DOCS.rglob("*.md")):
+        for match in _LINK.finditer(page.read_text()):
+            path = _outside(page, match.group(1))
+            if path is not None and path not in added:
+                added.add(path)
+                rel = path.relative_to(ROOT).as_posix()
+                files.append(File.generated(config, f"repo/{rel}", abs_src_path=str(path)))
+    return files
+
+
+def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str:
+    source = DOCS / page.file.src_uri
+    depth = "../" * (len(Path(page.file.src_uri).parts) - 1)
+
+    def rewrite(match: re.Match[str]) -> str:
+        path = _outside(source, match.group(1))
+        if path is None:
+            return match.group(0)
+        return f"]({depth}repo/{path.relative_to(ROOT).as_posix()}{match.group(2) or ''})"
+
+    return _LINK.sub(rewrite, markdown)
