@@ -41,6 +41,7 @@ def _deployment(*, replicas: int = 2, latency: str = "0.02", env_from: str = "[H
         "deployments:\n  - model_alias: generator\n    model: Qwen/Qwen3-8B\n    served_model_name: qwen3-8b\n"
         f"    replicas: {replicas}\n    tensor_parallel: 1\n    server:\n      cpus: 1\n      startup_timeout: 120\n"
         f"      env: {{FAKE_VLLM_LATENCY: '{latency}'{env}}}\n      env_from: {env_from}\n"
+        "stages: single\n"  # the client, servers and proxy of one allocation (the CPU stage has no servers)
     )
 
 

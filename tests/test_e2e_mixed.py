@@ -48,7 +48,10 @@ def _wrapper(tmp_path: Path) -> Path:
 
 
 def _attempts(run_dir: Path) -> list[Path]:
-    return sorted(run_dir.glob("shards/shard-*/attempts/attempt-*"))
+    """Every attempt of the run: a two-stage run's GPU-stage attempts (``stage-0/``) too."""
+    return sorted(
+        [*run_dir.glob("shards/shard-*/attempts/attempt-*"), *run_dir.glob("shards/shard-*/stage-*/attempts/attempt-*")]
+    )
 
 
 def test_mixed_run_local_generator_two_replicas_and_hosted_judge(
@@ -62,7 +65,8 @@ def test_mixed_run_local_generator_two_replicas_and_hosted_judge(
         shards=1,
         buffer_size=6,
         recipe=MIXED_RECIPE,
-        extra_run=GENERATOR,
+        # one allocation runs the generator and the judge (tests/test_e2e_stages.py: the two-stage run)
+        extra_run=GENERATOR + "stages: single\n",
         vllm_executable=_wrapper(tmp_path),
     )
     submitted = _cli("submit", str(files.run_file), "--profile", str(files.profile), "--json", env=files.env)
@@ -206,7 +210,7 @@ def test_report_of_a_mixed_run(make_run_files: Any, hosted_endpoint: Any, tmp_pa
         shards=2,
         buffer_size=3,
         recipe=MIXED_RECIPE,
-        extra_run=SMALL_GENERATOR,
+        extra_run=SMALL_GENERATOR + "stages: single\n",  # the report reads the final stage's attempts only
         vllm_executable=_wrapper(tmp_path),
     )
     run_dir = Path(

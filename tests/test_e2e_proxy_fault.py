@@ -75,7 +75,7 @@ def test_killed_proxy_step_fails_fast_and_the_rerun_starts_a_new_one(make_run_fi
         shards=1,
         buffer_size=6,
         recipe=MIXED_RECIPE,
-        extra_run=GENERATOR + f"client_retries: {client_retries}\n",
+        extra_run=GENERATOR + f"client_retries: {client_retries}\nstages: single\n",  # the judge behind the proxy
     )
     submitted = _cli("submit", str(files.run_file), "--profile", str(files.profile), "--json", env=files.env)
     assert submitted.returncode == 0, submitted.stderr[-3000:]

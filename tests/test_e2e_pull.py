@@ -28,6 +28,7 @@ GENERATOR = (
     "deployments:\n  - model_alias: generator\n    model: Qwen/Qwen3-8B\n    served_model_name: qwen3-8b\n"
     "    replicas: 2\n    tensor_parallel: 1\n    server:\n      cpus: 1\n      startup_timeout: 120\n"
     "      env: {FAKE_VLLM_LATENCY: '0.3', FAKE_VLLM_STARTUP_DELAY: '3'}\n"
+    "stages: single\n"  # the pulling allocations run every column (tests/test_e2e_stages.py: two stages)
 )
 
 

@@ -95,6 +95,30 @@ def test_collect_conflict_names_column_types_and_files(tmp_path: Path) -> None:
     assert not layout.dataset.exists()
 
 
+def test_collect_puts_columns_in_the_plans_order_whatever_each_file_says(tmp_path: Path) -> None:
+    # Data Designer writes columns in the order their cells were first written, which differs between files.
+    shards = [
+        [pa.table({"b": [1], "a": ["x"], "c": [None]}), pa.table({"a": ["y"], "c": [1.5], "b": [2]})],
+        [pa.table({"c": [2.5], "b": [3], "a": ["z"]})],
+    ]
+    layout = make_published_run(tmp_path, shards, column_order=("a", "b", "c"))
+    out = pq.read_table(collect(layout).dataset)
+    assert out.column_names == ["a", "b", "c"]
+    assert out.to_pylist() == [
+        {"a": "x", "b": 1, "c": None},
+        {"a": "y", "b": 2, "c": 1.5},
+        {"a": "z", "b": 3, "c": 2.5},
+    ]
+
+
+def test_collect_with_a_column_order_refuses_a_file_with_other_columns(tmp_path: Path) -> None:
+    shards = [[pa.table({"a": ["x"], "b": [1]})], [pa.table({"a": ["y"], "d": [2]})]]
+    layout = make_published_run(tmp_path, shards, column_order=("a", "b"))
+    with pytest.raises(SchemaConflictError, match="not expected 'd'; missing 'b'"):
+        collect(layout)
+    assert not layout.dataset.exists()
+
+
 def test_collect_refuses_missing_winners_and_publishes_nothing(tmp_path: Path) -> None:
     layout = make_published_run(tmp_path, [[pa.table({"a": [1]})], [pa.table({"a": [2]})]], publish=[True, False])
     with pytest.raises(MissingWinnersError) as err:

@@ -121,3 +121,13 @@ def test_cli_check_reports_an_error_with_exit_2(tmp_path: Path, capsys: pytest.C
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err == f"error: {path}:3:1: num_records: expected int >= 1\n"
+
+
+def test_a_shards_gpu_stage_has_the_shards_own_layout_under_stage_0(tmp_path: Path) -> None:
+    shard = RunLayout(tmp_path / "run").shard(3)
+    gpu = shard.stage(0)
+    assert gpu.index == 3 and gpu.dir == shard.dir / "stage-0"
+    assert gpu.winner == shard.dir / "stage-0" / "winner.json"
+    assert gpu.attempt("attempt-7").record == shard.dir / "stage-0" / "attempts" / "attempt-7" / "attempt.json"
+    assert gpu.claim("9") == shard.dir / "stage-0" / "claims" / "9.json"
+    assert gpu.fresh == shard.dir / "stage-0" / "fresh.json"

@@ -42,6 +42,7 @@ def test_minimal_run_file_fills_every_default(tmp_path: Path) -> None:
         "retries": 0,
         "client_retries": 1,
         "max_empty_outputs": 0,
+        "stages": "auto",
         "deployments": [],
         "submission": {
             "account": None,

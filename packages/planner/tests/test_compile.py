@@ -21,6 +21,7 @@ from ddslurm.config import (
     ShardSpec,
     SnapshotModel,
     SnapshotProvider,
+    StagePlan,
     Submission,
     digest,
     encode,
@@ -683,3 +684,44 @@ def test_refusals_start_with_their_field(run: dict[str, object], profile: dict[s
     with pytest.raises(PlanError) as info:
         compile_plan(make_inputs(make_run(**run), make_profile(**profile)))
     assert str(info.value).startswith(want), str(info.value)
+
+
+# --- stages: auto ---
+
+STAGES = (StagePlan(kind="gpu", columns=("gen",)), StagePlan(kind="cpu", columns=("judge",)))
+
+
+def _staged_inputs(run: RunFile, profile: ClusterProfile) -> PlanInputs:
+    return PlanInputs(
+        run=run,
+        profile=profile,
+        snapshot=SNAPSHOT,
+        layout=LAYOUT,
+        recipe_sha256="1" * 64,
+        snapshot_sha256="2" * 64,
+        stages=STAGES,
+        stage_reason="two stages: ...",
+        column_order=("gen", "judge"),
+    )
+
+
+def test_a_split_recipe_gets_its_stages_and_a_cpu_only_stage_on_the_cpu_partition() -> None:
+    run = make_run(
+        deployments=(Deployment(model_alias="gen", model="m"),),
+        submission=Submission(cpus=3, partition="gpu", constraint="h100", time_limit="02:00:00"),
+    )
+    plan = compile_plan(_staged_inputs(run, _gpu_profile()))
+    assert plan.stages == STAGES and plan.stage_reason == "two stages: ..." and plan.column_order == ("gen", "judge")
+    cpu = plan.cpu_stage
+    assert cpu is not None
+    assert (cpu.partition, cpu.gres, cpu.gpus, cpu.cpus_per_task, cpu.constraint) == ("cpu", "none", None, 3, None)
+    assert cpu.time_minutes == plan.generation.time_minutes == 120
+
+
+def test_stages_single_and_hosted_only_runs_have_one_stage() -> None:
+    single = make_run(deployments=(Deployment(model_alias="gen", model="m"),), stages="single")
+    plan = compile_plan(_staged_inputs(single, _gpu_profile()))
+    assert (plan.stages, plan.cpu_stage) == ((), None)
+    assert plan.stage_reason == "single stage: the run file says stages: single"
+    hosted = compile_plan(_staged_inputs(make_run(), _gpu_profile()))
+    assert (hosted.stages, hosted.cpu_stage, hosted.stage_reason) == ((), None, None)

@@ -9,7 +9,7 @@ import functools
 import os
 import secrets
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -19,7 +19,7 @@ import msgspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ddslurm.collector._schema import conform, unified_schema
+from ddslurm.collector._schema import conform, in_order, unified_schema
 from ddslurm.collector._verify import Batch, batches_of, check_present, read_verified
 from ddslurm.collector._writer import ROW_GROUP_BYTES, ROW_GROUP_ROWS, TARGET_FILE_BYTES, PartWriter
 from ddslurm.collector.errors import (
@@ -163,9 +163,10 @@ def _not_parquet(batch: Batch, exc: BaseException) -> CollectError:
     return CollectError(f"shard {batch.shard}: {batch.entry.path} is not a readable Parquet file ({batch.path}): {exc}")
 
 
-def _schema(batches: list[Batch]) -> pa.Schema:
-    """The unified schema, from the files' footers. A footer that cannot be read, or a type conflict, is first
-    checked against the published sha256, so a file changed since publication is reported as such."""
+def _schema(batches: list[Batch], order: Sequence[str] | None = None) -> pa.Schema:
+    """The unified schema, from the files' footers, its columns in ``order`` when the plan defines one (every file
+    must then hold exactly those columns). A footer that cannot be read, or a type conflict, is first checked
+    against the published sha256, so a file changed since publication is reported as such."""
     schemas: list[tuple[Path, pa.Schema]] = []
     for batch in batches:
         try:
@@ -174,7 +175,7 @@ def _schema(batches: list[Batch]) -> pa.Schema:
             read_verified(batch, keep=False)
             raise _not_parquet(batch, exc) from exc
     try:
-        return unified_schema(schemas)
+        return in_order(unified_schema(schemas), order, schemas)
     except SchemaConflictError as exc:
         by_path = {batch.path: batch for batch in batches}
         for path in exc.files:
@@ -201,7 +202,7 @@ def collect(
     published."""
     destination = destination or layout.dataset
     plan, winners, batches = _check(layout, destination, overwrite)
-    schema = _schema(batches)
+    schema = _schema(batches, plan.column_order)
     make_private_dir(layout.collections, exist_ok=True)
     with _exclusive(layout.collections / "collect.lock"):
         _remove_stale_staging(destination)

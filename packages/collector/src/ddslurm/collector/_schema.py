@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -128,3 +129,28 @@ def conform(table: pa.Table, schema: pa.Schema, path: Path) -> pa.Table:
                 (path,),
             ) from exc
     return pa.Table.from_arrays(columns, schema=schema)
+
+
+def in_order(schema: pa.Schema, order: Sequence[str] | None, schemas: list[tuple[Path, pa.Schema]]) -> pa.Schema:
+    """``schema`` with its columns in ``order`` (the plan's ``column_order``, by name; None: unchanged). Every
+    file must hold exactly those columns: one that does not is a :class:`SchemaConflictError` naming it."""
+    if order is None:
+        return schema
+    wanted = set(order)
+    for path, file_schema in schemas:
+        names = set(file_schema.names)
+        if names != wanted:
+            extra, missing = sorted(names - wanted), sorted(wanted - names)
+            raise SchemaConflictError(
+                f"{path} does not hold the run's columns: "
+                + "; ".join(
+                    part
+                    for part in (
+                        f"not expected {', '.join(map(repr, extra))}" if extra else "",
+                        f"missing {', '.join(map(repr, missing))}" if missing else "",
+                    )
+                    if part
+                ),
+                (path,),
+            )
+    return pa.schema([schema.field(name) for name in order])

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -27,6 +28,7 @@ def make_published_run(
     *,
     publish: Sequence[bool] | None = None,
     partial: Sequence[int] = (),
+    column_order: tuple[str, ...] | None = None,
 ) -> RunLayout:
     """``root/run-1`` with one shard per entry of ``shard_batches``, each written as Data Designer would
     (``parquet-files/batch_NNNNN.parquet``) and, unless ``publish`` says otherwise, published as the winner
@@ -34,6 +36,8 @@ def make_published_run(
     layout = RunLayout(root / "run-1")
     layout.root.mkdir(parents=True)
     plan = make_plan(layout.run_id, tuple(sum(t.num_rows for t in batches) for batches in shard_batches))
+    if column_order is not None:
+        plan = msgspec.structs.replace(plan, column_order=column_order)
     atomic_write(layout.plan, encode(plan))
     for index, batches in enumerate(shard_batches):
         shard = layout.shard(index)

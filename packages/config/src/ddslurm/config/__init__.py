@@ -35,6 +35,7 @@ from ddslurm.config._plan import (
     SeedPlan,
     ServingPlan,
     ShardSpec,
+    StagePlan,
 )
 from ddslurm.config._profile import ClusterProfile
 from ddslurm.config._records import (
@@ -109,6 +110,7 @@ __all__ = [
     "SeedKind",
     "SeedPlan",
     "ShardSpec",
+    "StagePlan",
     "SnapshotModel",
     "SnapshotProvider",
     "Submission",

@@ -16,6 +16,7 @@
         winner.json               written once by the first verified attempt
         claims/<array_job_id>.json    the allocation of a pulling array that took the shard (once per array)
         cancelled.json            ``ddslurm cancel --shards`` of a shard run by pulling allocations
+        stage-0/                  a two-stage run's GPU stage: winner.json, attempts/, claims/ as above
         attempts/attempt-<job_id>/
             attempt.json          attempt record (state, reason, rows)
             client.log            structured log of the generation step
@@ -93,6 +94,11 @@ class ShardLayout:
     def cancelled(self) -> Path:
         """``ddslurm cancel --shards`` of a shard of pulling allocations (a ``ShardCancelRecord``)."""
         return self.dir / "cancelled.json"
+
+    def stage(self, index: int) -> ShardLayout:
+        """The results of an earlier stage of a two-stage run (``stage-0/``: the GPU stage), laid out like the
+        shard itself (winner.json, attempts/, claims/, fresh.json). The last stage uses the shard's own layout."""
+        return ShardLayout(self.dir / f"stage-{index}", self.index)
 
     def cleared_cancel(self, stamp: str) -> Path:
         return self.dir / f"cancelled-cleared-{stamp}.json"

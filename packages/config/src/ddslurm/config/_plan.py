@@ -128,6 +128,16 @@ class RecipeSource(Frozen, frozen=True, kw_only=True):
     """The script's path on the submit host when the run was submitted."""
 
 
+class StagePlan(Frozen, frozen=True, kw_only=True):
+    """One stage of a two-stage run (``stages: auto``): the recipe columns it generates; the node rebuilds the
+    runtime's ``StageSplit`` from these (it never splits the recipe again)."""
+
+    kind: Literal["gpu", "cpu"]
+    columns: tuple[str, ...]
+    keep: tuple[str, ...] = ()
+    """Columns this stage outputs for the next one although the recipe drops them."""
+
+
 class Plan(Frozen, frozen=True, kw_only=True):
     version: int = PLAN_VERSION
     layout_version: int = LAYOUT_VERSION
@@ -173,3 +183,12 @@ class Plan(Frozen, frozen=True, kw_only=True):
     (``EMPTY``, ``none``, ``dummy``, anything shorter than 8 characters; ``providers.is_placeholder_secret``). Such
     values occur in ordinary output (Data Designer writes ``"with_trace": "none"``), so the node does not scan
     the attempt's files for them; every other name in ``secret_env`` is scanned for."""
+    stages: tuple[StagePlan, ...] = ()
+    """The GPU stage then the CPU stage of a two-stage run; empty: one stage (the recipe as it is)."""
+    stage_reason: str | None = None
+    """Why the run has one stage or two (the dry run shows it); None for runs without deployments."""
+    cpu_stage: Resources | None = None
+    """The CPU stage's allocations (two-stage runs): the hosted-only shape, ``submission.cpus`` CPUs on the
+    profile's CPU partition, no GPU, the same time limit."""
+    column_order: tuple[str, ...] | None = None
+    """The dataset's columns in one defined order (``final_columns``): collection writes them in this order."""

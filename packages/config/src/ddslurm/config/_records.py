@@ -35,6 +35,10 @@ class SubmissionRecord(Frozen, frozen=True, kw_only=True):
     """For automatic retries: the array whose failure starts this one."""
     plan_index: int | None = None
     """The array of the run's submission plan (``submit-plan.json``) this sbatch made; None for ``ddslurm retry``."""
+    stage: int | None = None
+    """For a two-stage run: 0 for a GPU-stage array, 1 for a CPU-stage array; None for a single-stage run."""
+    after_any: tuple[str, ...] = ()
+    """A CPU-stage array: the arrays it starts after, whatever they ended (``--dependency=afterany``)."""
 
 
 class PlannedArray(Frozen, frozen=True, kw_only=True):
@@ -52,6 +56,12 @@ class PlannedArray(Frozen, frozen=True, kw_only=True):
     """For automatic retries: the planned array whose failure starts this one (``--dependency=afternotok``)."""
     script: str
     """The batch script this array is submitted from (written just before its sbatch)."""
+    stage: int | None = None
+    """For a two-stage run: 0 for a GPU-stage array, 1 for a CPU-stage array (a pulling array of CPU-only
+    allocations); None for a single-stage run."""
+    after_any: tuple[int, ...] = ()
+    """A CPU-stage array: the planned arrays it starts after, however they ended (``--dependency=afterany``):
+    its GPU array and the previous CPU array over the same shards."""
 
 
 class LimitCheck(Frozen, frozen=True, kw_only=True):

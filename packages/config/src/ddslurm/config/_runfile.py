@@ -247,6 +247,10 @@ class RunFile(Frozen, frozen=True, kw_only=True):
     max_empty_outputs: Annotated[int, msgspec.Meta(ge=0)] | None = 0
     """Empty or null values each LLM column of a shard may hold before the shard's attempt fails with
     ``empty_outputs`` (an endpoint that answered HTTP 200 without content). None: not checked."""
+    stages: Literal["auto", "single"] = "auto"
+    """``auto``: a run with deployments whose recipe splits into a GPU stage (the local models' columns and what
+    they read) and a CPU stage (the hosted-only columns) runs the CPU stage in CPU-only allocations after the GPU
+    stage, so the GPUs are released when their columns are done. ``single``: one stage in the GPU allocations."""
     deployments: tuple[Deployment, ...] = ()
     """vLLM servers started inside each job, one entry per model alias. Empty: a hosted-only run (CPU jobs)."""
     submission: Submission = msgspec.field(default_factory=Submission)

@@ -175,7 +175,10 @@ def make_bill(
     """The bill of submitting ``arrays`` (as ``plan_submission`` planned them) for ``plan``."""
     sizes = sorted({s.num_records for s in plan.shards})
     gpus = plan.serving.gpus if plan.serving else 0
-    jobs = [_jobs("generation", arrays, plan.generation, gpus)]
+    jobs = [_jobs("generation", [a for a in arrays if a.stage != 1], plan.generation, gpus)]
+    cpu_stage = [a for a in arrays if a.stage == 1]
+    if cpu_stage and plan.cpu_stage is not None:  # a two-stage run's CPU-only allocations
+        jobs.append(_jobs("CPU stage", cpu_stage, plan.cpu_stage, 0))
     if plan.allocations is None:
         layout = (
             f"one array task per shard ({len(plan.shards)} tasks), each starting its own model servers"
@@ -194,8 +197,8 @@ def make_bill(
         layout=layout,
         allocations=plan.allocations,
         client_workers=plan.client_workers,
-        stages=1,
-        stage_reason=None,
+        stages=max(1, len(plan.stages)),
+        stage_reason=plan.stage_reason,
         aliases=_aliases(plan, aliases, snapshot),
         jobs=jobs,
         steps=step_lines(plan),

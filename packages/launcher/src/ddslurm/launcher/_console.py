@@ -306,7 +306,10 @@ def plan_lines(planned: SubmissionPlan) -> list[str]:
     ]
     for a in planned.arrays:
         after = f"  --dependency=afternotok:<array {a.after}>" if a.after is not None else ""
-        lines.append(f"  array {a.index}: --array={a.array:<14} shards {compact_ranges(a.shards)} ({a.kind}){after}")
+        if a.after_any:
+            after = "  --dependency=afterany:" + ":".join(f"<array {i}>" for i in a.after_any)
+        kind = a.kind if a.stage is None else f"{a.kind}, {'CPU' if a.stage == 1 else 'GPU'} stage"
+        lines.append(f"  array {a.index}: --array={a.array:<14} shards {compact_ranges(a.shards)} ({kind}){after}")
     lines.append(f"limits checked (a submission uses at most {round(HEADROOM * 100)} % of what is left under each):")
     lines += [f"  {describe_limit(c)}: this run needs {planned.tasks:,}" for c in planned.checks]
     lines += [f"  {note}" for note in planned.limits.notes]

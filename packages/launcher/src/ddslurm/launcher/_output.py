@@ -183,6 +183,7 @@ def array_json(array: PlannedArray, job_id: str | None = None) -> dict[str, Any]
         "tasks": array.tasks if array.tasks is not None else len(array.shards),
         "pulling": array.tasks is not None,
         "after": array.after,
+        **({"stage": array.stage, "after_any": list(array.after_any)} if array.stage is not None else {}),
         **({"job_id": job_id} if job_id is not None else {}),
     }
 

@@ -81,29 +81,39 @@ def render_generation(
     *,
     after_failure_of: str | None = None,
     tasks: int | None = None,
+    stage: int | None = None,
+    after_any: Sequence[str] = (),
 ) -> str:
     """One array over ``shards`` (task i runs shards[i]), or, with ``tasks``, an array of that many allocations
     that pull shards of ``shards`` (the pool) until none is left; ``after_failure_of``: an automatic retry array
-    that starts only if that array had a failed task, and is cancelled by Slurm otherwise."""
+    that starts only if that array had a failed task, and is cancelled by Slurm otherwise. ``stage``: a two-stage
+    run's GPU stage (0) or CPU stage (1: CPU-only allocations, ``plan.cpu_stage``, that pull shards whose GPU
+    stage is done); ``after_any``: the arrays the CPU stage starts after, however they ended."""
+    resources = plan.cpu_stage if stage == 1 and plan.cpu_stage is not None else plan.generation
     directives = [
         f"--array={array_spec(len(shards) if tasks is None else tasks, plan.max_concurrent)}",
         f"--output={layout.logs}/slurm-%A_%a.out",
         "--open-mode=append",
         f"--chdir={layout.root}",
         # A warning before the time limit, so the runtime stops its steps and records why it ended.
-        f"--signal=B:USR1@{warning_seconds(plan.generation.time_minutes)}",
-        *_directives(plan.generation),
+        f"--signal=B:USR1@{warning_seconds(resources.time_minutes)}",
+        *_directives(resources),
     ]
     if after_failure_of is not None:
         directives += [f"--dependency=afternotok:{after_failure_of}", "--kill-on-invalid-dep=yes"]
+    elif after_any:
+        directives += [f"--dependency=afterany:{':'.join(after_any)}", "--kill-on-invalid-dep=yes"]
     runtime = shlex.quote(tool(plan, "ddslurm-runtime"))
-    header = f"{_header(f'ddslurm-{plan.run_name}', directives)}\n\n{_PRELUDE}\n\n"
+    name = f"ddslurm-{plan.run_name}" + ("-cpu" if stage == 1 else "")
+    header = f"{_header(name, directives)}\n\n{_PRELUDE}\n\n"
+    staged = "" if stage is None else f" --stage {stage}"
+    run_dir = shlex.quote(str(layout.root))
     if tasks is not None:
         pool = compact_ranges(shards)
-        return f"{header}exec {runtime} generate --run-dir {shlex.quote(str(layout.root))} --pool {pool}\n"
+        return f"{header}exec {runtime} generate --run-dir {run_dir} --pool {pool}{staged}\n"
     expr = shard_expression(shards)
     table = "" if "SHARDS" not in expr else "SHARDS=(" + " ".join(str(s) for s in shards) + ")\n"
-    return f'{header}{table}exec {runtime} generate --run-dir {shlex.quote(str(layout.root))} --shard "{expr}"\n'
+    return f'{header}{table}exec {runtime} generate --run-dir {run_dir} --shard "{expr}"{staged}\n'
 
 
 def warning_seconds(time_minutes: int) -> int:

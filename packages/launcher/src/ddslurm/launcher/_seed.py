@@ -35,11 +35,20 @@ class SeedCapture:
     plan: SeedPlan
     sources: tuple[Path, ...]
     recipe_bytes: bytes
+    source: dict[str, Any] | None = None
+    """The seed source as found on the submit host (its path the original files): for reading its column names."""
 
 
 def dd_seed_rows(source: dict[str, Any]) -> int:
     """Seed rows as Data Designer counts them (its own readers; manifest rows for directory sources)."""
     return int(seed_reader(source).get_seed_dataset_size())
+
+
+def dd_seed_columns(source: dict[str, Any]) -> list[str]:
+    """The seed dataset's column names as Data Designer's reader outputs them (in its order)."""
+    reader = seed_reader(source)
+    names = getattr(reader, "get_output_column_names", None)
+    return list(names() if callable(names) else reader.get_column_names())
 
 
 def _field(recipe_path: Path, field: str, message: str) -> SubmitError:
@@ -179,4 +188,4 @@ def capture_seed(
         sampling="shuffle" if sampling == "shuffle" else "ordered",
     )
     # JSON is YAML too: the stored recipe stays loadable by Data Designer and by ddslurm's YAML reader.
-    return SeedCapture(plan=plan, sources=tuple(files), recipe_bytes=encode_pretty(stored))
+    return SeedCapture(plan=plan, sources=tuple(files), recipe_bytes=encode_pretty(stored), source=original)

@@ -21,6 +21,7 @@ from ddslurm.config import (
     PlannedArray,
     Progress,
     RunLayout,
+    ShardLayout,
     SubmissionRecord,
     SubmitPlanRecord,
     WinnerRecord,
@@ -68,6 +69,9 @@ class ShardStatus(msgspec.Struct, kw_only=True):
     attempts: int = 0
     reason: str | None = None
     message: str | None = None
+    stage: Literal["gpu", "cpu"] | None = None
+    """A two-stage run's shard: the stage its state comes from (``gpu`` until its GPU stage has a result, then
+    ``cpu``); None for a single-stage run."""
 
 
 class RunStatus(msgspec.Struct, kw_only=True):
@@ -161,9 +165,23 @@ def submission_progress(layout: RunLayout, subs: list[SubmissionRecord] | None =
     return SubmissionProgress(plan, submitted, was_cancelled(layout))
 
 
-def attempt_records(layout: RunLayout, shard: int) -> list[AttemptRecord]:
+def stage_dir(layout: RunLayout, shard: int, stage: int | None = None) -> ShardLayout:
+    """Where a shard's attempts and claims of ``stage`` live: the GPU stage's (0) in ``stage-0/``, the last (or
+    only) stage's in the shard's own directory."""
+    return layout.shard(shard).stage(0) if stage == 0 else layout.shard(shard)
+
+
+def shard_stage(layout: RunLayout, plan: Plan, shard: int) -> int | None:
+    """The stage a two-stage run's shard is in: 0 until its GPU stage has a result, then 1; None: one stage."""
+    if len(plan.stages) < 2:
+        return None
+    top = layout.shard(shard)
+    return 1 if top.stage(0).winner.exists() or top.winner.exists() else 0
+
+
+def attempt_records(layout: RunLayout, shard: int, stage: int | None = None) -> list[AttemptRecord]:
     records: list[AttemptRecord] = []
-    for path in layout.shard(shard).attempts.glob("attempt-*/attempt.json"):
+    for path in stage_dir(layout, shard, stage).attempts.glob("attempt-*/attempt.json"):
         try:
             records.append(read_json(path, AttemptRecord))
         except (ConfigError, OSError):
@@ -184,15 +202,17 @@ def query(slurm: Slurm, subs: list[SubmissionRecord]) -> Scheduler:
     return sched
 
 
-def _read_progress(layout: RunLayout, shard: int, attempt: AttemptRecord) -> Progress | None:
+def _read_progress(layout: RunLayout, shard: int, attempt: AttemptRecord, stage: int | None = None) -> Progress | None:
     try:
-        return read_json(layout.shard(shard).attempt(attempt.attempt).progress, Progress)
+        return read_json(stage_dir(layout, shard, stage).attempt(attempt.attempt).progress, Progress)
     except (FileNotFoundError, ConfigError):
         return None
 
 
-def _progress(layout: RunLayout, shard: int, attempt: AttemptRecord, now: datetime) -> tuple[int | None, float | None]:
-    progress = _read_progress(layout, shard, attempt)
+def _progress(
+    layout: RunLayout, shard: int, attempt: AttemptRecord, now: datetime, stage: int | None = None
+) -> tuple[int | None, float | None]:
+    progress = _read_progress(layout, shard, attempt, stage)
     if progress is None:
         return None, None
     elapsed = (now - datetime.fromisoformat(attempt.started_at)).total_seconds()
@@ -355,10 +375,15 @@ def shard_status(
     covering: list[tuple[SubmissionRecord, int]],
     sched: Scheduler,
     now: datetime,
+    stage: int | None = None,
 ) -> ShardStatus:
+    """``stage`` (two-stage runs): the stage the shard is in (:func:`shard_stage`); ``covering`` holds that stage's
+    arrays only, and the attempts shown are that stage's."""
     spec = plan.shards[index]
     status = ShardStatus(shard=index, state="pending", records=spec.num_records)
-    attempts = attempt_records(layout, index)
+    if stage is not None:
+        status.stage = "gpu" if stage == 0 else "cpu"
+    attempts = attempt_records(layout, index, stage)
     status.attempts = len(attempts)
     winner, unreadable = _read_winner(layout, index)
     latest = attempts[-1] if attempts else None
@@ -391,7 +416,7 @@ def shard_status(
     if state.state in _RUNNING:
         status.state = "running"
         if latest is not None and latest.state == "running":
-            status.rows, status.rate = _progress(layout, index, latest, now)
+            status.rows, status.rate = _progress(layout, index, latest, now, stage)
     elif state.state in _PENDING:
         status.state = "pending"
         status.pending_reason = state.reason if state.reason not in {"", "None"} else None
@@ -427,7 +452,7 @@ def shard_status(
             stuck = f"; {latest.attempt} still says running" if latest is not None and latest.state == "running" else ""
             status.message = f"{said}{stuck}" + (f"\nlast lines of {log}:\n{tail}" if tail else "")
     if status.rows is None and latest is not None and status.state != "running":
-        progress = _read_progress(layout, index, latest)  # an attempt that ended without counting its rows
+        progress = _read_progress(layout, index, latest, stage)  # an attempt that ended without counting its rows
         status.rows = None if progress is None else progress.rows
     return status
 
@@ -459,10 +484,10 @@ def cancel_record(layout: RunLayout) -> CancelRecord | None:
         return CancelRecord(cancelled_at="unknown", array_job_ids=())
 
 
-def claimed_by(layout: RunLayout, shard: int, array_job_id: str) -> int | None:
+def claimed_by(layout: RunLayout, shard: int, array_job_id: str, stage: int | None = None) -> int | None:
     """The task of pulling array ``array_job_id`` that claimed ``shard``, or None."""
     try:
-        return read_json(layout.shard(shard).claim(array_job_id), ClaimRecord).task
+        return read_json(stage_dir(layout, shard, stage).claim(array_job_id), ClaimRecord).task
     except (FileNotFoundError, ConfigError, OSError, ValueError):
         return None
 
@@ -479,7 +504,7 @@ def covering_tasks(
                 out.setdefault(shard, []).append((sub, task))
             continue
         for shard in sub.shards:
-            claimant = claimed_by(layout, shard, sub.array_job_id) if layout is not None else None
+            claimant = claimed_by(layout, shard, sub.array_job_id, sub.stage) if layout is not None else None
             out.setdefault(shard, []).append((sub, POOL if claimant is None else claimant))
     return out
 
@@ -519,7 +544,11 @@ def _run_status(
 ) -> RunStatus:
     covering = covering_tasks(subs, layout)
     progress = submission_progress(layout, subs)
-    shards = [shard_status(layout, plan, s.index, covering.get(s.index, []), sched, moment) for s in plan.shards]
+    shards = []
+    for spec in plan.shards:
+        stage = shard_stage(layout, plan, spec.index)
+        mine = [(sub, task) for sub, task in covering.get(spec.index, []) if stage is None or sub.stage == stage]
+        shards.append(shard_status(layout, plan, spec.index, mine, sched, moment, stage))
     if progress is not None:
         for s in shards:
             if s.state == "pending" and not covering.get(s.shard):

@@ -151,7 +151,10 @@ def retry(
     if fresh:
         for index in todo:
             _start_fresh(layout.shard(index), moment)
-    job_ids = submit_shards(layout, plan, todo, slurm, env, moment, kind="retry")
+            if layout.shard(index).stage(0).dir.is_dir():  # a two-stage run's GPU stage starts afresh too
+                _start_fresh(layout.shard(index).stage(0), moment)
+    gpu_done = [i for i in todo if plan.stages and layout.shard(i).stage(0).winner.exists()]
+    job_ids = submit_shards(layout, plan, todo, slurm, env, moment, kind="retry", gpu_done=gpu_done)
     return Retried(tuple(todo), tuple(job_ids))
 
 
@@ -212,6 +215,8 @@ def continue_submission(
                 kind=array.kind,
                 after=after,
                 plan_index=array.index,
+                stage=array.stage,
+                after_any=tuple(submitted[i] for i in array.after_any if i in submitted),
             )
             if publish_once(layout.submissions / f"{found[0]}.json", encode(record)):
                 submitted[array.index] = found[0]
@@ -305,7 +310,9 @@ STEP_GLOBS = {
 def pick_attempt(layout: RunLayout, shard: int, attempt: str | None = None) -> AttemptRecord | None:
     """The shard's attempt ``attempt`` (its id, with or without the ``attempt-`` prefix), else its latest; None
     while it has none. An id the shard does not have is a :class:`UsageError` that lists the ones it has."""
-    records = attempt_records(layout, shard)
+    records = sorted(
+        [*attempt_records(layout, shard), *attempt_records(layout, shard, 0)], key=lambda r: r.started_at
+    )  # a two-stage run's GPU-stage attempts (stage-0/) too
     if attempt is None:
         return records[-1] if records else None
     wanted = attempt if attempt.startswith("attempt-") else f"attempt-{attempt}"
@@ -325,6 +332,8 @@ def log_files(layout: RunLayout, shard: int, step: str, attempt: AttemptRecord |
     if step == "slurm":
         return [Path(record.slurm_log)] if record.slurm_log and Path(record.slurm_log).is_file() else []
     attempt_dir = layout.shard(shard).attempt(record.attempt).dir
+    if not attempt_dir.is_dir():  # a two-stage run's GPU-stage attempt
+        attempt_dir = layout.shard(shard).stage(0).attempt(record.attempt).dir
     if step != "client" and record.allocation:  # a pulling allocation's servers and proxies serve all its shards
         attempt_dir = Path(record.allocation)
     return [p for pattern in STEP_GLOBS[step] for p in sorted(attempt_dir.glob(pattern))]

@@ -15,7 +15,7 @@ import os
 import re
 import secrets
 import shutil
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -29,8 +29,10 @@ from ddslurm.config import (
     Plan,
     PlannedArray,
     ProviderSnapshot,
+    RunFile,
     RunLayout,
     ServingPlan,
+    StagePlan,
     SubmissionKind,
     SubmissionRecord,
     SubmitPlanRecord,
@@ -47,7 +49,7 @@ from ddslurm.config import (
 )
 from ddslurm.launcher._recipe import load_run_recipe
 from ddslurm.launcher._render import array_spec, compact_ranges, render_generation
-from ddslurm.launcher._seed import CountRows, SeedCapture, capture_seed, dd_seed_rows
+from ddslurm.launcher._seed import CountRows, SeedCapture, capture_seed, dd_seed_columns, dd_seed_rows
 from ddslurm.launcher._slurm import SchedulerLimits, Slurm, SlurmTimeoutError
 from ddslurm.launcher._validate import dd_check_recipe
 from ddslurm.launcher.errors import LauncherError, SubmitError
@@ -62,6 +64,11 @@ from ddslurm.providers import (
     resolve,
 )
 from ddslurm.providers.discovery import settings_dir
+from ddslurm.runtime import final_columns, split_stages
+from ddslurm.runtime.errors import RecipeError
+
+SeedColumns = Callable[[dict[str, Any]], list[str]]
+"""(a seed source on the submit host) -> its column names as Data Designer reads them."""
 
 CheckRecipe = Callable[[dict[str, Any], Path, ProviderSnapshot, ServingPlan | None], list[str]]
 """(recipe, its path, the snapshot, the plan's serving) -> what Data Designer refuses in it, one line per problem."""
@@ -123,6 +130,7 @@ def prepare(
     *,
     count_seed_rows: CountRows = dd_seed_rows,
     check_recipe: CheckRecipe = dd_check_recipe,
+    seed_columns: SeedColumns = dd_seed_columns,
 ) -> Prepared:
     """Validate and compile everything; touch nothing on disk. Last, Data Designer's own validation of the recipe
     (``check_recipe``, a subprocess of a few seconds): what it refuses would fail on the node."""
@@ -139,6 +147,7 @@ def prepare(
         seed = capture_seed(recipe, recipe_path, layout, count_rows=count_seed_rows)
         if seed is not None:
             recipe_bytes = seed.recipe_bytes
+        staging = plan_stages(run, recipe, seed, seed_columns)
         plan = compile_plan(
             PlanInputs(
                 run=run,
@@ -149,6 +158,9 @@ def prepare(
                 snapshot_sha256=sha256_bytes(snapshot_bytes),
                 seed=None if seed is None else seed.plan,
                 recipe_source=loaded.source_record(layout),
+                stages=staging.stages,
+                stage_reason=staging.reason,
+                column_order=staging.column_order,
             )
         )
         # Key values that are placeholders (EMPTY, none) are not secrets: the node does not scan output for them.
@@ -174,6 +186,43 @@ def prepare(
         seed,
         loaded.source,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Staging:
+    """What the planner is told about the recipe's stages (``stages: auto``) and final column order."""
+
+    stages: tuple[StagePlan, ...] = ()
+    reason: str | None = None
+    column_order: tuple[str, ...] | None = None
+
+
+def plan_stages(
+    run: RunFile, recipe: Mapping[str, Any], seed: SeedCapture | None, seed_columns: SeedColumns
+) -> Staging:
+    """For a run with deployments: the recipe's GPU and CPU stages (``split_stages`` over the deployed aliases;
+    none for ``stages: single``) and the dataset's final column order (``final_columns``, which collection
+    applies to single- and two-stage runs alike). Hosted-only runs: nothing. A recipe whose columns Data Designer
+    cannot read is left to :func:`dd_check_recipe`, which says why."""
+    if not run.deployments:
+        return Staging()
+    try:
+        columns: list[str] = []
+        if seed is not None and seed.source is not None:
+            try:
+                columns = seed_columns(seed.source)
+            except Exception as exc:
+                raise SubmitError(f"Data Designer cannot read the seed dataset's columns: {exc}") from exc
+        order = final_columns(recipe, columns)
+        if run.stages == "single":
+            return Staging(column_order=order)
+        split = split_stages(recipe, {d.model_alias for d in run.deployments})
+    except RecipeError:
+        return Staging()
+    stages = (
+        tuple(StagePlan(kind=st.kind, columns=st.columns, keep=st.keep) for st in split.stages) if split.split else ()
+    )
+    return Staging(stages=stages, reason=split.reason, column_order=order)
 
 
 def copy_seed(seed: SeedCapture) -> None:
@@ -277,6 +326,7 @@ def plan_arrays(
     *,
     kind: SubmissionKind,
     stamp: str,
+    gpu_done: Collection[int] = (),
 ) -> tuple[PlannedArray, ...]:
     """The arrays that submit ``shards``: chunks of at most ``max_array_size`` tasks (task ids stay below
     MaxArraySize) and, for the run's initial submission, ``retries`` automatic retry arrays per chunk, each
@@ -284,10 +334,19 @@ def plan_arrays(
     part-way has started as many shards as it could.
 
     With pulling allocations (the plan's ``allocations``) a chunk is an array of allocations over a pool of
-    shards: its tasks claim the pool's shards until none is left."""
+    shards: its tasks claim the pool's shards until none is left.
+
+    A two-stage run (the plan's ``stages``): each of those arrays runs the GPU stage, and is followed by a CPU-stage
+    array over the same shards (``stage`` 1), a pulling array of as many CPU-only allocations as the GPU array
+    has tasks, that starts when the GPU array has ended however it ended (``afterany``), and after the previous
+    CPU-stage array of its chunk, so that it claims what that one left. ``gpu_done`` (a retry): shards whose GPU
+    stage has a result get only a CPU-stage array."""
     if max_array_size < 1:
         raise SubmitError(f"MaxArraySize is {max_array_size}: this cluster accepts no job arrays")
-    pulling = pulling_tasks(plan, len(shards), kind)
+    staged = len(plan.stages) > 1
+    cpu_only = [s for s in shards if s in set(gpu_done)] if staged else []
+    shards = [s for s in shards if s not in set(cpu_only)]
+    pulling = pulling_tasks(plan, len(shards), kind) if shards else None
     chunks: list[tuple[tuple[int, ...], int | None]]
     if pulling is None:
         chunks = [(tuple(shards[i : i + max_array_size]), None) for i in range(0, len(shards), max_array_size)]
@@ -313,7 +372,56 @@ def plan_arrays(
                 )
             )
             previous[c] = index
-    return tuple(arrays)
+    if not staged:
+        return tuple(arrays)
+    return _with_cpu_stage(plan, layout, arrays, cpu_only, max_array_size, kind=kind, stamp=stamp)
+
+
+def _with_cpu_stage(
+    plan: Plan,
+    layout: RunLayout,
+    gpu: Sequence[PlannedArray],
+    cpu_only: Sequence[int],
+    max_array_size: int,
+    *,
+    kind: SubmissionKind,
+    stamp: str,
+) -> tuple[PlannedArray, ...]:
+    """``gpu`` (GPU-stage arrays), each followed by its CPU-stage array; first the CPU-stage arrays of
+    ``cpu_only`` (shards whose GPU stage is done)."""
+    out: list[PlannedArray] = []
+
+    def cpu_array(shards: tuple[int, ...], tasks: int, array_kind: SubmissionKind, after: tuple[int, ...]) -> int:
+        index = len(out)
+        out.append(
+            PlannedArray(
+                index=index,
+                kind=array_kind,
+                shards=shards,
+                tasks=tasks,
+                array=array_spec(tasks, plan.max_concurrent),
+                script=str(layout.array_script(stamp, index)),
+                stage=1,
+                after_any=after,
+            )
+        )
+        return index
+
+    for start in range(0, len(cpu_only), max_array_size):
+        part = tuple(cpu_only[start : start + max_array_size])
+        cpu_array(part, min(len(part), plan.allocations or len(part)), kind, ())
+    moved: dict[int, int] = {}
+    last_cpu: dict[tuple[int, ...], int] = {}
+    for array in gpu:
+        index = len(out)
+        moved[array.index] = index
+        after = None if array.after is None else moved[array.after]
+        script = str(layout.array_script(stamp, index))
+        out.append(msgspec.structs.replace(array, index=index, after=after, script=script, stage=0))
+        previous = last_cpu.get(array.shards)
+        depends = (index,) if previous is None else (index, previous)
+        last_cpu[array.shards] = cpu_array(array.shards, array_tasks(array), array.kind, depends)
+    return tuple(out)
 
 
 def plural(value: int, word: str) -> str:
@@ -380,13 +488,14 @@ def plan_submission(
     *,
     kind: SubmissionKind = "initial",
     stamp: str,
+    gpu_done: Collection[int] = (),
 ) -> SubmissionPlan:
     """The arrays that submit ``shards`` and the limits they fit in; :class:`SubmitError` with the numbers when
     they do not. The one function behind ``submit``, ``submit --dry-run`` and ``retry``."""
-    arrays = plan_arrays(plan, layout, shards, limits.max_array_size, kind=kind, stamp=stamp)
+    arrays = plan_arrays(plan, layout, shards, limits.max_array_size, kind=kind, stamp=stamp, gpu_done=gpu_done)
     tasks = sum(array_tasks(a) for a in arrays)
     if kind == "initial":
-        factor = 1 + plan.retries
+        factor = (1 + plan.retries) * (2 if plan.stages else 1)
         unit = "shard" if plan.allocations is None else "allocation"
         jobs = len(shards) if plan.allocations is None else plan.allocations
         what = (
@@ -394,6 +503,8 @@ def plan_submission(
             if plan.retries
             else f"{plural(jobs, unit)} = {plural(tasks, 'array task')}"
         )
+        if plan.stages:
+            what += " (GPU and CPU stage)"
         _, over = limit_checks(tasks, limits)
         room = min((c.usable for c in over), default=0) // factor
         fit = f" (at most {room:,} {unit}s fit" + (f" with retries {plan.retries})" if plan.retries else ")")
@@ -461,6 +572,8 @@ def _array_line(array: PlannedArray, job: str | None) -> str:
     what = {"initial": "", "retry": "retry", "auto-retry": "automatic retry"}[array.kind]
     head = f"array job {job}: " if job else ""
     tasks = plural(array_tasks(array), "task" if array.tasks is None else "pulling allocation")
+    if array.stage is not None:
+        what = ", ".join(w for w in (what, "CPU stage" if array.stage == 1 else "GPU stage") if w)
     return f"{head}shards {compact_ranges(array.shards)} ({tasks}{', ' if what else ''}{what})"
 
 
@@ -505,9 +618,11 @@ def submit_arrays(
             if os.path.lexists(layout.cancelled):
                 raise LauncherError("the run was cancelled (ddslurm cancel) while it was being submitted")
             after = None if array.after is None else ids.get(array.after)
-            if array.after is not None and after is None:
-                raise LauncherError(f"array {array.after} of the plan, which array {array.index} follows, has no job")
-            job_id = _sbatch(layout, plan, array, slurm, env, now, after=after, planned=planned)
+            for follows in (array.after, *array.after_any):
+                if follows is not None and follows not in ids:
+                    raise LauncherError(f"array {follows} of the plan, which array {array.index} follows, has no job")
+            after_any = tuple(ids[i] for i in array.after_any)
+            job_id = _sbatch(layout, plan, array, slurm, env, now, after=after, after_any=after_any, planned=planned)
         except (LauncherError, OSError, KeyboardInterrupt) as exc:
             raise PartialSubmitError(
                 layout,
@@ -544,6 +659,7 @@ def submit_shards(
     now: datetime,
     *,
     kind: SubmissionKind = "initial",
+    gpu_done: Collection[int] = (),
 ) -> list[str]:
     """Submit ``shards`` of a written run directory as arrays no larger than the cluster's MaxArraySize (for
     the initial submission, each followed by the plan's automatic retry arrays), after checking that they fit
@@ -552,7 +668,9 @@ def submit_shards(
     ``--export=ALL`` from that environment). The initial submission writes its plan first (``submit-plan.json``).
     Returns the array ids."""
     check_environment(plan, env)
-    planned = plan_submission(plan, layout, shards, read_limits(slurm, plan), kind=kind, stamp=new_stamp(now))
+    planned = plan_submission(
+        plan, layout, shards, read_limits(slurm, plan), kind=kind, stamp=new_stamp(now), gpu_done=gpu_done
+    )
     with submit_lock(layout):
         if kind == "initial" and not publish_once(layout.submit_plan, encode_pretty(planned.record(now))):
             raise LauncherError(f"run {layout.run_id} was submitted already ({layout.submit_plan} exists)")
@@ -581,10 +699,13 @@ def _sbatch(
     now: datetime,
     *,
     after: str | None,
+    after_any: tuple[str, ...] = (),
     planned: bool,
 ) -> str:
     shards = list(array.shards)
-    script = render_generation(plan, layout, shards, after_failure_of=after, tasks=array.tasks)
+    script = render_generation(
+        plan, layout, shards, after_failure_of=after, tasks=array.tasks, stage=array.stage, after_any=after_any
+    )
     script_path = Path(array.script)
     atomic_write(script_path, script.encode(), mode=0o700)
     if not layout.script.exists():
@@ -599,6 +720,8 @@ def _sbatch(
         kind=array.kind,
         after=after,
         plan_index=array.index if planned else None,
+        stage=array.stage,
+        after_any=after_any,
     )
     try:
         published = publish_once(layout.submissions / f"{job_id}.json", encode(record))

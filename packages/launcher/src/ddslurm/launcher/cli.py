@@ -351,7 +351,7 @@ def _dry_run(session: Session, run_file: Path, profile: Path) -> int:
         limits = SchedulerLimits(1001, notes=(f"scheduler limits not read ({exc}); arrays assume MaxArraySize 1001",))
     planned = plan_submission(plan, layout, [s.index for s in plan.shards], limits, stamp=new_stamp(now))
     first = planned.arrays[0]
-    script = render_generation(plan, layout, list(first.shards), tasks=first.tasks)
+    script = render_generation(plan, layout, list(first.shards), tasks=first.tasks, stage=first.stage)
     snapshot = msgspec.json.decode(prepared.snapshot_bytes, type=ProviderSnapshot)
     bill = make_bill(plan, planned.arrays, prepared.aliases, snapshot)
     if session.json:

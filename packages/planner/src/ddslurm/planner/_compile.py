@@ -20,6 +20,7 @@ from ddslurm.config import (
     RunLayout,
     SeedPlan,
     ServingPlan,
+    StagePlan,
 )
 from ddslurm.planner._shards import SeedPool, plan_shards
 from ddslurm.planner.errors import PlanError
@@ -67,6 +68,10 @@ class PlanInputs:
     """The recipe's seed dataset as captured into the run's inputs (its rows decide the shards' seed blocks)."""
     recipe_source: RecipeSource | None = None
     """The builder script the recipe was made from, when it was made by one (provenance)."""
+    stages: tuple[StagePlan, ...] = ()
+    """The recipe's GPU and CPU stages (the launcher splits the recipe); empty: one stage."""
+    stage_reason: str | None = None
+    column_order: tuple[str, ...] | None = None
 
 
 _MEM = re.compile(r"^(?P<n>\d+(?:\.\d+)?)(?P<unit>[KMGT]?)B?$", re.IGNORECASE)
@@ -279,18 +284,8 @@ def compile_plan(inputs: PlanInputs) -> Plan:
             extra_sbatch=(*profile.extra_sbatch, *sub.extra_sbatch),
         )
     else:
-        generation = Resources(
-            partition=sub.partition or profile.cpu_partition or profile.partition,
-            account=sub.account or profile.account,
-            qos=sub.qos,
-            time_minutes=parse_time_limit(sub.time_limit, "submission.time_limit"),
-            cpus_per_task=sub.cpus,
-            memory=sub.memory,
-            gres="none",
-            constraint=sub.constraint,
-            reservation=sub.reservation,
-            extra_sbatch=(*profile.extra_sbatch, *sub.extra_sbatch),
-        )
+        generation = _cpu_resources(run, profile)
+    stages = inputs.stages if serving is not None and run.stages == "auto" and len(inputs.stages) > 1 else ()
     for field, value in (("submission.memory", sub.memory), ("collection.memory", run.collection.memory)):
         if value is not None:
             parse_memory_mb(value, field)
@@ -350,7 +345,38 @@ def compile_plan(inputs: PlanInputs) -> Plan:
         serving=serving,
         max_empty_outputs=run.max_empty_outputs,
         server_secret_env=tuple(sorted({name for dep in run.deployments for name in dep.server.env_from})),
+        stages=stages,
+        stage_reason=_stage_reason(run, serving, inputs),
+        cpu_stage=_cpu_resources(run, profile, cpu_partition_only=True) if stages else None,
+        column_order=inputs.column_order,
     )
+
+
+def _cpu_resources(run: RunFile, profile: ClusterProfile, *, cpu_partition_only: bool = False) -> Resources:
+    """A CPU-only allocation: a hosted-only run's generation, or a two-stage run's CPU stage (always on the
+    profile's CPU partition, whatever ``submission.partition`` names for the GPU stage)."""
+    sub = run.submission
+    partition = profile.cpu_partition or profile.partition if cpu_partition_only else None
+    return Resources(
+        partition=partition or sub.partition or profile.cpu_partition or profile.partition,
+        account=sub.account or profile.account,
+        qos=sub.qos,
+        time_minutes=parse_time_limit(sub.time_limit, "submission.time_limit"),
+        cpus_per_task=sub.cpus,
+        memory=sub.memory,
+        gres="none",
+        constraint=None if cpu_partition_only else sub.constraint,
+        reservation=sub.reservation,
+        extra_sbatch=(*profile.extra_sbatch, *sub.extra_sbatch),
+    )
+
+
+def _stage_reason(run: RunFile, serving: ServingPlan | None, inputs: PlanInputs) -> str | None:
+    if serving is None:
+        return None
+    if run.stages == "single":
+        return "single stage: the run file says stages: single"
+    return inputs.stage_reason
 
 
 def hosted_key_names(snapshot: ProviderSnapshot) -> tuple[str, ...]:

@@ -13,7 +13,7 @@ from ddslurm.runtime._engine import (
     seed_reader,
     sized_parallel_requests,
 )
-from ddslurm.runtime._stages import Stage, StageKind, StageSplit, final_columns, split_stages, stage_recipe
+from ddslurm.runtime._stages import Stage, StageKind, StageSplit, final_columns, plan_split, split_stages, stage_recipe
 from ddslurm.runtime._verify import make_private, scan_for_secrets, verify_dataset
 from ddslurm.runtime.errors import (
     EngineError,
@@ -46,6 +46,7 @@ __all__ = [
     "make_private",
     "parallel_requests",
     "partition_seed",
+    "plan_split",
     "recipe_with_models",
     "seed_reader",
     "split_stages",

@@ -11,20 +11,23 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Literal
 
 import msgspec
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ddslurm.config import (
     AttemptLayout,
     AttemptRecord,
+    AttemptState,
     FreshRecord,
     Plan,
     Progress,
     ProviderSnapshot,
     RunLayout,
     SeedPlan,
+    ShardLayout,
     SubmissionRecord,
     WinnerRecord,
     atomic_write,
@@ -50,6 +53,8 @@ from ddslurm.runtime._engine import (
     sized_parallel_requests,
 )
 from ddslurm.runtime._fill import fill_recipe, missing_rows, observed_keys, row_keys
+from ddslurm.runtime._stage_seed import read_stage_winner, write_stage_seed
+from ddslurm.runtime._stages import plan_split, stage_recipe
 from ddslurm.runtime._verify import (
     FILL_DIR,
     llm_columns,
@@ -143,6 +148,16 @@ class Began:
     record: AttemptRecord
 
 
+@dataclass(frozen=True, slots=True)
+class StageRun:
+    """What one attempt's Data Designer runs: the stage's recipe for the shard, and where a fill finds the shard's
+    seed rows (None: the recipe has no seed dataset)."""
+
+    recipe: Mapping[str, Any]
+    seed_block: Callable[[], pa.Table] | None
+    sampling: Literal["ordered", "shuffle"] = "ordered"
+
+
 def exit_code_for(record: AttemptRecord) -> int:
     return {"succeeded": EXIT_OK, "superseded": EXIT_OK, "partial": EXIT_PARTIAL}.get(record.state, EXIT_FAILED)
 
@@ -163,8 +178,10 @@ class AttemptRunner:
         make_logger: Callable[[IO[bytes]], Any],
         clock: Clock = utc_now,
         read_seed: SeedReader = read_seed_block,
+        stage: int | None = None,
     ) -> None:
         self._layout = layout
+        self._stage = stage
         self._engine = engine
         self._read_seed = read_seed
         self._env = env
@@ -174,6 +191,18 @@ class AttemptRunner:
 
     def _now(self) -> str:
         return self._clock().isoformat()
+
+    @property
+    def stage(self) -> int | None:
+        """The stage of a two-stage run this runner generates (0: the GPU stage, 1: the CPU stage); None: the
+        run has one stage."""
+        return self._stage
+
+    def _shard(self, index: int) -> ShardLayout:
+        """Where this runner's attempts, claims and winner of shard ``index`` live: the GPU stage's in the shard's
+        ``stage-0/``, the last (or only) stage's in the shard's own directory."""
+        shard = self._layout.shard(index)
+        return shard.stage(0) if self._stage == 0 else shard
 
     def _require_scratch(self) -> Path:
         if self._scratch_home is None:
@@ -200,7 +229,7 @@ class AttemptRunner:
         if not 0 <= shard_index < len(plan.shards):
             raise InputsError(f"shard {shard_index} does not exist; the plan has {len(plan.shards)} shard(s)")
         spec = plan.shards[shard_index]
-        shard = self._layout.shard(shard_index)
+        shard = self._shard(shard_index)
         attempt_id = attempt_id_for(job_id, restart)
         make_private_dir(shard.attempts, exist_ok=True)
         attempt = shard.attempt(attempt_id)
@@ -216,42 +245,51 @@ class AttemptRunner:
             slurm_log=slurm_log,
             allocation=allocation,
         )
+        first: WinnerRecord | None = None
+        if self._stage == 1:
+            first = self._stage_winner(shard_index)
+            if first is not None:
+                record = msgspec.structs.replace(record, requested_rows=first.rows)
         if os.path.lexists(self._layout.cancelled):
             # `ddslurm cancel` writes this before it asks Slurm to cancel the run's arrays: an array that starts
             # anyway (a dependency met by the cancelled tasks, a race with scancel) does no work.
-            self._write(
-                attempt,
-                msgspec.structs.replace(
-                    record,
-                    state="cancelled",
-                    ended_at=self._now(),
-                    reason="run_cancelled",
-                    message=f"the run was cancelled (ddslurm cancel; {self._layout.cancelled}); nothing generated",
-                ),
-            )
-            return None
-        if shard.winner.exists():
-            self._write(
-                attempt,
-                msgspec.structs.replace(record, state="superseded", ended_at=self._now(), reason="winner_exists"),
-            )
-            return None
+            message = f"the run was cancelled (ddslurm cancel; {self._layout.cancelled}); nothing generated"
+            return self._not_begun(attempt, record, "cancelled", reason="run_cancelled", message=message)
+        if shard.winner.exists() or (self._stage == 0 and self._layout.shard(shard_index).winner.exists()):
+            return self._not_begun(attempt, record, "superseded", reason="winner_exists")
+        if self._stage == 1 and first is None:
+            message = "the shard's GPU stage has no result (shards/shard-N/stage-0/winner.json); nothing generated"
+            return self._not_begun(attempt, record, "failed", reason="stage_missing", message=message)
         repeated = self._repeated_failure(shard_index, attempt_id)
         if repeated is not None:
-            self._write(
-                attempt,
-                msgspec.structs.replace(
-                    record,
-                    state="failed",
-                    ended_at=self._now(),
-                    reason="not_retried",
-                    message=f"{repeated.attempt} failed with {repeated.reason}, which every attempt of this run "
-                    f"would repeat; nothing generated ({repeated.message or ''})",
-                ),
+            message = (
+                f"{repeated.attempt} failed with {repeated.reason}, which every attempt of this run "
+                f"would repeat; nothing generated ({repeated.message or ''})"
             )
-            return None
+            return self._not_begun(attempt, record, "failed", reason="not_retried", message=message)
         self._write(attempt, record)
-        return Began(shard_index, spec.num_records, attempt, record)
+        return Began(shard_index, record.requested_rows or spec.num_records, attempt, record)
+
+    def _not_begun(
+        self,
+        attempt: AttemptLayout,
+        record: AttemptRecord,
+        state: AttemptState,
+        *,
+        reason: str,
+        message: str | None = None,
+    ) -> Began | None:
+        """Record an attempt that ends before it generates anything (None: nothing to run)."""
+        ended = msgspec.structs.replace(record, state=state, ended_at=self._now(), reason=reason, message=message)
+        self._write(attempt, ended)
+        return None
+
+    def _stage_winner(self, shard_index: int) -> WinnerRecord | None:
+        """The shard's GPU-stage winner (``stage-0/winner.json``), or None while it has none."""
+        path = self._layout.shard(shard_index).stage(0).winner
+        if not path.is_file():
+            return None
+        return read_json(path, WinnerRecord)
 
     def _repeated_failure(self, shard_index: int, attempt_id: str) -> AttemptRecord | None:
         """For a task of an automatic retry array: the shard's latest ended attempt, when it failed in a way
@@ -266,7 +304,7 @@ class AttemptRunner:
         except Exception:
             return None
         ended: list[AttemptRecord] = []
-        for path in self._layout.shard(shard_index).attempts.glob("attempt-*/attempt.json"):
+        for path in self._shard(shard_index).attempts.glob("attempt-*/attempt.json"):
             if path.parent.name == attempt_id:
                 continue
             try:
@@ -282,7 +320,7 @@ class AttemptRunner:
 
     def resume(self, shard_index: int, attempt_id: str) -> Began:
         """The attempt a controller began, for the client step that runs the engine."""
-        attempt = self._layout.shard(shard_index).attempt(attempt_id)
+        attempt = self._shard(shard_index).attempt(attempt_id)
         record = read_json(attempt.record, AttemptRecord)
         return Began(shard_index, record.requested_rows or 0, attempt, record)
 
@@ -357,11 +395,12 @@ class AttemptRunner:
         dataset_name = f"shard-{shard_index:05d}"
         target = attempt.output / dataset_name
         resume = self._prepare_output(plan, shard_index, began, target, resume_own, log)
+        stage = self.stage_run(inputs, began)
         record = read_json(attempt.record, AttemptRecord)
         record = msgspec.structs.replace(record, client_runs=record.client_runs + 1)
         self._write(attempt, record)
 
-        cells = CellProgress(len(llm_columns(inputs.recipe)), min(plan.buffer_size, num_records), clock=time.monotonic)
+        cells = CellProgress(len(llm_columns(stage.recipe)), min(plan.buffer_size, num_records), clock=time.monotonic)
         if target.is_dir():  # resuming: the batches already on disk count from the start
             cells.batch_done(*_rows_on_disk(target))
 
@@ -381,7 +420,7 @@ class AttemptRunner:
 
         result = self._engine(
             EngineRequest(
-                recipe=partition_seed(inputs.recipe, plan.shards[shard_index]),
+                recipe=stage.recipe,
                 snapshot=inputs.snapshot,
                 endpoints=endpoints,
                 artifact_path=attempt.output,
@@ -397,9 +436,9 @@ class AttemptRunner:
         )
         if result.dataset_dir != target:
             raise VerificationError(f"Data Designer wrote {result.dataset_dir}, not the attempt's {target}")
-        self._fill(inputs, began, target, result.rows, endpoints, log)
+        self._fill(inputs, began, stage, target, result.rows, endpoints, log)
         rows, files = verify_dataset(result.dataset_dir, result.rows + rows_in(target / FILL_DIR))
-        reject_empty_outputs(result.dataset_dir, inputs.recipe, plan.max_empty_outputs, rows)
+        reject_empty_outputs(result.dataset_dir, stage.recipe, plan.max_empty_outputs, rows)
         scanned = (n for n in plan.secret_env if n not in plan.secret_env_unscanned)  # placeholders: not secrets
         leaks = scan_for_secrets(attempt.dir, (self._env.get(n, "") for n in scanned))
         if leaks:
@@ -430,7 +469,7 @@ class AttemptRunner:
             )
             log.warning("attempt.partial", rows=rows, requested=num_records)
             return EXIT_PARTIAL
-        if publish_once(self._layout.shard(shard_index).winner, encode(winner)):
+        if publish_once(self._shard(shard_index).winner, encode(winner)):
             self._write(attempt, msgspec.structs.replace(record, state="succeeded", ended_at=self._now(), rows=rows))
             log.info("attempt.published", rows=rows, files=len(files))
         else:
@@ -443,8 +482,35 @@ class AttemptRunner:
             log.info("attempt.superseded", why="another attempt published first", rows=rows)
         return EXIT_OK
 
+    def stage_run(self, inputs: Inputs, began: Began) -> StageRun:
+        """The recipe this attempt runs and its seed rows: the whole recipe (one stage) or the GPU stage's, each
+        on the shard's seed block; or the CPU stage's, reading the shard's GPU-stage winner (verified, written to
+        ``stage-seed.parquet`` in the attempt) in order, each of its rows used once."""
+        plan, spec = inputs.plan, inputs.plan.shards[began.shard]
+        if self._stage == 1:
+            first = self._stage_winner(began.shard)
+            if first is None:
+                raise InputsError(f"shard {began.shard}: the GPU stage has no result to read")
+            table = read_stage_winner(first)
+            seed_path = write_stage_seed(table, began.layout.dir)
+            split = plan_split(plan.stages, plan.stage_reason)
+            return StageRun(stage_recipe(inputs.recipe, split, 1, seed_path=str(seed_path)), lambda: table)
+        base = inputs.recipe if self._stage is None else stage_recipe(inputs.recipe, plan_split(plan.stages), 0)
+        recipe = partition_seed(base, spec)
+        start, end = spec.seed_start, spec.seed_end
+        if plan.seed is None or start is None or end is None:
+            return StageRun(recipe, None)
+        return StageRun(recipe, lambda: self._read_seed(recipe, start, end), plan.seed.sampling)
+
     def _fill(
-        self, inputs: Inputs, began: Began, target: Path, dd_rows: int, endpoints: Mapping[str, str], log: Any
+        self,
+        inputs: Inputs,
+        began: Began,
+        stage: StageRun,
+        target: Path,
+        dd_rows: int,
+        endpoints: Mapping[str, str],
+        log: Any,
     ) -> int:
         """Generate again exactly the records the shard's dataset is missing (Data Designer dropped them and
         counts the dataset complete); the new batches go to ``fill-files/``. Returns the rows added.
@@ -452,26 +518,28 @@ class AttemptRunner:
         Once per generation step: what is still missing afterwards leaves the attempt partial, and the next
         rerun or ``ddslurm retry`` (which resumes from this dataset) fills again.
         """
-        plan, spec = inputs.plan, inputs.plan.shards[began.shard]
+        plan = inputs.plan
         fill_dir = target / FILL_DIR
         missing = began.num_records - dd_rows - rows_in(fill_dir)
         if missing <= 0:
             return 0
         number = len(list(fill_dir.glob("fill_*.parquet"))) if fill_dir.is_dir() else 0
         name = f"fill-{number:05d}-{secrets.token_hex(3)}"
-        recipe = partition_seed(inputs.recipe, spec)
+        recipe = stage.recipe
         seed_file: Path | None = None
-        if plan.seed is not None and spec.seed_start is not None and spec.seed_end is not None:
+        if stage.seed_block is not None:
             try:
-                block = self._read_seed(recipe, spec.seed_start, spec.seed_end)
+                block = stage.seed_block()
             except Exception as exc:
                 log.warning("fill.skipped", why=f"cannot read the shard's seed rows: {exc}", missing=missing)
                 return 0
             columns = list(block.column_names)
-            observed = observed_keys(parquet_files(target), columns)
+            if self._stage == 1:
+                columns = _comparable_columns(block, parquet_files(target))
+            observed = observed_keys(parquet_files(target), columns) if columns else None
             chosen = None
             if observed is not None:
-                chosen = missing_rows(row_keys(block, columns), observed, began.num_records, plan.seed.sampling)
+                chosen = missing_rows(row_keys(block, columns), observed, began.num_records, stage.sampling)
             if chosen is None or len(chosen) != missing:
                 log.warning("fill.skipped", why="cannot tell which seed rows the dropped records used", missing=missing)
                 return 0
@@ -548,7 +616,7 @@ class AttemptRunner:
     def _resume_source(self, shard_index: int, attempt_id: str) -> Path | None:
         """The earlier attempt dataset of this shard with the most completed rows (and a metadata file)."""
         best: tuple[int, Path] | None = None
-        shard = self._layout.shard(shard_index)
+        shard = self._shard(shard_index)
         excluded: set[str] = set()
         if shard.fresh.is_file():  # `ddslurm retry --fresh`: these attempts' batches are never continued
             excluded = set(read_json(shard.fresh, FreshRecord).excluded)
@@ -562,6 +630,19 @@ class AttemptRunner:
             if rows and (best is None or rows > best[0]):
                 best = (rows, dataset)
         return best[1] if best else None
+
+
+def _comparable_columns(block: pa.Table, files: list[Path]) -> list[str]:
+    """The CPU stage's seed columns (the GPU stage's output) that its output holds unchanged: strings and integers
+    (nested values may come back from Parquet and DuckDB with other keys), in every output file."""
+    names = set(block.column_names)
+    for f in files:
+        names &= set(pq.read_schema(f).names)
+    return [
+        field.name
+        for field in block.schema
+        if field.name in names and (pa.types.is_string(field.type) or pa.types.is_integer(field.type))
+    ]
 
 
 class CellProgress:

@@ -176,7 +176,11 @@ class ClaimPool:
     """A pulling allocation's shards: each shard of ``pool`` without a winner, claimed without replacing
     (``shards/shard-N/claims/<array>.json``), so every shard is run by exactly one allocation of the array
     whatever the races and kills. A requeued allocation (same job id) takes its own claims again. Shards whose
-    cancel record exists (``ddslurm cancel --shards``) are not claimed; a cancelled run stops the pulling."""
+    cancel record exists (``ddslurm cancel --shards``) are not claimed; a cancelled run stops the pulling.
+
+    In a two-stage run ``stage`` 0 (the GPU stage) claims in the shard's ``stage-0/`` and skips shards with a
+    GPU-stage or a final winner; ``stage`` 1 (the CPU stage) claims only shards that have a GPU-stage winner and
+    no final winner."""
 
     pulling = True
 
@@ -190,18 +194,25 @@ class ClaimPool:
         job_id: str,
         node: str,
         clock: Callable[[], str],
+        stage: int | None = None,
     ) -> None:
         self._layout = layout
+        self._stage = stage
         self._pool = list(pool)
         self._array, self._task, self._job, self._node = array_job_id, task, job_id, node
         self._clock = clock
 
     def next(self) -> int | None:
         while self._pool:
-            shard = self._layout.shard(self._pool.pop(0))
+            top = self._layout.shard(self._pool.pop(0))
             if os.path.lexists(self._layout.cancelled):
                 return None
-            if shard.winner.exists() or os.path.lexists(shard.cancelled):
+            if top.winner.exists() or os.path.lexists(top.cancelled):
+                continue
+            if self._stage == 1 and not top.stage(0).winner.exists():
+                continue  # its GPU stage has no result (yet): nothing to run here
+            shard = top.stage(0) if self._stage == 0 else top
+            if shard.winner.exists():
                 continue
             claim = ClaimRecord(
                 shard=shard.index,
@@ -655,6 +666,8 @@ class Controller:
             argv = (*argv, "--wait-endpoints", str(_endpoints_wait(inputs)))
         if resume:
             argv = (*argv, "--resume")
+        if self._runner.stage is not None:
+            argv = (*argv, "--stage", str(self._runner.stage))
         spec = StepSpec(
             name="client" if self._serving_dir == began.layout.dir else f"client-{began.shard}",
             argv=argv,
@@ -829,6 +842,6 @@ def _provider_endpoints(inputs: Inputs, alias_urls: Mapping[str, str]) -> dict[s
         if model.provider in local and model.alias in alias_urls:
             out[model.provider] = f"{alias_urls[model.alias]}/v1"
     missing = local - set(out)
-    if missing:
+    if missing and inputs.plan.serving is not None:  # a CPU stage runs no servers and uses no local model
         raise RuntimeFailure(f"no endpoint was started for local provider(s) {sorted(missing)}")
     return out

@@ -408,3 +408,12 @@ def final_columns(recipe: Mapping[str, Any], seed_columns: Sequence[str]) -> tup
             for pattern in p.get("column_names") or []:
                 dropped.update(fnmatch.filter(names, pattern) if "*" in pattern else [pattern])
     return tuple(n for n in names if n not in dropped)
+
+
+def plan_split(stages: Sequence[Any], reason: str | None = None) -> StageSplit:
+    """The split a plan records (its ``stages``: ``StagePlan`` entries, each with kind, columns and keep) as a
+    :class:`StageSplit`; the node rebuilds it from the plan and never splits the recipe again."""
+    return StageSplit(
+        stages=tuple(Stage(kind=st.kind, columns=tuple(st.columns), keep=tuple(st.keep)) for st in stages),
+        reason=reason or "",
+    )

@@ -1,10 +1,12 @@
 """``ddslurm-runtime``: what runs on compute nodes. Reads only the run directory's plan and snapshot.
 
-    ddslurm-runtime generate --run-dir DIR [--shard N | --pool 0-9] [--job-id ID] [--launcher auto|srun|local]
+    ddslurm-runtime generate --run-dir DIR [--shard N | --pool 0-9] [--stage 0|1] [--job-id ID]
+                             [--launcher auto|srun|local]
         the array task: begin the attempt, start model servers and proxies as steps, run the client step,
         watch, tear everything down; with --pool, a pulling allocation: servers started once, shards of the pool
-        claimed and generated (client_workers at a time) until none is left
-    ddslurm-runtime client --run-dir DIR --shard N --attempt ID --endpoints FILE [--wait-endpoints S]
+        claimed and generated (client_workers at a time) until none is left. --stage: a two-stage run's GPU
+        stage (0) or CPU stage (1: a pulling allocation without servers over shards whose GPU stage is done)
+    ddslurm-runtime client --run-dir DIR --shard N --attempt ID --endpoints FILE [--wait-endpoints S] [--stage K]
         the Data Designer step (the only one that sees API keys)
     ddslurm-runtime proxy --listen HOST:PORT --upstream URL [--upstream URL ...]
         one endpoint in front of several replicas of a model
@@ -145,8 +147,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
     except RuntimeFailure as exc:
         print(f"ddslurm-runtime: {exc.reason}: {exc.message}", file=sys.stderr)
         return EXIT_FAILED
+    try:
+        inputs = stage_inputs(inputs, args.stage)
+    except ValueError as exc:
+        print(f"ddslurm-runtime: --stage: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.stage == 1 and args.pool is None:
+        print("ddslurm-runtime: --stage 1 runs pulling allocations only (--pool)", file=sys.stderr)
+        return EXIT_USAGE
     make_logger = _logger_factory(layout, "controller")
-    runner = AttemptRunner(layout, engine=run_engine, env=env, make_logger=make_logger)
+    runner = AttemptRunner(layout, engine=run_engine, env=env, make_logger=make_logger, stage=args.stage)
     with httpx.Client(timeout=5.0) as http:
         controller = Controller(
             runner,
@@ -162,11 +172,30 @@ def cmd_generate(args: argparse.Namespace) -> int:
             unhealthy_limit=args.unhealthy_limit,
         )
         restart = env.get("SLURM_RESTART_COUNT", "0")
-        source: ShardSource | int = shard if args.pool is None else _pool(layout, args.pool, job_id, node, env)
+        source: ShardSource | int = (
+            shard if args.pool is None else _pool(layout, args.pool, job_id, node, env, args.stage)
+        )
         return controller.run(inputs, source, job_id, node, int(restart) if restart.isdigit() else 0)
 
 
-def _pool(layout: RunLayout, spec: str, job_id: str, node: str, env: Mapping[str, str]) -> ClaimPool:
+def stage_inputs(inputs: Inputs, stage: int | None) -> Inputs:
+    """The inputs as a stage of a two-stage run sees them: the CPU stage (1) runs no model server, one client step
+    per allocation with its CPUs. ValueError for a stage the plan does not have."""
+    plan = inputs.plan
+    if stage is None:
+        return inputs
+    if len(plan.stages) < 2 or stage not in (0, 1):
+        raise ValueError(f"stage {stage} does not exist: the run has {max(1, len(plan.stages))} stage(s)")
+    if stage == 0:
+        return inputs
+    cpus = plan.cpu_stage.cpus_per_task if plan.cpu_stage is not None else plan.client_cpus
+    cpu_plan = msgspec.structs.replace(plan, serving=None, client_workers=1, client_cpus=cpus)
+    return dataclasses.replace(inputs, plan=cpu_plan)
+
+
+def _pool(
+    layout: RunLayout, spec: str, job_id: str, node: str, env: Mapping[str, str], stage: int | None = None
+) -> ClaimPool:
     try:
         shards = parse_pool(spec)
     except ValueError as exc:
@@ -180,6 +209,7 @@ def _pool(layout: RunLayout, spec: str, job_id: str, node: str, env: Mapping[str
         job_id=job_id,
         node=node,
         clock=lambda: datetime.now(UTC).isoformat(),
+        stage=stage,
     )
 
 
@@ -213,16 +243,20 @@ def cmd_client(args: argparse.Namespace) -> int:
             _await_endpoints(args.endpoints, args.wait_endpoints)
         endpoints = msgspec.json.decode(args.endpoints.read_bytes(), type=dict[str, str]) if args.endpoints else {}
         try:
-            inputs = client_inputs(load_inputs(layout))
+            inputs = client_inputs(stage_inputs(load_inputs(layout), args.stage))
         except RuntimeFailure as exc:
             print(f"ddslurm-runtime: {exc.reason}: {exc.message}", file=sys.stderr)
             return EXIT_FAILED
+        except ValueError as exc:
+            print(f"ddslurm-runtime: --stage: {exc}", file=sys.stderr)
+            return EXIT_USAGE
         runner = AttemptRunner(
             layout,
             engine=run_engine,
             env=os.environ,
             scratch_home=home,
             make_logger=_logger_factory(layout, "client"),
+            stage=args.stage,
         )
         began = runner.resume(args.shard, args.attempt)
         return runner.generate(inputs, began, endpoints, resume_own=args.resume)
@@ -251,6 +285,9 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--shard", type=int, default=None)
     gen.add_argument("--pool", default=None, help="a pulling allocation's shards, e.g. 0-9,12")
     gen.add_argument("--job-id", default=None)
+    gen.add_argument(
+        "--stage", type=int, choices=[0, 1], default=None, help="a two-stage run's GPU (0) or CPU (1) stage"
+    )
     gen.add_argument("--launcher", choices=["auto", "srun", "local"], default="auto")
     gen.add_argument("--grace", type=float, default=15.0, help="seconds between TERM and KILL at teardown")
     gen.add_argument("--health-interval", type=float, default=5.0, help="seconds between health checks")
@@ -264,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         "--wait-endpoints", type=float, default=None, help="seconds to wait for the endpoints file to appear"
     )
     client.add_argument("--resume", action="store_true", help="continue this attempt's own dataset (a rerun)")
+    client.add_argument("--stage", type=int, choices=[0, 1], default=None, help="a two-stage run's stage")
     sub.add_parser("proxy", help="balancing endpoint in front of several replicas", add_help=False)
     args, rest = parser.parse_known_args(argv)
     if args.command == "proxy":

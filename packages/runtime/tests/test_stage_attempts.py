@@ -1,0 +1,223 @@
+"""A two-stage run's attempts: the GPU stage in the shard's ``stage-0/``, the CPU stage reading the GPU stage's
+verified winner as its one seed file, claims per stage, and the stage recipes Data Designer gets."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from ddslurm.config import (
+    AttemptRecord,
+    ProviderSnapshot,
+    RunLayout,
+    SnapshotModel,
+    SnapshotProvider,
+    StagePlan,
+    WinnerRecord,
+    atomic_write,
+    encode,
+    encode_pretty,
+    read_json,
+    sha256_bytes,
+)
+from ddslurm.config.testing import make_plan
+from ddslurm.runtime import EXIT_FAILED, EXIT_OK, AttemptRunner, EngineRequest, EngineResult, Inputs, load_inputs
+from ddslurm.runtime._controller import ClaimPool
+from ddslurm.runtime._log import new_logger
+from ddslurm.runtime.cli import stage_inputs
+
+SECRET = "sk-stage-test-secret-value"
+RECIPE = (
+    b"data_designer:\n  columns:\n"
+    b"  - {name: topic, column_type: sampler, sampler_type: category, params: {sampler_type: category, values: [a]}}\n"
+    b"  - {name: draft, column_type: llm-text, model_alias: gen, prompt: 'Say {{ topic }}'}\n"
+    b"  - {name: q, column_type: llm-text, model_alias: writer, prompt: 'Improve {{ draft }}'}\n"
+    b"  model_configs: []\n"
+)
+STAGES = (StagePlan(kind="gpu", columns=("topic", "draft")), StagePlan(kind="cpu", columns=("q",)))
+
+
+def _run(tmp_path: Path, shard_records: tuple[int, ...] = (3, 3)) -> RunLayout:
+    layout = RunLayout(tmp_path / "run-1")
+    layout.inputs.mkdir(parents=True)
+    snapshot = ProviderSnapshot(
+        providers=(SnapshotProvider(name="p", endpoint="http://127.0.0.1:9/v1", api_key_env="T_KEY"),),
+        models=(SnapshotModel(alias="writer", model="m", provider="p"),),
+    )
+    snap = encode_pretty(snapshot)
+    atomic_write(layout.recipe, RECIPE)
+    atomic_write(layout.snapshot, snap)
+    plan = make_plan(
+        "run-1",
+        shard_records,
+        buffer_size=2,
+        recipe_file=str(layout.recipe),
+        recipe_sha256=sha256_bytes(RECIPE),
+        snapshot_file=str(layout.snapshot),
+        snapshot_sha256=sha256_bytes(snap),
+        secret_env=("T_KEY",),
+        stages=STAGES,
+        stage_reason="two stages",
+        client_workers=2,
+    )
+    atomic_write(layout.plan, encode(plan))
+    return layout
+
+
+class StageEngine:
+    """Writes one batch per request: the GPU stage's columns, or the seed file's rows with the CPU column added."""
+
+    def __init__(self, drop: int | None = None) -> None:
+        self.requests: list[EngineRequest] = []
+        self.drop = drop
+        """Row the first request's dataset lacks (Data Designer dropped the record)."""
+
+    def __call__(self, request: EngineRequest) -> EngineResult:
+        self.requests.append(request)
+        section = request.recipe["data_designer"]
+        names = [c["name"] for c in section["columns"]]
+        seed = section.get("seed_config")
+        if seed is None:
+            table = pa.table(
+                {"topic": ["a"] * request.num_records, "draft": [f"d{i}" for i in range(request.num_records)]}
+            )
+        else:
+            table = pq.read_table(seed["source"]["path"])
+            table = table.append_column("q", pa.array([f"better {d}" for d in table.column("draft").to_pylist()]))
+        assert all(n in table.column_names for n in names)
+        if self.drop is not None and len(self.requests) == 1:
+            table = pa.concat_tables([table.slice(0, self.drop), table.slice(self.drop + 1)])
+        dataset = request.artifact_path / request.dataset_name
+        (dataset / "parquet-files").mkdir(parents=True)
+        pq.write_table(table, dataset / "parquet-files" / "batch_00000.parquet")
+        (dataset / "metadata.json").write_text(json.dumps({"actual_num_records": table.num_rows}))
+        return EngineResult(dataset_dir=dataset, rows=table.num_rows, requested=request.num_records)
+
+
+def _runner(layout: RunLayout, engine: Any, stage: int | None) -> AttemptRunner:
+    return AttemptRunner(
+        layout,
+        engine=engine,
+        env={"T_KEY": SECRET},
+        scratch_home=layout.root / "dd",
+        make_logger=lambda stream: new_logger(stream, io.BytesIO()),
+        stage=stage,
+    )
+
+
+def test_the_gpu_stage_runs_its_columns_and_publishes_into_stage_0(tmp_path: Path) -> None:
+    layout = _run(tmp_path)
+    engine = StageEngine()
+    assert _runner(layout, engine, 0).run(load_inputs(layout), 0, "100", "n1") == EXIT_OK
+    section = engine.requests[0].recipe["data_designer"]
+    assert [c["name"] for c in section["columns"]] == ["topic", "draft"]
+    winner = read_json(layout.shard(0).stage(0).winner, WinnerRecord)
+    assert winner.rows == 3 and winner.attempt == "attempt-100"
+    assert (layout.shard(0).stage(0).attempts / "attempt-100" / "attempt.json").is_file()
+    assert not layout.shard(0).winner.exists() and not layout.shard(0).attempts.exists()
+
+
+def test_the_cpu_stage_reads_the_gpu_winner_once_and_publishes_the_final_winner(tmp_path: Path) -> None:
+    layout = _run(tmp_path)
+    inputs = load_inputs(layout)
+    _runner(layout, StageEngine(), 0).run(inputs, 1, "100", "n1")
+    engine = StageEngine()
+    assert _runner(layout, engine, 1).run(stage_inputs(inputs, 1), 1, "200", "n3") == EXIT_OK
+    request = engine.requests[0]
+    section = request.recipe["data_designer"]
+    assert [c["name"] for c in section["columns"]] == ["q"]
+    seed_file = layout.shard(1).attempt("attempt-200").dir / "stage-seed.parquet"
+    assert section["seed_config"]["source"]["path"] == str(seed_file)
+    assert section["seed_config"]["sampling_strategy"] == "ordered" and request.num_records == 3
+    assert pq.read_table(seed_file).column("draft").to_pylist() == ["d0", "d1", "d2"]
+    final = read_json(layout.shard(1).winner, WinnerRecord)
+    assert final.rows == 3 and final.attempt == "attempt-200"
+    out = pq.read_table(Path(final.dataset_dir) / final.files[0].path)
+    assert out.column("q").to_pylist() == ["better d0", "better d1", "better d2"]
+
+
+def test_the_cpu_stage_refuses_a_gpu_result_that_changed_since_it_was_published(tmp_path: Path) -> None:
+    layout = _run(tmp_path)
+    inputs = load_inputs(layout)
+    _runner(layout, StageEngine(), 0).run(inputs, 0, "100", "n1")
+    first = read_json(layout.shard(0).stage(0).winner, WinnerRecord)
+    pq.write_table(pa.table({"topic": ["a"], "draft": ["x"]}), Path(first.dataset_dir) / first.files[0].path)
+    assert _runner(layout, StageEngine(), 1).run(stage_inputs(inputs, 1), 0, "200", "n3") == EXIT_FAILED
+    record = read_json(layout.shard(0).attempt("attempt-200").record, AttemptRecord)
+    assert record.reason == "inputs_invalid" and "changed since it was published" in (record.message or "")
+    assert not layout.shard(0).winner.exists()
+
+
+def test_a_cpu_stage_attempt_without_a_gpu_result_generates_nothing(tmp_path: Path) -> None:
+    layout = _run(tmp_path)
+    engine = StageEngine()
+    assert _runner(layout, engine, 1).begin(load_inputs(layout), 0, "200", "n3") is None
+    record = read_json(layout.shard(0).attempt("attempt-200").record, AttemptRecord)
+    assert (record.state, record.reason) == ("failed", "stage_missing") and not engine.requests
+
+
+def test_a_gpu_stage_attempt_of_a_shard_with_a_final_winner_is_superseded(tmp_path: Path) -> None:
+    layout = _run(tmp_path)
+    inputs = load_inputs(layout)
+    _runner(layout, StageEngine(), 0).run(inputs, 0, "100", "n1")
+    _runner(layout, StageEngine(), 1).run(stage_inputs(inputs, 1), 0, "200", "n3")
+    assert _runner(layout, StageEngine(), 0).begin(inputs, 0, "300", "n1") is None
+    record = read_json(layout.shard(0).stage(0).attempt("attempt-300").record, AttemptRecord)
+    assert (record.state, record.reason) == ("superseded", "winner_exists")
+
+
+def test_the_cpu_stage_inputs_run_no_servers_one_client_per_allocation(tmp_path: Path) -> None:
+    inputs = load_inputs(_run(tmp_path))
+    cpu = stage_inputs(inputs, 1).plan
+    assert cpu.serving is None and cpu.client_workers == 1
+    assert stage_inputs(inputs, 0) is inputs and stage_inputs(inputs, None) is inputs
+    with pytest.raises(ValueError, match="stage 1 does not exist"):
+        stage_inputs(_one_stage(inputs), 1)
+
+
+def _one_stage(inputs: Inputs) -> Inputs:
+    return dataclasses.replace(inputs, plan=msgspec.structs.replace(inputs.plan, stages=()))
+
+
+def _pool(layout: RunLayout, stage: int, array: str) -> ClaimPool:
+    return ClaimPool(
+        layout, range(3), array_job_id=array, task=0, job_id=array, node="n1", clock=lambda: "-", stage=stage
+    )
+
+
+def test_claims_follow_the_stages(tmp_path: Path) -> None:
+    layout = _run(tmp_path, (2, 2, 2))
+    inputs = load_inputs(layout)
+    runner0 = _runner(layout, StageEngine(), 0)
+    runner0.run(inputs, 0, "100", "n1")
+    runner0.run(inputs, 1, "101", "n1")
+    _runner(layout, StageEngine(), 1).run(stage_inputs(inputs, 1), 0, "200", "n3")
+    # shard 0: both stages done; shard 1: GPU stage done; shard 2: nothing yet
+    gpu = _pool(layout, 0, "300")
+    assert [gpu.next(), gpu.next()] == [2, None]
+    assert (layout.shard(2).stage(0).claims / "300.json").is_file()
+    cpu = _pool(layout, 1, "400")
+    assert [cpu.next(), cpu.next()] == [1, None]
+    assert (layout.shard(1).claims / "400.json").is_file()
+
+
+def test_a_cpu_stage_fill_reads_exactly_the_gpu_rows_whose_records_were_dropped(tmp_path: Path) -> None:
+    layout = _run(tmp_path)
+    inputs = load_inputs(layout)
+    _runner(layout, StageEngine(), 0).run(inputs, 0, "100", "n1")
+    engine = StageEngine(drop=1)
+    assert _runner(layout, engine, 1).run(stage_inputs(inputs, 1), 0, "200", "n3") == EXIT_OK
+    fill = engine.requests[1]
+    fill_seed = pq.read_table(fill.recipe["data_designer"]["seed_config"]["source"]["path"])
+    assert fill.num_records == 1 and fill_seed.column("draft").to_pylist() == ["d1"]
+    final = read_json(layout.shard(0).winner, WinnerRecord)
+    rows = pa.concat_tables([pq.read_table(Path(final.dataset_dir) / f.path) for f in final.files])
+    assert final.rows == 3 and sorted(rows.column("q").to_pylist()) == ["better d0", "better d1", "better d2"]

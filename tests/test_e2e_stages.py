@@ -1,0 +1,203 @@
+"""``stages: auto`` on the real local Slurm cluster: the mixed example (local generator ``sql``, hosted judge
+``sql_quality``, expression ``sql_chars``) runs its GPU stage in GPU allocations and its CPU stage in CPU-only
+allocations after them, and collects the dataset a single-stage run of the same run file collects."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+
+from ddslurm.config import AttemptRecord, SubmissionRecord, WinnerRecord, read_json, read_plan
+
+pytestmark = [pytest.mark.slurm, pytest.mark.dd]
+
+REPO = Path(__file__).resolve().parents[1]
+MIXED_RECIPE = REPO / "examples" / "mixed" / "recipe.yaml"
+DDSLURM = str(Path(sys.executable).parent / "ddslurm")
+FAKE_VLLM = Path(sys.executable).parent / "fake-vllm"
+GENERATOR = (
+    "deployments:\n  - model_alias: generator\n    model: Qwen/Qwen3-8B\n    served_model_name: qwen3-8b\n"
+    "    server:\n      cpus: 1\n      startup_timeout: 120\n"
+    "      env: {FAKE_VLLM_LATENCY: '0.01', FAKE_VLLM_STARTUP_DELAY: '1'}\n"
+)
+SHARDS = 3
+RECORDS = 12
+
+
+def _cli(*args: str, env: dict[str, str], timeout: float = 600) -> Any:
+    done = subprocess.run([DDSLURM, *args], capture_output=True, text=True, env=env, timeout=timeout, check=False)
+    assert done.returncode == 0, f"{args}: rc={done.returncode}\n{done.stdout}\n{done.stderr[-3000:]}"
+    return json.loads(done.stdout)
+
+
+def _wrapper(tmp_path: Path, name: str) -> Path:
+    """`vllm` for the profile: the stand-in, each server process keeping its own request log."""
+    script = tmp_path / f"vllm-{name}"
+    script.write_text(
+        f'#!/bin/sh\nFAKE_VLLM_REQUEST_LOG="{tmp_path}/{name}-requests-$$.jsonl" exec "{FAKE_VLLM}" "$@"\n'
+    )
+    script.chmod(0o755)
+    return script
+
+
+def _run(files: Any) -> tuple[Path, Any]:
+    submitted = _cli("submit", str(files.run_file), "--profile", str(files.profile), "--json", env=files.env)
+    run_dir = Path(submitted["run_dir"])
+    final = _cli("wait", str(run_dir), "--json", env=files.env)
+    logs = "\n".join(p.read_text()[-2000:] for p in run_dir.glob("shards/*/**/client.out"))
+    assert final["state"] == "succeeded", f"{final}\n{logs}"
+    dataset = _cli("collect", str(run_dir), "--json", "--local", env=files.env)["dataset"]
+    return run_dir, pq.read_table(dataset)
+
+
+def _sacct(job: str, fields: str) -> list[list[str]]:
+    out = subprocess.run(
+        ["sacct", "-n", "-P", "-j", job, f"--format={fields}"], capture_output=True, text=True, check=True
+    ).stdout
+    return [line.split("|") for line in out.splitlines() if line]
+
+
+def _one_draw_recipe(tmp_path: Path) -> Path:
+    """The mixed example with one value for its ``difficulty`` sampler: the draws, and with them every prompt and
+    (the stand-ins reply as a function of the prompt) every generated value, are the same in every run."""
+    import yaml
+
+    folder = tmp_path / "recipe"
+    folder.mkdir()
+    recipe = yaml.safe_load(MIXED_RECIPE.read_text())
+    for column in recipe["data_designer"]["columns"]:
+        if column["name"] == "difficulty":
+            column["params"]["values"] = ["with a join"]
+    (folder / "recipe.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
+    for data in MIXED_RECIPE.parent.glob("*.csv"):
+        (folder / data.name).write_bytes(data.read_bytes())
+    return folder / "recipe.yaml"
+
+
+def test_two_stage_run_frees_the_gpus_and_collects_the_single_stage_dataset(
+    make_run_files: Any, hosted_endpoint: Any, tmp_path: Path
+) -> None:
+    recipe = _one_draw_recipe(tmp_path)
+    common = {"num_records": RECORDS, "shards": SHARDS, "buffer_size": 4, "recipe": recipe}
+    staged_files = make_run_files("staged", extra_run=GENERATOR, vllm_executable=_wrapper(tmp_path, "staged"), **common)
+    log = hosted_endpoint.request_log
+    before = len(log.read_text().splitlines()) if log.exists() else 0
+    staged_dir, staged = _run(staged_files)
+    hosted = [json.loads(line) for line in log.read_text().splitlines()[before:]]
+
+    plan = read_plan(staged_dir / "run.json")
+    assert [s.kind for s in plan.stages] == ["gpu", "cpu"]
+    assert plan.stages[0].columns == ("difficulty", "sql") and plan.stages[1].columns == ("sql_quality", "sql_chars")
+    assert plan.stage_reason is not None and plan.stage_reason.startswith("two stages")
+    assert plan.cpu_stage is not None and plan.cpu_stage.gres == "none" and plan.cpu_stage.partition == "cpu"
+
+    subs = [read_json(p, SubmissionRecord) for p in sorted((staged_dir / "submissions").glob("*.json"))]
+    gpu_subs = [s for s in subs if s.stage == 0]
+    cpu_subs = [s for s in subs if s.stage == 1]
+    assert gpu_subs and cpu_subs
+    for sub in cpu_subs:
+        script = Path(sub.script).read_text()
+        assert "#SBATCH --gres=none" in script and "#SBATCH --partition=cpu" in script
+        assert f"#SBATCH --dependency=afterany:{gpu_subs[0].array_job_id}" in script
+        assert "--stage 1" in script
+        steps = _sacct(sub.array_job_id, "JobName,Partition")
+        names = [s[0] for s in steps]
+        assert any(n.startswith("client") for n in names), names
+        assert not any(n.startswith(("server-", "proxy-")) for n in names), names
+        assert {s[1] for s in steps if s[1]} == {"cpu"}
+    for sub in gpu_subs:
+        assert "#SBATCH --gres=gpu:1" in Path(sub.script).read_text()
+        names = [s[0] for s in _sacct(sub.array_job_id, "JobName")]
+        assert any(n.startswith("server-generator") for n in names), names
+
+    gpu_published: list[float] = []
+    cpu_jobs = {s.array_job_id for s in cpu_subs}
+    for index in range(SHARDS):
+        shard = staged_dir / "shards" / f"shard-{index:05d}"
+        first = read_json(shard / "stage-0" / "winner.json", WinnerRecord)
+        final = read_json(shard / "winner.json", WinnerRecord)
+        assert first.rows == final.rows == plan.shards[index].num_records
+        gpu_published.append(datetime.fromisoformat(first.published_at).timestamp())
+        won = read_json(shard / "attempts" / final.attempt / "attempt.json", AttemptRecord)
+        assert won.allocation is not None and not list(Path(won.allocation).glob("server-*"))
+        assert (shard / "attempts" / final.attempt / "stage-seed.parquet").is_file()
+        gpu_attempt = read_json(shard / "stage-0" / "attempts" / first.attempt / "attempt.json", AttemptRecord)
+        assert gpu_attempt.state == "succeeded"
+        claims = {p.stem for p in (shard / "claims").glob("*.json")}
+        assert claims and claims <= cpu_jobs  # the final result came from a CPU-stage allocation
+    # The judge was asked only by the CPU stage: after every shard's GPU stage had its result.
+    judge = [r for r in hosted if r["model"] == "demo/judge-70b" and r["path"].endswith("/chat/completions")]
+    assert len(judge) >= RECORDS and all(r["authorized"] for r in judge)
+    assert min(r["time"] for r in judge) >= max(gpu_published)
+    # The generator was asked only by the GPU stage (its servers' logs), once per record.
+    generated = [
+        json.loads(line)
+        for f in tmp_path.glob("staged-requests-*.jsonl")
+        for line in f.read_text().splitlines()
+        if '"/v1/chat/completions"' in line
+    ]
+    assert len(generated) >= RECORDS and max(r["time"] for r in generated) <= min(r["time"] for r in judge)
+
+    single_files = make_run_files(
+        "single", extra_run=GENERATOR + "stages: single\n", vllm_executable=_wrapper(tmp_path, "single"), **common
+    )
+    single_dir, single = _run(single_files)
+    single_plan = read_plan(single_dir / "run.json")
+    assert single_plan.stages == () and (single_plan.stage_reason or "").startswith("single stage")
+    assert not list(single_dir.glob("shards/*/stage-0"))
+
+    # The same columns in the same order, the same rows; the seed columns row by row.
+    assert staged.column_names == single.column_names == list(plan.column_order or ())
+    assert staged.num_rows == single.num_rows == RECORDS
+    a, b = staged.to_pylist(), single.to_pylist()
+    with (recipe.parent / "questions.csv").open(newline="") as fh:
+        seed = list(csv.DictReader(fh))
+    for i, (x, y) in enumerate(zip(a, b, strict=True)):
+        assert {c: x[c] for c in seed[0]} == seed[i % len(seed)] == {c: y[c] for c in seed[0]}, f"row {i}"
+        assert x["sql_chars"] == len(x["sql"]), f"row {i}"
+        assert list(x.items()) == list(y.items()), f"row {i}"  # every column, in order
+    # The stand-ins' replies differ per prompt: the comparison is not vacuous.
+    assert len({r["sql"] for r in a}) > 1 and len({json.dumps(r["sql_quality"]) for r in a}) > 1
+
+
+def test_pulling_gpu_allocations_and_automatic_retries_in_two_stages(make_run_files: Any, tmp_path: Path) -> None:
+    recipe = _one_draw_recipe(tmp_path)
+    files = make_run_files(
+        "pulling",
+        num_records=RECORDS,
+        shards=SHARDS,
+        buffer_size=4,
+        recipe=recipe,
+        extra_run=GENERATOR + "allocations: 1\nretries: 1\n",
+        vllm_executable=_wrapper(tmp_path, "pulling"),
+    )
+    run_dir, table = _run(files)
+    assert table.num_rows == RECORDS and table.column_names == list(read_plan(run_dir / "run.json").column_order or ())
+    subs = sorted(
+        (read_json(p, SubmissionRecord) for p in (run_dir / "submissions").glob("*.json")),
+        key=lambda s: int(s.array_job_id),
+    )
+    # GPU, CPU after it; GPU retry after the GPU array's failure, CPU retry after both
+    assert [(s.stage, s.kind, s.tasks) for s in subs] == [
+        (0, "initial", 1),
+        (1, "initial", 1),
+        (0, "auto-retry", 1),
+        (1, "auto-retry", 1),
+    ]
+    assert subs[2].after == subs[0].array_job_id
+    assert subs[3].after_any == (subs[2].array_job_id, subs[1].array_job_id)
+    for index in range(SHARDS):
+        shard = run_dir / "shards" / f"shard-{index:05d}"
+        assert (shard / "stage-0" / "claims" / f"{subs[0].array_job_id}.json").is_file()
+        assert read_json(shard / "winner.json", WinnerRecord).rows == 4
+    # One GPU allocation ran the three shards with its server started once.
+    gpu_steps = [s[0] for s in _sacct(subs[0].array_job_id, "JobName")]
+    assert sum(n.startswith("server-generator") for n in gpu_steps) == 1, gpu_steps
