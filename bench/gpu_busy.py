@@ -4,9 +4,12 @@ A mixed recipe (examples/mixed/recipe.yaml: a local ``generator`` deployment, a 
 to the local Slurm cluster as ``ddslurm submit`` does it (``launcher.prepare`` + ``submit_shards``), at several shard
 counts and in several *layouts* (run-file overrides, :data:`LAYOUTS`):
 
-- ``anchor``: what a run did before pulling allocations and client sizing: one allocation (servers) per shard
-  (``allocations: SHARDS``, ``client_workers: 1``) and Data Designer's default ``max_parallel_requests`` (4);
-- ``auto``: the defaults (``allocations``/``client_workers`` auto, ``max_parallel_requests`` sized by the plan);
+- ``anchor``: what a run did before pulling allocations, client sizing and stages: one allocation (servers) per
+  shard (``allocations: SHARDS``, ``client_workers: 1``, ``stages: single``) and Data Designer's default
+  ``max_parallel_requests`` (4);
+- ``single``: the defaults in one stage (``stages: single``): the hosted judge runs in the GPU allocation;
+- ``auto``: the defaults (``allocations``/``client_workers`` auto, ``max_parallel_requests`` sized by the plan,
+  ``stages: auto``: the judge in a CPU allocation after the GPU stage, whose GPU-seconds are none);
 - ``alloc1``: the defaults with ``allocations: 1``: one allocation, its servers kept warm across every shard.
 
 A layout is a name, run-file lines and whether the plan keeps its client sizing, so another one (``stages: auto``)
@@ -92,7 +95,8 @@ class Layout:
 
 
 LAYOUTS = {
-    "anchor": Layout("anchor", "allocations: {shards}\nclient_workers: 1\n", sized=False),
+    "anchor": Layout("anchor", "allocations: {shards}\nclient_workers: 1\nstages: single\n", sized=False),
+    "single": Layout("single", "stages: single\n"),
     "auto": Layout("auto", ""),
     "alloc1": Layout("alloc1", "allocations: 1\n"),
 }
