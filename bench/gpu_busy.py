@@ -346,7 +346,7 @@ def run_layout(
     prepared = prepare(run, profile, env, datetime.now(UTC), check_recipe=lambda *_: [])
     if not layout.sized:
         prepared = unsized(prepared)
-    same = (prepared.plan.allocations, prepared.plan.client_workers, layout.sized)
+    same = (prepared.plan.allocations, prepared.plan.client_workers, layout.sized, len(prepared.plan.stages))
     if same in done:
         return {**done[same], "layout": layout.name, "same_as": done[same]["layout"]}
     write_run_dir(prepared)
@@ -384,7 +384,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shards", default="2,4,8", help="comma-separated shard counts")
     parser.add_argument("--layouts", default=",".join(LAYOUTS), help=f"of {', '.join(LAYOUTS)}")
-    parser.add_argument("--records", type=int, default=384, help="records of each run (split evenly over its shards)")
+    parser.add_argument("--records", type=int, default=960, help="records of each run (split evenly over its shards)")
     parser.add_argument("--buffer", type=int, default=32, help="buffer_size (records per batch)")
     parser.add_argument("--replicas", type=int, default=2, help="generator replicas per allocation")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs per replica")
