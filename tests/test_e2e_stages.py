@@ -167,6 +167,20 @@ def test_two_stage_run_frees_the_gpus_and_collects_the_single_stage_dataset(
     # The stand-ins' replies differ per prompt: the comparison is not vacuous.
     assert len({r["sql"] for r in a}) > 1 and len({json.dumps(r["sql_quality"]) for r in a}) > 1
 
+    # The report of the two-stage run shows both stages: each shard's GPU-stage and CPU-stage attempt on the
+    # timeline, the local generator's requests (GPU stage) and the hosted judge's (CPU stage), and GPUs held only by
+    # the GPU stage's jobs.
+    report = _cli("report", str(staged_dir), "--json", env=staged_files.env)
+    stages = sorted((span["shard"], span["stage"]) for span in report["timeline"] if span["winner"])
+    assert stages == sorted((i, stage) for i in range(SHARDS) for stage in ("gpu", "cpu"))
+    usage = {m["alias"]: m for m in report["models"]}
+    assert usage["generator"]["local"] and usage["generator"]["requests"] >= RECORDS
+    assert usage["judge"]["requests"] >= RECORDS
+    cpu_arrays = {s.array_job_id for s in subs if s.stage == 1}
+    held = {job["job"].partition("_")[0]: job["gpus"] for job in report["gpu"]["jobs"]}
+    assert held and all((gpus == 0) == (job in cpu_arrays) for job, gpus in held.items()), held
+    assert report["rows_generated"] == RECORDS  # the final stage's rows, not each stage's
+
 
 def test_pulling_gpu_allocations_and_automatic_retries_in_two_stages(make_run_files: Any, tmp_path: Path) -> None:
     recipe = _one_draw_recipe(tmp_path)

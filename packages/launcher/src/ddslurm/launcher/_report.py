@@ -42,7 +42,7 @@ from ddslurm.config import (
     read_plan,
 )
 from ddslurm.launcher._slurm import Accounting, Slurm
-from ddslurm.launcher._status import attempt_records, submissions
+from ddslurm.launcher._status import attempt_records, stage_dir, submissions
 from ddslurm.launcher.errors import SlurmError
 
 PhaseName = Literal["queued", "startup", "generating", "publishing"]
@@ -75,6 +75,8 @@ class AttemptSpan(msgspec.Struct, kw_only=True):
     ended_at: str | None = None
     published_at: str | None = None
     phases: list[Phase] = msgspec.field(default_factory=list)
+    stage: str | None = None
+    """``gpu`` or ``cpu`` in a two-stage run (``stages: auto``); None in a single-stage run."""
 
 
 class BatchPoint(msgspec.Struct, kw_only=True):
@@ -349,6 +351,9 @@ class _AttemptData:
     dir: Path
     batches: list[tuple[datetime, int]]
     """(when, rows added) of each batch the attempt completed (fills included)."""
+    stage: int | None = None
+    """0: the GPU stage of a two-stage run (its rows are generated again by the CPU stage); None: the run's last
+    (or only) stage."""
 
 
 def _submission_of(record: AttemptRecord, subs: list[SubmissionRecord]) -> SubmissionRecord | None:
@@ -405,22 +410,28 @@ def _batches(client_log: Path, resumed: int) -> list[tuple[datetime, int]]:
 
 
 def _attempts(layout: RunLayout, plan: Plan) -> list[_AttemptData]:
+    """Every attempt of the run: a two-stage run's GPU-stage attempts (``stage-0/``) too."""
     found: list[_AttemptData] = []
-    for spec in plan.shards:
-        for record in attempt_records(layout, spec.index):
-            attempt_dir = layout.shard(spec.index).attempt(record.attempt).dir
+    stages: tuple[int | None, ...] = (0, None) if len(plan.stages) > 1 else (None,)
+    for spec, stage in ((spec, stage) for spec in plan.shards for stage in stages):
+        for record in attempt_records(layout, spec.index, stage):
+            attempt_dir = stage_dir(layout, spec.index, stage).attempt(record.attempt).dir
             batches = _batches(attempt_dir / "client.log", record.resumed_rows)
             if not batches:  # an older attempt without a client.log: its progress file, one point
                 progress = _read(attempt_dir / "progress.json", Progress)
                 at = _time(progress.updated_at) if progress is not None else None
                 if progress is not None and at is not None and progress.rows > record.resumed_rows:
                     batches = [(at, progress.rows - record.resumed_rows)]
-            found.append(_AttemptData(record, attempt_dir, batches))
+            found.append(_AttemptData(record, attempt_dir, batches, stage))
     return found
 
 
 def _timeline(
-    data: list[_AttemptData], subs: list[SubmissionRecord], winners: dict[int, WinnerRecord]
+    data: list[_AttemptData],
+    subs: list[SubmissionRecord],
+    winners: dict[int, WinnerRecord],
+    gpu_winners: dict[int, WinnerRecord] | None = None,
+    staged: bool = False,
 ) -> list[AttemptSpan]:
     events: dict[str, list[dict[str, Any]]] = {}
     spans: list[AttemptSpan] = []
@@ -439,7 +450,7 @@ def _timeline(
         queued_from = max(before) if before else submitted
         ready = _serving_ready(record, events)
         last_batch = item.batches[-1][0] if item.batches else None
-        winner = winners.get(record.shard)
+        winner = (gpu_winners or {}).get(record.shard) if item.stage == 0 else winners.get(record.shard)
         won = winner is not None and winner.attempt == record.attempt
         published = _time(winner.published_at) if winner is not None and won else None
         generating_from = ready or started
@@ -467,6 +478,7 @@ def _timeline(
                 ended_at=record.ended_at,
                 published_at=winner.published_at if won and winner is not None else None,
                 phases=[p for p in phases if p is not None],
+                stage=("gpu" if item.stage == 0 else "cpu") if staged else None,
             )
         )
     return sorted(spans, key=lambda s: (s.shard, s.started_at))
@@ -553,11 +565,17 @@ def _models(data: list[_AttemptData], plan: Plan) -> tuple[list[ModelUsage], lis
     return sorted(usage.values(), key=lambda m: (not m.local, m.alias)), notes
 
 
+def _on_gpus(spans: list[AttemptSpan]) -> list[AttemptSpan]:
+    """The attempts that held the GPUs: all of a single-stage run's, a two-stage run's GPU-stage ones."""
+    return [span for span in spans if span.stage != "cpu"]
+
+
 def _generating_seconds(spans: list[AttemptSpan]) -> dict[str, float]:
-    """Seconds of generation (serving ready → end of generation) per attempt id."""
+    """Seconds of generation (serving ready → end of generation) per attempt id, of the attempts on the GPUs."""
     out: dict[str, float] = {}
-    for span in spans:
-        out[f"{span.shard}/{span.attempt}"] = sum(p.seconds for p in span.phases if p.name == "generating")
+    for span in _on_gpus(spans):
+        key = f"{span.shard}/{span.stage or ''}/{span.attempt}"
+        out[key] = sum(p.seconds for p in span.phases if p.name == "generating")
     return out
 
 
@@ -574,15 +592,17 @@ def _gpu(slurm: Slurm | None, plan: Plan, subs: list[SubmissionRecord], spans: l
     else:
         source = "attempt records"
     jobs: list[JobAccounting] = []
+    cpu_arrays = {s.array_job_id for s in subs if s.stage == 1}  # a two-stage run's CPU stage: no GPU
     if source == "sacct":
         for row in rows:
-            gpus = row.gpus or plan_gpus  # a cluster that does not account gres/gpu: the plan's request
+            # a cluster that does not account gres/gpu: the plan's request (none for the CPU stage's jobs)
+            gpus = row.gpus or (0 if row.job_id in cpu_arrays else plan_gpus)
             name = f"{row.job_id}_{row.task}" if row.task is not None else row.job_id
             jobs.append(JobAccounting(job=name, state=row.state, elapsed_s=row.elapsed_s, gpus=gpus))
         allocated = sum(j.elapsed_s * j.gpus for j in jobs) / 3600
     else:
         seconds = 0.0
-        for span in spans:
+        for span in _on_gpus(spans):
             start, end = _time(span.started_at), _time(span.ended_at)
             if start is not None and end is not None:
                 seconds += (end - start).total_seconds()
@@ -723,8 +743,15 @@ def run_report(
         spec.index: w for spec in plan.shards if (w := _read(layout.shard(spec.index).winner, WinnerRecord)) is not None
     }
     data = _attempts(layout, plan)
-    spans = _timeline(data, subs, winners)
-    batches, rate, generated = _throughput(data, bins)
+    staged = len(plan.stages) > 1
+    gpu_winners = {
+        spec.index: w
+        for spec in plan.shards
+        if staged and (w := _read(layout.shard(spec.index).stage(0).winner, WinnerRecord)) is not None
+    }
+    spans = _timeline(data, subs, winners, gpu_winners, staged)
+    # A two-stage run's rows are written twice (GPU stage, then CPU stage): its records/s counts the final ones.
+    batches, rate, generated = _throughput([d for d in data if d.stage is None], bins)
     models, notes = _models(data, plan)
     dataset, columns = _dataset(layout, winners)
     times = [t for s in spans for p in s.phases for t in (_time(p.start), _time(p.end)) if t is not None]
