@@ -199,6 +199,12 @@ class RunLayout:
     def shard(self, index: int) -> ShardLayout:
         return ShardLayout(self.shards / f"shard-{index:05d}", index)
 
+    def stage_shard(self, index: int, stage: int | None) -> ShardLayout:
+        """Where shard ``index``'s attempts, claims and winner of ``stage`` live: a two-stage run's GPU stage (0) in
+        the shard's ``stage-0/``, the last (or only) stage (1, or None) in the shard's own directory."""
+        shard = self.shard(index)
+        return shard.stage(0) if stage == 0 else shard
+
     @property
     def allocations(self) -> Path:
         return self.root / "allocations"

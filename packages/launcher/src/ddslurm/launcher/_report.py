@@ -42,7 +42,7 @@ from ddslurm.config import (
     read_plan,
 )
 from ddslurm.launcher._slurm import Accounting, Slurm
-from ddslurm.launcher._status import attempt_records, stage_dir, submissions
+from ddslurm.launcher._status import attempt_records, submissions
 from ddslurm.launcher.errors import SlurmError
 
 PhaseName = Literal["queued", "startup", "generating", "publishing"]
@@ -415,7 +415,7 @@ def _attempts(layout: RunLayout, plan: Plan) -> list[_AttemptData]:
     stages: tuple[int | None, ...] = (0, None) if len(plan.stages) > 1 else (None,)
     for spec, stage in ((spec, stage) for spec in plan.shards for stage in stages):
         for record in attempt_records(layout, spec.index, stage):
-            attempt_dir = stage_dir(layout, spec.index, stage).attempt(record.attempt).dir
+            attempt_dir = layout.stage_shard(spec.index, stage).attempt(record.attempt).dir
             batches = _batches(attempt_dir / "client.log", record.resumed_rows)
             if not batches:  # an older attempt without a client.log: its progress file, one point
                 progress = _read(attempt_dir / "progress.json", Progress)

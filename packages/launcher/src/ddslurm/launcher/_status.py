@@ -21,7 +21,6 @@ from ddslurm.config import (
     PlannedArray,
     Progress,
     RunLayout,
-    ShardLayout,
     SubmissionRecord,
     SubmitPlanRecord,
     WinnerRecord,
@@ -165,12 +164,6 @@ def submission_progress(layout: RunLayout, subs: list[SubmissionRecord] | None =
     return SubmissionProgress(plan, submitted, was_cancelled(layout))
 
 
-def stage_dir(layout: RunLayout, shard: int, stage: int | None = None) -> ShardLayout:
-    """Where a shard's attempts and claims of ``stage`` live: the GPU stage's (0) in ``stage-0/``, the last (or
-    only) stage's in the shard's own directory."""
-    return layout.shard(shard).stage(0) if stage == 0 else layout.shard(shard)
-
-
 def shard_stage(layout: RunLayout, plan: Plan, shard: int) -> int | None:
     """The stage a two-stage run's shard is in: 0 until its GPU stage has a result, then 1; None: one stage."""
     if len(plan.stages) < 2:
@@ -181,7 +174,7 @@ def shard_stage(layout: RunLayout, plan: Plan, shard: int) -> int | None:
 
 def attempt_records(layout: RunLayout, shard: int, stage: int | None = None) -> list[AttemptRecord]:
     records: list[AttemptRecord] = []
-    for path in stage_dir(layout, shard, stage).attempts.glob("attempt-*/attempt.json"):
+    for path in layout.stage_shard(shard, stage).attempts.glob("attempt-*/attempt.json"):
         try:
             records.append(read_json(path, AttemptRecord))
         except (ConfigError, OSError):
@@ -204,7 +197,7 @@ def query(slurm: Slurm, subs: list[SubmissionRecord]) -> Scheduler:
 
 def _read_progress(layout: RunLayout, shard: int, attempt: AttemptRecord, stage: int | None = None) -> Progress | None:
     try:
-        return read_json(stage_dir(layout, shard, stage).attempt(attempt.attempt).progress, Progress)
+        return read_json(layout.stage_shard(shard, stage).attempt(attempt.attempt).progress, Progress)
     except (FileNotFoundError, ConfigError):
         return None
 
@@ -487,7 +480,7 @@ def cancel_record(layout: RunLayout) -> CancelRecord | None:
 def claimed_by(layout: RunLayout, shard: int, array_job_id: str, stage: int | None = None) -> int | None:
     """The task of pulling array ``array_job_id`` that claimed ``shard``, or None."""
     try:
-        return read_json(stage_dir(layout, shard, stage).claim(array_job_id), ClaimRecord).task
+        return read_json(layout.stage_shard(shard, stage).claim(array_job_id), ClaimRecord).task
     except (FileNotFoundError, ConfigError, OSError, ValueError):
         return None
 

@@ -201,8 +201,7 @@ class AttemptRunner:
     def _shard(self, index: int) -> ShardLayout:
         """Where this runner's attempts, claims and winner of shard ``index`` live: the GPU stage's in the shard's
         ``stage-0/``, the last (or only) stage's in the shard's own directory."""
-        shard = self._layout.shard(index)
-        return shard.stage(0) if self._stage == 0 else shard
+        return self._layout.stage_shard(index, self._stage)
 
     def _require_scratch(self) -> Path:
         if self._scratch_home is None:

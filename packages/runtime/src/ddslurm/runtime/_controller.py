@@ -211,7 +211,7 @@ class ClaimPool:
                 continue
             if self._stage == 1 and not top.stage(0).winner.exists():
                 continue  # its GPU stage has no result (yet): nothing to run here
-            shard = top.stage(0) if self._stage == 0 else top
+            shard = self._layout.stage_shard(top.index, self._stage)
             if shard.winner.exists():
                 continue
             claim = ClaimRecord(
