@@ -10,6 +10,7 @@ from pathlib import Path
 import msgspec
 
 from ddslurm.config import Plan, PlannedArray, ProviderSnapshot, Resources
+from ddslurm.launcher._submit import array_tasks
 from ddslurm.providers import AliasRow
 from ddslurm.runtime import parallel_requests
 from ddslurm.runtime._serving import server_command
@@ -77,16 +78,12 @@ def _hours(tasks: int, per_task: int, minutes: int) -> float:
 def _jobs(what: str, arrays: Sequence[PlannedArray], resources: Resources, gpus: int) -> BillJobs:
     first = [a for a in arrays if a.kind != "auto-retry"]
     retry = [a for a in arrays if a.kind == "auto-retry"]
-
-    def tasks(group: list[PlannedArray]) -> int:
-        return sum(a.tasks if a.tasks is not None else len(a.shards) for a in group)
-
-    n = tasks(first)
+    n = sum(map(array_tasks, first))
     return BillJobs(
         what=what,
         arrays=len(first),
         tasks=n,
-        retry_tasks=tasks(retry),
+        retry_tasks=sum(map(array_tasks, retry)),
         resources=resources,
         gpus_per_task=gpus,
         cpu_hours=_hours(n, resources.cpus_per_task, resources.time_minutes),

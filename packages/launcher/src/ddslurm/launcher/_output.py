@@ -20,7 +20,7 @@ from ddslurm.collector import CollectError
 from ddslurm.config import ConfigError, PlannedArray
 from ddslurm.launcher._render import compact_ranges
 from ddslurm.launcher._slurm import SlurmTimeoutError
-from ddslurm.launcher._submit import HEADROOM, PartialSubmitError, SubmissionPlan
+from ddslurm.launcher._submit import HEADROOM, PartialSubmitError, SubmissionPlan, array_tasks
 from ddslurm.launcher.errors import LauncherError, RunNotFoundError, SlurmError, SubmitError, UsageError
 from ddslurm.providers import ProvidersError
 
@@ -180,7 +180,7 @@ def array_json(array: PlannedArray, job_id: str | None = None) -> dict[str, Any]
         "kind": array.kind,
         "array": array.array,
         "shards": compact_ranges(array.shards),
-        "tasks": array.tasks if array.tasks is not None else len(array.shards),
+        "tasks": array_tasks(array),
         "pulling": array.tasks is not None,
         "after": array.after,
         **({"stage": array.stage, "after_any": list(array.after_any)} if array.stage is not None else {}),
