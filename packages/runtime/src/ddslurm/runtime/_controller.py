@@ -324,7 +324,7 @@ class Controller:
         log = self._log.bind(job_id=job_id)
         outcomes: list[AttemptRecord] = []
         try:
-            self._run(inputs, source, first, outcomes, log)
+            self._run(inputs, source, outcomes, log)
         except RuntimeFailure as exc:
             spare = [self._spare.began] if self._spare is not None else []
             for began in [*self._waiting, *(w.began for w in self._works), *spare]:
@@ -359,12 +359,14 @@ class Controller:
                     node=self._node,
                     job_id=self._job,
                 )
+                self._waiting.append(began)  # failed with the allocation until its client has started
                 return began
             if source.pulling:
                 self._log.info("attempt.not_started", shard=shard, why="see the attempt record")
         return None
 
-    def _run(self, inputs: Inputs, source: ShardSource, first: Began, outcomes: list[AttemptRecord], log: Any) -> None:
+    def _run(self, inputs: Inputs, source: ShardSource, outcomes: list[AttemptRecord], log: Any) -> None:
+        """Serve, and generate the attempts begun (the first, in ``_waiting``) and those the source still has."""
         self._secrets = inputs.plan.secret_env
         self._server_secrets = inputs.plan.server_secret_env
         self._token = secrets.token_urlsafe(32)  # this allocation's own; kept in memory and step environments only
@@ -379,17 +381,15 @@ class Controller:
         replicas: dict[str, list[Replica]] = {}
         # Overlap the model load: servers, proxies and the first clients (Data Designer's import) start at once;
         # the clients wait for the endpoints file, written when every replica and proxy is ready.
-        self._waiting = [first]
         if serving is None:
             atomic_write(endpoints_file, encode_pretty(_provider_endpoints(inputs, {})))
         else:
             replicas, version = self._launch_servers(serving, memory, log)
             self._launch_proxies(serving, replicas, memory, log)
-        while len(self._waiting) < workers and (began := self._begin_next(inputs, source)) is not None:
-            self._waiting.append(began)
-        while self._waiting:
-            self._works.append(self._work(inputs, self._waiting[0], endpoints_file, memory, resume=False))
-            self._waiting.pop(0)
+        while len(self._waiting) < workers and self._begin_next(inputs, source) is not None:
+            pass
+        for begun in list(self._waiting):
+            self._works.append(self._work(inputs, begun, endpoints_file, memory, resume=False))
         if serving is not None:
             self._wait_serving(serving, replicas, version, log)
             urls = {
@@ -405,7 +405,7 @@ class Controller:
         while self._works or not exhausted:
             # A proxy that dies under running clients is handled below (their runs fail, reruns start it again);
             # one that is dead when a new shard's client starts (reruns used up) is started again first.
-            while len(self._works) < workers and not (self._works and self._proxy_dead()):
+            while len(self._works) < workers and not (self._works and self._dead_proxy() is not None):
                 if self._spare is not None:  # ready: Data Designer imported, waiting for its endpoints
                     self._restart_dead_proxies(replicas, memory, log)
                     if self._promote(source, endpoints_file, outcomes):
@@ -416,10 +416,8 @@ class Controller:
                 if began is None:
                     exhausted = True
                     break
-                self._waiting.append(began)
                 self._restart_dead_proxies(replicas, memory, log)
                 self._works.append(self._work(inputs, began, endpoints_file, memory, resume=False))
-                self._waiting.clear()
             if source.pulling and not exhausted and self._spare is None and len(self._works) == workers:
                 # The next shard's client starts now and waits, so a finished shard's successor generates at once
                 # instead of after a process start and Data Designer's import (seconds of idle GPUs per shard).
@@ -427,10 +425,8 @@ class Controller:
                 if began is None:
                     exhausted = True
                 else:
-                    self._waiting.append(began)
                     own = began.layout.dir / "endpoints.json"
                     self._spare = self._work(inputs, began, own, memory, resume=False, spare=True)
-                    self._waiting.clear()
             if not self._works and self._spare is None:
                 break
             if self._stop.event.is_set():
@@ -439,8 +435,7 @@ class Controller:
                 next_check = time.monotonic() + self._health_interval
                 self._check_health(replicas, failures, log)
             self._check_replicas(replicas, reported, log)
-            dead = next((p for p in self._proxies.values() if p.step.poll() is not None), None)
-            if dead is not None:
+            if (dead := self._dead_proxy()) is not None:
                 self._proxy_died(dead, log)
             for work in list(self._works):
                 record = self._ended(work, source)
@@ -622,7 +617,7 @@ class Controller:
         (``cancel --shards``): it is stopped and its attempt recorded ``cancelled``."""
         spare, self._spare = self._spare, None
         assert spare is not None
-        if os.path.lexists(RunLayout(self._run_dir).shard(spare.began.shard).cancelled):
+        if self._shard_cancelled(spare.began.shard):
             spare.client.stop(self._grace)
             self._steps.remove(spare.client)
             outcomes.append(self._runner.cancel(spare.began, "cancelled by ddslurm cancel --shards before it ran"))
@@ -635,8 +630,11 @@ class Controller:
     def _work(
         self, inputs: Inputs, began: Began, endpoints: Path, memory: MemorySplit, *, resume: bool, spare: bool = False
     ) -> Work:
+        """The attempt's client step started: it is no longer only waiting (see :meth:`_begin_next`)."""
         log = self._log.bind(shard=began.shard, attempt=began.record.attempt)
-        return Work(began, self._start_client(inputs, began, endpoints, memory, resume=resume, spare=spare), log)
+        work = Work(began, self._start_client(inputs, began, endpoints, memory, resume=resume, spare=spare), log)
+        self._waiting.remove(began)
+        return work
 
     def _start_client(
         self,
@@ -688,7 +686,7 @@ class Controller:
         client, began = work.client, work.began
         code = client.poll()
         if code is None:
-            if source.pulling and os.path.lexists(RunLayout(self._run_dir).shard(began.shard).cancelled):
+            if source.pulling and self._shard_cancelled(began.shard):
                 status = client.stop(self._grace)
                 work.log.info("step.stopped", step=client.name, status=status, why="ddslurm cancel --shards")
                 return self._runner.cancel(began, "cancelled by ddslurm cancel --shards; the allocation goes on")
@@ -708,8 +706,12 @@ class Controller:
             record = read_json(began.layout.record, AttemptRecord)
         return record
 
-    def _proxy_dead(self) -> bool:
-        return any(p.step.poll() is not None for p in self._proxies.values())
+    def _dead_proxy(self) -> ProxyStep | None:
+        return next((p for p in self._proxies.values() if p.step.poll() is not None), None)
+
+    def _shard_cancelled(self, shard: int) -> bool:
+        """``ddslurm cancel --shards`` wrote the shard's cancel record (pulling allocations)."""
+        return os.path.lexists(RunLayout(self._run_dir).shard(shard).cancelled)
 
     def _check_replicas(self, replicas: dict[str, list[Replica]], reported: set[str], log: Any) -> None:
         """A replica that died leaves rotation (reported once); no replica of an alias left fails the attempts."""
