@@ -38,6 +38,7 @@ from ddslurm.config._plan import (
     StagePlan,
 )
 from ddslurm.config._profile import ClusterProfile
+from ddslurm.config._ranges import compact_ranges, expand_ranges
 from ddslurm.config._records import (
     AttemptRecord,
     AttemptState,
@@ -121,9 +122,11 @@ __all__ = [
     "WinnerRecord",
     "atomic_write",
     "attempt_id_for",
+    "compact_ranges",
     "digest",
     "encode",
     "encode_pretty",
+    "expand_ranges",
     "load_profile",
     "load_run_file",
     "load_struct",

@@ -29,8 +29,7 @@ from rich.progress import (
 from rich.table import Column, Table
 from rich.text import Text
 
-from ddslurm.config import Plan, RunLayout
-from ddslurm.launcher._render import compact_ranges
+from ddslurm.config import Plan, RunLayout, compact_ranges
 from ddslurm.launcher._slurm import NODE_ENV_ALLOWED
 from ddslurm.launcher._status import RunStatus, ShardStatus
 from ddslurm.launcher._submit import HEADROOM, SubmissionPlan, describe_limit, job_variables

@@ -17,8 +17,7 @@ import msgspec
 import typer
 
 from ddslurm.collector import CollectError
-from ddslurm.config import ConfigError, PlannedArray
-from ddslurm.launcher._render import compact_ranges
+from ddslurm.config import ConfigError, PlannedArray, compact_ranges
 from ddslurm.launcher._slurm import SlurmTimeoutError
 from ddslurm.launcher._submit import HEADROOM, PartialSubmitError, SubmissionPlan, array_tasks
 from ddslurm.launcher.errors import LauncherError, RunNotFoundError, SlurmError, SubmitError, UsageError

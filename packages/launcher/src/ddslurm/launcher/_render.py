@@ -6,7 +6,7 @@ import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
-from ddslurm.config import Plan, Resources, RunLayout
+from ddslurm.config import Plan, Resources, RunLayout, compact_ranges
 
 TIME_LIMIT_WARNING_S = 90
 SLURM_SIGNAL_SLACK_S = 60
@@ -52,19 +52,6 @@ def array_spec(count: int, throttle: int | None) -> str:
     """The ``--array=`` spec of an array of ``count`` tasks (ids 0 to count-1), ``%throttle`` appended."""
     spec = f"0-{count - 1}" if count > 1 else "0"
     return f"{spec}%{throttle}" if throttle else spec
-
-
-def compact_ranges(numbers: Sequence[int]) -> str:
-    """``[0, 1, 2, 5, 7, 8]`` → ``0-2,5,7-8`` (sorted, duplicates dropped); ``""`` for none."""
-    parts: list[str] = []
-    ordered = sorted(set(numbers))
-    start = 0
-    for i in range(1, len(ordered) + 1):
-        if i == len(ordered) or ordered[i] != ordered[i - 1] + 1:
-            lo, hi = ordered[start], ordered[i - 1]
-            parts.append(str(lo) if lo == hi else f"{lo}-{hi}")
-            start = i
-    return ",".join(parts)
 
 
 def shard_expression(shards: list[int]) -> str:

@@ -18,6 +18,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from ddslurm.config import expand_ranges
 from ddslurm.launcher.errors import LauncherError, SlurmError
 
 
@@ -152,14 +153,7 @@ _RANGE = re.compile(r"^(?P<array>\d+)_\[(?P<spec>[^\]]+)\]$")
 
 def expand_task_spec(spec: str) -> list[int]:
     """``0-3,7%2`` → [0, 1, 2, 3, 7] (the throttle after ``%`` is ignored)."""
-    out: list[int] = []
-    for part in spec.split("%")[0].split(","):
-        if "-" in part:
-            lo, hi = part.split("-", 1)
-            out.extend(range(int(lo), int(hi) + 1))
-        elif part:
-            out.append(int(part))
-    return out
+    return expand_ranges(spec.split("%")[0])
 
 
 def parse_job_key(key: str) -> list[tuple[str, int | None]]:

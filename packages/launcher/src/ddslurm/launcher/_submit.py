@@ -37,6 +37,7 @@ from ddslurm.config import (
     SubmissionRecord,
     SubmitPlanRecord,
     atomic_write,
+    compact_ranges,
     encode,
     encode_pretty,
     load_profile,
@@ -48,7 +49,7 @@ from ddslurm.config import (
     sha256_bytes,
 )
 from ddslurm.launcher._recipe import load_run_recipe
-from ddslurm.launcher._render import array_spec, compact_ranges, render_generation
+from ddslurm.launcher._render import array_spec, render_generation
 from ddslurm.launcher._seed import CountRows, SeedCapture, capture_seed, dd_seed_columns, dd_seed_rows
 from ddslurm.launcher._slurm import SchedulerLimits, Slurm, SlurmTimeoutError
 from ddslurm.launcher._validate import dd_check_recipe

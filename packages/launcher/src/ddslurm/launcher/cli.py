@@ -28,7 +28,7 @@ import typer
 from typer.main import get_command
 
 from ddslurm.collector import collect_command
-from ddslurm.config import ProviderSnapshot, RunLayout, atomic_write, load_profile
+from ddslurm.config import ProviderSnapshot, RunLayout, atomic_write, compact_ranges, expand_ranges, load_profile
 from ddslurm.launcher._bill import bill_lines, make_bill
 from ddslurm.launcher._collect import collect_job_command
 from ddslurm.launcher._console import (
@@ -59,7 +59,7 @@ from ddslurm.launcher._output import (
     limits_json,
     write_json,
 )
-from ddslurm.launcher._render import compact_ranges, render_generation
+from ddslurm.launcher._render import render_generation
 from ddslurm.launcher._report import render_html, report_json, run_report
 from ddslurm.launcher._slurm import SchedulerLimits, Slurm
 from ddslurm.launcher._status import TERMINAL, RunStatus, Unreadable, find_run, run_status, run_statuses
@@ -245,11 +245,7 @@ def parse_shards(value: str | None) -> list[int] | None:
     if value is None:
         return None
     try:
-        out: list[int] = []
-        for part in value.split(","):
-            lo, _, hi = part.partition("-")
-            out.extend(range(int(lo), int(hi) + 1) if hi else [int(lo)])
-        return out
+        return expand_ranges(value)
     except ValueError:
         raise UsageError(f"--shards {value!r}: expected numbers and ranges such as 1,3,5-7") from None
 

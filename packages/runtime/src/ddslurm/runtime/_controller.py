@@ -233,17 +233,6 @@ class ClaimPool:
         return None
 
 
-def parse_pool(spec: str) -> list[int]:
-    """``0-3,7,9-10`` → ``[0, 1, 2, 3, 7, 9, 10]`` (the batch script's ``--pool``)."""
-    out: list[int] = []
-    for part in spec.split(","):
-        lo, _, hi = part.strip().partition("-")
-        if not lo.isdigit() or (hi and not hi.isdigit()):
-            raise ValueError(f"not a shard list: {spec!r}")
-        out.extend(range(int(lo), int(hi or lo) + 1))
-    return out
-
-
 @dataclass(slots=True)
 class Work:
     """A shard this allocation is generating: its attempt, its client step, how many client runs so far."""

@@ -35,9 +35,9 @@ from typing import IO, Any
 import httpx
 import msgspec
 
-from ddslurm.config import RunLayout
+from ddslurm.config import RunLayout, expand_ranges
 from ddslurm.runtime._attempt import EXIT_FAILED, AttemptRunner, Inputs, load_inputs
-from ddslurm.runtime._controller import ClaimPool, Controller, ShardSource, StopSignal, parse_pool
+from ddslurm.runtime._controller import ClaimPool, Controller, ShardSource, StopSignal
 from ddslurm.runtime._engine import engine_environment, local_token_names, preload_engine, run_engine
 from ddslurm.runtime._log import new_logger
 from ddslurm.runtime._scratch import (
@@ -197,7 +197,7 @@ def _pool(
     layout: RunLayout, spec: str, job_id: str, node: str, env: Mapping[str, str], stage: int | None = None
 ) -> ClaimPool:
     try:
-        shards = parse_pool(spec)
+        shards = expand_ranges(spec)
     except ValueError as exc:
         raise SystemExit(f"ddslurm-runtime: --pool: {exc}") from exc
     task = env.get("SLURM_ARRAY_TASK_ID", "0")
