@@ -40,6 +40,10 @@ class Step:
     terminate: Callable[[Step], None] | None = None
     """How to deliver TERM to the step's task (srun itself would kill it at once); default: the process group."""
     started: float = field(default_factory=time.monotonic)
+    job_name: str | None = None
+    """The name Slurm knows the step by (``srun --job-name``), unique within the allocation: ``spec.name`` the
+    first time a name starts, ``spec.name.N`` the N-th (an in-allocation rerun, a restarted proxy). None outside
+    Slurm."""
 
     @property
     def name(self) -> str:
@@ -72,15 +76,16 @@ class StepLauncher(Protocol):
     def start(self, spec: StepSpec) -> Step: ...
 
 
-def srun_argv(spec: StepSpec) -> list[str]:
-    """The ``srun`` command line of a step: exactly its CPUs, memory and GPUs, so steps never share GPUs."""
+def srun_argv(spec: StepSpec, job_name: str | None = None) -> list[str]:
+    """The ``srun`` command line of a step: exactly its CPUs, memory and GPUs, so steps never share GPUs.
+    ``job_name``: the step's name in Slurm (default ``spec.name``)."""
     argv = [
         "srun",
         "--exact",
         "--nodes=1",
         "--ntasks=1",
         f"--cpus-per-task={spec.cpus}",
-        f"--job-name={spec.name}",
+        f"--job-name={job_name or spec.name}",
         "--export=ALL",
         "--kill-on-bad-exit=1",
     ]
@@ -112,8 +117,10 @@ class SrunLauncher:
     """Starts steps with srun inside the current allocation.
 
     srun answers SIGTERM by killing its tasks at once, which gives vLLM no time to exit; so TERM goes to the
-    step's task through ``scancel --signal=TERM JOB.STEP`` (the step found by its unique name), and srun
-    ends when the task does.
+    step's task through ``scancel --signal=TERM JOB.STEP`` (the step found by its name), and srun ends when the
+    task does. A name that starts again (an in-allocation rerun of a client, a restarted proxy) gets its start's
+    number (``client-3.2``): squeue may still list the earlier step of that name, and TERM must reach exactly the
+    step this Step started, never its predecessor.
     """
 
     def __init__(
@@ -123,15 +130,21 @@ class SrunLauncher:
         array_job_id: str | None = None,
         array_task_id: str | None = None,
         run: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run,
+        popen: Callable[[Sequence[str], StepSpec], subprocess.Popen[bytes]] | None = None,
     ) -> None:
         self._job_id = job_id
         self._run = run
+        self._popen = popen or _popen
+        self._starts: dict[str, int] = {}
         # squeue names an array task's steps "<array>_<task>.<step>", other jobs' "<job>.<step>"; the array's
         # other tasks run steps with the same names, so only this task's prefix may match.
         self._prefix = f"{array_job_id}_{array_task_id}." if array_job_id and array_task_id else f"{job_id}."
 
     def start(self, spec: StepSpec) -> Step:
-        return Step(spec, _popen(srun_argv(spec), spec), terminate=self._terminate)
+        count = self._starts[spec.name] = self._starts.get(spec.name, 0) + 1
+        job_name = spec.name if count == 1 else f"{spec.name}.{count}"
+        proc = self._popen(srun_argv(spec, job_name), spec)
+        return Step(spec, proc, terminate=self._terminate, job_name=job_name)
 
     def step_id(self, name: str) -> str | None:
         out = self._run(
@@ -148,7 +161,7 @@ class SrunLauncher:
         return None
 
     def _terminate(self, step: Step) -> None:
-        step_id = self.step_id(step.name)
+        step_id = self.step_id(step.job_name or step.name)
         if step_id is None:
             step.signal_group(signal.SIGTERM)
             return
