@@ -439,7 +439,8 @@ class AttemptRunner:
         rows, files = verify_dataset(result.dataset_dir, result.rows + rows_in(target / FILL_DIR))
         reject_empty_outputs(result.dataset_dir, stage.recipe, plan.max_empty_outputs, rows)
         scanned = (n for n in plan.secret_env if n not in plan.secret_env_unscanned)  # placeholders: not secrets
-        leaks = scan_for_secrets(attempt.dir, (self._env.get(n, "") for n in scanned))
+        roots = [attempt.dir, *([Path(began.record.allocation)] if began.record.allocation else [])]  # + its servers
+        leaks = scan_for_secrets(roots, (self._env.get(n, "") for n in scanned))
         if leaks:
             raise VerificationError(f"a secret value was found in {len(leaks)} file(s), e.g. {leaks[0]}")
         make_private(result.dataset_dir)

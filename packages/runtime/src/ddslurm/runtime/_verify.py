@@ -5,20 +5,23 @@ from __future__ import annotations
 import json
 import os
 import secrets
-from collections.abc import Iterable, Mapping, Sequence
+import stat
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pyarrow._compute import call_function  # pyarrow.compute generates its functions at import time
+from pyarrow._compute import (  # pyarrow.compute generates its functions at import time
+    CastOptions,
+    MatchSubstringOptions,
+    call_function,
+)
 
 from ddslurm.config import FileEntry, sha256_file
 from ddslurm.runtime._engine import _section
 from ddslurm.runtime.errors import EmptyOutputsError, VerificationError
 
-_TEXT_SUFFIXES = {".json", ".jsonl", ".log", ".txt", ".yaml", ".yml", ".out", ".err", ".csv", ".md"}
-_SCAN_LIMIT = 64 << 20
 LLM_COLUMN_TYPES = frozenset({"llm-text", "llm-code", "llm-structured", "llm-judge"})
 """Data Designer column types whose values an LLM wrote (``column_type`` in the recipe)."""
 
@@ -157,25 +160,130 @@ def reject_empty_outputs(dataset_dir: Path, recipe: Mapping[str, Any], limit: in
     )
 
 
-def _text_files(root: Path) -> Iterable[Path]:
-    for dirpath, _, names in os.walk(root, followlinks=False):
-        for name in names:
-            path = Path(dirpath) / name
-            if path.suffix in _TEXT_SUFFIXES and not path.is_symlink():
-                yield path
+_CHUNK = 8 << 20
+"""Bytes the secret scan reads at a time (plus the overlap that finds a value split across two reads)."""
+_PARQUET_MAGIC = b"PAR1"
+_CAST_FOR_MATCH = {"string_view": pa.string(), "binary_view": pa.binary()}
 
 
-def scan_for_secrets(root: Path, values: Iterable[str]) -> list[Path]:
-    """Text files under ``root`` that contain any of the secret ``values``."""
-    needles = [v.encode() for v in values if v]
-    if not needles:
-        return []
-    hits: list[Path] = []
-    for path in _text_files(root):
-        with path.open("rb") as fh:
-            data = fh.read(_SCAN_LIMIT)
+def _files(root: Path) -> Iterator[Path]:
+    """Every entry under ``root`` (or ``root`` itself when it is not a directory), sorted, without following
+    links below ``root``; what is not a regular file is skipped when it is opened."""
+    if not root.is_dir():
+        if os.path.lexists(root):
+            yield root
+        return
+    for dirpath, dirnames, names in os.walk(root, followlinks=False):
+        dirnames.sort()
+        for name in sorted(names):
+            yield Path(dirpath) / name
+
+
+def _bytes_hold(fd: int, needles: Sequence[bytes]) -> tuple[bool, bool]:
+    """(whether the file's bytes hold any needle, whether it starts like a Parquet file), read in ``_CHUNK``
+    reads that keep the last ``len(longest) - 1`` bytes of the previous read in front of the next."""
+    overlap = max(len(n) for n in needles) - 1
+    tail = b""
+    first = True
+    parquet = False
+    while chunk := os.read(fd, _CHUNK):
+        if first:
+            parquet, first = chunk.startswith(_PARQUET_MAGIC), False
+        data = tail + chunk
         if any(n in data for n in needles):
-            hits.append(path)
+            return True, parquet
+        tail = data[-overlap:] if overlap else b""
+    return False, parquet
+
+
+def _array_holds(values: pa.Array, patterns: Sequence[str]) -> bool:
+    """Whether any string or binary value in ``values`` (walking lists, maps, structs, unions, dictionaries,
+    run-end encoded and extension arrays) contains one of ``patterns``."""
+    kind = values.type
+    if isinstance(values, pa.ExtensionArray):
+        return _array_holds(values.storage, patterns)
+    if pa.types.is_dictionary(kind):
+        return _array_holds(values.dictionary, patterns)
+    if pa.types.is_run_end_encoded(kind):
+        return _array_holds(values.values, patterns)
+    if pa.types.is_map(kind):
+        return _array_holds(values.keys, patterns) or _array_holds(values.items, patterns)
+    if (
+        pa.types.is_list(kind)
+        or pa.types.is_large_list(kind)
+        or pa.types.is_fixed_size_list(kind)
+        or pa.types.is_list_view(kind)
+        or pa.types.is_large_list_view(kind)
+    ):
+        return _array_holds(values.values, patterns)
+    if pa.types.is_struct(kind) or pa.types.is_union(kind):
+        return any(_array_holds(values.field(i), patterns) for i in range(kind.num_fields))
+    if pa.types.is_fixed_size_binary(kind):
+        values = call_function("cast", [values], CastOptions.safe(pa.binary()))
+    elif str(kind) in _CAST_FOR_MATCH:
+        values = call_function("cast", [values], CastOptions.safe(_CAST_FOR_MATCH[str(kind)]))
+    elif not (
+        pa.types.is_string(kind)
+        or pa.types.is_large_string(kind)
+        or pa.types.is_binary(kind)
+        or pa.types.is_large_binary(kind)
+    ):
+        return False
+    return any(
+        call_function("any", [call_function("match_substring", [values], MatchSubstringOptions(p))]).as_py()
+        for p in patterns
+    )
+
+
+def _parquet_holds(fd: int, patterns: Sequence[str]) -> bool:
+    """Whether a decoded value of the Parquet file open at ``fd`` contains one of ``patterns`` (compressed or
+    encoded pages hide the bytes), read one row group at a time. A file that cannot be decoded (torn, damaged)
+    holds none: its bytes were read like any other file's."""
+    os.lseek(fd, 0, os.SEEK_SET)
+    with os.fdopen(os.dup(fd), "rb") as fh:
+        try:
+            parquet = pq.ParquetFile(fh)
+            for group in range(parquet.num_row_groups):
+                table = parquet.read_row_group(group, use_threads=False)
+                if any(_array_holds(chunk, patterns) for column in table.columns for chunk in column.chunks):
+                    return True
+        except (pa.ArrowException, OSError):
+            return False
+    return False
+
+
+def scan_for_secrets(roots: Sequence[Path], values: Iterable[str]) -> list[Path]:
+    """Files under any of ``roots`` that contain any of the secret ``values``, each listed once.
+
+    Every regular file is read in full, whatever its name or size, streamed in ``_CHUNK`` reads that overlap by
+    the longest value's length less one (a value split across two reads is found). A Parquet file (one that
+    starts with ``PAR1``) is also decoded row group by row group and every string and binary value, nested ones
+    included, is searched: compression hides the bytes of a key that reached a seed row or an LLM answer.
+    Links are never followed (a link under a root, to a file or a directory, is not read) and what is not a
+    regular file (a pipe, a socket) is skipped. A root that does not exist holds nothing.
+    """
+    patterns = sorted({v for v in values if v})
+    if not patterns:
+        return []
+    needles = [p.encode() for p in patterns]
+    hits: list[Path] = []
+    seen: set[tuple[int, int]] = set()
+    for root in roots:
+        for path in _files(root):
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            except OSError:  # a link (ELOOP), or gone since it was listed
+                continue
+            try:
+                info = os.fstat(fd)
+                if not stat.S_ISREG(info.st_mode) or (info.st_dev, info.st_ino) in seen:
+                    continue
+                seen.add((info.st_dev, info.st_ino))
+                found, parquet = _bytes_hold(fd, needles)
+                if found or (parquet and _parquet_holds(fd, patterns)):
+                    hits.append(path)
+            finally:
+                os.close(fd)
     return hits
 
 
