@@ -32,7 +32,7 @@ from rich.text import Text
 from ddslurm.config import Plan, RunLayout, compact_ranges
 from ddslurm.launcher._slurm import NODE_ENV_ALLOWED
 from ddslurm.launcher._status import RunStatus, ShardStatus
-from ddslurm.launcher._submit import HEADROOM, SubmissionPlan, describe_limit, job_variables
+from ddslurm.launcher._submit import HEADROOM, SubmissionPlan, describe_limit, failure_chain, job_variables
 
 PLAIN_WIDTH = 100_000
 """Plain output is never wrapped: a line as long as its content (a reason, a path) stays one line."""
@@ -304,7 +304,8 @@ def plan_lines(planned: SubmissionPlan) -> list[str]:
         f"(MaxArraySize {planned.limits.max_array_size:,}):"
     ]
     for a in planned.arrays:
-        after = f"  --dependency=afternotok:<array {a.after}>" if a.after is not None else ""
+        chain = failure_chain(planned.arrays, a)  # an automatic retry waits for every earlier level to fail
+        after = "  --dependency=afternotok:" + ":".join(f"<array {i}>" for i in chain) if chain else ""
         if a.after_any:
             after = "  --dependency=afterany:" + ":".join(f"<array {i}>" for i in a.after_any)
         kind = a.kind if a.stage is None else f"{a.kind}, {'CPU' if a.stage == 1 else 'GPU'} stage"

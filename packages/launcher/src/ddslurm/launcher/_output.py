@@ -8,7 +8,7 @@ reported as one ``error: ...`` line (or more) on stderr and, with ``--json``, al
 from __future__ import annotations
 
 import io
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 from typing import Any, TextIO
@@ -19,7 +19,7 @@ import typer
 from ddslurm.collector import CollectError
 from ddslurm.config import ConfigError, PlannedArray, compact_ranges
 from ddslurm.launcher._slurm import SlurmTimeoutError
-from ddslurm.launcher._submit import HEADROOM, PartialSubmitError, SubmissionPlan, array_tasks
+from ddslurm.launcher._submit import HEADROOM, PartialSubmitError, SubmissionPlan, array_tasks, failure_chain
 from ddslurm.launcher.errors import LauncherError, RunNotFoundError, SlurmError, SubmitError, UsageError
 from ddslurm.providers import ProvidersError
 
@@ -173,7 +173,9 @@ class Recording(io.StringIO):
         return self._target.isatty()
 
 
-def array_json(array: PlannedArray, job_id: str | None = None) -> dict[str, Any]:
+def array_json(array: PlannedArray, job_id: str | None = None, *, plan: Sequence[PlannedArray] = ()) -> dict[str, Any]:
+    """One planned array; ``plan``: the arrays of its submission, for ``after_failure_of`` (an automatic retry
+    waits for the failure of every one of these arrays, nearest first: ``--dependency=afternotok:...``)."""
     return {
         "index": array.index,
         "kind": array.kind,
@@ -182,6 +184,7 @@ def array_json(array: PlannedArray, job_id: str | None = None) -> dict[str, Any]
         "tasks": array_tasks(array),
         "pulling": array.tasks is not None,
         "after": array.after,
+        "after_failure_of": list(failure_chain([*plan, array], array, whole=False)),
         **({"stage": array.stage, "after_any": list(array.after_any)} if array.stage is not None else {}),
         **({"job_id": job_id} if job_id is not None else {}),
     }
@@ -189,13 +192,14 @@ def array_json(array: PlannedArray, job_id: str | None = None) -> dict[str, Any]
 
 def partial_json(exc: PartialSubmitError) -> dict[str, Any]:
     """What a submission that stopped part-way adds to its error object."""
+    arrays = [*(a for a, _ in exc.submitted), *exc.missing]
     return {
         "run_id": exc.layout.run_id,
         "run_dir": str(exc.layout.root),
         "state": "incomplete",
         "cause": str(exc.cause),
-        "submitted": [array_json(a, job) for a, job in exc.submitted],
-        "not_submitted": [array_json(a) for a in exc.missing],
+        "submitted": [array_json(a, job, plan=arrays) for a, job in exc.submitted],
+        "not_submitted": [array_json(a, plan=arrays) for a in exc.missing],
     }
 
 

@@ -66,14 +66,15 @@ def render_generation(
     layout: RunLayout,
     shards: list[int],
     *,
-    after_failure_of: str | None = None,
+    after_failure_of: str | Sequence[str] | None = None,
     tasks: int | None = None,
     stage: int | None = None,
     after_any: Sequence[str] = (),
 ) -> str:
     """One array over ``shards`` (task i runs shards[i]), or, with ``tasks``, an array of that many allocations
     that pull shards of ``shards`` (the pool) until none is left; ``after_failure_of``: an automatic retry array
-    that starts only if that array had a failed task, and is cancelled by Slurm otherwise. ``stage``: a two-stage
+    that starts only if every one of those arrays (the one it follows and every earlier level of its chain) had a
+    failed task, and is cancelled by Slurm otherwise. ``stage``: a two-stage
     run's GPU stage (0) or CPU stage (1: CPU-only allocations, ``plan.cpu_stage``, that pull shards whose GPU
     stage is done); ``after_any``: the arrays the CPU stage starts after, however they ended."""
     resources = plan.cpu_stage if stage == 1 and plan.cpu_stage is not None else plan.generation
@@ -86,8 +87,11 @@ def render_generation(
         f"--signal=B:USR1@{warning_seconds(resources.time_minutes)}",
         *_directives(resources),
     ]
-    if after_failure_of is not None:
-        directives += [f"--dependency=afternotok:{after_failure_of}", "--kill-on-invalid-dep=yes"]
+    failures = (after_failure_of,) if isinstance(after_failure_of, str) else tuple(after_failure_of or ())
+    if failures:
+        # afternotok:A:B holds only when A and B both failed: a level that never ran (cancelled by Slurm because
+        # the level before it succeeded) is not taken for a failure, since its predecessor did not fail either.
+        directives += [f"--dependency=afternotok:{':'.join(failures)}", "--kill-on-invalid-dep=yes"]
     elif after_any:
         directives += [f"--dependency=afterany:{':'.join(after_any)}", "--kill-on-invalid-dep=yes"]
     runtime = shlex.quote(tool(plan, "ddslurm-runtime"))

@@ -229,7 +229,16 @@ def continue_submission(
             f"the {plural(len(remaining), 'array')} left to submit hold {plural(tasks, 'array task')}",
             f"wait until queued jobs have finished and continue again, or cancel the run: ddslurm cancel {root}",
         )
-        job_ids = submit_arrays(layout, plan, remaining, slurm, env, moment, submitted=submitted)
+        job_ids = submit_arrays(
+            layout,
+            plan,
+            remaining,
+            slurm,
+            env,
+            moment,
+            submitted=submitted,
+            plan_arrays=progress.plan.arrays if progress else (),
+        )
     shards = sorted({s for a in missing for s in a.shards})
     return Continued(tuple(job_ids), tuple(adopted), tuple(shards))
 

@@ -15,7 +15,7 @@ import os
 import re
 import secrets
 import shutil
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -425,6 +425,26 @@ def _with_cpu_stage(
     return tuple(out)
 
 
+def failure_chain(arrays: Iterable[PlannedArray], array: PlannedArray, *, whole: bool = True) -> tuple[int, ...]:
+    """The planned arrays whose failure an automatic retry array waits for (``--dependency=afternotok:...``):
+    the array it follows, then every earlier level of its chain back to the chunk's first array, nearest first.
+    Every one must have failed: when level 0 succeeds Slurm cancels level 1, and a level 2 that followed level 1
+    alone would count that cancellation as a failure and start. ``()``: an array that follows none. ``arrays``:
+    every array of the submission plan (the chain's earlier levels among them); without ``whole``, the chain as
+    far as ``arrays`` knows it, else a :class:`LauncherError` when one is missing."""
+    by_index = {a.index: a for a in arrays}
+    chain: list[int] = []
+    step = array.after
+    while step is not None:
+        if not whole and step not in by_index:
+            return (*chain, step)
+        if step in chain or step not in by_index:
+            raise LauncherError(f"array {array.index} of the plan follows array {step}, which the plan does not have")
+        chain.append(step)
+        step = by_index[step].after
+    return tuple(chain)
+
+
 def plural(value: int, word: str) -> str:
     return f"{value:,} {word}" + ("" if value == 1 else "s")
 
@@ -605,11 +625,15 @@ def submit_arrays(
     *,
     submitted: Mapping[int, str] | None = None,
     planned: bool = True,
+    plan_arrays: Sequence[PlannedArray] = (),
 ) -> list[str]:
     """sbatch ``arrays`` in order, recording each as it is submitted (``plan_index`` when ``planned``).
     ``submitted``: the plan's arrays submitted earlier (index → job id), for the dependencies of automatic
-    retries. Stops before the next sbatch when the run was cancelled meanwhile. On a failure raises
-    :class:`PartialSubmitError`, naming what was and was not submitted."""
+    retries; ``plan_arrays``: every array of the plan when ``arrays`` is only part of it (``submit --continue``),
+    so that an automatic retry waits for every earlier level of its chain (:func:`failure_chain`). Stops before
+    the next sbatch when the run was cancelled meanwhile. On a failure raises :class:`PartialSubmitError`, naming
+    what was and was not submitted."""
+    every = [*plan_arrays, *(a for a in arrays if a.index not in {p.index for p in plan_arrays})]
     ids: dict[int, str] = dict(submitted or {})
     before = [(a, ids[a.index]) for a in arrays if a.index in ids]
     done: list[tuple[PlannedArray, str]] = []
@@ -618,12 +642,22 @@ def submit_arrays(
         try:
             if os.path.lexists(layout.cancelled):
                 raise LauncherError("the run was cancelled (ddslurm cancel) while it was being submitted")
-            after = None if array.after is None else ids.get(array.after)
-            for follows in (array.after, *array.after_any):
-                if follows is not None and follows not in ids:
+            chain = failure_chain(every, array)
+            for follows in (*chain, *array.after_any):
+                if follows not in ids:
                     raise LauncherError(f"array {follows} of the plan, which array {array.index} follows, has no job")
             after_any = tuple(ids[i] for i in array.after_any)
-            job_id = _sbatch(layout, plan, array, slurm, env, now, after=after, after_any=after_any, planned=planned)
+            job_id = _sbatch(
+                layout,
+                plan,
+                array,
+                slurm,
+                env,
+                now,
+                after_failure_of=tuple(ids[i] for i in chain),
+                after_any=after_any,
+                planned=planned,
+            )
         except (LauncherError, OSError, KeyboardInterrupt) as exc:
             raise PartialSubmitError(
                 layout,
@@ -699,13 +733,20 @@ def _sbatch(
     env: Mapping[str, str],
     now: datetime,
     *,
-    after: str | None,
+    after_failure_of: tuple[str, ...] = (),
     after_any: tuple[str, ...] = (),
     planned: bool,
 ) -> str:
+    """``after_failure_of``: an automatic retry's chain (the array it follows first, then every earlier level)."""
     shards = list(array.shards)
     script = render_generation(
-        plan, layout, shards, after_failure_of=after, tasks=array.tasks, stage=array.stage, after_any=after_any
+        plan,
+        layout,
+        shards,
+        after_failure_of=after_failure_of,
+        tasks=array.tasks,
+        stage=array.stage,
+        after_any=after_any,
     )
     script_path = Path(array.script)
     atomic_write(script_path, script.encode(), mode=0o700)
@@ -719,7 +760,7 @@ def _sbatch(
         submitted_at=now.isoformat(),
         script=str(script_path),
         kind=array.kind,
-        after=after,
+        after=after_failure_of[0] if after_failure_of else None,
         plan_index=array.index if planned else None,
         stage=array.stage,
         after_any=after_any,

@@ -355,7 +355,7 @@ def _dry_run(session: Session, run_file: Path, profile: Path) -> int:
             {
                 "plan": plan,
                 "bill": bill,
-                "arrays": [array_json(a) for a in planned.arrays],
+                "arrays": [array_json(a, plan=planned.arrays) for a in planned.arrays],
                 "tasks": planned.tasks,
                 "limits": limits_json(planned),
                 "script": script,
@@ -590,7 +590,7 @@ def cmd_retry(
             write_json(
                 {
                     "shards": list(done.shards),
-                    "arrays": [array_json(a) for a in done.planned.arrays],
+                    "arrays": [array_json(a, plan=done.planned.arrays) for a in done.planned.arrays],
                     "tasks": done.planned.tasks,
                     "limits": limits_json(done.planned),
                 },
