@@ -1,0 +1,1 @@
+"""A randomized, seeded fault campaign on the real local Slurm cluster (issue 17): ``python -m tools.chaos``."""

@@ -1,0 +1,5 @@
+import sys
+
+from tools.chaos.run import main
+
+sys.exit(main())

@@ -1,0 +1,200 @@
+"""What one scenario of the fault campaign is, drawn from one integer seed (``random.Random(seed)``).
+
+Everything here is pure: the same seed gives the same scenario on every machine, so a failing scenario is
+rerun alone with ``--only SEED``.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+Placement = Literal["hosted", "local", "mixed"]
+Seeding = Literal["ordered", "shuffle", "seedless"]
+
+PLACEMENTS: tuple[Placement, ...] = ("hosted", "local", "mixed")
+SEEDINGS: tuple[Seeding, ...] = ("ordered", "shuffle", "seedless")
+LAYOUTS = ("per_shard", "pulling")
+STAGES = ("auto", "single")
+
+# Every fault kind, and which recipes it applies to (a server, proxy or slow load needs a deployment; a hosted
+# fault or a time limit, a hosted alias the harness controls).
+FAULT_KINDS: tuple[str, ...] = (
+    "kill_client",
+    "kill_server",
+    "kill_proxy",
+    "kill_batch",
+    "scancel_task",
+    "cancel_run",
+    "requeue",
+    "node_down",
+    "time_limit",
+    "hosted_500",
+    "hosted_timeout",
+    "hosted_malformed",
+    "slow_load",
+)
+NEEDS_DEPLOYMENT = frozenset({"kill_server", "kill_proxy", "slow_load"})
+NEEDS_HOSTED = frozenset({"time_limit", "hosted_500", "hosted_timeout", "hosted_malformed"})
+# Relative weights of the kinds (a time limit costs two minutes and more: rarer).
+WEIGHTS: dict[str, int] = {
+    "kill_client": 4,
+    "kill_server": 3,
+    "kill_proxy": 2,
+    "kill_batch": 4,
+    "scancel_task": 3,
+    "cancel_run": 3,
+    "requeue": 3,
+    "node_down": 2,
+    "time_limit": 1,
+    "hosted_500": 3,
+    "hosted_timeout": 2,
+    "hosted_malformed": 2,
+    "slow_load": 2,
+}
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    at: float
+    """Seconds after the run's first attempt is running (hosted faults and slow loads: see ``duration``)."""
+    duration: float = 0.0
+    """Hosted faults: how long the provider misbehaves before it heals; node_down: how long the node is down."""
+    rate: float = 0.0
+    """hosted_500 / hosted_malformed: the fraction of requests answered badly."""
+
+    def describe(self) -> str:
+        extra = f" for {self.duration:.0f}s" if self.duration else ""
+        extra += f" rate {self.rate:.2f}" if self.rate else ""
+        return f"{self.kind}@{self.at:.0f}s{extra}"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    seed: int
+    placement: Placement
+    seeding: Seeding
+    drop: bool
+    records: int
+    seed_rows: int
+    """Rows of the seed dataset (0 for seedless recipes)."""
+    shards: int
+    buffer_size: int
+    layout: str
+    allocations: int
+    client_workers: int
+    cpus: int
+    stages: str
+    retries: int
+    client_retries: int
+    replicas: int
+    """Replicas of the local deployment (1 for hosted-only recipes, which have none)."""
+    latency: float
+    """Seconds per request of every stand-in (local servers and the hosted provider)."""
+    startup_delay: float
+    """FAKE_VLLM_STARTUP_DELAY of the local servers (a slow model load)."""
+    time_limit_minutes: int
+    accept_partial: bool
+    """Whether the recovery may give up on missing rows with ``ddslurm accept-partial``."""
+    faults: tuple[Fault, ...] = field(default_factory=tuple)
+
+    @property
+    def has_deployment(self) -> bool:
+        return self.placement in ("local", "mixed")
+
+    @property
+    def has_hosted(self) -> bool:
+        return self.placement in ("hosted", "mixed")
+
+    @property
+    def recipe_key(self) -> str:
+        return f"{self.placement}-{self.seeding}{'-drop' if self.drop else ''}"
+
+    def describe(self) -> str:
+        layout = (
+            f"pull a={self.allocations} w={self.client_workers}"
+            if self.layout == "pulling"
+            else f"per-shard w={self.client_workers}"
+        )
+        seeds = f" seed_rows={self.seed_rows}" if self.seed_rows else ""
+        return (
+            f"{self.recipe_key} rec={self.records}{seeds} shards={self.shards} buf={self.buffer_size} {layout} "
+            f"stages={self.stages} retries={self.retries} cr={self.client_retries} rep={self.replicas} "
+            f"lat={self.latency:.2f} load={self.startup_delay:.0f}s tl={self.time_limit_minutes}m"
+            f"{' accept-partial' if self.accept_partial else ''}"
+        )
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def applicable(kind: str, placement: Placement, replicas: int) -> bool:
+    if kind in NEEDS_DEPLOYMENT and placement == "hosted":
+        return False
+    if kind in NEEDS_HOSTED and placement == "local":
+        return False
+    return not (kind == "kill_proxy" and replicas < 2)
+
+
+def draw(seed: int) -> Scenario:
+    """The scenario of ``seed``: one ``random.Random(seed)``, drawn in a fixed order."""
+    rng = random.Random(seed)
+    placement: Placement = rng.choice(PLACEMENTS)
+    seeding: Seeding = rng.choice(SEEDINGS)
+    drop = rng.random() < 0.3
+    records = rng.randint(5, 40)
+    seed_rows = rng.randint(3, 30) if seeding != "seedless" else 0
+    shards = rng.randint(1, min(7, records))
+    buffer_size = rng.randint(2, 7)
+    layout = rng.choice(LAYOUTS) if shards >= 2 else "per_shard"
+    client_workers = rng.randint(1, 3) if layout == "pulling" else 1
+    allocations = rng.randint(1, shards - 1) if layout == "pulling" else shards
+    cpus = client_workers + rng.randint(0, 1)
+    stages = rng.choice(STAGES)
+    retries = rng.randint(0, 3)
+    client_retries = rng.randint(0, 1)
+    replicas = rng.randint(1, 2) if placement != "hosted" else 1
+    latency = round(rng.uniform(0.05, 0.4), 2)
+    accept_partial = rng.random() < 0.25
+    kinds = [k for k in FAULT_KINDS if applicable(k, placement, replicas)]
+    count = rng.choices((1, 2, 3), weights=(6, 3, 1))[0]
+    faults: list[Fault] = []
+    for _ in range(count):
+        kind = rng.choices(kinds, weights=[WEIGHTS[k] for k in kinds])[0]
+        if kind == "time_limit" and any(f.kind == "time_limit" for f in faults):
+            continue
+        at = round(rng.uniform(0.0, 15.0), 1)
+        duration = round(rng.uniform(5.0, 25.0), 1) if kind.startswith("hosted_") or kind == "node_down" else 0.0
+        rate = round(rng.uniform(0.3, 1.0), 2) if kind in ("hosted_500", "hosted_malformed") else 0.0
+        if kind == "slow_load":
+            at, duration = 0.0, float(rng.randint(5, 20))
+        faults.append(Fault(kind, at, duration, rate))
+    faults.sort(key=lambda f: f.at)
+    slow = next((f for f in faults if f.kind == "slow_load"), None)
+    startup_delay = slow.duration if slow else float(rng.choice((0, 1, 2)))
+    time_limit_minutes = 2 if any(f.kind == "time_limit" for f in faults) else 10
+    return Scenario(
+        seed=seed,
+        placement=placement,
+        seeding=seeding,
+        drop=drop,
+        records=records,
+        seed_rows=seed_rows,
+        shards=shards,
+        buffer_size=buffer_size,
+        layout=layout,
+        allocations=allocations,
+        client_workers=client_workers,
+        cpus=cpus,
+        stages=stages,
+        retries=retries,
+        client_retries=client_retries,
+        replicas=replicas,
+        latency=latency,
+        startup_delay=startup_delay,
+        time_limit_minutes=time_limit_minutes,
+        accept_partial=accept_partial,
+        faults=tuple(faults),
+    )

@@ -1,0 +1,517 @@
+"""One scenario on the real local cluster: write the run files, submit, inject the drawn faults at their
+moments, recover the documented way (``wait``, ``retry`` / ``retry --resume-cancelled`` / ``accept-partial``,
+bounded), ``collect --local``, and judge the result (the oracle and the run's leftovers)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tools.chaos import cluster
+from tools.chaos.draw import Fault, Scenario
+from tools.chaos.oracle import judge
+from tools.chaos.recipes import HOSTED_MODELS, KEY_ENV, profile_yaml, providers_yaml, run_yaml, write_recipe
+from tools.chaos.reference import ReferenceCache
+
+BIN = Path(sys.executable).parent
+DDSLURM = str(BIN / "ddslurm")
+PYTHON_ENV = BIN.parent
+MAX_ROUNDS = 5
+TIME_LIMIT_HANG_S = 170.0
+
+
+class Stuck(Exception):
+    """The scenario ran past its budget."""
+
+
+@dataclass
+class Outcome:
+    seed: int
+    drawn: str
+    verdict: str = "ok"
+    reason: str = ""
+    seconds: float = 0.0
+    events: list[str] = field(default_factory=list)
+    run_dir: str = ""
+    layout: str = ""
+    recipe: str = ""
+    faults: list[str] = field(default_factory=list)
+
+    def line(self) -> str:
+        faults = ", ".join(self.events) or "none"
+        verdict = "ok" if self.verdict == "ok" else f"FAIL {self.reason}"
+        return f"seed={self.seed} [{self.drawn}] faults: {faults} -> {verdict} ({self.seconds:.0f}s)"
+
+    def as_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class Hosted:
+    """The scenario's hosted provider: a fake-vllm on a fixed loopback port with the scenario's key, restarted
+    with fault flags and without them (the stand-in has no runtime switch)."""
+
+    def __init__(self, key: str, log_dir: Path, latency: float) -> None:
+        from fake_vllm.testing import free_port
+
+        self.key, self.log_dir, self.latency = key, log_dir, latency
+        self.port = free_port()
+        self._cm: Any = None
+        self._lock = threading.Lock()
+        self._starts = 0
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def start(self, *flags: str) -> None:
+        from fake_vllm.testing import start_server
+
+        with self._lock:
+            self._stop()
+            self._starts += 1
+            args = ["--served-model-name", *HOSTED_MODELS, "--fake-latency", str(self.latency), *flags]
+            cm = start_server(
+                "hosted",
+                args=args,
+                api_key=self.key,
+                port=self.port,
+                log_path=self.log_dir / f"hosted-{self._starts}.log",
+            )
+            cm.__enter__()
+            self._cm = cm
+
+    def _stop(self) -> None:
+        if self._cm is not None:
+            with contextlib.suppress(Exception):
+                self._cm.__exit__(None, None, None)
+            self._cm = None
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stop()
+
+
+class ScenarioRun:
+    def __init__(self, scenario: Scenario, root: Path, references: ReferenceCache, budget_s: float) -> None:
+        self.s = scenario
+        self.root = root
+        self.references = references
+        self.started = time.monotonic()
+        self.deadline = self.started + budget_s
+        self.rng = random.Random(scenario.seed * 7919 + 1)  # the harness's own choices (which pid, which task)
+        self.key = "sk-chaos-" + "".join(random.Random(scenario.seed).choice("0123456789abcdef") for _ in range(32))
+        self.out = Outcome(scenario.seed, scenario.describe(), layout=scenario.layout, recipe=scenario.recipe_key)
+        self.out.faults = [f.kind for f in scenario.faults]
+        self.run_dir: Path | None = None
+        self.env: dict[str, str] = {}
+        self.hosted: Hosted | None = None
+        self.run_cancelled = False
+        self.accepted: dict[int, int] = {}
+        self.jobs: set[str] = set()
+        self.downed: str | None = None
+        self._injector_error: str | None = None
+
+    # --- helpers ---
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def t(self) -> float:
+        return time.monotonic() - self.started
+
+    def event(self, text: str) -> None:
+        self.out.events.append(f"{text} t={self.t():.0f}s")
+
+    def cli(self, *args: str, timeout: float = 120) -> tuple[int, Any, str]:
+        timeout = max(5.0, min(timeout, self.left() + 5))
+        try:
+            done = subprocess.run(
+                [DDSLURM, *args], capture_output=True, text=True, env=self.env, timeout=timeout, check=False
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise Stuck(f"ddslurm {args[0]} did not return within {timeout:.0f}s") from exc
+        data: Any = None
+        with contextlib.suppress(ValueError):
+            data = json.loads(done.stdout) if done.stdout.strip() else None
+        return done.returncode, data, done.stderr
+
+    def arrays(self) -> list[str]:
+        return cluster.run_arrays(self.run_dir) if self.run_dir else []
+
+    def attempt_records(self) -> list[dict[str, Any]]:
+        records = []
+        assert self.run_dir is not None
+        for path in self.run_dir.glob("shards/*/**/attempt.json"):
+            with contextlib.suppress(OSError, ValueError):
+                records.append(json.loads(path.read_text()))
+        return records
+
+    def all_won(self) -> bool:
+        assert self.run_dir is not None
+        return all((self.run_dir / "shards" / f"shard-{i:05d}" / "winner.json").exists() for i in range(self.s.shards))
+
+    # --- setup ---
+
+    def prepare(self) -> Path:
+        s = self.s
+        files = self.root / "files"
+        write_recipe(files, s)
+        (files / "run.yaml").write_text(run_yaml(s))
+        profile = files / "profile.yaml"
+        profile.write_text(profile_yaml(self.root / "work", PYTHON_ENV))
+        dd_home = files / "dd-home"
+        dd_home.mkdir()
+        self.env = {
+            k: v for k, v in __import__("os").environ.items() if not k.startswith(("FAKE_VLLM", "DATA_DESIGNER"))
+        }
+        self.env["DATA_DESIGNER_HOME"] = str(dd_home)
+        self.env[KEY_ENV] = self.key
+        self.hosted = Hosted(self.key, self.root, s.latency)
+        (dd_home / "model_providers.yaml").write_text(providers_yaml(self.hosted.base_url))
+        if s.has_hosted:
+            if any(f.kind == "time_limit" for f in s.faults):
+                self.hosted.start("--fake-latency", "600")
+                self.event("time_limit: hosted provider hangs")
+            else:
+                self.hosted.start()
+        return files
+
+    # --- faults ---
+
+    def first_running(self) -> bool:
+        return any(r.get("state") == "running" for r in self.attempt_records())
+
+    def inject_all(self) -> None:
+        try:
+            self._inject_all()
+        except Exception as exc:  # reported as the harness's own failure
+            self._injector_error = f"fault injection raised {type(exc).__name__}: {exc}"
+
+    def _inject_all(self) -> None:
+        s = self.s
+        while not self.first_running():
+            if self.all_won() or self.left() < 30:
+                for f in s.faults:
+                    if f.kind not in ("slow_load", "time_limit"):
+                        self.event(f"{f.kind} missed (no attempt ever running)")
+                return
+            time.sleep(0.5)
+        zero = time.monotonic()
+        threads = []
+        for fault in s.faults:
+            thread = threading.Thread(target=self._inject_one, args=(fault, zero), daemon=True)
+            thread.start()
+            threads.append(thread)
+        for thread in threads:
+            thread.join(max(1.0, self.left()))
+
+    def _inject_one(self, fault: Fault, zero: float) -> None:
+        if fault.kind == "slow_load":
+            self.event(f"slow_load {fault.duration:.0f}s")
+            return
+        if fault.kind == "time_limit":
+            self._time_limit(zero)
+            return
+        while time.monotonic() < zero + fault.at:
+            time.sleep(0.2)
+        if self.all_won():
+            self.event(f"{fault.kind} missed (run done)")
+            return
+        handler: Callable[[Fault], None] = getattr(self, f"_f_{fault.kind}")
+        handler(fault)
+
+    def _kill(self, kind: str) -> None:
+        assert self.run_dir is not None
+        label = {"generate": "batch"}.get(kind, kind)
+        end = time.monotonic() + 20
+        while time.monotonic() < end and not self.all_won():
+            arrays = self.arrays()
+            self.jobs |= set(cluster.queued(arrays))
+            procs = [p for p in cluster.run_processes(self.run_dir, arrays, self.jobs) if p.kind == kind]
+            if procs:
+                victim = self.rng.choice(sorted(procs, key=lambda p: p.pid))
+                if cluster.kill(victim.pid):
+                    self.event(f"kill -9 {label} pid {victim.pid} (job {victim.job})")
+                    return
+            time.sleep(0.5)
+        self.event(f"kill_{label} skipped (no {label} process)")
+
+    def _f_kill_client(self, fault: Fault) -> None:
+        self._kill("client")
+
+    def _f_kill_server(self, fault: Fault) -> None:
+        self._kill("server")
+
+    def _f_kill_proxy(self, fault: Fault) -> None:
+        self._kill("proxy")
+
+    def _f_kill_batch(self, fault: Fault) -> None:
+        self._kill("generate")
+
+    def _running_task(self) -> tuple[str, str, str] | None:
+        jobs = cluster.queued(self.arrays())
+        self.jobs |= set(jobs)
+        running = sorted(v for v in jobs.values() if v[1] == "RUNNING")
+        return self.rng.choice(running) if running else None
+
+    def _f_scancel_task(self, fault: Fault) -> None:
+        task = self._running_task()
+        if task is None:
+            self.event("scancel_task skipped (nothing running)")
+            return
+        cluster.sh("scancel", task[0])
+        self.event(f"scancel {task[0]}")
+
+    def _f_cancel_run(self, fault: Fault) -> None:
+        assert self.run_dir is not None
+        rc, _, _ = self.cli("cancel", str(self.run_dir), "--json")
+        self.run_cancelled = True
+        self.event(f"ddslurm cancel (rc {rc})")
+
+    def _f_requeue(self, fault: Fault) -> None:
+        task = self._running_task()
+        if task is None:
+            self.event("requeue skipped (nothing running)")
+            return
+        done = cluster.sh("scontrol", "requeue", task[0])
+        self.event(f"scontrol requeue {task[0]} (rc {done.returncode})")
+        time.sleep(2)
+        cluster.sh("scontrol", "update", f"jobid={task[0]}", "StartTime=now")  # not Slurm's requeue delay
+
+    def _f_node_down(self, fault: Fault) -> None:
+        task = self._running_task()
+        if task is None or not task[2]:
+            self.event("node_down skipped (nothing running)")
+            return
+        node = cluster.sh("scontrol", "show", "hostnames", task[2]).stdout.split()[0]
+        if not cluster.NODE_LOCK.acquire(blocking=False):
+            self.event("node_down skipped (another scenario has a node down)")
+            return
+        try:
+            others = cluster.other_jobs_on(node, self.jobs | set(cluster.queued(self.arrays())))
+            if others:
+                self.event(f"node_down skipped ({len(others)} other job(s) on {node})")
+                return
+            self.downed = node
+            cluster.sh("scontrol", "update", f"nodename={node}", "state=down", "reason=chaos")
+            self.event(f"{node} down")
+            time.sleep(fault.duration)
+        finally:
+            if self.downed:
+                cluster.sh("scontrol", "update", f"nodename={self.downed}", "state=resume")
+                self.event(f"{self.downed} resumed")
+                self.downed = None
+            cluster.NODE_LOCK.release()
+
+    def _hosted_fault(self, fault: Fault, flags: list[str], what: str) -> None:
+        assert self.hosted is not None
+        self.hosted.start(*flags)
+        self.event(f"hosted {what}")
+        end = time.monotonic() + fault.duration
+        while time.monotonic() < end and not self.all_won():
+            time.sleep(0.5)
+        self.hosted.start()
+        self.event("hosted healed")
+
+    def _f_hosted_500(self, fault: Fault) -> None:
+        self._hosted_fault(fault, ["--fake-error-rate", str(fault.rate)], f"500s rate {fault.rate}")
+
+    def _f_hosted_malformed(self, fault: Fault) -> None:
+        self._hosted_fault(fault, ["--fake-no-choices-rate", str(fault.rate)], f"no-choices rate {fault.rate}")
+
+    def _f_hosted_timeout(self, fault: Fault) -> None:
+        self._hosted_fault(fault, ["--fake-latency", "600"], "hangs")
+
+    def _time_limit(self, zero: float) -> None:
+        """The hosted provider hangs until Slurm's time limit has ended an attempt (or long enough), then heals."""
+        assert self.hosted is not None
+        end = zero + TIME_LIMIT_HANG_S
+        while time.monotonic() < end and self.left() > 60:
+            if any(r.get("reason") in ("time_limit", "timeout") for r in self.attempt_records()):
+                self.event("time limit hit")
+                break
+            time.sleep(1)
+        self.hosted.start()
+        self.event("hosted healed")
+
+    # --- recovery ---
+
+    def recover(self) -> None:
+        assert self.run_dir is not None
+        run = str(self.run_dir)
+        for round_ in range(MAX_ROUNDS):
+            wait_s = self.left() - 20
+            if wait_s < 10:
+                raise Stuck("no time left to wait for the run")
+            rc, data, err = self.cli("wait", run, "--json", "--timeout", str(int(wait_s)), timeout=wait_s + 30)
+            state = (data or {}).get("state")
+            if rc == 0 and state == "succeeded":
+                if round_:
+                    self.event(f"recovered in {round_} round(s)")
+                return
+            if rc == 3:
+                raise Stuck(f"ddslurm wait timed out (state {state})")
+            if state in (None, "pending", "running"):
+                time.sleep(2)
+                continue
+            shards = (data or {}).get("shards", [])
+            if state == "cancelled" and self.run_cancelled:
+                rc, out, err = self.cli("retry", run, "--resume-cancelled", "--json")
+                self.event(f"retry --resume-cancelled (rc {rc})")
+                continue
+            partial = [sh["shard"] for sh in shards if sh.get("state") == "partial"]
+            if partial and self.s.accept_partial:
+                rc, out, err = self.cli("accept-partial", run, "--shards", ",".join(map(str, partial)), "--json")
+                for item in (out or {}).get("accepted", []):
+                    self.accepted[int(item["shard"])] = int(item["rows"])
+                self.event(f"accept-partial {partial} (rc {rc})")
+                if rc == 0:
+                    continue
+            rc, out, err = self.cli("retry", run, "--json")
+            self.event(f"retry {(out or {}).get('shards', '')} (rc {rc})")
+            if rc != 0:
+                self.out.events.append(f"retry said: {err.strip().splitlines()[-1] if err.strip() else ''}")
+                time.sleep(3)
+        raise Failed(f"not succeeded after {MAX_ROUNDS} recovery rounds (last state {state})")
+
+    # --- the verdict ---
+
+    def check(self) -> None:
+        assert self.run_dir is not None
+        rc, data, err = self.cli("collect", str(self.run_dir), "--local", "--json", timeout=180)
+        if rc != 0:
+            raise Failed(f"collect failed (rc {rc}): {err.strip()[-300:]}")
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(data["dataset"])  # type: ignore[no-untyped-call]
+        rows = json.loads(json.dumps(table.to_pylist(), default=str))
+        reference, columns = self.references.get(self.s)
+        problems = []
+        if sorted(table.column_names) != sorted(columns):
+            problems.append(f"columns {table.column_names} != reference {columns}")
+        allowed = 0
+        for shard in range(self.s.shards):
+            winner = json.loads((self.run_dir / "shards" / f"shard-{shard:05d}" / "winner.json").read_text())
+            if winner.get("partial"):
+                if shard not in self.accepted:
+                    problems.append(f"shard {shard} partial without accept-partial")
+                plan = json.loads((self.run_dir / "run.json").read_text())
+                wanted = plan["shards"][shard]["num_records"]
+                allowed += wanted - int(winner.get("rows", 0))
+        verdict = judge(reference, rows, allowed_lost=allowed)
+        problems += verdict.problems
+        problems += self.leftovers()
+        hits = self.secret_hits()
+        if hits:
+            problems.append(f"secret in {len(hits)} file(s): {', '.join(hits[:3])}")
+        if problems:
+            raise Failed("; ".join(problems))
+
+    def leftovers(self) -> list[str]:
+        """Slurm jobs, processes and scratch directories of the run still there once it ended (bounded waits)."""
+        assert self.run_dir is not None
+        arrays = self.arrays()
+        problems = []
+        end = time.monotonic() + min(60.0, max(5.0, self.left()))
+        while (jobs := cluster.queued(arrays)) and time.monotonic() < end:
+            time.sleep(1)
+        if jobs:
+            problems.append(f"Slurm jobs left: {sorted(v[0] + ' ' + v[1] for v in jobs.values())[:4]}")
+        self.jobs |= cluster.job_ids(arrays)
+        end = time.monotonic() + 30
+        while (procs := cluster.run_processes(self.run_dir, arrays, self.jobs)) and time.monotonic() < end:
+            time.sleep(1)
+        if procs:
+            problems.append(f"processes left: {[(p.pid, p.kind, p.job) for p in procs][:4]}")
+        scratch = cluster.scratch_dirs(self.jobs)
+        if scratch:
+            problems.append(f"scratch directories left: {[p.name for p in scratch][:3]}")
+        return problems
+
+    def secret_hits(self) -> list[str]:
+        """Files under the run directory holding the key: raw bytes, and every value of every Parquet file."""
+        assert self.run_dir is not None
+        import pyarrow.parquet as pq
+
+        needle = self.key.encode()
+        hits = []
+        for path in self.run_dir.rglob("*"):
+            if not path.is_file() or path.is_symlink():
+                continue
+            try:
+                data = path.read_bytes()
+            except OSError:
+                continue
+            found = needle in data
+            if not found and path.suffix == ".parquet":
+                with contextlib.suppress(Exception):
+                    table = pq.read_table(path)  # type: ignore[no-untyped-call]
+                    found = self.key in json.dumps(table.to_pylist(), default=str)
+            if found:
+                hits.append(str(path.relative_to(self.run_dir)))
+        return hits
+
+    # --- the whole scenario ---
+
+    def execute(self) -> Outcome:
+        injector: threading.Thread | None = None
+        try:
+            files = self.prepare()
+            rc, data, err = self.cli(
+                "submit", str(files / "run.yaml"), "--profile", str(files / "profile.yaml"), "--json", timeout=180
+            )
+            if rc != 0 or not data or "run_dir" not in data:
+                raise Failed(f"submit failed (rc {rc}): {err.strip()[-400:]}")
+            self.run_dir = Path(data["run_dir"])
+            self.out.run_dir = str(self.run_dir)
+            injector = threading.Thread(target=self.inject_all, daemon=True)
+            injector.start()
+            injector.join(max(1.0, self.left() - 30))
+            if injector.is_alive():
+                raise Stuck("fault injection did not end")
+            if self._injector_error:
+                raise Failed(self._injector_error)
+            self.recover()
+            self.check()
+        except Stuck as exc:
+            self.out.verdict, self.out.reason = "FAIL", f"stuck: {exc}"
+        except Failed as exc:
+            self.out.verdict, self.out.reason = "FAIL", str(exc)
+        except Exception as exc:
+            self.out.verdict, self.out.reason = "FAIL", f"harness error: {type(exc).__name__}: {exc}"
+        finally:
+            self.cleanup()
+            self.out.seconds = self.t()
+        return self.out
+
+    def cleanup(self) -> None:
+        if self.downed:
+            cluster.sh("scontrol", "update", f"nodename={self.downed}", "state=resume")
+        if self.run_dir is not None and self.out.verdict != "ok":
+            with contextlib.suppress(Exception):
+                subprocess.run(
+                    [DDSLURM, "cancel", str(self.run_dir)], env=self.env, capture_output=True, timeout=120, check=False
+                )
+            arrays = self.arrays()
+            if arrays:
+                cluster.sh("scancel", *arrays)
+            for proc in cluster.run_processes(self.run_dir, arrays, self.jobs):
+                cluster.kill(proc.pid)
+        if self.hosted is not None:
+            self.hosted.stop()
+        if self.out.verdict == "ok":
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
+class Failed(Exception):
+    """The scenario's verdict is FAIL, with this reason."""
