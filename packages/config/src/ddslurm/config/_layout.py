@@ -21,7 +21,8 @@
             attempt.json          attempt record (state, reason, rows)
             client.log            structured log of the generation step
             output/<dataset>/     Data Designer's own dataset directory
-    allocations/allocation-<job_id>/  a pulling allocation's server and proxy logs (kept across its shards)
+    allocations/allocation-<job_id>/  a pulling allocation's server and proxy logs (kept across its shards);
+                                  allocation-<job_id>-r<n>/ after the n-th requeue
     collections/<id>/             collection working area
     dataset/                      the final dataset (published atomically)
     report.html                   ``ddslurm report``: the run's timeline, rates, models, GPU-hours (default place)
@@ -209,9 +210,11 @@ class RunLayout:
     def allocations(self) -> Path:
         return self.root / "allocations"
 
-    def allocation(self, job_id: str) -> Path:
-        """A pulling allocation's own directory: its model servers' and proxies' logs, serving.json."""
-        return self.allocations / f"allocation-{job_id}"
+    def allocation(self, job_id: str, restart: int = 0) -> Path:
+        """A pulling allocation's own directory: its model servers' and proxies' logs, serving.json, endpoints.json.
+        One per incarnation, named like its attempts (:func:`attempt_id_for`): a job that Slurm requeued keeps its
+        id but serves anew (new servers, ports, token), so it never reads what the earlier incarnation left."""
+        return self.allocations / (f"allocation-{job_id}" if restart == 0 else f"allocation-{job_id}-r{restart}")
 
 
 def attempt_id_for(job_id: str, restart: int = 0) -> str:

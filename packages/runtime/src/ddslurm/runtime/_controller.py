@@ -285,6 +285,8 @@ class Controller:
         self._spare: Work | None = None
         """A pulling allocation's next shard: its client started, waiting for its own endpoints file."""
         self._serving_dir = run_dir
+        self._endpoints_written: set[Path] = set()
+        """The endpoints files this controller wrote: a client waits for any other (see :meth:`_start_client`)."""
 
     def run(self, inputs: Inputs, source: ShardSource | int, job_id: str, node: str, restart: int = 0) -> int:
         """Run the allocation: begin the first shard's attempt (nothing starts when there is none), start the
@@ -293,7 +295,10 @@ class Controller:
         source = OneShard(source) if isinstance(source, int) else source
         array, task = self._env.get("SLURM_ARRAY_JOB_ID"), self._env.get("SLURM_ARRAY_TASK_ID")
         self._slurm_log = str(self._run_dir / "logs" / f"slurm-{array}_{task}.out") if array and task else None
-        self._serving_dir = RunLayout(self._run_dir).allocation(job_id) if source.pulling else self._run_dir
+        # The serving state (logs, serving.json, endpoints.json) belongs to this incarnation of the job: a pulling
+        # allocation that Slurm requeued (same job id, SLURM_RESTART_COUNT + 1) serves from a new directory, as a
+        # one-shard task does from its new attempt directory.
+        self._serving_dir = RunLayout(self._run_dir).allocation(job_id, restart) if source.pulling else self._run_dir
         self._job, self._node, self._restart = job_id, node, restart
         first = self._begin_next(inputs, source)
         if first is None:
@@ -367,11 +372,14 @@ class Controller:
         memory = split_memory(self._env, servers, proxies, workers + (1 if source.pulling else 0))
         endpoints_file = self._serving_dir / "endpoints.json"
         make_private_dir(self._serving_dir, exist_ok=True)
+        if endpoints_file.exists():  # not this incarnation's: its servers are not even started yet
+            log.warning("serving.stale_endpoints", path=str(endpoints_file), why="left by an earlier run; removed")
+            endpoints_file.unlink()
         replicas: dict[str, list[Replica]] = {}
         # Overlap the model load: servers, proxies and the first clients (Data Designer's import) start at once;
         # the clients wait for the endpoints file, written when every replica and proxy is ready.
         if serving is None:
-            atomic_write(endpoints_file, encode_pretty(_provider_endpoints(inputs, {})))
+            self._write_endpoints(endpoints_file, encode_pretty(_provider_endpoints(inputs, {})))
         else:
             replicas, version = self._launch_servers(serving, memory, log)
             self._launch_proxies(serving, replicas, memory, log)
@@ -385,7 +393,7 @@ class Controller:
                 d.alias: (self._proxies[d.alias].url if d.proxy else replicas[d.alias][0].url)
                 for d in serving.deployments
             }
-            atomic_write(endpoints_file, encode_pretty(_provider_endpoints(inputs, urls)))
+            self._write_endpoints(endpoints_file, encode_pretty(_provider_endpoints(inputs, urls)))
             log.info("serving.ready", endpoints=urls)
         exhausted = False
         failures: dict[str, int] = {}
@@ -579,7 +587,7 @@ class Controller:
                 endpoints_file = self._serving_dir / "endpoints.json"
                 current = msgspec.json.decode(endpoints_file.read_bytes(), type=dict[str, str])
                 updated = {k: v.replace(old.url, proxy.url) for k, v in current.items()}
-                atomic_write(endpoints_file, encode_pretty(updated))
+                self._write_endpoints(endpoints_file, encode_pretty(updated))
 
     def _record_serving(self, serving: ServingPlan, replicas: dict[str, list[Replica]], version: str) -> None:
         doc = {
@@ -599,6 +607,11 @@ class Controller:
         }
         atomic_write(self._serving_dir / "serving.json", encode_pretty(doc))
 
+    def _write_endpoints(self, path: Path, data: bytes) -> None:
+        """Write an endpoints file (atomically) and remember it: clients started from now on need not wait."""
+        atomic_write(path, data)
+        self._endpoints_written.add(path)
+
     # --- clients ---------------------------------------------------------------------------------------
 
     def _promote(self, source: ShardSource, endpoints_file: Path, outcomes: list[AttemptRecord]) -> bool:
@@ -611,7 +624,7 @@ class Controller:
             self._steps.remove(spare.client)
             outcomes.append(self._runner.cancel(spare.began, "cancelled by ddslurm cancel --shards before it ran"))
             return False
-        atomic_write(spare.began.layout.dir / "endpoints.json", endpoints_file.read_bytes())
+        self._write_endpoints(spare.began.layout.dir / "endpoints.json", endpoints_file.read_bytes())
         spare.log.info("client.promoted", why="a worker's shard ended; the spare client generates now")
         self._works.append(spare)
         return True
@@ -649,7 +662,7 @@ class Controller:
             "--endpoints",
             str(endpoints_file),
         )
-        if not endpoints_file.exists():
+        if endpoints_file not in self._endpoints_written:  # whatever is there now was not written for this client
             argv = (*argv, "--wait-endpoints", str(_endpoints_wait(inputs)))
         if resume:
             argv = (*argv, "--resume")

@@ -1,0 +1,116 @@
+"""The node-side runtime where Slurm's own behaviour decides: a pulling allocation that ``scontrol requeue`` restarts
+(same job id, SLURM_RESTART_COUNT 1) serves anew from its own directory, and its first clients wait for its own
+endpoints instead of sending requests to servers that are still loading.
+
+Every wait is bounded; the run is the test's own and is cancelled if the test fails part-way.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ddslurm.config import AttemptRecord, read_json
+
+pytestmark = [pytest.mark.slurm, pytest.mark.dd]
+
+REPO = Path(__file__).resolve().parents[1]
+MIXED_RECIPE = REPO / "examples" / "mixed" / "recipe.yaml"
+DDSLURM = str(Path(sys.executable).parent / "ddslurm")
+RECORDS, SHARDS = 12, 2
+
+
+def _cli(*args: str, env: dict[str, str], timeout: float = 400, ok: bool = True) -> Any:
+    done = subprocess.run([DDSLURM, *args], capture_output=True, text=True, env=env, timeout=timeout, check=False)
+    if ok:
+        assert done.returncode == 0, f"{args}: rc={done.returncode}\n{done.stdout}\n{done.stderr[-3000:]}"
+        return json.loads(done.stdout)
+    return done
+
+
+def _until(predicate: Callable[[], Any], timeout: float, what: str, show: Callable[[], Any] | None = None) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.5)
+    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}" + (f"; last seen: {show()}" if show else ""))
+
+
+def _slurm(*argv: str) -> str:
+    return subprocess.run(list(argv), capture_output=True, text=True, timeout=60, check=False).stdout
+
+
+def _attempts(run_dir: Path) -> list[AttemptRecord]:
+    out = []
+    for path in run_dir.glob("shards/shard-*/attempts/*/attempt.json"):
+        try:
+            out.append(read_json(path, AttemptRecord))
+        except Exception:
+            continue
+    return out
+
+
+def test_a_requeued_pulling_allocation_serves_from_its_own_directory_and_its_clients_wait(
+    make_run_files: Any, tmp_path: Path
+) -> None:
+    requests = tmp_path / "requests.jsonl"  # every request the model servers of both incarnations answered
+    generator = (
+        "deployments:\n  - model_alias: generator\n    model: Qwen/Qwen3-8B\n    served_model_name: qwen3-8b\n"
+        "    replicas: 1\n    tensor_parallel: 1\n    server:\n      cpus: 1\n      startup_timeout: 180\n"
+        "      env: {FAKE_VLLM_LATENCY: '0.5', FAKE_VLLM_STARTUP_DELAY: '20', "
+        f"FAKE_VLLM_REQUEST_LOG: '{requests}'}}\n"
+        "stages: single\nallocations: 1\nclient_workers: 1\n"
+    )
+    files = make_run_files("requeue-pull", num_records=RECORDS, shards=SHARDS, buffer_size=3, recipe=MIXED_RECIPE,
+                           extra_run=generator)  # fmt: skip
+    submitted = _cli("submit", str(files.run_file), "--profile", str(files.profile), "--json", env=files.env)
+    run_dir, task = Path(submitted["run_dir"]), f"{submitted['job_id']}_0"
+    allocations = run_dir / "allocations"
+    try:
+        first = _until(
+            lambda: next(iter(allocations.glob("allocation-*/endpoints.json")), None),
+            240,
+            "the first incarnation to serve",
+        ).parent
+        job = first.name.removeprefix("allocation-")
+        _slurm("scontrol", "requeue", task)
+        _until(
+            lambda: "PENDING" in _slurm("squeue", "-h", "-j", task, "-o", "%T"),
+            90,
+            "the requeued allocation to be pending",
+            lambda: _slurm("squeue", "-h", "-j", task, "-o", "%i|%T|%r"),
+        )
+        _slurm("scontrol", "update", f"jobid={task}", "StartTime=now")  # not Slurm's requeue delay
+        final = _cli("wait", str(run_dir), "--json", "--timeout", "420", env=files.env, timeout=480)
+    except BaseException:
+        _cli("cancel", str(run_dir), env=files.env, ok=False, timeout=60)  # leave no job behind
+        raise
+    assert final["state"] == "succeeded" and final["records_done"] == RECORDS, json.dumps(final)[-3000:]
+    # The second incarnation served from allocation-<job>-r1, and its attempts say so.
+    second = allocations / f"allocation-{job}-r1"
+    assert (second / "endpoints.json").is_file() and list(second.glob("server-generator-0.log"))
+    requeued = [r for r in _attempts(run_dir) if r.attempt == f"attempt-{job}-r1"]
+    assert requeued and all(r.allocation == str(second) for r in requeued), requeued
+    assert {r.state for r in requeued} == {"succeeded"}
+    # No client sent a request to a server that was still loading (vLLM answers 503 then; rows were dropped).
+    entries = [json.loads(line) for line in requests.read_text().splitlines()]
+    loading = [e for e in entries if e["path"].startswith("/v1/chat") and e["status"] == 503]
+    assert loading == [], f"{len(loading)} requests got 503 from a loading server"
+    # ddslurm logs --step server of a requeued attempt shows its own incarnation's server log.
+    [shown] = {r.shard for r in requeued if r.shard == requeued[0].shard}
+    logs = subprocess.run(
+        [DDSLURM, "logs", str(run_dir), "--shard", str(shown), "--step", "server", "--json"],
+        capture_output=True, text=True, env=files.env, timeout=60, check=False,
+    )  # fmt: skip
+    assert logs.returncode == 0, logs.stderr
+    sources = {json.loads(line)["source"] for line in logs.stdout.splitlines() if line.strip()}
+    assert sources and all(Path(s).parent == second for s in sources), sources
