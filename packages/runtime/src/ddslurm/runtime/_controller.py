@@ -46,6 +46,7 @@ from ddslurm.config import (
 )
 from ddslurm.runtime._attempt import EXIT_FAILED, EXIT_OK, AttemptRunner, Began, Inputs, exit_code_for
 from ddslurm.runtime._engine import local_token_names
+from ddslurm.runtime._scratch import pid_alive, process_start_time
 from ddslurm.runtime._serving import (
     TOKEN_ENV,
     ProxyDiedError,
@@ -66,6 +67,36 @@ from ddslurm.runtime.errors import RuntimeFailure, SecretMissingError
 HOST = "127.0.0.1"
 STOP_RACE_S = 2.0
 """How long a client step's failure waits for the signal that may have ended it (scancel, time limit)."""
+
+
+def controller_identity(pid: int | None = None) -> str:
+    """Who a waiting client waits for: ``PID:START:PIDNS`` of this process (its start time in clock ticks and its
+    PID namespace, each empty when unknown), what ``--wait-endpoints`` takes (see :func:`controller_alive`)."""
+    pid = os.getpid() if pid is None else pid
+    start = process_start_time(pid)
+    return f"{pid}:{'' if start is None else start}:{_pid_namespace(pid)}"
+
+
+def controller_alive(identity: str) -> Callable[[], bool]:
+    """Whether the controller ``identity`` names (:func:`controller_identity`) still runs: one read of its
+    ``/proc/PID/stat``. A client in another PID namespace cannot see it and waits as long as it lives itself:
+    it is a step of the same job, which Slurm ends with the controller, and the controller stops it when serving
+    fails. ValueError for a malformed identity."""
+    pid_text, _, rest = identity.partition(":")
+    start_text, _, namespace = rest.partition(":")
+    if not pid_text.isdigit() or (start_text and not start_text.isdigit()):
+        raise ValueError(f"expected PID:START:PIDNS, got {identity!r}")
+    pid, start = int(pid_text), int(start_text) if start_text else None
+    if namespace and namespace != _pid_namespace(os.getpid()):
+        return lambda: True
+    return lambda: pid_alive(pid, start)
+
+
+def _pid_namespace(pid: int) -> str:
+    try:
+        return str(Path(f"/proc/{pid}/ns/pid").readlink()).removeprefix("pid:[").removesuffix("]")
+    except OSError:
+        return ""
 
 
 class InterruptedFailure(RuntimeFailure):
@@ -286,6 +317,8 @@ class Controller:
         """A pulling allocation's next shard: its client started, waiting for its own endpoints file."""
         self._serving_dir = run_dir
         self._endpoints_written: set[Path] = set()
+        self._identity = controller_identity()
+        """What a client waiting for its endpoints waits for: as long as this process lives (no deadline)."""
         """The endpoints files this controller wrote: a client waits for any other (see :meth:`_start_client`)."""
 
     def run(self, inputs: Inputs, source: ShardSource | int, job_id: str, node: str, restart: int = 0) -> int:
@@ -405,7 +438,7 @@ class Controller:
             while len(self._works) < workers and not (self._works and self._dead_proxy() is not None):
                 if self._spare is not None:  # ready: Data Designer imported, waiting for its endpoints
                     self._restart_dead_proxies(replicas, memory, log)
-                    if self._promote(source, endpoints_file, outcomes):
+                    if self._promote(inputs, endpoints_file, memory, outcomes):
                         continue
                 if exhausted:
                     break
@@ -614,9 +647,13 @@ class Controller:
 
     # --- clients ---------------------------------------------------------------------------------------
 
-    def _promote(self, source: ShardSource, endpoints_file: Path, outcomes: list[AttemptRecord]) -> bool:
+    def _promote(
+        self, inputs: Inputs, endpoints_file: Path, memory: MemorySplit, outcomes: list[AttemptRecord]
+    ) -> bool:
         """Give the spare client its endpoints: it becomes a worker. False when its shard was cancelled meanwhile
-        (``cancel --shards``): it is stopped and its attempt recorded ``cancelled``."""
+        (``cancel --shards``): it is stopped and its attempt recorded ``cancelled``. A spare that ended while it
+        waited (it had not begun its attempt: the record is still ``running``) is started again with the endpoints,
+        as the shard's first client run: it used none of the shard's reruns (``client_retries``)."""
         spare, self._spare = self._spare, None
         assert spare is not None
         if self._shard_cancelled(spare.began.shard):
@@ -624,7 +661,15 @@ class Controller:
             self._steps.remove(spare.client)
             outcomes.append(self._runner.cancel(spare.began, "cancelled by ddslurm cancel --shards before it ran"))
             return False
-        self._write_endpoints(spare.began.layout.dir / "endpoints.json", endpoints_file.read_bytes())
+        own = spare.began.layout.dir / "endpoints.json"
+        self._write_endpoints(own, endpoints_file.read_bytes())
+        status = spare.client.poll()
+        if status is not None and read_json(spare.began.layout.record, AttemptRecord).state == "running":
+            spare.log.warning(
+                "client.spare_restarted", status=status, why="the spare client ended before it was given endpoints"
+            )
+            self._steps.remove(spare.client)
+            spare.client = self._start_client(inputs, spare.began, own, memory, resume=False)
         spare.log.info("client.promoted", why="a worker's shard ended; the spare client generates now")
         self._works.append(spare)
         return True
@@ -663,7 +708,7 @@ class Controller:
             str(endpoints_file),
         )
         if endpoints_file not in self._endpoints_written:  # whatever is there now was not written for this client
-            argv = (*argv, "--wait-endpoints", str(_endpoints_wait(inputs)))
+            argv = (*argv, "--wait-endpoints", self._identity)
         if resume:
             argv = (*argv, "--resume")
         if self._runner.stage is not None:
@@ -829,13 +874,6 @@ def stop_together(steps: Sequence[Step], grace: float) -> list[int]:
         return [step.stop(grace) for step in steps]
     with ThreadPoolExecutor(max_workers=len(steps), thread_name_prefix="stop") as pool:
         return list(pool.map(lambda step: step.stop(grace), steps))
-
-
-def _endpoints_wait(inputs: Inputs) -> int:
-    """How long a client started during the model load waits for the endpoints (the slowest start-up, plus
-    slack for the proxies); the controller stops it sooner if serving fails."""
-    serving = inputs.plan.serving
-    return 300 + max((d.startup_timeout for d in serving.deployments), default=0) if serving else 300
 
 
 def _provider_endpoints(inputs: Inputs, alias_urls: Mapping[str, str]) -> dict[str, str]:

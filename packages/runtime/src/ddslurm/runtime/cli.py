@@ -6,8 +6,10 @@
         watch, tear everything down; with --pool, a pulling allocation: servers started once, shards of the pool
         claimed and generated (client_workers at a time) until none is left. --stage: a two-stage run's GPU
         stage (0) or CPU stage (1: a pulling allocation without servers over shards whose GPU stage is done)
-    ddslurm-runtime client --run-dir DIR --shard N --attempt ID --endpoints FILE [--wait-endpoints S] [--stage K]
-        the Data Designer step (the only one that sees API keys)
+    ddslurm-runtime client --run-dir DIR --shard N --attempt ID --endpoints FILE [--wait-endpoints CONTROLLER]
+                           [--stage K]
+        the Data Designer step (the only one that sees API keys); --wait-endpoints: started before its endpoints
+        exist, it imports Data Designer and waits for FILE as long as its controller (PID:START:PIDNS) runs
     ddslurm-runtime proxy --listen HOST:PORT --upstream URL [--upstream URL ...]
         one endpoint in front of several replicas of a model
 
@@ -25,7 +27,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -37,7 +39,7 @@ import msgspec
 
 from ddslurm.config import RunLayout, expand_ranges
 from ddslurm.runtime._attempt import EXIT_FAILED, AttemptRunner, Inputs, load_inputs
-from ddslurm.runtime._controller import ClaimPool, Controller, ShardSource, StopSignal
+from ddslurm.runtime._controller import ClaimPool, Controller, ShardSource, StopSignal, controller_alive
 from ddslurm.runtime._engine import engine_environment, local_token_names, preload_engine, run_engine
 from ddslurm.runtime._log import new_logger
 from ddslurm.runtime._scratch import (
@@ -213,15 +215,27 @@ def _pool(
     )
 
 
-def _await_endpoints(path: Path, timeout: float) -> None:
-    """Started while the model servers load: import Data Designer meanwhile, then wait for the endpoints file the
-    controller writes once every server and proxy answers (it stops this step if serving fails)."""
+def _await_endpoints(
+    path: Path,
+    alive: Callable[[], bool],
+    *,
+    poll: float = 0.05,
+    check_every: float = 1.0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
+    """Started before its endpoints exist (the model load, or a pulling allocation's spare client, which waits for
+    a worker's shard to end however long that shard takes): import Data Designer meanwhile, then wait for the
+    endpoints file, as long as the controller that started this step runs (``alive``, asked every
+    ``check_every`` seconds). No deadline of its own: the controller stops this step when serving fails or it no
+    longer needs it."""
     preload_engine()
-    deadline = time.monotonic() + timeout
+    next_check = time.monotonic()
     while not path.exists():
-        if time.monotonic() >= deadline:
-            raise SystemExit(f"ddslurm-runtime: {path} did not appear within {timeout:.0f} s")
-        time.sleep(0.05)
+        if time.monotonic() >= next_check:
+            if not alive():
+                raise SystemExit(f"ddslurm-runtime: the controller ended before {path} appeared")
+            next_check = time.monotonic() + check_every
+        sleep(poll)
 
 
 def client_inputs(inputs: Inputs) -> Inputs:
@@ -240,7 +254,12 @@ def cmd_client(args: argparse.Namespace) -> int:
     log = new_logger(sys.stderr.buffer, component="client", run_id=layout.run_id)
     with _engine_scratch(args.attempt, os.environ, log) as home:
         if args.endpoints and args.wait_endpoints is not None:
-            _await_endpoints(args.endpoints, args.wait_endpoints)
+            try:
+                alive = controller_alive(args.wait_endpoints)
+            except ValueError as exc:
+                print(f"ddslurm-runtime: --wait-endpoints: {exc}", file=sys.stderr)
+                return EXIT_USAGE
+            _await_endpoints(args.endpoints, alive)
         endpoints = msgspec.json.decode(args.endpoints.read_bytes(), type=dict[str, str]) if args.endpoints else {}
         try:
             inputs = client_inputs(stage_inputs(load_inputs(layout), args.stage))
@@ -298,7 +317,10 @@ def main(argv: list[str] | None = None) -> int:
     client.add_argument("--attempt", required=True)
     client.add_argument("--endpoints", type=Path, default=None)
     client.add_argument(
-        "--wait-endpoints", type=float, default=None, help="seconds to wait for the endpoints file to appear"
+        "--wait-endpoints",
+        default=None,
+        metavar="CONTROLLER",
+        help="wait for the endpoints file while this controller (PID:START:PIDNS, as it passes it) runs",
     )
     client.add_argument("--resume", action="store_true", help="continue this attempt's own dataset (a rerun)")
     client.add_argument("--stage", type=int, choices=[0, 1], default=None, help="a two-stage run's stage")
