@@ -9,14 +9,27 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
+import msgspec
 import pytest
 
-from ddslurm.config import Plan, RunLayout, SubmissionRecord, SubmitPlanRecord, read_json
+from ddslurm.config import (
+    AttemptState,
+    ClaimRecord,
+    Plan,
+    RunLayout,
+    SubmissionRecord,
+    SubmitPlanRecord,
+    atomic_write,
+    encode,
+    make_private_dir,
+    read_json,
+)
 from ddslurm.launcher import Slurm
 from ddslurm.launcher._console import plan_lines
 from ddslurm.launcher._output import array_json
 from ddslurm.launcher._slurm import Completed
-from ddslurm.launcher._steer import continue_submission
+from ddslurm.launcher._status import run_status
+from ddslurm.launcher._steer import continue_submission, retry
 from ddslurm.launcher._submit import (
     PartialSubmitError,
     plan_submission,
@@ -25,7 +38,8 @@ from ddslurm.launcher._submit import (
     submit_shards,
     write_run_dir,
 )
-from ddslurm.launcher.testing import FakeSlurm, write_unit_run
+from ddslurm.launcher.errors import LauncherError
+from ddslurm.launcher.testing import FakeSlurm, write_attempt, write_unit_run
 
 KEY = "sk-exact-rows-test-value-0123"
 
@@ -104,3 +118,77 @@ def test_submit_continue_gives_a_later_level_the_job_ids_of_every_earlier_level(
     first, second = by_index[0].array_job_id, by_index[1].array_job_id
     assert _dependency(Path(by_index[1].script).read_text()) == f"afternotok:{first}"
     assert _dependency(Path(by_index[2].script).read_text()) == f"afternotok:{second}:{first}"
+
+
+# --- item 8: a pulling shard's own attempt record speaks once it has ended ---
+
+
+def _pulling(tmp_path: Path, shards: int = 4) -> tuple[RunLayout, dict[str, str]]:
+    layout, env, plan = _run(tmp_path, "allocations: 2\n", shards=shards)
+    submit_shards(layout, plan, list(range(shards)), Slurm(FakeSlurm()), env, datetime.now(UTC))
+    assert read_json(layout.submissions / "4242.json", SubmissionRecord).tasks == 2  # two pulling allocations
+    return layout, env
+
+
+def _claimed_attempt(layout: RunLayout, shard: int, task: int, job: str, state: AttemptState, **fields: object) -> None:
+    """Shard ``shard`` claimed by allocation ``task`` (job ``job``) of array 4242, with an attempt in ``state``."""
+    make_private_dir(layout.shard(shard).claims, exist_ok=True)
+    claim = ClaimRecord(shard=shard, array_job_id="4242", task=task, job_id=job, node="n1", claimed_at="-")
+    atomic_write(layout.shard(shard).claim("4242"), encode(claim))
+    record = write_attempt(layout, shard, job, state, task=f"4242_{task}", progress=2)
+    if fields:
+        record = msgspec.structs.replace(record, **fields)
+        atomic_write(layout.shard(shard).attempt(record.attempt).record, encode(record))
+
+
+BUSY = "4242_0|RUNNING|None\n4242_1|RUNNING|None\n"
+
+
+def test_a_pulling_shard_whose_attempt_ended_is_not_running_while_its_allocation_still_is(tmp_path: Path) -> None:
+    layout, _ = _pulling(tmp_path, shards=5)
+    _claimed_attempt(layout, 0, 0, "5000", "failed", reason="generation_failed", message="boom", client_runs=1)
+    _claimed_attempt(layout, 1, 0, "5000", "running")
+    _claimed_attempt(layout, 2, 1, "5001", "partial", reason="rows_dropped", rows=3)
+    _claimed_attempt(layout, 3, 1, "5001", "cancelled", reason="shard_cancelled")
+    # failed but retryable with a client run left: the allocation reruns it inside itself (client_retries 1)
+    _claimed_attempt(layout, 4, 1, "5001", "failed", reason="client_failed", retryable=True, client_runs=1)
+    status = run_status(layout, Slurm(FakeSlurm(squeue=BUSY)))
+    got = [(s.state, s.reason, s.job_id) for s in status.shards]
+    assert got == [
+        ("failed", "generation_failed", "4242_0"),
+        ("running", None, "4242_0"),
+        ("partial", "rows_dropped", "4242_1"),
+        ("cancelled", "shard_cancelled", "4242_1"),
+        ("running", "client_failed", "4242_1"),
+    ]
+    assert status.shards[0].message == "boom" and status.shards[0].slurm_state == "RUNNING"
+    assert status.state == "running"
+
+
+def test_a_pulling_shard_rerun_inside_its_allocation_shows_running_again(tmp_path: Path) -> None:
+    layout, _ = _pulling(tmp_path, shards=3)
+    _claimed_attempt(layout, 0, 0, "5000", "failed", reason="client_failed", retryable=True, client_runs=2)
+    status = run_status(layout, Slurm(FakeSlurm(squeue=BUSY)))
+    assert status.shards[0].state == "failed"  # its client runs are spent (1 + client_retries 1): it ended
+    _claimed_attempt(layout, 0, 0, "5000", "running", client_runs=3)  # the record is back to running
+    assert run_status(layout, Slurm(FakeSlurm(squeue=BUSY))).shards[0].state == "running"
+
+
+def test_retry_takes_a_failed_pulling_shard_and_leaves_the_ones_its_allocation_still_runs(tmp_path: Path) -> None:
+    layout, env = _pulling(tmp_path, shards=4)
+    _claimed_attempt(layout, 0, 0, "5000", "failed", reason="generation_failed", client_runs=1)
+    _claimed_attempt(layout, 1, 0, "5000", "running")
+    _claimed_attempt(layout, 2, 1, "5001", "failed", reason="client_failed", retryable=True, client_runs=1)
+    _claimed_attempt(layout, 3, 1, "5001", "running")
+    runner = FakeSlurm(squeue=BUSY)
+    runner.next_id = 7000
+    done = retry(layout, Slurm(runner), env)
+    assert done.shards == (0,) and done.job_ids == ("7000",)
+    record = read_json(layout.submissions / "7000.json", SubmissionRecord)
+    assert (record.kind, record.shards, record.tasks) == ("retry", (0,), 1)
+    with pytest.raises(LauncherError, match=r"shard\(s\) 1, 2 are still running"):
+        retry(layout, Slurm(runner), env, [1, 2])
+    # The allocation of the first array took its claim once: it never runs shard 0 again, the retry's allocation
+    # claims it in its own array (claims/7000.json), so only one attempt of shard 0 runs at a time.
+    status = run_status(layout, Slurm(FakeSlurm(squeue=BUSY + "7000_0|PENDING|Priority\n")))
+    assert (status.shards[0].state, status.shards[0].job_id) == ("pending", "7000_[0-0]")

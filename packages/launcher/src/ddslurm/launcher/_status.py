@@ -350,6 +350,31 @@ def _requeued(job: str, live: TaskState, sched: Scheduler, latest: AttemptRecord
     return None
 
 
+_ENDED: dict[str, ShardState] = {"failed": "failed", "partial": "partial", "cancelled": "cancelled"}
+
+
+def _ended_in_allocation(
+    plan: Plan,
+    covering: list[tuple[SubmissionRecord, int]],
+    job: str,
+    state: TaskState,
+    latest: AttemptRecord | None,
+) -> ShardState | None:
+    """The state of a shard whose pulling allocation (``job``, the task that claimed it) is still running: its own
+    attempt's, when that attempt was begun by this allocation and has ended (failed, partial, cancelled), so that
+    ``retry`` takes it without waiting for the allocation's other shards. None while Slurm's state speaks: the
+    allocation is not running, the attempt is another allocation's (this one has not begun its own yet), it still
+    runs, or it failed in a way the allocation reruns inside itself (retryable, with client runs left; its record
+    then goes back to ``running``)."""
+    if state.state not in _RUNNING or latest is None or latest.state not in _ENDED or not _ran_as(latest, job):
+        return None
+    if not any(sub.tasks is not None and f"{sub.array_job_id}_{task}" == job for sub, task in covering if task != POOL):
+        return None  # a task of an ordinary array runs this shard alone: it is over when Slurm says so
+    if latest.state == "failed" and latest.retryable and latest.client_runs <= plan.client_retries:
+        return None  # the controller runs the generation step again (servers kept, same attempt)
+    return _ENDED[latest.state]
+
+
 def _read_winner(layout: RunLayout, index: int) -> tuple[WinnerRecord | None, str | None]:
     """The shard's winner record (None if it has none), or why an existing one cannot be read."""
     path = layout.shard(index).winner
@@ -406,7 +431,10 @@ def shard_status(
         status.state = "unknown"  # neither squeue nor sacct knows it yet (accounting lag): not lost
         return status
     status.slurm_state = state.state
-    if state.state in _RUNNING:
+    ended = _ended_in_allocation(plan, covering, job, state, latest)
+    if ended is not None:
+        status.state = ended  # the allocation runs other shards: this one's own record says it is over
+    elif state.state in _RUNNING:
         status.state = "running"
         if latest is not None and latest.state == "running":
             status.rows, status.rate = _progress(layout, index, latest, now, stage)
