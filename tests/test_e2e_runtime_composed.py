@@ -90,6 +90,13 @@ def test_a_requeued_pulling_allocation_serves_from_its_own_directory_and_its_cli
             lambda: _slurm("squeue", "-h", "-j", task, "-o", "%i|%T|%r"),
         )
         _slurm("scontrol", "update", f"jobid={task}", "StartTime=now")  # not Slurm's requeue delay
+        # Until the new incarnation begins its attempts, status shows the cancelled ones of the first: wait ends.
+        _until(
+            lambda: any(r.attempt == f"attempt-{job}-r1" for r in _attempts(run_dir)),
+            240,
+            "the requeued allocation to begin its attempts",
+            lambda: _slurm("squeue", "-h", "-j", task, "-o", "%i|%T|%r"),
+        )
         final = _cli("wait", str(run_dir), "--json", "--timeout", "420", env=files.env, timeout=480)
     except BaseException:
         _cli("cancel", str(run_dir), env=files.env, ok=False, timeout=60)  # leave no job behind
