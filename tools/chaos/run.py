@@ -28,6 +28,11 @@ from tools.chaos.scenario import Outcome, ScenarioRun
 REPO = Path(__file__).resolve().parents[2]
 SCENARIO_BUDGET_S = 420.0
 TIME_LIMIT_BUDGET_S = 660.0
+# What a scenario needs at least (a time limit: Slurm's two minutes, then a retry); with --budget-seconds T a
+# scenario starts only while this still fits in T, and its own budget ends at most GRACE_S after T.
+MIN_SECONDS = 150.0
+MIN_SECONDS_TIME_LIMIT = 330.0
+GRACE_S = 90.0
 
 
 def run_one(seed: int, work: Path, references: ReferenceCache, budget_s: float | None = None) -> Outcome:
@@ -98,10 +103,16 @@ def main(argv: list[str] | None = None) -> int:
     not_run = 0
 
     def job(s: int) -> Outcome | None:
-        if args.budget_seconds is not None and time.monotonic() - started > args.budget_seconds:
-            return None
-        say(f"seed={s} start [{draw(s).describe()}] planned: {', '.join(f.describe() for f in draw(s).faults)}")
-        outcome = run_one(s, work, references)
+        scenario = draw(s)
+        own = TIME_LIMIT_BUDGET_S if scenario.time_limit_minutes <= 2 else SCENARIO_BUDGET_S
+        if args.budget_seconds is not None:
+            elapsed = time.monotonic() - started
+            need = MIN_SECONDS_TIME_LIMIT if scenario.time_limit_minutes <= 2 else MIN_SECONDS
+            if elapsed + need > args.budget_seconds:
+                return None
+            own = min(own, args.budget_seconds + GRACE_S - elapsed)
+        say(f"seed={s} start [{scenario.describe()}] planned: {', '.join(f.describe() for f in scenario.faults)}")
+        outcome = run_one(s, work, references, own)
         say(outcome.line() + (f"\n    kept: {outcome.run_dir}" if outcome.verdict != "ok" and outcome.run_dir else ""))
         if args.json:
             with lock:
