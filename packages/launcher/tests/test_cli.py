@@ -153,7 +153,7 @@ def test_every_command_prints_json(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         (["status", root, "--watch"], lambda o: o["state"] == "failed"),
         (["list", "--profile", str(profile)], lambda o: [r["run_id"] for r in o] == [layout.run_id]),
         (["logs", root, "--shard", "0"], lambda o: o["record"]["event"] == "begin" and o["source"].endswith(".log")),
-        (["cancel", root, "--shards", "1"], lambda o: o == {"cancelled": [], "run_cancelled": False}),
+        (["cancel", root, "--shards", "1"], lambda o: o == {"cancelled": [], "run_cancelled": False, "adopted": []}),
         (["retry", root, "--shards", "2"], lambda o: o["shards"] == [2] and len(o["job_ids"]) == 1),
     ]
     candidate = WinnerRecord(

@@ -14,6 +14,7 @@ import pytest
 
 from ddslurm.config import (
     AttemptState,
+    CancelRecord,
     ClaimRecord,
     Plan,
     RunLayout,
@@ -27,9 +28,9 @@ from ddslurm.config import (
 from ddslurm.launcher import Slurm
 from ddslurm.launcher._console import plan_lines
 from ddslurm.launcher._output import array_json
-from ddslurm.launcher._slurm import Completed
+from ddslurm.launcher._slurm import Completed, SlurmTimeoutError
 from ddslurm.launcher._status import run_status
-from ddslurm.launcher._steer import continue_submission, retry
+from ddslurm.launcher._steer import cancel, continue_submission, retry
 from ddslurm.launcher._submit import (
     PartialSubmitError,
     plan_submission,
@@ -192,3 +193,70 @@ def test_retry_takes_a_failed_pulling_shard_and_leaves_the_ones_its_allocation_s
     # claims it in its own array (claims/7000.json), so only one attempt of shard 0 runs at a time.
     status = run_status(layout, Slurm(FakeSlurm(squeue=BUSY + "7000_0|PENDING|Priority\n")))
     assert (status.shards[0].state, status.shards[0].job_id) == ("pending", "7000_[0-0]")
+
+
+# --- item 9: cancel finds the arrays whose sbatch was stopped after Slurm took them ---
+
+QUEUE_FORMAT = "%F|%u|%a|%q|%T|%o"
+
+
+class _SbatchHangsOnce(FakeSlurm):
+    """The ``hang``-th sbatch reaches Slurm (the job is queued, from its batch script) but never answers: it is
+    stopped by its timeout. ``squeue -t all -o %o`` lists every job taken, with its batch script."""
+
+    def __init__(self, hang: int, **kwargs: str) -> None:
+        super().__init__(**kwargs)
+        self.hang = hang
+        self.taken: list[tuple[str, str]] = []
+
+    def __call__(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> Completed:
+        if argv[0] == "squeue" and QUEUE_FORMAT in argv:
+            self.calls.append(list(argv))
+            lines = [f"{job}|root|root|normal|PENDING|{script}" for job, script in self.taken]
+            return Completed(0, "".join(f"{line}\n" for line in lines), "")
+        done = super().__call__(argv, env=env)
+        if argv[0] == "sbatch":
+            self.taken.append((done.stdout.strip(), argv[-1]))
+            if len(self.commands("sbatch")) == self.hang:
+                raise SlurmTimeoutError(list(argv), 5)
+        return done
+
+
+def _half_submitted(tmp_path: Path, shards: int = 3) -> tuple[RunLayout, _SbatchHangsOnce]:
+    layout, env, plan = _run(tmp_path, "retries: 2\n", shards=shards)
+    runner = _SbatchHangsOnce(hang=2)
+    with pytest.raises(PartialSubmitError, match="may have reached Slurm"):
+        submit_shards(layout, plan, list(range(shards)), Slurm(runner), env, datetime.now(UTC))
+    assert [r.array_job_id for r in _records(layout)] == ["4242"]  # 4243 is queued, but not recorded
+    return layout, runner
+
+
+def test_cancel_of_the_run_cancels_and_records_an_array_whose_sbatch_timed_out(tmp_path: Path) -> None:
+    layout, runner = _half_submitted(tmp_path)
+    done = cancel(layout, Slurm(runner))
+    assert done.run and done.ids == ("4243", "4242") and done.adopted == ("4243",)
+    assert runner.commands("scancel")[-1] == ["scancel", "4243", "4242"]
+    adopted = read_json(layout.submissions / "4243.json", SubmissionRecord)
+    assert (adopted.plan_index, adopted.kind, adopted.after) == (1, "auto-retry", "4242")
+    assert read_json(layout.cancelled, CancelRecord).array_job_ids == ("4243", "4242")
+    ended = "".join(f"{job}_{task}|CANCELLED|0:0|None\n" for job in ("4242", "4243") for task in range(3))
+    status = run_status(layout, Slurm(FakeSlurm(sacct=ended)))
+    assert status.state == "cancelled" and not status.submission_incomplete
+
+
+def test_cancel_of_shards_cancels_their_tasks_in_an_array_whose_sbatch_timed_out(tmp_path: Path) -> None:
+    layout, runner = _half_submitted(tmp_path)
+    runner.squeue_out = "4242_1|RUNNING|None\n4243_1|PENDING|Dependency\n"
+    done = cancel(layout, Slurm(runner), [1])
+    assert not done.run and done.ids == ("4243_1", "4242_1") and done.adopted == ("4243",)
+    assert (layout.submissions / "4243.json").is_file() and not layout.cancelled.exists()
+
+
+def test_the_lookup_is_the_one_submit_continue_uses(tmp_path: Path) -> None:
+    layout, runner = _half_submitted(tmp_path)
+    done = continue_submission(layout, Slurm(runner), {"HOSTED_KEY": KEY})
+    assert done.adopted == ("4243",) and len(done.job_ids) == 1  # level 2 submitted, level 1 found and recorded
+    lookups = len([c for c in runner.commands("squeue") if QUEUE_FORMAT in c])
+    done_cancel = cancel(layout, Slurm(runner))
+    assert done_cancel.adopted == () and sorted(done_cancel.ids) == ["4242", "4243", "4244"]
+    assert len([c for c in runner.commands("squeue") if QUEUE_FORMAT in c]) == lookups  # nothing missing: no lookup

@@ -413,7 +413,7 @@ def test_cancel_of_a_half_submitted_run_cancels_what_was_submitted_and_ends_the_
         submit(run, profile, slurm=Slurm(cluster, user="alice"), env=env)
     layout = _run_dir(tmp_path)
     code, out, _ = _cli(["cancel", str(layout.root), "--json"], cluster, env)
-    assert code == 0 and json.loads(out) == {"cancelled": ["4243", "4242"], "run_cancelled": True}
+    assert code == 0 and json.loads(out) == {"cancelled": ["4243", "4242"], "run_cancelled": True, "adopted": []}
     assert cluster.commands("scancel") == [["scancel", "4243", "4242"]]  # only what was submitted
     sacct = "".join(f"{j}_{t}|CANCELLED|0:0|None\n" for j in ("4242", "4243") for t in range(2))
 

@@ -4,7 +4,7 @@ accept short shards, find step logs."""
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -14,6 +14,7 @@ from ddslurm.config import (
     CancelRecord,
     FreshRecord,
     Plan,
+    PlannedArray,
     RunLayout,
     ShardCancelRecord,
     ShardLayout,
@@ -26,7 +27,7 @@ from ddslurm.config import (
     read_plan,
     read_regular,
 )
-from ddslurm.launcher._slurm import Slurm
+from ddslurm.launcher._slurm import QueuedJob, Slurm
 from ddslurm.launcher._status import (
     RunStatus,
     attempt_records,
@@ -38,6 +39,7 @@ from ddslurm.launcher._status import (
 )
 from ddslurm.launcher._submit import (
     SubmissionPlan,
+    SubmitLockedError,
     array_tasks,
     check_environment,
     new_stamp,
@@ -49,7 +51,7 @@ from ddslurm.launcher._submit import (
     submit_lock,
     submit_shards,
 )
-from ddslurm.launcher.errors import LauncherError, UsageError
+from ddslurm.launcher.errors import LauncherError, SlurmError, UsageError
 
 ACTIVE = {"running", "pending", "unknown"}
 _LIVE = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "RESIZING", "SUSPENDED", "RUNNING", "COMPLETING"}
@@ -169,6 +171,46 @@ class Continued:
     """The shards of those arrays (each once)."""
 
 
+def adopt_queued(
+    layout: RunLayout,
+    missing: Sequence[PlannedArray],
+    submitted: dict[int, str],
+    queue: Sequence[QueuedJob],
+    now: datetime,
+    *,
+    record: bool = True,
+) -> list[str]:
+    """The planned arrays of ``missing`` that reached Slurm although their sbatch was stopped (a timeout): a job of
+    ``queue`` (``squeue -t all``, ``%o``) submitted from the array's batch script. Each found is recorded
+    (``submissions/<job>.json``, with its ``plan_index``) and added to ``submitted`` (plan index → job id); returns
+    their job ids. ``record=False`` (another submitter holds the run's lock and records what it submits): found,
+    not recorded. The one lookup behind ``submit --continue`` and ``cancel``."""
+    adopted: list[str] = []
+    for array in missing:
+        found = sorted({j.array_job_id for j in queue if j.command == array.script}, key=int)
+        if not found:
+            continue
+        if not record:
+            adopted.append(found[0])
+            continue
+        entry = SubmissionRecord(
+            array_job_id=found[0],
+            shards=array.shards,
+            tasks=array.tasks,
+            submitted_at=now.isoformat(),
+            script=array.script,
+            kind=array.kind,
+            after=None if array.after is None else submitted.get(array.after),
+            plan_index=array.index,
+            stage=array.stage,
+            after_any=tuple(submitted[i] for i in array.after_any if i in submitted),
+        )
+        if publish_once(layout.submissions / f"{found[0]}.json", encode(entry)):
+            submitted[array.index] = found[0]
+            adopted.append(found[0])
+    return adopted
+
+
 def continue_submission(
     layout: RunLayout, slurm: Slurm, env: Mapping[str, str], now: datetime | None = None
 ) -> Continued:
@@ -200,27 +242,7 @@ def continue_submission(
         check_environment(plan, env)
         limits = read_limits(slurm, plan)
         submitted = dict(progress.submitted) if progress is not None else {}
-        adopted: list[str] = []
-        for array in missing:
-            found = sorted({j.array_job_id for j in limits.queue if j.command == array.script}, key=int)
-            if not found:
-                continue
-            after = None if array.after is None else submitted.get(array.after)
-            record = SubmissionRecord(
-                array_job_id=found[0],
-                shards=array.shards,
-                tasks=array.tasks,
-                submitted_at=moment.isoformat(),
-                script=array.script,
-                kind=array.kind,
-                after=after,
-                plan_index=array.index,
-                stage=array.stage,
-                after_any=tuple(submitted[i] for i in array.after_any if i in submitted),
-            )
-            if publish_once(layout.submissions / f"{found[0]}.json", encode(record)):
-                submitted[array.index] = found[0]
-                adopted.append(found[0])
+        adopted = adopt_queued(layout, missing, submitted, limits.queue, moment)
         remaining = [a for a in missing if a.index not in submitted]
         tasks = sum(array_tasks(a) for a in remaining)
         refuse_if_over(
@@ -249,35 +271,66 @@ class Cancelled:
     """What was passed to scancel: every array of the run (whole run), or array tasks (``--shards``)."""
     run: bool
     """Whether the whole run was cancelled (and its cancel record written)."""
+    adopted: tuple[str, ...] = ()
+    """Arrays found in the queue by their batch script, whose sbatch was stopped before it answered (a timeout):
+    cancelled too, and recorded (:func:`adopt_queued`)."""
+
+
+def _find_unrecorded(layout: RunLayout, slurm: Slurm, moment: datetime) -> tuple[list[str], str | None]:
+    """The arrays of the run's submission plan that have no record but reached Slurm (an sbatch stopped by its
+    timeout), recorded now (or only found, while another submitter holds the lock), and why the queue could not
+    be read (None when it could, or when no planned array lacks a record: then nothing is asked)."""
+    progress = submission_progress(layout)
+    if progress is None or not progress.missing:
+        return [], None
+    try:
+        queue = slurm.queue()
+    except SlurmError as exc:
+        return [], str(exc)
+    try:
+        with submit_lock(layout):
+            again = submission_progress(layout)  # under the lock: another submitter may have recorded some
+            if again is None:
+                return [], None
+            return adopt_queued(layout, again.missing, dict(again.submitted), queue, moment), None
+    except SubmitLockedError:  # a submitter is at work: it records (and cancels) what its sbatch calls submit
+        return adopt_queued(layout, progress.missing, dict(progress.submitted), queue, moment, record=False), None
 
 
 def cancel(layout: RunLayout, slurm: Slurm, shards: list[int] | None = None, now: datetime | None = None) -> Cancelled:
     """Cancel the whole run, or the queued and running tasks of ``shards``, in one scancel call.
 
+    First, when arrays of the run's submission plan have no record, the queue is searched for them by their batch
+    script (:func:`adopt_queued`, as ``submit --continue`` does): an sbatch stopped by its timeout may have reached
+    Slurm, and such an array is recorded and cancelled with the others.
     The whole run: its cancel record is written first (once; a later cancel keeps the first record), so an
     array that starts anyway does no work, then every array of the run is cancelled, the pending automatic
     retries included (newest first, so no retry is released by the cancellation of the array it follows).
     Shards: every task that runs or will run them, in the run's arrays or in pending retry arrays.
+    A queue that cannot be read is a :class:`LauncherError` after the recorded arrays were cancelled.
     """
     plan = read_plan(layout.plan)
+    moment = now or datetime.now(UTC)
+    adopted, unread = _find_unrecorded(layout, slurm, moment)
     subs = submissions(layout)
     newest_first = sorted(subs, key=lambda s: int(s.array_job_id), reverse=True)
+    unrecorded = [job for job in adopted if job not in {s.array_job_id for s in subs}]  # found, not recorded
     if shards is None:
-        arrays = tuple(s.array_job_id for s in newest_first)
-        record = CancelRecord(cancelled_at=(now or datetime.now(UTC)).isoformat(), array_job_ids=arrays)
+        arrays = tuple(sorted({*(s.array_job_id for s in subs), *unrecorded}, key=int, reverse=True))
+        record = CancelRecord(cancelled_at=moment.isoformat(), array_job_ids=arrays)
         publish_once(layout.cancelled, encode(record))
         slurm.scancel(arrays)
-        return Cancelled(arrays, run=True)
+        _refuse_unread(layout, unread)
+        return Cancelled(arrays, run=True, adopted=tuple(adopted))
     chosen = set(_pick_indices(shards, plan))
     sched = query(slurm, subs)
-    ids: list[str] = []
-    moment = (now or datetime.now(UTC)).isoformat()
+    ids: list[str] = list(unrecorded)  # a submitter still at work on them: cancelled whole, not by task
     for sub in newest_first:
         if sub.tasks is not None:
             # Pulling allocations run other shards too: each stops this shard's generation step itself (and
             # claims it no more) when it sees the shard's cancel record.
             for shard in sorted(chosen & set(sub.shards)):
-                publish_once(layout.shard(shard).cancelled, encode(ShardCancelRecord(cancelled_at=moment)))
+                publish_once(layout.shard(shard).cancelled, encode(ShardCancelRecord(cancelled_at=moment.isoformat())))
             continue
         for task, shard in enumerate(sub.shards):
             if shard not in chosen:
@@ -286,7 +339,17 @@ def cancel(layout: RunLayout, slurm: Slurm, shards: list[int] | None = None, now
             if state is None or state.state in _LIVE:  # unknown to both: just submitted (accounting lag)
                 ids.append(f"{sub.array_job_id}_{task}")
     slurm.scancel(ids)
-    return Cancelled(tuple(ids), run=False)
+    _refuse_unread(layout, unread)
+    return Cancelled(tuple(ids), run=False, adopted=tuple(adopted))
+
+
+def _refuse_unread(layout: RunLayout, unread: str | None) -> None:
+    if unread is not None:
+        raise LauncherError(
+            f"cancelled the recorded arrays of run {layout.run_id}, but arrays of its submission plan have no record "
+            f"and the queue could not be searched for them (an sbatch stopped by its timeout may have reached "
+            f"Slurm): {unread}; run ddslurm cancel {layout.root} again"
+        )
 
 
 def accept_partial(layout: RunLayout, shards: list[int]) -> list[tuple[int, int]]:

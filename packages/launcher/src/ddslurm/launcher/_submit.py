@@ -598,15 +598,20 @@ def _array_line(array: PlannedArray, job: str | None) -> str:
     return f"{head}shards {compact_ranges(array.shards)} ({tasks}{', ' if what else ''}{what})"
 
 
+class SubmitLockedError(LauncherError):
+    """Another ddslurm holds the run's submit lock (it is submitting arrays of the run now)."""
+
+
 @contextlib.contextmanager
 def submit_lock(layout: RunLayout) -> Iterator[None]:
-    """Held while arrays of the run are submitted: a second submitter of the same run is refused."""
+    """Held while arrays of the run are submitted: a second submitter of the same run is refused
+    (:class:`SubmitLockedError`)."""
     fd = os.open(layout.submit_lock, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise LauncherError(
+            raise SubmitLockedError(
                 f"another ddslurm is submitting arrays of run {layout.run_id} now ({layout.submit_lock}); "
                 "wait for it to finish, then look at ddslurm status"
             ) from None

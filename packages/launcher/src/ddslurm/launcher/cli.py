@@ -531,16 +531,24 @@ def cmd_cancel(
     layout = _run(session, run, profile)
     done = cancel(layout, session.slurm, parse_shards(shards))
     out = session.out
+    found = (
+        f" (found in the queue by its batch script, its sbatch having been stopped, and recorded: "
+        f"{', '.join(done.adopted)})"
+        if done.adopted
+        else ""
+    )
     if session.json:
-        write_json({"cancelled": list(done.ids), "run_cancelled": done.run}, out)
+        write_json({"cancelled": list(done.ids), "run_cancelled": done.run, "adopted": list(done.adopted)}, out)
     elif done.run:
         out.write(
             f"cancelled run {layout.run_id}: array job(s) {', '.join(done.ids) or '(none)'}, pending retries "
-            "included; no later attempt will generate and no unsubmitted array will be submitted "
+            f"included{found}; no later attempt will generate and no unsubmitted array will be submitted "
             "(ddslurm retry --resume-cancelled to continue it)\n"
         )
     else:
-        out.write(f"cancelled {len(done.ids)} task(s) of run {layout.run_id}: {', '.join(done.ids) or '(none)'}\n")
+        out.write(
+            f"cancelled {len(done.ids)} task(s) of run {layout.run_id}: {', '.join(done.ids) or '(none)'}{found}\n"
+        )
     return ExitCode.OK
 
 
