@@ -102,18 +102,21 @@ def test_a_requeued_pulling_allocation_serves_from_its_own_directory_and_its_cli
         _cli("cancel", str(run_dir), env=files.env, ok=False, timeout=60)  # leave no job behind
         raise
     assert final["state"] == "succeeded" and final["records_done"] == RECORDS, json.dumps(final)[-3000:]
+    requeued = [r for r in _attempts(run_dir) if r.attempt == f"attempt-{job}-r1"]
+    # Each requeued shard generated in one client run: none failed on the first incarnation's endpoints (before the
+    # fix a first client run read them, hit the new servers' ports while they loaded, and spent the rerun).
+    assert requeued and [r.client_runs for r in requeued] == [1] * len(requeued), requeued
     # The second incarnation served from allocation-<job>-r1, and its attempts say so.
     second = allocations / f"allocation-{job}-r1"
     assert (second / "endpoints.json").is_file() and list(second.glob("server-generator-0.log"))
-    requeued = [r for r in _attempts(run_dir) if r.attempt == f"attempt-{job}-r1"]
-    assert requeued and all(r.allocation == str(second) for r in requeued), requeued
+    assert all(r.allocation == str(second) for r in requeued), requeued
     assert {r.state for r in requeued} == {"succeeded"}
     # No client sent a request to a server that was still loading (vLLM answers 503 then; rows were dropped).
     entries = [json.loads(line) for line in requests.read_text().splitlines()]
     loading = [e for e in entries if e["path"].startswith("/v1/chat") and e["status"] == 503]
     assert loading == [], f"{len(loading)} requests got 503 from a loading server"
     # ddslurm logs --step server of a requeued attempt shows its own incarnation's server log.
-    [shown] = {r.shard for r in requeued if r.shard == requeued[0].shard}
+    shown = requeued[0].shard
     logs = subprocess.run(
         [DDSLURM, "logs", str(run_dir), "--shard", str(shown), "--step", "server", "--json"],
         capture_output=True, text=True, env=files.env, timeout=60, check=False,
