@@ -64,11 +64,16 @@ class Fault:
     """Hosted faults: how long the provider misbehaves before it heals; node_down: how long the node is down."""
     rate: float = 0.0
     """hosted_500 / hosted_malformed: the fraction of requests answered badly."""
+    after_rows: float = 0.0
+    """When > 0: inject once the run's attempts have generated this fraction of its records (their
+    ``progress.json``; a two-stage run counts both stages), instead of ``at`` seconds after the first attempt
+    runs; ``at`` is then the fallback should the rows never get there."""
 
     def describe(self) -> str:
+        when = f"@{self.after_rows:.0%}rows" if self.after_rows else f"@{self.at:.0f}s"
         extra = f" for {self.duration:.0f}s" if self.duration else ""
         extra += f" rate {self.rate:.2f}" if self.rate else ""
-        return f"{self.kind}@{self.at:.0f}s{extra}"
+        return f"{self.kind}{when}{extra}"
 
 
 @dataclass(frozen=True)
@@ -156,7 +161,7 @@ def draw(seed: int) -> Scenario:
     retries = rng.randint(0, 3)
     client_retries = rng.randint(0, 1)
     replicas = rng.randint(1, 2) if placement != "hosted" else 1
-    latency = round(rng.uniform(0.05, 0.4), 2)
+    latency = round(rng.uniform(0.1, 0.8), 2)
     accept_partial = rng.random() < 0.25
     kinds = [k for k in FAULT_KINDS if applicable(k, placement, replicas)]
     count = rng.choices((1, 2, 3), weights=(6, 3, 1))[0]
@@ -168,9 +173,14 @@ def draw(seed: int) -> Scenario:
         at = round(rng.uniform(0.0, 15.0), 1)
         duration = round(rng.uniform(5.0, 25.0), 1) if kind.startswith("hosted_") or kind == "node_down" else 0.0
         rate = round(rng.uniform(0.3, 1.0), 2) if kind in ("hosted_500", "hosted_malformed") else 0.0
+        after_rows = round(rng.uniform(0.1, 0.8), 2) if rng.random() < 0.6 else 0.0
         if kind == "slow_load":
-            at, duration = 0.0, float(rng.randint(5, 20))
-        faults.append(Fault(kind, at, duration, rate))
+            at, duration, after_rows = 0.0, float(rng.randint(5, 20)), 0.0
+        elif kind == "time_limit":
+            after_rows = 0.0
+        elif after_rows:
+            at = 90.0
+        faults.append(Fault(kind, at, duration, rate, after_rows))
     faults.sort(key=lambda f: f.at)
     slow = next((f for f in faults if f.kind == "slow_load"), None)
     startup_delay = slow.duration if slow else float(rng.choice((0, 1, 2)))

@@ -156,6 +156,15 @@ class ScenarioRun:
                 records.append(json.loads(path.read_text()))
         return records
 
+    def rows_done(self) -> int:
+        """Rows the run's attempts have generated so far (every attempt's ``progress.json``, both stages)."""
+        assert self.run_dir is not None
+        total = 0
+        for path in self.run_dir.glob("shards/*/**/progress.json"):
+            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+                total += int(json.loads(path.read_text())["rows"])
+        return total
+
     def all_won(self) -> bool:
         assert self.run_dir is not None
         return all((self.run_dir / "shards" / f"shard-{i:05d}" / "winner.json").exists() for i in range(self.s.shards))
@@ -222,7 +231,9 @@ class ScenarioRun:
         if fault.kind == "time_limit":
             self._time_limit(zero)
             return
-        while time.monotonic() < zero + fault.at:
+        while time.monotonic() < zero + fault.at and not self.all_won():
+            if fault.after_rows and self.rows_done() >= fault.after_rows * self.s.records:
+                break
             time.sleep(0.2)
         if self.all_won():
             self.event(f"{fault.kind} missed (run done)")
