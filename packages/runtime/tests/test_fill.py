@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from ddslurm.runtime._fill import fill_recipe, missing_rows, observed_keys, row_keys
+from ddslurm.runtime._fill import missing_rows, observed_keys, recipe_reading, row_keys
 
 
 def _keys(values: list[int]) -> list[str]:
@@ -62,11 +62,11 @@ def test_observed_keys_needs_every_seed_column(tmp_path: Path) -> None:
 
 def test_fill_recipe_reads_the_missing_rows_in_order(tmp_path: Path) -> None:
     recipe = {"data_designer": {"seed_config": {"source": {"seed_type": "directory", "path": "/x"}}, "columns": []}}
-    out = fill_recipe(recipe, tmp_path / "fill.parquet")
+    out = recipe_reading(recipe, tmp_path / "fill.parquet")
     assert out["data_designer"]["seed_config"] == {
         "source": {"seed_type": "local", "path": str(tmp_path / "fill.parquet")},
         "sampling_strategy": "ordered",
         "selection_strategy": None,
     }
     assert recipe["data_designer"]["seed_config"]["source"]["seed_type"] == "directory"
-    assert fill_recipe({"columns": []}, None) == {"columns": []}
+    assert recipe_reading({"columns": []}, None) == {"columns": []}

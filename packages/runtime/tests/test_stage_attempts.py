@@ -45,7 +45,13 @@ RECIPE = (
 STAGES = (StagePlan(kind="gpu", columns=("topic", "draft")), StagePlan(kind="cpu", columns=("q",)))
 
 
-def _run(tmp_path: Path, shard_records: tuple[int, ...] = (3, 3)) -> RunLayout:
+def _run(
+    tmp_path: Path,
+    shard_records: tuple[int, ...] = (3, 3),
+    *,
+    recipe: bytes = RECIPE,
+    stages: tuple[StagePlan, ...] = STAGES,
+) -> RunLayout:
     layout = RunLayout(tmp_path / "run-1")
     layout.inputs.mkdir(parents=True)
     snapshot = ProviderSnapshot(
@@ -53,18 +59,18 @@ def _run(tmp_path: Path, shard_records: tuple[int, ...] = (3, 3)) -> RunLayout:
         models=(SnapshotModel(alias="writer", model="m", provider="p"),),
     )
     snap = encode_pretty(snapshot)
-    atomic_write(layout.recipe, RECIPE)
+    atomic_write(layout.recipe, recipe)
     atomic_write(layout.snapshot, snap)
     plan = make_plan(
         "run-1",
         shard_records,
         buffer_size=2,
         recipe_file=str(layout.recipe),
-        recipe_sha256=sha256_bytes(RECIPE),
+        recipe_sha256=sha256_bytes(recipe),
         snapshot_file=str(layout.snapshot),
         snapshot_sha256=sha256_bytes(snap),
         secret_env=("T_KEY",),
-        stages=STAGES,
+        stages=stages,
         stage_reason="two stages",
         client_workers=2,
     )
@@ -73,7 +79,9 @@ def _run(tmp_path: Path, shard_records: tuple[int, ...] = (3, 3)) -> RunLayout:
 
 
 class StageEngine:
-    """Writes one batch per request: the GPU stage's columns, or the seed file's rows with the CPU column added."""
+    """Writes one batch per request: the GPU stage's columns, or the seed file's rows with the CPU column added;
+    like Data Designer, drops what the recipe's ``drop_columns`` processors name and, with
+    ``preserve_dropped_columns``, writes those columns row for row to ``dropped-columns-parquet-files/``."""
 
     def __init__(self, drop: int | None = None) -> None:
         self.requests: list[EngineRequest] = []
@@ -97,6 +105,12 @@ class StageEngine:
             table = pa.concat_tables([table.slice(0, self.drop), table.slice(self.drop + 1)])
         dataset = request.artifact_path / request.dataset_name
         (dataset / "parquet-files").mkdir(parents=True)
+        processors = section.get("processors") or []
+        dropped = [n for p in processors for n in p["column_names"] if n in table.column_names]
+        if dropped and request.preserve_dropped_columns:
+            (dataset / "dropped-columns-parquet-files").mkdir()
+            pq.write_table(table.select(dropped), dataset / "dropped-columns-parquet-files" / "batch_00000.parquet")
+        table = table.drop_columns(dropped)
         pq.write_table(table, dataset / "parquet-files" / "batch_00000.parquet")
         (dataset / "metadata.json").write_text(json.dumps({"actual_num_records": table.num_rows}))
         return EngineResult(dataset_dir=dataset, rows=table.num_rows, requested=request.num_records)
@@ -134,10 +148,11 @@ def test_the_cpu_stage_reads_the_gpu_winner_once_and_publishes_the_final_winner(
     request = engine.requests[0]
     section = request.recipe["data_designer"]
     assert [c["name"] for c in section["columns"]] == ["q"]
-    seed_file = layout.shard(1).attempt("attempt-200").dir / "stage-seed.parquet"
+    seed_file = layout.shard(1).stage_seed("attempt-100")  # the shard's, one path for every CPU-stage attempt
     assert section["seed_config"]["source"]["path"] == str(seed_file)
     assert section["seed_config"]["sampling_strategy"] == "ordered" and request.num_records == 3
     assert pq.read_table(seed_file).column("draft").to_pylist() == ["d0", "d1", "d2"]
+    assert pq.read_table(seed_file).column("_ddslurm_stage_row").to_pylist() == [0, 1, 2]
     final = read_json(layout.shard(1).winner, WinnerRecord)
     assert final.rows == 3 and final.attempt == "attempt-200"
     out = pq.read_table(Path(final.dataset_dir) / final.files[0].path)
@@ -221,3 +236,60 @@ def test_a_cpu_stage_fill_reads_exactly_the_gpu_rows_whose_records_were_dropped(
     final = read_json(layout.shard(0).winner, WinnerRecord)
     rows = pa.concat_tables([pq.read_table(Path(final.dataset_dir) / f.path) for f in final.files])
     assert final.rows == 3 and sorted(rows.column("q").to_pylist()) == ["better d0", "better d1", "better d2"]
+
+
+DROPPED_DRAFT_RECIPE = RECIPE.replace(b"prompt: 'Say {{ topic }}'}", b"prompt: 'Say {{ topic }}', drop: true}")
+DROPPED_DRAFT_STAGES = (
+    StagePlan(kind="gpu", columns=("topic", "draft"), keep=("draft",)),
+    StagePlan(kind="cpu", columns=("q",)),
+)
+
+
+@pytest.mark.parametrize("dropped", [0, 1, 2])
+def test_a_cpu_stage_fill_regenerates_the_dropped_row_when_the_kept_columns_do_not_identify_it(
+    tmp_path: Path, dropped: int
+) -> None:
+    """Every GPU-stage row has topic 'a' and its draft is dropped from the final dataset: only the row numbers of
+    the CPU stage's seed file say which draft a dropped record had."""
+    layout = _run(tmp_path, recipe=DROPPED_DRAFT_RECIPE, stages=DROPPED_DRAFT_STAGES)
+    inputs = load_inputs(layout)
+    _runner(layout, StageEngine(), 0).run(inputs, 0, "100", "n1")
+    engine = StageEngine(drop=dropped)
+    assert _runner(layout, engine, 1).run(stage_inputs(inputs, 1), 0, "200", "n3") == EXIT_OK
+    assert all(r.preserve_dropped_columns for r in engine.requests)
+    fill_seed = pq.read_table(engine.requests[1].recipe["data_designer"]["seed_config"]["source"]["path"])
+    assert fill_seed.column("draft").to_pylist() == [f"d{dropped}"]
+    final = read_json(layout.shard(0).winner, WinnerRecord)
+    rows = pa.concat_tables([pq.read_table(Path(final.dataset_dir) / f.path) for f in final.files])
+    assert sorted(rows.column_names) == ["q", "topic"]
+    assert final.rows == 3 and sorted(rows.column("q").to_pylist()) == ["better d0", "better d1", "better d2"]
+
+
+def test_a_cpu_stage_fill_is_skipped_when_a_batch_lost_its_row_numbers(tmp_path: Path) -> None:
+    layout = _run(tmp_path, recipe=DROPPED_DRAFT_RECIPE, stages=DROPPED_DRAFT_STAGES)
+    inputs = load_inputs(layout)
+    _runner(layout, StageEngine(), 0).run(inputs, 0, "100", "n1")
+
+    class Forgetful(StageEngine):
+        def __call__(self, request: EngineRequest) -> EngineResult:
+            result = super().__call__(request)
+            for f in (result.dataset_dir / "dropped-columns-parquet-files").glob("*.parquet"):
+                f.unlink()
+            return result
+
+    engine = Forgetful(drop=1)
+    assert _runner(layout, engine, 1).run(stage_inputs(inputs, 1), 0, "200", "n3") == 3  # partial, not guessed
+    assert len(engine.requests) == 1 and not layout.shard(0).winner.exists()
+
+
+def test_the_cpu_stage_of_an_accepted_partial_gpu_stage_is_partial(tmp_path: Path) -> None:
+    layout = _run(tmp_path)
+    inputs = load_inputs(layout)
+    _runner(layout, StageEngine(), 0).run(inputs, 0, "100", "n1")
+    gpu = layout.shard(0).stage(0).winner
+    accepted = msgspec.structs.replace(read_json(gpu, WinnerRecord), partial=True)
+    gpu.unlink()
+    atomic_write(gpu, encode(accepted))
+    assert _runner(layout, StageEngine(), 1).run(stage_inputs(inputs, 1), 0, "200", "n3") == EXIT_OK
+    final = read_json(layout.shard(0).winner, WinnerRecord)
+    assert final.rows == 3 and final.partial

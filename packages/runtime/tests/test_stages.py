@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from ddslurm.runtime import Stage, StageSplit, final_columns, split_stages, stage_recipe
+from ddslurm.runtime._stages import STAGE_ROW
 from ddslurm.runtime.errors import RecipeError
 
 MIXED = Path(__file__).resolve().parents[3] / "examples" / "mixed" / "recipe.yaml"
@@ -277,7 +278,10 @@ def test_stage_recipes_of_the_mixed_example() -> None:
     for stage in (first, second):  # model configs as they are; the rest of the file too
         assert stage["data_designer"]["model_configs"] == mixed["data_designer"]["model_configs"]
         assert stage["library_version"] == mixed["library_version"]
-        assert stage["data_designer"]["processors"] is None
+    assert first["data_designer"]["processors"] is None
+    assert second["data_designer"]["processors"] == [  # the seed file's row numbers (what a fill matches on)
+        {"processor_type": "drop_columns", "name": "ddslurm-stage-dropped", "column_names": [STAGE_ROW]}
+    ]
     # each column exactly as the recipe has it
     by_name = {c["name"]: c for c in mixed["data_designer"]["columns"]}
     assert all(c == by_name[c["name"]] for s in (first, second) for c in s["data_designer"]["columns"])
@@ -302,7 +306,7 @@ def test_stage_recipes_keep_and_then_drop_what_the_cpu_stage_reads() -> None:
         ("scratch", True),  # Data Designer drops the CPU stage's own dropped columns
     ]
     assert second["data_designer"]["processors"] == [
-        {"processor_type": "drop_columns", "name": "ddslurm-stage-dropped", "column_names": ["draft"]}
+        {"processor_type": "drop_columns", "name": "ddslurm-stage-dropped", "column_names": ["draft", STAGE_ROW]}
     ]
 
 
@@ -323,7 +327,7 @@ def test_drop_processors_move_to_the_cpu_stage_without_the_columns_the_gpu_stage
     assert stage_recipe(r, split, 1, seed_path="/s/a.parquet")["data_designer"]["processors"] == [
         {"processor_type": "drop_columns", "name": "tidy", "column_names": ["tables", "draft", "x*"]},
         {"processor_type": "drop_columns", "name": "ddslurm-stage-dropped", "column_names": ["question"]},
-        {"processor_type": "drop_columns", "name": "ddslurm-stage-dropped_", "column_names": ["draft"]},  # unique
+        {"processor_type": "drop_columns", "name": "ddslurm-stage-dropped_", "column_names": ["draft", STAGE_ROW]},
     ]
 
 
@@ -355,14 +359,14 @@ def test_data_designer_loads_both_stage_recipes(tmp_path: Path) -> None:
     from data_designer.config import DataDesignerConfigBuilder
 
     seed = tmp_path / "seed.parquet"
-    pq.write_table(pa.table({"question": ["q"], "draft": ["d"]}), seed)
+    pq.write_table(pa.table({"question": ["q"], "draft": ["d"], STAGE_ROW: [0]}), seed)
     r = recipe(sampler("topic"), llm("draft", "{{ topic }} {{ question }}", drop=True), judge("score", "{{ draft }}"))
     r["data_designer"]["seed_config"]["source"]["path"] = str(seed)
     split = split_stages(r, LOCAL)
     for index in (0, 1):
         config = DataDesignerConfigBuilder.from_config(stage_recipe(r, split, index, seed_path=str(seed))).build()
         assert [c.name for c in config.columns] == list(split.stages[index].columns)
-    assert config.processors is not None and config.processors[0].column_names == ["draft"]
+    assert config.processors is not None and config.processors[0].column_names == ["draft", STAGE_ROW]
 
 
 # --- final_columns ---

@@ -104,6 +104,17 @@ class ShardLayout:
     def cleared_cancel(self, stamp: str) -> Path:
         return self.dir / f"cancelled-cleared-{stamp}.json"
 
+    @property
+    def seed_order(self) -> Path:
+        """The shard's block of a shuffled seed dataset in its fixed order (``seed_config.sampling_strategy:
+        shuffle``), written once by the shard's first attempt; every attempt, resume, rerun and fill reads it."""
+        return self.dir / "seed-order.parquet"
+
+    def stage_seed(self, winner_attempt: str) -> Path:
+        """The seed file a two-stage run's CPU stage reads: the rows of the GPU stage's winner (by the attempt
+        that published it), written once, at one path for every CPU-stage attempt of the shard."""
+        return self.dir / f"stage-seed-{winner_attempt}.parquet"
+
 
 @dataclass(frozen=True, slots=True)
 class RunLayout:

@@ -113,6 +113,9 @@ class SeedPlan(Frozen, frozen=True, kw_only=True):
     pool_size: int
     """Rows of the recipe's own selection, ``rows`` without one."""
     sampling: Literal["ordered", "shuffle"] = "ordered"
+    shuffle_seed: int | None = None
+    """With ``sampling: shuffle``: the seed of every shard's fixed permutation of its seed block (chosen once at
+    submit), so that each attempt, resume, rerun and fill of a shard reads its rows in the same random order."""
 
 
 class RecipeSource(Frozen, frozen=True, kw_only=True):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import fnmatch
+import hashlib
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -136,6 +137,12 @@ def _pool(recipe_path: Path, seed: dict[str, Any], rows: int) -> tuple[int, int]
     return block.start, block.size
 
 
+def shuffle_seed(run_id: str) -> int:
+    """The seed of a shuffled run's per-shard seed orders: fixed by the run id (itself unique per submission), so
+    the plan is a function of its inputs and every shard of one run shuffles differently from another run's."""
+    return int.from_bytes(hashlib.sha256(f"ddslurm-shuffle:{run_id}".encode()).digest()[:8], "big") >> 1
+
+
 def capture_seed(
     recipe: dict[str, Any], recipe_path: Path, layout: RunLayout, *, count_rows: CountRows = dd_seed_rows
 ) -> SeedCapture | None:
@@ -186,6 +193,7 @@ def capture_seed(
         pool_start=pool_start,
         pool_size=pool_size,
         sampling="shuffle" if sampling == "shuffle" else "ordered",
+        shuffle_seed=shuffle_seed(layout.run_id) if sampling == "shuffle" else None,
     )
     # JSON is YAML too: the stored recipe stays loadable by Data Designer and by ddslurm's YAML reader.
     return SeedCapture(plan=plan, sources=tuple(files), recipe_bytes=encode_pretty(stored), source=original)

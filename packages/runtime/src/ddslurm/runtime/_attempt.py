@@ -52,9 +52,18 @@ from ddslurm.runtime._engine import (
     read_seed_block,
     sized_parallel_requests,
 )
-from ddslurm.runtime._fill import fill_recipe, missing_rows, observed_keys, row_keys
-from ddslurm.runtime._stage_seed import read_stage_winner, write_stage_seed
-from ddslurm.runtime._stages import plan_split, stage_recipe
+from ddslurm.runtime._fill import (
+    DD_DROPPED_DIR,
+    FILL_DROPPED_DIR,
+    missing_numbered,
+    missing_rows,
+    numbered_rows,
+    observed_keys,
+    recipe_reading,
+    row_keys,
+)
+from ddslurm.runtime._shard_seed import fixed_seed_file, read_seed_file, shuffled_block, stage_seed_table
+from ddslurm.runtime._stages import STAGE_ROW, plan_split, stage_recipe
 from ddslurm.runtime._verify import (
     FILL_DIR,
     llm_columns,
@@ -156,6 +165,12 @@ class StageRun:
     recipe: Mapping[str, Any]
     seed_block: Callable[[], pa.Table] | None
     sampling: Literal["ordered", "shuffle"] = "ordered"
+    numbered: bool = False
+    """The seed rows carry their numbers (:data:`STAGE_ROW`, the CPU stage): Data Designer preserves them for
+    the rows it keeps, and a fill regenerates exactly the numbers that are missing."""
+    partial_input: bool = False
+    """The rows this stage reads are an accepted partial result (``ddslurm accept-partial`` of the GPU stage), so
+    the shard's result is partial however complete this stage is."""
 
 
 def exit_code_for(record: AttemptRecord) -> int:
@@ -431,6 +446,7 @@ class AttemptRunner:
                 on_batch_complete=on_batch,
                 on_cell=on_cell,
                 resume=resume,
+                preserve_dropped_columns=stage.numbered,
             )
         )
         if result.dataset_dir != target:
@@ -452,9 +468,9 @@ class AttemptRunner:
             files=files,
             plan_sha256=inputs.plan_sha256,
             published_at=self._now(),
-            partial=rows < num_records,
+            partial=rows < num_records or stage.partial_input,  # an accepted partial GPU stage stays partial
         )
-        if winner.partial:
+        if rows < num_records:
             atomic_write(attempt.candidate, encode(winner))
             self._write(
                 attempt,
@@ -484,22 +500,35 @@ class AttemptRunner:
 
     def stage_run(self, inputs: Inputs, began: Began) -> StageRun:
         """The recipe this attempt runs and its seed rows: the whole recipe (one stage) or the GPU stage's, each
-        on the shard's seed block; or the CPU stage's, reading the shard's GPU-stage winner (verified, written to
-        ``stage-seed.parquet`` in the attempt) in order, each of its rows used once."""
+        on the shard's seed block; or the CPU stage's, reading the shard's GPU-stage winner in order, each of its
+        rows used once.
+
+        Whatever the attempt derives for Data Designer to read is the shard's, fixed once (``_shard_seed``): a
+        shuffled seed block in the order the plan's seed gives the shard, read in that order; the CPU stage's seed
+        file (the verified GPU-stage winner, its rows numbered). Every attempt, resume, rerun and fill of the shard
+        reads the same file at the same path, so Data Designer resumes what an earlier attempt began and a shuffle
+        uses every seed row exactly as often as an unsharded run."""
         plan, spec = inputs.plan, inputs.plan.shards[began.shard]
+        shard = self._layout.shard(began.shard)
         if self._stage == 1:
             first = self._stage_winner(began.shard)
             if first is None:
                 raise InputsError(f"shard {began.shard}: the GPU stage has no result to read")
-            table = read_stage_winner(first)
-            seed_path = write_stage_seed(table, began.layout.dir)
+            seed_path = fixed_seed_file(shard.stage_seed(first.attempt), lambda: stage_seed_table(first))
             split = plan_split(plan.stages, plan.stage_reason)
-            return StageRun(stage_recipe(inputs.recipe, split, 1, seed_path=str(seed_path)), lambda: table)
+            staged = stage_recipe(inputs.recipe, split, 1, seed_path=str(seed_path))
+            return StageRun(staged, lambda: read_seed_file(seed_path), numbered=True, partial_input=first.partial)
         base = inputs.recipe if self._stage is None else stage_recipe(inputs.recipe, plan_split(plan.stages), 0)
         recipe = partition_seed(base, spec)
         start, end = spec.seed_start, spec.seed_end
         if plan.seed is None or start is None or end is None:
             return StageRun(recipe, None)
+        if plan.seed.sampling == "shuffle" and plan.seed.shuffle_seed is not None:
+            seed = plan.seed.shuffle_seed
+            ordered = fixed_seed_file(
+                shard.seed_order, lambda: shuffled_block(self._read_seed(recipe, start, end), seed, began.shard)
+            )
+            return StageRun(recipe_reading(recipe, ordered), lambda: read_seed_file(ordered))
         return StageRun(recipe, lambda: self._read_seed(recipe, start, end), plan.seed.sampling)
 
     def _fill(
@@ -533,13 +562,15 @@ class AttemptRunner:
             except Exception as exc:
                 log.warning("fill.skipped", why=f"cannot read the shard's seed rows: {exc}", missing=missing)
                 return 0
-            columns = list(block.column_names)
-            if self._stage == 1:
-                columns = _comparable_columns(block, parquet_files(target))
-            observed = observed_keys(parquet_files(target), columns) if columns else None
-            chosen = None
-            if observed is not None:
-                chosen = missing_rows(row_keys(block, columns), observed, began.num_records, stage.sampling)
+            chosen: list[int] | None = None
+            if stage.numbered:  # each record names its seed row: exactly the rows no record holds
+                numbered = numbered_rows(target, FILL_DIR, STAGE_ROW)
+                chosen = None if numbered is None else missing_numbered(block, numbered, STAGE_ROW)
+            else:
+                columns = list(block.column_names)
+                observed = observed_keys(parquet_files(target), columns)
+                if observed is not None:
+                    chosen = missing_rows(row_keys(block, columns), observed, began.num_records, stage.sampling)
             if chosen is None or len(chosen) != missing:
                 log.warning("fill.skipped", why="cannot tell which seed rows the dropped records used", missing=missing)
                 return 0
@@ -549,7 +580,7 @@ class AttemptRunner:
         try:
             result = self._engine(
                 EngineRequest(
-                    recipe=fill_recipe(recipe, seed_file),
+                    recipe=recipe_reading(recipe, seed_file),
                     snapshot=inputs.snapshot,
                     endpoints=endpoints,
                     artifact_path=began.layout.output,
@@ -558,6 +589,7 @@ class AttemptRunner:
                     num_records=missing,
                     buffer_size=missing,
                     serving=plan.serving,
+                    preserve_dropped_columns=stage.numbered,
                 )
             )
         except RuntimeFailure as exc:
@@ -570,7 +602,12 @@ class AttemptRunner:
             return 0
         make_private_dir(fill_dir, exist_ok=True)
         for index, batch in enumerate(batches):
-            batch.rename(fill_dir / f"fill_{number:05d}_{index:05d}.parquet")
+            name = f"fill_{number:05d}_{index:05d}.parquet"
+            preserved = result.dataset_dir / DD_DROPPED_DIR / batch.name
+            if preserved.is_file():  # first, so that every fill batch in place has its row numbers beside it
+                make_private_dir(target / FILL_DROPPED_DIR, exist_ok=True)
+                preserved.rename(target / FILL_DROPPED_DIR / name)
+            batch.rename(fill_dir / name)
         rows, batches_done = _rows_on_disk(target)
         atomic_write(began.layout.progress, encode(Progress(rows=rows, batches=batches_done, updated_at=self._now())))
         log.info("fill.done", added=added, missing=missing - added)
@@ -632,19 +669,6 @@ class AttemptRunner:
         return best[1] if best else None
 
 
-def _comparable_columns(block: pa.Table, files: list[Path]) -> list[str]:
-    """The CPU stage's seed columns (the GPU stage's output) that its output holds unchanged: strings and integers
-    (nested values may come back from Parquet and DuckDB with other keys), in every output file."""
-    names = set(block.column_names)
-    for f in files:
-        names &= set(pq.read_schema(f).names)
-    return [
-        field.name
-        for field in block.schema
-        if field.name in names and (pa.types.is_string(field.type) or pa.types.is_integer(field.type))
-    ]
-
-
 class CellProgress:
     """Records of the batch being generated, from Data Designer's finished cells: cells since the last completed
     batch over the recipe's LLM columns, capped one short of a batch. Reported at most once per ``interval``
@@ -682,11 +706,18 @@ def _rows_on_disk(directory: Path) -> tuple[int, int]:
 
 
 def seed_from(source: Path, target: Path) -> int:
-    """A new dataset directory holding ``source``'s metadata, completed batches and fill batches (hard links,
-    never the originals moved or changed); returns the rows it holds."""
+    """A new dataset directory holding ``source``'s metadata, completed batches and fill batches, and the columns
+    Data Designer preserved for them (hard links, never the originals moved or changed); returns the rows it
+    holds."""
     (target / "parquet-files").mkdir(parents=True, mode=0o700)
     shutil.copy2(source / "metadata.json", target / "metadata.json")
-    for folder, pattern in (("parquet-files", "batch_*.parquet"), (FILL_DIR, "fill_*.parquet")):
+    folders = (
+        ("parquet-files", "batch_*.parquet"),
+        (FILL_DIR, "fill_*.parquet"),
+        (DD_DROPPED_DIR, "batch_*.parquet"),  # the preserved row numbers of a CPU stage's batches
+        (FILL_DROPPED_DIR, "fill_*.parquet"),
+    )
+    for folder, pattern in folders:
         for batch in sorted((source / folder).glob(pattern)):
             try:
                 pq.read_metadata(batch)

@@ -73,6 +73,9 @@ class EngineRequest:
     """Called (from Data Designer's worker threads) each time a cell of a cell-by-cell column is done."""
     resume: bool = False
     """Continue the dataset already in ``artifact_path / dataset_name`` (Data Designer's ResumeMode.ALWAYS)."""
+    preserve_dropped_columns: bool = False
+    """Data Designer writes what its drop processors remove to ``dropped-columns-parquet-files/``, row for row with
+    the batches (a CPU stage's seed row numbers: which rows a fill must make again)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,7 +208,13 @@ def run_engine(request: EngineRequest) -> EngineResult:
         secret_resolver=EnvironmentResolver(),
         managed_assets_path=request.scratch_home / "managed-assets",
     )
-    designer.set_run_config(dd.RunConfig(buffer_size=request.buffer_size, otel_metrics_port=None))
+    designer.set_run_config(
+        dd.RunConfig(
+            buffer_size=request.buffer_size,
+            otel_metrics_port=None,
+            preserve_dropped_columns=request.preserve_dropped_columns,
+        )
+    )
     violations: list[Any] = []
     try:
         with _violations_reported(violations), _cells_reported(request.on_cell):

@@ -77,8 +77,9 @@ def missing_rows(
     return sorted(chosen)
 
 
-def fill_recipe(recipe: Mapping[str, Any], seed_file: Path | None) -> dict[str, Any]:
-    """The recipe reading ``seed_file`` (the rows to generate again) in order, or unchanged without a seed."""
+def recipe_reading(recipe: Mapping[str, Any], seed_file: Path | None) -> dict[str, Any]:
+    """The recipe reading ``seed_file`` in order, every row once per cycle (the rows a fill generates again, a
+    shuffled shard's seed block in its fixed order), or unchanged without a seed."""
     out = copy.deepcopy(dict(recipe))
     if seed_file is not None:
         _section(out)["seed_config"] = {
@@ -87,3 +88,44 @@ def fill_recipe(recipe: Mapping[str, Any], seed_file: Path | None) -> dict[str, 
             "selection_strategy": None,
         }
     return out
+
+
+DD_DROPPED_DIR = "dropped-columns-parquet-files"
+"""Where Data Designer writes what its drop processors removed, one file per batch, named like the batch
+(``ArtifactStorage.dropped_columns_folder_name``; with ``RunConfig.preserve_dropped_columns``)."""
+
+FILL_DROPPED_DIR = "fill-dropped-files"
+"""The preserved dropped columns of the fill batches, named like the fill batches in ``fill-files``."""
+
+
+def numbered_rows(dataset_dir: Path, fill_dir: str, column: str) -> Counter[int] | None:
+    """How often each seed row number (``column``, kept by Data Designer among its preserved dropped columns)
+    occurs in the records of ``dataset_dir``: Data Designer's batches and the fill batches (``fill_dir``), each
+    read from its namesake preserved-columns file. None when a batch has no such file, the file lacks the column
+    or holds another number of rows: the records cannot be told apart then."""
+    seen: Counter[int] = Counter()
+    pairs = [
+        (f, dataset_dir / DD_DROPPED_DIR / f.name) for f in sorted((dataset_dir / "parquet-files").glob("*.parquet"))
+    ]
+    pairs += [(f, dataset_dir / FILL_DROPPED_DIR / f.name) for f in sorted((dataset_dir / fill_dir).glob("*.parquet"))]
+    for batch, numbers in pairs:
+        try:
+            rows = pq.read_metadata(batch).num_rows
+            if not numbers.is_file() or column not in pq.read_schema(numbers).names:
+                return None
+            values = pq.read_table(numbers, columns=[column]).column(column).to_pylist()
+        except Exception:
+            return None
+        if len(values) != rows or any(v is None for v in values):
+            return None
+        seen.update(int(v) for v in values)
+    return seen
+
+
+def missing_numbered(block: pa.Table, present: Counter[int], column: str) -> list[int] | None:
+    """Indexes into ``block`` (seed rows numbered in ``column``, each used once) of the rows no record holds, in
+    block order; None when a record holds a number twice or one the block does not have."""
+    numbers = [int(v) for v in block.column(column).to_pylist()]
+    if any(n > 1 for n in present.values()) or set(present) - set(numbers):
+        return None
+    return [i for i, n in enumerate(numbers) if n not in present]

@@ -44,7 +44,13 @@ from ddslurm.runtime.errors import RecipeError
 StageKind = Literal["gpu", "cpu"]
 
 KEEP_PROCESSOR = "ddslurm-stage-dropped"
-"""Name of the ``drop_columns`` processor stage 2 gets for the columns stage 1 kept only for it."""
+"""Name of the ``drop_columns`` processor stage 2 gets for the columns stage 1 kept only for it (and
+:data:`STAGE_ROW`)."""
+
+STAGE_ROW = "_ddslurm_stage_row"
+"""The column of a CPU-stage seed file that numbers its rows (the GPU stage's winner rows, 0..n-1). Stage 2 drops
+it with the columns stage 1 kept only for it, and Data Designer preserves what it drops
+(``preserve_dropped_columns``), so a fill knows exactly which GPU-stage rows the dropped records were."""
 
 # Column types whose values come back from Parquet as Data Designer made them (strings, scalars, float lists).
 _SAFE_ACROSS = frozenset({"llm-text", "llm-code", "expression", "sampler", "embedding"})
@@ -323,9 +329,9 @@ def stage_recipe(
 
     Stage 0 of a split: only the GPU stage's columns, the original seed config, no processors (they move to
     stage 1), ``drop`` cleared for the stage's ``keep`` columns. Stage 1: only the CPU stage's columns, reading
-    ``seed_path`` (stage 0's Parquet output: a file or a pattern such as ``/x/parquet-files/*.parquet``) in
-    order with no selection, so seed row i becomes output row i and, with ``num_records`` equal to stage 0's
-    rows, every row is used once; a ``drop_columns`` processor drops the kept columns. Model configs are left as
+    ``seed_path`` (stage 0's rows, numbered in :data:`STAGE_ROW`) in order with no selection, so seed row i
+    becomes output row i and, with ``num_records`` equal to stage 0's rows, every row is used once; a
+    ``drop_columns`` processor drops the kept columns and the row numbers. Model configs are left as
     they are (stage 1 uses only hosted aliases; DD checks only the aliases its columns use). A single-stage split
     has only stage 0: the recipe unchanged.
     """
@@ -354,14 +360,15 @@ def stage_recipe(
             "sampling_strategy": "ordered",
             "selection_strategy": None,
         }
-        section["processors"] = _stage_processors(recipe, split) or None
+        section["processors"] = _stage_processors(recipe, split)
     section["columns"] = columns
     return out
 
 
 def _stage_processors(recipe: Mapping[str, Any], split: StageSplit) -> list[dict[str, Any]]:
     """Stage 1's processors: the recipe's ``drop_columns`` processors without the columns stage 0 already dropped
-    (Data Designer refuses to drop a column that does not exist), then one that drops stage 0's ``keep``."""
+    (Data Designer refuses to drop a column that does not exist), then one that drops stage 0's ``keep`` and the
+    seed file's row numbers (:data:`STAGE_ROW`)."""
     first = split.stages[0]
     by_name = {c.get("name"): c for c in _section(recipe).get("columns") or []}
     gone = {n for n in first.columns if by_name[n].get("drop") and n not in first.keep}
@@ -370,12 +377,11 @@ def _stage_processors(recipe: Mapping[str, Any], split: StageSplit) -> list[dict
         names = [n for n in p.get("column_names") or [] if n not in gone]
         if names:
             out.append({**p, "column_names": names})
-    if first.keep:
-        taken = {str(p.get("name")) for p in out}
-        name = KEEP_PROCESSOR
-        while name in taken:
-            name += "_"
-        out.append({"processor_type": "drop_columns", "name": name, "column_names": list(first.keep)})
+    taken = {str(p.get("name")) for p in out}
+    name = KEEP_PROCESSOR
+    while name in taken:
+        name += "_"
+    out.append({"processor_type": "drop_columns", "name": name, "column_names": [*first.keep, STAGE_ROW]})
     return out
 
 
