@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
 import threading
 import time
@@ -23,7 +25,7 @@ if __package__ in (None, ""):  # run as a script: tools/chaos/run.py
 
 from tools.chaos.draw import draw
 from tools.chaos.reference import ReferenceCache
-from tools.chaos.scenario import Outcome, ScenarioRun
+from tools.chaos.scenario import Outcome, ScenarioRun, abort_all
 
 REPO = Path(__file__).resolve().parents[2]
 SCENARIO_BUDGET_S = 420.0
@@ -119,6 +121,14 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps(outcome.as_json()), flush=True)
         return outcome
 
+    def interrupted(signum: int, frame: object) -> None:
+        say(f"chaos: interrupted by signal {signum}: cancelling the scenarios under way")
+        abort_all()
+        references.close()
+        os._exit(130)
+
+    signal.signal(signal.SIGTERM, interrupted)
+    signal.signal(signal.SIGINT, interrupted)
     try:
         with ThreadPoolExecutor(max_workers=max(1, args.parallel)) as pool:
             futures: list[Future[Outcome | None]] = [pool.submit(job, s) for s in seeds]

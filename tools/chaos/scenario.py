@@ -30,6 +30,21 @@ MAX_ROUNDS = 5
 TIME_LIMIT_HANG_S = 170.0
 
 
+ACTIVE: set[ScenarioRun] = set()
+"""Scenarios under way, so that an interrupted campaign cancels their runs (``abort_all``)."""
+_ACTIVE_LOCK = threading.Lock()
+
+
+def abort_all() -> None:
+    """Cancel every scenario under way: its run's jobs and processes, a node it took down, its provider."""
+    with _ACTIVE_LOCK:
+        runs = list(ACTIVE)
+    for run in runs:
+        run.out.verdict, run.out.reason = "FAIL", "interrupted"
+        with contextlib.suppress(Exception):
+            run.cleanup()
+
+
 class Stuck(Exception):
     """The scenario ran past its budget."""
 
@@ -476,6 +491,8 @@ class ScenarioRun:
 
     def execute(self) -> Outcome:
         injector: threading.Thread | None = None
+        with _ACTIVE_LOCK:
+            ACTIVE.add(self)
         try:
             files = self.prepare()
             rc, data, err = self.cli(
@@ -503,6 +520,8 @@ class ScenarioRun:
         finally:
             self.cleanup()
             self.out.seconds = self.t()
+            with _ACTIVE_LOCK:
+                ACTIVE.discard(self)
         return self.out
 
     def cleanup(self) -> None:
