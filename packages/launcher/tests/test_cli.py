@@ -160,7 +160,18 @@ def test_every_command_prints_json(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         shard=0, attempt="attempt-5000", rows=4, dataset_dir="/x", files=(), plan_sha256="-", published_at="-"
     )
     atomic_write(layout.shard(0).attempt("attempt-5000").candidate, encode(candidate))
-    expected.append((["accept-partial", root, "--shards", "0"], lambda o: o == {"accepted": [{"shard": 0, "rows": 4}]}))
+    expected.append(
+        (
+            ["accept-partial", root, "--shards", "0"],
+            lambda o: (
+                o
+                == {
+                    "accepted": [{"shard": 0, "rows": 4, "stage": None}],
+                    "cpu_stage": {"shards": [], "job_ids": [], "queued": []},
+                }
+            ),
+        )
+    )
     published = make_published_run(tmp_path / "collected", [[pa.table({"a": [1, 2]})]])
     expected.append((["collect", str(published.root), "--local"], lambda o: o["rows"] == 2 and o["files"]))
     for argv, check in expected:

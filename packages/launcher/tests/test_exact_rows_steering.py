@@ -13,6 +13,7 @@ import msgspec
 import pytest
 
 from ddslurm.config import (
+    AttemptRecord,
     AttemptState,
     CancelRecord,
     ClaimRecord,
@@ -20,6 +21,7 @@ from ddslurm.config import (
     RunLayout,
     SubmissionRecord,
     SubmitPlanRecord,
+    WinnerRecord,
     atomic_write,
     encode,
     make_private_dir,
@@ -30,7 +32,7 @@ from ddslurm.launcher._console import plan_lines
 from ddslurm.launcher._output import array_json
 from ddslurm.launcher._slurm import Completed, SlurmTimeoutError
 from ddslurm.launcher._status import run_status
-from ddslurm.launcher._steer import cancel, continue_submission, retry
+from ddslurm.launcher._steer import accept_partial, cancel, continue_submission, retry
 from ddslurm.launcher._submit import (
     PartialSubmitError,
     plan_submission,
@@ -260,3 +262,110 @@ def test_the_lookup_is_the_one_submit_continue_uses(tmp_path: Path) -> None:
     done_cancel = cancel(layout, Slurm(runner))
     assert done_cancel.adopted == () and sorted(done_cancel.ids) == ["4242", "4243", "4244"]
     assert len([c for c in runner.commands("squeue") if QUEUE_FORMAT in c]) == lookups  # nothing missing: no lookup
+
+
+# --- item 6: accept-partial of a two-stage shard whose GPU stage ended short ---
+
+STAGED_RECIPE = """data_designer:
+  columns:
+  - {name: topic, column_type: sampler, sampler_type: category, params: {sampler_type: category, values: [a, b]}}
+  - {name: draft, column_type: llm-text, model_alias: gen, prompt: "Say {{ topic }}"}
+  - {name: q, column_type: llm-text, model_alias: writer, prompt: "Improve {{ draft }}"}
+  model_configs:
+  - {alias: gen, model: m-2, provider: local}
+  - {alias: writer, model: m-1, provider: hosted, inference_parameters: {temperature: 0.3, max_parallel_requests: 8}}
+"""
+
+
+def _staged_run(tmp_path: Path) -> tuple[RunLayout, dict[str, str], FakeSlurm, list[SubmissionRecord]]:
+    run, profile, env = write_unit_run(
+        tmp_path,
+        KEY,
+        recipe=STAGED_RECIPE,
+        num_records=12,
+        shards=3,
+        run_extra="deployments:\n  - {model_alias: gen, model: m-2}\n",
+    )
+    profile.write_text(profile.read_text() + "gpus_per_node: 4\n")
+    prepared = prepare(run, profile, env, datetime.now(UTC), check_recipe=lambda *_: [])
+    assert len(prepared.plan.stages) == 2
+    write_run_dir(prepared)
+    fake = FakeSlurm()
+    submit_shards(prepared.layout, prepared.plan, [0, 1, 2], Slurm(fake), env, datetime.now(UTC))
+    return prepared.layout, env, fake, _records(prepared.layout)
+
+
+def _partial(layout: RunLayout, shard: int, job: str, rows: int, stage: int | None) -> None:
+    """A partial attempt of ``shard`` (``stage`` 0: its GPU stage) with its verified short candidate."""
+    where = layout.stage_shard(shard, stage)
+    attempt = where.attempt(f"attempt-{job}")
+    make_private_dir(where.attempts, exist_ok=True)
+    make_private_dir(attempt.dir, exist_ok=True)
+    record = AttemptRecord(
+        shard=shard,
+        attempt=attempt.dir.name,
+        job_id=job,
+        node="n1",
+        state="partial",
+        started_at=f"2026-01-01T00:0{job[-1]}",
+        reason="rows_dropped",
+        rows=rows,
+    )
+    atomic_write(attempt.record, encode(record))
+    candidate = WinnerRecord(
+        shard=shard,
+        attempt=attempt.dir.name,
+        rows=rows,
+        dataset_dir=str(attempt.dir / "output"),
+        files=(),
+        plan_sha256="-",
+        published_at="-",
+        partial=True,
+    )
+    atomic_write(attempt.candidate, encode(candidate))
+
+
+def test_accept_partial_of_a_short_gpu_stage_publishes_it_and_runs_the_cpu_stage_as_retry_does(tmp_path: Path) -> None:
+    layout, env, fake, (gpu, cpu) = _staged_run(tmp_path)
+    _partial(layout, 1, "5001", 2, stage=0)
+    _partial(layout, 1, "5003", 3, stage=0)  # the best one: more rows
+    fake.sacct_out = "".join(f"{gpu.array_job_id}_{t}|COMPLETED|0:0|None\n" for t in (0, 2)) + (
+        f"{gpu.array_job_id}_1|FAILED|3:0|None\n"
+        + "".join(f"{cpu.array_job_id}_{t}|COMPLETED|0:0|None\n" for t in range(3))
+    )
+    before = run_status(layout, Slurm(fake)).shards[1]
+    assert (before.state, before.stage) == ("partial", "gpu")
+    fake.next_id = 6000
+    done = accept_partial(layout, [1], Slurm(fake), env)
+    assert [(a.shard, a.rows, a.stage) for a in done.accepted] == [(1, 3, "gpu")]
+    assert done.cpu_stage == (1,) and done.job_ids == ("6000",) and done.queued == ()
+    winner = read_json(layout.shard(1).stage(0).winner, WinnerRecord)
+    assert (winner.attempt, winner.rows, winner.partial) == ("attempt-5003", 3, True)
+    assert not layout.shard(1).winner.exists()  # the final result is the CPU stage's to publish
+    (new,) = _records(layout)[2:]
+    assert (new.stage, new.kind, new.shards, new.tasks, new.after_any) == (1, "retry", (1,), 1, ())  # as retry does
+    assert Path(new.script).read_text().rstrip().endswith("--pool 1 --stage 1")
+    with pytest.raises(LauncherError, match="shard 1 already has a result of its GPU stage"):
+        accept_partial(layout, [1], Slurm(fake), env)  # published once, never replaced
+
+
+def test_accept_partial_leaves_a_gpu_accepted_shard_to_a_cpu_array_still_queued(tmp_path: Path) -> None:
+    layout, env, fake, (gpu, cpu) = _staged_run(tmp_path)
+    _partial(layout, 0, "5001", 3, stage=0)
+    fake.squeue_out = "".join(f"{cpu.array_job_id}_{t}|PENDING|Dependency\n" for t in range(3))
+    fake.squeue_out += f"{gpu.array_job_id}_2|RUNNING|None\n"
+    done = accept_partial(layout, [0], Slurm(fake), env)
+    assert done.cpu_stage == () and done.queued == (0,) and done.job_ids == ()
+    assert len(_records(layout)) == 2 and layout.shard(0).stage(0).winner.is_file()
+
+
+def test_accept_partial_of_a_final_stage_shard_is_as_before_and_a_shard_without_one_is_refused(tmp_path: Path) -> None:
+    layout, env, fake, _ = _staged_run(tmp_path)
+    _partial(layout, 2, "5002", 1, stage=0)
+    _partial(layout, 2, "5004", 3, stage=None)  # its CPU stage ended short too: that is the shard's result
+    done = accept_partial(layout, [2], Slurm(fake), env)
+    assert [(a.shard, a.rows, a.stage) for a in done.accepted] == [(2, 3, "cpu")] and done.cpu_stage == ()
+    assert read_json(layout.shard(2).winner, WinnerRecord).partial and not layout.shard(2).stage(0).winner.exists()
+    with pytest.raises(LauncherError, match="shard 0 has no partial result to accept"):
+        accept_partial(layout, [0], Slurm(fake), env)
+    assert fake.commands("sbatch")[2:] == []

@@ -489,13 +489,15 @@ def test_accept_partial_publishes_the_best_candidate_once(tmp_path: Path) -> Non
                 )
             ),
         )
-    assert accept_partial(layout, [1]) == [(1, 3)]
+    slurm = Slurm(RecordingRunner())
+    done = accept_partial(layout, [1], slurm, env)
+    assert [(a.shard, a.rows, a.stage) for a in done.accepted] == [(1, 3, None)] and done.cpu_stage == ()
     winner = read_json(layout.shard(1).winner, WinnerRecord)
     assert winner.partial and winner.attempt == "attempt-8"
     with pytest.raises(LauncherError, match="already has a winner"):
-        accept_partial(layout, [1])
+        accept_partial(layout, [1], slurm, env)
     with pytest.raises(LauncherError, match="no partial result"):
-        accept_partial(layout, [2])
+        accept_partial(layout, [2], slurm, env)
 
 
 def test_jobs_get_exactly_the_environment_ddslurm_builds(tmp_path: Path) -> None:

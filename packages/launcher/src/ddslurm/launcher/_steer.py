@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Literal
 
 from ddslurm.config import (
     AttemptRecord,
@@ -99,6 +100,7 @@ def retry(
     resume_cancelled: bool = False,
     fresh: bool = False,
     dry_run: bool = False,
+    skip_busy: bool = False,
 ) -> Retried:
     """Submit new attempts, as one array, for shards that have no winner and nothing running or queued.
 
@@ -108,6 +110,7 @@ def retry(
     longer verifies is not retried (a new attempt could not replace the winner): see ``docs/attempts.md``.
     ``fresh``: the new attempts start from nothing; no later attempt continues the shards' earlier batches.
     ``dry_run``: decide the shards and plan the arrays (checked against the scheduler's limits), change nothing.
+    ``skip_busy``: of ``shards``, those still running or queued are left out instead of refused.
     """
     plan = read_plan(layout.plan)
     mark = cancel_record(layout)
@@ -127,7 +130,7 @@ def retry(
     by_index = {s.shard: s for s in status.shards}
     chosen = _pick(status, shards, plan)
     busy = [s for s in chosen if by_index[s].state in ACTIVE]
-    if shards is not None and busy:
+    if shards is not None and busy and not skip_busy:
         raise LauncherError(f"shard(s) {', '.join(map(str, busy))} are still running or queued; cancel them first")
     corrupt = [s for s in chosen if by_index[s].state == "corrupt"]
     if shards is not None and corrupt:
@@ -352,24 +355,89 @@ def _refuse_unread(layout: RunLayout, unread: str | None) -> None:
         )
 
 
-def accept_partial(layout: RunLayout, shards: list[int]) -> list[tuple[int, int]]:
-    """Publish the best short result of each shard as its winner, marked partial. Returns (shard, rows)."""
-    accepted: list[tuple[int, int]] = []
-    for shard in shards:
-        best: WinnerRecord | None = None
-        for record in attempt_records(layout, shard):
-            path = layout.shard(shard).attempt(record.attempt).candidate
-            if record.state == "partial" and path.is_file():
-                candidate = read_json(path, WinnerRecord)
-                if best is None or candidate.rows > best.rows:
-                    best = candidate
+@dataclass(frozen=True, slots=True)
+class AcceptedShard:
+    shard: int
+    rows: int
+    stage: Literal["gpu", "cpu"] | None
+    """``gpu``: a two-stage shard's GPU-stage result (``stage-0/winner.json``), which its CPU stage still turns into
+    the shard's result; ``cpu``: a two-stage shard's final result; None: a single-stage run's shard."""
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    accepted: tuple[AcceptedShard, ...]
+    cpu_stage: tuple[int, ...] = ()
+    """Shards accepted at their GPU stage whose CPU stage was submitted now (as ``retry`` submits it)."""
+    job_ids: tuple[str, ...] = ()
+    """The arrays submitted for them."""
+    queued: tuple[int, ...] = ()
+    """Shards accepted at their GPU stage that a CPU-stage array of the run already queued or running pulls."""
+
+
+def _best_candidate(layout: RunLayout, shard: int, stage: int | None = None) -> WinnerRecord | None:
+    """The partial attempt of ``shard`` (``stage`` 0: its GPU stage) with the most rows and a candidate."""
+    best: WinnerRecord | None = None
+    for record in attempt_records(layout, shard, stage):
+        path = layout.stage_shard(shard, stage).attempt(record.attempt).candidate
+        if record.state == "partial" and path.is_file():
+            candidate = read_json(path, WinnerRecord)
+            if best is None or candidate.rows > best.rows:
+                best = candidate
+    return best
+
+
+def accept_partial(
+    layout: RunLayout,
+    shards: list[int],
+    slurm: Slurm,
+    env: Mapping[str, str],
+    now: datetime | None = None,
+) -> Accepted:
+    """Publish the best short result of each shard as its winner, marked partial, with no replacing (once).
+
+    A two-stage shard whose GPU stage ended partial (and has no result of its own) gets that stage's best
+    candidate as its GPU-stage result (``stage-0/winner.json``, partial), and then its CPU stage runs, submitted
+    exactly as ``retry`` submits it for shards whose GPU stage is done; a shard that a CPU-stage array already
+    queued or running will pull is left to it. Every shard is checked before anything is published."""
+    plan = read_plan(layout.plan)
+    staged = len(plan.stages) > 1
+    chosen: list[tuple[int, WinnerRecord, int | None]] = []
+    for shard in _pick_indices(shards, plan):
+        top = layout.shard(shard)
+        best, stage = _best_candidate(layout, shard), None
+        if best is None and staged and not top.winner.exists():
+            best, stage = _best_candidate(layout, shard, 0), 0
+            if best is not None and top.stage(0).winner.exists():
+                raise LauncherError(
+                    f"shard {shard} already has a result of its GPU stage; its CPU stage has no partial result to "
+                    f"accept (ddslurm retry {layout.root} --shards {shard} runs its CPU stage)"
+                )
         if best is None:
             raise LauncherError(f"shard {shard} has no partial result to accept")
-        source = layout.shard(shard).attempt(best.attempt).candidate
-        if not publish_once(layout.shard(shard).winner, read_regular(source)):
+        if top.winner.exists():
             raise LauncherError(f"shard {shard} already has a winner")
-        accepted.append((shard, best.rows))
-    return accepted
+        chosen.append((shard, best, stage))
+    accepted: list[AcceptedShard] = []
+    for shard, best, stage in chosen:
+        where = layout.stage_shard(shard, stage)
+        if not publish_once(where.winner, read_regular(where.attempt(best.attempt).candidate)):
+            raise LauncherError(f"shard {shard} already has a {'GPU-stage result' if stage == 0 else 'winner'}")
+        label: Literal["gpu", "cpu"] | None = ("gpu" if stage == 0 else "cpu") if staged else None
+        accepted.append(AcceptedShard(shard, best.rows, label))
+    gpu = [a.shard for a in accepted if a.stage == "gpu"]
+    if not gpu:
+        return Accepted(tuple(accepted))
+    try:
+        done = retry(layout, slurm, env, gpu, now, skip_busy=True)  # their GPU stage is done: a CPU-stage array
+    except LauncherError as exc:
+        listed = ",".join(map(str, gpu))
+        raise LauncherError(
+            f"the GPU stage's partial result of shard(s) {listed} was accepted (stage-0/winner.json), but the CPU "
+            f"stage was not submitted: {exc}\n  ddslurm retry {layout.root} --shards {listed} submits it"
+        ) from exc
+    queued = tuple(s for s in gpu if s not in done.shards)
+    return Accepted(tuple(accepted), done.shards, done.job_ids, queued)
 
 
 STEP_GLOBS = {

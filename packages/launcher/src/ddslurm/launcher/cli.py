@@ -629,14 +629,38 @@ def cmd_accept_partial(
     profile: ProfileOpt = None,
     as_json: JsonOpt = False,
 ) -> int:
-    """Publish the best short result of each shard as its winner (marked partial)."""
+    """Publish the best short result of each shard as its winner (marked partial); a two-stage shard whose GPU
+    stage ended short: as its GPU-stage result, then its CPU stage is submitted (as retry does)."""
     session = _session(ctx, as_json)
     layout = _run(session, run, profile)
-    accepted = accept_partial(layout, parse_shards(shards) or [])
+    done = accept_partial(layout, parse_shards(shards) or [], session.slurm, session.env)
     if session.json:
-        write_json({"accepted": [{"shard": s, "rows": r} for s, r in accepted]}, session.out)
-    else:
-        session.out.write("".join(f"shard {shard}: accepted {rows} rows as its result\n" for shard, rows in accepted))
+        write_json(
+            {
+                "accepted": [{"shard": a.shard, "rows": a.rows, "stage": a.stage} for a in done.accepted],
+                "cpu_stage": {
+                    "shards": list(done.cpu_stage),
+                    "job_ids": list(done.job_ids),
+                    "queued": list(done.queued),
+                },
+            },
+            session.out,
+        )
+        return ExitCode.OK
+    lines = [
+        f"shard {a.shard}: accepted {a.rows} rows as the result of its GPU stage (partial); its CPU stage runs on them"
+        if a.stage == "gpu"
+        else f"shard {a.shard}: accepted {a.rows} rows as its result"
+        for a in done.accepted
+    ]
+    if done.cpu_stage:
+        lines.append(
+            f"submitted the CPU stage of shard(s) {compact_ranges(done.cpu_stage)} as array job(s) "
+            f"{', '.join(done.job_ids)} (as ddslurm retry does)"
+        )
+    if done.queued:
+        lines.append(f"shard(s) {compact_ranges(done.queued)}: a CPU-stage array of the run already queued runs them")
+    session.out.write("".join(f"{line}\n" for line in lines))
     return ExitCode.OK
 
 
