@@ -177,6 +177,22 @@ def test_a_pulling_shard_rerun_inside_its_allocation_shows_running_again(tmp_pat
     assert run_status(layout, Slurm(FakeSlurm(squeue=BUSY))).shards[0].state == "running"
 
 
+def test_a_requeued_pulling_allocation_runs_its_shards_again_they_are_not_ended(tmp_path: Path) -> None:
+    """Slurm requeued allocation 4242_0 (same job id): its first incarnation's attempts ended when it was stopped,
+    and the running incarnation claims the shards again; until it begins their new attempts they are running,
+    never failed or cancelled (``wait`` would return)."""
+    layout, _ = _pulling(tmp_path, shards=3)
+    _claimed_attempt(layout, 0, 0, "5000", "failed", reason="cancelled", message="the job was cancelled (SIGTERM)")
+    _claimed_attempt(layout, 1, 0, "5000", "failed", reason="generation_failed", client_runs=2)
+    requeued = FakeSlurm(squeue=BUSY, sacct="4242_0|REQUEUED|0:15|None\n4242_0|RUNNING|0:0|None\n")
+    status = run_status(layout, Slurm(requeued))
+    assert [(s.state, s.job_id) for s in status.shards[:2]] == [("running", "4242_0"), ("running", "4242_0")]
+    assert status.state == "running"
+    # the running incarnation's own attempt that ended speaks again
+    _claimed_attempt(layout, 1, 0, "5000-r1", "failed", reason="generation_failed", client_runs=2)
+    assert run_status(layout, Slurm(requeued)).shards[1].state == "failed"
+
+
 def test_retry_takes_a_failed_pulling_shard_and_leaves_the_ones_its_allocation_still_runs(tmp_path: Path) -> None:
     layout, env = _pulling(tmp_path, shards=4)
     _claimed_attempt(layout, 0, 0, "5000", "failed", reason="generation_failed", client_runs=1)

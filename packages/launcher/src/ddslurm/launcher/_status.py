@@ -351,6 +351,15 @@ def _requeued(job: str, live: TaskState, sched: Scheduler, latest: AttemptRecord
 
 
 _ENDED: dict[str, ShardState] = {"failed": "failed", "partial": "partial", "cancelled": "cancelled"}
+_ALLOCATION_STOPPED = frozenset({"cancelled", "time_limit"})
+"""Reasons an attempt records when its whole allocation was stopped (SIGTERM of a cancel or a requeue, the time-limit
+warning): an allocation running after that is a later incarnation of the job."""
+
+
+def _incarnation(attempt: AttemptRecord) -> int:
+    """The restart of its Slurm job an attempt was begun in (``attempt-<job>-r<n>``; 0 for the first run)."""
+    head, _, restart = attempt.attempt.rpartition("-r")
+    return int(restart) if head and restart.isdigit() else 0
 
 
 def _ended_in_allocation(
@@ -359,14 +368,21 @@ def _ended_in_allocation(
     job: str,
     state: TaskState,
     latest: AttemptRecord | None,
+    sched: Scheduler,
 ) -> ShardState | None:
     """The state of a shard whose pulling allocation (``job``, the task that claimed it) is still running: its own
     attempt's, when that attempt was begun by this allocation and has ended (failed, partial, cancelled), so that
     ``retry`` takes it without waiting for the allocation's other shards. None while Slurm's state speaks: the
     allocation is not running, the attempt is another allocation's (this one has not begun its own yet), it still
     runs, or it failed in a way the allocation reruns inside itself (retryable, with client runs left; its record
-    then goes back to ``running``)."""
+    then goes back to ``running``), or it was begun by an earlier incarnation of the allocation's job (Slurm
+    requeued it: the running one claims its shards again and begins new attempts)."""
     if state.state not in _RUNNING or latest is None or latest.state not in _ENDED or not _ran_as(latest, job):
+        return None
+    if latest.reason in _ALLOCATION_STOPPED:
+        return None  # the allocation itself was stopped: the one running now is its next incarnation
+    array, _, task = job.partition("_")
+    if task.isdigit() and _incarnation(latest) < len(sched.ran_before(array, int(task))):
         return None
     if not any(sub.tasks is not None and f"{sub.array_job_id}_{task}" == job for sub, task in covering if task != POOL):
         return None  # a task of an ordinary array runs this shard alone: it is over when Slurm says so
@@ -431,7 +447,7 @@ def shard_status(
         status.state = "unknown"  # neither squeue nor sacct knows it yet (accounting lag): not lost
         return status
     status.slurm_state = state.state
-    ended = _ended_in_allocation(plan, covering, job, state, latest)
+    ended = _ended_in_allocation(plan, covering, job, state, latest, sched)
     if ended is not None:
         status.state = ended  # the allocation runs other shards: this one's own record says it is over
     elif state.state in _RUNNING:
