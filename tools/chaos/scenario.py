@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -434,6 +435,7 @@ class ScenarioRun:
                 plan = json.loads((self.run_dir / "run.json").read_text())
                 wanted = plan["shards"][shard]["num_records"]
                 allowed += wanted - int(winner.get("rows", 0))
+        self.event(self.attempt_summary())
         verdict = judge(reference, rows, allowed_lost=allowed)
         problems += verdict.problems
         problems += self.leftovers()
@@ -442,6 +444,13 @@ class ScenarioRun:
             problems.append(f"secret in {len(hits)} file(s): {', '.join(hits[:3])}")
         if problems:
             raise Failed("; ".join(problems))
+
+    def attempt_summary(self) -> str:
+        """How hard the run was hit: its attempts, and the rows the winners resumed from earlier attempts."""
+        records = self.attempt_records()
+        resumed = sum(int(r.get("resumed_rows") or 0) for r in records if r.get("state") == "succeeded")
+        states = Counter(str(r.get("state")) for r in records)
+        return f"{len(records)} attempt(s) {dict(sorted(states.items()))}, winners resumed {resumed} row(s)"
 
     def leftovers(self) -> list[str]:
         """Slurm jobs, processes and scratch directories of the run still there once it ended (bounded waits)."""
