@@ -14,7 +14,16 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from tools.chaos import cluster  # noqa: E402
-from tools.chaos.draw import FAULT_KINDS, LAYOUTS, PLACEMENTS, SEEDINGS, STAGES, applicable, draw  # noqa: E402
+from tools.chaos.draw import (  # noqa: E402
+    FAULT_KINDS,
+    LAYOUTS,
+    PLACEMENTS,
+    RECOVERY_KINDS,
+    SEEDINGS,
+    STAGES,
+    applicable,
+    draw,
+)
 from tools.chaos.oracle import build_reference, judge  # noqa: E402
 from tools.chaos.recipes import recipe, run_yaml, write_recipe  # noqa: E402
 
@@ -40,6 +49,9 @@ def test_every_layout_recipe_and_fault_kind_is_reachable() -> None:
     assert {s.accept_partial for s in drawn} == {False, True}
     assert {s.client_workers for s in drawn if s.layout == "pulling"} == {1, 2, 3}
     assert {s.retries for s in drawn} == {0, 1, 2, 3} and {s.client_retries for s in drawn} == {0, 1}
+    assert {s.recovery_fault.kind for s in drawn if s.recovery_fault} == set(RECOVERY_KINDS)
+    assert {bool(f.after_rows) for s in drawn for f in s.faults} == {False, True}  # by time and by progress
+    assert min(s.latency for s in drawn) < 0.5 and max(s.latency for s in drawn) > 1.5
 
 
 def test_drawn_numbers_stay_in_their_ranges_and_faults_fit_the_recipe() -> None:
@@ -52,6 +64,7 @@ def test_drawn_numbers_stay_in_their_ranges_and_faults_fit_the_recipe() -> None:
             assert s.allocations == s.shards
         assert (s.seed_rows == 0) == (s.seeding == "seedless")
         assert all(applicable(f.kind, s.placement, s.replicas) for f in s.faults)
+        assert s.recovery_fault is None or applicable(s.recovery_fault.kind, s.placement, s.replicas)
         assert (s.time_limit_minutes == 2) == any(f.kind == "time_limit" for f in s.faults)
         assert sum(f.kind == "time_limit" for f in s.faults) <= 1
 

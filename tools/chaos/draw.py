@@ -35,6 +35,7 @@ FAULT_KINDS: tuple[str, ...] = (
     "hosted_malformed",
     "slow_load",
 )
+RECOVERY_KINDS: tuple[str, ...] = ("kill_client", "kill_server", "kill_batch", "scancel_task", "requeue")
 NEEDS_DEPLOYMENT = frozenset({"kill_server", "kill_proxy", "slow_load"})
 NEEDS_HOSTED = frozenset({"time_limit", "hosted_500", "hosted_timeout", "hosted_malformed"})
 # Relative weights of the kinds (a time limit costs two minutes and more: rarer).
@@ -104,6 +105,8 @@ class Scenario:
     accept_partial: bool
     """Whether the recovery may give up on missing rows with ``ddslurm accept-partial``."""
     faults: tuple[Fault, ...] = field(default_factory=tuple)
+    recovery_fault: Fault | None = None
+    """A fault injected ``at`` seconds after the recovery's first ``retry`` (if it needs one): a second blow."""
 
     @property
     def has_deployment(self) -> bool:
@@ -130,6 +133,12 @@ class Scenario:
             f"lat={self.latency:.2f} load={self.startup_delay:.0f}s tl={self.time_limit_minutes}m"
             f"{' accept-partial' if self.accept_partial else ''}"
         )
+
+    def describe_faults(self) -> str:
+        text = ", ".join(f.describe() for f in self.faults)
+        if self.recovery_fault is not None:
+            text += f", then {self.recovery_fault.kind}@{self.recovery_fault.at:.0f}s after the first retry"
+        return text
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -161,7 +170,8 @@ def draw(seed: int) -> Scenario:
     retries = rng.randint(0, 3)
     client_retries = rng.randint(0, 1)
     replicas = rng.randint(1, 2) if placement != "hosted" else 1
-    latency = round(rng.uniform(0.1, 0.8), 2)
+    # mostly quick stand-ins; one scenario in five slow enough that faults land inside long batches
+    latency = round(rng.uniform(0.1, 0.8), 2) if rng.random() < 0.8 else round(rng.uniform(1.5, 3.0), 2)
     accept_partial = rng.random() < 0.25
     kinds = [k for k in FAULT_KINDS if applicable(k, placement, replicas)]
     count = rng.choices((1, 2, 3), weights=(6, 3, 1))[0]
@@ -185,6 +195,10 @@ def draw(seed: int) -> Scenario:
     slow = next((f for f in faults if f.kind == "slow_load"), None)
     startup_delay = slow.duration if slow else float(rng.choice((0, 1, 2)))
     time_limit_minutes = 2 if any(f.kind == "time_limit" for f in faults) else 10
+    recovery_fault = None
+    if rng.random() < 0.3:
+        second = [k for k in RECOVERY_KINDS if applicable(k, placement, replicas)]
+        recovery_fault = Fault(rng.choice(second), round(rng.uniform(0.0, 20.0), 1))
     return Scenario(
         seed=seed,
         placement=placement,
@@ -207,4 +221,5 @@ def draw(seed: int) -> Scenario:
         time_limit_minutes=time_limit_minutes,
         accept_partial=accept_partial,
         faults=tuple(faults),
+        recovery_fault=recovery_fault,
     )

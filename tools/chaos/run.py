@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.draw_only:
         for s in seeds:
             scenario = draw(s)
-            say(f"seed={s} [{scenario.describe()}] faults: {', '.join(f.describe() for f in scenario.faults)}")
+            say(f"seed={s} [{scenario.describe()}] faults: {scenario.describe_faults()}")
         return 0
     work = args.work or REPO / ".ddslurm-work" / "chaos" / f"{seed}-{int(time.time())}"
     work.mkdir(parents=True, exist_ok=True)
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             if elapsed + need > args.budget_seconds:
                 return None
             own = min(own, args.budget_seconds + GRACE_S - elapsed)
-        say(f"seed={s} start [{scenario.describe()}] planned: {', '.join(f.describe() for f in scenario.faults)}")
+        say(f"seed={s} start [{scenario.describe()}] planned: {scenario.describe_faults()}")
         outcome = run_one(s, work, references, own)
         say(outcome.line() + (f"\n    kept: {outcome.run_dir}" if outcome.verdict != "ok" and outcome.run_dir else ""))
         if args.json:

@@ -128,6 +128,9 @@ class ScenarioRun:
         self.key = "sk-chaos-" + "".join(random.Random(scenario.seed).choice("0123456789abcdef") for _ in range(32))
         self.out = Outcome(scenario.seed, scenario.describe(), layout=scenario.layout, recipe=scenario.recipe_key)
         self.out.faults = [f.kind for f in scenario.faults]
+        if scenario.recovery_fault is not None:
+            self.out.faults.append(f"recovery:{scenario.recovery_fault.kind}")
+        self._second: threading.Thread | None = None
         self.run_dir: Path | None = None
         self.env: dict[str, str] = {}
         self.hosted: Hosted | None = None
@@ -373,6 +376,14 @@ class ScenarioRun:
 
     # --- recovery ---
 
+    def second_blow(self) -> None:
+        """The scenario's recovery fault, once, after the recovery's first retry."""
+        fault = self.s.recovery_fault
+        if fault is None or self._second is not None:
+            return
+        self._second = threading.Thread(target=self._inject_one, args=(fault, time.monotonic()), daemon=True)
+        self._second.start()
+
     def recover(self) -> None:
         assert self.run_dir is not None
         run = str(self.run_dir)
@@ -383,8 +394,16 @@ class ScenarioRun:
             rc, data, err = self.cli("wait", run, "--json", "--timeout", str(int(wait_s)), timeout=wait_s + 30)
             state = (data or {}).get("state")
             if rc == 0 and state == "succeeded":
+                if self._second is not None and self._second.is_alive():
+                    self._second.join(max(1.0, self.left() - 60))
+                    if self._second.is_alive():
+                        raise Stuck("the recovery fault did not end")
+                    if not self.all_won():
+                        continue
                 if round_:
                     self.event(f"recovered in {round_} round(s)")
+                if self.s.recovery_fault is not None and self._second is None:
+                    self.event(f"recovery:{self.s.recovery_fault.kind} missed (no retry needed)")
                 return
             if rc == 3:
                 raise Stuck(f"ddslurm wait timed out (state {state})")
@@ -395,6 +414,7 @@ class ScenarioRun:
             if state == "cancelled" and self.run_cancelled:
                 rc, out, err = self.cli("retry", run, "--resume-cancelled", "--json")
                 self.event(f"retry --resume-cancelled (rc {rc})")
+                self.second_blow()
                 continue
             partial = [sh["shard"] for sh in shards if sh.get("state") == "partial"]
             if partial and self.s.accept_partial:
@@ -406,6 +426,7 @@ class ScenarioRun:
                     continue
             rc, out, err = self.cli("retry", run, "--json")
             self.event(f"retry {(out or {}).get('shards', '')} (rc {rc})")
+            self.second_blow()
             if rc != 0:
                 self.out.events.append(f"retry said: {err.strip().splitlines()[-1] if err.strip() else ''}")
                 time.sleep(3)
