@@ -34,16 +34,16 @@ def run_arrays(run_dir: Path) -> list[str]:
     return sorted(set(arrays), key=int)
 
 
-def queued(arrays: list[str]) -> dict[str, tuple[str, str, str]]:
-    """Queued or running jobs of the arrays: job id → (array task id ``A_i``, state, node list)."""
+def queued(arrays: list[str]) -> dict[str, tuple[str, str, str, str]]:
+    """Queued or running jobs of the arrays: job id → (array task id ``A_i``, state, node list, squeue's reason)."""
     if not arrays:
         return {}
-    out = sh("squeue", "-h", "-r", "-j", ",".join(arrays), "-o", "%A|%i|%T|%N").stdout
+    out = sh("squeue", "-h", "-r", "-j", ",".join(arrays), "-o", "%A|%i|%T|%N|%r").stdout
     jobs = {}
     for line in out.splitlines():
         parts = line.split("|")
-        if len(parts) == 4:
-            jobs[parts[0]] = (parts[1], parts[2], parts[3])
+        if len(parts) == 5:
+            jobs[parts[0]] = (parts[1], parts[2], parts[3], parts[4])
     return jobs
 
 

@@ -288,7 +288,7 @@ class ScenarioRun:
     def _f_kill_batch(self, fault: Fault) -> None:
         self._kill("generate")
 
-    def _running_task(self) -> tuple[str, str, str] | None:
+    def _running_task(self) -> tuple[str, str, str, str] | None:
         jobs = cluster.queued(self.arrays())
         self.jobs |= set(jobs)
         running = sorted(v for v in jobs.values() if v[1] == "RUNNING")
@@ -482,7 +482,8 @@ class ScenarioRun:
         while (jobs := cluster.queued(arrays)) and time.monotonic() < end:
             time.sleep(1)
         if jobs:
-            problems.append(f"Slurm jobs left: {sorted(v[0] + ' ' + v[1] for v in jobs.values())[:4]}")
+            left = sorted(f"{v[0]} {v[1]} ({v[3]})" for v in jobs.values())
+            problems.append(f"Slurm jobs left {len(left)} after the run ended: {', '.join(left[:4])}")
         self.jobs |= cluster.job_ids(arrays)
         end = time.monotonic() + 30
         while (procs := cluster.run_processes(self.run_dir, arrays, self.jobs)) and time.monotonic() < end:
