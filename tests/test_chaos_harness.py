@@ -26,6 +26,7 @@ from tools.chaos.draw import (  # noqa: E402
 )
 from tools.chaos.oracle import build_reference, judge  # noqa: E402
 from tools.chaos.recipes import recipe, run_yaml, write_recipe  # noqa: E402
+from tools.chaos.scenario import files_holding  # noqa: E402
 
 SEEDS = range(600)
 
@@ -205,3 +206,18 @@ def test_seedless_rows_are_told_apart_by_their_uuid() -> None:
 )
 def test_processes_are_told_apart_by_their_command_lines(argv: list[str], kind: str | None) -> None:
     assert cluster.kind_of(argv) == kind
+
+
+def test_the_secret_scan_reads_compressed_parquet_values_too(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    secret = "sk-chaos-" + "0123456789abcdef" * 2
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "client.out").write_text(f"... Authorization: Bearer {secret}\n")
+    (tmp_path / "clean.txt").write_text("nothing here\n")
+    values = [f"row {i} " + ("lorem ipsum " * 5 if i != 500 else secret) for i in range(1000)]
+    table = pa.table({"text": values})
+    pq.write_table(table, tmp_path / "batch.parquet", compression="zstd", use_dictionary=False, write_statistics=False)
+    assert secret.encode() not in (tmp_path / "batch.parquet").read_bytes()  # the raw bytes do not show it
+    assert files_holding(tmp_path, secret) == ["batch.parquet", "logs/client.out"]

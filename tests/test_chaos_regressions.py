@@ -1,6 +1,7 @@
 """Scenarios of the fault campaign (tools/chaos, docs/reliability.md#randomized-fault-campaign) that failed once,
 each rerun from its seed by the harness on the local cluster: the same layout, recipe, numbers and faults, the
-same recovery and the same oracle. Each entry says what the campaign found."""
+same recovery and the same oracle. Each entry says what the seed draws and what the campaign found; a fast test
+checks that the seeds still draw what they drew (a change to tools/chaos/draw.py changes every seed's meaning)."""
 
 from __future__ import annotations
 
@@ -14,13 +15,22 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from tools.chaos.draw import draw  # noqa: E402
 from tools.chaos.reference import ReferenceCache  # noqa: E402
 from tools.chaos.run import run_one  # noqa: E402
 
-pytestmark = [pytest.mark.slurm, pytest.mark.dd]
+# seed: (what it draws: Scenario.describe() | describe_faults(), what the campaign found before the fix)
+REGRESSIONS: dict[int, tuple[str, str]] = {}
 
-# seed: what the scenario draws, and the verdict the campaign gave before the fix
-REGRESSIONS: dict[int, str] = {}
+
+def _drawn(seed: int) -> str:
+    scenario = draw(seed)
+    return f"{scenario.describe()} | {scenario.describe_faults()}"
+
+
+@pytest.mark.parametrize("seed", sorted(REGRESSIONS))
+def test_regression_seeds_still_draw_their_scenarios(seed: int) -> None:
+    assert _drawn(seed) == REGRESSIONS[seed][0]
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +40,10 @@ def references(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReferenceCa
     cache.close()
 
 
-@pytest.mark.parametrize("seed", sorted(REGRESSIONS), ids=[f"seed-{s}" for s in sorted(REGRESSIONS)])
+@pytest.mark.slurm
+@pytest.mark.dd
+@pytest.mark.parametrize("seed", sorted(REGRESSIONS))
 def test_campaign_scenario_passes(seed: int, references: ReferenceCache, tmp_path: Path) -> None:
     outcome = run_one(seed, tmp_path, references)
-    assert outcome.verdict == "ok", f"{outcome.line()}\n  found before: {REGRESSIONS[seed]}\n  kept: {outcome.run_dir}"
+    found = REGRESSIONS[seed][1]
+    assert outcome.verdict == "ok", f"{outcome.line()}\n  found before: {found}\n  kept: {outcome.run_dir}"

@@ -496,27 +496,8 @@ class ScenarioRun:
         return problems
 
     def secret_hits(self) -> list[str]:
-        """Files under the run directory holding the key: raw bytes, and every value of every Parquet file."""
         assert self.run_dir is not None
-        import pyarrow.parquet as pq
-
-        needle = self.key.encode()
-        hits = []
-        for path in self.run_dir.rglob("*"):
-            if not path.is_file() or path.is_symlink():
-                continue
-            try:
-                data = path.read_bytes()
-            except OSError:
-                continue
-            found = needle in data
-            if not found and path.suffix == ".parquet":
-                with contextlib.suppress(Exception):
-                    table = pq.read_table(path)  # type: ignore[no-untyped-call]
-                    found = self.key in json.dumps(table.to_pylist(), default=str)
-            if found:
-                hits.append(str(path.relative_to(self.run_dir)))
-        return hits
+        return files_holding(self.run_dir, self.key)
 
     # --- the whole scenario ---
 
@@ -572,6 +553,30 @@ class ScenarioRun:
             self.hosted.stop()
         if self.out.verdict == "ok":
             shutil.rmtree(self.root, ignore_errors=True)
+
+
+def files_holding(root: Path, secret: str) -> list[str]:
+    """Files under ``root`` holding ``secret``: every file's bytes read in full, and every value of every Parquet
+    file (whose pages may be compressed)."""
+    import pyarrow.parquet as pq
+
+    needle = secret.encode()
+    hits = []
+    for path in sorted(root.rglob("*")):
+        if not path.is_file() or path.is_symlink():
+            continue
+        try:
+            data = path.read_bytes()
+        except OSError:
+            continue
+        found = needle in data
+        if not found and (path.suffix == ".parquet" or data[:4] == b"PAR1"):
+            with contextlib.suppress(Exception):
+                table = pq.read_table(path)  # type: ignore[no-untyped-call]
+                found = secret in json.dumps(table.to_pylist(), default=str)
+        if found:
+            hits.append(str(path.relative_to(root)))
+    return hits
 
 
 class Failed(Exception):
