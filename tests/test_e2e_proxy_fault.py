@@ -108,6 +108,8 @@ def test_killed_proxy_step_fails_fast_and_the_rerun_starts_a_new_one(make_run_fi
         winner = read_json(run_dir / "shards" / "shard-00000" / "winner.json", WinnerRecord)
         assert winner.rows == RECORDS
         assert pq.read_table(Path(winner.dataset_dir) / "parquet-files").num_rows == RECORDS
-        assert steps.count("proxy-generator") == 2 and steps.count("client") == 2, steps  # a new proxy step
+        # a new proxy step and a new client step, each under its own Slurm name (NAME.2: the second start of NAME)
+        assert steps.count("proxy-generator") == steps.count("proxy-generator.2") == 1, steps
+        assert steps.count("client") == steps.count("client.2") == 1, steps
         proxy_log = [json.loads(line)["event"] for line in (attempt / "proxy-generator.log").read_text().splitlines()]
         assert proxy_log.count("proxy.started") == 2

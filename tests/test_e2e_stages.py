@@ -128,7 +128,7 @@ def test_two_stage_run_frees_the_gpus_and_collects_the_single_stage_dataset(
         gpu_published.append(datetime.fromisoformat(first.published_at).timestamp())
         won = read_json(shard / "attempts" / final.attempt / "attempt.json", AttemptRecord)
         assert won.allocation is not None and not list(Path(won.allocation).glob("server-*"))
-        assert (shard / "attempts" / final.attempt / "stage-seed.parquet").is_file()
+        assert (shard / f"stage-seed-{first.attempt}.parquet").is_file()  # the shard's, one for every attempt
         gpu_attempt = read_json(shard / "stage-0" / "attempts" / first.attempt / "attempt.json", AttemptRecord)
         assert gpu_attempt.state == "succeeded"
         claims = {p.stem for p in (shard / "claims").glob("*.json")}

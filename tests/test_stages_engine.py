@@ -30,7 +30,8 @@ SEED = Path(__file__).resolve().parent.parent / "examples" / "mixed" / "question
 RECORDS = 14  # more than the seed's 12 rows: Data Designer cycles through them (ORDERED)
 
 # Runs Data Designer for every job on stdin ({"name", "recipe", "records", "providers"}; records null: the rows of
-# the previous job's output) and prints {name: dataset directory}.
+# the previous job's output; "numbered_seed": a path to write the previous job's rows to first, numbered as a CPU
+# stage's seed file is) and prints {name: dataset directory}.
 ENGINE = r"""
 import json, os, sys, tempfile
 home = tempfile.mkdtemp(); os.makedirs(home + "/managed-assets")
@@ -44,6 +45,11 @@ _estimate_tokens_offline()
 artifacts, jobs = sys.argv[1], json.load(sys.stdin)
 out, rows = {}, 0
 for job in jobs:
+    if job.get("numbered_seed"):
+        import pyarrow.parquet as pq
+        from ddslurm.runtime._shard_seed import numbered
+        pq.write_table(numbered(pq.read_table(out[previous] + "/parquet-files")), job["numbered_seed"])
+    previous = job["name"]
     providers = [dd.ModelProvider(name=name, endpoint=url, provider_type="openai", api_key=None)
                  for name, url in job["providers"].items()]
     designer = DataDesigner(artifact_path=artifacts, model_providers=providers,
@@ -177,7 +183,7 @@ def test_two_stages_make_the_single_stage_dataset(
     assert (gpu.columns, gpu.keep, cpu.columns) == (gpu_columns, ("notes",), cpu_columns)
 
     artifacts = tmp_path / "artifacts"
-    stage1_files = f"{artifacts}/stage1/parquet-files/*.parquet"
+    stage_seed = tmp_path / "stage-seed.parquet"  # stage 1's rows, numbered, as the node writes them
     both = {"local": endpoint, "hosted": endpoint}
     out = _run(
         artifacts,
@@ -186,7 +192,8 @@ def test_two_stages_make_the_single_stage_dataset(
             {"name": "stage1", "recipe": stage_recipe(recipe, split, 0), "records": RECORDS, "providers": both},
             {
                 "name": "stage2",
-                "recipe": stage_recipe(recipe, split, 1, seed_path=stage1_files),
+                "recipe": stage_recipe(recipe, split, 1, seed_path=str(stage_seed)),
+                "numbered_seed": str(stage_seed),
                 "records": None,  # every row of stage 1, once
                 "providers": {"local": DEAD_ENDPOINT, "hosted": endpoint},
             },

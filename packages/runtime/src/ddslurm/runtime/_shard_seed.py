@@ -84,9 +84,13 @@ def read_stage_winner(winner: WinnerRecord) -> pa.Table:
     return table
 
 
+def numbered(table: pa.Table) -> pa.Table:
+    """``table`` with its rows numbered (0..n-1) in :data:`STAGE_ROW`: a CPU stage's seed rows."""
+    if STAGE_ROW in table.column_names:
+        raise InputsError(f"the GPU stage's output has a column named {STAGE_ROW!r}")
+    return table.append_column(STAGE_ROW, pa.array(range(table.num_rows), type=pa.int64()))
+
+
 def stage_seed_table(winner: WinnerRecord) -> pa.Table:
     """The CPU stage's seed rows: the GPU stage's winner, each row numbered in :data:`STAGE_ROW`."""
-    table = read_stage_winner(winner)
-    if STAGE_ROW in table.column_names:
-        raise InputsError(f"shard {winner.shard}: the GPU stage's output has a column named {STAGE_ROW!r}")
-    return table.append_column(STAGE_ROW, pa.array(range(table.num_rows), type=pa.int64()))
+    return numbered(read_stage_winner(winner))
