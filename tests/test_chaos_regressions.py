@@ -20,6 +20,11 @@ from tools.chaos.reference import ReferenceCache  # noqa: E402
 from tools.chaos.run import run_one  # noqa: E402
 
 # seed: (what it draws: Scenario.describe() | describe_faults(), what the campaign found before the fix)
+#
+# None yet with the current drawing: its campaigns (seeds 4000+, 5000+, 5143, 6000, 6186, 6571; see
+# docs/reliability.md) passed. The one failure so far, seed 3012, was drawn by an earlier version of draw.py and
+# depends on a sub-second window (a node taken down between a shard's winner and the end of its task leaves the
+# requeued tasks PENDING after `wait` says succeeded), so it is described in docs/reliability.md, not pinned here.
 REGRESSIONS: dict[int, tuple[str, str]] = {}
 
 
