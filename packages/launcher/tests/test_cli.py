@@ -15,18 +15,21 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from typer.main import get_command
 
 from ddslurm.collector.testing import make_published_run
 from ddslurm.config import (
     AttemptRecord,
+    FileEntry,
     RunLayout,
     SubmissionRecord,
     WinnerRecord,
     atomic_write,
     encode,
     publish_once,
+    sha256_file,
 )
 from ddslurm.launcher import Completed, Slurm, prepare, submit_shards, write_run_dir
 from ddslurm.launcher import _submit as submit_module
@@ -399,3 +402,46 @@ def test_a_reader_that_closes_the_pipe_ends_the_command_quietly(tmp_path: Path) 
         )
         assert done.returncode in want, (command, done.returncode, done.stderr)
         assert done.stderr == "", (command, done.stderr)  # no traceback, no "Exception ignored"
+
+
+# --- wait: a succeeded run leaves nothing queued ---
+
+
+def _published(layout: RunLayout, shard: int) -> None:
+    dataset = layout.shard(shard).attempt("attempt-77").output / f"shard-{shard:05d}"
+    (dataset / "parquet-files").mkdir(parents=True)
+    batch = dataset / "parquet-files" / "batch_00000.parquet"
+    pq.write_table(pa.table({"q": [f"row {i}" for i in range(10)]}), batch)
+    entry = FileEntry(path="parquet-files/batch_00000.parquet", size=batch.stat().st_size, sha256=sha256_file(batch))
+    winner = WinnerRecord(
+        shard=shard,
+        attempt="attempt-77",
+        rows=10,
+        dataset_dir=str(dataset),
+        files=(entry,),
+        plan_sha256="-",
+        published_at=datetime.now(UTC).isoformat(),
+    )
+    assert publish_once(layout.shard(shard).winner, encode(winner))
+
+
+def test_wait_cancels_the_queued_tasks_of_a_succeeded_run(tmp_path: Path) -> None:
+    """Slurm requeued task 4242_2 after its shard was published (its node failed before the task ended): it could only
+    start to record ``superseded``. Once the run has succeeded, ``wait`` cancels it; the running one is left."""
+    layout, _, env = _submitted(tmp_path, shards=3)
+    for shard in range(3):
+        _published(layout, shard)
+    runner = FakeSlurm(squeue="4242_1|COMPLETING|None\n4242_2|PENDING|BeginTime\n")
+    code, out, err = _cli(["wait", str(layout.root), "--json"], env, runner)
+    assert code == ExitCode.OK and json.loads(out)["state"] == "succeeded"
+    assert runner.commands("scancel") == [["scancel", "4242_2"]]
+    assert "cancelled 1 queued task(s)" in err and "4242_2" in err
+
+
+def test_wait_cancels_nothing_of_a_run_that_did_not_succeed(tmp_path: Path) -> None:
+    layout, _, env = _submitted(tmp_path, shards=2)
+    _published(layout, 0)
+    _attempt(layout, 1, "4243", "failed", reason="generation_failed")
+    runner = FakeSlurm(squeue="", sacct="4242_0|COMPLETED|0:0|None\n4242_1|FAILED|1:0|None\n")
+    code, _, _ = _cli(["wait", str(layout.root), "--json"], env, runner)
+    assert code == ExitCode.FAILED and runner.commands("scancel") == []

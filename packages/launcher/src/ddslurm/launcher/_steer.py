@@ -279,6 +279,26 @@ class Cancelled:
     cancelled too, and recorded (:func:`adopt_queued`)."""
 
 
+def release_leftovers(layout: RunLayout, slurm: Slurm, status: RunStatus) -> tuple[str, ...]:
+    """Cancel the tasks of a succeeded run's arrays still waiting in the queue; returns what was cancelled.
+
+    Every shard has its winner, so such a task can only start, find the winner and record ``superseded``: a job start
+    (and for a pulling array, an allocation) spent on nothing. It happens when Slurm requeues a task after its
+    shard was published (a node that fails between the winner and the task's end) or holds a two-stage run's
+    CPU-stage array until its GPU array ends. Only pending tasks are cancelled; running ones end by themselves.
+    """
+    if status.state != "succeeded":
+        return ()
+    subs = submissions(layout)
+    waiting = [t for t in slurm.squeue([s.array_job_id for s in subs]) if t.state in _PENDING_STATES]
+    ids = tuple(sorted({t.job_id if t.task is None else f"{t.job_id}_{t.task}" for t in waiting}))
+    slurm.scancel(ids)
+    return ids
+
+
+_PENDING_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "CONFIGURING"})
+
+
 def _find_unrecorded(layout: RunLayout, slurm: Slurm, moment: datetime) -> tuple[list[str], str | None]:
     """The arrays of the run's submission plan that have no record but reached Slurm (an sbatch stopped by its
     timeout), recorded now (or only found, while another submitter holds the lock), and why the queue could not

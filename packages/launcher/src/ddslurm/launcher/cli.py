@@ -67,6 +67,7 @@ from ddslurm.launcher._steer import (
     accept_partial,
     cancel,
     continue_submission,
+    release_leftovers,
     retry,
 )
 from ddslurm.launcher._submit import new_stamp, plan_submission, prepare, read_limits, submit
@@ -504,6 +505,16 @@ def cmd_wait(
                 )
                 raise CommandFailed(report)
     assert st is not None
+    try:
+        released = release_leftovers(layout, session.slurm, st)
+    except SlurmError as exc:  # the run's result stands; the leftovers only cost job starts
+        session.err.write(f"note: the run's leftover queued tasks could not be cancelled ({exc})\n")
+        released = ()
+    if released:
+        session.err.write(
+            f"note: cancelled {len(released)} queued task(s) of the succeeded run that could only have recorded "
+            f"superseded: {', '.join(released)}\n"
+        )
     if session.json:
         write_json(st, session.out)
     else:
