@@ -8,7 +8,7 @@ UV ?= uv
 # test-dd-range runs the node-side tests against both. tests/test_dd_cli.py checks that the two places agree.
 DD_OLDEST := 0.8.0
 DD_NEWEST := 0.9.7
-DD_RANGE_TESTS := packages/runtime/tests tests/test_runtime_engine.py packages/launcher/tests/test_validation.py
+DD_RANGE_TESTS := packages/runtime/tests tests/test_runtime_engine.py tests/test_fixed_seed_resume.py packages/launcher/tests/test_validation.py
 
 bootstrap: ## install uv (pip) if missing and sync the workspace
 	@command -v $(UV) >/dev/null 2>&1 || python3 -m pip install --quiet 'uv==0.13.8'
