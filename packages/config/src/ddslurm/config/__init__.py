@@ -23,7 +23,14 @@ from ddslurm.config._files import (
     sha256_bytes,
     sha256_file,
 )
-from ddslurm.config._layout import LAYOUT_VERSION, AttemptLayout, RunLayout, ShardLayout, attempt_id_for
+from ddslurm.config._layout import (
+    LAYOUT_VERSION,
+    AttemptLayout,
+    RunLayout,
+    ShardLayout,
+    attempt_id_for,
+    attempt_restart,
+)
 from ddslurm.config._plan import (
     PLAN_VERSION,
     DeploymentPlan,
@@ -122,6 +129,7 @@ __all__ = [
     "WinnerRecord",
     "atomic_write",
     "attempt_id_for",
+    "attempt_restart",
     "compact_ranges",
     "digest",
     "encode",

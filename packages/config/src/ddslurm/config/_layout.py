@@ -232,3 +232,10 @@ def attempt_id_for(job_id: str, restart: int = 0) -> str:
     """The attempt directory name of a Slurm job (unique per cluster, so no counter is needed); a job that
     Slurm requeued gets a new attempt per restart."""
     return f"attempt-{job_id}" if restart == 0 else f"attempt-{job_id}-r{restart}"
+
+
+def attempt_restart(attempt_id: str) -> int:
+    """The restart of its Slurm job an attempt was begun in: the inverse of :func:`attempt_id_for` (0 for a first
+    run)."""
+    head, _, restart = attempt_id.rpartition("-r")
+    return int(restart) if head and restart.isdigit() else 0

@@ -24,6 +24,7 @@ from ddslurm.config import (
     SubmissionRecord,
     SubmitPlanRecord,
     WinnerRecord,
+    attempt_restart,
     read_json,
     read_plan,
     read_tail,
@@ -43,7 +44,8 @@ ShardState = Literal[
 """``corrupt``: the shard has a winner whose files no longer verify; it counts as failed, never as succeeded.
 ``unsubmitted``: no array of the run covers the shard (its submission stopped before it)."""
 
-_PENDING = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "RESIZING", "SUSPENDED"}
+PENDING = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "RESIZING", "SUSPENDED"})
+"""Slurm states of a task that has not started (or waits to run again)."""
 _RUNNING = {"RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING"}
 _FAILED = {"FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
 _REQUEUED = {"REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"}
@@ -227,7 +229,7 @@ def pool_state(sub: SubmissionRecord, sched: Scheduler) -> TaskState | None:
     known = [s for s in states if s is not None]
     if not known:
         return None
-    live = [s for s in known if s.state in _RUNNING | _PENDING]
+    live = [s for s in known if s.state in _RUNNING | PENDING]
     if live:
         running = sum(s.state in _RUNNING for s in live)
         reason = (
@@ -261,8 +263,8 @@ def _scheduler_view(
             continue
         if state.state in _RUNNING:
             return job, state
-        waiting_on_dependency = state.state in _PENDING and "Dependency" in state.reason
-        if state.state in _PENDING and not waiting_on_dependency:
+        waiting_on_dependency = state.state in PENDING and "Dependency" in state.reason
+        if state.state in PENDING and not waiting_on_dependency:
             return job, state
         if sub.kind == "auto-retry" and state.state == "CANCELLED" and newest[1] is None:
             continue  # Slurm cancelled a retry whose dependency can never be met: nothing failed before it
@@ -356,12 +358,6 @@ _ALLOCATION_STOPPED = frozenset({"cancelled", "time_limit"})
 warning): an allocation running after that is a later incarnation of the job."""
 
 
-def _incarnation(attempt: AttemptRecord) -> int:
-    """The restart of its Slurm job an attempt was begun in (``attempt-<job>-r<n>``; 0 for the first run)."""
-    head, _, restart = attempt.attempt.rpartition("-r")
-    return int(restart) if head and restart.isdigit() else 0
-
-
 def _ended_in_allocation(
     plan: Plan,
     covering: list[tuple[SubmissionRecord, int]],
@@ -382,7 +378,7 @@ def _ended_in_allocation(
     if latest.reason in _ALLOCATION_STOPPED:
         return None  # the allocation itself was stopped: the one running now is its next incarnation
     array, _, task = job.partition("_")
-    if task.isdigit() and _incarnation(latest) < len(sched.ran_before(array, int(task))):
+    if task.isdigit() and attempt_restart(latest.attempt) < len(sched.ran_before(array, int(task))):
         return None
     if not any(sub.tasks is not None and f"{sub.array_job_id}_{task}" == job for sub, task in covering if task != POOL):
         return None  # a task of an ordinary array runs this shard alone: it is over when Slurm says so
@@ -454,7 +450,7 @@ def shard_status(
         status.state = "running"
         if latest is not None and latest.state == "running":
             status.rows, status.rate = _progress(layout, index, latest, now, stage)
-    elif state.state in _PENDING:
+    elif state.state in PENDING:
         status.state = "pending"
         status.pending_reason = state.reason if state.reason not in {"", "None"} else None
         if (requeued := _requeued(job, state, sched, latest)) is not None:

@@ -30,6 +30,7 @@ from ddslurm.config import (
 )
 from ddslurm.launcher._slurm import QueuedJob, Slurm
 from ddslurm.launcher._status import (
+    PENDING,
     RunStatus,
     attempt_records,
     cancel_record,
@@ -290,13 +291,10 @@ def release_leftovers(layout: RunLayout, slurm: Slurm, status: RunStatus) -> tup
     if status.state != "succeeded":
         return ()
     subs = submissions(layout)
-    waiting = [t for t in slurm.squeue([s.array_job_id for s in subs]) if t.state in _PENDING_STATES]
+    waiting = [t for t in slurm.squeue([s.array_job_id for s in subs]) if t.state in PENDING]
     ids = tuple(sorted({t.job_id if t.task is None else f"{t.job_id}_{t.task}" for t in waiting}))
     slurm.scancel(ids)
     return ids
-
-
-_PENDING_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "CONFIGURING"})
 
 
 def _find_unrecorded(layout: RunLayout, slurm: Slurm, moment: datetime) -> tuple[list[str], str | None]:

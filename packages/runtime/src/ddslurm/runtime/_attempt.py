@@ -53,8 +53,6 @@ from ddslurm.runtime._engine import (
     sized_parallel_requests,
 )
 from ddslurm.runtime._fill import (
-    DD_DROPPED_DIR,
-    FILL_DROPPED_DIR,
     missing_numbered,
     missing_rows,
     numbered_rows,
@@ -65,7 +63,9 @@ from ddslurm.runtime._fill import (
 from ddslurm.runtime._shard_seed import fixed_seed_file, read_seed_file, shuffled_block, stage_seed_table
 from ddslurm.runtime._stages import STAGE_ROW, plan_split, stage_recipe
 from ddslurm.runtime._verify import (
+    DD_DROPPED_DIR,
     FILL_DIR,
+    FILL_DROPPED_DIR,
     llm_columns,
     make_private,
     parquet_files,
@@ -564,7 +564,7 @@ class AttemptRunner:
                 return 0
             chosen: list[int] | None = None
             if stage.numbered:  # each record names its seed row: exactly the rows no record holds
-                numbered = numbered_rows(target, FILL_DIR, STAGE_ROW)
+                numbered = numbered_rows(target, STAGE_ROW)
                 chosen = None if numbered is None else missing_numbered(block, numbered, STAGE_ROW)
             else:
                 columns = list(block.column_names)

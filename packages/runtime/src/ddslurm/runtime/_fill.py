@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ddslurm.runtime._engine import _section
+from ddslurm.runtime._verify import DD_DROPPED_DIR, FILL_DIR, FILL_DROPPED_DIR
 
 
 def row_keys(table: pa.Table, columns: Sequence[str]) -> list[str]:
@@ -90,24 +91,16 @@ def recipe_reading(recipe: Mapping[str, Any], seed_file: Path | None) -> dict[st
     return out
 
 
-DD_DROPPED_DIR = "dropped-columns-parquet-files"
-"""Where Data Designer writes what its drop processors removed, one file per batch, named like the batch
-(``ArtifactStorage.dropped_columns_folder_name``; with ``RunConfig.preserve_dropped_columns``)."""
-
-FILL_DROPPED_DIR = "fill-dropped-files"
-"""The preserved dropped columns of the fill batches, named like the fill batches in ``fill-files``."""
-
-
-def numbered_rows(dataset_dir: Path, fill_dir: str, column: str) -> Counter[int] | None:
+def numbered_rows(dataset_dir: Path, column: str) -> Counter[int] | None:
     """How often each seed row number (``column``, kept by Data Designer among its preserved dropped columns)
-    occurs in the records of ``dataset_dir``: Data Designer's batches and the fill batches (``fill_dir``), each
+    occurs in the records of ``dataset_dir``: Data Designer's batches and the fill batches, each
     read from its namesake preserved-columns file. None when a batch has no such file, the file lacks the column
     or holds another number of rows: the records cannot be told apart then."""
     seen: Counter[int] = Counter()
     pairs = [
         (f, dataset_dir / DD_DROPPED_DIR / f.name) for f in sorted((dataset_dir / "parquet-files").glob("*.parquet"))
     ]
-    pairs += [(f, dataset_dir / FILL_DROPPED_DIR / f.name) for f in sorted((dataset_dir / fill_dir).glob("*.parquet"))]
+    pairs += [(f, dataset_dir / FILL_DROPPED_DIR / f.name) for f in sorted((dataset_dir / FILL_DIR).glob("*.parquet"))]
     for batch, numbers in pairs:
         try:
             rows = pq.read_metadata(batch).num_rows

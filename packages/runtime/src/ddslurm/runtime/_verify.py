@@ -29,6 +29,13 @@ LLM_COLUMN_TYPES = frozenset({"llm-text", "llm-code", "llm-structured", "llm-jud
 FILL_DIR = "fill-files"
 """Batches that regenerated a shard's dropped records, beside Data Designer's own ``parquet-files``."""
 
+DD_DROPPED_DIR = "dropped-columns-parquet-files"
+"""Where Data Designer writes what its drop processors removed, one file per batch, named like the batch
+(``ArtifactStorage.dropped_columns_folder_name``; with ``RunConfig.preserve_dropped_columns``)."""
+
+FILL_DROPPED_DIR = "fill-dropped-files"
+"""The preserved dropped columns of the fill batches, named like the fill batches in ``fill-files``."""
+
 
 def parquet_files(dataset_dir: Path) -> list[Path]:
     """Data Designer's batches, then the fill batches (the order the records are collected in)."""
@@ -119,9 +126,9 @@ def _empty_values(values: pa.Array) -> int:
 
 def count_empty_outputs(dataset_dir: Path, columns: Sequence[str]) -> dict[str, int]:
     """Empty or null values of each of ``columns`` over the dataset's batch files (and Data Designer's
-    ``dropped-columns-parquet-files`` for columns the recipe drops). Columns found in no file are left out."""
+    :data:`DD_DROPPED_DIR` for columns the recipe drops). Columns found in no file are left out."""
     counts: dict[str, int] = {}
-    files = [*parquet_files(dataset_dir), *sorted((dataset_dir / "dropped-columns-parquet-files").glob("*.parquet"))]
+    files = [*parquet_files(dataset_dir), *sorted((dataset_dir / DD_DROPPED_DIR).glob("*.parquet"))]
     for f in files:
         parquet = pq.ParquetFile(f)
         present = [c for c in columns if c in parquet.schema_arrow.names]
