@@ -13,6 +13,7 @@ from ddslurm.runtime._serving import (
     PortUnavailableError,
     check_gpus,
     choose_ports,
+    listening_ports,
     server_command,
     token_environment,
 )
@@ -113,12 +114,31 @@ def test_srun_step_asks_for_exactly_its_share(gpus: int, mode: str, mem: int | N
 
 
 def test_ports_fixed_are_checked_and_planned_ones_skip_taken_ports() -> None:
-    busy = {20000 + (123 * 64) % 30000}
-    ports = choose_ports([None, 8100, None], "123", lambda p: p not in busy)
+    span = range(20000, 32768)
+    busy = {20000 + (123 * 64) % len(span)}
+    ports = choose_ports([None, 8100, None], "123", lambda p: p not in busy, span)
     assert ports[1] == 8100 and len(set(ports)) == 3 and not busy & set(ports)
+    assert all(p in span for p in (ports[0], ports[2]))
     with pytest.raises(PortUnavailableError, match="8100"):
         choose_ports([8100], "1", lambda p: p != 8100)
     assert choose_ports([None], "1")[0] != choose_ports([None], "2")[0]  # jobs sharing a node start apart
+
+
+def test_listening_ports_avoid_the_kernels_ephemeral_range(tmp_path: Path) -> None:
+    """A client connection's source port comes from the ephemeral range; a server planned there can lose its port
+    to one between the check and its bind (CI saw a replica die with "address already in use")."""
+    ranges = tmp_path / "ip_local_port_range"
+    ranges.write_text("32768\t60999\n")
+    assert listening_ports(ranges) == range(20000, 32768)
+    ranges.write_text("10000 50000\n")
+    assert listening_ports(ranges) == range(50001, 65536)
+    ranges.write_text("1024 65535\n")
+    assert listening_ports(ranges) == range(20000, 50000)
+    assert listening_ports(tmp_path / "absent") == range(20000, 50000)
+    chosen = choose_ports([None] * 3, "1725", ports=listening_ports(ranges.with_name("absent")))
+    ranges.write_text("32768 60999\n")
+    below = choose_ports([None] * 3, "1725", ports=listening_ports(ranges))
+    assert not any(32768 <= p <= 60999 for p in below) and len(chosen) == 3
 
 
 def test_gpu_discovery_must_match_the_plan() -> None:

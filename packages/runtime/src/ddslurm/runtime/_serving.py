@@ -13,6 +13,7 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 
@@ -23,6 +24,8 @@ from ddslurm.runtime.errors import RuntimeFailure
 PORT_BASE = 20000
 HEALTH_TIMEOUT_S = 5.0
 PORT_SPAN = 30000
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+MIN_LISTEN_SPAN = 4096
 TOKEN_ENV = "VLLM_API_KEY"
 """The variable vLLM (and the proxy) read the required API key from: ``--api-key`` without a command line."""
 
@@ -187,11 +190,35 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
         return True
 
 
-def choose_ports(wanted: list[int | None], job_id: str, is_free: Callable[[int], bool] = port_is_free) -> list[int]:
-    """Concrete ports: fixed ones are checked, the rest come from a range derived from the job id (so two
-    jobs sharing a node start far apart) and are checked before use."""
+def listening_ports(ephemeral_file: Path = EPHEMERAL_RANGE_FILE) -> range:
+    """Where servers and proxies listen: outside the kernel's ephemeral range, from which every outgoing
+    connection on the node (the clients' own, thousands a run) takes its source port. A port in that range can be
+    held by a connection between the check and the server's bind, and the server then dies with "address already
+    in use". Below the range when it leaves room there (Linux's default 32768-60999 leaves 20000-32767), else
+    above it, else the whole of the old span."""
+    try:
+        low, high = (int(v) for v in ephemeral_file.read_text().split()[:2])
+    except (OSError, ValueError):
+        return range(PORT_BASE, PORT_BASE + PORT_SPAN)
+    if low - PORT_BASE >= MIN_LISTEN_SPAN:
+        return range(PORT_BASE, low)
+    if 65536 - (high + 1) >= MIN_LISTEN_SPAN:
+        return range(high + 1, 65536)
+    return range(PORT_BASE, PORT_BASE + PORT_SPAN)
+
+
+def choose_ports(
+    wanted: list[int | None],
+    job_id: str,
+    is_free: Callable[[int], bool] = port_is_free,
+    ports: range | None = None,
+) -> list[int]:
+    """Concrete ports: fixed ones are checked, the rest come from ``ports`` (:func:`listening_ports` unless
+    given), starting at an offset derived from the job id (so two jobs sharing a node start far apart), and are
+    checked before use."""
+    ports = ports if ports is not None else listening_ports()
     digits = "".join(ch for ch in job_id if ch.isdigit()) or "0"
-    candidate = PORT_BASE + (int(digits) * 64) % PORT_SPAN
+    offset = (int(digits) * 64) % len(ports)
     taken: set[int] = {p for p in wanted if p is not None}
     out: list[int] = []
     for port in wanted:
@@ -200,10 +227,11 @@ def choose_ports(wanted: list[int | None], job_id: str, is_free: Callable[[int],
                 raise PortUnavailableError(f"port {port} (server.port) is already in use on this node")
             out.append(port)
             continue
-        for _ in range(PORT_SPAN):
+        for _ in range(len(ports)):
+            candidate = ports[offset]
+            offset = (offset + 1) % len(ports)
             if candidate not in taken and is_free(candidate):
                 break
-            candidate = PORT_BASE + (candidate - PORT_BASE + 1) % PORT_SPAN
         else:
             raise PortUnavailableError("no free port found on this node")
         taken.add(candidate)
