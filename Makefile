@@ -63,10 +63,10 @@ test-isolated-%: ## one package with ONLY its declared dependencies installed
 	UV_PROJECT_ENVIRONMENT=$$V $(UV) run --no-sync --with pytest --with pytest-xdist \
 	  pytest -n auto -p no:cacheprovider packages/$*/tests
 
-chaos: bootstrap cluster ## randomized, seeded fault campaign on the local cluster: make chaos [SEED=S] [N=10] [PARALLEL=3] [BUDGET=secs]
-	@seed="$(SEED)"; seed="$${seed:-$$(( $$(date +%s) % 1000000 ))}"; \
-	echo "chaos: SEED=$$seed (rerun the campaign: make chaos SEED=$$seed N=$(or $(N),10); one scenario: uv run python -m tools.chaos --only SEED)"; \
-	$(UV) run python -m tools.chaos --seed "$$seed" --n $(or $(N),10) --parallel $(or $(PARALLEL),3) $(if $(BUDGET),--budget-seconds $(BUDGET))
+chaos: bootstrap cluster ## randomized, seeded fault campaign on the local cluster: make chaos [SEED=S] [N=10] [PARALLEL=3] [BUDGET=secs] [PROFILE=full|compact]
+	@seed="$(SEED)"; seed="$${seed:-$$(( $$(date +%s) % 1000000 ))}"; profile="$(or $(PROFILE),full)"; \
+	echo "chaos: SEED=$$seed (rerun the campaign: make chaos SEED=$$seed N=$(or $(N),10) PROFILE=$$profile; one scenario: uv run python -m tools.chaos --only SEED --profile $$profile)"; \
+	$(UV) run python -m tools.chaos --seed "$$seed" --n $(or $(N),10) --parallel $(or $(PARALLEL),3) --profile "$$profile" $(if $(BUDGET),--budget-seconds $(BUDGET))
 
 bench: bootstrap cluster ## benchmarks (ratios against a baseline measured in the same run)
 	$(UV) run python bench/run.py

@@ -18,6 +18,7 @@ from tools.chaos.draw import (  # noqa: E402
     FAULT_KINDS,
     LAYOUTS,
     PLACEMENTS,
+    PROFILES,
     RECOVERY_KINDS,
     SEEDINGS,
     STAGES,
@@ -36,10 +37,12 @@ def test_the_same_seed_draws_the_same_scenario() -> None:
         assert draw(seed) == draw(seed)
         assert run_yaml(draw(seed)) == run_yaml(draw(seed)) and recipe(draw(seed)) == recipe(draw(seed))
     assert len({draw(s) for s in range(50)}) == 50  # distinct seeds draw distinct scenarios
+    assert all(draw(s).recipe_key == draw(s, "compact").recipe_key for s in range(50))  # drawn before the numbers
 
 
-def test_every_layout_recipe_and_fault_kind_is_reachable() -> None:
-    drawn = [draw(s) for s in SEEDS]
+@pytest.mark.parametrize("profile", sorted(PROFILES))
+def test_every_layout_recipe_and_fault_kind_is_reachable(profile: str) -> None:
+    drawn = [draw(s, profile) for s in SEEDS]
     assert {s.layout for s in drawn} == set(LAYOUTS)
     assert {s.stages for s in drawn} == set(STAGES)
     assert {(s.placement, s.seeding, s.drop) for s in drawn} == {
@@ -55,9 +58,15 @@ def test_every_layout_recipe_and_fault_kind_is_reachable() -> None:
     assert min(s.latency for s in drawn) < 0.5 and max(s.latency for s in drawn) > 1.5
 
 
-def test_drawn_numbers_stay_in_their_ranges_and_faults_fit_the_recipe() -> None:
-    for s in (draw(seed) for seed in SEEDS):
-        assert 5 <= s.records <= 40 and 1 <= s.shards <= min(7, s.records) and 2 <= s.buffer_size <= 7
+@pytest.mark.parametrize("profile", sorted(PROFILES))
+def test_drawn_numbers_stay_in_their_ranges_and_faults_fit_the_recipe(profile: str) -> None:
+    sizes = PROFILES[profile]
+    for s in (draw(seed, profile) for seed in SEEDS):
+        assert sizes.records[0] <= s.records <= sizes.records[1] and 2 <= s.buffer_size <= 7
+        assert 1 <= s.shards <= min(sizes.max_shards, s.records) and s.profile == profile
+        assert s.seed_rows == 0 or sizes.seed_rows[0] <= s.seed_rows <= sizes.seed_rows[1]
+        timed = [f for f in s.faults if f.kind.startswith("hosted_") or f.kind == "node_down"]
+        assert all(sizes.fault_duration[0] <= f.duration <= sizes.fault_duration[1] for f in timed)
         assert s.cpus >= s.client_workers
         if s.layout == "pulling":
             assert 1 <= s.allocations < s.shards and 1 <= s.client_workers <= 3

@@ -57,6 +57,25 @@ WEIGHTS: dict[str, int] = {
 
 
 @dataclass(frozen=True)
+class Sizes:
+    """The ranges a profile draws its numbers from (the same draws in the same order in every profile: a seed's
+    recipe is the same in each, what is drawn after the numbers may differ)."""
+
+    records: tuple[int, int]
+    seed_rows: tuple[int, int]
+    max_shards: int
+    fault_duration: tuple[float, float]
+
+
+PROFILES: dict[str, Sizes] = {
+    "full": Sizes(records=(5, 40), seed_rows=(3, 30), max_shards=7, fault_duration=(5.0, 25.0)),
+    # What CI runs: a third of the CPU of a full scenario (each allocation costs a batch step, a controller, a
+    # Data Designer import per client and its servers), so that 30 scenarios fit in 12 minutes on 2 cores.
+    "compact": Sizes(records=(5, 24), seed_rows=(3, 16), max_shards=3, fault_duration=(5.0, 12.0)),
+}
+
+
+@dataclass(frozen=True)
 class Fault:
     kind: str
     at: float
@@ -107,6 +126,8 @@ class Scenario:
     faults: tuple[Fault, ...] = field(default_factory=tuple)
     recovery_fault: Fault | None = None
     """A fault injected ``at`` seconds after the recovery's first ``retry`` (if it needs one): a second blow."""
+    profile: str = "full"
+    """The :data:`PROFILES` entry the numbers were drawn from (``--only SEED --profile P`` reruns it)."""
 
     @property
     def has_deployment(self) -> bool:
@@ -127,8 +148,10 @@ class Scenario:
             else f"per-shard w={self.client_workers}"
         )
         seeds = f" seed_rows={self.seed_rows}" if self.seed_rows else ""
+        profile = "" if self.profile == "full" else f"{self.profile} "
         return (
-            f"{self.recipe_key} rec={self.records}{seeds} shards={self.shards} buf={self.buffer_size} {layout} "
+            f"{profile}{self.recipe_key} rec={self.records}{seeds} shards={self.shards} buf={self.buffer_size} "
+            f"{layout} "
             f"stages={self.stages} retries={self.retries} cr={self.client_retries} rep={self.replicas} "
             f"lat={self.latency:.2f} load={self.startup_delay:.0f}s tl={self.time_limit_minutes}m"
             f"{' accept-partial' if self.accept_partial else ''}"
@@ -152,15 +175,16 @@ def applicable(kind: str, placement: Placement, replicas: int) -> bool:
     return not (kind == "kill_proxy" and replicas < 2)
 
 
-def draw(seed: int) -> Scenario:
-    """The scenario of ``seed``: one ``random.Random(seed)``, drawn in a fixed order."""
+def draw(seed: int, profile: str = "full") -> Scenario:
+    """The scenario of ``seed`` in ``profile``: one ``random.Random(seed)``, drawn in a fixed order."""
+    sizes = PROFILES[profile]
     rng = random.Random(seed)
     placement: Placement = rng.choice(PLACEMENTS)
     seeding: Seeding = rng.choice(SEEDINGS)
     drop = rng.random() < 0.3
-    records = rng.randint(5, 40)
-    seed_rows = rng.randint(3, 30) if seeding != "seedless" else 0
-    shards = rng.randint(1, min(7, records))
+    records = rng.randint(*sizes.records)
+    seed_rows = rng.randint(*sizes.seed_rows) if seeding != "seedless" else 0
+    shards = rng.randint(1, min(sizes.max_shards, records))
     buffer_size = rng.randint(2, 7)
     layout = rng.choice(LAYOUTS) if shards >= 2 else "per_shard"
     client_workers = rng.randint(1, 3) if layout == "pulling" else 1
@@ -181,7 +205,8 @@ def draw(seed: int) -> Scenario:
         if kind == "time_limit" and any(f.kind == "time_limit" for f in faults):
             continue
         at = round(rng.uniform(0.0, 15.0), 1)
-        duration = round(rng.uniform(5.0, 25.0), 1) if kind.startswith("hosted_") or kind == "node_down" else 0.0
+        timed = kind.startswith("hosted_") or kind == "node_down"
+        duration = round(rng.uniform(*sizes.fault_duration), 1) if timed else 0.0
         rate = round(rng.uniform(0.3, 1.0), 2) if kind in ("hosted_500", "hosted_malformed") else 0.0
         after_rows = round(rng.uniform(0.1, 0.8), 2) if rng.random() < 0.6 else 0.0
         if kind == "slow_load":
@@ -222,4 +247,5 @@ def draw(seed: int) -> Scenario:
         accept_partial=accept_partial,
         faults=tuple(faults),
         recovery_fault=recovery_fault,
+        profile=profile,
     )

@@ -20,30 +20,39 @@ from tools.chaos.recipes import HOSTED_MODELS, LOCAL_MODEL, SAMPLER_KEYS, SEED_C
 
 SEEDLESS_REFERENCE_RECORDS = 72  # 6 sampler combinations: all drawn with probability 1 - 1e-5
 
-# Runs Data Designer once: {"recipe", "records", "endpoint", "out"} on stdin; writes the rows to out (JSON lines
-# via pyarrow, as collection reads them).
+# Imports Data Designer once (three seconds of CPU, a tenth of a compact scenario), then runs one reference per
+# line on stdin: {"recipe", "records", "endpoint", "out", "cwd", "buffer_size"}; writes the rows to out (as
+# collection reads them) and answers one line: {"ok": true} or {"error": "..."}.
 ENGINE = r"""
-import glob, json, os, sys, tempfile
-job = json.load(sys.stdin)
+import glob, json, os, sys, tempfile, traceback
 home = tempfile.mkdtemp(); os.makedirs(home + "/managed-assets")
 os.environ.update(DATA_DESIGNER_HOME=home, NEMO_TELEMETRY_ENABLED="false", HF_HUB_OFFLINE="1",
                   DISABLE_DATA_DESIGNER_PLUGINS="true")
-os.chdir(job["cwd"])
 import data_designer.config as dd
 import pyarrow.parquet as pq
 from data_designer.interface import DataDesigner
-providers = [dd.ModelProvider(name=n, endpoint=job["endpoint"], provider_type="openai")
-             for n in ("local", "chaos-hosted")]
-artifacts = tempfile.mkdtemp()
-designer = DataDesigner(artifact_path=artifacts, managed_assets_path=home + "/managed-assets",
-                        model_providers=providers)
-designer.set_run_config(dd.RunConfig(buffer_size=job["buffer_size"], otel_metrics_port=None))
-builder = dd.DataDesignerConfigBuilder.from_config(job["recipe"])
-designer.create(builder, num_records=job["records"], dataset_name="reference")
-files = sorted(glob.glob(artifacts + "/**/parquet-files/*.parquet", recursive=True))
-rows = [row for f in files for row in pq.read_table(f).to_pylist()]
-with open(job["out"], "w") as fh:
-    json.dump({"rows": rows, "columns": pq.read_table(files[0]).column_names}, fh, default=str)
+answer = os.fdopen(os.dup(1), "w")
+os.dup2(2, 1)  # the engine's own prints go to stderr, the answers alone to the answer pipe
+for line in sys.stdin:
+    job = json.loads(line)
+    try:
+        os.chdir(job["cwd"])
+        providers = [dd.ModelProvider(name=n, endpoint=job["endpoint"], provider_type="openai")
+                     for n in ("local", "chaos-hosted")]
+        artifacts = tempfile.mkdtemp(dir=job["cwd"])
+        designer = DataDesigner(artifact_path=artifacts, managed_assets_path=home + "/managed-assets",
+                                model_providers=providers)
+        designer.set_run_config(dd.RunConfig(buffer_size=job["buffer_size"], otel_metrics_port=None))
+        builder = dd.DataDesignerConfigBuilder.from_config(job["recipe"])
+        designer.create(builder, num_records=job["records"], dataset_name="reference")
+        files = sorted(glob.glob(artifacts + "/**/parquet-files/*.parquet", recursive=True))
+        rows = [row for f in files for row in pq.read_table(f).to_pylist()]
+        with open(job["out"], "w") as fh:
+            json.dump({"rows": rows, "columns": pq.read_table(files[0]).column_names}, fh, default=str)
+        answer.write(json.dumps({"ok": True}) + "\n")
+    except Exception:
+        answer.write(json.dumps({"error": traceback.format_exc()[-2000:]}) + "\n")
+    answer.flush()
 """
 
 SERVED = (*HOSTED_MODELS, LOCAL_MODEL)
@@ -58,6 +67,8 @@ class ReferenceCache:
         self._key_locks: dict[str, threading.Lock] = {}
         self._done: dict[str, tuple[Reference, list[str]]] = {}
         self._server: Any = None
+        self._engine: subprocess.Popen[str] | None = None
+        self._engine_lock = threading.Lock()
 
     def _endpoint(self) -> str:
         with self._lock:
@@ -71,10 +82,41 @@ class ReferenceCache:
             return str(self._server.base_url)
 
     def close(self) -> None:
+        with self._engine_lock:
+            if self._engine is not None:
+                self._engine.kill()
+                self._engine.wait()
+                self._engine = None
         with self._lock:
             if self._server is not None:
                 self._cm.__exit__(None, None, None)
                 self._server = None
+
+    def _ask_engine(self, job: dict[str, Any]) -> None:
+        """One reference run by the long-lived engine process (started on first use, again if it died)."""
+        with self._engine_lock:
+            if self._engine is None or self._engine.poll() is not None:
+                env = {k: v for k, v in os.environ.items() if not k.startswith(("DATA_DESIGNER", "FAKE_VLLM"))}
+                self._engine = subprocess.Popen(
+                    [sys.executable, "-c", ENGINE],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=(self.root / "reference-engine.log").open("a"),
+                    text=True,
+                    env=env,
+                )
+            engine = self._engine
+            assert engine.stdin is not None and engine.stdout is not None
+            engine.stdin.write(json.dumps(job) + "\n")
+            engine.stdin.flush()
+            line = engine.stdout.readline()
+        if not line:
+            raise RuntimeError(
+                f"the reference engine exited (code {engine.wait()}): see {self.root}/reference-engine.log"
+            )
+        answer = json.loads(line)
+        if "error" in answer:
+            raise RuntimeError(f"the reference run failed: {answer['error']}")
 
     def get(self, scenario: Scenario) -> tuple[Reference, list[str]]:
         """The reference of the scenario's recipe and records, and the columns of the dataset it makes."""
@@ -122,17 +164,6 @@ class ReferenceCache:
             "cwd": str(folder),
             "buffer_size": buffer_size,
         }
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("DATA_DESIGNER", "FAKE_VLLM"))}
-        done = subprocess.run(
-            [sys.executable, "-c", ENGINE],
-            input=json.dumps(job),
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=300,
-            check=False,
-        )
-        if done.returncode != 0:
-            raise RuntimeError(f"the reference run failed (exit {done.returncode}): {done.stderr[-2000:]}")
+        self._ask_engine(job)
         data = json.loads(out.read_text())
         return data["rows"], data["columns"]

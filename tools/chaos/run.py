@@ -23,7 +23,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: tools/chaos/run.py
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tools.chaos.draw import draw
+from tools.chaos.draw import PROFILES, draw
 from tools.chaos.reference import ReferenceCache
 from tools.chaos.scenario import Outcome, ScenarioRun, abort_all
 
@@ -37,9 +37,11 @@ MIN_SECONDS_TIME_LIMIT = 330.0
 GRACE_S = 90.0
 
 
-def run_one(seed: int, work: Path, references: ReferenceCache, budget_s: float | None = None) -> Outcome:
+def run_one(
+    seed: int, work: Path, references: ReferenceCache, budget_s: float | None = None, profile: str = "full"
+) -> Outcome:
     """Draw the scenario of ``seed`` and run it on the cluster (used by the campaign and the regression tests)."""
-    scenario = draw(seed)
+    scenario = draw(seed, profile)
     if budget_s is None:
         budget_s = TIME_LIMIT_BUDGET_S if scenario.time_limit_minutes <= 2 else SCENARIO_BUDGET_S
     root = work / f"seed-{seed}"
@@ -78,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", type=int, default=None, help="run this one scenario seed alone")
     parser.add_argument("--json", action="store_true", help="JSON lines on stdout (human lines on stderr)")
     parser.add_argument("--work", type=Path, default=None, help="where scenarios run (default .ddslurm-work/chaos)")
+    parser.add_argument(
+        "--profile", choices=sorted(PROFILES), default="full", help="the sizes drawn (compact: what CI runs)"
+    )
     parser.add_argument("--draw-only", action="store_true", help="print the drawn scenarios and exit")
     args = parser.parse_args(argv)
 
@@ -91,10 +96,11 @@ def main(argv: list[str] | None = None) -> int:
             print(text, file=human, flush=True)
 
     if args.only is None:
-        say(f"chaos: campaign seed {seed}, {len(seeds)} scenario(s) (rerun one: --only SEED)")
+        rerun = "--only SEED" + ("" if args.profile == "full" else f" --profile {args.profile}")
+        say(f"chaos: campaign seed {seed}, profile {args.profile}, {len(seeds)} scenario(s) (rerun one: {rerun})")
     if args.draw_only:
         for s in seeds:
-            scenario = draw(s)
+            scenario = draw(s, args.profile)
             say(f"seed={s} [{scenario.describe()}] faults: {scenario.describe_faults()}")
         return 0
     work = args.work or REPO / ".ddslurm-work" / "chaos" / f"{seed}-{int(time.time())}"
@@ -105,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     not_run = 0
 
     def job(s: int) -> Outcome | None:
-        scenario = draw(s)
+        scenario = draw(s, args.profile)
         own = TIME_LIMIT_BUDGET_S if scenario.time_limit_minutes <= 2 else SCENARIO_BUDGET_S
         if args.budget_seconds is not None:
             elapsed = time.monotonic() - started
@@ -114,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
                 return None
             own = min(own, args.budget_seconds + GRACE_S - elapsed)
         say(f"seed={s} start [{scenario.describe()}] planned: {scenario.describe_faults()}")
-        outcome = run_one(s, work, references, own)
+        outcome = run_one(s, work, references, own, args.profile)
         say(outcome.line() + (f"\n    kept: {outcome.run_dir}" if outcome.verdict != "ok" and outcome.run_dir else ""))
         if args.json:
             with lock:
