@@ -29,6 +29,7 @@ from ddslurm.providers._resolve import (
 )
 from ddslurm.providers._secrets import (
     PLACEHOLDER_MIN_LENGTH,
+    SecretHit,
     body_credentials,
     is_credential_header,
     is_credential_key,
@@ -38,9 +39,10 @@ from ddslurm.providers._secrets import (
     missing_env,
     placeholder_secrets,
     redact_url,
+    secret_in_tree,
     url_credentials,
 )
-from ddslurm.providers.errors import ProvidersError, ResolutionError, SettingsError
+from ddslurm.providers.errors import ProvidersError, RedirectedError, ResolutionError, SettingsError
 
 __all__ = [
     "LOCAL_PROVIDER_PREFIX",
@@ -57,8 +59,10 @@ __all__ = [
     "NativeSettings",
     "Origin",
     "ProvidersError",
+    "RedirectedError",
     "Resolution",
     "ResolutionError",
+    "SecretHit",
     "SettingsError",
     "body_credentials",
     "check_endpoints",
@@ -78,6 +82,7 @@ __all__ = [
     "resolve",
     "resolve_run",
     "same_model_config",
+    "secret_in_tree",
     "url_credentials",
     "urllib_fetch",
     "used_aliases",

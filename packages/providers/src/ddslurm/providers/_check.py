@@ -4,6 +4,9 @@ One ``GET {endpoint}/models`` per provider, with the provider's static headers a
 as Data Designer would send them. The key is read from the environment and only ever put in that header;
 results name statuses and reasons, never the key. Some hosted services list their models without checking the
 key, so "ok" means the endpoint answers and lists the model, and the key was not refused.
+
+A redirect is never followed: the request carries the key, and a redirect may point anywhere (another host, a
+port another user listens on). It is a failed check that names the origin it pointed to (scheme, host, port).
 """
 
 from __future__ import annotations
@@ -13,25 +16,68 @@ import json
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
-from typing import Any
+from email.message import Message
+from typing import IO, Any
+from urllib.parse import urljoin, urlsplit
 
 from ddslurm.config import SnapshotProvider
 from ddslurm.providers._resolve import AliasRow, Resolution
+from ddslurm.providers.errors import RedirectedError
 
 Fetch = Callable[[str, Mapping[str, str], float], tuple[int, bytes]]
-"""``fetch(url, headers, timeout) -> (status, body)``; raises OSError when the endpoint cannot be reached."""
+"""``fetch(url, headers, timeout) -> (status, body)``; raises OSError when the endpoint cannot be reached and
+:class:`RedirectedError` when it answers with a redirect, which a fetch must never follow (``headers`` carry the
+key)."""
 
 _MAX_BODY = 4 << 20
 
 
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """urllib follows redirects by default, every header included (``Authorization`` too, to any host): here a
+    redirect is an answer, handed on as the HTTPError of its status."""
+
+    def redirect_request(
+        self,
+        req: urllib.request.Request,
+        fp: IO[bytes],
+        code: int,
+        msg: str,
+        headers: Message,
+        newurl: str,
+    ) -> urllib.request.Request | None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirects)
+
+
+def origin_of(url: str, location: str) -> str:
+    """The origin (``scheme://host:port``) that ``location``, a redirect's target relative to ``url``, points at;
+    no user-info, path or query (they may hold credentials)."""
+    try:
+        parts = urlsplit(urljoin(url, location.strip()))
+        host, port = parts.hostname or "", parts.port
+    except ValueError:
+        return "an invalid URL"
+    if not parts.scheme or not host:
+        return "an invalid URL"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{parts.scheme}://{host}" + (f":{port}" if port is not None else "")
+
+
 def urllib_fetch(url: str, headers: Mapping[str, str], timeout: float) -> tuple[int, bytes]:
-    """GET ``url`` with the standard library; HTTP errors are answers (their status), not exceptions."""
+    """GET ``url`` with the standard library; HTTP errors are answers (their status), not exceptions, and a
+    redirect is never followed (:class:`RedirectedError`)."""
     request = urllib.request.Request(url, headers=dict(headers), method="GET")
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
+        with _OPENER.open(request, timeout=timeout) as response:
             status: int = response.status
             return status, response.read(_MAX_BODY)
     except urllib.error.HTTPError as exc:
+        location = exc.headers.get("Location") if exc.headers is not None else None
+        if 300 <= exc.code < 400 and location:
+            raise RedirectedError(exc.code, origin_of(url, location)) from None
         return exc.code, b""
     except urllib.error.URLError as exc:
         raise OSError(str(exc.reason)) from exc
@@ -65,6 +111,9 @@ class EndpointChecker:
             url = f"{provider.endpoint.rstrip('/')}/models"
             try:
                 status, body = self._fetch(url, headers, self._timeout)
+            except RedirectedError as exc:
+                sent = "not followed, the key was not sent there" if provider.api_key_env else "not followed"
+                self._answers[provider.name] = f"redirected to {exc.origin} (HTTP {exc.status}; {sent})"
             except (OSError, ValueError) as exc:
                 self._answers[provider.name] = f"unreachable: {exc}"
             else:
@@ -73,7 +122,8 @@ class EndpointChecker:
 
     def check(self, row: AliasRow, provider: SnapshotProvider) -> str:
         """The result for one hosted row: ``ok``, ``key refused (HTTP 401)``, ``model not listed by /models``,
-        ``HTTP <status> from /models``, ``unreachable: <reason>`` or ``not checked: <why>``."""
+        ``HTTP <status> from /models``, ``redirected to <origin> (...)``, ``unreachable: <reason>`` or
+        ``not checked: <why>``."""
         if row.key_literal:
             return "not checked: api_key is a literal key"
         if row.endpoint != provider.endpoint:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
@@ -259,3 +260,56 @@ def placeholder_secrets(names: Iterable[str], env: Mapping[str, str]) -> tuple[s
 def missing_env(names: tuple[str, ...] | list[str], env: Mapping[str, str]) -> list[str]:
     """Names whose variable is unset or empty in ``env``."""
     return [n for n in names if not env.get(n)]
+
+
+@dataclass(frozen=True, slots=True)
+class SecretHit:
+    """Where a secret's value sits in a parsed file: the variable's name and the steps (mapping keys, list
+    indexes) to the string that holds it; ``in_key`` when that string is a mapping's key (the steps end at the
+    mapping). Never the value."""
+
+    name: str
+    steps: tuple[str | int, ...]
+    in_key: bool = False
+
+    @property
+    def field(self) -> str:
+        """The steps as a field path (``data_designer.columns[1].prompt``); a key that might be a credential,
+        and the key that holds the secret, shown as ``[<redacted>]``."""
+        path = ""
+        for step in self.steps:
+            path = f"{path}[{step}]" if isinstance(step, int) else _child(path, str(step))
+        if self.in_key:
+            path += "[<redacted>]"
+        return path.removeprefix(".")
+
+
+def secret_in_tree(tree: Any, secrets: Mapping[str, str]) -> SecretHit | None:
+    """The first string of ``tree`` (mapping keys and values at any depth, lists included) that contains the
+    value of one of ``secrets`` (name to value), or None. Values are searched as given: pass only real secrets
+    (not placeholders such as ``EMPTY``)."""
+    values = sorted((name, value) for name, value in secrets.items() if value)
+
+    def held(text: str) -> str | None:
+        return next((name for name, value in values if value in text), None)
+
+    def walk(node: Any, steps: tuple[str | int, ...]) -> SecretHit | None:
+        if isinstance(node, str):
+            name = held(node)
+            return None if name is None else SecretHit(name, steps)
+        if isinstance(node, Mapping):
+            for key, value in node.items():
+                name = held(str(key))
+                if name is not None:
+                    return SecretHit(name, steps, in_key=True)
+                found = walk(value, (*steps, str(key)))
+                if found is not None:
+                    return found
+        elif isinstance(node, list | tuple):
+            for index, item in enumerate(node):
+                found = walk(item, (*steps, index))
+                if found is not None:
+                    return found
+        return None
+
+    return walk(tree, ()) if values else None
