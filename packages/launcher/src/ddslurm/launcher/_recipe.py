@@ -25,6 +25,10 @@ Its result is serialised by Data Designer itself (``write_config``; ``BuilderCon
 object), so ``inputs/recipe.yaml`` holds exactly what ``builder.write_config("recipe.yaml")`` would: the nodes
 run that config and never user Python. The script is kept beside it as ``inputs/recipe-source.py``, its sha256
 in the plan (``Plan.recipe_source``), for provenance.
+
+Whatever the recipe's kind, its text is checked for the run's secrets by one function (:func:`refuse_secrets`):
+a config file's text (YAML or JSON, comments included) and the config a builder returned alike, and so are the run
+file and the seed files it names (``_seed.refuse_seed_secrets``), before anything is written.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ from ddslurm.config import (
     sha256_bytes,
     to_builtins,
 )
+from ddslurm.launcher._seed import holds_secret, refuse_seed_secrets
 from ddslurm.launcher._slurm import NODE_ENV_ALLOWED
 from ddslurm.launcher.errors import RecipeError
 from ddslurm.providers import (
@@ -67,6 +72,7 @@ from ddslurm.providers import (
     load_recipe,
     load_settings,
     looks_like_credential,
+    secret_in_tree,
 )
 from ddslurm.providers.discovery import DD_HOME_ENV
 
@@ -124,12 +130,21 @@ def load_run_recipe(
     """The recipe ``run`` names (relative to ``run_path``): a config file is read; a builder script or
     ``module:function`` is run in a subprocess (see the module's docstring) with Data Designer's home ``dd_home``
     and the secrets of ``env`` left out. Missing files are :class:`ConfigFileError` at the run file's ``recipe``;
-    a script that fails, raises or returns something else is :class:`RecipeError` naming the script and line."""
+    a script that fails, raises or returns something else is :class:`RecipeError` naming the script and line.
+
+    The run file, the recipe (a config file's text, or the config a script returned, and the script) and the seed
+    files it names are refused (:class:`RecipeError`, :class:`SubmitError` for seed files) when they hold the value
+    of one of the run's secrets (:func:`run_secrets`), by one check for every kind of recipe
+    (:func:`refuse_secrets`; the seed files: ``refuse_seed_secrets``)."""
     try:
         ref = parse_recipe_ref(run.recipe)
     except ValueError as exc:
         raise _at_recipe(run_path, str(exc)) from None
     base = run_path.parent.resolve()
+    secrets = run_secrets(run, env, dd_home)
+    refuse_secrets(
+        run_path.read_text("utf-8", "replace"), read_yaml(run_path), secrets, origin=run_path, subject="the run file"
+    )
     if ref.kind == "config":
         path = (base / ref.target).resolve()
         if not path.is_file():
@@ -139,7 +154,10 @@ def load_run_recipe(
                 hint = f" (a module's function is written {ref.target}:function)"
             raise _at_recipe(run_path, f"{path} does not exist{hint}")
         stored = path.read_bytes()
-        return LoadedRecipe(ref=ref, path=path, origin=path, data=load_recipe(path), stored=stored)
+        data = load_recipe(path)
+        refuse_secrets(stored.decode("utf-8", "replace"), read_yaml(path), secrets, origin=path, subject="the recipe")
+        refuse_seed_secrets(data, path, secrets)
+        return LoadedRecipe(ref=ref, path=path, origin=path, data=data, stored=stored)
     function = ref.function or DD_BUILDER_FUNCTION
     payload: dict[str, Any] = {"function": function, "run_dir": str(base)}
     if ref.kind == "script":
@@ -153,7 +171,6 @@ def load_run_recipe(
         cwd, shown = base, f"module {ref.target}"
     hidden = secret_names(run, env, dd_home)
     result = _run_builder(payload, cwd, builder_env(env, dd_home, hidden), timeout_s)
-    secrets = {name: env[name] for name in hidden if _is_secret(env.get(name, ""))}
     if not result.get("ok"):
         where = result.get("file") or shown
         if result.get("line"):
@@ -164,22 +181,19 @@ def load_run_recipe(
     text = str(result["yaml"])
     source = path.read_bytes()
     builder = f"{path}:{function}" if ref.kind == "script" else str(ref)
-    for name, value in secrets.items():
-        if value in text:
-            raise RecipeError(
-                f"{path}: the config that {function}() returned holds the value of ${name}, a secret (values are "
-                "not shown); the run's inputs must not: read keys from the environment on the node (providers' "
-                "api_key names a variable), never put them into the recipe"
-            )
+    tree = YAML(typ="rt").load(text)
+    # the config first: it is what the nodes run and what a key read from elsewhere reaches
+    refuse_secrets(text, tree, secrets, origin=path, subject=f"the config that {function}() returned", lines=False)
+    for name, value in sorted(secrets.items()):
         if value.encode() in source:
             raise RecipeError(
-                f"{path}: the script holds the value of ${name}, a secret (values are not shown); ddslurm keeps a copy "
-                "of the script in the run's inputs: remove the key from it"
+                f"{path}: the script {holds_secret(name)}; ddslurm keeps a copy of the script in the run's inputs: "
+                "remove the key from it"
             )
-    tree = YAML(typ="rt").load(text)
     data = to_builtins(tree)
     if not isinstance(data, dict):
         raise RecipeError(f"{path}: {function}() did not produce a Data Designer config (not a mapping)")
+    refuse_seed_secrets(data, path, secrets)
     origin = Path(f"{path}:{function}()")  # names the recipe in errors about its content; never opened as YAML
     return LoadedRecipe(
         ref=ref, path=path, origin=origin, data=data, stored=text.encode(), source=source, builder=builder
@@ -188,6 +202,45 @@ def load_run_recipe(
 
 def _is_secret(value: str) -> bool:
     return len(value.strip()) >= _MIN_SECRET and not is_placeholder_secret(value)
+
+
+def run_secrets(run: RunFile, env: Mapping[str, str], dd_home: Path) -> dict[str, str]:
+    """The secret values (by variable name) that no recipe may hold: those of :func:`secret_names`, placeholders
+    (``EMPTY``, ``none``, values under 8 characters) left out, as the node's scan leaves them out."""
+    return {name: env[name] for name in secret_names(run, env, dd_home) if _is_secret(env[name])}
+
+
+def refuse_secrets(
+    text: str, tree: Any, secrets: Mapping[str, str], *, origin: Path, subject: str, lines: bool = True
+) -> None:
+    """Refuse (:class:`RecipeError`) a recipe that holds the value of one of ``secrets``: a config file's text
+    (YAML or JSON) and the config a builder script returned alike, ``tree`` being ``text`` parsed by ruamel.
+
+    Every string of the tree is searched (keys and values at any depth: a JSON string escaped in the file is found
+    decoded), then the text itself (a comment, which ``inputs/recipe.yaml`` keeps). The error names
+    ``origin``, the line and column in it where ``lines`` (a file the user wrote; not a config serialised from a
+    builder) and the field (``data_designer.columns[1].prompt``), never the value."""
+    hit = secret_in_tree(tree, secrets)
+    line: int | None = None
+    col: int | None = None
+    if hit is not None:
+        name, field = hit.name, hit.field
+        if lines:
+            line, col = locate(tree, list(hit.steps))
+    else:
+        offsets = sorted((text.find(value), name) for name, value in secrets.items() if value and value in text)
+        if not offsets:
+            return
+        offset, name = offsets[0]
+        field = ""
+        if lines:
+            line, col = text.count("\n", 0, offset) + 1, offset - text.rfind("\n", 0, offset)
+    where = str(origin) if line is None else f"{origin}:{line}:{col}"
+    where += f": {field}" if field else ""
+    raise RecipeError(
+        f"{where}: {subject} {holds_secret(name)}; the run's inputs would keep a copy: remove the key (a provider's "
+        "api_key names the variable that holds it, read on the node)"
+    )
 
 
 def secret_names(run: RunFile, env: Mapping[str, str], dd_home: Path) -> set[str]:

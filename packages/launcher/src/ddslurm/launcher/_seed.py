@@ -4,8 +4,9 @@ Nodes never read the submitter's tree: a seed file, the files of a wildcard patt
 Designer's directory, file-contents and agent-rollout sources) is copied under ``inputs/seed/`` with a manifest
 of sizes and sha256 digests in the plan, and the stored recipe points at the copy. Seed sources that cannot
 be captured (Hugging Face datasets, which the offline nodes cannot download; in-memory data frames) are refused
-at submit, before anything is written. The seed rows are counted with Data Designer's own seed readers, so the
-planner can give every shard exactly the rows an unsharded run would use.
+at submit, before anything is written, and so are seed files that hold the value of one of the run's secrets
+(:func:`refuse_seed_secrets`). The seed rows are counted with Data Designer's own seed readers, so the planner can
+give every shard exactly the rows an unsharded run would use.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import copy
 import fnmatch
 import hashlib
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from ddslurm.config import FileEntry, RunLayout, SeedKind, SeedPlan, encode_pret
 from ddslurm.launcher.errors import SubmitError
 from ddslurm.providers import recipe_section
 from ddslurm.providers.discovery import is_home_relative
-from ddslurm.runtime import seed_reader
+from ddslurm.runtime import scan_for_secrets, seed_reader
 
 FILESYSTEM_SOURCES = ("directory", "file_contents", "agent_rollout")
 CountRows = Callable[[dict[str, Any]], int]
@@ -143,10 +144,9 @@ def shuffle_seed(run_id: str) -> int:
     return int.from_bytes(hashlib.sha256(f"ddslurm-shuffle:{run_id}".encode()).digest()[:8], "big") >> 1
 
 
-def capture_seed(
-    recipe: dict[str, Any], recipe_path: Path, layout: RunLayout, *, count_rows: CountRows = dd_seed_rows
-) -> SeedCapture | None:
-    """The recipe's seed dataset as run inputs, or None when the recipe has none. Writes nothing."""
+def _seed_source(recipe: dict[str, Any], recipe_path: Path) -> tuple[dict[str, Any], dict[str, Any], str] | None:
+    """The recipe's ``seed_config``, its source and seed type, checked to be one ddslurm can capture; None when
+    the recipe has no seed."""
     seed = recipe_section(recipe).get("seed_config")
     if seed is None:
         return None
@@ -163,6 +163,53 @@ def capture_seed(
         )
     if seed_type not in ("local", *FILESYSTEM_SOURCES):
         raise _field(recipe_path, "source.seed_type", f"{seed_type!r} cannot be captured into the run's inputs")
+    return seed, source, seed_type
+
+
+def holds_secret(name: str) -> str:
+    """How every submit-time refusal of a secret's value says it (never the value)."""
+    return f"holds the value of ${name}, a secret (values are not shown)"
+
+
+def refuse_seed_secrets(recipe: dict[str, Any], recipe_path: Path, secrets: Mapping[str, str]) -> None:
+    """Refuse (SubmitError, naming the file and the variable) a seed dataset whose files hold the value of one of
+    ``secrets``: every seed row is sent to the models and lands in the dataset. The files :func:`capture_seed`
+    would copy are read in full with the node's own scan (``scan_for_secrets``: the bytes, and a Parquet file's
+    decoded values too, which compression hides), links followed to the data they name. A seed that cannot be
+    captured is left to :func:`capture_seed`, which says why."""
+    if not secrets:
+        return
+    try:
+        found = _seed_source(recipe, recipe_path)
+        if found is None:
+            return
+        _, _, files, _ = _files(recipe_path, found[2], found[1])
+    except SubmitError:
+        return
+    targets = [f.resolve() for f in files]
+    hits = scan_for_secrets(targets, secrets.values())
+    if not hits:
+        return
+    hit = hits[0]
+    name = next(n for n, value in sorted(secrets.items()) if scan_for_secrets([hit], [value]))
+    shown = files[targets.index(hit)]
+    raise _field(
+        recipe_path,
+        "source.path",
+        f"{shown} {holds_secret(name)}; every seed row goes to the models and into the run's inputs and dataset: "
+        "remove the key from the seed data",
+    )
+
+
+def capture_seed(
+    recipe: dict[str, Any], recipe_path: Path, layout: RunLayout, *, count_rows: CountRows = dd_seed_rows
+) -> SeedCapture | None:
+    """The recipe's seed dataset as run inputs, or None when the recipe has none. Writes nothing. (Its files are
+    checked for the run's secrets when the recipe is loaded: :func:`refuse_seed_secrets`.)"""
+    found = _seed_source(recipe, recipe_path)
+    if found is None:
+        return None
+    seed, source, seed_type = found
     kind, src_root, files, inner = _files(recipe_path, seed_type, source)
     sampling = str(seed.get("sampling_strategy", "ordered"))
     if sampling not in ("ordered", "shuffle"):
