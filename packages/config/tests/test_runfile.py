@@ -255,7 +255,7 @@ def test_time_limit_scalar_forms(tmp_path: Path, value: str, want: str | int) ->
             2,
             1,
             "name",
-            "expected str matching regex '^[A-Za-z0-9][A-Za-z0-9._-]*$'",
+            "expected str matching regex '\\\\A[A-Za-z0-9][A-Za-z0-9._-]*\\\\Z'",
             id="bad-value-name-pattern",
         ),
         pytest.param(
@@ -437,7 +437,7 @@ def test_server_env_from_names_variables_for_the_servers(tmp_path: Path) -> None
         pytest.param(
             "env_from: [hf-token]",
             "deployments[0].server.env_from[0]",
-            "expected str matching regex '^[A-Za-z_][A-Za-z0-9_]*$'",
+            "expected str matching regex '\\\\A[A-Za-z_][A-Za-z0-9_]*\\\\Z'",
             id="not-a-variable-name",
         ),
         pytest.param("env_from: HF_TOKEN", "deployments[0].server.env_from", "expected array, got str", id="scalar"),

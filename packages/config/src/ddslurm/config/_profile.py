@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 import msgspec
 
 from ddslurm.config._base import Frozen
+from ddslurm.config._runfile import check_extra_sbatch, check_scheduler_values, path_problem, refuse_at
 
 NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
 
@@ -17,16 +18,18 @@ class ClusterProfile(Frozen, frozen=True, kw_only=True):
     name: str = "default"
     """The cluster's name, for people (``ddslurm init`` writes Slurm's ``ClusterName``)."""
     workspace: str
-    """Runs live in ``<workspace>/runs/<run_id>/``: a directory on a filesystem every node mounts."""
+    """Runs live in ``<workspace>/runs/<run_id>/``: a directory on a filesystem every node mounts. It goes into
+    ``#SBATCH`` lines, so a path with whitespace, control characters, quotes, backslashes, ``#``, ``%``, ``$`` or a
+    backquote is refused."""
     python_env: str
     """The virtual environment the compute nodes run (``<python_env>/bin/ddslurm-runtime``), at the same path on
-    every node."""
+    every node. The characters ``workspace`` may not hold are refused here too."""
     account: str | None = None
-    """Default ``--account`` of every job."""
+    """Default ``--account`` of every job: a Slurm name (letters, digits, ``.``, ``_``, ``+``, ``-``)."""
     partition: str | None = None
-    """Partition of generation jobs with deployments (GPU nodes)."""
+    """Partition of generation jobs with deployments (GPU nodes): a Slurm name, or several separated by commas."""
     cpu_partition: str | None = None
-    """Partition of hosted-only generation jobs and of collection jobs."""
+    """Partition of hosted-only generation jobs and of collection jobs (as ``partition``)."""
     gpus_per_node: NonNegativeInt = 0
     """GPUs on one node of ``partition``: a run's deployments must fit on one node."""
     gpu_request: Literal["gres", "gpus"] = "gres"
@@ -42,4 +45,21 @@ class ClusterProfile(Frozen, frozen=True, kw_only=True):
     vllm_image: str | None = None
     """The vLLM image for Pyxis or Apptainer."""
     extra_sbatch: tuple[str, ...] = ()
-    """``#SBATCH`` lines added to every job of this cluster, verbatim."""
+    """``#SBATCH`` lines added to every job of this cluster, one long option each (as the run file's
+    ``submission.extra_sbatch``, with the same options refused)."""
+
+    def __post_init__(self) -> None:
+        # Every value that reaches an #SBATCH line, checked as the value it is (ddslurm.config._runfile).
+        for field, value in (("workspace", self.workspace), ("python_env", self.python_env)):
+            problem = path_problem(value)
+            if problem is not None:
+                refuse_at(field, problem)
+        check_scheduler_values(
+            (
+                ("account", self.account, "name"),
+                ("partition", self.partition, "names"),
+                ("cpu_partition", self.cpu_partition, "names"),
+                ("memory_per_gpu", self.memory_per_gpu, "memory"),
+            )
+        )
+        check_extra_sbatch("extra_sbatch", self.extra_sbatch)

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, Literal, NoReturn
 
 import msgspec
 
 from ddslurm.config._base import Frozen
 
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
-Name = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+# msgspec matches patterns with re.search: anchored with \A and \Z, as ^ and $ would let "inj\n" through.
+Name = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"\A[A-Za-z0-9][A-Za-z0-9._-]*\Z")]
 ResumeMode = Literal["never", "always", "if_possible"]
-EnvName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+EnvName = Annotated[str, msgspec.Meta(pattern=r"\A[A-Za-z_][A-Za-z0-9_]*\Z")]
 
 RESERVED_SERVER_ENV = frozenset({"VLLM_API_KEY", "APPTAINERENV_VLLM_API_KEY"})
 """Set by ddslurm on every server step (the attempt's own token); never taken from the run file."""
@@ -38,16 +40,25 @@ def server_env_secret(name: str, value: str) -> str | None:
 
     A name whose words say it holds one (``HF_TOKEN``, ``OPENAI_API_KEY``, ``DB_PASSWORD``; not
     ``TOKENIZERS_PARALLELISM`` or ``HF_TOKEN_PATH``) with a value of 8 characters or more, or a value that looks
-    like a key whatever the name: a known key prefix (``hf_``, ``sk-``, ``nvapi-``, a JWT, ...), credentials in a
-    URL, or a long random-looking string. The reason never repeats the value.
+    like a key whatever the name (:func:`value_secret`). The reason never repeats the value.
     """
+    if _named_credential(name, value):
+        return "the variable's name says it holds a credential"
+    return value_secret(value)
+
+
+def _named_credential(name: str, value: str) -> bool:
     words = [w for w in re.split(r"[^A-Za-z0-9]+", name.upper()) if w]
-    if (
+    return bool(
         len(value) >= _MIN_NAMED_SECRET
         and _CREDENTIAL_WORDS.intersection(words)
         and words[-1] not in _NOT_A_CREDENTIAL_SUFFIXES
-    ):
-        return "the variable's name says it holds a credential"
+    )
+
+
+def value_secret(value: str) -> str | None:
+    """Why ``value`` looks like a key whatever names it, or None: a known key prefix (``hf_``, ``sk-``, ``nvapi-``,
+    a JWT, ...), credentials in a URL, or a long random-looking string. The reason never repeats the value."""
     stripped = value.strip()
     if stripped.startswith(_KEY_PREFIXES):
         return "the value starts like an API key or token"
@@ -55,6 +66,49 @@ def server_env_secret(name: str, value: str) -> str | None:
         return "the value is a URL with credentials in it"
     if _RANDOM_TOKEN.match(stripped) and _looks_random(stripped):
         return "the value looks like a generated key"
+    return None
+
+
+RESERVED_SERVER_FLAGS = frozenset({"api-key"})
+"""``vllm serve`` flags ddslurm sets itself (the attempt's own token, as ``VLLM_API_KEY``); never in extra_args."""
+
+
+def server_args_secret(args: Sequence[str]) -> tuple[int, str] | None:
+    """The index of the first item of ``server.extra_args`` that carries a credential, and why; or None.
+
+    ``--api-key`` in any form (:data:`RESERVED_SERVER_FLAGS`); a flag whose name says it takes a credential
+    (``--hf-token``, ``--token``, ``--db-password``; the words of :func:`server_env_secret`) with a value of 8
+    characters or more, inline (``--hf-token=...``) or as the next item; any value that looks like a key
+    (:func:`value_secret`). A bare ``--hf-token`` (vLLM then reads ``HF_TOKEN`` or the node's login) is kept. The
+    index is the item that holds the value, and the reason never repeats it."""
+    stored = (
+        "; server.extra_args is written to the run's inputs and plan, the server logs and the command lines every "
+        "user of the node can read. "
+    )
+    advice = stored + "Pass it in a variable instead: export it in the shell you submit from and list it under "
+    advice += "server.env_from (the server steps get it in their environment)"
+    for index, item in enumerate(args):
+        if not item.startswith("-"):
+            why = value_secret(item)
+            if why is not None:
+                return index, f"looks like a secret ({why}){advice}"
+            continue
+        flag, inline, value = item.partition("=")
+        name = flag.lstrip("-").replace("_", "-").lower()
+        if name in RESERVED_SERVER_FLAGS:
+            return index, f"{flag} is set by ddslurm itself (each attempt's own token, as VLLM_API_KEY); remove it"
+        at = index
+        if not inline:
+            following = args[index + 1] if index + 1 < len(args) else None
+            value, at = ("", index) if following is None or following.startswith("-") else (following, index + 1)
+        if _named_credential(name, value):
+            named = f"the value of {flag} looks like a secret (the flag's name says it takes a credential)"
+            if name == "hf-token":  # vLLM (huggingface_hub) reads HF_TOKEN from its environment
+                return at, f"{named}{stored}Export HF_TOKEN in the shell you submit from; list it under server.env_from"
+            return at, named + advice
+        why = value_secret(value) if inline else None
+        if why is not None:
+            return index, f"the value of {flag} looks like a secret ({why}){advice}"
     return None
 
 
@@ -67,6 +121,202 @@ def _looks_random(value: str) -> bool:
         and any(ch.isupper() for ch in value)
         and separators * 8 <= len(value)
     )
+
+
+# --- values that reach Slurm and the batch script ---------------------------------------------------------------
+# A newline in any of them ends its #SBATCH line and starts a shell command of the batch script; a space makes sbatch
+# read another option. Each is checked as the value it is, at the line and column of its field.
+
+
+def refuse_at(path: str, message: str) -> NoReturn:
+    """Refuse the field at ``path`` (``submission.partition``, ``extra_sbatch[1]``) of the file being loaded.
+
+    Raised from a top-level struct's ``__post_init__`` (the only one that knows where its fields sit): msgspec
+    passes a ValidationError raised there on as it is, and the loader places its ``- at `$.path``` suffix at that
+    field's line and column (``_yaml.error_at``), as for msgspec's own errors."""
+    raise msgspec.ValidationError(f"{message} - at `$.{path}`")
+
+
+def _shown(value: str) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _describe(ch: str) -> str:
+    if ch in "\n\r\x0b\x0c\x85\u2028\u2029":
+        return "a newline (the rest would run as a command of the batch script)"
+    if ch.isspace():
+        return "whitespace (sbatch would read what follows as another option)"
+    if not ch.isprintable():
+        return f"a control character ({ch!r})"
+    if ch == "`":
+        return "a backquote"
+    return repr(ch)
+
+
+_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._+-")
+_SLURM_NAME = r"[A-Za-z0-9][A-Za-z0-9._+-]*"
+SchedulerValue = Literal["name", "names", "constraint", "memory"]
+_SCHEDULER_VALUES: dict[SchedulerValue, tuple[re.Pattern[str] | None, frozenset[str] | None, str]] = {
+    # kind: (the whole value's form, the characters it may hold (None: any that fit in one option), the rule)
+    "name": (
+        re.compile(rf"\A{_SLURM_NAME}\Z"),
+        _NAME_CHARS,
+        "a Slurm name: letters, digits, '.', '_', '+' and '-', starting with a letter or digit",
+    ),
+    "names": (
+        re.compile(rf"\A{_SLURM_NAME}(?:,{_SLURM_NAME})*\Z"),
+        _NAME_CHARS | {","},
+        "one Slurm name or several separated by commas (letters, digits, '.', '_', '+' and '-', each starting "
+        "with a letter or digit)",
+    ),
+    "constraint": (
+        re.compile(r"\A[A-Za-z0-9._+\-&|\[\]*:,()!]+\Z"),
+        _NAME_CHARS | set("&|[]*:,()!"),
+        "node features (letters, digits, '.', '_', '+', '-') joined by Slurm's constraint operators: & | , : ! *N, "
+        "[...] and (...)",
+    ),
+    "memory": (None, None, "a size such as 16G or 500M"),  # the planner reads the size (parse_memory_mb)
+}
+
+
+def _in_one_option(ch: str) -> bool:
+    return not ch.isspace() and ch.isprintable() and ch not in _SBATCH_SPECIAL
+
+
+def scheduler_value_problem(value: str, kind: SchedulerValue) -> str | None:
+    """Why ``value`` cannot be the sbatch option value ``kind`` (a name such as ``--account``; ``names``: a
+    comma-separated list such as ``--partition``; a ``--constraint`` expression; a ``--mem`` size), or None."""
+    pattern, allowed, rule = _SCHEDULER_VALUES[kind]
+    if not value:
+        return "is empty; leave the field out to take the default"
+    bad = next((ch for ch in value if not (_in_one_option(ch) if allowed is None else ch in allowed)), None)
+    if bad is not None:
+        return f"{_shown(value)} has {_describe(bad)}; it must be {rule}"
+    if pattern is not None and not pattern.match(value):
+        return f"{_shown(value)} is not {rule}"
+    return None
+
+
+_PATH_REFUSED = {
+    "'": "",
+    '"': "",
+    "\\": "",
+    "#": ": sbatch reads the rest of a #SBATCH line after it as a comment",
+    "%": ": sbatch expands it in log file names (%j, %A)",
+    "$": ": the batch script is a shell script",
+    "`": ": the batch script is a shell script",
+}
+
+
+def path_problem(value: str) -> str | None:
+    """Why ``value`` cannot be a path ddslurm writes into ``#SBATCH`` lines (``--chdir``, ``--output``) and the
+    batch script, or None: sbatch splits those lines at whitespace, reads quotes, backslashes and ``#`` in them and
+    expands ``%`` in log names; a newline would end the line."""
+    if not value:
+        return "is empty"
+    bad = next((ch for ch in value if ch.isspace() or not ch.isprintable() or ch in _PATH_REFUSED), None)
+    if bad is None:
+        return None
+    return (
+        f"{_shown(value)} has {_describe(bad)}{_PATH_REFUSED.get(bad, '')}. ddslurm writes this path into #SBATCH "
+        "lines and the batch script, which cannot take whitespace, control characters, quotes, backslashes, '#', "
+        "'%', '$' or backquotes: choose a path without them"
+    )
+
+
+_SBATCH_SET_BY = {
+    "account": "from submission.account (or the profile's account)",
+    "array": "from shards and max_concurrent",
+    "chdir": "by ddslurm (the run directory)",
+    "constraint": "from submission.constraint",
+    "cpus-per-task": "from submission.cpus and the deployments' server.cpus",
+    "dependency": "by ddslurm (retries and the CPU stage start after the arrays before them)",
+    "error": "by ddslurm (each job's log in the run's logs/ directory)",
+    "gpus": "from the deployments and the profile's gpu_request",
+    "gres": "from the deployments and the profile's gpu_request",
+    "job-name": "from the run's name",
+    "kill-on-invalid-dep": "by ddslurm (retries)",
+    "mem": "from submission.memory (or the profile's memory_per_gpu)",
+    "nodes": "by ddslurm (one node per allocation)",
+    "ntasks": "by ddslurm (one batch task; every process is an srun step)",
+    "open-mode": "by ddslurm (logs are appended to)",
+    "output": "by ddslurm (each job's log in the run's logs/ directory)",
+    "partition": "from submission.partition (or the profile's partition and cpu_partition)",
+    "qos": "from submission.qos",
+    "reservation": "from submission.reservation",
+    "signal": "by ddslurm (the runtime's warning before the time limit)",
+    "time": "from submission.time_limit",
+}
+_SBATCH_BREAKS = {
+    "clusters": "status, wait and cancel ask this cluster's controller only",
+    "export": "the job gets exactly the plan's variables, by name, from a scrubbed environment",
+    "export-file": "the job gets exactly the plan's variables, by name, from a scrubbed environment",
+    "get-user-env": "the job gets exactly the plan's variables, by name, from a scrubbed environment",
+    "gid": "a job runs as the user who submits it",
+    "help": "sbatch would submit nothing",
+    "hold": "nothing would release the job, and wait would never return",
+    "parsable": "ddslurm reads sbatch's answer itself",
+    "test-only": "sbatch would submit nothing",
+    "uid": "a job runs as the user who submits it",
+    "usage": "sbatch would submit nothing",
+    "version": "sbatch would submit nothing",
+    "wait": "submit would wait until the job ends",
+    "wrap": "the batch script is ddslurm's",
+}
+SBATCH_REFUSED = frozenset(_SBATCH_SET_BY) | frozenset(_SBATCH_BREAKS)
+"""Long sbatch options an ``extra_sbatch`` item may not give (nor abbreviate, as sbatch allows): those ddslurm
+sets itself, from its own fields or for the run's layout, and those that would break the run's isolation or what
+ddslurm expects of sbatch."""
+_SBATCH_OPTION = re.compile(r"\A--(?P<name>[A-Za-z0-9][A-Za-z0-9-]*)(?:=.*)?\Z", re.DOTALL)
+_SBATCH_SPECIAL = frozenset("'\"\\#")
+
+
+def sbatch_option_problem(item: str) -> str | None:
+    """Why ``item`` cannot be one ``extra_sbatch`` entry, or None.
+
+    Each entry is one long option, ``--name`` or ``--name=value``, written into its own ``#SBATCH`` line: no
+    whitespace or control character (a space would add another option, a newline a shell command), no quote,
+    backslash or ``#`` (sbatch reads them in ``#SBATCH`` lines), no short option (``-w NODE``: write
+    ``--nodelist=NODE``), and none of :data:`SBATCH_REFUSED`, in full or abbreviated."""
+    bad = next((ch for ch in item if ch.isspace() or not ch.isprintable() or ch in _SBATCH_SPECIAL), None)
+    if bad is not None:
+        return (
+            f"{_shown(item)} has {_describe(bad)}; each extra_sbatch entry is one option, --name or --name=value, "
+            "with no whitespace, control characters, quotes, backslashes or '#'"
+        )
+    found = _SBATCH_OPTION.match(item)
+    if found is None:
+        return (
+            f"{_shown(item)} is not one long sbatch option: write --name or --name=value (a short option as its "
+            "long form: -w NODE as --nodelist=NODE)"
+        )
+    name = found.group("name")
+    refused = sorted(option for option in SBATCH_REFUSED if option.startswith(name))
+    if not refused:
+        return None
+    option = name if name in SBATCH_REFUSED else refused[0]
+    said = f"--{name}" if option == name else f"--{name} abbreviates --{option}, which"
+    if option in _SBATCH_SET_BY:
+        return f"{said} is set {_SBATCH_SET_BY[option]}; remove it"
+    return f"{said} cannot be used: {_SBATCH_BREAKS[option]}"
+
+
+def check_extra_sbatch(path: str, items: Iterable[str]) -> None:
+    """Refuse the first entry of ``items`` (the field at ``path``) that :func:`sbatch_option_problem` refuses."""
+    for index, item in enumerate(items):
+        problem = sbatch_option_problem(item)
+        if problem is not None:
+            refuse_at(f"{path}[{index}]", problem)
+
+
+def check_scheduler_values(fields: Iterable[tuple[str, str | None, SchedulerValue]]) -> None:
+    """Refuse the first ``(path, value, kind)`` whose value is set and :func:`scheduler_value_problem` refuses."""
+    for path, value, kind in fields:
+        if value is not None:
+            problem = scheduler_value_problem(value, kind)
+            if problem is not None:
+                refuse_at(path, problem)
 
 
 DD_BUILDER_FUNCTION = "load_config_builder"
@@ -129,7 +379,9 @@ class ServerSpec(Frozen, frozen=True, kw_only=True):
     cpus: PositiveInt = 4
     """CPUs of each replica's step (tokenisation, scheduling, the API server)."""
     extra_args: tuple[str, ...] = ()
-    """Passed to ``vllm serve`` verbatim, after the arguments ddslurm sets."""
+    """Passed to ``vllm serve`` verbatim, after the arguments ddslurm sets. Stored in the run's inputs and plan and
+    on command lines, so credentials are refused (:func:`server_args_secret`: ``--api-key``, which ddslurm sets, and
+    ``--hf-token VALUE`` and the like): name them in ``env_from`` instead."""
     env: dict[str, str] = msgspec.field(default_factory=dict)
     """Extra environment for the server steps. Stored in the run's inputs and plan, so secrets are refused
     (:func:`server_env_secret`): name them in ``env_from`` instead."""
@@ -180,11 +432,12 @@ class Submission(Frozen, frozen=True, kw_only=True):
     """Scheduler settings of the generation jobs. ``None`` means "take the profile's default"."""
 
     account: str | None = None
-    """``--account``. None: the profile's."""
+    """``--account``: a Slurm name (letters, digits, ``.``, ``_``, ``+``, ``-``). None: the profile's."""
     partition: str | None = None
-    """``--partition``. None: the profile's ``partition`` (its ``cpu_partition`` for hosted-only runs)."""
+    """``--partition``: a Slurm name, or several separated by commas. None: the profile's ``partition`` (its
+    ``cpu_partition`` for hosted-only runs)."""
     qos: str | None = None
-    """``--qos``."""
+    """``--qos``: a Slurm name."""
     time_limit: str | int = "01:00:00"
     """``--time`` of each generation job: ``MM``, ``HH:MM:SS`` or ``D-HH:MM:SS`` (a bare number is minutes;
     rounded up to whole minutes); at least 2 minutes."""
@@ -193,18 +446,22 @@ class Submission(Frozen, frozen=True, kw_only=True):
     cpus: PositiveInt = 2
     """CPUs of the Data Designer client step; server and proxy CPUs are added to the job's request."""
     constraint: str | None = None
-    """``--constraint``."""
+    """``--constraint``: node features joined by Slurm's operators (``intel&gpu``, ``[rack1|rack2]``,
+    ``[a*2&b*4]``); no whitespace."""
     reservation: str | None = None
-    """``--reservation``."""
+    """``--reservation``: a Slurm name, or several separated by commas."""
     extra_sbatch: tuple[str, ...] = ()
-    """Added to the batch script as ``#SBATCH`` lines, verbatim."""
+    """Added to the batch script as ``#SBATCH`` lines, one long option each: ``--name`` or ``--name=value``, without
+    whitespace, quotes, backslashes or ``#``. Options ddslurm sets itself or that would break the run (``--output``,
+    ``--chdir``, ``--export``, ``--array``, ``--hold``, ...: the list is in the run-file guide) are refused, abbreviated
+    too."""
 
 
 class Collection(Frozen, frozen=True, kw_only=True):
     """Scheduler settings of the collection job."""
 
     partition: str | None = None
-    """``--partition`` of the collection job. None: the profile's ``cpu_partition``."""
+    """``--partition`` of the collection job (as ``submission.partition``). None: the profile's ``cpu_partition``."""
     memory: str | None = None
     """``--mem`` of the collection job. None: the site default."""
     time_limit: str | int = "00:30:00"
@@ -257,3 +514,24 @@ class RunFile(Frozen, frozen=True, kw_only=True):
     """Scheduler settings of the generation jobs."""
     collection: Collection = msgspec.field(default_factory=Collection)
     """Scheduler settings of the collection job."""
+
+    def __post_init__(self) -> None:
+        # Here rather than in Submission or ServerSpec: only the top level knows each field's path in the file.
+        sub, col = self.submission, self.collection
+        check_scheduler_values(
+            (
+                ("submission.account", sub.account, "name"),
+                ("submission.partition", sub.partition, "names"),
+                ("submission.qos", sub.qos, "name"),
+                ("submission.memory", sub.memory, "memory"),
+                ("submission.constraint", sub.constraint, "constraint"),
+                ("submission.reservation", sub.reservation, "names"),
+                ("collection.partition", col.partition, "names"),
+                ("collection.memory", col.memory, "memory"),
+            )
+        )
+        check_extra_sbatch("submission.extra_sbatch", sub.extra_sbatch)
+        for index, deployment in enumerate(self.deployments):
+            found = server_args_secret(deployment.server.extra_args)
+            if found is not None:
+                refuse_at(f"deployments[{index}].server.extra_args[{found[0]}]", found[1])
