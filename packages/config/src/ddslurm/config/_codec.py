@@ -12,7 +12,7 @@ from ddslurm.config._layout import LAYOUT_VERSION
 from ddslurm.config._plan import PLAN_VERSION, Plan
 from ddslurm.config._profile import ClusterProfile
 from ddslurm.config._runfile import RunFile, parse_recipe_ref
-from ddslurm.config._yaml import load_struct, locate, read_yaml
+from ddslurm.config._yaml import MAX_INPUT_BYTES, load_struct, locate, read_yaml
 from ddslurm.config.errors import ConfigFileError
 
 T = TypeVar("T")
@@ -62,7 +62,7 @@ def read_plan(path: Path) -> Plan:
 
 def load_run_file(path: Path) -> RunFile:
     """Load a run file strictly (unknown keys, wrong types and bad values name file:line:col and field)."""
-    run = load_struct(path, RunFile)
+    run = load_struct(path, RunFile, max_bytes=MAX_INPUT_BYTES, aliases=False)
     try:
         parse_recipe_ref(run.recipe)
     except ValueError as exc:
@@ -73,7 +73,7 @@ def load_run_file(path: Path) -> RunFile:
 
 def load_profile(path: Path) -> ClusterProfile:
     """Load a cluster profile; relative paths in it are made absolute against the profile's directory."""
-    profile = load_struct(path, ClusterProfile)
+    profile = load_struct(path, ClusterProfile, max_bytes=MAX_INPUT_BYTES, aliases=False)
     base = path.resolve().parent
 
     def absolute(value: str) -> str:

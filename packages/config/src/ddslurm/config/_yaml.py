@@ -1,4 +1,9 @@
-"""Strict YAML/JSON loading into msgspec structs with ``file:line:col: field: message`` errors."""
+"""Strict YAML/JSON loading into msgspec structs with ``file:line:col: field: message`` errors.
+
+Bounded: a file is read up to ``max_bytes`` (1 MiB for run files and profiles, :data:`MAX_INPUT_BYTES`; 16 MiB
+for any other YAML, :data:`MAX_YAML_BYTES`), collections nest at most :data:`MAX_DEPTH` levels, and anchors and
+aliases are refused (``aliases=False``: run files and profiles) or may repeat at most :data:`MAX_ALIAS_NODES`
+nodes in all (recipes, Data Designer's settings), so a "billion laughs" file is refused at once."""
 
 from __future__ import annotations
 
@@ -10,12 +15,23 @@ from typing import Any, TypeVar
 import msgspec
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.composer import Composer
 from ruamel.yaml.constructor import DuplicateKeyError
 from ruamel.yaml.error import MarkedYAMLError
+from ruamel.yaml.events import AliasEvent, MappingStartEvent, SequenceStartEvent
 
 from ddslurm.config.errors import ConfigFileError
 
 T = TypeVar("T")
+
+MAX_INPUT_BYTES = 1 << 20
+"""The largest run file or cluster profile (1 MiB): hand-written settings are a few KiB."""
+MAX_YAML_BYTES = 16 << 20
+"""The largest other YAML or JSON file ddslurm parses (16 MiB): recipes, Data Designer's settings."""
+MAX_DEPTH = 100
+"""How deeply mappings and sequences may nest (a recipe's JSON schemas included)."""
+MAX_ALIAS_NODES = 100_000
+"""Where aliases are accepted, how many nodes they may repeat in all (each alias counts the nodes it stands for)."""
 
 # msgspec: "<msg> - at `$.a[0].b`" or, for a bad mapping key, "<msg> - at `key` in `$.a`"; `[...]` is a dict value
 _AT = re.compile(r"^(?P<msg>.*?)(?: - at (?P<key>`key` in )?`\$(?P<path>[^`]*)`)?$", re.DOTALL)
@@ -25,13 +41,125 @@ _MISSING = re.compile(r"^Object missing required field `(?P<name>[^`]+)`$")
 _DUPLICATE = re.compile(r'^found duplicate key "(?P<key>.*?)" with value', re.DOTALL)
 
 
-def read_yaml(path: Path) -> Any:
-    """Parse a YAML (or JSON) file into a round-trip tree that keeps line and column marks."""
+class _Refused(MarkedYAMLError):
+    """A limit of :class:`_BoundedComposer`, at the mark of the node or alias that passed it."""
+
+
+def _size(limit: int) -> str:
+    return f"{limit >> 20} MiB" if limit >= 1 << 20 and not limit % (1 << 20) else f"{limit} bytes"
+
+
+class _BoundedComposer(Composer):
+    """ruamel's composer with the limits above: nesting depth, and anchors and aliases refused or capped. Aliases
+    share the node they refer to while parsing; the repetition is what :func:`to_builtins` would expand."""
+
+    aliases = True
+    """Whether anchors and aliases are accepted (:class:`_StrictComposer`: not)."""
+
+    def __init__(self, loader: Any = None) -> None:
+        super().__init__(loader)
+        self._nesting = 0
+        self._nodes = 0  # nodes composed so far, every alias counted as the nodes it stands for
+        self._repeated = 0
+        self._sizes: dict[Any, int] = {}  # anchor -> nodes it stands for
+        self._open: set[Any] = set()  # anchors of collections still being composed
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.parser.peek_event()
+        if isinstance(event, AliasEvent):
+            return self._alias(event, parent, index)
+        if event.anchor is not None and not self.aliases:
+            raise _Refused(
+                None,
+                None,
+                f"anchor &{event.anchor}: anchors and aliases (&name, *name, <<: *name) are not accepted in this file; "
+                "write each value out",
+                event.start_mark,
+            )
+        collection = isinstance(event, MappingStartEvent | SequenceStartEvent)
+        if collection:
+            self._nesting += 1
+            if self._nesting > MAX_DEPTH:
+                raise _Refused(
+                    None, None, f"mappings and sequences nested deeper than {MAX_DEPTH} levels", event.start_mark
+                )
+        start, anchor = self._nodes, event.anchor
+        self._nodes += 1
+        if anchor is not None:
+            self._open.add(anchor)
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            if collection:
+                self._nesting -= 1
+            if anchor is not None:
+                self._open.discard(anchor)
+                self._sizes[anchor] = self._nodes - start
+
+    def _alias(self, event: AliasEvent, parent: Any, index: Any) -> Any:
+        name = event.anchor
+        if not self.aliases:
+            raise _Refused(
+                None,
+                None,
+                f"alias *{name}: anchors and aliases (&name, *name, <<: *name) are not accepted in this file; write "
+                "each value out",
+                event.start_mark,
+            )
+        if name in self._open:
+            raise _Refused(None, None, f"alias *{name} refers to the node that contains it", event.start_mark)
+        size = self._sizes.get(name, 0)  # an undefined alias: ruamel says so next
+        self._nodes += size
+        self._repeated += size
+        if self._repeated > MAX_ALIAS_NODES:
+            raise _Refused(
+                None,
+                None,
+                f"alias *{name}: aliases repeat more than {MAX_ALIAS_NODES} nodes in all; write the file without "
+                "them (an alias bomb?)",
+                event.start_mark,
+            )
+        return super().compose_node(parent, index)
+
+
+class _StrictComposer(_BoundedComposer):
+    aliases = False
+
+
+def _read_text(path: Path, max_bytes: int) -> str:
+    """The file's text, read up to ``max_bytes`` (a larger file is refused where it passes the limit)."""
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as fh:
+            data = fh.read(max_bytes + 1)
     except OSError as exc:
         raise ConfigFileError(path, f"cannot read: {exc.strerror or exc}") from exc
+    if len(data) > max_bytes:
+        line, col = _position(data, max_bytes)
+        raise ConfigFileError(
+            path, f"the file is larger than {_size(max_bytes)}, the most ddslurm reads of it", line=line, col=col
+        )
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line, col = _position(data, exc.start)
+        raise ConfigFileError(path, "not UTF-8 text", line=line, col=col) from None
+
+
+def _position(data: bytes, offset: int) -> tuple[int, int]:
+    """Line and column (1-based) of byte ``offset`` (columns count characters before it on its line)."""
+    start = data.rfind(b"\n", 0, offset) + 1
+    return data.count(b"\n", 0, offset) + 1, len(data[start:offset].decode("utf-8", errors="replace")) + 1
+
+
+def read_yaml(path: Path, *, text: str | None = None, max_bytes: int = MAX_YAML_BYTES, aliases: bool = True) -> Any:
+    """Parse a YAML (or JSON) file into a round-trip tree that keeps line and column marks. ``text``: parse this
+    instead of reading ``path`` (which errors then name). The limits: see the module's docstring."""
+    if text is None:
+        text = _read_text(path, max_bytes)
+    elif len(text) > max_bytes:
+        raise ConfigFileError(path, f"larger than {_size(max_bytes)}, the most ddslurm parses")
     yaml = YAML(typ="rt")
+    yaml.Composer = _BoundedComposer if aliases else _StrictComposer
     yaml.allow_duplicate_keys = False
     try:
         return yaml.load(text)
@@ -133,9 +261,18 @@ def error_at(path: Path, tree: Any, exc: msgspec.ValidationError) -> ConfigFileE
     return ConfigFileError(path, message, line=line, col=col, field=_field_text(steps))
 
 
-def load_struct(path: Path, kind: type[T], *, prepare: Callable[[Any], Any] | None = None, dec_hook: Any = None) -> T:
-    """Load ``path`` strictly into ``kind``. ``prepare`` may normalise the plain tree before conversion."""
-    tree = read_yaml(path)
+def load_struct(
+    path: Path,
+    kind: type[T],
+    *,
+    prepare: Callable[[Any], Any] | None = None,
+    dec_hook: Any = None,
+    max_bytes: int = MAX_YAML_BYTES,
+    aliases: bool = True,
+) -> T:
+    """Load ``path`` strictly into ``kind``. ``prepare`` may normalise the plain tree before conversion;
+    ``max_bytes`` and ``aliases`` as for :func:`read_yaml`."""
+    tree = read_yaml(path, max_bytes=max_bytes, aliases=aliases)
     if tree is None:
         raise ConfigFileError(path, "file is empty", line=1, col=1)
     if not isinstance(tree, CommentedMap):

@@ -28,7 +28,15 @@ import typer
 from typer.main import get_command
 
 from ddslurm.collector import collect_command
-from ddslurm.config import ProviderSnapshot, RunLayout, atomic_write, compact_ranges, expand_ranges, load_profile
+from ddslurm.config import (
+    ProviderSnapshot,
+    RunLayout,
+    atomic_write,
+    compact_ranges,
+    expand_ranges,
+    load_profile,
+    read_plan,
+)
 from ddslurm.launcher._bill import bill_lines, make_bill
 from ddslurm.launcher._collect import collect_job_command
 from ddslurm.launcher._console import (
@@ -241,13 +249,20 @@ def _run(session: Session, run: str, profile: Path | None) -> RunLayout:
     return find_run(run, _workspace(profile, session.env))
 
 
-def parse_shards(value: str | None) -> list[int] | None:
-    """``1,3,5-7`` → [1, 3, 5, 6, 7]; None stays None."""
+def parse_shards(value: str | None, layout: RunLayout) -> list[int] | None:
+    """``1,3,5-7`` → [1, 3, 5, 6, 7]; None stays None. Checked against the run's shards before it is expanded
+    (``0-999999999`` is a usage error naming what the run has, not a list of a billion numbers)."""
     if value is None:
         return None
+    count = len(read_plan(layout.plan).shards)
+    have = "shard 0 (1 shard)" if count == 1 else f"shards 0-{count - 1} ({count} shards)"
+
+    def refused(message: str) -> UsageError:
+        return UsageError(f"--shards {value!r}: {message}")
+
     try:
-        return expand_ranges(value)
-    except ValueError:
+        return expand_ranges(value, below=count, what="shard", have=f"the run has {have}", error=refused)
+    except ValueError:  # not numbers and ranges (the bounds are ``refused``)
         raise UsageError(f"--shards {value!r}: expected numbers and ranges such as 1,3,5-7") from None
 
 
@@ -540,7 +555,7 @@ def cmd_cancel(
     """Cancel the whole run (every array, pending retries included) or the queued and running tasks of shards."""
     session = _session(ctx, as_json)
     layout = _run(session, run, profile)
-    done = cancel(layout, session.slurm, parse_shards(shards))
+    done = cancel(layout, session.slurm, parse_shards(shards, layout))
     out = session.out
     found = (
         f" (found in the queue by its batch script, its sbatch having been stopped, and recorded: "
@@ -598,7 +613,7 @@ def cmd_retry(
         layout,
         session.slurm,
         session.env,
-        parse_shards(shards),
+        parse_shards(shards, layout),
         resume_cancelled=resume_cancelled,
         fresh=fresh,
         dry_run=dry_run,
@@ -644,7 +659,7 @@ def cmd_accept_partial(
     stage ended short: as its GPU-stage result, then its CPU stage is submitted (as retry does)."""
     session = _session(ctx, as_json)
     layout = _run(session, run, profile)
-    done = accept_partial(layout, parse_shards(shards) or [], session.slurm, session.env)
+    done = accept_partial(layout, parse_shards(shards, layout) or [], session.slurm, session.env)
     if session.json:
         write_json(
             {
