@@ -1,4 +1,10 @@
-"""Batch scripts rendered from a plan. They hold paths and resource requests, never a secret value."""
+"""Batch scripts rendered from a plan. They hold paths and resource requests, never a secret value.
+
+A ``#SBATCH`` line cannot be quoted the way a shell line can: sbatch splits it at whitespace, reads quotes,
+backslashes and ``#`` in it, and a newline ends it (what follows runs as a shell command). The config package
+refuses such values where the run file or profile gives them; the renderer refuses them again (a plan written by
+an older version, a value built elsewhere), and quotes every value it puts into a shell line.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ddslurm.config import Plan, Resources, RunLayout, compact_ranges
+from ddslurm.launcher.errors import SubmitError
 
 TIME_LIMIT_WARNING_S = 90
 SLURM_SIGNAL_SLACK_S = 60
@@ -31,9 +38,31 @@ def _directives(res: Resources) -> list[str]:
     return lines
 
 
+_SBATCH_SPECIAL = frozenset("'\"\\#")
+
+
+def _directive(text: str) -> str:
+    """``text`` as one ``#SBATCH`` line's option, or SubmitError when sbatch would read it as something else."""
+    bad = next((ch for ch in text if ch.isspace() or not ch.isprintable() or ch in _SBATCH_SPECIAL), None)
+    if bad is not None:
+        raise SubmitError(
+            f"cannot write {text!r} as one #SBATCH option: it has {bad!r} (sbatch would read whitespace, quotes, "
+            "backslashes and '#' in it, and a newline would end the line)"
+        )
+    return f"#SBATCH {text}"
+
+
+def _log_dir(layout: RunLayout) -> str:
+    """The run's logs directory for ``--output``, where sbatch would expand a ``%`` of its own."""
+    logs = str(layout.logs)
+    if "%" in logs:
+        raise SubmitError(f"cannot write {logs!r} into an #SBATCH --output line: sbatch expands its '%'")
+    return logs
+
+
 def _header(job_name: str, directives: list[str]) -> str:
-    out = ["#!/bin/bash", f"#SBATCH --job-name={job_name}"]
-    out.extend(f"#SBATCH {d}" for d in directives)
+    out = ["#!/bin/bash", _directive(f"--job-name={job_name}")]
+    out.extend(_directive(d) for d in directives)
     return "\n".join(out)
 
 
@@ -80,7 +109,7 @@ def render_generation(
     resources = plan.cpu_stage if stage == 1 and plan.cpu_stage is not None else plan.generation
     directives = [
         f"--array={array_spec(len(shards) if tasks is None else tasks, plan.max_concurrent)}",
-        f"--output={layout.logs}/slurm-%A_%a.out",
+        f"--output={_log_dir(layout)}/slurm-%A_%a.out",
         "--open-mode=append",
         f"--chdir={layout.root}",
         # A warning before the time limit, so the runtime stops its steps and records why it ended.
@@ -94,17 +123,17 @@ def render_generation(
         directives += [f"--dependency=afternotok:{':'.join(failures)}", "--kill-on-invalid-dep=yes"]
     elif after_any:
         directives += [f"--dependency=afterany:{':'.join(after_any)}", "--kill-on-invalid-dep=yes"]
-    runtime = shlex.quote(tool(plan, "ddslurm-runtime"))
     name = f"ddslurm-{plan.run_name}" + ("-cpu" if stage == 1 else "")
     header = f"{_header(name, directives)}\n\n{_PRELUDE}\n\n"
-    staged = "" if stage is None else f" --stage {stage}"
-    run_dir = shlex.quote(str(layout.root))
+    staged = [] if stage is None else ["--stage", str(int(stage))]
+    command = shlex.join(["exec", tool(plan, "ddslurm-runtime"), "generate", "--run-dir", str(layout.root)])
     if tasks is not None:
-        pool = compact_ranges(shards)
-        return f"{header}exec {runtime} generate --run-dir {run_dir} --pool {pool}{staged}\n"
+        return f"{header}{command} {shlex.join(['--pool', compact_ranges(shards), *staged])}\n"
+    # The one unquoted word: shell arithmetic on SLURM_ARRAY_TASK_ID, made of whole numbers only.
     expr = shard_expression(shards)
-    table = "" if "SHARDS" not in expr else "SHARDS=(" + " ".join(str(s) for s in shards) + ")\n"
-    return f'{header}{table}exec {runtime} generate --run-dir {run_dir} --shard "{expr}"{staged}\n'
+    table = "" if "SHARDS" not in expr else "SHARDS=(" + " ".join(str(int(s)) for s in shards) + ")\n"
+    stage_words = f" {shlex.join(staged)}" if staged else ""
+    return f'{header}{table}{command} --shard "{expr}"{stage_words}\n'
 
 
 def warning_seconds(time_minutes: int) -> int:
@@ -120,13 +149,15 @@ def warning_seconds(time_minutes: int) -> int:
 
 def render_collection(plan: Plan, layout: RunLayout, *, overwrite: bool) -> str:
     directives = [
-        f"--output={layout.logs}/collect-%j.out",
+        f"--output={_log_dir(layout)}/collect-%j.out",
         f"--chdir={layout.root}",
         *_directives(plan.collection),
     ]
-    collect = shlex.quote(tool(plan, "ddslurm-collect"))
-    flags = " --overwrite" if overwrite else ""
-    return (
-        f"{_header(f'ddslurm-collect-{plan.run_name}', directives)}\n\n{_PRELUDE}\n\n"
-        f"exec {collect} {shlex.quote(str(layout.root))} --json{flags}\n"
-    )
+    command = [
+        "exec",
+        tool(plan, "ddslurm-collect"),
+        str(layout.root),
+        "--json",
+        *(["--overwrite"] if overwrite else []),
+    ]
+    return f"{_header(f'ddslurm-collect-{plan.run_name}', directives)}\n\n{_PRELUDE}\n\n{shlex.join(command)}\n"
