@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import multiprocessing
+import os
 import stat
 import sys
 import threading
@@ -16,6 +17,7 @@ import pytest
 from ddslurm.config import (
     UnsafePathError,
     atomic_write,
+    check_run_tree,
     make_private_dir,
     publish_once,
     read_regular,
@@ -247,3 +249,53 @@ def test_sha256_file_and_bytes_agree_with_hashlib(tmp_path: Path, data: bytes) -
     want = hashlib.sha256(data).hexdigest()
     assert sha256_file(path) == want
     assert sha256_bytes(data) == want
+
+
+@pytest.mark.parametrize("umask", [0o000, 0o002, 0o022, 0o077])
+def test_private_dirs_and_their_missing_parents_are_owner_only_whatever_the_umask(tmp_path: Path, umask: int) -> None:
+    """A workspace and its ``runs/`` made under umask 000 were 0777: another user renamed a queued run aside."""
+    old = os.umask(umask)
+    try:
+        make_private_dir(tmp_path / "workspace" / "runs" / "run-1")
+    finally:
+        os.umask(old)
+    for path in (tmp_path / "workspace", tmp_path / "workspace" / "runs", tmp_path / "workspace" / "runs" / "run-1"):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o700, path
+    check_run_tree(tmp_path / "workspace" / "runs" / "run-1")
+
+
+def test_a_run_tree_others_can_change_is_refused(tmp_path: Path) -> None:
+    run = tmp_path / "ws" / "runs" / "r"
+    make_private_dir(run)
+    check_run_tree(run)
+    for path, mode, why in (
+        (run, 0o750, "lets other users in"),
+        (run.parent, 0o777, "rename or replace"),
+        (run.parent.parent, 0o775, "rename or replace"),
+    ):
+        path.chmod(mode)
+        with pytest.raises(UnsafePathError, match=why):
+            check_run_tree(run)
+        path.chmod(0o700)
+    run.parent.chmod(0o1777)  # sticky: others cannot rename what they do not own
+    check_run_tree(run)
+    with pytest.raises(UnsafePathError, match="belongs to uid"):
+        check_run_tree(run, uid=os.getuid() + 4242)
+    run.parent.chmod(0o700)
+    run.rename(tmp_path / "aside")
+    run.symlink_to(tmp_path / "aside")
+    with pytest.raises(UnsafePathError, match="not a directory"):
+        check_run_tree(run)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="giving a directory to another uid needs root")
+def test_a_run_directory_of_another_user_is_refused(tmp_path: Path) -> None:
+    run = tmp_path / "ws" / "runs" / "r"
+    make_private_dir(run)
+    os.chown(run, 4242, 4242)
+    with pytest.raises(UnsafePathError, match="belongs to uid 4242"):
+        check_run_tree(run)
+    os.chown(run, 0, 0)
+    os.chown(run.parent, 4242, 4242)
+    with pytest.raises(UnsafePathError, match="belongs to uid 4242, who could replace"):
+        check_run_tree(run)

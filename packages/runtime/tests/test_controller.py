@@ -21,7 +21,9 @@ from ddslurm.config import (
     SnapshotModel,
     SnapshotProvider,
     atomic_write,
+    digest,
     encode,
+    make_private_dir,
     read_json,
 )
 from ddslurm.config.testing import make_plan
@@ -75,10 +77,10 @@ class ScriptedLauncher:
 
 def _controller(tmp_path: Path, launcher: ScriptedLauncher, client_retries: int) -> tuple[Controller, Inputs]:
     layout = RunLayout(tmp_path / "run-1")
-    layout.root.mkdir()
+    make_private_dir(layout.root)
     plan = make_plan("run-1", (4,), client_retries=client_retries)
     atomic_write(layout.plan, encode(plan))
-    inputs = Inputs(plan=plan, plan_sha256="-", recipe={}, snapshot=ProviderSnapshot())
+    inputs = Inputs(plan=plan, plan_sha256=digest(plan), recipe={}, snapshot=ProviderSnapshot())
     runner = AttemptRunner(
         layout,
         engine=lambda r: pytest.fail("no engine here"),
@@ -207,7 +209,7 @@ def _serving_controller(
     from ddslurm.config import DeploymentPlan, ReplicaPlan, ServingPlan
 
     layout = RunLayout(tmp_path / "run-1")
-    layout.root.mkdir(exist_ok=True)
+    make_private_dir(layout.root, exist_ok=True)
     replicas = tuple(ReplicaPlan(index=i, gpus=1, cpus=1) for i in range(2))
     deployment = DeploymentPlan(
         alias="gen", model="m", served_model_name="served", tensor_parallel=1, replicas=replicas, startup_timeout=30,
@@ -225,7 +227,7 @@ def _serving_controller(
         server_secret_env=env_from,
     )
     atomic_write(layout.plan, encode(plan))
-    inputs = Inputs(plan=plan, plan_sha256="-", recipe={}, snapshot=snapshot or ProviderSnapshot())
+    inputs = Inputs(plan=plan, plan_sha256=digest(plan), recipe={}, snapshot=snapshot or ProviderSnapshot())
     runner = AttemptRunner(
         layout, engine=lambda r: pytest.fail("no engine here"), env={}, make_logger=lambda s: new_logger(s)
     )

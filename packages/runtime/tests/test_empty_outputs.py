@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from ddslurm.config import AttemptRecord, ProviderSnapshot, RunLayout, WinnerRecord, read_json
+from ddslurm.config import AttemptRecord, ProviderSnapshot, RunLayout, WinnerRecord, make_private_dir, read_json
 from ddslurm.config.testing import make_plan
 from ddslurm.runtime import EXIT_FAILED, EXIT_OK, AttemptRunner, EngineRequest, EngineResult, Inputs
 from ddslurm.runtime._log import new_logger
@@ -104,7 +104,7 @@ class EmptyingEngine:
 
 def _setup(tmp_path: Path, **plan: Any) -> tuple[RunLayout, Inputs]:
     layout = RunLayout(tmp_path / "run-1")
-    layout.root.mkdir()
+    make_private_dir(layout.root)
     inputs = Inputs(
         plan=make_plan("run-1", (6,), resume="if_possible", **plan),
         plan_sha256="-",

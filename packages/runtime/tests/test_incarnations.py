@@ -26,7 +26,9 @@ from ddslurm.config import (
     SnapshotModel,
     SnapshotProvider,
     atomic_write,
+    digest,
     encode,
+    make_private_dir,
     read_json,
 )
 from ddslurm.config.testing import make_plan
@@ -76,7 +78,7 @@ class Generating(Exception):
     pass
 
 
-def generating(layout):  # the client got past its wait: it would load the inputs and generate now
+def generating(layout, **_):  # the client got past its wait: it would load the inputs and generate now
     raise Generating
 
 
@@ -152,7 +154,7 @@ def _controller(
     tmp_path: Path, launcher: Launcher, shards: int, *, serving: bool, workers: int = 1
 ) -> tuple[Controller, Inputs, StopSignal]:
     layout = RunLayout(tmp_path / "run-1")
-    layout.root.mkdir(exist_ok=True)
+    make_private_dir(layout.root, exist_ok=True)
     plan_serving = None
     if serving:
         deployment = DeploymentPlan(
@@ -164,7 +166,7 @@ def _controller(
         "run-1", (2,) * shards, client_retries=0, client_workers=workers, allocations=1, serving=plan_serving
     )
     atomic_write(layout.plan, encode(plan))
-    inputs = Inputs(plan=plan, plan_sha256="-", recipe={}, snapshot=LOCAL if serving else ProviderSnapshot())
+    inputs = Inputs(plan=plan, plan_sha256=digest(plan), recipe={}, snapshot=LOCAL if serving else ProviderSnapshot())
     runner = AttemptRunner(layout, engine=lambda r: pytest.fail("no engine here"), env={}, make_logger=new_logger)
     stop = StopSignal()
     controller = Controller(

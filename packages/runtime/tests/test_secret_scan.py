@@ -22,6 +22,7 @@ from ddslurm.config import (
     atomic_write,
     encode,
     encode_pretty,
+    make_private_dir,
     read_json,
     sha256_bytes,
 )
@@ -153,7 +154,7 @@ class Engine:
 
 def _layout(tmp_path: Path) -> RunLayout:
     layout = RunLayout(tmp_path / "run-1")
-    layout.inputs.mkdir(parents=True)
+    make_private_dir(layout.inputs)
     snapshot = ProviderSnapshot(
         providers=(SnapshotProvider(name="p", endpoint="http://127.0.0.1:9/v1", api_key_env="T_KEY"),),
         models=(SnapshotModel(alias="gen", model="m", provider="p"),),

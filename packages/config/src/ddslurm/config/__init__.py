@@ -16,6 +16,9 @@ from ddslurm.config._codec import (
 )
 from ddslurm.config._files import (
     atomic_write,
+    check_not_swappable,
+    check_private_dir,
+    check_run_tree,
     make_private_dir,
     publish_once,
     read_regular,
@@ -130,6 +133,9 @@ __all__ = [
     "atomic_write",
     "attempt_id_for",
     "attempt_restart",
+    "check_not_swappable",
+    "check_private_dir",
+    "check_run_tree",
     "compact_ranges",
     "digest",
     "encode",

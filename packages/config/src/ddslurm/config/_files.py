@@ -10,6 +10,7 @@ import contextlib
 import hashlib
 import os
 import secrets
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -69,18 +70,78 @@ def publish_once(path: Path, data: bytes, *, mode: int = PRIVATE_FILE) -> bool:
     return True
 
 
+def _mkdir_private(path: Path) -> None:
+    """``mkdir`` then ``chmod`` to 0700: the mode of ``mkdir`` alone is masked by the umask (0o700 at umask 0o700
+    would be 0o000), and an explicit chmod is what makes it exactly owner-only whatever the umask."""
+    path.mkdir(mode=PRIVATE_DIR)
+    path.chmod(PRIVATE_DIR)  # just made by mkdir: a directory, not a link
+
+
 def make_private_dir(path: Path, *, exist_ok: bool = False) -> None:
-    """Create ``path`` (and missing parents) owner-only; refuse a symbolic link in its place."""
+    """Create ``path`` and every missing parent owner-only (0700 whatever the umask); refuse a symbolic link in
+    its place. Existing parents are left as they are (:func:`check_run_tree` judges them)."""
     if path.is_symlink():
         raise UnsafePathError(f"{path}: is a symbolic link; refusing to use it as a directory")
-    path.parent.mkdir(parents=True, exist_ok=True)
+    missing = [p for p in (path.parent, *path.parent.parents) if not os.path.lexists(p)]
+    for parent in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # made meanwhile by another process: judged like any other
+            _mkdir_private(parent)
     try:
-        path.mkdir(mode=PRIVATE_DIR)
+        _mkdir_private(path)
     except FileExistsError:
         if not exist_ok:
             raise UnsafePathError(f"{path}: already exists") from None
         if not path.is_dir():
             raise UnsafePathError(f"{path}: exists and is not a directory") from None
+
+
+def check_private_dir(path: Path, *, uid: int | None = None) -> None:
+    """``path`` is a real directory (not a symbolic link) owned by ``uid`` (this process's) that nobody else can
+    read, enter or change (no group or other bits)."""
+    uid = os.getuid() if uid is None else uid
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        raise UnsafePathError(f"{path}: cannot be examined: {exc.strerror}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafePathError(f"{path}: is not a directory (a symbolic link or a file in its place)")
+    if st.st_uid != uid:
+        raise UnsafePathError(f"{path}: belongs to uid {st.st_uid}, not to this user (uid {uid}); refusing to use it")
+    if st.st_mode & 0o077:
+        raise UnsafePathError(
+            f"{path}: mode {stat.S_IMODE(st.st_mode):04o} lets other users in; a run directory must be 0700 "
+            f"(chmod 700 {path})"
+        )
+
+
+def check_not_swappable(path: Path, *, uid: int | None = None) -> None:
+    """Nobody but ``uid`` (or root) can rename or replace what is inside directory ``path``: it is owned by them
+    and writable by no one else, unless its sticky bit is set (then others cannot rename what they do not own)."""
+    uid = os.getuid() if uid is None else uid
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        raise UnsafePathError(f"{path}: cannot be examined: {exc.strerror}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafePathError(f"{path}: is not a directory (a symbolic link or a file in its place)")
+    if st.st_uid not in (uid, 0):
+        raise UnsafePathError(
+            f"{path}: belongs to uid {st.st_uid}, who could replace the runs in it; use a workspace of your own"
+        )
+    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        raise UnsafePathError(
+            f"{path}: mode {stat.S_IMODE(st.st_mode):04o} lets other users rename or replace the runs in it; "
+            f"make it owner-only (chmod 700 {path}) or set its sticky bit (chmod +t {path})"
+        )
+
+
+def check_run_tree(run_dir: Path, *, uid: int | None = None) -> None:
+    """A run directory (``<workspace>/runs/<run_id>``) that only its owner can change: the run directory is
+    owner-only and neither ``runs/`` nor the workspace lets another user rename it aside and put another in its
+    place. Every launcher command and every runtime step checks this before it reads a plan."""
+    check_private_dir(run_dir, uid=uid)
+    for parent in (run_dir.parent, run_dir.parent.parent):
+        check_not_swappable(parent, uid=uid)
 
 
 def read_regular(path: Path) -> bytes:

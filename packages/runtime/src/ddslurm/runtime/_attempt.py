@@ -29,9 +29,11 @@ from ddslurm.config import (
     SeedPlan,
     ShardLayout,
     SubmissionRecord,
+    UnsafePathError,
     WinnerRecord,
     atomic_write,
     attempt_id_for,
+    check_run_tree,
     digest,
     encode,
     make_private_dir,
@@ -128,8 +130,16 @@ def check_seed(seed: SeedPlan) -> None:
             raise InputsError(f"{path}: sha256 differs from the plan; the run's inputs were modified")
 
 
-def load_inputs(layout: RunLayout) -> Inputs:
-    """Read the plan, recipe and snapshot from the run directory and check their recorded digests."""
+def load_inputs(layout: RunLayout, *, plan_sha256: str | None = None) -> Inputs:
+    """Read the plan, recipe and snapshot from the run directory and check their recorded digests.
+
+    The run directory must be one only this user can change (:func:`~ddslurm.config.check_run_tree`), and the
+    plan the one the job was submitted with: ``plan_sha256`` is the digest the batch script carries (another
+    user who swapped a queued run's directory for one of theirs would otherwise receive the run's API keys)."""
+    try:
+        check_run_tree(layout.root)
+    except UnsafePathError as exc:
+        raise InputsError(f"{exc}; refusing to run from it") from None
     try:
         plan = read_plan(layout.plan)
         recipe_bytes = read_regular(Path(plan.recipe_file))
@@ -144,7 +154,13 @@ def load_inputs(layout: RunLayout) -> Inputs:
         check_seed(plan.seed)
     snapshot = msgspec.json.decode(snapshot_bytes, type=ProviderSnapshot)
     recipe = to_builtins(read_yaml(Path(plan.recipe_file)))
-    return Inputs(plan=plan, plan_sha256=digest(plan), recipe=recipe, snapshot=snapshot)
+    found = digest(plan)
+    if plan_sha256 is not None and found != plan_sha256:
+        raise InputsError(
+            f"{layout.plan}: sha256 {found[:12]}... is not the submitted plan's {plan_sha256[:12]}...; the run "
+            "directory was replaced after submission"
+        )
+    return Inputs(plan=plan, plan_sha256=found, recipe=recipe, snapshot=snapshot)
 
 
 @dataclass(frozen=True, slots=True)

@@ -700,6 +700,8 @@ class Controller:
             "client",
             "--run-dir",
             str(self._run_dir),
+            "--plan-sha256",
+            inputs.plan_sha256,
             "--shard",
             str(began.shard),
             "--attempt",

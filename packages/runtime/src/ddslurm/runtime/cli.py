@@ -145,7 +145,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
         signal.signal(sig, on_signal)
     try:
-        inputs = load_inputs(layout)
+        inputs = load_inputs(layout, plan_sha256=args.plan_sha256)
     except RuntimeFailure as exc:
         print(f"ddslurm-runtime: {exc.reason}: {exc.message}", file=sys.stderr)
         return EXIT_FAILED
@@ -262,7 +262,7 @@ def cmd_client(args: argparse.Namespace) -> int:
             _await_endpoints(args.endpoints, alive)
         endpoints = msgspec.json.decode(args.endpoints.read_bytes(), type=dict[str, str]) if args.endpoints else {}
         try:
-            inputs = client_inputs(stage_inputs(load_inputs(layout), args.stage))
+            inputs = client_inputs(stage_inputs(load_inputs(layout, plan_sha256=args.plan_sha256), args.stage))
         except RuntimeFailure as exc:
             print(f"ddslurm-runtime: {exc.reason}: {exc.message}", file=sys.stderr)
             return EXIT_FAILED
@@ -301,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="run one attempt of one shard (the array task)")
     gen.add_argument("--run-dir", type=Path, required=True)
+    gen.add_argument("--plan-sha256", default=None, help="the submitted plan's digest (the batch script's)")
     gen.add_argument("--shard", type=int, default=None)
     gen.add_argument("--pool", default=None, help="a pulling allocation's shards, e.g. 0-9,12")
     gen.add_argument("--job-id", default=None)
@@ -313,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--unhealthy-limit", type=int, default=6, help="failed checks in a row that stop a replica")
     client = sub.add_parser("client", help="the Data Designer step of an attempt")
     client.add_argument("--run-dir", type=Path, required=True)
+    client.add_argument("--plan-sha256", default=None, help="the plan's digest, as the controller checked it")
     client.add_argument("--shard", type=int, required=True)
     client.add_argument("--attempt", required=True)
     client.add_argument("--endpoints", type=Path, default=None)
