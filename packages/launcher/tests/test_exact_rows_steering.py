@@ -31,7 +31,7 @@ from ddslurm.launcher import Slurm
 from ddslurm.launcher._console import plan_lines
 from ddslurm.launcher._output import array_json
 from ddslurm.launcher._slurm import Completed, SlurmTimeoutError
-from ddslurm.launcher._status import run_status
+from ddslurm.launcher._status import TERMINAL, run_status
 from ddslurm.launcher._steer import accept_partial, cancel, continue_submission, retry
 from ddslurm.launcher._submit import (
     PartialSubmitError,
@@ -385,3 +385,29 @@ def test_accept_partial_of_a_final_stage_shard_is_as_before_and_a_shard_without_
     with pytest.raises(LauncherError, match="shard 0 has no partial result to accept"):
         accept_partial(layout, [0], Slurm(fake), env)
     assert fake.commands("sbatch")[2:] == []
+
+
+# --- issue 18: a shard cancelled while its task was pending ends cancelled, and retry brings it back ---
+
+
+def test_a_shard_cancelled_while_pending_ends_cancelled_and_retry_runs_it_again(tmp_path: Path) -> None:
+    """Slurm forgets a pending array task cancelled before it started (neither squeue nor sacct lists it): the
+    shard stayed ``unknown`` forever, ``wait`` never returned and ``retry`` found nothing to do."""
+    layout, env, plan = _run(tmp_path, "", shards=3)
+    runner = FakeSlurm(squeue="4242_0|RUNNING|None\n4242_1|PENDING|Resources\n4242_2|RUNNING|None\n")
+    submit_shards(layout, plan, [0, 1, 2], Slurm(runner), env, datetime.now(UTC))
+    done = cancel(layout, Slurm(runner), [1])
+    assert done.ids == ("4242_1",) and runner.commands("scancel")[-1] == ["scancel", "4242_1"]
+    runner.squeue_out = "4242_0|RUNNING|None\n4242_2|RUNNING|None\n"  # the cancelled task is gone, unaccounted
+    shard = run_status(layout, Slurm(runner)).shards[1]
+    assert (shard.state, shard.reason) == ("cancelled", "shard_cancelled")
+    runner.squeue_out = ""
+    runner.sacct_out = "".join(f"4242_{i}|FAILED|1:0|None\n" for i in (0, 2))
+    for index in (0, 2):
+        write_attempt(layout, index, str(4250 + index), "failed", task=f"4242_{index}", reason="engine_failed")
+    status = run_status(layout, Slurm(runner))
+    assert [s.state for s in status.shards] == ["failed", "cancelled", "failed"]
+    assert status.state in TERMINAL  # wait returns
+    again = retry(layout, Slurm(runner), env)
+    assert again.shards == (0, 1, 2) and not layout.shard(1).cancelled.exists()
+    assert run_status(layout, Slurm(runner)).shards[1].state != "cancelled"

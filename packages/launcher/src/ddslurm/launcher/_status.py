@@ -439,6 +439,10 @@ def shard_status(
     status.job_id = job
     if job is None:
         return status
+    if state is None and os.path.lexists(layout.shard(index).cancelled):
+        status.state = "cancelled"  # cancel --shards of a pending task, which Slurm forgets once cancelled
+        status.reason = status.reason or "shard_cancelled"
+        return status
     if state is None:
         status.state = "unknown"  # neither squeue nor sacct knows it yet (accounting lag): not lost
         return status
@@ -460,7 +464,7 @@ def shard_status(
     elif latest is not None and latest.state == "cancelled":
         status.state = "cancelled"
     elif os.path.lexists(layout.shard(index).cancelled):
-        status.state = "cancelled"  # cancel --shards of a shard pulling allocations had not started
+        status.state = "cancelled"  # cancel --shards of a shard that had not started
         status.reason = status.reason or "shard_cancelled"
     elif state.reason == "not_claimed" and state.task is None:
         status.state = "failed"

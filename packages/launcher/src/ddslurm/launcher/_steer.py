@@ -152,7 +152,7 @@ def retry(
         layout.cancelled.rename(layout.cleared_cancel(moment.strftime("%Y%m%dT%H%M%S%f")))
     for index in todo:
         shard = layout.shard(index)
-        if os.path.lexists(shard.cancelled):  # cancel --shards of pulling allocations: the shard may run again
+        if os.path.lexists(shard.cancelled):  # cancel --shards: the shard may run again
             shard.cancelled.rename(shard.cleared_cancel(moment.strftime("%Y%m%dT%H%M%S%f")))
     if fresh:
         for index in todo:
@@ -345,13 +345,14 @@ def cancel(layout: RunLayout, slurm: Slurm, shards: list[int] | None = None, now
         return Cancelled(arrays, run=True, adopted=tuple(adopted))
     chosen = set(_pick_indices(shards, plan))
     sched = query(slurm, subs)
+    # Each chosen shard's cancel record first: a pulling allocation, which runs other shards too, stops this
+    # shard's generation step itself (and claims it no more) when it sees it; and a task cancelled while
+    # pending, which Slurm then forgets (neither squeue nor sacct lists it), still ends its shard `cancelled`.
+    for shard in sorted(chosen):
+        publish_once(layout.shard(shard).cancelled, encode(ShardCancelRecord(cancelled_at=moment.isoformat())))
     ids: list[str] = list(unrecorded)  # a submitter still at work on them: cancelled whole, not by task
     for sub in newest_first:
         if sub.tasks is not None:
-            # Pulling allocations run other shards too: each stops this shard's generation step itself (and
-            # claims it no more) when it sees the shard's cancel record.
-            for shard in sorted(chosen & set(sub.shards)):
-                publish_once(layout.shard(shard).cancelled, encode(ShardCancelRecord(cancelled_at=moment.isoformat())))
             continue
         for task, shard in enumerate(sub.shards):
             if shard not in chosen:
