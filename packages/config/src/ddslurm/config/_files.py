@@ -95,16 +95,22 @@ def make_private_dir(path: Path, *, exist_ok: bool = False) -> None:
             raise UnsafePathError(f"{path}: exists and is not a directory") from None
 
 
-def check_private_dir(path: Path, *, uid: int | None = None) -> None:
-    """``path`` is a real directory (not a symbolic link) owned by ``uid`` (this process's) that nobody else can
-    read, enter or change (no group or other bits)."""
-    uid = os.getuid() if uid is None else uid
+def _directory_stat(path: Path) -> os.stat_result:
+    """``lstat`` of ``path``, which must be a real directory (a symbolic link in its place is refused)."""
     try:
         st = os.lstat(path)
     except OSError as exc:
         raise UnsafePathError(f"{path}: cannot be examined: {exc.strerror}") from None
     if not stat.S_ISDIR(st.st_mode):
         raise UnsafePathError(f"{path}: is not a directory (a symbolic link or a file in its place)")
+    return st
+
+
+def check_private_dir(path: Path, *, uid: int | None = None) -> None:
+    """``path`` is a real directory (not a symbolic link) owned by ``uid`` (this process's) that nobody else can
+    read, enter or change (no group or other bits)."""
+    uid = os.getuid() if uid is None else uid
+    st = _directory_stat(path)
     if st.st_uid != uid:
         raise UnsafePathError(f"{path}: belongs to uid {st.st_uid}, not to this user (uid {uid}); refusing to use it")
     if st.st_mode & 0o077:
@@ -118,12 +124,7 @@ def check_not_swappable(path: Path, *, uid: int | None = None) -> None:
     """Nobody but ``uid`` (or root) can rename or replace what is inside directory ``path``: it is owned by them
     and writable by no one else, unless its sticky bit is set (then others cannot rename what they do not own)."""
     uid = os.getuid() if uid is None else uid
-    try:
-        st = os.lstat(path)
-    except OSError as exc:
-        raise UnsafePathError(f"{path}: cannot be examined: {exc.strerror}") from None
-    if not stat.S_ISDIR(st.st_mode):
-        raise UnsafePathError(f"{path}: is not a directory (a symbolic link or a file in its place)")
+    st = _directory_stat(path)
     if st.st_uid not in (uid, 0):
         raise UnsafePathError(
             f"{path}: belongs to uid {st.st_uid}, who could replace the runs in it; use a workspace of your own"
