@@ -25,6 +25,7 @@ from ddslurm.config import (
     SubmitPlanRecord,
     WinnerRecord,
     attempt_restart,
+    check_run_tree,
     read_json,
     read_plan,
     read_tail,
@@ -613,13 +614,18 @@ def _run_status(
 
 
 def find_run(ref: str, workspace: Path | None) -> RunLayout:
-    """A run directory given as a path, or a run id inside the workspace."""
+    """A run directory given as a path, or a run id inside the workspace; one that only its owner can change
+    (:func:`~ddslurm.config.check_run_tree`: another user's run, or one another user could have swapped, is
+    refused by every command)."""
     candidate = Path(ref)
     if (candidate / "run.json").is_file():
-        return RunLayout(candidate.resolve())
+        layout = RunLayout(candidate.resolve())
+        check_run_tree(layout.root)
+        return layout
     if workspace is not None:
         layout = RunLayout.in_workspace(workspace, ref)
         if layout.plan.is_file():
+            check_run_tree(layout.root)
             return layout
     where = f" or in {workspace / 'runs'}" if workspace else " (pass a run directory, or --profile to look up ids)"
     raise RunNotFoundError(f"no run {ref!r} found as a directory{where}")

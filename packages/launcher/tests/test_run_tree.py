@@ -1,0 +1,48 @@
+"""Issue 18: every command refuses a run directory that another user could have changed (its mode lets others in,
+or ``runs/`` / the workspace lets them rename it aside and put another in its place) before it reads the plan."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from ddslurm.config import UnsafePathError
+from ddslurm.launcher import find_run, prepare, write_run_dir
+from ddslurm.launcher.cli import main
+from ddslurm.launcher.testing import write_unit_run
+
+
+def _run_dir(tmp_path: Path) -> Path:
+    run, profile, env = write_unit_run(tmp_path, "sk-run-tree-test-0123456789")
+    prepared = prepare(run, profile, env, datetime.now(UTC), check_recipe=lambda *_: [])
+    write_run_dir(prepared)
+    return prepared.layout.root
+
+
+def test_a_run_directory_others_can_change_is_refused_by_every_lookup(tmp_path: Path) -> None:
+    root = _run_dir(tmp_path)
+    assert find_run(str(root), None).root == root  # as submit made it: 0700, in a private runs/ and workspace
+    for path, mode in ((root, 0o755), (root.parent, 0o777), (root.parent.parent, 0o770)):
+        path.chmod(mode)
+        with pytest.raises(UnsafePathError):
+            find_run(str(root), None)
+        with pytest.raises(UnsafePathError):
+            find_run(root.name, root.parent.parent)
+        path.chmod(0o700)
+    root.parent.chmod(0o1777)  # a shared runs/ with the sticky bit: nobody renames what is not theirs
+    assert find_run(root.name, root.parent.parent).root == root
+
+
+@pytest.mark.parametrize("command", [["status"], ["wait", "--timeout", "1"], ["retry"], ["cancel"], ["logs"]])
+def test_commands_refuse_it_with_a_json_error_before_touching_the_scheduler(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    root = _run_dir(tmp_path)
+    root.chmod(0o750)
+    code = main([command[0], str(root), *command[1:], "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code != 0 and "lets other users in" in out["error"]["message"] and str(root) in out["error"]["message"]
+    assert not any((root / "submissions").iterdir())  # nothing submitted, nothing recorded
