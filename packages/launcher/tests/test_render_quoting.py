@@ -11,7 +11,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from ddslurm.config import Resources, RunLayout
+from ddslurm.config import Resources, RunLayout, digest
 from ddslurm.config.testing import make_plan
 from ddslurm.launcher import Slurm, SubmitError, render_collection, render_generation, submit
 from ddslurm.launcher.testing import FakeSlurm, write_unit_run
@@ -110,7 +110,7 @@ def test_shell_lines_quote_every_value(
     plan = make_plan(python_env=str(env_dir), shard_rows=(1,) * 8)
     script = render_generation(plan, layout, shards, tasks=tasks, stage=stage)
     argv = _run_script(script, tmp_path, SLURM_ARRAY_TASK_ID="0")
-    assert argv == ["generate", "--run-dir", str(layout.root), *want]
+    assert argv == ["generate", "--run-dir", str(layout.root), "--plan-sha256", digest(plan), *want]
     assert not list(tmp_path.glob("pwned*"))
 
 

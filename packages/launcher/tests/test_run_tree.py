@@ -1,9 +1,12 @@
-"""Issue 18: every command refuses a run directory that another user could have changed (its mode lets others in,
-or ``runs/`` / the workspace lets them rename it aside and put another in its place) before it reads the plan."""
+"""Issue 18: scheduler commands (so the jobs) run under umask 077, and every command refuses a run directory that
+another user could have changed (its mode lets others in, or ``runs/`` / the workspace lets them rename it aside
+and put another in its place) before it reads the plan."""
 
 from __future__ import annotations
 
 import json
+import os
+import stat
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -11,6 +14,7 @@ import pytest
 
 from ddslurm.config import UnsafePathError
 from ddslurm.launcher import find_run, prepare, write_run_dir
+from ddslurm.launcher._slurm import SubprocessRunner
 from ddslurm.launcher.cli import main
 from ddslurm.launcher.testing import write_unit_run
 
@@ -46,3 +50,15 @@ def test_commands_refuse_it_with_a_json_error_before_touching_the_scheduler(
     out = json.loads(capsys.readouterr().out)
     assert code != 0 and "lets other users in" in out["error"]["message"] and str(root) in out["error"]["message"]
     assert not any((root / "submissions").iterdir())  # nothing submitted, nothing recorded
+
+
+def test_scheduler_commands_run_owner_only_so_the_jobs_and_the_logs_slurm_writes_are(tmp_path: Path) -> None:
+    """sbatch hands its umask to the job (SLURM_UMASK): at a submitting umask of 000 the jobs' Slurm logs were
+    0666. Every scheduler command now runs under umask 077 whatever the caller's."""
+    old = os.umask(0)
+    try:
+        done = SubprocessRunner(timeout_s=10)(["sh", "-c", f"umask; touch {tmp_path / 'log'}"])
+    finally:
+        os.umask(old)
+    assert done.stdout.strip() == "0077"
+    assert stat.S_IMODE((tmp_path / "log").stat().st_mode) == 0o600

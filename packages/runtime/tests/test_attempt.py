@@ -30,6 +30,7 @@ from ddslurm.config import (
     encode_pretty,
     make_private_dir,
     read_json,
+    read_plan,
     sha256_bytes,
 )
 from ddslurm.config.testing import make_plan
@@ -593,3 +594,22 @@ def test_progress_moves_within_a_batch_and_resets_when_the_batch_is_written(tmp_
     assert (during.rows, during.in_batch) == (0, 1)  # one cell of the recipe's one column: one record underway
     after = read_json(layout.shard(0).attempt("attempt-111").progress, Progress)
     assert (after.rows, after.in_batch) == (4, 0)
+
+
+def test_the_inputs_are_refused_from_a_run_tree_others_can_change_or_with_another_plan(tmp_path: Path) -> None:
+    """Issue 18: another user renamed a queued run aside and put a plan of theirs in its place; the job read it
+    (the digests were checked against the plan of that same directory) and received the victim's API key."""
+    layout = _run(tmp_path)
+    submitted = load_inputs(layout).plan_sha256
+    assert load_inputs(layout, plan_sha256=submitted).plan.run_id == "run-1"
+    swapped = msgspec.structs.replace(read_plan(layout.plan), secret_env=("T_KEY", "OTHER_KEY"))
+    atomic_write(layout.plan, encode(swapped))
+    with pytest.raises(InputsError, match="replaced after submission"):
+        load_inputs(layout, plan_sha256=submitted)
+    layout.root.chmod(0o755)
+    with pytest.raises(InputsError, match="lets other users in"):
+        load_inputs(layout)
+    layout.root.chmod(0o700)
+    layout.root.parent.chmod(0o777)
+    with pytest.raises(InputsError, match="rename or replace"):
+        load_inputs(layout)

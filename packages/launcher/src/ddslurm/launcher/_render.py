@@ -12,7 +12,7 @@ import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
-from ddslurm.config import Plan, Resources, RunLayout, compact_ranges
+from ddslurm.config import Plan, Resources, RunLayout, compact_ranges, digest
 from ddslurm.launcher.errors import SubmitError
 
 TIME_LIMIT_WARNING_S = 90
@@ -126,7 +126,10 @@ def render_generation(
     name = f"ddslurm-{plan.run_name}" + ("-cpu" if stage == 1 else "")
     header = f"{_header(name, directives)}\n\n{_PRELUDE}\n\n"
     staged = [] if stage is None else ["--stage", str(int(stage))]
-    command = shlex.join(["exec", tool(plan, "ddslurm-runtime"), "generate", "--run-dir", str(layout.root)])
+    # The plan's digest: Slurm keeps its own copy of this script, so a run directory swapped while the job is
+    # queued (another plan in its place) is refused by the job instead of receiving the run's secrets.
+    runtime = tool(plan, "ddslurm-runtime")
+    command = shlex.join(["exec", runtime, "generate", "--run-dir", str(layout.root), "--plan-sha256", digest(plan)])
     if tasks is not None:
         return f"{header}{command} {shlex.join(['--pool', compact_ranges(shards), *staged])}\n"
     # The one unquoted word: shell arithmetic on SLURM_ARRAY_TASK_ID, made of whole numbers only.

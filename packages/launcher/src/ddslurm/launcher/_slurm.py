@@ -34,6 +34,8 @@ class Runner(Protocol):
 
 
 DEFAULT_TIMEOUT_S = 120.0
+JOB_UMASK = 0o077
+"""The umask of every scheduler command ddslurm runs, so of every job it submits (and the logs Slurm opens)."""
 TIMEOUT_ENV = "DDSLURM_SLURM_TIMEOUT"
 """Seconds every scheduler command may take (sbatch, squeue, sacct, scancel, scontrol, sacctmgr, sinfo)."""
 
@@ -81,6 +83,9 @@ class SubprocessRunner:
                 stderr=subprocess.PIPE,
                 text=True,
                 start_new_session=True,
+                # sbatch hands its umask to the job (SLURM_UMASK): the logs Slurm writes for the run's jobs are
+                # then owner-only whatever the submitting shell's umask.
+                umask=JOB_UMASK,
             )
         except FileNotFoundError:
             raise SlurmError(args, 127, f"{args[0]}: command not found (is Slurm installed and on PATH?)") from None
