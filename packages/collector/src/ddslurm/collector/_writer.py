@@ -6,12 +6,14 @@ import contextlib
 import hashlib
 import io
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ddslurm.collector.errors import OutputWriteError
 from ddslurm.config import FileEntry
 
 ROW_GROUP_ROWS = 128 * 1024
@@ -87,7 +89,20 @@ class PartWriter:
         self._sink: _HashingFile | None = None
         self.files: list[FileEntry] = []
 
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """A write that fails (a full disk or quota: any OSError, from the file or from Parquet's writer) is an
+        :class:`OutputWriteError` naming the file."""
+        try:
+            yield
+        except OSError as exc:
+            raise OutputWriteError(self._dir / f"part-{len(self.files):05d}.parquet", exc) from exc
+
     def add(self, table: pa.Table) -> None:
+        with self._writing():
+            self._add(table)
+
+    def _add(self, table: pa.Table) -> None:
         rows = table.num_rows
         row_bytes = table.nbytes / rows if rows else 0.0
         offset = 0
@@ -128,8 +143,9 @@ class PartWriter:
 
     def close(self) -> list[FileEntry]:
         """Write what is pending and close the last file; the written files with their size and sha256."""
-        self._flush()
-        self._close_file()
+        with self._writing():
+            self._flush()
+            self._close_file()
         return self.files
 
     def abort(self) -> None:

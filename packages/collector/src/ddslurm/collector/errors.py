@@ -5,11 +5,13 @@ CollectError                root: the dataset cannot be collected; nothing was p
 ├── WinnerUnreadableError   a shard's ``winner.json`` cannot be read or does not describe that shard
 ├── BatchChangedError       a winner's batch file is missing or differs from what was published (size, sha256)
 ├── SchemaConflictError     a column has types that cannot be unified without changing values
-└── DestinationExistsError  the destination exists and ``overwrite`` was not given
+├── DestinationExistsError  the destination exists and ``overwrite`` was not given
+└── OutputWriteError        an output file could not be written (a full disk or quota, an I/O error)
 """
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 
 
@@ -53,3 +55,14 @@ class SchemaConflictError(CollectError):
 
 class DestinationExistsError(CollectError):
     pass
+
+
+class OutputWriteError(CollectError):
+    """Writing ``path`` failed with ``cause`` (ENOSPC or EDQUOT: the file system or the quota is full); the
+    collection removes its staging directory, so nothing was published."""
+
+    def __init__(self, path: Path, cause: OSError) -> None:
+        self.path = path
+        self.cause = cause
+        full = ": the file system or your quota is full" if cause.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+        super().__init__(f"cannot write {path}: {cause.strerror or cause}{full}; nothing was published")

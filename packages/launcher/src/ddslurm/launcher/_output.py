@@ -20,7 +20,7 @@ from ddslurm.collector import CollectError
 from ddslurm.config import ConfigError, PlannedArray, compact_ranges
 from ddslurm.launcher._slurm import SlurmTimeoutError
 from ddslurm.launcher._submit import HEADROOM, PartialSubmitError, SubmissionPlan, array_tasks, failure_chain
-from ddslurm.launcher.errors import LauncherError, RunNotFoundError, SlurmError, SubmitError, UsageError
+from ddslurm.launcher.errors import LauncherError, RunNotFoundError, SlurmError, SubmitError, UsageError, WriteError
 from ddslurm.providers import ProvidersError
 
 SIGNAL_BASE = 128
@@ -51,6 +51,7 @@ class ErrorCode(StrEnum):
     SLURM_TIMEOUT = "slurm_timeout"
     TIMEOUT = "timeout"
     COLLECT_FAILED = "collect_failed"
+    WRITE_FAILED = "write_failed"
     RUN_UNREADABLE = "run_unreadable"
     INTERRUPTED = "interrupted"
     TERMINATED = "terminated"
@@ -116,6 +117,8 @@ def error_report(exc: BaseException, command: str | None) -> ErrorReport:
     for kind, code, exit_code in fixed:
         if isinstance(exc, kind):
             return ErrorReport(code, message, exit_code)
+    if isinstance(exc, WriteError):
+        return ErrorReport(ErrorCode.WRITE_FAILED, message, _submit_exit(command))
     if isinstance(exc, SlurmTimeoutError):
         return ErrorReport(ErrorCode.SLURM_TIMEOUT, message, _submit_exit(command))
     if isinstance(exc, SlurmError):

@@ -36,6 +36,7 @@ from ddslurm.config import (
     SubmissionKind,
     SubmissionRecord,
     SubmitPlanRecord,
+    UnsafePathError,
     atomic_write,
     compact_ranges,
     encode,
@@ -53,7 +54,7 @@ from ddslurm.launcher._render import array_spec, render_generation
 from ddslurm.launcher._seed import CountRows, SeedCapture, capture_seed, dd_seed_columns, dd_seed_rows
 from ddslurm.launcher._slurm import SchedulerLimits, Slurm, SlurmTimeoutError
 from ddslurm.launcher._validate import dd_check_recipe
-from ddslurm.launcher.errors import LauncherError, SubmitError
+from ddslurm.launcher.errors import LauncherError, SubmitError, WriteError
 from ddslurm.planner import PlanError, PlanInputs, compile_plan
 from ddslurm.providers import (
     AliasRow,
@@ -226,9 +227,10 @@ def plan_stages(
     return Staging(stages=stages, reason=split.reason, column_order=order)
 
 
-def copy_seed(seed: SeedCapture) -> None:
-    """Copy the seed files into the run's inputs, each checked against the digest the plan records."""
-    root = Path(seed.plan.root)
+def copy_seed(seed: SeedCapture, layout: RunLayout, into: RunLayout) -> None:
+    """Copy the seed files into the run's inputs (``into``: where the run directory of ``layout`` is being
+    built), each checked against the digest the plan records."""
+    root = into.root / Path(seed.plan.root).relative_to(layout.root)
     make_private_dir(root.parent, exist_ok=True)
     make_private_dir(root, exist_ok=True)
     for source, entry in zip(seed.sources, seed.plan.files, strict=True):
@@ -241,23 +243,52 @@ def copy_seed(seed: SeedCapture) -> None:
         atomic_write(target, data)
 
 
-def write_run_dir(p: Prepared) -> None:
-    layout = p.layout
-    make_private_dir(layout.root)
-    for d in (layout.inputs, layout.submissions, layout.logs, layout.shards):
+def _write_inputs(p: Prepared, into: RunLayout) -> None:
+    """The run directory's contents, written into ``into`` (the plan names its final place, ``p.layout``)."""
+    make_private_dir(into.root)
+    for d in (into.inputs, into.submissions, into.logs, into.shards):
         make_private_dir(d)
     for spec in p.plan.shards:
-        shard = layout.shard(spec.index)
+        shard = into.shard(spec.index)
         make_private_dir(shard.dir)
         make_private_dir(shard.attempts)
     if p.seed is not None:
-        copy_seed(p.seed)
-    atomic_write(layout.run_file, p.run_bytes)
-    atomic_write(layout.recipe, p.recipe_bytes)
+        copy_seed(p.seed, p.layout, into)
+    atomic_write(into.run_file, p.run_bytes)
+    atomic_write(into.recipe, p.recipe_bytes)
     if p.recipe_source is not None:
-        atomic_write(layout.recipe_source, p.recipe_source)
-    atomic_write(layout.snapshot, p.snapshot_bytes)
-    atomic_write(layout.plan, encode_pretty(p.plan))
+        atomic_write(into.recipe_source, p.recipe_source)
+    atomic_write(into.snapshot, p.snapshot_bytes)
+    atomic_write(into.plan, encode_pretty(p.plan))
+
+
+NOTHING_LEFT = "nothing was submitted and no run directory was left"
+
+
+def write_run_dir(p: Prepared) -> None:
+    """Write the run directory whole or not at all: it is built in a hidden sibling (``.<run_id>.partial-<hex>``,
+    0700) and renamed into place once complete, so no reader ever sees part of it. A write that fails (a full
+    disk or quota: any OSError) removes what was made and raises :class:`WriteError`."""
+    final = p.layout.root
+    staging = RunLayout(final.with_name(f".{final.name}.partial-{secrets.token_hex(4)}"))
+    try:
+        make_private_dir(final.parent, exist_ok=True)
+        if os.path.lexists(final):
+            raise UnsafePathError(f"{final}: already exists")
+        _write_inputs(p, staging)
+        # rename(2) would replace an empty directory made at ``final`` meanwhile, never a run: a run id is unique
+        staging.root.rename(final)
+        fd = os.open(final.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        shutil.rmtree(staging.root, ignore_errors=True)
+        raise WriteError(f"the run directory {final}", exc, NOTHING_LEFT) from exc
+    except BaseException:
+        shutil.rmtree(staging.root, ignore_errors=True)
+        raise
 
 
 HEADROOM = 0.9
@@ -810,5 +841,10 @@ def submit(
         shutil.rmtree(layout.root, ignore_errors=True)  # nothing reached Slurm: leave nothing behind
         if isinstance(exc.cause, LauncherError):
             raise exc.cause from None
+        if isinstance(exc.cause, OSError):
+            raise WriteError(f"the batch script of run {layout.run_id}", exc.cause, NOTHING_LEFT) from exc.cause
         raise SubmitError(f"nothing was submitted: {exc.cause}") from exc.cause
+    except OSError as exc:  # the submit lock or the submission plan, before any sbatch
+        shutil.rmtree(layout.root, ignore_errors=True)
+        raise WriteError(f"the submission plan of run {layout.run_id}", exc, NOTHING_LEFT) from exc
     return Submitted(layout, plan, job_ids[0], prepared.aliases, tuple(job_ids), planned.arrays)

@@ -27,7 +27,6 @@ import msgspec
 import typer
 from typer.main import get_command
 
-from ddslurm.collector import collect_command
 from ddslurm.config import (
     ProviderSnapshot,
     RunLayout,
@@ -38,7 +37,7 @@ from ddslurm.config import (
     read_plan,
 )
 from ddslurm.launcher._bill import bill_lines, make_bill
-from ddslurm.launcher._collect import collect_job_command
+from ddslurm.launcher._collect import collect_job_command, collect_local_command
 from ddslurm.launcher._console import (
     FileProgress,
     RunDisplay,
@@ -79,7 +78,7 @@ from ddslurm.launcher._steer import (
     retry,
 )
 from ddslurm.launcher._submit import new_stamp, plan_submission, prepare, read_limits, submit
-from ddslurm.launcher.errors import SlurmError, UsageError
+from ddslurm.launcher.errors import DISK_FULL, SlurmError, UsageError, WriteError
 from ddslurm.providers import check_endpoints, describe_run
 from ddslurm.providers.cli import print_resolution
 
@@ -763,7 +762,7 @@ def cmd_collect(
     if local:
         progress = FileProgress(session.out) if live else None
         with progress.progress if progress is not None else nullcontext():
-            code = collect_command(
+            code = collect_local_command(
                 layout,
                 overwrite=overwrite,
                 as_json=session.json,
@@ -952,6 +951,10 @@ def main(
             session.out.flush()
         except REPORTED as exc:
             code = _report(exc, session)
+        except OSError as exc:  # a full disk or quota wherever a command writes: an error, not a traceback
+            if exc.errno not in DISK_FULL:
+                raise
+            code = _report(WriteError(f"what {session.command or 'the command'} writes", exc), session)
     except (PipeClosed, BrokenPipeError):
         return _quiet_exit(session.out)
     except SystemExit as exc:  # shell completion (--show-completion, --install-completion) exits by itself

@@ -5,11 +5,18 @@ LauncherError            root of every error the ddslurm CLI reports
 ├── RunNotFoundError     RUN names no run directory
 ├── InitError            ddslurm init wrote nothing (its files exist, or the cluster could not be read)
 ├── UsageError           a command-line value the run does not have (a shard, an attempt) or cannot take
+├── WriteError           a file could not be written (a full disk or quota, an I/O error); what was half-written
+│                        was removed
 └── SubmitError          the run cannot be submitted (inputs invalid); nothing was left behind
     └── RecipeError      a builder script (recipe: build.py, module:function) failed or returned no config
 """
 
 from __future__ import annotations
+
+import errno
+
+DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+"""The errors of a full file system or quota."""
 
 
 class LauncherError(Exception):
@@ -30,6 +37,18 @@ class RunNotFoundError(LauncherError):
 
 class UsageError(LauncherError):
     pass
+
+
+class WriteError(LauncherError):
+    """``what`` could not be written (``cause``: the OSError, a full disk or quota most often); ``after``: what the
+    command did about it (``nothing was submitted and no run directory was left``)."""
+
+    def __init__(self, what: str, cause: OSError, after: str = "") -> None:
+        self.cause = cause
+        where = f" ({cause.filename})" if cause.filename else ""
+        full = ": the file system or your quota is full" if cause.errno in DISK_FULL else ""
+        then = f"; {after}" if after else ""
+        super().__init__(f"cannot write {what}: {cause.strerror or cause}{where}{full}{then}")
 
 
 class SubmitError(LauncherError):
