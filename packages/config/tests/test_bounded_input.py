@@ -99,6 +99,16 @@ def test_other_yaml_may_use_aliases_within_a_cap(tmp_path: Path) -> None:
     assert "aliases repeat more than 100000 nodes" in err.message
 
 
+def test_text_given_in_memory_has_the_same_limits_and_names_its_origin(tmp_path: Path) -> None:
+    # A builder script's config arrives as text: read_yaml(origin, text=...) parses it under the same caps.
+    origin = Path("build.py:load_config()")
+    err = _error(lambda p: read_yaml(p, text=BOMB), origin)
+    assert str(err).startswith("build.py:load_config():6:") and "aliases repeat more than 100000 nodes" in err.message
+    err = _error(lambda p: read_yaml(p, text="#" * (16 << 20) + "\n"), origin)
+    assert "larger than 16 MiB" in err.message
+    assert to_builtins(read_yaml(origin, text="a: [1, 2]\n")) == {"a": [1, 2]}
+
+
 def test_a_recursive_alias_is_refused(tmp_path: Path) -> None:
     path = _write(tmp_path, "a: &x\n  b: *x\n", "recipe.yaml")
     err = _error(read_yaml, path)
