@@ -806,13 +806,13 @@ class Controller:
         for proxy in self._proxies.values():
             if proxy.step.poll() is not None:
                 continue
-            answered = answers(self._http, proxy.url, self._token)
+            answered = answers(self._http, proxy.url)
             if self._strike(proxy.step, answered, failures, log, "proxy.unresponsive", "proxy.hung", "no answer"):
                 proxy.hung = True
         for reps in replicas.values():
             for r in reps:
                 if r.step.poll() is None:
-                    healthy = is_healthy(self._http, r.url, self._token)
+                    healthy = is_healthy(self._http, r.url)
                     self._strike(
                         r.step,
                         healthy,

@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import functools
 import hmac
 import json
@@ -56,6 +57,7 @@ import aiohttp
 from aiohttp import web
 from yarl import URL
 
+from ddslurm.runtime._listeners import ListenerNotOursError, check_own_listener
 from ddslurm.runtime._log import new_logger
 from ddslurm.runtime._serving import TOKEN_ENV, auth_headers
 
@@ -149,12 +151,14 @@ def parse_waiting(text: str) -> int:
 class _Upstream:
     """One replica and what the proxy knows about it (only touched from the event loop)."""
 
-    __slots__ = ("base", "failed", "healthy", "in_flight", "recheck", "served", "url", "waiting")
+    __slots__ = ("base", "dead", "failed", "healthy", "in_flight", "recheck", "served", "url", "verified", "waiting")
 
     def __init__(self, url: str) -> None:
         self.url = url
         self.base = url.rstrip("/")
         self.healthy = False
+        self.verified = False  # its listener was once proved to be this user's
+        self.dead = False  # gone after it was verified, or another user's: never probed or chosen again
         self.in_flight = 0
         self.waiting = 0
         self.served = 0
@@ -165,12 +169,18 @@ class _Upstream:
         return {
             "url": self.url,
             "healthy": self.healthy,
+            "dead": self.dead,
             "saturated": self.waiting > max_waiting,
             "in_flight": self.in_flight,
             "waiting": self.waiting,
             "served": self.served,
             "failed": self.failed,
         }
+
+
+def _refused(exc: BaseException) -> bool:
+    """The connection was refused: nothing listens on the upstream's port any more."""
+    return isinstance(exc, aiohttp.ClientConnectorError) and exc.os_error.errno == errno.ECONNREFUSED
 
 
 def _error(status: int, kind: str, message: str) -> web.Response:
@@ -217,8 +227,7 @@ class Proxy:
             connector=aiohttp.TCPConnector(limit=0, force_close=True),
             timeout=aiohttp.ClientTimeout(total=cfg.probe_timeout),
             cookie_jar=aiohttp.DummyCookieJar(),
-            headers=auth_headers(cfg.token),
-            trust_env=False,
+            trust_env=False,  # no token: /health and /metrics need none, and the listener may be another user's
         )
         try:
             await asyncio.gather(*(self._probe_health(up) for up in self._upstreams))
@@ -282,6 +291,7 @@ class Proxy:
         self._changed = asyncio.Event()
 
     def _set_health(self, up: _Upstream, healthy: bool, reason: str) -> None:
+        healthy = healthy and not up.dead
         if up.healthy == healthy:
             return
         up.healthy = healthy
@@ -296,16 +306,39 @@ class Proxy:
 
     def _failed(self, up: _Upstream, exc: BaseException, where: str) -> None:
         up.failed += 1
+        if _refused(exc):
+            self._gone(up)
         self._set_health(up, False, f"{where}: {type(exc).__name__}: {exc}")
         up.recheck.set()
 
+    def _gone(self, up: _Upstream) -> None:
+        """A verified upstream that refuses connections has died: its port is free for anyone to take, so it is
+        out for good (a restarted replica comes behind a new proxy, verified again)."""
+        if up.verified and not up.dead:
+            up.dead = True
+            self._log.warning("proxy.upstream_dead", upstream=up.url, reason="its listener has gone")
+
     async def _probe_health(self, up: _Upstream) -> None:
+        """``GET /health`` without the token; an answer counts only from a listener proved to be this user's
+        (:func:`~ddslurm.runtime._listeners.check_own_listener`): another user's is out for good."""
+        if up.dead:
+            return
         assert self._probes is not None
         try:
             async with self._probes.get(up.base + "/health") as response:
                 healthy, reason = response.status == 200, f"/health answered {response.status}"
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            if _refused(exc):
+                self._gone(up)
             healthy, reason = False, f"/health failed: {type(exc).__name__}: {exc}"
+        if healthy:
+            try:
+                check_own_listener(up.base)
+            except ListenerNotOursError as exc:
+                up.dead, healthy, reason = True, False, exc.message
+                self._log.warning("proxy.upstream_dead", upstream=up.url, reason=reason)
+            else:
+                up.verified = True
         self._set_health(up, healthy, reason)
 
     async def _scrape(self, up: _Upstream) -> None:
@@ -324,7 +357,7 @@ class Proxy:
 
     async def _health_loop(self, up: _Upstream) -> None:
         interval = self.config.health_interval
-        while True:
+        while not up.dead:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(interval):
                     await up.recheck.wait()
@@ -333,7 +366,7 @@ class Proxy:
 
     async def _metrics_loop(self, up: _Upstream) -> None:
         interval = self.config.metrics_interval
-        while True:
+        while not up.dead:
             await asyncio.sleep(interval)
             if up.healthy:
                 await self._scrape(up)

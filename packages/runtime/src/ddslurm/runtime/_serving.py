@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 
 from ddslurm.config import DeploymentPlan, ServingPlan, read_tail
+from ddslurm.runtime._listeners import check_own_listener
 from ddslurm.runtime._steps import Step
 from ddslurm.runtime.errors import RuntimeFailure
 
@@ -153,20 +154,21 @@ def check_gpus(serving: ServingPlan, env: Mapping[str, str]) -> list[str]:
     return gpus
 
 
-def is_healthy(client: httpx.Client, base_url: str, token: str | None = None) -> bool:
+def is_healthy(client: httpx.Client, base_url: str) -> bool:
+    """``GET /health`` answers 200. Never with the token: vLLM's ``/health`` and the proxy's need none, and
+    whatever answers on a port may be another user's (:mod:`ddslurm.runtime._listeners`)."""
     try:
-        return (
-            client.get(f"{base_url}/health", headers=auth_headers(token), timeout=HEALTH_TIMEOUT_S).status_code == 200
-        )
+        return client.get(f"{base_url}/health", timeout=HEALTH_TIMEOUT_S).status_code == 200
     except httpx.HTTPError:
         return False
 
 
-def answers(client: httpx.Client, base_url: str, token: str | None = None) -> bool:
+def answers(client: httpx.Client, base_url: str) -> bool:
     """Whether anything answers ``GET /health`` at all (any status): the process is alive and serving, even
-    if it reports itself unhealthy (a proxy says 503 while none of its replicas is healthy)."""
+    if it reports itself unhealthy (a proxy says 503 while none of its replicas is healthy). Without the token,
+    as :func:`is_healthy`."""
     try:
-        client.get(f"{base_url}/health", headers=auth_headers(token), timeout=HEALTH_TIMEOUT_S)
+        client.get(f"{base_url}/health", timeout=HEALTH_TIMEOUT_S)
     except httpx.HTTPError:
         return False
     return True
@@ -253,9 +255,11 @@ def wait_ready(
 ) -> float:
     """Poll /health (then /v1/models for the served name) until ready; fail fast if the process exits.
 
-    ``token`` is sent with every probe (vLLM's ``/health`` needs none, ``/v1/models`` does).
-    Returns the seconds it took. Raises ServerStartError (process died) or ServerNotReadyError (deadline),
-    each with the tail of the step's log.
+    ``/health`` is asked without the token (vLLM's needs none); before ``/v1/models``, which needs it, the
+    listener on the port must be this user's (:func:`~ddslurm.runtime._listeners.check_own_listener`): another
+    user who took the port first, and answers like vLLM, gets no token and is never called ready.
+    Returns the seconds it took. Raises ServerStartError (process died), ServerNotReadyError (deadline), each
+    with the tail of the step's log, or ListenerNotOursError (the port is another user's).
     """
     start = clock()
     deadline = start + timeout
@@ -266,10 +270,10 @@ def wait_ready(
                 f"{step.name} exited with status {code} before it was ready; last lines of {step.spec.log}:\n"
                 f"{read_tail(step.spec.log)}"
             )
-        if is_healthy(client, base_url, token) and (
-            served_name is None or _serves(client, base_url, served_name, token)
-        ):
-            return clock() - start
+        if is_healthy(client, base_url):
+            check_own_listener(base_url)
+            if served_name is None or _serves(client, base_url, served_name, token):
+                return clock() - start
         if clock() >= deadline:
             raise ServerNotReadyError(
                 f"{step.name} was not ready after {timeout:.0f} s (server.startup_timeout); last lines of "

@@ -8,7 +8,8 @@ RuntimeFailure           root: the attempt failed; ``reason`` is a stable code f
 └── VerificationError    the candidate dataset is unreadable, short, or leaks a secret
     └── EmptyOutputsError  LLM columns hold more empty or null values than ``max_empty_outputs`` (retryable)
 
-The serving errors (``server_*``, ``proxy_died``, ``gpu_mismatch``, ``port_unavailable``) live in ``_serving.py``.
+The serving errors (``server_*``, ``proxy_died``, ``gpu_mismatch``, ``port_unavailable``) live in ``_serving.py``;
+``server_port_taken`` (another user holds a server's port) in ``_listeners.py``.
 """
 
 from __future__ import annotations

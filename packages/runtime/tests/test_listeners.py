@@ -1,0 +1,201 @@
+"""Issue 18: another user on the node who takes a server's port, before the server binds it or after it died, and
+answers like vLLM, gets no token and no traffic. The squatter here is a real process of another uid (``nobody``),
+listening on loopback and recording every request it gets."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from ddslurm.runtime._listeners import ListenerNotOursError, check_own_listener, listeners
+from ddslurm.runtime._proxy import Proxy, ProxyConfig
+from ddslurm.runtime._serving import ServerStartError, wait_ready
+from ddslurm.runtime._steps import StepSpec
+
+TOKEN = "attempt-token-listeners-0123456789"
+NOBODY = 65534
+SYSTEM_PYTHON = "/usr/bin/python3"  # readable by another user (the project's venv may not be)
+
+# Answers like vLLM (/health 200, /v1/models lists "served", chat completions) and prints one JSON line per request
+# with its path and Authorization header, as an impostor would collect them.
+SQUATTER = r"""
+import json, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+class H(BaseHTTPRequestHandler):
+    def _answer(self):
+        print(json.dumps({"path": self.path, "auth": self.headers.get("Authorization")}), flush=True)
+        body = json.dumps({"data": [{"id": "served"}], "choices": [{"message": {"content": "impostor"}}]}).encode()
+        self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
+        self.wfile.write(body)
+    do_GET = do_POST = _answer
+    def log_message(self, *a): pass
+server = HTTPServer(("127.0.0.1", int(sys.argv[1])), H)
+print(json.dumps({"listening": server.server_port}), flush=True)
+server.serve_forever()
+"""
+
+pytestmark = pytest.mark.skipif(
+    os.getuid() != 0 or not Path(SYSTEM_PYTHON).exists(), reason="a squatter of another uid needs root to start it"
+)
+
+
+class Squatter:
+    def __init__(self, port: int) -> None:
+        self.proc = subprocess.Popen(
+            [SYSTEM_PYTHON, "-c", SQUATTER, str(port)], user=NOBODY, group=NOBODY, stdout=subprocess.PIPE, text=True,
+            cwd="/",
+        )  # fmt: skip
+        assert self.proc.stdout is not None
+        first = json.loads(self.proc.stdout.readline())
+        self.port = int(first["listening"])
+        self.requests: list[dict[str, Any]] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.requests.append(json.loads(line))
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+        self._reader.join(timeout=5)
+
+
+@contextlib.contextmanager
+def squatting(port: int = 0) -> Iterator[Squatter]:
+    squatter = Squatter(port)
+    try:
+        yield squatter
+    finally:
+        squatter.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_the_kernel_tables_tell_whose_listener_a_port_has() -> None:
+    with socket.socket() as own:
+        own.bind(("127.0.0.1", 0))
+        own.listen()
+        port = own.getsockname()[1]
+        assert any(ln.port == port and ln.uid == os.getuid() for ln in listeners())
+        check_own_listener(f"http://127.0.0.1:{port}/v1")
+        check_own_listener(f"http://localhost:{port}")
+    with pytest.raises(ListenerNotOursError, match="nothing listens"):
+        check_own_listener(f"http://127.0.0.1:{port}")
+    with squatting() as squatter, pytest.raises(ListenerNotOursError, match=f"held by uid {NOBODY}"):
+        check_own_listener(f"http://127.0.0.1:{squatter.port}/v1")
+    check_own_listener("https://api.example.com/v1")  # a hosted endpoint by name: not a local listener
+
+
+class _LiveStep:
+    """A server step that is still starting (it never exits here): the squatter holds its port."""
+
+    name = "server-gen-0"
+
+    def __init__(self, log: Path) -> None:
+        self.spec = StepSpec(name=self.name, argv=("vllm",), env={}, log=log)
+
+    def poll(self) -> int | None:
+        return None
+
+
+def test_a_squatter_that_took_the_port_first_gets_no_token_and_is_never_called_ready(tmp_path: Path) -> None:
+    """Before: the readiness probes carried the token to whoever answered, and called the impostor ready in 0.01 s."""
+    with squatting() as squatter, httpx.Client() as client:
+        with pytest.raises(ListenerNotOursError, match=f"uid {NOBODY}"):
+            wait_ready(
+                _LiveStep(tmp_path / "server.log"),  # type: ignore[arg-type]
+                f"http://127.0.0.1:{squatter.port}",
+                "served",
+                10.0,
+                client=client,
+                token=TOKEN,
+                interval=0.05,
+            )
+        time.sleep(0.2)
+    assert squatter.requests, "the squatter was never even asked /health"
+    assert all(r["auth"] is None for r in squatter.requests), squatter.requests
+    assert {r["path"] for r in squatter.requests} == {"/health"}
+
+
+def test_a_server_that_dies_before_it_is_ready_still_fails_fast(tmp_path: Path) -> None:
+    class Exited(_LiveStep):
+        def poll(self) -> int | None:
+            return 3
+
+    (tmp_path / "server.log").write_text("address already in use\n")
+    with httpx.Client() as client, pytest.raises(ServerStartError, match="address already in use"):
+        wait_ready(Exited(tmp_path / "server.log"), f"http://127.0.0.1:{_free_port()}", "served", 5.0, client=client)  # type: ignore[arg-type]
+
+
+def _proxy(upstreams: list[str]) -> Proxy:
+    from ddslurm.runtime._log import new_logger
+
+    config = ProxyConfig(
+        listen_host="127.0.0.1", listen_port=0, upstreams=tuple(upstreams), token=TOKEN, health_interval=0.1,
+        unavailable_grace=0.3, metrics_interval=0.1,
+    )  # fmt: skip
+    return Proxy(config, new_logger(sys.stderr.buffer, component="proxy"))
+
+
+def test_the_proxy_never_sends_the_token_or_a_request_to_a_squatter_before_or_after_a_replica_died() -> None:
+    """Before: the proxy's once-a-second /health probe carried the token to a listener that took a dead replica's
+    port, and put it back into rotation (3 of 6 collected rows held the impostor's text)."""
+
+    async def scenario() -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[int]]:
+        replica = socket.socket()  # our own replica: a listener of this uid that answers like vLLM
+        replica.bind(("127.0.0.1", 0))
+        replica_port = replica.getsockname()[1]
+        replica.close()
+        from fake_vllm.testing import start_server
+
+        statuses: list[int] = []
+        with squatting() as early:
+            proxy = _proxy([f"http://127.0.0.1:{early.port}", f"http://127.0.0.1:{replica_port}"])
+            with start_server("own", args=["--served-model-name", "served"], api_key=TOKEN, port=replica_port) as own:
+                port = await proxy.start()
+                try:
+                    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+                        auth = {"Authorization": f"Bearer {TOKEN}"}
+                        body = {"model": "served", "messages": [{"role": "user", "content": "hi"}]}
+                        for _ in range(6):
+                            statuses.append(
+                                (await client.post("/v1/chat/completions", json=body, headers=auth)).status_code
+                            )
+                        own.proc.kill()  # the replica dies; another user takes its port at once
+                        own.proc.wait()
+                        with squatting(replica_port) as late:
+                            for _ in range(4):
+                                await asyncio.sleep(0.15)
+                                statuses.append(
+                                    (await client.post("/v1/chat/completions", json=body, headers=auth)).status_code
+                                )
+                            late_requests = list(late.requests)
+                finally:
+                    await proxy.stop()
+            return list(early.requests), late_requests, statuses
+
+    early, late, statuses = asyncio.run(scenario())
+    assert statuses[:6] == [200] * 6  # the own replica served while the squatter was out of rotation
+    assert all(s != 200 for s in statuses[6:])  # no upstream left: nothing served by the impostor
+    assert all(r["auth"] is None for r in early + late), early + late
+    assert all(r["path"] == "/health" for r in early) and not any(r["path"].startswith("/v1") for r in late)
