@@ -20,6 +20,7 @@ from ddslurm.config import (
     SubmissionRecord,
     WinnerRecord,
     encode,
+    make_private_dir,
     publish_once,
     read_json,
     sha256_file,
@@ -89,7 +90,7 @@ def test_an_attempt_that_begins_after_the_run_was_cancelled_generates_nothing(tm
     from ddslurm.runtime._log import new_logger
 
     layout = RunLayout(tmp_path / "run")
-    layout.root.mkdir()
+    make_private_dir(layout.root)
     plan = make_plan("run", (2, 2))
     inputs = Inputs(plan=plan, plan_sha256="-", recipe={}, snapshot=ProviderSnapshot())
     calls: list[object] = []

@@ -25,6 +25,7 @@ from ddslurm.config import (
     WinnerRecord,
     atomic_write,
     encode,
+    make_private_dir,
     read_json,
 )
 from ddslurm.config.testing import make_plan
@@ -340,7 +341,7 @@ def test_a_missing_run_is_a_json_error(tmp_path: Path) -> None:
 
 def test_a_run_without_attempts_still_renders(tmp_path: Path) -> None:
     layout = RunLayout(tmp_path / "run-0")
-    layout.root.mkdir()
+    make_private_dir(layout.root)
     atomic_write(layout.plan, encode(make_plan(layout.run_id, (2, 2))))
     report = run_report(layout, None)
     assert (report.attempts, report.timeline, report.models, report.dataset) == (0, [], [], None)

@@ -18,7 +18,17 @@ import msgspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ddslurm.config import FileEntry, RunLayout, WinnerRecord, atomic_write, digest, encode, publish_once, sha256_file
+from ddslurm.config import (
+    FileEntry,
+    RunLayout,
+    WinnerRecord,
+    atomic_write,
+    digest,
+    encode,
+    make_private_dir,
+    publish_once,
+    sha256_file,
+)
 from ddslurm.config.testing import make_plan
 
 
@@ -34,7 +44,7 @@ def make_published_run(
     (``parquet-files/batch_NNNNN.parquet``) and, unless ``publish`` says otherwise, published as the winner
     (marked partial, as ``accept-partial`` publishes it, for the shards in ``partial``)."""
     layout = RunLayout(root / "run-1")
-    layout.root.mkdir(parents=True)
+    make_private_dir(layout.root)  # as submit makes it: commands refuse one others could change
     plan = make_plan(layout.run_id, tuple(sum(t.num_rows for t in batches) for batches in shard_batches))
     if column_order is not None:
         plan = msgspec.structs.replace(plan, column_order=column_order)
