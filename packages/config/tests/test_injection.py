@@ -315,3 +315,14 @@ def test_a_profile_with_ordinary_values_loads(tmp_path: Path) -> None:
 def test_a_profile_built_in_python_is_checked_too() -> None:
     with pytest.raises(ValueError, match="whitespace"):
         ClusterProfile(workspace="/srv/my ws", python_env="/srv/env")
+
+
+@pytest.mark.parametrize("folder", ["my dir", "100%"])
+def test_a_relative_workspace_in_a_folder_sbatch_cannot_take_is_refused_at_its_line(
+    tmp_path: Path, folder: str
+) -> None:
+    """The relative path is judged once made absolute: a space or '%' of the profile's own folder got past as a
+    bare validation error (no file, line or field)."""
+    (tmp_path / folder).mkdir()
+    error = refused(write(tmp_path / folder / "profile.yaml", "python_env: /srv/env\nworkspace: ws\n"), profile=True)
+    assert (error.line, error.field) == (2, "workspace") and folder in str(error)

@@ -12,7 +12,7 @@ from ddslurm.config._layout import LAYOUT_VERSION
 from ddslurm.config._plan import PLAN_VERSION, Plan
 from ddslurm.config._profile import ClusterProfile
 from ddslurm.config._runfile import RunFile, parse_recipe_ref
-from ddslurm.config._yaml import MAX_INPUT_BYTES, load_struct, locate, read_yaml
+from ddslurm.config._yaml import MAX_INPUT_BYTES, error_at, load_struct, locate, read_yaml
 from ddslurm.config.errors import ConfigFileError
 
 T = TypeVar("T")
@@ -82,9 +82,12 @@ def load_profile(path: Path) -> ClusterProfile:
     executable = profile.vllm_executable
     if "/" in executable:
         executable = absolute(executable)
-    return msgspec.structs.replace(
-        profile,
-        workspace=absolute(profile.workspace),
-        python_env=absolute(profile.python_env),
-        vllm_executable=executable,
-    )
+    try:  # validated again: a relative path made absolute takes in the profile's own folder (a space, a '%')
+        return msgspec.structs.replace(
+            profile,
+            workspace=absolute(profile.workspace),
+            python_env=absolute(profile.python_env),
+            vllm_executable=executable,
+        )
+    except msgspec.ValidationError as exc:
+        raise error_at(path, read_yaml(path, max_bytes=MAX_INPUT_BYTES, aliases=False), exc) from None
