@@ -84,3 +84,26 @@ def test_a_write_that_fails_anywhere_is_a_collect_error_and_nothing_is_left(
     assert "part-0000" in str(info.value)
     assert not layout.dataset.exists()
     assert not list(layout.root.glob(".dataset.*"))
+
+
+@pytest.mark.parametrize("inodes", [2, 3])
+def test_a_disk_out_of_inodes_at_the_staging_directory_or_the_manifest_is_an_error_too(
+    tmp_path: Path, inodes: int
+) -> None:
+    """Out of inodes at the staging directory, a part file or the manifest: exit 1 and one error line, never a
+    traceback (the Slurm collection job's ``ddslurm-collect`` caught only its own write errors)."""
+    run_dir = _blobs(tmp_path / "run")
+    out = tmp_path / "out"
+    out.mkdir()
+    mount = ["mount", "-t", "tmpfs", "-o", f"size=4m,nr_inodes={inodes},mode=0700", "tmpfs", str(out)]
+    if os.geteuid() != 0 or subprocess.run(mount, capture_output=True, check=False).returncode != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    try:
+        done = subprocess.run(
+            [str(COLLECT), str(run_dir), "--output", str(out / "dataset")], capture_output=True, text=True, check=False
+        )
+        assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+        assert [line for line in done.stderr.splitlines() if line.startswith("error: ")], done.stderr
+        assert "nothing was published" in done.stderr and not (out / "dataset").exists()
+    finally:
+        subprocess.run(["umount", "-l", str(out)], check=False)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -68,26 +67,19 @@ def _wide(columns: int, files: int) -> list[tuple[Path, pa.Schema]]:
     return [(Path(f"batch_{i:05d}.parquet"), schema) for i in range(files)]
 
 
-def test_unification_is_linear_in_the_number_of_columns() -> None:
-    # 4000 columns in 16 files: linear work is a few ms; rebuilding the column-name list per column per file
-    # (or testing membership in lists) is 4000 * 16 * 4000 steps, tens of seconds.
+def test_unification_of_thousands_of_columns_keeps_their_order() -> None:
+    # Its cost (linear in the columns) is measured by bench/collect.py's ``wide`` case, not asserted here.
     schemas = _wide(4000, 16)
-    start = time.perf_counter()
     merged = unified_schema(schemas)
-    elapsed = time.perf_counter() - start
     assert merged.names == schemas[0][1].names
-    assert elapsed < 2.0, f"unified_schema took {elapsed:.2f} s for 4000 columns"
 
 
-def test_conforming_a_wide_table_is_linear_in_the_number_of_columns(tmp_path: Path) -> None:
+def test_a_wide_table_whose_files_order_their_columns_differently_is_conformed(tmp_path: Path) -> None:
+    # Its cost (linear in the columns) is measured by bench/collect.py's ``wide`` case, not asserted here.
     columns = 3000
     table = pa.table({f"col_{c:05d}": pa.array([c]) for c in range(columns)})
     shuffled = table.select(list(reversed(table.column_names)))
     layout = make_published_run(tmp_path, [[table, shuffled] * 4])
-    start = time.perf_counter()
-    out = collect(layout)
-    elapsed = time.perf_counter() - start
-    got = pq.read_table(out.dataset)
+    got = pq.read_table(collect(layout).dataset)
     assert got.column_names == table.column_names and got.num_rows == 8
     assert got.column("col_01234").to_pylist() == [1234] * 8
-    assert elapsed < 10.0, f"collecting 8 files of {columns} columns took {elapsed:.2f} s"

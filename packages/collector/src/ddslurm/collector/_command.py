@@ -22,7 +22,7 @@ import msgspec
 
 from ddslurm.collector._merge import CollectResult, collect, progress_reporter
 from ddslurm.collector.errors import CollectError
-from ddslurm.config import ConfigError, RunLayout
+from ddslurm.config import ConfigError, RunLayout, check_run_tree
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -97,10 +97,13 @@ def collect_command(
     progress: Callable[[int, int], None] | None = None,
 ) -> int:
     """Collect, print the result to ``out`` (errors to ``err``) and return the exit code. ``progress`` is called
-    with (batch files done, total) as the collection advances; by default a line on ``err`` every 5 %."""
+    with (batch files done, total) as the collection advances; by default a line on ``err`` every 5 %. A run
+    directory another user could have changed is refused (:func:`~ddslurm.config.check_run_tree`); a write that
+    fails (a full disk or quota) ends in an error, nothing published."""
     termination = Termination()
     received = termination.received
     try:
+        check_run_tree(layout.root)
         with sigterm_unwinds(termination):
             result = collect(
                 layout,
@@ -124,4 +127,8 @@ def collect_command(
     except (ConfigError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=err, flush=True)
         return EXIT_UNREADABLE
+    except OSError as exc:  # the staging directory or the manifest: the dataset was not published
+        message = f"error: cannot write the collection of {layout.root}: {exc}; nothing was published"
+        print(message, file=err, flush=True)
+        return EXIT_FAILED
     return EXIT_OK
