@@ -44,8 +44,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ruamel.yaml import YAML
-
 from ddslurm.config import (
     DD_BUILDER_FUNCTION,
     ConfigError,
@@ -181,7 +179,7 @@ def load_run_recipe(
     text = str(result["yaml"])
     source = path.read_bytes()
     builder = f"{path}:{function}" if ref.kind == "script" else str(ref)
-    tree = YAML(typ="rt").load(text)
+    tree = read_yaml(path, text=text)  # the same limits as any YAML a user gives
     # the config first: it is what the nodes run and what a key read from elsewhere reaches
     refuse_secrets(text, tree, secrets, origin=path, subject=f"the config that {function}() returned", lines=False)
     for name, value in sorted(secrets.items()):

@@ -864,7 +864,8 @@ def cmd_list(ctx: typer.Context, profile: ProfileOpt = None, as_json: JsonOpt = 
     workspace = _workspace(profile, session.env)
     if workspace is None:
         raise UsageError("list needs --profile (or DDSLURM_PROFILE) to find the workspace")
-    layouts = [RunLayout(p.parent) for p in sorted((workspace / "runs").glob("*/run.json"))]
+    # not the hidden .RUN_ID.partial-* of a submit still writing (or killed while it wrote)
+    layouts = [RunLayout(p.parent) for p in sorted((workspace / "runs").glob("[!.]*/run.json"))]
     rows = [_list_row(found) for found in run_statuses(layouts, session.slurm)]
     rows.sort(key=lambda r: r["submitted_at"] or r["created"], reverse=True)
     if session.json:

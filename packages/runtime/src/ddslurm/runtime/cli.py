@@ -37,7 +37,7 @@ from typing import IO, Any
 import httpx
 import msgspec
 
-from ddslurm.config import RunLayout, expand_ranges
+from ddslurm.config import RunLayout, expand_ranges, read_plan
 from ddslurm.runtime._attempt import EXIT_FAILED, AttemptRunner, Inputs, load_inputs
 from ddslurm.runtime._controller import ClaimPool, Controller, ShardSource, StopSignal, controller_alive
 from ddslurm.runtime._engine import engine_environment, local_token_names, preload_engine, run_engine
@@ -199,7 +199,7 @@ def _pool(
     layout: RunLayout, spec: str, job_id: str, node: str, env: Mapping[str, str], stage: int | None = None
 ) -> ClaimPool:
     try:
-        shards = expand_ranges(spec)
+        shards = expand_ranges(spec, below=len(read_plan(layout.plan).shards))
     except ValueError as exc:
         raise SystemExit(f"ddslurm-runtime: --pool: {exc}") from exc
     task = env.get("SLURM_ARRAY_TASK_ID", "0")
