@@ -214,11 +214,17 @@ class ClusterConfig:
     cluster_name: str
     enforce: str
     """``AccountingStorageEnforce``: association and QOS limits hold only with ``limits`` (or ``safe``) in it."""
+    store_flags: str = ""
+    """``AccountingStoreFlags``: with ``job_env`` slurmdbd keeps every batch job's environment (its API keys)."""
 
     @property
     def enforces_limits(self) -> bool:
         words = {w.strip().lower() for w in self.enforce.split(",")}
         return bool(words & {"limits", "safe"})
+
+    @property
+    def stores_job_env(self) -> bool:
+        return "job_env" in {w.strip().lower() for w in self.store_flags.split(",")}
 
 
 @dataclass(frozen=True, slots=True)
@@ -376,7 +382,7 @@ class Slurm:
 
     def config(self) -> ClusterConfig:
         """``scontrol show config`` (read once per client): MaxArraySize (1001 when Slurm does not say; task ids
-        stay below it), MaxJobCount, ClusterName and AccountingStorageEnforce."""
+        stay below it), MaxJobCount, ClusterName, AccountingStorageEnforce and AccountingStoreFlags."""
         if self._config is None:
             out = self._check(["scontrol", "show", "config"])
 
@@ -390,6 +396,7 @@ class Slurm:
                 max_job_count=parse_limit(value("MaxJobCount")) or None,
                 cluster_name=value("ClusterName"),
                 enforce=value("AccountingStorageEnforce"),
+                store_flags=value("AccountingStoreFlags"),
             )
         return self._config
 

@@ -54,7 +54,7 @@ from ddslurm.launcher._render import array_spec, render_generation
 from ddslurm.launcher._seed import CountRows, SeedCapture, capture_seed, dd_seed_columns, dd_seed_rows
 from ddslurm.launcher._slurm import SchedulerLimits, Slurm, SlurmTimeoutError
 from ddslurm.launcher._validate import dd_check_recipe
-from ddslurm.launcher.errors import LauncherError, SubmitError, WriteError
+from ddslurm.launcher.errors import LauncherError, SlurmError, SubmitError, WriteError
 from ddslurm.planner import PlanError, PlanInputs, compile_plan
 from ddslurm.providers import (
     AliasRow,
@@ -84,6 +84,7 @@ class Submitted:
     aliases: tuple[AliasRow, ...]
     job_ids: tuple[str, ...] = ()
     arrays: tuple[PlannedArray, ...] = ()
+    warnings: tuple[str, ...] = ()
 
 
 def new_run_id(name: str, now: datetime) -> str:
@@ -310,6 +311,24 @@ def check_environment(plan: Plan, env: Mapping[str, str]) -> None:
             f"variable(s) {', '.join(missing)} named by server.env_from are unset or empty in this shell; the run's "
             "model servers need them (export them and try again)"
         )
+
+
+def secret_warnings(slurm: Slurm, plan: Plan) -> tuple[str, ...]:
+    """Where the cluster keeps the run's secret values beyond the job itself: with ``AccountingStoreFlags``
+    holding ``job_env``, slurmdbd stores every batch job's environment, API keys included, in its database for as
+    long as it keeps job records (Slurm keeps it in its state directory only while the job lives)."""
+    names = sorted({*plan.secret_env, *plan.server_secret_env} - set(plan.secret_env_unscanned))
+    try:
+        stored = bool(names) and slurm.config().stores_job_env
+    except SlurmError:
+        return ()
+    if not stored:
+        return ()
+    return (
+        f"this cluster stores every batch job's environment in its accounting database (AccountingStoreFlags "
+        f"includes job_env): the values of {', '.join(names)} will be kept there with the job records, readable by "
+        "Slurm's administrators (and by anyone with sacct --env-vars rights); see docs/architecture.md#threat-model",
+    )
 
 
 def read_limits(slurm: Slurm, plan: Plan) -> SchedulerLimits:
@@ -847,4 +866,5 @@ def submit(
     except OSError as exc:  # the submit lock or the submission plan, before any sbatch
         shutil.rmtree(layout.root, ignore_errors=True)
         raise WriteError(f"the submission plan of run {layout.run_id}", exc, NOTHING_LEFT) from exc
-    return Submitted(layout, plan, job_ids[0], prepared.aliases, tuple(job_ids), planned.arrays)
+    warnings = secret_warnings(slurm, plan)
+    return Submitted(layout, plan, job_ids[0], prepared.aliases, tuple(job_ids), planned.arrays, warnings)

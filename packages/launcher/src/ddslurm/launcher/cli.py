@@ -77,7 +77,7 @@ from ddslurm.launcher._steer import (
     release_leftovers,
     retry,
 )
-from ddslurm.launcher._submit import new_stamp, plan_submission, prepare, read_limits, submit
+from ddslurm.launcher._submit import new_stamp, plan_submission, prepare, read_limits, secret_warnings, submit
 from ddslurm.launcher.errors import DISK_FULL, SlurmError, UsageError, WriteError
 from ddslurm.providers import check_endpoints, describe_run
 from ddslurm.providers.cli import print_resolution
@@ -316,6 +316,7 @@ def cmd_submit(
                 "job_ids": list(done.job_ids),
                 "shards": len(done.plan.shards),
                 "secret_env_unscanned": list(done.plan.secret_env_unscanned),
+                "warnings": list(done.warnings),
             },
             out,
         )
@@ -328,6 +329,8 @@ def cmd_submit(
     )
     if note := placeholder_note(done.plan.secret_env_unscanned):
         out.write(f"  note: {note}\n")
+    for warning in done.warnings:
+        out.write(f"  warning: {warning}\n")
     return ExitCode.OK
 
 
@@ -365,6 +368,7 @@ def _dry_run(session: Session, run_file: Path, profile: Path) -> int:
     script = render_generation(plan, layout, list(first.shards), tasks=first.tasks, stage=first.stage)
     snapshot = msgspec.json.decode(prepared.snapshot_bytes, type=ProviderSnapshot)
     bill = make_bill(plan, planned.arrays, prepared.aliases, snapshot)
+    warnings = secret_warnings(session.slurm, plan)
     if session.json:
         write_json(
             {
@@ -375,11 +379,13 @@ def _dry_run(session: Session, run_file: Path, profile: Path) -> int:
                 "limits": limits_json(planned),
                 "script": script,
                 "aliases": list(prepared.aliases),
+                "warnings": list(warnings),
             },
             session.out,
         )
     else:
         session.out.write(dry_run_text(plan, layout, planned, script, bill_lines(bill)))
+        session.out.write("".join(f"warning: {warning}\n" for warning in warnings))
     return ExitCode.OK
 
 
