@@ -6,7 +6,7 @@ import fcntl
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -194,15 +194,21 @@ def make_run_files(tmp_path: Path, hosted_endpoint: HostedEndpoint) -> Callable[
 
 
 def start_attempt(
-    files: RunFiles, job_id: str, *, gpus: str = "", extra: tuple[str, ...] = ()
+    files: RunFiles,
+    job_id: str,
+    *,
+    gpus: str = "",
+    extra: tuple[str, ...] = (),
+    node_env: Mapping[str, str] | None = None,
 ) -> tuple[Path, subprocess.Popen[str]]:
     """Submit-side preparation of ``files`` as a run, then its shard 0 as one attempt outside Slurm
-    (``ddslurm-runtime generate --launcher local``): the same controller, with plain processes for steps."""
+    (``ddslurm-runtime generate --launcher local``): the same controller, with plain processes for steps.
+    ``node_env``: values the attempt sees instead of those submit saw (a key rotated in between)."""
     from ddslurm.launcher import prepare, write_run_dir
 
     prepared = prepare(files.run_file, files.profile, files.env, datetime.now(UTC))
     write_run_dir(prepared)
-    env = {k: v for k, v in files.env.items() if not k.startswith("SLURM")}
+    env = {k: v for k, v in {**files.env, **(node_env or {})}.items() if not k.startswith("SLURM")}
     env["CUDA_VISIBLE_DEVICES"] = gpus
     runtime = Path(sys.executable).parent / "ddslurm-runtime"
     argv = [str(runtime), "generate", "--run-dir", str(prepared.layout.root), "--shard", "0", "--job-id", job_id]

@@ -70,15 +70,16 @@ def test_a_real_key_is_still_scanned_for_next_to_a_placeholder(
     make_run_files: Any, local_attempt: Any, placeholder_server: RunningServer
 ) -> None:
     # The recipe puts the judge's real key into every output (a sampler value): the attempt must refuse it,
-    # although the writer's placeholder key is not scanned for.
+    # although the writer's placeholder key is not scanned for. Submit refuses a recipe that holds the value of a
+    # key it exports, so the key is rotated between submit and the attempt: the job's value is in the recipe.
     files = _two_providers(
         make_run_files("real", num_records=4, shards=1),
         placeholder_server,
         "none",
-        REAL,
+        "sk-rotated-" + "0f1e2d3c4b5a69788796",
         lambda text: text.replace("      - weather\n", f"      - {REAL}\n"),
     )
-    run_dir, proc = local_attempt(files, "12")
+    run_dir, proc = local_attempt(files, "12", node_env={"JUDGE_KEY": REAL})
     _, err = proc.communicate(timeout=240)
 
     record = _attempt(run_dir)
