@@ -72,15 +72,25 @@ class Outcome:
         return dict(self.__dict__)
 
 
+HOSTED_START_TIMEOUT_S = 90.0
+"""A (re)start of the hosted stand-in under a loaded machine (six scenarios and their jobs on two cores)."""
+
+
+def listening_port() -> int:
+    """A free port outside the kernel's ephemeral range, which the hosted stand-in keeps across its restarts: one
+    inside it could be held, at a restart, by any connection's source port (as the runtime chooses its own)."""
+    from ddslurm.runtime._serving import choose_ports
+
+    return choose_ports([None], str(random.SystemRandom().randrange(1 << 30)))[0]
+
+
 class Hosted:
     """The scenario's hosted provider: a fake-vllm on a fixed loopback port with the scenario's key, restarted
     with fault flags and without them (the stand-in has no runtime switch)."""
 
     def __init__(self, key: str, log_dir: Path, latency: float) -> None:
-        from fake_vllm.testing import free_port
-
         self.key, self.log_dir, self.latency = key, log_dir, latency
-        self.port = free_port()
+        self.port = listening_port()
         self._cm: Any = None
         self._lock = threading.Lock()
         self._starts = 0
@@ -102,6 +112,7 @@ class Hosted:
                 api_key=self.key,
                 port=self.port,
                 log_path=self.log_dir / f"hosted-{self._starts}.log",
+                timeout=HOSTED_START_TIMEOUT_S,
             )
             cm.__enter__()
             self._cm = cm
@@ -244,6 +255,12 @@ class ScenarioRun:
             thread.join(max(1.0, self.left()))
 
     def _inject_one(self, fault: Fault, zero: float) -> None:
+        try:
+            self._inject(fault, zero)
+        except Exception as exc:  # each fault runs in its own thread: its failure is the harness's, reported
+            self._injector_error = f"fault injection ({fault.kind}) raised {type(exc).__name__}: {exc}"
+
+    def _inject(self, fault: Fault, zero: float) -> None:
         if fault.kind == "slow_load":
             self.event(f"slow_load {fault.duration:.0f}s")
             return
