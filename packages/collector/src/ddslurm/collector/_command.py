@@ -10,6 +10,7 @@ nothing was published and no staging directory is left behind.
 from __future__ import annotations
 
 import contextlib
+import errno
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -128,7 +129,9 @@ def collect_command(
         print(f"error: {exc}", file=err, flush=True)
         return EXIT_UNREADABLE
     except OSError as exc:  # the staging directory or the manifest: the dataset was not published
-        message = f"error: cannot write the collection of {layout.root}: {exc}; nothing was published"
-        print(message, file=err, flush=True)
+        where = f" ({exc.filename})" if exc.filename else ""
+        full = ": the file system or your quota is full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+        message = f"cannot write the dataset of run {layout.run_id}: {exc.strerror or exc}{where}{full}"
+        print(f"error: {message}; nothing was published", file=err, flush=True)
         return EXIT_FAILED
     return EXIT_OK

@@ -30,9 +30,7 @@ from ddslurm.collector import (
 from ddslurm.config import RunLayout, atomic_write, make_private_dir, read_plan, read_tail
 from ddslurm.launcher._render import render_collection
 from ddslurm.launcher._slurm import Slurm, TaskState
-from ddslurm.launcher.errors import DISK_FULL, LauncherError, WriteError
-
-NOT_PUBLISHED = "nothing was published"
+from ddslurm.launcher.errors import LauncherError
 
 _LIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "SUSPENDED"}
 _TERMINATED = {"CANCELLED", "TIMEOUT", "PREEMPTED", "DEADLINE"}  # Slurm sends SIGTERM (then SIGKILL)
@@ -56,15 +54,7 @@ def collect_local_command(
     """``ddslurm collect --local``: the collector's :func:`collect_command` in this process, where a write that
     fails (a full disk or quota) is an ``error:`` line and exit 1 like any failed collection, not a traceback (the
     collection has removed its staging directory by then; an existing dataset is untouched)."""
-    try:
-        return collect_command(layout, overwrite=overwrite, as_json=as_json, out=out, err=err, progress=progress)
-    except OSError as exc:
-        if exc.errno in DISK_FULL:
-            message = str(WriteError(f"the dataset of run {layout.run_id}", exc, NOT_PUBLISHED))
-        else:
-            message = f"the collection of run {layout.run_id} failed: {exc}; {NOT_PUBLISHED}"
-        print(f"error: {message}", file=err, flush=True)
-        return EXIT_FAILED
+    return collect_command(layout, overwrite=overwrite, as_json=as_json, out=out, err=err, progress=progress)
 
 
 def _final(
