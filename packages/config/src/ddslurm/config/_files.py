@@ -20,7 +20,8 @@ PRIVATE_DIR = 0o700
 PRIVATE_FILE = 0o600
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make the entries of directory ``path`` (a rename into it, a new file) durable."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
@@ -52,7 +53,7 @@ def atomic_write(path: Path, data: bytes, *, mode: int = PRIVATE_FILE) -> None:
         raise UnsafePathError(f"{path}: is a symbolic link; refusing to write through it")
     with _temp_beside(path, data, mode) as tmp:
         tmp.replace(path)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def publish_once(path: Path, data: bytes, *, mode: int = PRIVATE_FILE) -> bool:
@@ -66,7 +67,7 @@ def publish_once(path: Path, data: bytes, *, mode: int = PRIVATE_FILE) -> bool:
             os.link(tmp, path, follow_symlinks=False)
         except FileExistsError:
             return False
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     return True
 
 

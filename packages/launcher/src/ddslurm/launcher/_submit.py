@@ -41,6 +41,7 @@ from ddslurm.config import (
     compact_ranges,
     encode,
     encode_pretty,
+    fsync_dir,
     load_profile,
     load_run_file,
     locate,
@@ -279,11 +280,7 @@ def write_run_dir(p: Prepared) -> None:
         _write_inputs(p, staging)
         # rename(2) would replace an empty directory made at ``final`` meanwhile, never a run: a run id is unique
         staging.root.rename(final)
-        fd = os.open(final.parent, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_dir(final.parent)
     except OSError as exc:
         shutil.rmtree(staging.root, ignore_errors=True)
         raise WriteError(f"the run directory {final}", exc, NOTHING_LEFT) from exc
