@@ -618,14 +618,11 @@ def find_run(ref: str, workspace: Path | None) -> RunLayout:
     (:func:`~ddslurm.config.check_run_tree`: another user's run, or one another user could have swapped, is
     refused by every command)."""
     candidate = Path(ref)
-    if (candidate / "run.json").is_file():
-        layout = RunLayout(candidate.resolve())
-        check_run_tree(layout.root)
-        return layout
-    if workspace is not None:
-        layout = RunLayout.in_workspace(workspace, ref)
-        if layout.plan.is_file():
-            check_run_tree(layout.root)
-            return layout
+    found = RunLayout(candidate.resolve()) if (candidate / "run.json").is_file() else None
+    if found is None and workspace is not None and RunLayout.in_workspace(workspace, ref).plan.is_file():
+        found = RunLayout.in_workspace(workspace, ref)
+    if found is not None:
+        check_run_tree(found.root)
+        return found
     where = f" or in {workspace / 'runs'}" if workspace else " (pass a run directory, or --profile to look up ids)"
     raise RunNotFoundError(f"no run {ref!r} found as a directory{where}")
