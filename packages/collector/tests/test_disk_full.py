@@ -32,10 +32,12 @@ def _blobs(root: Path) -> Path:
 
 @pytest.fixture
 def small_disk(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Path]:
-    """A tmpfs of ``request.param`` (such as ``40k``) at ``tmp_path / "out"``."""
+    """A tmpfs of ``request.param`` (a size such as ``40k``, or ``mount -o`` options such as
+    ``size=4m,nr_inodes=2``) at ``tmp_path / "out"``."""
     out = tmp_path / "out"
     out.mkdir()
-    mount = ["mount", "-t", "tmpfs", "-o", f"size={request.param},mode=0700", "tmpfs", str(out)]
+    options = request.param if "=" in request.param else f"size={request.param}"
+    mount = ["mount", "-t", "tmpfs", "-o", f"{options},mode=0700", "tmpfs", str(out)]
     if os.geteuid() != 0 or subprocess.run(mount, capture_output=True, check=False).returncode != 0:
         pytest.skip("mounting a small tmpfs needs root")
     try:
@@ -86,24 +88,19 @@ def test_a_write_that_fails_anywhere_is_a_collect_error_and_nothing_is_left(
     assert not list(layout.root.glob(".dataset.*"))
 
 
-@pytest.mark.parametrize("inodes", [2, 3])
+@pytest.mark.parametrize("small_disk", ["size=4m,nr_inodes=2", "size=4m,nr_inodes=3"], indirect=True)
 def test_a_disk_out_of_inodes_at_the_staging_directory_or_the_manifest_is_an_error_too(
-    tmp_path: Path, inodes: int
+    tmp_path: Path, small_disk: Path
 ) -> None:
     """Out of inodes at the staging directory, a part file or the manifest: exit 1 and one error line, never a
     traceback (the Slurm collection job's ``ddslurm-collect`` caught only its own write errors)."""
     run_dir = _blobs(tmp_path / "run")
-    out = tmp_path / "out"
-    out.mkdir()
-    mount = ["mount", "-t", "tmpfs", "-o", f"size=4m,nr_inodes={inodes},mode=0700", "tmpfs", str(out)]
-    if os.geteuid() != 0 or subprocess.run(mount, capture_output=True, check=False).returncode != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    try:
-        done = subprocess.run(
-            [str(COLLECT), str(run_dir), "--output", str(out / "dataset")], capture_output=True, text=True, check=False
-        )
-        assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
-        assert [line for line in done.stderr.splitlines() if line.startswith("error: ")], done.stderr
-        assert "nothing was published" in done.stderr and not (out / "dataset").exists()
-    finally:
-        subprocess.run(["umount", "-l", str(out)], check=False)
+    done = subprocess.run(
+        [str(COLLECT), str(run_dir), "--output", str(small_disk / "dataset")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert [line for line in done.stderr.splitlines() if line.startswith("error: ")], done.stderr
+    assert "nothing was published" in done.stderr and not (small_disk / "dataset").exists()
