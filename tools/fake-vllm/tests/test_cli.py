@@ -43,6 +43,8 @@ def test_defaults() -> None:
     settings = parse_serve_args(["m"], {})
     assert settings.served_model_names == ("m",)
     assert (settings.host, settings.port, settings.api_keys) == ("127.0.0.1", 8000, ())
+    assert settings.uds is None
+    assert settings.listen_address == "http://127.0.0.1:8000"
     for option in FAKE_OPTIONS:
         assert getattr(settings, option.dest) == option.default
 
@@ -65,6 +67,27 @@ def test_model_position_and_unknown_flags(args: list[str], want_model: str, want
     settings = parse_serve_args(args, {})
     assert settings.model == want_model
     assert list(settings.ignored_args) == want_ignored
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        pytest.param(["m", "--uds", "/run/vllm/s.sock"], id="uds"),
+        pytest.param(["m", "--uds=/run/vllm/s.sock", "--port", "70000"], id="inline-and-port-ignored"),
+        pytest.param(["--uds", "/run/vllm/s.sock", "m", "--host", "0.0.0.0", "--dtype", "auto"], id="before-model"),
+    ],
+)
+def test_uds(args: list[str]) -> None:
+    settings = parse_serve_args(args, {})
+    assert settings.model == "m"
+    assert settings.uds == Path("/run/vllm/s.sock")
+    assert settings.listen_address == "unix:/run/vllm/s.sock"  # host and port are ignored
+    assert "--uds" not in settings.ignored_args
+
+
+def test_listen_address_of_ipv6_and_empty_hosts() -> None:
+    assert parse_serve_args(["m", "--host", "::1", "--port", "9"], {}).listen_address == "http://[::1]:9"
+    assert parse_serve_args(["m", "--host", "", "--port", "9"], {}).listen_address == "http://0.0.0.0:9"
 
 
 def test_split_known_keeps_known_values() -> None:
@@ -134,6 +157,7 @@ def test_max_num_seqs_is_the_capacity_unless_fake_capacity_is_given(
         pytest.param(["a", "--model", "b"], {}, id="two-models"),
         pytest.param(["m", "--max-num-seqs", "0"], {}, id="max-num-seqs-zero"),
         pytest.param(["m", "--max-num-seqs", "many"], {}, id="max-num-seqs-not-a-number"),
+        pytest.param(["m", "--uds", ""], {}, id="empty-uds"),
     ],
 )
 def test_bad_values_are_usage_errors(args: list[str], env: dict[str, str]) -> None:

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import re
+import socket
+import stat
 import time
 from pathlib import Path
 
@@ -133,3 +137,69 @@ def test_metrics_running_and_waiting_rise_beyond_capacity(capacity_flag: str) ->
     assert _gauge(after, "vllm:num_requests_waiting") == 0
     assert 'vllm:request_success_total{finished_reason="stop",engine="0",model_name="m"}' in after
     assert 'vllm:e2e_request_latency_seconds_count{engine="0",model_name="m"} 6.0' in after
+
+
+def _listening_tcp_ports(pid: int) -> list[int]:
+    """The TCP ports process ``pid`` listens on (from /proc: its socket inodes in /proc/net/tcp and tcp6)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = str(fd.readlink())
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:[") : -1])
+    ports = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                ports.append(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def test_uds_serves_over_the_unix_socket_only(tmp_path: Path) -> None:
+    path = tmp_path / "vllm.sock"
+    umask = os.umask(0o022)
+    os.umask(umask)
+    with start_server(uds=path, api_key="k", args=["--fake-startup-delay", "0.2"]) as server:
+        assert stat.S_ISSOCK(path.stat().st_mode)
+        assert stat.S_IMODE(path.stat().st_mode) == 0o777 & ~umask  # the umask's mode, as vLLM's bind gives it
+        transport = httpx.HTTPTransport(uds=str(path))
+        with httpx.Client(transport=transport, base_url=server.root_url) as client:
+            assert client.get("/health").status_code == 200
+            assert client.get("/v1/models").status_code == 401
+            models = client.get("/v1/models", headers=server.headers)
+            assert models.status_code == 200 and [m["id"] for m in models.json()["data"]] == ["m"]
+            chat = client.post("/v1/chat/completions", json=CHAT, headers=server.headers)
+            assert chat.status_code == 200
+            assert client.post("/tokenize", json={"prompt": "hello"}).status_code == 200  # no key outside /v1
+        assert _listening_tcp_ports(server.proc.pid) == []
+        assert str(path) in Path("/proc/net/unix").read_text()
+        log = server.log_text()
+    assert f"Starting vLLM API server on unix:{path}" in log
+    assert path.exists()  # like vLLM, nothing removes the socket file at exit
+
+
+@pytest.mark.parametrize("leftover", ["socket", "file"])
+def test_uds_fails_when_the_path_exists(tmp_path: Path, leftover: str) -> None:
+    path = tmp_path / "vllm.sock"
+    if leftover == "socket":
+        with start_server(uds=path):
+            pass  # a stopped server leaves its socket file behind
+    else:
+        path.write_text("")
+    started = start_server(uds=path, timeout=10)
+    with pytest.raises(ServerStartError, match="exited with status 1") as error, started:
+        pass
+    assert "Address already in use" in str(error.value)
+    assert "does not remove an existing file" in str(error.value)
+    assert path.exists()
+
+
+def test_tcp_port_in_use_fails_at_start() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        busy = start_server(port=port, timeout=10)
+        with pytest.raises(ServerStartError, match="Address already in use"), busy:
+            pass

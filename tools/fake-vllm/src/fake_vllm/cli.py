@@ -169,6 +169,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", dest="model_flag", metavar="MODEL", help="alternative to the positional MODEL")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
+    parser.add_argument(
+        "--uds",
+        metavar="PATH",
+        help="Unix domain socket path. If set, host and port arguments are ignored. (as in vLLM: the path must not "
+        "exist; nothing removes the socket file afterwards)",
+    )
     parser.add_argument("--served-model-name", nargs="+", metavar="NAME", help="names the API answers to")
     parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="N")
     parser.add_argument(
@@ -272,7 +278,9 @@ def parse_serve_args(args: Sequence[str], environ: Mapping[str, str]) -> Setting
         raise UsageError("a MODEL is required: fake-vllm serve MODEL [options]")
     if namespace.model_flag and namespace.model_tag and namespace.model_flag != namespace.model_tag:
         raise UsageError(f"MODEL given twice: {namespace.model_tag!r} and --model {namespace.model_flag!r}")
-    if not 0 < namespace.port < 65536:
+    if namespace.uds is not None and not namespace.uds:
+        raise UsageError("--uds: expected a socket path, got ''")
+    if namespace.uds is None and not 0 < namespace.port < 65536:
         raise UsageError(f"--port: {namespace.port} is not a valid port")
     if namespace.tensor_parallel_size < 1:
         raise UsageError("--tensor-parallel-size must be at least 1")
@@ -299,6 +307,7 @@ def parse_serve_args(args: Sequence[str], environ: Mapping[str, str]) -> Setting
         served_model_names=tuple(namespace.served_model_name or (model,)),
         host=namespace.host,
         port=namespace.port,
+        uds=None if namespace.uds is None else Path(namespace.uds),
         api_keys=api_keys,
         tensor_parallel_size=namespace.tensor_parallel_size,
         max_num_seqs=max_num_seqs,
@@ -307,7 +316,7 @@ def parse_serve_args(args: Sequence[str], environ: Mapping[str, str]) -> Setting
     )
 
 
-_USAGE = """usage: fake-vllm serve MODEL [--host HOST] [--port PORT] [--served-model-name NAME ...]
+_USAGE = """usage: fake-vllm serve MODEL [--host HOST] [--port PORT | --uds PATH] [--served-model-name NAME ...]
                        [--tensor-parallel-size N] [--max-num-seqs N] [--api-key KEY] [--fake-* ...]
                        [other vLLM flags, ignored]
        fake-vllm --version

@@ -17,6 +17,8 @@ class Settings:
     served_model_names: tuple[str, ...]
     host: str = "127.0.0.1"
     port: int = 8000
+    uds: Path | None = None
+    """vLLM's ``--uds``: serve on this Unix-domain socket instead (``host`` and ``port`` are then ignored)."""
     api_keys: tuple[str, ...] = ()
     tensor_parallel_size: int = 1
     max_model_len: int = 4096
@@ -45,3 +47,11 @@ class Settings:
     @property
     def requires_key(self) -> bool:
         return bool(self.api_keys)
+
+    @property
+    def listen_address(self) -> str:
+        """Where the server listens, as vLLM logs it: ``unix:PATH`` or ``http://HOST:PORT``."""
+        if self.uds is not None:
+            return f"unix:{self.uds}"
+        host = f"[{self.host}]" if ":" in self.host else self.host or "0.0.0.0"
+        return f"http://{host}:{self.port}"

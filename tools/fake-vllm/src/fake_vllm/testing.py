@@ -5,11 +5,14 @@
 
 The child gets the parent's environment without any ``FAKE_VLLM_*`` or ``VLLM_API_KEY`` variables, plus
 ``env``. Its stdout and stderr go to ``server.log_path``. The server is terminated (then killed) on exit.
+With ``uds=PATH`` it listens on that Unix-domain socket instead (``--uds``): talk to it through
+``httpx.HTTPTransport(uds=str(server.uds))`` at ``server.root_url``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import http.client
 import os
 import shutil
 import socket
@@ -40,11 +43,13 @@ class RunningServer:
     port: int
     api_key: str | None
     log_path: Path
+    uds: Path | None = None
+    """The Unix-domain socket it listens on (``--uds``), else None."""
 
     @property
     def root_url(self) -> str:
-        """``http://HOST:PORT`` (for /health and /metrics)."""
-        return f"http://{self.host}:{self.port}"
+        """``http://HOST:PORT`` (for /health and /metrics); ``http://localhost`` on a Unix-domain socket."""
+        return "http://localhost" if self.uds is not None else f"http://{self.host}:{self.port}"
 
     @property
     def base_url(self) -> str:
@@ -76,6 +81,33 @@ def child_environment(env: Mapping[str, str] | None) -> dict[str, str]:
     return {**base, **(env or {})}
 
 
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, path: Path, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(os.fspath(self._path))
+        except BaseException:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+def _unix_health_status(path: Path) -> int | None:
+    connection = _UnixHTTPConnection(path, timeout=1.0)
+    try:
+        connection.request("GET", "/health")
+        return connection.getresponse().status
+    except (OSError, http.client.HTTPException):
+        return None
+    finally:
+        connection.close()
+
+
 def _health_status(url: str) -> int | None:
     try:
         with urllib.request.urlopen(url, timeout=1.0) as response:
@@ -105,7 +137,7 @@ def _wait(server: RunningServer, wait: WaitFor, deadline: float) -> bool:
     while time.monotonic() < deadline:
         if server.proc.poll() is not None:
             return False
-        status = _health_status(url)
+        status = _unix_health_status(server.uds) if server.uds is not None else _health_status(url)
         if status == 200 or (wait == "listening" and status is not None):
             return True
         time.sleep(_POLL_S)
@@ -124,6 +156,7 @@ def start_server(
     host: str = "127.0.0.1",
     log_path: Path | None = None,
     port: int | None = None,
+    uds: Path | None = None,
 ) -> Iterator[RunningServer]:
     """Run ``fake-vllm serve MODEL --host HOST --port <free> *args``, with ``VLLM_API_KEY=api_key`` in its
     environment when a key is given (never ``--api-key`` on the command line, where ``ps`` shows it).
@@ -131,17 +164,19 @@ def start_server(
     ``wait``: ``"healthy"`` until /health is 200, ``"listening"`` until /health answers at all,
     ``"none"`` not at all. ``timeout`` bounds the wait; ``ServerStartError`` if it runs out or the server
     exits first. ``log_path`` defaults to a temporary file removed on exit. ``port`` pins the port (no retry on
-    another one), e.g. to restart a server where its clients expect it.
+    another one), e.g. to restart a server where its clients expect it. ``uds`` serves on that Unix-domain
+    socket instead (``--uds``, no ``--host``/``--port``); the path must not exist, and the socket file is left
+    behind on exit, as with vLLM.
     """
     scratch = None if log_path is not None else Path(tempfile.mkdtemp(prefix="fake-vllm-"))
     path = log_path if log_path is not None else Path(scratch or ".") / "server.log"
     deadline = time.monotonic() + timeout
     try:
-        attempts = _PORT_ATTEMPTS if port is None else 1
+        attempts = _PORT_ATTEMPTS if port is None and uds is None else 1
         for attempt in range(attempts):
-            chosen = port if port is not None else free_port(host)
-            command = [sys.executable, "-m", "fake_vllm", "serve", model, "--host", host, "--port", str(chosen)]
-            command += list(args)
+            chosen = 0 if uds is not None else port if port is not None else free_port(host)
+            where = ["--uds", os.fspath(uds)] if uds is not None else ["--host", host, "--port", str(chosen)]
+            command = [sys.executable, "-m", "fake_vllm", "serve", model, *where, *args]
             child_env = child_environment(env)
             if api_key is not None:  # by environment: a command line is visible to every user of the machine
                 child_env["VLLM_API_KEY"] = api_key
@@ -149,7 +184,7 @@ def start_server(
                 proc = subprocess.Popen(
                     command, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file, env=child_env
                 )
-            server = RunningServer(proc=proc, host=host, port=chosen, api_key=api_key, log_path=path)
+            server = RunningServer(proc=proc, host=host, port=chosen, api_key=api_key, log_path=path, uds=uds)
             try:
                 ready = _wait(server, wait, deadline)
             except BaseException:
