@@ -261,3 +261,183 @@ def test_log_match_records_which_record_a_request_came_from(tmp_path: Path) -> N
         assert client.post("/v1/chat/completions", json=CHAT).status_code == 200
     entries = [json.loads(line) for line in log.read_text().splitlines()]
     assert [e["match"] for e in entries] == ["17", None]
+
+
+# -- vLLM's routes outside /v1: no API key (vLLM's key guards only /v1 paths) -------------------------------
+
+KEY = "s3cret-key"
+TEXT = {"input": "a short text"}
+EXTRA_BODIES: dict[str, dict[str, Any]] = {
+    "/invocations": CHAT,
+    "/tokenize": {"prompt": "hello world"},
+    "/detokenize": {"tokens": [1, 2, 3]},
+    "/pooling": TEXT,
+    "/classify": TEXT,
+    "/score": {"text_1": "query", "text_2": ["one", "two"]},
+    "/rerank": {"query": "query", "documents": ["one", "two", "three"]},
+}
+EXTRA_BAD_BODIES: list[tuple[str, Any]] = [
+    ("/invocations", {"prompt": "no messages"}),
+    ("/invocations", {"messages": []}),
+    ("/tokenize", {"tokens": [1]}),
+    ("/tokenize", {"messages": "hi"}),
+    ("/detokenize", {"tokens": ["a"]}),
+    ("/detokenize", {"tokens": [-1]}),
+    ("/pooling", {"input": 5}),
+    ("/pooling", {"input": []}),
+    ("/classify", {"text": "wrong key"}),
+    ("/score", {"text_1": "only one side"}),
+    ("/score", {"text_1": ["a", "b"], "text_2": ["c", "d", "e"]}),
+    ("/rerank", {"query": "q"}),
+    ("/rerank", {"query": "q", "documents": ["d"], "top_n": -1}),
+    ("/tokenize", [1, 2]),
+    ("/score", {"model": 5, "text_1": "a", "text_2": "b"}),
+]
+
+
+@pytest.fixture
+def keyed() -> Iterator[AppClient]:
+    with _client(api_keys=(KEY,)) as c:
+        yield c
+
+
+@pytest.mark.parametrize("path", list(EXTRA_BODIES))
+def test_routes_outside_v1_answer_without_the_key(keyed: AppClient, path: str) -> None:
+    assert keyed.post(path, json=EXTRA_BODIES[path]).status_code == 200
+    wrong = keyed.post(path, json=EXTRA_BODIES[path], headers={"Authorization": "Bearer nope"})
+    assert wrong.status_code == 200  # like vLLM: no header check at all outside /v1
+    assert keyed.post("/v1/chat/completions", json=CHAT).status_code == 401
+    assert keyed.get("/v1/models").status_code == 401
+
+
+@pytest.mark.parametrize("method", ["GET", "POST"])
+def test_ping_is_health_without_the_key(keyed: AppClient, method: str) -> None:
+    response = keyed.request(method, "/ping")
+    assert response.status_code == 200 and response.content == b""
+    with _client(api_keys=(KEY,), never_healthy=True) as loading:
+        assert loading.request(method, "/ping").status_code == 503
+
+
+@pytest.mark.parametrize("path", list(EXTRA_BODIES))
+def test_routes_outside_v1_are_503_while_loading(path: str) -> None:
+    with _client(api_keys=(KEY,), never_healthy=True) as client:
+        response = client.post(path, json=EXTRA_BODIES[path])
+    assert response.status_code == 503
+    assert response.json()["error"]["type"] == "ServiceUnavailableError"
+
+
+@pytest.mark.parametrize(("path", "body"), EXTRA_BAD_BODIES)
+def test_routes_outside_v1_reject_bad_bodies(keyed: AppClient, path: str, body: Any) -> None:
+    response = keyed.post(path, json=body)
+    assert response.status_code == 400
+    assert response.json()["error"]["type"] == "BadRequestError"
+
+
+@pytest.mark.parametrize("path", list(EXTRA_BODIES))
+def test_routes_outside_v1_reject_invalid_json_and_unknown_models(keyed: AppClient, path: str) -> None:
+    invalid = keyed.post(path, content=b"{not json", headers={"content-type": "application/json"})
+    assert invalid.status_code == 400
+    unknown = keyed.post(path, json={**EXTRA_BODIES[path], "model": "other"})
+    assert unknown.status_code == 404
+    assert unknown.json()["error"]["type"] == "NotFoundError"
+
+
+def _comparable(reply: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in reply.items() if k not in ("id", "created")}
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param(CHAT, id="text"),
+        pytest.param({**CHAT, "n": 2, "max_tokens": 5}, id="n-and-max-tokens"),
+        pytest.param(
+            {**CHAT, "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "integer"}}}},
+            id="json-schema",
+        ),
+    ],
+)
+def test_invocations_answers_like_chat_completions(keyed: AppClient, body: dict[str, Any]) -> None:
+    chat = keyed.post("/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {KEY}"})
+    invocation = keyed.post("/invocations", json=body)
+    assert chat.status_code == invocation.status_code == 200
+    assert invocation.json()["object"] == "chat.completion"
+    assert _comparable(invocation.json()) == _comparable(chat.json())
+    streamed = keyed.post("/invocations", json={**body, "stream": True})
+    assert streamed.headers["content-type"].startswith("text/event-stream")
+    assert streamed.text.rstrip().endswith("data: [DONE]")
+
+
+def test_invocations_is_a_chat_request_for_log_metrics_and_faults(tmp_path: Path) -> None:
+    log = tmp_path / "requests.jsonl"
+    with _client(api_keys=(KEY,), request_log=log, crash_after=2) as client:
+        assert client.post("/invocations", json=CHAT).status_code == 200
+        assert client.post("/invocations", json={**CHAT, "model": "nope"}).status_code == 404
+        assert client.post("/tokenize", json={"messages": CHAT["messages"]}).status_code == 200
+        metrics = client.get("/metrics").text
+        assert 'vllm:e2e_request_latency_seconds_count{engine="0",model_name="m"} 1.0' in metrics
+        assert client.post("/invocations", json=CHAT).status_code == 200
+        with pytest.raises(Crashed, match="chat request 3"):
+            client.post("/invocations", json=CHAT)
+    entries = [json.loads(line) for line in log.read_text().splitlines()]
+    rows = [(e["path"], e["status"], e["model"], e["n_messages"], e["auth_present"]) for e in entries]
+    assert rows[:3] == [
+        ("/invocations", 200, "m", 1, False),
+        ("/invocations", 404, "nope", 1, False),
+        ("/tokenize", 200, "m", 1, False),
+    ]
+    assert entries[0]["admitted"] is not None and entries[2]["admitted"] is None
+
+
+def test_tokenize_and_detokenize_shapes(client: AppClient) -> None:
+    prompt = client.post("/tokenize", json={"prompt": "hello world", "return_token_strs": True}).json()
+    assert set(prompt) == {"count", "max_model_len", "tokens", "token_strs"}
+    assert prompt["count"] == len(prompt["tokens"]) == 3  # one token per four characters
+    assert prompt["token_strs"] == ["hell", "o wo", "rld"]
+    assert prompt["max_model_len"] == 4096
+    assert all(isinstance(t, int) and 0 <= t < 32000 for t in prompt["tokens"])
+    again = client.post("/tokenize", json={"model": "alias", "prompt": "hello world"}).json()
+    assert again["tokens"] == prompt["tokens"] and again["token_strs"] is None
+    chat = client.post("/tokenize", json={"messages": CHAT["messages"]}).json()
+    usage = client.post("/v1/chat/completions", json=CHAT).json()["usage"]
+    assert chat["count"] == len(chat["tokens"]) == usage["prompt_tokens"]  # as the chat route counts them
+    text = client.post("/detokenize", json={"tokens": prompt["tokens"]}).json()
+    assert set(text) == {"prompt"} and len(text["prompt"].split()) == 3
+    assert client.post("/detokenize", json={"tokens": []}).json() == {"prompt": ""}
+
+
+def test_pooling_and_classify_shapes(client: AppClient) -> None:
+    pooled = client.post("/pooling", json={"input": ["one", "two"]}).json()
+    assert pooled["object"] == "list" and pooled["model"] == "m" and pooled["id"].startswith("pool-")
+    assert [d["index"] for d in pooled["data"]] == [0, 1]
+    assert all(d["object"] == "pooling" for d in pooled["data"])
+    vector = pooled["data"][0]["data"]
+    assert len(vector) == 16 and abs(sum(x * x for x in vector) - 1) < 1e-4
+    assert client.post("/pooling", json={"input": "one"}).json()["data"][0]["data"] == vector
+    assert pooled["usage"]["prompt_tokens"] == pooled["usage"]["total_tokens"] == 2
+    assert len(client.post("/pooling", json={"messages": CHAT["messages"]}).json()["data"]) == 1
+    classified = client.post("/classify", json={"model": "alias", "input": ["one", "two"]}).json()
+    assert classified["object"] == "list" and classified["model"] == "alias"
+    for index, item in enumerate(classified["data"]):
+        assert item["index"] == index and item["num_classes"] == 2
+        assert abs(sum(item["probs"]) - 1) < 1e-6
+        assert item["label"] == ("LABEL_0" if item["probs"][0] >= item["probs"][1] else "LABEL_1")
+
+
+def test_score_and_rerank_shapes(client: AppClient) -> None:
+    scored = client.post("/score", json={"text_1": "query", "text_2": ["one", "two", "three"]}).json()
+    assert scored["object"] == "list" and scored["model"] == "m"
+    assert [(d["index"], d["object"]) for d in scored["data"]] == [(0, "score"), (1, "score"), (2, "score")]
+    scores = [d["score"] for d in scored["data"]]
+    assert all(0 <= s < 1 for s in scores)
+    pairwise = client.post("/score", json={"queries": ["query", "query"], "documents": ["one", "two"]}).json()
+    assert [d["score"] for d in pairwise["data"]] == scores[:2]
+    reranked = client.post("/rerank", json={"query": "query", "documents": ["one", "two", "three"]}).json()
+    assert set(reranked) == {"id", "model", "usage", "results"}
+    results = reranked["results"]
+    assert [r["relevance_score"] for r in results] == sorted(scores, reverse=True)
+    assert all(r["document"]["text"] == ["one", "two", "three"][r["index"]] for r in results)
+    assert all(scores[r["index"]] == r["relevance_score"] for r in results)  # the same as /score
+    top = client.post("/rerank", json={"query": "query", "documents": ["one", "two", "three"], "top_n": 1})
+    assert top.json()["results"] == results[:1]
+    assert reranked["usage"]["total_tokens"] > 0

@@ -17,7 +17,7 @@ import re
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, NoReturn
 
 from starlette.applications import Starlette
@@ -27,6 +27,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from fake_vllm.content import Reply, generate_replies, prompt_tokens
+from fake_vllm.extras import BUILDERS, MAX_MODEL_LEN, BadRequest, Builder, validate_messages
 from fake_vllm.faults import Fault, FaultInjector
 from fake_vllm.log import log
 from fake_vllm.metrics import CONTENT_TYPE, Metrics
@@ -34,7 +35,6 @@ from fake_vllm.request_log import RequestLog, RequestLogEntry, now
 from fake_vllm.settings import Settings
 from fake_vllm.version import version
 
-MAX_MODEL_LEN = 4096
 MAX_N = 16
 
 
@@ -48,12 +48,6 @@ def crash_process(reason: str) -> NoReturn:
 def error_body(message: str, kind: str, code: int, param: str | None = None) -> dict[str, Any]:
     """vLLM's (OpenAI's) error shape."""
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
-
-
-class _BadRequest(Exception):
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
 
 
 class ServerState:
@@ -127,11 +121,22 @@ class _Handlers:
         """vLLM's API-key middleware (only on /v1 paths), then the loading check."""
         if self.settings.requires_key and not self._auth(request)[1]:
             return JSONResponse({"error": "Unauthorized"}, status_code=401)
+        return self._reject_loading()
+
+    def _reject_loading(self) -> Response | None:
+        """503 while the model loads (every model route, with or without the key check)."""
         if not self.state.ready:
             return JSONResponse(
                 error_body("The model is still loading.", "ServiceUnavailableError", 503), status_code=503
             )
         return None
+
+    def _unknown_model(self, model: str) -> Response | None:
+        if model in self.settings.served_model_names:
+            return None
+        return JSONResponse(
+            error_body(f"The model `{model}` does not exist.", "NotFoundError", 404, "model"), status_code=404
+        )
 
     # -- endpoints ------------------------------------------------------------------------------------
 
@@ -179,24 +184,75 @@ class _Handlers:
         ]
         return self._finish(request, JSONResponse({"object": "list", "data": data}))
 
-    async def chat_completions(self, request: Request) -> Response:
-        rejected = self._reject_v1(request)
+    async def _decoded(self, request: Request, rejected: Response | None) -> tuple[Any, Response | None]:
+        """The request's JSON body, or the (logged) response that ends the request: ``rejected`` (the key or
+        loading check's answer) or a 400 for a body that is not JSON."""
         if rejected is not None:
-            return self._finish(request, rejected)
+            return None, self._finish(request, rejected)
         try:
-            body = _validate(await _read_json(request))
-        except _BadRequest as exc:
-            response = JSONResponse(error_body(str(exc), "BadRequestError", 400, exc.param), status_code=400)
-            return self._finish(request, response)
+            return await _read_json(request), None
+        except BadRequest as exc:
+            return None, self._finish(request, _bad_request(exc))
+
+    async def chat_completions(self, request: Request) -> Response:
+        raw, done = await self._decoded(request, self._reject_v1(request))
+        if done is not None:
+            return done
+        return await self._chat(request, raw)
+
+    async def invocations(self, request: Request) -> Response:
+        """SageMaker's ``POST /invocations`` (no API key, like every path outside /v1): a chat body (one with
+        ``messages``) is answered exactly as ``/v1/chat/completions`` answers it; the stand-in has no other
+        handler, so anything else is vLLM's 400 "Cannot find suitable handler"."""
+        raw, done = await self._decoded(request, self._reject_loading())
+        if done is not None:
+            return done
+        if isinstance(raw, dict) and "messages" in raw:
+            return await self._chat(request, raw)
+        message = "Cannot find suitable handler for request. Expected one of: ['ChatCompletionRequest']"
+        return self._finish(request, _bad_request(BadRequest(message)))
+
+    def extra(self, builder: Builder) -> Callable[[Request], Awaitable[Response]]:
+        """A handler for one of vLLM's routes outside /v1 (``extras.BUILDERS``): no API key, like vLLM; the
+        loading check, the body (400) and the model name (404), then the builder's deterministic answer."""
+
+        async def handle(request: Request) -> Response:
+            body, done = await self._decoded(request, self._reject_loading())
+            if done is not None:
+                return done
+            n_messages: int | None = None
+            model: str | None = None
+            try:
+                if not isinstance(body, dict):
+                    raise BadRequest("The request body must be a JSON object.")
+                if isinstance(body.get("messages"), list):
+                    n_messages = len(body["messages"])
+                model = body.get("model") or self.settings.primary_name
+                if not isinstance(model, str):
+                    raise BadRequest("`model` must be a string.", "model")
+                unknown = self._unknown_model(model)
+                if unknown is not None:
+                    return self._finish(request, unknown, model=model, n_messages=n_messages)
+                payload = builder(body, model)
+            except BadRequest as exc:
+                model = model if isinstance(model, str) else None
+                return self._finish(request, _bad_request(exc), model=model, n_messages=n_messages)
+            return self._finish(request, JSONResponse(payload), model=model, n_messages=n_messages)
+
+        return handle
+
+    async def _chat(self, request: Request, raw: Any) -> Response:
+        """A chat completion for a decoded body, after the route's own checks (key, loading)."""
+        try:
+            body = _validate(raw)
+        except BadRequest as exc:
+            return self._finish(request, _bad_request(exc))
         n_messages = len(body["messages"])
         match = self._match(body["messages"])
         model = body.get("model") or self.settings.primary_name
-        if model not in self.settings.served_model_names:
-            response = JSONResponse(
-                error_body(f"The model `{model}` does not exist.", "NotFoundError", 404, "model"),
-                status_code=404,
-            )
-            return self._finish(request, response, model=model, n_messages=n_messages)
+        unknown = self._unknown_model(model)
+        if unknown is not None:
+            return self._finish(request, unknown, model=model, n_messages=n_messages)
 
         fault = self.state.faults.next_chat_request()
         if fault is Fault.CRASH:
@@ -292,31 +348,31 @@ class _Handlers:
         return replies, time.monotonic() - started, admitted
 
 
+def _bad_request(exc: BadRequest) -> Response:
+    return JSONResponse(error_body(str(exc), "BadRequestError", 400, exc.param), status_code=400)
+
+
 async def _read_json(request: Request) -> Any:
     try:
         return await request.json()
     except ValueError as exc:
-        raise _BadRequest(f"Invalid JSON body: {exc}") from None
+        raise BadRequest(f"Invalid JSON body: {exc}") from None
 
 
 def _validate(body: Any) -> dict[str, Any]:
     if not isinstance(body, dict):
-        raise _BadRequest("The request body must be a JSON object.")
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise _BadRequest("`messages` must be a non-empty list.", "messages")
-    if not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
-        raise _BadRequest("Every message must be an object with a `role`.", "messages")
+        raise BadRequest("The request body must be a JSON object.")
+    validate_messages(body.get("messages"))
     model = body.get("model")
     if model is not None and not isinstance(model, str):
-        raise _BadRequest("`model` must be a string.", "model")
+        raise BadRequest("`model` must be a string.", "model")
     n = body.get("n")
     if n is not None and (not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_N):
-        raise _BadRequest(f"`n` must be an integer between 1 and {MAX_N}.", "n")
+        raise BadRequest(f"`n` must be an integer between 1 and {MAX_N}.", "n")
     for key in ("max_tokens", "max_completion_tokens"):
         value = body.get(key)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            raise _BadRequest(f"`{key}` must be a positive integer.", key)
+            raise BadRequest(f"`{key}` must be a positive integer.", key)
     return body
 
 
@@ -378,6 +434,10 @@ def create_app(settings: Settings, *, crash: Callable[[str], NoReturn] = crash_p
         Route("/metrics", handlers.metrics, methods=["GET"]),
         Route("/v1/models", handlers.models, methods=["GET"]),
         Route("/v1/chat/completions", handlers.chat_completions, methods=["POST"]),
+        # vLLM's routes outside /v1: its API key does not guard them (only /v1 paths need it).
+        Route("/ping", handlers.health, methods=["GET", "POST"]),
+        Route("/invocations", handlers.invocations, methods=["POST"]),
+        *(Route(path, handlers.extra(builder), methods=["POST"]) for path, builder in BUILDERS.items()),
     ]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error})
     app.state.fake_vllm = state
