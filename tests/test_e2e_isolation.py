@@ -2,6 +2,8 @@
 
 - Every attempt's vLLM servers and proxies require its own random token: a request without it (another user's
   job on the node) gets 401. Only the steps' environments hold the token: no command line, no file of the run.
+- The replicas listen on Unix-domain sockets in an owner-only directory (another user cannot connect); the proxy
+  is the one TCP listener, and it wants the token on every route, vLLM's unauthenticated ones too.
 - ``server.env`` refuses literal secrets; ``server.env_from`` passes a variable of the submitting shell (a gated
   model's ``HF_TOKEN``) by name to the server steps only (never the proxy or the client), and into no file.
 
@@ -12,6 +14,7 @@ the local Slurm cluster, checked from outside while it runs.
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import subprocess
 import sys
@@ -150,6 +153,19 @@ def _environ(pid: int) -> dict[str, str]:
     return dict(p.split("=", 1) for p in pairs if "=" in p)
 
 
+def _connect_as_nobody(path: Path) -> str:
+    """What another, unprivileged user gets connecting to the Unix-domain socket ``path``."""
+    script = (
+        "import socket, sys\nsock = socket.socket(socket.AF_UNIX)\n"
+        "try:\n    sock.connect(sys.argv[1]); print('connected')\nexcept OSError as exc:\n    print(exc.strerror)"
+    )
+    done = subprocess.run(
+        ["/usr/bin/python3", "-c", script, str(path)], user=65534, group=65534, cwd="/", capture_output=True,
+        text=True, timeout=30, check=True,
+    )  # fmt: skip
+    return done.stdout.strip()
+
+
 def _find(what: str, match: Any, timeout: float = 60) -> int:
     """The pid of the one process (never an ``srun`` that started it) whose argv ``match`` accepts."""
     deadline = time.monotonic() + timeout
@@ -188,28 +204,38 @@ def test_a_mixed_run_serves_only_requests_with_the_attempts_token(
         time.sleep(0.2)
     [attempt] = list(attempts.glob("attempt-*"))
     serving = json.loads((attempt / "serving.json").read_text())
-    servers = [f"http://127.0.0.1:{r['port']}" for r in serving["replicas"]]
+    sockets = [Path(r["socket"]) for r in serving["replicas"]]
     [proxy] = [url.removesuffix("/v1") for url in json.loads((attempt / "endpoints.json").read_text()).values()]
-    assert len(servers) == 2 and proxy not in servers
+    assert len(sockets) == 2 and all(r["port"] is None for r in serving["replicas"])
 
-    # What another user's job on the node could do: without the attempt's token, nothing but /health answers.
+    # The replicas listen on Unix-domain sockets in a directory only this user can enter: another user on the node
+    # cannot even connect (vLLM serves /invocations, /tokenize, /pooling... without its API key).
+    (directory,) = {path.parent for path in sockets}
+    assert directory.stat().st_mode & 0o777 == 0o700 and directory.stat().st_uid == os.getuid()
+    for path in sockets:
+        assert _connect_as_nobody(path) == "Permission denied"
+    # What another user's job could do at the proxy, the only TCP listener: without the token, nothing but /health
+    # answers, on vLLM's unauthenticated routes too.
     chat = {"model": "qwen3-8b", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
-    for base in (*servers, proxy):
-        for headers in ({}, {"Authorization": "Bearer guessed"}):
-            assert httpx.get(f"{base}/v1/models", headers=headers, timeout=10).status_code == 401, base
-            assert httpx.post(f"{base}/v1/chat/completions", json=chat, headers=headers, timeout=10).status_code == 401
-        assert httpx.get(f"{base}/health", timeout=10).status_code == 200
+    for headers in ({}, {"Authorization": "Bearer guessed"}):
+        assert httpx.get(f"{proxy}/v1/models", headers=headers, timeout=10).status_code == 401
+        assert httpx.post(f"{proxy}/v1/chat/completions", json=chat, headers=headers, timeout=10).status_code == 401
+        for route in ("/invocations", "/tokenize", "/pooling", "/score"):
+            assert httpx.post(f"{proxy}{route}", json=chat, headers=headers, timeout=10).status_code == 401, route
+    assert httpx.get(f"{proxy}/health", timeout=10).status_code == 200
+    with httpx.Client(transport=httpx.HTTPTransport(uds=str(sockets[0]))) as owner:  # the owner reaches a replica
+        assert owner.post("http://localhost/tokenize", json={"prompt": "hi"}, timeout=10).status_code == 200
 
     # The token, from a server step's environment (readable by the job's owner only).
-    port = str(serving["replicas"][0]["port"])
-    server_pid = _find("server", lambda a: "serve" in a and "--port" in a and a[a.index("--port") + 1] == port)
+    where = str(sockets[0])
+    server_pid = _find("server", lambda a: "serve" in a and "--uds" in a and a[a.index("--uds") + 1] == where)
     server_env = _environ(server_pid)
     token = server_env["VLLM_API_KEY"]
     assert len(token) >= 32 and server_env["HF_TOKEN"] == hf_value
     assert "DEMO_HOSTED_API_KEY" not in server_env and "DDSLURM_LOCAL_TOKEN" not in server_env
     good = {"Authorization": f"Bearer {token}"}
-    for base in (*servers, proxy):
-        assert httpx.get(f"{base}/v1/models", headers=good, timeout=10).status_code == 200, base
+    assert httpx.get(f"{proxy}/v1/models", headers=good, timeout=10).status_code == 200
+    assert httpx.post(f"{proxy}/tokenize", json={"prompt": "hi"}, headers=good, timeout=10).status_code == 200
 
     # The proxy holds the token but neither the server-only variable nor the hosted key; the client holds the
     # token as the local provider's key and the hosted key, never the server-only variable.

@@ -181,8 +181,8 @@ def test_a_hung_server_is_stopped_and_fails_the_attempt(make_run_files: Any, loc
     deadline = time.monotonic() + 60
     while not (attempt / "endpoints.json").exists() and time.monotonic() < deadline:
         time.sleep(0.1)
-    port = json.loads((attempt / "serving.json").read_text())["replicas"][0]["port"]
-    pids = subprocess.run(["pgrep", "-f", "--", f"--port {port}"], capture_output=True, text=True, check=False).stdout
+    where = json.loads((attempt / "serving.json").read_text())["replicas"][0]["socket"]
+    pids = subprocess.run(["pgrep", "-f", "--", f"--uds {where}"], capture_output=True, text=True, check=False).stdout
     assert pids.split()
     for pid in pids.split():
         os.kill(int(pid), signal.SIGSTOP)

@@ -379,10 +379,15 @@ def test_mixed_run_gets_one_gpu_node_with_replicas_on_distinct_gpus() -> None:
     assert plan.client_cpus == 3
 
 
-def test_single_replica_needs_no_proxy_and_gpus_mode_uses_gpus_flag() -> None:
+def test_a_single_replica_is_behind_its_proxy_on_a_unix_socket_and_gpus_mode_uses_gpus_flag() -> None:
+    """vLLM serves /invocations, /tokenize, /pooling... without its API key: the proxy, which wants the token on
+    every route, is the only way in, and the replica listens where no other user can connect."""
     run = make_run(deployments=(Deployment(model_alias="gen", model="m", served_model_name="s"),))
     plan = compile_plan(make_inputs(run, _gpu_profile(gpu_request="gpus")))
-    assert plan.serving is not None and not plan.serving.deployments[0].proxy
+    assert plan.serving is not None
+    dep = plan.serving.deployments[0]
+    assert (dep.proxy, dep.listen) == (True, "unix")
+    assert plan.generation.cpus_per_task == run.submission.cpus + dep.replicas[0].cpus + plan.serving.proxy_cpus
     assert (plan.generation.gres, plan.generation.gpus) == ("none", 1)
 
 
@@ -396,6 +401,7 @@ def test_two_deployments_share_the_node_and_explicit_ports_are_kept() -> None:
     plan = compile_plan(make_inputs(run, _gpu_profile()))
     assert plan.serving is not None and plan.serving.gpus == 4
     assert [r.port for r in plan.serving.deployments[0].replicas] == [8100]
+    assert [(d.listen, d.proxy) for d in plan.serving.deployments] == [("tcp", True), ("unix", True)]
 
 
 @pytest.mark.parametrize(

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import io
+import json
 import os
+import shutil
+import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Literal
 
 import httpx
 import pytest
@@ -35,6 +40,7 @@ from ddslurm.runtime._steps import Step, StepSpec
 CLIENT = """
 import sys, msgspec
 from pathlib import Path
+from typing import Literal
 from ddslurm.config import AttemptRecord, atomic_write, encode, read_json
 import time
 record_path = Path(sys.argv[1]); outcome = sys.argv[2]
@@ -44,6 +50,10 @@ if len(sys.argv) > 3:  # started before its endpoints (model load, or a spare cl
 record = read_json(record_path, AttemptRecord)
 if outcome == "crash":
     sys.exit(3)
+if outcome == "gated":  # runs until the test lets it finish
+    while not (record_path.parent / "go").exists():
+        time.sleep(0.02)
+    outcome = "ok"
 if outcome == "slow":  # one span of generation, for the tests of pulling allocations' client workers
     began = time.time(); time.sleep(0.5)
     (record_path.parent / "span.txt").write_text(f"{began} {time.time()}")
@@ -141,7 +151,7 @@ def test_a_client_ended_by_the_jobs_own_cancellation_records_cancelled(tmp_path:
 # --- a proxy that dies while the client depends on it -------------------------------------------------------
 
 STAND_IN = """
-import json, os, sys
+import json, os, socket, socketserver, sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 TOKEN = os.environ.get("VLLM_API_KEY")
 class Handler(BaseHTTPRequestHandler):
@@ -158,7 +168,17 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
     def log_message(self, *args):
         pass
-ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
+class UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+class ReusePortServer(ThreadingHTTPServer):
+    def server_bind(self):
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)  # as the proxy's --reuse-port
+        super().server_bind()
+where = sys.argv[1]
+if where.startswith("unix:"):
+    UnixServer(where[len("unix:"):], Handler).serve_forever()
+server = ReusePortServer if "--reuse-port" in sys.argv else ThreadingHTTPServer
+server(("127.0.0.1", int(where)), Handler).serve_forever()
 """
 
 
@@ -185,10 +205,12 @@ class ServingLauncher(ScriptedLauncher):
             self.clients.append(step)
             return step
         if spec.name.startswith("proxy-"):
-            port = spec.argv[spec.argv.index("--listen") + 1].rpartition(":")[2]
+            where = spec.argv[spec.argv.index("--listen") + 1].rpartition(":")[2]
+        elif "--uds" in spec.argv:
+            where = "unix:" + spec.argv[spec.argv.index("--uds") + 1]
         else:
-            port = spec.argv[spec.argv.index("--port") + 1]
-        stand_in = [sys.executable, "-c", STAND_IN, port]
+            where = spec.argv[spec.argv.index("--port") + 1]
+        stand_in = [sys.executable, "-c", STAND_IN, where, *[a for a in spec.argv if a == "--reuse-port"]]
         step = Step(spec, subprocess.Popen(stand_in, env={**os.environ, **spec.env}, start_new_session=True))
         (self.proxies if spec.name.startswith("proxy-") else self.servers).append(step)
         return step
@@ -205,6 +227,7 @@ def _serving_controller(
     secret_env: tuple[str, ...] = (),
     shard_rows: tuple[int, ...] = (4,),
     workers: int = 1,
+    listen: Literal["tcp", "unix"] = "tcp",
 ) -> tuple[Controller, Inputs]:
     from ddslurm.config import DeploymentPlan, ReplicaPlan, ServingPlan
 
@@ -213,7 +236,7 @@ def _serving_controller(
     replicas = tuple(ReplicaPlan(index=i, gpus=1, cpus=1) for i in range(2))
     deployment = DeploymentPlan(
         alias="gen", model="m", served_model_name="served", tensor_parallel=1, replicas=replicas, startup_timeout=30,
-        proxy=True, env={"VLLM_LOGGING_LEVEL": "INFO"}, env_from=env_from,
+        proxy=True, env={"VLLM_LOGGING_LEVEL": "INFO"}, env_from=env_from, listen=listen,
     )  # fmt: skip
     serving = ServingPlan(deployments=(deployment,), gpus=2, vllm_executable=str(tmp_path / "no-vllm"))
     plan = make_plan(
@@ -289,6 +312,119 @@ def test_a_dead_proxy_stops_the_client_and_the_rerun_restarts_it(
     if proxies == 2:  # the new proxy was up before the client ran again, in front of both replicas
         assert launcher.proxies[1].spec.argv.count("--upstream") == 2
     assert all(s.poll() is not None for s in [*launcher.proxies, *launcher.servers, *launcher.clients])
+
+
+NOBODY = 65534
+SQUAT = r"""
+import json, os, socket, sys, time
+port, stop = int(sys.argv[1]), sys.argv[2]
+tries, errors = 0, set()
+while not os.path.exists(stop):
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    tries += 1
+    try:
+        sock.bind(("127.0.0.1", port)); sock.listen()
+    except OSError as exc:
+        errors.add(exc.strerror); sock.close(); time.sleep(0.002); continue
+    print(json.dumps({"bound": True, "tries": tries}), flush=True)
+    conn, _ = sock.accept()  # whatever connects: the client would have sent its token here
+    print(json.dumps({"got": conn.recv(65536).decode("latin-1")}), flush=True)
+    sys.exit(0)
+print(json.dumps({"bound": False, "tries": tries, "errors": sorted(errors)}), flush=True)
+"""
+
+
+@pytest.mark.skipif(os.getuid() != 0 or not Path("/usr/bin/python3").exists(), reason="another uid needs root")
+def test_replicas_on_unix_sockets_and_a_held_proxy_port_leave_a_squatter_nothing(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Another user races for the proxy's port from before serving starts until after the proxy was killed and
+    restarted: it never binds it (the controller holds the port for the allocation), and the replicas are sockets
+    in a directory only this user can enter, removed at teardown with the hold released."""
+    launcher = ServingLauncher(["hang", "gated"])
+    scratch = Path(tempfile.mkdtemp(prefix="tmp", dir="/tmp"))  # short: a socket path has at most 107 bytes
+    request.addfinalizer(lambda: shutil.rmtree(scratch, ignore_errors=True))
+    scratch.chmod(0o755)  # the squatter looks for its stop file here
+    controller, inputs = _serving_controller(tmp_path, launcher, 1, env={"TMPDIR": str(scratch)}, listen="unix")
+    killer = _kill_first_proxy_once_the_client_runs(launcher, tmp_path / "run-1")
+    squatters: list[subprocess.Popen[str]] = []
+
+    def squat_once_the_proxy_starts() -> None:
+        deadline = time.monotonic() + 30
+        while not launcher.proxies and time.monotonic() < deadline:
+            time.sleep(0.005)
+        port = launcher.proxies[0].spec.argv[launcher.proxies[0].spec.argv.index("--listen") + 1].rpartition(":")[2]
+        squatters.append(
+            subprocess.Popen(
+                ["/usr/bin/python3", "-c", SQUAT, port, str(scratch / "stop")],
+                user=NOBODY,
+                group=NOBODY,
+                cwd="/",
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+        )
+
+    outputs: list[str] = []
+
+    def stop_squatting_then_let_the_rerun_finish() -> None:
+        deadline = time.monotonic() + 60
+        while len(launcher.clients) < 2 and time.monotonic() < deadline:  # the proxy died, came back, rerun began
+            time.sleep(0.01)
+        (scratch / "stop").write_text("")
+        racer.join()
+        try:
+            outputs.append(squatters[0].communicate(timeout=30)[0])
+        except subprocess.TimeoutExpired:  # it bound the port and waits for a connection: the test fails below
+            squatters[0].kill()
+            outputs.append(squatters[0].communicate()[0])
+        attempt = RunLayout(tmp_path / "run-1").shard(0).attempt("attempt-9301")
+        (attempt.record.parent / "go").write_text("")
+
+    racer = threading.Thread(target=squat_once_the_proxy_starts, daemon=True)
+    racer.start()
+    finisher = threading.Thread(target=stop_squatting_then_let_the_rerun_finish, daemon=True)
+    finisher.start()
+    code = controller.run(inputs, 0, "9301", "n1")
+    record = read_json(RunLayout(tmp_path / "run-1").shard(0).attempt("attempt-9301").record, AttemptRecord)
+    assert (code, record.state) == (0, "succeeded"), (record.reason, record.message)
+    killer.join()
+    finisher.join()
+    outcome = json.loads(outputs[0].splitlines()[0])
+    assert outcome["bound"] is False and outcome["errors"] == ["Address already in use"], outcome
+    assert outcome["tries"] > 10  # it kept trying while the proxy died and came back
+    assert len(launcher.proxies) == 2  # killed once, restarted on the same (held) port
+    ports = {p.spec.argv[p.spec.argv.index("--listen") + 1] for p in launcher.proxies}
+    assert len(ports) == 1 and all("--reuse-port" in p.spec.argv for p in launcher.proxies)
+    sockets = [Path(s.spec.argv[s.spec.argv.index("--uds") + 1]) for s in launcher.servers]
+    assert len(sockets) == 2 and all("--port" not in s.spec.argv for s in launcher.servers)
+    (directory,) = {path.parent for path in sockets}
+    assert directory.parent == scratch and directory.name.startswith("ddslurm-scratch-")
+    assert not directory.exists()  # removed at teardown
+    upstreams = launcher.proxies[0].spec.argv
+    assert [upstreams[i + 1] for i, a in enumerate(upstreams) if a == "--upstream"] == [f"unix:{p}" for p in sockets]
+    serving = json.loads(next((tmp_path / "run-1").rglob("serving.json")).read_text())
+    assert [(r["port"], r["socket"]) for r in serving["replicas"]] == [(None, str(p)) for p in sockets]
+    port = int(next(iter(ports)).rpartition(":")[2])
+    assert _binds_within(port, 5.0)  # the hold went with the allocation
+
+
+def _binds_within(port: int, seconds: float) -> bool:
+    """Whether this process can bind ``port`` (past the killed proxy's closing connections) within ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while True:
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                if time.monotonic() > deadline:
+                    return False
+                time.sleep(0.05)
+                continue
+            return True
 
 
 # --- the attempt's token and the server-only variables ------------------------------------------------------
@@ -384,6 +520,7 @@ def _claim_all(args: tuple[Path, int, str, int]) -> list[int]:
 CLAIMER = """
 import sys, time
 from pathlib import Path
+from typing import Literal
 from ddslurm.config import RunLayout
 from ddslurm.runtime._controller import ClaimPool
 root, job, task, start = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), float(sys.argv[4])

@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from ddslurm.runtime._listeners import ListenerNotOursError, check_own_listener, listeners
+from ddslurm.runtime._log import new_logger
 from ddslurm.runtime._proxy import Proxy, ProxyConfig
 from ddslurm.runtime._serving import ServerStartError, wait_ready
 from ddslurm.runtime._steps import StepSpec
@@ -199,3 +200,175 @@ def test_the_proxy_never_sends_the_token_or_a_request_to_a_squatter_before_or_af
     assert all(s != 200 for s in statuses[6:])  # no upstream left: nothing served by the impostor
     assert all(r["auth"] is None for r in early + late), early + late
     assert all(r["path"] == "/health" for r in early) and not any(r["path"].startswith("/v1") for r in late)
+
+
+# --- Unix-domain sockets and held ports -------------------------------------------------------------------------
+
+TRY_AS_OTHER_USER = r"""
+import json, socket, sys
+kind, where = sys.argv[1], sys.argv[2]
+out = {}
+if kind == "bind":
+    for options in ((), ("reuseaddr",), ("reuseport",), ("reuseaddr", "reuseport")):
+        sock = socket.socket()
+        if "reuseaddr" in options: sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if "reuseport" in options: sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        try:
+            sock.bind(("127.0.0.1", int(where))); sock.listen(); out["+".join(options) or "plain"] = "bound"
+        except OSError as exc:
+            out["+".join(options) or "plain"] = exc.strerror
+        sock.close()
+else:
+    sock = socket.socket(socket.AF_UNIX)
+    try:
+        sock.connect(where); out["connect"] = "connected"
+    except OSError as exc:
+        out["connect"] = exc.strerror
+print(json.dumps(out))
+"""
+
+
+def _as_nobody(kind: str, where: str) -> dict[str, str]:
+    done = subprocess.run(
+        [SYSTEM_PYTHON, "-c", TRY_AS_OTHER_USER, kind, where], user=NOBODY, group=NOBODY, capture_output=True,
+        text=True, cwd="/", check=True, timeout=30,
+    )  # fmt: skip
+    result: dict[str, str] = json.loads(done.stdout)
+    return result
+
+
+def _unix_listener(path: Path) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(path))
+    sock.listen()
+    return sock
+
+
+def test_a_unix_socket_is_ours_only_as_a_socket_of_this_uid_in_a_directory_no_one_else_can_enter(
+    tmp_path: Path,
+) -> None:
+    from ddslurm.runtime._listeners import check_own_socket, unix_url
+
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    with contextlib.closing(_unix_listener(private / "gen-0.sock")):
+        check_own_listener(unix_url(private / "gen-0.sock"))
+        with pytest.raises(ListenerNotOursError, match=f"only uid {os.getuid() + 12345} can enter"):
+            check_own_socket(private / "gen-0.sock", uid=os.getuid() + 12345)  # another user's view of it
+        assert _as_nobody("connect", str(private / "gen-0.sock")) == {"connect": "Permission denied"}
+    (private / "gen-0.sock").unlink()  # a closed socket's file stays (still ours); a removed one is gone
+    with pytest.raises(ListenerNotOursError, match="nothing listens at"):
+        check_own_listener(unix_url(private / "gen-0.sock"))
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)  # a directory anyone can put a socket in: whatever is there may be another user's
+    with (
+        contextlib.closing(_unix_listener(shared / "gen-0.sock")),
+        pytest.raises(ListenerNotOursError, match="not a directory only"),
+    ):
+        check_own_listener(unix_url(shared / "gen-0.sock"))
+    (private / "file.sock").write_text("")
+    with pytest.raises(ListenerNotOursError, match="is not a socket"):
+        check_own_listener(unix_url(private / "file.sock"))
+
+
+def test_a_held_port_cannot_be_taken_by_another_user_before_during_or_after_the_proxy_listens() -> None:
+    """Before: a proxy's port was free for anyone between the check and the proxy's bind, and again once the proxy
+    died, while the clients kept sending the token to it. The controller's hold keeps it for the allocation."""
+    from ddslurm.runtime._serving import PortHolds, listening_ports, port_is_free
+
+    holds = PortHolds()
+    port = next(p for p in listening_ports()[5000:] if holds.take(p))
+    refused = {"plain", "reuseaddr", "reuseport", "reuseaddr+reuseport"}
+    try:
+        assert not port_is_free(port) and not holds.take(port)
+        assert set(_as_nobody("bind", str(port))) == refused
+        assert set(_as_nobody("bind", str(port)).values()) == {"Address already in use"}
+
+        async def proxy_life() -> tuple[int, dict[str, str]]:
+            proxy = Proxy(
+                ProxyConfig("127.0.0.1", port, ("http://127.0.0.1:9",), token=TOKEN, reuse_port=True),
+                new_logger(sys.stderr.buffer),
+            )
+            assert await proxy.start() == port  # the proxy binds beside the hold
+            try:
+                during = await asyncio.to_thread(_as_nobody, "bind", str(port))
+            finally:
+                await proxy.stop()
+            return port, during
+
+        _, during = asyncio.run(proxy_life())
+        assert set(during.values()) == {"Address already in use"}
+        after = _as_nobody("bind", str(port))  # the proxy is gone: the hold still keeps the port
+        assert set(after.values()) == {"Address already in use"}
+        with socket.socket() as probe, pytest.raises(ConnectionRefusedError):
+            probe.connect(("127.0.0.1", port))  # refused, never answered by anyone else
+        asyncio.run(proxy_life())  # a restarted proxy binds the same port again
+    finally:
+        holds.release()
+    assert port_is_free(port)
+
+
+def test_the_proxy_serves_replicas_on_unix_sockets_and_requires_the_token_on_every_route(tmp_path: Path) -> None:
+    """vLLM's own API key guards only /v1/*; behind the proxy every route but /health wants the token, and the
+    replica's socket is in a directory no other user can enter."""
+    from aiohttp import web
+
+    from ddslurm.runtime._listeners import unix_url
+
+    private = tmp_path / "sockets"
+    private.mkdir(mode=0o700)
+    seen: list[tuple[str, str | None]] = []
+
+    async def answer(request: web.Request) -> web.Response:
+        seen.append((request.path, request.headers.get("Authorization")))
+        return web.json_response({"path": request.path, "data": [{"id": "served"}]})
+
+    async def scenario() -> dict[str, int]:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", answer)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.UnixSite(runner, str(private / "gen-0.sock")).start()
+        proxy = _proxy([unix_url(private / "gen-0.sock")])
+        port = await proxy.start()
+        statuses: dict[str, int] = {}
+        try:
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+                for path in ("/invocations", "/tokenize", "/pooling", "/score", "/v1/chat/completions"):
+                    statuses[path] = (await client.post(path, json={})).status_code
+                    statuses[path + "+token"] = (
+                        await client.post(path, json={}, headers={"Authorization": f"Bearer {TOKEN}"})
+                    ).status_code
+                statuses["/health"] = (await client.get("/health")).status_code
+        finally:
+            await proxy.stop()
+            await runner.cleanup()
+        return statuses
+
+    statuses = asyncio.run(scenario())
+    assert statuses.pop("/health") == 200
+    assert {k: v for k, v in statuses.items() if not k.endswith("+token")} == dict.fromkeys(
+        ("/invocations", "/tokenize", "/pooling", "/score", "/v1/chat/completions"), 401
+    )
+    assert set(v for k, v in statuses.items() if k.endswith("+token")) == {200}
+    forwarded = [(p, a) for p, a in seen if p != "/health" and p != "/metrics"]
+    assert [p for p, _ in forwarded] == ["/invocations", "/tokenize", "/pooling", "/score", "/v1/chat/completions"]
+    assert {a for _, a in forwarded} == {f"Bearer {TOKEN}"}
+    assert all(a is None for p, a in seen if p in ("/health", "/metrics"))
+
+
+def test_a_port_where_a_stale_proxy_of_this_user_listens_is_not_held() -> None:
+    """A proxy left by an earlier job of the same user, bound with SO_REUSEPORT, would share the port's connections
+    with the new proxy (the kernel balances a reuseport group): such a port counts as taken."""
+    from ddslurm.runtime._serving import PortHolds
+
+    with socket.socket() as stale:
+        stale.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        stale.bind(("127.0.0.1", 0))
+        stale.listen()
+        holds = PortHolds()
+        try:
+            assert not holds.take(stale.getsockname()[1])
+        finally:
+            holds.release()

@@ -67,8 +67,43 @@ def _serving(**kw: object) -> ServingPlan:
     ],
 )
 def test_server_command_lines(serving: ServingPlan, argv: tuple[str, ...], srun_extra: tuple[str, ...]) -> None:
-    cmd = server_command(serving, DEP, "127.0.0.1", 8100)
+    cmd = server_command(serving, DEP, "http://127.0.0.1:8100")
     assert cmd.argv == argv
+    assert cmd.srun_extra == srun_extra
+
+
+@pytest.mark.parametrize(
+    ("runtime", "argv_head", "srun_extra"),
+    [
+        pytest.param("none", ("/opt/venv/bin/vllm",), (), id="bare"),
+        pytest.param(
+            "pyxis",
+            ("vllm",),
+            ("--container-image=img", "--no-container-mount-home", "--container-mounts=/models:/models,/s/x:/s/x"),
+            id="pyxis",
+        ),
+        pytest.param(
+            "apptainer",
+            ("apptainer", "exec", "--nv", "--bind=/models", "--bind=/s/x:/s/x", "img", "vllm"),
+            (),
+            id="apptainer",
+        ),
+    ],
+)
+def test_a_replica_on_a_unix_socket_gets_uds_and_its_directory_inside_a_container(
+    runtime: str, argv_head: tuple[str, ...], srun_extra: tuple[str, ...]
+) -> None:
+    """vLLM's ``--uds PATH`` replaces ``--host``/``--port``; a container sees the socket's directory at the same
+    path, or the socket it binds would be invisible to the proxy outside."""
+    mounts = ("/models:/models",) if runtime == "pyxis" else ("/models",)
+    serving = _serving(
+        container_runtime=runtime, vllm_image="img", container_mounts=mounts, vllm_executable="/opt/venv/bin/vllm"
+    )
+    cmd = server_command(serving, DEP, "unix:/s/x/gen-0.sock")
+    assert cmd.argv[: len(argv_head)] == argv_head
+    serve = cmd.argv[len(argv_head) :]
+    assert serve[:4] == ("serve", DEP.model, "--uds", "/s/x/gen-0.sock")
+    assert "--host" not in serve and "--port" not in serve
     assert cmd.srun_extra == srun_extra
 
 
@@ -78,7 +113,7 @@ def test_the_token_reaches_vllm_by_environment_not_on_the_command_line(runtime: 
     Apptainer also gets APPTAINERENV_VLLM_API_KEY, which reaches the container even with --cleanenv."""
     serving = _serving(container_runtime=runtime, vllm_image="img")
     token = "tok-" + "x" * 40
-    cmd = server_command(serving, DEP, "127.0.0.1", 8100)
+    cmd = server_command(serving, DEP, "http://127.0.0.1:8100")
     assert not any(token in arg or "--api-key" in arg for arg in (*cmd.argv, *cmd.srun_extra))
     env = token_environment(serving, token)
     assert env["VLLM_API_KEY"] == token

@@ -50,7 +50,14 @@ class DeploymentPlan(Frozen, frozen=True, kw_only=True):
     extra_args: tuple[str, ...] = ()
     env: dict[str, str] = msgspec.field(default_factory=dict)
     proxy: bool = False
-    """Whether the alias's endpoint is a balancing proxy (more than one replica) or the replica itself."""
+    """Whether the alias's endpoint is the proxy (``ddslurm-runtime proxy``, which requires the token on every
+    route) or the replica itself. The planner puts every deployment behind one; plans compiled before it did:
+    only those with more than one replica."""
+    listen: Literal["tcp", "unix"] = "tcp"
+    """Where the replicas listen. ``unix``: a Unix-domain socket (vLLM's ``--uds``) in a directory of the
+    allocation that only its user can enter, which no other user can reach, squat or replace (needs ``proxy``);
+    ``tcp``: loopback ports (``server.port`` pins them), whose listener is proved to be this user's before any
+    request carries the token. Plans compiled before sockets: ``tcp``."""
     env_from: tuple[str, ...] = ()
     """Names of job environment variables given to this deployment's server steps only (``server.env_from``);
     their values are never in the plan."""

@@ -13,11 +13,15 @@ from ddslurm.config import Plan, PlannedArray, ProviderSnapshot, Resources
 from ddslurm.launcher._submit import array_tasks
 from ddslurm.providers import AliasRow
 from ddslurm.runtime import parallel_requests
+from ddslurm.runtime._listeners import unix_url
 from ddslurm.runtime._serving import server_command
 from ddslurm.runtime._steps import StepSpec, srun_argv
 
 PORT = 0
 """Stands for a port the job chooses when it starts (shown as ``<port>``)."""
+TCP = f"http://127.0.0.1:{PORT}"
+SOCKETS = Path("/<sockets>")
+"""Stands for the allocation's owner-only socket directory, made on the node (shown as ``<sockets>``)."""
 _NOWHERE = Path("/dev/null")
 """The steps' log (the bill starts nothing)."""
 
@@ -124,9 +128,11 @@ def step_lines(plan: Plan) -> list[str]:
     if serving is not None:
         for dep in serving.deployments:
             for rep in dep.replicas:
-                cmd = server_command(serving, dep, "127.0.0.1", PORT)
+                name = f"server-{dep.alias}-{rep.index}"
+                listen = unix_url(SOCKETS / f"{dep.alias}-{rep.index}.sock") if dep.listen == "unix" else TCP
+                cmd = server_command(serving, dep, listen)
                 spec = StepSpec(
-                    name=f"server-{dep.alias}-{rep.index}",
+                    name=name,
                     argv=cmd.argv,
                     env={},
                     log=_NOWHERE,
@@ -142,6 +148,7 @@ def step_lines(plan: Plan) -> list[str]:
                     "proxy",
                     "--listen",
                     "127.0.0.1:<port>",
+                    "--reuse-port",
                     *(["--upstream", "<replica>"] * len(dep.replicas)),
                 )
                 lines.append(
@@ -163,7 +170,7 @@ def step_lines(plan: Plan) -> list[str]:
 
 
 def _show(argv: Sequence[str]) -> str:
-    return shlex.join(argv).replace(f"--port {PORT}", "--port <port>")
+    return shlex.join(argv).replace(f"--port {PORT}", "--port <port>").replace(str(SOCKETS), "<sockets>")
 
 
 def make_bill(

@@ -10,6 +10,12 @@ step's environment: the hosted providers' API keys and the attempt's own random 
 proxy of the attempt requires (they get it in their environment, never on a command line; nothing writes it to
 a file). Variables the run file names in ``server.env_from`` reach only the server steps of that deployment.
 
+Where servers listen (docs/architecture.md, "Threat model"): every deployment's endpoint is its proxy, on a
+loopback port this controller holds for the whole allocation (:class:`~ddslurm.runtime._serving.PortHolds`: no
+other user can bind it, even while the proxy restarts); the replicas listen on Unix-domain sockets in a scratch
+directory only this user can enter (``listen: unix``), or on loopback ports proved to be this user's before the
+token reaches them (``listen: tcp``).
+
 A retryable failure of the client run (``client_retries``) reruns the client with the servers kept; a proxy
 that died is started again first. Teardown always runs: on success, failure, cancellation (SIGTERM) or the
 time-limit warning (SIGUSR1 from ``#SBATCH --signal``), and the attempt record
@@ -20,16 +26,17 @@ from __future__ import annotations
 
 import os
 import secrets
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
-import msgspec
 
 from ddslurm.config import (
     AttemptRecord,
@@ -46,16 +53,27 @@ from ddslurm.config import (
 )
 from ddslurm.runtime._attempt import EXIT_FAILED, EXIT_OK, AttemptRunner, Began, Inputs, exit_code_for
 from ddslurm.runtime._engine import local_token_names
-from ddslurm.runtime._scratch import pid_alive, process_start_time
+from ddslurm.runtime._listeners import MAX_SOCKET_PATH, socket_path, unix_url
+from ddslurm.runtime._scratch import (
+    create_scratch,
+    pid_alive,
+    process_start_time,
+    remove_scratch,
+    scratch_base,
+    scratch_owner,
+    user_name,
+)
 from ddslurm.runtime._serving import (
     TOKEN_ENV,
+    ListenerClients,
+    PortHolds,
+    PortUnavailableError,
     ProxyDiedError,
     ServerDiedError,
     answers,
     check_gpus,
     choose_ports,
     is_healthy,
-    port_is_free,
     server_command,
     token_environment,
     vllm_version,
@@ -65,6 +83,8 @@ from ddslurm.runtime._steps import Step, StepLauncher, StepSpec, without
 from ddslurm.runtime.errors import RuntimeFailure, SecretMissingError
 
 HOST = "127.0.0.1"
+SOCKET_ROOM = 64
+"""Bytes of a socket path left for the scratch directory's name and the socket's own (``<alias>-<i>.sock``)."""
 STOP_RACE_S = 2.0
 """How long a client step's failure waits for the signal that may have ended it (scancel, time limit)."""
 
@@ -154,12 +174,13 @@ def split_memory(env: Mapping[str, str], servers: int, proxies: int, clients: in
 class Replica:
     alias: str
     index: int
-    port: int
+    url: str
+    """``http://127.0.0.1:PORT`` or ``unix:/path.sock``."""
     step: Step
 
     @property
-    def url(self) -> str:
-        return f"http://{HOST}:{self.port}"
+    def port(self) -> int | None:
+        return None if socket_path(self.url) is not None else int(self.url.rpartition(":")[2])
 
 
 @dataclass(slots=True)
@@ -299,6 +320,10 @@ class Controller:
         self._run_dir = run_dir
         self._log = logger
         self._http = http
+        self._clients = ListenerClients(http)
+        self._holds = PortHolds(HOST)
+        self._sockets: Path | None = None
+        """The scratch directory (owner-only) of the replicas' Unix-domain sockets, made when one is needed."""
         self._stop = stop
         self._grace = grace
         self._poll = poll
@@ -504,15 +529,19 @@ class Controller:
         asking = threading.Thread(target=lambda: version.append(vllm_version(serving, server_env)), daemon=True)
         asking.start()
         log.info("serving.start", gpus=len(gpus))
-        wanted = [r.port for d in serving.deployments for r in d.replicas]
+        for dep in serving.deployments:
+            if dep.listen == "unix" and not dep.proxy:
+                raise RuntimeFailure(f"the plan puts {dep.alias!r} on Unix-domain sockets without its proxy")
+        wanted = [r.port for d in serving.deployments if d.listen == "tcp" for r in d.replicas]
         ports = iter(choose_ports(wanted, self._job))
         replicas: dict[str, list[Replica]] = {}
         for dep in serving.deployments:
             for rep in dep.replicas:
-                port = next(ports)
-                cmd = server_command(serving, dep, HOST, port)
+                name = f"server-{dep.alias}-{rep.index}"
+                url = self._socket_url(name) if dep.listen == "unix" else f"http://{HOST}:{next(ports)}"
+                cmd = server_command(serving, dep, url)
                 spec = StepSpec(
-                    name=f"server-{dep.alias}-{rep.index}",
+                    name=name,
                     argv=cmd.argv,
                     env={
                         **server_env,
@@ -520,15 +549,15 @@ class Controller:
                         **{name: self._env[name] for name in dep.env_from},
                         **token_environment(serving, self._token),
                     },
-                    log=self._serving_dir / f"server-{dep.alias}-{rep.index}.log",
+                    log=self._serving_dir / f"{name}.log",
                     cpus=rep.cpus,
                     mem_mb=memory.server,
                     gpus=rep.gpus,
                     gpu_request=serving.gpu_request,
                     srun_extra=cmd.srun_extra,
                 )
-                replicas.setdefault(dep.alias, []).append(Replica(dep.alias, rep.index, port, self._start(spec)))
-                log.info("server.started", step=spec.name, port=port, argv=list(cmd.argv))
+                replicas.setdefault(dep.alias, []).append(Replica(dep.alias, rep.index, url, self._start(spec)))
+                log.info("server.started", step=spec.name, listen=url, argv=list(cmd.argv))
 
         def asked() -> str:
             asking.join(timeout=60)
@@ -536,13 +565,45 @@ class Controller:
 
         return replicas, asked
 
+    def _socket_url(self, name: str) -> str:
+        """Where the replica ``name`` listens: a socket in this allocation's owner-only scratch directory (made
+        on first use, in the job's temporary directory or /tmp, short enough for a socket path; a directory left
+        by a killed controller is swept like any scratch directory)."""
+        if self._sockets is None:
+            pid = os.getpid()
+            owner = scratch_owner(
+                self._env,
+                f"serving-{self._job}",
+                uid=os.getuid(),
+                user=user_name(os.getuid()),
+                pid=pid,
+                pid_start=process_start_time(pid),
+                host=socket.gethostname(),
+                now=datetime.now(UTC),
+            )
+            # The job's temporary directory, unless its path leaves too little room for a socket name: /tmp then.
+            base = scratch_base(self._env)
+            if len(os.fsencode(base)) > MAX_SOCKET_PATH - SOCKET_ROOM:
+                base = Path("/tmp")
+            self._sockets = create_scratch(base, owner)
+        path = self._sockets / f"{name.removeprefix('server-')}.sock"
+        if len(os.fsencode(path)) > MAX_SOCKET_PATH:
+            raise PortUnavailableError(
+                f"the socket path {path} is longer than the {MAX_SOCKET_PATH} bytes a Unix-domain socket allows; "
+                "use shorter model aliases, or pin server.port to serve on loopback ports"
+            )
+        return unix_url(path)
+
     def _launch_proxies(
         self, serving: ServingPlan, replicas: dict[str, list[Replica]], memory: MemorySplit, log: Any
     ) -> None:
-        """Start the balancing proxy of every alias with several replicas (it answers once one replica does)."""
+        """Start the proxy of every deployment (it answers once one replica does), each on a port this controller
+        holds until teardown (:class:`~ddslurm.runtime._serving.PortHolds`)."""
         proxied = [d for d in serving.deployments if d.proxy]
         used = {r.port for reps in replicas.values() for r in reps}
-        ports = iter(choose_ports([None] * len(proxied), f"{self._job}7", lambda p: p not in used and port_is_free(p)))
+        ports = iter(
+            choose_ports([None] * len(proxied), f"{self._job}7", lambda p: p not in used and self._holds.take(p))
+        )
         for dep in proxied:
             proxy = self._start_proxy(dep.alias, next(ports), replicas[dep.alias], serving.proxy_cpus, memory)
             log.info("proxy.started", alias=dep.alias, port=proxy.port, upstreams=[r.url for r in replicas[dep.alias]])
@@ -572,7 +633,7 @@ class Controller:
             url,
             served,
             max(0.0, deadline - time.monotonic()),
-            client=self._http,
+            client=self._clients.get(url),
             sleep=sleep,
             token=self._token,
             interval=0.2,
@@ -581,7 +642,7 @@ class Controller:
     def _start_proxy(
         self, alias: str, port: int, upstreams: list[Replica], cpus: int, memory: MemorySplit
     ) -> ProxyStep:
-        argv = [str(self._runtime_exe), "proxy", "--listen", f"{HOST}:{port}"]
+        argv = [str(self._runtime_exe), "proxy", "--listen", f"{HOST}:{port}", "--reuse-port"]
         for replica in upstreams:
             argv += ["--upstream", replica.url]
         log_path = self._serving_dir / f"proxy-{alias}.log"
@@ -597,14 +658,10 @@ class Controller:
         self._proxies[alias] = proxy
         return proxy
 
-    def _free_port(self, replicas: dict[str, list[Replica]]) -> int:
-        used = {r.port for reps in replicas.values() for r in reps} | {p.port for p in self._proxies.values()}
-        [port] = choose_ports([None], f"{self._job}8", lambda p: p not in used and port_is_free(p))
-        return port
-
     def _restart_dead_proxies(self, replicas: dict[str, list[Replica]], memory: MemorySplit, log: Any) -> None:
         """Start every proxy that has exited again, in front of the replicas still running, before a client runs
-        again, on its old port when that is free (the endpoints file is rewritten when a port changes)."""
+        again: on its old port, which this controller still holds (no other user could take it meanwhile), so the
+        endpoints file stays true."""
         for alias, old in list(self._proxies.items()):
             if old.step.poll() is None:
                 continue
@@ -612,15 +669,9 @@ class Controller:
             alive = [r for r in replicas[alias] if r.step.poll() is None]
             if not alive:
                 raise ServerDiedError(f"no replica of {alias!r} is left to restart its proxy in front of")
-            port = old.port if port_is_free(old.port) else self._free_port(replicas)
-            proxy = self._start_proxy(alias, port, alive, old.step.spec.cpus, memory)
+            proxy = self._start_proxy(alias, old.port, alive, old.step.spec.cpus, memory)
             self._wait_ready(proxy.step, proxy.url, None, 60.0)
-            log.warning("proxy.restarted", alias=alias, port=port, upstreams=[r.url for r in alive])
-            if port != old.port:
-                endpoints_file = self._serving_dir / "endpoints.json"
-                current = msgspec.json.decode(endpoints_file.read_bytes(), type=dict[str, str])
-                updated = {k: v.replace(old.url, proxy.url) for k, v in current.items()}
-                self._write_endpoints(endpoints_file, encode_pretty(updated))
+            log.warning("proxy.restarted", alias=alias, port=old.port, upstreams=[r.url for r in alive])
 
     def _record_serving(self, serving: ServingPlan, replicas: dict[str, list[Replica]], version: str) -> None:
         doc = {
@@ -631,6 +682,7 @@ class Controller:
                     "alias": r.alias,
                     "index": r.index,
                     "port": r.port,
+                    "socket": None if (path := socket_path(r.url)) is None else str(path),
                     "step": r.step.name,
                     "argv": list(r.step.spec.argv),
                 }
@@ -806,13 +858,13 @@ class Controller:
         for proxy in self._proxies.values():
             if proxy.step.poll() is not None:
                 continue
-            answered = answers(self._http, proxy.url)
+            answered = answers(self._clients.get(proxy.url), proxy.url)
             if self._strike(proxy.step, answered, failures, log, "proxy.unresponsive", "proxy.hung", "no answer"):
                 proxy.hung = True
         for reps in replicas.values():
             for r in reps:
                 if r.step.poll() is None:
-                    healthy = is_healthy(self._http, r.url)
+                    healthy = is_healthy(self._clients.get(r.url), r.url)
                     self._strike(
                         r.step,
                         healthy,
@@ -868,6 +920,11 @@ class Controller:
             for step, status in zip(group, stop_together(group, self._grace), strict=True):
                 log.info("step.stopped", step=step.name, status=status)
         self._steps.clear()
+        self._holds.release()
+        self._clients.close()
+        if self._sockets is not None:
+            remove_scratch(self._sockets)
+            self._sockets = None
 
 
 def stop_together(steps: Sequence[Step], grace: float) -> list[int]:

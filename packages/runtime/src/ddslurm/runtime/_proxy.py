@@ -1,7 +1,11 @@
 """The per-model-alias endpoint: an asynchronous HTTP reverse proxy in front of several vLLM replicas.
 
     ddslurm-runtime proxy --listen HOST:PORT --upstream URL [--upstream URL ...] [--log PATH] [--max-waiting N]
-                          [--loop auto|uvloop|asyncio]
+                          [--loop auto|uvloop|asyncio] [--reuse-port]
+
+An upstream is ``http://HOST:PORT`` or ``unix:/path.sock`` (a replica on a Unix-domain socket, vLLM's ``--uds``).
+``--reuse-port`` binds the listening socket with ``SO_REUSEPORT``, beside the hold the controller keeps on the
+port (``ddslurm.runtime._serving.PortHolds``), so that no other user can take the port while the proxy restarts.
 
 Any method and path is forwarded to one upstream (``/v1/chat/completions``, ``/v1/models``, ...): the body and
 headers are copied (minus hop-by-hop headers and Host) and status codes pass through unchanged. A response body
@@ -57,7 +61,7 @@ import aiohttp
 from aiohttp import web
 from yarl import URL
 
-from ddslurm.runtime._listeners import ListenerNotOursError, check_own_listener
+from ddslurm.runtime._listeners import ListenerNotOursError, check_own_listener, http_base, socket_path
 from ddslurm.runtime._log import new_logger
 from ddslurm.runtime._serving import TOKEN_ENV, auth_headers
 
@@ -98,7 +102,7 @@ def _url(base: str, raw_path: str) -> URL:
 class ProxyConfig:
     listen_host: str
     listen_port: int
-    upstreams: tuple[str, ...]  # base URLs without /v1, e.g. "http://127.0.0.1:8101"
+    upstreams: tuple[str, ...]  # base URLs without /v1, e.g. "http://127.0.0.1:8101", or "unix:/path.sock"
     health_interval: float = 1.0  # seconds between /health probes of each upstream
     metrics_interval: float = 1.0  # seconds between /metrics scrapes of each upstream
     max_waiting: int = 64  # vllm:num_requests_waiting above which an upstream is "saturated"
@@ -108,6 +112,7 @@ class ProxyConfig:
     probe_timeout: float = 5.0  # one /health probe or /metrics scrape
     shutdown_timeout: float = 5.0  # how long a stop lets in-flight requests finish
     token: str | None = field(default=None, repr=False)  # required from clients, sent upstream; None: open
+    reuse_port: bool = False  # bind with SO_REUSEPORT (beside the controller's hold on the port)
 
     def __post_init__(self) -> None:
         if not self.upstreams:
@@ -115,8 +120,11 @@ class ProxyConfig:
         if len(set(self.upstreams)) != len(self.upstreams):
             raise ValueError(f"duplicate upstreams: {list(self.upstreams)}")
         for url in self.upstreams:
-            if not url.startswith(("http://", "https://")):
-                raise ValueError(f"upstream must be an http(s) base URL: {url!r}")
+            path = socket_path(url)
+            if path is not None and not path.is_absolute():
+                raise ValueError(f"a unix: upstream needs an absolute socket path: {url!r}")
+            if path is None and not url.startswith(("http://", "https://")):
+                raise ValueError(f"upstream must be an http(s) base URL or unix:/path: {url!r}")
         if not 0 <= self.listen_port <= 65535:
             raise ValueError(f"listen_port out of range: {self.listen_port}")
         for name in ("health_interval", "metrics_interval", "connect_timeout", "probe_timeout"):
@@ -151,11 +159,26 @@ def parse_waiting(text: str) -> int:
 class _Upstream:
     """One replica and what the proxy knows about it (only touched from the event loop)."""
 
-    __slots__ = ("base", "dead", "failed", "healthy", "in_flight", "recheck", "served", "url", "verified", "waiting")
+    __slots__ = (
+        "base",
+        "dead",
+        "failed",
+        "healthy",
+        "in_flight",
+        "probes",
+        "recheck",
+        "served",
+        "session",
+        "url",
+        "verified",
+        "waiting",
+    )
 
     def __init__(self, url: str) -> None:
-        self.url = url
-        self.base = url.rstrip("/")
+        self.url = url.rstrip("/")
+        self.base = http_base(self.url)
+        self.session: aiohttp.ClientSession | None = None  # pooled connections for forwarded requests
+        self.probes: aiohttp.ClientSession | None = None  # a fresh connection per /health probe or /metrics scrape
         self.healthy = False
         self.verified = False  # its listener was once proved to be this user's
         self.dead = False  # gone after it was verified, or another user's: never probed or chosen again
@@ -179,8 +202,16 @@ class _Upstream:
 
 
 def _refused(exc: BaseException) -> bool:
-    """The connection was refused: nothing listens on the upstream's port any more."""
-    return isinstance(exc, aiohttp.ClientConnectorError) and exc.os_error.errno == errno.ECONNREFUSED
+    """The connection was refused: nothing listens on the upstream's port (or socket) any more."""
+    return isinstance(exc, aiohttp.ClientConnectorError) and exc.os_error.errno in (errno.ECONNREFUSED, errno.ENOENT)
+
+
+def _connector(url: str, **options: Any) -> aiohttp.BaseConnector:
+    """A connection pool to one upstream: over its Unix-domain socket, or TCP."""
+    path = socket_path(url)
+    if path is not None:
+        return aiohttp.UnixConnector(path=str(path), **options)
+    return aiohttp.TCPConnector(**options)
 
 
 def _error(status: int, kind: str, message: str) -> web.Response:
@@ -197,8 +228,6 @@ class Proxy:
         self._upstreams = [_Upstream(url) for url in config.upstreams]
         self._next = 0  # round-robin start for ties
         self._changed = asyncio.Event()  # replaced on every health/saturation change; waiters hold the old one
-        self._session: aiohttp.ClientSession | None = None
-        self._probes: aiohttp.ClientSession | None = None
         self._runner: web.ServerRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._expected = f"Bearer {config.token}".encode() if config.token else None
@@ -214,28 +243,29 @@ class Proxy:
     async def start(self) -> int:
         """Probe every upstream once, start listening and the probe loops; returns the bound port."""
         cfg = self.config
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=_POOL_KEEPALIVE_S),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=cfg.connect_timeout),
-            auto_decompress=False,
-            cookie_jar=aiohttp.DummyCookieJar(),
-            skip_auto_headers=("Accept-Encoding", "User-Agent"),
-            trust_env=False,
-        )
-        # A fresh connection per probe: it tells whether the upstream accepts connections now.
-        self._probes = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, force_close=True),
-            timeout=aiohttp.ClientTimeout(total=cfg.probe_timeout),
-            cookie_jar=aiohttp.DummyCookieJar(),
-            trust_env=False,  # no token: /health and /metrics need none, and the listener may be another user's
-        )
+        for up in self._upstreams:
+            up.session = aiohttp.ClientSession(
+                connector=_connector(up.url, limit=0, limit_per_host=0, keepalive_timeout=_POOL_KEEPALIVE_S),
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=cfg.connect_timeout),
+                auto_decompress=False,
+                cookie_jar=aiohttp.DummyCookieJar(),
+                skip_auto_headers=("Accept-Encoding", "User-Agent"),
+                trust_env=False,
+            )
+            # A fresh connection per probe: it tells whether the upstream accepts connections now.
+            up.probes = aiohttp.ClientSession(
+                connector=_connector(up.url, limit=0, force_close=True),
+                timeout=aiohttp.ClientTimeout(total=cfg.probe_timeout),
+                cookie_jar=aiohttp.DummyCookieJar(),
+                trust_env=False,  # no token: /health and /metrics need none, and the listener may be another user's
+            )
         try:
             await asyncio.gather(*(self._probe_health(up) for up in self._upstreams))
             await asyncio.gather(*(self._scrape(up) for up in self._upstreams if up.healthy))
             server = web.Server(self._handle, handler_cancellation=True, access_log=None)
             self._runner = web.ServerRunner(server, shutdown_timeout=cfg.shutdown_timeout)
             await self._runner.setup()
-            await web.TCPSite(self._runner, cfg.listen_host, cfg.listen_port).start()
+            await web.TCPSite(self._runner, cfg.listen_host, cfg.listen_port, reuse_port=cfg.reuse_port or None).start()
         except BaseException:
             await self._close()
             raise
@@ -270,10 +300,11 @@ class Proxy:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
-        for session in (self._session, self._probes):
-            if session is not None:
-                await session.close()
-        self._session = self._probes = None
+        for up in self._upstreams:
+            for session in (up.session, up.probes):
+                if session is not None:
+                    await session.close()
+            up.session = up.probes = None
 
     def served(self) -> dict[str, int]:
         return {up.url: up.served for up in self._upstreams}
@@ -323,9 +354,9 @@ class Proxy:
         (:func:`~ddslurm.runtime._listeners.check_own_listener`): another user's is out for good."""
         if up.dead:
             return
-        assert self._probes is not None
+        assert up.probes is not None
         try:
-            async with self._probes.get(up.base + "/health") as response:
+            async with up.probes.get(up.base + "/health") as response:
                 healthy, reason = response.status == 200, f"/health answered {response.status}"
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             if _refused(exc):
@@ -333,7 +364,7 @@ class Proxy:
             healthy, reason = False, f"/health failed: {type(exc).__name__}: {exc}"
         if healthy:
             try:
-                check_own_listener(up.base)
+                check_own_listener(up.url)
             except ListenerNotOursError as exc:
                 up.dead, healthy, reason = True, False, exc.message
                 self._log.warning("proxy.upstream_dead", upstream=up.url, reason=reason)
@@ -342,9 +373,9 @@ class Proxy:
         self._set_health(up, healthy, reason)
 
     async def _scrape(self, up: _Upstream) -> None:
-        assert self._probes is not None
+        assert up.probes is not None
         try:
-            async with self._probes.get(up.base + "/metrics") as response:
+            async with up.probes.get(up.base + "/metrics") as response:
                 waiting = parse_waiting(await response.text()) if response.status == 200 else 0
         except (aiohttp.ClientError, OSError, TimeoutError, UnicodeDecodeError):
             waiting = 0  # advisory only: an unreadable queue never blocks admission
@@ -438,8 +469,6 @@ class Proxy:
         return hmac.compare_digest(given, self._expected)
 
     async def _forward(self, request: web.BaseRequest) -> web.StreamResponse:
-        session = self._session
-        assert session is not None
         body = await request.content.read()  # kept for a retry; no size cap (unlike request.read())
         drop = self._drop
         connection = request.headers.get("Connection")
@@ -462,6 +491,8 @@ class Proxy:
                     return _error(503, "ServiceUnavailable", admitted + last_error)
                 up = admitted
             up.in_flight += 1
+            session = up.session
+            assert session is not None
             try:
                 try:
                     upstream = await session.request(
@@ -590,7 +621,7 @@ def _listen(value: str) -> tuple[str, int]:
 
 def _upstream(value: str) -> str:
     url = value.rstrip("/")
-    return url.removesuffix("/v1")  # accept an OpenAI base URL too
+    return url if socket_path(url) is not None else url.removesuffix("/v1")  # accept an OpenAI base URL too
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -611,6 +642,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--unavailable-grace", type=float, default=defaults.unavailable_grace, metavar="S")
     parser.add_argument("--shutdown-timeout", type=float, default=defaults.shutdown_timeout, metavar="S")
     parser.add_argument("--debug", action="store_true", help="log every forwarded request")
+    parser.add_argument(
+        "--reuse-port",
+        action="store_true",
+        help="bind with SO_REUSEPORT, beside the controller's hold on the port (no other user can take it)",
+    )
     parser.add_argument(
         "--loop",
         choices=("auto", "uvloop", "asyncio"),
@@ -687,6 +723,7 @@ def main(argv: list[str], environ: Mapping[str, str] | None = None) -> int:
             unavailable_grace=args.unavailable_grace,
             shutdown_timeout=args.shutdown_timeout,
             token=token,
+            reuse_port=args.reuse_port,
         )
     except ValueError as exc:
         print(f"ddslurm-runtime proxy: {exc}", file=sys.stderr)

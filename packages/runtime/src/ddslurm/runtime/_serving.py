@@ -1,9 +1,12 @@
-"""Model servers: vLLM command lines (bare, Pyxis, Apptainer), ports, GPU discovery, readiness.
+"""Model servers: vLLM command lines (bare, Pyxis, Apptainer), ports and the ports held for proxies, GPU
+discovery, readiness.
 
-Every attempt's servers and proxies require the attempt's own random token (``Authorization: Bearer TOKEN`` on
-``/v1/*``), so another user's job on a shared node cannot use them. The token reaches a server through its
-environment (:data:`TOKEN_ENV`, which vLLM reads like ``--api-key``), never through its command line, where
-``ps`` would show it to every user of the node.
+Replicas listen on Unix-domain sockets (``--uds``) in an owner-only directory, or on loopback ports; the one TCP
+listener of a deployment is its proxy, on a port :class:`PortHolds` keeps from every other user. Every attempt's
+servers and proxies require the attempt's own random token (``Authorization: Bearer TOKEN``: vLLM on ``/v1/*``,
+the proxy on every route but ``/health``), so another user's job on a shared node cannot use them. The token
+reaches a server through its environment (:data:`TOKEN_ENV`, which vLLM reads like ``--api-key``), never through
+its command line, where ``ps`` would show it to every user of the node.
 """
 
 from __future__ import annotations
@@ -14,11 +17,12 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 
 from ddslurm.config import DeploymentPlan, ServingPlan, read_tail
-from ddslurm.runtime._listeners import check_own_listener
+from ddslurm.runtime._listeners import check_own_listener, http_base, listeners, socket_path
 from ddslurm.runtime._steps import Step
 from ddslurm.runtime.errors import RuntimeFailure
 
@@ -65,15 +69,21 @@ class PortUnavailableError(RuntimeFailure):
     reason = "port_unavailable"
 
 
-def vllm_serve_args(dep: DeploymentPlan, host: str, port: int) -> list[str]:
-    """``serve MODEL --host --port --served-model-name --tensor-parallel-size`` plus the user's extra args."""
+def vllm_serve_args(dep: DeploymentPlan, listen: str) -> list[str]:
+    """``serve MODEL`` where it listens (``--uds PATH`` for a ``unix:`` URL, else ``--host --port``),
+    ``--served-model-name --tensor-parallel-size``, then the user's extra args."""
+    path = socket_path(listen)
+    if path is not None:
+        where = ["--uds", str(path)]
+    else:
+        parts = urlsplit(listen)
+        if parts.hostname is None or parts.port is None:
+            raise ValueError(f"expected http://HOST:PORT or unix:PATH, got {listen!r}")
+        where = ["--host", parts.hostname, "--port", str(parts.port)]
     return [
         "serve",
         dep.model,
-        "--host",
-        host,
-        "--port",
-        str(port),
+        *where,
         "--served-model-name",
         dep.served_model_name,
         "--tensor-parallel-size",
@@ -88,16 +98,19 @@ class ServerCommand:
     srun_extra: tuple[str, ...] = ()
 
 
-def server_command(serving: ServingPlan, dep: DeploymentPlan, host: str, port: int) -> ServerCommand:
-    """How a replica is started: a bare executable, a Pyxis container (srun options) or Apptainer."""
-    args = vllm_serve_args(dep, host, port)
+def server_command(serving: ServingPlan, dep: DeploymentPlan, listen: str) -> ServerCommand:
+    """How a replica is started: a bare executable, a Pyxis container (srun options) or Apptainer. A replica on
+    a Unix-domain socket gets the socket's directory mounted at the same path inside a container."""
+    args = vllm_serve_args(dep, listen)
+    path = socket_path(listen)
+    mounts = [*serving.container_mounts, *([f"{path.parent}:{path.parent}"] if path is not None else [])]
     if serving.container_runtime == "pyxis":
         extra = [f"--container-image={serving.vllm_image}", "--no-container-mount-home"]
-        if serving.container_mounts:
-            extra.append(f"--container-mounts={','.join(serving.container_mounts)}")
+        if mounts:
+            extra.append(f"--container-mounts={','.join(mounts)}")
         return ServerCommand(argv=("vllm", *args), srun_extra=tuple(extra))
     if serving.container_runtime == "apptainer":
-        binds = [f"--bind={m}" for m in serving.container_mounts]
+        binds = [f"--bind={m}" for m in mounts]
         return ServerCommand(argv=("apptainer", "exec", "--nv", *binds, str(serving.vllm_image), "vllm", *args))
     return ServerCommand(argv=(serving.vllm_executable, *args))
 
@@ -154,30 +167,54 @@ def check_gpus(serving: ServingPlan, env: Mapping[str, str]) -> list[str]:
     return gpus
 
 
-def is_healthy(client: httpx.Client, base_url: str) -> bool:
+class ListenerClients:
+    """The HTTP client for each listener URL: ``tcp`` for ``http://`` ones, and one of its own for each
+    Unix-domain socket (``unix:/path``; httpx carries a socket in its transport). ``close`` closes those."""
+
+    def __init__(self, tcp: httpx.Client) -> None:
+        self._tcp = tcp
+        self._unix: dict[Path, httpx.Client] = {}
+
+    def get(self, url: str) -> httpx.Client:
+        path = socket_path(url)
+        if path is None:
+            return self._tcp
+        client = self._unix.get(path)
+        if client is None:
+            client = self._unix[path] = httpx.Client(transport=httpx.HTTPTransport(uds=str(path)), timeout=5.0)
+        return client
+
+    def close(self) -> None:
+        for client in self._unix.values():
+            client.close()
+        self._unix.clear()
+
+
+def is_healthy(client: httpx.Client, url: str) -> bool:
     """``GET /health`` answers 200. Never with the token: vLLM's ``/health`` and the proxy's need none, and
-    whatever answers on a port may be another user's (:mod:`ddslurm.runtime._listeners`)."""
+    whatever answers on a port may be another user's (:mod:`ddslurm.runtime._listeners`). ``client``: the one
+    for ``url`` (:class:`ListenerClients`)."""
     try:
-        return client.get(f"{base_url}/health", timeout=HEALTH_TIMEOUT_S).status_code == 200
+        return client.get(f"{http_base(url)}/health", timeout=HEALTH_TIMEOUT_S).status_code == 200
     except httpx.HTTPError:
         return False
 
 
-def answers(client: httpx.Client, base_url: str) -> bool:
+def answers(client: httpx.Client, url: str) -> bool:
     """Whether anything answers ``GET /health`` at all (any status): the process is alive and serving, even
     if it reports itself unhealthy (a proxy says 503 while none of its replicas is healthy). Without the token,
     as :func:`is_healthy`."""
     try:
-        client.get(f"{base_url}/health", timeout=HEALTH_TIMEOUT_S)
+        client.get(f"{http_base(url)}/health", timeout=HEALTH_TIMEOUT_S)
     except httpx.HTTPError:
         return False
     return True
 
 
-def _serves(client: httpx.Client, base_url: str, served_name: str, token: str | None) -> bool:
+def _serves(client: httpx.Client, url: str, served_name: str, token: str | None) -> bool:
     """Whether ``/v1/models`` lists the served model name (it needs the token, unlike ``/health``)."""
     try:
-        models = client.get(f"{base_url}/v1/models", headers=auth_headers(token), timeout=HEALTH_TIMEOUT_S)
+        models = client.get(f"{http_base(url)}/v1/models", headers=auth_headers(token), timeout=HEALTH_TIMEOUT_S)
         return models.status_code == 200 and served_name in {m.get("id") for m in models.json().get("data", [])}
     except (httpx.HTTPError, ValueError):
         return False
@@ -190,6 +227,48 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
         except OSError:
             return False
         return True
+
+
+class PortHolds:
+    """Loopback ports this process holds for the proxies it starts, so that no other user can ever bind them.
+
+    A held port is bound with ``SO_REUSEPORT`` and never listened on: the kernel lets another socket bind the
+    same address only if it sets ``SO_REUSEPORT`` too *and* belongs to the same uid. The proxy (started with
+    ``--reuse-port``) binds and listens beside the hold; when it dies, the hold keeps the port: a connection is
+    refused (nothing listens) instead of reaching whoever bound it next, and the restarted proxy binds it again.
+    Another user's bind fails with "address already in use" before, during and after the proxy's life."""
+
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self._host = host
+        self._held: dict[int, socket.socket] = {}
+
+    def take(self, port: int) -> bool:
+        """Hold ``port`` (True), or False when it is not free: bound by anyone without ``SO_REUSEPORT`` or by
+        another uid, listened on by anyone (this uid's stale proxy too), or held already."""
+        if port in self._held:
+            return False
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.bind((self._host, port))
+        except OSError:
+            sock.close()
+            return False
+        if any(listener.port == port for listener in listeners()):
+            # This uid's own listener with SO_REUSEPORT (a proxy left by an earlier job): the kernel would share
+            # the port's connections between it and the new proxy.
+            sock.close()
+            return False
+        self._held[port] = sock
+        return True
+
+    def holds(self, port: int) -> bool:
+        return port in self._held
+
+    def release(self) -> None:
+        for sock in self._held.values():
+            sock.close()
+        self._held.clear()
 
 
 def listening_ports(ephemeral_file: Path = EPHEMERAL_RANGE_FILE) -> range:
@@ -243,7 +322,7 @@ def choose_ports(
 
 def wait_ready(
     step: Step,
-    base_url: str,
+    url: str,
     served_name: str | None,
     timeout: float,
     *,
@@ -255,6 +334,7 @@ def wait_ready(
 ) -> float:
     """Poll /health (then /v1/models for the served name) until ready; fail fast if the process exits.
 
+    ``url``: ``http://HOST:PORT`` or ``unix:/path`` (``client`` the one for it, :class:`ListenerClients`).
     ``/health`` is asked without the token (vLLM's needs none); before ``/v1/models``, which needs it, the
     listener on the port must be this user's (:func:`~ddslurm.runtime._listeners.check_own_listener`): another
     user who took the port first, and answers like vLLM, gets no token and is never called ready.
@@ -270,9 +350,9 @@ def wait_ready(
                 f"{step.name} exited with status {code} before it was ready; last lines of {step.spec.log}:\n"
                 f"{read_tail(step.spec.log)}"
             )
-        if is_healthy(client, base_url):
-            check_own_listener(base_url)
-            if served_name is None or _serves(client, base_url, served_name, token):
+        if is_healthy(client, url):
+            check_own_listener(url)
+            if served_name is None or _serves(client, url, served_name, token):
                 return clock() - start
         if clock() >= deadline:
             raise ServerNotReadyError(
