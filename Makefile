@@ -30,11 +30,11 @@ lint: ## ruff lint + format check
 	$(UV) run ruff check .
 	$(UV) run ruff format --check .
 
-DOCS_PY := tools/gen_reference.py tools/mkdocs_hooks.py tests/test_docs.py
+TOOLS_PY := tools/gen_reference.py tools/mkdocs_hooks.py tools/import_contracts.py tests/test_docs.py
 
-typecheck: ## mypy --strict over the packages (and the docs tooling)
+typecheck: ## mypy --strict over the packages (and the docs and import-contract tooling)
 	$(UV) run mypy
-	$(UV) run mypy $(DOCS_PY)
+	$(UV) run mypy $(TOOLS_PY)
 
 imports: ## import-linter layering contracts
 	$(UV) run lint-imports
@@ -46,7 +46,7 @@ docs: ## the docs site: the generated reference up to date, then mkdocs build --
 	$(UV) run python tools/gen_reference.py --check
 	NO_MKDOCS_2_WARNING=1 $(UV) run mkdocs build --strict --quiet
 
-check: bootstrap lint typecheck imports lock-check docs test ## what CI runs
+check: bootstrap lint typecheck imports lock-check docs test-isolated test ## what CI runs
 
 test-dd-range: ## the node-side tests against the oldest and the newest Data Designer the runtime accepts
 	@for v in $(DD_OLDEST) $(DD_NEWEST); do \
@@ -56,6 +56,8 @@ test-dd-range: ## the node-side tests against the oldest and the newest Data Des
 
 test-%: ## one package's tests: make test-runtime
 	$(UV) run pytest -n auto packages/$*/tests
+
+test-isolated: $(addprefix test-isolated-,$(PKGS)) ## every package with ONLY its declared dependencies, one by one
 
 test-isolated-%: ## one package with ONLY its declared dependencies installed
 	@V=$$(mktemp -d); trap 'rm -rf $$V' EXIT; \
@@ -77,4 +79,4 @@ clean-work: ## remove the local workspace of runs
 help:
 	@awk -F':.*## ' '/^[a-zA-Z%_-]+:.*## /{printf "  %-18s %s\n",$$1,$$2}' $(MAKEFILE_LIST)
 
-.PHONY: bootstrap cluster demo demo-mixed test chaos test-dd-range lint typecheck imports lock-check docs check bench clean-work help
+.PHONY: bootstrap cluster demo demo-mixed test test-isolated chaos test-dd-range lint typecheck imports lock-check docs check bench clean-work help

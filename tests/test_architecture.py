@@ -94,4 +94,54 @@ def test_import_contracts_hold() -> None:
     lint = Path(sys.executable).parent / "lint-imports"
     out = subprocess.run([str(lint)], capture_output=True, text=True, cwd=REPO, check=False)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "Contracts: 3 kept, 0 broken." in out.stdout
+    assert "Contracts: 4 kept, 0 broken." in out.stdout
+
+
+def test_the_private_modules_contract_finds_an_import_of_another_packages_private_module(tmp_path: Path) -> None:
+    """The import-linter contract of ``.importlinter`` (``tools/import_contracts.py``) on a tree of its own: a
+    package may import another's public modules and its own private ones, never another's private ones."""
+    import grimp
+
+    sys.path.insert(0, str(REPO))
+    try:
+        from tools.import_contracts import PrivateModulesContract
+    finally:
+        sys.path.remove(str(REPO))
+    for name, files in {
+        "low": {"__init__.py": "from low._impl import thing\n", "_impl.py": "thing = 1\n", "api.py": ""},
+        "high": {"__init__.py": "", "ok.py": "import low\nimport low.api\nfrom high import _own\n", "_own.py": "",
+                 "bad.py": "\n\nfrom low._impl import thing\n"},
+    }.items():  # fmt: skip
+        (tmp_path / name).mkdir()
+        for filename, text in files.items():
+            (tmp_path / name / filename).write_text(text)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        graph = grimp.build_graph("low", "high", cache_dir=None)
+    finally:
+        sys.path.remove(str(tmp_path))
+    contract = PrivateModulesContract(
+        name="private",
+        session_options={"root_packages": ["low", "high"]},
+        contract_options={"packages": ["low", "high"]},
+    )
+    check = contract.check(graph, verbose=False)
+    assert not check.kept
+    assert check.metadata["violations"] == [{"importer": "high.bad", "imported": "low._impl", "lines": [3]}]
+
+
+def test_log_events_one_package_reads_from_another_are_named_once_in_config() -> None:
+    """The report reads the runtime's log events back: both sides use ``ddslurm.config``'s constants, so no
+    library file spells such an event name itself (a rename on one side would silently blind the other)."""
+    from ddslurm.config import _events
+
+    names = {value for key, value in vars(_events).items() if key.isupper() and isinstance(value, str)}
+    assert names
+    spelled = [
+        f"{path.relative_to(REPO)}:{node.lineno}: {node.value!r}"
+        for path in sorted(PACKAGES.glob("*/src/ddslurm/**/*.py"))
+        if path.name != "_events.py"
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.Constant) and node.value in names
+    ]
+    assert spelled == []

@@ -14,6 +14,7 @@ from ddslurm.config._codec import (
     read_json,
     read_plan,
 )
+from ddslurm.config._events import BATCH_COMPLETE, FILL_DONE, SERVING_READY
 from ddslurm.config._files import (
     atomic_write,
     check_not_swappable,
@@ -84,6 +85,9 @@ from ddslurm.config._yaml import load_struct, locate, read_yaml, to_builtins
 from ddslurm.config.errors import ConfigError, ConfigFileError, UnsafePathError
 
 __all__ = [
+    "BATCH_COMPLETE",
+    "FILL_DONE",
+    "SERVING_READY",
     "DD_BUILDER_FUNCTION",
     "LAYOUT_VERSION",
     "PLAN_VERSION",

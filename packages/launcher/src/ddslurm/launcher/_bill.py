@@ -12,10 +12,7 @@ import msgspec
 from ddslurm.config import Plan, PlannedArray, ProviderSnapshot, Resources
 from ddslurm.launcher._submit import array_tasks
 from ddslurm.providers import AliasRow
-from ddslurm.runtime import parallel_requests
-from ddslurm.runtime._listeners import unix_url
-from ddslurm.runtime._serving import server_command
-from ddslurm.runtime._steps import StepSpec, srun_argv
+from ddslurm.runtime import StepSpec, parallel_requests, server_command, srun_argv, unix_url
 
 PORT = 0
 """Stands for a port the job chooses when it starts (shown as ``<port>``)."""

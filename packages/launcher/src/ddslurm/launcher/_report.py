@@ -31,6 +31,9 @@ import msgspec
 
 from ddslurm.collector import MANIFEST, read_manifest
 from ddslurm.config import (
+    BATCH_COMPLETE,
+    FILL_DONE,
+    SERVING_READY,
     AttemptRecord,
     ConfigError,
     Plan,
@@ -380,7 +383,7 @@ def _serving_ready(record: AttemptRecord, events: dict[str, list[dict[str, Any]]
     started = _time(record.started_at)
     ended = _time(record.ended_at)
     for event in events[record.slurm_log]:
-        if event.get("event") != "serving.ready":
+        if event.get("event") != SERVING_READY:
             continue
         at = _time(event.get("timestamp"))
         if at is None or started is None or at < started or (ended is not None and at > ended):
@@ -399,11 +402,11 @@ def _batches(client_log: Path, resumed: int) -> list[tuple[datetime, int]]:
         if at is None:
             continue
         rows, added = event.get("rows"), event.get("added")
-        if event.get("event") == "batch.complete" and isinstance(rows, int):
+        if event.get("event") == BATCH_COMPLETE and isinstance(rows, int):
             if rows > done:
                 out.append((at, rows - done))
             done = max(done, rows)
-        elif event.get("event") == "fill.done" and isinstance(added, int) and added > 0:
+        elif event.get("event") == FILL_DONE and isinstance(added, int) and added > 0:
             out.append((at, added))
             done += added
     return sorted(out)

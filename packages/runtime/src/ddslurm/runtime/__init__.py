@@ -13,7 +13,10 @@ from ddslurm.runtime._engine import (
     seed_reader,
     sized_parallel_requests,
 )
+from ddslurm.runtime._listeners import unix_url
+from ddslurm.runtime._serving import ServerCommand, server_command
 from ddslurm.runtime._stages import Stage, StageKind, StageSplit, final_columns, plan_split, split_stages, stage_recipe
+from ddslurm.runtime._steps import StepSpec, srun_argv
 from ddslurm.runtime._verify import make_private, scan_for_secrets, verify_dataset
 from ddslurm.runtime.errors import (
     EngineError,
@@ -36,9 +39,11 @@ __all__ = [
     "InputsError",
     "RuntimeFailure",
     "SecretMissingError",
+    "ServerCommand",
     "Stage",
     "StageKind",
     "StageSplit",
+    "StepSpec",
     "VerificationError",
     "engine_environment",
     "final_columns",
@@ -52,6 +57,9 @@ __all__ = [
     "split_stages",
     "stage_recipe",
     "run_engine",
+    "server_command",
+    "srun_argv",
+    "unix_url",
     "scan_for_secrets",
     "sized_parallel_requests",
     "verify_dataset",

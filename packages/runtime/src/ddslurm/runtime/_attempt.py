@@ -18,6 +18,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ddslurm.config import (
+    BATCH_COMPLETE,
+    FILL_DONE,
     AttemptLayout,
     AttemptRecord,
     AttemptState,
@@ -439,7 +441,7 @@ class AttemptRunner:
             cells.batch_done(rows, batches)
             progress = Progress(rows=rows, batches=batches, updated_at=self._now())
             atomic_write(attempt.progress, encode(progress))
-            log.info("batch.complete", file=str(path), rows=rows, batches=batches)
+            log.info(BATCH_COMPLETE, file=str(path), rows=rows, batches=batches)
 
         def on_cell() -> None:
             due = cells.cell_done()
@@ -626,7 +628,7 @@ class AttemptRunner:
             batch.rename(fill_dir / name)
         rows, batches_done = _rows_on_disk(target)
         atomic_write(began.layout.progress, encode(Progress(rows=rows, batches=batches_done, updated_at=self._now())))
-        log.info("fill.done", added=added, missing=missing - added)
+        log.info(FILL_DONE, added=added, missing=missing - added)
         return added
 
     def _prepare_output(

@@ -39,6 +39,7 @@ from typing import Any, Protocol
 import httpx
 
 from ddslurm.config import (
+    SERVING_READY,
     AttemptRecord,
     ClaimRecord,
     RunLayout,
@@ -452,7 +453,7 @@ class Controller:
                 for d in serving.deployments
             }
             self._write_endpoints(endpoints_file, encode_pretty(_provider_endpoints(inputs, urls)))
-            log.info("serving.ready", endpoints=urls)
+            log.info(SERVING_READY, endpoints=urls)
         exhausted = False
         failures: dict[str, int] = {}
         reported: set[str] = set()
