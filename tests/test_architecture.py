@@ -145,3 +145,40 @@ def test_log_events_one_package_reads_from_another_are_named_once_in_config() ->
         if isinstance(node, ast.Constant) and node.value in names
     ]
     assert spelled == []
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Each import cycle a depth-first walk of ``edges`` meets (as the modules around it)."""
+    found: list[list[str]] = []
+    state: dict[str, int] = {}  # 1: on the walk's stack, 2: done
+
+    def walk(module: str, stack: list[str]) -> None:
+        state[module] = 1
+        stack.append(module)
+        for imported in sorted(edges[module]):
+            if state.get(imported) == 1:
+                found.append([*stack[stack.index(imported) :], imported])
+            elif imported not in state:
+                walk(imported, stack)
+        stack.pop()
+        state[module] = 2
+
+    for module in sorted(edges):
+        if module not in state:
+            walk(module, [])
+    return found
+
+
+def test_no_package_has_an_import_cycle_not_even_through_a_function_level_import() -> None:
+    """grimp counts every import, those inside functions too: a cycle hidden by a function-level import is found."""
+    import grimp
+
+    packages = [f"ddslurm.{p.name}" for p in sorted(PACKAGES.iterdir()) if (p / "src").is_dir()]
+    graph = grimp.build_graph(*packages, cache_dir=None)
+    cycles = []
+    for package in packages:
+        modules = {m for m in graph.modules if m == package or m.startswith(package + ".")}
+        edges = {m: graph.find_modules_directly_imported_by(m) & modules for m in modules}
+        cycles += _cycles(edges)
+    assert cycles == []
+    assert _cycles({"a": {"b"}, "b": {"a"}}) == [["a", "b", "a"]]  # the walk itself finds one

@@ -20,10 +20,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from ddslurm.config import RunLayout
+from ddslurm.config import RunLayout, partition_seed
 from ddslurm.launcher._seed import capture_seed
 from ddslurm.planner import SeedPool, plan_shards
-from ddslurm.runtime import partition_seed
 
 pytestmark = pytest.mark.dd
 

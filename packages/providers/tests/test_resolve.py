@@ -9,7 +9,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from ddslurm.config import Deployment, ProviderSnapshot, SnapshotModel, SnapshotProvider
+from ddslurm.config import Deployment, ProviderSnapshot, SnapshotModel, SnapshotProvider, recipe_section
 from ddslurm.providers import (
     LOCAL_PROVIDER_PREFIX,
     LOCAL_TOKEN_ENV,
@@ -24,7 +24,6 @@ from ddslurm.providers import (
     load_recipe,
     load_settings,
     missing_env,
-    recipe_section,
     resolve,
     used_aliases,
 )

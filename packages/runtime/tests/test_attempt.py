@@ -31,6 +31,7 @@ from ddslurm.config import (
     make_private_dir,
     read_json,
     read_plan,
+    recipe_with_models,
     sha256_bytes,
 )
 from ddslurm.config.testing import make_plan
@@ -44,7 +45,6 @@ from ddslurm.runtime import (
     EngineResult,
     InputsError,
     load_inputs,
-    recipe_with_models,
 )
 from ddslurm.runtime._log import new_logger
 
@@ -340,8 +340,7 @@ def test_the_client_log_says_which_max_parallel_requests_each_alias_runs_with(tm
 
 
 def test_each_shard_reads_the_seed_block_the_plan_gives_it() -> None:
-    from ddslurm.config import ShardSpec
-    from ddslurm.runtime import partition_seed
+    from ddslurm.config import ShardSpec, partition_seed
 
     recipe = {"data_designer": {"seed_config": {"source": {"path": "x"}, "selection_strategy": None}}}
     spec = ShardSpec(index=2, first_record=14, num_records=7, seed_start=14, seed_end=19)

@@ -13,11 +13,19 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from ddslurm.config import AttemptRecord, ProviderSnapshot, RunLayout, WinnerRecord, make_private_dir, read_json
+from ddslurm.config import (
+    AttemptRecord,
+    ProviderSnapshot,
+    RunLayout,
+    WinnerRecord,
+    llm_columns,
+    make_private_dir,
+    read_json,
+)
 from ddslurm.config.testing import make_plan
 from ddslurm.runtime import EXIT_FAILED, EXIT_OK, AttemptRunner, EngineRequest, EngineResult, Inputs
 from ddslurm.runtime._log import new_logger
-from ddslurm.runtime._verify import count_empty_outputs, llm_columns, reject_empty_outputs
+from ddslurm.runtime._verify import count_empty_outputs, reject_empty_outputs
 from ddslurm.runtime.errors import EmptyOutputsError
 
 RECIPE: dict[str, Any] = {

@@ -8,9 +8,14 @@ from typing import Any
 import msgspec
 import pytest
 
-from ddslurm.config import DeploymentPlan, ProviderSnapshot, ReplicaPlan, ServingPlan, SnapshotModel, SnapshotProvider
-from ddslurm.runtime import (
+from ddslurm.config import (
     DD_DEFAULT_MAX_PARALLEL_REQUESTS,
+    DeploymentPlan,
+    ProviderSnapshot,
+    ReplicaPlan,
+    ServingPlan,
+    SnapshotModel,
+    SnapshotProvider,
     parallel_requests,
     recipe_with_models,
     sized_parallel_requests,

@@ -51,6 +51,14 @@ from ddslurm.config._plan import (
 )
 from ddslurm.config._profile import ClusterProfile
 from ddslurm.config._ranges import compact_ranges, expand_ranges
+from ddslurm.config._recipe import LLM_COLUMN_TYPES, llm_columns, recipe_section
+from ddslurm.config._recipe_models import (
+    DD_DEFAULT_MAX_PARALLEL_REQUESTS,
+    parallel_requests,
+    recipe_with_models,
+    sized_parallel_requests,
+)
+from ddslurm.config._recipe_seed import partition_seed
 from ddslurm.config._records import (
     AttemptRecord,
     AttemptState,
@@ -85,6 +93,14 @@ from ddslurm.config._yaml import load_struct, locate, read_yaml, to_builtins
 from ddslurm.config.errors import ConfigError, ConfigFileError, UnsafePathError
 
 __all__ = [
+    "DD_DEFAULT_MAX_PARALLEL_REQUESTS",
+    "LLM_COLUMN_TYPES",
+    "llm_columns",
+    "parallel_requests",
+    "partition_seed",
+    "recipe_section",
+    "recipe_with_models",
+    "sized_parallel_requests",
     "BATCH_COMPLETE",
     "FILL_DONE",
     "SERVING_READY",

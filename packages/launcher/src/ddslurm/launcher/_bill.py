@@ -9,10 +9,10 @@ from pathlib import Path
 
 import msgspec
 
-from ddslurm.config import Plan, PlannedArray, ProviderSnapshot, Resources
+from ddslurm.config import Plan, PlannedArray, ProviderSnapshot, Resources, parallel_requests
 from ddslurm.launcher._submit import array_tasks
 from ddslurm.providers import AliasRow
-from ddslurm.runtime import StepSpec, parallel_requests, server_command, srun_argv, unix_url
+from ddslurm.runtime import StepSpec, server_command, srun_argv, unix_url
 
 PORT = 0
 """Stands for a port the job chooses when it starts (shown as ``<port>``)."""

@@ -20,9 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ddslurm.config import FileEntry, RunLayout, SeedKind, SeedPlan, encode_pretty, sha256_file
+from ddslurm.config import FileEntry, RunLayout, SeedKind, SeedPlan, encode_pretty, recipe_section, sha256_file
 from ddslurm.launcher.errors import SubmitError
-from ddslurm.providers import recipe_section
 from ddslurm.providers.discovery import is_home_relative
 from ddslurm.runtime import scan_for_secrets, seed_reader
 

@@ -24,9 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ddslurm.config import ProviderSnapshot, ServingPlan
-from ddslurm.providers import recipe_section
-from ddslurm.runtime import recipe_with_models
+from ddslurm.config import ProviderSnapshot, ServingPlan, recipe_section, recipe_with_models
 
 VALIDATE_TIMEOUT_S = 300
 _PLACEHOLDER_ENDPOINT = "http://127.0.0.1:9/v1"  # never contacted: validation sends no request

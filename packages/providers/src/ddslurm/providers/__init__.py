@@ -23,7 +23,6 @@ from ddslurm.providers._resolve import (
     ModelComparer,
     Resolution,
     describe,
-    recipe_section,
     resolve,
     used_aliases,
 )
@@ -77,7 +76,6 @@ __all__ = [
     "looks_like_credential",
     "missing_env",
     "placeholder_secrets",
-    "recipe_section",
     "redact_url",
     "resolve",
     "resolve_run",

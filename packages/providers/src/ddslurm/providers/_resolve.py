@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from ddslurm.config import Deployment, ProviderSnapshot, SnapshotModel, SnapshotProvider
+from ddslurm.config import Deployment, ProviderSnapshot, SnapshotModel, SnapshotProvider, recipe_section
 from ddslurm.providers._compare import same_model_config
 from ddslurm.providers._native import (
     PROVIDERS_FILE,
@@ -68,12 +68,6 @@ class Resolution:
     rows: tuple[AliasRow, ...]
     problems: tuple[str, ...] = ()
     """What stops a submission (:func:`describe` only; :func:`resolve` raises instead). Never holds a value."""
-
-
-def recipe_section(recipe: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The ``data_designer`` section of a recipe (DD's full format) or the recipe itself (shorthand)."""
-    section = recipe.get("data_designer")
-    return section if isinstance(section, Mapping) else recipe
 
 
 def _section_steps(recipe: Mapping[str, Any]) -> tuple[Step, ...]:

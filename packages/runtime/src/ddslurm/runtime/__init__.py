@@ -1,18 +1,7 @@
 """ddslurm.runtime: runs on compute nodes; reads only the plan and the snapshot, never the submitter's home."""
 
 from ddslurm.runtime._attempt import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL, AttemptRunner, Inputs, load_inputs
-from ddslurm.runtime._engine import (
-    DD_DEFAULT_MAX_PARALLEL_REQUESTS,
-    EngineRequest,
-    EngineResult,
-    engine_environment,
-    parallel_requests,
-    partition_seed,
-    recipe_with_models,
-    run_engine,
-    seed_reader,
-    sized_parallel_requests,
-)
+from ddslurm.runtime._engine import EngineRequest, EngineResult, engine_environment, run_engine, seed_reader
 from ddslurm.runtime._listeners import unix_url
 from ddslurm.runtime._serving import ServerCommand, server_command
 from ddslurm.runtime._stages import Stage, StageKind, StageSplit, final_columns, plan_split, split_stages, stage_recipe
@@ -27,7 +16,6 @@ from ddslurm.runtime.errors import (
 )
 
 __all__ = [
-    "DD_DEFAULT_MAX_PARALLEL_REQUESTS",
     "EXIT_FAILED",
     "EXIT_OK",
     "EXIT_PARTIAL",
@@ -49,10 +37,7 @@ __all__ = [
     "final_columns",
     "load_inputs",
     "make_private",
-    "parallel_requests",
-    "partition_seed",
     "plan_split",
-    "recipe_with_models",
     "seed_reader",
     "split_stages",
     "stage_recipe",
@@ -61,6 +46,5 @@ __all__ = [
     "srun_argv",
     "unix_url",
     "scan_for_secrets",
-    "sized_parallel_requests",
     "verify_dataset",
 ]

@@ -38,7 +38,10 @@ from ddslurm.config import (
     check_run_tree,
     digest,
     encode,
+    llm_columns,
     make_private_dir,
+    parallel_requests,
+    partition_seed,
     publish_once,
     read_json,
     read_plan,
@@ -46,16 +49,10 @@ from ddslurm.config import (
     read_yaml,
     sha256_bytes,
     sha256_file,
+    sized_parallel_requests,
     to_builtins,
 )
-from ddslurm.runtime._engine import (
-    EngineRequest,
-    EngineResult,
-    parallel_requests,
-    partition_seed,
-    read_seed_block,
-    sized_parallel_requests,
-)
+from ddslurm.runtime._engine import EngineRequest, EngineResult, read_seed_block
 from ddslurm.runtime._fill import (
     missing_numbered,
     missing_rows,
@@ -70,7 +67,6 @@ from ddslurm.runtime._verify import (
     DD_DROPPED_DIR,
     FILL_DIR,
     FILL_DROPPED_DIR,
-    llm_columns,
     make_private,
     parquet_files,
     readable_rows,

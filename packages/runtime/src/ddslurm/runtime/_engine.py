@@ -6,7 +6,6 @@ applied to ``os.environ`` before this module's functions import it (the CLI does
 
 from __future__ import annotations
 
-import copy
 import os
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
@@ -15,18 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ddslurm.config import ProviderSnapshot, ServingPlan, ShardSpec, SnapshotProvider
+from ddslurm.config import ProviderSnapshot, ServingPlan, SnapshotProvider, recipe_section, recipe_with_models
+from ddslurm.runtime._verify import rows_in
 from ddslurm.runtime.errors import EngineError, RecipeError
 
 LOCAL_TOKEN_ENV = "DDSLURM_LOCAL_TOKEN"
 """The variable holding the attempt's token for a local provider whose snapshot entry names none (snapshots
 written before local providers named it)."""
-
-DD_DEFAULT_MAX_PARALLEL_REQUESTS = 4
-"""Data Designer's default ``inference_parameters.max_parallel_requests`` (``BaseInferenceParams`` in
-``data_designer/config/models.py``: ``Field(default=4, ge=1)``, 0.9.7). A recipe that Data Designer wrote always
-carries the field, so a model config with this value has not chosen one (``tests`` check it against the installed
-Data Designer, which this module does not import on the submit host)."""
 
 # sha1 of tiktoken's cl100k_base blob URL: the cache file name tiktoken looks for.
 _CL100K_CACHE_NAME = "9b5ad71b2ce5302211f9c61530b329a4922fc6a4"
@@ -83,81 +77,6 @@ class EngineResult:
     dataset_dir: Path
     rows: int
     requested: int
-
-
-def _section(recipe: Mapping[str, Any]) -> Any:
-    """The ``data_designer`` section of a full config, or the recipe itself in DD's shorthand form."""
-    inner = recipe.get("data_designer")
-    return inner if isinstance(inner, dict) else recipe
-
-
-def sized_parallel_requests(snapshot: ProviderSnapshot, serving: ServingPlan | None) -> dict[str, int]:
-    """The aliases whose ``max_parallel_requests`` ddslurm chooses, with the value: every locally deployed alias
-    whose model config leaves it unset (absent, or Data Designer's default) gets its deployment's replicas x
-    capacity from the plan. Hosted aliases, and a recipe's own value, are never changed."""
-    if serving is None:
-        return {}
-    local = {p.name for p in snapshot.providers if p.local}
-    planned = {d.alias: d.max_parallel_requests for d in serving.deployments if d.max_parallel_requests is not None}
-    sized: dict[str, int] = {}
-    for m in snapshot.models:
-        if m.provider not in local or m.alias not in planned:
-            continue
-        own = (m.inference_parameters or {}).get("max_parallel_requests", DD_DEFAULT_MAX_PARALLEL_REQUESTS)
-        if own == DD_DEFAULT_MAX_PARALLEL_REQUESTS:
-            sized[m.alias] = planned[m.alias]
-    return sized
-
-
-def parallel_requests(snapshot: ProviderSnapshot, serving: ServingPlan | None) -> dict[str, Any]:
-    """The ``max_parallel_requests`` Data Designer runs each alias with (what the client logs): the plan's value
-    for sized local aliases, else the model config's own, else Data Designer's default."""
-    sized = sized_parallel_requests(snapshot, serving)
-    return {
-        m.alias: sized.get(m.alias)
-        or (m.inference_parameters or {}).get("max_parallel_requests", DD_DEFAULT_MAX_PARALLEL_REQUESTS)
-        for m in snapshot.models
-    }
-
-
-def recipe_with_models(
-    recipe: Mapping[str, Any], snapshot: ProviderSnapshot, serving: ServingPlan | None
-) -> dict[str, Any]:
-    """The recipe with its model configs replaced by the snapshot's (hosted ones kept exactly), and each local
-    alias's ``max_parallel_requests`` sized from the plan's deployments unless the recipe sets its own
-    (:func:`sized_parallel_requests`). A deployed alias skips Data Designer's health check (a request to the model
-    before generating, seconds per shard): the controller has already checked that each replica answers and serves
-    the model's name before any client may run. The node and the submit-time validation build the recipe here."""
-    out = copy.deepcopy(dict(recipe))
-    sized = sized_parallel_requests(snapshot, serving)
-    local = {p.name for p in snapshot.providers if p.local}
-    deployed = {d.alias for d in serving.deployments} if serving is not None else set()
-    models: list[dict[str, Any]] = []
-    for m in snapshot.models:
-        entry: dict[str, Any] = {"alias": m.alias, "model": m.model, "provider": m.provider}
-        params = m.inference_parameters
-        if m.alias in sized:
-            params = {**(params or {}), "max_parallel_requests": sized[m.alias]}
-        if params is not None:
-            entry["inference_parameters"] = params
-        entry["skip_health_check"] = m.skip_health_check or (m.alias in deployed and m.provider in local)
-        models.append(entry)
-    _section(out)["model_configs"] = models
-    return out
-
-
-def partition_seed(recipe: Mapping[str, Any], spec: ShardSpec) -> Mapping[str, Any]:
-    """The recipe reading exactly the shard's block of the seed dataset (``IndexRange`` from the plan).
-
-    The planner chose the block so that the shard uses the seed rows an unsharded run would use for the same
-    records (see ``ddslurm.planner._shards``); a shard without a block (no seed dataset) is left as it is.
-    """
-    seed = _section(recipe).get("seed_config")
-    if spec.seed_start is None or spec.seed_end is None or not isinstance(seed, dict):
-        return recipe
-    out = copy.deepcopy(dict(recipe))
-    _section(out)["seed_config"]["selection_strategy"] = {"start": spec.seed_start, "end": spec.seed_end}
-    return out
 
 
 def _estimate_tokens_offline() -> None:
@@ -230,8 +149,6 @@ def run_engine(request: EngineRequest) -> EngineResult:
         if name == "DataDesignerProfilingError":
             # The statistics Data Designer computes after writing every batch failed (0.9.7 fails on a one-record
             # dataset with an int expression column): the dataset itself is complete, and verification checks it.
-            from ddslurm.runtime._verify import rows_in  # (_verify imports this module)
-
             dataset_dir = request.artifact_path / request.dataset_name
             rows = rows_in(dataset_dir / "parquet-files")
             return EngineResult(dataset_dir=dataset_dir, rows=rows, requested=request.num_records)
@@ -364,7 +281,7 @@ def read_seed_block(recipe: Mapping[str, Any], start: int, end: int) -> Any:
     import pyarrow as pa
     from data_designer.config.seed import IndexRange
 
-    seed = _section(recipe).get("seed_config")
+    seed = recipe_section(recipe).get("seed_config")
     if not isinstance(seed, dict):
         raise EngineError("the recipe has no seed dataset", retryable=False)
     reader = seed_reader(seed["source"])

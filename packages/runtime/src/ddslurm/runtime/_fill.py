@@ -19,7 +19,7 @@ from typing import Any, Literal
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ddslurm.runtime._engine import _section
+from ddslurm.config import recipe_section
 from ddslurm.runtime._verify import DD_DROPPED_DIR, FILL_DIR, FILL_DROPPED_DIR
 
 
@@ -83,7 +83,7 @@ def recipe_reading(recipe: Mapping[str, Any], seed_file: Path | None) -> dict[st
     shuffled shard's seed block in its fixed order), or unchanged without a seed."""
     out = copy.deepcopy(dict(recipe))
     if seed_file is not None:
-        _section(out)["seed_config"] = {
+        recipe_section(out)["seed_config"] = {
             "source": {"seed_type": "local", "path": str(seed_file)},
             "sampling_strategy": "ordered",
             "selection_strategy": None,

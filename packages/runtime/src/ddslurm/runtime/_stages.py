@@ -38,7 +38,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ddslurm.runtime._engine import _section
+from ddslurm.config import recipe_section
 from ddslurm.runtime.errors import RecipeError
 
 StageKind = Literal["gpu", "cpu"]
@@ -173,7 +173,7 @@ def _parse_columns(recipe: Mapping[str, Any]) -> list[Any]:
     from data_designer.errors import DataDesignerError
     from pydantic import Field, TypeAdapter, ValidationError
 
-    raw = _section(recipe).get("columns") or []
+    raw = recipe_section(recipe).get("columns") or []
     adapter: TypeAdapter[list[Any]] = TypeAdapter(list[Annotated[ColumnConfigT, Field(discriminator="column_type")]])
     try:
         return adapter.validate_python(copy.deepcopy(list(raw)))
@@ -208,7 +208,7 @@ def _graph(recipe: Mapping[str, Any]) -> _Graph:
 
 
 def _processors(recipe: Mapping[str, Any]) -> list[dict[str, Any]]:
-    return [dict(p) for p in _section(recipe).get("processors") or [] if isinstance(p, Mapping)]
+    return [dict(p) for p in recipe_section(recipe).get("processors") or [] if isinstance(p, Mapping)]
 
 
 def _is_drop_processor(processor: Mapping[str, Any]) -> bool:
@@ -253,7 +253,7 @@ def split_stages(recipe: Mapping[str, Any], local_aliases: Collection[str]) -> S
                     f"({' -> '.join(chain)}); alternating GPU and CPU stages are not supported",
                 )
 
-    section = _section(recipe)
+    section = recipe_section(recipe)
     if section.get("profilers"):
         return _single(graph, local, "single stage: the recipe has profilers, which analyse the whole dataset")
     other = [str(p.get("name")) for p in _processors(recipe) if not _is_drop_processor(p)]
@@ -340,7 +340,7 @@ def stage_recipe(
     out = copy.deepcopy(dict(recipe))
     if not split.split:
         return out
-    section = _section(out)
+    section = recipe_section(out)
     stage = split.stages[index]
     wanted = set(stage.columns)
     columns = [dict(c) for c in section.get("columns") or [] if c.get("name") in wanted]
@@ -370,7 +370,7 @@ def _stage_processors(recipe: Mapping[str, Any], split: StageSplit) -> list[dict
     (Data Designer refuses to drop a column that does not exist), then one that drops stage 0's ``keep`` and the
     seed file's row numbers (:data:`STAGE_ROW`)."""
     first = split.stages[0]
-    by_name = {c.get("name"): c for c in _section(recipe).get("columns") or []}
+    by_name = {c.get("name"): c for c in recipe_section(recipe).get("columns") or []}
     gone = {n for n in first.columns if by_name[n].get("drop") and n not in first.keep}
     out = []
     for p in _processors(recipe):

@@ -18,11 +18,9 @@ from pyarrow._compute import (  # pyarrow.compute generates its functions at imp
     call_function,
 )
 
-from ddslurm.config import FileEntry, sha256_file
-from ddslurm.runtime._engine import _section
+from ddslurm.config import FileEntry, llm_columns, sha256_file
 from ddslurm.runtime.errors import EmptyOutputsError, VerificationError
 
-LLM_COLUMN_TYPES = frozenset({"llm-text", "llm-code", "llm-structured", "llm-judge"})
 """Data Designer column types whose values an LLM wrote (``column_type`` in the recipe)."""
 
 
@@ -89,18 +87,6 @@ def verify_dataset(dataset_dir: Path, expected_rows: int) -> tuple[int, tuple[Fi
         FileEntry(path=str(f.relative_to(dataset_dir)), size=f.stat().st_size, sha256=sha256_file(f)) for f in files
     )
     return rows, entries
-
-
-def llm_columns(recipe: Mapping[str, Any]) -> tuple[str, ...]:
-    """Names of the recipe's LLM columns (text, code, structured, judge), in recipe order."""
-    columns = _section(recipe).get("columns")
-    if not isinstance(columns, list):
-        return ()
-    return tuple(
-        c["name"]
-        for c in columns
-        if isinstance(c, dict) and c.get("column_type") in LLM_COLUMN_TYPES and isinstance(c.get("name"), str)
-    )
 
 
 def _count_equal(values: Any, value: object) -> int:

@@ -1,0 +1,74 @@
+"""The model configs a recipe runs with: the snapshot's, each local alias's ``max_parallel_requests`` sized from the
+plan's deployments. Pure functions of the recipe, the snapshot and the plan (the node and the submit-time
+validation build the recipe with them; the bill shows the sizes)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+from ddslurm.config._plan import ServingPlan
+from ddslurm.config._recipe import recipe_section
+from ddslurm.config._snapshot import ProviderSnapshot
+
+DD_DEFAULT_MAX_PARALLEL_REQUESTS = 4
+"""Data Designer's default ``inference_parameters.max_parallel_requests`` (``BaseInferenceParams`` in
+``data_designer/config/models.py``: ``Field(default=4, ge=1)``, 0.9.7). A recipe that Data Designer wrote always
+carries the field, so a model config with this value has not chosen one (``tests`` check it against the installed
+Data Designer, which this module does not import on the submit host)."""
+
+
+def sized_parallel_requests(snapshot: ProviderSnapshot, serving: ServingPlan | None) -> dict[str, int]:
+    """The aliases whose ``max_parallel_requests`` ddslurm chooses, with the value: every locally deployed alias
+    whose model config leaves it unset (absent, or Data Designer's default) gets its deployment's replicas x
+    capacity from the plan. Hosted aliases, and a recipe's own value, are never changed."""
+    if serving is None:
+        return {}
+    local = {p.name for p in snapshot.providers if p.local}
+    planned = {d.alias: d.max_parallel_requests for d in serving.deployments if d.max_parallel_requests is not None}
+    sized: dict[str, int] = {}
+    for m in snapshot.models:
+        if m.provider not in local or m.alias not in planned:
+            continue
+        own = (m.inference_parameters or {}).get("max_parallel_requests", DD_DEFAULT_MAX_PARALLEL_REQUESTS)
+        if own == DD_DEFAULT_MAX_PARALLEL_REQUESTS:
+            sized[m.alias] = planned[m.alias]
+    return sized
+
+
+def parallel_requests(snapshot: ProviderSnapshot, serving: ServingPlan | None) -> dict[str, Any]:
+    """The ``max_parallel_requests`` Data Designer runs each alias with (what the client logs): the plan's value
+    for sized local aliases, else the model config's own, else Data Designer's default."""
+    sized = sized_parallel_requests(snapshot, serving)
+    return {
+        m.alias: sized.get(m.alias)
+        or (m.inference_parameters or {}).get("max_parallel_requests", DD_DEFAULT_MAX_PARALLEL_REQUESTS)
+        for m in snapshot.models
+    }
+
+
+def recipe_with_models(
+    recipe: Mapping[str, Any], snapshot: ProviderSnapshot, serving: ServingPlan | None
+) -> dict[str, Any]:
+    """The recipe with its model configs replaced by the snapshot's (hosted ones kept exactly), and each local
+    alias's ``max_parallel_requests`` sized from the plan's deployments unless the recipe sets its own
+    (:func:`sized_parallel_requests`). A deployed alias skips Data Designer's health check (a request to the model
+    before generating, seconds per shard): the controller has already checked that each replica answers and serves
+    the model's name before any client may run. The node and the submit-time validation build the recipe here."""
+    out = copy.deepcopy(dict(recipe))
+    sized = sized_parallel_requests(snapshot, serving)
+    local = {p.name for p in snapshot.providers if p.local}
+    deployed = {d.alias for d in serving.deployments} if serving is not None else set()
+    models: list[dict[str, Any]] = []
+    for m in snapshot.models:
+        entry: dict[str, Any] = {"alias": m.alias, "model": m.model, "provider": m.provider}
+        params = m.inference_parameters
+        if m.alias in sized:
+            params = {**(params or {}), "max_parallel_requests": sized[m.alias]}
+        if params is not None:
+            entry["inference_parameters"] = params
+        entry["skip_health_check"] = m.skip_health_check or (m.alias in deployed and m.provider in local)
+        models.append(entry)
+    recipe_section(out)["model_configs"] = models
+    return out
