@@ -63,7 +63,9 @@ def test_cancelled_shard_is_retried_and_resumes_without_losing_or_duplicating(
     from fake_vllm.testing import start_server
 
     key = "sk-recovery-" + "9" * 16
-    args = ["--served-model-name", "demo/writer-8b", "demo/judge-70b", "--fake-latency", "0.25", "--fake-capacity", "4"]
+    # Slow enough that shard 1 cannot finish between its first batch and the cancel, even on a loaded machine (at
+    # 0.25 s a full suite on two cores once saw it succeed in the instant the cancel landed).
+    args = ["--served-model-name", "demo/writer-8b", "demo/judge-70b", "--fake-latency", "0.6", "--fake-capacity", "4"]
     with start_server("demo", args=args, api_key=key) as slow:
         endpoint = type("E", (), {"base_url": slow.base_url, "api_key": key, "request_log": tmp_path / "r.jsonl"})
         files = make_run_files("cancel", num_records=24, shards=2, buffer_size=3, recipe=_recipe_with_ids(tmp_path))
