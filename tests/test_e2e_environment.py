@@ -31,6 +31,8 @@ from typing import Any
 
 import pytest
 
+from tests.e2e import cli_json as _cli
+
 pytestmark = [pytest.mark.slurm, pytest.mark.dd]
 
 REPO = Path(__file__).resolve().parents[1]
@@ -118,12 +120,6 @@ def _environments(dump_dir: Path) -> dict[str, dict[str, str]]:
         else:
             out[f.stem] = dict(line.split("=", 1) for line in f.read_text().splitlines() if "=" in line)
     return out
-
-
-def _cli(*args: str, env: dict[str, str], timeout: float = 400) -> Any:
-    done = subprocess.run([DDSLURM, *args], capture_output=True, text=True, env=env, timeout=timeout, check=False)
-    assert done.returncode == 0, f"{args}: rc={done.returncode}\n{done.stdout}\n{done.stderr[-3000:]}"
-    return json.loads(done.stdout)
 
 
 def _sbatch_wrap(command: str, output: Path, *, export: str, env: dict[str, str]) -> None:

@@ -9,7 +9,6 @@ assertion names this test's own job ids.
 from __future__ import annotations
 
 import getpass
-import json
 import os
 import re
 import signal
@@ -23,17 +22,12 @@ from typing import Any
 import pytest
 
 from ddslurm.config import AttemptRecord, read_json
+from tests.e2e import cli_json as _cli
 
 pytestmark = [pytest.mark.slurm, pytest.mark.dd]
 
 DDSLURM = str(Path(sys.executable).parent / "ddslurm")
 SERVED = ["--served-model-name", "demo/writer-8b", "demo/judge-70b"]
-
-
-def _cli(*args: str, env: dict[str, str], timeout: float = 400) -> Any:
-    done = subprocess.run([DDSLURM, *args], capture_output=True, text=True, env=env, timeout=timeout, check=False)
-    assert done.returncode == 0, f"{args}: rc={done.returncode}\n{done.stdout}\n{done.stderr[-3000:]}"
-    return json.loads(done.stdout)
 
 
 def _until(predicate: Any, timeout: float, what: str) -> Any:

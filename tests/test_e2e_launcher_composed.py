@@ -21,14 +21,11 @@ from typing import Any
 import pytest
 
 from ddslurm.config import AttemptRecord, SubmissionRecord, read_json
+from tests.e2e import run_cli as _cli
 
 pytestmark = [pytest.mark.slurm, pytest.mark.dd]
 
 DDSLURM = str(Path(sys.executable).parent / "ddslurm")
-
-
-def _cli(*args: str, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([DDSLURM, *args], capture_output=True, text=True, env=env, timeout=timeout, check=False)
 
 
 def _json(*args: str, env: dict[str, str], timeout: float = 300) -> Any:

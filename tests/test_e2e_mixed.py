@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from ddslurm.config import AttemptRecord, read_json
+from tests.e2e import cli_json as _cli
 
 pytestmark = [pytest.mark.slurm, pytest.mark.dd]
 
@@ -27,12 +28,6 @@ GENERATOR = (
     "    replicas: 2\n    tensor_parallel: 2\n    server:\n      cpus: 1\n      startup_timeout: 120\n"
     "      env: {FAKE_VLLM_LATENCY: '0.02', FAKE_VLLM_STARTUP_DELAY: '1'}\n"
 )
-
-
-def _cli(*args: str, env: dict[str, str], timeout: float = 400) -> Any:
-    done = subprocess.run([DDSLURM, *args], capture_output=True, text=True, env=env, timeout=timeout, check=False)
-    assert done.returncode == 0, f"{args}: rc={done.returncode}\n{done.stdout}\n{done.stderr[-3000:]}"
-    return json.loads(done.stdout)
 
 
 def _wrapper(tmp_path: Path) -> Path:

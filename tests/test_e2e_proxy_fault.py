@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from ddslurm.config import AttemptRecord, WinnerRecord, read_json
+from tests.e2e import run_cli as _cli
 
 pytestmark = [pytest.mark.slurm, pytest.mark.dd]
 
@@ -68,10 +69,6 @@ while not os.path.exists(stop):
         time.sleep(0.1)
 print(json.dumps({"tries": tries, "errors": sorted(errors), "bound": server is not None}), flush=True)
 """
-
-
-def _cli(*args: str, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([DDSLURM, *args], capture_output=True, text=True, env=env, timeout=timeout, check=False)
 
 
 def _proxy_tasks(attempt: Path) -> list[int]:

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from ddslurm.config import AttemptRecord, ClaimRecord, WinnerRecord, read_json
+from tests.e2e import cli_json as _cli
 
 pytestmark = [pytest.mark.slurm, pytest.mark.dd]
 
@@ -30,12 +31,6 @@ GENERATOR = (
     "      env: {FAKE_VLLM_LATENCY: '0.3', FAKE_VLLM_STARTUP_DELAY: '3'}\n"
     "stages: single\n"  # the pulling allocations run every column (tests/test_e2e_stages.py: two stages)
 )
-
-
-def _cli(*args: str, env: dict[str, str], timeout: float = 400) -> Any:
-    done = subprocess.run([DDSLURM, *args], capture_output=True, text=True, env=env, timeout=timeout, check=False)
-    assert done.returncode == 0, f"{args}: rc={done.returncode}\n{done.stdout}\n{done.stderr[-3000:]}"
-    return json.loads(done.stdout)
 
 
 def _submit(make_run_files: Any, name: str, extra: str) -> tuple[Any, Path, dict[str, Any]]:

@@ -16,16 +16,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tests.e2e import cli_json as _cli
+
 pytestmark = [pytest.mark.slurm, pytest.mark.dd]
 
 REPO = Path(__file__).resolve().parents[1]
 DDSLURM = str(Path(sys.executable).parent / "ddslurm")
-
-
-def _cli(*args: str, env: dict[str, str], timeout: float = 400) -> Any:
-    done = subprocess.run([DDSLURM, *args], capture_output=True, text=True, env=env, timeout=timeout, check=False)
-    assert done.returncode == 0, f"{args}: rc={done.returncode}\n{done.stdout}\n{done.stderr[-3000:]}"
-    return json.loads(done.stdout)
 
 
 def _seeded_recipe(root: Path, seed_config: str) -> Path:

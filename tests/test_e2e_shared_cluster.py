@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 
 from ddslurm.config import SubmissionRecord, read_json
+from tests.e2e import cli_json as _cli
 
 pytestmark = [
     pytest.mark.slurm,
@@ -40,17 +41,6 @@ DDSLURM = str(Path(sys.executable).parent / "ddslurm")
 SERVED = ["--served-model-name", "demo/writer-8b", "demo/judge-70b"]
 NOBODY = 65534
 PENDING = "  extra_sbatch: ['--begin=now+3600']\n"  # under submission: queued until the test releases it
-
-
-def _cli(
-    *args: str, env: dict[str, str], timeout: float = 300, umask: int | None = None, codes: tuple[int, ...] = (0,)
-) -> Any:
-    done = subprocess.run(
-        [DDSLURM, *args], capture_output=True, text=True, env=env, timeout=timeout, check=False,
-        umask=-1 if umask is None else umask,
-    )  # fmt: skip
-    assert done.returncode in codes, f"{args}: rc={done.returncode}\n{done.stdout}\n{done.stderr[-3000:]}"
-    return json.loads(done.stdout) if done.stdout.strip().startswith(("{", "[")) else done.stdout
 
 
 def _until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:

@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from ddslurm.config import AttemptRecord, SubmissionRecord, WinnerRecord, read_json, read_plan
+from tests.e2e import cli_json as _cli
 
 pytestmark = [pytest.mark.slurm, pytest.mark.dd]
 
@@ -30,12 +31,6 @@ GENERATOR = (
 )
 SHARDS = 3
 RECORDS = 12
-
-
-def _cli(*args: str, env: dict[str, str], timeout: float = 600) -> Any:
-    done = subprocess.run([DDSLURM, *args], capture_output=True, text=True, env=env, timeout=timeout, check=False)
-    assert done.returncode == 0, f"{args}: rc={done.returncode}\n{done.stdout}\n{done.stderr[-3000:]}"
-    return json.loads(done.stdout)
 
 
 def _wrapper(tmp_path: Path, name: str) -> Path:

@@ -27,6 +27,7 @@ import pytest
 
 from ddslurm.config import SubmissionRecord, SubmitPlanRecord, read_json
 from ddslurm.launcher import Slurm
+from tests.e2e import run_cli as _cli
 
 pytestmark = [pytest.mark.slurm]
 
@@ -64,10 +65,6 @@ def _files(root: Path, *, shards: int, extra: str = "") -> tuple[Path, Path, dic
     env = {**os.environ, "DATA_DESIGNER_HOME": str(home), "LIMITS_KEY": KEY}
     env.pop("DDSLURM_SLURM_TIMEOUT", None)
     return run, profile, env
-
-
-def _cli(*args: str, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([DDSLURM, *args], capture_output=True, text=True, env=env, timeout=timeout, check=False)
 
 
 def _slurm(*argv: str) -> str:
