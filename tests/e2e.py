@@ -39,9 +39,9 @@ def until(
     predicate: Callable[[], Any],
     timeout: float,
     what: str,
+    show: Callable[[], Any] | None = None,
     *,
     interval: float = 0.2,
-    show: Callable[[], Any] | None = None,
 ) -> Any:
     """The first true value of ``predicate()`` within ``timeout`` seconds; the test fails naming ``what`` (and
     ``show()``, the last state seen) otherwise."""

@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -23,21 +22,12 @@ import pytest
 
 from ddslurm.config import AttemptRecord, read_json
 from tests.e2e import cli_json as _cli
+from tests.e2e import until as _until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.dd]
 
 DDSLURM = str(Path(sys.executable).parent / "ddslurm")
 SERVED = ["--served-model-name", "demo/writer-8b", "demo/judge-70b"]
-
-
-def _until(predicate: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    pytest.fail(f"timed out waiting for {what}")
 
 
 def _scratch_dirs(job: str) -> list[Path]:

@@ -14,7 +14,6 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ import pytest
 
 from ddslurm.config import AttemptRecord, SubmissionRecord, read_json
 from tests.e2e import run_cli as _cli
+from tests.e2e import until as _until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.dd]
 
@@ -32,16 +32,6 @@ def _json(*args: str, env: dict[str, str], timeout: float = 300) -> Any:
     done = _cli(*args, "--json", env=env, timeout=timeout)
     assert done.returncode == 0, f"{args}: rc={done.returncode}\n{done.stdout}\n{done.stderr[-3000:]}"
     return json.loads(done.stdout)
-
-
-def _until(predicate: Callable[[], Any], timeout: float, what: str, show: Callable[[], Any] | None = None) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}" + (f"; last seen: {show()}" if show else ""))
 
 
 def _slurm(*argv: str) -> str:
