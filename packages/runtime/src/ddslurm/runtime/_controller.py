@@ -26,13 +26,11 @@ from __future__ import annotations
 
 import os
 import secrets
-import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -57,12 +55,11 @@ from ddslurm.runtime._engine import local_token_names
 from ddslurm.runtime._listeners import MAX_SOCKET_PATH, socket_path, unix_url
 from ddslurm.runtime._scratch import (
     create_scratch,
+    own_scratch_owner,
     pid_alive,
     process_start_time,
     remove_scratch,
     scratch_base,
-    scratch_owner,
-    user_name,
 )
 from ddslurm.runtime._serving import (
     TOKEN_ENV,
@@ -571,22 +568,11 @@ class Controller:
         on first use, in the job's temporary directory or /tmp, short enough for a socket path; a directory left
         by a killed controller is swept like any scratch directory)."""
         if self._sockets is None:
-            pid = os.getpid()
-            owner = scratch_owner(
-                self._env,
-                f"serving-{self._job}",
-                uid=os.getuid(),
-                user=user_name(os.getuid()),
-                pid=pid,
-                pid_start=process_start_time(pid),
-                host=socket.gethostname(),
-                now=datetime.now(UTC),
-            )
             # The job's temporary directory, unless its path leaves too little room for a socket name: /tmp then.
             base = scratch_base(self._env)
             if len(os.fsencode(base)) > MAX_SOCKET_PATH - SOCKET_ROOM:
                 base = Path("/tmp")
-            self._sockets = create_scratch(base, owner)
+            self._sockets = create_scratch(base, own_scratch_owner(self._env, f"serving-{self._job}"))
         path = self._sockets / f"{name.removeprefix('server-')}.sock"
         if len(os.fsencode(path)) > MAX_SOCKET_PATH:
             raise PortUnavailableError(

@@ -34,12 +34,13 @@ import pwd
 import re
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
 from typing import Any, Literal
@@ -159,6 +160,22 @@ def scratch_owner(
         node=env.get("SLURMD_NODENAME") or host,
         attempt=attempt,
         created_at=now.isoformat(),
+    )
+
+
+def own_scratch_owner(env: Mapping[str, str], attempt: str) -> ScratchMarker:
+    """The marker of a scratch directory that this very process makes now (:func:`scratch_owner` with this
+    process's uid, user, pid and start time, this host and the current time)."""
+    uid, pid = os.getuid(), os.getpid()
+    return scratch_owner(
+        env,
+        attempt,
+        uid=uid,
+        user=user_name(uid),
+        pid=pid,
+        pid_start=process_start_time(pid),
+        host=socket.gethostname(),
+        now=datetime.now(UTC),
     )
 
 

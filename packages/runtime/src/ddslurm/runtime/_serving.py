@@ -181,7 +181,8 @@ class ListenerClients:
             return self._tcp
         client = self._unix.get(path)
         if client is None:
-            client = self._unix[path] = httpx.Client(transport=httpx.HTTPTransport(uds=str(path)), timeout=5.0)
+            transport = httpx.HTTPTransport(uds=str(path))
+            client = self._unix[path] = httpx.Client(transport=transport, timeout=self._tcp.timeout)
         return client
 
     def close(self) -> None:

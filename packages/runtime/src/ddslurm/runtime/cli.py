@@ -45,12 +45,10 @@ from ddslurm.runtime._log import new_logger
 from ddslurm.runtime._scratch import (
     SqueueJobs,
     Sweeper,
+    own_scratch_owner,
     pid_alive,
-    process_start_time,
     scratch_base,
     scratch_directory,
-    scratch_owner,
-    user_name,
 )
 from ddslurm.runtime._steps import LocalLauncher, SrunLauncher, StepLauncher
 from ddslurm.runtime.errors import RuntimeFailure
@@ -70,19 +68,8 @@ def _engine_scratch(attempt: str, env: Mapping[str, str], log: Any) -> Iterator[
     imports it and removed however the step ends but SIGKILL; this user's stale ones on the node are swept first
     (rules in ``ddslurm.runtime._scratch``)."""
     base = scratch_base(env)
-    uid, host, pid = os.getuid(), socket.gethostname(), os.getpid()
-    _sweep_stale(base, env, uid=uid, host=host, log=log)
-    owner = scratch_owner(
-        env,
-        attempt,
-        uid=uid,
-        user=user_name(uid),
-        pid=pid,
-        pid_start=process_start_time(pid),
-        host=host,
-        now=datetime.now(UTC),
-    )
-    with scratch_directory(base, owner) as scratch:
+    _sweep_stale(base, env, uid=os.getuid(), host=socket.gethostname(), log=log)
+    with scratch_directory(base, own_scratch_owner(env, attempt)) as scratch:
         home = scratch / "dd-home"
         os.environ.update(engine_environment(home))
         yield home
