@@ -1,5 +1,6 @@
 """What the end-to-end tests share: the ``ddslurm`` CLI run as a user runs it (a subprocess of this environment's
-entry point), and waiting, bounded, for what a run does next."""
+entry point), waiting, bounded, for what a run does next, a run's Slurm arrays, and a script run as another,
+unprivileged user of the node."""
 
 from __future__ import annotations
 
@@ -13,6 +14,12 @@ from typing import Any
 
 import pytest
 
+from ddslurm.config import SubmissionRecord, read_json
+
+NOBODY = 65534
+"""The other user of the shared-node tests (``nobody``); starting its processes needs root."""
+SYSTEM_PYTHON = "/usr/bin/python3"
+"""A Python another user can run (the project's environment may be unreadable to it)."""
 DDSLURM = str(Path(sys.executable).parent / "ddslurm")
 
 
@@ -52,3 +59,17 @@ def until(
             return value
         time.sleep(interval)
     pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}" + (f"; last seen: {show()}" if show else ""))
+
+
+def array_jobs(run_dir: Path) -> list[str]:
+    """The Slurm array job ids of every submission of the run, oldest first."""
+    return sorted((read_json(p, SubmissionRecord).array_job_id for p in run_dir.glob("submissions/*.json")), key=int)
+
+
+def as_nobody(script: str, *args: str, timeout: float = 60) -> str:
+    """What the Python ``script`` (with ``args``) prints when :data:`NOBODY` runs it, from ``/``."""
+    done = subprocess.run(
+        [SYSTEM_PYTHON, "-c", script, *args], user=NOBODY, group=NOBODY, cwd="/", capture_output=True, text=True,
+        timeout=timeout, check=True,
+    )  # fmt: skip
+    return done.stdout.strip()

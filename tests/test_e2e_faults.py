@@ -21,7 +21,8 @@ from typing import Any
 
 import pytest
 
-from ddslurm.config import AttemptRecord, SubmissionRecord, WinnerRecord, read_json
+from ddslurm.config import AttemptRecord, WinnerRecord, read_json
+from tests.e2e import array_jobs, until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.dd]
 
@@ -36,22 +37,8 @@ def _cli(*args: str, env: dict[str, str], timeout: float = 300, ok: bool = True)
     return json.loads(done.stdout) if ok and done.stdout.strip().startswith(("{", "[")) else done
 
 
-def _until(predicate: Callable[[], Any], timeout: float, what: str, show: Callable[[], Any] | None = None) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}" + (f"; last seen: {show()}" if show else ""))
-
-
 def _slurm(*argv: str) -> str:
     return subprocess.run(list(argv), capture_output=True, text=True, timeout=60, check=False).stdout
-
-
-def _arrays(run_dir: Path) -> list[str]:
-    return sorted((read_json(p, SubmissionRecord).array_job_id for p in run_dir.glob("submissions/*.json")), key=int)
 
 
 def _attempts(run_dir: Path, shard: int) -> list[AttemptRecord]:
@@ -101,12 +88,12 @@ def test_cancel_stops_every_array_of_a_run_with_automatic_retries(make_run_files
     with _slow_provider(files, "sk-cancel-" + "3" * 16) as env:
         run_dir = _submit(files, env)
         try:
-            arrays = _arrays(run_dir)
+            arrays = array_jobs(run_dir)
             assert len(arrays) == 3  # the run and its two automatic retry arrays (afternotok chain)
-            _until(lambda: _running(run_dir, range(2)), 120, "both shards to be generating")
+            until(lambda: _running(run_dir, range(2)), 120, "both shards to be generating")
             out = _cli("cancel", str(run_dir), "--json", env=env)
             assert out["run_cancelled"] and sorted(out["cancelled"], key=int) == arrays
-            _until(lambda: _status(run_dir, env)["state"] == "cancelled", 60, "the run to be cancelled")
+            until(lambda: _status(run_dir, env)["state"] == "cancelled", 60, "the run to be cancelled")
             time.sleep(6)  # a retry array released by the cancellation would have started by now (~1 s a hop)
             assert _slurm("squeue", "-h", "-j", ",".join(arrays), "-o", "%i").strip() == ""
             rows = _slurm("sacct", "-X", "-n", "--parsable2", "-j", ",".join(arrays), "--format=JobID,State")
@@ -151,10 +138,10 @@ def test_sigkill_of_the_controller_is_reported_from_slurms_record(make_run_files
     with _slow_provider(files, "sk-sigkill-" + "4" * 16, latency="600") as env:
         run_dir = _submit(files, env)
         try:
-            _until(lambda: _running(run_dir, range(1)), 120, "the attempt to be generating")
-            pid = _until(lambda: _controller_pid(run_dir), 30, "the controller process")
+            until(lambda: _running(run_dir, range(1)), 120, "the attempt to be generating")
+            pid = until(lambda: _controller_pid(run_dir), 30, "the controller process")
             os.kill(pid, signal.SIGKILL)
-            shard = _until(
+            shard = until(
                 lambda: (s := _status(run_dir, env)["shards"][0])["state"] == "failed" and s,
                 60,
                 "the shard to fail",
@@ -178,10 +165,10 @@ def test_requeued_task_is_shown_requeued_and_reruns(make_run_files: Any) -> None
     try:
         with _slow_provider(files, key, latency="600", port=port) as env:  # hangs: the task is still running
             run_dir = _submit(files, env)
-            task = f"{_arrays(run_dir)[0]}_0"
-            _until(lambda: _running(run_dir, range(1)), 120, "the attempt to be generating")
+            task = f"{array_jobs(run_dir)[0]}_0"
+            until(lambda: _running(run_dir, range(1)), 120, "the attempt to be generating")
             _slurm("scontrol", "requeue", task)
-            shard = _until(
+            shard = until(
                 lambda: (s := _status(run_dir, env)["shards"][0])["state"] == "pending" and s["reason"] and s,
                 60,
                 "the requeued task to be pending",
@@ -221,9 +208,9 @@ def test_node_failure_is_shown_requeued_node_failure(make_run_files: Any) -> Non
     )
     with _slow_provider(files, "sk-nodefail-" + "6" * 16, latency="600") as env:
         run_dir = _submit(files, env)
-        task = f"{_arrays(run_dir)[0]}_0"
+        task = f"{array_jobs(run_dir)[0]}_0"
         try:
-            _until(lambda: _running(run_dir, range(1)), 120, "the attempt to be generating")
+            until(lambda: _running(run_dir, range(1)), 120, "the attempt to be generating")
             _slurm("scontrol", "update", f"nodename={node}", "state=drain", "reason=ddslurm-fault-test")
             try:
                 alone = _until_or_none(lambda: _node_jobs().get(node, set()) <= {task}, 90)
@@ -231,7 +218,7 @@ def test_node_failure_is_shown_requeued_node_failure(make_run_files: Any) -> Non
                     pytest.skip(f"jobs of other tests still run on {node}; not failing the node under them")
                 _slurm("scontrol", "update", f"nodename={node}", "state=down", "reason=ddslurm-fault-test")
                 # Slurm's accounting records NODE_FAIL a moment after the task is pending again ("requeued").
-                shard = _until(
+                shard = until(
                     lambda: (
                         (s := _status(run_dir, env)["shards"][0])["state"] == "pending"
                         and s["reason"] == "requeued (node failure)"
@@ -243,7 +230,7 @@ def test_node_failure_is_shown_requeued_node_failure(make_run_files: Any) -> Non
                 )
             finally:
                 _slurm("scontrol", "update", f"nodename={node}", "state=resume")
-                _until(lambda: _node_state(node) in {"idle", "mix", "alloc"}, 60, f"{node} to be back")
+                until(lambda: _node_state(node) in {"idle", "mix", "alloc"}, 60, f"{node} to be back")
         finally:
             _cancel_quietly(run_dir, env)
     assert shard["reason"] == "requeued (node failure)", shard

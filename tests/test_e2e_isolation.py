@@ -32,6 +32,7 @@ from ddslurm.launcher import prepare
 from ddslurm.launcher._slurm import SchedulerLimits, Slurm
 from ddslurm.launcher._submit import submit_shards, write_run_dir
 from ddslurm.launcher.errors import SubmitError
+from tests.e2e import as_nobody
 
 REPO = Path(__file__).resolve().parents[1]
 MIXED_RECIPE = REPO / "examples" / "mixed" / "recipe.yaml"
@@ -153,17 +154,14 @@ def _environ(pid: int) -> dict[str, str]:
     return dict(p.split("=", 1) for p in pairs if "=" in p)
 
 
-def _connect_as_nobody(path: Path) -> str:
-    """What another, unprivileged user gets connecting to the Unix-domain socket ``path``."""
-    script = (
-        "import socket, sys\nsock = socket.socket(socket.AF_UNIX)\n"
-        "try:\n    sock.connect(sys.argv[1]); print('connected')\nexcept OSError as exc:\n    print(exc.strerror)"
-    )
-    done = subprocess.run(
-        ["/usr/bin/python3", "-c", script, str(path)], user=65534, group=65534, cwd="/", capture_output=True,
-        text=True, timeout=30, check=True,
-    )  # fmt: skip
-    return done.stdout.strip()
+CONNECT = """
+import socket, sys
+sock = socket.socket(socket.AF_UNIX)
+try:
+    sock.connect(sys.argv[1]); print("connected")
+except OSError as exc:
+    print(exc.strerror)
+"""
 
 
 def _find(what: str, match: Any, timeout: float = 60) -> int:
@@ -213,7 +211,7 @@ def test_a_mixed_run_serves_only_requests_with_the_attempts_token(
     (directory,) = {path.parent for path in sockets}
     assert directory.stat().st_mode & 0o777 == 0o700 and directory.stat().st_uid == os.getuid()
     for path in sockets:
-        assert _connect_as_nobody(path) == "Permission denied"
+        assert as_nobody(CONNECT, str(path)) == "Permission denied"
     # What another user's job could do at the proxy, the only TCP listener: without the token, nothing but /health
     # answers, on vLLM's unauthenticated routes too.
     chat = {"model": "qwen3-8b", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}

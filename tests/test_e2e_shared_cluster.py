@@ -21,14 +21,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ddslurm.config import SubmissionRecord, read_json
+from tests.e2e import array_jobs, as_nobody, until
 from tests.e2e import cli_json as _cli
 
 pytestmark = [
@@ -39,35 +38,12 @@ pytestmark = [
 
 DDSLURM = str(Path(sys.executable).parent / "ddslurm")
 SERVED = ["--served-model-name", "demo/writer-8b", "demo/judge-70b"]
-NOBODY = 65534
 PENDING = "  extra_sbatch: ['--begin=now+3600']\n"  # under submission: queued until the test releases it
 
 
-def _until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
-
-
-def _arrays(run_dir: Path) -> list[str]:
-    return sorted((read_json(p, SubmissionRecord).array_job_id for p in run_dir.glob("submissions/*.json")), key=int)
-
-
 def _release(run_dir: Path) -> None:
-    for array in _arrays(run_dir):
+    for array in array_jobs(run_dir):
         subprocess.run(["scontrol", "update", f"JobId={array}", "StartTime=now"], capture_output=True, timeout=60)
-
-
-def _as_nobody(script: str, *args: str) -> str:
-    done = subprocess.run(
-        ["/usr/bin/python3", "-c", script, *args], user=NOBODY, group=NOBODY, cwd="/", capture_output=True,
-        text=True, timeout=60, check=True,
-    )  # fmt: skip
-    return done.stdout.strip()
 
 
 @contextlib.contextmanager
@@ -126,7 +102,7 @@ def test_a_queued_run_directory_cannot_be_swapped_and_a_swapped_one_is_refused_b
             for path in (project / "ws", run_dir.parent, run_dir):
                 assert path.stat().st_mode & 0o777 == 0o700, path  # whatever the umask (000 here)
             # Another user on the same machine: nothing of the queued run can be moved, replaced or even listed.
-            assert _as_nobody(SWAP, str(run_dir)).splitlines() == [
+            assert as_nobody(SWAP, str(run_dir)).splitlines() == [
                 "rename: Permission denied",
                 "replace plan: Permission denied",
                 "new run: Permission denied",
@@ -138,8 +114,8 @@ def test_a_queued_run_directory_cannot_be_swapped_and_a_swapped_one_is_refused_b
             (run_dir / "run.json").chmod(0o600)
             (run_dir / "run.json").write_text(json.dumps(plan))
             _release(run_dir)
-            [array] = _arrays(run_dir)
-            _until(lambda: not subprocess.run(["squeue", "-h", "-j", array], capture_output=True, text=True,
+            [array] = array_jobs(run_dir)
+            until(lambda: not subprocess.run(["squeue", "-h", "-j", array], capture_output=True, text=True,
                                               check=False).stdout.strip(), 180, "the job to end")  # fmt: skip
             logs = "".join(p.read_text(errors="replace") for p in (run_dir / "logs").glob("slurm-*.out"))
             assert "the run directory was replaced after submission" in logs, logs[-3000:]
@@ -164,7 +140,7 @@ def test_a_shard_cancelled_while_pending_ends_cancelled_wait_returns_and_retry_b
             status = _cli("status", str(run_dir), "--json", env=env)
             assert [s["state"] for s in status["shards"]] == ["pending", "pending"], status
             _cli("cancel", str(run_dir), "--shards", "1", "--json", env=env)
-            status = _until(
+            status = until(
                 lambda: (
                     (s := _cli("status", str(run_dir), "--json", env=env))["shards"][1]["state"] == "cancelled" and s
                 ),
