@@ -102,11 +102,8 @@ def test_the_private_modules_contract_finds_an_import_of_another_packages_privat
     package may import another's public modules and its own private ones, never another's private ones."""
     import grimp
 
-    sys.path.insert(0, str(REPO))
-    try:
-        from tools.import_contracts import PrivateModulesContract
-    finally:
-        sys.path.remove(str(REPO))
+    from tools.import_contracts import PrivateModulesContract  # the repository root is on pytest's pythonpath
+
     for name, files in {
         "low": {"__init__.py": "from low._impl import thing\n", "_impl.py": "thing = 1\n", "api.py": ""},
         "high": {"__init__.py": "", "ok.py": "import low\nimport low.api\nfrom high import _own\n", "_own.py": "",
