@@ -62,10 +62,11 @@ def _files(root: Path, shards: int) -> tuple[Path, Path, dict[str, str]]:
 def _measure(shards: int, *, dry: bool) -> dict[str, Any]:
     """The phases of ``ddslurm submit`` (``launcher._submit.submit``), each timed; then one status refresh."""
     from ddslurm.config import encode_pretty, publish_once
-    from ddslurm.launcher import Slurm, plan_submission, prepare, run_status, write_run_dir
+    from ddslurm.launcher import Slurm, prepare, run_status, write_run_dir
     from ddslurm.launcher._render import render_generation
     from ddslurm.launcher._steer import cancel
     from ddslurm.launcher._submit import new_stamp, read_limits, submit_arrays, submit_lock
+    from ddslurm.planner import plan_submission
 
     root = Path(tempfile.mkdtemp(prefix=f"ddslurm-bench-submit-{shards}-"))
     try:

@@ -27,10 +27,10 @@ from typing import Any
 import httpx
 import pytest
 
-from ddslurm.config import Plan, RunLayout, read_json
-from ddslurm.launcher import prepare
-from ddslurm.launcher._slurm import SchedulerLimits, Slurm
-from ddslurm.launcher._submit import submit_shards, write_run_dir
+from ddslurm.config import Plan, RunLayout, SchedulerLimits, read_json
+from ddslurm.launcher import prepare, write_run_dir
+from ddslurm.launcher._slurm import Slurm
+from ddslurm.launcher._submit import submit_shards
 from ddslurm.launcher.errors import SubmitError
 from tests.e2e import as_nobody
 

@@ -21,7 +21,8 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from ddslurm.runtime import final_columns, split_stages, stage_recipe
+from ddslurm.config import final_columns, split_stages, stage_recipe
+from ddslurm.runtime import recipe_columns
 
 pytestmark = pytest.mark.dd
 
@@ -177,7 +178,7 @@ def test_two_stages_make_the_single_stage_dataset(
     tmp_path: Path, endpoint: str, local_reads_sampler: bool, gpu_columns: tuple[str, ...], cpu_columns: tuple[str, ...]
 ) -> None:
     recipe = _recipe(SEED, local_reads_sampler=local_reads_sampler)
-    split = split_stages(recipe, {"generator"})
+    split = split_stages(recipe, recipe_columns(recipe), {"generator"})
     assert split.split, split.reason
     gpu, cpu = split.stages
     assert (gpu.columns, gpu.keep, cpu.columns) == (gpu_columns, ("notes",), cpu_columns)
@@ -205,7 +206,7 @@ def test_two_stages_make_the_single_stage_dataset(
     with SEED.open(newline="") as fh:
         seed_rows = list(csv.DictReader(fh))
     seed_columns = list(seed_rows[0])
-    order = final_columns(recipe, seed_columns)
+    order = final_columns(recipe, recipe_columns(recipe), seed_columns)
     assert order == (
         "question",
         "tables",

@@ -22,6 +22,7 @@ import pytest
 
 from ddslurm.collector.testing import make_published_run
 from ddslurm.launcher import Slurm
+from ddslurm.launcher import _run_dir as run_dir_module
 from ddslurm.launcher import _submit as submit_module
 from ddslurm.launcher.cli import main
 from ddslurm.launcher.testing import FakeSlurm, write_unit_run
@@ -163,8 +164,12 @@ def test_submit_that_fails_at_any_write_leaves_nothing(
 
         return write
 
-    for name in ("atomic_write", "publish_once"):
-        monkeypatch.setattr(submit_module, name, failing(getattr(submit_module, name)))
+    for module, name in (
+        (run_dir_module, "atomic_write"),
+        (submit_module, "atomic_write"),
+        (submit_module, "publish_once"),
+    ):
+        monkeypatch.setattr(module, name, failing(getattr(module, name)))
 
     def make_room(room: int) -> None:
         calls["n"], calls["fail_at"] = 0, room + 1

@@ -35,7 +35,6 @@ from ddslurm.launcher._status import TERMINAL, run_status
 from ddslurm.launcher._steer import accept_partial, cancel, continue_submission, retry
 from ddslurm.launcher._submit import (
     PartialSubmitError,
-    plan_submission,
     prepare,
     read_limits,
     submit_shards,
@@ -43,6 +42,7 @@ from ddslurm.launcher._submit import (
 )
 from ddslurm.launcher.errors import LauncherError
 from ddslurm.launcher.testing import FakeSlurm, write_attempt, write_unit_run
+from ddslurm.planner import plan_submission
 
 KEY = "sk-exact-rows-test-value-0123"
 

@@ -7,16 +7,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import msgspec
-import pytest
 
 from ddslurm.config import ClaimRecord, ProviderSnapshot, RunLayout, SubmissionRecord, encode, read_json
 from ddslurm.config.testing import make_plan
-from ddslurm.launcher import Slurm
+from ddslurm.launcher import Slurm, write_run_dir
 from ddslurm.launcher._bill import bill_lines, make_bill
 from ddslurm.launcher._status import run_status
 from ddslurm.launcher._steer import cancel, retry
-from ddslurm.launcher._submit import plan_arrays, prepare, pulling_tasks, submit_shards, write_run_dir
+from ddslurm.launcher._submit import prepare, submit_shards
 from ddslurm.launcher.testing import FakeSlurm, write_attempt, write_unit_run
+from ddslurm.planner import plan_arrays
 
 KEY = "sk-pulling-test-key-0123456789"
 
@@ -50,33 +50,6 @@ def test_a_pulling_run_submits_allocations_over_a_pool_with_their_retries(tmp_pa
     assert script.rstrip().endswith("--pool 0-6") and "SLURM_ARRAY_TASK_ID" not in script
     retry_script = Path(records[1].script).read_text()
     assert f"--dependency=afternotok:{records[0].array_job_id}" in retry_script
-
-
-@pytest.mark.parametrize(
-    ("shards", "allocations", "max_array", "tasks", "pools"),
-    [
-        (11, 5, 2, [2, 2, 1], [4, 4, 3]),
-        (7, 3, 1001, [3], [7]),
-        (4, 4, 1, [1, 1, 1, 1], [1, 1, 1, 1]),
-    ],
-)
-def test_pulling_arrays_stay_under_max_array_size_and_split_the_pool_evenly(
-    tmp_path: Path, shards: int, allocations: int, max_array: int, tasks: list[int], pools: list[int]
-) -> None:
-    plan = make_plan("run-1", (1,) * shards, allocations=allocations, client_workers=1)
-    arrays = plan_arrays(plan, RunLayout(tmp_path), list(range(shards)), max_array, kind="initial", stamp="s")
-    assert [a.tasks for a in arrays] == tasks
-    assert [len(a.shards) for a in arrays] == pools
-    assert sorted(s for a in arrays for s in a.shards) == list(range(shards))
-    assert all((a.tasks or 0) <= len(a.shards) for a in arrays)
-
-
-def test_a_retry_asks_for_as_many_allocations_as_its_shards_need() -> None:
-    plan = make_plan("run-1", (1,) * 20, allocations=6, client_workers=2)
-    assert pulling_tasks(plan, 20, "initial") == 6
-    assert pulling_tasks(plan, 3, "retry") == 2  # 3 shards, 2 workers each: 2 allocations
-    assert pulling_tasks(plan, 1, "retry") == 1
-    assert pulling_tasks(make_plan("run-1", (1,) * 3), 3, "retry") is None  # one task per shard
 
 
 def test_status_of_claimed_and_unclaimed_shards_of_a_pulling_array(tmp_path: Path) -> None:

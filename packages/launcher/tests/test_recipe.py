@@ -15,7 +15,7 @@ import pytest
 
 from ddslurm.config import ConfigFileError, RunFile, load_run_file, read_json, sha256_bytes, sha256_file
 from ddslurm.config import Plan as PlanRecord
-from ddslurm.launcher import RecipeError, SubmitError, load_run_recipe, prepare, write_run_dir
+from ddslurm.launcher import BuilderError, SubmitError, load_run_recipe, prepare, write_run_dir
 from ddslurm.launcher.testing import write_unit_run
 
 pytestmark = pytest.mark.dd
@@ -196,7 +196,7 @@ def test_missing_script_or_module_is_an_error_at_the_run_files_recipe(tmp_path: 
         f"{run}:2:1: recipe: {tmp_path / 'build.py'} does not exist (a builder script, relative to the run file)"
     )
     run.write_text(run.read_text().replace("build.py", "no_such_package.recipes:make"))
-    with pytest.raises(RecipeError, match=r"module 'no_such_package.recipes' cannot be imported: No module named"):
+    with pytest.raises(BuilderError, match=r"module 'no_such_package.recipes' cannot be imported: No module named"):
         load_run_recipe(load_run_file(run), run, env, tmp_path / "dd")
     # a module name without its function reads as a file, and the error says how to name the function
     run.write_text(run.read_text().replace("no_such_package.recipes:make", "pkg.recipes"))
@@ -210,7 +210,7 @@ def _error(tmp_path: Path, recipe: str, extra: str = "", *, body: str = BUILDER,
     tmp_path.mkdir(parents=True, exist_ok=True)
     run, _, env = write_unit_run(tmp_path, KEY)
     _script(tmp_path / "build.py", extra, body=body)
-    with pytest.raises(RecipeError) as info:
+    with pytest.raises(BuilderError) as info:
         load_run_recipe(_use_recipe(run, recipe), run, env, tmp_path / "dd", **kwargs)
     return str(info.value)
 

@@ -21,12 +21,11 @@ from ddslurm.config import (
     publish_once,
     read_json,
 )
-from ddslurm.config.testing import make_plan
 from ddslurm.launcher import Slurm, run_status, submit
 from ddslurm.launcher import _submit as submit_module
 from ddslurm.launcher._render import render_generation
 from ddslurm.launcher._steer import log_files, pick_attempt, retry
-from ddslurm.launcher._submit import plan_arrays, prepare
+from ddslurm.launcher._submit import prepare
 from ddslurm.launcher.testing import UNIT_RECIPE, FakeSlurm, write_unit_run
 
 KEY = "sk-stages-test-value-123"
@@ -75,60 +74,6 @@ def test_stages_single_keeps_one_stage_and_says_why(tmp_path: Path) -> None:
 def test_a_hosted_only_run_has_no_stages_and_no_column_order(tmp_path: Path) -> None:
     plan = _prepare(tmp_path, "", UNIT_RECIPE)
     assert (plan.stages, plan.stage_reason, plan.cpu_stage, plan.column_order) == ((), None, None, None)
-
-
-def _staged(tmp_path: Path, **overrides: object) -> tuple[Plan, RunLayout]:
-    layout = RunLayout(tmp_path / "run-1")
-    plan = make_plan("run-1", (2, 2, 2, 2), **{"stages": STAGES, **overrides})
-    return plan, layout
-
-
-def _shape(arrays: tuple[object, ...]) -> list[tuple[object, ...]]:
-    return [(a.stage, a.kind, a.shards, a.tasks, a.after, a.after_any) for a in arrays]  # type: ignore[attr-defined]
-
-
-def test_every_gpu_array_is_followed_by_a_cpu_array_after_it_and_after_the_previous_cpu_array(
-    tmp_path: Path,
-) -> None:
-    plan, layout = _staged(tmp_path, retries=1)
-    arrays = plan_arrays(plan, layout, [0, 1, 2, 3], 1000, kind="initial", stamp="s")
-    assert _shape(arrays) == [
-        (0, "initial", (0, 1, 2, 3), None, None, ()),
-        (1, "initial", (0, 1, 2, 3), 4, None, (0,)),
-        (0, "auto-retry", (0, 1, 2, 3), None, 0, ()),
-        (1, "auto-retry", (0, 1, 2, 3), 4, None, (2, 1)),
-    ]
-    assert [a.index for a in arrays] == [0, 1, 2, 3]
-    assert len({a.script for a in arrays}) == 4
-
-
-def test_chunks_and_pulling_allocations_get_as_many_cpu_allocations_as_gpu_tasks(tmp_path: Path) -> None:
-    plan, layout = _staged(tmp_path, allocations=2, client_workers=2)
-    arrays = plan_arrays(plan, layout, [0, 1, 2, 3], 1, kind="initial", stamp="s")
-    assert _shape(arrays) == [
-        (0, "initial", (0, 1), 1, None, ()),
-        (1, "initial", (0, 1), 1, None, (0,)),
-        (0, "initial", (2, 3), 1, None, ()),
-        (1, "initial", (2, 3), 1, None, (2,)),
-    ]
-
-
-def test_a_retry_gives_shards_whose_gpu_stage_is_done_only_a_cpu_array(tmp_path: Path) -> None:
-    plan, layout = _staged(tmp_path)
-    arrays = plan_arrays(plan, layout, [0, 1, 3], 1000, kind="retry", stamp="s", gpu_done={1})
-    assert _shape(arrays) == [
-        (1, "retry", (1,), 1, None, ()),
-        (0, "retry", (0, 3), None, None, ()),
-        (1, "retry", (0, 3), 2, None, (1,)),
-    ]
-    only_cpu = plan_arrays(plan, layout, [1, 2], 1000, kind="retry", stamp="s", gpu_done={1, 2})
-    assert _shape(only_cpu) == [(1, "retry", (1, 2), 2, None, ())]
-
-
-def test_single_stage_plans_are_planned_as_before(tmp_path: Path) -> None:
-    plan, layout = _staged(tmp_path, stages=(), retries=1)
-    arrays = plan_arrays(plan, layout, [0, 1], 1000, kind="initial", stamp="s", gpu_done={0})
-    assert _shape(arrays) == [(None, "initial", (0, 1), None, None, ()), (None, "auto-retry", (0, 1), None, 0, ())]
 
 
 def test_the_cpu_stage_script_asks_for_cpu_only_allocations_after_its_arrays(tmp_path: Path) -> None:

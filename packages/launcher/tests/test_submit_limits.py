@@ -17,6 +17,7 @@ import pytest
 
 from ddslurm.config import (
     CancelRecord,
+    Limit,
     RunLayout,
     SubmissionRecord,
     SubmitPlanRecord,
@@ -27,7 +28,7 @@ from ddslurm.config import (
 )
 from ddslurm.launcher import Completed, LauncherError, Slurm, SlurmError, SubmitError, cli, run_status, submit
 from ddslurm.launcher import _submit as submit_module
-from ddslurm.launcher._slurm import Limit, SlurmTimeoutError, SubprocessRunner, parse_limit
+from ddslurm.launcher._slurm import SlurmTimeoutError, SubprocessRunner, parse_limit
 from ddslurm.launcher._steer import continue_submission, retry
 from ddslurm.launcher._submit import PartialSubmitError, submit_lock
 from ddslurm.launcher.testing import write_unit_run

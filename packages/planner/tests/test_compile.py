@@ -14,6 +14,7 @@ from ddslurm.config import (
     Deployment,
     Plan,
     ProviderSnapshot,
+    RecipeColumn,
     Resources,
     RunFile,
     RunLayout,
@@ -695,6 +696,13 @@ def test_refusals_start_with_their_field(run: dict[str, object], profile: dict[s
 # --- stages: auto ---
 
 STAGES = (StagePlan(kind="gpu", columns=("gen",)), StagePlan(kind="cpu", columns=("judge",)))
+COLUMNS = (
+    RecipeColumn(name="gen", column_type="llm-text", aliases=("gen",), refs=(), required=(), side_effects=(),
+                 drop=False, skips=False, propagate_skip=True, sampler_type=None),
+    RecipeColumn(name="judge", column_type="llm-judge", aliases=("judge",), refs=("gen",), required=("gen",),
+                 side_effects=(), drop=False, skips=False, propagate_skip=True, sampler_type=None),
+)  # fmt: skip
+"""A local generator and a hosted judge over it, as Data Designer's column configs describe them."""
 
 
 def _staged_inputs(run: RunFile, profile: ClusterProfile) -> PlanInputs:
@@ -705,9 +713,8 @@ def _staged_inputs(run: RunFile, profile: ClusterProfile) -> PlanInputs:
         layout=LAYOUT,
         recipe_sha256="1" * 64,
         snapshot_sha256="2" * 64,
-        stages=STAGES,
-        stage_reason="two stages: ...",
-        column_order=("gen", "judge"),
+        recipe={"columns": [{"name": "gen"}, {"name": "judge"}]},
+        columns=COLUMNS,
     )
 
 
@@ -717,7 +724,8 @@ def test_a_split_recipe_gets_its_stages_and_a_cpu_only_stage_on_the_cpu_partitio
         submission=Submission(cpus=3, partition="gpu", constraint="h100", time_limit="02:00:00"),
     )
     plan = compile_plan(_staged_inputs(run, _gpu_profile()))
-    assert plan.stages == STAGES and plan.stage_reason == "two stages: ..." and plan.column_order == ("gen", "judge")
+    assert plan.stages == STAGES and plan.column_order == ("gen", "judge")
+    assert (plan.stage_reason or "").startswith("two stages: GPU stage 1 column(s) ('gen'); CPU stage 1 column(s)")
     cpu = plan.cpu_stage
     assert cpu is not None
     assert (cpu.partition, cpu.gres, cpu.gpus, cpu.cpus_per_task, cpu.constraint) == ("cpu", "none", None, 3, None)

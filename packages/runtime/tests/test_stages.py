@@ -4,6 +4,7 @@ stays single-stage and why, the recipes each stage runs, and the column order of
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -12,12 +13,21 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from ddslurm.runtime import Stage, StageSplit, final_columns, split_stages, stage_recipe
-from ddslurm.runtime._stages import STAGE_ROW
+from ddslurm.config import STAGE_ROW, Stage, StageSplit, final_columns, split_stages, stage_recipe
+from ddslurm.runtime import recipe_columns
 from ddslurm.runtime.errors import RecipeError
 
 MIXED = Path(__file__).resolve().parents[3] / "examples" / "mixed" / "recipe.yaml"
 LOCAL = {"gen"}
+
+
+def dd_split(r: dict[str, Any], local: set[str]) -> StageSplit:
+    """The split of ``r`` on its columns as Data Designer reads them (what the submit host gives the planner)."""
+    return split_stages(r, recipe_columns(r), local)
+
+
+def dd_final_columns(r: dict[str, Any], seed_columns: Sequence[str]) -> tuple[str, ...]:
+    return final_columns(r, recipe_columns(r), seed_columns)
 
 
 def sampler(name: str, **extra: Any) -> dict[str, Any]:
@@ -67,7 +77,7 @@ def gpu_cpu(split: StageSplit) -> tuple[Stage, Stage]:
 
 def test_the_mixed_example_splits_into_the_local_generator_and_the_hosted_judge() -> None:
     mixed = yaml.safe_load(MIXED.read_text())
-    split = split_stages(mixed, {"generator"})
+    split = dd_split(mixed, {"generator"})
     gpu, cpu = gpu_cpu(split)
     assert gpu == Stage("gpu", ("difficulty", "sql"))  # the local column and the sampler it reads
     assert cpu == Stage("cpu", ("sql_quality", "sql_chars"))  # the judge (local + seed columns) and an expression
@@ -76,14 +86,14 @@ def test_the_mixed_example_splits_into_the_local_generator_and_the_hosted_judge(
 
 def test_shorthand_and_full_config_split_the_same_way() -> None:
     full = recipe(sampler("topic"), llm("draft", "{{ topic }}"), judge("score", "{{ draft }}"))
-    assert split_stages(full["data_designer"], LOCAL) == split_stages(full, LOCAL)
-    gpu, cpu = gpu_cpu(split_stages(full, LOCAL))
+    assert dd_split(full["data_designer"], LOCAL) == dd_split(full, LOCAL)
+    gpu, cpu = gpu_cpu(dd_split(full, LOCAL))
     assert (gpu.columns, cpu.columns) == (("topic", "draft"), ("score",))
 
 
 def test_a_local_column_that_depends_on_a_hosted_column_keeps_the_recipe_in_one_stage() -> None:
     r = recipe(llm("outline", "{{ question }}", "judge"), llm("draft", "{{ outline }}"), judge("score", "{{ draft }}"))
-    split = split_stages(r, LOCAL)
+    split = dd_split(r, LOCAL)
     assert split.stages == (Stage("gpu", ("outline", "draft", "score")),)
     assert "local column 'draft' depends on hosted column 'outline' (draft -> outline)" in split.reason
 
@@ -95,26 +105,26 @@ def test_the_reason_names_the_whole_chain_when_the_dependency_on_a_hosted_column
         llm("draft", "{{ hint }}"),
         judge("score", "{{ draft }}"),
     )
-    split = split_stages(r, LOCAL)
+    split = dd_split(r, LOCAL)
     assert not split.split
     assert "local column 'draft' depends on hosted column 'rating' (draft -> hint -> rating)" in split.reason
 
 
 def test_no_hosted_column_or_no_local_column_means_one_stage() -> None:
     all_local = recipe(sampler("topic"), llm("draft", "{{ topic }}"), judge("score", "{{ draft }}", "gen"))
-    split = split_stages(all_local, LOCAL)
+    split = dd_split(all_local, LOCAL)
     assert split.stages == (Stage("gpu", ("topic", "draft", "score")),)
     assert "no column is hosted-only" in split.reason
 
     hosted_only = recipe(llm("draft", "{{ question }}", "judge"), judge("score", "{{ draft }}"))
     for local in (LOCAL, set()):
-        split = split_stages(hosted_only, local)
+        split = dd_split(hosted_only, local)
         assert split.stages == (Stage("cpu", ("draft", "score")),)
         assert "no column uses a local model" in split.reason
 
 
 def test_a_recipe_without_model_columns_is_one_cpu_stage() -> None:
-    split = split_stages(recipe(sampler("topic"), expr("upper", "{{ topic | upper }}")), LOCAL)
+    split = dd_split(recipe(sampler("topic"), expr("upper", "{{ topic | upper }}")), LOCAL)
     assert split.stages == (Stage("cpu", ("topic", "upper")),)
 
 
@@ -125,7 +135,7 @@ def test_a_dropped_column_the_cpu_stage_reads_is_kept_by_the_gpu_stage() -> None
         llm("notes", "{{ draft }}"),
         judge("score", "{{ draft }} {{ notes }}"),
     )
-    split = split_stages(r, LOCAL)
+    split = dd_split(r, LOCAL)
     gpu, cpu = gpu_cpu(split)
     assert gpu == Stage("gpu", ("context", "draft", "notes"), keep=("draft",))
     assert cpu.columns == ("score",)
@@ -139,14 +149,14 @@ def test_an_expression_over_both_stages_and_one_over_local_columns_only_go_to_th
         expr("length", "{{ draft | length }}", dtype="int"),
         expr("summary", "{{ length }} {{ score.Quality.score }}"),
     )
-    gpu, cpu = gpu_cpu(split_stages(r, LOCAL))
+    gpu, cpu = gpu_cpu(dd_split(r, LOCAL))
     assert gpu.columns == ("draft",)
     assert cpu.columns == ("score", "length", "summary")
 
 
 def test_samplers_only_hosted_columns_read_go_to_the_cpu_stage() -> None:
     r = recipe(sampler("tone"), llm("draft", "{{ question }}"), judge("score", "{{ tone }} {{ draft }}"))
-    gpu, cpu = gpu_cpu(split_stages(r, LOCAL))
+    gpu, cpu = gpu_cpu(dd_split(r, LOCAL))
     assert (gpu.columns, cpu.columns) == (("draft",), ("tone", "score"))
 
 
@@ -158,7 +168,7 @@ def test_samplers_stay_together_in_the_gpu_stage_when_a_local_column_reads_one()
         judge("score", "{{ tone }} {{ draft }}"),
         constraints=[{"target_column": "topic", "rhs": "tone", "operator": "ne"}],
     )
-    split = split_stages(r, LOCAL)
+    split = dd_split(r, LOCAL)
     gpu, cpu = gpu_cpu(split)
     assert (gpu.columns, cpu.columns) == (("tone", "topic", "draft"), ("score",))
     first, second = stage_recipe(r, split, 0), stage_recipe(r, split, 1, seed_path="/s/*.parquet")
@@ -173,7 +183,7 @@ def test_model_columns_of_every_kind_are_placed_by_their_alias() -> None:
         llm("code", "{{ question }}", column_type="llm-code", code_lang="python"),
         judge("score", "{{ code }} {{ vector }}"),
     )
-    gpu, cpu = gpu_cpu(split_stages(r, LOCAL))
+    gpu, cpu = gpu_cpu(dd_split(r, LOCAL))
     assert gpu.columns == ("facts", "vector", "code")  # structured, embedding and code columns on a local alias
     assert cpu.columns == ("score",)
 
@@ -210,7 +220,7 @@ def test_model_columns_of_every_kind_are_placed_by_their_alias() -> None:
 def test_a_value_that_cannot_cross_the_boundary_faithfully_keeps_one_stage(
     columns: tuple[dict[str, Any], ...], why: str
 ) -> None:
-    split = split_stages(recipe(*columns), LOCAL)
+    split = dd_split(recipe(*columns), LOCAL)
     assert not split.split
     assert "CPU-stage column" in split.reason and "reads GPU-stage column" in split.reason and why in split.reason
 
@@ -222,26 +232,26 @@ def test_values_that_round_trip_cross_the_boundary() -> None:
         llm("after", "{{ gated }}", propagate_skip=False),  # does not inherit the skip
         judge("score", "{{ draft }} {{ draft__reasoning_content }} {{ after }}"),
     )
-    gpu, cpu = gpu_cpu(split_stages(r, LOCAL))
+    gpu, cpu = gpu_cpu(dd_split(r, LOCAL))
     assert (gpu.columns, cpu.columns) == (("draft", "gated", "after"), ("score",))
 
 
 def test_processors_that_transform_records_and_profilers_keep_one_stage() -> None:
     base = (llm("draft", "{{ question }}"), judge("score", "{{ draft }}"))
     transform = [{"processor_type": "schema_transform", "name": "chat", "template": {"text": "{{ draft }}"}}]
-    split = split_stages(recipe(*base, processors=transform), LOCAL)
+    split = dd_split(recipe(*base, processors=transform), LOCAL)
     assert not split.split and "processor(s) 'chat'" in split.reason
     profilers = [{"column_profiler_type": "judge_score", "model_alias": "judge"}]
-    split = split_stages(recipe(*base, profilers=profilers), LOCAL)
+    split = dd_split(recipe(*base, profilers=profilers), LOCAL)
     assert not split.split and "profilers" in split.reason
 
 
 def test_a_stage_whose_every_column_is_dropped_keeps_one_stage() -> None:
     r = recipe(llm("draft", "{{ question }}", drop=True), judge("score", "{{ question }}"))
-    split = split_stages(r, LOCAL)
+    split = dd_split(r, LOCAL)
     assert not split.split and "every column of the GPU stage would be dropped" in split.reason
     r = recipe(llm("draft", "{{ question }}"), judge("score", "{{ draft }}", drop=True))
-    split = split_stages(r, LOCAL)
+    split = dd_split(r, LOCAL)
     assert not split.split and "every column of the CPU stage would be dropped" in split.reason
 
 
@@ -255,7 +265,7 @@ def test_a_stage_whose_every_column_is_dropped_keeps_one_stage() -> None:
 )
 def test_a_recipe_data_designer_refuses_is_a_recipe_error(column: dict[str, Any]) -> None:
     with pytest.raises(RecipeError, match="not valid Data Designer column configs"):
-        split_stages(recipe(column), LOCAL)
+        dd_split(recipe(column), LOCAL)
 
 
 # --- stage_recipe ---
@@ -264,7 +274,7 @@ def test_a_recipe_data_designer_refuses_is_a_recipe_error(column: dict[str, Any]
 def test_stage_recipes_of_the_mixed_example() -> None:
     mixed = yaml.safe_load(MIXED.read_text())
     original = copy.deepcopy(mixed)
-    split = split_stages(mixed, {"generator"})
+    split = dd_split(mixed, {"generator"})
     first = stage_recipe(mixed, split, 0)
     second = stage_recipe(mixed, split, 1, seed_path="/run/stage-0/parquet-files/*.parquet")
     assert mixed == original  # never changed in place
@@ -294,7 +304,7 @@ def test_stage_recipes_keep_and_then_drop_what_the_cpu_stage_reads() -> None:
         judge("score", "{{ draft }}"),
         expr("scratch", "{{ score.Quality.score }}", drop=True),
     )
-    split = split_stages(r, LOCAL)
+    split = dd_split(r, LOCAL)
     first = stage_recipe(r, split, 0)
     second = stage_recipe(r, split, 1, seed_path="/s/out.parquet")
     assert [(c["name"], c.get("drop")) for c in first["data_designer"]["columns"]] == [
@@ -322,7 +332,7 @@ def test_drop_processors_move_to_the_cpu_stage_without_the_columns_the_gpu_stage
         judge("score", "{{ draft }}"),
         processors=processors,
     )
-    split = split_stages(r, LOCAL)
+    split = dd_split(r, LOCAL)
     assert stage_recipe(r, split, 0)["data_designer"]["processors"] is None  # the seed columns reach stage 2
     assert stage_recipe(r, split, 1, seed_path="/s/a.parquet")["data_designer"]["processors"] == [
         {"processor_type": "drop_columns", "name": "tidy", "column_names": ["tables", "draft", "x*"]},
@@ -333,7 +343,7 @@ def test_drop_processors_move_to_the_cpu_stage_without_the_columns_the_gpu_stage
 
 def test_stage_recipes_keep_the_shorthand_form() -> None:
     r = recipe(llm("draft", "{{ question }}"), judge("score", "{{ draft }}"))["data_designer"]
-    split = split_stages(r, LOCAL)
+    split = dd_split(r, LOCAL)
     second = stage_recipe(r, split, 1, seed_path="/s/*.parquet")
     assert "data_designer" not in second
     assert [c["name"] for c in second["columns"]] == ["score"]
@@ -342,7 +352,7 @@ def test_stage_recipes_keep_the_shorthand_form() -> None:
 
 def test_a_single_stage_split_runs_the_recipe_unchanged() -> None:
     r = recipe(llm("draft", "{{ question }}", "judge"))
-    split = split_stages(r, LOCAL)
+    split = dd_split(r, LOCAL)
     out = stage_recipe(r, split, 0)
     assert out == r and out is not r and out["data_designer"] is not r["data_designer"]
     with pytest.raises(IndexError, match="the split has 1 stage"):
@@ -352,7 +362,7 @@ def test_a_single_stage_split_runs_the_recipe_unchanged() -> None:
 def test_the_cpu_stage_needs_the_gpu_stage_output() -> None:
     r = recipe(llm("draft", "{{ question }}"), judge("score", "{{ draft }}"))
     with pytest.raises(ValueError, match="seed_path is required"):
-        stage_recipe(r, split_stages(r, LOCAL), 1)
+        stage_recipe(r, dd_split(r, LOCAL), 1)
 
 
 def test_data_designer_loads_both_stage_recipes(tmp_path: Path) -> None:
@@ -362,7 +372,7 @@ def test_data_designer_loads_both_stage_recipes(tmp_path: Path) -> None:
     pq.write_table(pa.table({"question": ["q"], "draft": ["d"], STAGE_ROW: [0]}), seed)
     r = recipe(sampler("topic"), llm("draft", "{{ topic }} {{ question }}", drop=True), judge("score", "{{ draft }}"))
     r["data_designer"]["seed_config"]["source"]["path"] = str(seed)
-    split = split_stages(r, LOCAL)
+    split = dd_split(r, LOCAL)
     for index in (0, 1):
         config = DataDesignerConfigBuilder.from_config(stage_recipe(r, split, index, seed_path=str(seed))).build()
         assert [c.name for c in config.columns] == list(split.stages[index].columns)
@@ -381,11 +391,11 @@ def test_final_columns_put_seed_columns_samplers_then_the_rest_in_dependency_ord
         expr("scratch", "{{ length }}"),
         processors=[{"processor_type": "drop_columns", "name": "p", "column_names": ["tables", "scr*"]}],
     )
-    assert final_columns(r, ["question", "tables"]) == ("question", "topic", "draft__trace", "score", "length")
-    assert final_columns(r["data_designer"], ()) == ("topic", "draft__trace", "score", "length")
+    assert dd_final_columns(r, ["question", "tables"]) == ("question", "topic", "draft__trace", "score", "length")
+    assert dd_final_columns(r["data_designer"], ()) == ("topic", "draft__trace", "score", "length")
 
 
 def test_final_columns_of_the_mixed_example() -> None:
     mixed = yaml.safe_load(MIXED.read_text())
     expected = ("question", "tables", "difficulty", "sql", "sql_quality", "sql_chars")
-    assert final_columns(mixed, ["question", "tables"]) == expected
+    assert dd_final_columns(mixed, ["question", "tables"]) == expected

@@ -28,3 +28,13 @@ def llm_columns(recipe: Mapping[str, Any]) -> tuple[str, ...]:
         for c in columns
         if isinstance(c, dict) and c.get("column_type") in LLM_COLUMN_TYPES and isinstance(c.get("name"), str)
     )
+
+
+def recipe_processors(recipe: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The recipe's processors (copies), in recipe order."""
+    return [dict(p) for p in recipe_section(recipe).get("processors") or [] if isinstance(p, Mapping)]
+
+
+def is_drop_processor(processor: Mapping[str, Any]) -> bool:
+    """A ``drop_columns`` processor: it removes the columns it names (globs against the batch's columns)."""
+    return str(processor.get("processor_type")) == "drop_columns"

@@ -4,10 +4,10 @@ from ddslurm.launcher._collect import collect_local, collect_with_slurm, wait_fo
 from ddslurm.launcher._init import ClusterInfo, InitResult, init_command, parse_sinfo, read_cluster, render_init
 from ddslurm.launcher._recipe import LoadedRecipe, load_run_recipe
 from ddslurm.launcher._render import render_collection, render_generation
+from ddslurm.launcher._run_dir import Prepared, write_run_dir
 from ddslurm.launcher._slurm import (
     Completed,
     Runner,
-    SchedulerLimits,
     Slurm,
     SlurmTimeoutError,
     TaskState,
@@ -18,15 +18,12 @@ from ddslurm.launcher._status import RunStatus, ShardStatus, find_run, run_state
 from ddslurm.launcher._steer import continue_submission
 from ddslurm.launcher._submit import (
     PartialSubmitError,
-    Prepared,
     Submitted,
-    plan_submission,
     prepare,
     submit,
     submit_shards,
-    write_run_dir,
 )
-from ddslurm.launcher.errors import InitError, LauncherError, RecipeError, RunNotFoundError, SlurmError, SubmitError
+from ddslurm.launcher.errors import BuilderError, InitError, LauncherError, RunNotFoundError, SlurmError, SubmitError
 
 __all__ = [
     "ClusterInfo",
@@ -37,11 +34,10 @@ __all__ = [
     "LoadedRecipe",
     "PartialSubmitError",
     "Prepared",
-    "RecipeError",
+    "BuilderError",
     "RunNotFoundError",
     "RunStatus",
     "Runner",
-    "SchedulerLimits",
     "ShardStatus",
     "Slurm",
     "SlurmError",
@@ -57,7 +53,6 @@ __all__ = [
     "load_run_recipe",
     "parse_job_key",
     "parse_sinfo",
-    "plan_submission",
     "prepare",
     "read_cluster",
     "render_collection",

@@ -10,7 +10,7 @@ from pathlib import Path
 import msgspec
 
 from ddslurm.config import Plan, PlannedArray, ProviderSnapshot, Resources, parallel_requests
-from ddslurm.launcher._submit import array_tasks
+from ddslurm.planner import array_tasks
 from ddslurm.providers import AliasRow
 from ddslurm.runtime import StepSpec, server_command, srun_argv, unix_url
 

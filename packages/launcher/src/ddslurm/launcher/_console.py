@@ -32,7 +32,8 @@ from rich.text import Text
 from ddslurm.config import Plan, RunLayout, compact_ranges
 from ddslurm.launcher._slurm import NODE_ENV_ALLOWED
 from ddslurm.launcher._status import RunStatus, ShardStatus
-from ddslurm.launcher._submit import HEADROOM, SubmissionPlan, describe_limit, failure_chain, job_variables
+from ddslurm.launcher._submit import job_variables
+from ddslurm.planner import HEADROOM, SubmissionPlan, describe_limit, failure_chain
 
 PLAIN_WIDTH = 100_000
 """Plain output is never wrapped: a line as long as its content (a reason, a path) stays one line."""

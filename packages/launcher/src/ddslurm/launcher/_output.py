@@ -19,8 +19,9 @@ import typer
 from ddslurm.collector import CollectError
 from ddslurm.config import ConfigError, PlannedArray, compact_ranges
 from ddslurm.launcher._slurm import SlurmTimeoutError
-from ddslurm.launcher._submit import HEADROOM, PartialSubmitError, SubmissionPlan, array_tasks, failure_chain
+from ddslurm.launcher._submit import PartialSubmitError
 from ddslurm.launcher.errors import LauncherError, RunNotFoundError, SlurmError, SubmitError, UsageError, WriteError
+from ddslurm.planner import HEADROOM, PlanError, SubmissionPlan, array_tasks, failure_chain
 from ddslurm.providers import ProvidersError
 
 SIGNAL_BASE = 128
@@ -123,7 +124,7 @@ def error_report(exc: BaseException, command: str | None) -> ErrorReport:
         return ErrorReport(ErrorCode.SLURM_TIMEOUT, message, _submit_exit(command))
     if isinstance(exc, SlurmError):
         return ErrorReport(ErrorCode.SLURM, message, _submit_exit(command))
-    if isinstance(exc, LauncherError):
+    if isinstance(exc, (LauncherError, PlanError)):  # a plan the planner cannot submit (a follower it lacks)
         return ErrorReport(
             ErrorCode.SUBMIT_REFUSED if command == "submit" else ErrorCode.FAILED, message, _submit_exit(command)
         )
@@ -134,6 +135,7 @@ REPORTED: tuple[type[BaseException], ...] = (
     CommandFailed,
     typer.TyperException,
     LauncherError,
+    PlanError,
     ConfigError,
     ProvidersError,
     CollectError,

@@ -61,7 +61,7 @@ from ddslurm.config import (
 )
 from ddslurm.launcher._seed import holds_secret, refuse_seed_secrets
 from ddslurm.launcher._slurm import NODE_ENV_ALLOWED
-from ddslurm.launcher.errors import RecipeError
+from ddslurm.launcher.errors import BuilderError
 from ddslurm.providers import (
     ProvidersError,
     is_credential_key,
@@ -128,10 +128,10 @@ def load_run_recipe(
     """The recipe ``run`` names (relative to ``run_path``): a config file is read; a builder script or
     ``module:function`` is run in a subprocess (see the module's docstring) with Data Designer's home ``dd_home``
     and the secrets of ``env`` left out. Missing files are :class:`ConfigFileError` at the run file's ``recipe``;
-    a script that fails, raises or returns something else is :class:`RecipeError` naming the script and line.
+    a script that fails, raises or returns something else is :class:`BuilderError` naming the script and line.
 
     The run file, the recipe (a config file's text, or the config a script returned, and the script) and the seed
-    files it names are refused (:class:`RecipeError`, :class:`SubmitError` for seed files) when they hold the value
+    files it names are refused (:class:`BuilderError`, :class:`SubmitError` for seed files) when they hold the value
     of one of the run's secrets (:func:`run_secrets`), by one check for every kind of recipe
     (:func:`refuse_secrets`; the seed files: ``refuse_seed_secrets``)."""
     try:
@@ -174,7 +174,7 @@ def load_run_recipe(
         if result.get("line"):
             where = f"{where}:{result['line']}"
         message = f"{where}: {result.get('error', 'failed')}"
-        raise RecipeError(_redact(message + _output_tail(result.get("output", "")), secrets))
+        raise BuilderError(_redact(message + _output_tail(result.get("output", "")), secrets))
     path = Path(str(result["file"]))
     text = str(result["yaml"])
     source = path.read_bytes()
@@ -184,13 +184,13 @@ def load_run_recipe(
     refuse_secrets(text, tree, secrets, origin=path, subject=f"the config that {function}() returned", lines=False)
     for name, value in sorted(secrets.items()):
         if value.encode() in source:
-            raise RecipeError(
+            raise BuilderError(
                 f"{path}: the script {holds_secret(name)}; ddslurm keeps a copy of the script in the run's inputs: "
                 "remove the key from it"
             )
     data = to_builtins(tree)
     if not isinstance(data, dict):
-        raise RecipeError(f"{path}: {function}() did not produce a Data Designer config (not a mapping)")
+        raise BuilderError(f"{path}: {function}() did not produce a Data Designer config (not a mapping)")
     refuse_seed_secrets(data, path, secrets)
     origin = Path(f"{path}:{function}()")  # names the recipe in errors about its content; never opened as YAML
     return LoadedRecipe(
@@ -211,7 +211,7 @@ def run_secrets(run: RunFile, env: Mapping[str, str], dd_home: Path) -> dict[str
 def refuse_secrets(
     text: str, tree: Any, secrets: Mapping[str, str], *, origin: Path, subject: str, lines: bool = True
 ) -> None:
-    """Refuse (:class:`RecipeError`) a recipe that holds the value of one of ``secrets``: a config file's text
+    """Refuse (:class:`BuilderError`) a recipe that holds the value of one of ``secrets``: a config file's text
     (YAML or JSON) and the config a builder script returned alike, ``tree`` being ``text`` parsed by ruamel.
 
     Every string of the tree is searched (keys and values at any depth: a JSON string escaped in the file is found
@@ -235,7 +235,7 @@ def refuse_secrets(
             line, col = text.count("\n", 0, offset) + 1, offset - text.rfind("\n", 0, offset)
     where = str(origin) if line is None else f"{origin}:{line}:{col}"
     where += f": {field}" if field else ""
-    raise RecipeError(
+    raise BuilderError(
         f"{where}: {subject} {holds_secret(name)}; the run's inputs would keep a copy: remove the key (a provider's "
         "api_key names the variable that holds it, read on the node)"
     )

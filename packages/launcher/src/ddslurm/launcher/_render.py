@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ddslurm.config import Plan, Resources, RunLayout, compact_ranges, digest
 from ddslurm.launcher.errors import SubmitError
+from ddslurm.planner import array_spec
 
 TIME_LIMIT_WARNING_S = 90
 SLURM_SIGNAL_SLACK_S = 60
@@ -75,12 +76,6 @@ umask 077"""
 
 def tool(plan: Plan, name: str) -> str:
     return str(Path(plan.python_env) / "bin" / name)
-
-
-def array_spec(count: int, throttle: int | None) -> str:
-    """The ``--array=`` spec of an array of ``count`` tasks (ids 0 to count-1), ``%throttle`` appended."""
-    spec = f"0-{count - 1}" if count > 1 else "0"
-    return f"{spec}%{throttle}" if throttle else spec
 
 
 def shard_expression(shards: list[int]) -> str:

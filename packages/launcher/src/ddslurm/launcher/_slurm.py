@@ -15,10 +15,10 @@ import re
 import signal
 import subprocess
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
-from ddslurm.config import expand_ranges
+from ddslurm.config import Limit, QueuedJob, SchedulerLimits, expand_ranges
 from ddslurm.launcher.errors import LauncherError, SlurmError
 
 
@@ -190,10 +190,6 @@ def job_environment(env: Mapping[str, str], names: Sequence[str] = ()) -> dict[s
     return out
 
 
-_FINISHED = frozenset(
-    {"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE",
-     "OUT_OF_MEMORY", "SPECIAL_EXIT", "REVOKED"}
-)  # fmt: skip
 _NO_LIMIT = frozenset({"", "-1", "INFINITE", "UNLIMITED", "NONE", "N/A"})
 
 
@@ -228,23 +224,6 @@ class ClusterConfig:
 
 
 @dataclass(frozen=True, slots=True)
-class QueuedJob:
-    """One line of ``squeue -r -t all``: a job or one array task, in any state slurmctld still holds."""
-
-    array_job_id: str
-    user: str
-    account: str
-    qos: str
-    state: str
-    command: str
-
-    @property
-    def active(self) -> bool:
-        """Pending, running or suspended: counts against submit limits (finished ones only against MaxJobCount)."""
-        return self.state.split()[0] not in _FINISHED if self.state else True
-
-
-@dataclass(frozen=True, slots=True)
 class Association:
     """One of the user's associations (``sacctmgr show assoc``); limits are None when not set."""
 
@@ -265,31 +244,6 @@ class Qos:
     max_submit_per_account: int | None
     grp_submit_jobs: int | None
     max_jobs_per_user: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class Limit:
-    """A limit on how many jobs (array tasks each count) may exist, and how many count against it now."""
-
-    name: str
-    scope: str
-    limit: int
-    used: int
-
-    def usable(self, headroom: float) -> int:
-        """What a submission may use: ``headroom`` of what is left (rounded down), never below 0."""
-        return max(0, math.floor(headroom * max(0, self.limit - self.used) + 1e-9))
-
-
-@dataclass(frozen=True, slots=True)
-class SchedulerLimits:
-    """Every limit a submission must fit in, read before anything is submitted."""
-
-    max_array_size: int
-    limits: tuple[Limit, ...] = ()
-    notes: tuple[str, ...] = ()
-    """Limits that were not read or do not apply, and why; and limits that only throttle (``MaxJobs``)."""
-    queue: tuple[QueuedJob, ...] = field(default=(), repr=False)
 
 
 class Slurm:

@@ -16,6 +16,7 @@ from ddslurm.config import (
     FreshRecord,
     Plan,
     PlannedArray,
+    QueuedJob,
     RunLayout,
     ShardCancelRecord,
     ShardLayout,
@@ -28,7 +29,7 @@ from ddslurm.config import (
     read_plan,
     read_regular,
 )
-from ddslurm.launcher._slurm import QueuedJob, Slurm
+from ddslurm.launcher._slurm import Slurm
 from ddslurm.launcher._status import (
     PENDING,
     RunStatus,
@@ -40,20 +41,17 @@ from ddslurm.launcher._status import (
     submissions,
 )
 from ddslurm.launcher._submit import (
-    SubmissionPlan,
     SubmitLockedError,
-    array_tasks,
     check_environment,
     new_stamp,
-    plan_submission,
-    plural,
     read_limits,
-    refuse_if_over,
+    refusals,
     submit_arrays,
     submit_lock,
     submit_shards,
 )
 from ddslurm.launcher.errors import LauncherError, SlurmError, UsageError
+from ddslurm.planner import SubmissionPlan, array_tasks, plan_submission, plural, refuse_if_over
 
 ACTIVE = {"running", "pending", "unknown"}
 _LIVE = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "RESIZING", "SUSPENDED", "RUNNING", "COMPLETING"}
@@ -146,7 +144,10 @@ def retry(
     moment = now or datetime.now(UTC)
     if dry_run:
         check_environment(plan, env)
-        planned = plan_submission(plan, layout, todo, read_limits(slurm, plan), kind="retry", stamp=new_stamp(moment))
+        with refusals():
+            planned = plan_submission(
+                plan, layout, todo, read_limits(slurm, plan), kind="retry", stamp=new_stamp(moment)
+            )
         return Retried(tuple(todo), (), planned)
     if mark is not None:
         layout.cancelled.rename(layout.cleared_cancel(moment.strftime("%Y%m%dT%H%M%S%f")))
@@ -249,12 +250,13 @@ def continue_submission(
         adopted = adopt_queued(layout, missing, submitted, limits.queue, moment)
         remaining = [a for a in missing if a.index not in submitted]
         tasks = sum(array_tasks(a) for a in remaining)
-        refuse_if_over(
-            tasks,
-            limits,
-            f"the {plural(len(remaining), 'array')} left to submit hold {plural(tasks, 'array task')}",
-            f"wait until queued jobs have finished and continue again, or cancel the run: ddslurm cancel {root}",
-        )
+        with refusals():
+            refuse_if_over(
+                tasks,
+                limits,
+                f"the {plural(len(remaining), 'array')} left to submit hold {plural(tasks, 'array task')}",
+                f"wait until queued jobs have finished and continue again, or cancel the run: ddslurm cancel {root}",
+            )
         job_ids = submit_arrays(
             layout,
             plan,

@@ -15,7 +15,7 @@ import os
 import re
 import secrets
 import shutil
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,38 +25,44 @@ import msgspec
 
 from ddslurm.config import (
     ConfigError,
-    LimitCheck,
     Plan,
     PlannedArray,
     ProviderSnapshot,
+    RecipeColumn,
     RunFile,
     RunLayout,
+    SchedulerLimits,
     ServingPlan,
-    StagePlan,
     SubmissionKind,
     SubmissionRecord,
-    SubmitPlanRecord,
-    UnsafePathError,
     atomic_write,
     compact_ranges,
     encode,
     encode_pretty,
-    fsync_dir,
     load_profile,
     load_run_file,
     locate,
-    make_private_dir,
     publish_once,
     read_yaml,
     sha256_bytes,
 )
 from ddslurm.launcher._recipe import load_run_recipe
-from ddslurm.launcher._render import array_spec, render_generation
+from ddslurm.launcher._render import render_generation
+from ddslurm.launcher._run_dir import NOTHING_LEFT, Prepared, write_run_dir
 from ddslurm.launcher._seed import CountRows, SeedCapture, capture_seed, dd_seed_columns, dd_seed_rows
-from ddslurm.launcher._slurm import SchedulerLimits, Slurm, SlurmTimeoutError
+from ddslurm.launcher._slurm import Slurm, SlurmTimeoutError
 from ddslurm.launcher._validate import dd_check_recipe
 from ddslurm.launcher.errors import LauncherError, SlurmError, SubmitError, WriteError
-from ddslurm.planner import PlanError, PlanInputs, compile_plan
+from ddslurm.planner import (
+    LimitError,
+    PlanError,
+    PlanInputs,
+    array_tasks,
+    compile_plan,
+    failure_chain,
+    plan_submission,
+    plural,
+)
 from ddslurm.providers import (
     AliasRow,
     Origin,
@@ -67,7 +73,7 @@ from ddslurm.providers import (
     resolve,
 )
 from ddslurm.providers.discovery import settings_dir
-from ddslurm.runtime import final_columns, split_stages
+from ddslurm.runtime import recipe_columns
 from ddslurm.runtime.errors import RecipeError
 
 SeedColumns = Callable[[dict[str, Any]], list[str]]
@@ -90,19 +96,6 @@ class Submitted:
 
 def new_run_id(name: str, now: datetime) -> str:
     return f"{name}-{now.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
-
-
-@dataclass(frozen=True, slots=True)
-class Prepared:
-    layout: RunLayout
-    plan: Plan
-    run_bytes: bytes
-    recipe_bytes: bytes
-    snapshot_bytes: bytes
-    aliases: tuple[AliasRow, ...]
-    seed: SeedCapture | None = None
-    recipe_source: bytes | None = None
-    """The builder script the recipe was made by (``recipe: build.py``), stored as ``inputs/recipe-source.py``."""
 
 
 _PLAN_FIELD = re.compile(r"^(?P<field>(?P<profile>profile\.)?[A-Za-z_]+(?:\[\d+\]|\.[A-Za-z_]+)*): ")
@@ -151,7 +144,7 @@ def prepare(
         seed = capture_seed(recipe, recipe_path, layout, count_rows=count_seed_rows)
         if seed is not None:
             recipe_bytes = seed.recipe_bytes
-        staging = plan_stages(run, recipe, seed, seed_columns)
+        columns, seed_cols = recipe_facts(run, recipe, seed, seed_columns)
         plan = compile_plan(
             PlanInputs(
                 run=run,
@@ -162,9 +155,9 @@ def prepare(
                 snapshot_sha256=sha256_bytes(snapshot_bytes),
                 seed=None if seed is None else seed.plan,
                 recipe_source=loaded.source_record(layout),
-                stages=staging.stages,
-                stage_reason=staging.reason,
-                column_order=staging.column_order,
+                recipe=recipe,
+                columns=columns,
+                seed_columns=seed_cols,
             )
         )
         # Key values that are placeholders (EMPTY, none) are not secrets: the node does not scan output for them.
@@ -192,106 +185,34 @@ def prepare(
     )
 
 
-@dataclass(frozen=True, slots=True)
-class Staging:
-    """What the planner is told about the recipe's stages (``stages: auto``) and final column order."""
-
-    stages: tuple[StagePlan, ...] = ()
-    reason: str | None = None
-    column_order: tuple[str, ...] | None = None
-
-
-def plan_stages(
+def recipe_facts(
     run: RunFile, recipe: Mapping[str, Any], seed: SeedCapture | None, seed_columns: SeedColumns
-) -> Staging:
-    """For a run with deployments: the recipe's GPU and CPU stages (``split_stages`` over the deployed aliases;
-    none for ``stages: single``) and the dataset's final column order (``final_columns``, which collection
-    applies to single- and two-stage runs alike). Hosted-only runs: nothing. A recipe whose columns Data Designer
-    cannot read is left to :func:`dd_check_recipe`, which says why."""
+) -> tuple[tuple[RecipeColumn, ...] | None, tuple[str, ...]]:
+    """What the planner splits stages and orders columns by, for a run with deployments: the recipe's columns as
+    Data Designer reads them (None when it refuses them: :func:`dd_check_recipe` says why) and the seed dataset's
+    columns. Hosted-only runs: nothing."""
     if not run.deployments:
-        return Staging()
+        return None, ()
+    names: tuple[str, ...] = ()
+    if seed is not None and seed.source is not None:
+        try:
+            names = tuple(seed_columns(seed.source))
+        except Exception as exc:
+            raise SubmitError(f"Data Designer cannot read the seed dataset's columns: {exc}") from exc
     try:
-        columns: list[str] = []
-        if seed is not None and seed.source is not None:
-            try:
-                columns = seed_columns(seed.source)
-            except Exception as exc:
-                raise SubmitError(f"Data Designer cannot read the seed dataset's columns: {exc}") from exc
-        order = final_columns(recipe, columns)
-        if run.stages == "single":
-            return Staging(column_order=order)
-        split = split_stages(recipe, {d.model_alias for d in run.deployments})
+        return recipe_columns(recipe), names
     except RecipeError:
-        return Staging()
-    stages = (
-        tuple(StagePlan(kind=st.kind, columns=st.columns, keep=st.keep) for st in split.stages) if split.split else ()
-    )
-    return Staging(stages=stages, reason=split.reason, column_order=order)
+        return None, names
 
 
-def copy_seed(seed: SeedCapture, layout: RunLayout, into: RunLayout) -> None:
-    """Copy the seed files into the run's inputs (``into``: where the run directory of ``layout`` is being
-    built), each checked against the digest the plan records."""
-    root = into.root / Path(seed.plan.root).relative_to(layout.root)
-    make_private_dir(root.parent, exist_ok=True)
-    make_private_dir(root, exist_ok=True)
-    for source, entry in zip(seed.sources, seed.plan.files, strict=True):
-        data = source.read_bytes()
-        if sha256_bytes(data) != entry.sha256:
-            raise SubmitError(f"{source}: changed while the run was being submitted")
-        target = root / entry.path
-        for parent in reversed(target.relative_to(root).parents[:-1]):
-            make_private_dir(root / parent, exist_ok=True)
-        atomic_write(target, data)
-
-
-def _write_inputs(p: Prepared, into: RunLayout) -> None:
-    """The run directory's contents, written into ``into`` (the plan names its final place, ``p.layout``)."""
-    make_private_dir(into.root)
-    for d in (into.inputs, into.submissions, into.logs, into.shards):
-        make_private_dir(d)
-    for spec in p.plan.shards:
-        shard = into.shard(spec.index)
-        make_private_dir(shard.dir)
-        make_private_dir(shard.attempts)
-    if p.seed is not None:
-        copy_seed(p.seed, p.layout, into)
-    atomic_write(into.run_file, p.run_bytes)
-    atomic_write(into.recipe, p.recipe_bytes)
-    if p.recipe_source is not None:
-        atomic_write(into.recipe_source, p.recipe_source)
-    atomic_write(into.snapshot, p.snapshot_bytes)
-    atomic_write(into.plan, encode_pretty(p.plan))
-
-
-NOTHING_LEFT = "nothing was submitted and no run directory was left"
-
-
-def write_run_dir(p: Prepared) -> None:
-    """Write the run directory whole or not at all: it is built in a hidden sibling (``.<run_id>.partial-<hex>``,
-    0700) and renamed into place once complete, so no reader ever sees part of it. A write that fails (a full
-    disk or quota: any OSError) removes what was made and raises :class:`WriteError`."""
-    final = p.layout.root
-    staging = RunLayout(final.with_name(f".{final.name}.partial-{secrets.token_hex(4)}"))
+@contextlib.contextmanager
+def refusals() -> Iterator[None]:
+    """What the planner refuses while planning a submission's arrays (they do not fit the scheduler's limits) is
+    the launcher's :class:`SubmitError`, with the planner's numbers."""
     try:
-        make_private_dir(final.parent, exist_ok=True)
-        if os.path.lexists(final):
-            raise UnsafePathError(f"{final}: already exists")
-        _write_inputs(p, staging)
-        # rename(2) would replace an empty directory made at ``final`` meanwhile, never a run: a run id is unique
-        staging.root.rename(final)
-        fsync_dir(final.parent)
-    except OSError as exc:
-        shutil.rmtree(staging.root, ignore_errors=True)
-        raise WriteError(f"the run directory {final}", exc, NOTHING_LEFT) from exc
-    except BaseException:
-        shutil.rmtree(staging.root, ignore_errors=True)
-        raise
-
-
-HEADROOM = 0.9
-"""A submission uses at most this fraction of what is left under each scheduler limit: the rest stays free for
-other users (and for this run's own collection job)."""
+        yield
+    except LimitError as exc:
+        raise SubmitError(str(exc)) from exc
 
 
 def check_environment(plan: Plan, env: Mapping[str, str]) -> None:
@@ -337,255 +258,6 @@ def read_limits(slurm: Slurm, plan: Plan) -> SchedulerLimits:
 def new_stamp(now: datetime) -> str:
     """Names one submission's batch scripts (``generate-<stamp>-<NNNN>.sbatch``)."""
     return f"{now.strftime('%Y%m%d%H%M%S')}-{secrets.token_hex(3)}"
-
-
-def array_tasks(array: PlannedArray | SubmissionRecord) -> int:
-    """Array tasks (jobs) of an array: its pulling allocations, or one per shard."""
-    return array.tasks if array.tasks is not None else len(array.shards)
-
-
-def pulling_tasks(plan: Plan, shards: int, kind: SubmissionKind) -> int | None:
-    """Allocations of a pulling array over ``shards`` shards (None: one task per shard). The initial submission
-    has the plan's ``allocations``; a retry as many as its shards need (``client_workers`` each), no more."""
-    if plan.allocations is None:
-        return None
-    if kind == "initial":
-        return min(plan.allocations, shards)
-    return max(1, min(plan.allocations, -(-shards // plan.client_workers)))
-
-
-def _split(items: Sequence[int], parts: int) -> list[tuple[int, ...]]:
-    """``items`` in ``parts`` contiguous pieces whose sizes differ by at most one."""
-    size, extra = divmod(len(items), parts)
-    out: list[tuple[int, ...]] = []
-    start = 0
-    for i in range(parts):
-        end = start + size + (1 if i < extra else 0)
-        out.append(tuple(items[start:end]))
-        start = end
-    return out
-
-
-def plan_arrays(
-    plan: Plan,
-    layout: RunLayout,
-    shards: Sequence[int],
-    max_array_size: int,
-    *,
-    kind: SubmissionKind,
-    stamp: str,
-    gpu_done: Collection[int] = (),
-) -> tuple[PlannedArray, ...]:
-    """The arrays that submit ``shards``: chunks of at most ``max_array_size`` tasks (task ids stay below
-    MaxArraySize) and, for the run's initial submission, ``retries`` automatic retry arrays per chunk, each
-    after the previous array of its chunk. Every chunk's first array comes first, so that a submission stopped
-    part-way has started as many shards as it could.
-
-    With pulling allocations (the plan's ``allocations``) a chunk is an array of allocations over a pool of
-    shards: its tasks claim the pool's shards until none is left.
-
-    A two-stage run (the plan's ``stages``): each of those arrays runs the GPU stage, and is followed by a CPU-stage
-    array over the same shards (``stage`` 1), a pulling array of as many CPU-only allocations as the GPU array
-    has tasks, that starts when the GPU array has ended however it ended (``afterany``), and after the previous
-    CPU-stage array of its chunk, so that it claims what that one left. ``gpu_done`` (a retry): shards whose GPU
-    stage has a result get only a CPU-stage array."""
-    if max_array_size < 1:
-        raise SubmitError(f"MaxArraySize is {max_array_size}: this cluster accepts no job arrays")
-    staged = len(plan.stages) > 1
-    cpu_only = [s for s in shards if s in set(gpu_done)] if staged else []
-    shards = [s for s in shards if s not in set(cpu_only)]
-    pulling = pulling_tasks(plan, len(shards), kind) if shards else None
-    chunks: list[tuple[tuple[int, ...], int | None]]
-    if pulling is None:
-        chunks = [(tuple(shards[i : i + max_array_size]), None) for i in range(0, len(shards), max_array_size)]
-    else:
-        parts = -(-pulling // max_array_size)
-        sizes = [len(p) for p in _split(range(pulling), parts)]
-        chunks = [(pool, tasks) for pool, tasks in zip(_split(list(shards), parts), sizes, strict=True)]
-    levels = 1 + (plan.retries if kind == "initial" else 0)
-    arrays: list[PlannedArray] = []
-    previous: list[int | None] = [None] * len(chunks)
-    for level in range(levels):
-        for c, (part, tasks) in enumerate(chunks):
-            index = len(arrays)
-            arrays.append(
-                PlannedArray(
-                    index=index,
-                    kind=kind if level == 0 else "auto-retry",
-                    shards=part,
-                    tasks=tasks,
-                    array=array_spec(tasks if tasks is not None else len(part), plan.max_concurrent),
-                    after=previous[c],
-                    script=str(layout.array_script(stamp, index)),
-                )
-            )
-            previous[c] = index
-    if not staged:
-        return tuple(arrays)
-    return _with_cpu_stage(plan, layout, arrays, cpu_only, max_array_size, kind=kind, stamp=stamp)
-
-
-def _with_cpu_stage(
-    plan: Plan,
-    layout: RunLayout,
-    gpu: Sequence[PlannedArray],
-    cpu_only: Sequence[int],
-    max_array_size: int,
-    *,
-    kind: SubmissionKind,
-    stamp: str,
-) -> tuple[PlannedArray, ...]:
-    """``gpu`` (GPU-stage arrays), each followed by its CPU-stage array; first the CPU-stage arrays of
-    ``cpu_only`` (shards whose GPU stage is done)."""
-    out: list[PlannedArray] = []
-
-    def cpu_array(shards: tuple[int, ...], tasks: int, array_kind: SubmissionKind, after: tuple[int, ...]) -> int:
-        index = len(out)
-        out.append(
-            PlannedArray(
-                index=index,
-                kind=array_kind,
-                shards=shards,
-                tasks=tasks,
-                array=array_spec(tasks, plan.max_concurrent),
-                script=str(layout.array_script(stamp, index)),
-                stage=1,
-                after_any=after,
-            )
-        )
-        return index
-
-    for start in range(0, len(cpu_only), max_array_size):
-        part = tuple(cpu_only[start : start + max_array_size])
-        cpu_array(part, min(len(part), plan.allocations or len(part)), kind, ())
-    moved: dict[int, int] = {}
-    last_cpu: dict[tuple[int, ...], int] = {}
-    for array in gpu:
-        index = len(out)
-        moved[array.index] = index
-        after = None if array.after is None else moved[array.after]
-        script = str(layout.array_script(stamp, index))
-        out.append(msgspec.structs.replace(array, index=index, after=after, script=script, stage=0))
-        previous = last_cpu.get(array.shards)
-        depends = (index,) if previous is None else (index, previous)
-        last_cpu[array.shards] = cpu_array(array.shards, array_tasks(array), array.kind, depends)
-    return tuple(out)
-
-
-def failure_chain(arrays: Iterable[PlannedArray], array: PlannedArray, *, whole: bool = True) -> tuple[int, ...]:
-    """The planned arrays whose failure an automatic retry array waits for (``--dependency=afternotok:...``):
-    the array it follows, then every earlier level of its chain back to the chunk's first array, nearest first.
-    Every one must have failed: when level 0 succeeds Slurm cancels level 1, and a level 2 that followed level 1
-    alone would count that cancellation as a failure and start. ``()``: an array that follows none. ``arrays``:
-    every array of the submission plan (the chain's earlier levels among them); without ``whole``, the chain as
-    far as ``arrays`` knows it, else a :class:`LauncherError` when one is missing."""
-    by_index = {a.index: a for a in arrays}
-    chain: list[int] = []
-    step = array.after
-    while step is not None:
-        if not whole and step not in by_index:
-            return (*chain, step)
-        if step in chain or step not in by_index:
-            raise LauncherError(f"array {array.index} of the plan follows array {step}, which the plan does not have")
-        chain.append(step)
-        step = by_index[step].after
-    return tuple(chain)
-
-
-def plural(value: int, word: str) -> str:
-    return f"{value:,} {word}" + ("" if value == 1 else "s")
-
-
-def limit_checks(tasks: int, limits: SchedulerLimits) -> tuple[tuple[LimitCheck, ...], list[LimitCheck]]:
-    """Every limit with what the headroom rule leaves under it; and those ``tasks`` would exceed."""
-    checks = tuple(
-        LimitCheck(name=lim.name, scope=lim.scope, limit=lim.limit, used=lim.used, usable=lim.usable(HEADROOM))
-        for lim in limits.limits
-    )
-    return checks, [c for c in checks if tasks > c.usable]
-
-
-def describe_limit(check: LimitCheck) -> str:
-    """``MaxJobCount is 10,000 with 120 already queued (90 % headroom rule: 8,892 usable)``."""
-    where = "" if check.scope == "cluster" else f" of {check.scope}"
-    return (
-        f"{check.name}{where} is {check.limit:,} with {check.used:,} already queued "
-        f"({round(HEADROOM * 100)} % headroom rule: {check.usable:,} usable)"
-    )
-
-
-def refuse_if_over(tasks: int, limits: SchedulerLimits, what: str, advice: str) -> tuple[LimitCheck, ...]:
-    """Raise :class:`SubmitError` with the numbers when ``tasks`` array tasks do not fit under every limit."""
-    checks, over = limit_checks(tasks, limits)
-    if over:
-        worst = min(over, key=lambda c: c.usable)
-        also = [describe_limit(c) for c in over if c is not worst]
-        raise SubmitError(
-            f"{what}, but {describe_limit(worst)}; {advice}" + "".join(f"\n  also: {line}" for line in also)
-        )
-    return checks
-
-
-@dataclass(frozen=True, slots=True)
-class SubmissionPlan:
-    """Every sbatch one submission makes, and the limits it was checked against. The dry run shows it; the real
-    submission writes it (``submit-plan.json``) and then submits exactly these arrays."""
-
-    arrays: tuple[PlannedArray, ...]
-    tasks: int
-    limits: SchedulerLimits
-    checks: tuple[LimitCheck, ...]
-
-    def record(self, now: datetime) -> SubmitPlanRecord:
-        return SubmitPlanRecord(
-            created_at=now.isoformat(),
-            arrays=self.arrays,
-            tasks=self.tasks,
-            max_array_size=self.limits.max_array_size,
-            headroom=HEADROOM,
-            limits=self.checks,
-            notes=self.limits.notes,
-        )
-
-
-def plan_submission(
-    plan: Plan,
-    layout: RunLayout,
-    shards: Sequence[int],
-    limits: SchedulerLimits,
-    *,
-    kind: SubmissionKind = "initial",
-    stamp: str,
-    gpu_done: Collection[int] = (),
-) -> SubmissionPlan:
-    """The arrays that submit ``shards`` and the limits they fit in; :class:`SubmitError` with the numbers when
-    they do not. The one function behind ``submit``, ``submit --dry-run`` and ``retry``."""
-    arrays = plan_arrays(plan, layout, shards, limits.max_array_size, kind=kind, stamp=stamp, gpu_done=gpu_done)
-    tasks = sum(array_tasks(a) for a in arrays)
-    if kind == "initial":
-        factor = (1 + plan.retries) * (2 if plan.stages else 1)
-        unit = "shard" if plan.allocations is None else "allocation"
-        jobs = len(shards) if plan.allocations is None else plan.allocations
-        what = (
-            f"{plural(jobs, unit)} \u00d7 (1 + retries {plan.retries}) = {plural(tasks, 'array task')}"
-            if plan.retries
-            else f"{plural(jobs, unit)} = {plural(tasks, 'array task')}"
-        )
-        if plan.stages:
-            what += " (GPU and CPU stage)"
-        _, over = limit_checks(tasks, limits)
-        room = min((c.usable for c in over), default=0) // factor
-        fit = f" (at most {room:,} {unit}s fit" + (f" with retries {plan.retries})" if plan.retries else ")")
-        advice = (f"use fewer {unit}s or fewer retries" if plan.retries else f"use fewer {unit}s") + (
-            fit if room else " (none fit now: wait until queued jobs have finished)"
-        )
-        if room and plan.allocations is None:
-            advice += f", or keep the shards and set allocations: {room:,} (each allocation pulls several shards)"
-    else:
-        what = f"retrying {plural(len(shards), 'shard')} = {plural(tasks, 'array task')}"
-        advice = "retry fewer shards (--shards) or wait until queued jobs have finished"
-    checks = refuse_if_over(tasks, limits, what, advice)
-    return SubmissionPlan(arrays, tasks, limits, checks)
 
 
 class PartialSubmitError(LauncherError):
@@ -750,14 +422,15 @@ def submit_shards(
 ) -> list[str]:
     """Submit ``shards`` of a written run directory as arrays no larger than the cluster's MaxArraySize (for
     the initial submission, each followed by the plan's automatic retry arrays), after checking that they fit
-    in the scheduler's limits (:func:`plan_submission`). The jobs get exactly the environment built here, never
-    the user's login environment: the exported names and a minimal allow-list (``Slurm.sbatch``:
+    in the scheduler's limits (``ddslurm.planner.plan_submission``). The jobs get exactly the environment built
+    here, never the user's login environment: the exported names and a minimal allow-list (``Slurm.sbatch``:
     ``--export=ALL`` from that environment). The initial submission writes its plan first (``submit-plan.json``).
     Returns the array ids."""
     check_environment(plan, env)
-    planned = plan_submission(
-        plan, layout, shards, read_limits(slurm, plan), kind=kind, stamp=new_stamp(now), gpu_done=gpu_done
-    )
+    with refusals():
+        planned = plan_submission(
+            plan, layout, shards, read_limits(slurm, plan), kind=kind, stamp=new_stamp(now), gpu_done=gpu_done
+        )
     with submit_lock(layout):
         if kind == "initial" and not publish_once(layout.submit_plan, encode_pretty(planned.record(now))):
             raise LauncherError(f"run {layout.run_id} was submitted already ({layout.submit_plan} exists)")
@@ -843,9 +516,10 @@ def submit(
     prepared = prepare(run_path, profile_path, env, now, home)
     layout, plan = prepared.layout, prepared.plan
     check_environment(plan, env)
-    planned = plan_submission(
-        plan, layout, [s.index for s in plan.shards], read_limits(slurm, plan), stamp=new_stamp(now)
-    )
+    with refusals():
+        planned = plan_submission(
+            plan, layout, [s.index for s in plan.shards], read_limits(slurm, plan), stamp=new_stamp(now)
+        )
     write_run_dir(prepared)
     try:
         with submit_lock(layout):

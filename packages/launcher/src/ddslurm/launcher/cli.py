@@ -30,6 +30,7 @@ from typer.main import get_command
 from ddslurm.config import (
     ProviderSnapshot,
     RunLayout,
+    SchedulerLimits,
     atomic_write,
     compact_ranges,
     expand_ranges,
@@ -68,7 +69,7 @@ from ddslurm.launcher._output import (
 )
 from ddslurm.launcher._render import render_generation
 from ddslurm.launcher._report import render_html, report_json, run_report
-from ddslurm.launcher._slurm import SchedulerLimits, Slurm
+from ddslurm.launcher._slurm import Slurm
 from ddslurm.launcher._status import TERMINAL, RunStatus, Unreadable, find_run, run_status, run_statuses
 from ddslurm.launcher._steer import (
     accept_partial,
@@ -77,8 +78,9 @@ from ddslurm.launcher._steer import (
     release_leftovers,
     retry,
 )
-from ddslurm.launcher._submit import new_stamp, plan_submission, prepare, read_limits, secret_warnings, submit
+from ddslurm.launcher._submit import new_stamp, prepare, read_limits, refusals, secret_warnings, submit
 from ddslurm.launcher.errors import DISK_FULL, SlurmError, UsageError, WriteError
+from ddslurm.planner import plan_submission
 from ddslurm.providers import check_endpoints, describe_run
 from ddslurm.providers.cli import print_resolution
 
@@ -363,7 +365,8 @@ def _dry_run(session: Session, run_file: Path, profile: Path) -> int:
         limits = read_limits(session.slurm, plan)
     except SlurmError as exc:  # no scheduler here: show the arrays for Slurm's default MaxArraySize
         limits = SchedulerLimits(1001, notes=(f"scheduler limits not read ({exc}); arrays assume MaxArraySize 1001",))
-    planned = plan_submission(plan, layout, [s.index for s in plan.shards], limits, stamp=new_stamp(now))
+    with refusals():
+        planned = plan_submission(plan, layout, [s.index for s in plan.shards], limits, stamp=new_stamp(now))
     first = planned.arrays[0]
     script = render_generation(plan, layout, list(first.shards), tasks=first.tasks, stage=first.stage)
     snapshot = msgspec.json.decode(prepared.snapshot_bytes, type=ProviderSnapshot)

@@ -8,7 +8,7 @@ LauncherError            root of every error the ddslurm CLI reports
 ├── WriteError           a file could not be written (a full disk or quota, an I/O error); what was half-written
 │                        was removed
 └── SubmitError          the run cannot be submitted (inputs invalid); nothing was left behind
-    └── RecipeError      a builder script (recipe: build.py, module:function) failed or returned no config
+    └── BuilderError     a builder script (recipe: build.py, module:function) failed or returned no config
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class SubmitError(LauncherError):
     pass
 
 
-class RecipeError(SubmitError):
+class BuilderError(SubmitError):
     """The Python that builds the recipe failed, raised or returned no config; names the script and line."""
 
 

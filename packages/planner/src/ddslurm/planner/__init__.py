@@ -1,5 +1,7 @@
-"""ddslurm.planner: a pure compiler from run file, recipe, snapshot and profile to an immutable plan."""
+"""ddslurm.planner: a pure compiler from run file, recipe, snapshot and profile to an immutable plan, and from a plan
+and the scheduler's limits to the arrays that submit it."""
 
+from ddslurm.planner._arrays import array_spec, array_tasks, failure_chain, plan_arrays, pulling_tasks
 from ddslurm.planner._compile import (
     VLLM_DEFAULT_MAX_NUM_SEQS,
     Allocations,
@@ -11,20 +13,45 @@ from ddslurm.planner._compile import (
     plan_serving,
     server_capacity,
 )
+from ddslurm.planner._limits import (
+    HEADROOM,
+    SubmissionPlan,
+    describe_limit,
+    limit_checks,
+    plan_submission,
+    plural,
+    refuse_if_over,
+)
 from ddslurm.planner._shards import SeedPool, plan_shards
-from ddslurm.planner.errors import PlanError
+from ddslurm.planner._stages import Staging, plan_stages
+from ddslurm.planner.errors import LimitError, PlanError
 
 __all__ = [
+    "HEADROOM",
     "VLLM_DEFAULT_MAX_NUM_SEQS",
     "Allocations",
+    "LimitError",
     "PlanError",
     "PlanInputs",
     "SeedPool",
+    "Staging",
+    "SubmissionPlan",
+    "array_spec",
+    "array_tasks",
     "compile_plan",
+    "describe_limit",
+    "failure_chain",
+    "limit_checks",
     "parse_memory_mb",
     "parse_time_limit",
     "plan_allocations",
+    "plan_arrays",
     "plan_serving",
     "plan_shards",
+    "plan_stages",
+    "plan_submission",
+    "plural",
+    "pulling_tasks",
+    "refuse_if_over",
     "server_capacity",
 ]

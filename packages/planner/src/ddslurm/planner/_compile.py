@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 
@@ -13,6 +15,7 @@ from ddslurm.config import (
     DeploymentPlan,
     Plan,
     ProviderSnapshot,
+    RecipeColumn,
     RecipeSource,
     ReplicaPlan,
     Resources,
@@ -20,9 +23,9 @@ from ddslurm.config import (
     RunLayout,
     SeedPlan,
     ServingPlan,
-    StagePlan,
 )
 from ddslurm.planner._shards import SeedPool, plan_shards
+from ddslurm.planner._stages import plan_stages
 from ddslurm.planner.errors import PlanError
 
 _TIME = re.compile(r"^(?:(?P<days>\d+)-)?(?P<a>\d+)(?::(?P<b>\d+))?(?::(?P<c>\d+))?$")
@@ -68,10 +71,13 @@ class PlanInputs:
     """The recipe's seed dataset as captured into the run's inputs (its rows decide the shards' seed blocks)."""
     recipe_source: RecipeSource | None = None
     """The builder script the recipe was made from, when it was made by one (provenance)."""
-    stages: tuple[StagePlan, ...] = ()
-    """The recipe's GPU and CPU stages (the launcher splits the recipe); empty: one stage."""
-    stage_reason: str | None = None
-    column_order: tuple[str, ...] | None = None
+    recipe: Mapping[str, Any] | None = None
+    """The recipe as stored in the run's inputs (the stage split reads its processors and profilers)."""
+    columns: tuple[RecipeColumn, ...] | None = None
+    """The recipe's columns as Data Designer reads them, in recipe order (the stage split and the final column
+    order are planned from them); None: not read (a hosted-only run, or columns Data Designer refuses)."""
+    seed_columns: tuple[str, ...] = ()
+    """The seed dataset's columns, in its order (they lead the final column order)."""
 
 
 _MEM = re.compile(r"^(?P<n>\d+(?:\.\d+)?)(?P<unit>[KMGT]?)B?$", re.IGNORECASE)
@@ -286,7 +292,8 @@ def compile_plan(inputs: PlanInputs) -> Plan:
         )
     else:
         generation = _cpu_resources(run, profile)
-    stages = inputs.stages if serving is not None and run.stages == "auto" and len(inputs.stages) > 1 else ()
+    staging = plan_stages(run, inputs.recipe, inputs.columns, inputs.seed_columns)
+    stages = staging.stages
     for field, value in (("submission.memory", sub.memory), ("collection.memory", run.collection.memory)):
         if value is not None:
             parse_memory_mb(value, field)
@@ -347,9 +354,9 @@ def compile_plan(inputs: PlanInputs) -> Plan:
         max_empty_outputs=run.max_empty_outputs,
         server_secret_env=tuple(sorted({name for dep in run.deployments for name in dep.server.env_from})),
         stages=stages,
-        stage_reason=_stage_reason(run, serving, inputs),
+        stage_reason=staging.reason,
         cpu_stage=_cpu_resources(run, profile, cpu_partition_only=True) if stages else None,
-        column_order=inputs.column_order,
+        column_order=staging.column_order,
     )
 
 
@@ -370,14 +377,6 @@ def _cpu_resources(run: RunFile, profile: ClusterProfile, *, cpu_partition_only:
         reservation=sub.reservation,
         extra_sbatch=(*profile.extra_sbatch, *sub.extra_sbatch),
     )
-
-
-def _stage_reason(run: RunFile, serving: ServingPlan | None, inputs: PlanInputs) -> str | None:
-    if serving is None:
-        return None
-    if run.stages == "single":
-        return "single stage: the run file says stages: single"
-    return inputs.stage_reason
 
 
 def hosted_key_names(snapshot: ProviderSnapshot) -> tuple[str, ...]:

@@ -1,6 +1,7 @@
 """Errors of the planner.
 
 PlanError          root: the run cannot be compiled into a plan; the message says which numbers disagree
+└── LimitError     the arrays of a submission do not fit the scheduler's limits (the numbers, and what would fit)
 """
 
 from __future__ import annotations
@@ -8,3 +9,7 @@ from __future__ import annotations
 
 class PlanError(Exception):
     """Root of the errors raised by ddslurm.planner."""
+
+
+class LimitError(PlanError):
+    """A submission's arrays do not fit under the scheduler's limits (or the cluster accepts no arrays)."""

@@ -1,10 +1,10 @@
 """ddslurm.runtime: runs on compute nodes; reads only the plan and the snapshot, never the submitter's home."""
 
 from ddslurm.runtime._attempt import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL, AttemptRunner, Inputs, load_inputs
+from ddslurm.runtime._columns import recipe_columns
 from ddslurm.runtime._engine import EngineRequest, EngineResult, engine_environment, run_engine, seed_reader
 from ddslurm.runtime._listeners import unix_url
 from ddslurm.runtime._serving import ServerCommand, server_command
-from ddslurm.runtime._stages import Stage, StageKind, StageSplit, final_columns, plan_split, split_stages, stage_recipe
 from ddslurm.runtime._steps import StepSpec, srun_argv
 from ddslurm.runtime._verify import make_private, scan_for_secrets, verify_dataset
 from ddslurm.runtime.errors import (
@@ -28,19 +28,13 @@ __all__ = [
     "RuntimeFailure",
     "SecretMissingError",
     "ServerCommand",
-    "Stage",
-    "StageKind",
-    "StageSplit",
     "StepSpec",
     "VerificationError",
     "engine_environment",
-    "final_columns",
     "load_inputs",
     "make_private",
-    "plan_split",
+    "recipe_columns",
     "seed_reader",
-    "split_stages",
-    "stage_recipe",
     "run_engine",
     "server_command",
     "srun_argv",

@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 from ddslurm.config import (
     BATCH_COMPLETE,
     FILL_DONE,
+    STAGE_ROW,
     AttemptLayout,
     AttemptRecord,
     AttemptState,
@@ -42,6 +43,7 @@ from ddslurm.config import (
     make_private_dir,
     parallel_requests,
     partition_seed,
+    plan_split,
     publish_once,
     read_json,
     read_plan,
@@ -50,6 +52,7 @@ from ddslurm.config import (
     sha256_bytes,
     sha256_file,
     sized_parallel_requests,
+    stage_recipe,
     to_builtins,
 )
 from ddslurm.runtime._engine import EngineRequest, EngineResult, read_seed_block
@@ -62,7 +65,6 @@ from ddslurm.runtime._fill import (
     row_keys,
 )
 from ddslurm.runtime._shard_seed import fixed_seed_file, read_seed_file, shuffled_block, stage_seed_table
-from ddslurm.runtime._stages import STAGE_ROW, plan_split, stage_recipe
 from ddslurm.runtime._verify import (
     DD_DROPPED_DIR,
     FILL_DIR,

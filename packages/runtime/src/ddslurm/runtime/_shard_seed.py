@@ -19,8 +19,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ddslurm.config import WinnerRecord, publish_once, read_regular, sha256_bytes
-from ddslurm.runtime._stages import STAGE_ROW
+from ddslurm.config import STAGE_ROW, WinnerRecord, publish_once, read_regular, sha256_bytes
 from ddslurm.runtime.errors import InputsError
 
 
