@@ -83,7 +83,7 @@ def test_importing_packages_has_no_heavy_side_effects() -> None:
     """Neither Data Designer nor the report's plotting library is loaded by importing a package or the CLI."""
     code = (
         "import sys, ddslurm.config, ddslurm.providers, ddslurm.planner, ddslurm.launcher, ddslurm.runtime\n"
-        "import ddslurm.launcher.cli, ddslurm.launcher._report\n"
+        "import ddslurm.launcher.cli, ddslurm.launcher.report\n"
         "print(sorted(m for m in ('data_designer', 'plotly') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -94,7 +94,7 @@ def test_import_contracts_hold() -> None:
     lint = Path(sys.executable).parent / "lint-imports"
     out = subprocess.run([str(lint)], capture_output=True, text=True, cwd=REPO, check=False)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "Contracts: 4 kept, 0 broken." in out.stdout
+    assert "Contracts: 5 kept, 0 broken." in out.stdout
 
 
 def test_the_private_modules_contract_finds_an_import_of_another_packages_private_module(tmp_path: Path) -> None:
@@ -125,6 +125,38 @@ def test_the_private_modules_contract_finds_an_import_of_another_packages_privat
     check = contract.check(graph, verbose=False)
     assert not check.kept
     assert check.metadata["violations"] == [{"importer": "high.bad", "imported": "low._impl", "lines": [3]}]
+
+
+def test_the_only_importers_contract_finds_an_import_of_plotly_outside_the_report(tmp_path: Path) -> None:
+    """The ``plotly-in-report`` contract's type (``tools/import_contracts.py``) on a tree of its own: the report
+    package (any module below it) may import the library, directly or lazily; no other module may, even one that
+    only imports a submodule of it."""
+    import grimp
+
+    from tools.import_contracts import OnlyImportersContract
+
+    (tmp_path / "app" / "report").mkdir(parents=True)
+    for filename, text in {
+        "app/__init__.py": "",
+        "app/report/__init__.py": "from app.report._html import page\n",
+        "app/report/_html.py": "def page() -> None:\n    import plotly.graph_objects\n",
+        "app/cli.py": "from app.report import page\n",
+        "app/bad.py": "import json\n\n\ndef chart() -> None:\n    from plotly.offline import get_plotlyjs\n",
+    }.items():
+        (tmp_path / filename).write_text(text)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        graph = grimp.build_graph("app", include_external_packages=True, cache_dir=None)
+    finally:
+        sys.path.remove(str(tmp_path))
+    contract = OnlyImportersContract(
+        name="plotly",
+        session_options={"root_packages": ["app"], "include_external_packages": True},
+        contract_options={"modules": ["plotly"], "importers": ["app.report"]},
+    )
+    check = contract.check(graph, verbose=False)
+    assert not check.kept
+    assert check.metadata["violations"] == [{"importer": "app.bad", "imported": "plotly", "lines": [5]}]
 
 
 def test_log_events_one_package_reads_from_another_are_named_once_in_config() -> None:

@@ -29,9 +29,9 @@ from ddslurm.config import (
     read_json,
 )
 from ddslurm.config.testing import make_plan
-from ddslurm.launcher._report import parse_client_out, render_html, run_report
 from ddslurm.launcher._slurm import Slurm, tres_gpus
 from ddslurm.launcher.cli import main
+from ddslurm.launcher.report import parse_client_out, render_html, run_report
 from ddslurm.launcher.testing import FakeSlurm
 
 T = "2025-12-31T23:"  # every event of the synthetic run is in the last ten minutes of 2025

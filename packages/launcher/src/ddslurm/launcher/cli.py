@@ -68,7 +68,6 @@ from ddslurm.launcher._output import (
     write_json,
 )
 from ddslurm.launcher._render import render_generation
-from ddslurm.launcher._report import render_html, report_json, run_report
 from ddslurm.launcher._slurm import Slurm
 from ddslurm.launcher._status import TERMINAL, RunStatus, Unreadable, find_run, run_status, run_statuses
 from ddslurm.launcher._steer import (
@@ -80,6 +79,7 @@ from ddslurm.launcher._steer import (
 )
 from ddslurm.launcher._submit import new_stamp, prepare, read_limits, refusals, secret_warnings, submit
 from ddslurm.launcher.errors import DISK_FULL, SlurmError, UsageError, WriteError
+from ddslurm.launcher.report import render_html, report_json, run_report
 from ddslurm.planner import plan_submission
 from ddslurm.providers import check_endpoints, describe_run
 from ddslurm.providers.cli import print_resolution

@@ -1,0 +1,28 @@
+"""``ddslurm report``: the numbers of a run (:func:`run_report`, pure reading of the run directory plus one
+``sacct``; :func:`report_json` for ``--json``) and a self-contained HTML page of them (:func:`render_html`, charts
+by plotly with its JavaScript inlined, so the page opens offline on a login node).
+
+Modules, one job each: ``_read`` (the run directory, the logs and ``sacct`` read into raw facts),
+``_client_out`` (Data Designer's output of an attempt scraped for model usage), ``_numbers`` (the numbers made of
+the facts), ``_model`` (the numbers as typed structs) and ``_html`` (the page; the only importer of plotly).
+
+Where each number comes from:
+
+- the timeline: submission records (queued), attempt records (started, ended), the controller's events in the
+  array task's batch output (``serving.ready``), the client's ``batch.complete`` events (``client.log``) and the
+  winner's ``published_at``;
+- records over time: the ``batch.complete`` events (each says the attempt's rows so far), else progress files;
+- model usage: Data Designer's ``Model usage summary`` that each generation step prints into ``client.out``
+  (per model name; the model-config lines above it name the alias and provider), summed over every attempt;
+- GPU-hours: ``sacct`` (elapsed x GPUs of the allocation) against the time from serving ready to the end of
+  generation of each attempt;
+- failures: attempt records grouped by reason;
+- columns: the dataset's Parquet statistics and Data Designer's per-shard analysis (``metadata.json``).
+"""
+
+from ddslurm.launcher.report._client_out import parse_client_out
+from ddslurm.launcher.report._html import render_html
+from ddslurm.launcher.report._model import RunReport, report_json
+from ddslurm.launcher.report._numbers import run_report
+
+__all__ = ["RunReport", "parse_client_out", "render_html", "report_json", "run_report"]

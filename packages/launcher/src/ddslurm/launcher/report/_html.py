@@ -1,0 +1,262 @@
+"""The report's page (:func:`render_html`): self-contained, so it opens offline on a login node: plotly's
+JavaScript inlined, the numbers as JSON, tables for what is not charted. The only module of the workspace that
+imports plotly (``.importlinter`` contract ``plotly-in-report``), and only when a page is drawn."""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+import msgspec
+
+from ddslurm.launcher.report._model import PHASES, RunReport, moment, seconds_between
+
+_COLOURS = {"queued": "#9aa5b1", "startup": "#e8a33d", "generating": "#3d7be8", "publishing": "#3dbf6e"}
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px;color:#1d2733}
+h1{font-size:22px;margin:0 0 4px} h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #dde3ea}
+.muted{color:#5f6b7a} .cards{display:flex;flex-wrap:wrap;gap:12px;margin:16px 0}
+.card{border:1px solid #dde3ea;border-radius:6px;padding:10px 14px;min-width:130px}
+.card b{display:block;font-size:20px}
+table{border-collapse:collapse;font-size:13px;margin:6px 0} td,th{border:1px solid #dde3ea;padding:4px 8px}
+th{background:#f3f6f9;text-align:left} td.n{text-align:right;font-variant-numeric:tabular-nums}
+.chart{min-height:320px}
+"""
+
+
+def _esc(value: Any) -> str:
+    return html.escape("" if value is None else str(value))
+
+
+def _num(value: float | int | None, digits: int = 2) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return f"{value:,.{digits}f}"
+
+
+def _table(headers: list[str], rows: list[list[Any]], numeric: set[int] | None = None) -> str:
+    numeric = numeric or set()
+    head = "".join(f"<th>{_esc(h)}</th>" for h in headers)
+    body = "".join(
+        "<tr>" + "".join(f"<td{' class=n' if i in numeric else ''}>{_esc(v)}</td>" for i, v in enumerate(r)) + "</tr>"
+        for r in rows
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _figures(report: RunReport) -> dict[str, Any]:
+    import plotly.graph_objects as go
+
+    figures: dict[str, Any] = {}
+    if report.timeline:
+        fig = go.Figure()
+        labels = {id(s): f"shard {s.shard} · {s.attempt}" for s in report.timeline}
+        for name in PHASES:
+            spans = [(s, p) for s in report.timeline for p in s.phases if p.name == name]
+            if not spans:
+                continue
+            fig.add_trace(
+                go.Bar(
+                    name=name,
+                    orientation="h",
+                    y=[labels[id(s)] for s, _ in spans],
+                    base=[p.start for _, p in spans],
+                    x=[p.seconds * 1000 for _, p in spans],
+                    marker_color=_COLOURS[name],
+                    customdata=[[s.state, s.reason or "", round(p.seconds, 2), s.job] for s, p in spans],
+                    hovertemplate="%{y}<br>"
+                    + name
+                    + ": %{customdata[2]} s<br>state %{customdata[0]} %{customdata[1]}<br>job %{customdata[3]}"
+                    "<extra></extra>",
+                )
+            )
+        fig.update_layout(
+            barmode="overlay",
+            xaxis={"type": "date", "title": "time (UTC)"},
+            yaxis={"autorange": "reversed", "type": "category"},
+            height=max(260, 60 + 26 * len(report.timeline)),
+            margin={"l": 10, "r": 10, "t": 30, "b": 40},
+            legend={"orientation": "h"},
+        )
+        figures["timeline"] = fig
+    if report.batches:
+        fig = go.Figure()
+        fig.add_trace(
+            go.Bar(
+                name="records/s",
+                x=[b.start for b in report.rate],
+                y=[b.rate for b in report.rate],
+                width=[_ms(b.start, b.end) for b in report.rate],
+                offset=0,
+                marker_color="#3d7be8",
+                opacity=0.6,
+            )
+        )
+        fig.add_trace(
+            go.Scatter(
+                name="records generated",
+                x=[b.at for b in report.batches],
+                y=[b.total for b in report.batches],
+                mode="lines+markers",
+                line={"shape": "hv", "color": "#1d2733"},
+                yaxis="y2",
+            )
+        )
+        fig.update_layout(
+            xaxis={"type": "date", "title": "time (UTC)"},
+            yaxis={"title": "records/s"},
+            yaxis2={"title": "records", "overlaying": "y", "side": "right", "rangemode": "tozero"},
+            height=340,
+            margin={"l": 10, "r": 10, "t": 30, "b": 40},
+            legend={"orientation": "h"},
+        )
+        figures["throughput"] = fig
+    if report.models:
+        fig = go.Figure()
+        names = [f"{m.alias} ({'local' if m.local else 'hosted'})" for m in report.models]
+        fig.add_trace(
+            go.Bar(name="successful", x=names, y=[m.successful for m in report.models], marker_color="#3dbf6e")
+        )
+        fig.add_trace(go.Bar(name="failed", x=names, y=[m.failed for m in report.models], marker_color="#d9534f"))
+        fig.update_layout(barmode="stack", yaxis={"title": "requests"}, height=300, margin={"t": 30, "b": 40})
+        figures["models"] = fig
+    if report.gpu is not None and report.gpu.allocated_gpu_hours > 0:
+        fig = go.Figure(
+            go.Bar(
+                x=["allocated", "generating"],
+                y=[report.gpu.allocated_gpu_hours, report.gpu.generating_gpu_hours],
+                marker_color=["#9aa5b1", "#3d7be8"],
+            )
+        )
+        fig.update_layout(yaxis={"title": "GPU-hours"}, height=280, margin={"t": 30, "b": 40})
+        figures["gpu"] = fig
+    if report.failures:
+        fig = go.Figure(
+            go.Bar(x=[f.reason for f in report.failures], y=[f.count for f in report.failures], marker_color="#d9534f")
+        )
+        fig.update_layout(yaxis={"title": "attempts"}, height=280, margin={"t": 30, "b": 40})
+        figures["failures"] = fig
+    return figures
+
+
+def _ms(start: str, end: str) -> float:
+    seconds = seconds_between(moment(start), moment(end))
+    return seconds * 1000 if seconds is not None else 0.0
+
+
+def _chart(figures: dict[str, Any], name: str) -> str:
+    fig = figures.get(name)
+    if fig is None:
+        return ""
+    div: str = fig.to_html(
+        full_html=False, include_plotlyjs=False, div_id=f"chart-{name}", config={"displaylogo": False}
+    )
+    return f'<div class="chart" data-chart="{name}">{div}</div>'
+
+
+def render_html(report: RunReport) -> str:
+    """A self-contained page: plotly's JavaScript inlined (no network), the numbers as JSON in
+    ``<script type="application/json" id="report-data">``, and tables for what is not charted."""
+    from plotly.offline import get_plotlyjs
+
+    figures = _figures(report)
+    data = msgspec.json.encode(report).decode().replace("</", "<\\/")
+    cards = [
+        ("records", f"{report.records_done:,} / {report.records_requested:,}"),
+        ("shards done", f"{report.shards_done} / {report.shards}"),
+        ("attempts", str(report.attempts)),
+        ("wall time", f"{_num(report.wall_s, 1)} s"),
+        ("records/s", _num(report.records_per_second)),
+    ]
+    if report.gpu is not None:
+        cards.append(("GPU-hours allocated", _num(report.gpu.allocated_gpu_hours, 3)))
+        cards.append(("GPU-hours generating", _num(report.gpu.generating_gpu_hours, 3)))
+    parts = [
+        "<!DOCTYPE html><html lang=en><head><meta charset=utf-8>",
+        f"<title>ddslurm report {_esc(report.run_id)}</title><style>{_CSS}</style>",
+        f"<script>{get_plotlyjs()}</script></head><body>",
+        f"<h1>Run {_esc(report.run_id)}</h1>",
+        f'<div class=muted>{_esc(report.run_dir)} · report of {_esc(report.generated_at)}</div><div class="cards">',
+        *(f'<div class="card" data-card="{_esc(k)}">{_esc(k)}<b>{_esc(v)}</b></div>' for k, v in cards),
+        "</div>",
+        "<h2>Timeline of every attempt</h2>",
+        "<p class=muted>queued (submission to start), serving start-up (start to serving ready), generating (to the "
+        "last batch), publishing (to the winner's publication).</p>",
+        _chart(figures, "timeline") or "<p>No attempt has started.</p>",
+        "<h2>Records over time</h2>",
+        _chart(figures, "throughput") or "<p>No batch has completed.</p>",
+        "<h2>Models</h2>",
+        _chart(figures, "models"),
+        _table(
+            ["alias", "model", "provider", "where", "requests", "failed", "error rate", "health checks",
+             "input tokens", "output tokens", "total tokens", "tokens/s", "latency (s)"],
+            [
+                [m.alias, m.model, m.provider or "-", "local" if m.local else "hosted", _num(m.requests),
+                 _num(m.failed), f"{m.error_rate:.2%}", _num(m.health_checks), _num(m.input_tokens),
+                 _num(m.output_tokens), _num(m.total_tokens), _num(m.tokens_per_second, 1), _num(m.latency_s)]
+                for m in report.models
+            ],
+            {4, 5, 6, 7, 8, 9, 10, 11, 12},
+        )
+        if report.models
+        else "<p>No model usage recorded.</p>",
+        "<h2>GPU time</h2>",
+    ]  # fmt: skip
+    if report.gpu is not None:
+        gpu = report.gpu
+        share = f"{gpu.utilisation:.1%}" if gpu.utilisation is not None else "-"
+        parts.append(
+            f"<p>Allocated {_num(gpu.allocated_gpu_hours, 3)} GPU-hours ({_esc(gpu.source)}), spent generating "
+            f"{_num(gpu.generating_gpu_hours, 3)} ({share}).</p>"
+        )
+        parts.append(_chart(figures, "gpu"))
+        if gpu.jobs:
+            parts.append(
+                _table(
+                    ["job", "state", "elapsed (s)", "GPUs"],
+                    [[j.job, j.state, j.elapsed_s, j.gpus] for j in gpu.jobs],
+                    {2, 3},
+                )
+            )
+    parts.append("<h2>Failures</h2>")
+    if report.failures:
+        parts.append(_chart(figures, "failures"))
+        parts.append(
+            _table(
+                ["reason", "attempts", "shards", "message"],
+                [[f.reason, f.count, ", ".join(map(str, f.shards)), f.message or ""] for f in report.failures],
+                {1},
+            )
+        )
+    else:
+        parts.append("<p>No attempt failed.</p>")
+    parts.append("<h2>Dataset</h2>")
+    if report.dataset is not None:
+        ds = report.dataset
+        partial = f"; partial shards: {', '.join(map(str, ds.partial_shards))}" if ds.partial_shards else ""
+        parts.append(
+            f"<p>{_esc(ds.path)}: {ds.rows:,} rows in {ds.files} file(s), {ds.bytes:,} bytes{_esc(partial)}.</p>"
+        )
+    else:
+        parts.append("<p>Not collected yet (<code>ddslurm collect</code>); columns from the shards' analysis.</p>")
+    if report.columns:
+        parts.append(
+            _table(
+                ["column", "type", "rows", "nulls", "min", "max", "kind", "distinct (max per shard)", "top values",
+                 "output tokens (mean)"],
+                [
+                    [c.name, c.type or "-", _num(c.rows), _num(c.nulls), c.min or "-", c.max or "-",
+                     c.column_type or "-", _num(c.unique_max), ", ".join(f"{k}: {v}" for k, v in c.top_values) or "-",
+                     _num(c.output_tokens_mean)]
+                    for c in report.columns
+                ],
+                {2, 3, 7, 9},
+            )
+        )  # fmt: skip
+    if report.notes:
+        parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{_esc(n)}</li>" for n in report.notes) + "</ul>")
+    parts.append(f'<script type="application/json" id="report-data">{data}</script></body></html>')
+    return "\n".join(parts)

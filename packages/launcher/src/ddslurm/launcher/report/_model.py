@@ -1,0 +1,194 @@
+"""The report's numbers as a typed model: what ``ddslurm report --json`` prints and the page embeds as JSON
+(:func:`report_json`). Every time in it is an ISO 8601 string in UTC (:func:`iso` writes one, :func:`moment` reads
+one back, as it reads the run directory's records and events)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import msgspec
+
+PhaseName = Literal["queued", "startup", "generating", "publishing"]
+PHASES: tuple[PhaseName, ...] = ("queued", "startup", "generating", "publishing")
+
+
+class Phase(msgspec.Struct, kw_only=True):
+    name: PhaseName
+    start: str
+    end: str
+    seconds: float
+
+
+class AttemptSpan(msgspec.Struct, kw_only=True):
+    """One attempt of a shard on the timeline."""
+
+    shard: int
+    attempt: str
+    job: str
+    """The array task (``<array>_<task>``) when known, else the job id."""
+    node: str
+    state: str
+    reason: str | None = None
+    rows: int | None = None
+    winner: bool = False
+    submitted_at: str | None = None
+    started_at: str
+    serving_ready_at: str | None = None
+    last_batch_at: str | None = None
+    ended_at: str | None = None
+    published_at: str | None = None
+    phases: list[Phase] = msgspec.field(default_factory=list)
+    stage: str | None = None
+    """``gpu`` or ``cpu`` in a two-stage run (``stages: auto``); None in a single-stage run."""
+
+
+class BatchPoint(msgspec.Struct, kw_only=True):
+    at: str
+    shard: int
+    attempt: str
+    rows: int
+    """Rows this batch added."""
+    total: int
+    """Rows of the whole run generated up to and including this batch (every attempt's)."""
+
+
+class RateBin(msgspec.Struct, kw_only=True):
+    start: str
+    end: str
+    rows: int
+    rate: float
+    """Records per second in the bin."""
+
+
+class ModelUsage(msgspec.Struct, kw_only=True):
+    alias: str
+    model: str
+    provider: str | None = None
+    local: bool = False
+    """Served by a vLLM deployment of the run (else a hosted provider)."""
+    summaries: int = 0
+    """How many of Data Designer's usage summaries (one per generation step run) mention the model."""
+    health_checks: int = 0
+    """Requests of Data Designer's health check before generating (one per model per run; not in ``requests``)."""
+    requests: int = 0
+    successful: int = 0
+    failed: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    total_tokens: int = 0
+    error_rate: float = 0.0
+    latency_s: float | None = None
+    """Mean seconds a request took; None: Data Designer's summary does not report it."""
+    tokens_per_second: float = 0.0
+    """Summed over the summaries' own rates (each over its generation step's time)."""
+
+
+class JobAccounting(msgspec.Struct, kw_only=True):
+    job: str
+    state: str
+    elapsed_s: int
+    gpus: int
+
+
+class GpuUsage(msgspec.Struct, kw_only=True):
+    allocated_gpu_hours: float
+    """Elapsed time x GPUs of every allocation of the run's generation arrays (requeued runs included)."""
+    generating_gpu_hours: float
+    """From serving ready (the attempt's start for hosted-only runs) to the end of generation, x GPUs."""
+    utilisation: float | None = None
+    source: str = "sacct"
+    """``sacct``, or ``attempt records`` when the accounting could not be read (then allocated = attempts' span)."""
+    jobs: list[JobAccounting] = msgspec.field(default_factory=list)
+
+
+class FailureGroup(msgspec.Struct, kw_only=True):
+    reason: str
+    count: int
+    shards: list[int]
+    attempts: list[str]
+    message: str | None = None
+
+
+class ColumnReport(msgspec.Struct, kw_only=True):
+    name: str
+    type: str | None = None
+    rows: int | None = None
+    nulls: int | None = None
+    min: str | None = None
+    max: str | None = None
+    column_type: str | None = None
+    """Data Designer's kind of column (``sampler``, ``llm-text``, ...), from its per-shard analysis."""
+    unique_max: int | None = None
+    """The largest per-shard count of distinct values (distinct counts of shards cannot be added up)."""
+    top_values: list[tuple[str, int]] = msgspec.field(default_factory=list)
+    """A categorical column's most common values and their counts over all shards."""
+    output_tokens_mean: float | None = None
+    input_tokens_mean: float | None = None
+
+
+class DatasetReport(msgspec.Struct, kw_only=True):
+    path: str
+    rows: int
+    files: int
+    bytes: int
+    partial_shards: list[int] = msgspec.field(default_factory=list)
+
+
+class RunReport(msgspec.Struct, kw_only=True):
+    run_id: str
+    run_name: str
+    run_dir: str
+    generated_at: str
+    records_requested: int
+    records_done: int
+    """Rows of the shards' winners."""
+    shards: int
+    shards_done: int
+    attempts: int
+    first_submitted_at: str | None = None
+    last_event_at: str | None = None
+    wall_s: float | None = None
+    rows_generated: int = 0
+    """Rows every attempt generated (batches of attempts that did not win included)."""
+    records_per_second: float | None = None
+    """Rows generated over the time from the first attempt's start to the last batch."""
+    timeline: list[AttemptSpan] = msgspec.field(default_factory=list)
+    batches: list[BatchPoint] = msgspec.field(default_factory=list)
+    rate: list[RateBin] = msgspec.field(default_factory=list)
+    models: list[ModelUsage] = msgspec.field(default_factory=list)
+    gpu: GpuUsage | None = None
+    failures: list[FailureGroup] = msgspec.field(default_factory=list)
+    dataset: DatasetReport | None = None
+    columns: list[ColumnReport] = msgspec.field(default_factory=list)
+    notes: list[str] = msgspec.field(default_factory=list)
+
+
+def moment(value: str | None) -> datetime | None:
+    """The time an ISO 8601 string says (UTC when it names no zone); None for none or for one that is not a time."""
+    if not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+
+
+def iso(at: datetime) -> str:
+    return at.astimezone(UTC).isoformat()
+
+
+def iso_or_none(at: datetime | None) -> str | None:
+    return iso(at) if at is not None else None
+
+
+def seconds_between(start: datetime | None, end: datetime | None) -> float | None:
+    """Seconds from ``start`` to ``end`` (negative when ``end`` comes first); None when either is unknown."""
+    return (end - start).total_seconds() if start is not None and end is not None else None
+
+
+def report_json(report: RunReport) -> dict[str, Any]:
+    """The numbers as ``--json`` prints them."""
+    out: dict[str, Any] = msgspec.to_builtins(report)
+    return out
