@@ -3,7 +3,8 @@
 - docs/reference.md is what tools/gen_reference.py generates from the config Structs (and every field has a
   docstring to generate it from);
 - docs/reasons.md lists exactly the reason codes the runtime and the launcher can write;
-- the launcher box of docs/architecture.md lists exactly the commands of the Typer app;
+- the launcher box of docs/architecture.md lists exactly the commands of the Typer app, and its drawing has a box
+  for every package, with its entry point, its subpackages and its floor;
 - every ``ddslurm`` command line in a code block of README.md and docs/ parses against the Typer app, the
   ``make`` targets the docs name exist, and the commands the README walks through run as shown.
 """
@@ -11,6 +12,7 @@
 from __future__ import annotations
 
 import ast
+import configparser
 import importlib.util
 import io
 import re
@@ -233,6 +235,60 @@ def test_the_architecture_box_lists_every_command() -> None:
     listed = [c.strip() for c in text.split(",") if c.strip()]
     assert len(listed) == len(set(listed))
     assert set(listed) == app_commands()
+
+
+def _drawing() -> list[str]:
+    """The floor plan: the first code block under ``## Layers`` of docs/architecture.md."""
+    text = (DOCS / "architecture.md").read_text()
+    block = re.search(r"^## Layers\n+```\n(.*?)\n```", text, re.M | re.S)
+    assert block is not None, "docs/architecture.md: no drawing under ## Layers"
+    return block.group(1).splitlines()
+
+
+def _boxes(lines: list[str]) -> dict[str, tuple[int, str, str]]:
+    """Each package box of the drawing: its name, the line its title is on, its entry point (the ``(script)`` after
+    the name) and the text inside it (the title's line and the lines below, between the same two walls)."""
+    boxes: dict[str, tuple[int, str, str]] = {}
+    for row, line in enumerate(lines):
+        for title in re.finditer(r"│ ([a-z]+)\s+\((ddslurm[a-z-]*)\)", line):
+            left = title.start()
+            right = line.index("│", title.end())
+            inside = []
+            for below in lines[row:]:
+                if len(below) <= right or below[left] != "│" or below[right] != "│":
+                    break
+                inside.append(below[left + 1 : right])
+            boxes[title.group(1)] = (row, title.group(2), " ".join(inside))
+    return boxes
+
+
+def _layers() -> list[set[str]]:
+    """The layers of the ``layers`` contract in .importlinter, top first, as package names."""
+    contracts = configparser.ConfigParser()
+    contracts.read(ROOT / ".importlinter")
+    lines = contracts["importlinter:contract:layers"]["layers"].split("\n")
+    return [{p.strip().removeprefix("ddslurm.") for p in line.split("|")} for line in lines if line.strip()]
+
+
+def test_the_floor_plan_draws_every_package_its_entry_point_and_its_rooms_on_its_floor() -> None:
+    """docs/architecture.md's drawing has one box per package of packages/, titled with the package's entry point
+    (``[project.scripts]``); every subpackage (``report/``) is named in its package's box, and nothing else with a
+    slash is; the boxes stand floor by floor as the ``layers`` import contract orders the packages (a layer's
+    boxes side by side, above the layers they may import)."""
+    boxes = _boxes(_drawing())
+    packages = {d.name for d in (ROOT / "packages").iterdir() if (d / "pyproject.toml").is_file()}
+    assert set(boxes) == packages
+    for name, (_, script, inside) in boxes.items():
+        project = msgspec.toml.decode((ROOT / "packages" / name / "pyproject.toml").read_bytes())
+        assert script in project["project"]["scripts"], (name, script)
+        source = ROOT / "packages" / name / "src" / "ddslurm" / name
+        rooms = {d.name for d in source.iterdir() if (d / "__init__.py").is_file()}
+        drawn = set(re.findall(r"([a-z_]+)/", inside))
+        assert drawn == rooms, f"the {name} box names {sorted(drawn)}; its subpackages are {sorted(rooms)}"
+    floors = [{boxes[p][0] for p in layer} for layer in _layers()]
+    assert all(len(rows) == 1 for rows in floors), floors  # a layer's boxes side by side
+    assert [min(rows) for rows in floors] == sorted(min(rows) for rows in floors), floors
+    assert {p for layer in _layers() for p in layer} == packages
 
 
 # --- the status table ----------------------------------------------------------------------------------------------
