@@ -148,15 +148,6 @@ def _recipe_definitions(
     return tuple(found), problems, broken
 
 
-def recipe_models(recipe: Mapping[str, Any], origin: Origin) -> tuple[tuple[NativeModelConfig, Origin], ...]:
-    """The recipe's own model configs, each with its origin (file and ``model_configs[i]``); ResolutionError
-    naming file, line and field of every one that is malformed."""
-    found, problems, _ = _recipe_definitions(recipe, origin)
-    if problems:
-        raise ResolutionError(problems)
-    return found
-
-
 def _run_at(run_origin: Origin | None, *steps: Step) -> str:
     return run_origin.at(*steps) if run_origin is not None else f"the run file: {field_text(steps)}"
 
