@@ -32,6 +32,7 @@ from ddslurm.config import (
     sha256_file,
 )
 from ddslurm.launcher import Completed, Slurm, prepare, submit_shards, write_run_dir
+from ddslurm.launcher import _dry_run as dry_run_module
 from ddslurm.launcher import _submit as submit_module
 from ddslurm.launcher._output import ExitCode
 from ddslurm.launcher.cli import DISTRIBUTIONS, app, main
@@ -69,9 +70,7 @@ def _no_recipe_check(monkeypatch: pytest.MonkeyPatch) -> None:
     """Data Designer's own validation of the recipe (a subprocess of seconds) is tested elsewhere."""
     original = submit_module.prepare
     monkeypatch.setattr(submit_module, "prepare", lambda *a, **k: original(*a, **{**k, "check_recipe": lambda *_: []}))
-    from ddslurm.launcher import cli
-
-    monkeypatch.setattr(cli, "prepare", submit_module.prepare)
+    monkeypatch.setattr(dry_run_module, "prepare", submit_module.prepare)
 
 
 # --- help, version, completion ---

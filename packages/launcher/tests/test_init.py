@@ -22,7 +22,8 @@ from ddslurm.launcher import (
     parse_sinfo,
     prepare,
 )
-from ddslurm.launcher._init import SINFO_FORMAT, cluster_from_rows, parse_gres, render_init, yaml_str
+from ddslurm.launcher._cluster import SINFO_FORMAT, cluster_from_rows, parse_gres
+from ddslurm.launcher._init import render_init, yaml_str
 
 VENV = Path("/opt/envs/ddslurm")
 NOW = datetime(2026, 1, 2, 3, 4, tzinfo=UTC)

@@ -27,6 +27,7 @@ from ddslurm.config import (
     read_json,
 )
 from ddslurm.launcher import Completed, LauncherError, Slurm, SlurmError, SubmitError, cli, run_status, submit
+from ddslurm.launcher import _dry_run as dry_run_module
 from ddslurm.launcher import _submit as submit_module
 from ddslurm.launcher._slurm import SlurmTimeoutError, SubprocessRunner, parse_limit
 from ddslurm.launcher._steer import continue_submission, retry
@@ -126,7 +127,7 @@ def _no_data_designer_subprocess(monkeypatch: pytest.MonkeyPatch) -> None:
         return original(*args, **{**kwargs, "check_recipe": lambda *_: []})
 
     monkeypatch.setattr(submit_module, "prepare", prepare)
-    monkeypatch.setattr(cli, "prepare", prepare)
+    monkeypatch.setattr(dry_run_module, "prepare", prepare)
 
 
 def _cli(argv: list[str], cluster: FakeCluster, env: dict[str, str]) -> tuple[int, str, str]:

@@ -30,6 +30,7 @@ from rich.table import Column, Table
 from rich.text import Text
 
 from ddslurm.config import Plan, RunLayout, compact_ranges
+from ddslurm.launcher._runs import ListedRun
 from ddslurm.launcher._slurm import NODE_ENV_ALLOWED
 from ddslurm.launcher._status import RunStatus, ShardStatus
 from ddslurm.launcher._submit import job_variables
@@ -349,19 +350,19 @@ def age(seconds: float) -> str:
     return f"{max(0, int(seconds))}s"
 
 
-def run_table(rows: Sequence[Mapping[str, Any]], now: datetime, *, boxed: bool) -> Table:
+def run_table(runs: Sequence[ListedRun], now: datetime, *, boxed: bool) -> Table:
     """``ddslurm list``: one row a run (newest first, as given): state, rows produced of those requested, age."""
     table = _table(boxed=boxed)
     for name, justify in (("RUN", "left"), ("STATE", "left"), ("ROWS", "right"), ("AGE", "right"), ("DIR", "left")):
         table.add_column(name, justify=justify, no_wrap=name != "DIR", overflow="fold")  # type: ignore[arg-type]
-    for r in rows:
-        created = r.get("submitted_at")
+    for r in runs:
+        submitted = r.submitted_at
         table.add_row(
-            r["run_id"],
-            styled(r["state"]),
-            f"{r['records_done']}/{r['records']}",
-            age((now - datetime.fromisoformat(created)).total_seconds()) if created else "-",
-            r["run_dir"],
+            r.run_id,
+            styled(r.state),
+            f"{r.records_done}/{r.records}",
+            age((now - datetime.fromisoformat(submitted)).total_seconds()) if submitted else "-",
+            r.run_dir,
         )
     return table
 

@@ -18,6 +18,7 @@ import typer
 
 from ddslurm.collector import CollectError
 from ddslurm.config import ConfigError, PlannedArray, compact_ranges
+from ddslurm.launcher._follow import WaitTimeout
 from ddslurm.launcher._slurm import SlurmTimeoutError
 from ddslurm.launcher._submit import PartialSubmitError
 from ddslurm.launcher.errors import LauncherError, RunNotFoundError, SlurmError, SubmitError, UsageError, WriteError
@@ -107,6 +108,8 @@ def error_report(exc: BaseException, command: str | None) -> ErrorReport:
         return ErrorReport(ErrorCode.USAGE, exc.format_message(), exc.exit_code)
     if isinstance(exc, PartialSubmitError):
         return ErrorReport(ErrorCode.SUBMISSION_INCOMPLETE, message, ExitCode.FAILED, partial_json(exc))
+    if isinstance(exc, WaitTimeout):  # ``wait --timeout``: the run's last status comes with the error
+        return ErrorReport(ErrorCode.TIMEOUT, message, ExitCode.TIMEOUT, {"status": exc.status})
     fixed: list[tuple[type[BaseException], ErrorCode, ExitCode]] = [
         (UsageError, ErrorCode.USAGE, ExitCode.USAGE),
         (RunNotFoundError, ErrorCode.RUN_NOT_FOUND, ExitCode.USAGE),

@@ -33,11 +33,8 @@ file and the seed files it names (``_seed.refuse_seed_secrets``), before anythin
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
-import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -59,6 +56,7 @@ from ddslurm.config import (
     sha256_bytes,
     to_builtins,
 )
+from ddslurm.launcher._process import Stopped, run_in_group
 from ddslurm.launcher._seed import holds_secret, refuse_seed_secrets
 from ddslurm.launcher._slurm import NODE_ENV_ALLOWED
 from ddslurm.launcher.errors import BuilderError
@@ -291,28 +289,15 @@ def _output_tail(output: str) -> str:
 
 def _run_builder(payload: dict[str, Any], cwd: Path, env: dict[str, str], timeout_s: float) -> dict[str, Any]:
     argv = [sys.executable, "-P", "-m", "ddslurm.launcher._builder"]
-    proc = subprocess.Popen(
-        argv,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=cwd,
-        env=env,
-        start_new_session=True,
-    )
     try:
-        out, err = proc.communicate(json.dumps(payload), timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        err = _stop(proc)
+        done = run_in_group(argv, timeout_s=timeout_s, input=json.dumps(payload), env=env, cwd=cwd)
+    except Stopped as stopped:
         return {
             "ok": False,
             "error": f"{payload['function']}() did not return a config within {timeout_s:g} s and was stopped",
-            "output": err,
+            "output": stopped.stderr,
         }
-    except BaseException:
-        _stop(proc)
-        raise
+    out, err = done.stdout, done.stderr
     try:
         result = json.loads(out)
         if not isinstance(result, dict):
@@ -320,23 +305,10 @@ def _run_builder(payload: dict[str, Any], cwd: Path, env: dict[str, str], timeou
     except ValueError:
         return {
             "ok": False,
-            "error": f"running {payload['function']}() ended without a result (exit code {proc.returncode}); "
+            "error": f"running {payload['function']}() ended without a result (exit code {done.returncode}); "
             "see its output",
             "file": payload.get("script"),
             "output": err,
         }
     result["output"] = err
     return result
-
-
-def _stop(proc: subprocess.Popen[str]) -> str:
-    """Kill the builder's whole process group; what it printed to stderr so far."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    err = ""
-    with contextlib.suppress(subprocess.TimeoutExpired, ValueError, OSError):
-        _, err = proc.communicate(timeout=5)
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
-    return err or ""

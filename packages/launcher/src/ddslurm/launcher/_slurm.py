@@ -7,18 +7,16 @@ Every scheduler command runs with a timeout (:class:`SubprocessRunner`; ``DDSLUR
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import pwd
 import re
-import signal
-import subprocess
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from ddslurm.config import Limit, QueuedJob, SchedulerLimits, expand_ranges
+from ddslurm.launcher._process import Stopped, run_in_group
 from ddslurm.launcher.errors import LauncherError, SlurmError
 
 
@@ -75,41 +73,14 @@ class SubprocessRunner:
     def __call__(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> Completed:
         args = list(argv)
         try:
-            proc = subprocess.Popen(
-                args,
-                env=dict(env) if env is not None else None,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                start_new_session=True,
-                # sbatch hands its umask to the job (SLURM_UMASK): the logs Slurm writes for the run's jobs are
-                # then owner-only whatever the submitting shell's umask.
-                umask=JOB_UMASK,
-            )
+            # sbatch hands its umask to the job (SLURM_UMASK): the logs Slurm writes for the run's jobs are then
+            # owner-only whatever the submitting shell's umask.
+            done = run_in_group(args, timeout_s=self.timeout_s, env=env, umask=JOB_UMASK)
         except FileNotFoundError:
             raise SlurmError(args, 127, f"{args[0]}: command not found (is Slurm installed and on PATH?)") from None
-        try:
-            out, err = proc.communicate(timeout=self.timeout_s)
-        except subprocess.TimeoutExpired:
-            _stop(proc)
+        except Stopped:
             raise SlurmTimeoutError(args, self.timeout_s) from None
-        except BaseException:  # Ctrl-C: the command runs in its own session, so stop it here
-            _stop(proc)
-            raise
-        return Completed(proc.returncode, out, err)
-
-
-def _stop(proc: subprocess.Popen[str]) -> None:
-    """Kill the command's whole process group and reap it (bounded: a child that left the group and still holds
-    the pipes is not waited for)."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.communicate(timeout=5)
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
+        return Completed(done.returncode, done.stdout, done.stderr)
 
 
 subprocess_runner = SubprocessRunner()

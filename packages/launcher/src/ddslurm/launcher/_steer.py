@@ -29,17 +29,9 @@ from ddslurm.config import (
     read_plan,
     read_regular,
 )
+from ddslurm.launcher._run_records import attempt_records, cancel_record, submission_progress, submissions
 from ddslurm.launcher._slurm import Slurm
-from ddslurm.launcher._status import (
-    PENDING,
-    RunStatus,
-    attempt_records,
-    cancel_record,
-    query,
-    run_status,
-    submission_progress,
-    submissions,
-)
+from ddslurm.launcher._status import PENDING, RunStatus, query, run_status
 from ddslurm.launcher._submit import (
     SubmitLockedError,
     check_environment,

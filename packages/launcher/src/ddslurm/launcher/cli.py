@@ -4,7 +4,9 @@ Commands: init (--dir, --force), submit (--dry-run, --continue), providers, stat
 cancel (--shards), retry (--shards, --fresh, --resume-cancelled, --dry-run), accept-partial, logs, collect (--local,
 --overwrite), report (--output), list. Every command takes --json (errors included); exit codes are
 :class:`ddslurm.launcher._output.ExitCode`. Rendering for people lives in ``_console``, JSON and errors in
-``_output``; this module reads the command line and calls the launcher.
+``_output``. A command here only reads its options, builds the :class:`Session`, calls one service of the launcher
+(the functions ``ddslurm.launcher`` exports: ``dry_run``, ``follow_run``, ``retry``, ``list_runs``, ...), renders
+what it returns and gives the exit code; what the command does lives in the service.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import io
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -23,21 +25,11 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Annotated, Any, TextIO, TypeVar
 
-import msgspec
 import typer
 from typer.main import get_command
 
-from ddslurm.config import (
-    ProviderSnapshot,
-    RunLayout,
-    SchedulerLimits,
-    atomic_write,
-    compact_ranges,
-    expand_ranges,
-    load_profile,
-    read_plan,
-)
-from ddslurm.launcher._bill import bill_lines, make_bill
+from ddslurm.config import RunLayout, compact_ranges, expand_ranges, read_plan
+from ddslurm.launcher._bill import bill_lines
 from ddslurm.launcher._collect import collect_job_command, collect_local_command
 from ddslurm.launcher._console import (
     FileProgress,
@@ -51,6 +43,9 @@ from ddslurm.launcher._console import (
     show_status,
     summary_line,
 )
+from ddslurm.launcher._dry_run import DryRun
+from ddslurm.launcher._dry_run import dry_run as plan_dry_run
+from ddslurm.launcher._follow import SchedulerBusy, follow_run, release, wait_for_run
 from ddslurm.launcher._init import init_command
 from ddslurm.launcher._logs import LogFollower
 from ddslurm.launcher._output import (
@@ -67,20 +62,18 @@ from ddslurm.launcher._output import (
     limits_json,
     write_json,
 )
-from ddslurm.launcher._render import render_generation
+from ddslurm.launcher._runs import list_runs, open_run, resolve_profile, save_report, workspace_of
 from ddslurm.launcher._slurm import Slurm
-from ddslurm.launcher._status import TERMINAL, RunStatus, Unreadable, find_run, run_status, run_statuses
+from ddslurm.launcher._status import RunStatus, run_status
 from ddslurm.launcher._steer import (
     accept_partial,
     cancel,
     continue_submission,
-    release_leftovers,
     retry,
 )
-from ddslurm.launcher._submit import new_stamp, prepare, read_limits, refusals, secret_warnings, submit
-from ddslurm.launcher.errors import DISK_FULL, SlurmError, UsageError, WriteError
+from ddslurm.launcher._submit import submit
+from ddslurm.launcher.errors import DISK_FULL, UsageError, WriteError
 from ddslurm.launcher.report import render_html, report_json, run_report
-from ddslurm.planner import plan_submission
 from ddslurm.providers import check_endpoints, describe_run
 from ddslurm.providers.cli import print_resolution
 
@@ -233,21 +226,13 @@ class Step(StrEnum):
     slurm = "slurm"
 
 
-def _profile(profile: Path | None, env: Mapping[str, str]) -> Path | None:
-    """``--profile``, else the file ``DDSLURM_PROFILE`` names."""
-    if profile is not None:
-        return profile
-    named = env.get("DDSLURM_PROFILE")
-    return Path(named) if named else None
-
-
-def _workspace(profile: Path | None, env: Mapping[str, str]) -> Path | None:
-    path = _profile(profile, env)
-    return Path(load_profile(path).workspace) if path is not None else None
-
-
 def _run(session: Session, run: str, profile: Path | None) -> RunLayout:
-    return find_run(run, _workspace(profile, session.env))
+    """RUN (with ``--profile``, else ``DDSLURM_PROFILE``, for a run id)."""
+    return open_run(run, session.env, profile)
+
+
+def _write_lines(out: TextIO, lines: Iterable[str]) -> None:
+    out.write("".join(f"{line}\n" for line in lines))
 
 
 def parse_shards(value: str | None, layout: RunLayout) -> list[int] | None:
@@ -302,11 +287,11 @@ def cmd_submit(
     session = _session(ctx, as_json)
     if continue_run:
         return _continue(session, str(run_file), profile)
-    profile_path = _profile(profile, session.env)
+    profile_path = resolve_profile(profile, session.env)
     if profile_path is None:
         raise UsageError("submit needs --profile PROFILE.yaml (the cluster profile), or DDSLURM_PROFILE naming it")
     if dry_run:
-        return _dry_run(session, run_file, profile_path)
+        return _show_dry_run(session, plan_dry_run(run_file, profile_path, slurm=session.slurm, env=session.env))
     done = submit(run_file, profile_path, slurm=session.slurm, env=session.env)
     out = session.out
     if session.json:
@@ -355,40 +340,26 @@ def _continue(session: Session, run: str, profile: Path | None) -> int:
     return ExitCode.OK
 
 
-def _dry_run(session: Session, run_file: Path, profile: Path) -> int:
-    """Validate and compile everything, read the scheduler's limits and show the arrays the submission would make
-    (``plan_submission``, as ``submit`` does), or refuse as ``submit`` would; write nothing, submit nothing."""
-    now = datetime.now(UTC)
-    prepared = prepare(run_file, profile, session.env, now)
-    plan, layout = prepared.plan, prepared.layout
-    try:
-        limits = read_limits(session.slurm, plan)
-    except SlurmError as exc:  # no scheduler here: show the arrays for Slurm's default MaxArraySize
-        limits = SchedulerLimits(1001, notes=(f"scheduler limits not read ({exc}); arrays assume MaxArraySize 1001",))
-    with refusals():
-        planned = plan_submission(plan, layout, [s.index for s in plan.shards], limits, stamp=new_stamp(now))
-    first = planned.arrays[0]
-    script = render_generation(plan, layout, list(first.shards), tasks=first.tasks, stage=first.stage)
-    snapshot = msgspec.json.decode(prepared.snapshot_bytes, type=ProviderSnapshot)
-    bill = make_bill(plan, planned.arrays, prepared.aliases, snapshot)
-    warnings = secret_warnings(session.slurm, plan)
+def _show_dry_run(session: Session, done: DryRun) -> int:
+    """``submit --dry-run``: the plan, the bill, the arrays and the limits they fit in, the first batch script."""
+    planned = done.planned
     if session.json:
         write_json(
             {
-                "plan": plan,
-                "bill": bill,
+                "plan": done.plan,
+                "bill": done.bill,
                 "arrays": [array_json(a, plan=planned.arrays) for a in planned.arrays],
                 "tasks": planned.tasks,
                 "limits": limits_json(planned),
-                "script": script,
-                "aliases": list(prepared.aliases),
-                "warnings": list(warnings),
+                "script": done.script,
+                "aliases": list(done.prepared.aliases),
+                "warnings": list(done.warnings),
             },
             session.out,
         )
     else:
-        session.out.write(dry_run_text(plan, layout, planned, script, bill_lines(bill)))
-        session.out.write("".join(f"warning: {warning}\n" for warning in warnings))
+        session.out.write(dry_run_text(done.plan, done.layout, planned, done.script, bill_lines(done.bill)))
+        _write_lines(session.out, (f"warning: {warning}" for warning in done.warnings))
     return ExitCode.OK
 
 
@@ -421,24 +392,9 @@ def cmd_providers(
 # --- status, wait ---
 
 
-def _poll(session: Session, layout: RunLayout, delay: float, *, grow: float = 1.0) -> Iterator[RunStatus | None]:
-    """The run's status, again and again (``delay`` seconds apart, times ``grow`` each time, at most 5 s when
-    growing); None after a scheduler query that failed (then waiting twice as long each time, up to 60 s)."""
-    wait, backoff = delay, 2.0
-    while True:
-        try:
-            st = run_status(layout, session.slurm)
-        except SlurmError as exc:  # a busy controller: back off, keep going
-            session.err.write(f"scheduler query failed ({exc}); retrying in {backoff:.0f} s\n")
-            session.err.flush()
-            yield None
-            session.sleep(backoff)
-            backoff = min(backoff * 2, 60.0)
-            continue
-        backoff = 2.0
-        yield st
-        session.sleep(wait)
-        wait = min(wait * grow, 5.0) if grow > 1.0 else wait
+def _say_busy(session: Session, busy: SchedulerBusy) -> None:
+    session.err.write(f"scheduler query failed ({busy.error}); retrying in {busy.retry_in:.0f} s\n")
+    session.err.flush()
 
 
 def _display(session: Session, *, table: bool) -> RunDisplay | None:
@@ -475,8 +431,9 @@ def cmd_status(
     display = _display(session, table=True)
     last = ""
     with display if display is not None else nullcontext():
-        for polled in _poll(session, layout, 2.0):
-            if polled is None:
+        for polled in follow_run(layout, session.slurm, sleep=session.sleep):
+            if isinstance(polled, SchedulerBusy):
+                _say_busy(session, polled)
                 continue
             st = polled
             if session.json:
@@ -487,8 +444,6 @@ def cmd_status(
                 session.out.write(line + "\n")
                 session.out.flush()
                 last = line
-            if st.state in TERMINAL:
-                break
     if not session.json:
         show_status(session.out, st)
     return ExitCode.OK
@@ -511,32 +466,23 @@ def cmd_wait(
     """Wait until the run ends, then show it; exit 0 only if it succeeded (progress on a terminal)."""
     session = _session(ctx, as_json)
     layout = _run(session, run, profile)
-    start = time.monotonic()
     display = _display(session, table=False)
-    st: RunStatus | None = None
+
+    def update(polled: RunStatus | SchedulerBusy) -> None:
+        if isinstance(polled, SchedulerBusy):
+            _say_busy(session, polled)
+        elif display is not None:
+            display.update(polled)
+
     with display if display is not None else nullcontext():
-        for polled in _poll(session, layout, 1.0, grow=1.3):
-            st = polled or st
-            if st is not None and display is not None:
-                display.update(st)
-            if st is not None and st.state in TERMINAL:
-                break
-            if timeout is not None and time.monotonic() - start > timeout:
-                state = st.state if st is not None else "unknown"
-                report = ErrorReport(
-                    ErrorCode.TIMEOUT, f"run still {state} after {timeout:.0f} s", ExitCode.TIMEOUT, {"status": st}
-                )
-                raise CommandFailed(report)
-    assert st is not None
-    try:
-        released = release_leftovers(layout, session.slurm, st)
-    except SlurmError as exc:  # the run's result stands; the leftovers only cost job starts
-        session.err.write(f"note: the run's leftover queued tasks could not be cancelled ({exc})\n")
-        released = ()
-    if released:
+        st = wait_for_run(layout, session.slurm, timeout=timeout, sleep=session.sleep, on_update=update)
+    released = release(layout, session.slurm, st)
+    if released.error is not None:  # the run's result stands; the leftovers only cost job starts
+        session.err.write(f"note: the run's leftover queued tasks could not be cancelled ({released.error})\n")
+    if released.tasks:
         session.err.write(
-            f"note: cancelled {len(released)} queued task(s) of the succeeded run that could only have recorded "
-            f"superseded: {', '.join(released)}\n"
+            f"note: cancelled {len(released.tasks)} queued task(s) of the succeeded run that could only have "
+            f"recorded superseded: {', '.join(released.tasks)}\n"
         )
     if session.json:
         write_json(st, session.out)
@@ -639,9 +585,8 @@ def cmd_retry(
                 out,
             )
         else:
-            lines = [f"dry run: a retry would submit {len(done.shards)} shard(s): {compact_ranges(done.shards)}"]
-            lines += plan_lines(done.planned)
-            out.write("".join(f"{line}\n" for line in lines))
+            head = f"dry run: a retry would submit {len(done.shards)} shard(s): {compact_ranges(done.shards)}"
+            _write_lines(out, [head, *plan_lines(done.planned)])
         return ExitCode.OK
     if session.json:
         write_json({"shards": list(done.shards), "job_ids": list(done.job_ids)}, out)
@@ -694,7 +639,7 @@ def cmd_accept_partial(
         )
     if done.queued:
         lines.append(f"shard(s) {compact_ranges(done.queued)}: a CPU-stage array of the run already queued runs them")
-    session.out.write("".join(f"{line}\n" for line in lines))
+    _write_lines(session.out, lines)
     return ExitCode.OK
 
 
@@ -815,13 +760,7 @@ def cmd_report(
     session = _session(ctx, as_json)
     layout = _run(session, run, profile)
     report = run_report(layout, session.slurm)
-    target = output if output is not None else layout.root / "report.html"
-    try:
-        atomic_write(target, render_html(report).encode())
-    except OSError as exc:
-        raise CommandFailed(
-            ErrorReport(ErrorCode.FAILED, f"{target}: cannot write the report: {exc}", ExitCode.FAILED)
-        ) from exc
+    target = save_report(layout, render_html(report), output)
     if session.json:
         write_json({"report": str(target), **report_json(report)}, session.out)
         return ExitCode.OK
@@ -861,7 +800,7 @@ def cmd_init(
     if session.json:
         write_json(result.as_dict(), session.out)
     else:
-        session.out.write("".join(f"{line}\n" for line in result.lines()))
+        _write_lines(session.out, result.lines())
     return ExitCode.OK
 
 
@@ -870,37 +809,15 @@ def cmd_init(
 def cmd_list(ctx: typer.Context, profile: ProfileOpt = None, as_json: JsonOpt = False) -> int:
     """List the runs in the workspace, newest first: state, rows produced of those requested, age."""
     session = _session(ctx, as_json)
-    workspace = _workspace(profile, session.env)
+    workspace = workspace_of(profile, session.env)
     if workspace is None:
         raise UsageError("list needs --profile (or DDSLURM_PROFILE) to find the workspace")
-    # not the hidden .RUN_ID.partial-* of a submit still writing (or killed while it wrote)
-    layouts = [RunLayout(p.parent) for p in sorted((workspace / "runs").glob("[!.]*/run.json"))]
-    rows = [_list_row(found) for found in run_statuses(layouts, session.slurm)]
-    rows.sort(key=lambda r: r["submitted_at"] or r["created"], reverse=True)
+    runs = list_runs(workspace, session.slurm)
     if session.json:
-        write_json(rows, session.out)
+        write_json(runs, session.out)
     else:
-        show(session.out, run_table(rows, datetime.now(UTC), boxed=session.out.isatty()))
+        show(session.out, run_table(runs, datetime.now(UTC), boxed=session.out.isatty()))
     return ExitCode.OK
-
-
-def _list_row(found: RunStatus | Unreadable) -> dict[str, Any]:
-    if isinstance(found, Unreadable):  # a run written by another ddslurm version: listed, never fatal
-        layout, state, name, records, done, submitted = found.layout, "unreadable", "?", 0, 0, None
-    else:
-        layout, state, name = RunLayout(Path(found.run_dir)), found.state, found.name
-        records, done, submitted = found.records_requested, found.records_done, found.submitted_at
-    created = datetime.fromtimestamp(layout.plan.stat().st_mtime, UTC).isoformat()
-    return {
-        "run_id": layout.run_id,
-        "name": name,
-        "state": state,
-        "records": records,
-        "records_done": done,
-        "submitted_at": submitted,
-        "created": created,
-        "run_dir": str(layout.root),
-    }
 
 
 # --- the entry point ---

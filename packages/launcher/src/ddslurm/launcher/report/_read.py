@@ -28,8 +28,8 @@ from ddslurm.config import (
     read_json,
     read_plan,
 )
+from ddslurm.launcher._run_records import attempt_records, submissions
 from ddslurm.launcher._slurm import Accounting, Slurm
-from ddslurm.launcher._status import attempt_records, submissions
 from ddslurm.launcher.errors import SlurmError
 from ddslurm.launcher.report._client_out import ClientOut, parse_client_out
 from ddslurm.launcher.report._model import moment

@@ -1,0 +1,79 @@
+"""``ddslurm submit --dry-run`` without the terminal: everything a submission would do up to its first sbatch,
+and nothing written or submitted.
+
+:func:`dry_run` validates and compiles the run as ``submit`` does (``prepare``), reads the scheduler's limits,
+plans the arrays exactly as the submission would (``plan_submission``), renders the first array's batch script and
+makes the bill; it refuses what ``submit`` would refuse, with the same errors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import msgspec
+
+from ddslurm.config import Plan, ProviderSnapshot, RunLayout, SchedulerLimits
+from ddslurm.launcher._bill import Bill, make_bill
+from ddslurm.launcher._render import render_generation
+from ddslurm.launcher._run_dir import Prepared
+from ddslurm.launcher._slurm import Slurm
+from ddslurm.launcher._submit import new_stamp, prepare, read_limits, refusals, secret_warnings
+from ddslurm.launcher.errors import SlurmError
+from ddslurm.planner import SubmissionPlan, plan_submission
+
+DEFAULT_MAX_ARRAY_SIZE = 1001
+"""Slurm's default ``MaxArraySize``: what the arrays assume when the scheduler's limits cannot be read."""
+
+
+@dataclass(frozen=True, slots=True)
+class DryRun:
+    """What ``submit`` would do: the compiled run, the arrays it would submit and what they cost."""
+
+    prepared: Prepared
+    """The validated inputs and the compiled plan (its ``layout`` is where the run would be written)."""
+    planned: SubmissionPlan
+    """Every array the submission would make, and the limits they were checked against."""
+    script: str
+    """The batch script of the first array."""
+    bill: Bill
+    warnings: tuple[str, ...]
+    """Where the cluster would keep the run's secret values beyond the job itself."""
+
+    @property
+    def plan(self) -> Plan:
+        return self.prepared.plan
+
+    @property
+    def layout(self) -> RunLayout:
+        return self.prepared.layout
+
+
+def scheduler_limits(slurm: Slurm, plan: Plan) -> SchedulerLimits:
+    """The limits the run's jobs must fit in; without a scheduler to ask, Slurm's default ``MaxArraySize`` and a
+    note that nothing else was checked."""
+    try:
+        return read_limits(slurm, plan)
+    except SlurmError as exc:
+        note = f"scheduler limits not read ({exc}); arrays assume MaxArraySize {DEFAULT_MAX_ARRAY_SIZE}"
+        return SchedulerLimits(DEFAULT_MAX_ARRAY_SIZE, notes=(note,))
+
+
+def dry_run(
+    run_file: Path, profile: Path, *, slurm: Slurm, env: Mapping[str, str], now: datetime | None = None
+) -> DryRun:
+    """Validate and compile ``run_file`` for the cluster of ``profile``, and plan its submission; write nothing,
+    submit nothing. Raises what ``submit`` would raise for the same inputs."""
+    moment = now or datetime.now(UTC)
+    prepared = prepare(run_file, profile, env, moment)
+    plan, layout = prepared.plan, prepared.layout
+    limits = scheduler_limits(slurm, plan)
+    with refusals():
+        planned = plan_submission(plan, layout, [s.index for s in plan.shards], limits, stamp=new_stamp(moment))
+    first = planned.arrays[0]
+    script = render_generation(plan, layout, list(first.shards), tasks=first.tasks, stage=first.stage)
+    snapshot = msgspec.json.decode(prepared.snapshot_bytes, type=ProviderSnapshot)
+    bill = make_bill(plan, planned.arrays, prepared.aliases, snapshot)
+    return DryRun(prepared, planned, script, bill, secret_warnings(slurm, plan))
