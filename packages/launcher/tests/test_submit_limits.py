@@ -22,6 +22,7 @@ from ddslurm.config import (
     SubmissionRecord,
     SubmitPlanRecord,
     WinnerRecord,
+    compact_ranges,
     encode,
     publish_once,
     read_json,
@@ -279,7 +280,7 @@ def test_dry_run_shows_exactly_the_arrays_the_submission_makes(tmp_path: Path) -
         script = Path(record.script).read_text()
         assert f"#SBATCH --array={array['array']}\n" in script
         assert f"--array={array['array']:<14} shards {array['shards']} ({array['kind']})" in text
-        assert (record.kind, cli.compact_ranges(record.shards)) == (array["kind"], array["shards"])
+        assert (record.kind, compact_ranges(record.shards)) == (array["kind"], array["shards"])
         assert record.after == (None if array["after"] is None else job_of[array["after"]])
         if record.after is not None:
             assert f"#SBATCH --dependency=afternotok:{record.after}\n" in script

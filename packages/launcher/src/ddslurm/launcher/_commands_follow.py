@@ -1,0 +1,227 @@
+"""The commands that follow a run: ``status`` (``--watch``), ``wait``, ``logs``, ``report``."""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ddslurm.config import compact_ranges
+from ddslurm.launcher._console import (
+    RunDisplay,
+    show_status,
+    summary_line,
+)
+from ddslurm.launcher._follow import SchedulerBusy, follow_run, release, wait_for_run
+from ddslurm.launcher._logs import LogFollower
+from ddslurm.launcher._output import (
+    ExitCode,
+    write_json,
+)
+from ddslurm.launcher._runs import save_report
+from ddslurm.launcher._session import (
+    JsonOpt,
+    ProfileOpt,
+    RunArg,
+    Session,
+    Step,
+    command_session,
+    guarded,
+    run_layout,
+)
+from ddslurm.launcher._status import RunStatus, run_status
+from ddslurm.launcher.report import render_html, report_json, run_report
+
+# --- status, wait ---
+
+
+def _say_busy(session: Session, busy: SchedulerBusy) -> None:
+    session.err.write(f"scheduler query failed ({busy.error}); retrying in {busy.retry_in:.0f} s\n")
+    session.err.flush()
+
+
+def _display(session: Session, *, table: bool) -> RunDisplay | None:
+    """The live view, on a terminal only (and never with --json)."""
+    return RunDisplay(session.out, table=table) if not session.json and session.out.isatty() else None
+
+
+@guarded
+def cmd_status(
+    ctx: typer.Context,
+    run: RunArg,
+    profile: ProfileOpt = None,
+    watch: Annotated[
+        bool,
+        typer.Option(
+            "--watch",
+            help="Refresh until the run ends: live progress on a terminal, a line per change elsewhere, "
+            "a JSON object per refresh with --json.",
+        ),
+    ] = False,
+    as_json: JsonOpt = False,
+) -> int:
+    """Show the run and every shard: state, rows, rate, attempt, array task, Slurm's state and why it failed."""
+    session = command_session(ctx, as_json)
+    layout = run_layout(session, run, profile)
+    if not watch:
+        st = run_status(layout, session.slurm)
+        if session.json:
+            write_json(st, session.out)
+        else:
+            show_status(session.out, st)
+        return ExitCode.OK
+    display = _display(session, table=True)
+    last = ""
+    with display if display is not None else nullcontext():
+        for polled in follow_run(layout, session.slurm, sleep=session.sleep):
+            if isinstance(polled, SchedulerBusy):
+                _say_busy(session, polled)
+                continue
+            st = polled
+            if session.json:
+                write_json(st, session.out)
+            elif display is not None:
+                display.update(st)
+            elif (line := summary_line(st)) != last:
+                session.out.write(line + "\n")
+                session.out.flush()
+                last = line
+    if not session.json:
+        show_status(session.out, st)
+    return ExitCode.OK
+
+
+@guarded
+def cmd_wait(
+    ctx: typer.Context,
+    run: RunArg,
+    profile: ProfileOpt = None,
+    timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--timeout", metavar="SECONDS", help="Give up (exit 3) after this many seconds.", show_default=False
+        ),
+    ] = None,
+    as_json: JsonOpt = False,
+) -> int:
+    """Wait until the run ends, then show it; exit 0 only if it succeeded (progress on a terminal)."""
+    session = command_session(ctx, as_json)
+    layout = run_layout(session, run, profile)
+    display = _display(session, table=False)
+
+    def update(polled: RunStatus | SchedulerBusy) -> None:
+        if isinstance(polled, SchedulerBusy):
+            _say_busy(session, polled)
+        elif display is not None:
+            display.update(polled)
+
+    with display if display is not None else nullcontext():
+        st = wait_for_run(layout, session.slurm, timeout=timeout, sleep=session.sleep, on_update=update)
+    released = release(layout, session.slurm, st)
+    if released.error is not None:  # the run's result stands; the leftovers only cost job starts
+        session.err.write(f"note: the run's leftover queued tasks could not be cancelled ({released.error})\n")
+    if released.tasks:
+        session.err.write(
+            f"note: cancelled {len(released.tasks)} queued task(s) of the succeeded run that could only have "
+            f"recorded superseded: {', '.join(released.tasks)}\n"
+        )
+    if session.json:
+        write_json(st, session.out)
+    else:
+        show_status(session.out, st)
+    return ExitCode.OK if st.state == "succeeded" else ExitCode.FAILED
+
+
+# --- logs ---
+
+
+@guarded
+def cmd_logs(
+    ctx: typer.Context,
+    run: RunArg,
+    profile: ProfileOpt = None,
+    shard: Annotated[
+        int | None,
+        typer.Option(
+            "--shard", help="The shard. Default: the first shard that failed, else shard 0.", show_default=False
+        ),
+    ] = None,
+    attempt: Annotated[
+        str | None,
+        typer.Option(
+            "--attempt",
+            metavar="ID",
+            help="The attempt (its id as status shows it, such as 4243). Default: the shard's latest.",
+            show_default=False,
+        ),
+    ] = None,
+    step: Annotated[
+        Step,
+        typer.Option(
+            "--step",
+            help="Which log: client (the generation step), server, proxy, or slurm (the array task's batch output).",
+        ),
+    ] = Step.client,
+    lines: Annotated[int, typer.Option("--lines", "-n", help="How many of the last lines to show.")] = 50,
+    follow: Annotated[
+        bool,
+        typer.Option(
+            "--follow", "-f", help="Keep printing until the run ends; waits for a log that does not exist yet."
+        ),
+    ] = False,
+    as_json: JsonOpt = False,
+) -> int:
+    """Print a step's log of a shard's attempt; structured log lines as time, level, event and key=value."""
+    session = command_session(ctx, as_json)
+    follower = LogFollower(run_layout(session, run, profile), session.slurm, session.out, session.err, session.sleep)
+    index = follower.pick_shard(shard)
+    follower.show(index, step.value, attempt, lines=lines, follow=follow, as_json=session.json)
+    return ExitCode.OK
+
+
+@guarded
+def cmd_report(
+    ctx: typer.Context,
+    run: RunArg,
+    profile: ProfileOpt = None,
+    output: Annotated[
+        Path | None,
+        typer.Option(
+            "--output",
+            "-o",
+            metavar="PATH",
+            help="Where to write the HTML page. Default: RUN/report.html, next to the dataset.",
+            show_default=False,
+        ),
+    ] = None,
+    as_json: JsonOpt = False,
+) -> int:
+    """Write a self-contained HTML report of the run (opens offline): every attempt's timeline, records/s,
+    requests and tokens per model alias, GPU-hours allocated and spent generating, failures by reason, and the
+    dataset's column statistics. With --json, also print its numbers."""
+    session = command_session(ctx, as_json)
+    layout = run_layout(session, run, profile)
+    report = run_report(layout, session.slurm)
+    target = save_report(layout, render_html(report), output)
+    if session.json:
+        write_json({"report": str(target), **report_json(report)}, session.out)
+        return ExitCode.OK
+    gpu = report.gpu
+    rate = f"{report.records_per_second:.2f}" if report.records_per_second is not None else "-"
+    lines = [
+        f"report of run {report.run_id}: {target}",
+        f"  {report.records_done}/{report.records_requested} records, {report.shards_done}/{report.shards} shards, "
+        f"{report.attempts} attempt(s), {rate} records/s",
+    ]
+    if gpu is not None and gpu.allocated_gpu_hours > 0:
+        lines.append(f"  GPU-hours: {gpu.allocated_gpu_hours:.3f} allocated, {gpu.generating_gpu_hours:.3f} generating")
+    lines += [
+        f"  {m.alias} ({'local' if m.local else 'hosted'}): {m.requests} requests, {m.failed} failed, "
+        f"{m.total_tokens} tokens"
+        for m in report.models
+    ]
+    lines += [f"  failed: {f.reason} x{f.count} (shards {compact_ranges(f.shards)})" for f in report.failures]
+    session.out.write("\n".join(lines) + "\n")
+    return ExitCode.OK

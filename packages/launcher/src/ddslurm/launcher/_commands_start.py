@@ -1,0 +1,213 @@
+"""The commands that start work: ``submit`` (and its dry run and ``--continue``), ``providers``, ``init``, ``list``."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ddslurm.config import compact_ranges
+from ddslurm.launcher._bill import bill_lines
+from ddslurm.launcher._console import (
+    dry_run_text,
+    placeholder_note,
+    run_table,
+    show,
+)
+from ddslurm.launcher._dry_run import DryRun
+from ddslurm.launcher._dry_run import dry_run as plan_dry_run
+from ddslurm.launcher._init import init_command
+from ddslurm.launcher._output import (
+    ExitCode,
+    array_json,
+    limits_json,
+    write_json,
+)
+from ddslurm.launcher._runs import list_runs, resolve_profile, workspace_of
+from ddslurm.launcher._session import (
+    JsonOpt,
+    ProfileOpt,
+    Session,
+    command_session,
+    guarded,
+    run_layout,
+    write_lines,
+)
+from ddslurm.launcher._steer import (
+    continue_submission,
+)
+from ddslurm.launcher._submit import submit
+from ddslurm.launcher.errors import UsageError
+from ddslurm.providers import check_endpoints, describe_run
+from ddslurm.providers.cli import print_resolution
+
+# --- submit ---
+
+
+@guarded
+def cmd_submit(
+    ctx: typer.Context,
+    run_file: Annotated[
+        Path,
+        typer.Argument(
+            metavar="RUN_FILE",
+            help="The run file (recipe, records, shards, scheduler settings); with --continue, the run (RUN).",
+            show_default=False,
+        ),
+    ],
+    profile: ProfileOpt = None,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run", help="Validate, show the arrays and the limits they fit in; write and submit nothing."
+        ),
+    ] = False,
+    continue_run: Annotated[
+        bool,
+        typer.Option(
+            "--continue",
+            help="Submit the arrays of RUN's submission plan that a submission stopped part-way did not submit.",
+        ),
+    ] = False,
+    as_json: JsonOpt = False,
+) -> int:
+    """Capture the inputs, compile the plan and submit the run's job arrays."""
+    session = command_session(ctx, as_json)
+    if continue_run:
+        return _continue(session, str(run_file), profile)
+    profile_path = resolve_profile(profile, session.env)
+    if profile_path is None:
+        raise UsageError("submit needs --profile PROFILE.yaml (the cluster profile), or DDSLURM_PROFILE naming it")
+    if dry_run:
+        return _show_dry_run(session, plan_dry_run(run_file, profile_path, slurm=session.slurm, env=session.env))
+    done = submit(run_file, profile_path, slurm=session.slurm, env=session.env)
+    out = session.out
+    if session.json:
+        write_json(
+            {
+                "run_id": done.layout.run_id,
+                "run_dir": str(done.layout.root),
+                "job_id": done.job_id,
+                "job_ids": list(done.job_ids),
+                "shards": len(done.plan.shards),
+                "secret_env_unscanned": list(done.plan.secret_env_unscanned),
+                "warnings": list(done.warnings),
+            },
+            out,
+        )
+        return ExitCode.OK
+    jobs = f"array job {done.job_id}" if len(done.job_ids) <= 1 else f"array jobs {', '.join(done.job_ids)}"
+    out.write(
+        f"submitted run {done.layout.run_id}: {jobs}, {len(done.plan.shards)} shard(s), "
+        f"{done.plan.num_records} records\n  run dir: {done.layout.root}\n"
+        f"  next: ddslurm wait {done.layout.root}\n"
+    )
+    if note := placeholder_note(done.plan.secret_env_unscanned):
+        out.write(f"  note: {note}\n")
+    for warning in done.warnings:
+        out.write(f"  warning: {warning}\n")
+    return ExitCode.OK
+
+
+def _continue(session: Session, run: str, profile: Path | None) -> int:
+    """``submit --continue RUN``: the arrays of the run's submission plan that were never submitted."""
+    layout = run_layout(session, run, profile)
+    done = continue_submission(layout, session.slurm, session.env)
+    out = session.out
+    if session.json:
+        write_json({"run_dir": str(layout.root), "job_ids": list(done.job_ids), "adopted": list(done.adopted)}, out)
+    elif not done.job_ids and not done.adopted:
+        out.write(f"nothing to submit: every array of run {layout.run_id} was submitted\n")
+    else:
+        found = f"; found in the queue and recorded: {', '.join(done.adopted)}" if done.adopted else ""
+        out.write(
+            f"submitted the rest of run {layout.run_id}: array job(s) {', '.join(done.job_ids) or '(none)'}{found}; "
+            f"shards {compact_ranges(done.shards)}\n"
+            f"  next: ddslurm wait {layout.root}\n"
+        )
+    return ExitCode.OK
+
+
+def _show_dry_run(session: Session, done: DryRun) -> int:
+    """``submit --dry-run``: the plan, the bill, the arrays and the limits they fit in, the first batch script."""
+    planned = done.planned
+    if session.json:
+        write_json(
+            {
+                "plan": done.plan,
+                "bill": done.bill,
+                "arrays": [array_json(a, plan=planned.arrays) for a in planned.arrays],
+                "tasks": planned.tasks,
+                "limits": limits_json(planned),
+                "script": done.script,
+                "aliases": list(done.prepared.aliases),
+                "warnings": list(done.warnings),
+            },
+            session.out,
+        )
+    else:
+        session.out.write(dry_run_text(done.plan, done.layout, planned, done.script, bill_lines(done.bill)))
+        write_lines(session.out, (f"warning: {warning}" for warning in done.warnings))
+    return ExitCode.OK
+
+
+# --- providers ---
+
+
+@guarded
+def cmd_providers(
+    ctx: typer.Context,
+    run_file: Annotated[
+        Path, typer.Argument(metavar="RUN_FILE", help="The run file whose recipe names the models.", show_default=False)
+    ],
+    check: Annotated[
+        bool, typer.Option("--check", help="Ask each hosted endpoint whether it lists the model and accepts the key.")
+    ] = False,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds per endpoint for --check.")] = 10.0,
+    as_json: JsonOpt = False,
+) -> int:
+    """Show how the run's model aliases resolve, and what would stop a submit (never a key's value).
+
+    Exit 0 when submit would accept the providers (and every --check passed), 1 when the table shows problems."""
+    session = command_session(ctx, as_json)
+    resolution = describe_run(run_file, session.env)
+    if check:
+        resolution = check_endpoints(resolution, session.env, timeout=timeout)
+    return print_resolution(resolution, checked=check, as_json=session.json, out=session.out, err=session.err)
+
+
+@guarded
+def cmd_init(
+    ctx: typer.Context,
+    directory: Annotated[
+        Path,
+        typer.Option("--dir", help="Where to write run.yaml and profile.yaml (created if missing).", show_default=True),
+    ] = Path(),
+    force: Annotated[bool, typer.Option("--force", help="Replace run.yaml and profile.yaml if they exist.")] = False,
+    as_json: JsonOpt = False,
+) -> int:
+    """Write a run file and a cluster profile filled from this cluster (one sinfo), every field explained."""
+    session = command_session(ctx, as_json)
+    result = init_command(directory, slurm=session.slurm, force=force)
+    if session.json:
+        write_json(result.as_dict(), session.out)
+    else:
+        write_lines(session.out, result.lines())
+    return ExitCode.OK
+
+
+@guarded
+def cmd_list(ctx: typer.Context, profile: ProfileOpt = None, as_json: JsonOpt = False) -> int:
+    """List the runs in the workspace, newest first: state, rows produced of those requested, age."""
+    session = command_session(ctx, as_json)
+    workspace = workspace_of(profile, session.env)
+    if workspace is None:
+        raise UsageError("list needs --profile (or DDSLURM_PROFILE) to find the workspace")
+    runs = list_runs(workspace, session.slurm)
+    if session.json:
+        write_json(runs, session.out)
+    else:
+        show(session.out, run_table(runs, datetime.now(UTC), boxed=session.out.isatty()))
+    return ExitCode.OK

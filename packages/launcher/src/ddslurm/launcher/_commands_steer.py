@@ -1,0 +1,234 @@
+"""The commands that steer a run: ``cancel``, ``retry``, ``accept-partial``, ``collect``."""
+
+from __future__ import annotations
+
+import io
+from contextlib import nullcontext
+from typing import Annotated
+
+import typer
+
+from ddslurm.config import compact_ranges
+from ddslurm.launcher._collect import collect_job_command, collect_local_command
+from ddslurm.launcher._console import (
+    FileProgress,
+    job_spinner,
+    plan_lines,
+)
+from ddslurm.launcher._output import (
+    CommandFailed,
+    ExitCode,
+    Recording,
+    array_json,
+    collect_report,
+    limits_json,
+    write_json,
+)
+from ddslurm.launcher._session import (
+    JsonOpt,
+    ProfileOpt,
+    RunArg,
+    ShardsHelp,
+    command_session,
+    guarded,
+    parse_shards,
+    run_layout,
+    write_lines,
+)
+from ddslurm.launcher._steer import (
+    accept_partial,
+    cancel,
+    retry,
+)
+
+# --- steering: cancel, retry, accept-partial ---
+
+
+@guarded
+def cmd_cancel(
+    ctx: typer.Context,
+    run: RunArg,
+    profile: ProfileOpt = None,
+    shards: Annotated[
+        str | None,
+        typer.Option("--shards", metavar="1,3,5-7", help=f"{ShardsHelp} Default: the whole run.", show_default=False),
+    ] = None,
+    as_json: JsonOpt = False,
+) -> int:
+    """Cancel the whole run (every array, pending retries included) or the queued and running tasks of shards."""
+    session = command_session(ctx, as_json)
+    layout = run_layout(session, run, profile)
+    done = cancel(layout, session.slurm, parse_shards(shards, layout))
+    out = session.out
+    found = (
+        f" (found in the queue by its batch script, its sbatch having been stopped, and recorded: "
+        f"{', '.join(done.adopted)})"
+        if done.adopted
+        else ""
+    )
+    if session.json:
+        write_json({"cancelled": list(done.ids), "run_cancelled": done.run, "adopted": list(done.adopted)}, out)
+    elif done.run:
+        out.write(
+            f"cancelled run {layout.run_id}: array job(s) {', '.join(done.ids) or '(none)'}, pending retries "
+            f"included{found}; no later attempt will generate and no unsubmitted array will be submitted "
+            "(ddslurm retry --resume-cancelled to continue it)\n"
+        )
+    else:
+        out.write(
+            f"cancelled {len(done.ids)} task(s) of run {layout.run_id}: {', '.join(done.ids) or '(none)'}{found}\n"
+        )
+    return ExitCode.OK
+
+
+@guarded
+def cmd_retry(
+    ctx: typer.Context,
+    run: RunArg,
+    profile: ProfileOpt = None,
+    shards: Annotated[
+        str | None,
+        typer.Option(
+            "--shards",
+            metavar="1,3,5-7",
+            help=f"{ShardsHelp} Default: every shard without a result and without a task.",
+            show_default=False,
+        ),
+    ] = None,
+    fresh: Annotated[
+        bool, typer.Option("--fresh", help="Start the shards from nothing: never resume earlier attempts' batches.")
+    ] = False,
+    resume_cancelled: Annotated[
+        bool,
+        typer.Option("--resume-cancelled", help="Retry a run cancelled as a whole (clears its cancel record)."),
+    ] = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="Show the shards and the arrays a retry would submit; change nothing."),
+    ] = False,
+    as_json: JsonOpt = False,
+) -> int:
+    """Submit new attempts, as one array, for shards without a winner (resuming their batches)."""
+    session = command_session(ctx, as_json)
+    layout = run_layout(session, run, profile)
+    done = retry(
+        layout,
+        session.slurm,
+        session.env,
+        parse_shards(shards, layout),
+        resume_cancelled=resume_cancelled,
+        fresh=fresh,
+        dry_run=dry_run,
+    )
+    out = session.out
+    if done.planned is not None:
+        if session.json:
+            write_json(
+                {
+                    "shards": list(done.shards),
+                    "arrays": [array_json(a, plan=done.planned.arrays) for a in done.planned.arrays],
+                    "tasks": done.planned.tasks,
+                    "limits": limits_json(done.planned),
+                },
+                out,
+            )
+        else:
+            head = f"dry run: a retry would submit {len(done.shards)} shard(s): {compact_ranges(done.shards)}"
+            write_lines(out, [head, *plan_lines(done.planned)])
+        return ExitCode.OK
+    if session.json:
+        write_json({"shards": list(done.shards), "job_ids": list(done.job_ids)}, out)
+    elif not done.shards:
+        out.write(f"nothing to retry: every shard of {layout.run_id} has a winner or is still running\n")
+    else:
+        out.write(f"retrying {len(done.shards)} shard(s) as array job(s) {', '.join(done.job_ids)}\n")
+    return ExitCode.OK
+
+
+@guarded
+def cmd_accept_partial(
+    ctx: typer.Context,
+    run: RunArg,
+    shards: Annotated[
+        str, typer.Option("--shards", metavar="1,3,5-7", help=f"{ShardsHelp} Required.", show_default=False)
+    ],
+    profile: ProfileOpt = None,
+    as_json: JsonOpt = False,
+) -> int:
+    """Publish the best short result of each shard as its winner (marked partial); a two-stage shard whose GPU
+    stage ended short: as its GPU-stage result, then its CPU stage is submitted (as retry does)."""
+    session = command_session(ctx, as_json)
+    layout = run_layout(session, run, profile)
+    done = accept_partial(layout, parse_shards(shards, layout) or [], session.slurm, session.env)
+    if session.json:
+        write_json(
+            {
+                "accepted": [{"shard": a.shard, "rows": a.rows, "stage": a.stage} for a in done.accepted],
+                "cpu_stage": {
+                    "shards": list(done.cpu_stage),
+                    "job_ids": list(done.job_ids),
+                    "queued": list(done.queued),
+                },
+            },
+            session.out,
+        )
+        return ExitCode.OK
+    lines = [
+        f"shard {a.shard}: accepted {a.rows} rows as the result of its GPU stage (partial); its CPU stage runs on them"
+        if a.stage == "gpu"
+        else f"shard {a.shard}: accepted {a.rows} rows as its result"
+        for a in done.accepted
+    ]
+    if done.cpu_stage:
+        lines.append(
+            f"submitted the CPU stage of shard(s) {compact_ranges(done.cpu_stage)} as array job(s) "
+            f"{', '.join(done.job_ids)} (as ddslurm retry does)"
+        )
+    if done.queued:
+        lines.append(f"shard(s) {compact_ranges(done.queued)}: a CPU-stage array of the run already queued runs them")
+    write_lines(session.out, lines)
+    return ExitCode.OK
+
+
+# --- collect, list ---
+
+
+@guarded
+def cmd_collect(
+    ctx: typer.Context,
+    run: RunArg,
+    profile: ProfileOpt = None,
+    local: Annotated[bool, typer.Option("--local", help="Collect in this process instead of a CPU Slurm job.")] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing dataset.")] = False,
+    as_json: JsonOpt = False,
+) -> int:
+    """Merge the shards' results into one Parquet dataset (RUN/dataset); the collector's exit codes.
+
+    Progress on a terminal: a bar over the batch files with --local, the job's elapsed time otherwise."""
+    session = command_session(ctx, as_json)
+    layout = run_layout(session, run, profile)
+    live = not session.json and session.out.isatty()
+    held_out, held_err = io.StringIO(), io.StringIO()  # printed once the live display lets go of the terminal
+    out = held_out if live else session.out
+    err = Recording(held_err if live else session.err)
+    if local:
+        progress = FileProgress(session.out) if live else None
+        with progress.progress if progress is not None else nullcontext():
+            code = collect_local_command(
+                layout,
+                overwrite=overwrite,
+                as_json=session.json,
+                out=out,
+                err=err,
+                progress=progress,  # None: the collector's own lines on stderr, as in the job's log
+            )
+    else:
+        with job_spinner(session.out, "collecting in a Slurm job") if live else nullcontext():
+            code = collect_job_command(
+                layout, session.slurm, overwrite=overwrite, as_json=session.json, out=out, err=err
+            )
+    session.err.write(held_err.getvalue())
+    session.out.write(held_out.getvalue())
+    if code != ExitCode.OK and session.json:
+        raise CommandFailed(collect_report(code, err.getvalue()), said=True)
+    return code
