@@ -115,7 +115,7 @@ def test_the_field_tables_of_run_files_name_only_real_fields() -> None:
 
 RUNTIME_SRC = ROOT / "packages" / "runtime" / "src" / "ddslurm" / "runtime"
 LAUNCHER_SRC = ROOT / "packages" / "launcher" / "src" / "ddslurm" / "launcher"
-NOT_ATTEMPT_REASONS = {"_proxy.py"}
+NOT_ATTEMPT_REASONS = {"_proxy.py", "_upstreams.py"}
 """Modules whose ``reason`` is something else: a proxy's upstream health."""
 
 

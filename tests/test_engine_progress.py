@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from ddslurm.runtime._attempt import CellProgress
+from ddslurm.runtime._progress import CellProgress
 
 pytestmark = [pytest.mark.dd]
 

@@ -264,7 +264,7 @@ def test_modified_inputs_are_refused(tmp_path: Path) -> None:
 )
 def test_seed_files_are_checked_against_the_plans_manifest(tmp_path: Path, tamper: Any, message: str) -> None:
     from ddslurm.config import FileEntry, SeedPlan, read_plan, sha256_file
-    from ddslurm.runtime._attempt import check_seed
+    from ddslurm.runtime._inputs import check_seed
 
     root = tmp_path / "seed"
     (root / "d").mkdir(parents=True)

@@ -33,9 +33,11 @@ from ddslurm.config import (
 )
 from ddslurm.config.testing import make_plan
 from ddslurm.runtime import AttemptRunner, Inputs
-from ddslurm.runtime._controller import ClaimPool, Controller, StopSignal
+from ddslurm.runtime._controller import Controller
 from ddslurm.runtime._log import new_logger
 from ddslurm.runtime._steps import Step, StepSpec
+from ddslurm.runtime._stop import StopSignal
+from ddslurm.runtime._workers import ClaimPool
 
 CLIENT = """
 import sys, msgspec
@@ -522,7 +524,7 @@ import sys, time
 from pathlib import Path
 from typing import Literal
 from ddslurm.config import RunLayout
-from ddslurm.runtime._controller import ClaimPool
+from ddslurm.runtime._workers import ClaimPool
 root, job, task, start = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
 pool = ClaimPool(RunLayout(root), range(60), array_job_id="77", task=task, job_id=job, node="n1", clock=lambda: "-")
 while time.time() < start:

@@ -33,9 +33,11 @@ from ddslurm.config import (
 )
 from ddslurm.config.testing import make_plan
 from ddslurm.runtime import AttemptRunner, Inputs
-from ddslurm.runtime._controller import ClaimPool, Controller, StopSignal, controller_alive, controller_identity
+from ddslurm.runtime._controller import Controller, controller_alive, controller_identity
 from ddslurm.runtime._log import new_logger
 from ddslurm.runtime._steps import Step, StepSpec
+from ddslurm.runtime._stop import StopSignal
+from ddslurm.runtime._workers import ClaimPool
 from ddslurm.runtime.cli import _await_endpoints
 
 SCRIPTED = """

@@ -25,7 +25,8 @@ import pytest
 from aiohttp import web
 
 from ddslurm.runtime._log import new_logger
-from ddslurm.runtime._proxy import Proxy, ProxyConfig, loop_factory, main, parse_waiting, serve
+from ddslurm.runtime._proxy import Proxy, ProxyConfig, loop_factory, main, serve
+from ddslurm.runtime._upstreams import parse_waiting
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 16}
 FAST = {"health_interval": 0.1, "metrics_interval": 0.1}

@@ -31,8 +31,8 @@ from ddslurm.config import (
 )
 from ddslurm.config.testing import make_plan
 from ddslurm.runtime import EXIT_FAILED, EXIT_OK, AttemptRunner, EngineRequest, EngineResult, Inputs, load_inputs
-from ddslurm.runtime._controller import ClaimPool
 from ddslurm.runtime._log import new_logger
+from ddslurm.runtime._workers import ClaimPool
 from ddslurm.runtime.cli import stage_inputs
 
 SECRET = "sk-stage-test-secret-value"

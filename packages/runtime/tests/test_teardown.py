@@ -10,10 +10,15 @@ from typing import Any
 
 import httpx
 
-from ddslurm.config import RunLayout
-from ddslurm.runtime import AttemptRunner
-from ddslurm.runtime._controller import Controller, ProxyStep, StopSignal, stop_together
+from ddslurm.config import ProviderSnapshot, RunLayout, digest
+from ddslurm.config.testing import make_plan
+from ddslurm.runtime import AttemptRunner, Inputs
+from ddslurm.runtime._controller import Controller
+from ddslurm.runtime._fleet import Fleet, ProxyStep
 from ddslurm.runtime._log import new_logger
+from ddslurm.runtime._steps import stop_together
+from ddslurm.runtime._stop import StopSignal
+from ddslurm.runtime._workers import OneShard, Work, Workers
 
 
 class SlowStop:
@@ -36,31 +41,35 @@ class SlowStop:
         return 143
 
 
-def _controller(tmp_path: Path) -> Controller:
+def _allocation(tmp_path: Path, log: Any) -> tuple[Workers, Fleet]:
+    """The two halves of an allocation, with nothing started (teardown starts nothing)."""
     layout = RunLayout(tmp_path / "run-1")
     runner = AttemptRunner(layout, engine=lambda r: None, env={}, scratch_home=tmp_path, make_logger=new_logger)
-    return Controller(
-        runner,
-        launcher=None,  # type: ignore[arg-type]  # teardown starts nothing
-        env={},
-        runtime_exe=Path("/x/ddslurm-runtime"),
-        run_dir=layout.root,
-        logger=new_logger(io.BytesIO()),
-        http=httpx.Client(),
-        stop=StopSignal(),
-    )
+    plan = make_plan("run-1", (4,))
+    inputs = Inputs(plan=plan, plan_sha256=digest(plan), recipe={}, snapshot=ProviderSnapshot())
+    common: dict[str, Any] = {"launcher": None, "env": {}, "runtime_exe": Path("/x/ddslurm-runtime"), "grace": 15.0}
+    workers = Workers(
+        runner, OneShard(0), inputs, run_dir=layout.root, allocation=None, job_id="9", node="n1", restart=0,
+        slurm_log=None, client_mb=None, identity="1::", logger=log, stop=StopSignal(), **common,
+    )  # fmt: skip
+    fleet = Fleet(
+        secrets=(), directory=tmp_path, job_id="9", token="t", server_mb=None, proxy_mb=None, http=httpx.Client(),
+        stop=StopSignal(), log=log, unhealthy_limit=6, **common,
+    )  # fmt: skip
+    return workers, fleet
 
 
 def test_teardown_stops_clients_then_proxies_then_servers_each_group_at_once(tmp_path: Path) -> None:
-    controller = _controller(tmp_path)
     events: list[tuple[str, str, float]] = []
     names = ["server-gen-0", "server-gen-1", "server-gen-2", "proxy-gen", "client-0", "client-1"]  # start order
     steps: list[Any] = [SlowStop(n, events) for n in names]
-    controller._steps = list(steps)
-    controller._proxies = {"gen": ProxyStep("gen", 1, steps[3], tmp_path / "proxy.log")}
     out = io.BytesIO()
+    workers, fleet = _allocation(tmp_path, new_logger(out))
+    fleet._servers.extend(steps[:3])
+    fleet._proxies["gen"] = ProxyStep("gen", 1, steps[3], tmp_path / "proxy.log")
+    workers._works.extend(Work(None, step, None) for step in steps[4:])  # type: ignore[arg-type]
     started = time.monotonic()
-    controller._teardown(new_logger(out))
+    Controller._teardown(workers, fleet)
     took = time.monotonic() - started
     assert took < 3 * 0.3 + 0.4, took  # three groups, each stopped at once; not six steps one after the other
     group = {"client": 0, "proxy": 1, "server": 2}
@@ -69,7 +78,7 @@ def test_teardown_stops_clients_then_proxies_then_servers_each_group_at_once(tmp
         if what == "begin":  # every step of an earlier group had ended before this one began
             assert all(end <= at for w, n, end in events if w == "end" and kind[n] < kind[name]), (name, events)
     stopped = [line for line in out.getvalue().decode().splitlines() if '"step.stopped"' in line]
-    assert len(stopped) == 6 and controller._steps == []
+    assert len(stopped) == 6
     assert all(s.stopped for s in steps)
 
 

@@ -1,8 +1,9 @@
 """ddslurm.runtime: runs on compute nodes; reads only the plan and the snapshot, never the submitter's home."""
 
-from ddslurm.runtime._attempt import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL, AttemptRunner, Inputs, load_inputs
+from ddslurm.runtime._attempt import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL, AttemptRunner
 from ddslurm.runtime._columns import recipe_columns
 from ddslurm.runtime._engine import EngineRequest, EngineResult, engine_environment, run_engine, seed_reader
+from ddslurm.runtime._inputs import Inputs, load_inputs
 from ddslurm.runtime._listeners import unix_url
 from ddslurm.runtime._serving import ServerCommand, server_command
 from ddslurm.runtime._steps import StepSpec, srun_argv

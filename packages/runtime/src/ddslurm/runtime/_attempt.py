@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import shutil
-import threading
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -18,26 +15,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ddslurm.config import (
-    BATCH_COMPLETE,
     FILL_DONE,
     STAGE_ROW,
     AttemptLayout,
     AttemptRecord,
     AttemptState,
-    FreshRecord,
     Plan,
-    Progress,
-    ProviderSnapshot,
     RunLayout,
-    SeedPlan,
     ShardLayout,
     SubmissionRecord,
-    UnsafePathError,
     WinnerRecord,
     atomic_write,
     attempt_id_for,
-    check_run_tree,
-    digest,
     encode,
     llm_columns,
     make_private_dir,
@@ -46,14 +35,8 @@ from ddslurm.config import (
     plan_split,
     publish_once,
     read_json,
-    read_plan,
-    read_regular,
-    read_yaml,
-    sha256_bytes,
-    sha256_file,
     sized_parallel_requests,
     stage_recipe,
-    to_builtins,
 )
 from ddslurm.runtime._engine import EngineRequest, EngineResult, read_seed_block
 from ddslurm.runtime._fill import (
@@ -64,6 +47,9 @@ from ddslurm.runtime._fill import (
     recipe_reading,
     row_keys,
 )
+from ddslurm.runtime._inputs import Inputs
+from ddslurm.runtime._progress import ProgressFile
+from ddslurm.runtime._resume import resume_source, seed_from
 from ddslurm.runtime._shard_seed import fixed_seed_file, read_seed_file, shuffled_block, stage_seed_table
 from ddslurm.runtime._verify import (
     DD_DROPPED_DIR,
@@ -71,7 +57,6 @@ from ddslurm.runtime._verify import (
     FILL_DROPPED_DIR,
     make_private,
     parquet_files,
-    readable_rows,
     reject_empty_outputs,
     rows_in,
     scan_for_secrets,
@@ -98,69 +83,6 @@ EXIT_PARTIAL = 3
 
 def utc_now() -> datetime:
     return datetime.now(UTC)
-
-
-@dataclass(frozen=True, slots=True)
-class Inputs:
-    plan: Plan
-    plan_sha256: str
-    recipe: Mapping[str, Any]
-    snapshot: ProviderSnapshot
-
-
-def check_seed(seed: SeedPlan) -> None:
-    """The captured seed files are exactly those the plan lists, unchanged (a directory source would read an
-    added file as another seed row)."""
-    root = Path(seed.root)
-    listed = {entry.path: entry for entry in seed.files}
-    try:
-        found = {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() or p.is_symlink()}
-    except OSError as exc:
-        raise InputsError(f"cannot read the run's seed dataset {root}: {exc}") from exc
-    extra = sorted(found - listed.keys())
-    if extra:
-        raise InputsError(f"{root / extra[0]}: not part of the run's seed dataset; the run's inputs were modified")
-    for entry in seed.files:
-        path = root / entry.path
-        try:
-            actual = sha256_file(path)
-        except OSError as exc:
-            raise InputsError(f"cannot read the run's seed file {path}: {exc}") from exc
-        if path.is_symlink() or actual != entry.sha256:
-            raise InputsError(f"{path}: sha256 differs from the plan; the run's inputs were modified")
-
-
-def load_inputs(layout: RunLayout, *, plan_sha256: str | None = None) -> Inputs:
-    """Read the plan, recipe and snapshot from the run directory and check their recorded digests.
-
-    The run directory must be one only this user can change (:func:`~ddslurm.config.check_run_tree`), and the
-    plan the one the job was submitted with: ``plan_sha256`` is the digest the batch script carries (another
-    user who swapped a queued run's directory for one of theirs would otherwise receive the run's API keys)."""
-    try:
-        check_run_tree(layout.root)
-    except UnsafePathError as exc:
-        raise InputsError(f"{exc}; refusing to run from it") from None
-    try:
-        plan = read_plan(layout.plan)
-        recipe_bytes = read_regular(Path(plan.recipe_file))
-        snapshot_bytes = read_regular(Path(plan.snapshot_file))
-    except (OSError, msgspec.DecodeError, Exception) as exc:
-        raise InputsError(f"cannot read the run's inputs in {layout.root}: {exc}") from exc
-    if sha256_bytes(recipe_bytes) != plan.recipe_sha256:
-        raise InputsError(f"{plan.recipe_file}: sha256 differs from the plan; the run's inputs were modified")
-    if sha256_bytes(snapshot_bytes) != plan.snapshot_sha256:
-        raise InputsError(f"{plan.snapshot_file}: sha256 differs from the plan; the run's inputs were modified")
-    if plan.seed is not None:
-        check_seed(plan.seed)
-    snapshot = msgspec.json.decode(snapshot_bytes, type=ProviderSnapshot)
-    recipe = to_builtins(read_yaml(Path(plan.recipe_file)))
-    found = digest(plan)
-    if plan_sha256 is not None and found != plan_sha256:
-        raise InputsError(
-            f"{layout.plan}: sha256 {found[:12]}... is not the submitted plan's {plan_sha256[:12]}...; the run "
-            "directory was replaced after submission"
-        )
-    return Inputs(plan=plan, plan_sha256=found, recipe=recipe, snapshot=snapshot)
 
 
 @dataclass(frozen=True, slots=True)
@@ -430,24 +352,10 @@ class AttemptRunner:
         record = msgspec.structs.replace(record, client_runs=record.client_runs + 1)
         self._write(attempt, record)
 
-        cells = CellProgress(len(llm_columns(stage.recipe)), min(plan.buffer_size, num_records), clock=time.monotonic)
-        if target.is_dir():  # resuming: the batches already on disk count from the start
-            cells.batch_done(*_rows_on_disk(target))
-
-        def on_batch(path: Path) -> None:
-            rows, batches = _rows_on_disk(path.parent)
-            cells.batch_done(rows, batches)
-            progress = Progress(rows=rows, batches=batches, updated_at=self._now())
-            atomic_write(attempt.progress, encode(progress))
-            log.info(BATCH_COMPLETE, file=str(path), rows=rows, batches=batches)
-
-        def on_cell() -> None:
-            due = cells.cell_done()
-            if due is not None:
-                rows, batches, in_batch = due
-                progress = Progress(rows=rows, batches=batches, updated_at=self._now(), in_batch=in_batch)
-                atomic_write(attempt.progress, encode(progress))
-
+        batch = min(plan.buffer_size, num_records)
+        progress = ProgressFile(
+            attempt.progress, target, columns=len(llm_columns(stage.recipe)), batch=batch, now=self._now, log=log
+        )
         result = self._engine(
             EngineRequest(
                 recipe=stage.recipe,
@@ -457,17 +365,17 @@ class AttemptRunner:
                 scratch_home=self._require_scratch(),
                 dataset_name=dataset_name,
                 num_records=num_records,
-                buffer_size=min(plan.buffer_size, num_records),
+                buffer_size=batch,
                 serving=plan.serving,
-                on_batch_complete=on_batch,
-                on_cell=on_cell,
+                on_batch_complete=progress.batch_done,
+                on_cell=progress.cell_done,
                 resume=resume,
                 preserve_dropped_columns=stage.numbered,
             )
         )
         if result.dataset_dir != target:
             raise VerificationError(f"Data Designer wrote {result.dataset_dir}, not the attempt's {target}")
-        self._fill(inputs, began, stage, target, result.rows, endpoints, log)
+        self._fill(inputs, began, stage, target, result.rows, endpoints, progress, log)
         rows, files = verify_dataset(result.dataset_dir, result.rows + rows_in(target / FILL_DIR))
         reject_empty_outputs(result.dataset_dir, stage.recipe, plan.max_empty_outputs, rows)
         scanned = (n for n in plan.secret_env if n not in plan.secret_env_unscanned)  # placeholders: not secrets
@@ -555,6 +463,7 @@ class AttemptRunner:
         target: Path,
         dd_rows: int,
         endpoints: Mapping[str, str],
+        progress: ProgressFile,
         log: Any,
     ) -> int:
         """Generate again exactly the records the shard's dataset is missing (Data Designer dropped them and
@@ -624,8 +533,7 @@ class AttemptRunner:
                 make_private_dir(target / FILL_DROPPED_DIR, exist_ok=True)
                 preserved.rename(target / FILL_DROPPED_DIR / name)
             batch.rename(fill_dir / name)
-        rows, batches_done = _rows_on_disk(target)
-        atomic_write(began.layout.progress, encode(Progress(rows=rows, batches=batches_done, updated_at=self._now())))
+        progress.write(target)
         log.info(FILL_DONE, added=added, missing=missing - added)
         return added
 
@@ -653,7 +561,7 @@ class AttemptRunner:
             raise OutputExistsError(f"{target} already exists; it was left untouched")
         if plan.resume == "never":
             return False
-        source = self._resume_source(shard_index, began.record.attempt)
+        source = resume_source(self._shard(shard_index), began.record.attempt)
         if source is None:
             if plan.resume == "always":
                 log.info("resume.nothing", why="no earlier attempt of this shard completed a batch")
@@ -665,84 +573,3 @@ class AttemptRunner:
         )
         log.info("resume.seeded", source=str(source), rows=rows)
         return True
-
-    def _resume_source(self, shard_index: int, attempt_id: str) -> Path | None:
-        """The earlier attempt dataset of this shard with the most completed rows (and a metadata file)."""
-        best: tuple[int, Path] | None = None
-        shard = self._shard(shard_index)
-        excluded: set[str] = set()
-        if shard.fresh.is_file():  # `ddslurm retry --fresh`: these attempts' batches are never continued
-            excluded = set(read_json(shard.fresh, FreshRecord).excluded)
-        for dataset in shard.attempts.glob("attempt-*/output/shard-*"):
-            owner = dataset.parent.parent.name
-            if owner == attempt_id or owner in excluded or dataset.is_symlink():
-                continue
-            if not (dataset / "metadata.json").is_file():
-                continue
-            rows, _ = _rows_on_disk(dataset)
-            if rows and (best is None or rows > best[0]):
-                best = (rows, dataset)
-        return best[1] if best else None
-
-
-class CellProgress:
-    """Records of the batch being generated, from Data Designer's finished cells: cells since the last completed
-    batch over the recipe's LLM columns, capped one short of a batch. Reported at most once per ``interval``
-    seconds (cells finish from many threads at once)."""
-
-    def __init__(self, columns: int, batch: int, *, clock: Callable[[], float], interval: float = 1.0) -> None:
-        self._columns, self._batch, self._clock, self._interval = max(1, columns), batch, clock, interval
-        self._lock = threading.Lock()
-        self._cells = 0
-        self._rows = self._batches = 0
-        self._last = float("-inf")
-
-    def batch_done(self, rows: int, batches: int) -> None:
-        with self._lock:
-            self._cells, self._rows, self._batches = 0, rows, batches
-
-    def cell_done(self) -> tuple[int, int, int] | None:
-        """(rows on disk, batches, records of the current batch) when a report is due, else None."""
-        with self._lock:
-            self._cells += 1
-            now = self._clock()
-            if now - self._last < self._interval:
-                return None
-            self._last = now
-            in_batch = min(self._cells // self._columns, max(0, self._batch - 1))
-            return self._rows, self._batches, in_batch
-
-
-def _rows_on_disk(directory: Path) -> tuple[int, int]:
-    """(rows, files) of the readable batches in ``directory`` (a ``parquet-files`` folder), or of a whole
-    dataset directory (its batches and fill batches)."""
-    if (directory / "parquet-files").is_dir():
-        return readable_rows(parquet_files(directory))
-    return readable_rows(sorted(directory.glob("batch_*.parquet")))
-
-
-def seed_from(source: Path, target: Path) -> int:
-    """A new dataset directory holding ``source``'s metadata, completed batches and fill batches, and the columns
-    Data Designer preserved for them (hard links, never the originals moved or changed); returns the rows it
-    holds."""
-    (target / "parquet-files").mkdir(parents=True, mode=0o700)
-    shutil.copy2(source / "metadata.json", target / "metadata.json")
-    folders = (
-        ("parquet-files", "batch_*.parquet"),
-        (FILL_DIR, "fill_*.parquet"),
-        (DD_DROPPED_DIR, "batch_*.parquet"),  # the preserved row numbers of a CPU stage's batches
-        (FILL_DROPPED_DIR, "fill_*.parquet"),
-    )
-    for folder, pattern in folders:
-        for batch in sorted((source / folder).glob(pattern)):
-            try:
-                pq.read_metadata(batch)
-            except Exception:
-                continue
-            (target / folder).mkdir(mode=0o700, exist_ok=True)
-            try:
-                os.link(batch, target / folder / batch.name)
-            except OSError:
-                shutil.copy2(batch, target / folder / batch.name)
-    rows, _ = _rows_on_disk(target)
-    return rows

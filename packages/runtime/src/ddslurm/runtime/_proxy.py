@@ -16,7 +16,8 @@ first, so large bodies are never buffered.
 Choice of upstream: least requests in flight through this proxy among the healthy, non-saturated upstreams;
 ties go to the fewest ``vllm:num_requests_waiting`` (last scrape of ``GET /metrics``), then round-robin.
 An upstream whose waiting queue exceeds ``max_waiting`` is skipped; when every healthy upstream is saturated a
-request waits (without polling) until one is not, up to ``admission_timeout``, then gets 503.
+request waits (without polling) until one is not, up to ``admission_timeout``, then gets 503. (The upstreams'
+state, their probes and this choice are ``_upstreams.py``; this module relays the requests.)
 
 A connection failure before the response headers arrive (refused, reset, closed) is retried on another
 replica and marks the upstream unhealthy until its ``GET /health`` answers 200 again (it is re-probed at
@@ -44,7 +45,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import errno
 import functools
 import hmac
 import json
@@ -61,9 +61,10 @@ import aiohttp
 from aiohttp import web
 from yarl import URL
 
-from ddslurm.runtime._listeners import ListenerNotOursError, check_own_listener, http_base, socket_path
+from ddslurm.runtime._listeners import socket_path
 from ddslurm.runtime._log import new_logger
 from ddslurm.runtime._serving import TOKEN_ENV, auth_headers
+from ddslurm.runtime._upstreams import Upstream, Upstreams
 
 _HOP_BY_HOP: Final = frozenset(
     {
@@ -82,9 +83,6 @@ _HOP_BY_HOP: Final = frozenset(
 # Content-Length is recomputed by the client session from the body; Expect is answered by our own server.
 _DROP_REQUEST: Final = _HOP_BY_HOP | {"host", "content-length", "expect"}
 _DROP_RESPONSE: Final = _HOP_BY_HOP | {"content-length"}
-_WAITING_METRIC: Final = "vllm:num_requests_waiting"
-# Below uvicorn's (and so vLLM's) 5 s keep-alive, so the pool rarely reuses a connection the server is closing.
-_POOL_KEEPALIVE_S: Final = 3.0
 _JSON: Final = "application/json"
 # A response body of known length up to this size is read whole and sent with its headers in one write; longer
 # ones, and those without a length (SSE, chunked), are streamed chunk by chunk.
@@ -137,83 +135,6 @@ class ProxyConfig:
             raise ValueError("max_waiting must not be negative")
 
 
-def parse_waiting(text: str) -> int:
-    """Sum of ``vllm:num_requests_waiting`` over all its label sets in a Prometheus text exposition."""
-    total = 0.0
-    size = len(_WAITING_METRIC)
-    for line in text.splitlines():
-        if not line.startswith(_WAITING_METRIC):
-            continue
-        rest = line[size:]
-        if rest.startswith("{"):
-            rest = rest[rest.rfind("}") + 1 :]
-        elif not rest.startswith((" ", "\t")):
-            continue  # another metric whose name merely starts the same way
-        fields = rest.split()
-        if fields:
-            with contextlib.suppress(ValueError):
-                total += float(fields[0])
-    return int(total)
-
-
-class _Upstream:
-    """One replica and what the proxy knows about it (only touched from the event loop)."""
-
-    __slots__ = (
-        "base",
-        "dead",
-        "failed",
-        "healthy",
-        "in_flight",
-        "probes",
-        "recheck",
-        "served",
-        "session",
-        "url",
-        "verified",
-        "waiting",
-    )
-
-    def __init__(self, url: str) -> None:
-        self.url = url.rstrip("/")
-        self.base = http_base(self.url)
-        self.session: aiohttp.ClientSession | None = None  # pooled connections for forwarded requests
-        self.probes: aiohttp.ClientSession | None = None  # a fresh connection per /health probe or /metrics scrape
-        self.healthy = False
-        self.verified = False  # its listener was once proved to be this user's
-        self.dead = False  # gone after it was verified, or another user's: never probed or chosen again
-        self.in_flight = 0
-        self.waiting = 0
-        self.served = 0
-        self.failed = 0
-        self.recheck = asyncio.Event()  # set to probe /health now instead of after the interval
-
-    def describe(self, max_waiting: int) -> dict[str, Any]:
-        return {
-            "url": self.url,
-            "healthy": self.healthy,
-            "dead": self.dead,
-            "saturated": self.waiting > max_waiting,
-            "in_flight": self.in_flight,
-            "waiting": self.waiting,
-            "served": self.served,
-            "failed": self.failed,
-        }
-
-
-def _refused(exc: BaseException) -> bool:
-    """The connection was refused: nothing listens on the upstream's port (or socket) any more."""
-    return isinstance(exc, aiohttp.ClientConnectorError) and exc.os_error.errno in (errno.ECONNREFUSED, errno.ENOENT)
-
-
-def _connector(url: str, **options: Any) -> aiohttp.BaseConnector:
-    """A connection pool to one upstream: over its Unix-domain socket, or TCP."""
-    path = socket_path(url)
-    if path is not None:
-        return aiohttp.UnixConnector(path=str(path), **options)
-    return aiohttp.TCPConnector(**options)
-
-
 def _error(status: int, kind: str, message: str) -> web.Response:
     body = json.dumps({"error": {"message": message, "type": kind, "code": status}})
     return web.Response(status=status, text=body, content_type=_JSON)
@@ -225,11 +146,17 @@ class Proxy:
     def __init__(self, config: ProxyConfig, logger: Any) -> None:
         self.config = config
         self._log = logger
-        self._upstreams = [_Upstream(url) for url in config.upstreams]
-        self._next = 0  # round-robin start for ties
-        self._changed = asyncio.Event()  # replaced on every health/saturation change; waiters hold the old one
+        self._upstreams = Upstreams(
+            config.upstreams,
+            logger,
+            max_waiting=config.max_waiting,
+            health_interval=config.health_interval,
+            metrics_interval=config.metrics_interval,
+            unavailable_grace=config.unavailable_grace,
+            connect_timeout=config.connect_timeout,
+            probe_timeout=config.probe_timeout,
+        )
         self._runner: web.ServerRunner | None = None
-        self._tasks: list[asyncio.Task[None]] = []
         self._expected = f"Bearer {config.token}".encode() if config.token else None
         # Per-request constants: headers never forwarded, the token header added, whether to log each request.
         self._drop = _DROP_REQUEST | {"authorization"} if config.token else _DROP_REQUEST
@@ -243,25 +170,9 @@ class Proxy:
     async def start(self) -> int:
         """Probe every upstream once, start listening and the probe loops; returns the bound port."""
         cfg = self.config
-        for up in self._upstreams:
-            up.session = aiohttp.ClientSession(
-                connector=_connector(up.url, limit=0, limit_per_host=0, keepalive_timeout=_POOL_KEEPALIVE_S),
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=cfg.connect_timeout),
-                auto_decompress=False,
-                cookie_jar=aiohttp.DummyCookieJar(),
-                skip_auto_headers=("Accept-Encoding", "User-Agent"),
-                trust_env=False,
-            )
-            # A fresh connection per probe: it tells whether the upstream accepts connections now.
-            up.probes = aiohttp.ClientSession(
-                connector=_connector(up.url, limit=0, force_close=True),
-                timeout=aiohttp.ClientTimeout(total=cfg.probe_timeout),
-                cookie_jar=aiohttp.DummyCookieJar(),
-                trust_env=False,  # no token: /health and /metrics need none, and the listener may be another user's
-            )
+        self._upstreams.open()
         try:
-            await asyncio.gather(*(self._probe_health(up) for up in self._upstreams))
-            await asyncio.gather(*(self._scrape(up) for up in self._upstreams if up.healthy))
+            await self._upstreams.probe()
             server = web.Server(self._handle, handler_cancellation=True, access_log=None)
             self._runner = web.ServerRunner(server, shutdown_timeout=cfg.shutdown_timeout)
             await self._runner.setup()
@@ -270,14 +181,12 @@ class Proxy:
             await self._close()
             raise
         self.port = int(self._runner.addresses[0][1])
-        for up in self._upstreams:
-            self._tasks.append(asyncio.create_task(self._health_loop(up)))
-            self._tasks.append(asyncio.create_task(self._metrics_loop(up)))
+        self._upstreams.watch()
         self._log.info(
             "proxy.started",
             listen=f"{cfg.listen_host}:{self.port}",
             upstreams=list(cfg.upstreams),
-            healthy=[up.url for up in self._upstreams if up.healthy],
+            healthy=self._upstreams.healthy(),
             max_waiting=cfg.max_waiting,
             loop=type(asyncio.get_running_loop()).__module__,
         )
@@ -287,172 +196,27 @@ class Proxy:
         """Stop listening, let in-flight requests finish (up to shutdown_timeout), close; returns served counts."""
         await self._close()
         served = self.served()
-        self._log.info("proxy.stopped", served=served, failed={up.url: up.failed for up in self._upstreams})
+        self._log.info("proxy.stopped", served=served, failed=self._upstreams.failed())
         return served
 
     async def _close(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()  # the probe loops keep running meanwhile: retries still work
             self._runner = None
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._tasks.clear()
-        for up in self._upstreams:
-            for session in (up.session, up.probes):
-                if session is not None:
-                    await session.close()
-            up.session = up.probes = None
+        await self._upstreams.close()
 
     def served(self) -> dict[str, int]:
-        return {up.url: up.served for up in self._upstreams}
+        return self._upstreams.served()
 
     def describe(self) -> dict[str, Any]:
-        return {
-            "max_waiting": self.config.max_waiting,
-            "upstreams": [up.describe(self.config.max_waiting) for up in self._upstreams],
-        }
-
-    # -- upstream state ---------------------------------------------------------------------------
-
-    def _notify(self) -> None:
-        self._changed.set()
-        self._changed = asyncio.Event()
-
-    def _set_health(self, up: _Upstream, healthy: bool, reason: str) -> None:
-        healthy = healthy and not up.dead
-        if up.healthy == healthy:
-            return
-        up.healthy = healthy
-        if not healthy:
-            up.waiting = 0  # stale once it is back; the first scrape after recovery sets it again
-        if self.port is not None:  # the initial probe's outcome is in proxy.started
-            if healthy:
-                self._log.info("proxy.upstream_healthy", upstream=up.url)
-            else:
-                self._log.warning("proxy.upstream_unhealthy", upstream=up.url, reason=reason)
-        self._notify()
-
-    def _failed(self, up: _Upstream, exc: BaseException, where: str) -> None:
-        up.failed += 1
-        if _refused(exc):
-            self._gone(up)
-        self._set_health(up, False, f"{where}: {type(exc).__name__}: {exc}")
-        up.recheck.set()
-
-    def _gone(self, up: _Upstream) -> None:
-        """A verified upstream that refuses connections has died: its port is free for anyone to take, so it is
-        out for good (a restarted replica comes behind a new proxy, verified again)."""
-        if up.verified and not up.dead:
-            up.dead = True
-            self._log.warning("proxy.upstream_dead", upstream=up.url, reason="its listener has gone")
-
-    async def _probe_health(self, up: _Upstream) -> None:
-        """``GET /health`` without the token; an answer counts only from a listener proved to be this user's
-        (:func:`~ddslurm.runtime._listeners.check_own_listener`): another user's is out for good."""
-        if up.dead:
-            return
-        assert up.probes is not None
-        try:
-            async with up.probes.get(up.base + "/health") as response:
-                healthy, reason = response.status == 200, f"/health answered {response.status}"
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            if _refused(exc):
-                self._gone(up)
-            healthy, reason = False, f"/health failed: {type(exc).__name__}: {exc}"
-        if healthy:
-            try:
-                check_own_listener(up.url)
-            except ListenerNotOursError as exc:
-                up.dead, healthy, reason = True, False, exc.message
-                self._log.warning("proxy.upstream_dead", upstream=up.url, reason=reason)
-            else:
-                up.verified = True
-        self._set_health(up, healthy, reason)
-
-    async def _scrape(self, up: _Upstream) -> None:
-        assert up.probes is not None
-        try:
-            async with up.probes.get(up.base + "/metrics") as response:
-                waiting = parse_waiting(await response.text()) if response.status == 200 else 0
-        except (aiohttp.ClientError, OSError, TimeoutError, UnicodeDecodeError):
-            waiting = 0  # advisory only: an unreadable queue never blocks admission
-        limit = self.config.max_waiting
-        was_saturated = up.waiting > limit
-        up.waiting = waiting
-        if was_saturated != (waiting > limit):
-            self._log.debug("proxy.upstream_saturation", upstream=up.url, waiting=waiting, saturated=waiting > limit)
-            self._notify()
-
-    async def _health_loop(self, up: _Upstream) -> None:
-        interval = self.config.health_interval
-        while not up.dead:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(interval):
-                    await up.recheck.wait()
-            up.recheck.clear()
-            await self._probe_health(up)
-
-    async def _metrics_loop(self, up: _Upstream) -> None:
-        interval = self.config.metrics_interval
-        while not up.dead:
-            await asyncio.sleep(interval)
-            if up.healthy:
-                await self._scrape(up)
-
-    # -- choosing an upstream ---------------------------------------------------------------------
-
-    def _pick(self) -> tuple[_Upstream | None, bool]:
-        """(least-loaded healthy non-saturated upstream or None, whether any upstream is healthy)."""
-        ups = self._upstreams
-        n = len(ups)
-        start = self._next
-        self._next = (start + 1) % n
-        limit = self.config.max_waiting
-        best: _Upstream | None = None
-        any_healthy = False
-        for i in range(n):
-            up = ups[(start + i) % n]
-            if not up.healthy:
-                continue
-            any_healthy = True
-            if up.waiting > limit:
-                continue
-            if best is None or (up.in_flight, up.waiting) < (best.in_flight, best.waiting):
-                best = up
-        return best, any_healthy
-
-    async def _admit(self, deadline: float) -> _Upstream | str:
-        """Wait for an upstream to become usable; the reason for a 503 if none does in time."""
-        loop = asyncio.get_running_loop()
-        grace_until: float | None = None
-        while True:
-            changed = self._changed
-            up, any_healthy = self._pick()
-            if up is not None:
-                return up
-            now = loop.time()
-            if any_healthy:
-                grace_until = None
-                until, reason = deadline, "every healthy upstream is saturated (vllm:num_requests_waiting)"
-            else:
-                if grace_until is None:
-                    grace_until = now + self.config.unavailable_grace
-                until, reason = min(grace_until, deadline), "no healthy upstream"
-            if until <= now:
-                return reason
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(until - now):
-                    await changed.wait()
+        return self._upstreams.describe()
 
     # -- request handling -------------------------------------------------------------------------
 
     async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
         path = request.path
         if path == "/health":
-            healthy = sum(up.healthy for up in self._upstreams)
+            healthy = len(self._upstreams.healthy())
             if healthy:
                 return web.Response(text=json.dumps({"healthy_upstreams": healthy}), content_type=_JSON)
             return _error(503, "ServiceUnavailable", "no healthy upstream")
@@ -482,11 +246,11 @@ class Proxy:
         attempts = len(self._upstreams) + 1
         last_error = ""
         for _ in range(attempts):
-            up, _healthy = self._pick()
+            up, _healthy = self._upstreams.pick()
             if up is None:
                 if deadline is None:
                     deadline = asyncio.get_running_loop().time() + self.config.admission_timeout
-                admitted = await self._admit(deadline)
+                admitted = await self._upstreams.admit(deadline)
                 if isinstance(admitted, str):
                     return _error(503, "ServiceUnavailable", admitted + last_error)
                 up = admitted
@@ -503,7 +267,7 @@ class Proxy:
                         allow_redirects=False,
                     )
                 except aiohttp.ClientConnectionError as exc:  # refused, reset or closed before the headers
-                    self._failed(up, exc, "before response headers")
+                    self._upstreams.request_failed(up, exc, "before response headers")
                     last_error = f" (last failure: {up.url}: {type(exc).__name__})"
                     continue
                 up.served += 1
@@ -529,7 +293,7 @@ class Proxy:
     def _response_headers(upstream: aiohttp.ClientResponse) -> list[tuple[str, str]]:
         return [(k, v) for k, v in upstream.headers.items() if k.lower() not in _DROP_RESPONSE]
 
-    async def _relay_whole(self, upstream: aiohttp.ClientResponse, up: _Upstream) -> web.StreamResponse:
+    async def _relay_whole(self, upstream: aiohttp.ClientResponse, up: Upstream) -> web.StreamResponse:
         """A body of known, bounded length: read it, then answer headers and body in one write.
 
         The client then gets one segment instead of two (headers, body), which costs it a wake-up and a read
@@ -539,7 +303,7 @@ class Proxy:
             body = await upstream.read()
             complete = True
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            self._failed(up, exc, "during response body")
+            self._upstreams.request_failed(up, exc, "during response body")
             return _error(502, "BadGateway", f"{up.url} failed during the response body: {type(exc).__name__}")
         finally:
             if complete:
@@ -551,7 +315,7 @@ class Proxy:
         )
 
     async def _relay(
-        self, request: web.BaseRequest, upstream: aiohttp.ClientResponse, up: _Upstream
+        self, request: web.BaseRequest, upstream: aiohttp.ClientResponse, up: Upstream
     ) -> web.StreamResponse:
         """Stream ``upstream`` back to the client; on an upstream failure mid-body, abort the client's connection."""
         complete = False
@@ -571,7 +335,7 @@ class Proxy:
                 try:
                     chunk = await content.readany()
                 except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-                    self._failed(up, exc, "during response body")
+                    self._upstreams.request_failed(up, exc, "during response body")
                     transport = request.transport
                     if transport is not None:
                         transport.abort()  # never let a truncated body look complete

@@ -60,6 +60,14 @@ def rows_in(directory: Path) -> int:
     return readable_rows(sorted(directory.glob("*.parquet")))[0]
 
 
+def rows_on_disk(directory: Path) -> tuple[int, int]:
+    """(rows, files) of the readable batches in ``directory`` (a ``parquet-files`` folder), or of a whole
+    dataset directory (its batches and fill batches)."""
+    if (directory / "parquet-files").is_dir():
+        return readable_rows(parquet_files(directory))
+    return readable_rows(sorted(directory.glob("batch_*.parquet")))
+
+
 def verify_dataset(dataset_dir: Path, expected_rows: int) -> tuple[int, tuple[FileEntry, ...]]:
     """Every batch file readable, rows as Data Designer reported; returns (rows, file list with sha256)."""
     if dataset_dir.is_symlink() or not dataset_dir.is_dir():

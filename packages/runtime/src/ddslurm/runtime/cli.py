@@ -38,9 +38,10 @@ import httpx
 import msgspec
 
 from ddslurm.config import RunLayout, expand_ranges, read_plan
-from ddslurm.runtime._attempt import EXIT_FAILED, AttemptRunner, Inputs, load_inputs
-from ddslurm.runtime._controller import ClaimPool, Controller, ShardSource, StopSignal, controller_alive
+from ddslurm.runtime._attempt import EXIT_FAILED, AttemptRunner
+from ddslurm.runtime._controller import Controller, controller_alive
 from ddslurm.runtime._engine import engine_environment, local_token_names, preload_engine, run_engine
+from ddslurm.runtime._inputs import Inputs, load_inputs
 from ddslurm.runtime._log import new_logger
 from ddslurm.runtime._scratch import (
     SqueueJobs,
@@ -51,6 +52,8 @@ from ddslurm.runtime._scratch import (
     scratch_directory,
 )
 from ddslurm.runtime._steps import LocalLauncher, SrunLauncher, StepLauncher
+from ddslurm.runtime._stop import StopSignal
+from ddslurm.runtime._workers import ClaimPool, ShardSource
 from ddslurm.runtime.errors import RuntimeFailure
 
 EXIT_USAGE = 64

@@ -1,0 +1,384 @@
+"""An allocation's model servers and their proxies, from launch to teardown.
+
+    launch (replicas, then each deployment's proxy, not waiting) ─► wait until every replica, then every proxy,
+    answers (serving.json) ─► watch: health checks (a replica or proxy that stops answering is stopped after
+    ``unhealthy_limit`` checks in a row), a replica that dies leaves rotation, no replica of an alias left fails
+    the attempts, a dead proxy fails the clients' runs and is started again before a client runs again ─► teardown
+
+Every deployment's endpoint is its proxy, on a loopback port held for the whole allocation
+(:class:`~ddslurm.runtime._serving.PortHolds`: no other user can bind it, even while the proxy restarts); the
+replicas listen on Unix-domain sockets in a scratch directory only this user can enter (``listen: unix``), or on
+loopback ports proved to be this user's before the token reaches them (``listen: tcp``). Servers and proxies get
+the job's environment without any of the run's secrets, and the attempt's token (``VLLM_API_KEY``); a server
+also the variables its deployment names in ``server.env_from``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from ddslurm.config import ServingPlan, atomic_write, encode_pretty, read_tail
+from ddslurm.runtime._listeners import MAX_SOCKET_PATH, socket_path, unix_url
+from ddslurm.runtime._scratch import create_scratch, own_scratch_owner, remove_scratch, scratch_base
+from ddslurm.runtime._serving import (
+    TOKEN_ENV,
+    ListenerClients,
+    PortHolds,
+    PortUnavailableError,
+    ProxyDiedError,
+    ServerDiedError,
+    answers,
+    check_gpus,
+    choose_ports,
+    is_healthy,
+    server_command,
+    token_environment,
+    vllm_version,
+    wait_ready,
+)
+from ddslurm.runtime._steps import Step, StepLauncher, StepSpec, stop_running, without
+from ddslurm.runtime._stop import StopSignal
+from ddslurm.runtime.errors import RuntimeFailure, SecretMissingError
+
+HOST = "127.0.0.1"
+SOCKET_ROOM = 64
+"""Bytes of a socket path left for the scratch directory's name and the socket's own (``<alias>-<i>.sock``)."""
+PROXY_READY_S = 60.0
+"""How long a proxy may take to answer, once started (it answers as soon as one of its replicas does)."""
+
+
+@dataclass(slots=True)
+class Replica:
+    alias: str
+    index: int
+    url: str
+    """``http://127.0.0.1:PORT`` or ``unix:/path.sock``."""
+    step: Step
+
+    @property
+    def port(self) -> int | None:
+        return None if socket_path(self.url) is not None else int(self.url.rpartition(":")[2])
+
+
+@dataclass(slots=True)
+class ProxyStep:
+    """The balancing endpoint of one alias: the client's only way to its replicas, so it is watched too."""
+
+    alias: str
+    port: int
+    step: Step
+    log: Path
+    """The proxy's structured log (``proxy-<alias>.log``); the step's own output is ``step.spec.log``."""
+    hung: bool = False
+    """Stopped by the controller because it no longer answered."""
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+
+class Fleet:
+    """The servers and proxies of one allocation. ``directory`` holds their logs and ``serving.json``; ``secrets``
+    names the variables of ``env`` they never see; ``server_mb`` and ``proxy_mb`` are each step's memory share."""
+
+    def __init__(
+        self,
+        *,
+        launcher: StepLauncher,
+        env: Mapping[str, str],
+        secrets: Sequence[str],
+        runtime_exe: Path,
+        directory: Path,
+        job_id: str,
+        token: str,
+        server_mb: int | None,
+        proxy_mb: int | None,
+        http: httpx.Client,
+        stop: StopSignal,
+        log: Any,
+        grace: float,
+        unhealthy_limit: int,
+    ) -> None:
+        self._launcher = launcher
+        self._env = env
+        self._plain_env = without(env, secrets)
+        """The job's environment without any secret: the API keys (the client's) and ``server.env_from``."""
+        self._runtime_exe = runtime_exe
+        self._dir = directory
+        self._job = job_id
+        self._token = token
+        self._server_mb, self._proxy_mb = server_mb, proxy_mb
+        self._clients = ListenerClients(http)
+        self._holds = PortHolds(HOST)
+        self._stop = stop
+        self._log = log
+        self._grace = grace
+        self._unhealthy_limit = unhealthy_limit
+        self._sockets: Path | None = None
+        """The scratch directory (owner-only) of the replicas' Unix-domain sockets, made when one is needed."""
+        self._replicas: dict[str, list[Replica]] = {}
+        self._proxies: dict[str, ProxyStep] = {}
+        self._servers: list[Step] = []
+        """Every server step started, in order."""
+        self._failures: dict[str, int] = {}
+        """Failed health checks in a row, by step name."""
+        self._reported: set[str] = set()
+        """The replicas whose death was logged."""
+
+    # --- launch and readiness --------------------------------------------------------------------------
+
+    def launch(self, serving: ServingPlan) -> Callable[[], str]:
+        """Start every replica's step, then every deployment's proxy (it answers once one replica does), not
+        waiting for them; returns the vLLM version, asked meanwhile."""
+        version = self._launch_servers(serving)
+        self._launch_proxies(serving)
+        return version
+
+    def wait_ready(self, serving: ServingPlan, version: Callable[[], str]) -> dict[str, str]:
+        """Every replica answers (its model loaded), then every proxy; serving.json records them. Returns each
+        alias's endpoint: its proxy, or its one replica."""
+        for dep in serving.deployments:
+            for replica in self._replicas[dep.alias]:
+                took = self._wait_ready(replica.step, replica.url, dep.served_model_name, dep.startup_timeout)
+                self._log.info("server.ready", step=replica.step.name, seconds=round(took, 2))
+        for proxy in self._proxies.values():
+            self._wait_ready(proxy.step, proxy.url, None, PROXY_READY_S)
+            self._log.info("proxy.ready", alias=proxy.alias, port=proxy.port)
+        self._record(serving, version())
+        return {
+            d.alias: (self._proxies[d.alias].url if d.proxy else self._replicas[d.alias][0].url)
+            for d in serving.deployments
+        }
+
+    def _launch_servers(self, serving: ServingPlan) -> Callable[[], str]:
+        gpus = check_gpus(serving, self._env)
+        missing = sorted({n for d in serving.deployments for n in d.env_from if not self._env.get(n)})
+        if missing:
+            raise SecretMissingError(
+                f"variable(s) {', '.join(missing)} named by server.env_from are unset in the job's environment"
+            )
+        version: list[str] = []
+        asking = threading.Thread(target=lambda: version.append(vllm_version(serving, self._plain_env)), daemon=True)
+        asking.start()
+        self._log.info("serving.start", gpus=len(gpus))
+        for dep in serving.deployments:
+            if dep.listen == "unix" and not dep.proxy:
+                raise RuntimeFailure(f"the plan puts {dep.alias!r} on Unix-domain sockets without its proxy")
+        wanted = [r.port for d in serving.deployments if d.listen == "tcp" for r in d.replicas]
+        ports = iter(choose_ports(wanted, self._job))
+        for dep in serving.deployments:
+            for rep in dep.replicas:
+                name = f"server-{dep.alias}-{rep.index}"
+                url = self._socket_url(name) if dep.listen == "unix" else f"http://{HOST}:{next(ports)}"
+                cmd = server_command(serving, dep, url)
+                spec = StepSpec(
+                    name=name,
+                    argv=cmd.argv,
+                    env={
+                        **self._plain_env,
+                        **dep.env,
+                        **{name: self._env[name] for name in dep.env_from},
+                        **token_environment(serving, self._token),
+                    },
+                    log=self._dir / f"{name}.log",
+                    cpus=rep.cpus,
+                    mem_mb=self._server_mb,
+                    gpus=rep.gpus,
+                    gpu_request=serving.gpu_request,
+                    srun_extra=cmd.srun_extra,
+                )
+                step = self._launcher.start(spec)
+                self._servers.append(step)
+                self._replicas.setdefault(dep.alias, []).append(Replica(dep.alias, rep.index, url, step))
+                self._log.info("server.started", step=spec.name, listen=url, argv=list(cmd.argv))
+
+        def asked() -> str:
+            asking.join(timeout=60)
+            return version[0] if version else "unknown (vllm --version did not answer)"
+
+        return asked
+
+    def _socket_url(self, name: str) -> str:
+        """Where the replica ``name`` listens: a socket in this allocation's owner-only scratch directory (made
+        on first use, in the job's temporary directory or /tmp, short enough for a socket path; a directory left
+        by a killed controller is swept like any scratch directory)."""
+        if self._sockets is None:
+            # The job's temporary directory, unless its path leaves too little room for a socket name: /tmp then.
+            base = scratch_base(self._env)
+            if len(os.fsencode(base)) > MAX_SOCKET_PATH - SOCKET_ROOM:
+                base = Path("/tmp")
+            self._sockets = create_scratch(base, own_scratch_owner(self._env, f"serving-{self._job}"))
+        path = self._sockets / f"{name.removeprefix('server-')}.sock"
+        if len(os.fsencode(path)) > MAX_SOCKET_PATH:
+            raise PortUnavailableError(
+                f"the socket path {path} is longer than the {MAX_SOCKET_PATH} bytes a Unix-domain socket allows; "
+                "use shorter model aliases, or pin server.port to serve on loopback ports"
+            )
+        return unix_url(path)
+
+    def _launch_proxies(self, serving: ServingPlan) -> None:
+        """The proxy of every deployment, each on a port held until teardown (:class:`PortHolds`)."""
+        proxied = [d for d in serving.deployments if d.proxy]
+        used = {r.port for reps in self._replicas.values() for r in reps}
+        ports = iter(
+            choose_ports([None] * len(proxied), f"{self._job}7", lambda p: p not in used and self._holds.take(p))
+        )
+        for dep in proxied:
+            upstreams = self._replicas[dep.alias]
+            proxy = self._start_proxy(dep.alias, next(ports), upstreams, serving.proxy_cpus)
+            self._log.info("proxy.started", alias=dep.alias, port=proxy.port, upstreams=[r.url for r in upstreams])
+
+    def _start_proxy(self, alias: str, port: int, upstreams: list[Replica], cpus: int) -> ProxyStep:
+        argv = [str(self._runtime_exe), "proxy", "--listen", f"{HOST}:{port}", "--reuse-port"]
+        for replica in upstreams:
+            argv += ["--upstream", replica.url]
+        log_path = self._dir / f"proxy-{alias}.log"
+        spec = StepSpec(
+            name=f"proxy-{alias}",
+            argv=(*argv, "--log", str(log_path)),
+            env={**self._plain_env, TOKEN_ENV: self._token},
+            log=self._dir / f"proxy-{alias}.out",
+            cpus=cpus,
+            mem_mb=self._proxy_mb,
+        )
+        proxy = ProxyStep(alias, port, self._launcher.start(spec), log_path)
+        self._proxies[alias] = proxy
+        return proxy
+
+    def _wait_ready(self, step: Step, url: str, served: str | None, timeout: float) -> float:
+        deadline = time.monotonic() + timeout
+        return wait_ready(
+            step,
+            url,
+            served,
+            max(0.0, deadline - time.monotonic()),
+            client=self._clients.get(url),
+            sleep=self._stop.sleep,
+            token=self._token,
+            interval=0.2,
+        )
+
+    def _record(self, serving: ServingPlan, version: str) -> None:
+        doc = {
+            "vllm_version": version,
+            "container_runtime": serving.container_runtime,
+            "replicas": [
+                {
+                    "alias": r.alias,
+                    "index": r.index,
+                    "port": r.port,
+                    "socket": None if (path := socket_path(r.url)) is None else str(path),
+                    "step": r.step.name,
+                    "argv": list(r.step.spec.argv),
+                }
+                for reps in self._replicas.values()
+                for r in reps
+            ],
+        }
+        atomic_write(self._dir / "serving.json", encode_pretty(doc))
+
+    # --- watching --------------------------------------------------------------------------------------
+
+    def check_replicas(self) -> None:
+        """A replica that died leaves rotation (reported once); no replica of an alias left fails the attempts."""
+        for alias, reps in self._replicas.items():
+            alive = [r for r in reps if r.step.poll() is None]
+            for r in reps:
+                if r.step.poll() is not None and r.step.name not in self._reported:
+                    self._reported.add(r.step.name)
+                    self._log.warning("server.died", step=r.step.name, status=r.step.poll(), left=len(alive))
+            if not alive:
+                tails = "\n".join(f"--- {r.step.spec.log}:\n{read_tail(r.step.spec.log)}" for r in reps)
+                raise ServerDiedError(f"every replica of {alias!r} exited during generation\n{tails}")
+
+    def check_health(self) -> None:
+        """A live replica that stops answering /health (hung, holding its port) is stopped after
+        ``unhealthy_limit`` checks in a row, so it leaves the proxy's rotation and counts as dead. A proxy that
+        stops answering at all is stopped the same way (and then counts as a dead proxy)."""
+        for proxy in self._proxies.values():
+            if proxy.step.poll() is not None:
+                continue
+            answered = answers(self._clients.get(proxy.url), proxy.url)
+            if self._strike(proxy.step, answered, "proxy.unresponsive", "proxy.hung", "no answer"):
+                proxy.hung = True
+        for reps in self._replicas.values():
+            for r in reps:
+                if r.step.poll() is None:
+                    healthy = is_healthy(self._clients.get(r.url), r.url)
+                    self._strike(r.step, healthy, "server.unhealthy", "server.hung", "no healthy answer")
+
+    def _strike(self, step: Step, healthy: bool, warning: str, hung: str, why: str) -> bool:
+        """Count a failed health check of ``step`` (a success clears its count); stop it after
+        ``unhealthy_limit`` in a row. Returns whether it was stopped."""
+        failures = self._failures
+        if healthy:
+            failures.pop(step.name, None)
+            return False
+        failures[step.name] = failures.get(step.name, 0) + 1
+        self._log.warning(warning, step=step.name, checks=failures[step.name])
+        if failures[step.name] < self._unhealthy_limit:
+            return False
+        self._log.error(hung, step=step.name, why=f"{why}; stopping it")
+        step.stop(self._grace)
+        return True
+
+    def _dead_proxy(self) -> ProxyStep | None:
+        return next((p for p in self._proxies.values() if p.step.poll() is not None), None)
+
+    def proxy_down(self) -> bool:
+        return self._dead_proxy() is not None
+
+    def proxy_failure(self) -> ProxyDiedError | None:
+        """The failure of the clients' runs when a proxy, their endpoint, is gone (logged; retryable: a rerun
+        starts the proxy again); None while every proxy runs."""
+        proxy = self._dead_proxy()
+        if proxy is None:
+            return None
+        status = proxy.step.poll()
+        why = (
+            f"stopped after {self._unhealthy_limit} health checks in a row without an answer"
+            if proxy.hung
+            else f"exited with status {status}"
+        )
+        self._log.error("proxy.died", step=proxy.step.name, status=status, hung=proxy.hung, why="stopping the clients")
+        tails = "".join(
+            f"\n--- {path}:\n{tail}" for path in (proxy.step.spec.log, proxy.log) if (tail := read_tail(path).strip())
+        )
+        return ProxyDiedError(
+            f"{proxy.step.name}, the endpoint of {proxy.alias!r} at {proxy.url}, {why} during generation; "
+            f"the client was stopped{tails}"
+        )
+
+    def restart_dead_proxies(self) -> None:
+        """Start every proxy that has exited again, in front of the replicas still running, before a client runs
+        again: on its old port, which this allocation still holds (no other user could take it meanwhile), so the
+        endpoints file stays true."""
+        for alias, old in list(self._proxies.items()):
+            if old.step.poll() is None:
+                continue
+            alive = [r for r in self._replicas[alias] if r.step.poll() is None]
+            if not alive:
+                raise ServerDiedError(f"no replica of {alias!r} is left to restart its proxy in front of")
+            proxy = self._start_proxy(alias, old.port, alive, old.step.spec.cpus)
+            self._wait_ready(proxy.step, proxy.url, None, PROXY_READY_S)
+            self._log.warning("proxy.restarted", alias=alias, port=old.port, upstreams=[r.url for r in alive])
+
+    # --- teardown --------------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """The proxies, then the servers, each group stopped together; then the held ports are let go and the
+        sockets' directory removed."""
+        stop_running([p.step for p in reversed(self._proxies.values())], self._grace, self._log)
+        stop_running(list(reversed(self._servers)), self._grace, self._log)
+        self._holds.release()
+        self._clients.close()
+        if self._sockets is not None:
+            remove_scratch(self._sockets)

@@ -1,0 +1,328 @@
+"""The replicas behind one proxy: what it knows of each (healthy, saturated, in flight, served, failed), how it
+learns it (``GET /health`` and ``GET /metrics`` of each, without the token), and which one a request goes to.
+
+Choice: least requests in flight among the healthy, non-saturated upstreams; ties go to the fewest
+``vllm:num_requests_waiting`` (last scrape), then round-robin. An upstream whose waiting queue exceeds
+``max_waiting`` is skipped; when every healthy one is saturated a request waits (without polling) until one is
+not. A health answer counts only from a listener proved to be this user's; a verified upstream that refuses a
+connection has died and is out for good. Everything here is touched from the event loop only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+from collections.abc import Sequence
+from typing import Any, Final
+
+import aiohttp
+
+from ddslurm.runtime._listeners import ListenerNotOursError, check_own_listener, http_base, socket_path
+
+_WAITING_METRIC: Final = "vllm:num_requests_waiting"
+# Below uvicorn's (and so vLLM's) 5 s keep-alive, so the pool rarely reuses a connection the server is closing.
+_POOL_KEEPALIVE_S: Final = 3.0
+
+
+def parse_waiting(text: str) -> int:
+    """Sum of ``vllm:num_requests_waiting`` over all its label sets in a Prometheus text exposition."""
+    total = 0.0
+    size = len(_WAITING_METRIC)
+    for line in text.splitlines():
+        if not line.startswith(_WAITING_METRIC):
+            continue
+        rest = line[size:]
+        if rest.startswith("{"):
+            rest = rest[rest.rfind("}") + 1 :]
+        elif not rest.startswith((" ", "\t")):
+            continue  # another metric whose name merely starts the same way
+        fields = rest.split()
+        if fields:
+            with contextlib.suppress(ValueError):
+                total += float(fields[0])
+    return int(total)
+
+
+class Upstream:
+    """One replica and what the proxy knows about it (only touched from the event loop)."""
+
+    __slots__ = (
+        "base",
+        "dead",
+        "failed",
+        "healthy",
+        "in_flight",
+        "probes",
+        "recheck",
+        "served",
+        "session",
+        "url",
+        "verified",
+        "waiting",
+    )
+
+    def __init__(self, url: str) -> None:
+        self.url = url.rstrip("/")
+        self.base = http_base(self.url)
+        self.session: aiohttp.ClientSession | None = None  # pooled connections for forwarded requests
+        self.probes: aiohttp.ClientSession | None = None  # a fresh connection per /health probe or /metrics scrape
+        self.healthy = False
+        self.verified = False  # its listener was once proved to be this user's
+        self.dead = False  # gone after it was verified, or another user's: never probed or chosen again
+        self.in_flight = 0
+        self.waiting = 0
+        self.served = 0
+        self.failed = 0
+        self.recheck = asyncio.Event()  # set to probe /health now instead of after the interval
+
+    def describe(self, max_waiting: int) -> dict[str, Any]:
+        return {
+            "url": self.url,
+            "healthy": self.healthy,
+            "dead": self.dead,
+            "saturated": self.waiting > max_waiting,
+            "in_flight": self.in_flight,
+            "waiting": self.waiting,
+            "served": self.served,
+            "failed": self.failed,
+        }
+
+
+def _refused(exc: BaseException) -> bool:
+    """The connection was refused: nothing listens on the upstream's port (or socket) any more."""
+    return isinstance(exc, aiohttp.ClientConnectorError) and exc.os_error.errno in (errno.ECONNREFUSED, errno.ENOENT)
+
+
+def _connector(url: str, **options: Any) -> aiohttp.BaseConnector:
+    """A connection pool to one upstream: over its Unix-domain socket, or TCP."""
+    path = socket_path(url)
+    if path is not None:
+        return aiohttp.UnixConnector(path=str(path), **options)
+    return aiohttp.TCPConnector(**options)
+
+
+class Upstreams:
+    """Every upstream of one proxy and the loops that probe them. ``open()``, ``await probe()`` (once, before the
+    proxy listens), ``watch()`` (the probe loops), ``await close()``."""
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        logger: Any,
+        *,
+        max_waiting: int,
+        health_interval: float,
+        metrics_interval: float,
+        unavailable_grace: float,
+        connect_timeout: float,
+        probe_timeout: float,
+    ) -> None:
+        self._all = [Upstream(url) for url in urls]
+        self._log = logger
+        self._max_waiting = max_waiting
+        self._health_interval = health_interval
+        self._metrics_interval = metrics_interval
+        self._unavailable_grace = unavailable_grace
+        self._connect_timeout = connect_timeout
+        self._probe_timeout = probe_timeout
+        self._next = 0  # round-robin start for ties
+        self._changed = asyncio.Event()  # replaced on every health/saturation change; waiters hold the old one
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def __len__(self) -> int:
+        return len(self._all)
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """The connection pools: one for forwarded requests per upstream, and one for its probes."""
+        for up in self._all:
+            up.session = aiohttp.ClientSession(
+                connector=_connector(up.url, limit=0, limit_per_host=0, keepalive_timeout=_POOL_KEEPALIVE_S),
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout),
+                auto_decompress=False,
+                cookie_jar=aiohttp.DummyCookieJar(),
+                skip_auto_headers=("Accept-Encoding", "User-Agent"),
+                trust_env=False,
+            )
+            # A fresh connection per probe: it tells whether the upstream accepts connections now.
+            up.probes = aiohttp.ClientSession(
+                connector=_connector(up.url, limit=0, force_close=True),
+                timeout=aiohttp.ClientTimeout(total=self._probe_timeout),
+                cookie_jar=aiohttp.DummyCookieJar(),
+                trust_env=False,  # no token: /health and /metrics need none, and the listener may be another user's
+            )
+
+    async def probe(self) -> None:
+        """Probe every upstream's health once, then scrape the healthy ones' queues (not logged one by one)."""
+        await asyncio.gather(*(self._probe_health(up, announce=False) for up in self._all))
+        await asyncio.gather(*(self._scrape(up) for up in self._all if up.healthy))
+
+    def watch(self) -> None:
+        """Start the probe loops: health every ``health_interval`` (at once after a failure), queues every
+        ``metrics_interval``."""
+        for up in self._all:
+            self._tasks.append(asyncio.create_task(self._health_loop(up)))
+            self._tasks.append(asyncio.create_task(self._metrics_loop(up)))
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        for up in self._all:
+            for session in (up.session, up.probes):
+                if session is not None:
+                    await session.close()
+            up.session = up.probes = None
+
+    # -- what is known ----------------------------------------------------------------------------
+
+    def healthy(self) -> list[str]:
+        return [up.url for up in self._all if up.healthy]
+
+    def served(self) -> dict[str, int]:
+        return {up.url: up.served for up in self._all}
+
+    def failed(self) -> dict[str, int]:
+        return {up.url: up.failed for up in self._all}
+
+    def describe(self) -> dict[str, Any]:
+        return {"max_waiting": self._max_waiting, "upstreams": [up.describe(self._max_waiting) for up in self._all]}
+
+    # -- upstream state ---------------------------------------------------------------------------
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def _set_health(self, up: Upstream, healthy: bool, reason: str, *, announce: bool = True) -> None:
+        healthy = healthy and not up.dead
+        if up.healthy == healthy:
+            return
+        up.healthy = healthy
+        if not healthy:
+            up.waiting = 0  # stale once it is back; the first scrape after recovery sets it again
+        if announce:  # the initial probe's outcome is in proxy.started
+            if healthy:
+                self._log.info("proxy.upstream_healthy", upstream=up.url)
+            else:
+                self._log.warning("proxy.upstream_unhealthy", upstream=up.url, reason=reason)
+        self._notify()
+
+    def request_failed(self, up: Upstream, exc: BaseException, where: str) -> None:
+        """A request to ``up`` failed ``where``: it is unhealthy until a probe says otherwise (out for good if it
+        refused the connection after it was verified), and is probed again at once."""
+        up.failed += 1
+        if _refused(exc):
+            self._gone(up)
+        self._set_health(up, False, f"{where}: {type(exc).__name__}: {exc}")
+        up.recheck.set()
+
+    def _gone(self, up: Upstream) -> None:
+        """A verified upstream that refuses connections has died: its port is free for anyone to take, so it is
+        out for good (a restarted replica comes behind a new proxy, verified again)."""
+        if up.verified and not up.dead:
+            up.dead = True
+            self._log.warning("proxy.upstream_dead", upstream=up.url, reason="its listener has gone")
+
+    async def _probe_health(self, up: Upstream, *, announce: bool = True) -> None:
+        """``GET /health`` without the token; an answer counts only from a listener proved to be this user's
+        (:func:`~ddslurm.runtime._listeners.check_own_listener`): another user's is out for good."""
+        if up.dead:
+            return
+        assert up.probes is not None
+        try:
+            async with up.probes.get(up.base + "/health") as response:
+                healthy, reason = response.status == 200, f"/health answered {response.status}"
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            if _refused(exc):
+                self._gone(up)
+            healthy, reason = False, f"/health failed: {type(exc).__name__}: {exc}"
+        if healthy:
+            try:
+                check_own_listener(up.url)
+            except ListenerNotOursError as exc:
+                up.dead, healthy, reason = True, False, exc.message
+                self._log.warning("proxy.upstream_dead", upstream=up.url, reason=reason)
+            else:
+                up.verified = True
+        self._set_health(up, healthy, reason, announce=announce)
+
+    async def _scrape(self, up: Upstream) -> None:
+        assert up.probes is not None
+        try:
+            async with up.probes.get(up.base + "/metrics") as response:
+                waiting = parse_waiting(await response.text()) if response.status == 200 else 0
+        except (aiohttp.ClientError, OSError, TimeoutError, UnicodeDecodeError):
+            waiting = 0  # advisory only: an unreadable queue never blocks admission
+        limit = self._max_waiting
+        was_saturated = up.waiting > limit
+        up.waiting = waiting
+        if was_saturated != (waiting > limit):
+            self._log.debug("proxy.upstream_saturation", upstream=up.url, waiting=waiting, saturated=waiting > limit)
+            self._notify()
+
+    async def _health_loop(self, up: Upstream) -> None:
+        interval = self._health_interval
+        while not up.dead:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(interval):
+                    await up.recheck.wait()
+            up.recheck.clear()
+            await self._probe_health(up)
+
+    async def _metrics_loop(self, up: Upstream) -> None:
+        interval = self._metrics_interval
+        while not up.dead:
+            await asyncio.sleep(interval)
+            if up.healthy:
+                await self._scrape(up)
+
+    # -- choosing one -----------------------------------------------------------------------------
+
+    def pick(self) -> tuple[Upstream | None, bool]:
+        """(least-loaded healthy non-saturated upstream or None, whether any upstream is healthy)."""
+        ups = self._all
+        n = len(ups)
+        start = self._next
+        self._next = (start + 1) % n
+        limit = self._max_waiting
+        best: Upstream | None = None
+        any_healthy = False
+        for i in range(n):
+            up = ups[(start + i) % n]
+            if not up.healthy:
+                continue
+            any_healthy = True
+            if up.waiting > limit:
+                continue
+            if best is None or (up.in_flight, up.waiting) < (best.in_flight, best.waiting):
+                best = up
+        return best, any_healthy
+
+    async def admit(self, deadline: float) -> Upstream | str:
+        """Wait for an upstream to become usable; the reason for a 503 if none does in time."""
+        loop = asyncio.get_running_loop()
+        grace_until: float | None = None
+        while True:
+            changed = self._changed
+            up, any_healthy = self.pick()
+            if up is not None:
+                return up
+            now = loop.time()
+            if any_healthy:
+                grace_until = None
+                until, reason = deadline, "every healthy upstream is saturated (vllm:num_requests_waiting)"
+            else:
+                if grace_until is None:
+                    grace_until = now + self._unavailable_grace
+                until, reason = min(grace_until, deadline), "no healthy upstream"
+            if until <= now:
+                return reason
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(until - now):
+                    await changed.wait()

@@ -1,0 +1,431 @@
+"""The shards an allocation generates and the client steps that generate them.
+
+Where the shards come from (:class:`ShardSource`): the one shard of a one-task-per-shard array (:class:`OneShard`),
+or claims on a pool (:class:`ClaimPool`, a pulling allocation). :class:`Workers` begins each shard's attempt, starts
+its client step (``client_workers`` at a time when pulling), reruns a client whose run failed retryably
+(``client_retries``), and records how each attempt ended. A pulling allocation keeps one spare client ready: Data
+Designer imported, waiting for its endpoints, it takes the next shard the moment a worker's shard ends. Shards
+cancelled on their own (``ddslurm cancel --shards``) are stopped and recorded ``cancelled``; the allocation goes on.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from ddslurm.config import (
+    AttemptRecord,
+    ClaimRecord,
+    RunLayout,
+    atomic_write,
+    encode,
+    make_private_dir,
+    publish_once,
+    read_json,
+    read_tail,
+)
+from ddslurm.runtime._attempt import EXIT_FAILED, EXIT_OK, AttemptRunner, Began, exit_code_for
+from ddslurm.runtime._inputs import Inputs
+from ddslurm.runtime._steps import Step, StepLauncher, StepSpec, stop_running
+from ddslurm.runtime._stop import StopSignal
+from ddslurm.runtime.errors import RuntimeFailure
+
+STOP_RACE_S = 2.0
+"""How long a client step's failure waits for the signal that may have ended it (scancel, time limit)."""
+
+
+class ClientFailure(RuntimeFailure):
+    reason = "client_failed"
+    retryable = True
+
+
+class ShardSource(Protocol):
+    """Where an allocation's shards come from: its one shard (a task of a one-task-per-shard array), or claims
+    on a pool (a pulling allocation)."""
+
+    pulling: bool
+
+    def next(self) -> int | None:
+        """The next shard to run, or None when there is none left for this allocation."""
+        ...
+
+
+class OneShard:
+    """Array task i of a one-task-per-shard array: shard ``shards[i]``, once."""
+
+    pulling = False
+
+    def __init__(self, shard: int) -> None:
+        self._shard: int | None = shard
+
+    def next(self) -> int | None:
+        shard, self._shard = self._shard, None
+        return shard
+
+
+class ClaimPool:
+    """A pulling allocation's shards: each shard of ``pool`` without a winner, claimed without replacing
+    (``shards/shard-N/claims/<array>.json``), so every shard is run by exactly one allocation of the array
+    whatever the races and kills. A requeued allocation (same job id) takes its own claims again. Shards whose
+    cancel record exists (``ddslurm cancel --shards``) are not claimed; a cancelled run stops the pulling.
+
+    In a two-stage run ``stage`` 0 (the GPU stage) claims in the shard's ``stage-0/`` and skips shards with a
+    GPU-stage or a final winner; ``stage`` 1 (the CPU stage) claims only shards that have a GPU-stage winner and
+    no final winner."""
+
+    pulling = True
+
+    def __init__(
+        self,
+        layout: RunLayout,
+        pool: Sequence[int],
+        *,
+        array_job_id: str,
+        task: int,
+        job_id: str,
+        node: str,
+        clock: Callable[[], str],
+        stage: int | None = None,
+    ) -> None:
+        self._layout = layout
+        self._stage = stage
+        self._pool = list(pool)
+        self._array, self._task, self._job, self._node = array_job_id, task, job_id, node
+        self._clock = clock
+
+    def next(self) -> int | None:
+        while self._pool:
+            top = self._layout.shard(self._pool.pop(0))
+            if os.path.lexists(self._layout.cancelled):
+                return None
+            if top.winner.exists() or os.path.lexists(top.cancelled):
+                continue
+            if self._stage == 1 and not top.stage(0).winner.exists():
+                continue  # its GPU stage has no result (yet): nothing to run here
+            shard = self._layout.stage_shard(top.index, self._stage)
+            if shard.winner.exists():
+                continue
+            claim = ClaimRecord(
+                shard=shard.index,
+                array_job_id=self._array,
+                task=self._task,
+                job_id=self._job,
+                node=self._node,
+                claimed_at=self._clock(),
+            )
+            make_private_dir(shard.claims, exist_ok=True)
+            if publish_once(shard.claim(self._array), encode(claim)):
+                return shard.index
+            try:
+                if read_json(shard.claim(self._array), ClaimRecord).job_id == self._job:
+                    return shard.index  # this allocation's own claim, from before Slurm requeued it
+            except Exception:
+                continue
+        return None
+
+
+class Serving(Protocol):
+    """What the clients need of the allocation's servers: their endpoints up before a client starts or reruns."""
+
+    def proxy_down(self) -> bool:
+        """An endpoint (a proxy) has exited and was not started again yet."""
+        ...
+
+    def restart_dead_proxies(self) -> None:
+        """Start every endpoint that has exited again, on its old port."""
+        ...
+
+
+@dataclass(slots=True)
+class Work:
+    """A shard this allocation is generating: its attempt, its client step, how many client runs so far."""
+
+    began: Began
+    client: Step
+    log: Any
+    runs: int = 1
+
+
+class Workers:
+    """The client workers of one allocation and the shards they take from ``source``.
+
+    ``env`` is the client steps' whole environment (the hosted providers' keys and the attempt's token, none of
+    the servers' own secrets); ``allocation`` is a pulling allocation's serving directory (its clients read its
+    ``endpoints.json``), None for a one-shard task, whose client reads the one in its attempt's directory.
+    ``identity`` is what a client started before its endpoints exist waits for (``--wait-endpoints``).
+    """
+
+    def __init__(
+        self,
+        runner: AttemptRunner,
+        source: ShardSource,
+        inputs: Inputs,
+        *,
+        launcher: StepLauncher,
+        env: Mapping[str, str],
+        runtime_exe: Path,
+        run_dir: Path,
+        allocation: Path | None,
+        job_id: str,
+        node: str,
+        restart: int,
+        slurm_log: str | None,
+        client_mb: int | None,
+        identity: str,
+        logger: Any,
+        stop: StopSignal,
+        grace: float,
+    ) -> None:
+        self._runner = runner
+        self._source = source
+        self._inputs = inputs
+        self._launcher = launcher
+        self._env = env
+        self._runtime_exe = runtime_exe
+        self._run_dir = run_dir
+        self._allocation = allocation
+        self._job, self._node, self._restart, self._slurm_log = job_id, node, restart, slurm_log
+        self._client_mb = client_mb
+        self._identity = identity
+        self._log = logger
+        self._job_log = logger.bind(job_id=job_id)
+        self._stop = stop
+        self._grace = grace
+        self._count = inputs.plan.client_workers if source.pulling else 1
+        self._works: list[Work] = []
+        self._waiting: list[Began] = []
+        """Attempts begun whose client step has not started yet."""
+        self._spare: Work | None = None
+        """A pulling allocation's next shard: its client started, waiting for its own endpoints file."""
+        self._exhausted = False
+        """The source has no shard left for this allocation."""
+        self._endpoints_written: set[Path] = set()
+        """The endpoints files this allocation wrote: a client waits for any other (see :meth:`_start_client`)."""
+        self._outcomes: list[AttemptRecord] = []
+        """The records of the attempts that ended."""
+
+    def endpoints_file(self, began: Began) -> Path:
+        """The endpoints file a shard's client reads: its pulling allocation's, or a one-shard task's own, in the
+        attempt's directory (which is where that task serves from)."""
+        return (began.layout.dir if self._allocation is None else self._allocation) / "endpoints.json"
+
+    def publish_endpoints(self, path: Path, data: bytes) -> None:
+        """Write an endpoints file (atomically): clients started from now on need not wait for it."""
+        atomic_write(path, data)
+        self._endpoints_written.add(path)
+
+    def begin_next(self) -> Began | None:
+        """Begin the attempt of the source's next shard that may generate (None when no shard is left)."""
+        while (shard := self._source.next()) is not None:
+            allocation = None if self._allocation is None else str(self._allocation)
+            began = self._runner.begin(
+                self._inputs, shard, self._job, self._node, self._restart, self._slurm_log, allocation
+            )
+            if began is not None:
+                self._log.info(
+                    "attempt.started",
+                    shard=shard,
+                    attempt=began.record.attempt,
+                    records=began.num_records,
+                    node=self._node,
+                    job_id=self._job,
+                )
+                self._waiting.append(began)  # failed with the allocation until its client has started
+                return began
+            if self._source.pulling:
+                self._log.info("attempt.not_started", shard=shard, why="see the attempt record")
+        return None
+
+    def start_first(self) -> None:
+        """Begin shards until ``client_workers`` are begun (the first one is), and start their clients: before the
+        servers are ready, so that Data Designer's import overlaps the model load."""
+        while len(self._waiting) < self._count and self.begin_next() is not None:
+            pass
+        for began in list(self._waiting):
+            self._works.append(self._work(began, self.endpoints_file(began)))
+
+    def top_up(self, serving: Serving) -> None:
+        """Keep ``client_workers`` clients generating: the spare one given its endpoints first, else the source's
+        next shard begun, each once the endpoints are up again. A proxy that dies under running clients is no
+        reason to add one (their runs fail and rerun first); one that is dead when a new shard's client starts
+        (reruns used up) is started again first. A pulling allocation then starts the spare client of its next
+        shard, so a finished shard's successor generates at once instead of after a process start and Data
+        Designer's import (seconds of idle GPUs per shard)."""
+        while len(self._works) < self._count and not (self._works and serving.proxy_down()):
+            if self._spare is not None:  # ready: Data Designer imported, waiting for its endpoints
+                serving.restart_dead_proxies()
+                if self._promote():
+                    continue
+            if self._exhausted:
+                break
+            began = self.begin_next()
+            if began is None:
+                self._exhausted = True
+                break
+            serving.restart_dead_proxies()
+            self._works.append(self._work(began, self.endpoints_file(began)))
+        if self._source.pulling and not self._exhausted and self._spare is None and len(self._works) == self._count:
+            began = self.begin_next()
+            if began is None:
+                self._exhausted = True
+            else:
+                self._spare = self._work(began, began.layout.dir / "endpoints.json", spare=True)
+
+    def idle(self) -> bool:
+        """No client is generating or waiting to: the allocation is done."""
+        return not self._works and self._spare is None
+
+    def collect(self, serving: Serving) -> None:
+        """Record every attempt whose client has ended; rerun the client of a retryable failure (``client_retries``:
+        servers kept, its batches resumed, its endpoints up again first)."""
+        for work in list(self._works):
+            record = self._ended(work)
+            if record is None:
+                continue
+            if record.state == "failed" and record.retryable and work.runs <= self._inputs.plan.client_retries:
+                work.log.warning(
+                    "client.rerun", run=work.runs + 1, reason=record.reason, why="servers kept; resuming batches"
+                )
+                self._runner.rerun(work.began)
+                serving.restart_dead_proxies()
+                work.client = self._start_client(work.began, self.endpoints_file(work.began), resume=True)
+                work.runs += 1
+                continue
+            work.log.info("attempt.ended", state=record.state, rows=record.rows, client_runs=work.runs)
+            self._works.remove(work)
+            self._outcomes.append(record)
+
+    def fail_running(self, failure: RuntimeFailure) -> None:
+        """Stop every generating client at once and fail its run with ``failure`` (their endpoint is gone: they
+        would only retry against nothing and drop rows)."""
+        for work in self._works:
+            client = work.client
+            status = client.stop(self._grace) if client.poll() is None else client.poll()
+            work.log.info("step.stopped", step=client.name, status=status)
+            self._runner.fail(work.began, failure)
+
+    def fail_all(self, failure: RuntimeFailure) -> None:
+        """The allocation failed: every attempt it began and has not ended fails with it (their clients are stopped
+        at teardown)."""
+        log = self._job_log
+        spare = [self._spare.began] if self._spare is not None else []
+        for began in [*self._waiting, *(w.began for w in self._works), *spare]:
+            log.error("attempt.failed", shard=began.shard, attempt=began.record.attempt, reason=failure.reason,
+                      message=failure.message)  # fmt: skip
+            self._runner.fail(began, failure)
+            self._outcomes.append(read_json(began.layout.record, AttemptRecord))
+        if self._source.pulling:
+            log.error("allocation.failed", reason=failure.reason, message=failure.message)
+
+    def stop(self) -> None:
+        """Stop every client still running, together."""
+        spare = [self._spare] if self._spare is not None else []
+        stop_running([w.client for w in reversed([*self._works, *spare])], self._grace, self._job_log)
+
+    def exit_code(self) -> int:
+        """0 only if every shard this allocation ran succeeded. A shard cancelled on its own (``cancel --shards``)
+        is what the user asked for: it fails no allocation."""
+        outcomes = self._outcomes
+        codes = {exit_code_for(r) for r in outcomes if r.reason != "shard_cancelled"} or {
+            EXIT_OK if outcomes else EXIT_FAILED
+        }
+        return EXIT_FAILED if EXIT_FAILED in codes else max(codes)
+
+    def _promote(self) -> bool:
+        """Give the spare client its endpoints: it becomes a worker. False when its shard was cancelled meanwhile
+        (``cancel --shards``): it is stopped and its attempt recorded ``cancelled``. A spare that ended while it
+        waited (it had not begun its attempt: the record is still ``running``) is started again with the endpoints,
+        as the shard's first client run: it used none of the shard's reruns (``client_retries``)."""
+        spare, self._spare = self._spare, None
+        assert spare is not None
+        if self._shard_cancelled(spare.began.shard):
+            spare.client.stop(self._grace)
+            self._outcomes.append(
+                self._runner.cancel(spare.began, "cancelled by ddslurm cancel --shards before it ran")
+            )
+            return False
+        own = spare.began.layout.dir / "endpoints.json"
+        self.publish_endpoints(own, self.endpoints_file(spare.began).read_bytes())
+        status = spare.client.poll()
+        if status is not None and read_json(spare.began.layout.record, AttemptRecord).state == "running":
+            spare.log.warning(
+                "client.spare_restarted", status=status, why="the spare client ended before it was given endpoints"
+            )
+            spare.client = self._start_client(spare.began, own, resume=False)
+        spare.log.info("client.promoted", why="a worker's shard ended; the spare client generates now")
+        self._works.append(spare)
+        return True
+
+    def _work(self, began: Began, endpoints: Path, *, spare: bool = False) -> Work:
+        """The attempt's client step started: it is no longer only waiting (see :meth:`begin_next`)."""
+        log = self._log.bind(shard=began.shard, attempt=began.record.attempt)
+        work = Work(began, self._start_client(began, endpoints, resume=False, spare=spare), log)
+        self._waiting.remove(began)
+        return work
+
+    def _start_client(self, began: Began, endpoints_file: Path, *, resume: bool, spare: bool = False) -> Step:
+        """A client step; a ``spare`` one shares the workers' CPUs (``srun --overlap``): it only imports Data
+        Designer and waits until a worker's shard has ended, whose CPUs it then takes over."""
+        argv: tuple[str, ...] = (
+            str(self._runtime_exe),
+            "client",
+            "--run-dir",
+            str(self._run_dir),
+            "--plan-sha256",
+            self._inputs.plan_sha256,
+            "--shard",
+            str(began.shard),
+            "--attempt",
+            began.record.attempt,
+            "--endpoints",
+            str(endpoints_file),
+        )
+        if endpoints_file not in self._endpoints_written:  # whatever is there now was not written for this client
+            argv = (*argv, "--wait-endpoints", self._identity)
+        if resume:
+            argv = (*argv, "--resume")
+        if self._runner.stage is not None:
+            argv = (*argv, "--stage", str(self._runner.stage))
+        spec = StepSpec(
+            name=f"client-{began.shard}" if self._source.pulling else "client",
+            argv=argv,
+            env=self._env,
+            log=began.layout.dir / "client.out",
+            cpus=self._inputs.plan.client_cpus,
+            mem_mb=self._client_mb,
+            srun_extra=("--overlap",) if spare else (),
+        )
+        return self._launcher.start(spec)
+
+    def _ended(self, work: Work) -> AttemptRecord | None:
+        """The attempt's record once its client step has ended (None while it runs). A pulling allocation's
+        shard whose cancel record appeared is stopped and ends ``cancelled``."""
+        client, began = work.client, work.began
+        code = client.poll()
+        if code is None:
+            if self._source.pulling and self._shard_cancelled(began.shard):
+                status = client.stop(self._grace)
+                work.log.info("step.stopped", step=client.name, status=status, why="ddslurm cancel --shards")
+                return self._runner.cancel(began, "cancelled by ddslurm cancel --shards; the allocation goes on")
+            return None
+        record = read_json(began.layout.record, AttemptRecord)
+        if record.state == "running" and code != 0:
+            # scancel and the time limit signal the steps and the batch step together: the client may end first.
+            self._stop.sleep(STOP_RACE_S)
+        if record.state == "running":
+            self._runner.fail(
+                began,
+                ClientFailure(
+                    f"the client step exited with status {code} without recording a result; last lines of "
+                    f"{client.spec.log}:\n{read_tail(client.spec.log)}"
+                ),
+            )
+            record = read_json(began.layout.record, AttemptRecord)
+        return record
+
+    def _shard_cancelled(self, shard: int) -> bool:
+        """``ddslurm cancel --shards`` wrote the shard's cancel record (pulling allocations)."""
+        return os.path.lexists(RunLayout(self._run_dir).shard(shard).cancelled)
