@@ -8,12 +8,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from ddslurm.config import RunLayout
-from ddslurm.runtime import AttemptRunner
-from ddslurm.runtime._controller import Controller, ProxyStep, StopSignal, stop_together
+from ddslurm.runtime._controller import Controller, ProxyStep, stop_together
 from ddslurm.runtime._log import new_logger
+from ddslurm.runtime.testing import make_controller
 
 
 class SlowStop:
@@ -37,18 +35,8 @@ class SlowStop:
 
 
 def _controller(tmp_path: Path) -> Controller:
-    layout = RunLayout(tmp_path / "run-1")
-    runner = AttemptRunner(layout, engine=lambda r: None, env={}, scratch_home=tmp_path, make_logger=new_logger)
-    return Controller(
-        runner,
-        launcher=None,  # type: ignore[arg-type]  # teardown starts nothing
-        env={},
-        runtime_exe=Path("/x/ddslurm-runtime"),
-        run_dir=layout.root,
-        logger=new_logger(io.BytesIO()),
-        http=httpx.Client(),
-        stop=StopSignal(),
-    )
+    # no launcher: teardown starts nothing
+    return make_controller(RunLayout(tmp_path / "run-1"), None, scratch_home=tmp_path)  # type: ignore[arg-type]
 
 
 def test_teardown_stops_clients_then_proxies_then_servers_each_group_at_once(tmp_path: Path) -> None:
