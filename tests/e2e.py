@@ -1,43 +1,61 @@
 """What the end-to-end tests share: the ``ddslurm`` CLI run as a user runs it (a subprocess of this environment's
-entry point), waiting, bounded, for what a run does next, a run's Slurm arrays, and a script run as another,
-unprivileged user of the node."""
+entry point), waiting, bounded, for what a run does next, a run's records and Slurm arrays, a run whose jobs Slurm
+holds and an ``sbatch`` that fails on cue, the node's processes and a script run as another, unprivileged user of
+the node, and the mixed example's local generator served by the vLLM stand-in."""
 
 from __future__ import annotations
 
 import json
+import os
+import secrets
+import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ddslurm.config import SubmissionRecord, read_json
+from ddslurm.config import AttemptRecord, SubmissionRecord, read_json
 
 NOBODY = 65534
 """The other user of the shared-node tests (``nobody``); starting its processes needs root."""
 SYSTEM_PYTHON = "/usr/bin/python3"
 """A Python another user can run (the project's environment may be unreadable to it)."""
 DDSLURM = str(Path(sys.executable).parent / "ddslurm")
+FAKE_VLLM = Path(sys.executable).parent / "fake-vllm"
+"""The vLLM stand-in (``tools/fake-vllm``), this environment's entry point."""
+REPO = Path(__file__).resolve().parents[1]
+MIXED_RECIPE = REPO / "examples" / "mixed" / "recipe.yaml"
+"""The mixed example: a local generator (``generator``, served as ``qwen3-8b``) and a hosted judge."""
 
 
 def run_cli(
-    *args: str, env: dict[str, str], timeout: float = 600, umask: int | None = None
+    *args: str, env: dict[str, str], timeout: float = 600, umask: int | None = None, outputs: list[str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """``ddslurm ARGS`` with ``env`` (and ``umask``, else this process's), its output captured."""
-    return subprocess.run(
+    """``ddslurm ARGS`` with ``env`` (and ``umask``, else this process's), its output captured (and appended to
+    ``outputs``, standard output then standard error, for a test that scans all it printed)."""
+    done = subprocess.run(
         [DDSLURM, *args], capture_output=True, text=True, env=env, timeout=timeout, check=False,
         umask=-1 if umask is None else umask,
     )  # fmt: skip
+    if outputs is not None:
+        outputs.extend((done.stdout, done.stderr))
+    return done
 
 
 def cli_json(
-    *args: str, env: dict[str, str], timeout: float = 600, umask: int | None = None, codes: tuple[int, ...] = (0,)
+    *args: str,
+    env: dict[str, str],
+    timeout: float = 600,
+    umask: int | None = None,
+    codes: tuple[int, ...] = (0,),
+    outputs: list[str] | None = None,
 ) -> Any:
     """``ddslurm ARGS`` that must exit with one of ``codes``; its standard output decoded as JSON."""
-    done = run_cli(*args, env=env, timeout=timeout, umask=umask)
+    done = run_cli(*args, env=env, timeout=timeout, umask=umask, outputs=outputs)
     assert done.returncode in codes, f"{args}: rc={done.returncode}\n{done.stdout}\n{done.stderr[-3000:]}"
     return json.loads(done.stdout)
 
@@ -49,21 +67,112 @@ def until(
     show: Callable[[], Any] | None = None,
     *,
     interval: float = 0.2,
+    fail: bool = True,
 ) -> Any:
     """The first true value of ``predicate()`` within ``timeout`` seconds; the test fails naming ``what`` (and
-    ``show()``, the last state seen) otherwise."""
+    ``show()``, the last state seen) otherwise, or, with ``fail`` false, the wait returns None."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
         time.sleep(interval)
+    if not fail:
+        return None
     pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}" + (f"; last seen: {show()}" if show else ""))
+
+
+def slurm(*argv: str, check: bool = False) -> str:
+    """What the Slurm command ``argv`` prints (``check``: it must succeed)."""
+    return subprocess.run(list(argv), capture_output=True, text=True, timeout=60, check=check).stdout
+
+
+def attempts(run_dir: Path, shard: int | None = None) -> list[AttemptRecord]:
+    """The attempt records of the run (of ``shard`` only, unless None), oldest first; one that cannot be read (being
+    written) is left out."""
+    pattern = "shard-*" if shard is None else f"shard-{shard:05d}"
+    records = []
+    for path in run_dir.glob(f"shards/{pattern}/attempts/*/attempt.json"):
+        try:
+            records.append(read_json(path, AttemptRecord))
+        except Exception:
+            continue
+    return sorted(records, key=lambda r: r.started_at)
+
+
+def submissions(run_dir: Path) -> list[SubmissionRecord]:
+    """The records of every submission of the run (one a Slurm array), oldest first."""
+    records = (read_json(p, SubmissionRecord) for p in run_dir.glob("submissions/*.json"))
+    return sorted(records, key=lambda r: int(r.array_job_id))
 
 
 def array_jobs(run_dir: Path) -> list[str]:
     """The Slurm array job ids of every submission of the run, oldest first."""
-    return sorted((read_json(p, SubmissionRecord).array_job_id for p in run_dir.glob("submissions/*.json")), key=int)
+    return [r.array_job_id for r in submissions(run_dir)]
+
+
+HELD_RECIPE = """data_designer:
+  columns:
+  - {name: topic, column_type: sampler, sampler_type: category, params: {sampler_type: category, values: [a, b]}}
+  - {name: q, column_type: llm-text, model_alias: writer, prompt: "Say {{ topic }}"}
+  model_configs:
+  - {alias: writer, model: m-1, provider: hosted, inference_parameters: {temperature: 0.3, max_parallel_requests: 2}}
+"""
+
+
+def held_run(root: Path, *, shards: int, extra: str = "") -> tuple[Path, Path, dict[str, str]]:
+    """A run of ``shards`` shards (``extra``: more of its run file) whose jobs are held an hour (``--begin``: nothing
+    runs), its profile and its environment (its provider's key in ``HELD_KEY``)."""
+    root.mkdir(parents=True, exist_ok=True)
+    home = root / "dd"
+    home.mkdir()
+    (home / "model_providers.yaml").write_text(
+        "providers:\n- {name: hosted, endpoint: 'http://127.0.0.1:9/v1', api_key: HELD_KEY}\n"
+    )
+    (root / "recipe.yaml").write_text(HELD_RECIPE)
+    run = root / "run.yaml"
+    run.write_text(
+        f"name: held-{secrets.token_hex(3)}\nrecipe: recipe.yaml\nnum_records: {shards}\nshards: {shards}\n"
+        "submission:\n  time_limit: '00:10:00'\n  cpus: 1\n  memory: 100M\n  extra_sbatch: ['--begin=now+1hour']\n"
+        f"{extra}"
+    )
+    profile = root / "profile.yaml"
+    profile.write_text(
+        f"workspace: {root / 'work'}\npython_env: {REPO / '.venv'}\npartition: gpu\ncpu_partition: cpu\n"
+    )
+    env = {**os.environ, "DATA_DESIGNER_HOME": str(home), "HELD_KEY": "sk-held-e2e-" + "5" * 16}
+    env.pop("DDSLURM_SLURM_TIMEOUT", None)
+    return run, profile, env
+
+
+def sbatch_wrapper(folder: Path, call: int, instead: str) -> str:
+    """A directory (for the front of ``PATH``) holding an ``sbatch`` that runs the real one, except on its
+    ``call``-th call: the shell commands ``instead``."""
+    real = shutil.which("sbatch")
+    assert real is not None
+    bin_dir = folder / "wrapped-bin"
+    bin_dir.mkdir()
+    count = folder / "sbatch-calls"
+    (bin_dir / "sbatch").write_text(
+        "#!/bin/bash\n"
+        f"n=$(( $(cat {count} 2>/dev/null || echo 0) + 1 )); echo $n > {count}\n"
+        f'if [ "$n" = {call} ]; then\n{instead}\nfi\n'
+        f'exec {real} "$@"\n'
+    )
+    (bin_dir / "sbatch").chmod(0o755)
+    return str(bin_dir)
+
+
+def processes() -> list[tuple[int, list[str]]]:
+    """Every process of the node: its pid and its command line (one that ended while it was read is left out)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = cmdline.read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        found.append((int(cmdline.parent.name), argv))
+    return found
 
 
 def as_nobody(script: str, *args: str, timeout: float = 60) -> str:
@@ -73,3 +182,38 @@ def as_nobody(script: str, *args: str, timeout: float = 60) -> str:
         timeout=timeout, check=True,
     )  # fmt: skip
     return done.stdout.strip()
+
+
+def generator(
+    *,
+    model: str = "Qwen/Qwen3-8B",
+    replicas: int | None = None,
+    tensor_parallel: int | None = None,
+    startup_timeout: int = 120,
+    env: Mapping[str, str] | str = "",
+) -> str:
+    """The run file's ``deployments:`` for the mixed example's ``generator``: ``model`` served as ``qwen3-8b``
+    (``replicas`` and ``tensor_parallel``: the run file's default where None) on one CPU; ``env``: the server's
+    environment (the stand-in's ``FAKE_VLLM_*`` settings), a mapping or a YAML flow mapping as written."""
+    lines = ["deployments:", "  - model_alias: generator", f"    model: {model}", "    served_model_name: qwen3-8b"]
+    lines += [f"    {key}: {value}" for key, value in (("replicas", replicas), ("tensor_parallel", tensor_parallel))
+              if value is not None]  # fmt: skip
+    lines += ["    server:", "      cpus: 1", f"      startup_timeout: {startup_timeout}"]
+    if not isinstance(env, str):
+        env = "{" + ", ".join(f"{key}: '{value}'" for key, value in env.items()) + "}"
+    if env:
+        lines.append(f"      env: {env}")
+    return "\n".join(lines) + "\n"
+
+
+def vllm_stand_in(folder: Path, name: str = "", *, record_env: bool = False) -> Path:
+    """``vllm`` for a profile's ``vllm_executable``: a script in ``folder`` (``vllm``, or ``vllm-<name>``) that
+    becomes :data:`FAKE_VLLM`, each server process keeping its own request log,
+    ``folder/[<name>-]requests-<pid>.jsonl``; with ``record_env``, a server step first writes its environment
+    (its GPUs, its token) to ``folder/server-env-<pid>.txt``."""
+    script = folder / (f"vllm-{name}" if name else "vllm")
+    log = folder / (f"{name}-requests" if name else "requests")
+    record = f'[ "$1" = serve ] && env > "{folder}/server-env-$$.txt"\n' if record_env else ""
+    script.write_text(f'#!/bin/sh\n{record}FAKE_VLLM_REQUEST_LOG="{log}-$$.jsonl" exec "{FAKE_VLLM}" "$@"\n')
+    script.chmod(0o755)
+    return script

@@ -31,19 +31,14 @@ from typing import Any
 
 import pytest
 
+from tests.e2e import MIXED_RECIPE, REPO, generator
 from tests.e2e import cli_json as _cli
 
 pytestmark = [pytest.mark.slurm, pytest.mark.dd]
 
-REPO = Path(__file__).resolve().parents[1]
-MIXED_RECIPE = REPO / "examples" / "mixed" / "recipe.yaml"
 BIN = Path(sys.executable).parent
-DDSLURM = str(BIN / "ddslurm")
 LOGIN_FILES_LOCK = Path("/tmp/ddslurm-login-files.lock")
-GENERATOR = (
-    "deployments:\n  - model_alias: generator\n    model: Qwen/Qwen3-8B\n    served_model_name: qwen3-8b\n"
-    "    replicas: 2\n    tensor_parallel: 2\n    server:\n      cpus: 1\n      startup_timeout: 120\n"
-)
+GENERATOR = generator(replicas=2, tensor_parallel=2)
 # Set by Slurm, bash or the batch script itself on the node; everything else must come from ddslurm's choice.
 SET_ON_THE_NODE = {
     "ENVIRONMENT", "HOSTNAME", "PWD", "OLDPWD", "SHLVL", "_", "PYTHONNOUSERSITE",

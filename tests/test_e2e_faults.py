@@ -12,49 +12,27 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ddslurm.config import AttemptRecord, WinnerRecord, read_json
-from tests.e2e import array_jobs, until
+from ddslurm.config import WinnerRecord, read_json
+from tests.e2e import array_jobs, attempts, cli_json, processes, run_cli, slurm, until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.dd]
 
-DDSLURM = str(Path(sys.executable).parent / "ddslurm")
 SERVED = ["--served-model-name", "demo/writer-8b", "demo/judge-70b"]
 
 
-def _cli(*args: str, env: dict[str, str], timeout: float = 300, ok: bool = True) -> Any:
-    done = subprocess.run([DDSLURM, *args], capture_output=True, text=True, env=env, timeout=timeout, check=False)
-    if ok:
-        assert done.returncode == 0, f"{args}: rc={done.returncode}\n{done.stdout}\n{done.stderr[-3000:]}"
-    return json.loads(done.stdout) if ok and done.stdout.strip().startswith(("{", "[")) else done
-
-
-def _slurm(*argv: str) -> str:
-    return subprocess.run(list(argv), capture_output=True, text=True, timeout=60, check=False).stdout
-
-
-def _attempts(run_dir: Path, shard: int) -> list[AttemptRecord]:
-    out = []
-    for path in run_dir.glob(f"shards/shard-{shard:05d}/attempts/*/attempt.json"):
-        with contextlib.suppress(Exception):
-            out.append(read_json(path, AttemptRecord))
-    return sorted(out, key=lambda r: r.started_at)
-
-
 def _running(run_dir: Path, shards: range) -> bool:
-    return all(any(r.state == "running" for r in _attempts(run_dir, s)) for s in shards)
+    return all(any(r.state == "running" for r in attempts(run_dir, s)) for s in shards)
 
 
 def _status(run_dir: Path, env: dict[str, str]) -> dict[str, Any]:
-    status: dict[str, Any] = _cli("status", str(run_dir), "--json", env=env)
+    status: dict[str, Any] = cli_json("status", str(run_dir), "--json", env=env)
     return status
 
 
@@ -73,11 +51,11 @@ def _slow_provider(files: Any, key: str, latency: str = "0.25", port: int | None
 
 
 def _submit(files: Any, env: dict[str, str]) -> Path:
-    return Path(_cli("submit", str(files.run_file), "--profile", str(files.profile), "--json", env=env)["run_dir"])
+    return Path(cli_json("submit", str(files.run_file), "--profile", str(files.profile), "--json", env=env)["run_dir"])
 
 
 def _cancel_quietly(run_dir: Path, env: dict[str, str]) -> None:
-    _cli("cancel", str(run_dir), env=env, ok=False)
+    run_cli("cancel", str(run_dir), env=env)
 
 
 # --- 1. cancel stops a run with automatic retries, and only an explicit retry continues it ---
@@ -91,25 +69,25 @@ def test_cancel_stops_every_array_of_a_run_with_automatic_retries(make_run_files
             arrays = array_jobs(run_dir)
             assert len(arrays) == 3  # the run and its two automatic retry arrays (afternotok chain)
             until(lambda: _running(run_dir, range(2)), 120, "both shards to be generating")
-            out = _cli("cancel", str(run_dir), "--json", env=env)
+            out = cli_json("cancel", str(run_dir), "--json", env=env)
             assert out["run_cancelled"] and sorted(out["cancelled"], key=int) == arrays
             until(lambda: _status(run_dir, env)["state"] == "cancelled", 60, "the run to be cancelled")
             time.sleep(6)  # a retry array released by the cancellation would have started by now (~1 s a hop)
-            assert _slurm("squeue", "-h", "-j", ",".join(arrays), "-o", "%i").strip() == ""
-            rows = _slurm("sacct", "-X", "-n", "--parsable2", "-j", ",".join(arrays), "--format=JobID,State")
+            assert slurm("squeue", "-h", "-j", ",".join(arrays), "-o", "%i").strip() == ""
+            rows = slurm("sacct", "-X", "-n", "--parsable2", "-j", ",".join(arrays), "--format=JobID,State")
             states = {line.split("|")[0]: line.split("|")[1] for line in rows.splitlines() if "|" in line}
             assert states and all(s.startswith("CANCELLED") for s in states.values()), states
             for shard in range(2):
-                records = _attempts(run_dir, shard)
+                records = attempts(run_dir, shard)
                 assert records[0].state == "failed" and records[0].reason == "cancelled", records[0]
                 # a task that started anyway (a race with scancel) generated nothing
                 assert all((r.state, r.reason) == ("cancelled", "run_cancelled") for r in records[1:]), records
             assert _status(run_dir, env)["cancelled_at"]
 
-            refused = _cli("retry", str(run_dir), env=env, ok=False)
+            refused = run_cli("retry", str(run_dir), env=env)
             assert refused.returncode == 1 and "--resume-cancelled" in refused.stderr, refused.stderr
-            assert _cli("retry", str(run_dir), "--resume-cancelled", "--json", env=env)["shards"] == [0, 1]
-            final = _cli("wait", str(run_dir), "--json", "--timeout", "240", env=env)
+            assert cli_json("retry", str(run_dir), "--resume-cancelled", "--json", env=env)["shards"] == [0, 1]
+            final = cli_json("wait", str(run_dir), "--json", "--timeout", "240", env=env)
             assert final["state"] == "succeeded" and final["records_done"] == 24
         finally:
             _cancel_quietly(run_dir, env)
@@ -120,16 +98,9 @@ def test_cancel_stops_every_array_of_a_run_with_automatic_retries(make_run_files
 
 def _controller_pid(run_dir: Path) -> int | None:
     """The batch step: ``ddslurm-runtime generate --run-dir RUN_DIR`` (the script execs it)."""
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            argv = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        words = [a.decode(errors="replace") for a in argv]
+    for pid, words in processes():
         if "generate" in words and str(run_dir) in words and any(w.endswith("ddslurm-runtime") for w in words):
-            return int(proc.name)
+            return pid
     return None
 
 
@@ -150,7 +121,7 @@ def test_sigkill_of_the_controller_is_reported_from_slurms_record(make_run_files
             _cancel_quietly(run_dir, env)
     assert shard["reason"] == "killed (signal 9)", shard
     assert "Slurm: FAILED, exit code 0:9 (SIGKILL)" in shard["message"] and "still says running" in shard["message"]
-    assert _attempts(run_dir, 0)[-1].state == "running"  # the attempt itself could not say
+    assert attempts(run_dir, 0)[-1].state == "running"  # the attempt itself could not say
 
 
 # --- 3. a requeued task is pending again: shown as requeued, not as the SIGTERM that stopped it ---
@@ -167,37 +138,37 @@ def test_requeued_task_is_shown_requeued_and_reruns(make_run_files: Any) -> None
             run_dir = _submit(files, env)
             task = f"{array_jobs(run_dir)[0]}_0"
             until(lambda: _running(run_dir, range(1)), 120, "the attempt to be generating")
-            _slurm("scontrol", "requeue", task)
+            slurm("scontrol", "requeue", task)
             shard = until(
                 lambda: (s := _status(run_dir, env)["shards"][0])["state"] == "pending" and s["reason"] and s,
                 60,
                 "the requeued task to be pending",
-                lambda: (_status(run_dir, env), _slurm("squeue", "-h", "-r", "-o", "%i|%T|%r|%N")),
+                lambda: (_status(run_dir, env), slurm("squeue", "-h", "-r", "-o", "%i|%T|%r|%N")),
             )
             assert shard["reason"] == "requeued", shard
             assert f"requeued task {task}" in shard["message"]
         with _slow_provider(files, key, latency="0", port=port) as env:  # the provider healed
-            _slurm("scontrol", "update", f"jobid={task}", "StartTime=now")  # not Slurm's 2-minute requeue delay
-            final = _cli("wait", str(run_dir), "--json", "--timeout", "240", env=env)
+            slurm("scontrol", "update", f"jobid={task}", "StartTime=now")  # not Slurm's 2-minute requeue delay
+            final = cli_json("wait", str(run_dir), "--json", "--timeout", "240", env=env)
     finally:
         if run_dir is not None:
             _cancel_quietly(run_dir, files.env)
     assert final["state"] == "succeeded" and final["records_done"] == 12, final
-    records = _attempts(run_dir, 0)
+    records = attempts(run_dir, 0)
     assert [r.state for r in records] == ["failed", "succeeded"] and records[1].attempt.endswith("-r1"), records
 
 
 def _node_jobs() -> dict[str, set[str]]:
     jobs: dict[str, set[str]] = {}
-    for line in _slurm("squeue", "-h", "-t", "R", "-o", "%i|%N").splitlines():
+    for line in slurm("squeue", "-h", "-t", "R", "-o", "%i|%N").splitlines():
         job, _, nodes = line.partition("|")
-        for node in _slurm("scontrol", "show", "hostnames", nodes).split() if nodes else []:
+        for node in slurm("scontrol", "show", "hostnames", nodes).split() if nodes else []:
             jobs.setdefault(node, set()).add(job)
     return jobs
 
 
 def _node_state(node: str) -> str:
-    return _slurm("sinfo", "-h", "-n", node, "-N", "-o", "%t").split()[0] if node else ""
+    return slurm("sinfo", "-h", "-n", node, "-N", "-o", "%t").split()[0] if node else ""
 
 
 def test_node_failure_is_shown_requeued_node_failure(make_run_files: Any) -> None:
@@ -211,12 +182,14 @@ def test_node_failure_is_shown_requeued_node_failure(make_run_files: Any) -> Non
         task = f"{array_jobs(run_dir)[0]}_0"
         try:
             until(lambda: _running(run_dir, range(1)), 120, "the attempt to be generating")
-            _slurm("scontrol", "update", f"nodename={node}", "state=drain", "reason=ddslurm-fault-test")
+            slurm("scontrol", "update", f"nodename={node}", "state=drain", "reason=ddslurm-fault-test")
             try:
-                alone = _until_or_none(lambda: _node_jobs().get(node, set()) <= {task}, 90)
+                alone = until(
+                    lambda: _node_jobs().get(node, set()) <= {task}, 90, f"{node} alone", interval=1.0, fail=False
+                )
                 if not alone:
                     pytest.skip(f"jobs of other tests still run on {node}; not failing the node under them")
-                _slurm("scontrol", "update", f"nodename={node}", "state=down", "reason=ddslurm-fault-test")
+                slurm("scontrol", "update", f"nodename={node}", "state=down", "reason=ddslurm-fault-test")
                 # Slurm's accounting records NODE_FAIL a moment after the task is pending again ("requeued").
                 shard = until(
                     lambda: (
@@ -226,24 +199,15 @@ def test_node_failure_is_shown_requeued_node_failure(make_run_files: Any) -> Non
                     ),
                     60,
                     "the task to be pending again after the node failure",
-                    lambda: (_status(run_dir, env), _slurm("squeue", "-h", "-r", "-o", "%i|%T|%r|%N")),
+                    lambda: (_status(run_dir, env), slurm("squeue", "-h", "-r", "-o", "%i|%T|%r|%N")),
                 )
             finally:
-                _slurm("scontrol", "update", f"nodename={node}", "state=resume")
+                slurm("scontrol", "update", f"nodename={node}", "state=resume")
                 until(lambda: _node_state(node) in {"idle", "mix", "alloc"}, 60, f"{node} to be back")
         finally:
             _cancel_quietly(run_dir, env)
     assert shard["reason"] == "requeued (node failure)", shard
     assert shard["slurm_state"] == "PENDING"
-
-
-def _until_or_none(predicate: Callable[[], Any], timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := predicate():
-            return value
-        time.sleep(1.0)
-    return None
 
 
 # --- 4. a time limit that Slurm's early warning would eat entirely is refused at submit ---
@@ -252,7 +216,7 @@ def _until_or_none(predicate: Callable[[], Any], timeout: float) -> Any:
 def test_time_limit_too_short_for_the_warning_is_refused(make_run_files: Any) -> None:
     files = make_run_files("short-limit", num_records=2, shards=1)
     files.run_file.write_text(files.run_file.read_text().replace("time_limit: '00:10:00'", "time_limit: 1"))
-    done = _cli("submit", str(files.run_file), "--profile", str(files.profile), env=files.env, ok=False)
+    done = run_cli("submit", str(files.run_file), "--profile", str(files.profile), env=files.env)
     assert done.returncode == 2, done.stdout
     assert "submission.time_limit: 1 is 1 minute(s); at least 2" in done.stderr, done.stderr
     assert not list(files.workspace.glob("runs/*"))
@@ -264,7 +228,7 @@ def test_time_limit_too_short_for_the_warning_is_refused(make_run_files: Any) ->
 def test_winner_changed_after_publication_is_reported_corrupt(make_run_files: Any) -> None:
     files = make_run_files("corrupt", num_records=2, shards=1, buffer_size=2)
     run_dir = _submit(files, files.env)
-    final = _cli("wait", str(run_dir), "--json", "--timeout", "240", env=files.env)
+    final = cli_json("wait", str(run_dir), "--json", "--timeout", "240", env=files.env)
     assert final["state"] == "succeeded"
     winner = read_json(run_dir / "shards" / "shard-00000" / "winner.json", WinnerRecord)
     batch = Path(winner.dataset_dir) / winner.files[0].path
@@ -275,5 +239,5 @@ def test_winner_changed_after_publication_is_reported_corrupt(make_run_files: An
     shard = _status(run_dir, files.env)["shards"][0]
     assert (shard["state"], shard["reason"]) == ("corrupt", "winner_corrupt"), shard
     assert str(batch) in shard["message"] and "sha256" in shard["message"]
-    waited = _cli("wait", str(run_dir), "--json", env=files.env, ok=False)
+    waited = run_cli("wait", str(run_dir), "--json", env=files.env)
     assert waited.returncode == 1 and json.loads(waited.stdout)["state"] == "failed"

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,28 +11,18 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
+from tests.e2e import cli_json, run_cli
+
 pytestmark = [pytest.mark.slurm, pytest.mark.dd]
-
-DDSLURM = str(Path(sys.executable).parent / "ddslurm")
-
 
 OUTPUTS: list[str] = []  # everything the CLI printed in this process, scanned for secrets
 
 
-def _cli(*args: str, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run([DDSLURM, *args], capture_output=True, text=True, env=env, timeout=timeout, check=False)
-    OUTPUTS.extend((done.stdout, done.stderr))
-    return done
-
-
-def _json(done: subprocess.CompletedProcess[str]) -> Any:
-    assert done.returncode == 0, f"rc={done.returncode}\n{done.stdout}\n{done.stderr[-3000:]}"
-    return json.loads(done.stdout)
-
-
 def test_hosted_only_run_end_to_end(make_run_files: Any, hosted_endpoint: Any, scan_for_secret: Any) -> None:
     files = make_run_files("e2e", num_records=9, shards=3, buffer_size=2)
-    submitted = _json(_cli("submit", str(files.run_file), "--profile", str(files.profile), "--json", env=files.env))
+    submitted = cli_json(
+        "submit", str(files.run_file), "--profile", str(files.profile), "--json", env=files.env, outputs=OUTPUTS
+    )
     run_dir = Path(submitted["run_dir"])
     assert submitted["shards"] == 3 and submitted["job_id"].isdigit()
     # The job reads the snapshot captured at submit time, never the settings directory: break it now.
@@ -44,17 +32,17 @@ def test_hosted_only_run_end_to_end(make_run_files: Any, hosted_endpoint: Any, s
     assert "#SBATCH --gres=none" in script and "#SBATCH --partition=cpu" in script
     assert "#SBATCH --array=0-2" in script and "#SBATCH --mem=1G" in script
 
-    final = _json(_cli("wait", str(run_dir), "--json", env=files.env))
+    final = cli_json("wait", str(run_dir), "--json", env=files.env, outputs=OUTPUTS)
     assert final["state"] == "succeeded", final
     assert final["records_done"] == 9
     assert [s["state"] for s in final["shards"]] == ["succeeded"] * 3
 
-    status = _json(_cli("status", str(run_dir), "--json", env=files.env))
+    status = cli_json("status", str(run_dir), "--json", env=files.env, outputs=OUTPUTS)
     assert status["state"] == "succeeded"
 
     # The collection job runs on the CPU partition without the key in its environment.
     env_without_key = {k: v for k, v in files.env.items() if k != "DEMO_HOSTED_API_KEY"}
-    collected = _json(_cli("collect", str(run_dir), "--json", env=env_without_key))
+    collected = cli_json("collect", str(run_dir), "--json", env=env_without_key, outputs=OUTPUTS)
     dataset = Path(collected["dataset"])
     assert collected["rows"] == 9 and dataset == run_dir / "dataset"
     assert Path(collected["manifest"]).is_file()
@@ -73,17 +61,19 @@ def test_hosted_only_run_end_to_end(make_run_files: Any, hosted_endpoint: Any, s
 
 def test_status_and_wait_report_a_failed_run(make_run_files: Any) -> None:
     files = make_run_files("fail", num_records=2, shards=1, buffer_size=2)
-    submitted = _json(_cli("submit", str(files.run_file), "--profile", str(files.profile), "--json", env=files.env))
+    submitted = cli_json(
+        "submit", str(files.run_file), "--profile", str(files.profile), "--json", env=files.env, outputs=OUTPUTS
+    )
     run_dir = Path(submitted["run_dir"])
     # The snapshot is checked against the plan's sha256 on the node: tampering makes the attempt fail.
     snapshot = run_dir / "inputs" / "snapshot.json"
     snapshot.write_bytes(snapshot.read_bytes().replace(b"demo-hosted", b"demo-hostex"))
-    done = _cli("wait", str(run_dir), "--json", env=files.env)
+    done = run_cli("wait", str(run_dir), "--json", env=files.env, outputs=OUTPUTS)
     assert done.returncode == 1
     final = json.loads(done.stdout)
     assert final["state"] == "failed"
     assert final["shards"][0]["state"] == "failed"
     assert "sha256 differs from the plan" in final["shards"][0]["message"]  # from the task's batch output
-    collect = _cli("collect", str(run_dir), "--local", env=files.env)
+    collect = run_cli("collect", str(run_dir), "--local", env=files.env, outputs=OUTPUTS)
     assert collect.returncode != 0 and "no published result" in collect.stderr
     assert not (run_dir / "dataset").exists()

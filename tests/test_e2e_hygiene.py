@@ -13,7 +13,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -22,11 +21,11 @@ import pytest
 
 from ddslurm.config import AttemptRecord, read_json
 from tests.e2e import cli_json as _cli
+from tests.e2e import processes
 from tests.e2e import until as _until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.dd]
 
-DDSLURM = str(Path(sys.executable).parent / "ddslurm")
 SERVED = ["--served-model-name", "demo/writer-8b", "demo/judge-70b"]
 
 
@@ -73,13 +72,9 @@ def _client_pid(run_dir: Path) -> int:
     """The client step's own process (not the ``srun`` that started it)."""
 
     def find() -> int | None:
-        for proc in Path("/proc").iterdir():
-            try:
-                argv = (proc / "cmdline").read_bytes().decode().split("\0")
-            except (OSError, UnicodeDecodeError):
-                continue
+        for pid, argv in processes():
             if Path(argv[0]).name != "srun" and "client" in argv and str(run_dir) in argv:
-                return int(proc.name)
+                return pid
         return None
 
     pid: int = _until(find, 120, "the client step")

@@ -16,8 +16,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import subprocess
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
@@ -32,12 +30,7 @@ from ddslurm.launcher import prepare, write_run_dir
 from ddslurm.launcher._slurm import Slurm
 from ddslurm.launcher._submit import submit_shards
 from ddslurm.launcher.errors import SubmitError
-from tests.e2e import as_nobody
-
-REPO = Path(__file__).resolve().parents[1]
-MIXED_RECIPE = REPO / "examples" / "mixed" / "recipe.yaml"
-DDSLURM = str(Path(sys.executable).parent / "ddslurm")
-FAKE_VLLM = Path(sys.executable).parent / "fake-vllm"
+from tests.e2e import MIXED_RECIPE, as_nobody, processes, run_cli, vllm_stand_in
 
 
 def _deployment(*, replicas: int = 2, latency: str = "0.02", env_from: str = "[HF_TOKEN]", env: str = "") -> str:
@@ -107,14 +100,7 @@ def test_a_literal_secret_in_server_env_is_refused_before_anything_is_written(ma
     hf_value = "hf_" + secrets.token_hex(16)
     extra = _deployment(env_from="[]", env=f", HF_TOKEN: {hf_value}")
     files = make_run_files("literal", num_records=4, shards=1, recipe=MIXED_RECIPE, extra_run=extra)
-    done = subprocess.run(
-        [DDSLURM, "submit", str(files.run_file), "--profile", str(files.profile)],
-        capture_output=True,
-        text=True,
-        env=files.env,
-        timeout=120,
-        check=False,
-    )
+    done = run_cli("submit", str(files.run_file), "--profile", str(files.profile), env=files.env, timeout=120)
     assert done.returncode != 0
     line = files.run_file.read_text().splitlines().index("    server:") + 1
     where = f"{files.run_file}:{line}:5: deployments[0].server: env.HF_TOKEN: looks like a secret"
@@ -124,29 +110,6 @@ def test_a_literal_secret_in_server_env_is_refused_before_anything_is_written(ma
 
 
 # --- on the local cluster -----------------------------------------------------------------------------------
-
-
-def _wrapper(tmp_path: Path) -> Path:
-    """`vllm` for the profile: records the server step's environment, then becomes the stand-in."""
-    script = tmp_path / "vllm"
-    script.write_text(
-        "#!/bin/sh\n"
-        f'[ "$1" = serve ] && env > "{tmp_path}/server-env-$$.txt"\n'
-        f'FAKE_VLLM_REQUEST_LOG="{tmp_path}/requests-$$.jsonl" exec "{FAKE_VLLM}" "$@"\n'
-    )
-    script.chmod(0o755)
-    return script
-
-
-def _processes() -> list[tuple[int, list[str]]]:
-    out = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            argv = cmdline.read_bytes().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        out.append((int(cmdline.parent.name), argv))
-    return out
 
 
 def _environ(pid: int) -> dict[str, str]:
@@ -168,7 +131,7 @@ def _find(what: str, match: Any, timeout: float = 60) -> int:
     """The pid of the one process (never an ``srun`` that started it) whose argv ``match`` accepts."""
     deadline = time.monotonic() + timeout
     while True:
-        found = [pid for pid, argv in _processes() if argv and Path(argv[0]).name != "srun" and match(argv)]
+        found = [pid for pid, argv in processes() if argv and Path(argv[0]).name != "srun" and match(argv)]
         if len(found) == 1:
             return found[0]
         assert time.monotonic() < deadline, f"{what}: {len(found)} processes"
@@ -188,11 +151,10 @@ def test_a_mixed_run_serves_only_requests_with_the_attempts_token(
         buffer_size=6,
         recipe=MIXED_RECIPE,
         extra_run=_deployment(latency="3"),  # slow answers keep the attempt alive while it is probed
-        vllm_executable=_wrapper(tmp_path),
+        vllm_executable=vllm_stand_in(tmp_path, record_env=True),
     )
     env = {**files.env, "HF_TOKEN": hf_value}
-    submit = [DDSLURM, "submit", str(files.run_file), "--profile", str(files.profile), "--json"]
-    done = subprocess.run(submit, capture_output=True, text=True, env=env, timeout=300, check=False)
+    done = run_cli("submit", str(files.run_file), "--profile", str(files.profile), "--json", env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     run_dir = Path(json.loads(done.stdout)["run_dir"])
     attempts = RunLayout(run_dir).shard(0).attempts
@@ -248,12 +210,10 @@ def test_a_mixed_run_serves_only_requests_with_the_attempts_token(
     )
     assert "HF_TOKEN" not in client_env and "VLLM_API_KEY" not in client_env
     # No command line on the node shows the token or the server-only value (`ps` shows them to every user).
-    for pid, argv in _processes():
+    for pid, argv in processes():
         assert token not in " ".join(argv) and hf_value not in " ".join(argv), (pid, argv)
 
-    final = subprocess.run(
-        [DDSLURM, "wait", str(run_dir), "--json"], capture_output=True, text=True, env=env, timeout=400, check=False
-    )
+    final = run_cli("wait", str(run_dir), "--json", env=env, timeout=400)
     assert json.loads(final.stdout)["state"] == "succeeded", (attempt / "client.out").read_text()[-3000:]
     # Every generator request the replicas served came with the token.
     served = [json.loads(line) for f in tmp_path.glob("requests-*.jsonl") for line in f.read_text().splitlines()]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -15,31 +14,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from ddslurm.config import AttemptRecord, read_json
+from tests.e2e import MIXED_RECIPE, generator, run_cli, vllm_stand_in
 from tests.e2e import cli_json as _cli
 
 pytestmark = [pytest.mark.slurm, pytest.mark.dd]
 
-REPO = Path(__file__).resolve().parents[1]
-MIXED_RECIPE = REPO / "examples" / "mixed" / "recipe.yaml"
-DDSLURM = str(Path(sys.executable).parent / "ddslurm")
-FAKE_VLLM = Path(sys.executable).parent / "fake-vllm"
-GENERATOR = (
-    "deployments:\n  - model_alias: generator\n    model: Qwen/Qwen3-8B\n    served_model_name: qwen3-8b\n"
-    "    replicas: 2\n    tensor_parallel: 2\n    server:\n      cpus: 1\n      startup_timeout: 120\n"
-    "      env: {FAKE_VLLM_LATENCY: '0.02', FAKE_VLLM_STARTUP_DELAY: '1'}\n"
-)
-
-
-def _wrapper(tmp_path: Path) -> Path:
-    """`vllm` for the profile: records the server step's environment and GPUs, then becomes the stand-in."""
-    script = tmp_path / "vllm"
-    script.write_text(
-        "#!/bin/sh\n"
-        f'[ "$1" = serve ] && env > "{tmp_path}/server-env-$$.txt"\n'
-        f'FAKE_VLLM_REQUEST_LOG="{tmp_path}/requests-$$.jsonl" exec "{FAKE_VLLM}" "$@"\n'
-    )
-    script.chmod(0o755)
-    return script
+STAND_IN = {"FAKE_VLLM_LATENCY": "0.02", "FAKE_VLLM_STARTUP_DELAY": "1"}
+GENERATOR = generator(replicas=2, tensor_parallel=2, env=STAND_IN)
 
 
 def _attempts(run_dir: Path) -> list[Path]:
@@ -62,7 +43,7 @@ def test_mixed_run_local_generator_two_replicas_and_hosted_judge(
         recipe=MIXED_RECIPE,
         # one allocation runs the generator and the judge (tests/test_e2e_stages.py: the two-stage run)
         extra_run=GENERATOR + "stages: single\n",
-        vllm_executable=_wrapper(tmp_path),
+        vllm_executable=vllm_stand_in(tmp_path, record_env=True),
     )
     submitted = _cli("submit", str(files.run_file), "--profile", str(files.profile), "--json", env=files.env)
     run_dir = Path(submitted["run_dir"])
@@ -74,17 +55,7 @@ def test_mixed_run_local_generator_two_replicas_and_hosted_judge(
     attempt = _attempts(run_dir)[0]
     assert final["state"] == "succeeded", (attempt / "client.out").read_text()[-3000:]
     assert final["records_done"] == 12
-    table = pq.read_table(
-        json.loads(
-            subprocess.run(
-                [DDSLURM, "collect", str(run_dir), "--json", "--local"],
-                capture_output=True,
-                text=True,
-                env=files.env,
-                check=True,
-            ).stdout
-        )["dataset"]
-    )
+    table = pq.read_table(_cli("collect", str(run_dir), "--json", "--local", env=files.env)["dataset"])
     assert table.num_rows == 12 and {"question", "sql", "sql_quality", "sql_chars"} <= set(table.column_names)
 
     # Both replicas served the generator: each stand-in process kept its own request log.
@@ -158,21 +129,11 @@ def test_hosted_only_run_lands_on_the_cpu_node_without_servers(make_run_files: A
 def test_failing_server_under_srun_fails_fast_with_reason_and_log_tail(
     make_run_files: Any, server_env: str, timeout: int, reason: str, needle: str
 ) -> None:
-    deployment = (
-        "deployments:\n  - model_alias: generator\n    model: m\n    served_model_name: qwen3-8b\n"
-        f"    server:\n      cpus: 1\n      startup_timeout: {timeout}\n      env: {server_env}\n"
-    )
+    deployment = generator(model="m", startup_timeout=timeout, env=server_env)
     files = make_run_files(reason, num_records=12, shards=1, recipe=MIXED_RECIPE, extra_run=deployment)
     submitted = _cli("submit", str(files.run_file), "--profile", str(files.profile), "--json", env=files.env)
     run_dir = Path(submitted["run_dir"])
-    done = subprocess.run(
-        [DDSLURM, "wait", str(run_dir), "--json", "--timeout", "120"],
-        capture_output=True,
-        text=True,
-        env=files.env,
-        timeout=200,
-        check=False,
-    )
+    done = run_cli("wait", str(run_dir), "--json", "--timeout", "120", env=files.env, timeout=200)
     assert done.returncode == 1, done.stderr
     final = json.loads(done.stdout)
     assert final["state"] == "failed" and final["shards"][0]["reason"] == reason
@@ -189,7 +150,7 @@ def test_failing_server_under_srun_fails_fast_with_reason_and_log_tail(
 # --- ddslurm report of a mixed run: the page is written and its numbers match the run (rows, attempts, the
 # requests each model endpoint received, Slurm's accounting, the dataset) ---
 
-SMALL_GENERATOR = GENERATOR.replace("replicas: 2", "replicas: 1").replace("tensor_parallel: 2", "tensor_parallel: 1")
+SMALL_GENERATOR = generator(replicas=1, tensor_parallel=1, env=STAND_IN)
 
 
 def _chat(lines: list[dict[str, Any]]) -> int:
@@ -206,7 +167,7 @@ def test_report_of_a_mixed_run(make_run_files: Any, hosted_endpoint: Any, tmp_pa
         buffer_size=3,
         recipe=MIXED_RECIPE,
         extra_run=SMALL_GENERATOR + "stages: single\n",  # the report reads the final stage's attempts only
-        vllm_executable=_wrapper(tmp_path),
+        vllm_executable=vllm_stand_in(tmp_path, record_env=True),
     )
     run_dir = Path(
         _cli("submit", str(files.run_file), "--profile", str(files.profile), "--json", env=files.env)["run_dir"]

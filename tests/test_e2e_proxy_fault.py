@@ -13,7 +13,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from datetime import datetime
@@ -24,19 +23,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from ddslurm.config import AttemptRecord, WinnerRecord, read_json
+from tests.e2e import MIXED_RECIPE, generator, processes
 from tests.e2e import run_cli as _cli
 
 pytestmark = [pytest.mark.slurm, pytest.mark.dd]
 
-REPO = Path(__file__).resolve().parents[1]
-MIXED_RECIPE = REPO / "examples" / "mixed" / "recipe.yaml"
-DDSLURM = str(Path(sys.executable).parent / "ddslurm")
 RECORDS = 36
-GENERATOR = (
-    "deployments:\n  - model_alias: generator\n    model: m\n    served_model_name: qwen3-8b\n"
-    "    replicas: 2\n    server:\n      cpus: 1\n      startup_timeout: 120\n"
-    "      env: {FAKE_VLLM_LATENCY: '2'}\n"
-)
+GENERATOR = generator(model="m", replicas=2, env={"FAKE_VLLM_LATENCY": "2"})
 
 
 SQUATTER = r"""
@@ -74,15 +67,8 @@ print(json.dumps({"tries": tries, "errors": sorted(errors), "bound": server is n
 def _proxy_tasks(attempt: Path) -> list[int]:
     """The proxy step's task (started by slurmstepd), never the ``srun`` that asked for it; found by the
     attempt's log path in its command line."""
-    pids = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            argv = cmdline.read_bytes().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        if argv[0] != "srun" and "proxy" in argv and str(attempt / "proxy-generator.log") in argv:
-            pids.append(int(cmdline.parent.name))
-    return pids
+    log = str(attempt / "proxy-generator.log")
+    return [pid for pid, argv in processes() if argv[0] != "srun" and "proxy" in argv and log in argv]
 
 
 def _attempt_with_rows(run_dir: Path, rows: int, timeout: float = 240) -> Path:

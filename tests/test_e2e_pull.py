@@ -7,7 +7,6 @@ from __future__ import annotations
 import csv
 import json
 import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -17,19 +16,15 @@ import pyarrow.parquet as pq
 import pytest
 
 from ddslurm.config import AttemptRecord, ClaimRecord, WinnerRecord, read_json
+from tests.e2e import MIXED_RECIPE, generator
 from tests.e2e import cli_json as _cli
 
 pytestmark = [pytest.mark.slurm, pytest.mark.dd]
 
-REPO = Path(__file__).resolve().parents[1]
-MIXED_RECIPE = REPO / "examples" / "mixed" / "recipe.yaml"
-DDSLURM = str(Path(sys.executable).parent / "ddslurm")
 RECORDS, SHARDS = 21, 5
 GENERATOR = (
-    "deployments:\n  - model_alias: generator\n    model: Qwen/Qwen3-8B\n    served_model_name: qwen3-8b\n"
-    "    replicas: 2\n    tensor_parallel: 1\n    server:\n      cpus: 1\n      startup_timeout: 120\n"
-    "      env: {FAKE_VLLM_LATENCY: '0.3', FAKE_VLLM_STARTUP_DELAY: '3'}\n"
-    "stages: single\n"  # the pulling allocations run every column (tests/test_e2e_stages.py: two stages)
+    generator(replicas=2, tensor_parallel=1, env={"FAKE_VLLM_LATENCY": "0.3", "FAKE_VLLM_STARTUP_DELAY": "3"})
+    + "stages: single\n"  # the pulling allocations run every column (tests/test_e2e_stages.py: two stages)
 )
 
 

@@ -4,9 +4,6 @@ resumes from its completed batches; a shard killed by its time limit is retried 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +11,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from ddslurm.config import AttemptRecord, read_json
+from tests.e2e import REPO, cli_json, until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.dd]
 
-REPO = Path(__file__).resolve().parents[1]
-DDSLURM = str(Path(sys.executable).parent / "ddslurm")
 RECORD_ID = "  - column_type: sampler\n    name: record_id\n    sampler_type: uuid\n    params: {sampler_type: uuid}\n"
 
 
@@ -28,23 +24,6 @@ def _recipe_with_ids(tmp_path: Path) -> Path:
     recipe.parent.mkdir()
     recipe.write_text(text.replace("  columns:\n", "  columns:\n" + RECORD_ID, 1))
     return recipe
-
-
-def _cli(*args: str, env: dict[str, str], timeout: float = 400, ok: bool = True) -> Any:
-    done = subprocess.run([DDSLURM, *args], capture_output=True, text=True, env=env, timeout=timeout, check=False)
-    if ok:
-        assert done.returncode == 0, f"{args}: rc={done.returncode}\n{done.stdout}\n{done.stderr[-3000:]}"
-    return json.loads(done.stdout) if done.stdout.strip().startswith(("{", "[")) else done
-
-
-def _until(predicate: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.3)
-    pytest.fail(f"timed out waiting for {what}")
 
 
 def _rows_done(run_dir: Path, shard: int) -> int:
@@ -74,13 +53,15 @@ def test_cancelled_shard_is_retried_and_resumes_without_losing_or_duplicating(
         )
         env = {**files.env, "DEMO_HOSTED_API_KEY": key}
         run_dir = Path(
-            _cli("submit", str(files.run_file), "--profile", str(files.profile), "--json", env=env)["run_dir"]
+            cli_json("submit", str(files.run_file), "--profile", str(files.profile), "--json", env=env)["run_dir"]
         )
-        _until(lambda: _rows_done(run_dir, 1) >= 3, 120, "shard 1 to complete a batch")
-        cancelled = _cli("cancel", str(run_dir), "--shards", "1", "--json", env=env)["cancelled"]
+        until(lambda: _rows_done(run_dir, 1) >= 3, 120, "shard 1 to complete a batch")
+        cancelled = cli_json("cancel", str(run_dir), "--shards", "1", "--json", env=env)["cancelled"]
         assert len(cancelled) == 1
-        status = _until(
-            lambda: (s := _cli("status", str(run_dir), "--json", env=env))["shards"][1]["state"] == "cancelled" and s,
+        status = until(
+            lambda: (
+                (s := cli_json("status", str(run_dir), "--json", env=env))["shards"][1]["state"] == "cancelled" and s
+            ),
             60,
             "shard 1 to be cancelled",
         )
@@ -89,9 +70,9 @@ def test_cancelled_shard_is_retried_and_resumes_without_losing_or_duplicating(
         done_before = _rows_done(run_dir, 1)
         assert 3 <= done_before < 12
 
-        retried = _cli("retry", str(run_dir), "--json", env=env)
+        retried = cli_json("retry", str(run_dir), "--json", env=env)
         assert retried["shards"] == [1]
-        final = _cli("wait", str(run_dir), "--json", env=env)
+        final = cli_json("wait", str(run_dir), "--json", env=env)
         assert final["state"] == "succeeded" and final["records_done"] == 24, status
 
     # Cancelling shard 1 left shard 0 alone: its only attempt ran its generation step once.
@@ -101,7 +82,7 @@ def test_cancelled_shard_is_retried_and_resumes_without_losing_or_duplicating(
     records = [read_json(p, AttemptRecord) for p in attempts]
     resumed = [r for r in records if r.resumed_from]
     assert resumed and resumed[-1].resumed_rows >= 3 and resumed[-1].state == "succeeded"
-    dataset = Path(_cli("collect", str(run_dir), "--local", "--json", env=env)["dataset"])
+    dataset = Path(cli_json("collect", str(run_dir), "--local", "--json", env=env)["dataset"])
     ids = pq.read_table(dataset).column("record_id").to_pylist()
     assert len(ids) == 24 and len(set(ids)) == 24
 
@@ -132,17 +113,17 @@ def test_shard_killed_by_its_time_limit_is_retried_automatically(make_run_files:
     env = {**files.env, "DEMO_HOSTED_API_KEY": key}
     served = ["--served-model-name", "demo/writer-8b", "demo/judge-70b"]
     with start_server("demo", args=[*served, "--fake-latency", "600"], api_key=key, port=port):
-        submitted = _cli("submit", str(files.run_file), "--profile", str(files.profile), "--json", env=env)
+        submitted = cli_json("submit", str(files.run_file), "--profile", str(files.profile), "--json", env=env)
         run_dir = Path(submitted["run_dir"])
         subs = sorted(run_dir.glob("submissions/*.json"))
         assert len(subs) == 2  # the run and its automatic retry array
-        _until(lambda: list(run_dir.glob("shards/shard-00000/attempts/*/attempt.json")), 60, "the first attempt")
+        until(lambda: list(run_dir.glob("shards/shard-00000/attempts/*/attempt.json")), 60, "the first attempt")
         first = next(run_dir.glob("shards/shard-00000/attempts/*/attempt.json"))
-        _until(lambda: read_json(first, AttemptRecord).state != "running", 300, "the time limit to end attempt 1")
+        until(lambda: read_json(first, AttemptRecord).state != "running", 300, "the time limit to end attempt 1")
     record = read_json(first, AttemptRecord)
     assert record.reason in {"time_limit", "cancelled"}, record
     with start_server("demo", args=served, api_key=key, port=port):
-        final = _cli("wait", str(run_dir), "--json", "--timeout", "240", env=env)
+        final = cli_json("wait", str(run_dir), "--json", "--timeout", "240", env=env)
     assert final["state"] == "succeeded" and final["records_done"] == 4
     records = [read_json(p, AttemptRecord) for p in run_dir.glob("shards/shard-00000/attempts/*/attempt.json")]
     assert sorted(r.state for r in records) == ["failed", "succeeded"]

@@ -8,101 +8,57 @@ Every wait is bounded; the run is the test's own and is cancelled if the test fa
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ddslurm.config import AttemptRecord, read_json
+from tests.e2e import MIXED_RECIPE, attempts, cli_json, generator, run_cli, slurm, until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.dd]
 
-REPO = Path(__file__).resolve().parents[1]
-MIXED_RECIPE = REPO / "examples" / "mixed" / "recipe.yaml"
-DDSLURM = str(Path(sys.executable).parent / "ddslurm")
 RECORDS, SHARDS = 12, 2
-
-
-def _cli(*args: str, env: dict[str, str], timeout: float = 400, ok: bool = True) -> Any:
-    done = subprocess.run([DDSLURM, *args], capture_output=True, text=True, env=env, timeout=timeout, check=False)
-    if ok:
-        assert done.returncode == 0, f"{args}: rc={done.returncode}\n{done.stdout}\n{done.stderr[-3000:]}"
-        return json.loads(done.stdout)
-    return done
-
-
-def _until(predicate: Callable[[], Any], timeout: float, what: str, show: Callable[[], Any] | None = None) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}" + (f"; last seen: {show()}" if show else ""))
-
-
-def _slurm(*argv: str) -> str:
-    return subprocess.run(list(argv), capture_output=True, text=True, timeout=60, check=False).stdout
-
-
-def _attempts(run_dir: Path) -> list[AttemptRecord]:
-    out = []
-    for path in run_dir.glob("shards/shard-*/attempts/*/attempt.json"):
-        try:
-            out.append(read_json(path, AttemptRecord))
-        except Exception:
-            continue
-    return out
 
 
 def test_a_requeued_pulling_allocation_serves_from_its_own_directory_and_its_clients_wait(
     make_run_files: Any, tmp_path: Path
 ) -> None:
     requests = tmp_path / "requests.jsonl"  # every request the model servers of both incarnations answered
-    generator = (
-        "deployments:\n  - model_alias: generator\n    model: Qwen/Qwen3-8B\n    served_model_name: qwen3-8b\n"
-        "    replicas: 1\n    tensor_parallel: 1\n    server:\n      cpus: 1\n      startup_timeout: 180\n"
-        "      env: {FAKE_VLLM_LATENCY: '0.5', FAKE_VLLM_STARTUP_DELAY: '20', "
-        f"FAKE_VLLM_REQUEST_LOG: '{requests}'}}\n"
-        "stages: single\nallocations: 1\nclient_workers: 1\n"
-    )
+    stand_in = {"FAKE_VLLM_LATENCY": "0.5", "FAKE_VLLM_STARTUP_DELAY": "20", "FAKE_VLLM_REQUEST_LOG": str(requests)}
+    deployment = generator(replicas=1, tensor_parallel=1, startup_timeout=180, env=stand_in)
     files = make_run_files("requeue-pull", num_records=RECORDS, shards=SHARDS, buffer_size=3, recipe=MIXED_RECIPE,
-                           extra_run=generator)  # fmt: skip
-    submitted = _cli("submit", str(files.run_file), "--profile", str(files.profile), "--json", env=files.env)
+                           extra_run=deployment + "stages: single\nallocations: 1\nclient_workers: 1\n")  # fmt: skip
+    submitted = cli_json("submit", str(files.run_file), "--profile", str(files.profile), "--json", env=files.env)
     run_dir, task = Path(submitted["run_dir"]), f"{submitted['job_id']}_0"
     allocations = run_dir / "allocations"
     try:
-        first = _until(
+        first = until(
             lambda: next(iter(allocations.glob("allocation-*/endpoints.json")), None),
             240,
             "the first incarnation to serve",
         ).parent
         job = first.name.removeprefix("allocation-")
-        _slurm("scontrol", "requeue", task)
-        _until(
-            lambda: "PENDING" in _slurm("squeue", "-h", "-j", task, "-o", "%T"),
+        slurm("scontrol", "requeue", task)
+        until(
+            lambda: "PENDING" in slurm("squeue", "-h", "-j", task, "-o", "%T"),
             90,
             "the requeued allocation to be pending",
-            lambda: _slurm("squeue", "-h", "-j", task, "-o", "%i|%T|%r"),
+            lambda: slurm("squeue", "-h", "-j", task, "-o", "%i|%T|%r"),
         )
-        _slurm("scontrol", "update", f"jobid={task}", "StartTime=now")  # not Slurm's requeue delay
+        slurm("scontrol", "update", f"jobid={task}", "StartTime=now")  # not Slurm's requeue delay
         # Until the new incarnation begins its attempts, status shows the cancelled ones of the first: wait ends.
-        _until(
-            lambda: any(r.attempt == f"attempt-{job}-r1" for r in _attempts(run_dir)),
+        until(
+            lambda: any(r.attempt == f"attempt-{job}-r1" for r in attempts(run_dir)),
             240,
             "the requeued allocation to begin its attempts",
-            lambda: _slurm("squeue", "-h", "-j", task, "-o", "%i|%T|%r"),
+            lambda: slurm("squeue", "-h", "-j", task, "-o", "%i|%T|%r"),
         )
-        final = _cli("wait", str(run_dir), "--json", "--timeout", "420", env=files.env, timeout=480)
+        final = cli_json("wait", str(run_dir), "--json", "--timeout", "420", env=files.env, timeout=480)
     except BaseException:
-        _cli("cancel", str(run_dir), env=files.env, ok=False, timeout=60)  # leave no job behind
+        run_cli("cancel", str(run_dir), env=files.env, timeout=60)  # leave no job behind
         raise
     assert final["state"] == "succeeded" and final["records_done"] == RECORDS, json.dumps(final)[-3000:]
-    requeued = [r for r in _attempts(run_dir) if r.attempt == f"attempt-{job}-r1"]
+    requeued = [r for r in attempts(run_dir) if r.attempt == f"attempt-{job}-r1"]
     # Each requeued shard generated in one client run: none failed on the first incarnation's endpoints (before the
     # fix a first client run read them, hit the new servers' ports while they loaded, and spent the rerun).
     assert requeued and [r.client_runs for r in requeued] == [1] * len(requeued), requeued
@@ -117,10 +73,7 @@ def test_a_requeued_pulling_allocation_serves_from_its_own_directory_and_its_cli
     assert loading == [], f"{len(loading)} requests got 503 from a loading server"
     # ddslurm logs --step server of a requeued attempt shows its own incarnation's server log.
     shown = requeued[0].shard
-    logs = subprocess.run(
-        [DDSLURM, "logs", str(run_dir), "--shard", str(shown), "--step", "server", "--json"],
-        capture_output=True, text=True, env=files.env, timeout=60, check=False,
-    )  # fmt: skip
+    logs = run_cli("logs", str(run_dir), "--shard", str(shown), "--step", "server", "--json", env=files.env, timeout=60)
     assert logs.returncode == 0, logs.stderr
     sources = {json.loads(line)["source"] for line in logs.stdout.splitlines() if line.strip()}
     assert sources and all(Path(s).parent == second for s in sources), sources

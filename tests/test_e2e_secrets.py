@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,8 +14,8 @@ import pytest
 
 from ddslurm.config import AttemptRecord, RunLayout, read_json
 from fake_vllm.testing import RunningServer, start_server
+from tests.e2e import run_cli
 
-DDSLURM = str(Path(sys.executable).parent / "ddslurm")
 REAL = "sk-real-" + "9c0d1e2b55aa41c07f3a"
 MODELS = ["--served-model-name", "demo/writer-8b", "demo/judge-70b"]
 
@@ -99,28 +97,14 @@ def test_hosted_provider_with_placeholder_keys_runs_to_success_on_the_cluster(
         make_run_files("cluster", num_records=6, shards=2, buffer_size=3), placeholder_server, "EMPTY", "none"
     )
 
-    submit = subprocess.run(
-        [DDSLURM, "submit", str(files.run_file), "--profile", str(files.profile)],
-        capture_output=True,
-        text=True,
-        env=files.env,
-        timeout=300,
-        check=False,
-    )
+    submit = run_cli("submit", str(files.run_file), "--profile", str(files.profile), env=files.env, timeout=300)
     assert submit.returncode == 0, submit.stderr[-3000:]
     assert "JUDGE_KEY, WRITER_KEY hold placeholder values (not secrets): attempts do not scan their files for them" in (
         submit.stdout
     )
     run_dir = Path(next(line.split(": ", 1)[1] for line in submit.stdout.splitlines() if "run dir: " in line))
 
-    wait = subprocess.run(
-        [DDSLURM, "wait", str(run_dir), "--json"],
-        capture_output=True,
-        text=True,
-        env=files.env,
-        timeout=600,
-        check=False,
-    )
+    wait = run_cli("wait", str(run_dir), "--json", env=files.env)
     final = json.loads(wait.stdout)
     assert final["state"] == "succeeded", final
     assert final["records_done"] == 6

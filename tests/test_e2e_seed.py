@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -16,12 +14,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tests.e2e import REPO, run_cli
 from tests.e2e import cli_json as _cli
 
 pytestmark = [pytest.mark.slurm, pytest.mark.dd]
-
-REPO = Path(__file__).resolve().parents[1]
-DDSLURM = str(Path(sys.executable).parent / "ddslurm")
 
 
 def _seeded_recipe(root: Path, seed_config: str) -> Path:
@@ -106,14 +102,7 @@ def test_retry_completes_a_partial_shard_with_exactly_its_missing_seed_rows(
         run_dir = Path(
             _cli("submit", str(files.run_file), "--profile", str(files.profile), "--json", env=files.env)["run_dir"]
         )
-        done = subprocess.run(
-            [DDSLURM, "wait", str(run_dir), "--json", "--timeout", "300"],
-            capture_output=True,
-            text=True,
-            env=files.env,
-            timeout=400,
-            check=False,
-        )
+        done = run_cli("wait", str(run_dir), "--json", "--timeout", "300", env=files.env, timeout=400)
     first = json.loads(done.stdout)
     short = [s for s in first["shards"] if s["state"] == "partial"]
     assert short, f"the flaky provider should have left a shard short: {first}"

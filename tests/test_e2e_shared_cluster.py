@@ -19,7 +19,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e import array_jobs, as_nobody, until
+from tests.e2e import array_jobs, as_nobody, run_cli, until
 from tests.e2e import cli_json as _cli
 
 pytestmark = [
@@ -36,7 +35,6 @@ pytestmark = [
     pytest.mark.skipif(os.getuid() != 0 or not Path("/usr/bin/python3").exists(), reason="another user needs root"),
 ]
 
-DDSLURM = str(Path(sys.executable).parent / "ddslurm")
 SERVED = ["--served-model-name", "demo/writer-8b", "demo/judge-70b"]
 PENDING = "  extra_sbatch: ['--begin=now+3600']\n"  # under submission: queued until the test releases it
 
@@ -69,7 +67,7 @@ def _shared_project(files: Any, key: str) -> Iterator[tuple[dict[str, str], Path
 
 
 def _cancel_quietly(run_dir: Path, env: dict[str, str]) -> None:
-    subprocess.run([DDSLURM, "cancel", str(run_dir)], capture_output=True, env=env, timeout=120, check=False)
+    run_cli("cancel", str(run_dir), env=env, timeout=120)
 
 
 SWAP = r"""

@@ -7,7 +7,6 @@ from __future__ import annotations
 import csv
 import json
 import subprocess
-import sys
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -16,31 +15,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from ddslurm.config import AttemptRecord, SubmissionRecord, WinnerRecord, read_json, read_plan
+from tests.e2e import MIXED_RECIPE, generator, vllm_stand_in
 from tests.e2e import cli_json as _cli
 
 pytestmark = [pytest.mark.slurm, pytest.mark.dd]
 
-REPO = Path(__file__).resolve().parents[1]
-MIXED_RECIPE = REPO / "examples" / "mixed" / "recipe.yaml"
-DDSLURM = str(Path(sys.executable).parent / "ddslurm")
-FAKE_VLLM = Path(sys.executable).parent / "fake-vllm"
-GENERATOR = (
-    "deployments:\n  - model_alias: generator\n    model: Qwen/Qwen3-8B\n    served_model_name: qwen3-8b\n"
-    "    server:\n      cpus: 1\n      startup_timeout: 120\n"
-    "      env: {FAKE_VLLM_LATENCY: '0.01', FAKE_VLLM_STARTUP_DELAY: '1'}\n"
-)
+GENERATOR = generator(env={"FAKE_VLLM_LATENCY": "0.01", "FAKE_VLLM_STARTUP_DELAY": "1"})
 SHARDS = 3
 RECORDS = 12
-
-
-def _wrapper(tmp_path: Path, name: str) -> Path:
-    """`vllm` for the profile: the stand-in, each server process keeping its own request log."""
-    script = tmp_path / f"vllm-{name}"
-    script.write_text(
-        f'#!/bin/sh\nFAKE_VLLM_REQUEST_LOG="{tmp_path}/{name}-requests-$$.jsonl" exec "{FAKE_VLLM}" "$@"\n'
-    )
-    script.chmod(0o755)
-    return script
 
 
 def _run(files: Any) -> tuple[Path, Any]:
@@ -82,7 +64,9 @@ def test_two_stage_run_frees_the_gpus_and_collects_the_single_stage_dataset(
 ) -> None:
     recipe = _one_draw_recipe(tmp_path)
     common = {"num_records": RECORDS, "shards": SHARDS, "buffer_size": 4, "recipe": recipe}
-    staged_files = make_run_files("staged", extra_run=GENERATOR, vllm_executable=_wrapper(tmp_path, "staged"), **common)
+    staged_files = make_run_files(
+        "staged", extra_run=GENERATOR, vllm_executable=vllm_stand_in(tmp_path, "staged"), **common
+    )
     log = hosted_endpoint.request_log
     before = len(log.read_text().splitlines()) if log.exists() else 0
     staged_dir, staged = _run(staged_files)
@@ -142,7 +126,7 @@ def test_two_stage_run_frees_the_gpus_and_collects_the_single_stage_dataset(
     assert len(generated) >= RECORDS and max(r["time"] for r in generated) <= min(r["time"] for r in judge)
 
     single_files = make_run_files(
-        "single", extra_run=GENERATOR + "stages: single\n", vllm_executable=_wrapper(tmp_path, "single"), **common
+        "single", extra_run=GENERATOR + "stages: single\n", vllm_executable=vllm_stand_in(tmp_path, "single"), **common
     )
     single_dir, single = _run(single_files)
     single_plan = read_plan(single_dir / "run.json")
@@ -186,7 +170,7 @@ def test_pulling_gpu_allocations_and_automatic_retries_in_two_stages(make_run_fi
         buffer_size=4,
         recipe=recipe,
         extra_run=GENERATOR + "allocations: 1\nretries: 1\n",
-        vllm_executable=_wrapper(tmp_path, "pulling"),
+        vllm_executable=vllm_stand_in(tmp_path, "pulling"),
     )
     run_dir, table = _run(files)
     assert table.num_rows == RECORDS and table.column_names == list(read_plan(run_dir / "run.json").column_order or ())

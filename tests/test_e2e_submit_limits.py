@@ -13,79 +13,33 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import secrets
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ddslurm.config import SubmissionRecord, SubmitPlanRecord, read_json
+from ddslurm.config import SubmitPlanRecord, read_json
 from ddslurm.launcher import Slurm
+from tests.e2e import held_run, sbatch_wrapper, slurm, submissions
 from tests.e2e import run_cli as _cli
 
 pytestmark = [pytest.mark.slurm]
-
-REPO = Path(__file__).resolve().parents[1]
-DDSLURM = str(Path(sys.executable).parent / "ddslurm")
-KEY = "sk-limits-e2e-" + "7" * 16
-RECIPE = """data_designer:
-  columns:
-  - {name: topic, column_type: sampler, sampler_type: category, params: {sampler_type: category, values: [a, b]}}
-  - {name: q, column_type: llm-text, model_alias: writer, prompt: "Say {{ topic }}"}
-  model_configs:
-  - {alias: writer, model: m-1, provider: hosted, inference_parameters: {temperature: 0.3, max_parallel_requests: 2}}
-"""
-
-
-def _files(root: Path, *, shards: int, extra: str = "") -> tuple[Path, Path, dict[str, str]]:
-    """A run of ``shards`` shards whose jobs are held an hour (never run), its profile and environment."""
-    root.mkdir(parents=True, exist_ok=True)
-    home = root / "dd"
-    home.mkdir()
-    (home / "model_providers.yaml").write_text(
-        "providers:\n- {name: hosted, endpoint: 'http://127.0.0.1:9/v1', api_key: LIMITS_KEY}\n"
-    )
-    (root / "recipe.yaml").write_text(RECIPE)
-    run = root / "run.yaml"
-    run.write_text(
-        f"name: limits-{secrets.token_hex(3)}\nrecipe: recipe.yaml\nnum_records: {shards}\nshards: {shards}\n"
-        "submission:\n  time_limit: '00:10:00'\n  cpus: 1\n  memory: 100M\n  extra_sbatch: ['--begin=now+1hour']\n"
-        f"{extra}"
-    )
-    profile = root / "profile.yaml"
-    profile.write_text(
-        f"workspace: {root / 'work'}\npython_env: {REPO / '.venv'}\npartition: gpu\ncpu_partition: cpu\n"
-    )
-    env = {**os.environ, "DATA_DESIGNER_HOME": str(home), "LIMITS_KEY": KEY}
-    env.pop("DDSLURM_SLURM_TIMEOUT", None)
-    return run, profile, env
-
-
-def _slurm(*argv: str) -> str:
-    return subprocess.run(list(argv), capture_output=True, text=True, timeout=60, check=True).stdout
 
 
 def _queued_arrays(run_dir: Path) -> dict[str, tuple[str, int]]:
     """Every job in the queue submitted from a batch script of ``run_dir``: array job id → (script, tasks)."""
     out: dict[str, tuple[str, int]] = {}
-    for line in _slurm("squeue", "-h", "-r", "-o", "%F|%o").splitlines():
+    for line in slurm("squeue", "-h", "-r", "-o", "%F|%o", check=True).splitlines():
         job, _, script = line.partition("|")
         if script.startswith(f"{run_dir}/"):
             prev = out.get(job, (script, 0))
             out[job] = (script, prev[1] + 1)
     return out
-
-
-def _records(run_dir: Path) -> list[SubmissionRecord]:
-    return sorted(
-        (read_json(p, SubmissionRecord) for p in run_dir.glob("submissions/*.json")), key=lambda r: int(r.array_job_id)
-    )
 
 
 def _run_dir(files_root: Path) -> Path:
@@ -96,33 +50,16 @@ def _run_dir(files_root: Path) -> Path:
 def _cancel(run_dir: Path, env: dict[str, str]) -> None:
     if (run_dir / "run.json").is_file():
         _cli("cancel", str(run_dir), env=env)
-    ids = [r.array_job_id for r in _records(run_dir)] + list(_queued_arrays(run_dir))
+    ids = [r.array_job_id for r in submissions(run_dir)] + list(_queued_arrays(run_dir))
     if ids:
         subprocess.run(["scancel", *ids], capture_output=True, timeout=60, check=False)
-
-
-def _sbatch_wrapper(tmp_path: Path, call: int, instead: str) -> str:
-    """A directory holding an ``sbatch`` that runs the real one, except on its ``call``-th call: ``instead``."""
-    real = shutil.which("sbatch")
-    assert real is not None
-    bin_dir = tmp_path / "wrapped-bin"
-    bin_dir.mkdir()
-    count = tmp_path / "sbatch-calls"
-    (bin_dir / "sbatch").write_text(
-        "#!/bin/bash\n"
-        f"n=$(( $(cat {count} 2>/dev/null || echo 0) + 1 )); echo $n > {count}\n"
-        f'if [ "$n" = {call} ]; then\n{instead}\nfi\n'
-        f'exec {real} "$@"\n'
-    )
-    (bin_dir / "sbatch").chmod(0o755)
-    return str(bin_dir)
 
 
 def _assert_every_planned_array_queued_once(run_dir: Path) -> None:
     """The plan's arrays, the submission records and the queue agree one to one: each planned array was
     submitted exactly once, with its shards as its tasks."""
     plan = read_json(run_dir / "submit-plan.json", SubmitPlanRecord)
-    records = _records(run_dir)
+    records = submissions(run_dir)
     assert sorted(r.plan_index for r in records if r.plan_index is not None) == [a.index for a in plan.arrays]
     queued = _queued_arrays(run_dir)
     assert sorted(queued, key=int) == [r.array_job_id for r in records], (queued, records)
@@ -133,7 +70,7 @@ def _assert_every_planned_array_queued_once(run_dir: Path) -> None:
         job = job_of[array.index]
         assert by_script[array.script] == job and queued[job][1] == len(array.shards)
         if array.after is not None:
-            dependency = re.search(r"Dependency=(\S+)", _slurm("scontrol", "show", "job", f"{job}_0"))
+            dependency = re.search(r"Dependency=(\S+)", slurm("scontrol", "show", "job", f"{job}_0", check=True))
             assert dependency is not None and dependency.group(1).startswith(f"afternotok:{job_of[array.after]}")
 
 
@@ -150,7 +87,7 @@ def cleanup() -> Iterator[list[tuple[Path, dict[str, str]]]]:
 
 
 def test_a_run_over_max_job_count_is_refused_with_the_numbers_and_leaves_nothing(tmp_path: Path) -> None:
-    run, profile, env = _files(tmp_path / "big", shards=10000)
+    run, profile, env = held_run(tmp_path / "big", shards=10000)
     pattern = re.compile(
         r"^error: 10,000 shards = 10,000 array tasks, but MaxJobCount is 10,000 with (?P<queued>[\d,]+) already "
         r"queued \(90 % headroom rule: (?P<usable>[\d,]+) usable\); use fewer shards \(at most (?P=usable) shards "
@@ -171,7 +108,7 @@ def test_a_run_over_max_job_count_is_refused_with_the_numbers_and_leaves_nothing
 
 
 def test_the_dry_run_splits_arrays_at_max_array_size(tmp_path: Path) -> None:
-    run, profile, env = _files(tmp_path / "split", shards=1002, extra="max_concurrent: 4\n")
+    run, profile, env = held_run(tmp_path / "split", shards=1002, extra="max_concurrent: 4\n")
     dry = _cli("submit", str(run), "--profile", str(profile), "--dry-run", "--json", env=env)
     if dry.returncode == 2:  # the cluster is busy (other runs' 1,000s of tasks): refused, with numbers that say so
         match = re.search(r"headroom rule: ([\d,]+) usable", dry.stderr)
@@ -196,7 +133,7 @@ def test_a_run_that_fits_is_submitted_as_exactly_the_arrays_of_its_dry_run(
     tmp_path: Path, cleanup: list[tuple[Path, dict[str, str]]]
 ) -> None:
     root = tmp_path / "fits"
-    run, profile, env = _files(root, shards=3, extra="retries: 2\nmax_concurrent: 2\n")
+    run, profile, env = held_run(root, shards=3, extra="retries: 2\nmax_concurrent: 2\n")
     cleanup.append((root, env))
     dry = _cli("submit", str(run), "--profile", str(profile), "--dry-run", "--json", env=env)
     assert dry.returncode == 0, dry.stderr
@@ -213,7 +150,7 @@ def test_a_run_that_fits_is_submitted_as_exactly_the_arrays_of_its_dry_run(
     plan = read_json(run_dir / "submit-plan.json", SubmitPlanRecord)
     assert [(a.kind, a.array, a.after) for a in plan.arrays] == [(a["kind"], a["array"], a["after"]) for a in planned]
     _assert_every_planned_array_queued_once(run_dir)
-    for record, array in zip(_records(run_dir), planned, strict=True):
+    for record, array in zip(submissions(run_dir), planned, strict=True):
         assert f"#SBATCH --array={array['array']}\n" in Path(record.script).read_text()
 
 
@@ -224,15 +161,15 @@ def test_a_submission_whose_second_sbatch_fails_is_completed_by_continue(
     tmp_path: Path, cleanup: list[tuple[Path, dict[str, str]]]
 ) -> None:
     root = tmp_path / "interrupted"
-    run, profile, env = _files(root, shards=3, extra="retries: 2\n")
+    run, profile, env = held_run(root, shards=3, extra="retries: 2\n")
     cleanup.append((root, env))
-    failing = _sbatch_wrapper(tmp_path, 2, 'echo "sbatch: error: Batch job submission failed: injected" >&2; exit 1')
+    failing = sbatch_wrapper(tmp_path, 2, 'echo "sbatch: error: Batch job submission failed: injected" >&2; exit 1')
     done = _cli("submit", str(run), "--profile", str(profile), env={**env, "PATH": f"{failing}:{env['PATH']}"})
     run_dir = _run_dir(root)
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.startswith(f"error: the submission of run {run_dir.name} stopped after 1 of 3 array(s): ")
     assert "sbatch failed (exit 1): sbatch: error: Batch job submission failed: injected" in done.stderr
-    (first,) = _records(run_dir)
+    (first,) = submissions(run_dir)
     assert f"  submitted:     array job {first.array_job_id}: shards 0-2 (3 tasks)\n" in done.stderr
     assert "  not submitted: shards 0-2 (3 tasks, automatic retry)\n" in done.stderr
     assert f"ddslurm submit --continue {run_dir}\n" in done.stderr and f"ddslurm cancel {run_dir}\n" in done.stderr
@@ -253,17 +190,17 @@ def test_an_sbatch_that_hangs_after_slurm_took_the_job_is_not_submitted_twice(
     tmp_path: Path, cleanup: list[tuple[Path, dict[str, str]]]
 ) -> None:
     root = tmp_path / "hung"
-    run, profile, env = _files(root, shards=3, extra="retries: 2\n")
+    run, profile, env = held_run(root, shards=3, extra="retries: 2\n")
     cleanup.append((root, env))
     real = shutil.which("sbatch")
-    hanging = _sbatch_wrapper(tmp_path, 1, f'{real} "$@"; sleep 600')  # Slurm gets the array, sbatch never returns
+    hanging = sbatch_wrapper(tmp_path, 1, f'{real} "$@"; sleep 600')  # Slurm gets the array, sbatch never returns
     wrapped = {**env, "PATH": f"{hanging}:{env['PATH']}", "DDSLURM_SLURM_TIMEOUT": "5"}
     done = _cli("submit", str(run), "--profile", str(profile), env=wrapped, timeout=120)
     run_dir = _run_dir(root)  # kept: the sbatch may have reached Slurm
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     assert "sbatch did not answer within 5 s and was stopped" in done.stderr
     assert "may have reached Slurm before it was stopped" in done.stderr
-    assert _records(run_dir) == [] and len(_queued_arrays(run_dir)) == 1  # queued, but not recorded
+    assert submissions(run_dir) == [] and len(_queued_arrays(run_dir)) == 1  # queued, but not recorded
 
     status = json.loads(_cli("status", str(run_dir), "--json", env=env).stdout)
     assert status["state"] == "incomplete" and [s["state"] for s in status["shards"]] == ["unsubmitted"] * 3
@@ -280,19 +217,19 @@ def test_a_half_submitted_run_is_cancelled_with_one_command(
     tmp_path: Path, cleanup: list[tuple[Path, dict[str, str]]]
 ) -> None:
     root = tmp_path / "cancelled"
-    run, profile, env = _files(root, shards=3, extra="retries: 2\n")
+    run, profile, env = held_run(root, shards=3, extra="retries: 2\n")
     cleanup.append((root, env))
-    failing = _sbatch_wrapper(tmp_path, 2, 'echo "sbatch: error: injected" >&2; exit 1')
+    failing = sbatch_wrapper(tmp_path, 2, 'echo "sbatch: error: injected" >&2; exit 1')
     done = _cli("submit", str(run), "--profile", str(profile), env={**env, "PATH": f"{failing}:{env['PATH']}"})
     run_dir = _run_dir(root)
     assert done.returncode == 1 and len(_queued_arrays(run_dir)) == 1, done.stderr
     cancelled = _cli("cancel", str(run_dir), "--json", env=env)
     assert cancelled.returncode == 0, cancelled.stderr
-    assert json.loads(cancelled.stdout)["cancelled"] == [r.array_job_id for r in _records(run_dir)]
+    assert json.loads(cancelled.stdout)["cancelled"] == [r.array_job_id for r in submissions(run_dir)]
     assert _queued_arrays(run_dir) == {}
     refused = _cli("submit", "--continue", str(run_dir), env=env)
     assert refused.returncode == 2 and "--resume-cancelled" in refused.stderr  # refused: nothing submitted
-    assert len(_records(run_dir)) == 1 and _queued_arrays(run_dir) == {}
+    assert len(submissions(run_dir)) == 1 and _queued_arrays(run_dir) == {}
 
 
 # --- association and QOS limits as the real sacctmgr prints them ---

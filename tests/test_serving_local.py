@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from ddslurm.config import AttemptRecord, WinnerRecord, read_json
+from tests.e2e import processes
 
 pytestmark = pytest.mark.dd
 
@@ -196,16 +197,11 @@ def test_a_hung_server_is_stopped_and_fails_the_attempt(make_run_files: Any, loc
 
 def _proxy_pids(run_dir: Path) -> list[int]:
     """This run's proxy processes themselves (never an ``srun`` that started one), found by their log path."""
-    pids = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            argv = cmdline.read_bytes().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        args = " ".join(argv)
-        if argv[0] != "srun" and " proxy --listen " in args and str(run_dir) in args:
-            pids.append(int(cmdline.parent.name))
-    return pids
+    return [
+        pid
+        for pid, argv in processes()
+        if argv[0] != "srun" and " proxy --listen " in (args := " ".join(argv)) and str(run_dir) in args
+    ]
 
 
 def _finish(proc: subprocess.Popen[str], timeout: float) -> str:

@@ -20,31 +20,25 @@ from ddslurm.launcher import (
     run_status,
     submit,
 )
-from ddslurm.launcher.testing import write_unit_run
+from ddslurm.launcher.testing import FakeSlurm, write_unit_run
 
 KEY = "sk-launcher-test-value-123"
 
 
 class RecordingRunner:
-    """Answers sbatch/squeue/sacct like Slurm would, and records every call with its environment."""
+    """Answers like :class:`FakeSlurm` (job ids from ``first_id``; ``sbatch_rc``: sbatch fails), and records every
+    call with its environment."""
 
-    def __init__(self, *, sbatch_rc: int = 0, squeue: str = "", sacct: str = "") -> None:
+    def __init__(self, *, sbatch_rc: int = 0, squeue: str = "", sacct: str = "", first_id: int = 4242) -> None:
         self.calls: list[tuple[list[str], Mapping[str, str] | None]] = []
-        self.sbatch_rc, self.squeue_out, self.sacct_out = sbatch_rc, squeue, sacct
-        self.next_id = 4242
+        self.sbatch_rc, self.slurm = sbatch_rc, FakeSlurm(squeue=squeue, sacct=sacct)
+        self.slurm.next_id = first_id
 
     def __call__(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> Completed:
         self.calls.append((list(argv), env))
-        if argv[0] == "sbatch":
-            if self.sbatch_rc:
-                return Completed(self.sbatch_rc, "", "sbatch: error: Invalid partition name specified")
-            self.next_id += 1
-            return Completed(0, f"{self.next_id - 1}\n", "")
-        if argv[0] == "squeue":
-            return Completed(0, self.squeue_out, "")
-        if argv[0] == "sacct":
-            return Completed(0, self.sacct_out, "")
-        return Completed(0, "", "")
+        if argv[0] == "sbatch" and self.sbatch_rc:
+            return Completed(self.sbatch_rc, "", "sbatch: error: Invalid partition name specified")
+        return self.slurm(argv, env=env)
 
 
 def _files(tmp_path: Path, *, api_key: str = "HOSTED_KEY", run_extra: str = "") -> tuple[Path, Path, dict[str, str]]:
@@ -425,8 +419,7 @@ def test_retry_resubmits_only_shards_without_winner_or_live_task_and_rechecks_ke
         ),
     )
     _attempt(layout, 1, "4243", "failed")
-    runner = RecordingRunner(sacct="4242_1|CANCELLED|0:0|None\n", squeue="4242_2|RUNNING|None\n")
-    runner.next_id = 5000
+    runner = RecordingRunner(sacct="4242_1|CANCELLED|0:0|None\n", squeue="4242_2|RUNNING|None\n", first_id=5000)
     with pytest.raises(SubmitError, match="HOSTED_KEY"):
         retry(layout, Slurm(runner), {**env, "HOSTED_KEY": ""})
     retried = retry(layout, Slurm(runner), env)
@@ -445,8 +438,9 @@ def test_retry_fresh_excludes_every_earlier_attempt_from_resume(tmp_path: Path) 
     done = submit(run, profile, slurm=Slurm(RecordingRunner()), env=env)
     layout = RunLayout(done.layout.root)
     _attempt(layout, 1, "4243", "partial", rows=1)
-    runner = RecordingRunner(sacct="4242_0|COMPLETED|0:0|None\n4242_1|FAILED|3:0|None\n4242_2|COMPLETED|0:0|None\n")
-    runner.next_id = 6000
+    runner = RecordingRunner(
+        sacct="4242_0|COMPLETED|0:0|None\n4242_1|FAILED|3:0|None\n4242_2|COMPLETED|0:0|None\n", first_id=6000
+    )
     retried = retry(layout, Slurm(runner), env, [1], fresh=True)
     assert retried.shards == (1,)
     fresh = read_json(layout.shard(1).fresh, FreshRecord)

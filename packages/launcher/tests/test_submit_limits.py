@@ -149,6 +149,17 @@ def _run_dir(tmp_path: Path) -> RunLayout:
     return RunLayout(root)
 
 
+def _stopped(
+    tmp_path: Path, cluster: FakeCluster, *, shards: int, run_extra: str = ""
+) -> tuple[RunLayout, dict[str, str]]:
+    """A run whose submission to ``cluster`` stopped part-way (an sbatch fault of the cluster's), and its
+    environment."""
+    run, profile, env = _files(tmp_path, shards=shards, run_extra=run_extra)
+    with pytest.raises(PartialSubmitError):
+        submit(run, profile, slurm=Slurm(cluster, user="alice"), env=env)
+    return _run_dir(tmp_path), env
+
+
 # --- the limits and their arithmetic ---
 
 
@@ -393,11 +404,7 @@ def test_the_first_sbatch_failing_leaves_nothing_but_a_timed_out_one_keeps_the_r
 
 
 def test_continue_checks_the_limits_again(tmp_path: Path) -> None:
-    run, profile, env = _files(tmp_path, shards=10)
-    cluster = FakeCluster(max_array=4, sbatch_faults={2: "error"})
-    with pytest.raises(PartialSubmitError):
-        submit(run, profile, slurm=Slurm(cluster, user="alice"), env=env)
-    layout = _run_dir(tmp_path)
+    layout, env = _stopped(tmp_path, FakeCluster(max_array=4, sbatch_faults={2: "error"}), shards=10)
     full = FakeCluster(max_jobs=20, queued=16)
     with pytest.raises(SubmitError) as refused:
         continue_submission(layout, Slurm(full, user="alice"), env)
@@ -410,11 +417,8 @@ def test_continue_checks_the_limits_again(tmp_path: Path) -> None:
 
 
 def test_cancel_of_a_half_submitted_run_cancels_what_was_submitted_and_ends_the_plan(tmp_path: Path) -> None:
-    run, profile, env = _files(tmp_path, shards=6, run_extra="retries: 1\n")
     cluster = FakeCluster(max_array=2, sbatch_faults={3: "error"})
-    with pytest.raises(PartialSubmitError):
-        submit(run, profile, slurm=Slurm(cluster, user="alice"), env=env)
-    layout = _run_dir(tmp_path)
+    layout, env = _stopped(tmp_path, cluster, shards=6, run_extra="retries: 1\n")
     code, out, _ = _cli(["cancel", str(layout.root), "--json"], cluster, env)
     assert code == 0 and json.loads(out) == {"cancelled": ["4243", "4242"], "run_cancelled": True, "adopted": []}
     assert cluster.commands("scancel") == [["scancel", "4243", "4242"]]  # only what was submitted
@@ -457,11 +461,8 @@ def test_a_cancel_during_the_submission_stops_it_and_cancels_the_array_it_raced(
 
 
 def test_two_submitters_of_one_run_never_both_submit(tmp_path: Path) -> None:
-    run, profile, env = _files(tmp_path, shards=4)
     cluster = FakeCluster(max_array=2, sbatch_faults={2: "error"})
-    with pytest.raises(PartialSubmitError):
-        submit(run, profile, slurm=Slurm(cluster, user="alice"), env=env)
-    layout = _run_dir(tmp_path)
+    layout, env = _stopped(tmp_path, cluster, shards=4)
     with submit_lock(layout), pytest.raises(LauncherError, match="another ddslurm is submitting arrays of run"):
         continue_submission(layout, Slurm(cluster, user="alice"), env)
     assert cluster.sbatches == 2

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -14,30 +13,13 @@ from typing import Any
 import pytest
 
 from ddslurm.config import AttemptRecord, read_json
-from ddslurm.launcher import Completed, Slurm, SubmitError, prepare, run_status, submit, write_run_dir
-from ddslurm.launcher.testing import write_unit_run
+from ddslurm.launcher import Slurm, SubmitError, prepare, run_status, submit, write_run_dir
+from ddslurm.launcher.testing import UNIT_RECIPE, FakeSlurm, write_unit_run
 
 pytestmark = pytest.mark.dd
 
-RECIPE = """data_designer:
-  columns:
-  - {name: topic, column_type: sampler, sampler_type: category, params: {sampler_type: category, values: [a, b]}}
-  - {name: q, column_type: llm-text, model_alias: writer, prompt: "Say {{ no_such_column }} about {{ topic }}"}
-  model_configs:
-  - {alias: writer, model: m-1, provider: hosted, inference_parameters: {temperature: 0.3, max_parallel_requests: 8}}
-"""
+RECIPE = UNIT_RECIPE.replace('prompt: "Say {{ topic }}"', 'prompt: "Say {{ no_such_column }} about {{ topic }}"')
 DD_DETAIL = "references a column that does not exist: 'no_such_column'"
-
-
-class NoSlurm:
-    """A runner that records calls and answers like an idle cluster."""
-
-    def __init__(self) -> None:
-        self.calls: list[list[str]] = []
-
-    def __call__(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> Completed:
-        self.calls.append(list(argv))
-        return Completed(0, "4242\n" if argv[0] == "sbatch" else "", "")
 
 
 def _files(tmp_path: Path) -> tuple[Path, Path, dict[str, str]]:
@@ -56,7 +38,7 @@ def test_submit_and_dry_run_refuse_a_recipe_data_designer_refuses(
     run, profile, env = _files(tmp_path)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    runner = NoSlurm()
+    runner = FakeSlurm()
     monkeypatch.setattr(cli, "Slurm", lambda env: Slurm(runner, env=env))
     for extra in ([], ["--dry-run"]):
         assert cli.main(["submit", str(run), "--profile", str(profile), *extra]) == 2, extra
@@ -97,7 +79,7 @@ def test_a_recipe_refused_on_the_node_fails_once_not_retryable_with_data_designe
     assert "Please address the indicated issues" not in record.message
     from ddslurm.launcher._console import status_text
 
-    status = run_status(prepared.layout, Slurm(NoSlurm(), env=dict(os.environ)))  # (no Slurm job: ran outside it)
+    status = run_status(prepared.layout, Slurm(FakeSlurm(), env=dict(os.environ)))  # (no Slurm job: ran outside it)
     shard = status.shards[0]
     assert shard.reason == "recipe_invalid" and shard.message is not None and DD_DETAIL in shard.message
     assert DD_DETAIL in status_text(status)

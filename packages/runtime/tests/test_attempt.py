@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import threading
 from pathlib import Path
@@ -27,14 +26,10 @@ from ddslurm.config import (
     WinnerRecord,
     atomic_write,
     encode,
-    encode_pretty,
-    make_private_dir,
     read_json,
     read_plan,
     recipe_with_models,
-    sha256_bytes,
 )
-from ddslurm.config.testing import make_plan
 from ddslurm.runtime import (
     EXIT_FAILED,
     EXIT_OK,
@@ -46,10 +41,9 @@ from ddslurm.runtime import (
     InputsError,
     load_inputs,
 )
-from ddslurm.runtime._log import new_logger
+from ddslurm.runtime.testing import PROVIDER, attempt_runner, write_run
 
 SECRET = "sk-attempt-test-secret-value"
-RECIPE = b"data_designer:\n  columns:\n  - {name: x, column_type: sampler}\n  model_configs: []\n"
 
 
 LOCAL = SnapshotProvider(name="ddslurm-local-x", endpoint="", api_key_env="DDSLURM_LOCAL_TOKEN", local=True)
@@ -65,32 +59,10 @@ def _run(
     ),
     serving: ServingPlan | None = None,
 ) -> RunLayout:
-    layout = RunLayout(tmp_path / "run-1")
-    make_private_dir(layout.inputs)
-    snapshot = ProviderSnapshot(
-        providers=(
-            SnapshotProvider(name="p", endpoint="http://127.0.0.1:9/v1", api_key_env="T_KEY"),
-            *((LOCAL,) if local else ()),
-        ),
-        models=models,
+    providers = (PROVIDER, *((LOCAL,) if local else ()))
+    return write_run(
+        tmp_path / "run-1", shard_records, providers=providers, models=models, resume="if_possible", serving=serving
     )
-    snap_bytes = encode_pretty(snapshot)
-    atomic_write(layout.recipe, RECIPE)
-    atomic_write(layout.snapshot, snap_bytes)
-    plan = make_plan(
-        "run-1",
-        shard_records,
-        buffer_size=2,
-        resume="if_possible",
-        recipe_file=str(layout.recipe),
-        recipe_sha256=sha256_bytes(RECIPE),
-        snapshot_file=str(layout.snapshot),
-        snapshot_sha256=sha256_bytes(snap_bytes),
-        secret_env=("T_KEY",),
-        serving=serving,
-    )
-    atomic_write(layout.plan, encode(plan))
-    return layout
 
 
 class FakeEngine:
@@ -117,12 +89,8 @@ class FakeEngine:
 
 
 def _runner(layout: RunLayout, engine: Any, env: dict[str, str] | None = None) -> AttemptRunner:
-    return AttemptRunner(
-        layout,
-        engine=engine,
-        env={"T_KEY": SECRET} if env is None else env,
-        scratch_home=layout.root / "dd",
-        make_logger=lambda stream: new_logger(stream, io.BytesIO()),
+    return attempt_runner(
+        layout, engine, env={"T_KEY": SECRET} if env is None else env, scratch_home=layout.root / "dd"
     )
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
@@ -15,7 +14,6 @@ import time
 from pathlib import Path
 from typing import Literal
 
-import httpx
 import pytest
 
 from ddslurm.config import (
@@ -25,19 +23,15 @@ from ddslurm.config import (
     RunLayout,
     SnapshotModel,
     SnapshotProvider,
-    atomic_write,
-    digest,
-    encode,
-    make_private_dir,
     read_json,
 )
 from ddslurm.config.testing import make_plan
-from ddslurm.runtime import AttemptRunner, Inputs
+from ddslurm.runtime import Inputs
 from ddslurm.runtime._controller import Controller
-from ddslurm.runtime._log import new_logger
 from ddslurm.runtime._steps import Step, StepSpec
 from ddslurm.runtime._stop import StopSignal
 from ddslurm.runtime._workers import ClaimPool
+from ddslurm.runtime.testing import make_controller, write_plan
 
 CLIENT = """
 import sys, msgspec
@@ -88,30 +82,8 @@ class ScriptedLauncher:
 
 
 def _controller(tmp_path: Path, launcher: ScriptedLauncher, client_retries: int) -> tuple[Controller, Inputs]:
-    layout = RunLayout(tmp_path / "run-1")
-    make_private_dir(layout.root)
-    plan = make_plan("run-1", (4,), client_retries=client_retries)
-    atomic_write(layout.plan, encode(plan))
-    inputs = Inputs(plan=plan, plan_sha256=digest(plan), recipe={}, snapshot=ProviderSnapshot())
-    runner = AttemptRunner(
-        layout,
-        engine=lambda r: pytest.fail("no engine here"),
-        env={},
-        scratch_home=tmp_path,
-        make_logger=lambda s: new_logger(s, io.BytesIO()),
-    )
-    controller = Controller(
-        runner,
-        launcher=launcher,
-        env={},
-        runtime_exe=Path("/x/ddslurm-runtime"),
-        run_dir=layout.root,
-        logger=new_logger(io.BytesIO()),
-        http=httpx.Client(),
-        stop=StopSignal(),
-        poll=0.05,
-    )
-    return controller, inputs
+    layout, inputs = write_plan(tmp_path / "run-1", make_plan("run-1", (4,), client_retries=client_retries))
+    return make_controller(layout, launcher, scratch_home=tmp_path, poll=0.05), inputs
 
 
 @pytest.mark.parametrize(
@@ -233,8 +205,6 @@ def _serving_controller(
 ) -> tuple[Controller, Inputs]:
     from ddslurm.config import DeploymentPlan, ReplicaPlan, ServingPlan
 
-    layout = RunLayout(tmp_path / "run-1")
-    make_private_dir(layout.root, exist_ok=True)
     replicas = tuple(ReplicaPlan(index=i, gpus=1, cpus=1) for i in range(2))
     deployment = DeploymentPlan(
         alias="gen", model="m", served_model_name="served", tensor_parallel=1, replicas=replicas, startup_timeout=30,
@@ -251,22 +221,9 @@ def _serving_controller(
         secret_env=secret_env,
         server_secret_env=env_from,
     )
-    atomic_write(layout.plan, encode(plan))
-    inputs = Inputs(plan=plan, plan_sha256=digest(plan), recipe={}, snapshot=snapshot or ProviderSnapshot())
-    runner = AttemptRunner(
-        layout, engine=lambda r: pytest.fail("no engine here"), env={}, make_logger=lambda s: new_logger(s)
-    )
-    controller = Controller(
-        runner,
-        launcher=launcher,
-        env={"CUDA_VISIBLE_DEVICES": "0,1", **(env or {})},
-        runtime_exe=Path("/x/ddslurm-runtime"),
-        run_dir=layout.root,
-        logger=new_logger(io.BytesIO()),
-        http=httpx.Client(),
-        stop=StopSignal(),
-        grace=2.0,
-        poll=0.05,
+    layout, inputs = write_plan(tmp_path / "run-1", plan, snapshot=snapshot)
+    controller = make_controller(
+        layout, launcher, env={"CUDA_VISIBLE_DEVICES": "0,1", **(env or {})}, grace=2.0, poll=0.05
     )
     return controller, inputs
 

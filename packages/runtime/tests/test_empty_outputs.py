@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 from typing import Any
@@ -24,9 +23,9 @@ from ddslurm.config import (
 )
 from ddslurm.config.testing import make_plan
 from ddslurm.runtime import EXIT_FAILED, EXIT_OK, AttemptRunner, EngineRequest, EngineResult, Inputs
-from ddslurm.runtime._log import new_logger
 from ddslurm.runtime._verify import count_empty_outputs, reject_empty_outputs
 from ddslurm.runtime.errors import EmptyOutputsError
+from ddslurm.runtime.testing import attempt_runner
 
 RECIPE: dict[str, Any] = {
     "data_designer": {
@@ -123,9 +122,7 @@ def _setup(tmp_path: Path, **plan: Any) -> tuple[RunLayout, Inputs]:
 
 
 def _runner(layout: RunLayout, engine: Any) -> AttemptRunner:
-    return AttemptRunner(
-        layout, engine=engine, env={}, scratch_home=layout.root, make_logger=lambda s: new_logger(s, io.BytesIO())
-    )
+    return attempt_runner(layout, engine, scratch_home=layout.root)
 
 
 def test_empty_outputs_fail_the_attempt_and_a_retry_regenerates_the_shard(tmp_path: Path) -> None:

@@ -4,7 +4,6 @@ outlives any shard, however long), and a spare that ended while it waited costs 
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import subprocess
@@ -13,7 +12,6 @@ import threading
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from ddslurm.config import (
@@ -25,20 +23,16 @@ from ddslurm.config import (
     ServingPlan,
     SnapshotModel,
     SnapshotProvider,
-    atomic_write,
-    digest,
-    encode,
-    make_private_dir,
     read_json,
 )
 from ddslurm.config.testing import make_plan
-from ddslurm.runtime import AttemptRunner, Inputs
+from ddslurm.runtime import Inputs
 from ddslurm.runtime._controller import Controller, controller_alive, controller_identity
-from ddslurm.runtime._log import new_logger
 from ddslurm.runtime._steps import Step, StepSpec
 from ddslurm.runtime._stop import StopSignal
 from ddslurm.runtime._workers import ClaimPool
 from ddslurm.runtime.cli import _await_endpoints
+from ddslurm.runtime.testing import make_controller, write_plan
 
 SCRIPTED = """
 import json, sys, time, urllib.request
@@ -155,8 +149,6 @@ LOCAL = ProviderSnapshot(
 def _controller(
     tmp_path: Path, launcher: Launcher, shards: int, *, serving: bool, workers: int = 1
 ) -> tuple[Controller, Inputs, StopSignal]:
-    layout = RunLayout(tmp_path / "run-1")
-    make_private_dir(layout.root, exist_ok=True)
     plan_serving = None
     if serving:
         deployment = DeploymentPlan(
@@ -167,22 +159,9 @@ def _controller(
     plan = make_plan(
         "run-1", (2,) * shards, client_retries=0, client_workers=workers, allocations=1, serving=plan_serving
     )
-    atomic_write(layout.plan, encode(plan))
-    inputs = Inputs(plan=plan, plan_sha256=digest(plan), recipe={}, snapshot=LOCAL if serving else ProviderSnapshot())
-    runner = AttemptRunner(layout, engine=lambda r: pytest.fail("no engine here"), env={}, make_logger=new_logger)
+    layout, inputs = write_plan(tmp_path / "run-1", plan, snapshot=LOCAL if serving else None)
     stop = StopSignal()
-    controller = Controller(
-        runner,
-        launcher=launcher,
-        env={"CUDA_VISIBLE_DEVICES": "0"},
-        runtime_exe=Path("/x/ddslurm-runtime"),
-        run_dir=layout.root,
-        logger=new_logger(io.BytesIO()),
-        http=httpx.Client(),
-        stop=stop,
-        grace=2.0,
-        poll=0.05,
-    )
+    controller = make_controller(layout, launcher, env={"CUDA_VISIBLE_DEVICES": "0"}, stop=stop, grace=2.0, poll=0.05)
     return controller, inputs, stop
 
 

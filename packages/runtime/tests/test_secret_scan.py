@@ -3,7 +3,6 @@ allocation's directory, read in full, Parquet values decoded, links not followed
 
 from __future__ import annotations
 
-import io
 import os
 import threading
 from pathlib import Path
@@ -12,36 +11,20 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from ddslurm.config import (
-    AttemptRecord,
-    ProviderSnapshot,
-    RunLayout,
-    SnapshotModel,
-    SnapshotProvider,
-    WinnerRecord,
-    atomic_write,
-    encode,
-    encode_pretty,
-    make_private_dir,
-    read_json,
-    sha256_bytes,
-)
-from ddslurm.config.testing import make_plan
+from ddslurm.config import AttemptRecord, WinnerRecord, read_json
 from ddslurm.runtime import (
     EXIT_FAILED,
     EXIT_OK,
-    AttemptRunner,
     EngineRequest,
     EngineResult,
     _verify,
     load_inputs,
     scan_for_secrets,
 )
-from ddslurm.runtime._log import new_logger
+from ddslurm.runtime.testing import attempt_runner, write_run
 
 SECRET = "sk-scan-test-4f9a1c7e2b6d8035"
 OTHER = "sk-another-secret-value-91b3"
-RECIPE = b"data_designer:\n  columns:\n  - {name: x, column_type: sampler}\n  model_configs: []\n"
 
 
 def _sparse(path: Path, offset: int, data: bytes) -> Path:
@@ -152,44 +135,14 @@ class Engine:
         return EngineResult(dataset_dir=dataset, rows=request.num_records, requested=request.num_records)
 
 
-def _layout(tmp_path: Path) -> RunLayout:
-    layout = RunLayout(tmp_path / "run-1")
-    make_private_dir(layout.inputs)
-    snapshot = ProviderSnapshot(
-        providers=(SnapshotProvider(name="p", endpoint="http://127.0.0.1:9/v1", api_key_env="T_KEY"),),
-        models=(SnapshotModel(alias="gen", model="m", provider="p"),),
-    )
-    snap_bytes = encode_pretty(snapshot)
-    atomic_write(layout.recipe, RECIPE)
-    atomic_write(layout.snapshot, snap_bytes)
-    plan = make_plan(
-        "run-1",
-        (4,),
-        buffer_size=2,
-        recipe_file=str(layout.recipe),
-        recipe_sha256=sha256_bytes(RECIPE),
-        snapshot_file=str(layout.snapshot),
-        snapshot_sha256=sha256_bytes(snap_bytes),
-        secret_env=("T_KEY",),
-    )
-    atomic_write(layout.plan, encode(plan))
-    return layout
-
-
 @pytest.mark.parametrize("leaked", [True, False], ids=["leak-in-server-log", "clean"])
 def test_a_pulling_attempt_scans_its_allocations_server_and_proxy_logs(tmp_path: Path, leaked: bool) -> None:
-    layout = _layout(tmp_path)
+    layout = write_run(tmp_path / "run-1")
     allocation = layout.allocation("77")
     allocation.mkdir(parents=True)
     (allocation / "proxy-0.log").write_text("GET /v1/models 200\n")
     server = _sparse(allocation / "vllm-0.log", (64 << 20) + 10, (SECRET if leaked else "no key").encode())
-    runner = AttemptRunner(
-        layout,
-        engine=Engine(),
-        env={"T_KEY": SECRET},
-        scratch_home=layout.root / "dd",
-        make_logger=lambda stream: new_logger(stream, io.BytesIO()),
-    )
+    runner = attempt_runner(layout, Engine(), env={"T_KEY": SECRET}, scratch_home=layout.root / "dd")
     inputs = load_inputs(layout)
     began = runner.begin(inputs, 0, "77", "n1", allocation=str(allocation))
     assert began is not None

@@ -4,7 +4,6 @@ verified winner as its one seed file, claims per stage, and the stage recipes Da
 from __future__ import annotations
 
 import dataclasses
-import io
 import json
 from pathlib import Path
 from typing import Any
@@ -16,24 +15,18 @@ import pytest
 
 from ddslurm.config import (
     AttemptRecord,
-    ProviderSnapshot,
     RunLayout,
     SnapshotModel,
-    SnapshotProvider,
     StagePlan,
     WinnerRecord,
     atomic_write,
     encode,
-    encode_pretty,
-    make_private_dir,
     read_json,
-    sha256_bytes,
 )
-from ddslurm.config.testing import make_plan
 from ddslurm.runtime import EXIT_FAILED, EXIT_OK, AttemptRunner, EngineRequest, EngineResult, Inputs, load_inputs
-from ddslurm.runtime._log import new_logger
 from ddslurm.runtime._workers import ClaimPool
 from ddslurm.runtime.cli import stage_inputs
+from ddslurm.runtime.testing import attempt_runner, write_run
 
 SECRET = "sk-stage-test-secret-value"
 RECIPE = (
@@ -53,30 +46,15 @@ def _run(
     recipe: bytes = RECIPE,
     stages: tuple[StagePlan, ...] = STAGES,
 ) -> RunLayout:
-    layout = RunLayout(tmp_path / "run-1")
-    make_private_dir(layout.inputs)
-    snapshot = ProviderSnapshot(
-        providers=(SnapshotProvider(name="p", endpoint="http://127.0.0.1:9/v1", api_key_env="T_KEY"),),
-        models=(SnapshotModel(alias="writer", model="m", provider="p"),),
-    )
-    snap = encode_pretty(snapshot)
-    atomic_write(layout.recipe, recipe)
-    atomic_write(layout.snapshot, snap)
-    plan = make_plan(
-        "run-1",
+    return write_run(
+        tmp_path / "run-1",
         shard_records,
-        buffer_size=2,
-        recipe_file=str(layout.recipe),
-        recipe_sha256=sha256_bytes(recipe),
-        snapshot_file=str(layout.snapshot),
-        snapshot_sha256=sha256_bytes(snap),
-        secret_env=("T_KEY",),
+        recipe=recipe,
+        models=(SnapshotModel(alias="writer", model="m", provider="p"),),
         stages=stages,
         stage_reason="two stages",
         client_workers=2,
     )
-    atomic_write(layout.plan, encode(plan))
-    return layout
 
 
 class StageEngine:
@@ -118,14 +96,7 @@ class StageEngine:
 
 
 def _runner(layout: RunLayout, engine: Any, stage: int | None) -> AttemptRunner:
-    return AttemptRunner(
-        layout,
-        engine=engine,
-        env={"T_KEY": SECRET},
-        scratch_home=layout.root / "dd",
-        make_logger=lambda stream: new_logger(stream, io.BytesIO()),
-        stage=stage,
-    )
+    return attempt_runner(layout, engine, env={"T_KEY": SECRET}, scratch_home=layout.root / "dd", stage=stage)
 
 
 def test_the_gpu_stage_runs_its_columns_and_publishes_into_stage_0(tmp_path: Path) -> None:
