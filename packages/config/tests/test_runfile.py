@@ -417,6 +417,8 @@ def test_server_env_refuses_secrets_without_echoing_them(tmp_path: Path, entry: 
         "MODEL: meta-llama/Llama-3.1-70B-Instruct",
         "FAKE_VLLM_LATENCY: '0.02'",
         "HF_ENDPOINT: https://hf-mirror.example/api",
+        "GOOGLE_APPLICATION_CREDENTIALS: /scratch/keys/service-account.json",  # where a key is, not the key
+        "DB_PASSWORD_FILE: /run/secrets/db-password",
     ],
 )
 def test_server_env_keeps_ordinary_settings(tmp_path: Path, entry: str) -> None:

@@ -360,3 +360,52 @@ def test_submit_refuses_a_failing_script_before_writing_anything(tmp_path: Path)
     with pytest.raises(SubmitError, match=r"build.py:1: running the script called sys.exit\(3\)"):
         prepare(run, profile, env, datetime.now(UTC), check_recipe=_no_check)
     assert not (tmp_path / "work").exists()
+
+
+def test_paths_and_the_working_directory_are_no_secrets_but_a_planted_key_still_is(tmp_path: Path) -> None:
+    """``PWD`` (a credential word: ``pwd``), ``SSH_AUTH_SOCK`` (``auth``) and a key file's path hold places, not
+    keys: a builder script's config may name files under the working directory (``Path(__file__).parent /
+    "seed.csv"``), its errors show those paths as they are, and the script sees those variables. A password in a
+    variable named for one is still hidden from the script, and a planted key still refused."""
+    run, _, env = write_unit_run(tmp_path, KEY)
+    places = {
+        "PWD": str(tmp_path),
+        "OLDPWD": str(tmp_path.parent),
+        "SSH_AUTH_SOCK": "/tmp/ssh-XXXXabcd/agent.1234",
+        "GOOGLE_APPLICATION_CREDENTIALS": str(tmp_path / "service-account.json"),
+    }
+    env |= places | {"DB_PASSWORD": "hunter2hunter2"}
+    probe = tmp_path / "env.json"
+    env["PROBE"] = str(probe)
+    _script(
+        tmp_path / "build.py",
+        """
+
+        def seeded():
+            import json, os
+            from pathlib import Path
+
+            with open(os.environ["PROBE"], "w") as fh:
+                json.dump(dict(os.environ), fh)
+            builder = unit_builder()
+            builder.add_column(dd.ExpressionColumnConfig(name="where", expr=str(Path(__file__).parent / "seed.csv")))
+            return builder
+
+
+        def failing():
+            from pathlib import Path
+
+            raise RuntimeError(f"no seed at {Path(__file__).parent / 'seed.csv'}")
+        """,
+    )
+    loaded = load_run_recipe(_use_recipe(run, "build.py:seeded"), run, env, tmp_path / "dd")
+    assert str(tmp_path / "seed.csv") in loaded.stored.decode()
+    seen = json.loads(probe.read_text())
+    assert {name: seen.get(name) for name in places} == places
+    assert "DB_PASSWORD" not in seen and "HOSTED_KEY" not in seen
+    with pytest.raises(BuilderError) as info:
+        run.write_text(run.read_text().replace("build.py:seeded", "build.py:failing"))
+        load_run_recipe(load_run_file(run), run, env, tmp_path / "dd")
+    assert f"no seed at {tmp_path / 'seed.csv'}" in str(info.value) and "redacted" not in str(info.value)
+    message = _error(tmp_path / "planted", "build.py", body=BUILDER + f'\n\nAPI_KEY = "{KEY}"\n')
+    assert "the script holds the value of $HOSTED_KEY, a secret" in message and KEY not in message

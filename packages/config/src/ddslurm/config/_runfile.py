@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import PurePath
 from typing import Annotated, Literal, NoReturn
 
 import msgspec
@@ -39,8 +40,8 @@ def server_env_secret(name: str, value: str) -> str | None:
     """Why ``name: value`` in ``server.env`` looks like a credential, or None.
 
     A name whose words say it holds one (``HF_TOKEN``, ``OPENAI_API_KEY``, ``DB_PASSWORD``; not
-    ``TOKENIZERS_PARALLELISM`` or ``HF_TOKEN_PATH``) with a value of 8 characters or more, or a value that looks
-    like a key whatever the name (:func:`value_secret`). The reason never repeats the value.
+    ``TOKENIZERS_PARALLELISM`` or ``HF_TOKEN_PATH``) with a value of 8 characters or more that is not an absolute
+    path, or a value that looks like a key whatever the name (:func:`value_secret`). The reason never repeats the value.
     """
     if _named_credential(name, value):
         return "the variable's name says it holds a credential"
@@ -51,6 +52,7 @@ def _named_credential(name: str, value: str) -> bool:
     words = [w for w in re.split(r"[^A-Za-z0-9]+", name.upper()) if w]
     return bool(
         len(value) >= _MIN_NAMED_SECRET
+        and not PurePath(value.strip()).is_absolute()  # a place (a key file's path, a socket), not a key
         and _CREDENTIAL_WORDS.intersection(words)
         and words[-1] not in _NOT_A_CREDENTIAL_SUFFIXES
     )

@@ -38,7 +38,7 @@ import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 from ddslurm.config import (
@@ -241,7 +241,9 @@ def refuse_secrets(
 
 def secret_names(run: RunFile, env: Mapping[str, str], dd_home: Path) -> set[str]:
     """The variables of ``env`` a builder script must not see: the API-key variables of Data Designer's providers
-    (``dd_home``), the deployments' ``server.env_from``, and any whose name or value looks like a credential."""
+    (``dd_home``), the deployments' ``server.env_from``, and any whose name or value looks like a credential. An
+    absolute path is never a credential by its variable's name (``PWD``, ``SSH_AUTH_SOCK``,
+    ``GOOGLE_APPLICATION_CREDENTIALS``): a recipe may name files under the working directory."""
     names = {name for dep in run.deployments for name in dep.server.env_from}
     try:
         settings = load_settings(dd_home)
@@ -252,7 +254,9 @@ def secret_names(run: RunFile, env: Mapping[str, str], dd_home: Path) -> set[str
     for name, value in env.items():
         if name in KEPT_ENV:
             continue
-        by_name = is_credential_key(name) and len(value) >= _MIN_SECRET
+        # A path is a place, not a key, whatever its variable is called (PWD, SSH_AUTH_SOCK, a key file's path)
+        place = PurePath(value.strip()).is_absolute()
+        by_name = is_credential_key(name) and len(value) >= _MIN_SECRET and not place
         by_value = looks_like_credential(value) and os.sep not in value  # not paths that merely hold long names
         if by_name or by_value or server_env_secret(name, value) is not None:
             names.add(name)
