@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from ddslurm.config import (
+    FileEntry,
     UnsafePathError,
     atomic_write,
     check_run_tree,
@@ -299,3 +300,11 @@ def test_a_run_directory_of_another_user_is_refused(tmp_path: Path) -> None:
     os.chown(run.parent, 4242, 4242)
     with pytest.raises(UnsafePathError, match="belongs to uid 4242, who could replace"):
         check_run_tree(run)
+
+
+def test_a_file_entry_holds_only_the_bytes_it_recorded() -> None:
+    data = b"question\nwhat is 2 + 2?\n"
+    entry = FileEntry(path="seed.csv", size=len(data), sha256=sha256_bytes(data))
+    assert entry.holds(data)
+    assert not entry.holds(data.replace(b"2 + 2", b"2 + 3"))  # same size, other bytes
+    assert not FileEntry(path="seed.csv", size=len(data) + 1, sha256=entry.sha256).holds(data)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Literal
 
 from ddslurm.config._base import Frozen
+from ddslurm.config._files import sha256_bytes
 
 AttemptState = Literal["running", "succeeded", "failed", "partial", "superseded", "cancelled"]
 """``cancelled``: the attempt began after the whole run was cancelled and generated nothing."""
@@ -14,6 +15,10 @@ class FileEntry(Frozen, frozen=True, kw_only=True):
     path: str
     size: int
     sha256: str
+
+    def holds(self, data: bytes) -> bool:
+        """``data`` is this file as it was recorded: its size and sha256."""
+        return len(data) == self.size and sha256_bytes(data) == self.sha256
 
 
 SubmissionKind = Literal["initial", "retry", "auto-retry"]

@@ -17,7 +17,6 @@ from ddslurm.config import (
     encode_pretty,
     fsync_dir,
     make_private_dir,
-    sha256_bytes,
 )
 from ddslurm.launcher._seed import SeedCapture
 from ddslurm.launcher.errors import SubmitError, WriteError
@@ -45,7 +44,7 @@ def copy_seed(seed: SeedCapture, layout: RunLayout, into: RunLayout) -> None:
     make_private_dir(root, exist_ok=True)
     for source, entry in zip(seed.sources, seed.plan.files, strict=True):
         data = source.read_bytes()
-        if sha256_bytes(data) != entry.sha256:
+        if not entry.holds(data):
             raise SubmitError(f"{source}: changed while the run was being submitted")
         target = root / entry.path
         for parent in reversed(target.relative_to(root).parents[:-1]):

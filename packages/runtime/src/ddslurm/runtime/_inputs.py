@@ -74,10 +74,12 @@ def load_inputs(layout: RunLayout, *, plan_sha256: str | None = None) -> Inputs:
         snapshot_bytes = read_regular(Path(plan.snapshot_file))
     except (OSError, msgspec.DecodeError, Exception) as exc:
         raise InputsError(f"cannot read the run's inputs in {layout.root}: {exc}") from exc
-    if sha256_bytes(recipe_bytes) != plan.recipe_sha256:
-        raise InputsError(f"{plan.recipe_file}: sha256 differs from the plan; the run's inputs were modified")
-    if sha256_bytes(snapshot_bytes) != plan.snapshot_sha256:
-        raise InputsError(f"{plan.snapshot_file}: sha256 differs from the plan; the run's inputs were modified")
+    for name, data, recorded in (
+        (plan.recipe_file, recipe_bytes, plan.recipe_sha256),
+        (plan.snapshot_file, snapshot_bytes, plan.snapshot_sha256),
+    ):
+        if sha256_bytes(data) != recorded:
+            raise InputsError(f"{name}: sha256 differs from the plan; the run's inputs were modified")
     if plan.seed is not None:
         check_seed(plan.seed)
     snapshot = msgspec.json.decode(snapshot_bytes, type=ProviderSnapshot)

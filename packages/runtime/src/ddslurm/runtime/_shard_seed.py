@@ -19,7 +19,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ddslurm.config import STAGE_ROW, WinnerRecord, publish_once, read_regular, sha256_bytes
+from ddslurm.config import STAGE_ROW, WinnerRecord, publish_once, read_regular
 from ddslurm.runtime.errors import InputsError
 
 
@@ -69,7 +69,7 @@ def read_stage_winner(winner: WinnerRecord) -> pa.Table:
             data = read_regular(path)
         except OSError as exc:
             raise InputsError(f"shard {winner.shard}: the GPU stage's file {path} cannot be read: {exc}") from exc
-        if len(data) != entry.size or sha256_bytes(data) != entry.sha256:
+        if not entry.holds(data):
             raise InputsError(
                 f"shard {winner.shard}: the GPU stage's file {path} changed since it was published "
                 f"(size or sha256 differs from {winner.attempt}'s winner record)"
