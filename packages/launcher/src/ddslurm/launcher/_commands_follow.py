@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from contextlib import nullcontext
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -26,7 +27,6 @@ from ddslurm.launcher._session import (
     ProfileOpt,
     RunArg,
     Session,
-    Step,
     command_session,
     guarded,
     run_layout,
@@ -35,6 +35,15 @@ from ddslurm.launcher._status import RunStatus, run_status
 from ddslurm.launcher.report import render_html, report_json, run_report
 
 # --- status, wait ---
+
+
+class Step(StrEnum):
+    """The step whose log ``logs`` shows."""
+
+    client = "client"
+    server = "server"
+    proxy = "proxy"
+    slurm = "slurm"
 
 
 def _say_busy(session: Session, busy: SchedulerBusy) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, TextIO, TypeVar
 
@@ -96,13 +95,6 @@ JsonOpt = Annotated[
     typer.Option("--json", help='Print JSON instead of text; an error as {"error": {"code", "message", "exit_code"}}.'),
 ]
 ShardsHelp = "Shards by number and range, such as 1,3,5-7."
-
-
-class Step(StrEnum):
-    client = "client"
-    server = "server"
-    proxy = "proxy"
-    slurm = "slurm"
 
 
 def run_layout(session: Session, run: str, profile: Path | None) -> RunLayout:

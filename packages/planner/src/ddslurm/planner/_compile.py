@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Mapping
@@ -71,7 +72,7 @@ class PlanInputs:
     """The recipe's seed dataset as captured into the run's inputs (its rows decide the shards' seed blocks)."""
     recipe_source: RecipeSource | None = None
     """The builder script the recipe was made from, when it was made by one (provenance)."""
-    recipe: Mapping[str, Any] | None = None
+    recipe: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     """The recipe as stored in the run's inputs (the stage split reads its processors and profilers)."""
     columns: tuple[RecipeColumn, ...] | None = None
     """The recipe's columns as Data Designer reads them, in recipe order (the stage split and the final column

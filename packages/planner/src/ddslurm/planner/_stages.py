@@ -24,7 +24,7 @@ class Staging:
 
 def plan_stages(
     run: RunFile,
-    recipe: Mapping[str, Any] | None,
+    recipe: Mapping[str, Any],
     columns: Sequence[RecipeColumn] | None,
     seed_columns: Sequence[str] = (),
 ) -> Staging:
@@ -34,10 +34,10 @@ def plan_stages(
     (``columns`` None: its validation says why): nothing."""
     if not run.deployments:
         return Staging()
-    order = final_columns(recipe, columns, seed_columns) if recipe is not None and columns is not None else None
+    order = None if columns is None else final_columns(recipe, columns, seed_columns)
     if run.stages == "single":
         return Staging(reason=SINGLE_BY_RUN_FILE, column_order=order)
-    if recipe is None or columns is None:
+    if columns is None:
         return Staging()
     split = split_stages(recipe, columns, {d.model_alias for d in run.deployments})
     stages = (
