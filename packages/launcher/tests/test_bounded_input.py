@@ -15,7 +15,7 @@ import pytest
 
 from ddslurm.launcher import Slurm, prepare, submit_shards, write_run_dir
 from ddslurm.launcher.cli import main
-from ddslurm.launcher.testing import FakeSlurm, write_unit_run
+from ddslurm.launcher.testing import FakeSlurm, accept_recipe, write_unit_run
 
 KEY = "sk-bounded-test-value-123456"
 BOMB = 'lol0: &a0 "lol"\n' + "".join(f"lol{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]\n" for i in range(1, 10))
@@ -45,7 +45,7 @@ def test_submit_dry_run_refuses_an_alias_bomb_at_once(tmp_path: Path, where: str
 def _submitted(root: Path, shards: int = 3) -> tuple[str, dict[str, str]]:
     run, profile, env = write_unit_run(root, KEY, num_records=10 * shards, shards=shards)
     now = datetime.now(UTC)
-    prepared = prepare(run, profile, env, now, check_recipe=lambda *_: [])
+    prepared = prepare(run, profile, env, now, check_recipe=accept_recipe)
     write_run_dir(prepared)
     submit_shards(prepared.layout, prepared.plan, list(range(shards)), Slurm(FakeSlurm()), env, now)
     return str(prepared.layout.root), env

@@ -36,7 +36,7 @@ from ddslurm.launcher import _dry_run as dry_run_module
 from ddslurm.launcher import _submit as submit_module
 from ddslurm.launcher._output import ExitCode
 from ddslurm.launcher.cli import DISTRIBUTIONS, app, main
-from ddslurm.launcher.testing import FakeSlurm, write_attempt, write_unit_run
+from ddslurm.launcher.testing import FakeSlurm, accept_recipe, write_attempt, write_unit_run
 
 KEY = "sk-cli-test-value-123456"
 DDSLURM = Path(sys.executable).parent / "ddslurm"
@@ -47,7 +47,7 @@ def _submitted(root: Path, *, shards: int = 3) -> tuple[RunLayout, Path, dict[st
     root.mkdir(parents=True, exist_ok=True)
     run, profile, env = write_unit_run(root, KEY, num_records=10 * shards, shards=shards)
     now = datetime.now(UTC)
-    prepared = prepare(run, profile, env, now, check_recipe=lambda *_: [])
+    prepared = prepare(run, profile, env, now, check_recipe=accept_recipe)
     write_run_dir(prepared)
     submit_shards(prepared.layout, prepared.plan, list(range(shards)), Slurm(FakeSlurm()), env, now)
     return prepared.layout, profile, env
@@ -69,7 +69,7 @@ def _cli(argv: list[str], env: dict[str, str], runner: FakeSlurm | None = None) 
 def _no_recipe_check(monkeypatch: pytest.MonkeyPatch) -> None:
     """Data Designer's own validation of the recipe (a subprocess of seconds) is tested elsewhere."""
     original = submit_module.prepare
-    monkeypatch.setattr(submit_module, "prepare", lambda *a, **k: original(*a, **{**k, "check_recipe": lambda *_: []}))
+    monkeypatch.setattr(submit_module, "prepare", lambda *a, **k: original(*a, **{**k, "check_recipe": accept_recipe}))
     monkeypatch.setattr(dry_run_module, "prepare", submit_module.prepare)
 
 
@@ -248,7 +248,7 @@ def test_a_submission_that_stopped_part_way_says_what_was_submitted_in_its_error
 
     original = submit_module.prepare
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(submit_module, "prepare", lambda *a, **k: original(*a, **{**k, "check_recipe": lambda *_: []}))
+        patch.setattr(submit_module, "prepare", lambda *a, **k: original(*a, **{**k, "check_recipe": accept_recipe}))
         code, error = _error(["submit", str(run), "--profile", str(profile)], env, SecondSbatchFails())
     assert (code, error["code"], error["state"]) == (ExitCode.FAILED, "submission_incomplete", "incomplete")
     assert [a["job_id"] for a in error["submitted"]] == ["4242"] and len(error["not_submitted"]) == 1

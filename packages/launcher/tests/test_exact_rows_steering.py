@@ -41,7 +41,7 @@ from ddslurm.launcher._submit import (
     write_run_dir,
 )
 from ddslurm.launcher.errors import LauncherError
-from ddslurm.launcher.testing import FakeSlurm, write_attempt, write_unit_run
+from ddslurm.launcher.testing import FakeSlurm, accept_recipe, write_attempt, write_unit_run
 from ddslurm.planner import plan_submission
 
 KEY = "sk-exact-rows-test-value-0123"
@@ -61,7 +61,7 @@ def _dependency(script: str) -> str | None:
 def _run(tmp_path: Path, extra: str, shards: int = 3) -> tuple[RunLayout, dict[str, str], Plan]:
     run, profile, env = write_unit_run(tmp_path, KEY, num_records=4 * shards, shards=shards, run_extra=extra)
     now = datetime.now(UTC)
-    prepared = prepare(run, profile, env, now, check_recipe=lambda *_: [])
+    prepared = prepare(run, profile, env, now, check_recipe=accept_recipe)
     write_run_dir(prepared)
     return prepared.layout, env, prepared.plan
 
@@ -303,7 +303,7 @@ def _staged_run(tmp_path: Path) -> tuple[RunLayout, dict[str, str], FakeSlurm, l
         run_extra="deployments:\n  - {model_alias: gen, model: m-2}\n",
     )
     profile.write_text(profile.read_text() + "gpus_per_node: 4\n")
-    prepared = prepare(run, profile, env, datetime.now(UTC), check_recipe=lambda *_: [])
+    prepared = prepare(run, profile, env, datetime.now(UTC), check_recipe=accept_recipe)
     assert len(prepared.plan.stages) == 2
     write_run_dir(prepared)
     fake = FakeSlurm()

@@ -24,6 +24,7 @@ from ddslurm.launcher import (
 )
 from ddslurm.launcher._cluster import SINFO_FORMAT, cluster_from_rows, parse_gres
 from ddslurm.launcher._init import render_init, yaml_str
+from ddslurm.launcher.testing import accept_recipe
 
 VENV = Path("/opt/envs/ddslurm")
 NOW = datetime(2026, 1, 2, 3, 4, tzinfo=UTC)
@@ -229,7 +230,7 @@ def test_init_on_the_local_cluster_gives_files_a_run_submits_with(tmp_path: Path
         "providers:\n- {name: hosted, endpoint: 'http://127.0.0.1:9/v1', api_key: HOSTED_KEY}\n"
     )
     env = {"DATA_DESIGNER_HOME": str(tmp_path / "dd"), "HOSTED_KEY": "sk-init-test-0123456789", "PATH": "/usr/bin"}
-    prepared = prepare(result.run_file, result.profile, env, NOW, check_recipe=lambda *_: [])
+    prepared = prepare(result.run_file, result.profile, env, NOW, check_recipe=accept_recipe)
     generation = prepared.plan.generation
     assert (generation.partition, generation.gres, generation.time_minutes) == ("cpu", "none", 60)
     assert prepared.plan.collection.partition == "cpu" and prepared.plan.num_records == 100

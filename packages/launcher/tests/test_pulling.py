@@ -15,7 +15,7 @@ from ddslurm.launcher._bill import bill_lines, make_bill
 from ddslurm.launcher._status import run_status
 from ddslurm.launcher._steer import cancel, retry
 from ddslurm.launcher._submit import prepare, submit_shards
-from ddslurm.launcher.testing import FakeSlurm, write_attempt, write_unit_run
+from ddslurm.launcher.testing import FakeSlurm, accept_recipe, write_attempt, write_unit_run
 from ddslurm.planner import plan_arrays
 
 KEY = "sk-pulling-test-key-0123456789"
@@ -24,7 +24,7 @@ KEY = "sk-pulling-test-key-0123456789"
 def _pulling_run(root: Path, *, shards: int = 7, extra: str = "allocations: 3\n") -> tuple[RunLayout, dict[str, str]]:
     run, profile, env = write_unit_run(root, KEY, num_records=10 * shards, shards=shards, run_extra=extra)
     now = datetime.now(UTC)
-    prepared = prepare(run, profile, env, now, check_recipe=lambda *_: [])
+    prepared = prepare(run, profile, env, now, check_recipe=accept_recipe)
     write_run_dir(prepared)
     submit_shards(prepared.layout, prepared.plan, list(range(shards)), Slurm(FakeSlurm()), env, now)
     return prepared.layout, env

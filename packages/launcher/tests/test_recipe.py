@@ -15,8 +15,8 @@ import pytest
 
 from ddslurm.config import ConfigFileError, RunFile, load_run_file, read_json, sha256_bytes, sha256_file
 from ddslurm.config import Plan as PlanRecord
-from ddslurm.launcher import BuilderError, SubmitError, load_run_recipe, prepare, write_run_dir
-from ddslurm.launcher.testing import write_unit_run
+from ddslurm.launcher import BuilderError, LoadedRecipe, SubmitError, load_run_recipe, prepare, write_run_dir
+from ddslurm.launcher.testing import accept_recipe, write_unit_run
 
 pytestmark = pytest.mark.dd
 
@@ -70,14 +70,16 @@ def _dd_cli_yaml(script: Path) -> str:
     return text
 
 
-def _no_check(*_: Any) -> list[str]:
-    return []
+def _load(tmp_path: Path, run_file: RunFile, env: dict[str, str], **kwargs: Any) -> LoadedRecipe:
+    """The run file's recipe, loaded as ``prepare`` loads it (the stand-in python_env of ``write_unit_run``)."""
+    runtime = tmp_path / "venv" / "bin" / "ddslurm-runtime"
+    return load_run_recipe(run_file, tmp_path / "run.yaml", env, tmp_path / "dd", runtime=runtime, **kwargs)
 
 
 def test_a_script_in_data_designers_convention_yields_what_data_designer_writes(tmp_path: Path) -> None:
     run, _, env = write_unit_run(tmp_path, KEY)
     script = _script(tmp_path / "recipes" / "build.py")
-    loaded = load_run_recipe(_use_recipe(run, "recipes/build.py"), run, env, tmp_path / "dd")
+    loaded = _load(tmp_path, _use_recipe(run, "recipes/build.py"), env)
     assert loaded.stored.decode() == _dd_cli_yaml(script)  # byte for byte what `data-designer create build.py` uses
     assert loaded.path == script and loaded.source == script.read_bytes()
     assert loaded.builder == f"{script}:load_config_builder"
@@ -105,7 +107,7 @@ def test_the_function_may_take_data_designers_script_params(tmp_path: Path, sign
             return unit_builder()
         """,
     )
-    loaded = load_run_recipe(_use_recipe(run, "build.py:with_params"), run, env, tmp_path / "dd")
+    loaded = _load(tmp_path, _use_recipe(run, "build.py:with_params"), env)
     assert [c["name"] for c in loaded.data["data_designer"]["columns"]] == ["topic", "q"]
 
 
@@ -120,7 +122,7 @@ def test_module_function_returning_a_config_object(tmp_path: Path) -> None:
         """,
     )
     (package / "__init__.py").write_text("")
-    loaded = load_run_recipe(_use_recipe(run, "unitrecipes.build:config"), run, env, tmp_path / "dd")
+    loaded = _load(tmp_path, _use_recipe(run, "unitrecipes.build:config"), env)
     assert loaded.path == module and loaded.source == module.read_bytes()
     assert loaded.builder == "unitrecipes.build:config" and loaded.ref.kind == "module"
     assert loaded.stored.decode() == _dd_cli_yaml(module)  # BuilderConfig(data_designer=...).to_yaml() == write_config
@@ -143,7 +145,7 @@ def test_prepare_from_a_builder_script_plans_what_the_equivalent_yaml_recipe_pla
     (recipes / "recipe.yaml").write_text(_dd_cli_yaml_in(script))
 
     _use_recipe(run, "recipes/recipe.yaml")
-    from_yaml = prepare(run, profile, env, datetime.now(UTC), check_recipe=_no_check)
+    from_yaml = prepare(run, profile, env, datetime.now(UTC), check_recipe=accept_recipe)
     run.write_text(run.read_text().replace("recipes/recipe.yaml", "recipes/build.py"))
     from_script = prepare(run, profile, env, datetime.now(UTC))  # with Data Designer's own validation
 
@@ -191,19 +193,19 @@ def _dd_cli_yaml_in(script: Path) -> str:
 def test_missing_script_or_module_is_an_error_at_the_run_files_recipe(tmp_path: Path) -> None:
     run, _, env = write_unit_run(tmp_path, KEY)
     with pytest.raises(ConfigFileError) as info:
-        load_run_recipe(_use_recipe(run, "build.py"), run, env, tmp_path / "dd")
+        _load(tmp_path, _use_recipe(run, "build.py"), env)
     assert str(info.value) == (
         f"{run}:2:1: recipe: {tmp_path / 'build.py'} does not exist (a builder script, relative to the run file)"
     )
     run.write_text(run.read_text().replace("build.py", "no_such_package.recipes:make"))
     with pytest.raises(BuilderError, match=r"module 'no_such_package.recipes' cannot be imported: No module named"):
-        load_run_recipe(load_run_file(run), run, env, tmp_path / "dd")
+        _load(tmp_path, load_run_file(run), env)
     # a module name without its function reads as a file, and the error says how to name the function
     run.write_text(run.read_text().replace("no_such_package.recipes:make", "pkg.recipes"))
     with pytest.raises(
         ConfigFileError, match=r"does not exist \(a module's function is written pkg.recipes:function\)"
     ):
-        load_run_recipe(load_run_file(run), run, env, tmp_path / "dd")
+        _load(tmp_path, load_run_file(run), env)
 
 
 def _error(tmp_path: Path, recipe: str, extra: str = "", *, body: str = BUILDER, **kwargs: Any) -> str:
@@ -211,7 +213,7 @@ def _error(tmp_path: Path, recipe: str, extra: str = "", *, body: str = BUILDER,
     run, _, env = write_unit_run(tmp_path, KEY)
     _script(tmp_path / "build.py", extra, body=body)
     with pytest.raises(BuilderError) as info:
-        load_run_recipe(_use_recipe(run, recipe), run, env, tmp_path / "dd", **kwargs)
+        _load(tmp_path, _use_recipe(run, recipe), env, **kwargs)
     return str(info.value)
 
 
@@ -314,7 +316,7 @@ def test_the_script_sees_no_secret_and_the_home_ddslurm_uses(tmp_path: Path) -> 
             return unit_builder()
         """,
     )
-    load_run_recipe(_use_recipe(run, "build.py:probed"), run, env, tmp_path / "dd")
+    _load(tmp_path, _use_recipe(run, "build.py:probed"), env)
     seen = json.loads(probe.read_text())
     for name in ("HOSTED_KEY", "OTHER_SERVICE_TOKEN", "INNOCENT", "HF_TOKEN"):
         assert name not in seen
@@ -358,7 +360,7 @@ def test_submit_refuses_a_failing_script_before_writing_anything(tmp_path: Path)
     _script(tmp_path / "build.py", body="raise SystemExit(3)\n")
     _use_recipe(run, "build.py")
     with pytest.raises(SubmitError, match=r"build.py:1: running the script called sys.exit\(3\)"):
-        prepare(run, profile, env, datetime.now(UTC), check_recipe=_no_check)
+        prepare(run, profile, env, datetime.now(UTC), check_recipe=accept_recipe)
     assert not (tmp_path / "work").exists()
 
 
@@ -398,14 +400,14 @@ def test_paths_and_the_working_directory_are_no_secrets_but_a_planted_key_still_
             raise RuntimeError(f"no seed at {Path(__file__).parent / 'seed.csv'}")
         """,
     )
-    loaded = load_run_recipe(_use_recipe(run, "build.py:seeded"), run, env, tmp_path / "dd")
+    loaded = _load(tmp_path, _use_recipe(run, "build.py:seeded"), env)
     assert str(tmp_path / "seed.csv") in loaded.stored.decode()
     seen = json.loads(probe.read_text())
     assert {name: seen.get(name) for name in places} == places
     assert "DB_PASSWORD" not in seen and "HOSTED_KEY" not in seen
     with pytest.raises(BuilderError) as info:
         run.write_text(run.read_text().replace("build.py:seeded", "build.py:failing"))
-        load_run_recipe(load_run_file(run), run, env, tmp_path / "dd")
+        _load(tmp_path, load_run_file(run), env)
     assert f"no seed at {tmp_path / 'seed.csv'}" in str(info.value) and "redacted" not in str(info.value)
     message = _error(tmp_path / "planted", "build.py", body=BUILDER + f'\n\nAPI_KEY = "{KEY}"\n')
     assert "the script holds the value of $HOSTED_KEY, a secret" in message and KEY not in message

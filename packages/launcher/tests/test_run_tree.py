@@ -16,12 +16,12 @@ from ddslurm.config import UnsafePathError
 from ddslurm.launcher import find_run, prepare, write_run_dir
 from ddslurm.launcher._slurm import SubprocessRunner
 from ddslurm.launcher.cli import main
-from ddslurm.launcher.testing import write_unit_run
+from ddslurm.launcher.testing import accept_recipe, write_unit_run
 
 
 def _run_dir(tmp_path: Path) -> Path:
     run, profile, env = write_unit_run(tmp_path, "sk-run-tree-test-0123456789")
-    prepared = prepare(run, profile, env, datetime.now(UTC), check_recipe=lambda *_: [])
+    prepared = prepare(run, profile, env, datetime.now(UTC), check_recipe=accept_recipe)
     write_run_dir(prepared)
     return prepared.layout.root
 

@@ -36,7 +36,7 @@ from ddslurm.launcher import _follow as follow_module
 from ddslurm.launcher import _submit as submit_module
 from ddslurm.launcher._process import Stopped, run_in_group
 from ddslurm.launcher._runs import save_report
-from ddslurm.launcher.testing import FakeSlurm, write_unit_run
+from ddslurm.launcher.testing import FakeSlurm, accept_recipe, write_unit_run
 
 KEY = "sk-services-test-0000"
 
@@ -47,7 +47,7 @@ def _no_recipe_check(monkeypatch: pytest.MonkeyPatch) -> None:
     original = submit_module.prepare
 
     def prepare(*args: Any, **kwargs: Any) -> Any:
-        return original(*args, **{**kwargs, "check_recipe": lambda *_: []})
+        return original(*args, **{**kwargs, "check_recipe": accept_recipe})
 
     monkeypatch.setattr(submit_module, "prepare", prepare)
     monkeypatch.setattr(dry_run_module, "prepare", prepare)

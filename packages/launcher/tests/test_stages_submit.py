@@ -26,7 +26,7 @@ from ddslurm.launcher import _submit as submit_module
 from ddslurm.launcher._render import render_generation
 from ddslurm.launcher._steer import log_files, pick_attempt, retry
 from ddslurm.launcher._submit import prepare
-from ddslurm.launcher.testing import UNIT_RECIPE, FakeSlurm, write_unit_run
+from ddslurm.launcher.testing import UNIT_RECIPE, FakeSlurm, accept_recipe, write_unit_run
 
 KEY = "sk-stages-test-value-123"
 RECIPE = """data_designer:
@@ -50,7 +50,7 @@ def _files(tmp_path: Path, run_extra: str = DEPLOY, recipe: str = RECIPE) -> tup
 
 def _prepare(tmp_path: Path, run_extra: str = DEPLOY, recipe: str = RECIPE) -> Plan:
     run, profile, env = _files(tmp_path, run_extra, recipe)
-    return prepare(run, profile, env, datetime.now(UTC), check_recipe=lambda *_: []).plan
+    return prepare(run, profile, env, datetime.now(UTC), check_recipe=accept_recipe).plan
 
 
 def test_a_mixed_recipe_gets_two_stages_the_cpu_stage_resources_and_the_column_order(tmp_path: Path) -> None:
@@ -92,7 +92,7 @@ def test_the_cpu_stage_script_asks_for_cpu_only_allocations_after_its_arrays(tmp
 @pytest.fixture
 def _no_dd_subprocess(monkeypatch: pytest.MonkeyPatch) -> None:
     original = submit_module.prepare
-    monkeypatch.setattr(submit_module, "prepare", lambda *a, **k: original(*a, **{**k, "check_recipe": lambda *_: []}))
+    monkeypatch.setattr(submit_module, "prepare", lambda *a, **k: original(*a, **{**k, "check_recipe": accept_recipe}))
 
 
 def _winner(layout: RunLayout, shard: int, stage: int | None) -> None:

@@ -33,7 +33,7 @@ from ddslurm.launcher import _submit as submit_module
 from ddslurm.launcher._slurm import SlurmTimeoutError, SubprocessRunner, parse_limit
 from ddslurm.launcher._steer import continue_submission, retry
 from ddslurm.launcher._submit import PartialSubmitError, submit_lock
-from ddslurm.launcher.testing import write_unit_run
+from ddslurm.launcher.testing import accept_recipe, write_unit_run
 
 KEY = "sk-limits-test-value-123"
 CONFIG = "ClusterName = local\nMaxArraySize = {array}\nMaxJobCount = {count}\nAccountingStorageEnforce = {enforce}\n"
@@ -125,7 +125,7 @@ def _no_data_designer_subprocess(monkeypatch: pytest.MonkeyPatch) -> None:
     original = submit_module.prepare
 
     def prepare(*args: Any, **kwargs: Any) -> Any:
-        return original(*args, **{**kwargs, "check_recipe": lambda *_: []})
+        return original(*args, **{**kwargs, "check_recipe": accept_recipe})
 
     monkeypatch.setattr(submit_module, "prepare", prepare)
     monkeypatch.setattr(dry_run_module, "prepare", prepare)

@@ -14,7 +14,8 @@ import pytest
 
 from ddslurm.config import AttemptRecord, read_json
 from ddslurm.launcher import Slurm, SubmitError, prepare, run_status, submit, write_run_dir
-from ddslurm.launcher.testing import UNIT_RECIPE, FakeSlurm, write_unit_run
+from ddslurm.launcher._validate import RecipeCheck
+from ddslurm.launcher.testing import UNIT_RECIPE, FakeSlurm, accept_recipe, write_runtime_shim, write_unit_run
 
 pytestmark = pytest.mark.dd
 
@@ -65,7 +66,7 @@ def test_a_recipe_refused_on_the_node_fails_once_not_retryable_with_data_designe
     files = make_run_files("node", num_records=2, shards=1, buffer_size=2)
     recipe = files.root / "recipe.yaml"
     recipe.write_text(recipe.read_text().replace("{{ difficulty }}", "{{ no_such_column }}"))
-    prepared = prepare(files.run_file, files.profile, files.env, datetime.now(UTC), check_recipe=lambda *_: [])
+    prepared = prepare(files.run_file, files.profile, files.env, datetime.now(UTC), check_recipe=accept_recipe)
     write_run_dir(prepared)
     env = {k: v for k, v in files.env.items() if not k.startswith("SLURM")}
     argv = [str(runtime), "generate", "--run-dir", str(prepared.layout.root), "--shard", "0", "--job-id", "local-v1"]
@@ -96,10 +97,12 @@ def test_a_recipe_without_model_columns_is_validated_too(tmp_path: Path) -> None
         "  - {name: e, column_type: expression, expr: '{{ n }}-{{ missing }}'}\n"
     )
     recipe = load_recipe(tmp_path / "recipe.yaml")
-    problems = dd_check_recipe(recipe, tmp_path / "recipe.yaml", ProviderSnapshot(), None)
+    runtime = write_runtime_shim(tmp_path / "venv")
+    problems = dd_check_recipe(recipe, tmp_path / "recipe.yaml", ProviderSnapshot(), None, runtime, None).problems
     assert len(problems) == 1 and problems[0].startswith("column 'e': ") and "'missing'" in problems[0], problems
     recipe["data_designer"]["columns"][1]["expr"] = "{{ n }}-x"
-    assert dd_check_recipe(recipe, tmp_path / "recipe.yaml", ProviderSnapshot(), None) == []
+    check = dd_check_recipe(recipe, tmp_path / "recipe.yaml", ProviderSnapshot(), None, runtime, None)
+    assert check.problems == () and [c.name for c in check.columns or ()] == ["n", "e"], check
 
 
 def test_submit_validates_the_recipe_with_the_max_parallel_requests_the_node_uses(
@@ -119,9 +122,9 @@ def test_submit_validates_the_recipe_with_the_max_parallel_requests_the_node_use
     profile.write_text(profile.read_text() + "gpus_per_node: 4\n")
     seen: list[dict[str, Any]] = []
 
-    def run_check(payload: dict[str, Any], cwd: Path, secrets: set[str]) -> list[str]:
+    def run_check(runtime: Path, payload: dict[str, Any], cwd: Path, secrets: set[str]) -> RecipeCheck:
         seen.append(payload)
-        return []
+        return RecipeCheck()
 
     monkeypatch.setattr(_validate, "_run_check", run_check)
     prepared = prepare(run, profile, env, datetime.now(UTC))

@@ -126,8 +126,8 @@ class SeedPlan(Frozen, frozen=True, kw_only=True):
 
 
 class RecipeSource(Frozen, frozen=True, kw_only=True):
-    """The builder script a recipe was made from (``recipe: build.py`` or ``module:function`` in the run file), kept
-    for provenance only: the node runs the stored config (``recipe_file``), never the script."""
+    """The builder script a recipe was made from (``recipe: build.py`` or ``module:function`` in the run file). The
+    node runs the stored config (``recipe_file``); only the columns named in ``rebuild`` it takes from the script."""
 
     file: str
     """Its copy in the run's inputs (``inputs/recipe-source.py``)."""
@@ -136,6 +136,25 @@ class RecipeSource(Frozen, frozen=True, kw_only=True):
     """What was called: ``/abs/build.py:load_config_builder`` or ``package.module:function``."""
     origin: str
     """The script's path on the submit host when the run was submitted."""
+    module: str | None = None
+    """For ``module:function``: the module the node imports (from ``python_env``); None: the script, run from its
+    copy (``file``)."""
+    rebuild: tuple[str, ...] = ()
+    """Columns whose config does not survive Data Designer's YAML round trip (a custom column's function, a
+    plugin's field left out of the YAML, a judge's integer option keys): the node runs the script (its copy) or
+    imports the module and takes these columns from the config it returns."""
+
+
+class PluginRecord(Frozen, frozen=True, kw_only=True):
+    """A Data Designer plugin the recipe uses, as the profile's ``python_env`` provided it at submit; each node
+    checks it has the same distribution at the same version before it runs the recipe."""
+
+    name: str
+    """The type the recipe names (``column_type``, ``processor_type`` or ``seed_type``)."""
+    plugin_type: str
+    """Data Designer's ``PluginType``: ``column-generator``, ``processor`` or ``seed-reader``."""
+    distribution: str
+    version: str
 
 
 class StagePlan(Frozen, frozen=True, kw_only=True):
@@ -170,6 +189,8 @@ class Plan(Frozen, frozen=True, kw_only=True):
     recipe_sha256: str
     recipe_source: RecipeSource | None = None
     """For a recipe built by a Python script or function: that script, copied into the run's inputs."""
+    plugins: tuple[PluginRecord, ...] = ()
+    """The Data Designer plugins the recipe uses (sorted by name)."""
     snapshot_file: str
     snapshot_sha256: str
     seed: SeedPlan | None = None

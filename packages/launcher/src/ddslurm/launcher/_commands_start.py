@@ -12,7 +12,7 @@ from ddslurm.config import compact_ranges
 from ddslurm.launcher._bill import bill_lines
 from ddslurm.launcher._console import (
     dry_run_text,
-    placeholder_note,
+    plan_notes,
     run_table,
     show,
 )
@@ -104,7 +104,7 @@ def cmd_submit(
         f"{done.plan.num_records} records\n  run dir: {done.layout.root}\n"
         f"  next: ddslurm wait {done.layout.root}\n"
     )
-    if note := placeholder_note(done.plan.secret_env_unscanned):
+    for note in plan_notes(done.plan):
         out.write(f"  note: {note}\n")
     for warning in done.warnings:
         out.write(f"  warning: {warning}\n")

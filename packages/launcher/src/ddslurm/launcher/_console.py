@@ -299,6 +299,20 @@ def placeholder_note(names: tuple[str, ...]) -> str:
     return f"{', '.join(names)} hold placeholder values (not secrets): attempts do not scan their files for them"
 
 
+def plan_notes(plan: Plan) -> list[str]:
+    """What submit and the dry run note about a plan: placeholder keys, and the builder's columns the nodes take
+    from the run's copy of the script (Data Designer's YAML does not carry them as they are)."""
+    notes = [placeholder_note(plan.secret_env_unscanned)]
+    source = plan.recipe_source
+    if source is not None and source.rebuild:
+        names = ", ".join(repr(name) for name in source.rebuild)
+        notes.append(
+            f"Data Designer's YAML does not carry column(s) {names} of {source.builder} as the builder made them (a "
+            "function, a field it leaves out, integer keys): the nodes take them from the run's copy of the script"
+        )
+    return [note for note in notes if note]
+
+
 def plan_lines(planned: SubmissionPlan) -> list[str]:
     """The arrays and the limits, as the dry run prints them."""
     lines = [
@@ -331,8 +345,7 @@ def dry_run_text(
         f"sbatch --export=ALL from an environment of {names} only (values stay in your shell; "
         "the node reads no login file)",
     ]
-    if note := placeholder_note(plan.secret_env_unscanned):
-        lines.append(f"note: {note}")
+    lines += [f"note: {note}" for note in plan_notes(plan)]
     lines += bill or []
     lines += plan_lines(planned)
     lines.append("the batch script of array 0 (the others differ in --array, the shards and --dependency):")

@@ -10,7 +10,8 @@ ddslurm loads the script the same way, so a script that works with Data Designer
 (or one beside the run file); such a function may also return a Data Designer config object
 (``DataDesignerConfig`` or ``BuilderConfig``).
 
-The Python runs in a subprocess (``python -P -m ddslurm.launcher._builder``), never in the submitting process:
+The Python runs in the profile's ``python_env`` (``<python_env>/bin/ddslurm-runtime inspect``, the Data Designer,
+plugins and packages the nodes run), never in the submitting process:
 
 - its working directory is the script's directory: Data Designer checks a relative seed path against the
   working directory, and the seed capture (``_seed.py``) resolves it against the script's directory, as it does
@@ -18,13 +19,16 @@ The Python runs in a subprocess (``python -P -m ddslurm.launcher._builder``), ne
 - it has a timeout, and what it prints is captured and shown only when it fails (secret values redacted);
 - its environment has none of the run's secrets: the API-key variables of Data Designer's providers, the
   deployments' ``server.env_from`` variables, and every variable whose name or value looks like a credential;
-- Data Designer's home is the one ddslurm resolves providers from, telemetry and plugins are off (as on the
-  nodes and in the submit-time validation).
+- Data Designer's home is the one ddslurm resolves providers from, telemetry is off; plugins are on, as on the
+  nodes.
 
 Its result is serialised by Data Designer itself (``write_config``; ``BuilderConfig.to_yaml`` for a config
-object), so ``inputs/recipe.yaml`` holds exactly what ``builder.write_config("recipe.yaml")`` would: the nodes
-run that config and never user Python. The script is kept beside it as ``inputs/recipe-source.py``, its sha256
-in the plan (``Plan.recipe_source``), for provenance.
+object), so ``inputs/recipe.yaml`` holds exactly what ``builder.write_config("recipe.yaml")`` would, and the nodes
+run that config. The script is kept beside it as ``inputs/recipe-source.py``, its sha256 in the plan
+(``Plan.recipe_source``). Columns that the YAML does not carry as they are (a custom column's function, a plugin
+field left out of the YAML, a judge's integer option keys) are named in ``RecipeSource.rebuild``: the node takes
+them from running that copy of the script (``ddslurm.runtime._builder``), so their types survive; the submit says
+which and why (:attr:`LoadedRecipe.changes`).
 
 Whatever the recipe's kind, its text is checked for the run's secrets by one function (:func:`refuse_secrets`):
 a config file's text (YAML or JSON, comments included) and the config a builder returned alike, and so are the run
@@ -33,9 +37,9 @@ file and the seed files it names (``_seed.refuse_seed_secrets``), before anythin
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePath
@@ -98,13 +102,22 @@ class LoadedRecipe:
     """The builder script's source, kept as ``inputs/recipe-source.py``; None for config files."""
     builder: str | None = None
     """What was called, ``/abs/build.py:load_config_builder`` or ``package.module:function``."""
+    changes: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """The builder's columns that Data Designer's YAML round trip changes, each with what it changes: the node
+    takes them from the script."""
 
     def source_record(self, layout: RunLayout) -> RecipeSource | None:
         """The plan's record of the builder script (None for config files)."""
         if self.source is None or self.builder is None:
             return None
-        digest = sha256_bytes(self.source)
-        return RecipeSource(file=str(layout.recipe_source), sha256=digest, builder=self.builder, origin=str(self.path))
+        return RecipeSource(
+            file=str(layout.recipe_source),
+            sha256=sha256_bytes(self.source),
+            builder=self.builder,
+            origin=str(self.path),
+            module=self.ref.target if self.ref.kind == "module" else None,
+            rebuild=tuple(sorted(self.changes)),
+        )
 
 
 def _at_recipe(run_path: Path, message: str) -> ConfigFileError:
@@ -121,12 +134,14 @@ def load_run_recipe(
     env: Mapping[str, str],
     dd_home: Path,
     *,
+    runtime: Path,
     timeout_s: float = RECIPE_TIMEOUT_S,
 ) -> LoadedRecipe:
     """The recipe ``run`` names (relative to ``run_path``): a config file is read; a builder script or
-    ``module:function`` is run in a subprocess (see the module's docstring) with Data Designer's home ``dd_home``
-    and the secrets of ``env`` left out. Missing files are :class:`ConfigFileError` at the run file's ``recipe``;
-    a script that fails, raises or returns something else is :class:`BuilderError` naming the script and line.
+    ``module:function`` is run by ``runtime`` (``<python_env>/bin/ddslurm-runtime``; see the module's docstring)
+    with Data Designer's home ``dd_home`` and the secrets of ``env`` left out. Missing files are
+    :class:`ConfigFileError` at the run file's ``recipe``; a script that fails, raises or returns something else is
+    :class:`BuilderError` naming the script and line.
 
     The run file, the recipe (a config file's text, or the config a script returned, and the script) and the seed
     files it names are refused (:class:`BuilderError`, :class:`SubmitError` for seed files) when they hold the value
@@ -166,7 +181,7 @@ def load_run_recipe(
         payload["module"] = ref.target
         cwd, shown = base, f"module {ref.target}"
     hidden = secret_names(run, env, dd_home)
-    result = _run_builder(payload, cwd, builder_env(env, dd_home, hidden), timeout_s)
+    result = _run_builder(runtime, payload, cwd, builder_env(env, dd_home, hidden), timeout_s)
     if not result.get("ok"):
         where = result.get("file") or shown
         if result.get("line"):
@@ -191,8 +206,16 @@ def load_run_recipe(
         raise BuilderError(f"{path}: {function}() did not produce a Data Designer config (not a mapping)")
     refuse_seed_secrets(data, path, secrets)
     origin = Path(f"{path}:{function}()")  # names the recipe in errors about its content; never opened as YAML
+    changes = {str(k): str(v) for k, v in dict(result.get("changes") or {}).items()}
     return LoadedRecipe(
-        ref=ref, path=path, origin=origin, data=data, stored=text.encode(), source=source, builder=builder
+        ref=ref,
+        path=path,
+        origin=origin,
+        data=data,
+        stored=text.encode(),
+        source=source,
+        builder=builder,
+        changes=changes,
     )
 
 
@@ -265,12 +288,11 @@ def secret_names(run: RunFile, env: Mapping[str, str], dd_home: Path) -> set[str
 
 def builder_env(env: Mapping[str, str], dd_home: Path, hidden: set[str]) -> dict[str, str]:
     """The builder subprocess's environment: ``env`` without ``hidden``, Data Designer's home set to ``dd_home``
-    (where ddslurm reads the providers and Data Designer its default model configs), telemetry and plugins off."""
+    (where ddslurm reads the providers and Data Designer its default model configs), telemetry off."""
     out = {name: value for name, value in env.items() if name not in hidden}
     out |= {
         DD_HOME_ENV: str(dd_home),
         "NEMO_TELEMETRY_ENABLED": "false",
-        "DISABLE_DATA_DESIGNER_PLUGINS": "true",
         "PYTHONDONTWRITEBYTECODE": "1",
     }
     return out
@@ -291,16 +313,22 @@ def _output_tail(output: str) -> str:
     return f"\n  output of the script ({head}):\n" + "\n".join(f"    {line}" for line in shown)
 
 
-def _run_builder(payload: dict[str, Any], cwd: Path, env: dict[str, str], timeout_s: float) -> dict[str, Any]:
-    argv = [sys.executable, "-P", "-m", "ddslurm.launcher._builder"]
+def _run_builder(
+    runtime: Path, payload: dict[str, Any], cwd: Path, env: dict[str, str], timeout_s: float
+) -> dict[str, Any]:
+    argv = [str(runtime), "inspect"]
     try:
-        done = run_in_group(argv, timeout_s=timeout_s, input=json.dumps(payload), env=env, cwd=cwd)
+        done = run_in_group(
+            argv, timeout_s=timeout_s, input=json.dumps({"action": "build", **payload}), env=env, cwd=cwd
+        )
     except Stopped as stopped:
         return {
             "ok": False,
             "error": f"{payload['function']}() did not return a config within {timeout_s:g} s and was stopped",
             "output": stopped.stderr,
         }
+    except OSError as exc:
+        return {"ok": False, "error": f"cannot run {runtime} (the profile's python_env): {exc}"}
     out, err = done.stdout, done.stderr
     try:
         result = json.loads(out)

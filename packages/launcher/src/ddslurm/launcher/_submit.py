@@ -28,7 +28,7 @@ from ddslurm.config import (
     Plan,
     PlannedArray,
     ProviderSnapshot,
-    RecipeColumn,
+    RecipeSource,
     RunFile,
     RunLayout,
     SchedulerLimits,
@@ -51,13 +51,14 @@ from ddslurm.launcher._render import render_generation
 from ddslurm.launcher._run_dir import NOTHING_LEFT, Prepared, write_run_dir
 from ddslurm.launcher._seed import CountRows, SeedCapture, capture_seed, dd_seed_columns, dd_seed_rows
 from ddslurm.launcher._slurm import Slurm, SlurmTimeoutError
-from ddslurm.launcher._validate import dd_check_recipe
+from ddslurm.launcher._validate import RecipeCheck, dd_check_recipe, runtime_command
 from ddslurm.launcher.errors import LauncherError, SlurmError, SubmitError, WriteError
 from ddslurm.planner import (
     LimitError,
     PlanError,
     PlanInputs,
     array_tasks,
+    client_serving,
     compile_plan,
     failure_chain,
     plan_submission,
@@ -73,14 +74,16 @@ from ddslurm.providers import (
     resolve,
 )
 from ddslurm.providers.discovery import settings_dir
-from ddslurm.runtime import recipe_columns
-from ddslurm.runtime.errors import RecipeError
 
 SeedColumns = Callable[[dict[str, Any]], list[str]]
 """(a seed source on the submit host) -> its column names as Data Designer reads them."""
 
-CheckRecipe = Callable[[dict[str, Any], Path, ProviderSnapshot, ServingPlan | None], list[str]]
-"""(recipe, its path, the snapshot, the plan's serving) -> what Data Designer refuses in it, one line per problem."""
+CheckRecipe = Callable[
+    [dict[str, Any], Path, ProviderSnapshot, ServingPlan | None, Path, RecipeSource | None], RecipeCheck
+]
+"""(recipe, its path, the snapshot, the plan's serving as a client sees it, ``<python_env>/bin/ddslurm-runtime``,
+the builder script's record) -> what Data Designer there refuses in it, the columns as it reads them and the
+plugins the recipe uses."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,12 +132,18 @@ def prepare(
     check_recipe: CheckRecipe = dd_check_recipe,
     seed_columns: SeedColumns = dd_seed_columns,
 ) -> Prepared:
-    """Validate and compile everything; touch nothing on disk. Last, Data Designer's own validation of the recipe
-    (``check_recipe``, a subprocess of a few seconds): what it refuses would fail on the node."""
+    """Validate and compile everything; touch nothing on disk. The recipe is loaded (a builder script runs) and
+    checked (``check_recipe``: Data Designer's own validation, a subprocess of a few seconds) in the profile's
+    ``python_env``; what Data Designer refuses would fail on the node, and is reported after the planner's
+    refusals."""
     try:
         run = load_run_file(run_path)
         profile = load_profile(profile_path)
-        loaded = load_run_recipe(run, run_path, env, settings_dir(env, home))  # a builder script runs here
+        runtime = runtime_command(profile.python_env)
+        if not runtime.exists():
+            message = f"profile.python_env: {runtime} does not exist (the compute nodes run it)"
+            raise SubmitError(place_error(message, run_path, profile_path))
+        loaded = load_run_recipe(run, run_path, env, settings_dir(env, home), runtime=runtime)  # a builder runs
         recipe_path, recipe_bytes, recipe = loaded.path, loaded.stored, loaded.data
         settings = load_settings(settings_dir(env, home))
         resolution = resolve(recipe, Origin(loaded.origin), settings, run.deployments, env, run_origin=Origin(run_path))
@@ -144,7 +153,11 @@ def prepare(
         seed = capture_seed(recipe, recipe_path, layout, count_rows=count_seed_rows)
         if seed is not None:
             recipe_bytes = seed.recipe_bytes
-        columns, seed_cols = recipe_facts(run, recipe, seed, seed_columns)
+        source = loaded.source_record(layout)
+        # Nothing is written yet: the check runs the script itself where the node will run the run's copy of it.
+        as_is = None if source is None else msgspec.structs.replace(source, file=source.origin)
+        check = check_recipe(recipe, recipe_path, snapshot, client_serving(run, profile), runtime, as_is)
+        seed_cols = seed_column_names(run, seed, seed_columns)
         plan = compile_plan(
             PlanInputs(
                 run=run,
@@ -154,10 +167,11 @@ def prepare(
                 recipe_sha256=sha256_bytes(recipe_bytes),
                 snapshot_sha256=sha256_bytes(snapshot_bytes),
                 seed=None if seed is None else seed.plan,
-                recipe_source=loaded.source_record(layout),
+                recipe_source=source,
                 recipe=recipe,
-                columns=columns,
+                columns=check.columns if run.deployments else None,
                 seed_columns=seed_cols,
+                plugins=check.plugins,
             )
         )
         # Key values that are placeholders (EMPTY, none) are not secrets: the node does not scan output for them.
@@ -166,13 +180,9 @@ def prepare(
         raise SubmitError(place_error(str(exc), run_path, profile_path)) from exc
     except (ConfigError, ProvidersError) as exc:
         raise SubmitError(str(exc)) from exc
-    python = Path(profile.python_env) / "bin" / "ddslurm-runtime"
-    if not python.exists():
-        message = f"profile.python_env: {python} does not exist (the compute nodes run it)"
-        raise SubmitError(place_error(message, run_path, profile_path))
-    problems = check_recipe(recipe, recipe_path, snapshot, plan.serving)
-    if problems:
-        raise SubmitError(f"{recipe_path}: Data Designer refuses the recipe:\n" + "\n".join(f"  {p}" for p in problems))
+    if check.problems:
+        lines = "\n".join(f"  {p}" for p in check.problems)
+        raise SubmitError(f"{recipe_path}: Data Designer refuses the recipe:\n{lines}")
     return Prepared(
         layout,
         plan,
@@ -185,24 +195,15 @@ def prepare(
     )
 
 
-def recipe_facts(
-    run: RunFile, recipe: Mapping[str, Any], seed: SeedCapture | None, seed_columns: SeedColumns
-) -> tuple[tuple[RecipeColumn, ...] | None, tuple[str, ...]]:
-    """What the planner splits stages and orders columns by, for a run with deployments: the recipe's columns as
-    Data Designer reads them (None when it refuses them: :func:`dd_check_recipe` says why) and the seed dataset's
-    columns. Hosted-only runs: nothing."""
-    if not run.deployments:
-        return None, ()
-    names: tuple[str, ...] = ()
-    if seed is not None and seed.source is not None:
-        try:
-            names = tuple(seed_columns(seed.source))
-        except Exception as exc:
-            raise SubmitError(f"Data Designer cannot read the seed dataset's columns: {exc}") from exc
+def seed_column_names(run: RunFile, seed: SeedCapture | None, seed_columns: SeedColumns) -> tuple[str, ...]:
+    """The seed dataset's columns as Data Designer reads them, for a run with deployments (the planner orders the
+    dataset's columns by them); hosted-only runs: none."""
+    if not run.deployments or seed is None or seed.source is None:
+        return ()
     try:
-        return recipe_columns(recipe), names
-    except RecipeError:
-        return None, names
+        return tuple(seed_columns(seed.source))
+    except Exception as exc:
+        raise SubmitError(f"Data Designer cannot read the seed dataset's columns: {exc}") from exc
 
 
 @contextlib.contextmanager

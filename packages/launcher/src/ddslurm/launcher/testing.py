@@ -5,12 +5,18 @@ Not used by production code; importing it has no side effects.
 
 from __future__ import annotations
 
+import shlex
+import sys
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from ddslurm.config import AttemptRecord, AttemptState, Progress, RunLayout, atomic_write, encode
 from ddslurm.launcher._slurm import Completed
+from ddslurm.launcher._validate import RecipeCheck
+from ddslurm.runtime import recipe_columns
+from ddslurm.runtime.errors import RecipeError
 
 UNIT_RECIPE = """data_designer:
   columns:
@@ -42,11 +48,31 @@ def write_unit_run(
     (root / "recipe.yaml").write_text(recipe)
     run = root / "run.yaml"
     run.write_text(f"name: {name}\nrecipe: recipe.yaml\nnum_records: {num_records}\nshards: {shards}\n{run_extra}")
-    (root / "venv" / "bin").mkdir(parents=True)
-    (root / "venv" / "bin" / "ddslurm-runtime").write_text("#!/bin/sh\n")
+    write_runtime_shim(root / "venv")
     profile = root / "profile.yaml"
     profile.write_text("workspace: work\npython_env: venv\npartition: gpu\ncpu_partition: cpu\n")
     return run, profile, {"DATA_DESIGNER_HOME": str(home), "HOSTED_KEY": key, "PATH": "/usr/bin:/bin"}
+
+
+def write_runtime_shim(python_env: Path) -> Path:
+    """A stand-in ``python_env``: its ``bin/ddslurm-runtime`` runs this environment's runtime (what the launcher
+    asks about a recipe is answered by the Data Designer installed here). Returns the command."""
+    command = python_env / "bin" / "ddslurm-runtime"
+    command.parent.mkdir(parents=True, exist_ok=True)
+    call = "import sys; from ddslurm.runtime.cli import main; sys.exit(main())"
+    command.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -c {shlex.quote(call)} "$@"\n')
+    command.chmod(0o755)
+    return command
+
+
+def accept_recipe(recipe: Mapping[str, Any], *_: object) -> RecipeCheck:
+    """A ``check_recipe`` for ``prepare`` that skips Data Designer's validation (a subprocess of seconds) but reads
+    the columns as it does (in this process; None when it refuses them), with no plugins."""
+    try:
+        columns = recipe_columns(recipe)
+    except RecipeError:
+        return RecipeCheck()
+    return RecipeCheck(columns=columns)
 
 
 class FakeSlurm:

@@ -15,6 +15,7 @@ from ddslurm.config import (
     ClusterProfile,
     DeploymentPlan,
     Plan,
+    PluginRecord,
     ProviderSnapshot,
     RecipeColumn,
     RecipeSource,
@@ -71,7 +72,9 @@ class PlanInputs:
     seed: SeedPlan | None = None
     """The recipe's seed dataset as captured into the run's inputs (its rows decide the shards' seed blocks)."""
     recipe_source: RecipeSource | None = None
-    """The builder script the recipe was made from, when it was made by one (provenance)."""
+    """The builder script the recipe was made from, when it was made by one."""
+    plugins: tuple[PluginRecord, ...] = ()
+    """The Data Designer plugins the recipe uses, as the profile's ``python_env`` has them."""
     recipe: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     """The recipe as stored in the run's inputs (the stage split reads its processors and profilers)."""
     columns: tuple[RecipeColumn, ...] | None = None
@@ -265,6 +268,29 @@ def plan_allocations(run: RunFile, serving: ServingPlan | None) -> Allocations:
     return Allocations(count, workers, max(1, cpus // workers))
 
 
+def _shared(serving: ServingPlan | None, allocations: Allocations) -> ServingPlan | None:
+    """Client workers share the replicas: together they keep exactly their capacity in flight (a request that
+    waits in vLLM's queue spends its Data Designer timeout there)."""
+    if serving is None or allocations.workers <= 1:
+        return serving
+    shared = tuple(
+        msgspec.structs.replace(d, max_parallel_requests=-(-d.max_parallel_requests // allocations.workers))
+        if d.max_parallel_requests is not None
+        else d
+        for d in serving.deployments
+    )
+    return msgspec.structs.replace(serving, deployments=shared)
+
+
+def client_serving(run: RunFile, profile: ClusterProfile) -> ServingPlan | None:
+    """The plan's ``serving`` as each client step sees it (its share of the replicas' capacity), before the rest
+    is planned: what the submit-time check of the recipe sizes the local aliases' requests with."""
+    if not run.deployments:
+        return None
+    serving = plan_serving(run, profile, run.submission.partition or profile.partition)
+    return _shared(serving, plan_allocations(run, serving))
+
+
 def compile_plan(inputs: PlanInputs) -> Plan:
     check_time_limit(inputs.run.submission.time_limit)
     run, profile = inputs.run, inputs.profile
@@ -314,16 +340,7 @@ def compile_plan(inputs: PlanInputs) -> Plan:
         )
     layout = inputs.layout
     allocations = plan_allocations(run, serving)
-    if serving is not None and allocations.workers > 1:
-        # Client workers share the replicas: together they keep exactly their capacity in flight (a request that
-        # waits in vLLM's queue spends its Data Designer timeout there).
-        shared = tuple(
-            msgspec.structs.replace(d, max_parallel_requests=-(-d.max_parallel_requests // allocations.workers))
-            if d.max_parallel_requests is not None
-            else d
-            for d in serving.deployments
-        )
-        serving = msgspec.structs.replace(serving, deployments=shared)
+    serving = _shared(serving, allocations)
     return Plan(
         run_id=layout.run_id,
         run_name=run.name,
@@ -344,6 +361,7 @@ def compile_plan(inputs: PlanInputs) -> Plan:
         recipe_file=str(layout.recipe),
         recipe_sha256=inputs.recipe_sha256,
         recipe_source=inputs.recipe_source,
+        plugins=tuple(sorted(inputs.plugins, key=lambda p: p.name)),
         snapshot_file=str(layout.snapshot),
         snapshot_sha256=inputs.snapshot_sha256,
         secret_env=hosted_key_names(inputs.snapshot),

@@ -371,6 +371,8 @@ class AttemptRunner:
                 on_cell=progress.cell_done,
                 resume=resume,
                 preserve_dropped_columns=stage.numbered,
+                source=plan.recipe_source,
+                plugins=plan.plugins,
             )
         )
         if result.dataset_dir != target:
@@ -515,6 +517,8 @@ class AttemptRunner:
                     buffer_size=missing,
                     serving=plan.serving,
                     preserve_dropped_columns=stage.numbered,
+                    source=plan.recipe_source,
+                    plugins=plan.plugins,
                 )
             )
         except RuntimeFailure as exc:

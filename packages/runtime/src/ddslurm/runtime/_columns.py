@@ -1,39 +1,46 @@
 """A recipe's columns as Data Designer's own config types read them: the facts (:class:`ddslurm.config.RecipeColumn`)
 the planner splits stages on and orders the dataset's columns by. Run where the node's Data Designer (and its
-plugins' column types) is installed."""
+plugins' column types) is installed: at submit, in ``ddslurm-runtime inspect`` in the profile's ``python_env``."""
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+import functools
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ddslurm.config import RecipeColumn, recipe_section
 from ddslurm.runtime.errors import RecipeError
 
 
-def _parse_columns(recipe: Mapping[str, Any]) -> list[Any]:
-    """The recipe's column configs as Data Designer's own config objects (Data Designer is imported here, not when
-    the runtime is)."""
+@functools.cache
+def column_adapter() -> Any:
+    """Pydantic's reader of a list of Data Designer column configs (every column type of this environment, plugins'
+    included; Data Designer is imported here, not when the runtime is)."""
     from typing import Annotated
 
     from data_designer.config.column_types import ColumnConfigT
+    from pydantic import Field, TypeAdapter
+
+    return TypeAdapter(list[Annotated[ColumnConfigT, Field(discriminator="column_type")]])
+
+
+def _parse_columns(recipe: Mapping[str, Any]) -> list[Any]:
+    """The recipe's column configs as Data Designer's own config objects."""
     from data_designer.errors import DataDesignerError
-    from pydantic import Field, TypeAdapter, ValidationError
+    from pydantic import ValidationError
 
     raw = recipe_section(recipe).get("columns") or []
-    adapter: TypeAdapter[list[Any]] = TypeAdapter(list[Annotated[ColumnConfigT, Field(discriminator="column_type")]])
     try:
-        return adapter.validate_python(copy.deepcopy(list(raw)))
+        return list(column_adapter().validate_python(copy.deepcopy(list(raw))))
     except (ValidationError, DataDesignerError) as exc:  # DD's own validators raise DataDesignerError as it is
         raise RecipeError(f"the recipe's columns are not valid Data Designer column configs: {exc}") from exc
 
 
-def recipe_columns(recipe: Mapping[str, Any]) -> tuple[RecipeColumn, ...]:
-    """The columns of ``recipe`` (a full config or DD's shorthand), in recipe order; :class:`RecipeError` when Data
-    Designer refuses them."""
+def column_facts(configs: Iterable[Any]) -> tuple[RecipeColumn, ...]:
+    """The facts of Data Designer column config objects, in their order."""
     columns = []
-    for config in _parse_columns(recipe):
+    for config in configs:
         skip = getattr(config, "skip", None)
         required = tuple(config.required_columns)
         get_aliases = getattr(config, "get_model_aliases", None)
@@ -55,3 +62,9 @@ def recipe_columns(recipe: Mapping[str, Any]) -> tuple[RecipeColumn, ...]:
             )
         )
     return tuple(columns)
+
+
+def recipe_columns(recipe: Mapping[str, Any]) -> tuple[RecipeColumn, ...]:
+    """The columns of ``recipe`` (a full config or DD's shorthand), in recipe order; :class:`RecipeError` when Data
+    Designer refuses them."""
+    return column_facts(_parse_columns(recipe))

@@ -6,6 +6,7 @@ applied to ``os.environ`` before this module's functions import it (the CLI does
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
@@ -14,7 +15,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ddslurm.config import ProviderSnapshot, ServingPlan, SnapshotProvider, recipe_section, recipe_with_models
+from ddslurm.config import (
+    PluginRecord,
+    ProviderSnapshot,
+    RecipeSource,
+    ServingPlan,
+    SnapshotProvider,
+    recipe_section,
+    recipe_with_models,
+)
+from ddslurm.runtime._builder import rebuilt_columns
+from ddslurm.runtime._node_recipe import node_builder
+from ddslurm.runtime._plugins import check_plugins
 from ddslurm.runtime._verify import rows_in
 from ddslurm.runtime.errors import EngineError, RecipeError
 
@@ -33,8 +45,19 @@ def engine_environment(scratch_home: Path) -> dict[str, str]:
         "DATA_DESIGNER_MANAGED_ASSETS_PATH": str(scratch_home / "managed-assets"),
         "NEMO_TELEMETRY_ENABLED": "false",
         "HF_HUB_OFFLINE": "1",
-        "DISABLE_DATA_DESIGNER_PLUGINS": "true",
     }
+
+
+UNUSED_ENDPOINT = "http://127.0.0.1:9/v1"
+"""The endpoint of a provider no request is sent to (port 9, discard)."""
+
+
+def unused_provider() -> Any:
+    """A model provider never contacted: Data Designer needs one even for a recipe without model columns (and its
+    validation sends no request)."""
+    import data_designer.config as dd
+
+    return dd.ModelProvider(name="ddslurm-unused", endpoint=UNUSED_ENDPOINT, api_key=None)
 
 
 def provider_key_env(provider: SnapshotProvider) -> str | None:
@@ -70,6 +93,10 @@ class EngineRequest:
     preserve_dropped_columns: bool = False
     """Data Designer writes what its drop processors remove to ``dropped-columns-parquet-files/``, row for row with
     the batches (a CPU stage's seed row numbers: which rows a fill must make again)."""
+    source: RecipeSource | None = None
+    """The builder script the recipe was made from: its ``rebuild`` columns are taken from running it here."""
+    plugins: tuple[PluginRecord, ...] = ()
+    """The plugins the plan was made with: checked installed here before anything runs."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +122,12 @@ def _estimate_tokens_offline() -> None:
     token_counting.get_cl100k_base_tokenizer = lambda: _Estimate()
 
 
+@functools.cache
+def _rebuilt(source: RecipeSource) -> dict[str, Any]:
+    """The builder's own configs of the columns the YAML does not carry, once per process (a fill runs again)."""
+    return rebuilt_columns(source, source.rebuild)
+
+
 def run_engine(request: EngineRequest) -> EngineResult:
     """Run Data Designer for one shard and return where it wrote the dataset and how many rows it made."""
     import data_designer.config as dd
@@ -115,15 +148,13 @@ def run_engine(request: EngineRequest) -> EngineResult:
                 extra_headers=p.extra_headers,
             )
         )
-    try:
-        builder = dd.DataDesignerConfigBuilder.from_config(
-            recipe_with_models(request.recipe, request.snapshot, request.serving)
-        )
-    except Exception as exc:
-        raise RecipeError(f"the recipe is not a valid Data Designer config: {exc}") from exc
+    check_plugins(request.plugins)
+    source = request.source
+    rebuilt = _rebuilt(source) if source is not None and source.rebuild else {}
+    builder = node_builder(recipe_with_models(request.recipe, request.snapshot, request.serving), rebuilt)
     designer = DataDesigner(
         artifact_path=request.artifact_path,
-        model_providers=providers,
+        model_providers=providers or [unused_provider()],
         secret_resolver=EnvironmentResolver(),
         managed_assets_path=request.scratch_home / "managed-assets",
     )
@@ -136,7 +167,7 @@ def run_engine(request: EngineRequest) -> EngineResult:
     )
     violations: list[Any] = []
     try:
-        with _violations_reported(violations), _cells_reported(request.on_cell):
+        with violations_reported(violations), _cells_reported(request.on_cell):
             results = designer.create(
                 builder,
                 num_records=request.num_records,
@@ -152,7 +183,7 @@ def run_engine(request: EngineRequest) -> EngineResult:
             dataset_dir = request.artifact_path / request.dataset_name
             rows = rows_in(dataset_dir / "parquet-files")
             return EngineResult(dataset_dir=dataset_dir, rows=rows, requested=request.num_records)
-        refused = _violation_lines(violations)
+        refused = violation_lines(violations)
         if refused or _refuses_config(exc):  # the recipe (and the Data Designer on this node) will not change
             details = refused or [f"{name}: {exc}"]
             raise RecipeError("Data Designer refuses the recipe: " + "; ".join(details)) from exc
@@ -192,7 +223,7 @@ def _refuses_config(exc: BaseException) -> bool:
 
 
 @contextmanager
-def _violations_reported(recorded: list[Any]) -> Iterator[None]:
+def violations_reported(recorded: list[Any]) -> Iterator[None]:
     """Data Designer prints its validation violations (which column, what is wrong) and then raises a generic
     ``InvalidConfigError`` ("Please address the indicated issues"): keep the violations it reports in ``recorded``."""
     try:
@@ -246,7 +277,7 @@ def _cells_reported(on_cell: Callable[[], None] | None) -> Iterator[None]:
         ProgressTracker._record_completion = original
 
 
-def _violation_lines(violations: list[Any]) -> list[str]:
+def violation_lines(violations: list[Any]) -> list[str]:
     lines = []
     for v in violations:
         level = getattr(v, "level", "")

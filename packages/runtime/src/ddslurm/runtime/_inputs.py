@@ -72,12 +72,16 @@ def load_inputs(layout: RunLayout, *, plan_sha256: str | None = None) -> Inputs:
         plan = read_plan(layout.plan)
         recipe_bytes = read_regular(Path(plan.recipe_file))
         snapshot_bytes = read_regular(Path(plan.snapshot_file))
+        checked = [
+            (plan.recipe_file, recipe_bytes, plan.recipe_sha256),
+            (plan.snapshot_file, snapshot_bytes, plan.snapshot_sha256),
+        ]
+        if plan.recipe_source is not None and plan.recipe_source.rebuild:  # the node runs this copy of the script
+            source = plan.recipe_source
+            checked.append((source.file, read_regular(Path(source.file)), source.sha256))
     except (OSError, msgspec.DecodeError, Exception) as exc:
         raise InputsError(f"cannot read the run's inputs in {layout.root}: {exc}") from exc
-    for name, data, recorded in (
-        (plan.recipe_file, recipe_bytes, plan.recipe_sha256),
-        (plan.snapshot_file, snapshot_bytes, plan.snapshot_sha256),
-    ):
+    for name, data, recorded in checked:
         if sha256_bytes(data) != recorded:
             raise InputsError(f"{name}: sha256 differs from the plan; the run's inputs were modified")
     if plan.seed is not None:

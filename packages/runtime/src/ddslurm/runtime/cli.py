@@ -12,6 +12,10 @@
         exist, it imports Data Designer and waits for FILE as long as its controller (PID:START:PIDNS) runs
     ddslurm-runtime proxy --listen HOST:PORT --upstream URL [--upstream URL ...]
         one endpoint in front of several replicas of a model
+    ddslurm-runtime inspect
+        at submit, in the profile's python_env: call a builder script, or check a recipe as the node will run it
+        (Data Designer's validation, the plugins it uses, its columns); one JSON request on stdin, the answer on
+        stdout (ddslurm.runtime._inspect)
 
 Inside a Slurm array task the shard and job id come from ``SLURM_ARRAY_TASK_ID`` and ``SLURM_JOB_ID``.
 """
@@ -317,7 +321,12 @@ def main(argv: list[str] | None = None) -> int:
     client.add_argument("--resume", action="store_true", help="continue this attempt's own dataset (a rerun)")
     client.add_argument("--stage", type=int, choices=[0, 1], default=None, help="a two-stage run's stage")
     sub.add_parser("proxy", help="balancing endpoint in front of several replicas", add_help=False)
+    sub.add_parser("inspect", help="answer the submit host's questions about a recipe (JSON on stdin and stdout)")
     args, rest = parser.parse_known_args(argv)
+    if args.command == "inspect" and not rest:
+        from ddslurm.runtime._inspect import inspect_main
+
+        return inspect_main()
     if args.command == "proxy":
         from ddslurm.runtime._proxy import main as proxy_main
 

@@ -8,6 +8,9 @@ RuntimeFailure           root: the attempt failed; ``reason`` is a stable code f
 └── VerificationError    the candidate dataset is unreadable, short, or leaks a secret
     └── EmptyOutputsError  LLM columns hold more empty or null values than ``max_empty_outputs`` (retryable)
 
+BuilderFailure           a builder script could not be loaded, called or serialised (at submit, ``inspect``
+                         answers it; on the node it becomes a RecipeError)
+
 The serving errors (``server_*``, ``proxy_died``, ``gpu_mismatch``, ``port_unavailable``) live in ``_serving.py``;
 ``server_port_taken`` (another user holds a server's port) in ``_listeners.py``.
 """
@@ -79,3 +82,11 @@ class EmptyOutputsError(VerificationError):
     def __init__(self, message: str, *, counts: Mapping[str, int]) -> None:
         super().__init__(message)
         self.counts = dict(counts)
+
+
+class BuilderFailure(Exception):
+    """The builder could not be loaded, called or serialised: ``message``, at ``file``:``line``."""
+
+    def __init__(self, message: str, file: str | None = None, line: int | None = None) -> None:
+        super().__init__(message)
+        self.message, self.file, self.line = message, file, line

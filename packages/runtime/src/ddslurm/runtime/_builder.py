@@ -1,34 +1,31 @@
-"""The builder subprocess of :mod:`ddslurm.launcher._recipe` (``python -P -m ddslurm.launcher._builder``).
+"""A builder script (``recipe: build.py``) or ``module:function``, loaded and called the way Data Designer's CLI
+loads a ``.py`` config source (``data_designer/cli/utils/config_loader.py``).
 
-Reads ``{"script" | "module", "function", "run_dir"}`` as JSON on stdin, loads the script the way Data Designer's
-CLI loads a ``.py`` config source (``data_designer/cli/utils/config_loader.py``), calls the function and writes
-``{"ok": true, "yaml", "file", "line"}`` or ``{"ok": false, "error", "file", "line"}`` as JSON on stdout. What the
-script prints goes to stderr. Data Designer is imported here only, never by the submitting process.
+It runs in the profile's ``python_env`` (with its plugins and the user's packages): at submit in
+``ddslurm-runtime inspect`` (:mod:`ddslurm.runtime._inspect`), whose ``build`` answers
+``{"ok": true, "yaml", "file", "line", "rebuild", "changes"}`` or ``{"ok": false, "error", "file", "line"}``; and on
+the node when the config it returns does not survive Data Designer's YAML round trip (``RecipeSource.rebuild``):
+then the client step runs the run's copy of the script (:func:`rebuilt_columns`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.machinery
 import importlib.util
 import inspect
-import json
 import os
 import sys
 import tempfile
 import traceback
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from ddslurm.config import DD_BUILDER_FUNCTION
-
-
-class _Failure(Exception):
-    def __init__(self, message: str, file: str | None = None, line: int | None = None) -> None:
-        super().__init__(message)
-        self.message, self.file, self.line = message, file, line
+from ddslurm.config import DD_BUILDER_FUNCTION, RecipeSource
+from ddslurm.runtime.errors import BuilderFailure, RecipeError
 
 
 def _installed_roots() -> tuple[str, ...]:
@@ -52,7 +49,7 @@ def _user_frames(exc: BaseException) -> list[traceback.FrameSummary]:
     return frames
 
 
-def _raised(exc: BaseException, what: str, fallback: str | None, fallback_line: int | None = None) -> _Failure:
+def _raised(exc: BaseException, what: str, fallback: str | None, fallback_line: int | None = None) -> BuilderFailure:
     """``what`` raised ``exc``: placed at the deepest line of the user's code, with those frames."""
     if isinstance(exc, SystemExit):
         detail = f"called sys.exit({exc.code!r})"
@@ -67,15 +64,17 @@ def _raised(exc: BaseException, what: str, fallback: str | None, fallback_line: 
     trace = "".join(
         f"\n    {f.filename}:{f.lineno} in {f.name}" + (f": {f.line.strip()}" if f.line else "") for f in frames[-6:]
     )
-    return _Failure(f"{what} {detail}" + (f"\n  traceback (your code):{trace}" if trace else ""), file, line)
+    return BuilderFailure(f"{what} {detail}" + (f"\n  traceback (your code):{trace}" if trace else ""), file, line)
 
 
-def _load_script(path: Path) -> ModuleType:
-    """The script as a module, exactly as Data Designer's CLI loads a ``.py`` config source."""
+def _load_script(path: Path, copy: Path | None = None) -> ModuleType:
+    """The script as a module, exactly as Data Designer's CLI loads a ``.py`` config source; with ``copy``, the
+    source is read from there while the module is ``path`` (``__file__``, sibling imports)."""
     module_name = f"_dd_config_{path.resolve().as_posix().replace('/', '_').replace('.', '_')}"
-    spec = importlib.util.spec_from_file_location(module_name, path)
+    loader = None if copy is None else importlib.machinery.SourceFileLoader(module_name, str(copy))
+    spec = importlib.util.spec_from_file_location(module_name, path, loader=loader)
     if spec is None or spec.loader is None:
-        raise _Failure("cannot be loaded as a Python module", str(path))
+        raise BuilderFailure("cannot be loaded as a Python module", str(path))
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
     parent = str(path.resolve().parent)
@@ -96,13 +95,13 @@ def _import_module(name: str, run_dir: str) -> tuple[ModuleType, Path]:
     try:
         spec = importlib.util.find_spec(name)
     except ModuleNotFoundError as exc:
-        raise _Failure(f"module {name!r} cannot be imported: {exc} ({_LOOKED})") from None
+        raise BuilderFailure(f"module {name!r} cannot be imported: {exc} ({_LOOKED})") from None
     except (Exception, SystemExit) as exc:
         raise _raised(exc, f"importing the packages of {name!r}", None) from None
     if spec is None:
-        raise _Failure(f"module {name!r} was not found ({_LOOKED})")
+        raise BuilderFailure(f"module {name!r} was not found ({_LOOKED})")
     if spec.origin is None or not Path(spec.origin).is_file():
-        raise _Failure(f"module {name!r} is not a Python source file")
+        raise BuilderFailure(f"module {name!r} is not a Python source file")
     path = Path(spec.origin).resolve()
     os.chdir(path.parent)  # relative seed paths: from the module's directory, as for a script
     try:
@@ -118,26 +117,26 @@ def _call(module: ModuleType, function: str, path: Path) -> tuple[Any, int | Non
     func = getattr(module, function, None)
     if func is None:
         if function == DD_BUILDER_FUNCTION:
-            raise _Failure(
+            raise BuilderFailure(
                 f"does not define a '{DD_BUILDER_FUNCTION}()' function (Data Designer's convention for a Python "
                 f"config); add: def {DD_BUILDER_FUNCTION}() -> DataDesignerConfigBuilder, or name another function "
                 f"in the run file (recipe: {path.name}:FUNCTION)",
                 str(path),
             )
-        raise _Failure(f"defines no function {function!r}", str(path))
+        raise BuilderFailure(f"defines no function {function!r}", str(path))
     code = getattr(func, "__code__", None)
     line = code.co_firstlineno if code is not None and Path(code.co_filename).resolve() == path else None
     if not callable(func):
-        raise _Failure(f"{function!r} is not callable", str(path), line)
+        raise BuilderFailure(f"{function!r} is not callable", str(path), line)
     from data_designer.config import DataDesignerScriptParams
 
     try:
         parameters = tuple(inspect.signature(func).parameters.values())
     except (TypeError, ValueError) as exc:
-        raise _Failure(f"cannot inspect {function}(): {exc}", str(path), line) from None
+        raise BuilderFailure(f"cannot inspect {function}(): {exc}", str(path), line) from None
     unsupported = f"{function}() must take no argument or one DataDesignerScriptParams (as Data Designer requires)"
     if len(parameters) > 1:
-        raise _Failure(unsupported, str(path), line)
+        raise BuilderFailure(unsupported, str(path), line)
     params = DataDesignerScriptParams()
     try:
         if not parameters:
@@ -149,7 +148,7 @@ def _call(module: ModuleType, function: str, path: Path) -> tuple[Any, int | Non
             return func(**{parameter.name: params}), line
     except (Exception, SystemExit) as exc:
         raise _raised(exc, f"{function}()", str(path), line) from None
-    raise _Failure(unsupported, str(path), line)
+    raise BuilderFailure(unsupported, str(path), line)
 
 
 def _to_yaml(value: Any, function: str, path: Path, line: int | None) -> str:
@@ -175,12 +174,12 @@ def _to_yaml(value: Any, function: str, path: Path, line: int | None) -> str:
                 )
             return str(value.to_yaml(indent=2))  # no path: the YAML text
     except Exception as exc:
-        raise _Failure(
+        raise BuilderFailure(
             f"{function}() returned a config that Data Designer cannot write: {type(exc).__name__}: {exc}",
             str(path),
             line,
         ) from None
-    raise _Failure(
+    raise BuilderFailure(
         f"{function}() returned {type(value).__name__}, expected a DataDesignerConfigBuilder (or a Data Designer "
         "config: DataDesignerConfig, BuilderConfig)",
         str(path),
@@ -188,37 +187,74 @@ def _to_yaml(value: Any, function: str, path: Path, line: int | None) -> str:
     )
 
 
+def _as_data_designers_cli() -> None:
+    """Import Data Designer's interface before the script, as its CLI has when it loads a config source: a plugin
+    whose module imports the engine loads then (in the other order Data Designer 0.9 drops it, a circular import
+    in its discovery)."""
+    import data_designer.config  # noqa: F401
+    from data_designer.interface import DataDesigner  # noqa: F401
+
+
+def call_builder(payload: Mapping[str, Any]) -> tuple[Any, Path, int | None]:
+    """Load the script (``script``) or module (``module``, looked for beside ``run_dir`` too) and call its
+    ``function``: what it returned, the file and the function's line. :class:`BuilderFailure` says what went wrong,
+    where. The working directory becomes the script's (module's) directory, as for Data Designer's CLI."""
+    function = str(payload["function"])
+    _as_data_designers_cli()
+    if "script" in payload:
+        path = Path(str(payload["script"]))
+        os.chdir(path.parent)
+        module = _load_script(path)
+    else:
+        module, path = _import_module(str(payload["module"]), str(payload["run_dir"]))
+    value, line = _call(module, function, path)
+    return value, path, line
+
+
 def build(payload: Mapping[str, Any]) -> dict[str, Any]:
-    """Load the script or module, call its function and serialise the config (in the builder subprocess)."""
+    """Call the builder and serialise the config it returns as Data Designer does; ``rebuild`` names the columns
+    whose config the YAML does not carry as it is, ``changes`` says what it changes in each."""
+    from ddslurm.runtime._node_recipe import round_trip_changes
+
     function = str(payload["function"])
     try:
-        if "script" in payload:
-            path = Path(str(payload["script"]))
-            os.chdir(path.parent)
-            module = _load_script(path)
-        else:
-            module, path = _import_module(str(payload["module"]), str(payload["run_dir"]))
-        value, line = _call(module, function, path)
+        value, path, line = call_builder(payload)
         text = _to_yaml(value, function, path, line)
-    except _Failure as failure:
+    except BuilderFailure as failure:
         return {"ok": False, "error": failure.message, "file": failure.file, "line": failure.line}
-    return {"ok": True, "yaml": text, "file": str(path), "line": line}
+    changes = round_trip_changes(value, text)
+    return {"ok": True, "yaml": text, "file": str(path), "line": line, "rebuild": sorted(changes), "changes": changes}
 
 
-def main() -> int:
-    payload = json.load(sys.stdin)
-    result = os.dup(1)
-    os.dup2(2, 1)  # whatever the script prints goes to stderr: stdout carries the result only
+def rebuilt_columns(source: RecipeSource, names: Iterable[str]) -> dict[str, Any]:
+    """The column configs ``names`` as the builder returns them on this node: the run's copy of the script is run
+    (as the script's own path, from its directory when the node has it) or the module imported from
+    ``python_env``. :class:`RecipeError` when it fails or lacks one of the columns."""
+    from ddslurm.runtime._node_recipe import config_columns
+
+    wanted = set(names)
+    origin = Path(source.origin)
+    _as_data_designers_cli()
+    function = source.builder.rsplit(":", 1)[1]
+    cwd = Path.cwd()
     try:
-        answer = build(payload)
-    except BaseException as exc:  # ddslurm's own failure: report it rather than a bare traceback
-        answer = {"ok": False, "error": f"loading the recipe failed: {type(exc).__name__}: {exc}"}
-    sys.stdout.flush()
-    sys.stderr.flush()
-    with os.fdopen(result, "w") as out:
-        json.dump(answer, out)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        if source.module is not None:
+            module, path = _import_module(source.module, str(origin.parent))
+        else:
+            if origin.parent.is_dir():
+                os.chdir(origin.parent)
+            module, path = _load_script(origin, Path(source.file)), origin
+        value, _ = _call(module, function, path)
+        columns = {c.name: c for c in config_columns(value) if c.name in wanted}
+    except BuilderFailure as failure:
+        where = f"{failure.file}:{failure.line}" if failure.line else (failure.file or source.builder)
+        message = f"{where}: the builder, run on the node for columns {sorted(wanted)}: {failure.message}"
+        raise RecipeError(message) from None
+    except Exception as exc:
+        raise RecipeError(f"{source.builder}: the config it returned on the node cannot be read: {exc}") from exc
+    finally:
+        os.chdir(cwd)
+    missing = sorted(wanted - columns.keys())
+    if missing:
+        raise RecipeError(f"{source.builder}: on the node its config has no column {missing[0]!r} (it had at submit)")
+    return columns
