@@ -4,10 +4,10 @@ apply), against the real engine: the table of docs/recipes.md, row by row.
 The sharded side is ddslurm's own path: ``prepare`` plans the run (shards, seed blocks, stages) and writes its
 inputs, and each shard is one attempt of the runtime's ``AttemptRunner`` with the real engine (``run_engine``),
 verified and published as on a node; a two-stage run's GPU stage, then its CPU stage reading the GPU winner. The
-oracle is a plain ``DataDesigner.create`` of the whole recipe. Both talk to the vLLM stand-in, whose replies are
-a pure function of the request, so every model column is compared value for value; samplers draw at random in
-every run (Data Designer's own row groups draw independently too), so sampler columns are compared by type and
-support, and the shards must not repeat one another's draws.
+oracle is a plain ``DataDesigner.create`` of the whole recipe (with the model configs the run resolved). Both
+talk to the vLLM stand-in, whose replies are a pure function of the request, so every model column is compared
+value for value; samplers draw at random in every run (Data Designer's own row groups draw independently too),
+so sampler columns are compared by type and support, and the shards must not repeat one another's draws.
 """
 
 from __future__ import annotations
@@ -35,8 +35,9 @@ ROWS = 10  # seed rows
 RECORDS = 8  # over 3 shards: 3, 3, 2
 
 # For every run on stdin ({"run_dir", "endpoints": {provider: url}}): each shard's attempts through the runtime's
-# AttemptRunner (each stage's, in order), then the oracle, a plain DataDesigner.create of the run's recipe over
-# the same providers. Prints one {"codes", "oracle"} per run: the attempts' exit codes and the oracle's dataset.
+# AttemptRunner (each stage's, in order), then the oracle, a plain DataDesigner.create of the run's recipe (its
+# model configs the snapshot's) over the same providers. Prints one {"codes", "oracle"} per run: the attempts'
+# exit codes and the oracle's dataset directory.
 ENGINE = r"""
 import json, os, sys, tempfile
 from pathlib import Path
@@ -324,6 +325,21 @@ def test_profilers_analyse_each_shard(runs: Any) -> None:
         stats = {s["column_name"]: s for s in metadata["column_statistics"]}
         assert {"blurb", "grade"} <= set(stats)
         assert stats["blurb"]["num_records"] == rows.num_rows
+
+
+@pytest.mark.parametrize("name", ["hosted", "staged"])
+def test_the_collected_dataset_is_the_oracles(runs: Any, name: str) -> None:
+    """Collection merges the shards' rows into the dataset a plain run makes, and nothing else: no analysis."""
+    from ddslurm.collector import collect
+
+    prepared, _, oracle = runs[name]
+    result = collect(prepared.layout)
+    dataset = pq.read_table(result.dataset)
+    drawn = [n for n in SAMPLERS if n in oracle.column_names]  # at random in every run
+    assert _rows(dataset.drop_columns(drawn)) == _rows(oracle.drop_columns(drawn))
+    assert {p.name for p in Path(result.dataset).iterdir()} == {"_manifest.json", "part-00000.parquet"}
+    if name == "staged":  # a run with deployments: in the plan's one column order
+        assert tuple(dataset.column_names) == prepared.plan.column_order
 
 
 def _in_support(family: str, values: list[Any], row: list[dict[str, Any]]) -> bool:
