@@ -483,3 +483,70 @@ def test_init_as_getting_started_shows_it(tmp_path: Path, monkeypatch: pytest.Mo
     assert "ddslurm submit" in out
     code, _, err = _run(["init", "--dir", "my-run"], env)
     assert code == 1 and "--force" in err
+
+
+# --- the column and processor types table ------------------------------------------------------------------------
+
+PENDING_TYPES = {"custom"}
+"""Types whose row names no test yet (``pending``): custom columns and plugin column types (issue 20, another
+part)."""
+
+
+def _dd_types() -> set[str]:
+    """Every column type, sampler family, processor type and profiler of the installed Data Designer, as the
+    table's first column names them (``llm-text``, ``sampler category``, ``processor drop_columns``...)."""
+    import typing
+
+    from data_designer.config.analysis.column_profilers import ColumnProfilerType
+    from data_designer.config.column_types import ColumnConfigT
+    from data_designer.config.processor_types import ProcessorConfigT
+    from data_designer.config.sampler_params import SamplerType
+
+    columns = {cls.model_fields["column_type"].default for cls in typing.get_args(ColumnConfigT)}
+    processors = {str(cls.model_fields["processor_type"].default.value) for cls in typing.get_args(ProcessorConfigT)}
+    return (
+        columns - {"sampler"}  # a row per sampler family instead
+        | {f"sampler {t.value}" for t in SamplerType}
+        | {f"processor {p}" for p in processors}
+        | {f"profiler {t.value}" for t in ColumnProfilerType}
+    )
+
+
+def _type_rows() -> dict[str, str]:
+    """The rows of docs/recipes.md's table: type -> the test cell."""
+    text = (DOCS / "recipes.md").read_text()
+    body = text[text.index("\n## The table\n") :]
+    table = re.search(r"(?:^\|.*\n)+", body, re.M)
+    assert table is not None
+    rows: dict[str, str] = {}
+    for line in table.group(0).splitlines()[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        kind = " ".join(re.findall(r"`([^`]+)`", cells[0]))
+        assert kind not in rows, f"docs/recipes.md: {kind} has two rows"
+        rows[kind] = cells[-1]
+    return rows
+
+
+def test_the_types_table_lists_every_data_designer_type() -> None:
+    rows, types = _type_rows(), _dd_types()
+    assert len(types) > 25  # the enumeration found Data Designer's unions
+    assert not types - set(rows), f"docs/recipes.md lacks rows for {sorted(types - set(rows))}"
+    assert not set(rows) - types, f"docs/recipes.md has rows for types Data Designer lacks: {set(rows) - types}"
+
+
+def test_every_row_of_the_types_table_names_a_test_that_exists() -> None:
+    missing = []
+    for kind, cell in _type_rows().items():
+        if kind in PENDING_TYPES and cell == "pending":
+            continue
+        found = re.fullmatch(r"`(tests/[\w/]+\.py)::(\w+)(?:\[([\w-]+)\])?`", cell)
+        if found is None:
+            missing.append(f"{kind}: {cell!r} names no test")
+            continue
+        path, name, param = ROOT / found.group(1), found.group(2), found.group(3)
+        tree = ast.parse(path.read_text()) if path.is_file() else ast.Module(body=[], type_ignores=[])
+        functions = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+        strings = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+        if name not in functions or (param is not None and param not in strings):
+            missing.append(f"{kind}: {cell} does not exist")
+    assert not missing, missing

@@ -441,3 +441,18 @@ def test_score_and_rerank_shapes(client: AppClient) -> None:
     top = client.post("/rerank", json={"query": "query", "documents": ["one", "two", "three"], "top_n": 1})
     assert top.json()["results"] == results[:1]
     assert reranked["usage"]["total_tokens"] > 0
+
+
+def test_embeddings_are_deterministic_and_need_the_key() -> None:
+    with _client(api_keys=(KEY,)) as keyed:
+        assert keyed.post("/v1/embeddings", json={"model": "m", "input": ["one"]}).status_code == 401
+        auth = {"Authorization": f"Bearer {KEY}"}
+        body = keyed.post("/v1/embeddings", json={"model": "alias", "input": ["one", "two"]}, headers=auth).json()
+        assert body["object"] == "list" and body["model"] == "alias" and body["id"].startswith("embd-")
+        assert [(d["index"], d["object"]) for d in body["data"]] == [(0, "embedding"), (1, "embedding")]
+        one = keyed.post("/v1/embeddings", json={"model": "m", "input": "one"}, headers=auth).json()
+        assert one["data"][0]["embedding"] == body["data"][0]["embedding"] != body["data"][1]["embedding"]
+        pooled = keyed.post("/pooling", json={"input": "one"}).json()["data"][0]["data"]
+        assert one["data"][0]["embedding"] == pooled  # the text's one vector, whichever route asks
+        assert keyed.post("/v1/embeddings", json={"model": "x", "input": "one"}, headers=auth).status_code == 404
+        assert keyed.post("/v1/embeddings", json={"model": "m", "input": []}, headers=auth).status_code == 400

@@ -27,7 +27,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from fake_vllm.content import Reply, generate_replies, prompt_tokens
-from fake_vllm.extras import BUILDERS, MAX_MODEL_LEN, BadRequest, Builder, validate_messages
+from fake_vllm.extras import BUILDERS, MAX_MODEL_LEN, V1_BUILDERS, BadRequest, Builder, validate_messages
 from fake_vllm.faults import Fault, FaultInjector
 from fake_vllm.log import log
 from fake_vllm.metrics import CONTENT_TYPE, Metrics
@@ -212,12 +212,13 @@ class _Handlers:
         message = "Cannot find suitable handler for request. Expected one of: ['ChatCompletionRequest']"
         return self._finish(request, _bad_request(BadRequest(message)))
 
-    def extra(self, builder: Builder) -> Callable[[Request], Awaitable[Response]]:
-        """A handler for one of vLLM's routes outside /v1 (``extras.BUILDERS``): no API key, like vLLM; the
-        loading check, the body (400) and the model name (404), then the builder's deterministic answer."""
+    def extra(self, builder: Builder, *, v1: bool = False) -> Callable[[Request], Awaitable[Response]]:
+        """A handler for one of vLLM's routes outside /v1 (``extras.BUILDERS``): no API key, like vLLM; or, with
+        ``v1``, under /v1 (``extras.V1_BUILDERS``): the key checked first. Then the loading check, the body (400)
+        and the model name (404), then the builder's deterministic answer."""
 
         async def handle(request: Request) -> Response:
-            body, done = await self._decoded(request, self._reject_loading())
+            body, done = await self._decoded(request, self._reject_v1(request) if v1 else self._reject_loading())
             if done is not None:
                 return done
             n_messages: int | None = None
@@ -434,6 +435,7 @@ def create_app(settings: Settings, *, crash: Callable[[str], NoReturn] = crash_p
         Route("/metrics", handlers.metrics, methods=["GET"]),
         Route("/v1/models", handlers.models, methods=["GET"]),
         Route("/v1/chat/completions", handlers.chat_completions, methods=["POST"]),
+        *(Route(path, handlers.extra(builder, v1=True), methods=["POST"]) for path, builder in V1_BUILDERS.items()),
         # vLLM's routes outside /v1: its API key does not guard them (only /v1 paths need it).
         Route("/ping", handlers.health, methods=["GET", "POST"]),
         Route("/invocations", handlers.invocations, methods=["POST"]),

@@ -152,6 +152,14 @@ def pooling(body: Mapping[str, Any], model: str) -> dict[str, Any]:
     return _listing("pool", model, data, sum(estimate_tokens(t) for t in texts))
 
 
+def embeddings(body: Mapping[str, Any], model: str) -> dict[str, Any]:
+    """``POST /v1/embeddings`` (OpenAI's shape): ``input`` -> one ``{"object": "embedding", "embedding": [floats]}``
+    per input, the same vector ``/pooling`` gives the text."""
+    texts = _strings(body.get("input"), "input")
+    data = [{"index": i, "object": "embedding", "embedding": pooling_vector(t)} for i, t in enumerate(texts)]
+    return _listing("embd", model, data, sum(estimate_tokens(t) for t in texts))
+
+
 def class_probs(text: str) -> list[float]:
     """Deterministic probabilities of the two classes for ``text`` (they sum to 1)."""
     first = round(_rng("classify", text).random(), 6)
@@ -217,6 +225,8 @@ def rerank(body: Mapping[str, Any], model: str) -> dict[str, Any]:
     }
 
 
+V1_BUILDERS: dict[str, Builder] = {"/v1/embeddings": embeddings}
+"""The deterministic routes under /v1 (the API key guards them, as it guards the chat route)."""
 BUILDERS: dict[str, Builder] = {
     "/tokenize": tokenize,
     "/detokenize": detokenize,

@@ -50,6 +50,7 @@ from ddslurm.launcher._recipe import load_run_recipe
 from ddslurm.launcher._render import render_generation
 from ddslurm.launcher._run_dir import NOTHING_LEFT, Prepared, write_run_dir
 from ddslurm.launcher._seed import CountRows, SeedCapture, capture_seed, dd_seed_columns, dd_seed_rows
+from ddslurm.launcher._shardable import refuse_unshardable
 from ddslurm.launcher._slurm import Slurm, SlurmTimeoutError
 from ddslurm.launcher._validate import RecipeCheck, dd_check_recipe, runtime_command
 from ddslurm.launcher.errors import LauncherError, SlurmError, SubmitError, WriteError
@@ -145,6 +146,7 @@ def prepare(
             raise SubmitError(place_error(message, run_path, profile_path))
         loaded = load_run_recipe(run, run_path, env, settings_dir(env, home), runtime=runtime)  # a builder runs
         recipe_path, recipe_bytes, recipe = loaded.path, loaded.stored, loaded.data
+        refuse_unshardable(recipe, loaded.origin)
         settings = load_settings(settings_dir(env, home))
         resolution = resolve(recipe, Origin(loaded.origin), settings, run.deployments, env, run_origin=Origin(run_path))
         snapshot: ProviderSnapshot = resolution.snapshot
