@@ -487,11 +487,6 @@ def test_init_as_getting_started_shows_it(tmp_path: Path, monkeypatch: pytest.Mo
 
 # --- the column and processor types table ------------------------------------------------------------------------
 
-PENDING_TYPES = {"custom"}
-"""Types whose row names no test yet (``pending``): custom columns and plugin column types (issue 20, another
-part)."""
-
-
 def _dd_types() -> set[str]:
     """Every column type, sampler family, processor type and profiler of the installed Data Designer, as the
     table's first column names them (``llm-text``, ``sampler category``, ``processor drop_columns``...)."""
@@ -537,8 +532,6 @@ def test_the_types_table_lists_every_data_designer_type() -> None:
 def test_every_row_of_the_types_table_names_a_test_that_exists() -> None:
     missing = []
     for kind, cell in _type_rows().items():
-        if kind in PENDING_TYPES and cell == "pending":
-            continue
         found = re.fullmatch(r"`(tests/[\w/]+\.py)::(\w+)(?:\[([\w-]+)\])?`", cell)
         if found is None:
             missing.append(f"{kind}: {cell!r} names no test")
