@@ -34,14 +34,20 @@ def _stdio(name: str, tmp_path: Path, tool: str = "local_lookup") -> SnapshotMCP
 def test_a_stdio_command_not_found_is_refused(tmp_path: Path) -> None:
     missing = SnapshotMCPProvider(name="gone", provider_type="stdio", command="no-such-mcp-server-here")
     absolute = SnapshotMCPProvider(name="abs", provider_type="stdio", command=str(tmp_path / "nope"))
+    directory = SnapshotMCPProvider(name="dir", provider_type="stdio", command=str(tmp_path))
+    relative = SnapshotMCPProvider(name="rel", provider_type="stdio", command="bin/server")
     found = _stdio("ok", tmp_path)
     on_path = SnapshotMCPProvider(name="py", provider_type="stdio", command=Path(sys.executable).name)
-    snapshot = ProviderSnapshot(mcp_providers=(missing, absolute, found, on_path))
+    snapshot = ProviderSnapshot(mcp_providers=(missing, absolute, directory, relative, found, on_path))
     env = {"PATH": str(Path(sys.executable).parent)}
     problems = command_problems(snapshot, env, tmp_path)
-    assert len(problems) == 2
-    assert problems[0].startswith(f"{tmp_path / 'mcp_providers.yaml'}: MCP provider 'gone': command ")
-    assert "'abs'" in problems[1] and "is not found" in problems[1]
+    where, node = f"{tmp_path / 'mcp_providers.yaml'}: MCP provider", "the client step starts it on the node"
+    assert problems == [
+        f"{where} 'gone': command 'no-such-mcp-server-here' is not found on PATH; {node}",
+        f"{where} 'abs': command '{tmp_path / 'nope'}' is not an executable file; {node}",
+        f"{where} 'dir': command '{tmp_path}' is not an executable file; {node}",
+        f"{where} 'rel': command 'bin/server' is a relative path; write an absolute path or a command on PATH",
+    ]
     # Checked before any server is asked for its tools.
     recipe = _recipe({"tool_alias": "t", "providers": ["gone"], "allow_tools": ["x"]})
     assert dd_check_tools(recipe, Origin(tmp_path / "r.yaml"), snapshot, env, tmp_path) == problems

@@ -31,18 +31,21 @@ LIST_TIMEOUT_S = 30.0
 
 
 def command_problems(snapshot: ProviderSnapshot, env: Mapping[str, str], settings: Path) -> list[str]:
-    """A stdio provider whose ``command`` is neither an executable path nor found on the shell's ``PATH``."""
+    """A stdio provider whose ``command`` is neither an absolute path to an executable file nor found on the
+    shell's ``PATH`` (the job gets that ``PATH``); a relative path is refused, the node's working directory being
+    another."""
     problems = []
     for provider in snapshot.mcp_providers:
         command = provider.command or ""
         if provider.provider_type != "stdio":
             continue
-        found = os.access(command, os.X_OK) if os.sep in command else shutil.which(command, path=env.get("PATH"))
-        if not found:
-            problems.append(
-                f"{settings / MCP_PROVIDERS_FILE}: MCP provider {provider.name!r}: command {command!r} is not "
-                "found (not an executable file, nor on PATH); the client step starts it on the node"
-            )
+        subject = f"{settings / MCP_PROVIDERS_FILE}: MCP provider {provider.name!r}: command {command!r}"
+        if os.sep in command and not Path(command).is_absolute():
+            problems.append(f"{subject} is a relative path; write an absolute path or a command on PATH")
+        elif os.sep in command and not (Path(command).is_file() and os.access(command, os.X_OK)):
+            problems.append(f"{subject} is not an executable file; the client step starts it on the node")
+        elif os.sep not in command and not shutil.which(command, path=env.get("PATH", "")):
+            problems.append(f"{subject} is not found on PATH; the client step starts it on the node")
     return problems
 
 
