@@ -74,7 +74,8 @@ def dd_check_tools(
             if isinstance(tools, str):
                 problems.append(
                     f"{origin.at(*base, 'tool_configs', index, 'providers')}: MCP provider {provider.name!r}: its "
-                    f"tools could not be listed: {tools}"
+                    f"tools could not be listed ({tools}); is the server up, and does it take the key its api_key "
+                    "variable holds?"
                 )
             else:
                 offered.update(tools or [])
