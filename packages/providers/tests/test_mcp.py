@@ -163,3 +163,16 @@ def test_credentials_in_an_endpoint_and_fields_of_the_other_kind_are_refused(tmp
 def test_a_malformed_file_names_its_line(tmp_path: Path) -> None:
     with pytest.raises(SettingsError, match=r"mcp_providers\.yaml:2:"):
         load_settings(_home(tmp_path, "providers:\n- {name: x, provider_type: websocket}\n"))
+
+
+def test_a_provider_defined_twice_with_different_content_names_both_places(tmp_path: Path) -> None:
+    mcp = (
+        MCP
+        + "- {name: docs, provider_type: stdio, command: other}\n- {name: search, provider_type: sse, endpoint: x}\n"
+    )
+    problems = _problems(tmp_path, _recipe("docs"), mcp)
+    file = tmp_path / "dd-home" / MCP_PROVIDERS_FILE
+    assert problems == [
+        f"{file}:15:3: providers[3]: MCP provider 'docs' is defined twice with different content (first at "
+        f"{file}:6:3: providers[1]); keep one definition"
+    ]

@@ -8,7 +8,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from ddslurm.config import SnapshotMCPProvider, recipe_section, server_env_secret, value_secret
-from ddslurm.providers._native import MCP_PROVIDERS_FILE, NativeMCPProvider, NativeSettings, Origin, Step
+from ddslurm.providers._native import (
+    MCP_PROVIDERS_FILE,
+    NativeMCPProvider,
+    NativeSettings,
+    Origin,
+    Step,
+    first_definition,
+)
 from ddslurm.providers._secrets import endpoint_key_problems, missing_env
 
 _ENV_REF = re.compile(r"^\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)\}$")
@@ -48,13 +55,7 @@ def describe_mcp(
                 f"{settings.directory / MCP_PROVIDERS_FILE}"
             )
             continue
-        (provider, origin), *others = defined[name]
-        for _, other in others:
-            if _ != provider:
-                problems.append(
-                    f"{other.at()}: MCP provider {name!r} is defined twice with different content (first at "
-                    f"{origin.at()}); keep one definition"
-                )
+        provider, origin = first_definition("MCP provider", name, defined[name], lambda a, b: a == b, problems)
         snapshot = _checked(provider, origin, env, problems)
         if snapshot is not None:
             captured.append(snapshot)

@@ -8,6 +8,7 @@ absent). Inference parameters are kept as written, so hosted aliases keep their 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -112,6 +113,24 @@ class Origin:
             where += f":{line}" + (f":{col}" if col is not None else "")
         text = shown if shown is not None else field_text(steps)
         return f"{where}: {text}" if text else where
+
+
+def first_definition(
+    what: str,
+    name: str,
+    definitions: list[tuple[Any, Origin]],
+    same: Callable[[Any, Any], bool],
+    problems: list[str],
+) -> tuple[Any, Origin]:
+    """The first definition of ``name``; any later one with different content is a problem naming both places."""
+    first, first_origin = definitions[0]
+    for other, other_origin in definitions[1:]:
+        if not same(first, other):
+            problems.append(
+                f"{other_origin.at()}: {what} {name!r} is defined twice with different content (first at "
+                f"{first_origin.at()}); keep one definition"
+            )
+    return first, first_origin
 
 
 @dataclass(frozen=True, slots=True)

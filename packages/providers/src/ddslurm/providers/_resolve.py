@@ -20,6 +20,7 @@ from ddslurm.providers._native import (
     Origin,
     Step,
     field_text,
+    first_definition,
 )
 from ddslurm.providers._secrets import (
     body_credentials,
@@ -189,24 +190,6 @@ def _check_model(model: NativeModelConfig, origin: Origin, problems: list[str]) 
         )
 
 
-def _first_definition(
-    what: str,
-    name: str,
-    definitions: list[tuple[Any, Origin]],
-    same: Callable[[Any, Any], bool],
-    problems: list[str],
-) -> tuple[Any, Origin]:
-    """The first definition of ``name``; any later one with different content is a problem naming both places."""
-    first, first_origin = definitions[0]
-    for other, other_origin in definitions[1:]:
-        if not same(first, other):
-            problems.append(
-                f"{other_origin.at()}: {what} {name!r} is defined twice with different content (first at "
-                f"{first_origin.at()}); keep one definition"
-            )
-    return first, first_origin
-
-
 def describe(
     recipe: Mapping[str, Any],
     recipe_origin: Origin,
@@ -256,7 +239,7 @@ def describe(
     uses = _alias_uses(recipe)
     for alias, use in uses.items():
         defs = model_defs.get(alias, [])
-        model_entry = _first_definition("model alias", alias, defs, same_models, problems) if defs else None
+        model_entry = first_definition("model alias", alias, defs, same_models, problems) if defs else None
         if model_entry is not None:
             _check_model(model_entry[0], model_entry[1], problems)
         if alias in local:
@@ -297,7 +280,7 @@ def describe(
             continue
         provider, porigin = provider_defs[model.provider][0]
         if provider.name not in snap_providers:
-            _first_definition("provider", provider.name, provider_defs[provider.name], lambda a, b: a == b, problems)
+            first_definition("provider", provider.name, provider_defs[provider.name], lambda a, b: a == b, problems)
             _check_provider(provider, porigin, env, problems)
             snap_providers[provider.name] = SnapshotProvider(
                 name=provider.name,
