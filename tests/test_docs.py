@@ -487,6 +487,7 @@ def test_init_as_getting_started_shows_it(tmp_path: Path, monkeypatch: pytest.Mo
 
 # --- the column and processor types table ------------------------------------------------------------------------
 
+
 def _dd_types() -> set[str]:
     """Every column type, sampler family, processor type and profiler of the installed Data Designer, as the
     table's first column names them (``llm-text``, ``sampler category``, ``processor drop_columns``...)."""

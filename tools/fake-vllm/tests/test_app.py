@@ -83,6 +83,15 @@ def test_chat_completion_shape(client: AppClient) -> None:
     assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"] > 0
 
 
+def test_tool_call_answer_shape(client: AppClient) -> None:
+    tool = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}}
+    body = client.post("/v1/chat/completions", json={**CHAT, "tools": [tool]}).json()
+    (choice,) = body["choices"]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    (call,) = choice["message"]["tool_calls"]
+    assert call["id"].startswith("call_") and call["function"] == {"name": "lookup", "arguments": "{}"}
+
+
 def test_alias_and_missing_model_use_served_names(client: AppClient) -> None:
     content = client.post("/v1/chat/completions", json={**CHAT, "model": "alias"}).json()
     assert content["model"] == "alias"

@@ -148,3 +148,44 @@ def test_sql_code_columns_get_a_query_over_the_prompts_tables(prompt: str, needl
     assert text.startswith("```sql:postgres\n") and text.endswith("\n```")
     for needle in needles:
         assert needle in text
+
+
+_LOOKUP = {
+    "type": "function",
+    "function": {
+        "name": "lookup",
+        "description": "Look a term up.",
+        "parameters": {
+            "type": "object",
+            "properties": {"term": {"type": "string"}, "limit": {"type": "integer", "minimum": 1, "maximum": 3}},
+            "required": ["term", "limit"],
+        },
+    },
+}
+_OTHER = {"type": "function", "function": {"name": "other", "parameters": {"type": "object", "properties": {}}}}
+
+
+def test_tools_without_a_result_get_one_call_of_the_first_tool() -> None:
+    (reply,) = generate_replies(_body("Find owls in the archive.", tools=[_LOOKUP, _OTHER]))
+    assert reply.finish_reason == "tool_calls" and reply.content == ""
+    (call,) = reply.tool_calls
+    assert call["type"] == "function" and call["function"]["name"] == "lookup"
+    arguments = json.loads(call["function"]["arguments"])
+    assert arguments["term"] == "Find owls in the archive."  # from the prompt
+    assert isinstance(arguments["limit"], int) and 1 <= arguments["limit"] <= 3  # valid against the schema
+    assert generate_replies(_body("Find owls in the archive.", tools=[_LOOKUP, _OTHER])) == [reply]
+
+
+def test_a_tool_result_is_quoted_and_ends_the_loop() -> None:
+    messages = [
+        {"role": "user", "content": "Find owls."},
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function"}]},
+        {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "OWL-42"}]},
+    ]
+    (reply,) = generate_replies({"model": "m", "messages": messages, "tools": [_LOOKUP]})
+    assert reply.content == "Tool result: OWL-42" and reply.finish_reason == "stop" and not reply.tool_calls
+
+
+def test_tool_choice_none_answers_as_without_tools() -> None:
+    (reply,) = generate_replies(_body("Find owls.", tools=[_LOOKUP], tool_choice="none"))
+    assert not reply.tool_calls and reply.content

@@ -300,7 +300,11 @@ class _Handlers:
             "choices": [
                 {
                     "index": index,
-                    "message": {"role": "assistant", "content": reply.content, "tool_calls": []},
+                    "message": {
+                        "role": "assistant",
+                        "content": None if reply.tool_calls else reply.content,
+                        "tool_calls": list(reply.tool_calls),
+                    },
                     "logprobs": None,
                     "finish_reason": reply.finish_reason,
                     "stop_reason": None,
@@ -382,7 +386,10 @@ async def _sse(
 ) -> AsyncIterator[str]:
     base = {"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model}
     for index, reply in enumerate(replies):
-        first = {"index": index, "delta": {"role": "assistant", "content": reply.content}, "finish_reason": None}
+        delta: dict[str, Any] = {"role": "assistant", "content": reply.content}
+        if reply.tool_calls:
+            delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(reply.tool_calls)]
+        first = {"index": index, "delta": delta, "finish_reason": None}
         yield f"data: {json.dumps({**base, 'choices': [first]})}\n\n"
         last = {"index": index, "delta": {}, "finish_reason": reply.finish_reason}
         yield f"data: {json.dumps({**base, 'choices': [last]})}\n\n"

@@ -11,6 +11,12 @@ The request body, minus transport-only keys, is canonicalised and hashed with sh
    structured columns): an instance wrapped in a ```` ```json ```` fence, which is what DD's parser reads.
 5. "Your response must be code written in LANG." (DD's code columns): a small fenced ```` ```LANG ```` block.
 6. Otherwise: plain sentences from a fixed vocabulary, cut to ``max_tokens`` (``finish_reason="length"``).
+
+Tool calling comes first: a request that offers ``tools`` (and no ``tool_choice: none``) and whose conversation
+holds no ``tool`` message yet is answered with one call of the first tool (``finish_reason="tool_calls"``), its
+arguments an instance of the tool's parameter schema, string fields taken from the last user message; once a
+``tool`` message is there, the answer is ``Tool result: <that message's text>`` (so a dataset shows what the
+tool returned).
 """
 
 from __future__ import annotations
@@ -47,6 +53,8 @@ class Reply:
     content: str
     finish_reason: str
     completion_tokens: int
+    tool_calls: tuple[dict[str, Any], ...] = ()
+    """OpenAI ``tool_calls`` entries (``content`` is then empty)."""
 
 
 def estimate_tokens(text: str) -> int:
@@ -87,6 +95,9 @@ def generate_replies(body: Mapping[str, Any]) -> list[Reply]:
 
 def _generate_one(body: Mapping[str, Any], rng: random.Random) -> Reply:
     messages: list[Mapping[str, Any]] = list(body.get("messages") or [])
+    tool = _tool_reply(body, messages, rng)
+    if tool is not None:
+        return tool
     guided = _guided_schema(body)
     if guided is not None:
         return _json_reply(guided, rng, fenced=False)
@@ -108,6 +119,49 @@ def _generate_one(body: Mapping[str, Any], rng: random.Random) -> Reply:
         text = f"```{lang}\n{code}\n```"
         return Reply(text, "stop", estimate_tokens(text))
     return _text_reply(body, rng)
+
+
+def _tool_reply(body: Mapping[str, Any], messages: Sequence[Mapping[str, Any]], rng: random.Random) -> Reply | None:
+    """A call of the first offered tool, or the answer that quotes the last tool result; None without tools."""
+    tools = body.get("tools")
+    if not isinstance(tools, list) or not tools or body.get("tool_choice") == "none":
+        return None
+    results = [m for m in messages if m.get("role") == "tool"]
+    if results:
+        text = f"Tool result: {message_text(results[-1])}"
+        return Reply(text, "stop", estimate_tokens(text))
+    function = tools[0].get("function") if isinstance(tools[0], Mapping) else None
+    if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
+        return None
+    arguments = json.dumps(_tool_arguments(function.get("parameters"), messages, rng), ensure_ascii=False)
+    call = {
+        "id": f"call_{rng.getrandbits(64):016x}",
+        "type": "function",
+        "function": {"name": function["name"], "arguments": arguments},
+    }
+    return Reply("", "tool_calls", estimate_tokens(arguments) + 1, (call,))
+
+
+_PLAIN_STRING_KEYS = frozenset({"type", "title", "description"})
+
+
+def _tool_arguments(schema: Any, messages: Sequence[Mapping[str, Any]], rng: random.Random) -> Any:
+    """An instance of a tool's parameter schema; each top-level plain string property holds the start of the last
+    user message (so the call follows from the prompt)."""
+    if not isinstance(schema, Mapping) or not schema:
+        return {}
+    try:
+        value = instance_for(schema, rng)
+    except SchemaError:
+        return {}
+    users = [message_text(m) for m in messages if m.get("role") == "user"]
+    prompt = " ".join((users[-1] if users else "").split())[:80]
+    properties = schema.get("properties")
+    if isinstance(value, dict) and isinstance(properties, Mapping) and prompt:
+        for name, spec in properties.items():
+            if isinstance(spec, Mapping) and spec.get("type") == "string" and set(spec) <= _PLAIN_STRING_KEYS:
+                value[name] = prompt
+    return value
 
 
 _TABLE = re.compile(r"\b([A-Za-z_]\w*)\(([A-Za-z_][\w, ]*)\)")

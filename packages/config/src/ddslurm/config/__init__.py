@@ -100,8 +100,15 @@ from ddslurm.config._runfile import (
     Submission,
     parse_recipe_ref,
     server_env_secret,
+    value_secret,
 )
-from ddslurm.config._snapshot import SNAPSHOT_VERSION, ProviderSnapshot, SnapshotModel, SnapshotProvider
+from ddslurm.config._snapshot import (
+    SNAPSHOT_VERSION,
+    ProviderSnapshot,
+    SnapshotMCPProvider,
+    SnapshotModel,
+    SnapshotProvider,
+)
 from ddslurm.config._yaml import load_struct, locate, read_yaml, to_builtins
 from ddslurm.config.errors import ConfigError, ConfigFileError, UnsafePathError
 
@@ -157,6 +164,7 @@ __all__ = [
     "ShardLayout",
     "ShardSpec",
     "SnapshotModel",
+    "SnapshotMCPProvider",
     "SnapshotProvider",
     "Stage",
     "StageKind",
@@ -202,6 +210,7 @@ __all__ = [
     "recipe_section",
     "recipe_with_models",
     "server_env_secret",
+    "value_secret",
     "sha256_bytes",
     "sha256_file",
     "sized_parallel_requests",

@@ -46,6 +46,7 @@ from ddslurm.config import (
     read_yaml,
     sha256_bytes,
 )
+from ddslurm.launcher._mcp_check import dd_check_tools
 from ddslurm.launcher._recipe import load_run_recipe
 from ddslurm.launcher._render import render_generation
 from ddslurm.launcher._run_dir import NOTHING_LEFT, Prepared, write_run_dir
@@ -85,6 +86,10 @@ CheckRecipe = Callable[
 """(recipe, its path, the snapshot, the plan's serving as a client sees it, ``<python_env>/bin/ddslurm-runtime``,
 the builder script's record) -> what Data Designer there refuses in it, the columns as it reads them and the
 plugins the recipe uses."""
+
+CheckTools = Callable[[dict[str, Any], Origin, ProviderSnapshot, Mapping[str, str], Path], list[str]]
+"""(recipe, where it came from, the snapshot, the shell's environment, Data Designer's settings directory) -> what
+is wrong with the recipe's MCP tools (a stdio command not found, an ``allow_tools`` entry no provider offers)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,11 +137,13 @@ def prepare(
     count_seed_rows: CountRows = dd_seed_rows,
     check_recipe: CheckRecipe = dd_check_recipe,
     seed_columns: SeedColumns = dd_seed_columns,
+    check_tools: CheckTools = dd_check_tools,
 ) -> Prepared:
     """Validate and compile everything; touch nothing on disk. The recipe is loaded (a builder script runs) and
     checked (``check_recipe``: Data Designer's own validation, a subprocess of a few seconds) in the profile's
     ``python_env``; what Data Designer refuses would fail on the node, and is reported after the planner's
-    refusals."""
+    refusals; then its MCP tools (``check_tools``: the stdio servers' commands, the tools ``allow_tools`` names,
+    listed in a subprocess)."""
     try:
         run = load_run_file(run_path)
         profile = load_profile(profile_path)
@@ -185,6 +192,10 @@ def prepare(
     if check.problems:
         lines = "\n".join(f"  {p}" for p in check.problems)
         raise SubmitError(f"{recipe_path}: Data Designer refuses the recipe:\n{lines}")
+    if snapshot.mcp_providers:
+        problems = check_tools(recipe, Origin(loaded.origin), snapshot, env, settings_dir(env, home))
+        if problems:
+            raise SubmitError("the recipe's MCP tools cannot be used:\n" + "\n".join(f"  {p}" for p in problems))
     return Prepared(
         layout,
         plan,

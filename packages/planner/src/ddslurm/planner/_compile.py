@@ -399,6 +399,8 @@ def _cpu_resources(run: RunFile, profile: ClusterProfile, *, cpu_partition_only:
 
 
 def hosted_key_names(snapshot: ProviderSnapshot) -> tuple[str, ...]:
-    """The API-key variables of the hosted providers, sorted: what the submitting shell must export. A local
-    provider's key variable names the attempt's own token, which the node makes and only the client holds."""
-    return tuple(sorted({p.api_key_env for p in snapshot.providers if p.api_key_env and not p.local}))
+    """The API-key variables of the hosted providers and of the MCP providers, sorted: what the submitting shell
+    must export. A local provider's key variable names the attempt's own token, which the node makes and only the
+    client holds."""
+    hosted = {p.api_key_env for p in snapshot.providers if p.api_key_env and not p.local}
+    return tuple(sorted(hosted | {*snapshot.mcp_secret_env_names()}))

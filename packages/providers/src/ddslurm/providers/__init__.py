@@ -7,9 +7,12 @@ and an explicit environment mapping.
 from ddslurm.providers._capture import describe_run, load_recipe, resolve_run
 from ddslurm.providers._check import EndpointChecker, Fetch, check_endpoints, urllib_fetch
 from ddslurm.providers._compare import same_model_config
+from ddslurm.providers._mcp import describe_mcp, tool_provider_uses
 from ddslurm.providers._native import (
+    MCP_PROVIDERS_FILE,
     MODEL_CONFIGS_FILE,
     PROVIDERS_FILE,
+    NativeMCPProvider,
     NativeModelConfig,
     NativeProvider,
     NativeSettings,
@@ -46,6 +49,7 @@ from ddslurm.providers.errors import ProvidersError, RedirectedError, Resolution
 __all__ = [
     "LOCAL_PROVIDER_PREFIX",
     "LOCAL_TOKEN_ENV",
+    "MCP_PROVIDERS_FILE",
     "MODEL_CONFIGS_FILE",
     "PLACEHOLDER_MIN_LENGTH",
     "PROVIDERS_FILE",
@@ -53,6 +57,7 @@ __all__ = [
     "EndpointChecker",
     "Fetch",
     "ModelComparer",
+    "NativeMCPProvider",
     "NativeModelConfig",
     "NativeProvider",
     "NativeSettings",
@@ -66,6 +71,7 @@ __all__ = [
     "body_credentials",
     "check_endpoints",
     "describe",
+    "describe_mcp",
     "describe_run",
     "is_credential_header",
     "is_credential_key",
@@ -81,6 +87,7 @@ __all__ = [
     "resolve_run",
     "same_model_config",
     "secret_in_tree",
+    "tool_provider_uses",
     "url_credentials",
     "urllib_fetch",
     "used_aliases",

@@ -1,4 +1,5 @@
-"""Data Designer's native settings files: ``model_providers.yaml`` and ``model_configs.yaml``.
+"""Data Designer's native settings files: ``model_providers.yaml``, ``model_configs.yaml`` and
+``mcp_providers.yaml``.
 
 Both shapes are accepted: the one DD's library writes (explicit nulls) and the one its CLI writes (keys
 absent). Inference parameters are kept as written, so hosted aliases keep their settings exactly.
@@ -7,9 +8,10 @@ absent). Inference parameters are kept as written, so hosted aliases keep their 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -18,6 +20,8 @@ from ddslurm.providers.errors import SettingsError
 
 PROVIDERS_FILE = "model_providers.yaml"
 MODEL_CONFIGS_FILE = "model_configs.yaml"
+MCP_PROVIDERS_FILE = "mcp_providers.yaml"
+"""Data Designer's ``MCP_PROVIDERS_FILE_NAME``: its MCP providers, remote and stdio, under ``providers``."""
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -36,6 +40,23 @@ class NativeModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True,
     provider: str | None = None
     inference_parameters: dict[str, Any] | None = None
     skip_health_check: bool = False
+
+
+class NativeMCPProvider(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """One entry of ``mcp_providers.yaml``: Data Designer's ``MCPProvider`` (``sse``, ``streamable_http``) or
+    ``LocalStdioMCPProvider`` (``stdio``), told apart by ``provider_type`` as Data Designer tells them."""
+
+    name: str
+    provider_type: Literal["sse", "streamable_http", "stdio"]
+    endpoint: str | None = None
+    api_key: str | None = None
+    command: str | None = None
+    args: tuple[str, ...] = ()
+    env: dict[str, str] | None = None
+
+
+class _MCPProvidersFile(msgspec.Struct, frozen=True, kw_only=True):
+    providers: tuple[NativeMCPProvider, ...] = ()
 
 
 class _ProvidersFile(msgspec.Struct, frozen=True, kw_only=True):
@@ -94,6 +115,24 @@ class Origin:
         return f"{where}: {text}" if text else where
 
 
+def first_definition(
+    what: str,
+    name: str,
+    definitions: list[tuple[Any, Origin]],
+    same: Callable[[Any, Any], bool],
+    problems: list[str],
+) -> tuple[Any, Origin]:
+    """The first definition of ``name``; any later one with different content is a problem naming both places."""
+    first, first_origin = definitions[0]
+    for other, other_origin in definitions[1:]:
+        if not same(first, other):
+            problems.append(
+                f"{other_origin.at()}: {what} {name!r} is defined twice with different content (first at "
+                f"{first_origin.at()}); keep one definition"
+            )
+    return first, first_origin
+
+
 @dataclass(frozen=True, slots=True)
 class NativeSettings:
     """Providers and model configs found in a settings directory, with their origins."""
@@ -101,6 +140,7 @@ class NativeSettings:
     directory: Path
     providers: tuple[tuple[NativeProvider, Origin], ...]
     models: tuple[tuple[NativeModelConfig, Origin], ...]
+    mcp_providers: tuple[tuple[NativeMCPProvider, Origin], ...] = ()
 
 
 def _lower_provider_type(tree: Any) -> Any:
@@ -126,8 +166,10 @@ def load_settings(directory: Path) -> NativeSettings:
     """Read the settings directory. Missing files mean "nothing defined there"; malformed ones are errors."""
     providers: list[tuple[NativeProvider, Origin]] = []
     models: list[tuple[NativeModelConfig, Origin]] = []
+    mcp: list[tuple[NativeMCPProvider, Origin]] = []
     providers_path = directory / PROVIDERS_FILE
     models_path = directory / MODEL_CONFIGS_FILE
+    mcp_path = directory / MCP_PROVIDERS_FILE
     try:
         if providers_path.is_file():
             pfile = load_struct(providers_path, _ProvidersFile, prepare=_lower_provider_type)
@@ -135,6 +177,11 @@ def load_settings(directory: Path) -> NativeSettings:
         if models_path.is_file():
             mfile = load_struct(models_path, _ModelConfigsFile, prepare=_null_list("model_configs"))
             models = [(m, Origin(models_path, steps=("model_configs", i))) for i, m in enumerate(mfile.model_configs)]
+        if mcp_path.is_file():
+            cfile = load_struct(mcp_path, _MCPProvidersFile, prepare=_null_list("providers"))
+            mcp = [(p, Origin(mcp_path, steps=("providers", i))) for i, p in enumerate(cfile.providers)]
     except ConfigFileError as exc:
         raise SettingsError(str(exc)) from exc
-    return NativeSettings(directory=directory, providers=tuple(providers), models=tuple(models))
+    return NativeSettings(
+        directory=directory, providers=tuple(providers), models=tuple(models), mcp_providers=tuple(mcp)
+    )

@@ -11,6 +11,7 @@ import msgspec
 
 from ddslurm.config import Deployment, ProviderSnapshot, SnapshotModel, SnapshotProvider, recipe_section
 from ddslurm.providers._compare import same_model_config
+from ddslurm.providers._mcp import describe_mcp
 from ddslurm.providers._native import (
     PROVIDERS_FILE,
     NativeModelConfig,
@@ -19,16 +20,16 @@ from ddslurm.providers._native import (
     Origin,
     Step,
     field_text,
+    first_definition,
 )
 from ddslurm.providers._secrets import (
     body_credentials,
+    endpoint_key_problems,
     is_credential_header,
     is_env_var_name,
     is_placeholder_secret,
     looks_like_credential,
-    missing_env,
     redact_url,
-    url_credentials,
 )
 from ddslurm.providers.errors import ResolutionError
 
@@ -155,23 +156,9 @@ def _run_at(run_origin: Origin | None, *steps: Step) -> str:
 def _check_provider(provider: NativeProvider, origin: Origin, env: Mapping[str, str], problems: list[str]) -> None:
     """Every way a provider's settings could carry a credential into the snapshot; values are never repeated."""
     subject = f"provider {provider.name!r}"
-    why = url_credentials(provider.endpoint)
-    if why is not None:
-        problems.append(
-            f"{origin.at('endpoint')}: {subject}: {why}; write the bare base URL here and give the key through "
-            "api_key (the NAME of an environment variable)"
-        )
-    if provider.api_key:
-        if not is_env_var_name(provider.api_key):
-            problems.append(
-                f"{origin.at('api_key')}: {subject}: looks like a literal key (not shown); put the key in an "
-                "environment variable and write its NAME here (e.g. api_key: MY_PROVIDER_API_KEY)"
-            )
-        elif missing_env([provider.api_key], env):
-            problems.append(
-                f"{origin.at('api_key')}: {subject}: environment variable {provider.api_key} is unset or empty in "
-                "this shell; export it before submitting"
-            )
+    problems += endpoint_key_problems(
+        origin.at, subject, provider.endpoint, provider.api_key, env, example="MY_PROVIDER_API_KEY"
+    )
     for header, value in (provider.extra_headers or {}).items():
         hidden = looks_like_credential(header)
         shown = field_text((*origin.steps, "extra_headers")) + ("[<redacted>]" if hidden else f"[{header!r}]")
@@ -203,24 +190,6 @@ def _check_model(model: NativeModelConfig, origin: Origin, problems: list[str]) 
         )
 
 
-def _first_definition(
-    what: str,
-    name: str,
-    definitions: list[tuple[Any, Origin]],
-    same: Callable[[Any, Any], bool],
-    problems: list[str],
-) -> tuple[Any, Origin]:
-    """The first definition of ``name``; any later one with different content is a problem naming both places."""
-    first, first_origin = definitions[0]
-    for other, other_origin in definitions[1:]:
-        if not same(first, other):
-            problems.append(
-                f"{other_origin.at()}: {what} {name!r} is defined twice with different content (first at "
-                f"{first_origin.at()}); keep one definition"
-            )
-    return first, first_origin
-
-
 def describe(
     recipe: Mapping[str, Any],
     recipe_origin: Origin,
@@ -232,7 +201,8 @@ def describe(
     same_model: ModelComparer = same_model_config,
 ) -> Resolution:
     """Resolve every alias the recipe uses as far as possible: a row for each alias (unresolved ones marked) and
-    every problem that would stop a submission. Only aliases the recipe uses, and their providers, are checked."""
+    every problem that would stop a submission. Only aliases the recipe uses, and their providers, are checked; so
+    are the MCP providers its ``tool_configs`` name (:func:`~ddslurm.providers._mcp.describe_mcp`)."""
     recipe_defs, problems, broken = _recipe_definitions(recipe, recipe_origin)
     from_recipe = {origin for _, origin in recipe_defs}
     model_defs: dict[str, list[tuple[NativeModelConfig, Origin]]] = {}
@@ -269,7 +239,7 @@ def describe(
     uses = _alias_uses(recipe)
     for alias, use in uses.items():
         defs = model_defs.get(alias, [])
-        model_entry = _first_definition("model alias", alias, defs, same_models, problems) if defs else None
+        model_entry = first_definition("model alias", alias, defs, same_models, problems) if defs else None
         if model_entry is not None:
             _check_model(model_entry[0], model_entry[1], problems)
         if alias in local:
@@ -310,7 +280,7 @@ def describe(
             continue
         provider, porigin = provider_defs[model.provider][0]
         if provider.name not in snap_providers:
-            _first_definition("provider", provider.name, provider_defs[provider.name], lambda a, b: a == b, problems)
+            first_definition("provider", provider.name, provider_defs[provider.name], lambda a, b: a == b, problems)
             _check_provider(provider, porigin, env, problems)
             snap_providers[provider.name] = SnapshotProvider(
                 name=provider.name,
@@ -337,7 +307,11 @@ def describe(
                 f"{_run_at(run_origin, 'deployments', index, 'model_alias')}: no column of the recipe uses model "
                 f"alias {alias!r}; remove the deployment"
             )
-    snapshot = ProviderSnapshot(providers=tuple(snap_providers.values()), models=tuple(snap_models))
+    mcp_providers, mcp_problems = describe_mcp(recipe, recipe_origin, settings, env)
+    problems.extend(mcp_problems)
+    snapshot = ProviderSnapshot(
+        providers=tuple(snap_providers.values()), models=tuple(snap_models), mcp_providers=mcp_providers
+    )
     return Resolution(snapshot=snapshot, rows=tuple(rows), problems=tuple(problems))
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
@@ -260,6 +260,32 @@ def placeholder_secrets(names: Iterable[str], env: Mapping[str, str]) -> tuple[s
 def missing_env(names: tuple[str, ...] | list[str], env: Mapping[str, str]) -> list[str]:
     """Names whose variable is unset or empty in ``env``."""
     return [n for n in names if not env.get(n)]
+
+
+def endpoint_key_problems(
+    at: Callable[[str], str], subject: str, endpoint: str, api_key: str | None, env: Mapping[str, str], example: str
+) -> list[str]:
+    """What is wrong with a provider's ``endpoint`` and ``api_key`` (a credential in the URL, a literal key, a key
+    variable unset in ``env``), each placed by ``at(field)``; ``example``: a variable name to suggest."""
+    problems = []
+    why = url_credentials(endpoint)
+    if why is not None:
+        problems.append(
+            f"{at('endpoint')}: {subject}: {why}; write the bare base URL here and give the key through "
+            "api_key (the NAME of an environment variable)"
+        )
+    if api_key:
+        if not is_env_var_name(api_key):
+            problems.append(
+                f"{at('api_key')}: {subject}: looks like a literal key (not shown); put the key in an "
+                f"environment variable and write its NAME here (e.g. api_key: {example})"
+            )
+        elif missing_env([api_key], env):
+            problems.append(
+                f"{at('api_key')}: {subject}: environment variable {api_key} is unset or empty in "
+                "this shell; export it before submitting"
+            )
+    return problems
 
 
 @dataclass(frozen=True, slots=True)

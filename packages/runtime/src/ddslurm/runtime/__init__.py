@@ -2,7 +2,14 @@
 
 from ddslurm.runtime._attempt import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL, AttemptRunner
 from ddslurm.runtime._columns import recipe_columns
-from ddslurm.runtime._engine import EngineRequest, EngineResult, engine_environment, run_engine, seed_reader
+from ddslurm.runtime._engine import (
+    EngineRequest,
+    EngineResult,
+    engine_environment,
+    mcp_providers,
+    run_engine,
+    seed_reader,
+)
 from ddslurm.runtime._inputs import Inputs, load_inputs
 from ddslurm.runtime._listeners import unix_url
 from ddslurm.runtime._serving import ServerCommand, server_command
@@ -32,6 +39,7 @@ __all__ = [
     "StepSpec",
     "VerificationError",
     "engine_environment",
+    "mcp_providers",
     "load_inputs",
     "make_private",
     "recipe_columns",

@@ -128,6 +128,28 @@ def _rebuilt(source: RecipeSource) -> dict[str, Any]:
     return rebuilt_columns(source, source.rebuild)
 
 
+def mcp_providers(snapshot: ProviderSnapshot, env: Mapping[str, str]) -> list[Any]:
+    """Data Designer's MCP providers of the snapshot: a remote one's ``api_key`` is its variable's name (Data
+    Designer's ``EnvironmentResolver`` reads it), a stdio one's ``env_from`` variables are read from ``env`` (the
+    client step's environment) now, into the provider object only (never written)."""
+    import data_designer.config as dd
+
+    built: list[Any] = []
+    for p in snapshot.mcp_providers:
+        if p.provider_type == "stdio":
+            values = {name: env.get(var, "") for name, var in p.env_from.items()}
+            built.append(
+                dd.LocalStdioMCPProvider(name=p.name, command=p.command or "", args=list(p.args), env=p.env | values)
+            )
+        else:
+            built.append(
+                dd.MCPProvider(
+                    name=p.name, endpoint=p.endpoint or "", api_key=p.api_key_env, provider_type=p.provider_type
+                )
+            )
+    return built
+
+
 def run_engine(request: EngineRequest) -> EngineResult:
     """Run Data Designer for one shard and return where it wrote the dataset and how many rows it made."""
     import data_designer.config as dd
@@ -155,6 +177,7 @@ def run_engine(request: EngineRequest) -> EngineResult:
     designer = DataDesigner(
         artifact_path=request.artifact_path,
         model_providers=providers or [unused_provider()],
+        mcp_providers=mcp_providers(request.snapshot, os.environ),
         secret_resolver=EnvironmentResolver(),
         managed_assets_path=request.scratch_home / "managed-assets",
     )

@@ -1,0 +1,160 @@
+"""The recipe's MCP tools, checked on the submit host before anything is written: every stdio server's command
+can be found, and every tool an ``allow_tools`` names is offered by the tool config's providers.
+
+The tools are listed by Data Designer's own MCP client (``list_tool_names``) in a subprocess (``python -m
+ddslurm.launcher._mcp_check``), so the submitting process never imports Data Designer; the subprocess gets the
+submitting shell's environment (the providers' keys are resolved from their variables there, as on the node) with
+Data Designer's home in a scratch directory. Only tool configs with ``allow_tools`` are listed: a recipe whose
+tools are all allowed connects to no server at submit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from ddslurm.config import ProviderSnapshot, SnapshotMCPProvider, recipe_section
+from ddslurm.providers import MCP_PROVIDERS_FILE, Origin
+from ddslurm.runtime import engine_environment
+
+LIST_TIMEOUT_S = 30.0
+"""How long listing one provider's tools may take when its tool config sets no ``timeout_sec``."""
+
+
+def command_problems(snapshot: ProviderSnapshot, env: Mapping[str, str], settings: Path) -> list[str]:
+    """A stdio provider whose ``command`` is neither an absolute path to an executable file nor found on the
+    shell's ``PATH`` (the job gets that ``PATH``); a relative path is refused, the node's working directory being
+    another."""
+    problems = []
+    for provider in snapshot.mcp_providers:
+        command = provider.command or ""
+        if provider.provider_type != "stdio":
+            continue
+        subject = f"{settings / MCP_PROVIDERS_FILE}: MCP provider {provider.name!r}: command {command!r}"
+        if os.sep in command and not Path(command).is_absolute():
+            problems.append(f"{subject} is a relative path; write an absolute path or a command on PATH")
+        elif os.sep in command and not (Path(command).is_file() and os.access(command, os.X_OK)):
+            problems.append(f"{subject} is not an executable file; the client step starts it on the node")
+        elif os.sep not in command and not shutil.which(command, path=env.get("PATH", "")):
+            problems.append(f"{subject} is not found on PATH; the client step starts it on the node")
+    return problems
+
+
+def dd_check_tools(
+    recipe: Mapping[str, Any], origin: Origin, snapshot: ProviderSnapshot, env: Mapping[str, str], settings: Path
+) -> list[str]:
+    """What is wrong with the recipe's tools (one line per problem, at the recipe's field), or []."""
+    problems = command_problems(snapshot, env, settings)
+    if problems:
+        return problems
+    section = recipe_section(recipe)
+    base = ("data_designer",) if isinstance(recipe.get("data_designer"), Mapping) else ()
+    by_name = {p.name: p for p in snapshot.mcp_providers}
+    wanted: list[tuple[int, Mapping[str, Any], list[SnapshotMCPProvider]]] = []
+    for index, config in enumerate(section.get("tool_configs") or []):
+        if isinstance(config, Mapping) and config.get("allow_tools"):
+            named = [by_name[n] for n in config.get("providers") or [] if n in by_name]
+            wanted.append((index, config, named))
+    if not wanted:
+        return []
+    listed = _list_tools([p for _, _, named in wanted for p in named], _timeout(wanted), env)
+    for index, config, named in wanted:
+        offered: set[str] = set()
+        for provider in named:
+            tools = listed.get(provider.name)
+            if isinstance(tools, str):
+                problems.append(
+                    f"{origin.at(*base, 'tool_configs', index, 'providers')}: MCP provider {provider.name!r}: its "
+                    f"tools could not be listed ({tools}); is the server up, and does it take the key its api_key "
+                    "variable holds?"
+                )
+            else:
+                offered.update(tools or [])
+        if any(isinstance(listed.get(p.name), str) for p in named):
+            continue
+        names = ", ".join(repr(p.name) for p in named)
+        for k, tool in enumerate(config["allow_tools"]):
+            if tool not in offered:
+                problems.append(
+                    f"{origin.at(*base, 'tool_configs', index, 'allow_tools', k)}: tool {tool!r} is not offered by "
+                    f"MCP provider(s) {names} (they offer: {', '.join(sorted(offered)) or 'nothing'})"
+                )
+    return problems
+
+
+def _timeout(wanted: list[tuple[int, Mapping[str, Any], list[SnapshotMCPProvider]]]) -> float:
+    given = [c.get("timeout_sec") for _, c, _ in wanted]
+    return max([float(t) for t in given if isinstance(t, int | float)] or [LIST_TIMEOUT_S])
+
+
+def _list_tools(
+    providers: list[SnapshotMCPProvider], timeout: float, env: Mapping[str, str]
+) -> dict[str, list[str] | str]:
+    """Each provider's tool names, or why they could not be listed."""
+    unique = list({p.name: p for p in providers}.values())
+    payload = {"snapshot": msgspec.to_builtins(ProviderSnapshot(mcp_providers=tuple(unique))), "timeout": timeout}
+    budget = timeout * len(unique) + 60  # Data Designer's import and each server's start
+    with tempfile.TemporaryDirectory(prefix="ddslurm-mcp-check-") as scratch:
+        child = {k: v for k, v in env.items() if not k.startswith("DATA_DESIGNER_")} | engine_environment(Path(scratch))
+        try:
+            done = subprocess.run(
+                [sys.executable, "-m", "ddslurm.launcher._mcp_check"],
+                input=json.dumps(payload),
+                capture_output=True,
+                text=True,
+                cwd=scratch,
+                env=child,
+                timeout=budget,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            return {p.name: f"no answer within {budget:.0f} s" for p in unique}
+    try:
+        listed: dict[str, list[str] | str] = json.loads(done.stdout)["tools"]
+    except (ValueError, KeyError, TypeError):
+        tail = "\n".join(done.stderr.strip().splitlines()[-10:])
+        return {p.name: f"the check could not run (exit code {done.returncode}):\n{tail}" for p in unique}
+    return listed
+
+
+def _list(payload: dict[str, Any]) -> dict[str, list[str] | str]:
+    from data_designer.engine.mcp.io import list_tool_names
+    from data_designer.engine.secret_resolver import EnvironmentResolver
+
+    from ddslurm.runtime import mcp_providers
+
+    snapshot = msgspec.convert(payload["snapshot"], ProviderSnapshot)
+    resolver = EnvironmentResolver()
+    out: dict[str, list[str] | str] = {}
+    for provider in mcp_providers(snapshot, os.environ):
+        try:
+            key = getattr(provider, "api_key", None)
+            resolved = provider.model_copy(update={"api_key": resolver.resolve(key)}) if key else provider
+            out[provider.name] = list(list_tool_names(resolved, timeout_sec=payload["timeout"]))
+        except BaseException as exc:  # the server's own failure, whatever it is (a refused key: CancelledError)
+            out[provider.name] = f"{type(exc).__name__}: {exc}".rstrip(": ")
+    return out
+
+
+def main() -> int:
+    payload = json.load(sys.stdin)
+    result = os.dup(1)
+    os.dup2(2, 1)  # a stdio server or Data Designer may print: keep stdout for the result
+    tools = _list(payload)
+    with os.fdopen(result, "w") as out:
+        json.dump({"tools": tools}, out)
+        out.flush()
+    os._exit(0)  # Data Designer's MCP loop thread and the servers' sessions are not waited for
+
+
+if __name__ == "__main__":
+    sys.exit(main())

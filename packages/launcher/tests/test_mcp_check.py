@@ -1,0 +1,146 @@
+"""The recipe's MCP tools at submit: stdio commands found, and the tools ``allow_tools`` names listed from the real
+servers (Data Designer's MCP client, in a subprocess)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from ddslurm.config import ProviderSnapshot, SnapshotMCPProvider
+from ddslurm.launcher import SubmitError, prepare
+from ddslurm.launcher._mcp_check import command_problems, dd_check_tools
+from ddslurm.launcher.testing import UNIT_RECIPE, write_unit_run
+from ddslurm.providers import Origin, load_recipe
+from fake_vllm.mcp_server import calls, start_remote, stdio_command
+
+KEY = "remote-mcp-key-Zq81nVw0aa93Lkq"
+
+
+def _recipe(*configs: dict[str, Any]) -> dict[str, Any]:
+    return {"data_designer": {"tool_configs": list(configs), "columns": []}}
+
+
+def _stdio(name: str, tmp_path: Path, tool: str = "local_lookup") -> SnapshotMCPProvider:
+    command, args = stdio_command(tool, tmp_path / f"{name}.jsonl")
+    return SnapshotMCPProvider(name=name, provider_type="stdio", command=command, args=tuple(args))
+
+
+def test_a_stdio_command_not_found_is_refused(tmp_path: Path) -> None:
+    missing = SnapshotMCPProvider(name="gone", provider_type="stdio", command="no-such-mcp-server-here")
+    absolute = SnapshotMCPProvider(name="abs", provider_type="stdio", command=str(tmp_path / "nope"))
+    directory = SnapshotMCPProvider(name="dir", provider_type="stdio", command=str(tmp_path))
+    relative = SnapshotMCPProvider(name="rel", provider_type="stdio", command="bin/server")
+    found = _stdio("ok", tmp_path)
+    on_path = SnapshotMCPProvider(name="py", provider_type="stdio", command=Path(sys.executable).name)
+    snapshot = ProviderSnapshot(mcp_providers=(missing, absolute, directory, relative, found, on_path))
+    env = {"PATH": str(Path(sys.executable).parent)}
+    problems = command_problems(snapshot, env, tmp_path)
+    where, node = f"{tmp_path / 'mcp_providers.yaml'}: MCP provider", "the client step starts it on the node"
+    assert problems == [
+        f"{where} 'gone': command 'no-such-mcp-server-here' is not found on PATH; {node}",
+        f"{where} 'abs': command '{tmp_path / 'nope'}' is not an executable file; {node}",
+        f"{where} 'dir': command '{tmp_path}' is not an executable file; {node}",
+        f"{where} 'rel': command 'bin/server' is a relative path; write an absolute path or a command on PATH",
+    ]
+    # Checked before any server is asked for its tools.
+    recipe = _recipe({"tool_alias": "t", "providers": ["gone"], "allow_tools": ["x"]})
+    assert dd_check_tools(recipe, Origin(tmp_path / "r.yaml"), snapshot, env, tmp_path) == problems
+
+
+def test_allow_tools_are_checked_against_the_servers_tools(tmp_path: Path) -> None:
+    recipe_path = tmp_path / "recipe.yaml"
+    recipe_path.write_text(
+        "data_designer:\n"
+        "  tool_configs:\n"
+        "  - tool_alias: both\n"
+        "    providers: [local, remote]\n"
+        "    allow_tools: [local_lookup, remote_lookup, missing_tool]\n"
+        "  - tool_alias: open\n"
+        "    providers: [other]\n"
+        "  columns: []\n"
+    )
+    recipe = load_recipe(recipe_path)
+    with start_remote("remote_lookup", tmp_path / "remote.jsonl", key_env="K", env={"K": KEY}) as remote:
+        snapshot = ProviderSnapshot(
+            mcp_providers=(
+                _stdio("local", tmp_path),
+                SnapshotMCPProvider(
+                    name="remote", provider_type="streamable_http", endpoint=remote.endpoint, api_key_env="REMOTE_KEY"
+                ),
+                _stdio("other", tmp_path, tool="never_listed"),
+            )
+        )
+        env = {**os.environ, "REMOTE_KEY": KEY}
+        problems = dd_check_tools(recipe, Origin(recipe_path), snapshot, env, tmp_path)
+        assert problems == [
+            f"{recipe_path}:5:48: data_designer.tool_configs[0].allow_tools[2]: tool 'missing_tool' is not offered "
+            "by MCP provider(s) 'local', 'remote' (they offer: local_lookup, remote_lookup)"
+        ]
+        # The key is the one the server wants, resolved from the variable; listing calls no tool.
+        assert calls(tmp_path / "remote.jsonl") == []
+        wrong = dd_check_tools(recipe, Origin(recipe_path), snapshot, {**env, "REMOTE_KEY": "x" * 20}, tmp_path)
+    assert len(wrong) == 1 and "MCP provider 'remote': its tools could not be listed" in wrong[0]
+    assert "tool_configs[0].providers" in wrong[0] and "x" * 20 not in wrong[0]
+
+
+def test_a_recipe_whose_tools_are_all_allowed_connects_to_nothing(tmp_path: Path) -> None:
+    unreachable = SnapshotMCPProvider(name="r", provider_type="sse", endpoint="http://127.0.0.1:9/sse")
+    recipe = _recipe({"tool_alias": "t", "providers": ["r"]})
+    snapshot = ProviderSnapshot(mcp_providers=(unreachable,))
+    assert dd_check_tools(recipe, Origin(tmp_path / "r.yaml"), snapshot, dict(os.environ), tmp_path) == []
+
+
+def test_an_allowed_tool_that_is_offered_passes(tmp_path: Path) -> None:
+    recipe = _recipe({"tool_alias": "t", "providers": ["local"], "allow_tools": ["local_lookup"], "timeout_sec": 60})
+    snapshot = ProviderSnapshot(mcp_providers=(_stdio("local", tmp_path),))
+    assert dd_check_tools(recipe, Origin(tmp_path / "r.yaml"), snapshot, dict(os.environ), tmp_path) == []
+
+
+TOOL_RECIPE = (
+    UNIT_RECIPE.replace('prompt: "Say {{ topic }}"}', 'prompt: "Say {{ topic }}", tool_alias: t}')
+    + "  tool_configs:\n  - {tool_alias: t, providers: [remote, local], allow_tools: [ALLOWED]}\n"
+)
+
+
+def _tool_run(tmp_path: Path, endpoint: str, allowed: str) -> tuple[Path, Path, dict[str, str]]:
+    run, profile, env = write_unit_run(
+        tmp_path, "sk-hosted-key-0123456789abcdef", recipe=TOOL_RECIPE.replace("ALLOWED", allowed)
+    )
+    command, args = stdio_command("local_lookup", tmp_path / "local.jsonl")
+    (tmp_path / "dd" / "mcp_providers.yaml").write_text(
+        "providers:\n"
+        f"- {{name: remote, provider_type: streamable_http, endpoint: '{endpoint}', api_key: REMOTE_KEY}}\n"
+        f"- {{name: local, provider_type: stdio, command: '{command}', args: {list(args)}, env: {{T: '${{TOKEN}}'}}}}\n"
+        "- {name: unused, provider_type: stdio, command: not-checked}\n"
+    )
+    return run, profile, {**env, "PATH": os.environ["PATH"], "REMOTE_KEY": KEY, "TOKEN": "stdio-token-PLm02kfj2n4"}
+
+
+def test_submit_captures_the_tools_providers_and_exports_their_keys_by_name(tmp_path: Path) -> None:
+    with start_remote("remote_lookup", tmp_path / "remote.jsonl", key_env="K", env={"K": KEY}) as remote:
+        run, profile, env = _tool_run(tmp_path, remote.endpoint, "remote_lookup")
+        prepared = prepare(run, profile, env, datetime.now(UTC), check_recipe=lambda *_: [])
+    assert prepared.plan.secret_env == ("HOSTED_KEY", "REMOTE_KEY", "TOKEN")
+    snapshot = msgspec.json.decode(prepared.snapshot_bytes, type=ProviderSnapshot)
+    assert [p.name for p in snapshot.mcp_providers] == ["remote", "local"]
+    assert snapshot.mcp_providers[1].env_from == {"T": "TOKEN"} and snapshot.mcp_providers[1].env == {}
+    assert KEY.encode() not in prepared.snapshot_bytes and b"PLm02kfj2n4" not in prepared.snapshot_bytes
+
+
+def test_submit_refuses_an_allowed_tool_no_provider_offers_before_writing(tmp_path: Path) -> None:
+    with start_remote("remote_lookup", tmp_path / "remote.jsonl", key_env="K", env={"K": KEY}) as remote:
+        run, profile, env = _tool_run(tmp_path, remote.endpoint, "web_search")
+        with pytest.raises(SubmitError) as caught:
+            prepare(run, profile, env, datetime.now(UTC), check_recipe=lambda *_: [])
+    message = str(caught.value)
+    assert "the recipe's MCP tools cannot be used" in message
+    assert f"{tmp_path / 'recipe.yaml'}:8:" in message
+    assert "data_designer.tool_configs[0].allow_tools[0]: tool 'web_search' is not offered" in message
+    assert "(they offer: local_lookup, remote_lookup)" in message
+    assert not (tmp_path / "work").exists()
