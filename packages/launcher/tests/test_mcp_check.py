@@ -15,7 +15,7 @@ import pytest
 from ddslurm.config import ProviderSnapshot, SnapshotMCPProvider
 from ddslurm.launcher import SubmitError, prepare
 from ddslurm.launcher._mcp_check import command_problems, dd_check_tools
-from ddslurm.launcher.testing import UNIT_RECIPE, write_unit_run
+from ddslurm.launcher.testing import UNIT_RECIPE, accept_recipe, write_unit_run
 from ddslurm.providers import Origin, load_recipe
 from fake_vllm.mcp_server import calls, start_remote, stdio_command
 
@@ -125,7 +125,7 @@ def _tool_run(tmp_path: Path, endpoint: str, allowed: str) -> tuple[Path, Path, 
 def test_submit_captures_the_tools_providers_and_exports_their_keys_by_name(tmp_path: Path) -> None:
     with start_remote("remote_lookup", tmp_path / "remote.jsonl", key_env="K", env={"K": KEY}) as remote:
         run, profile, env = _tool_run(tmp_path, remote.endpoint, "remote_lookup")
-        prepared = prepare(run, profile, env, datetime.now(UTC), check_recipe=lambda *_: [])
+        prepared = prepare(run, profile, env, datetime.now(UTC), check_recipe=accept_recipe)
     assert prepared.plan.secret_env == ("HOSTED_KEY", "REMOTE_KEY", "TOKEN")
     snapshot = msgspec.json.decode(prepared.snapshot_bytes, type=ProviderSnapshot)
     assert [p.name for p in snapshot.mcp_providers] == ["remote", "local"]
@@ -137,10 +137,68 @@ def test_submit_refuses_an_allowed_tool_no_provider_offers_before_writing(tmp_pa
     with start_remote("remote_lookup", tmp_path / "remote.jsonl", key_env="K", env={"K": KEY}) as remote:
         run, profile, env = _tool_run(tmp_path, remote.endpoint, "web_search")
         with pytest.raises(SubmitError) as caught:
-            prepare(run, profile, env, datetime.now(UTC), check_recipe=lambda *_: [])
+            prepare(run, profile, env, datetime.now(UTC), check_recipe=accept_recipe)
     message = str(caught.value)
     assert "the recipe's MCP tools cannot be used" in message
     assert f"{tmp_path / 'recipe.yaml'}:8:" in message
     assert "data_designer.tool_configs[0].allow_tools[0]: tool 'web_search' is not offered" in message
     assert "(they offer: local_lookup, remote_lookup)" in message
+    assert not (tmp_path / "work").exists()
+
+
+BUILD_WITH_PROVIDERS = """\
+import data_designer.config as dd
+from data_designer.interface import DataDesigner
+
+LOCAL = dd.LocalStdioMCPProvider(name="local", command=COMMAND, args=ARGS, env={"T": "${TOKEN}"})
+REMOTE = dd.MCPProvider(name="remote", endpoint="http://127.0.0.1:9/mcp", api_key=KEY)
+
+
+def load_config_builder():
+    model = dd.ModelConfig(alias="writer", model="m-1", provider="hosted")
+    tools = dd.ToolConfig(tool_alias="t", providers=["local", "remote"])
+    builder = dd.DataDesignerConfigBuilder(model_configs=[model], tool_configs=[tools])
+    builder.add_column(
+        dd.SamplerColumnConfig(name="topic", sampler_type="category", params=dd.CategorySamplerParams(values=["a"]))
+    )
+    builder.add_column(dd.LLMTextColumnConfig(name="q", model_alias="writer", prompt="Say {{ topic }}", tool_alias="t"))
+    return builder
+
+
+if __name__ == "__main__":
+    DataDesigner(mcp_providers=[LOCAL, REMOTE]).create(load_config_builder())
+"""
+
+
+def _builder_tool_run(tmp_path: Path, key: str) -> tuple[Path, Path, dict[str, str]]:
+    run, profile, env = write_unit_run(tmp_path, "sk-hosted-key-0123456789abcdef")
+    command, args = stdio_command("local_lookup", tmp_path / "local.jsonl")
+    script = BUILD_WITH_PROVIDERS.replace("COMMAND", repr(command)).replace("ARGS", repr(list(args)))
+    (tmp_path / "build.py").write_text(script.replace("KEY", repr(key)))
+    run.write_text(run.read_text().replace("recipe: recipe.yaml", "recipe: build.py"))
+    return run, profile, {**env, "PATH": os.environ["PATH"], "REMOTE_KEY": KEY, "TOKEN": "stdio-token-PLm02kfj2n4"}
+
+
+def test_a_builder_scripts_own_mcp_providers_are_captured_by_the_same_rules(tmp_path: Path) -> None:
+    """The providers a builder script gives ``DataDesigner(mcp_providers=...)`` in its main block (held at its top
+    level) are the ones Data Designer uses when the script runs: captured as those of ``mcp_providers.yaml``,
+    keys by variable name."""
+    run, profile, env = _builder_tool_run(tmp_path, "REMOTE_KEY")
+    prepared = prepare(run, profile, env, datetime.now(UTC), check_recipe=accept_recipe)
+    snapshot = msgspec.json.decode(prepared.snapshot_bytes, type=ProviderSnapshot)
+    assert [p.name for p in snapshot.mcp_providers] == ["local", "remote"]
+    local, remote = snapshot.mcp_providers
+    assert local.env_from == {"T": "TOKEN"} and remote.api_key_env == "REMOTE_KEY"
+    assert "REMOTE_KEY" in prepared.plan.secret_env and "TOKEN" in prepared.plan.secret_env
+    assert b"PLm02kfj2n4" not in prepared.snapshot_bytes
+
+
+def test_a_literal_key_in_a_builder_scripts_mcp_provider_is_refused_unshown(tmp_path: Path) -> None:
+    literal = "sk-literal-mcp-key-9c2Jd81hQ0x"
+    run, profile, env = _builder_tool_run(tmp_path, literal)
+    with pytest.raises(SubmitError) as caught:
+        prepare(run, profile, env, datetime.now(UTC), check_recipe=accept_recipe)
+    message = str(caught.value)
+    assert f"{tmp_path / 'build.py'}" in message and "api_key" in message, message
+    assert literal not in message
     assert not (tmp_path / "work").exists()

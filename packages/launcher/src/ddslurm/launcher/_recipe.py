@@ -65,6 +65,7 @@ from ddslurm.launcher._seed import holds_secret, refuse_seed_secrets
 from ddslurm.launcher._slurm import NODE_ENV_ALLOWED
 from ddslurm.launcher.errors import BuilderError
 from ddslurm.providers import (
+    Origin,
     ProvidersError,
     is_credential_key,
     is_env_var_name,
@@ -105,6 +106,13 @@ class LoadedRecipe:
     changes: Mapping[str, str] = dataclasses.field(default_factory=dict)
     """The builder's columns that Data Designer's YAML round trip changes, each with what it changes: the node
     takes them from the script."""
+    mcp_providers: tuple[tuple[Mapping[str, Any], int | None], ...] = ()
+    """The MCP providers the script gives ``DataDesigner(mcp_providers=...)`` (or holds at its top level), each
+    with the script's line that does: Data Designer's fields, a key as the script wrote it."""
+
+    def given_mcp_providers(self) -> list[tuple[Mapping[str, Any], Origin]]:
+        """:attr:`mcp_providers`, placed in the script (for ``providers.with_given_mcp_providers``)."""
+        return [(fields, Origin(self.path, line)) for fields, line in self.mcp_providers]
 
     def source_record(self, layout: RunLayout) -> RecipeSource | None:
         """The plan's record of the builder script (None for config files)."""
@@ -207,6 +215,7 @@ def load_run_recipe(
     refuse_seed_secrets(data, path, secrets)
     origin = Path(f"{path}:{function}()")  # names the recipe in errors about its content; never opened as YAML
     changes = {str(k): str(v) for k, v in dict(result.get("changes") or {}).items()}
+    given = tuple((dict(p["provider"]), p.get("line")) for p in result.get("mcp_providers") or [])
     return LoadedRecipe(
         ref=ref,
         path=path,
@@ -216,6 +225,7 @@ def load_run_recipe(
         source=source,
         builder=builder,
         changes=changes,
+        mcp_providers=given,
     )
 
 

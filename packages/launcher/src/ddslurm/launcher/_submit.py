@@ -74,6 +74,7 @@ from ddslurm.providers import (
     missing_env,
     placeholder_secrets,
     resolve,
+    with_given_mcp_providers,
 )
 from ddslurm.providers.discovery import settings_dir
 
@@ -154,7 +155,7 @@ def prepare(
         loaded = load_run_recipe(run, run_path, env, settings_dir(env, home), runtime=runtime)  # a builder runs
         recipe_path, recipe_bytes, recipe = loaded.path, loaded.stored, loaded.data
         refuse_unshardable(recipe, loaded.origin)
-        settings = load_settings(settings_dir(env, home))
+        settings = with_given_mcp_providers(load_settings(settings_dir(env, home)), loaded.given_mcp_providers())
         resolution = resolve(recipe, Origin(loaded.origin), settings, run.deployments, env, run_origin=Origin(run_path))
         snapshot: ProviderSnapshot = resolution.snapshot
         snapshot_bytes = encode_pretty(snapshot)

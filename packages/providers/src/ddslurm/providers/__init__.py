@@ -18,6 +18,7 @@ from ddslurm.providers._native import (
     NativeSettings,
     Origin,
     load_settings,
+    with_given_mcp_providers,
 )
 from ddslurm.providers._resolve import (
     LOCAL_PROVIDER_PREFIX,
@@ -79,6 +80,7 @@ __all__ = [
     "is_placeholder_secret",
     "load_recipe",
     "load_settings",
+    "with_given_mcp_providers",
     "looks_like_credential",
     "missing_env",
     "placeholder_secrets",

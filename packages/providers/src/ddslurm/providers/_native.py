@@ -7,8 +7,9 @@ absent). Inference parameters are kept as written, so hosted aliases keep their 
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -185,3 +186,18 @@ def load_settings(directory: Path) -> NativeSettings:
     return NativeSettings(
         directory=directory, providers=tuple(providers), models=tuple(models), mcp_providers=tuple(mcp)
     )
+
+
+def with_given_mcp_providers(
+    settings: NativeSettings, given: Sequence[tuple[Mapping[str, Any], Origin]]
+) -> NativeSettings:
+    """``settings`` with the MCP providers a builder script gives ``DataDesigner(mcp_providers=...)`` first: Data
+    Designer uses those when the script creates it, so they come before ``mcp_providers.yaml``'s (one of the same
+    name there with other content is refused as defined twice)."""
+    read = []
+    for fields, origin in given:
+        try:
+            read.append((msgspec.convert(dict(fields), NativeMCPProvider), origin))
+        except msgspec.ValidationError as exc:
+            raise SettingsError(f"{origin}: an MCP provider the script gives Data Designer: {exc}") from exc
+    return dataclasses.replace(settings, mcp_providers=(*read, *settings.mcp_providers))

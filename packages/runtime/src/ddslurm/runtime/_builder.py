@@ -19,7 +19,7 @@ import os
 import sys
 import tempfile
 import traceback
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -39,9 +39,13 @@ def _installed_roots() -> tuple[str, ...]:
 
 def _user_frames(exc: BaseException) -> list[traceback.FrameSummary]:
     """The traceback's frames in the user's own files (not Python's, not installed packages', not ddslurm's)."""
+    return _own(traceback.extract_tb(exc.__traceback__))
+
+
+def _own(summary: traceback.StackSummary) -> list[traceback.FrameSummary]:
     roots = _installed_roots()
     frames = []
-    for frame in traceback.extract_tb(exc.__traceback__):
+    for frame in summary:
         name = frame.filename
         if name.startswith("<") or any(name.startswith(root + os.sep) for root in roots):
             continue
@@ -67,10 +71,15 @@ def _raised(exc: BaseException, what: str, fallback: str | None, fallback_line: 
     return BuilderFailure(f"{what} {detail}" + (f"\n  traceback (your code):{trace}" if trace else ""), file, line)
 
 
+def _module_name(path: Path) -> str:
+    """The name a script is loaded as (Data Designer's CLI's)."""
+    return f"_dd_config_{path.resolve().as_posix().replace('/', '_').replace('.', '_')}"
+
+
 def _load_script(path: Path, copy: Path | None = None) -> ModuleType:
     """The script as a module, exactly as Data Designer's CLI loads a ``.py`` config source; with ``copy``, the
     source is read from there while the module is ``path`` (``__file__``, sibling imports)."""
-    module_name = f"_dd_config_{path.resolve().as_posix().replace('/', '_').replace('.', '_')}"
+    module_name = _module_name(path)
     loader = None if copy is None else importlib.machinery.SourceFileLoader(module_name, str(copy))
     spec = importlib.util.spec_from_file_location(module_name, path, loader=loader)
     if spec is None or spec.loader is None:
@@ -217,13 +226,70 @@ def build(payload: Mapping[str, Any]) -> dict[str, Any]:
     from ddslurm.runtime._node_recipe import round_trip_changes
 
     function = str(payload["function"])
+    given: list[dict[str, Any]] = []
     try:
-        value, path, line = call_builder(payload)
+        with _mcp_providers_given(given):
+            value, path, line = call_builder(payload)
         text = _to_yaml(value, function, path, line)
     except BuilderFailure as failure:
         return {"ok": False, "error": failure.message, "file": failure.file, "line": failure.line}
     changes = round_trip_changes(value, text)
-    return {"ok": True, "yaml": text, "file": str(path), "line": line, "rebuild": sorted(changes), "changes": changes}
+    module = sys.modules.get(_module_name(path)) or sys.modules.get(str(payload.get("module")))
+    given += _module_mcp_providers(module, given)
+    return {
+        "ok": True,
+        "yaml": text,
+        "file": str(path),
+        "line": line,
+        "rebuild": sorted(changes),
+        "changes": changes,
+        "mcp_providers": given,
+    }
+
+
+def _is_mcp_provider(value: Any) -> bool:
+    from data_designer.config.mcp import LocalStdioMCPProvider, MCPProvider
+
+    return isinstance(value, MCPProvider | LocalStdioMCPProvider)
+
+
+@contextlib.contextmanager
+def _mcp_providers_given(given: list[dict[str, Any]]) -> Iterator[None]:
+    """Record in ``given`` the MCP providers the script passes to ``DataDesigner(mcp_providers=...)`` while it is
+    loaded and called (``{"provider": its fields, "line": where, in the user's code}``); Data Designer reads no
+    ``mcp_providers.yaml`` then, so these are the ones its tools use."""
+    from data_designer.interface import DataDesigner
+
+    original = DataDesigner.__init__
+
+    def recording(designer: Any, *args: Any, **kwargs: Any) -> None:
+        frames = _own(traceback.extract_stack())
+        line = frames[-1].lineno if frames else None
+        for provider in kwargs.get("mcp_providers") or ():
+            given.append({"provider": provider.model_dump(mode="json"), "line": line})
+        original(designer, *args, **kwargs)
+
+    DataDesigner.__init__ = recording
+    try:
+        yield
+    finally:
+        DataDesigner.__init__ = original
+
+
+def _module_mcp_providers(module: ModuleType | None, given: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The MCP providers the script's module holds at its top level (alone, or in a list or tuple), for the
+    ``DataDesigner(mcp_providers=...)`` of its ``if __name__ == "__main__":`` block, which loading does not run;
+    those already given to a ``DataDesigner`` are left out."""
+    if module is None:
+        return []
+    seen = {p["provider"]["name"] for p in given}
+    found = []
+    for value in list(vars(module).values()):
+        for item in value if isinstance(value, list | tuple) else (value,):
+            if _is_mcp_provider(item) and item.name not in seen:
+                seen.add(item.name)
+                found.append({"provider": item.model_dump(mode="json"), "line": None})
+    return found
 
 
 def rebuilt_columns(source: RecipeSource, names: Iterable[str]) -> dict[str, Any]:
