@@ -11,6 +11,8 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
 
 REPO = Path(__file__).resolve().parents[1]
 DATA_DESIGNER = Path(sys.executable).parent / "data-designer"
@@ -42,13 +44,20 @@ def test_data_designers_cli_starts(args: list[str], tmp_path: Path) -> None:
 
 
 def test_the_supported_data_designer_range_is_the_one_ci_tests() -> None:
-    """``ddslurm-runtime`` accepts ``data-designer>=OLDEST,<=NEWEST``; ``make test-dd-range`` runs the runtime's
-    tests against exactly those two versions, so widening the range means testing the new bound."""
+    """``ddslurm-runtime`` accepts ``data-designer>=OLDEST,<UPPER``; ``make test-dd-range`` runs the runtime's
+    tests against OLDEST and NEWEST, the newest release below UPPER, which is NEWEST's next minor release (so
+    widening the range means testing the new bound). NEWEST may be a pre-release: pip and uv take it only when
+    asked for by its version, and take the final release of its series without a change here."""
     deps = tomllib.loads((REPO / "packages" / "runtime" / "pyproject.toml").read_text())["project"]["dependencies"]
     spec = next(d for d in deps if re.match(r"data-designer\b", d))
-    match = re.fullmatch(r"data-designer>=([\d.]+),<=([\d.]+)", spec.replace(" ", ""))
-    assert match, f"expected data-designer>=OLDEST,<=NEWEST, got {spec!r}"
+    match = re.fullmatch(r"data-designer(>=[\d.]+,<[\d.]+)", spec.replace(" ", ""))
+    assert match, f"expected data-designer>=OLDEST,<UPPER, got {spec!r}"
+    accepted = SpecifierSet(match.group(1), prereleases=True)
     makefile = (REPO / "Makefile").read_text()
     bounds = dict(re.findall(r"^(DD_OLDEST|DD_NEWEST)\s*:?=\s*(\S+)", makefile, re.MULTILINE))
-    assert (bounds.get("DD_OLDEST"), bounds.get("DD_NEWEST")) == match.groups()
+    oldest, newest = Version(bounds["DD_OLDEST"]), Version(bounds["DD_NEWEST"])
+    lower = next(Version(s.version) for s in accepted if s.operator == ">=")
+    upper = next(Version(s.version) for s in accepted if s.operator == "<")
+    assert oldest == lower and newest in accepted
+    assert upper.release[:2] == (newest.major, newest.minor + 1), f"{spec}: the upper bound is not after {newest}"
     assert "test-dd-range" in (REPO / ".ci" / "run").read_text()

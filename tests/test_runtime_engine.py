@@ -6,6 +6,7 @@ process opens, creates or lists under HOME: the runtime must succeed and touch n
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import subprocess
@@ -19,6 +20,8 @@ import pytest
 
 from ddslurm.config import AttemptRecord, WinnerRecord, read_json
 from ddslurm.launcher import prepare, write_run_dir
+from ddslurm.runtime._attempt import EXIT_PARTIAL
+from ddslurm.runtime._verify import FILL_DIR, rows_in
 
 AUDIT_HOOK = """
 import os, sys
@@ -102,3 +105,58 @@ def test_runtime_without_the_key_fails_with_a_reason_and_publishes_nothing(run_f
     record = read_json(shard.attempt("attempt-local-2").record, AttemptRecord)
     assert record.state == "failed" and record.reason == "secret_missing"
     assert "DEMO_HOSTED_API_KEY" in (record.message or "")
+
+
+STRUCTURED_RECIPE = """\
+data_designer:
+  columns:
+  - {name: topic, column_type: sampler, sampler_type: category, params: {sampler_type: category, values: [a, b]}}
+  - name: answer
+    column_type: llm-structured
+    model_alias: writer
+    prompt: 'Answer about {{ topic }} as JSON.'
+    output_format: {type: object, properties: {x: {type: string}}, required: [x]}
+  model_configs:
+  - {alias: writer, model: demo/writer-8b, provider: demo-hosted, skip_health_check: true}
+"""
+
+
+def test_a_shard_data_designer_stopped_early_is_partial_and_says_so(
+    make_run_files: Any, hosted_endpoint: Any, tmp_path: Path
+) -> None:
+    """A provider that answers 80% of requests without content makes the structured column's parses fail, which
+    Data Designer counts toward its early-shutdown gate: it stops and keeps the records it had. Data Designer 1.0
+    says so (``early_shutdown``): the shard is ``partial`` with reason ``early_shutdown`` and no fill asks the
+    provider again; older versions cannot tell it from dropped records, so the fill runs."""
+    from data_designer.interface.results import DatasetCreationResults
+
+    from fake_vllm.testing import start_server
+
+    reports = "early_shutdown" in inspect.signature(DatasetCreationResults.__init__).parameters
+    recipe = tmp_path / "structured.yaml"
+    recipe.write_text(STRUCTURED_RECIPE)
+    files = make_run_files(num_records=40, shards=1, buffer_size=5, recipe=recipe)
+    providers = files.dd_home / "model_providers.yaml"
+    args = ["--served-model-name", "demo/writer-8b", "--fake-no-choices-rate", "0.8", "--fake-seed", "3"]
+    with start_server("demo", args=args, api_key=hosted_endpoint.api_key, log_path=tmp_path / "server.log") as server:
+        providers.write_text(providers.read_text().replace(hosted_endpoint.base_url, server.base_url))
+        prepared = prepare(files.run_file, files.profile, files.env, datetime.now(UTC))
+        write_run_dir(prepared)
+        env = {k: v for k, v in files.env.items() if not k.startswith("SLURM")}
+        done = _runtime(prepared.layout.root, 0, "local-3", env)
+
+    shard = prepared.layout.shard(0)
+    attempt = shard.attempt("attempt-local-3")
+    record = read_json(attempt.record, AttemptRecord)
+    client_log = attempt.client_log.read_text()
+    fills = rows_in(attempt.output / "shard-00000" / FILL_DIR)
+    if reports:
+        assert done.returncode == EXIT_PARTIAL, done.stderr[-3000:]
+        assert (record.state, record.reason) == ("partial", "early_shutdown")
+        assert record.rows is not None and 0 < record.rows < 40
+        assert "stopped early" in (record.message or "")
+        assert "fill.start" not in client_log and fills == 0
+        assert not shard.winner.exists()
+    else:
+        assert record.reason != "early_shutdown"
+        assert "fill.start" in client_log

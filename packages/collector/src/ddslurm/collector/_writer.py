@@ -22,16 +22,22 @@ TARGET_FILE_BYTES = 512 << 20
 
 
 class _HashingFile(io.RawIOBase):
-    """A new owner-only file that hashes every byte written to it (Parquet is written front to back, never
-    seeking), so the manifest's sha256 needs no second read of the output."""
+    """A file that hashes every byte written to it (Parquet is written front to back, never seeking), so the
+    manifest's sha256 needs no second read of the output. :meth:`create` makes a new owner-only one: the file is
+    opened before this object exists, so a failed open (a full disk) leaves no half-made object whose finalizer
+    closes a file it never had (Python 3.13 reports such errors)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, file: io.FileIO) -> None:
         super().__init__()
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        self._file = io.FileIO(fd, "wb")
+        self._file = file
         self._hash = hashlib.sha256()
         self._discard = False
         self.size = 0
+
+    @classmethod
+    def create(cls, path: Path) -> _HashingFile:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        return cls(io.FileIO(fd, "wb"))
 
     def writable(self) -> bool:
         return True
@@ -127,7 +133,7 @@ class PartWriter:
             return
         if self._writer is None or (self._sink is not None and self._sink.size >= self._target):
             self._close_file()
-            self._sink = _HashingFile(self._dir / f"part-{len(self.files):05d}.parquet")
+            self._sink = _HashingFile.create(self._dir / f"part-{len(self.files):05d}.parquet")
             self._writer = pq.ParquetWriter(self._sink, self._schema)
         group = self._pending[0] if len(self._pending) == 1 else pa.concat_tables(self._pending)
         self._writer.write_table(group, row_group_size=max(1, group.num_rows))

@@ -377,7 +377,8 @@ class AttemptRunner:
         )
         if result.dataset_dir != target:
             raise VerificationError(f"Data Designer wrote {result.dataset_dir}, not the attempt's {target}")
-        self._fill(inputs, began, stage, target, result.rows, endpoints, progress, log)
+        if not result.stopped_early:  # a provider that tripped the early-shutdown gate is not asked again now
+            self._fill(inputs, began, stage, target, result.rows, endpoints, progress, log)
         rows, files = verify_dataset(result.dataset_dir, result.rows + rows_in(target / FILL_DIR))
         reject_empty_outputs(result.dataset_dir, stage.recipe, plan.max_empty_outputs, rows)
         scanned = (n for n in plan.secret_env if n not in plan.secret_env_unscanned)  # placeholders: not secrets
@@ -405,8 +406,9 @@ class AttemptRunner:
                     state="partial",
                     ended_at=self._now(),
                     rows=rows,
-                    reason="rows_dropped",
-                    message=f"{rows} of {num_records} records generated",
+                    reason="early_shutdown" if result.stopped_early else "rows_dropped",
+                    message=f"{rows} of {num_records} records generated"
+                    + (" (Data Designer stopped early: too many failed requests)" if result.stopped_early else ""),
                 ),
             )
             log.warning("attempt.partial", rows=rows, requested=num_records)

@@ -104,6 +104,10 @@ class EngineResult:
     dataset_dir: Path
     rows: int
     requested: int
+    stopped_early: bool = False
+    """Data Designer stopped at its early-shutdown gate (too many failed requests, ``RunConfig``'s
+    ``shutdown_error_rate``) and kept the records it had: Data Designer 1.0 says so (``early_shutdown``); older
+    versions return such a short dataset as if records had been dropped."""
 
 
 def _estimate_tokens_offline() -> None:
@@ -212,9 +216,22 @@ def run_engine(request: EngineRequest) -> EngineResult:
             raise RecipeError("Data Designer refuses the recipe: " + "; ".join(details)) from exc
         retryable = "EarlyShutdown" not in name and "Validation" not in name
         raise EngineError(f"Data Designer failed: {name}: {exc}", retryable=retryable) from exc
+    return engine_result(results, request.num_records)
+
+
+def engine_result(results: Any, requested: int) -> EngineResult:
+    """What ``create()``'s ``results`` say about the dataset: where it is, its rows (Data Designer 1.0 counts them
+    from the batch files, ``actual_num_records``; older versions load the dataset) and whether generation stopped
+    early (1.0's ``early_shutdown``; never with older versions)."""
     dataset_dir = Path(results.artifact_storage.base_dataset_path)
-    rows = len(results.load_dataset())
-    return EngineResult(dataset_dir=dataset_dir, rows=rows, requested=request.num_records)
+    counted = getattr(results, "actual_num_records", None)
+    rows = counted if isinstance(counted, int) else len(results.load_dataset())
+    return EngineResult(
+        dataset_dir=dataset_dir,
+        rows=rows,
+        requested=requested,
+        stopped_early=getattr(results, "early_shutdown", None) is True,
+    )
 
 
 # Data Designer's errors about the config itself, by class name (any class of the exception's MRO), so that the
