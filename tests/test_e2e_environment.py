@@ -167,6 +167,11 @@ def test_no_login_file_and_nothing_else_of_the_submitting_shell_reaches_any_step
         assert collected["rows"] == 4
 
     envs = _environments(dumps)
+    asked = {name: seen for name, seen in envs.items() if name.startswith("ddslurm-runtime-inspect-")}
+    assert asked, "the submit did not ask python_env about the recipe"
+    for name, seen in asked.items():  # on the submit host, in its shell's environment, without the run's keys
+        assert seen.get("DDSLURM_SUBMITTER_ONLY") and hosted_endpoint.api_key not in str(seen), name
+    envs = {name: seen for name, seen in envs.items() if name not in asked}  # what runs on the nodes
     kinds = {name.rsplit("-", 1)[0] for name in envs}
     assert {"ddslurm-runtime-generate", "ddslurm-runtime-client", "ddslurm-runtime-proxy", "server"} <= kinds, envs
     assert any(name.startswith("ddslurm-collect-") for name in envs), kinds
