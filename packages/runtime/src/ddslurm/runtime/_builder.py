@@ -13,9 +13,11 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.machinery
+import importlib.metadata
 import importlib.util
 import inspect
 import os
+import re
 import sys
 import tempfile
 import traceback
@@ -197,11 +199,12 @@ def _to_yaml(value: Any, function: str, path: Path, line: int | None) -> str:
 
 
 def _as_data_designers_cli() -> None:
-    """Import Data Designer's interface before the script, as its CLI has when it loads a config source: a plugin
-    whose module imports the engine loads then (in the other order Data Designer 0.9 drops it, a circular import
-    in its discovery)."""
-    import data_designer.config  # noqa: F401
-    from data_designer.interface import DataDesigner  # noqa: F401
+    """Import Data Designer's interface before the script, as its CLI has when it loads a config source, where a
+    plugin is installed: a plugin whose module imports the engine loads then (in the other order Data Designer 0.9
+    drops it, a circular import in its discovery). Without plugins the seconds of that import are saved."""
+    if importlib.metadata.entry_points(group="data_designer.plugins"):
+        import data_designer.config  # noqa: F401
+        from data_designer.interface import DataDesigner  # noqa: F401
 
 
 def call_builder(payload: Mapping[str, Any]) -> tuple[Any, Path, int | None]:
@@ -228,7 +231,7 @@ def build(payload: Mapping[str, Any]) -> dict[str, Any]:
     function = str(payload["function"])
     given: list[dict[str, Any]] = []
     try:
-        with _mcp_providers_given(given):
+        with _mcp_providers_given(given, _may_create_data_designer(payload)):
             value, path, line = call_builder(payload)
         text = _to_yaml(value, function, path, line)
     except BuilderFailure as failure:
@@ -253,11 +256,28 @@ def _is_mcp_provider(value: Any) -> bool:
     return isinstance(value, MCPProvider | LocalStdioMCPProvider)
 
 
+_DATA_DESIGNER = re.compile(rb"\bDataDesigner\b")
+
+
+def _may_create_data_designer(payload: Mapping[str, Any]) -> bool:
+    """Whether the script names ``DataDesigner`` (a module: always assumed)."""
+    if "script" not in payload:
+        return True
+    try:
+        return _DATA_DESIGNER.search(Path(str(payload["script"])).read_bytes()) is not None
+    except OSError:
+        return True
+
+
 @contextlib.contextmanager
-def _mcp_providers_given(given: list[dict[str, Any]]) -> Iterator[None]:
+def _mcp_providers_given(given: list[dict[str, Any]], watch: bool = True) -> Iterator[None]:
     """Record in ``given`` the MCP providers the script passes to ``DataDesigner(mcp_providers=...)`` while it is
     loaded and called (``{"provider": its fields, "line": where, in the user's code}``); Data Designer reads no
-    ``mcp_providers.yaml`` then, so these are the ones its tools use."""
+    ``mcp_providers.yaml`` then, so these are the ones its tools use. Not ``watch``: a script that never names
+    ``DataDesigner`` is spared importing its interface (seconds)."""
+    if not watch:
+        yield
+        return
     from data_designer.interface import DataDesigner
 
     original = DataDesigner.__init__
