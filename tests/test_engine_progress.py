@@ -3,15 +3,13 @@ record by record instead of jumping once per batch."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ddslurm.runtime._progress import CellProgress
+from ddslurm.runtime.testing import script_answer
 
 pytestmark = [pytest.mark.dd]
 
@@ -50,16 +48,7 @@ print(json.dumps({"rows": result.rows, "cells": len(cells), "cells_at_batches": 
 
 def test_data_designers_finished_cells_reach_the_runtime(hosted_endpoint: Any, tmp_path: Path) -> None:
     env = {"PATH": "/usr/bin:/bin", "HOSTED_KEY": hosted_endpoint.api_key, "HOME": str(tmp_path)}
-    done = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(tmp_path), hosted_endpoint.base_url],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    seen = script_answer(SCRIPT, str(tmp_path), hosted_endpoint.base_url, env=env)
     assert seen["rows"] == 6
     assert seen["cells"] == 12  # 6 records x 2 LLM columns, each counted once
     # The cells of the first batch were reported before that batch was written, not after.

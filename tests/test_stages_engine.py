@@ -12,8 +12,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +21,7 @@ import pytest
 
 from ddslurm.config import final_columns, split_stages, stage_recipe
 from ddslurm.runtime import recipe_columns
+from ddslurm.runtime.testing import script_answer
 
 pytestmark = pytest.mark.dd
 
@@ -152,17 +151,7 @@ def endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 def _run(artifacts: Path, jobs: list[dict[str, Any]]) -> dict[str, Path]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DATA_DESIGNER")}
-    done = subprocess.run(
-        [sys.executable, "-c", ENGINE, str(artifacts)],
-        input=json.dumps(jobs),
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    return {k: Path(v) for k, v in json.loads(done.stdout.strip().splitlines()[-1]).items()}
+    return {k: Path(v) for k, v in script_answer(ENGINE, str(artifacts), input=json.dumps(jobs), env=env).items()}
 
 
 @pytest.mark.parametrize(

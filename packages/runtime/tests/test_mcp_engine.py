@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from ddslurm.config import ProviderSnapshot, SnapshotMCPProvider, SnapshotModel, SnapshotProvider, encode
+from ddslurm.runtime.testing import script_answer
 from fake_vllm.mcp_server import calls, start_remote, stdio_command
 from fake_vllm.testing import start_server
 
@@ -95,16 +96,7 @@ def test_the_engine_calls_remote_and_stdio_tools_from_the_snapshot(tmp_path: Pat
             "REMOTE_KEY": REMOTE_KEY,
             "NODE_DOCS_TOKEN": STDIO_TOKEN,
         }
-        done = subprocess.run(
-            [sys.executable, "-c", SCRIPT, str(tmp_path), json.dumps(RECIPE), encode(snapshot).decode()],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=300,
-            check=False,
-        )
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+        result = script_answer(SCRIPT, str(tmp_path), json.dumps(RECIPE), encode(snapshot).decode(), env=env)
     rows = pq.read_table(Path(result["dir"]) / "parquet-files").to_pylist()
     assert result["rows"] == len(rows) == 4
     for row in rows:

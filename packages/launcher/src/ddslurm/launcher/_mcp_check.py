@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping
@@ -23,6 +22,7 @@ from typing import Any
 import msgspec
 
 from ddslurm.config import ProviderSnapshot, SnapshotMCPProvider, recipe_section
+from ddslurm.launcher._process import Stopped, ask_json
 from ddslurm.providers import MCP_PROVIDERS_FILE, Origin
 from ddslurm.runtime import engine_environment
 
@@ -105,24 +105,15 @@ def _list_tools(
     budget = timeout * len(unique) + 60  # Data Designer's import and each server's start
     with tempfile.TemporaryDirectory(prefix="ddslurm-mcp-check-") as scratch:
         child = {k: v for k, v in env.items() if not k.startswith("DATA_DESIGNER_")} | engine_environment(Path(scratch))
+        argv = [sys.executable, "-m", "ddslurm.launcher._mcp_check"]
         try:
-            done = subprocess.run(
-                [sys.executable, "-m", "ddslurm.launcher._mcp_check"],
-                input=json.dumps(payload),
-                capture_output=True,
-                text=True,
-                cwd=scratch,
-                env=child,
-                timeout=budget,
-                check=False,
-            )
-        except subprocess.TimeoutExpired:
+            answer = ask_json(argv, payload, timeout_s=budget, env=child, cwd=Path(scratch))
+        except Stopped:
             return {p.name: f"no answer within {budget:.0f} s" for p in unique}
-    try:
-        listed: dict[str, list[str] | str] = json.loads(done.stdout)["tools"]
-    except (ValueError, KeyError, TypeError):
-        tail = "\n".join(done.stderr.strip().splitlines()[-10:])
-        return {p.name: f"the check could not run (exit code {done.returncode}):\n{tail}" for p in unique}
+    listed = None if answer.value is None else answer.value.get("tools")
+    if not isinstance(listed, dict):
+        tail = "\n".join(answer.stderr.strip().splitlines()[-10:])
+        return {p.name: f"the check could not run (exit code {answer.returncode}):\n{tail}" for p in unique}
     return listed
 
 

@@ -1,16 +1,19 @@
-"""The commands the launcher runs on the submit host (the scheduler's commands, a recipe's builder script): each
-in a session and process group of its own, without a shell, and stopped with everything it started when it runs
-past its timeout or the launcher is interrupted (Ctrl-C: the command is in its own session, so it is stopped here)."""
+"""The commands the launcher runs on the submit host (the scheduler's commands, the questions it asks the profile's
+``python_env`` about a recipe, the MCP tool listing): each in a session and process group of its own, without a
+shell, and stopped with everything it started when it runs past its timeout or the launcher is interrupted (Ctrl-C:
+the command is in its own session, so it is stopped here)."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 class Stopped(Exception):
@@ -58,6 +61,29 @@ def run_in_group(
         stop_group(proc)
         raise
     return Finished(proc.returncode, out, err)
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """What a command asked with JSON answered: the JSON object it printed on stdout (None when it printed none),
+    its exit code and what it printed on stderr."""
+
+    value: dict[str, Any] | None
+    returncode: int
+    stderr: str
+
+
+def ask_json(
+    argv: Sequence[str], request: Any, *, timeout_s: float, env: Mapping[str, str], cwd: Path | None = None
+) -> Answer:
+    """Run ``argv`` as :func:`run_in_group` does, with ``request`` as JSON on its stdin, and read the JSON object it
+    prints. :class:`Stopped` at the timeout; ``OSError`` when ``argv`` cannot be run."""
+    done = run_in_group(argv, timeout_s=timeout_s, input=json.dumps(request), env=env, cwd=cwd)
+    try:
+        value = json.loads(done.stdout)
+    except ValueError:
+        value = None
+    return Answer(value if isinstance(value, dict) else None, done.returncode, done.stderr)
 
 
 def stop_group(proc: subprocess.Popen[str]) -> str:

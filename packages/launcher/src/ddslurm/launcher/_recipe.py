@@ -38,7 +38,6 @@ file and the seed files it names (``_seed.refuse_seed_secrets``), before anythin
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -60,7 +59,7 @@ from ddslurm.config import (
     sha256_bytes,
     to_builtins,
 )
-from ddslurm.launcher._process import Stopped, run_in_group
+from ddslurm.launcher._process import Stopped, ask_json
 from ddslurm.launcher._seed import holds_secret, refuse_seed_secrets
 from ddslurm.launcher._slurm import NODE_ENV_ALLOWED
 from ddslurm.launcher.errors import BuilderError
@@ -326,11 +325,9 @@ def _output_tail(output: str) -> str:
 def _run_builder(
     runtime: Path, payload: dict[str, Any], cwd: Path, env: dict[str, str], timeout_s: float
 ) -> dict[str, Any]:
-    argv = [str(runtime), "inspect"]
     try:
-        done = run_in_group(
-            argv, timeout_s=timeout_s, input=json.dumps({"action": "build", **payload}), env=env, cwd=cwd
-        )
+        request = {"action": "build", **payload}
+        answer = ask_json([str(runtime), "inspect"], request, timeout_s=timeout_s, env=env, cwd=cwd)
     except Stopped as stopped:
         return {
             "ok": False,
@@ -339,18 +336,12 @@ def _run_builder(
         }
     except OSError as exc:
         return {"ok": False, "error": f"cannot run {runtime} (the profile's python_env): {exc}"}
-    out, err = done.stdout, done.stderr
-    try:
-        result = json.loads(out)
-        if not isinstance(result, dict):
-            raise ValueError(out)
-    except ValueError:
+    if answer.value is None:
         return {
             "ok": False,
-            "error": f"running {payload['function']}() ended without a result (exit code {done.returncode}); "
+            "error": f"running {payload['function']}() ended without a result (exit code {answer.returncode}); "
             "see its output",
             "file": payload.get("script"),
-            "output": err,
+            "output": answer.stderr,
         }
-    result["output"] = err
-    return result
+    return {**answer.value, "output": answer.stderr}

@@ -23,8 +23,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ddslurm.config import ConfigError, locate, read_yaml, recipe_section
+from ddslurm.config import recipe_section
 from ddslurm.launcher.errors import SubmitError
+from ddslurm.providers import Origin
 
 REFUSED_COLUMNS: Mapping[str, str] = {
     "image": (
@@ -67,14 +68,5 @@ def refuse_unshardable(recipe: Mapping[str, Any], origin: Path) -> None:
             if kind in refused:
                 steps = [*prefix, key, i, field]
                 name = entry.get("name")
-                raise SubmitError(f"{_where(origin, steps)}: {key}[{i}].{field} ({name!r}): {refused[kind]}")
-
-
-def _where(origin: Path, steps: list[str | int]) -> str:
-    if not origin.is_file():
-        return str(origin)
-    try:
-        line, col = locate(read_yaml(origin), steps)
-    except ConfigError:
-        return str(origin)
-    return str(origin) if line is None else f"{origin}:{line}:{col}"
+                where = Origin(origin).at(*steps, shown=f"{key}[{i}].{field}")
+                raise SubmitError(f"{where} ({name!r}): {refused[kind]}")

@@ -19,7 +19,6 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
-import subprocess
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -37,9 +36,10 @@ from ddslurm.config import (
     recipe_section,
     recipe_with_models,
 )
+from ddslurm.launcher._process import Stopped, ask_json
+from ddslurm.runtime import PLUGIN_GROUP, engine_environment
 
 VALIDATE_TIMEOUT_S = 300
-PLUGIN_GROUP = "data_designer.plugins"
 _ACCEPTED: dict[str, RecipeCheck] = {}
 
 
@@ -112,44 +112,34 @@ def _unknown_lines(unknown: list[Mapping[str, str]], python_env: Path) -> list[s
 
 def _run_check(runtime: Path, payload: dict[str, Any], cwd: Path, secrets: set[str]) -> RecipeCheck:
     with tempfile.TemporaryDirectory(prefix="ddslurm-validate-") as scratch:
-        payload = {**payload, "scratch": scratch}
         env = {k: v for k, v in os.environ.items() if k not in secrets and not k.startswith("DATA_DESIGNER_")}
-        env |= {
-            "DATA_DESIGNER_HOME": scratch,
-            "DATA_DESIGNER_MANAGED_ASSETS_PATH": str(Path(scratch) / "managed-assets"),
-            "NEMO_TELEMETRY_ENABLED": "false",
-            "HF_HUB_OFFLINE": "1",
-        }
         try:
-            done = subprocess.run(
+            answer = ask_json(
                 [str(runtime), "inspect"],
-                input=json.dumps(payload),
-                capture_output=True,
-                text=True,
+                {**payload, "scratch": scratch},
+                timeout_s=VALIDATE_TIMEOUT_S,
+                env=env | engine_environment(Path(scratch)),
                 cwd=cwd,
-                env=env,
-                timeout=VALIDATE_TIMEOUT_S,
-                check=False,
             )
-        except subprocess.TimeoutExpired:
+        except Stopped:
             return RecipeCheck(problems=(f"Data Designer's validation did not finish within {VALIDATE_TIMEOUT_S} s",))
         except OSError as exc:
             return RecipeCheck(problems=(f"cannot run {runtime} (the profile's python_env): {exc}",))
     try:
-        answer = json.loads(done.stdout)
-        if "error" in answer:
-            return RecipeCheck(problems=(str(answer["error"]),))
-        problems = [str(p) for p in answer["problems"]]
-        if answer.get("unknown"):
-            problems = _unknown_lines(answer["unknown"], runtime.parent.parent)
-        columns = answer.get("columns")
+        if answer.value is None:
+            raise ValueError("no answer")
+        if "error" in answer.value:
+            return RecipeCheck(problems=(str(answer.value["error"]),))
+        problems = [str(p) for p in answer.value["problems"]]
+        if answer.value.get("unknown"):
+            problems = _unknown_lines(answer.value["unknown"], runtime.parent.parent)
+        columns = answer.value.get("columns")
         return RecipeCheck(
             problems=tuple(problems),
             columns=None if columns is None else msgspec.convert(columns, tuple[RecipeColumn, ...]),
-            plugins=msgspec.convert(answer.get("plugins") or [], tuple[PluginRecord, ...]),
+            plugins=msgspec.convert(answer.value.get("plugins") or [], tuple[PluginRecord, ...]),
         )
     except (ValueError, KeyError, TypeError, msgspec.ValidationError):
-        tail = "\n".join(done.stderr.strip().splitlines()[-10:])
-        return RecipeCheck(
-            problems=(f"Data Designer's validation could not run (exit code {done.returncode}):\n{tail}",)
-        )
+        tail = "\n".join(answer.stderr.strip().splitlines()[-10:])
+        problem = f"Data Designer's validation could not run (exit code {answer.returncode}):\n{tail}"
+        return RecipeCheck(problems=(problem,))

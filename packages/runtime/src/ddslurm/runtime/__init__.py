@@ -12,6 +12,7 @@ from ddslurm.runtime._engine import (
 )
 from ddslurm.runtime._inputs import Inputs, load_inputs
 from ddslurm.runtime._listeners import unix_url
+from ddslurm.runtime._plugins import PLUGIN_GROUP
 from ddslurm.runtime._serving import ServerCommand, server_command
 from ddslurm.runtime._steps import StepSpec, srun_argv
 from ddslurm.runtime._verify import make_private, scan_for_secrets, verify_dataset
@@ -24,6 +25,7 @@ from ddslurm.runtime.errors import (
 )
 
 __all__ = [
+    "PLUGIN_GROUP",
     "EXIT_FAILED",
     "EXIT_OK",
     "EXIT_PARTIAL",

@@ -27,6 +27,7 @@ from types import ModuleType
 from typing import Any
 
 from ddslurm.config import DD_BUILDER_FUNCTION, RecipeSource
+from ddslurm.runtime._plugins import PLUGIN_GROUP
 from ddslurm.runtime.errors import BuilderFailure, RecipeError
 
 
@@ -202,7 +203,7 @@ def _as_data_designers_cli() -> None:
     """Import Data Designer's interface before the script, as its CLI has when it loads a config source, where a
     plugin is installed: a plugin whose module imports the engine loads then (in the other order Data Designer 0.9
     drops it, a circular import in its discovery). Without plugins the seconds of that import are saved."""
-    if importlib.metadata.entry_points(group="data_designer.plugins"):
+    if importlib.metadata.entry_points(group=PLUGIN_GROUP):
         import data_designer.config  # noqa: F401
         from data_designer.interface import DataDesigner  # noqa: F401
 

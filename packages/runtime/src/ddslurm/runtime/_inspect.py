@@ -7,7 +7,8 @@ Data Designer or a builder script prints goes to stderr.
 ``{"action": "check", "recipe", "providers", "scratch", "source"}``
     the recipe exactly as the node builds it (``source``: the plan's ``RecipeSource``, whose ``rebuild`` columns
     come from running the script again, as on the node): ``{"problems", "unknown", "columns", "plugins"}``: what Data
-    Designer refuses (its own validation, sending no request), the types no plugin here provides, the columns' facts
+    Designer refuses (its own validation, sending no request), the types no plugin here provides (then nothing
+    else is checked), the columns' facts
     (:class:`ddslurm.config.RecipeColumn`) and the plugins used (:class:`ddslurm.config.PluginRecord`).
 """
 
@@ -56,8 +57,7 @@ def check(payload: Mapping[str, Any]) -> dict[str, Any]:
     """The ``check`` action (see the module's docstring)."""
     recipe = payload["recipe"]
     answer: dict[str, Any] = {"problems": [], "unknown": unknown_types(recipe), "columns": None, "plugins": []}
-    if answer["unknown"]:
-        answer["problems"] = [f"{u['where']}: {u['field']} {u['type']!r} is unknown here" for u in answer["unknown"]]
+    if answer["unknown"]:  # the submit host says which package would provide them
         return answer
     answer["plugins"] = [msgspec.to_builtins(p) for p in used_plugins(recipe)]
     raw = payload.get("source")

@@ -8,6 +8,9 @@ Not used by production code; importing it has no side effects.
 from __future__ import annotations
 
 import io
+import json
+import subprocess
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -132,3 +135,22 @@ def make_controller(
         stop=StopSignal() if stop is None else stop,
         **options,
     )
+
+
+def script_answer(
+    script: str, *args: str, env: Mapping[str, str], input: str | None = None, timeout: float = 300
+) -> Any:
+    """Run ``script`` (Python source: the real engine, in a process of its own, whose environment Data Designer
+    reads at import) with ``args`` and ``env``, and return the JSON its last line of output holds; the test fails
+    with the end of its stderr when it exits with an error."""
+    done = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        input=input,
+        capture_output=True,
+        text=True,
+        env=dict(env),
+        timeout=timeout,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
