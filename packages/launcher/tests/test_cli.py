@@ -269,14 +269,21 @@ def test_status_table_shows_array_tasks_attempts_rates_pending_reasons_and_rows_
     code, text, _ = _cli(["status", str(layout.root)], env, slurm)
     assert code == ExitCode.OK
     header, *rows = text.splitlines()[2:]
-    assert header.split() == ["SHARD", "STATE", "ROWS", "ROWS/S", "ATTEMPT", "(N)", "JOB", "SLURM", "REASON"]
-    assert re.fullmatch(r"\s+0  running\s+4/10\s+\d+\.\d\s+5000\s+4242_0\s+RUNNING", rows[0]), rows[0]
-    assert re.fullmatch(r"\s+1  cancelled\s+3/10\s+5005 \(2\)\s+4242_1\s+CANCELLED\s+cancelled", rows[1]), rows[1]
+    assert header.split() == ["SHARD", "STATE", "ROWS", "ROWS/S", "ATTEMPT", "JOB", "SLURM", "REASON"]
+    # the attempt's number among the shard's attempts (the second of two), never its Slurm job id
+    assert re.fullmatch(r"\s+0  running\s+4/10\s+\d+\.\d\s+1\s+4242_0\s+RUNNING", rows[0]), rows[0]
+    assert re.fullmatch(r"\s+1  cancelled\s+3/10\s+2 of 2\s+4242_1\s+CANCELLED\s+cancelled", rows[1]), rows[1]
+    assert "5000" not in text and "5005" not in text
     assert rows[2].split()[-3:] == ["PENDING", "pending:", "JobArrayTaskLimit"]
     assert "\x1b[" not in text and "─" not in text  # plain off a terminal
     shards = json.loads(_cli(["status", str(layout.root), "--json"], env, slurm)[1])["shards"]
     assert [s["job_id"] for s in shards] == ["4242_0", "4242_1", "4242_2", "4242_3"]
     assert shards[2]["pending_reason"] == "JobArrayTaskLimit" and shards[1]["rows"] == 3
+    assert [(s["attempt"], s["attempt_number"], s["attempts"]) for s in shards[:2]] == [
+        ("attempt-5000", 1, 1),
+        ("attempt-5005", 2, 2),
+    ]
+    assert shards[0]["stage"] is None and shards[0]["stage_rows"] is None  # a single-stage run
 
 
 def test_a_succeeded_shard_shows_its_array_task_not_the_raw_job_id(tmp_path: Path) -> None:

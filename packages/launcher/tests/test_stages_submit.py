@@ -1,15 +1,20 @@
 """``stages: auto`` on the submit side: the plan's stages, the GPU arrays each followed by a CPU-stage array,
-their batch scripts, ``retry`` of shards with and without a GPU-stage result, and ``status`` per stage."""
+their batch scripts, ``retry`` of shards with and without a GPU-stage result, and ``status`` per stage: each
+stage's rows, progress that never goes back, the run's state from both stages, the stage column."""
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
+import msgspec
 import pytest
 
 from ddslurm.config import (
     AttemptRecord,
+    ClaimRecord,
     Plan,
     RunLayout,
     StagePlan,
@@ -21,12 +26,13 @@ from ddslurm.config import (
     publish_once,
     read_json,
 )
-from ddslurm.launcher import Slurm, run_status, submit
+from ddslurm.launcher import RunStatus, Slurm, run_status, submit
 from ddslurm.launcher import _submit as submit_module
+from ddslurm.launcher._console import status_text
 from ddslurm.launcher._render import render_generation
 from ddslurm.launcher._steer import log_files, pick_attempt, retry
 from ddslurm.launcher._submit import prepare
-from ddslurm.launcher.testing import UNIT_RECIPE, FakeSlurm, accept_recipe, write_unit_run
+from ddslurm.launcher.testing import UNIT_RECIPE, FakeSlurm, accept_recipe, write_attempt, write_unit_run
 
 KEY = "sk-stages-test-value-123"
 RECIPE = """data_designer:
@@ -158,3 +164,145 @@ def test_logs_find_a_gpu_stage_attempt(tmp_path: Path) -> None:
     attempt.client_log.write_text("{}\n")
     assert pick_attempt(layout, 0) == record
     assert log_files(layout, 0, "client") == [attempt.client_log]
+
+
+# --- status of a two-stage run as it goes on ---
+
+
+def _stage_winner(layout: RunLayout, shard: int, stage: int, rows: int) -> None:
+    where = layout.stage_shard(shard, stage)
+    make_private_dir(where.dir, exist_ok=True)
+    record = WinnerRecord(
+        shard=shard, attempt=f"attempt-{stage}{shard}", rows=rows, dataset_dir="/x", files=(), plan_sha256="-",
+        published_at="-",
+    )  # fmt: skip
+    assert publish_once(where.winner, encode(record))
+
+
+def _cpu_claim(layout: RunLayout, shard: int, array: str, task: int) -> None:
+    layout.shard(shard).claims.mkdir(exist_ok=True)
+    record = ClaimRecord(shard=shard, array_job_id=array, task=task, job_id=f"60{task}", node="n3", claimed_at="-")
+    layout.shard(shard).claim(array).write_bytes(encode(record))
+
+
+@pytest.mark.usefixtures("_no_dd_subprocess")
+def test_status_of_a_two_stage_run_never_goes_back_and_shows_stages_rows_and_attempt_numbers(tmp_path: Path) -> None:
+    """A two-stage run followed phase by phase, as ``status --watch`` sees it: each shard's rows of each stage, the
+    run's fraction of both stages (recomputed here from what each phase wrote), never less than before, and the
+    run ``running`` from the first GPU task on, also while every shard waits for its CPU stage."""
+    run, profile, env = _files(tmp_path)
+    fake = FakeSlurm()
+    done = submit(run, profile, slurm=Slurm(fake, user="alice"), env=env)
+    layout = RunLayout(done.layout.root)
+    gpu, cpu = (r.array_job_id for r in _records(layout))
+    plan = read_json(layout.plan, Plan)
+    records = [s.num_records for s in plan.shards]
+    assert sum(records) == plan.num_records and len(records) == 3
+
+    gpu_rows, cpu_rows = [0, 0, 0], [0, 0, 0]
+    seen: list[tuple[str, float, int]] = []
+
+    def look(squeue: str, sacct: str = "") -> dict[str, Any]:
+        fake.squeue_out, fake.sacct_out = squeue, sacct
+        status = run_status(layout, Slurm(fake, user="alice"))
+        shown = msgspec.to_builtins(status)
+        assert [s["stage_rows"] for s in shown["shards"]] == [[g, c] for g, c in zip(gpu_rows, cpu_rows, strict=True)]
+        assert [(s["stage"], s["rows_done"], s["records"]) for s in shown["stages"]] == [
+            ("gpu", sum(gpu_rows), plan.num_records),
+            ("cpu", sum(cpu_rows), plan.num_records),
+        ]
+        assert shown["progress"] == round((sum(gpu_rows) + sum(cpu_rows)) / (2 * plan.num_records), 4)
+        assert shown["records_done"] == sum(cpu_rows)  # the run's records are the final stage's rows
+        seen.append((status.state, status.progress, status.records_done))
+        return shown
+
+    # Nothing has started yet.
+    first = look(f"{gpu}_[0-2]|PENDING|Priority\n{cpu}_[0-2]|PENDING|Dependency\n")
+    assert first["state"] == "pending" and [s["stage"] for s in first["shards"]] == ["gpu"] * 3
+
+    # Shard 0's GPU task generates, its first attempt failed: the second of two runs.
+    write_attempt(layout, 0, "5000", "failed", task=f"{gpu}_0", started="2026-01-01T00:00:00+00:00", stage=0)
+    write_attempt(layout, 0, "5003", "running", task=f"{gpu}_0", progress=2, stage=0)
+    gpu_rows[0] = 2
+    shown = look(f"{gpu}_0|RUNNING|None\n{gpu}_[1-2]|PENDING|Priority\n{cpu}_[0-2]|PENDING|Dependency\n")
+    assert shown["state"] == "running"
+    assert (shown["shards"][0]["attempt"], shown["shards"][0]["attempt_number"]) == ("attempt-5003", 2)
+    assert "5003" not in plain_status(shown) and "2 of 2" in plain_status(shown)
+
+    # Shard 0's GPU stage has its result; shards 1 and 2 generate. Shard 0 now waits for its CPU stage: its GPU
+    # rows stay counted.
+    _stage_winner(layout, 0, 0, records[0])
+    write_attempt(layout, 1, "5001", "running", task=f"{gpu}_1", progress=1, stage=0)
+    write_attempt(layout, 2, "5002", "running", task=f"{gpu}_2", progress=2, stage=0)
+    gpu_rows[:] = [records[0], 1, 2]
+    shown = look(f"{gpu}_[1-2]|RUNNING|None\n{cpu}_[0-2]|PENDING|Dependency\n", f"{gpu}_0|COMPLETED|0:0|None\n")
+    assert shown["state"] == "running"
+    assert (shown["shards"][0]["stage"], shown["shards"][0]["state"]) == ("cpu", "pending")
+
+    # Every GPU stage has its result and the CPU allocations wait for a node: every shard is pending, the run
+    # still running.
+    for shard in (1, 2):
+        _stage_winner(layout, shard, 0, records[shard])
+    gpu_rows[:] = records
+    ended = "".join(f"{gpu}_{t}|COMPLETED|0:0|None\n" for t in range(3))
+    shown = look(f"{cpu}_[0-2]|PENDING|Priority\n", ended)
+    assert {s["state"] for s in shown["shards"]} == {"pending"} and shown["state"] == "running"
+    assert [s["stage"] for s in shown["shards"]] == ["cpu"] * 3 and shown["stages"][0]["shards_done"] == 3
+
+    # A CPU allocation claims shard 0 and generates.
+    _cpu_claim(layout, 0, cpu, 0)
+    write_attempt(layout, 0, "6000", "running", task=f"{cpu}_0", progress=1)
+    cpu_rows[0] = 1
+    shown = look(f"{cpu}_0|RUNNING|None\n{cpu}_[1-2]|PENDING|Priority\n", ended)
+    assert shown["state"] == "running" and shown["shards"][0]["attempt_number"] == 1
+
+    # Every shard has its final result.
+    for shard in range(3):
+        _stage_winner(layout, shard, 1, records[shard])
+    cpu_rows[:] = records
+    ended += "".join(f"{cpu}_{t}|COMPLETED|0:0|None\n" for t in range(3))
+    shown = look("", ended)
+    assert shown["state"] == "succeeded" and shown["progress"] == 1.0
+    assert [s["shards_done"] for s in shown["stages"]] == [3, 3]
+
+    states = [state for state, _, _ in seen]
+    assert states == ["pending", "running", "running", "running", "running", "succeeded"]
+    progress = [p for _, p, _ in seen]
+    assert progress == sorted(progress) and len(set(progress)) == len(progress)  # up at every phase, never back
+    assert [done for _, _, done in seen] == sorted(done for _, _, done in seen)
+
+
+def plain_status(shown: dict[str, Any]) -> str:
+    return status_text(msgspec.convert(shown, RunStatus))
+
+
+@pytest.mark.usefixtures("_no_dd_subprocess")
+def test_the_status_table_of_a_two_stage_run_has_a_stage_column_and_each_stages_rows(tmp_path: Path) -> None:
+    run, profile, env = _files(tmp_path)
+    fake = FakeSlurm()
+    layout = RunLayout(submit(run, profile, slurm=Slurm(fake, user="alice"), env=env).layout.root)
+    gpu, cpu = (r.array_job_id for r in _records(layout))
+    records = [s.num_records for s in read_json(layout.plan, Plan).shards]
+    _stage_winner(layout, 0, 0, records[0])
+    _cpu_claim(layout, 0, cpu, 0)
+    write_attempt(layout, 0, "6000", "running", task=f"{cpu}_0", progress=1)
+    write_attempt(layout, 1, "5001", "running", task=f"{gpu}_1", progress=2, stage=0)
+    fake.squeue_out = f"{gpu}_1|RUNNING|None\n{gpu}_2|PENDING|Priority\n{cpu}_0|RUNNING|None\n"
+    text = status_text(run_status(layout, Slurm(fake, user="alice")))
+    head, _, header, *rows = text.splitlines()
+    total = sum(records)
+    want = round(100 * (records[0] + 2 + 1) / (2 * total))
+    assert head.endswith(
+        f"(1/{total} records, gpu {records[0] + 2}/{total} + cpu 1/{total} rows ({want} %), 1 pending, 2 running)"
+    )
+    columns = ["SHARD", "STAGE", "STATE", "GPU ROWS", "CPU ROWS", "ROWS/S", "ATTEMPT", "JOB", "SLURM", "REASON"]
+    assert re.split(r"\s{2,}", header.strip()) == columns
+    assert re.fullmatch(
+        rf"\s+0  cpu\s+running\s+{records[0]}/{records[0]}\s+1/{records[0]}\s+\S*\s+1\s+{cpu}_0\s+RUNNING", rows[0]
+    ), rows[0]
+    assert re.fullmatch(
+        rf"\s+1  gpu\s+running\s+2/{records[1]}\s+0/{records[1]}\s+\S*\s+1\s+{gpu}_1\s+RUNNING", rows[1]
+    ), rows[1]
+    assert re.fullmatch(rf"\s+2  gpu\s+pending\s+0/{records[2]}\s+0/{records[2]}\s+-\s+{gpu}_2\s+PENDING.*", rows[2]), (
+        rows[2]
+    )

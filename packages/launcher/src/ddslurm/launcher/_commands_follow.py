@@ -71,7 +71,8 @@ def cmd_status(
     ] = False,
     as_json: JsonOpt = False,
 ) -> int:
-    """Show the run and every shard: state, rows, rate, attempt, array task, Slurm's state and why it failed."""
+    """Show the run and every shard: its stage (two-stage runs), state, rows, rate, attempt number, array task,
+    Slurm's state and why it failed."""
     session = command_session(ctx, as_json)
     layout = run_layout(session, run, profile)
     if not watch:
@@ -162,7 +163,7 @@ def cmd_logs(
         typer.Option(
             "--attempt",
             metavar="ID",
-            help="The attempt (its id as status shows it, such as 4243). Default: the shard's latest.",
+            help="The attempt (its id, such as 4243: status --json's shards[].attempt). Default: the shard's latest.",
             show_default=False,
         ),
     ] = None,

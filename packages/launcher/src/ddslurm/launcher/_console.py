@@ -95,12 +95,26 @@ def counts_text(st: RunStatus) -> str:
     return ", ".join(f"{n} {k}" for k, n in sorted(st.counts.items()))
 
 
+def stages_text(st: RunStatus) -> str:
+    """A two-stage run's rows done in each stage and the fraction of both done (``gpu 30/30 + cpu 3/30 rows
+    (55 %)``); empty for a single-stage run."""
+    if not st.stages:
+        return ""
+    rows = " + ".join(f"{s.stage} {s.rows_done}/{s.records}" for s in st.stages)
+    return f"{rows} rows ({st.progress * 100:.0f} %)"
+
+
+def _totals(st: RunStatus) -> str:
+    """The records done of those requested, each stage's rows (a two-stage run), and the shards by state."""
+    return ", ".join(part for part in (f"{st.records_done}/{st.records_requested} records", stages_text(st)) if part)
+
+
 def status_header(st: RunStatus) -> Text:
     """The lines above the shard table: the run, its directory, and what a cancel or a stopped submission means."""
     head = Text.assemble(
         f"run {st.run_id}: ",
         styled(st.state),
-        f"  ({st.records_done}/{st.records_requested} records, {counts_text(st)})",
+        f"  ({_totals(st)}, {counts_text(st)})",
     )
     lines = [head, Text(f"  dir: {st.run_dir}")]
     unsubmitted = st.counts.get("unsubmitted", 0)
@@ -131,10 +145,14 @@ def _table(*, boxed: bool) -> Table:
 
 
 def _attempt_cell(s: ShardStatus) -> str:
-    if s.attempt is None:
+    """Which attempt the row shows, counted from 1 (``2 of 3`` when the shard had more than one); never its id."""
+    if s.attempt_number is None:
         return "-"
-    short = s.attempt.removeprefix("attempt-")
-    return f"{short} ({s.attempts})" if s.attempts > 1 else short
+    return f"{s.attempt_number} of {s.attempts}" if s.attempts > 1 else str(s.attempt_number)
+
+
+def _rows_cell(rows: int | None, records: int) -> str:
+    return f"{rows if rows is not None else '-'}/{records}"
 
 
 def _reason_cell(s: ShardStatus) -> Text:
@@ -146,23 +164,34 @@ def _reason_cell(s: ShardStatus) -> Text:
     return text
 
 
-def shard_table(shards: list[ShardStatus], *, boxed: bool) -> Table:
-    """One row a shard: state, rows done of its records, rows per second, the attempt (and how many it had),
-    the array task, Slurm's state (and why a pending task waits), and why it failed."""
+def shard_table(shards: list[ShardStatus], *, boxed: bool, staged: bool | None = None) -> Table:
+    """One row a shard: state, rows done of its records, rows per second, the attempt's number (and how many it
+    had), the array task, Slurm's state (and why a pending task waits), and why it failed. ``staged`` (default:
+    whether the shards are a two-stage run's): the stage each shard is in, and its rows done in each stage."""
+    staged = any(s.stage_rows is not None for s in shards) if staged is None else staged
     table = _table(boxed=boxed)
     table.add_column("SHARD", justify="right", no_wrap=True)
+    if staged:
+        table.add_column("STAGE", no_wrap=True)
     table.add_column("STATE", no_wrap=True)
-    table.add_column("ROWS", justify="right", no_wrap=True)
+    for name in ("GPU ROWS", "CPU ROWS") if staged else ("ROWS",):
+        table.add_column(name, justify="right", no_wrap=True)
     table.add_column("ROWS/S", justify="right", no_wrap=True)
-    table.add_column("ATTEMPT (N)", no_wrap=True)
+    table.add_column("ATTEMPT", no_wrap=True)
     table.add_column("JOB", no_wrap=True)
     table.add_column("SLURM", no_wrap=True)
     table.add_column("REASON", overflow="fold", ratio=1)
     for s in shards:
+        stage = [s.stage or "-"] if staged else []
+        if staged:
+            rows = [_rows_cell(n, s.records) for n in s.stage_rows or (None, None)]
+        else:
+            rows = [_rows_cell(s.rows, s.records)]
         table.add_row(
             str(s.shard),
+            *stage,
             styled(s.state),
-            f"{s.rows if s.rows is not None else '-'}/{s.records}",
+            *rows,
             f"{s.rate:.1f}" if s.rate else "",
             _attempt_cell(s),
             s.job_id or "-",
@@ -187,7 +216,7 @@ def status_text(st: RunStatus) -> str:
 
 def summary_line(st: RunStatus) -> str:
     """One line for a run that changed: its state, records and shard counts."""
-    return f"{st.run_id}: {st.state}: {st.records_done}/{st.records_requested} records, {counts_text(st)}"
+    return f"{st.run_id}: {st.state}: {_totals(st)}, {counts_text(st)}"
 
 
 # --- live progress: wait, status --watch, collect ---
@@ -221,15 +250,15 @@ class RateColumn(ProgressColumn):
         return Text(f"{rate:.1f} {self.unit}/s  eta {_clock(left)}")
 
 
-def new_progress(console: Console, unit: str, rate_unit: str) -> Progress:
-    """A bar with done/total ``unit``, the rate (``rate_unit`` per second), the time left at that rate, and the
-    time elapsed."""
+def new_progress(console: Console, rate_unit: str) -> Progress:
+    """A bar with done/total (in the unit of its task's ``unit`` field), the rate (``rate_unit`` per second), the
+    time left at that rate, and the time elapsed."""
     return Progress(
         SpinnerColumn(),
         TextColumn("{task.description}", table_column=Column(no_wrap=True)),
         BarColumn(bar_width=24),
         MofNCompleteColumn(),
-        TextColumn(unit),
+        TextColumn("{task.fields[unit]}", table_column=Column(no_wrap=True)),
         RateColumn(rate_unit),
         TimeElapsedColumn(),
         console=console,
@@ -243,8 +272,8 @@ class RunDisplay:
 
     def __init__(self, out: TextIO, *, table: bool) -> None:
         self._console = terminal_console(out)
-        self._progress = new_progress(self._console, "records", "rows")
-        self._task = self._progress.add_task("", total=None)
+        self._progress = new_progress(self._console, "rows")
+        self._task = self._progress.add_task("", total=None, unit="records")
         self._table = table
         self._live = Live(self._progress, console=self._console, refresh_per_second=4, transient=not table)
 
@@ -256,12 +285,18 @@ class RunDisplay:
         self._live.stop()
 
     def update(self, st: RunStatus) -> None:
+        """The bar: the records done, or in a two-stage run the rows done of both stages (which never go back while
+        a shard's CPU stage waits for its turn)."""
+        done, total = st.records_done, st.records_requested
+        if st.stages:
+            done, total = sum(s.rows_done for s in st.stages), sum(s.records for s in st.stages)
         self._progress.update(
             self._task,
-            completed=st.records_done,
-            total=st.records_requested,
+            completed=done,
+            total=total,
             description=f"{st.state} ({counts_text(st)})",
             rate=run_rate(st),
+            unit="rows of both stages" if st.stages else "records",
         )
         if self._table:
             self._live.update(Group(self._progress, status_view(st, boxed=True)))
@@ -271,8 +306,8 @@ class FileProgress:
     """A progress bar over batch files (``collect --local`` on a terminal); call it with (done, total)."""
 
     def __init__(self, out: TextIO) -> None:
-        self.progress = new_progress(terminal_console(out), "batch files", "files")
-        self._task = self.progress.add_task("collecting", total=None)
+        self.progress = new_progress(terminal_console(out), "files")
+        self._task = self.progress.add_task("collecting", total=None, unit="batch files")
 
     def __call__(self, done: int, total: int) -> None:
         self.progress.update(self._task, completed=done, total=total)

@@ -55,6 +55,9 @@ _FAILED = {"FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEAD
 _REQUEUED = {"REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"}
 _SLURM_REASONS = {"TIMEOUT": "timeout", "NODE_FAIL": "node_fail", "OUT_OF_MEMORY": "out_of_memory"}
 _DISK_FULL = ("No space left on device", "[Errno 28]", "Disk quota exceeded", "[Errno 122]")
+StageName = Literal["gpu", "cpu"]
+STAGE_NAMES: tuple[StageName, StageName] = ("gpu", "cpu")
+"""A two-stage run's stages by index: 0 the GPU stage, 1 the CPU stage."""
 
 
 class ShardStatus(msgspec.Struct, kw_only=True):
@@ -71,12 +74,31 @@ class ShardStatus(msgspec.Struct, kw_only=True):
     """Why Slurm keeps a pending task waiting (squeue's reason: ``Resources``, ``Priority``, ``Dependency``,
     ``JobArrayTaskLimit``, ...)."""
     attempt: str | None = None
+    """The id of the attempt shown (``attempt-<Slurm job id>``): the winner, else the latest."""
     attempts: int = 0
+    """How many attempts the shard has had (in a two-stage run: in the stage shown)."""
+    attempt_number: int | None = None
+    """Which attempt :attr:`attempt` is, counted from 1 in the order the shard's attempts (of that stage) began."""
     reason: str | None = None
     message: str | None = None
-    stage: Literal["gpu", "cpu"] | None = None
+    stage: StageName | None = None
     """A two-stage run's shard: the stage its state comes from (``gpu`` until its GPU stage has a result, then
     ``cpu``); None for a single-stage run."""
+    stage_rows: list[int] | None = None
+    """A two-stage run's shard: the rows done in each stage, GPU stage first (a stage's result, or its running
+    attempt's progress); a GPU-stage result stays counted while the CPU stage waits. None for a single-stage run."""
+
+
+class StageProgress(msgspec.Struct, kw_only=True):
+    """One stage of a two-stage run over all its shards."""
+
+    stage: StageName
+    rows_done: int
+    """The rows of every shard's result of this stage and of the stage's running attempts."""
+    records: int
+    """The rows the stage makes when every shard has its result: the run's records."""
+    shards_done: int
+    """Shards with a result of this stage."""
 
 
 class RunStatus(msgspec.Struct, kw_only=True):
@@ -97,6 +119,11 @@ class RunStatus(msgspec.Struct, kw_only=True):
     """The run's name (the run file's ``name``)."""
     submitted_at: str | None = None
     """When the run's first array was submitted (None before any was)."""
+    stages: list[StageProgress] = msgspec.field(default_factory=list)
+    """A two-stage run's stages, GPU stage first (empty for a single-stage run)."""
+    progress: float = 0.0
+    """The fraction of the run's work done, 0 to 1: ``records_done`` over ``records_requested``, or in a two-stage
+    run the rows done of both stages over the rows of both (twice the records)."""
 
 
 @dataclass(slots=True)
@@ -327,9 +354,8 @@ def _ended_in_allocation(
     return _ENDED[latest.state]
 
 
-def _read_winner(layout: RunLayout, index: int) -> tuple[WinnerRecord | None, str | None]:
-    """The shard's winner record (None if it has none), or why an existing one cannot be read."""
-    path = layout.shard(index).winner
+def _read_winner(path: Path) -> tuple[WinnerRecord | None, str | None]:
+    """The winner record at ``path`` (None if there is none), or why an existing one cannot be read."""
     try:
         return read_json(path, WinnerRecord), None
     except FileNotFoundError:
@@ -349,13 +375,29 @@ def shard_status(
 ) -> ShardStatus:
     """``stage`` (two-stage runs): the stage the shard is in (:func:`shard_stage`); ``covering`` holds that stage's
     arrays only, and the attempts shown are that stage's."""
+    attempts = attempt_records(layout, index, stage)
+    status = _shard_status(layout, plan, index, attempts, covering, sched, now, stage)
+    shown = [a.attempt for a in attempts]
+    status.attempt_number = shown.index(status.attempt) + 1 if status.attempt in shown else None
+    return status
+
+
+def _shard_status(
+    layout: RunLayout,
+    plan: Plan,
+    index: int,
+    attempts: list[AttemptRecord],
+    covering: list[tuple[SubmissionRecord, int]],
+    sched: Scheduler,
+    now: datetime,
+    stage: int | None,
+) -> ShardStatus:
     spec = plan.shards[index]
     status = ShardStatus(shard=index, state="pending", records=spec.num_records)
     if stage is not None:
-        status.stage = "gpu" if stage == 0 else "cpu"
-    attempts = attempt_records(layout, index, stage)
+        status.stage = STAGE_NAMES[stage]
     status.attempts = len(attempts)
-    winner, unreadable = _read_winner(layout, index)
+    winner, unreadable = _read_winner(layout.shard(index).winner)
     latest = attempts[-1] if attempts else None
     if latest is not None:
         status.attempt, status.reason, status.message, status.rows = (
@@ -434,7 +476,11 @@ def shard_status(
     return status
 
 
-def run_state(shards: list[ShardStatus], cancelled: bool = False, *, incomplete: bool = False) -> RunState:
+def run_state(
+    shards: list[ShardStatus], cancelled: bool = False, *, incomplete: bool = False, begun: bool = False
+) -> RunState:
+    """``begun``: some shard has a result of an earlier stage (a two-stage run whose CPU stage waits), so a run
+    whose shards all wait is ``running``, not back to ``pending``."""
     states = {s.state for s in shards}
     if states == {"succeeded"}:
         return "succeeded"
@@ -443,7 +489,8 @@ def run_state(shards: list[ShardStatus], cancelled: bool = False, *, incomplete:
     if "running" in states:
         return "running"
     if states & {"pending", "unknown"}:
-        return "running" if states & {"succeeded", "failed", "partial", "cancelled", "corrupt"} else "pending"
+        ended = states & {"succeeded", "failed", "partial", "cancelled", "corrupt"}
+        return "running" if begun or ended else "pending"
     if cancelled:
         return "cancelled"
     if states & {"failed", "partial", "corrupt"}:
@@ -466,6 +513,34 @@ def covering_tasks(
             claimant = claimed_by(layout, shard, sub.array_job_id, sub.stage) if layout is not None else None
             out.setdefault(shard, []).append((sub, POOL if claimant is None else claimant))
     return out
+
+
+def _rows_done(s: ShardStatus) -> int:
+    """The rows a shard's status counts as done: its result's, or its running attempt's progress."""
+    return (s.rows or 0) if s.state in {"succeeded", "running"} else 0
+
+
+def _stage_rows(layout: RunLayout, s: ShardStatus, stage: int) -> list[int]:
+    """The rows done in each stage of a two-stage run's shard in ``stage``: in the GPU stage its status's; in the
+    CPU stage its GPU-stage result's (its final result's without one) and its status's."""
+    if stage == 0:
+        return [_rows_done(s), 0]
+    first, _ = _read_winner(layout.stage_shard(s.shard, 0).winner)
+    return [first.rows if first is not None else _rows_done(s), _rows_done(s)]
+
+
+def _stages(plan: Plan, shards: list[ShardStatus]) -> list[StageProgress]:
+    """Each stage of a two-stage run over its shards (none for a single-stage run)."""
+    staged = [(s, s.stage_rows) for s in shards if s.stage_rows is not None]
+    if not staged:
+        return []
+    done = (sum(s.stage == "cpu" for s, _ in staged), sum(s.state == "succeeded" for s, _ in staged))
+    return [
+        StageProgress(
+            stage=name, rows_done=sum(rows[i] for _, rows in staged), records=plan.num_records, shards_done=done[i]
+        )
+        for i, name in enumerate(STAGE_NAMES)
+    ]
 
 
 def run_status(layout: RunLayout, slurm: Slurm, *, now: datetime | None = None) -> RunStatus:
@@ -507,7 +582,10 @@ def _run_status(
     for spec in plan.shards:
         stage = shard_stage(layout, plan, spec.index)
         mine = [(sub, task) for sub, task in covering.get(spec.index, []) if stage is None or sub.stage == stage]
-        shards.append(shard_status(layout, plan, spec.index, mine, sched, moment, stage))
+        status = shard_status(layout, plan, spec.index, mine, sched, moment, stage)
+        if stage is not None:
+            status.stage_rows = _stage_rows(layout, status, stage)
+        shards.append(status)
     if progress is not None:
         for s in shards:
             if s.state == "pending" and not covering.get(s.shard):
@@ -516,12 +594,18 @@ def _run_status(
     counts: dict[str, int] = {}
     for s in shards:
         counts[s.state] = counts.get(s.state, 0) + 1
-    done = sum(s.rows or 0 for s in shards if s.state in {"succeeded", "running"})
+    done = sum(_rows_done(s) for s in shards if s.stage != "gpu")  # the final stage's rows: the run's records
+    stages = _stages(plan, shards)
+    work = sum(s.records for s in stages) if stages else plan.num_records
     cancelled = cancel_record(layout)
     return RunStatus(
         run_id=plan.run_id,
         run_dir=str(layout.root),
-        state=run_state(shards, cancelled is not None, incomplete=incomplete),
+        state=run_state(
+            shards, cancelled is not None, incomplete=incomplete, begun=any(s.stage == "cpu" for s in shards)
+        ),
+        stages=stages,
+        progress=round(min(1.0, (sum(s.rows_done for s in stages) if stages else done) / work), 4) if work else 0.0,
         shards=shards,
         records_requested=plan.num_records,
         records_done=done,

@@ -110,9 +110,11 @@ def write_attempt(
     reason: str | None = None,
     started: str | None = None,
     progress: int | None = None,
+    stage: int | None = None,
 ) -> AttemptRecord:
     """The record of attempt ``attempt-<job>`` of ``shard`` as array task ``task`` (``<array>_<i>``; None: not a
-    Slurm array) wrote it, begun at ``started`` (default: now); with ``progress``, its progress file too."""
+    Slurm array) wrote it, begun at ``started`` (default: now); with ``progress``, its progress file too;
+    ``stage``: of that stage of a two-stage run (0: the GPU stage's, under the shard's ``stage-0/``)."""
     began = started or datetime.now(UTC).isoformat()
     record = AttemptRecord(
         shard=shard,
@@ -124,7 +126,7 @@ def write_attempt(
         reason=reason,
         slurm_log=str(layout.logs / f"slurm-{task}.out") if task else None,
     )
-    attempt = layout.shard(shard).attempt(record.attempt)
+    attempt = layout.stage_shard(shard, stage).attempt(record.attempt)
     attempt.dir.mkdir(parents=True, exist_ok=True)
     atomic_write(attempt.record, encode(record))
     if progress is not None:
