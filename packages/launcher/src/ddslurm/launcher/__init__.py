@@ -32,7 +32,7 @@ from ddslurm.launcher._slurm import (
     parse_job_key,
     subprocess_runner,
 )
-from ddslurm.launcher._status import RunStatus, ShardStatus, run_state, run_status
+from ddslurm.launcher._status import RunStatus, ShardStatus, StageProgress, run_state, run_status
 from ddslurm.launcher._steer import (
     Accepted,
     AcceptedShard,
@@ -88,6 +88,7 @@ __all__ = [
     "Slurm",
     "SlurmError",
     "SlurmTimeoutError",
+    "StageProgress",
     "SubmitError",
     "Submitted",
     "TaskState",
