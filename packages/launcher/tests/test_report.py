@@ -5,8 +5,6 @@ from __future__ import annotations
 import io
 import json
 import re
-import shutil
-import subprocess
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -36,7 +34,7 @@ from ddslurm.config.testing import make_plan
 from ddslurm.launcher._slurm import Slurm, tres_gpus
 from ddslurm.launcher.cli import main
 from ddslurm.launcher.report import parse_client_out, render_html, report_json, run_report
-from ddslurm.launcher.testing import FakeSlurm
+from ddslurm.launcher.testing import CHROMIUM, FakeSlurm, chromium, console_lines, page_layout, pixel_variance
 
 T = "2025-12-31T23:"  # every event of the synthetic run is in the last ten minutes of 2025
 
@@ -531,92 +529,52 @@ def test_a_run_without_attempts_still_renders(tmp_path: Path) -> None:
     assert "No attempt has started." in render_html(report)
 
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-
-
-def _chromium(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [CHROMIUM or "chromium", "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-         f"--user-data-dir={cwd / 'profile'}", "--enable-logging=stderr", "--v=0", *args],
-        capture_output=True, text=True, timeout=120, cwd=cwd, check=False,
-    )  # fmt: skip
-
-
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
 def test_the_page_renders_in_a_headless_browser_offline(tmp_path: Path) -> None:
     layout = make_report_run(tmp_path)
     assert main(["report", str(layout.root)], slurm=Slurm(FakeSlurm(sacct=SACCT)), stdout=io.StringIO()) == 0
     url = (layout.root / "report.html").as_uri()
-    dom = _chromium("--virtual-time-budget=10000", "--dump-dom", url, cwd=tmp_path)
+    dom = chromium("--virtual-time-budget=10000", "--dump-dom", url, cwd=tmp_path)
     assert dom.returncode == 0, dom.stderr[-2000:]
-    assert _console(dom.stderr) == [], "the page logged to the console (a JavaScript error)"
+    assert console_lines(dom.stderr) == [], "the page logged to the console (a JavaScript error)"
     for chart in ("timeline", "throughput", "models", "gpu", "failures"):  # plotly drew each into an SVG
         m = re.search(rf'id="chart-{chart}"[^>]*>.*?<svg class="main-svg"', dom.stdout, re.S)
         assert m is not None, f"chart {chart} was not drawn"
     assert dom.stdout.count('class="bars"') + dom.stdout.count('class="point"') > 0
 
     shot = tmp_path / "shot.png"
-    done = _chromium(
-        "--virtual-time-budget=10000", "--window-size=1200,1600", f"--screenshot={shot}", url, cwd=tmp_path
-    )
+    done = chromium("--virtual-time-budget=10000", "--window-size=1200,1600", f"--screenshot={shot}", url, cwd=tmp_path)
     assert done.returncode == 0 and shot.is_file(), done.stderr[-2000:]
-    assert _pixel_variance(shot) > 100.0, "the screenshot is blank"
+    assert pixel_variance(shot) > 100.0, "the screenshot is blank"
+    assert page_layout(layout.root / "report.html", tmp_path)["problems"] == []
 
 
-def _console(stderr: str) -> list[str]:
-    """What the page logged to its console (errors, uncaught exceptions), as chromium's log shows it."""
-    return [line for line in stderr.splitlines() if ":CONSOLE" in line or "Uncaught" in line]
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
+def test_a_two_stage_page_charts_both_stages_with_nothing_cut_off(tmp_path: Path) -> None:
+    layout = make_staged_run(tmp_path, [("50:21", "50:58"), ("50:59", "51:14")])
+    assert main(["report", str(layout.root)], slurm=Slurm(FakeSlurm(sacct=STAGED_SACCT)), stdout=io.StringIO()) == 0
+    measured = page_layout(layout.root / "report.html", tmp_path)
+    assert measured["problems"] == []
+    legends = measured["legends"]
+    assert {"records/s · GPU stage", "records/s · CPU stage"} <= set(legends["chart-throughput"]), legends
+    assert "waiting for the GPU stage" in legends["chart-timeline"], legends
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
+def test_the_layout_check_sees_a_label_cut_off(tmp_path: Path) -> None:
+    page = tmp_path / "cut.html"
+    page.write_text(
+        '<html><body><div class="js-plotly-plot" id="chart-x" style="width:100px;height:50px;overflow:hidden">'
+        '<svg width="400" height="50"><text x="150" y="20">far right</text></svg></div>'
+        '<div class="card" style="width:40px;overflow:hidden">a very long card value</div></body></html>'
+    )
+    problems = page_layout(page, tmp_path)["problems"]
+    assert any("far right" in p for p in problems) and any("card" in p for p in problems), problems
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
 def test_the_console_check_sees_a_javascript_error(tmp_path: Path) -> None:
     bad = tmp_path / "bad.html"
     bad.write_text("<html><body><script>undefined_function();</script></body></html>")
-    done = _chromium("--virtual-time-budget=2000", "--dump-dom", bad.as_uri(), cwd=tmp_path)
-    assert any("undefined_function" in line for line in _console(done.stderr)), done.stderr[-2000:]
-
-
-def _pixel_variance(png: Path) -> float:
-    """The variance of the grey levels of a PNG (decoded with zlib: no imaging library needed)."""
-    import struct
-    import zlib
-
-    raw = png.read_bytes()
-    assert raw[:8] == b"\x89PNG\r\n\x1a\n"
-    pos, idat, width, height, depth, colour = 8, b"", 0, 0, 0, 0
-    while pos < len(raw):
-        (length,) = struct.unpack(">I", raw[pos : pos + 4])
-        kind, body = raw[pos + 4 : pos + 8], raw[pos + 8 : pos + 8 + length]
-        if kind == b"IHDR":
-            width, height, depth, colour = struct.unpack(">IIBB", body[:10])
-        elif kind == b"IDAT":
-            idat += body
-        pos += 12 + length
-    assert depth == 8 and colour in (2, 6)
-    channels = 3 if colour == 2 else 4
-    data = zlib.decompress(idat)
-    stride = width * channels
-    prev = bytearray(stride)
-    values: list[int] = []
-    for row in range(height):
-        start = row * (stride + 1)
-        kind, line = data[start], bytearray(data[start + 1 : start + 1 + stride])
-        for i in range(stride):
-            left = line[i - channels] if i >= channels else 0
-            up, corner = prev[i], prev[i - channels] if i >= channels else 0
-            if kind == 1:
-                line[i] = (line[i] + left) & 0xFF
-            elif kind == 2:
-                line[i] = (line[i] + up) & 0xFF
-            elif kind == 3:
-                line[i] = (line[i] + (left + up) // 2) & 0xFF
-            elif kind == 4:
-                p = left + up - corner
-                pa_, pb, pc = abs(p - left), abs(p - up), abs(p - corner)
-                pred = left if pa_ <= pb and pa_ <= pc else up if pb <= pc else corner
-                line[i] = (line[i] + pred) & 0xFF
-        if row % 8 == 0:
-            values.extend(sum(line[i : i + 3]) // 3 for i in range(0, stride, channels * 8))
-        prev = line
-    mean = sum(values) / len(values)
-    return sum((v - mean) ** 2 for v in values) / len(values)
+    done = chromium("--virtual-time-budget=2000", "--dump-dom", bad.as_uri(), cwd=tmp_path)
+    assert any("undefined_function" in line for line in console_lines(done.stderr)), done.stderr[-2000:]

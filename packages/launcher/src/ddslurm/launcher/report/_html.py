@@ -29,7 +29,10 @@ _COLOURS = {
     "publishing": "#3dbf6e",
 }
 
+# The scroll bar is there from the start: a chart is drawn at its container's width when its script runs, and a
+# scroll bar that appeared later, once the page had grown, would cut off the right edge of every chart drawn before.
 _CSS = """
+html{overflow-y:scroll}
 body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px;color:#1d2733}
 h1{font-size:22px;margin:0 0 4px} h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #dde3ea}
 .muted{color:#5f6b7a} .cards{display:flex;flex-wrap:wrap;gap:12px;margin:16px 0}
@@ -175,9 +178,8 @@ def _chart(figures: dict[str, Any], name: str) -> str:
     fig = figures.get(name)
     if fig is None:
         return ""
-    div: str = fig.to_html(
-        full_html=False, include_plotlyjs=False, div_id=f"chart-{name}", config={"displaylogo": False}
-    )
+    config = {"displaylogo": False, "responsive": True}
+    div: str = fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"chart-{name}", config=config)
     return f'<div class="chart" data-chart="{name}">{div}</div>'
 
 
