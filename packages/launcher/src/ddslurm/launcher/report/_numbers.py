@@ -38,11 +38,12 @@ def run_report(
     layout: RunLayout, slurm: Slurm | None = None, *, now: datetime | None = None, bins: int = 24
 ) -> RunReport:
     """The report's numbers. ``slurm``: the scheduler to ask for accounting (one ``sacct`` call for all of the
-    run's arrays); None reads nothing from the scheduler and takes GPU time from the attempt records."""
+    run's arrays); None reads nothing from the scheduler, and the GPU time allocated is then unknown."""
     return numbers(read_run(layout, slurm), now=now, bins=bins)
 
 
 Span = tuple[datetime, datetime]
+Key = tuple[int, str | None, str]
 
 
 def numbers(facts: RunFacts, *, now: datetime | None = None, bins: int = 24) -> RunReport:
@@ -111,18 +112,19 @@ def _stage_name(item: AttemptFacts, staged: bool) -> str | None:
     return ("gpu" if item.stage == 0 else "cpu") if staged else None
 
 
-def _key(shard: int, stage: str | None, attempt: str) -> tuple[int, str | None, str]:
-    return shard, stage, attempt
+def _key(item: AttemptFacts, staged: bool) -> Key:
+    """An attempt as the timeline names it: shard, stage (``gpu``, ``cpu``, or None), attempt id."""
+    return item.record.shard, _stage_name(item, staged), item.record.attempt
 
 
-def _active(spans: list[AttemptSpan]) -> dict[tuple[int, str | None, str], Span]:
+def _active(spans: list[AttemptSpan]) -> dict[Key, Span]:
     """Each attempt's generating span (serving ready, or its start, to its last batch), by shard, stage, attempt."""
-    out: dict[tuple[int, str | None, str], Span] = {}
+    out: dict[Key, Span] = {}
     for span in spans:
         for phase in span.phases:
             start, end = moment(phase.start), moment(phase.end)
             if phase.name == "generating" and start is not None and end is not None:
-                out[_key(span.shard, span.stage, span.attempt)] = (start, end)
+                out[(span.shard, span.stage, span.attempt)] = (start, end)
     return out
 
 
@@ -225,7 +227,7 @@ def _timeline(facts: RunFacts) -> list[AttemptSpan]:
 
 
 def _throughput(
-    facts: RunFacts, active: dict[tuple[int, str | None, str], Span], bins: int = 24
+    facts: RunFacts, active: dict[Key, Span], bins: int = 24
 ) -> tuple[list[BatchPoint], list[RateBin], list[StageRate]]:
     """Every batch of every stage (its stage's running total), the records per second of each stage in ``bins``
     bins of one width from the first attempt's start to the run's last batch, and each stage's rows over the union
@@ -245,7 +247,7 @@ def _throughput(
         for at, shard, attempt, rows in steps:
             total += rows
             points.append(BatchPoint(at=iso(at), shard=shard, attempt=attempt, rows=rows, total=total, stage=stage))
-        spans = [a for d in data if (a := active.get(_key(d.record.shard, stage, d.record.attempt))) is not None]
+        spans = [a for d in data if (a := active.get(_key(d, staged))) is not None]
         busy = length(spans)
         rate = round(total / busy, 3) if total and busy > 0 else None
         stages.append(StageRate(stage=stage, rows=total, active_s=round(busy, 3), records_per_second=rate))
@@ -280,7 +282,7 @@ def _throughput(
 # --- models ---
 
 
-def _models(facts: RunFacts, active: dict[tuple[int, str | None, str], Span]) -> tuple[list[ModelUsage], list[str]]:
+def _models(facts: RunFacts, active: dict[Key, Span]) -> tuple[list[ModelUsage], list[str]]:
     """Usage per alias summed over every attempt's summaries; its tokens per second over the union of the
     generating spans of the attempts that used it."""
     plan = facts.plan
@@ -306,7 +308,7 @@ def _models(facts: RunFacts, active: dict[tuple[int, str | None, str], Span]) ->
 
         for model, checks in parsed.health_checks.items():
             entry_of(model).health_checks += checks
-        span = active.get(_key(item.record.shard, _stage_name(item, staged), item.record.attempt))
+        span = active.get(_key(item, staged))
         for u in parsed.usage:
             entry = entry_of(u.model)
             if span is not None:
@@ -345,7 +347,7 @@ def _allocation(item: AttemptFacts) -> str:
     return item.array_task or item.record.job_id
 
 
-def _gpu(facts: RunFacts, active: dict[tuple[int, str | None, str], Span]) -> tuple[GpuUsage, list[str]]:
+def _gpu(facts: RunFacts, active: dict[Key, Span]) -> tuple[GpuUsage, list[str]]:
     """GPU time allocated (sacct) and generating: per allocation that held GPUs, the union of the spans in which
     its servers had work (its proxies' busy logs, else its attempts' generating spans) x its GPUs, at most what
     sacct allocated it."""
@@ -370,8 +372,7 @@ def _gpu(facts: RunFacts, active: dict[tuple[int, str | None, str], Span]) -> tu
         busy = [span for d in sorted({i.serving_dir for i in items if i.serving_dir}) for span in facts.busy.get(d, [])]
         source: Literal["proxy", "attempts"] = "proxy" if busy else "attempts"
         if not busy:
-            keys = (_key(i.record.shard, _stage_name(i, staged), i.record.attempt) for i in items)
-            busy = [active[k] for k in keys if k in active]
+            busy = [active[k] for k in (_key(i, staged) for i in items) if k in active]
         rows = accounted.get(name, [])
         gpus = max((r.gpus for r in rows), default=0) or plan_gpus
         allocated = float(sum(r.elapsed_s * (r.gpus or plan_gpus) for r in rows)) if rows else None
