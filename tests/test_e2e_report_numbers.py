@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.dd]
 
 RECORDS, SHARDS = 16, 4
 GENERATOR = generator(
-    replicas=2, tensor_parallel=1, env={"FAKE_VLLM_LATENCY": "1.0", "FAKE_VLLM_STARTUP_DELAY": "1"}
+    replicas=2, tensor_parallel=1, env={"FAKE_VLLM_LATENCY": "2.0", "FAKE_VLLM_STARTUP_DELAY": "1"}
 ) + ("allocations: 2\nclient_workers: 2\n")  # fmt: skip
 
 Span = tuple[float, float]
