@@ -209,11 +209,13 @@ def generator(
 def vllm_stand_in(folder: Path, name: str = "", *, record_env: bool = False) -> Path:
     """``vllm`` for a profile's ``vllm_executable``: a script in ``folder`` (``vllm``, or ``vllm-<name>``) that
     becomes :data:`FAKE_VLLM`, each server process keeping its own request log,
-    ``folder/[<name>-]requests-<pid>.jsonl``; with ``record_env``, a server step first writes its environment
-    (its GPUs, its token) to ``folder/server-env-<pid>.txt``."""
+    ``folder/[<name>-]requests-<job>-<pid>.jsonl`` (``<job>``: the Slurm job it serves, ``none`` outside one);
+    with ``record_env``, a server step first writes its environment (its GPUs, its token) to
+    ``folder/server-env-<pid>.txt``."""
     script = folder / (f"vllm-{name}" if name else "vllm")
     log = folder / (f"{name}-requests" if name else "requests")
     record = f'[ "$1" = serve ] && env > "{folder}/server-env-$$.txt"\n' if record_env else ""
-    script.write_text(f'#!/bin/sh\n{record}FAKE_VLLM_REQUEST_LOG="{log}-$$.jsonl" exec "{FAKE_VLLM}" "$@"\n')
+    requests = f'FAKE_VLLM_REQUEST_LOG="{log}-${{SLURM_JOB_ID:-none}}-$$.jsonl"'
+    script.write_text(f'#!/bin/sh\n{record}{requests} exec "{FAKE_VLLM}" "$@"\n')
     script.chmod(0o755)
     return script

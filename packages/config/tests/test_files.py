@@ -20,6 +20,7 @@ from ddslurm.config import (
     atomic_write,
     check_run_tree,
     make_private_dir,
+    open_append,
     publish_once,
     read_regular,
     sha256_bytes,
@@ -102,6 +103,26 @@ def test_publish_once_does_not_replace_an_existing_file(tmp_path: Path) -> None:
     assert publish_once(path, b"mine") is False
     assert path.read_bytes() == b"someone else"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["winner.json"]
+
+
+def test_open_append_creates_owner_only_and_appends(tmp_path: Path) -> None:
+    path = tmp_path / "busy.jsonl"
+    for line in (b"one\n", b"two\n"):
+        with open_append(path) as stream:
+            stream.write(line)
+    assert path.read_bytes() == b"one\ntwo\n" and mode_of(path) == 0o600
+
+
+@pytest.mark.parametrize("dangling", [pytest.param(False, id="to-a-file"), pytest.param(True, id="dangling")])
+def test_open_append_refuses_a_symlink(tmp_path: Path, dangling: bool) -> None:
+    target = tmp_path / "target"
+    if not dangling:
+        target.write_bytes(b"precious")
+    link = tmp_path / "link"
+    link.symlink_to(target)
+    with pytest.raises(UnsafePathError, match="symbolic link"):
+        open_append(link)
+    assert link.is_symlink() and (target.read_bytes() == b"precious" if not dangling else not target.exists())
 
 
 @pytest.mark.parametrize("dangling", [pytest.param(False, id="to-a-file"), pytest.param(True, id="dangling")])

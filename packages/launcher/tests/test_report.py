@@ -5,8 +5,7 @@ from __future__ import annotations
 import io
 import json
 import re
-import shutil
-import subprocess
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +16,16 @@ from ddslurm.collector import collect
 from ddslurm.collector.testing import make_published_run
 from ddslurm.config import (
     AttemptRecord,
+    BusySpan,
     DeploymentPlan,
     ReplicaPlan,
     RunLayout,
     ServingPlan,
+    StagePlan,
     SubmissionRecord,
     WinnerRecord,
     atomic_write,
+    busy_log,
     encode,
     make_private_dir,
     read_json,
@@ -31,8 +33,8 @@ from ddslurm.config import (
 from ddslurm.config.testing import make_plan
 from ddslurm.launcher._slurm import Slurm, tres_gpus
 from ddslurm.launcher.cli import main
-from ddslurm.launcher.report import parse_client_out, render_html, run_report
-from ddslurm.launcher.testing import FakeSlurm
+from ddslurm.launcher.report import parse_client_out, render_html, report_json, run_report
+from ddslurm.launcher.testing import CHROMIUM, FakeSlurm, chromium, console_lines, page_layout, pixel_variance
 
 T = "2025-12-31T23:"  # every event of the synthetic run is in the last ten minutes of 2025
 
@@ -225,7 +227,9 @@ def test_the_numbers_of_a_synthetic_run(tmp_path: Path) -> None:
     # batches: +2 (shard 0) and +1 (shard 1) at 51:00, +1 at 52:00, +1 (a fill; the resumed row not again) at 54:00
     assert [(b.rows, b.total) for b in report.batches] == [(2, 2), (1, 3), (1, 4), (1, 5)]
     assert report.rows_generated == 5 and sum(b.rows for b in report.rate) == 5
-    assert report.records_per_second == round(5 / 230, 3)
+    # over the union of the generating spans (50:30-52:00 holds shard 1's first 50:40-51:30; then 53:50-54:00)
+    assert report.records_per_second == round(5 / (90 + 10), 3)
+    assert [(r.stage, r.rows, r.active_s) for r in report.stages] == [(None, 5, 100.0)]
 
     models = {m.alias: m for m in report.models}
     writer, judge = models["writer"], models["judge"]
@@ -235,6 +239,9 @@ def test_the_numbers_of_a_synthetic_run(tmp_path: Path) -> None:
     assert (judge.local, judge.provider, judge.requests, judge.failed) == (False, "demo-hosted", 5, 0)
     assert (judge.input_tokens, judge.output_tokens, judge.total_tokens) == (70, 14, 84)
     assert writer.latency_s is None
+    # tokens over the union of the spans of the attempts that used the model, not the sum of the summaries' rates
+    assert (writer.active_s, writer.tokens_per_second) == (100.0, round(340 / 100, 1))
+    assert (judge.active_s, judge.tokens_per_second) == (100.0, round(84 / 100, 1))
     assert (writer.health_checks, judge.health_checks) == (3, 3)
 
     gpu = report.gpu
@@ -242,6 +249,12 @@ def test_the_numbers_of_a_synthetic_run(tmp_path: Path) -> None:
     assert [(j.job, j.elapsed_s, j.gpus) for j in gpu.jobs] == [("100_0", 130, 2), ("100_1", 85, 2), ("104_0", 50, 2)]
     assert gpu.allocated_gpu_hours == round((130 + 85 + 50) * 2 / 3600, 6)
     assert gpu.generating_gpu_hours == round((90 + 50 + 10) * 2 / 3600, 6)
+    # no proxy busy log: each allocation's attempts' generating spans
+    assert [(a.job, a.gpus, a.allocated_s, a.busy_s, a.busy_from, a.clamped) for a in gpu.allocations] == [
+        ("100_0", 2, 260.0, 90.0, "attempts", False),
+        ("100_1", 2, 170.0, 50.0, "attempts", False),
+        ("104_0", 2, 100.0, 10.0, "attempts", False),
+    ]
 
     assert [(f.reason, f.count, f.shards, f.message) for f in report.failures] == [
         ("endpoint_errors", 1, [1], "writer: 4 requests failed"),
@@ -271,9 +284,177 @@ def test_accounting_falls_back_to_attempt_records_when_sacct_fails(tmp_path: Pat
 
     report = run_report(layout, Slurm(broken))
     gpu = report.gpu
-    assert gpu is not None and gpu.source == "attempt records" and gpu.jobs == []
-    assert any("sacct" in note for note in report.notes)
-    assert gpu.allocated_gpu_hours == round((115 + 80 + 45) * 2 / 3600, 6)
+    assert gpu is not None and gpu.source == "none" and gpu.jobs == []
+    assert any("sacct" in note and "unknown" in note for note in report.notes)
+    # what cannot be known is not estimated: no allocated GPU time, no share of it
+    assert (gpu.allocated_gpu_hours, gpu.utilisation) == (None, None)
+    assert [a.allocated_s for a in gpu.allocations] == [None, None, None]
+    assert gpu.generating_gpu_hours == round((90 + 50 + 10) * 2 / 3600, 6)
+    page = render_html(report)
+    assert "unknown (no sacct)" in page and "GPU-hours allocated unknown (sacct could not be read)" in page
+    assert report_json(report)["gpu"]["allocated_gpu_hours"] is None
+
+
+STAGED_SACCT = (
+    "300_0|COMPLETED|80|billing=4,cpu=4,gres/gpu=2,mem=8G,node=1|2025-12-31T23:50:10|2025-12-31T23:51:30\n"
+    "302_0|COMPLETED|30|billing=2,cpu=2,mem=2G,node=1|2025-12-31T23:51:35|2025-12-31T23:52:05\n"
+)
+
+
+def _staged_attempt(layout: RunLayout, shard: int, stage: int | None, job: str, task: str, **fields: Any) -> Path:
+    """An attempt of a pulling allocation (job ``job``, array task ``task``) of a two-stage run."""
+    record = AttemptRecord(
+        shard=shard, attempt=f"attempt-{job}", job_id=job, node="n1", slurm_log=str(layout.logs / f"slurm-{task}.out"),
+        allocation=str(layout.allocation(job)), client_runs=1, state="succeeded", rows=4, **fields,
+    )  # fmt: skip
+    path = layout.stage_shard(shard, stage).attempt(record.attempt).dir
+    path.mkdir(parents=True, exist_ok=True)
+    atomic_write(path / "attempt.json", encode(record))
+    return path
+
+
+def _win(layout: RunLayout, shard: int, stage: int | None, job: str, at: str, stats: list[Any]) -> None:
+    data = layout.root / "data" / f"{shard}-{stage}"
+    data.mkdir(parents=True)
+    (data / "metadata.json").write_text(json.dumps({"column_statistics": stats}))
+    winner = WinnerRecord(
+        shard=shard, attempt=f"attempt-{job}", rows=4, dataset_dir=str(data), files=(), plan_sha256="-",
+        published_at=f"{T}{at}+00:00",
+    )  # fmt: skip
+    atomic_write(layout.stage_shard(shard, stage).winner, encode(winner))
+
+
+def make_staged_run(root: Path, busy: list[tuple[str, str]] | None) -> RunLayout:
+    """A finished two-stage run of 2 shards (4 records each): its GPU stage in ONE pulling allocation (array 300,
+    job 301, 2 GPUs) whose two client workers generate both shards at once (generating 50:20-51:00 and
+    50:20-51:15), its CPU stage in one CPU allocation (array 302, job 303) after it. ``busy``: the spans of the
+    allocation's proxy busy log (``(from, to)`` as ``MM:SS``), None: it wrote none."""
+    layout = RunLayout(root / "run-2")
+    make_private_dir(layout.root)
+    serving = ServingPlan(
+        deployments=(
+            DeploymentPlan(
+                alias="writer", model="/models/writer", served_model_name="local/writer-8b", tensor_parallel=2,
+                replicas=(ReplicaPlan(index=0, gpus=2, cpus=4),), startup_timeout=600,
+            ),
+        ),
+        gpus=2,
+    )  # fmt: skip
+    stages = (StagePlan(kind="gpu", columns=("q",)), StagePlan(kind="cpu", columns=("j",)))
+    plan = make_plan(layout.run_id, (4, 4), serving=serving, stages=stages, allocations=1, client_workers=2)
+    atomic_write(layout.plan, encode(plan))
+    for path in (layout.submissions, layout.logs, layout.allocations):
+        path.mkdir()
+    for array, stage in (("300", 0), ("302", 1)):
+        sub = SubmissionRecord(
+            array_job_id=array, shards=(0, 1), tasks=1, submitted_at=f"{T}50:00+00:00", script="-", stage=stage,
+            after_any=("300",) if stage else (),
+        )  # fmt: skip
+        atomic_write(layout.submissions / f"{array}.json", encode(sub))
+    (layout.logs / "slurm-300_0.out").write_text(_event("serving.ready", "50:20"))
+    (layout.logs / "slurm-302_0.out").write_text(_event("serving.ready", "51:38"))  # no servers: no GPU time
+    layout.allocation("301").mkdir()
+    if busy is not None:
+        lines = [encode(BusySpan(start=_epoch(a), end=_epoch(b))).decode() for a, b in busy]
+        busy_log(layout.allocation("301"), "writer").write_text("".join(lines))
+    writer = _usage("local/writer-8b", "input=100, output=200, total={}, tps=50", "success=4, failed=0, total=4, rpm=3")
+    judge = _usage("demo/judge-70b", "input=10, output=5, total={}, tps=40", "success=4, failed=0, total=4, rpm=2")
+    gpu = [("50:10", "51:10", ("50:40", 2), ("51:00", 4), 300), ("50:12", "51:20", ("50:50", 3), ("51:15", 4), 200)]
+    for shard, (start, end, b1, b2, tokens) in enumerate(gpu):
+        path = _staged_attempt(
+            layout, shard, 0, "301", "300_0", started_at=f"{T}{start}+00:00", ended_at=f"{T}{end}+00:00"
+        )
+        (path / "client.log").write_text(
+            _event("batch.complete", b1[0], rows=b1[1]) + _event("batch.complete", b2[0], rows=b2[1])
+        )
+        (path / "client.out").write_text(CONFIGS + HEAD + writer.format(tokens))
+        _win(layout, shard, 0, "301", "51:25", [{"column_name": "q", "column_type": "llm-text", "num_records": 4}])
+    cpu = [("51:40", "52:00", "51:50", 60), ("51:41", "52:05", "52:00", 40)]
+    for shard, (start, end, batch, tokens) in enumerate(cpu):
+        path = _staged_attempt(
+            layout, shard, None, "303", "302_0", started_at=f"{T}{start}+00:00", ended_at=f"{T}{end}+00:00"
+        )
+        (path / "client.log").write_text(_event("batch.complete", batch, rows=4))
+        (path / "client.out").write_text(CONFIGS + HEAD + judge.format(tokens))
+        _win(
+            layout, shard, None, "303", "52:10",
+            [{"column_name": "q", "column_type": "seed-dataset", "num_records": 4},
+             {"column_name": "j", "column_type": "llm-judge", "num_records": 4}],
+        )  # fmt: skip
+    return layout
+
+
+def _epoch(at: str) -> float:
+    return datetime.fromisoformat(f"{T}{at}+00:00").timestamp()
+
+
+def test_two_workers_sharing_an_allocations_gpus_count_its_time_once(tmp_path: Path) -> None:
+    report = run_report(make_staged_run(tmp_path, None), Slurm(FakeSlurm(sacct=STAGED_SACCT)))
+    gpu = report.gpu
+    assert gpu is not None and gpu.source == "sacct"
+    # the two workers generated 40 s and 55 s at once: the allocation's GPUs were busy 55 s, not 95 s
+    old_sum = (40 + 55) * 2
+    assert old_sum > 80 * 2  # what adding up the workers' time gave: above what the allocation was allocated
+    [allocation] = gpu.allocations
+    assert (allocation.job, allocation.gpus, allocation.allocated_s) == ("300_0", 2, 160.0)
+    assert (allocation.busy_s, allocation.busy_from, allocation.generating_gpu_s) == (55.0, "attempts", 110.0)
+    assert gpu.allocated_gpu_hours == round(160 / 3600, 6)  # the CPU stage's allocation held no GPU
+    assert gpu.generating_gpu_hours == round(110 / 3600, 6) <= gpu.allocated_gpu_hours
+    assert gpu.utilisation == round(110 / 160, 4) <= 1
+    assert any("no proxy busy log for allocation(s) 300_0" in n for n in report.notes)
+
+    # rates: each stage's rows over the union of its attempts' generating spans; the run's over both stages'
+    assert [(r.stage, r.rows, r.active_s) for r in report.stages] == [("gpu", 8, 55.0), ("cpu", 8, 20.0)]
+    assert [r.records_per_second for r in report.stages] == [round(8 / 55, 3), round(8 / 20, 3)]
+    assert report.rows_generated == 8 and report.records_per_second == round(8 / (55 + 20), 3)
+    models = {m.alias: m for m in report.models}
+    assert (models["writer"].active_s, models["writer"].tokens_per_second) == (55.0, round(500 / 55, 1))
+    assert (models["judge"].active_s, models["judge"].tokens_per_second) == (20.0, round(100 / 20, 1))
+
+    # records over time: both stages, bins of one width over the whole run (50:10 to 52:00), each stage's rows
+    assert {b.stage for b in report.rate} == {"gpu", "cpu"} == {b.stage for b in report.batches}
+    width = 110 / 24
+    for stage in ("gpu", "cpu"):
+        bins = [b for b in report.rate if b.stage == stage]
+        assert len(bins) == 24 and sum(b.rows for b in bins) == 8
+        assert abs(sum(b.rate * width for b in bins) - 8) < 0.01
+        assert max(b.total for b in report.batches if b.stage == stage) == 8
+
+    # the CPU stage waited for the GPU stage (to 51:20, the last GPU-stage attempt's end), then was queued
+    phases = {(s.shard, s.stage): {p.name: p.seconds for p in s.phases} for s in report.timeline}
+    assert phases[(0, "cpu")] == {"waiting": 80, "queued": 20, "generating": 10, "publishing": 20}
+    assert phases[(1, "cpu")]["waiting"] == 81 - 1 and "queued" in phases[(1, "cpu")]
+    assert "waiting" not in phases[(0, "gpu")]
+
+    columns = {c.name: c for c in report.columns}
+    assert (columns["q"].stage, columns["q"].column_type) == ("GPU stage", "llm-text")  # not "seed-dataset"
+    assert (columns["j"].stage, columns["j"].column_type) == ("CPU stage", "llm-judge")
+    page = render_html(report)
+    names = {json.loads(m) for m in re.findall(r'"name":("(?:[^"\\]|\\.)*")', page)}  # the charts' traces
+    assert {"waiting for the GPU stage", "records/s · GPU stage", "records/s · CPU stage"} <= names, names
+    assert "seed-dataset" not in page
+
+
+def test_the_proxy_busy_log_is_the_allocations_busy_time_and_never_exceeds_what_sacct_allocated(
+    tmp_path: Path,
+) -> None:
+    busy = [("50:21", "50:58"), ("50:59", "51:14"), ("51:10", "51:12")]  # the last within the second: counted once
+    report = run_report(make_staged_run(tmp_path / "a", busy), Slurm(FakeSlurm(sacct=STAGED_SACCT)))
+    assert report.gpu is not None
+    [allocation] = report.gpu.allocations
+    assert (allocation.busy_s, allocation.busy_from, allocation.clamped) == (37 + 15, "proxy", False)
+    assert allocation.generating_gpu_s == (37 + 15) * 2
+    assert report.gpu.generating_gpu_hours == round((37 + 15) * 2 / 3600, 6)
+    assert not any("busy log" in n or "cut to" in n for n in report.notes)
+
+    # a busy log longer than the allocation (another clock): cut to what sacct allocated, and said so
+    report = run_report(make_staged_run(tmp_path / "b", [("49:00", "52:00")]), Slurm(FakeSlurm(sacct=STAGED_SACCT)))
+    assert report.gpu is not None
+    [allocation] = report.gpu.allocations
+    assert (allocation.busy_s, allocation.clamped, allocation.generating_gpu_s) == (180.0, True, 160.0)
+    assert report.gpu.utilisation == 1.0
+    assert any("300_0" in n and "cut to the allocated time" in n for n in report.notes)
+    assert "(cut to allocated)" in render_html(report)
 
 
 def test_gpus_from_alloc_tres() -> None:
@@ -348,92 +529,52 @@ def test_a_run_without_attempts_still_renders(tmp_path: Path) -> None:
     assert "No attempt has started." in render_html(report)
 
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-
-
-def _chromium(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [CHROMIUM or "chromium", "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-         f"--user-data-dir={cwd / 'profile'}", "--enable-logging=stderr", "--v=0", *args],
-        capture_output=True, text=True, timeout=120, cwd=cwd, check=False,
-    )  # fmt: skip
-
-
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
 def test_the_page_renders_in_a_headless_browser_offline(tmp_path: Path) -> None:
     layout = make_report_run(tmp_path)
     assert main(["report", str(layout.root)], slurm=Slurm(FakeSlurm(sacct=SACCT)), stdout=io.StringIO()) == 0
     url = (layout.root / "report.html").as_uri()
-    dom = _chromium("--virtual-time-budget=10000", "--dump-dom", url, cwd=tmp_path)
+    dom = chromium("--virtual-time-budget=10000", "--dump-dom", url, cwd=tmp_path)
     assert dom.returncode == 0, dom.stderr[-2000:]
-    assert _console(dom.stderr) == [], "the page logged to the console (a JavaScript error)"
+    assert console_lines(dom.stderr) == [], "the page logged to the console (a JavaScript error)"
     for chart in ("timeline", "throughput", "models", "gpu", "failures"):  # plotly drew each into an SVG
         m = re.search(rf'id="chart-{chart}"[^>]*>.*?<svg class="main-svg"', dom.stdout, re.S)
         assert m is not None, f"chart {chart} was not drawn"
     assert dom.stdout.count('class="bars"') + dom.stdout.count('class="point"') > 0
 
     shot = tmp_path / "shot.png"
-    done = _chromium(
-        "--virtual-time-budget=10000", "--window-size=1200,1600", f"--screenshot={shot}", url, cwd=tmp_path
-    )
+    done = chromium("--virtual-time-budget=10000", "--window-size=1200,1600", f"--screenshot={shot}", url, cwd=tmp_path)
     assert done.returncode == 0 and shot.is_file(), done.stderr[-2000:]
-    assert _pixel_variance(shot) > 100.0, "the screenshot is blank"
+    assert pixel_variance(shot) > 100.0, "the screenshot is blank"
+    assert page_layout(layout.root / "report.html", tmp_path)["problems"] == []
 
 
-def _console(stderr: str) -> list[str]:
-    """What the page logged to its console (errors, uncaught exceptions), as chromium's log shows it."""
-    return [line for line in stderr.splitlines() if ":CONSOLE" in line or "Uncaught" in line]
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
+def test_a_two_stage_page_charts_both_stages_with_nothing_cut_off(tmp_path: Path) -> None:
+    layout = make_staged_run(tmp_path, [("50:21", "50:58"), ("50:59", "51:14")])
+    assert main(["report", str(layout.root)], slurm=Slurm(FakeSlurm(sacct=STAGED_SACCT)), stdout=io.StringIO()) == 0
+    measured = page_layout(layout.root / "report.html", tmp_path)
+    assert measured["problems"] == []
+    legends = measured["legends"]
+    assert {"records/s · GPU stage", "records/s · CPU stage"} <= set(legends["chart-throughput"]), legends
+    assert "waiting for the GPU stage" in legends["chart-timeline"], legends
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
+def test_the_layout_check_sees_a_label_cut_off(tmp_path: Path) -> None:
+    page = tmp_path / "cut.html"
+    page.write_text(
+        '<html><body><div class="js-plotly-plot" id="chart-x" style="width:100px;height:50px;overflow:hidden">'
+        '<svg width="400" height="50"><text x="150" y="20">far right</text></svg></div>'
+        '<div class="card" style="width:40px;overflow:hidden">a very long card value</div></body></html>'
+    )
+    problems = page_layout(page, tmp_path)["problems"]
+    assert any("far right" in p for p in problems) and any("card" in p for p in problems), problems
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
 def test_the_console_check_sees_a_javascript_error(tmp_path: Path) -> None:
     bad = tmp_path / "bad.html"
     bad.write_text("<html><body><script>undefined_function();</script></body></html>")
-    done = _chromium("--virtual-time-budget=2000", "--dump-dom", bad.as_uri(), cwd=tmp_path)
-    assert any("undefined_function" in line for line in _console(done.stderr)), done.stderr[-2000:]
-
-
-def _pixel_variance(png: Path) -> float:
-    """The variance of the grey levels of a PNG (decoded with zlib: no imaging library needed)."""
-    import struct
-    import zlib
-
-    raw = png.read_bytes()
-    assert raw[:8] == b"\x89PNG\r\n\x1a\n"
-    pos, idat, width, height, depth, colour = 8, b"", 0, 0, 0, 0
-    while pos < len(raw):
-        (length,) = struct.unpack(">I", raw[pos : pos + 4])
-        kind, body = raw[pos + 4 : pos + 8], raw[pos + 8 : pos + 8 + length]
-        if kind == b"IHDR":
-            width, height, depth, colour = struct.unpack(">IIBB", body[:10])
-        elif kind == b"IDAT":
-            idat += body
-        pos += 12 + length
-    assert depth == 8 and colour in (2, 6)
-    channels = 3 if colour == 2 else 4
-    data = zlib.decompress(idat)
-    stride = width * channels
-    prev = bytearray(stride)
-    values: list[int] = []
-    for row in range(height):
-        start = row * (stride + 1)
-        kind, line = data[start], bytearray(data[start + 1 : start + 1 + stride])
-        for i in range(stride):
-            left = line[i - channels] if i >= channels else 0
-            up, corner = prev[i], prev[i - channels] if i >= channels else 0
-            if kind == 1:
-                line[i] = (line[i] + left) & 0xFF
-            elif kind == 2:
-                line[i] = (line[i] + up) & 0xFF
-            elif kind == 3:
-                line[i] = (line[i] + (left + up) // 2) & 0xFF
-            elif kind == 4:
-                p = left + up - corner
-                pa_, pb, pc = abs(p - left), abs(p - up), abs(p - corner)
-                pred = left if pa_ <= pb and pa_ <= pc else up if pb <= pc else corner
-                line[i] = (line[i] + pred) & 0xFF
-        if row % 8 == 0:
-            values.extend(sum(line[i : i + 3]) // 3 for i in range(0, stride, channels * 8))
-        prev = line
-    mean = sum(values) / len(values)
-    return sum((v - mean) ** 2 for v in values) / len(values)
+    done = chromium("--virtual-time-budget=2000", "--dump-dom", bad.as_uri(), cwd=tmp_path)
+    assert any("undefined_function" in line for line in console_lines(done.stderr)), done.stderr[-2000:]

@@ -672,3 +672,70 @@ def test_the_command_takes_the_token_from_its_environment(tmp_path: Path) -> Non
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     asyncio.run(scenario(port))
+
+
+# --- the busy log ----------------------------------------------------------------------------------
+
+
+class Held(Inline):
+    """An upstream whose chat requests wait until the test releases them; each request's span is recorded."""
+
+    def __init__(self) -> None:
+        super().__init__("held")
+        self.release = asyncio.Event()
+        self.arrived: list[float] = []
+        self.spans: list[tuple[float, float]] = []
+
+    async def chat(self, request: web.Request) -> web.Response:
+        await request.read()
+        arrived = time.time()
+        self.arrived.append(arrived)
+        await self.release.wait()
+        self.spans.append((arrived, time.time()))
+        return web.json_response({"served_by": self.name})
+
+
+def test_the_busy_log_holds_the_spans_with_a_request_in_flight(tmp_path: Path) -> None:
+    import msgspec
+
+    from ddslurm.config import BusySpan
+
+    log = tmp_path / "busy-m.jsonl"
+    upstream, idle = asyncio.run(_busy_spans(log))
+    spans = [msgspec.json.decode(line, type=BusySpan) for line in log.read_text().splitlines()]
+    # two overlapping requests are one span, the third (after the proxy was idle) another
+    assert len(spans) == 2, spans
+    first, second = spans
+    assert first.start <= min(a for a, _ in upstream[:2]) and first.end >= max(b for _, b in upstream[:2])
+    assert first.end <= idle <= second.start <= upstream[2][0] and second.end >= upstream[2][1]
+    assert (log.stat().st_mode & 0o777) == 0o600
+
+
+async def _busy_spans(log: Path) -> tuple[list[tuple[float, float]], float]:
+    """Two overlapping requests, then (the proxy idle) a third: each upstream request's span, and a time between."""
+    upstream = Held()
+    async with (
+        serving(upstream.app) as base,
+        running_proxy([base], busy_log=log) as (_proxy, url),
+        aiohttp.ClientSession() as session,
+    ):
+
+        async def chat() -> None:
+            async with session.post(f"{url}/v1/chat/completions", json=CHAT) as response:
+                assert response.status == 200
+                await response.read()
+
+        async def arrived(n: int) -> bool:
+            return len(upstream.arrived) == n
+
+        both = [asyncio.create_task(chat()), asyncio.create_task(chat())]
+        await _wait_until(lambda: arrived(2))
+        upstream.release.set()
+        await asyncio.gather(*both)
+        idle = time.time()
+        upstream.release.clear()
+        third = asyncio.create_task(chat())
+        await _wait_until(lambda: arrived(3))
+        upstream.release.set()
+        await third
+    return sorted(upstream.spans), idle

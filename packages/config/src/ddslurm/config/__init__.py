@@ -22,6 +22,7 @@ from ddslurm.config._files import (
     check_run_tree,
     fsync_dir,
     make_private_dir,
+    open_append,
     publish_once,
     read_regular,
     read_tail,
@@ -35,6 +36,7 @@ from ddslurm.config._layout import (
     ShardLayout,
     attempt_id_for,
     attempt_restart,
+    busy_log,
 )
 from ddslurm.config._limits import Limit, QueuedJob, SchedulerLimits
 from ddslurm.config._plan import (
@@ -75,6 +77,7 @@ from ddslurm.config._recipe_stages import (
 from ddslurm.config._records import (
     AttemptRecord,
     AttemptState,
+    BusySpan,
     CancelRecord,
     ClaimRecord,
     FileEntry,
@@ -117,6 +120,7 @@ __all__ = [
     "AttemptRecord",
     "AttemptState",
     "BATCH_COMPLETE",
+    "BusySpan",
     "CancelRecord",
     "ClaimRecord",
     "ClusterProfile",
@@ -179,6 +183,7 @@ __all__ = [
     "atomic_write",
     "attempt_id_for",
     "attempt_restart",
+    "busy_log",
     "check_not_swappable",
     "check_private_dir",
     "check_run_tree",
@@ -196,6 +201,7 @@ __all__ = [
     "load_struct",
     "locate",
     "make_private_dir",
+    "open_append",
     "parallel_requests",
     "parse_recipe_ref",
     "partition_seed",

@@ -13,6 +13,7 @@ import secrets
 import stat
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 from ddslurm.config.errors import UnsafePathError
 
@@ -69,6 +70,18 @@ def publish_once(path: Path, data: bytes, *, mode: int = PRIVATE_FILE) -> bool:
             return False
     fsync_dir(path.parent)
     return True
+
+
+def open_append(path: Path) -> IO[bytes]:
+    """``path`` opened for appending, created owner-only (0600) if it is missing; a symbolic link at ``path`` is
+    refused, never followed. Each ``write`` of a line ends up whole at the end of the file (``O_APPEND``)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, PRIVATE_FILE)
+    except OSError as exc:
+        if path.is_symlink():
+            raise UnsafePathError(f"{path}: is a symbolic link; refusing to write through it") from None
+        raise exc
+    return os.fdopen(fd, "ab")
 
 
 def _mkdir_private(path: Path) -> None:

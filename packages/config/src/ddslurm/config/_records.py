@@ -126,6 +126,14 @@ class AttemptRecord(Frozen, frozen=True, kw_only=True):
     the model servers' and proxies' logs shared by every shard the allocation ran."""
 
 
+class BusySpan(Frozen, frozen=True, kw_only=True):
+    """One span in which a proxy had at least one request in flight to its model servers: a line of its
+    ``busy-<alias>.jsonl`` (:func:`~ddslurm.config.busy_log`), in seconds since the epoch (the node's clock)."""
+
+    start: float
+    end: float
+
+
 class Progress(Frozen, frozen=True, kw_only=True):
     """Written by the generation step after every completed batch, and while a batch is generated."""
 

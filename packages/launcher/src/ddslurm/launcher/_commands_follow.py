@@ -225,8 +225,9 @@ def cmd_report(
         f"  {report.records_done}/{report.records_requested} records, {report.shards_done}/{report.shards} shards, "
         f"{report.attempts} attempt(s), {rate} records/s",
     ]
-    if gpu is not None and gpu.allocated_gpu_hours > 0:
-        lines.append(f"  GPU-hours: {gpu.allocated_gpu_hours:.3f} allocated, {gpu.generating_gpu_hours:.3f} generating")
+    if gpu is not None and ((gpu.allocated_gpu_hours or 0) > 0 or gpu.generating_gpu_hours > 0):
+        allocated = f"{gpu.allocated_gpu_hours:.3f}" if gpu.allocated_gpu_hours is not None else "unknown (no sacct)"
+        lines.append(f"  GPU-hours: {allocated} allocated, {gpu.generating_gpu_hours:.3f} generating")
     lines += [
         f"  {m.alias} ({'local' if m.local else 'hosted'}): {m.requests} requests, {m.failed} failed, "
         f"{m.total_tokens} tokens"

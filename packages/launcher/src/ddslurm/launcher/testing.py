@@ -6,6 +6,8 @@ Not used by production code; importing it has no side effects.
 from __future__ import annotations
 
 import shlex
+import shutil
+import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
@@ -132,3 +134,112 @@ def write_attempt(
     if progress is not None:
         atomic_write(attempt.progress, encode(Progress(rows=progress, batches=1, updated_at=began)))
     return record
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+
+
+def chromium(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Headless chromium with ``args`` (a fresh profile in ``cwd``, its log on standard error)."""
+    return subprocess.run(
+        [CHROMIUM or "chromium", "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+         f"--user-data-dir={cwd / 'profile'}", "--enable-logging=stderr", "--v=0", *args],
+        capture_output=True, text=True, timeout=120, cwd=cwd, check=False,
+    )  # fmt: skip
+
+
+def console_lines(stderr: str) -> list[str]:
+    """What the page logged to its console (errors, uncaught exceptions), as chromium's log shows it."""
+    return [line for line in stderr.splitlines() if ":CONSOLE" in line or "Uncaught" in line]
+
+
+def pixel_variance(png: Path) -> float:
+    """The variance of the grey levels of a PNG (decoded with zlib: no imaging library needed)."""
+    import struct
+    import zlib
+
+    raw = png.read_bytes()
+    assert raw[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat, width, height, depth, colour = 8, b"", 0, 0, 0, 0
+    while pos < len(raw):
+        (length,) = struct.unpack(">I", raw[pos : pos + 4])
+        chunk, body = raw[pos + 4 : pos + 8], raw[pos + 8 : pos + 8 + length]
+        if chunk == b"IHDR":
+            width, height, depth, colour = struct.unpack(">IIBB", body[:10])
+        elif chunk == b"IDAT":
+            idat += body
+        pos += 12 + length
+    assert depth == 8 and colour in (2, 6)
+    channels = 3 if colour == 2 else 4
+    data = zlib.decompress(idat)
+    stride = width * channels
+    prev = bytearray(stride)
+    values: list[int] = []
+    for row in range(height):
+        start = row * (stride + 1)
+        kind, line = data[start], bytearray(data[start + 1 : start + 1 + stride])
+        for i in range(stride):
+            left = line[i - channels] if i >= channels else 0
+            up, corner = prev[i], prev[i - channels] if i >= channels else 0
+            if kind == 1:
+                line[i] = (line[i] + left) & 0xFF
+            elif kind == 2:
+                line[i] = (line[i] + up) & 0xFF
+            elif kind == 3:
+                line[i] = (line[i] + (left + up) // 2) & 0xFF
+            elif kind == 4:
+                p = left + up - corner
+                pa_, pb, pc = abs(p - left), abs(p - up), abs(p - corner)
+                pred = left if pa_ <= pb and pa_ <= pc else up if pb <= pc else corner
+                line[i] = (line[i] + pred) & 0xFF
+        if row % 8 == 0:
+            values.extend(sum(line[i : i + 3]) // 3 for i in range(0, stride, channels * 8))
+        prev = line
+    mean = sum(values) / len(values)
+    return sum((v - mean) ** 2 for v in values) / len(values)
+
+
+_LAYOUT_CHECK = """<script>
+window.addEventListener("load", () => setTimeout(() => {
+  const problems = [];
+  const inside = (r, box) => r.left >= box.left - 1 && r.right <= box.right + 1 && r.top >= box.top - 1
+    && r.bottom <= box.bottom + 1;
+  const width = document.documentElement.clientWidth;
+  const legends = {};
+  for (const plot of document.querySelectorAll(".js-plotly-plot")) {
+    const box = plot.getBoundingClientRect();
+    if (box.right > width + 1) problems.push(`${plot.id}: wider than the page`);
+    legends[plot.id] = [...plot.querySelectorAll(".legendtext")].map(t => t.textContent);
+    for (const text of plot.querySelectorAll("text")) {
+      const r = text.getBoundingClientRect();
+      if (!text.textContent.trim() || r.width === 0) continue;
+      if (!inside(r, box)) problems.push(`${plot.id}: "${text.textContent}" is cut off by its chart`);
+    }
+  }
+  for (const card of document.querySelectorAll(".card")) {
+    if (card.scrollWidth > card.clientWidth + 1) problems.push(`card "${card.textContent}" overflows`);
+  }
+  const out = document.createElement("pre");
+  out.id = "layout-check";
+  out.textContent = JSON.stringify({problems, legends});
+  document.body.appendChild(out);
+}, 1000));
+</script>"""
+
+
+def page_layout(page: Path, cwd: Path) -> dict[str, Any]:
+    """How a report page lays out in headless chromium (1400 px wide): ``problems`` (text of a chart drawn outside
+    it, a chart wider than the page, a card whose text overflows it) and ``legends`` (each chart's legend
+    entries), measured by a script added to a copy of the page in ``cwd``."""
+    import html
+    import json
+    import re
+
+    checked = cwd / f"checked-{page.name}"
+    checked.write_text(page.read_text().replace("</body>", _LAYOUT_CHECK + "</body>"))
+    done = chromium("--virtual-time-budget=15000", "--window-size=1400,2000", "--dump-dom", checked.as_uri(), cwd=cwd)
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = re.search(r'<pre id="layout-check">(.*?)</pre>', done.stdout, re.S)
+    assert found is not None, "the layout check did not run"
+    measured: dict[str, Any] = json.loads(html.unescape(found.group(1)))
+    return measured

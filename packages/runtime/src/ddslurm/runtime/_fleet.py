@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from ddslurm.config import ServingPlan, atomic_write, encode_pretty, read_tail
+from ddslurm.config import ServingPlan, atomic_write, busy_log, encode_pretty, read_tail
 from ddslurm.runtime._listeners import MAX_SOCKET_PATH, socket_path, unix_url
 from ddslurm.runtime._scratch import create_scratch, own_scratch_owner, remove_scratch, scratch_base
 from ddslurm.runtime._serving import (
@@ -243,7 +243,7 @@ class Fleet:
         log_path = self._dir / f"proxy-{alias}.log"
         spec = StepSpec(
             name=f"proxy-{alias}",
-            argv=(*argv, "--log", str(log_path)),
+            argv=(*argv, "--log", str(log_path), "--busy-log", str(busy_log(self._dir, alias))),
             env={**self._plain_env, TOKEN_ENV: self._token},
             log=self._dir / f"proxy-{alias}.out",
             cpus=cpus,

@@ -1,7 +1,7 @@
 """The per-model-alias endpoint: an asynchronous HTTP reverse proxy in front of several vLLM replicas.
 
     ddslurm-runtime proxy --listen HOST:PORT --upstream URL [--upstream URL ...] [--log PATH] [--max-waiting N]
-                          [--loop auto|uvloop|asyncio] [--reuse-port]
+                          [--loop auto|uvloop|asyncio] [--reuse-port] [--busy-log PATH]
 
 An upstream is ``http://HOST:PORT`` or ``unix:/path.sock`` (a replica on a Unix-domain socket, vLLM's ``--uds``).
 ``--reuse-port`` binds the listening socket with ``SO_REUSEPORT``, beside the hold the controller keeps on the
@@ -25,6 +25,9 @@ once, then every ``health_interval``). With no healthy upstream a request waits 
 seconds for one, then gets 503 ``{"error": {"message": ..., "type": "ServiceUnavailable"}}``. A failure after
 the headers is not retried (the replica may have done the work): before any byte went to the client it is 502
 ``BadGateway``, later the client's connection is aborted, so a truncated body never looks complete.
+
+``--busy-log PATH`` appends the spans in which at least one request was in flight to an upstream
+(``_busy.py``): when the allocation's model servers had work, for the report's GPU time generating.
 
 The proxy's own endpoints: ``GET /health`` (200 when at least one upstream is healthy, else 503) and
 ``GET /ddslurm/upstreams`` (JSON: each upstream's healthy flag, in-flight, waiting, served and failed counts).
@@ -61,6 +64,7 @@ import aiohttp
 from aiohttp import web
 from yarl import URL
 
+from ddslurm.runtime._busy import BusyLog
 from ddslurm.runtime._listeners import socket_path
 from ddslurm.runtime._log import new_logger
 from ddslurm.runtime._serving import TOKEN_ENV, auth_headers
@@ -111,6 +115,7 @@ class ProxyConfig:
     shutdown_timeout: float = 5.0  # how long a stop lets in-flight requests finish
     token: str | None = field(default=None, repr=False)  # required from clients, sent upstream; None: open
     reuse_port: bool = False  # bind with SO_REUSEPORT (beside the controller's hold on the port)
+    busy_log: Path | None = None  # append the spans with a request in flight here (None: not recorded)
 
     def __post_init__(self) -> None:
         if not self.upstreams:
@@ -157,6 +162,7 @@ class Proxy:
             probe_timeout=config.probe_timeout,
         )
         self._runner: web.ServerRunner | None = None
+        self._busy = BusyLog(config.busy_log)
         self._expected = f"Bearer {config.token}".encode() if config.token else None
         # Per-request constants: headers never forwarded, the token header added, whether to log each request.
         self._drop = _DROP_REQUEST | {"authorization"} if config.token else _DROP_REQUEST
@@ -204,6 +210,7 @@ class Proxy:
             await self._runner.cleanup()  # the probe loops keep running meanwhile: retries still work
             self._runner = None
         await self._upstreams.close()
+        self._busy.close()
 
     def served(self) -> dict[str, int]:
         return self._upstreams.served()
@@ -255,6 +262,7 @@ class Proxy:
                     return _error(503, "ServiceUnavailable", admitted + last_error)
                 up = admitted
             up.in_flight += 1
+            self._busy.enter()
             session = up.session
             assert session is not None
             try:
@@ -287,6 +295,7 @@ class Proxy:
                 return await self._relay(request, upstream, up)
             finally:
                 up.in_flight -= 1
+                self._busy.leave()
         return _error(503, "ServiceUnavailable", f"{attempts} attempts failed{last_error}")
 
     @staticmethod
@@ -407,6 +416,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--shutdown-timeout", type=float, default=defaults.shutdown_timeout, metavar="S")
     parser.add_argument("--debug", action="store_true", help="log every forwarded request")
     parser.add_argument(
+        "--busy-log", type=Path, default=None, metavar="PATH", help="append the spans with a request in flight here"
+    )
+    parser.add_argument(
         "--reuse-port",
         action="store_true",
         help="bind with SO_REUSEPORT, beside the controller's hold on the port (no other user can take it)",
@@ -488,6 +500,7 @@ def main(argv: list[str], environ: Mapping[str, str] | None = None) -> int:
             shutdown_timeout=args.shutdown_timeout,
             token=token,
             reuse_port=args.reuse_port,
+            busy_log=args.busy_log,
         )
     except ValueError as exc:
         print(f"ddslurm-runtime proxy: {exc}", file=sys.stderr)

@@ -8,14 +8,16 @@ the facts), ``_model`` (the numbers as typed structs) and ``_html`` (the page; t
 
 Where each number comes from:
 
-- the timeline: submission records (queued), attempt records (started, ended), the controller's events in the
-  array task's batch output (``serving.ready``), the client's ``batch.complete`` events (``client.log``) and the
-  winner's ``published_at``;
-- records over time: the ``batch.complete`` events (each says the attempt's rows so far), else progress files;
+- the timeline: submission records (queued; a CPU-stage array's wait for the GPU stage), attempt records (started,
+  ended), the controller's events in the array task's batch output (``serving.ready``), the client's
+  ``batch.complete`` events (``client.log``) and the winner's ``published_at``;
+- records over time, of every stage: the ``batch.complete`` events (each says the attempt's rows so far), else
+  progress files; rates are rows over the union of the attempts' generating spans;
 - model usage: Data Designer's ``Model usage summary`` that each generation step prints into ``client.out``
-  (per model name; the model-config lines above it name the alias and provider), summed over every attempt;
-- GPU-hours: ``sacct`` (elapsed x GPUs of the allocation) against the time from serving ready to the end of
-  generation of each attempt;
+  (per model name; the model-config lines above it name the alias and provider), summed over every attempt; its
+  tokens/s over the union of the generating spans of the attempts that used it;
+- GPU-hours: ``sacct`` (elapsed x GPUs of the allocation) against, per allocation, the union of the spans in which
+  its proxies had requests in flight (``busy-<alias>.jsonl``; else its attempts' generating spans) x its GPUs;
 - failures: attempt records grouped by reason;
 - columns: the dataset's Parquet statistics and Data Designer's per-shard analysis (``metadata.json``).
 """

@@ -11,9 +11,28 @@ import msgspec
 
 from ddslurm.launcher.report._model import PHASES, RunReport, moment, seconds_between
 
-_COLOURS = {"queued": "#9aa5b1", "startup": "#e8a33d", "generating": "#3d7be8", "publishing": "#3dbf6e"}
+_PHASE_LABELS = {"waiting": "waiting for the GPU stage"}
+"""A phase's name on the page where it is not its name in the numbers."""
+_STAGE_LABELS = {"gpu": "GPU stage", "cpu": "CPU stage"}
+_STAGE_COLOURS = {None: ("#3d7be8", "#1d2733"), "gpu": ("#3d7be8", "#1d4fa8"), "cpu": ("#3dbf6e", "#1f7a43")}
 
+
+def _stage(stage: str | None) -> str:
+    return _STAGE_LABELS.get(stage or "", "")
+
+
+_COLOURS = {
+    "waiting": "#d5dbe1",
+    "queued": "#9aa5b1",
+    "startup": "#e8a33d",
+    "generating": "#3d7be8",
+    "publishing": "#3dbf6e",
+}
+
+# The scroll bar is there from the start: a chart is drawn at its container's width when its script runs, and a
+# scroll bar that appeared later, once the page had grown, would cut off the right edge of every chart drawn before.
 _CSS = """
+html{overflow-y:scroll}
 body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px;color:#1d2733}
 h1{font-size:22px;margin:0 0 4px} h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #dde3ea}
 .muted{color:#5f6b7a} .cards{display:flex;flex-wrap:wrap;gap:12px;margin:16px 0}
@@ -53,14 +72,16 @@ def _figures(report: RunReport) -> dict[str, Any]:
     figures: dict[str, Any] = {}
     if report.timeline:
         fig = go.Figure()
-        labels = {id(s): f"shard {s.shard} · {s.attempt}" for s in report.timeline}
+        labels = {
+            id(s): " · ".join(x for x in (f"shard {s.shard}", _stage(s.stage), s.attempt) if x) for s in report.timeline
+        }
         for name in PHASES:
             spans = [(s, p) for s in report.timeline for p in s.phases if p.name == name]
             if not spans:
                 continue
             fig.add_trace(
                 go.Bar(
-                    name=name,
+                    name=_PHASE_LABELS.get(name, name),
                     orientation="h",
                     y=[labels[id(s)] for s, _ in spans],
                     base=[p.start for _, p in spans],
@@ -68,7 +89,7 @@ def _figures(report: RunReport) -> dict[str, Any]:
                     marker_color=_COLOURS[name],
                     customdata=[[s.state, s.reason or "", round(p.seconds, 2), s.job] for s, p in spans],
                     hovertemplate="%{y}<br>"
-                    + name
+                    + _PHASE_LABELS.get(name, name)
                     + ": %{customdata[2]} s<br>state %{customdata[0]} %{customdata[1]}<br>job %{customdata[3]}"
                     "<extra></extra>",
                 )
@@ -84,28 +105,35 @@ def _figures(report: RunReport) -> dict[str, Any]:
         figures["timeline"] = fig
     if report.batches:
         fig = go.Figure()
-        fig.add_trace(
-            go.Bar(
-                name="records/s",
-                x=[b.start for b in report.rate],
-                y=[b.rate for b in report.rate],
-                width=[_ms(b.start, b.end) for b in report.rate],
-                offset=0,
-                marker_color="#3d7be8",
-                opacity=0.6,
+        stages = list(dict.fromkeys(b.stage for b in report.batches))
+        for stage in stages:
+            bar, line = _STAGE_COLOURS.get(stage, _STAGE_COLOURS[None])
+            suffix = f" · {_stage(stage)}" if stage else ""
+            bins = [b for b in report.rate if b.stage == stage]
+            fig.add_trace(
+                go.Bar(
+                    name=f"records/s{suffix}",
+                    x=[b.start for b in bins],
+                    y=[b.rate for b in bins],
+                    width=[_ms(b.start, b.end) for b in bins],
+                    offset=0,
+                    marker_color=bar,
+                    opacity=0.6,
+                )
             )
-        )
-        fig.add_trace(
-            go.Scatter(
-                name="records generated",
-                x=[b.at for b in report.batches],
-                y=[b.total for b in report.batches],
-                mode="lines+markers",
-                line={"shape": "hv", "color": "#1d2733"},
-                yaxis="y2",
+            points = [b for b in report.batches if b.stage == stage]
+            fig.add_trace(
+                go.Scatter(
+                    name=f"records generated{suffix}",
+                    x=[b.at for b in points],
+                    y=[b.total for b in points],
+                    mode="lines+markers",
+                    line={"shape": "hv", "color": line},
+                    yaxis="y2",
+                )
             )
-        )
         fig.update_layout(
+            barmode="overlay",
             xaxis={"type": "date", "title": "time (UTC)"},
             yaxis={"title": "records/s"},
             yaxis2={"title": "records", "overlaying": "y", "side": "right", "rangemode": "tozero"},
@@ -123,13 +151,12 @@ def _figures(report: RunReport) -> dict[str, Any]:
         fig.add_trace(go.Bar(name="failed", x=names, y=[m.failed for m in report.models], marker_color="#d9534f"))
         fig.update_layout(barmode="stack", yaxis={"title": "requests"}, height=300, margin={"t": 30, "b": 40})
         figures["models"] = fig
-    if report.gpu is not None and report.gpu.allocated_gpu_hours > 0:
+    gpu = report.gpu
+    if gpu is not None and ((gpu.allocated_gpu_hours or 0) > 0 or gpu.generating_gpu_hours > 0):
+        shown = [("allocated", gpu.allocated_gpu_hours, "#9aa5b1"), ("generating", gpu.generating_gpu_hours, "#3d7be8")]
+        known = [(x, y, c) for x, y, c in shown if y is not None]
         fig = go.Figure(
-            go.Bar(
-                x=["allocated", "generating"],
-                y=[report.gpu.allocated_gpu_hours, report.gpu.generating_gpu_hours],
-                marker_color=["#9aa5b1", "#3d7be8"],
-            )
+            go.Bar(x=[x for x, _, _ in known], y=[y for _, y, _ in known], marker_color=[c for _, _, c in known])
         )
         fig.update_layout(yaxis={"title": "GPU-hours"}, height=280, margin={"t": 30, "b": 40})
         figures["gpu"] = fig
@@ -151,9 +178,8 @@ def _chart(figures: dict[str, Any], name: str) -> str:
     fig = figures.get(name)
     if fig is None:
         return ""
-    div: str = fig.to_html(
-        full_html=False, include_plotlyjs=False, div_id=f"chart-{name}", config={"displaylogo": False}
-    )
+    config = {"displaylogo": False, "responsive": True}
+    div: str = fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"chart-{name}", config=config)
     return f'<div class="chart" data-chart="{name}">{div}</div>'
 
 
@@ -172,7 +198,8 @@ def render_html(report: RunReport) -> str:
         ("records/s", _num(report.records_per_second)),
     ]
     if report.gpu is not None:
-        cards.append(("GPU-hours allocated", _num(report.gpu.allocated_gpu_hours, 3)))
+        allocated = report.gpu.allocated_gpu_hours
+        cards.append(("GPU-hours allocated", _num(allocated, 3) if allocated is not None else "unknown (no sacct)"))
         cards.append(("GPU-hours generating", _num(report.gpu.generating_gpu_hours, 3)))
     parts = [
         "<!DOCTYPE html><html lang=en><head><meta charset=utf-8>",
@@ -183,23 +210,35 @@ def render_html(report: RunReport) -> str:
         *(f'<div class="card" data-card="{_esc(k)}">{_esc(k)}<b>{_esc(v)}</b></div>' for k, v in cards),
         "</div>",
         "<h2>Timeline of every attempt</h2>",
-        "<p class=muted>queued (submission to start), serving start-up (start to serving ready), generating (to the "
+        "<p class=muted>waiting for the GPU stage (a CPU-stage array's submission to the end of the GPU-stage "
+        "attempts before it), queued (to its start), serving start-up (start to serving ready), generating (to the "
         "last batch), publishing (to the winner's publication).</p>",
         _chart(figures, "timeline") or "<p>No attempt has started.</p>",
         "<h2>Records over time</h2>",
         _chart(figures, "throughput") or "<p>No batch has completed.</p>",
+        _table(
+            ["stage", "rows", "generating (s)", "records/s"],
+            [[_stage(r.stage) or "run", _num(r.rows), _num(r.active_s, 1), _num(r.records_per_second)]
+             for r in report.stages],
+            {1, 2, 3},
+        )
+        if report.stages
+        else "",
+        "<p class=muted>records/s: rows over the union of the attempts' generating spans (overlaps counted once); "
+        "each bar: its stage's rows in the bin over the bin's width.</p>",
         "<h2>Models</h2>",
         _chart(figures, "models"),
         _table(
             ["alias", "model", "provider", "where", "requests", "failed", "error rate", "health checks",
-             "input tokens", "output tokens", "total tokens", "tokens/s", "latency (s)"],
+             "input tokens", "output tokens", "total tokens", "in use (s)", "tokens/s", "latency (s)"],
             [
                 [m.alias, m.model, m.provider or "-", "local" if m.local else "hosted", _num(m.requests),
                  _num(m.failed), f"{m.error_rate:.2%}", _num(m.health_checks), _num(m.input_tokens),
-                 _num(m.output_tokens), _num(m.total_tokens), _num(m.tokens_per_second, 1), _num(m.latency_s)]
+                 _num(m.output_tokens), _num(m.total_tokens), _num(m.active_s, 1), _num(m.tokens_per_second, 1),
+                 _num(m.latency_s)]
                 for m in report.models
             ],
-            {4, 5, 6, 7, 8, 9, 10, 11, 12},
+            {4, 5, 6, 7, 8, 9, 10, 11, 12, 13},
         )
         if report.models
         else "<p>No model usage recorded.</p>",
@@ -208,11 +247,29 @@ def render_html(report: RunReport) -> str:
     if report.gpu is not None:
         gpu = report.gpu
         share = f"{gpu.utilisation:.1%}" if gpu.utilisation is not None else "-"
-        parts.append(
-            f"<p>Allocated {_num(gpu.allocated_gpu_hours, 3)} GPU-hours ({_esc(gpu.source)}), spent generating "
-            f"{_num(gpu.generating_gpu_hours, 3)} ({share}).</p>"
+        held = (
+            f"Allocated {_num(gpu.allocated_gpu_hours, 3)} GPU-hours (sacct)"
+            if gpu.allocated_gpu_hours is not None
+            else "GPU-hours allocated unknown (sacct could not be read)"
         )
+        parts.append(f"<p>{held}, spent generating {_num(gpu.generating_gpu_hours, 3)} ({share}).</p>")
         parts.append(_chart(figures, "gpu"))
+        if gpu.allocations:
+            parts.append(
+                "<p class=muted>generating: per allocation, the union of the spans in which its servers had a request "
+                "in flight (its proxies' busy logs) x its GPUs, never above what sacct allocated it.</p>"
+            )
+            parts.append(
+                _table(
+                    ["allocation", "GPUs", "allocated (GPU-s)", "servers busy (s)", "from", "generating (GPU-s)"],
+                    [
+                        [a.job, a.gpus, _num(a.allocated_s, 1), _num(a.busy_s, 1), a.busy_from,
+                         _num(a.generating_gpu_s, 1) + (" (cut to allocated)" if a.clamped else "")]
+                        for a in gpu.allocations
+                    ],
+                    {1, 2, 3, 5},
+                )
+            )  # fmt: skip
         if gpu.jobs:
             parts.append(
                 _table(
@@ -245,15 +302,15 @@ def render_html(report: RunReport) -> str:
     if report.columns:
         parts.append(
             _table(
-                ["column", "type", "rows", "nulls", "min", "max", "kind", "distinct (max per shard)", "top values",
-                 "output tokens (mean)"],
+                ["column", "type", "rows", "nulls", "min", "max", "kind", "stage", "distinct (max per shard)",
+                 "top values", "output tokens (mean)"],
                 [
                     [c.name, c.type or "-", _num(c.rows), _num(c.nulls), c.min or "-", c.max or "-",
-                     c.column_type or "-", _num(c.unique_max), ", ".join(f"{k}: {v}" for k, v in c.top_values) or "-",
-                     _num(c.output_tokens_mean)]
+                     c.column_type or "-", c.stage or "-", _num(c.unique_max),
+                     ", ".join(f"{k}: {v}" for k, v in c.top_values) or "-", _num(c.output_tokens_mean)]
                     for c in report.columns
                 ],
-                {2, 3, 7, 9},
+                {2, 3, 8, 10},
             )
         )  # fmt: skip
     if report.notes:

@@ -9,8 +9,10 @@ from typing import Any, Literal
 
 import msgspec
 
-PhaseName = Literal["queued", "startup", "generating", "publishing"]
-PHASES: tuple[PhaseName, ...] = ("queued", "startup", "generating", "publishing")
+PhaseName = Literal["waiting", "queued", "startup", "generating", "publishing"]
+PHASES: tuple[PhaseName, ...] = ("waiting", "queued", "startup", "generating", "publishing")
+"""``waiting``: a CPU-stage attempt's array waited for the GPU stage it depends on (submission to the end of the
+last GPU-stage attempt before it started); ``queued``: then in Slurm's queue until it started."""
 
 
 class Phase(msgspec.Struct, kw_only=True):
@@ -50,7 +52,9 @@ class BatchPoint(msgspec.Struct, kw_only=True):
     rows: int
     """Rows this batch added."""
     total: int
-    """Rows of the whole run generated up to and including this batch (every attempt's)."""
+    """Rows of the batch's stage generated up to and including this batch (every attempt's)."""
+    stage: str | None = None
+    """``gpu`` or ``cpu`` in a two-stage run; None in a single-stage run."""
 
 
 class RateBin(msgspec.Struct, kw_only=True):
@@ -58,7 +62,21 @@ class RateBin(msgspec.Struct, kw_only=True):
     end: str
     rows: int
     rate: float
-    """Records per second in the bin."""
+    """Records per second in the bin: its stage's rows over the bin's width (every bin of every stage has the
+    same width, from the first attempt's start to the last batch of the run)."""
+    stage: str | None = None
+
+
+class StageRate(msgspec.Struct, kw_only=True):
+    """What one stage generated (the run itself in a single-stage run) and over how long."""
+
+    stage: str | None
+    rows: int
+    """Rows its attempts' batches added (attempts that did not win included)."""
+    active_s: float
+    """Seconds of the union of its attempts' generating spans (serving ready, or the start, to the last batch)."""
+    records_per_second: float | None
+    """``rows / active_s``; None when nothing was generating."""
 
 
 class ModelUsage(msgspec.Struct, kw_only=True):
@@ -80,8 +98,11 @@ class ModelUsage(msgspec.Struct, kw_only=True):
     error_rate: float = 0.0
     latency_s: float | None = None
     """Mean seconds a request took; None: Data Designer's summary does not report it."""
-    tokens_per_second: float = 0.0
-    """Summed over the summaries' own rates (each over its generation step's time)."""
+    active_s: float | None = None
+    """Seconds of the union of the generating spans of the attempts whose usage summaries name the model."""
+    tokens_per_second: float | None = None
+    """``total_tokens / active_s`` (None when no span is known): a total over the time the model was in use,
+    not a sum of each attempt's rate."""
 
 
 class JobAccounting(msgspec.Struct, kw_only=True):
@@ -91,15 +112,38 @@ class JobAccounting(msgspec.Struct, kw_only=True):
     gpus: int
 
 
+class AllocationGpu(msgspec.Struct, kw_only=True):
+    """One allocation that held GPUs (an array task, ``<array>_<task>``) and the time its servers had work."""
+
+    job: str
+    gpus: int
+    """Its GPUs (sacct's AllocTRES; the plan's where the cluster does not account them)."""
+    allocated_s: float | None
+    """Elapsed seconds x GPUs of its runs (sacct, requeued runs included); None: no accounting."""
+    busy_s: float
+    """Seconds of the union of the spans in which its servers had work."""
+    busy_from: Literal["proxy", "attempts"]
+    """``proxy``: its proxies' busy logs (requests in flight); ``attempts``: none was found, the union of its
+    attempts' generating spans instead."""
+    generating_gpu_s: float
+    """``busy_s x gpus``, never above ``allocated_s``."""
+    clamped: bool = False
+    """``busy_s x gpus`` was above what sacct allocated, and was cut to it."""
+
+
 class GpuUsage(msgspec.Struct, kw_only=True):
-    allocated_gpu_hours: float
-    """Elapsed time x GPUs of every allocation of the run's generation arrays (requeued runs included)."""
+    allocated_gpu_hours: float | None
+    """Elapsed time x GPUs of every allocation of the run's GPU arrays (requeued runs included), from ``sacct``;
+    None: the accounting could not be read (nothing is estimated in its place)."""
     generating_gpu_hours: float
-    """From serving ready (the attempt's start for hosted-only runs) to the end of generation, x GPUs."""
+    """Per allocation, the union of the spans in which its servers had work x its GPUs (at most its allocated
+    GPU time), summed over the allocations."""
     utilisation: float | None = None
+    """``generating / allocated``; None when allocated is unknown or 0."""
     source: str = "sacct"
-    """``sacct``, or ``attempt records`` when the accounting could not be read (then allocated = attempts' span)."""
+    """``sacct``, or ``none`` when the accounting could not be read."""
     jobs: list[JobAccounting] = msgspec.field(default_factory=list)
+    allocations: list[AllocationGpu] = msgspec.field(default_factory=list)
 
 
 class FailureGroup(msgspec.Struct, kw_only=True):
@@ -118,7 +162,11 @@ class ColumnReport(msgspec.Struct, kw_only=True):
     min: str | None = None
     max: str | None = None
     column_type: str | None = None
-    """Data Designer's kind of column (``sampler``, ``llm-text``, ...), from its per-shard analysis."""
+    """Data Designer's kind of column (``sampler``, ``llm-text``, ...), from its per-shard analysis (of the
+    stage that generated it, in a two-stage run)."""
+    stage: str | None = None
+    """``GPU stage`` or ``CPU stage``: the stage of a two-stage run that generated the column; None otherwise
+    (and for the seed dataset's columns)."""
     unique_max: int | None = None
     """The largest per-shard count of distinct values (distinct counts of shards cannot be added up)."""
     top_values: list[tuple[str, int]] = msgspec.field(default_factory=list)
@@ -152,7 +200,10 @@ class RunReport(msgspec.Struct, kw_only=True):
     rows_generated: int = 0
     """Rows every attempt generated (batches of attempts that did not win included)."""
     records_per_second: float | None = None
-    """Rows generated over the time from the first attempt's start to the last batch."""
+    """``rows_generated`` over the union of every attempt's generating spans (of every stage); None when nothing
+    was generating."""
+    stages: list[StageRate] = msgspec.field(default_factory=list)
+    """Each stage's rows and rate (one entry, stage None, for a single-stage run)."""
     timeline: list[AttemptSpan] = msgspec.field(default_factory=list)
     batches: list[BatchPoint] = msgspec.field(default_factory=list)
     rate: list[RateBin] = msgspec.field(default_factory=list)

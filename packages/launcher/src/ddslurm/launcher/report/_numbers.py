@@ -4,13 +4,15 @@ columns. Pure: :func:`run_report` reads the facts (:func:`~._read.read_run`), th
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 from ddslurm.config import RunLayout, SubmissionRecord
-from ddslurm.launcher._slurm import Slurm
+from ddslurm.launcher._slurm import Accounting, Slurm
 from ddslurm.launcher.report._client_out import ClientOut
 from ddslurm.launcher.report._model import (
+    AllocationGpu,
     AttemptSpan,
     BatchPoint,
     ColumnReport,
@@ -23,6 +25,7 @@ from ddslurm.launcher.report._model import (
     PhaseName,
     RateBin,
     RunReport,
+    StageRate,
     iso,
     iso_or_none,
     moment,
@@ -35,29 +38,32 @@ def run_report(
     layout: RunLayout, slurm: Slurm | None = None, *, now: datetime | None = None, bins: int = 24
 ) -> RunReport:
     """The report's numbers. ``slurm``: the scheduler to ask for accounting (one ``sacct`` call for all of the
-    run's arrays); None reads nothing from the scheduler and takes GPU time from the attempt records."""
+    run's arrays); None reads nothing from the scheduler, and the GPU time allocated is then unknown."""
     return numbers(read_run(layout, slurm), now=now, bins=bins)
+
+
+Span = tuple[datetime, datetime]
+Key = tuple[int, str | None, str]
 
 
 def numbers(facts: RunFacts, *, now: datetime | None = None, bins: int = 24) -> RunReport:
     plan, data = facts.plan, facts.attempts
     spans = _timeline(facts)
-    # A two-stage run's rows are written twice (GPU stage, then CPU stage): its records/s counts the final ones.
-    batches, rate, generated = _throughput([d for d in data if d.stage is None], bins)
-    models, notes = _models(facts)
+    active = _active(spans)
+    batches, rate, stages = _throughput(facts, active, bins)
+    # A two-stage run's rows are written twice (GPU stage, then CPU stage): its records/s counts the final ones,
+    # over the time anything was generating (either stage).
+    generated = stages[-1].rows if stages else 0
+    models, notes = _models(facts, active)
     times = [t for s in spans for p in s.phases for t in (moment(p.start), moment(p.end)) if t is not None]
     times += [t for s in spans if (t := moment(s.ended_at)) is not None]
     submitted = sorted(s.submitted_at for s in facts.submissions)
     first = moment(submitted[0]) if submitted else (min(times) if times else None)
     last = max(times) if times else None
-    starts = [t for item in data if (t := moment(item.record.started_at)) is not None]
-    last_batch = moment(batches[-1].at) if batches else None
-    per_second = None
-    if starts and last_batch is not None and last_batch > min(starts):
-        per_second = round(generated / (last_batch - min(starts)).total_seconds(), 3)
-    gpu = _gpu(facts, spans)
-    if gpu.source != "sacct" and plan.serving is not None:
-        notes.append("Slurm's accounting (sacct) could not be read: GPU-hours allocated are the attempts' own spans")
+    busy = length(active.values())
+    per_second = round(generated / busy, 3) if generated and busy > 0 else None
+    gpu, gpu_notes = _gpu(facts, active)
+    notes += gpu_notes
     return RunReport(
         run_id=plan.run_id,
         run_name=plan.run_name,
@@ -73,6 +79,7 @@ def numbers(facts: RunFacts, *, now: datetime | None = None, bins: int = 24) -> 
         wall_s=seconds_between(first, last),
         rows_generated=generated,
         records_per_second=per_second,
+        stages=stages,
         timeline=spans,
         batches=batches,
         rate=rate,
@@ -83,6 +90,42 @@ def numbers(facts: RunFacts, *, now: datetime | None = None, bins: int = 24) -> 
         columns=_columns(facts),
         notes=notes,
     )
+
+
+def union(spans: Iterable[Span]) -> list[Span]:
+    """The spans merged where they overlap or touch, in order."""
+    merged: list[Span] = []
+    for start, end in sorted(spans):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(end, merged[-1][1]))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def length(spans: Iterable[Span]) -> float:
+    """Seconds covered by at least one of the spans (their union's length: overlaps counted once)."""
+    return sum((end - start).total_seconds() for start, end in union(spans))
+
+
+def _stage_name(item: AttemptFacts, staged: bool) -> str | None:
+    return ("gpu" if item.stage == 0 else "cpu") if staged else None
+
+
+def _key(item: AttemptFacts, staged: bool) -> Key:
+    """An attempt as the timeline names it: shard, stage (``gpu``, ``cpu``, or None), attempt id."""
+    return item.record.shard, _stage_name(item, staged), item.record.attempt
+
+
+def _active(spans: list[AttemptSpan]) -> dict[Key, Span]:
+    """Each attempt's generating span (serving ready, or its start, to its last batch), by shard, stage, attempt."""
+    out: dict[Key, Span] = {}
+    for span in spans:
+        for phase in span.phases:
+            start, end = moment(phase.start), moment(phase.end)
+            if phase.name == "generating" and start is not None and end is not None:
+                out[(span.shard, span.stage, span.attempt)] = (start, end)
+    return out
 
 
 # --- the timeline ---
@@ -125,9 +168,12 @@ def _timeline(facts: RunFacts) -> list[AttemptSpan]:
     staged = len(facts.plan.stages) > 1
     spans: list[AttemptSpan] = []
     ended_by_job: dict[str, list[datetime]] = {}
+    gpu_ended: list[datetime] = []  # a two-stage run's GPU-stage attempts: the CPU stage's arrays wait for them
     for item in facts.attempts:
         if (end := moment(item.record.ended_at)) is not None:
             ended_by_job.setdefault(item.record.job_id, []).append(end)
+            if staged and item.stage == 0:
+                gpu_ended.append(end)
     for item in facts.attempts:
         record = item.record
         started = moment(record.started_at)
@@ -137,6 +183,9 @@ def _timeline(facts: RunFacts) -> list[AttemptSpan]:
         # in a pulling allocation, a later shard waited for an earlier one, not in the queue
         before = [e for e in ended_by_job.get(record.job_id, []) if started is not None and e <= started]
         queued_from = max(before) if before else submitted
+        # a CPU-stage array waits for the GPU stage (its dependency) before it is queued at all
+        awaited = [e for e in gpu_ended if staged and item.stage is None and started is not None and e <= started]
+        waited_until = max(awaited) if awaited and submitted is not None and max(awaited) > submitted else None
         ready = _serving_ready(item)
         last_batch = item.batches[-1][0] if item.batches else None
         winner = facts.gpu_winners.get(record.shard) if item.stage == 0 else facts.winners.get(record.shard)
@@ -145,7 +194,8 @@ def _timeline(facts: RunFacts) -> list[AttemptSpan]:
         generating_from = ready or started
         generating_to = last_batch if (won and last_batch is not None) else (ended or last_batch)
         phases = [
-            _phase("queued", queued_from if not before else None, started),
+            _phase("waiting", queued_from if not before else None, waited_until),
+            _phase("queued", (waited_until or queued_from) if not before else None, started),
             _phase("startup", started, ready),
             _phase("generating", generating_from, generating_to),
             _phase("publishing", last_batch, published) if won else None,
@@ -167,7 +217,7 @@ def _timeline(facts: RunFacts) -> list[AttemptSpan]:
                 ended_at=record.ended_at,
                 published_at=winner.published_at if won and winner is not None else None,
                 phases=[p for p in phases if p is not None],
-                stage=("gpu" if item.stage == 0 else "cpu") if staged else None,
+                stage=_stage_name(item, staged),
             )
         )
     return sorted(spans, key=lambda s: (s.shard, s.started_at))
@@ -176,43 +226,68 @@ def _timeline(facts: RunFacts) -> list[AttemptSpan]:
 # --- records over time ---
 
 
-def _throughput(data: list[AttemptFacts], bins: int = 24) -> tuple[list[BatchPoint], list[RateBin], int]:
-    steps: list[tuple[datetime, int, str, int]] = []
-    for item in data:
-        steps.extend((at, item.record.shard, item.record.attempt, rows) for at, rows in item.batches)
-    steps.sort()
+def _throughput(
+    facts: RunFacts, active: dict[Key, Span], bins: int = 24
+) -> tuple[list[BatchPoint], list[RateBin], list[StageRate]]:
+    """Every batch of every stage (its stage's running total), the records per second of each stage in ``bins``
+    bins of one width from the first attempt's start to the run's last batch, and each stage's rows over the union
+    of its attempts' generating spans."""
+    staged = len(facts.plan.stages) > 1
+    groups: list[tuple[str | None, list[AttemptFacts]]] = (
+        [("gpu", [d for d in facts.attempts if d.stage == 0]), ("cpu", [d for d in facts.attempts if d.stage is None])]
+        if staged
+        else [(None, facts.attempts)]
+    )
     points: list[BatchPoint] = []
-    total = 0
-    for at, shard, attempt, rows in steps:
-        total += rows
-        points.append(BatchPoint(at=iso(at), shard=shard, attempt=attempt, rows=rows, total=total))
-    if not steps:
-        return points, [], 0
-    starts = [t for item in data if (t := moment(item.record.started_at)) is not None]
-    first = min([*starts, steps[0][0]])
-    last = steps[-1][0]
-    span = max((last - first).total_seconds(), 1e-3)
-    width = span / bins
-    counts = [0] * bins
-    for at, _, _, rows in steps:
-        counts[min(bins - 1, int((at - first).total_seconds() / width))] += rows
-    rate = [
-        RateBin(
-            start=iso(first + (last - first) * (i / bins)),
-            end=iso(first + (last - first) * ((i + 1) / bins)),
-            rows=n,
-            rate=round(n / width, 3),
-        )
-        for i, n in enumerate(counts)
-    ]
-    return points, rate, total
+    stages: list[StageRate] = []
+    steps_of: list[tuple[str | None, list[tuple[datetime, int, str, int]]]] = []
+    for stage, data in groups:
+        steps = sorted((at, d.record.shard, d.record.attempt, rows) for d in data for at, rows in d.batches)
+        total = 0
+        for at, shard, attempt, rows in steps:
+            total += rows
+            points.append(BatchPoint(at=iso(at), shard=shard, attempt=attempt, rows=rows, total=total, stage=stage))
+        spans = [a for d in data if (a := active.get(_key(d, staged))) is not None]
+        busy = length(spans)
+        rate = round(total / busy, 3) if total and busy > 0 else None
+        stages.append(StageRate(stage=stage, rows=total, active_s=round(busy, 3), records_per_second=rate))
+        steps_of.append((stage, steps))
+    points.sort(key=lambda p: (p.at, p.stage or ""))
+    every = [at for _, steps in steps_of for at, *_ in steps]
+    if not every:
+        return points, [], stages
+    starts = [t for d in facts.attempts if (t := moment(d.record.started_at)) is not None]
+    first, last = min([*starts, *every]), max(every)
+    width = max((last - first).total_seconds(), 1e-3) / bins
+    rate_bins: list[RateBin] = []
+    for stage, steps in steps_of:
+        if not steps:
+            continue
+        counts = [0] * bins
+        for at, _, _, rows in steps:
+            counts[min(bins - 1, int((at - first).total_seconds() / width))] += rows
+        rate_bins += [
+            RateBin(
+                start=iso(first + (last - first) * (i / bins)),
+                end=iso(first + (last - first) * ((i + 1) / bins)),
+                rows=n,
+                rate=round(n / width, 3),
+                stage=stage,
+            )
+            for i, n in enumerate(counts)
+        ]
+    return points, rate_bins, stages
 
 
 # --- models ---
 
 
-def _models(facts: RunFacts) -> tuple[list[ModelUsage], list[str]]:
+def _models(facts: RunFacts, active: dict[Key, Span]) -> tuple[list[ModelUsage], list[str]]:
+    """Usage per alias summed over every attempt's summaries; its tokens per second over the union of the
+    generating spans of the attempts that used it."""
     plan = facts.plan
+    staged = len(plan.stages) > 1
+    used: dict[str, list[Span]] = {}
     local = {d.alias: d for d in plan.serving.deployments} if plan.serving is not None else {}
     served = {d.served_model_name: d.alias for d in local.values()}
     usage: dict[str, ModelUsage] = {}
@@ -233,8 +308,11 @@ def _models(facts: RunFacts) -> tuple[list[ModelUsage], list[str]]:
 
         for model, checks in parsed.health_checks.items():
             entry_of(model).health_checks += checks
+        span = active.get(_key(item, staged))
         for u in parsed.usage:
             entry = entry_of(u.model)
+            if span is not None:
+                used.setdefault(entry.alias, []).append(span)
             entry.summaries += 1
             entry.requests += u.requests
             entry.successful += u.successful
@@ -242,10 +320,12 @@ def _models(facts: RunFacts) -> tuple[list[ModelUsage], list[str]]:
             entry.input_tokens += u.input_tokens
             entry.output_tokens += u.output_tokens
             entry.total_tokens += u.total_tokens
-            entry.tokens_per_second += u.tps
     for entry in usage.values():
         entry.error_rate = round(entry.failed / entry.requests, 4) if entry.requests else 0.0
-        entry.tokens_per_second = round(entry.tokens_per_second, 1)
+        if entry.alias in used:
+            busy = length(used[entry.alias])
+            entry.active_s = round(busy, 3)
+            entry.tokens_per_second = round(entry.total_tokens / busy, 1) if busy > 0 else None
     if without:
         notes.append(
             f"{without} attempt(s) ran the generation step without a Data Designer usage summary in client.out "
@@ -262,46 +342,82 @@ def _models(facts: RunFacts) -> tuple[list[ModelUsage], list[str]]:
 # --- GPU time ---
 
 
-def _on_gpus(spans: list[AttemptSpan]) -> list[AttemptSpan]:
-    """The attempts that held the GPUs: all of a single-stage run's, a two-stage run's GPU-stage ones."""
-    return [span for span in spans if span.stage != "cpu"]
+def _allocation(item: AttemptFacts) -> str:
+    """The allocation an attempt ran in, named as sacct names it (``<array>_<task>``), else its job id."""
+    return item.array_task or item.record.job_id
 
 
-def _generating_seconds(spans: list[AttemptSpan]) -> dict[str, float]:
-    """Seconds of generation (serving ready → end of generation) per attempt id, of the attempts on the GPUs."""
-    out: dict[str, float] = {}
-    for span in _on_gpus(spans):
-        key = f"{span.shard}/{span.stage or ''}/{span.attempt}"
-        out[key] = sum(p.seconds for p in span.phases if p.name == "generating")
-    return out
-
-
-def _gpu(facts: RunFacts, spans: list[AttemptSpan]) -> GpuUsage:
+def _gpu(facts: RunFacts, active: dict[Key, Span]) -> tuple[GpuUsage, list[str]]:
+    """GPU time allocated (sacct) and generating: per allocation that held GPUs, the union of the spans in which
+    its servers had work (its proxies' busy logs, else its attempts' generating spans) x its GPUs, at most what
+    sacct allocated it."""
     plan, subs = facts.plan, facts.submissions
+    staged = len(plan.stages) > 1
     plan_gpus = plan.serving.gpus if plan.serving is not None else 0
-    generating = sum(_generating_seconds(spans).values()) * plan_gpus / 3600
-    jobs: list[JobAccounting] = []
     cpu_arrays = {s.array_job_id for s in subs if s.stage == 1}  # a two-stage run's CPU stage: no GPU
-    if facts.accounting is not None:
-        for row in facts.accounting:
-            # a cluster that does not account gres/gpu: the plan's request (none for the CPU stage's jobs)
-            gpus = row.gpus or (0 if row.job_id in cpu_arrays else plan_gpus)
-            name = f"{row.job_id}_{row.task}" if row.task is not None else row.job_id
-            jobs.append(JobAccounting(job=name, state=row.state, elapsed_s=row.elapsed_s, gpus=gpus))
-        allocated = sum(j.elapsed_s * j.gpus for j in jobs) / 3600
-    else:
-        seconds = 0.0
-        for span in _on_gpus(spans):
-            if (spent := seconds_between(moment(span.started_at), moment(span.ended_at))) is not None:
-                seconds += spent
-        allocated = seconds * plan_gpus / 3600
-    return GpuUsage(
-        allocated_gpu_hours=round(allocated, 6),
-        generating_gpu_hours=round(generating, 6),
-        utilisation=round(generating / allocated, 4) if allocated > 0 else None,
-        source="sacct" if facts.accounting is not None else "attempt records",
+    jobs: list[JobAccounting] = []
+    accounted: dict[str, list[Accounting]] = {}
+    for row in facts.accounting or []:
+        # a cluster that does not account gres/gpu: the plan's request (none for the CPU stage's jobs)
+        gpus = row.gpus or (0 if row.job_id in cpu_arrays else plan_gpus)
+        name = f"{row.job_id}_{row.task}" if row.task is not None else row.job_id
+        jobs.append(JobAccounting(job=name, state=row.state, elapsed_s=row.elapsed_s, gpus=gpus))
+        accounted.setdefault(name, []).append(row)
+    on_gpus = [d for d in facts.attempts if plan_gpus and (d.stage == 0 or not staged)]
+    by_allocation: dict[str, list[AttemptFacts]] = {}
+    for item in on_gpus:
+        by_allocation.setdefault(_allocation(item), []).append(item)
+    allocations: list[AllocationGpu] = []
+    for name, items in by_allocation.items():
+        busy = [span for d in sorted({i.serving_dir for i in items if i.serving_dir}) for span in facts.busy.get(d, [])]
+        source: Literal["proxy", "attempts"] = "proxy" if busy else "attempts"
+        if not busy:
+            busy = [active[k] for k in (_key(i, staged) for i in items) if k in active]
+        rows = accounted.get(name, [])
+        gpus = max((r.gpus for r in rows), default=0) or plan_gpus
+        allocated = float(sum(r.elapsed_s * (r.gpus or plan_gpus) for r in rows)) if rows else None
+        busy_s = length(busy)
+        generating = busy_s * gpus
+        clamped = allocated is not None and generating > allocated
+        allocations.append(
+            AllocationGpu(
+                job=name,
+                gpus=gpus,
+                allocated_s=allocated,
+                busy_s=round(busy_s, 3),
+                busy_from=source,
+                generating_gpu_s=round(min(generating, allocated) if allocated is not None else generating, 3),
+                clamped=clamped,
+            )
+        )
+    allocations.sort(key=lambda a: [int(p) if p.isdigit() else 0 for p in a.job.split("_")])
+    generating_h = sum(a.generating_gpu_s for a in allocations) / 3600
+    allocated_h = sum(j.elapsed_s * j.gpus for j in jobs) / 3600 if facts.accounting is not None else None
+    notes: list[str] = []
+    if facts.accounting is None and plan.serving is not None:
+        notes.append(
+            "Slurm's accounting (sacct) could not be read: GPU-hours allocated, and the share of them spent "
+            "generating, are unknown (not estimated); GPU-hours generating are the plan's GPUs x the busy spans"
+        )
+    if cut := [a.job for a in allocations if a.clamped]:
+        notes.append(
+            f"GPU time generating of allocation(s) {', '.join(cut)} came out above what sacct allocated them "
+            "(clocks of the node and of the accounting differ): cut to the allocated time"
+        )
+    if plan.serving is not None and (guessed := [a.job for a in allocations if a.busy_from == "attempts"]):
+        notes.append(
+            f"no proxy busy log for allocation(s) {', '.join(guessed)}: their GPU time generating is the union of "
+            "their attempts' generating spans (serving ready to the last batch)"
+        )
+    usage = GpuUsage(
+        allocated_gpu_hours=round(allocated_h, 6) if allocated_h is not None else None,
+        generating_gpu_hours=round(generating_h, 6),
+        utilisation=round(generating_h / allocated_h, 4) if allocated_h else None,
+        source="sacct" if facts.accounting is not None else "none",
         jobs=jobs,
+        allocations=allocations,
     )
+    return usage, notes
 
 
 # --- failures ---
@@ -383,6 +499,26 @@ def _parquet_columns(files: list[ParquetColumnFacts]) -> dict[str, ColumnReport]
     return columns
 
 
+def _label_stages(facts: RunFacts, columns: dict[str, ColumnReport]) -> None:
+    """A two-stage run's columns labelled by the stage that generated them; the GPU stage's with their kind as the
+    GPU stage's own analysis gives it (the CPU stage reads them as its seed dataset, and says so)."""
+    stages = facts.plan.stages
+    if len(stages) < 2:
+        return
+    kinds: dict[str, str] = {}
+    for statistics in facts.gpu_analyses:
+        for stat in statistics:
+            if isinstance(stat, dict) and isinstance(stat.get("column_name"), str) and stat.get("column_type"):
+                kinds.setdefault(stat["column_name"], str(stat["column_type"]))
+    for stage in stages:
+        for name in stage.columns:
+            if name not in columns:
+                continue
+            columns[name].stage = "GPU stage" if stage.kind == "gpu" else "CPU stage"
+            if stage.kind == "gpu" and name in kinds:
+                columns[name].column_type = kinds[name]
+
+
 def _columns(facts: RunFacts) -> list[ColumnReport]:
     """The Parquet columns, with Data Designer's per-shard analysis (``column_statistics``) added to them."""
     columns = _parquet_columns(facts.parquet)
@@ -407,6 +543,7 @@ def _columns(facts: RunFacts) -> list[ColumnReport]:
                 merged = histograms.setdefault(name, {})
                 for category, count in zip(hist.get("categories") or [], hist.get("counts") or [], strict=False):
                     merged[str(category)] = merged.get(str(category), 0) + int(count)
+    _label_stages(facts, columns)
     for name, merged in histograms.items():
         columns[name].top_values = sorted(merged.items(), key=lambda kv: (-kv[1], kv[0]))[:10]
     for name, means in weights.items():

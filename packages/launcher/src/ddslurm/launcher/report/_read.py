@@ -9,9 +9,11 @@ import json
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from ddslurm.collector import MANIFEST, Manifest, read_manifest
 from ddslurm.config import (
@@ -19,12 +21,14 @@ from ddslurm.config import (
     FILL_DONE,
     SERVING_READY,
     AttemptRecord,
+    BusySpan,
     ConfigError,
     Plan,
     Progress,
     RunLayout,
     SubmissionRecord,
     WinnerRecord,
+    busy_log,
     read_json,
     read_plan,
 )
@@ -50,6 +54,8 @@ class AttemptFacts:
     (the events of every attempt that output holds: a pulling allocation runs many)."""
     client_out: ClientOut | None = None
     """What the attempt's ``client.out`` says about models; None: it has none (or it could not be read)."""
+    serving_dir: str | None = None
+    """Where its model servers' and proxies' logs are: its pulling allocation's directory, else its own."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +96,11 @@ class RunFacts:
     """Every column of every file of the collected dataset, file by file."""
     analyses: list[Any]
     """The ``column_statistics`` of each winner's Data Designer analysis (``metadata.json``), shard by shard."""
+    gpu_analyses: list[Any]
+    """The same of a two-stage run's GPU-stage winners (empty for a single-stage run)."""
+    busy: dict[str, list[tuple[datetime, datetime]]]
+    """Serving directory → the spans its proxies' busy logs (``busy-<alias>.jsonl``) hold, every alias's; a
+    directory without any is absent."""
     accounting: list[Accounting] | None
     """Every run of every task of the run's arrays (``sacct``); None: the scheduler was not asked, or it did not
     answer."""
@@ -192,8 +203,34 @@ def _attempts(layout: RunLayout, plan: Plan) -> list[AttemptFacts]:
                     array_task=_array_task(record),
                     serving_ready=ready[record.slurm_log] if record.slurm_log else (),
                     client_out=_client_out(attempt_dir),
+                    serving_dir=record.allocation or str(attempt_dir),
                 )
             )
+    return found
+
+
+def _busy(plan: Plan, dirs: Iterable[str]) -> dict[str, list[tuple[datetime, datetime]]]:
+    """The spans of every busy log of the plan's aliases in each serving directory (lines that do not decode, such
+    as one cut by a kill, skipped)."""
+    aliases = [d.alias for d in plan.serving.deployments] if plan.serving is not None else []
+    found: dict[str, list[tuple[datetime, datetime]]] = {}
+    for folder in sorted(set(dirs)):
+        spans: list[tuple[datetime, datetime]] = []
+        for alias in aliases:
+            try:
+                text = busy_log(Path(folder), alias).read_text(errors="replace")
+            except OSError:
+                continue
+            for line in text.splitlines():
+                try:
+                    span = msgspec.json.decode(line, type=BusySpan)
+                except msgspec.DecodeError:
+                    continue
+                start, end = datetime.fromtimestamp(span.start, UTC), datetime.fromtimestamp(span.end, UTC)
+                if end >= start:
+                    spans.append((start, end))
+        if spans:
+            found[folder] = sorted(spans)
     return found
 
 
@@ -272,5 +309,7 @@ def read_run(layout: RunLayout, slurm: Slurm | None) -> RunFacts:
         manifest=manifest,
         parquet=parquet,
         analyses=_analyses(winners.values()),
+        gpu_analyses=_analyses(gpu_winners.values()),
+        busy=_busy(plan, (a.serving_dir for a in attempts if a.serving_dir is not None)),
         accounting=_accounting(slurm, subs),
     )

@@ -1,0 +1,215 @@
+"""The report's headline numbers of a real run, recomputed here from first principles: a pulling, two-stage run
+(the mixed example: local ``generator`` on two fake GPUs per allocation, hosted judge) with two client workers per
+allocation on the local Slurm cluster, made once for the module. GPU time generating is checked against ``sacct``
+(asked by this test) and the vLLM stand-ins' own request logs; records/s and tokens/s against the attempts' records
+and logs; then the page in headless chromium: its numbers are ``report --json``'s, its charts both stages'."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ddslurm.config import AttemptRecord, SubmissionRecord, WinnerRecord, read_json
+from ddslurm.launcher.testing import CHROMIUM, chromium, console_lines, page_layout
+from tests.e2e import MIXED_RECIPE, generator, vllm_stand_in
+from tests.e2e import cli_json as _cli
+
+pytestmark = [pytest.mark.slurm, pytest.mark.dd]
+
+RECORDS, SHARDS = 16, 4
+GENERATOR = generator(
+    replicas=2, tensor_parallel=1, env={"FAKE_VLLM_LATENCY": "2.0", "FAKE_VLLM_STARTUP_DELAY": "1"}
+) + ("allocations: 2\nclient_workers: 2\n")  # fmt: skip
+
+Span = tuple[float, float]
+
+
+@dataclass(frozen=True)
+class Run:
+    run_dir: Path
+    report: dict[str, Any]
+    page: Path
+    stand_ins: Path
+    """The folder of the stand-ins' request logs (``pulling-requests-<job>-<pid>.jsonl``)."""
+
+
+@pytest.fixture(scope="module")
+def run(slurm_cluster: Any, hosted_endpoint: Any, tmp_path_factory: pytest.TempPathFactory) -> Run:
+    from conftest import write_run_files
+
+    root = tmp_path_factory.mktemp("report-numbers")
+    files = write_run_files(
+        root / "run", hosted_endpoint, num_records=RECORDS, shards=SHARDS, buffer_size=2, recipe=MIXED_RECIPE,
+        extra_run=GENERATOR, vllm_executable=vllm_stand_in(root, "pulling"),
+    )  # fmt: skip
+    # Two client workers need two client CPUs (submission.cpus is shared among them).
+    files.run_file.write_text(files.run_file.read_text().replace("  cpus: 1\n", "  cpus: 2\n", 1))
+    submitted = _cli("submit", str(files.run_file), "--profile", str(files.profile), "--json", env=files.env)
+    run_dir = Path(submitted["run_dir"])
+    final = _cli("wait", str(run_dir), "--json", env=files.env, timeout=900)
+    assert final["state"] == "succeeded", json.dumps(final)[-3000:]
+    report = _cli("report", str(run_dir), "--json", env=files.env)
+    return Run(run_dir, report, Path(report.pop("report")), root)
+
+
+def _union(spans: Iterable[Span]) -> float:
+    """Seconds covered by the spans, overlaps once."""
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(spans):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
+
+
+def _when(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def _events(path: Path, name: str) -> list[float]:
+    lines = path.read_text().splitlines() if path.is_file() else []
+    found = [json.loads(line) for line in lines if line.startswith("{")]
+    return [_when(e["timestamp"]) for e in found if e.get("event") == name]
+
+
+def _generating(run_dir: Path) -> dict[str, list[tuple[str, Span]]]:
+    """Each stage's attempts: (their array task, from serving ready, or their start, to their last batch), read
+    from the attempt records, the client logs and the array tasks' batch output."""
+    out: dict[str, list[tuple[str, Span]]] = {"gpu": [], "cpu": []}
+    for stage, pattern in (
+        ("gpu", "shards/*/stage-0/attempts/*/attempt.json"),
+        ("cpu", "shards/*/attempts/*/attempt.json"),
+    ):
+        for path in run_dir.glob(pattern):
+            record = read_json(path, AttemptRecord)
+            assert record.state == "succeeded" and record.slurm_log and record.ended_at
+            winner = read_json(path.parent.parent.parent / "winner.json", WinnerRecord)
+            assert winner.attempt == record.attempt  # every attempt won: it generated until its last batch
+            started, ended = _when(record.started_at), _when(record.ended_at)
+            ready = [t for t in _events(Path(record.slurm_log), "serving.ready") if started <= t <= ended]
+            last = max(_events(path.parent / "client.log", "batch.complete"))
+            task = Path(record.slurm_log).stem.removeprefix("slurm-")
+            out[stage].append((task, (ready[0] if ready else started, last)))
+    return out
+
+
+def _sacct(array: str) -> list[tuple[str, str, int, int]]:
+    """(array task, its own job id, elapsed seconds, GPUs) of every run of the array's tasks."""
+    done = subprocess.run(
+        ["sacct", "-X", "-n", "-P", "--duplicates", "-j", array, "--format=JobID,JobIDRaw,ElapsedRaw,AllocTRES"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    rows = []
+    for line in done.stdout.splitlines():
+        task, raw, elapsed, tres = line.split("|")
+        gpus = re.search(r"gres/gpu=(\d+)", tres)
+        rows.append((task, raw, int(elapsed), int(gpus.group(1)) if gpus else 0))
+    return rows
+
+
+def _served(folder: Path, job: str) -> list[Span]:
+    """The chat requests every stand-in of Slurm job ``job`` served: from admission to answer (its request log)."""
+    spans = []
+    for log in folder.glob(f"pulling-requests-{job}-*.jsonl"):
+        for line in log.read_text().splitlines():
+            entry = json.loads(line)
+            if entry.get("admitted") is not None:
+                spans.append((entry["admitted"], entry["time"]))
+    return spans
+
+
+def test_gpu_time_generating_is_what_sacct_and_the_servers_logs_say(run: Run) -> None:
+    subs = [read_json(p, SubmissionRecord) for p in (run.run_dir / "submissions").glob("*.json")]
+    gpu_arrays = sorted(s.array_job_id for s in subs if s.stage == 0)
+    assert gpu_arrays and any(s.stage == 1 for s in subs), "a two-stage run"
+    gpu = run.report["gpu"]
+    assert gpu["source"] == "sacct"
+    allocated = expected = 0.0
+    busy_by_task: dict[str, float] = {}
+    for array in gpu_arrays:
+        for task, raw, elapsed, gpus in _sacct(array):
+            assert gpus == 2, (task, gpus)
+            allocated += elapsed * gpus
+            busy = _union(_served(run.stand_ins, raw))
+            busy_by_task[task] = busy
+            expected += busy * gpus
+    assert expected > 0
+    assert gpu["allocated_gpu_hours"] == pytest.approx(allocated / 3600, abs=1e-6)
+    assert gpu["generating_gpu_hours"] <= gpu["allocated_gpu_hours"]
+    assert gpu["generating_gpu_hours"] == pytest.approx(expected / 3600, rel=0.02)
+    assert 0 < gpu["utilisation"] <= 1
+    for allocation in gpu["allocations"]:
+        assert allocation["busy_from"] == "proxy" and not allocation["clamped"], allocation
+        assert allocation["generating_gpu_s"] <= allocation["allocated_s"]
+        assert allocation["busy_s"] == pytest.approx(busy_by_task[allocation["job"]], rel=0.05)
+    # The two workers of an allocation generated at the same time: adding up their spans counts GPUs twice.
+    spans = _generating(run.run_dir)["gpu"]
+    added = sum(b - a for _, (a, b) in spans)
+    merged = sum(_union(s for t, s in spans if t == task) for task in {t for t, _ in spans})
+    assert added > merged * 1.2, (added, merged)
+
+
+def test_rates_are_totals_over_the_active_spans(run: Run) -> None:
+    report = run.report
+    spans = _generating(run.run_dir)
+    both = [s for stage in spans.values() for _, s in stage]
+    assert report["rows_generated"] == RECORDS
+    assert report["records_per_second"] == pytest.approx(RECORDS / _union(both), rel=0.001)
+    stages = {s["stage"]: s for s in report["stages"]}
+    for stage, attempts in spans.items():
+        assert stages[stage]["rows"] == RECORDS
+        assert stages[stage]["active_s"] == pytest.approx(_union(s for _, s in attempts), abs=0.01)
+    models = {m["alias"]: m for m in report["models"]}
+    for alias, stage in (("generator", "gpu"), ("judge", "cpu")):  # the generator's in the GPU stage, judge's after
+        model = models[alias]
+        active = _union(s for _, s in spans[stage])
+        assert model["total_tokens"] > 0 and model["active_s"] == pytest.approx(active, abs=0.01)
+        assert model["tokens_per_second"] == pytest.approx(model["total_tokens"] / active, abs=0.06)
+    # records over time: both stages, each bin its stage's rows over the bins' one width
+    for stage in ("gpu", "cpu"):
+        bins = [b for b in report["rate"] if b["stage"] == stage]
+        assert sum(b["rows"] for b in bins) == RECORDS
+        width = _when(bins[0]["end"]) - _when(bins[0]["start"])
+        assert sum(b["rate"] for b in bins) * width == pytest.approx(RECORDS, rel=0.01)
+    # the CPU stage waited for the GPU stage, and the page says so, not "queued"
+    waits = [p for s in report["timeline"] if s["stage"] == "cpu" for p in s["phases"] if p["name"] == "waiting"]
+    assert waits
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
+def test_the_page_shows_the_same_numbers_and_both_stages(run: Run, tmp_path: Path) -> None:
+    page = run.page.read_text()
+    embedded = re.search(r'<script type="application/json" id="report-data">(.*?)</script>', page, re.S)
+    assert embedded is not None
+    data = json.loads(embedded.group(1))
+    assert {k: v for k, v in data.items() if k != "generated_at"} == {
+        k: v for k, v in run.report.items() if k != "generated_at"
+    }
+    dom = chromium("--virtual-time-budget=15000", "--dump-dom", run.page.as_uri(), cwd=tmp_path)
+    assert dom.returncode == 0 and console_lines(dom.stderr) == [], dom.stderr[-2000:]
+    cards = dict(re.findall(r'data-card="([^"]+)">[^<]*<b>([^<]*)</b>', dom.stdout))
+    gpu = run.report["gpu"]
+    assert cards["records/s"] == f"{run.report['records_per_second']:,.2f}"
+    assert cards["GPU-hours allocated"] == f"{gpu['allocated_gpu_hours']:,.3f}"
+    assert cards["GPU-hours generating"] == f"{gpu['generating_gpu_hours']:,.3f}"
+    assert cards["records"] == f"{RECORDS:,} / {RECORDS:,}"
+    for model in run.report["models"]:
+        shown = re.escape(f"{model['tokens_per_second']:,.1f}")
+        assert re.search(rf'<td class="?n"?>{shown}</td>', dom.stdout), model["alias"]
+    layout = page_layout(run.page, tmp_path)
+    assert layout["problems"] == []
+    legends = layout["legends"]
+    assert {"records/s · GPU stage", "records/s · CPU stage"} <= set(legends["chart-throughput"]), legends
+    assert "waiting for the GPU stage" in legends["chart-timeline"], legends
+    columns = {c["name"]: c for c in run.report["columns"]}
+    assert {n for n, c in columns.items() if c["stage"] == "GPU stage"} == {"difficulty", "sql"}
+    assert {n for n, c in columns.items() if c["stage"] == "CPU stage"} >= {"sql_quality"}
+    assert (columns["sql"]["column_type"], columns["difficulty"]["column_type"]) == ("llm-code", "sampler")
