@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from tests.e2e import cli_json, run_cli
+from tests.e2e import attempts, cli_json, run_cli
 
 pytestmark = [pytest.mark.slurm, pytest.mark.dd]
 
@@ -77,3 +78,39 @@ def test_status_and_wait_report_a_failed_run(make_run_files: Any) -> None:
     collect = run_cli("collect", str(run_dir), "--local", env=files.env, outputs=OUTPUTS)
     assert collect.returncode != 0 and "no published result" in collect.stderr
     assert not (run_dir / "dataset").exists()
+
+
+def test_a_key_the_endpoint_refuses_fails_key_refused_once_and_ddslurm_retry_with_the_right_key_succeeds(
+    make_run_files: Any, hosted_endpoint: Any, scan_for_secret: Any
+) -> None:
+    files = make_run_files("refused", num_records=2, shards=1, buffer_size=2, extra_run="retries: 1\n")
+    wrong = "sk-wrong-" + os.urandom(12).hex()
+    env = {**files.env, "DEMO_HOSTED_API_KEY": wrong}  # the shell exports a key the endpoint does not take
+    outputs: list[str] = []
+    submitted = cli_json(
+        "submit", str(files.run_file), "--profile", str(files.profile), "--json", env=env, outputs=outputs
+    )
+    run_dir = Path(submitted["run_dir"])
+
+    final = cli_json("wait", str(run_dir), "--json", env=env, codes=(1,), outputs=outputs)
+    assert final["state"] == "failed", final
+    refused, not_retried = attempts(run_dir, 0)  # the attempt, then the automatic retry array's task
+    assert (refused.state, refused.reason, refused.retryable, refused.client_runs) == (
+        "failed",
+        "key_refused",
+        False,
+        1,
+    )
+    assert (refused.message or "").startswith(
+        "the endpoint of provider 'demo-hosted' refused the API key in DEMO_HOSTED_API_KEY (HTTP 401): export the "
+        "right key in the shell you submit from, then `ddslurm retry RUN`"
+    )
+    assert (not_retried.state, not_retried.reason) == ("failed", "not_retried")  # retries: 1 started nothing
+    assert "failed with key_refused" in (not_retried.message or "")
+    (shard,) = final["shards"]
+    assert shard["reason"] == "not_retried" and "refused the API key in DEMO_HOSTED_API_KEY" in shard["message"]
+
+    retried = cli_json("retry", str(run_dir), "--json", env=files.env, outputs=outputs)  # the right key, as told
+    assert retried["shards"] == [0]
+    assert cli_json("wait", str(run_dir), "--json", env=files.env, outputs=outputs)["state"] == "succeeded"
+    assert scan_for_secret(files.root, wrong) == [] and not any(wrong in text for text in outputs)

@@ -4,9 +4,11 @@ stand-in as a hosted endpoint (is the model listed by /v1/models, is the key acc
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -97,3 +99,140 @@ def test_without_check_nothing_is_asked_and_an_unset_key_is_a_marked_row(
     assert f"writer  hosted  demo-hosted  {server.base_url}  demo/writer-8b  {KEY_ENV} (UNSET)" in out.out
     assert "CHECK" not in out.out
     assert f"environment variable {KEY_ENV} is unset" in out.err
+
+
+# --- a recipe built by a builder script, as submit loads it; and submit --check-endpoints ---
+
+BUILD = """\
+import data_designer.config as dd
+
+
+def load_config_builder() -> dd.DataDesignerConfigBuilder:
+    builder = dd.DataDesignerConfigBuilder(
+        model_configs=[
+            dd.ModelConfig(alias="writer", model="demo/writer-8b", provider="demo-hosted"),
+            dd.ModelConfig(alias="judge", model="demo/judge-70b", provider="demo-hosted"),
+        ]
+    )
+    builder.add_column(dd.LLMTextColumnConfig(name="question", model_alias="writer", prompt="Ask {{ person }}."))
+    builder.add_column(dd.LLMTextColumnConfig(name="verdict", model_alias="judge", prompt="Rate {{ question }}."))
+    builder.with_seed_dataset(dd.LocalFileSeedSource(path="people.csv"))
+    return builder
+"""
+
+
+def _builder_run(tmp_path: Path, endpoint: str, monkeypatch: pytest.MonkeyPatch, key: str) -> tuple[Path, Path]:
+    """A run whose recipe is ``recipes/build.py`` (a seed CSV beside it), a profile whose python_env runs it, and
+    the shell's environment: Data Designer's home and ``key`` in the provider's key variable."""
+    run = _run_file(tmp_path, endpoint)
+    monkeypatch.setenv("DATA_DESIGNER_HOME", str(tmp_path / "dd-home"))
+    monkeypatch.setenv(KEY_ENV, key)
+    recipes = run.parent / "recipes"
+    recipes.mkdir()
+    (recipes / "build.py").write_text(BUILD)
+    (recipes / "people.csv").write_text("person\nada\ngrace\n")
+    run.write_text(run.read_text().replace("recipe: recipe.yaml", "recipe: recipes/build.py"))
+    profile = tmp_path / "profile.yaml"
+    profile.write_text(f"workspace: {tmp_path / 'work'}\npython_env: {REPO / '.venv'}\ncpu_partition: cpu\n")
+    return run, profile
+
+
+def test_providers_runs_a_builder_script_in_the_profiles_python_env_and_resolves_what_submit_would(
+    tmp_path: Path, server: RunningServer, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from datetime import UTC, datetime
+
+    import msgspec
+
+    from ddslurm.launcher import prepare
+
+    run, profile = _builder_run(tmp_path, server.base_url, monkeypatch, KEY)
+
+    rc = main(["providers", str(run), "--profile", str(profile), "--check", "--json"])
+    out = capsys.readouterr()
+    assert rc == 1, out.err  # the stand-in does not serve the judge's model
+    shown = json.loads(out.out)["aliases"]
+    assert {r["alias"]: r["check"] for r in shown} == {"writer": "ok", "judge": "model not listed by /models"}
+
+    # exactly the aliases submit resolves (its preparation: the script run, the seed beside it, nothing written)
+    prepared = prepare(run, profile, dict(os.environ), datetime.now(UTC))
+    assert [{**r, "check": None} for r in shown] == msgspec.to_builtins(list(prepared.aliases))
+    assert [r["provider"] for r in shown] == ["demo-hosted", "demo-hosted"] and not (tmp_path / "work").exists()
+
+    monkeypatch.setenv("DDSLURM_PROFILE", str(profile))  # the profile by its variable, as every --profile
+    assert main(["providers", str(run)]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert [line.split()[:2] for line in table] == [["ALIAS", "KIND"], ["writer", "hosted"], ["judge", "hosted"]]
+    assert KEY not in out.out + out.err + "".join(table)
+
+
+def test_a_builder_script_without_a_profile_is_refused_at_the_run_files_recipe(
+    tmp_path: Path, server: RunningServer, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run, _ = _builder_run(tmp_path, server.base_url, monkeypatch, KEY)
+    assert main(["providers", str(run), "--check"]) == 2
+    line = next(i for i, text in enumerate(run.read_text().splitlines(), 1) if text.startswith("recipe:"))
+    err = capsys.readouterr().err
+    assert f"{run}:{line}:1: recipe: recipes/build.py:load_config_builder is built by Python" in err
+    assert "give --profile PROFILE.yaml (or DDSLURM_PROFILE naming it)" in err
+
+
+def _sbatch_stand_in(bin_dir: Path, record: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``sbatch`` that only records its calls, and the ``scontrol`` the limits are read with."""
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(f'#!/bin/sh\necho "$@" >> {record}\necho 4242\n')
+    (bin_dir / "scontrol").write_text("#!/bin/sh\necho 'MaxArraySize = 1001'\n")
+    for tool in ("sbatch", "scontrol"):
+        (bin_dir / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+
+
+def test_submit_check_endpoints_refuses_a_refused_key_and_an_unlisted_model_before_anything_is_written(
+    tmp_path: Path, server: RunningServer, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    wrong = "sk-wrong-" + os.urandom(12).hex()
+    run, profile = _builder_run(tmp_path, server.base_url, monkeypatch, wrong)
+    record = tmp_path / "sbatch-calls.txt"
+    _sbatch_stand_in(tmp_path / "bin", record, monkeypatch)
+
+    assert main(["submit", str(run), "--profile", str(profile), "--check-endpoints"]) == 2
+    err = capsys.readouterr().err
+    assert "--check-endpoints: 2 hosted model alias(es) would fail on the nodes; nothing was written" in err
+    for alias, model in (("writer", "demo/writer-8b"), ("judge", "demo/judge-70b")):
+        assert f"  {alias}: key refused (HTTP 401) (provider demo-hosted, {server.base_url}, model {model}, " in err
+    assert f"key {KEY_ENV})" in err and wrong not in err
+    assert not record.exists() and not (tmp_path / "work").exists()  # nothing submitted, nothing written
+
+    monkeypatch.setenv(KEY_ENV, KEY)  # the right key: only the judge's model, which the endpoint does not serve
+    assert main(["submit", str(run), "--profile", str(profile), "--dry-run", "--check-endpoints", "--json"]) == 2
+    error = json.loads(capsys.readouterr().out)["error"]
+    assert (error["code"], error["exit_code"]) == ("submit_refused", 2)
+    assert "1 hosted model alias(es)" in error["message"] and "  judge: model not listed by /models" in error["message"]
+    assert "writer:" not in error["message"]
+    assert not record.exists() and not (tmp_path / "work").exists()
+
+
+def test_submit_check_endpoints_accepts_endpoints_that_list_the_models_and_take_the_key(
+    tmp_path: Path, hosted_endpoint: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run, profile = _builder_run(tmp_path, hosted_endpoint.base_url, monkeypatch, hosted_endpoint.api_key)  # both models
+    record = tmp_path / "sbatch-calls.txt"
+    _sbatch_stand_in(tmp_path / "bin", record, monkeypatch)
+    asked = _model_requests(hosted_endpoint.request_log)
+
+    assert main(["submit", str(run), "--profile", str(profile), "--dry-run", "--check-endpoints", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)["aliases"]
+    assert {r["alias"]: r["check"] for r in shown} == {"writer": "ok", "judge": "ok"}
+    assert _model_requests(hosted_endpoint.request_log) == asked + 1  # one request per provider, with the key
+    assert not record.exists() and not (tmp_path / "work").exists()  # a dry run still writes nothing
+
+    assert main(["submit", str(run), "--profile", str(profile), "--check-endpoints"]) == 0
+    assert record.read_text().count("\n") == 1 and (tmp_path / "work").is_dir()  # submitted as without the check
+
+
+def _model_requests(log: Path) -> int:
+    """The authorised ``GET /v1/models`` the stand-in has answered."""
+    if not log.exists():
+        return 0
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    return sum(1 for r in lines if r["path"] == "/v1/models" and r["authorized"])

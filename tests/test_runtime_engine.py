@@ -18,7 +18,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from ddslurm.config import AttemptRecord, WinnerRecord, read_json
+from ddslurm.config import AttemptRecord, RunLayout, WinnerRecord, read_json
 from ddslurm.launcher import prepare, write_run_dir
 from ddslurm.runtime._attempt import EXIT_PARTIAL
 from ddslurm.runtime._verify import FILL_DIR, rows_in
@@ -105,6 +105,33 @@ def test_runtime_without_the_key_fails_with_a_reason_and_publishes_nothing(run_f
     record = read_json(shard.attempt("attempt-local-2").record, AttemptRecord)
     assert record.state == "failed" and record.reason == "secret_missing"
     assert "DEMO_HOSTED_API_KEY" in (record.message or "")
+
+
+def test_a_key_the_endpoint_refuses_is_key_refused_and_not_rerun(
+    make_run_files: Any, local_attempt: Any, scan_for_secret: Any
+) -> None:
+    # Submit saw the right key; the job gets another value (a key rotated, or the wrong one exported).
+    wrong = "sk-wrong-" + os.urandom(10).hex()
+    files = make_run_files("refused", num_records=4, shards=1, extra_run="client_retries: 2\n")
+    run_dir, proc = local_attempt(files, "31", node_env={"DEMO_HOSTED_API_KEY": wrong})
+    _, err = proc.communicate(timeout=240)
+
+    shard = RunLayout(run_dir).shard(0)
+    record = read_json(shard.attempt("attempt-31").record, AttemptRecord)
+    assert (record.state, record.reason, record.retryable, proc.returncode) == ("failed", "key_refused", False, 1), (
+        record,
+        err[-2000:],
+    )
+    assert record.client_runs == 1  # client_retries: 2 would have rerun a generation_failed twice
+    message = record.message or ""
+    assert message.startswith(
+        "the endpoint of provider 'demo-hosted' refused the API key in DEMO_HOSTED_API_KEY (HTTP 401)"
+    )
+    assert "ddslurm retry" in message
+    events = [json.loads(line)["event"] for line in shard.attempt("attempt-31").client_log.read_text().splitlines()]
+    assert "client.rerun" not in events and "attempt.failed" in events
+    assert not shard.winner.exists()
+    assert scan_for_secret(run_dir, wrong) == [] and wrong not in err
 
 
 STRUCTURED_RECIPE = """\

@@ -295,7 +295,7 @@ def test_a_recipe_built_by_python_is_not_run_here_but_may_be_given_loaded(
         describe_run(run_file, os.environ)
     line = next(i for i, text in enumerate(run_file.read_text().splitlines(), 1) if text.startswith("recipe:"))
     assert str(info.value).startswith(f"{run_file}:{line}:1: recipe: build.py:load_config_builder is built by Python")
-    assert main([str(run_file)]) == 2 and "ddslurm submit --dry-run" in capsys.readouterr().err
+    assert main([str(run_file)]) == 2 and "ddslurm providers RUN_FILE --profile" in capsys.readouterr().err
 
     resolution = describe_run(run_file, os.environ, recipe=(recipe, run_file.parent / "build.py:load_config_builder()"))
     assert [row.alias for row in resolution.rows] == ["writer", "judge"] and not resolution.problems

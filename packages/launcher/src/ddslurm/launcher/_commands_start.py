@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from ddslurm.config import compact_ranges
+from ddslurm.launcher._aliases import describe_aliases
 from ddslurm.launcher._bill import bill_lines
 from ddslurm.launcher._console import (
     dry_run_text,
@@ -40,7 +41,7 @@ from ddslurm.launcher._steer import (
 )
 from ddslurm.launcher._submit import submit
 from ddslurm.launcher.errors import UsageError
-from ddslurm.providers import check_endpoints, describe_run
+from ddslurm.providers import check_endpoints
 from ddslurm.providers.cli import print_resolution
 
 # --- submit ---
@@ -71,6 +72,14 @@ def cmd_submit(
             help="Submit the arrays of RUN's submission plan that a submission stopped part-way did not submit.",
         ),
     ] = False,
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check-endpoints",
+            help="First ask each hosted endpoint with the key (as providers --check): refuse the run, nothing written "
+            "or submitted, when one refuses the key or does not list the model.",
+        ),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> int:
     """Capture the inputs, compile the plan and submit the run's job arrays."""
@@ -80,9 +89,11 @@ def cmd_submit(
     profile_path = resolve_profile(profile, session.env)
     if profile_path is None:
         raise UsageError("submit needs --profile PROFILE.yaml (the cluster profile), or DDSLURM_PROFILE naming it")
+    endpoints = check_endpoints if check else None
     if dry_run:
-        return _show_dry_run(session, plan_dry_run(run_file, profile_path, slurm=session.slurm, env=session.env))
-    done = submit(run_file, profile_path, slurm=session.slurm, env=session.env)
+        done_dry = plan_dry_run(run_file, profile_path, slurm=session.slurm, env=session.env, check_endpoints=endpoints)
+        return _show_dry_run(session, done_dry)
+    done = submit(run_file, profile_path, slurm=session.slurm, env=session.env, check_endpoints=endpoints)
     out = session.out
     if session.json:
         write_json(
@@ -166,13 +177,23 @@ def cmd_providers(
         bool, typer.Option("--check", help="Ask each hosted endpoint whether it lists the model and accepts the key.")
     ] = False,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds per endpoint for --check.")] = 10.0,
+    profile: Annotated[
+        Path | None,
+        typer.Option(
+            "--profile",
+            metavar="PROFILE.yaml",
+            help="The cluster profile whose python_env runs a builder-script recipe, as submit runs it. Default: the "
+            "file DDSLURM_PROFILE names.",
+            show_default=False,
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> int:
     """Show how the run's model aliases resolve, and what would stop a submit (never a key's value).
 
     Exit 0 when submit would accept the providers (and every --check passed), 1 when the table shows problems."""
     session = command_session(ctx, as_json)
-    resolution = describe_run(run_file, session.env)
+    resolution = describe_aliases(run_file, session.env, resolve_profile(profile, session.env))
     if check:
         resolution = check_endpoints(resolution, session.env, timeout=timeout)
     return print_resolution(resolution, checked=check, as_json=session.json, out=session.out, err=session.err)

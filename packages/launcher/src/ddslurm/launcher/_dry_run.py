@@ -16,6 +16,7 @@ from pathlib import Path
 import msgspec
 
 from ddslurm.config import Plan, ProviderSnapshot, RunLayout, SchedulerLimits
+from ddslurm.launcher._aliases import EndpointCheck
 from ddslurm.launcher._bill import Bill, make_bill
 from ddslurm.launcher._render import render_generation
 from ddslurm.launcher._run_dir import Prepared
@@ -62,12 +63,18 @@ def scheduler_limits(slurm: Slurm, plan: Plan) -> SchedulerLimits:
 
 
 def dry_run(
-    run_file: Path, profile: Path, *, slurm: Slurm, env: Mapping[str, str], now: datetime | None = None
+    run_file: Path,
+    profile: Path,
+    *,
+    slurm: Slurm,
+    env: Mapping[str, str],
+    now: datetime | None = None,
+    check_endpoints: EndpointCheck | None = None,
 ) -> DryRun:
     """Validate and compile ``run_file`` for the cluster of ``profile``, and plan its submission; write nothing,
-    submit nothing. Raises what ``submit`` would raise for the same inputs."""
+    submit nothing. Raises what ``submit`` would raise for the same inputs (``check_endpoints`` included)."""
     moment = now or datetime.now(UTC)
-    prepared = prepare(run_file, profile, env, moment)
+    prepared = prepare(run_file, profile, env, moment, check_endpoints=check_endpoints)
     plan, layout = prepared.plan, prepared.layout
     limits = scheduler_limits(slurm, plan)
     with refusals():

@@ -141,12 +141,13 @@ def load_run_recipe(
     env: Mapping[str, str],
     dd_home: Path,
     *,
-    runtime: Path,
+    runtime: Path | None,
     timeout_s: float = RECIPE_TIMEOUT_S,
 ) -> LoadedRecipe:
     """The recipe ``run`` names (relative to ``run_path``): a config file is read; a builder script or
     ``module:function`` is run by ``runtime`` (``<python_env>/bin/ddslurm-runtime``; see the module's docstring)
-    with Data Designer's home ``dd_home`` and the secrets of ``env`` left out. Missing files are
+    with Data Designer's home ``dd_home`` and the secrets of ``env`` left out (``runtime`` None: no profile
+    names a ``python_env``, and a recipe built by Python is refused at the run file's ``recipe``). Missing files are
     :class:`ConfigFileError` at the run file's ``recipe``; a script that fails, raises or returns something else is
     :class:`BuilderError` naming the script and line.
 
@@ -176,6 +177,12 @@ def load_run_recipe(
         refuse_secrets(stored.decode("utf-8", "replace"), read_yaml(path), secrets, origin=path, subject="the recipe")
         refuse_seed_secrets(data, path, secrets)
         return LoadedRecipe(ref=ref, path=path, origin=path, data=data, stored=stored)
+    if runtime is None:
+        raise _at_recipe(
+            run_path,
+            f"{ref} is built by Python, which runs in the cluster profile's python_env as submit runs it: give "
+            "--profile PROFILE.yaml (or DDSLURM_PROFILE naming it)",
+        )
     function = ref.function or DD_BUILDER_FUNCTION
     payload: dict[str, Any] = {"function": function, "run_dir": str(base)}
     if ref.kind == "script":

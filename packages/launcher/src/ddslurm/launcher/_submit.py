@@ -46,8 +46,8 @@ from ddslurm.config import (
     read_yaml,
     sha256_bytes,
 )
+from ddslurm.launcher._aliases import EndpointCheck, refuse_failed_endpoints, run_aliases
 from ddslurm.launcher._mcp_check import dd_check_tools
-from ddslurm.launcher._recipe import load_run_recipe
 from ddslurm.launcher._render import render_generation
 from ddslurm.launcher._run_dir import NOTHING_LEFT, Prepared, write_run_dir
 from ddslurm.launcher._seed import CountRows, SeedCapture, capture_seed, dd_seed_columns, dd_seed_rows
@@ -70,11 +70,9 @@ from ddslurm.providers import (
     AliasRow,
     Origin,
     ProvidersError,
-    load_settings,
+    ResolutionError,
     missing_env,
     placeholder_secrets,
-    resolve,
-    with_given_mcp_providers,
 )
 from ddslurm.providers.discovery import settings_dir
 
@@ -139,12 +137,14 @@ def prepare(
     check_recipe: CheckRecipe = dd_check_recipe,
     seed_columns: SeedColumns = dd_seed_columns,
     check_tools: CheckTools = dd_check_tools,
+    check_endpoints: EndpointCheck | None = None,
 ) -> Prepared:
     """Validate and compile everything; touch nothing on disk. The recipe is loaded (a builder script runs) and
     checked (``check_recipe``: Data Designer's own validation, a subprocess of a few seconds) in the profile's
     ``python_env``; what Data Designer refuses would fail on the node, and is reported after the planner's
     refusals; then its MCP tools (``check_tools``: the stdio servers' commands, the tools ``allow_tools`` names,
-    listed in a subprocess)."""
+    listed in a subprocess); with ``check_endpoints`` (``submit --check-endpoints``), last, what every hosted
+    endpoint answers with the key (:func:`~ddslurm.launcher._aliases.refuse_failed_endpoints`)."""
     try:
         run = load_run_file(run_path)
         profile = load_profile(profile_path)
@@ -152,11 +152,11 @@ def prepare(
         if not runtime.exists():
             message = f"profile.python_env: {runtime} does not exist (the compute nodes run it)"
             raise SubmitError(place_error(message, run_path, profile_path))
-        loaded = load_run_recipe(run, run_path, env, settings_dir(env, home), runtime=runtime)  # a builder runs
+        loaded, resolution = run_aliases(run, run_path, env, settings_dir(env, home), runtime=runtime)  # a builder runs
         recipe_path, recipe_bytes, recipe = loaded.path, loaded.stored, loaded.data
         refuse_unshardable(recipe, loaded.origin)
-        settings = with_given_mcp_providers(load_settings(settings_dir(env, home)), loaded.given_mcp_providers())
-        resolution = resolve(recipe, Origin(loaded.origin), settings, run.deployments, env, run_origin=Origin(run_path))
+        if resolution.problems:
+            raise ResolutionError(list(resolution.problems))
         snapshot: ProviderSnapshot = resolution.snapshot
         snapshot_bytes = encode_pretty(snapshot)
         layout = RunLayout.in_workspace(Path(profile.workspace), new_run_id(run.name, now))
@@ -197,6 +197,8 @@ def prepare(
         problems = check_tools(recipe, Origin(loaded.origin), snapshot, env, settings_dir(env, home))
         if problems:
             raise SubmitError("the recipe's MCP tools cannot be used:\n" + "\n".join(f"  {p}" for p in problems))
+    if check_endpoints is not None:  # last: it asks every hosted endpoint over the network
+        resolution = refuse_failed_endpoints(resolution, env, check_endpoints)
     return Prepared(
         layout,
         plan,
@@ -522,13 +524,15 @@ def submit(
     env: Mapping[str, str],
     clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     home: Path | None = None,
+    check_endpoints: EndpointCheck | None = None,
 ) -> Submitted:
     """Validate and compile, read the scheduler's limits and plan the arrays within them (refusing, with the
     numbers, what does not fit), all before anything is written; then write the run directory and the
     submission plan, and submit the arrays. A failure before the first array was submitted removes the run
-    directory again; a later one (or a timeout) raises :class:`PartialSubmitError` and leaves an incomplete run."""
+    directory again; a later one (or a timeout) raises :class:`PartialSubmitError` and leaves an incomplete run.
+    ``check_endpoints``: ask the hosted endpoints first (``--check-endpoints``)."""
     now = clock()
-    prepared = prepare(run_path, profile_path, env, now, home)
+    prepared = prepare(run_path, profile_path, env, now, home, check_endpoints=check_endpoints)
     layout, plan = prepared.layout, prepared.plan
     check_environment(plan, env)
     with refusals():

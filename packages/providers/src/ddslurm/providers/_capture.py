@@ -46,8 +46,8 @@ def describe_run(
         line, col = locate(read_yaml(run_path), ["recipe"])
         raise ConfigFileError(
             run_path,
-            f"{ref} is built by Python, which this command does not run; `ddslurm submit --dry-run` runs it and "
-            "shows how the aliases resolve",
+            f"{ref} is built by Python, which this command does not run; `ddslurm providers RUN_FILE --profile "
+            "PROFILE.yaml` runs it in the profile's python_env and shows how the aliases resolve",
             line=line,
             col=col,
             field="recipe",

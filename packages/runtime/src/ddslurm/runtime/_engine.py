@@ -28,7 +28,7 @@ from ddslurm.runtime._builder import rebuilt_columns
 from ddslurm.runtime._node_recipe import node_builder
 from ddslurm.runtime._plugins import check_plugins
 from ddslurm.runtime._verify import rows_in
-from ddslurm.runtime.errors import EngineError, RecipeError
+from ddslurm.runtime.errors import EngineError, KeyRefusedError, RecipeError
 
 LOCAL_TOKEN_ENV = "DDSLURM_LOCAL_TOKEN"
 """The variable holding the attempt's token for a local provider whose snapshot entry names none (snapshots
@@ -210,6 +210,9 @@ def run_engine(request: EngineRequest) -> EngineResult:
             dataset_dir = request.artifact_path / request.dataset_name
             rows = rows_in(dataset_dir / "parquet-files")
             return EngineResult(dataset_dir=dataset_dir, rows=rows, requested=request.num_records)
+        refusal = key_refused(exc, request.snapshot)
+        if refusal is not None:
+            raise refusal from exc
         refused = violation_lines(violations)
         if refused or _refuses_config(exc):  # the recipe (and the Data Designer on this node) will not change
             details = refused or [f"{name}: {exc}"]
@@ -249,17 +252,60 @@ _CONFIG_ERRORS = {
 }
 
 
-def _refuses_config(exc: BaseException) -> bool:
-    """Whether ``exc`` or what it was raised from (``create`` wraps everything in DataDesignerGenerationError) is an
-    error about the config."""
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and what it was raised from (``create`` wraps everything in DataDesignerGenerationError; Data Designer
+    raises its model errors ``from None``, which keeps the provider's error as their context), ten at most."""
     seen: BaseException | None = exc
     for _ in range(10):
         if seen is None:
-            return False
-        if any(cls.__name__ in _CONFIG_ERRORS for cls in type(seen).__mro__):
-            return True
+            return
+        yield seen
         seen = seen.__cause__ or seen.__context__
-    return False
+
+
+def _refuses_config(exc: BaseException) -> bool:
+    """Whether ``exc`` or what it was raised from is an error about the config."""
+    return any(cls.__name__ in _CONFIG_ERRORS for seen in _chain(exc) for cls in type(seen).__mro__)
+
+
+# Data Designer's errors for a key an endpoint refused, by class name as above, with the HTTP status they stand for.
+_KEY_ERRORS = {"ModelAuthenticationError": 401, "ModelPermissionDeniedError": 403}
+_KEY_STATUSES = frozenset(_KEY_ERRORS.values())
+
+
+def key_refused(exc: BaseException, snapshot: ProviderSnapshot) -> KeyRefusedError | None:
+    """The failure when ``exc`` (or what it was raised from) says that a hosted provider's endpoint refused the API
+    key: Data Designer's ``ModelAuthenticationError`` or ``ModelPermissionDeniedError`` (every supported version),
+    or a provider error whose ``status_code`` is 401 or 403; the provider is the one that error names
+    (``provider_name``). None for any other error, and for a local provider (its key is the attempt's own token,
+    never the user's)."""
+    status: int | None = None
+    provider_name: str | None = None
+    for seen in _chain(exc):
+        code = getattr(seen, "status_code", None)
+        if isinstance(code, int) and code in _KEY_STATUSES:
+            status = code
+        elif status is None:
+            status = next((_KEY_ERRORS[c.__name__] for c in type(seen).__mro__ if c.__name__ in _KEY_ERRORS), None)
+        named = getattr(seen, "provider_name", None)
+        provider_name = named if isinstance(named, str) else provider_name
+    if status is None:
+        return None
+    hosted = [p for p in snapshot.providers if not p.local]
+    named_providers = [p for p in hosted if p.name == provider_name]
+    if provider_name is not None and not named_providers:
+        return None  # a local provider's server (or one the snapshot does not know) refused the attempt's token
+    refusing = named_providers or hosted
+    if not refusing:
+        return None
+    names = ", ".join(repr(p.name) for p in refusing)
+    keys = sorted({p.api_key_env for p in refusing if p.api_key_env})
+    what = f"the API key in {', '.join(keys)}" if keys else "the request without an API key"
+    detail = " ".join(str(exc).split())
+    return KeyRefusedError(
+        f"the endpoint of provider {names} refused {what} (HTTP {status}): export the right key in the shell you "
+        f"submit from, then `ddslurm retry RUN`; never rerun or retried automatically. Data Designer: {detail}"
+    )
 
 
 @contextmanager

@@ -4,7 +4,9 @@ RuntimeFailure           root: the attempt failed; ``reason`` is a stable code f
 ├── InputsError          plan, recipe or snapshot missing or not matching its recorded sha256
 ├── SecretMissingError   an API-key variable the snapshot names is unset in the job's environment
 ├── EngineError          Data Designer failed (``retryable`` says whether a new attempt may help)
-│   └── RecipeError      Data Designer refuses the recipe (never retryable: every attempt would repeat it)
+│   ├── RecipeError      Data Designer refuses the recipe (never retryable: every attempt would repeat it)
+│   └── KeyRefusedError  a hosted endpoint refused the API key, HTTP 401 or 403 (never retryable: the job's key
+│                        stays the same until it is exported again and the shard retried)
 └── VerificationError    the candidate dataset is unreadable, short, or leaks a secret
     └── EmptyOutputsError  LLM columns hold more empty or null values than ``max_empty_outputs`` (retryable)
 
@@ -54,7 +56,17 @@ class RecipeError(EngineError):
         super().__init__(message, retryable=False)
 
 
-PERMANENT_REASONS = frozenset({"recipe_invalid", "inputs_invalid"})
+class KeyRefusedError(EngineError):
+    """A hosted provider's endpoint answered HTTP 401 or 403: it refused the API key the job was given. Every attempt
+    of the job's arrays has the same key, so none is rerun or retried automatically."""
+
+    reason = "key_refused"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retryable=False)
+
+
+PERMANENT_REASONS = frozenset({"recipe_invalid", "inputs_invalid", "key_refused"})
 """Failures that a new attempt of the same run repeats: automatic retry arrays do not start work after them."""
 
 
