@@ -99,6 +99,7 @@ from ddslurm.config._runfile import (
     ServerSpec,
     Submission,
     parse_recipe_ref,
+    path_problem,
     server_env_secret,
     value_secret,
 )
@@ -198,6 +199,7 @@ __all__ = [
     "make_private_dir",
     "parallel_requests",
     "parse_recipe_ref",
+    "path_problem",
     "partition_seed",
     "plan_split",
     "publish_once",
