@@ -5,8 +5,6 @@ from __future__ import annotations
 import io
 import json
 import re
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +30,7 @@ from ddslurm.config.testing import make_plan
 from ddslurm.launcher._slurm import Slurm, tres_gpus
 from ddslurm.launcher.cli import main
 from ddslurm.launcher.report import parse_client_out, render_html, run_report
-from ddslurm.launcher.testing import FakeSlurm
+from ddslurm.launcher.testing import FakeSlurm, console_lines, find_chromium, run_chromium
 
 T = "2025-12-31T23:"  # every event of the synthetic run is in the last ten minutes of 2025
 
@@ -348,15 +346,8 @@ def test_a_run_without_attempts_still_renders(tmp_path: Path) -> None:
     assert "No attempt has started." in render_html(report)
 
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-
-
-def _chromium(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [CHROMIUM or "chromium", "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-         f"--user-data-dir={cwd / 'profile'}", "--enable-logging=stderr", "--v=0", *args],
-        capture_output=True, text=True, timeout=120, cwd=cwd, check=False,
-    )  # fmt: skip
+CHROMIUM = find_chromium()
+_chromium, _console = run_chromium, console_lines
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
@@ -378,11 +369,6 @@ def test_the_page_renders_in_a_headless_browser_offline(tmp_path: Path) -> None:
     )
     assert done.returncode == 0 and shot.is_file(), done.stderr[-2000:]
     assert _pixel_variance(shot) > 100.0, "the screenshot is blank"
-
-
-def _console(stderr: str) -> list[str]:
-    """What the page logged to its console (errors, uncaught exceptions), as chromium's log shows it."""
-    return [line for line in stderr.splitlines() if ":CONSOLE" in line or "Uncaught" in line]
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")

@@ -6,6 +6,8 @@ Not used by production code; importing it has no side effects.
 from __future__ import annotations
 
 import shlex
+import shutil
+import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
@@ -130,3 +132,25 @@ def write_attempt(
     if progress is not None:
         atomic_write(attempt.progress, encode(Progress(rows=progress, batches=1, updated_at=began)))
     return record
+
+
+# --- a headless browser, for pages a user opens (the report, the docs site) ---
+
+
+def find_chromium() -> str | None:
+    """The Chromium (or Chrome) on PATH, None when there is none (``apt-get install -y chromium``)."""
+    return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+
+
+def run_chromium(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Headless Chromium with ``args`` (such as ``--dump-dom URL``), its profile under ``cwd``, its log on stderr."""
+    return subprocess.run(
+        [find_chromium() or "chromium", "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+         f"--user-data-dir={cwd / 'profile'}", "--enable-logging=stderr", "--v=0", *args],
+        capture_output=True, text=True, timeout=120, cwd=cwd, check=False,
+    )  # fmt: skip
+
+
+def console_lines(stderr: str) -> list[str]:
+    """What a page logged to its console (errors, uncaught exceptions), as Chromium's log shows it."""
+    return [line for line in stderr.splitlines() if ":CONSOLE" in line or "Uncaught" in line]
