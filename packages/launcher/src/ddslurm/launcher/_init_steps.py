@@ -66,7 +66,7 @@ def next_steps(run_file: Path, profile: Path, starter: Starter | None, *, progra
             steps += [
                 Step(
                     f'export {key}="$({MADE_UP_KEY})"',
-                    f"a key for the stand-in, made up in this shell (a real key: read -rs {key} && export {key})",
+                    f"a key made up in this shell for the stand-in, never on a command line",
                 ),
                 Step(
                     f'VLLM_API_KEY="${key}" {runner}{STAND_IN} serve stand-in --host 127.0.0.1 --port {hosted.port} '
