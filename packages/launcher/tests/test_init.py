@@ -359,7 +359,8 @@ def test_without_an_example_the_next_step_is_to_write_the_recipe(tmp_path: Path)
     assert result.todo is not None and "write the recipe mine/recipe.yaml" in result.todo
     assert "ddslurm init --example hosted|mixed --dir mine --force" in result.todo
     commands = [step.command for step in result.steps]
-    assert commands[:2] == [
+    assert commands[:3] == [
+        'export DDSLURM_PROFILE="$PWD"/mine/profile.yaml',
         "ddslurm providers mine/run.yaml",
         "ddslurm submit mine/run.yaml --profile mine/profile.yaml --dry-run",
     ]
@@ -417,7 +418,10 @@ def test_example_mixed_on_the_embedded_cluster_starts_the_stand_in_on_the_chosen
     assert stand_in[0] == "VLLM_API_KEY=$STAND_IN_API_KEY" and stand_in[1:5] == ["uv", "run", "fake-vllm", "serve"]
     assert stand_in[stand_in.index("--port") + 1] == "45678" and stand_in[-1] == "&"
     assert "--api-key" not in stand_in  # the key is in the stand-in's environment, never on its command line
-    assert commands[3] == "uv run ddslurm providers 'first(hour)/run.yaml'"
+    assert commands[3:5] == [
+        "export DDSLURM_PROFILE=\"$PWD\"/'first(hour)/profile.yaml'",
+        "uv run ddslurm providers 'first(hour)/run.yaml'",
+    ]  # providers runs build.py in the profile's python_env
     assert commands[-3:] == ['uv run ddslurm wait "$RUN_DIR"', 'uv run ddslurm collect "$RUN_DIR"',
                              'uv run ddslurm report "$RUN_DIR"']  # fmt: skip
     shown = result.as_dict()

@@ -66,7 +66,7 @@ def next_steps(run_file: Path, profile: Path, starter: Starter | None, *, progra
             steps += [
                 Step(
                     f'export {key}="$({MADE_UP_KEY})"',
-                    f"a key made up in this shell for the stand-in, never on a command line",
+                    "a key made up in this shell for the stand-in, never on a command line",
                 ),
                 Step(
                     f'VLLM_API_KEY="${key}" {runner}{STAND_IN} serve stand-in --host 127.0.0.1 --port {hosted.port} '
@@ -82,6 +82,10 @@ def next_steps(run_file: Path, profile: Path, starter: Starter | None, *, progra
                 )
             )
     steps += [
+        Step(
+            f"export DDSLURM_PROFILE={_absolute(profile, cwd)}",
+            "the cluster profile of the commands below (providers runs a builder script in its python_env)",
+        ),
         Step(f"{program} providers {run}", "each model alias, its provider and key variable; exit 1: submit refuses"),
         Step(
             f"{program} submit {run} --profile {prof} --dry-run",
