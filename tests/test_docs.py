@@ -485,6 +485,38 @@ def test_init_as_getting_started_shows_it(tmp_path: Path, monkeypatch: pytest.Mo
     assert code == 1 and "--force" in err
 
 
+def _section(page: Path, start: str, end: str) -> list[str]:
+    """The code blocks of ``page`` between the headings (or lines) ``start`` and ``end``."""
+    text = page.read_text()
+    return [m.group(2) for m in _FENCE.finditer(text[text.index(start) : text.index(end)])]
+
+
+@pytest.mark.slurm
+def test_using_it_is_what_init_prints(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README's "Using it" runs ``init --example mixed --dir my-run``, then exactly the commands and comments it
+    prints under ``uv run`` on the embedded cluster (the port aside: a free one each time); getting-started.md shows
+    the same commands."""
+    import json
+    import os
+
+    monkeypatch.chdir(tmp_path)
+    readme = _section(ROOT / "README.md", "## Using it", "`RUN_DIR` may also be")
+    init = ["init", "--example", "mixed", "--dir", "my-run"]
+    assert readme[0].split("#")[0].split() == ["uv", "run", "ddslurm", *init]
+    code, out, err = _run([*init, "--json"], {**os.environ, "UV": "uv"})
+    assert code == 0, err
+    steps = json.loads(out)["next"]
+    printed = [line for step in steps for line in (f"# {step['comment']}", step["command"])]
+
+    def same(lines: list[str]) -> list[str]:
+        return [re.sub(r"--port \d+", "--port N", line) for line in lines]
+
+    assert same(readme[1].splitlines()) == same(printed)
+    started = _section(DOCS / "getting-started.md", "## On the local cluster", "## On a real cluster")
+    shown = [re.sub(r"\s+# .*$", "", line) for line in started[2].splitlines()]
+    assert same(shown) == same([step["command"] for step in steps])
+
+
 # --- the column and processor types table ------------------------------------------------------------------------
 
 

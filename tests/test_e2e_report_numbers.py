@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from ddslurm.config import AttemptRecord, SubmissionRecord, WinnerRecord, read_json
-from ddslurm.launcher.testing import CHROMIUM, chromium, console_lines, page_layout
+from ddslurm.launcher.testing import console_lines, find_chromium, page_layout, run_chromium
 from tests.e2e import MIXED_RECIPE, generator, vllm_stand_in
 from tests.e2e import cli_json as _cli
 
@@ -184,7 +184,7 @@ def test_rates_are_totals_over_the_active_spans(run: Run) -> None:
     assert waits
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
+@pytest.mark.skipif(find_chromium() is None, reason="chromium is not installed (apt-get install -y chromium)")
 def test_the_page_shows_the_same_numbers_and_both_stages(run: Run, tmp_path: Path) -> None:
     page = run.page.read_text()
     embedded = re.search(r'<script type="application/json" id="report-data">(.*?)</script>', page, re.S)
@@ -193,7 +193,7 @@ def test_the_page_shows_the_same_numbers_and_both_stages(run: Run, tmp_path: Pat
     assert {k: v for k, v in data.items() if k != "generated_at"} == {
         k: v for k, v in run.report.items() if k != "generated_at"
     }
-    dom = chromium("--virtual-time-budget=15000", "--dump-dom", run.page.as_uri(), cwd=tmp_path)
+    dom = run_chromium("--virtual-time-budget=15000", "--dump-dom", run.page.as_uri(), cwd=tmp_path)
     assert dom.returncode == 0 and console_lines(dom.stderr) == [], dom.stderr[-2000:]
     cards = dict(re.findall(r'data-card="([^"]+)">[^<]*<b>([^<]*)</b>', dom.stdout))
     gpu = run.report["gpu"]

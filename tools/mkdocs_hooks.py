@@ -3,10 +3,15 @@
 Pages link to repository files outside ``docs/`` the way GitHub shows them (``../examples/local-profile.yaml``).
 The site copies each such file to ``repo/<path>`` and points the link there, so ``mkdocs build --strict`` checks
 that the file exists instead of refusing every link that leaves ``docs/``.
+
+Code blocks that draw (box-drawing characters) are marked ``diagram``, with their longest line as ``--cols``: the
+site's stylesheet (docs/stylesheets/extra.css) keeps their lines and fits their font to the page, where every other
+code block wraps.
 """
 
 from __future__ import annotations
 
+import html
 import re
 from pathlib import Path
 from typing import Any
@@ -16,6 +21,8 @@ from mkdocs.structure.files import File, Files
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 _LINK = re.compile(r"\]\((\.\./[^)#\s]+)(#[^)\s]*)?\)")
+_CODE = re.compile(r"<pre>(<span></span><code>(.*?)</code></pre>)", re.S)
+_DRAWING = frozenset("┌┐└┘├┤┬┴┼─│═║╔╗╚╝")
 
 
 def _outside(page: Path, target: str) -> Path | None:
@@ -49,3 +56,15 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str
         return f"]({depth}repo/{path.relative_to(ROOT).as_posix()}{match.group(2) or ''})"
 
     return _LINK.sub(rewrite, markdown)
+
+
+def _mark_drawing(match: re.Match[str]) -> str:
+    text = html.unescape(re.sub(r"<[^>]+>", "", match.group(2)))
+    if not _DRAWING & set(text):
+        return match.group(0)
+    cols = max(len(line) for line in text.splitlines())
+    return f'<pre class="diagram" style="--cols: {cols}">{match.group(1)}'
+
+
+def on_page_content(html_text: str, page: Any, config: Any, files: Files) -> str:
+    return _CODE.sub(_mark_drawing, html_text)

@@ -4,9 +4,14 @@ overwrites without ``force`` or leaves anything behind when it fails."""
 
 from __future__ import annotations
 
+import runpy
+import shlex
+import socket
+import sys
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from ruamel.yaml import YAML
@@ -23,7 +28,8 @@ from ddslurm.launcher import (
     prepare,
 )
 from ddslurm.launcher._cluster import SINFO_FORMAT, cluster_from_rows, parse_gres
-from ddslurm.launcher._init import render_init, yaml_str
+from ddslurm.launcher._init import render_init, run_name, yaml_str
+from ddslurm.launcher._starter import Example, on_embedded_cluster
 from ddslurm.launcher.testing import accept_recipe
 
 VENV = Path("/opt/envs/ddslurm")
@@ -61,10 +67,11 @@ s1|cpu|32|64000|(null)|up|4:00:00
 
 
 class CannedSlurm:
-    """Answers sinfo with ``sinfo`` text and scontrol with a cluster name; records the calls."""
+    """Answers sinfo with ``sinfo`` text and scontrol with a cluster name (and ``slurm_conf`` as its SLURM_CONF);
+    records the calls."""
 
-    def __init__(self, sinfo: str, *, name: str = "canned", sinfo_rc: int = 0) -> None:
-        self.sinfo, self.name, self.sinfo_rc = sinfo, name, sinfo_rc
+    def __init__(self, sinfo: str, *, name: str = "canned", sinfo_rc: int = 0, slurm_conf: Path | None = None) -> None:
+        self.sinfo, self.name, self.sinfo_rc, self.slurm_conf = sinfo, name, sinfo_rc, slurm_conf
         self.calls: list[list[str]] = []
 
     def __call__(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> Completed:
@@ -74,7 +81,8 @@ class CannedSlurm:
                 return Completed(self.sinfo_rc, "", "sinfo: error: Unable to contact slurm controller")
             return Completed(0, self.sinfo, "")
         if argv[:3] == ["scontrol", "show", "config"]:
-            return Completed(0, f"ClusterName = {self.name}\nMaxArraySize = 1001\n", "")
+            conf = f"SLURM_CONF = {self.slurm_conf}\n" if self.slurm_conf is not None else ""
+            return Completed(0, f"ClusterName = {self.name}\nMaxArraySize = 1001\n{conf}", "")
         return Completed(1, "", f"unexpected {argv}")
 
 
@@ -114,7 +122,8 @@ def test_the_local_cluster_shape(tmp_path: Path) -> None:
     assert "4 on 2 of 3 nodes" in text
     assert "(1 of its 3 nodes has no GPU)" in text
     assert result.as_dict()["partition"] == "gpu" and result.as_dict()["cpu_partition"] == "cpu"
-    assert result.lines()[0] == f"wrote {result.run_file} and {result.profile}"
+    assert result.lines()[0] == f"wrote {result.run_file} and {result.profile} (run name new)"
+    assert run.name == "new"  # the directory's name
     assert (result.run_file.stat().st_mode & 0o777) == 0o644
 
 
@@ -176,7 +185,21 @@ def test_existing_files_are_kept_unless_forced(tmp_path: Path) -> None:
 
     result = init_command(target, slurm=Slurm(runner), python_env=VENV, force=True)
     assert result.overwritten == (target / "run.yaml",)
-    assert load_run_file(target / "run.yaml").name == "my-run" and load_profile(target / "profile.yaml")
+    assert load_run_file(target / "run.yaml").name == "new" and load_profile(target / "profile.yaml")
+
+
+def _disk_full_at(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """init's first write of a file called ``name`` fails as on a full disk."""
+    import ddslurm.launcher._init as init_module
+
+    real = init_module.publish_once
+
+    def fails(path: Path, data: bytes, *, mode: int) -> bool:
+        if path.name == name:
+            raise OSError(28, "No space left on device")
+        return real(path, data, mode=mode)
+
+    monkeypatch.setattr(init_module, "publish_once", fails)
 
 
 def test_a_failure_writes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -188,16 +211,7 @@ def test_a_failure_writes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         init_command(target, slurm=Slurm(CannedSlurm("")), python_env=VENV)
     assert not (tmp_path / "deep").exists()
 
-    import ddslurm.launcher._init as init_module
-
-    real = init_module.publish_once
-
-    def second_fails(path: Path, data: bytes, *, mode: int) -> bool:
-        if path.name == "profile.yaml":
-            raise OSError(28, "No space left on device")
-        return real(path, data, mode=mode)
-
-    monkeypatch.setattr(init_module, "publish_once", second_fails)
+    _disk_full_at("profile.yaml", monkeypatch)
     with pytest.raises(OSError, match="No space left"):
         init_command(target, slurm=Slurm(CannedSlurm(LOCAL)), python_env=VENV)
     assert not target.exists()  # the run file it had written is gone, and the directory it made
@@ -223,6 +237,7 @@ def test_init_on_the_local_cluster_gives_files_a_run_submits_with(tmp_path: Path
     assert (profile.partition, profile.cpu_partition, profile.gpus_per_node) == ("gpu", "cpu", 4)
     assert profile.name == "local" and profile.memory_per_gpu == "8000M"
     assert Path(profile.python_env, "bin", "ddslurm-runtime").exists()
+    assert result.embedded and profile.vllm_executable == str(Path(profile.python_env, "bin", "fake-vllm"))
 
     (tmp_path / "recipe.yaml").write_text(UNIT_RECIPE)
     (tmp_path / "dd").mkdir()
@@ -262,3 +277,226 @@ def test_the_init_command_of_the_cli(tmp_path: Path) -> None:
         str(target / "run.yaml"),
         str(target / "profile.yaml"),
     ]
+
+    out = io.StringIO()
+    starter = tmp_path / "starter"
+    code = main(["init", "--dir", str(starter), "--example", "mixed", "--json"], env={"UV": "/usr/bin/uv"},
+                slurm=Slurm(CannedSlurm(LOCAL)), stdout=out, stderr=io.StringIO())  # fmt: skip
+    shown = json.loads(out.getvalue())
+    assert code == 0 and shown["example"] == "mixed" and shown["name"] == "starter"
+    assert shown["files"] == [
+        str(starter / f) for f in ("run.yaml", "profile.yaml", "build.py", "dd-home/model_providers.yaml")
+    ]
+    assert [s["command"].split()[:3] for s in shown["next"]][3] == ["uv", "run", "ddslurm"]  # as `uv run` ran it
+    out = io.StringIO()
+    code = main(["init", "--dir", str(tmp_path / "bare"), "--example", "hosted"], env={},
+                slurm=Slurm(CannedSlurm(LOCAL)), stdout=out, stderr=io.StringIO())  # fmt: skip
+    assert code == 0 and f"  ddslurm providers {tmp_path / 'bare' / 'run.yaml'}" in out.getvalue().splitlines()
+    code = main(["init", "--dir", str(tmp_path / "bad"), "--example", "gpu"], env={}, slurm=Slurm(CannedSlurm(LOCAL)),
+                stdout=io.StringIO(), stderr=(err := io.StringIO()))  # fmt: skip
+    assert code == 2 and "'gpu' is not one of 'hosted', 'mixed'" in err.getvalue()
+
+
+# --- the run's name, the embedded cluster, --example and the printed commands ---------------------------------------
+
+THIS_ENV = Path(sys.executable).parent.parent
+"""The environment the tests run in: it has the vLLM stand-in (bin/fake-vllm), as the embedded cluster's does."""
+
+
+def _embedded_conf(tmp_path: Path) -> Path:
+    """A slurm.conf as tools/local-slurm writes it: its first line is that tool's mark."""
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(render_slurm_conf(local_slurm.Layout(tmp_path / "state")))
+    return conf
+
+
+local_slurm = runpy.run_path(str(Path(__file__).resolve().parents[3] / "tools" / "local-slurm"), run_name="local_slurm")
+render_slurm_conf = local_slurm["render_slurm_conf"]
+local_slurm = SimpleNamespace(**local_slurm)
+
+
+@pytest.mark.parametrize(
+    ("directory", "name"),
+    [
+        ("my-run", "my-run"),
+        ("My Data (2026)", "My-Data-2026"),
+        ("_tmp.x", "tmp.x"),
+        ("~~~", "my-run"),
+        ("x" * 80, "x" * 64),
+        ("ünïcode-run", "n-code-run"),
+    ],
+)
+def test_the_run_is_named_after_its_directory(directory: str, name: str, tmp_path: Path) -> None:
+    assert run_name(tmp_path / directory) == name
+    run = RunFile(name=run_name(tmp_path / directory), recipe="r.yaml", num_records=1)  # a valid name
+    assert run.name == name
+
+
+def test_the_embedded_cluster_is_known_by_the_slurm_conf_local_slurm_writes(tmp_path: Path) -> None:
+    assert on_embedded_cluster(Slurm(CannedSlurm(LOCAL, slurm_conf=_embedded_conf(tmp_path))))
+    other = tmp_path / "other.conf"
+    other.write_text("ClusterName=local\n# Written by tools/local-slurm\n")  # the mark, not on the first line
+    assert not on_embedded_cluster(Slurm(CannedSlurm(LOCAL, slurm_conf=other)))
+    assert not on_embedded_cluster(Slurm(CannedSlurm(LOCAL, slurm_conf=tmp_path / "missing.conf")))
+    assert not on_embedded_cluster(Slurm(CannedSlurm(LOCAL)))  # scontrol names no SLURM_CONF
+
+
+def test_on_the_embedded_cluster_deployments_use_the_stand_in(tmp_path: Path) -> None:
+    runner = CannedSlurm(LOCAL, slurm_conf=_embedded_conf(tmp_path))
+    result = init_command(tmp_path / "plain", slurm=Slurm(runner), python_env=THIS_ENV, now=NOW)
+    assert result.embedded and result.as_dict()["embedded"] is True
+    assert load_profile(result.profile).vllm_executable == str(THIS_ENV / "bin" / "fake-vllm")
+    assert (THIS_ENV / "bin" / "fake-vllm").is_file()
+    elsewhere = init_command(tmp_path / "real", slurm=Slurm(CannedSlurm(LOCAL)), python_env=THIS_ENV, now=NOW)
+    assert not elsewhere.embedded and load_profile(elsewhere.profile).vllm_executable == "vllm"
+
+
+def test_without_an_example_the_next_step_is_to_write_the_recipe(tmp_path: Path) -> None:
+    result = init_command(
+        tmp_path / "mine", slurm=Slurm(CannedSlurm(LOCAL)), python_env=VENV, now=NOW, cwd=tmp_path, program="ddslurm"
+    )
+    assert result.written == (result.run_file, result.profile)
+    assert result.todo is not None and "write the recipe mine/recipe.yaml" in result.todo
+    assert "ddslurm init --example hosted|mixed --dir mine --force" in result.todo
+    commands = [step.command for step in result.steps]
+    assert commands[:3] == [
+        'export DDSLURM_PROFILE="$PWD"/mine/profile.yaml',
+        "ddslurm providers mine/run.yaml",
+        "ddslurm submit mine/run.yaml --profile mine/profile.yaml --dry-run",
+    ]
+    assert not any("DATA_DESIGNER_HOME" in c or "fake-vllm" in c for c in commands)
+    text = "\n".join(result.lines())
+    assert f"next: {result.todo}; then, in one shell:" in text
+
+
+def test_example_hosted_elsewhere_asks_for_the_key_without_echo(tmp_path: Path) -> None:
+    result = init_command(
+        tmp_path / "h", slurm=Slurm(CannedSlurm(LOCAL)), python_env=VENV, now=NOW, example=Example.hosted,
+        cwd=tmp_path, program="ddslurm",
+    )  # fmt: skip
+    run = load_run_file(result.run_file)
+    assert run.recipe == "build.py" and run.deployments == () and (run.num_records, run.shards) == (20, 2)
+    assert [p.name for p in result.written] == ["run.yaml", "profile.yaml", "build.py", "model_providers.yaml"]
+    providers = YAML(typ="safe").load((tmp_path / "h" / "dd-home" / "model_providers.yaml").read_text())
+    assert providers == {
+        "providers": [
+            {"name": "hosted", "endpoint": "https://integrate.api.nvidia.com/v1", "provider_type": "openai",
+             "api_key": "NVIDIA_API_KEY"}
+        ]
+    }  # fmt: skip
+    commands = [step.command for step in result.steps]
+    assert commands[:2] == [
+        'export DATA_DESIGNER_HOME="$PWD"/h/dd-home',
+        "read -rsp 'NVIDIA_API_KEY: ' NVIDIA_API_KEY && export NVIDIA_API_KEY",
+    ]
+    assert not any("fake-vllm" in c for c in commands) and result.as_dict()["hosted"]["port"] is None
+
+
+def test_example_mixed_on_the_embedded_cluster_starts_the_stand_in_on_the_chosen_port(tmp_path: Path) -> None:
+    runner = CannedSlurm(LOCAL, slurm_conf=_embedded_conf(tmp_path))
+    result = init_command(
+        tmp_path / "first(hour)", slurm=Slurm(runner), python_env=THIS_ENV, now=NOW, example=Example.mixed,
+        port=45678, cwd=tmp_path, program="uv run ddslurm",
+    )  # fmt: skip
+    run, profile = load_run_file(result.run_file), load_profile(result.profile)
+    assert run.name == "first-hour" and run.recipe == "build.py"
+    [dep] = run.deployments
+    assert (dep.model_alias, dep.served_model_name, dep.replicas, dep.tensor_parallel) == (
+        "generator",
+        "qwen3-8b",
+        1,
+        1,
+    )
+    assert profile.vllm_executable == str(THIS_ENV / "bin" / "fake-vllm")
+    providers = (tmp_path / "first(hour)" / "dd-home" / "model_providers.yaml").read_text()
+    assert "endpoint: http://127.0.0.1:45678/v1" in providers and "api_key: STAND_IN_API_KEY" in providers
+
+    commands = [step.command for step in result.steps]
+    assert commands[0] == "export DATA_DESIGNER_HOME=\"$PWD\"/'first(hour)/dd-home'"
+    assert commands[1] == "export STAND_IN_API_KEY=\"$(python3 -c 'import secrets; print(secrets.token_hex(16))')\""
+    stand_in = shlex.split(commands[2])
+    assert stand_in[0] == "VLLM_API_KEY=$STAND_IN_API_KEY" and stand_in[1:5] == ["uv", "run", "fake-vllm", "serve"]
+    assert stand_in[stand_in.index("--port") + 1] == "45678" and stand_in[-1] == "&"
+    assert "--api-key" not in stand_in  # the key is in the stand-in's environment, never on its command line
+    assert commands[3:5] == [
+        "export DDSLURM_PROFILE=\"$PWD\"/'first(hour)/profile.yaml'",
+        "uv run ddslurm providers 'first(hour)/run.yaml'",
+    ]  # providers runs build.py in the profile's python_env
+    assert commands[-3:] == ['uv run ddslurm wait "$RUN_DIR"', 'uv run ddslurm collect "$RUN_DIR"',
+                             'uv run ddslurm report "$RUN_DIR"']  # fmt: skip
+    shown = result.as_dict()
+    assert shown["next"] == [{"command": s.command, "comment": s.comment} for s in result.steps]
+    assert shown["hosted"] == {
+        "endpoint": "http://127.0.0.1:45678/v1",
+        "api_key_env": "STAND_IN_API_KEY",
+        "port": 45678,
+    }
+    assert (shown["name"], shown["example"], shown["todo"]) == ("first-hour", "mixed", None)
+    lines = result.lines()
+    assert all(f"  {c}" in lines for c in commands)
+
+
+def test_a_directory_sbatch_cannot_take_is_refused_before_anything(tmp_path: Path) -> None:
+    runner = CannedSlurm(LOCAL)
+    with pytest.raises(InitError, match=r"--dir .*my run: the profile's workspace would be .*has whitespace"):
+        init_command(tmp_path / "my run", slurm=Slurm(runner), python_env=VENV)
+    assert runner.calls == [] and list(tmp_path.iterdir()) == []
+
+
+def test_a_free_port_is_chosen_when_none_is_given(tmp_path: Path) -> None:
+    runner = CannedSlurm(LOCAL, slurm_conf=_embedded_conf(tmp_path))
+    result = init_command(tmp_path / "x", slurm=Slurm(runner), python_env=THIS_ENV, example=Example.hosted)
+    port = result.as_dict()["hosted"]["port"]
+    assert isinstance(port, int) and port > 0
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", port))  # nothing listens there
+
+
+def test_example_mixed_needs_gpus_and_writes_nothing_without_them(tmp_path: Path) -> None:
+    with pytest.raises(InitError, match=r"--example mixed serves a model on the job's GPUs.*--example hosted"):
+        init_command(tmp_path / "x", slurm=Slurm(CannedSlurm(NO_GPUS)), python_env=VENV, example=Example.mixed)
+    assert not (tmp_path / "x").exists()
+
+
+def test_an_existing_starter_file_is_kept_unless_forced(tmp_path: Path) -> None:
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "build.py").write_text("mine\n")
+    runner = CannedSlurm(LOCAL)
+    with pytest.raises(InitError, match=r"build.py already exist"):
+        init_command(tmp_path / "x", slurm=Slurm(runner), python_env=VENV, example=Example.hosted)
+    assert runner.calls == [] and sorted(p.name for p in (tmp_path / "x").iterdir()) == ["build.py"]
+    init_command(tmp_path / "x", slurm=Slurm(runner), python_env=VENV, example=Example.hosted, force=True)
+    assert (tmp_path / "x" / "build.py").read_text() != "mine\n"
+
+
+def test_a_failed_write_of_a_starter_removes_the_directories_it_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _disk_full_at("model_providers.yaml", monkeypatch)
+    with pytest.raises(OSError, match="No space left"):
+        init_command(tmp_path / "a" / "b", slurm=Slurm(CannedSlurm(LOCAL)), python_env=VENV, example=Example.mixed)
+    assert list(tmp_path.iterdir()) == []  # a/b/dd-home, a/b and a are gone
+
+
+@pytest.mark.dd
+@pytest.mark.parametrize("example", list(Example))
+def test_the_starter_prepares_as_a_submission(example: Example, tmp_path: Path) -> None:
+    """The starter's build.py runs (Data Designer's builder, as submit runs it), its aliases resolve through the
+    dd-home init wrote (the hosted one with its key set), and the plan serves the mixed example's generator on
+    one GPU of the GPU partition."""
+    runner = CannedSlurm(LOCAL, slurm_conf=_embedded_conf(tmp_path))
+    result = init_command(tmp_path / "s", slurm=Slurm(runner), python_env=THIS_ENV, example=example, port=45679)
+    env = {"DATA_DESIGNER_HOME": str(tmp_path / "s" / "dd-home"), "STAND_IN_API_KEY": "k" * 32, "PATH": "/usr/bin"}
+    prepared = prepare(result.run_file, result.profile, env, NOW, check_recipe=accept_recipe)
+    rows = {(r.alias, r.kind, r.provider, r.endpoint, r.model, r.key_env, r.key_set) for r in prepared.aliases}
+    hosted = ("hosted", "http://127.0.0.1:45679/v1", "nvidia/nemotron-3-nano-30b-a3b", "STAND_IN_API_KEY", True)
+    generation = prepared.plan.generation
+    if example is Example.mixed:
+        local = ("generator", "local", "ddslurm-local-generator", "(started in the job)", "qwen3-8b", None, None)
+        assert rows == {local, ("judge", "hosted", *hosted)}
+        assert (generation.partition, generation.gres) == ("gpu", "gpu:1")
+    else:
+        assert rows == {("writer", "hosted", *hosted)}
+        assert (generation.partition, generation.gres) == ("cpu", "none")
+    assert prepared.plan.num_records == 20 and len(prepared.plan.shards) == 2
+    assert prepared.recipe_source == (tmp_path / "s" / "build.py").read_bytes()

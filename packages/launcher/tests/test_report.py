@@ -34,8 +34,9 @@ from ddslurm.config.testing import make_plan
 from ddslurm.launcher._slurm import Slurm, tres_gpus
 from ddslurm.launcher.cli import main
 from ddslurm.launcher.report import parse_client_out, render_html, report_json, run_report
-from ddslurm.launcher.testing import CHROMIUM, FakeSlurm, chromium, console_lines, page_layout, pixel_variance
+from ddslurm.launcher.testing import FakeSlurm, console_lines, find_chromium, page_layout, pixel_variance, run_chromium
 
+CHROMIUM = find_chromium()
 T = "2025-12-31T23:"  # every event of the synthetic run is in the last ten minutes of 2025
 
 
@@ -534,7 +535,7 @@ def test_the_page_renders_in_a_headless_browser_offline(tmp_path: Path) -> None:
     layout = make_report_run(tmp_path)
     assert main(["report", str(layout.root)], slurm=Slurm(FakeSlurm(sacct=SACCT)), stdout=io.StringIO()) == 0
     url = (layout.root / "report.html").as_uri()
-    dom = chromium("--virtual-time-budget=10000", "--dump-dom", url, cwd=tmp_path)
+    dom = run_chromium("--virtual-time-budget=10000", "--dump-dom", url, cwd=tmp_path)
     assert dom.returncode == 0, dom.stderr[-2000:]
     assert console_lines(dom.stderr) == [], "the page logged to the console (a JavaScript error)"
     for chart in ("timeline", "throughput", "models", "gpu", "failures"):  # plotly drew each into an SVG
@@ -543,7 +544,9 @@ def test_the_page_renders_in_a_headless_browser_offline(tmp_path: Path) -> None:
     assert dom.stdout.count('class="bars"') + dom.stdout.count('class="point"') > 0
 
     shot = tmp_path / "shot.png"
-    done = chromium("--virtual-time-budget=10000", "--window-size=1200,1600", f"--screenshot={shot}", url, cwd=tmp_path)
+    done = run_chromium(
+        "--virtual-time-budget=10000", "--window-size=1200,1600", f"--screenshot={shot}", url, cwd=tmp_path
+    )
     assert done.returncode == 0 and shot.is_file(), done.stderr[-2000:]
     assert pixel_variance(shot) > 100.0, "the screenshot is blank"
     assert page_layout(layout.root / "report.html", tmp_path)["problems"] == []
@@ -576,5 +579,5 @@ def test_the_layout_check_sees_a_label_cut_off(tmp_path: Path) -> None:
 def test_the_console_check_sees_a_javascript_error(tmp_path: Path) -> None:
     bad = tmp_path / "bad.html"
     bad.write_text("<html><body><script>undefined_function();</script></body></html>")
-    done = chromium("--virtual-time-budget=2000", "--dump-dom", bad.as_uri(), cwd=tmp_path)
+    done = run_chromium("--virtual-time-budget=2000", "--dump-dom", bad.as_uri(), cwd=tmp_path)
     assert any("undefined_function" in line for line in console_lines(done.stderr)), done.stderr[-2000:]

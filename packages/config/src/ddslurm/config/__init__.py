@@ -102,6 +102,7 @@ from ddslurm.config._runfile import (
     ServerSpec,
     Submission,
     parse_recipe_ref,
+    path_problem,
     server_env_secret,
     value_secret,
 )
@@ -204,6 +205,7 @@ __all__ = [
     "open_append",
     "parallel_requests",
     "parse_recipe_ref",
+    "path_problem",
     "partition_seed",
     "plan_split",
     "publish_once",

@@ -36,6 +36,7 @@ from ddslurm.launcher._session import (
     run_layout,
     write_lines,
 )
+from ddslurm.launcher._starter import Example
 from ddslurm.launcher._steer import (
     continue_submission,
 )
@@ -206,12 +207,23 @@ def cmd_init(
         Path,
         typer.Option("--dir", help="Where to write run.yaml and profile.yaml (created if missing).", show_default=True),
     ] = Path(),
-    force: Annotated[bool, typer.Option("--force", help="Replace run.yaml and profile.yaml if they exist.")] = False,
+    example: Annotated[
+        Example | None,
+        typer.Option(
+            "--example",
+            help="Also write a runnable starter recipe (build.py) and its Data Designer home: hosted (one hosted "
+            "model) or mixed (a model the run serves on GPUs + a hosted judge).",
+            show_default=False,
+        ),
+    ] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace the files init writes if they exist.")] = False,
     as_json: JsonOpt = False,
 ) -> int:
-    """Write a run file and a cluster profile filled from this cluster (one sinfo), every field explained."""
+    """Write a run file and a cluster profile filled from this cluster (one sinfo), every field explained, and
+    print the commands to run next."""
     session = command_session(ctx, as_json)
-    result = init_command(directory, slurm=session.slurm, force=force)
+    program = "uv run ddslurm" if session.env.get("UV") else "ddslurm"  # `uv run` sets UV for what it runs
+    result = init_command(directory, slurm=session.slurm, force=force, example=example, program=program)
     if session.json:
         write_json(result.as_dict(), session.out)
     else:

@@ -5,8 +5,11 @@ user can see, with its CPUs, memory and GRES. From that, a pure function (:func:
 partition for model servers (GPU nodes; the cluster's default partition first),
 the GPUs of one of its nodes and the memory per GPU, and the partition for CPU-only jobs (the one with the most
 nodes without GPUs), and writes the two YAML files as text with a comment on every field, so that a newcomer can
-read them, edit them and submit. Both texts are loaded with ``load_run_file`` and ``load_profile`` before
-anything is written; existing files are kept unless ``force``; and a failure writes nothing.
+read them, edit them and submit. The run is named after the directory. With ``--example`` a starter recipe
+(:mod:`~ddslurm.launcher._starter`) is written beside them, and the run file names it; on the embedded local
+cluster the profile serves deployments with the vLLM stand-in. Every text is loaded as ddslurm loads it before
+anything is written; existing files are kept unless ``force``; and a failure writes nothing. The result lists the
+commands to run next (:mod:`~ddslurm.launcher._init_steps`).
 """
 
 from __future__ import annotations
@@ -21,15 +24,29 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ddslurm.config import ConfigError, atomic_write, load_profile, load_run_file, publish_once
+from ddslurm.config import ConfigError, atomic_write, load_profile, load_run_file, path_problem, publish_once
 from ddslurm.launcher._cluster import ClusterInfo, Partition, read_cluster
+from ddslurm.launcher._init_steps import Step, next_steps, shown, todo
 from ddslurm.launcher._slurm import Slurm
+from ddslurm.launcher._starter import (
+    BUILD_SCRIPT,
+    STARTER_FILES,
+    Example,
+    Starter,
+    hosted_provider,
+    on_embedded_cluster,
+    stand_in_executable,
+)
 from ddslurm.launcher.errors import InitError
+from ddslurm.providers import ProvidersError, load_settings
 
 RUN_FILE = "run.yaml"
 PROFILE_FILE = "profile.yaml"
 FILE_MODE = 0o644
 DEFAULT_TIME_LIMIT_MIN = 60
+DEFAULT_NAME = "my-run"
+WORKSPACE = "ddslurm-work"
+"""The profile's workspace, relative to the profile."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +66,8 @@ class InitFiles:
     run_yaml: str
     profile_yaml: str
     choices: InitChoices
+    starter_files: dict[str, str] = field(default_factory=dict)
+    """The starter's files: paths relative to the run file's directory, and their texts."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,13 +79,31 @@ class InitResult:
     cluster: ClusterInfo
     choices: InitChoices
     overwritten: tuple[Path, ...] = field(default=())
+    name: str = DEFAULT_NAME
+    starter: Starter | None = None
+    embedded: bool = False
+    """The cluster is the embedded local one (``tools/local-slurm``): deployments use the vLLM stand-in."""
+    written: tuple[Path, ...] = ()
+    """Every file written (the run file, the profile, the starter's files)."""
+    steps: tuple[Step, ...] = ()
+    todo: str | None = None
+    """What to do by hand before the steps (write the recipe), None when nothing."""
+    cwd: Path = field(default_factory=Path.cwd)
 
     def as_dict(self) -> dict[str, Any]:
         gpu, cpu = self.choices.gpu_partition, self.choices.cpu_partition
+        hosted = self.starter.hosted if self.starter is not None else None
         return {
             "run_file": str(self.run_file),
             "profile": str(self.profile),
+            "name": self.name,
+            "example": self.starter.example if self.starter is not None else None,
+            "embedded": self.embedded,
+            "files": [str(p) for p in self.written],
             "overwritten": [str(p) for p in self.overwritten],
+            "hosted": None
+            if hosted is None
+            else {"endpoint": hosted.endpoint, "api_key_env": hosted.api_key_env, "port": hosted.port},
             "cluster": self.cluster.name or None,
             "partition": gpu.name if gpu else None,
             "cpu_partition": cpu.name if cpu else None,
@@ -88,11 +125,14 @@ class InitResult:
                 for p in self.cluster.partitions
             ],
             "notes": list(self.choices.notes),
+            "todo": self.todo,
+            "next": [step.as_dict() for step in self.steps],
         }
 
     def lines(self) -> list[str]:
         gpu, cpu = self.choices.gpu_partition, self.choices.cpu_partition
-        out = [f"wrote {self.run_file} and {self.profile}"]
+        files = [shown(p, self.cwd) for p in self.written]
+        out = [f"wrote {', '.join(files[:-1])} and {files[-1]} (run name {self.name})"]
         if gpu is not None:
             out.append(
                 f"  model servers (deployments): partition {gpu.name}, {self.choices.gpus_per_node} GPU(s) per node"
@@ -102,11 +142,15 @@ class InitResult:
             out.append("  no GPU partition: runs use hosted models only (no deployments)")
         if cpu is not None:
             out.append(f"  hosted-only and collection jobs: partition {cpu.name}")
+        if self.embedded:
+            out.append("  the embedded local cluster (tools/local-slurm): deployments are served by the vLLM stand-in")
         out += [f"  note: {note}" for note in self.choices.notes]
-        out += [
-            "next: write the recipe the run file names (recipe.yaml, or a builder script build.py), then",
-            f"  ddslurm submit {self.run_file} --profile {self.profile} --dry-run",
-        ]
+        if self.todo is not None:
+            out.append(f"next: {self.todo}; then, in one shell:")
+        else:
+            out.append("next, in one shell:")
+        for step in self.steps:
+            out += [f"  # {step.comment}", f"  {step.command}"]
         return out
 
 
@@ -206,21 +250,58 @@ def _partition_table(cluster: ClusterInfo) -> list[str]:
     return ["#   " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in (head, *rows)]
 
 
+def run_name(directory: Path) -> str:
+    """A valid run name from a directory's name: other characters become ``-``; ``my-run`` when none is left."""
+    text = re.sub(r"[^A-Za-z0-9._-]+", "-", directory.absolute().name)
+    text = re.sub(r"^[^A-Za-z0-9]+", "", text)[:64].rstrip("-.")
+    return text or DEFAULT_NAME
+
+
 def render_init(
-    cluster: ClusterInfo, *, python_env: str, workspace: str = "ddslurm-work", now: datetime | None = None
+    cluster: ClusterInfo,
+    *,
+    python_env: str,
+    workspace: str = WORKSPACE,
+    now: datetime | None = None,
+    name: str = DEFAULT_NAME,
+    starter: Starter | None = None,
+    stand_in: str | None = None,
 ) -> InitFiles:
-    """The run file and the cluster profile for ``cluster`` (pure): YAML text with a comment on every field."""
+    """The run file and the cluster profile for ``cluster`` (pure): YAML text with a comment on every field; with
+    ``starter``, its files too. ``stand_in``: the vLLM stand-in that serves deployments (the embedded cluster)."""
     if not cluster.partitions:
         raise InitError("sinfo lists no partition this user can use; nothing to write a profile for")
     choices = choose(cluster)
+    if starter is not None and starter.deploys and choices.gpu_partition is None:
+        raise InitError(
+            f"--example {starter.example} serves a model on the job's GPUs, but sinfo shows no partition with GPUs; "
+            "--example hosted runs on CPUs only. Nothing was written"
+        )
     stamp = (now or datetime.now(UTC)).strftime("%Y-%m-%d %H:%M UTC")
     return InitFiles(
-        run_yaml=_run_yaml(choices, stamp), profile_yaml=_profile_yaml(cluster, choices, python_env, workspace, stamp),
+        run_yaml=_run_yaml(choices, stamp, name, starter),
+        profile_yaml=_profile_yaml(cluster, choices, python_env, workspace, stamp, stand_in),
         choices=choices,
-    )  # fmt: skip
+        starter_files=starter.files() if starter is not None else {},
+    )
 
 
-def _profile_yaml(cluster: ClusterInfo, c: InitChoices, python_env: str, workspace: str, stamp: str) -> str:
+def _vllm_lines(stand_in: str | None) -> list[str]:
+    if stand_in is None:
+        return [
+            "# The vLLM command on the nodes (a path, or a name on the nodes' PATH).",
+            "vllm_executable: vllm",
+        ]
+    return [
+        "# The vLLM command on the nodes. This is the embedded local cluster (tools/local-slurm), whose fake GPUs",
+        "# are served by the vLLM stand-in (same command line as `vllm serve`). On a real cluster: vllm, or a path.",
+        f"vllm_executable: {yaml_str(stand_in)}",
+    ]
+
+
+def _profile_yaml(
+    cluster: ClusterInfo, c: InitChoices, python_env: str, workspace: str, stamp: str, stand_in: str | None
+) -> str:
     gpu, cpu = c.gpu_partition, c.cpu_partition
     name = cluster.name if cluster.name and re.fullmatch(r"[A-Za-z0-9._-]+", cluster.name) else "default"
     lines = [
@@ -303,8 +384,7 @@ def _profile_yaml(cluster: ClusterInfo, c: InitChoices, python_env: str, workspa
         "# How vLLM is started for deployments: none (vllm_executable, found on the nodes), pyxis or apptainer",
         "# (vllm_image).",
         "container_runtime: none",
-        "# The vLLM command on the nodes (a path, or a name on the nodes' PATH).",
-        "vllm_executable: vllm",
+        *_vllm_lines(stand_in),
         "# The vLLM image for pyxis or apptainer, and what to mount into it.",
         "# vllm_image: vllm/vllm-openai:latest",
         "container_mounts: []",
@@ -316,9 +396,11 @@ def _profile_yaml(cluster: ClusterInfo, c: InitChoices, python_env: str, workspa
     return "\n".join(lines)
 
 
-def _run_yaml(c: InitChoices, stamp: str) -> str:
+def _run_yaml(c: InitChoices, stamp: str, name: str, starter: Starter | None) -> str:
     gpu = c.gpu_partition
-    if gpu is not None:
+    if starter is not None:
+        deployments = starter.deployment_lines(c.gpus_per_node)
+    elif gpu is not None:
         fit = f"replicas x tensor_parallel <= {c.gpus_per_node} (gpus_per_node)"
         deployments = [
             "# vLLM servers started inside each job, one entry per model alias of the recipe to serve on the job's",
@@ -351,23 +433,23 @@ def _run_yaml(c: InitChoices, stamp: str) -> str:
         f"# Written by `ddslurm init` on {stamp}.",
         "",
         "# Letters, digits, '.', '_', '-': prefixes the run id (<name>-<date>-<time>-<random>).",
-        "name: my-run",
+        f"name: {yaml_str(name)}",
         "",
         "# The Data Designer config to generate, relative to this file: a YAML or JSON file as",
         "# DataDesignerConfigBuilder.write_config writes it; or a builder script, build.py, whose",
         "# load_config_builder() returns the builder (as for `data-designer create build.py`); or build.py:FUNCTION",
         "# or package.module:FUNCTION.",
-        "recipe: recipe.yaml",
+        f"recipe: {BUILD_SCRIPT if starter is not None else 'recipe.yaml'}",
         "",
         "# Records in the final dataset, and the contiguous ranges they are split into: one Slurm array task each.",
-        "num_records: 100",
-        "shards: 1",
+        f"num_records: {20 if starter is not None else 100}",
+        f"shards: {2 if starter is not None else 1}",
         "",
         "# At most this many shards run at once (the array's %N); null: as many as Slurm starts.",
         "max_concurrent: null",
         "",
         "# Records per Data Designer batch (one Parquet file each); a rerun resumes from finished batches.",
-        "buffer_size: 1000",
+        f"buffer_size: {10 if starter is not None else 1000}",
         "# How a new attempt of a shard reuses an earlier attempt's batches: never, always or if_possible.",
         "resume: if_possible",
         "",
@@ -409,15 +491,22 @@ def _run_yaml(c: InitChoices, stamp: str) -> str:
 
 
 def _check_loads(files: InitFiles) -> None:
-    """Both texts load as ddslurm loads them, before anything is written."""
+    """Every text loads as ddslurm loads it (the starter's script compiles), before anything is written."""
     with tempfile.TemporaryDirectory(prefix="ddslurm-init-") as scratch:
-        run, profile = Path(scratch) / RUN_FILE, Path(scratch) / PROFILE_FILE
-        run.write_text(files.run_yaml, encoding="utf-8")
-        profile.write_text(files.profile_yaml, encoding="utf-8")
+        root = Path(scratch)
+        texts = {RUN_FILE: files.run_yaml, PROFILE_FILE: files.profile_yaml, **files.starter_files}
+        for relative, text in texts.items():
+            (root / relative).parent.mkdir(parents=True, exist_ok=True)
+            (root / relative).write_text(text, encoding="utf-8")
         try:
-            load_run_file(run)
-            load_profile(profile)
-        except ConfigError as exc:
+            load_run_file(root / RUN_FILE)
+            load_profile(root / PROFILE_FILE)
+            for relative in files.starter_files:
+                if relative.endswith(".py"):
+                    compile(files.starter_files[relative], relative, "exec")
+                else:
+                    load_settings((root / relative).parent)
+        except (ConfigError, ProvidersError, SyntaxError) as exc:
             raise InitError(f"the files init wrote do not load (a bug in ddslurm init): {exc}") from exc
 
 
@@ -432,7 +521,8 @@ def write_files(files: dict[Path, bytes], *, force: bool) -> tuple[Path, ...]:
         if path.is_symlink() or not path.is_file():
             raise InitError(f"{path} is not a regular file; nothing was written")
     directories = {p.parent for p in files}
-    created = [d for d in directories if not d.exists()]
+    created = [d for p in files for d in (p.parent, *p.parent.parents) if not d.exists()]
+    created = list(dict.fromkeys(created))
     for d in directories:
         d.mkdir(parents=True, exist_ok=True)
     done: list[tuple[Path, bytes | None]] = []
@@ -451,7 +541,7 @@ def write_files(files: dict[Path, bytes], *, force: bool) -> tuple[Path, ...]:
                     path.unlink()
                 else:
                     atomic_write(path, old, mode=FILE_MODE)
-        for d in created:
+        for d in sorted(created, key=lambda d: len(d.parts), reverse=True):  # a directory after those inside it
             with contextlib.suppress(OSError):
                 d.rmdir()
         raise
@@ -465,20 +555,54 @@ def init_command(
     force: bool = False,
     python_env: Path | None = None,
     now: datetime | None = None,
+    example: Example | None = None,
+    port: int | None = None,
+    program: str = "ddslurm",
+    cwd: Path | None = None,
 ) -> InitResult:
-    """``ddslurm init [--dir D] [--force]``: read the cluster (one ``sinfo``), write ``D/run.yaml`` and
-    ``D/profile.yaml`` (``python_env``: the environment running this, by default). Nothing is written when the
-    cluster cannot be read, a file exists (without ``force``) or the texts would not load."""
+    """``ddslurm init [--dir D] [--example hosted|mixed] [--force]``: read the cluster (one ``sinfo``, and
+    ``scontrol show config`` for its name and whether it is the embedded one), write ``D/run.yaml`` and
+    ``D/profile.yaml`` (``python_env``: the environment running this, by default), and with ``example`` the
+    starter's files (its stand-in, on the embedded cluster, on ``port``: a free one by default). Nothing is written
+    when the cluster cannot be read, a file exists (without ``force``) or the texts would not load. ``program`` and
+    ``cwd``: how the printed commands run ddslurm, and where they are run from."""
     target = target_dir.absolute()
-    env_dir = python_env if python_env is not None else Path(sys.prefix)
+    here = (cwd if cwd is not None else Path.cwd()).absolute()
+    env_dir = (python_env if python_env is not None else Path(sys.prefix)).absolute()
+    problem = path_problem(str(target / WORKSPACE))
+    if problem is not None:
+        raise InitError(f"--dir {target}: the profile's workspace would be {target / WORKSPACE}: {problem}")
     run_path, profile_path = target / RUN_FILE, target / PROFILE_FILE
+    extra = [target / relative for relative in STARTER_FILES] if example is not None else []
     if not force:
-        existing = [p for p in (run_path, profile_path) if p.exists() or p.is_symlink()]
+        existing = [p for p in (run_path, profile_path, *extra) if p.exists() or p.is_symlink()]
         if existing:  # before asking the cluster anything
             names = ", ".join(str(p) for p in existing)
             raise InitError(f"{names} already exist(s); nothing was written (--force replaces them)")
     cluster = read_cluster(slurm)
-    files = render_init(cluster, python_env=str(env_dir.absolute()), now=now)
+    embedded = on_embedded_cluster(slurm)
+    stand_in = stand_in_executable(env_dir) if embedded else None
+    starter = Starter(example, hosted_provider(embedded, port)) if example is not None else None
+    name = run_name(target)
+    files = render_init(
+        cluster, python_env=str(env_dir), now=now, name=name, starter=starter,
+        stand_in=str(stand_in) if stand_in is not None else None,
+    )  # fmt: skip
     _check_loads(files)
-    replaced = write_files({run_path: files.run_yaml.encode(), profile_path: files.profile_yaml.encode()}, force=force)
-    return InitResult(run_path, profile_path, cluster, files.choices, replaced)
+    texts = {run_path: files.run_yaml, profile_path: files.profile_yaml}
+    texts |= {target / relative: text for relative, text in files.starter_files.items()}
+    replaced = write_files({path: text.encode() for path, text in texts.items()}, force=force)
+    return InitResult(
+        run_path,
+        profile_path,
+        cluster,
+        files.choices,
+        replaced,
+        name=name,
+        starter=starter,
+        embedded=embedded,
+        written=tuple(texts),
+        steps=tuple(next_steps(run_path, profile_path, starter, program=program, cwd=here)),
+        todo=todo(run_path, starter, program=program, cwd=here),
+        cwd=here,
+    )

@@ -183,6 +183,8 @@ class ClusterConfig:
     """``AccountingStorageEnforce``: association and QOS limits hold only with ``limits`` (or ``safe``) in it."""
     store_flags: str = ""
     """``AccountingStoreFlags``: with ``job_env`` slurmdbd keeps every batch job's environment (its API keys)."""
+    slurm_conf: str = ""
+    """``SLURM_CONF``: the configuration file the controller read ("" when it does not say)."""
 
     @property
     def enforces_limits(self) -> bool:
@@ -307,7 +309,7 @@ class Slurm:
 
     def config(self) -> ClusterConfig:
         """``scontrol show config`` (read once per client): MaxArraySize (1001 when Slurm does not say; task ids
-        stay below it), MaxJobCount, ClusterName, AccountingStorageEnforce and AccountingStoreFlags."""
+        stay below it), MaxJobCount, ClusterName, AccountingStorageEnforce, AccountingStoreFlags and SLURM_CONF."""
         if self._config is None:
             out = self._check(["scontrol", "show", "config"])
 
@@ -322,6 +324,7 @@ class Slurm:
                 cluster_name=value("ClusterName"),
                 enforce=value("AccountingStorageEnforce"),
                 store_flags=value("AccountingStoreFlags"),
+                slurm_conf=value("SLURM_CONF"),
             )
         return self._config
 

@@ -136,13 +136,18 @@ def write_attempt(
     return record
 
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+# --- a headless browser, for pages a user opens (the report, the docs site) ---
 
 
-def chromium(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """Headless chromium with ``args`` (a fresh profile in ``cwd``, its log on standard error)."""
+def find_chromium() -> str | None:
+    """The Chromium (or Chrome) on PATH, None when there is none (``apt-get install -y chromium``)."""
+    return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+
+
+def run_chromium(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Headless Chromium with ``args`` (such as ``--dump-dom URL``), its profile under ``cwd``, its log on stderr."""
     return subprocess.run(
-        [CHROMIUM or "chromium", "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+        [find_chromium() or "chromium", "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
          f"--user-data-dir={cwd / 'profile'}", "--enable-logging=stderr", "--v=0", *args],
         capture_output=True, text=True, timeout=120, cwd=cwd, check=False,
     )  # fmt: skip
@@ -237,7 +242,9 @@ def page_layout(page: Path, cwd: Path) -> dict[str, Any]:
 
     checked = cwd / f"checked-{page.name}"
     checked.write_text(page.read_text().replace("</body>", _LAYOUT_CHECK + "</body>"))
-    done = chromium("--virtual-time-budget=15000", "--window-size=1400,2000", "--dump-dom", checked.as_uri(), cwd=cwd)
+    done = run_chromium(
+        "--virtual-time-budget=15000", "--window-size=1400,2000", "--dump-dom", checked.as_uri(), cwd=cwd
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     found = re.search(r'<pre id="layout-check">(.*?)</pre>', done.stdout, re.S)
     assert found is not None, "the layout check did not run"

@@ -1,0 +1,121 @@
+"""The documentation site as a reader sees it: ``mkdocs build --strict`` (what ``make docs`` runs), every page opened
+in headless Chromium at a desktop and a phone width. Each page renders (its title, Material's script ran: the copy
+button on every code block, nothing on the console), and no code block is wider than its box (``scrollWidth <=
+clientWidth``): a comment at the end of a long command line is wrapped, not clipped behind a scroll bar."""
+
+from __future__ import annotations
+
+import functools
+import html
+import http.server
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ddslurm.launcher.testing import console_lines, find_chromium, run_chromium
+
+ROOT = Path(__file__).resolve().parents[1]
+WIDTHS = (1280, 390)
+"""A desktop window and a phone, in CSS pixels."""
+
+HARNESS = """<!doctype html><html><body><pre id="out">pending</pre><script>
+const pages = %(pages)s, widths = %(widths)s, results = [];
+function check(url, width) {
+  return new Promise(resolve => {
+    const frame = document.createElement("iframe");
+    frame.style.width = width + "px";
+    frame.style.height = "900px";
+    frame.onload = () => setTimeout(() => {
+      const doc = frame.contentDocument;
+      const blocks = [...doc.querySelectorAll("article pre > code")].map(code => ({
+        scroll: code.scrollWidth, client: code.clientWidth, text: code.textContent.slice(0, 120),
+        copy: code.parentElement.querySelector("[data-md-type=copy]") !== null,
+      }));
+      const title = doc.querySelector("article h1");
+      resolve({url, width, title: title ? title.textContent.trim() : "", blocks});
+      frame.remove();
+    }, 1000);
+    frame.src = url;
+    document.body.appendChild(frame);
+  });
+}
+(async () => {
+  for (const width of widths) for (const page of pages) results.push(await check(page, width));
+  document.getElementById("out").textContent = JSON.stringify(results);
+})();
+</script></body></html>
+"""
+"""Opens each page in a frame of the given width, measures its code blocks and writes what it found into #out."""
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("site")
+    built = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "--site-dir", str(out)],
+        cwd=ROOT, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"}, capture_output=True, text=True, timeout=300,
+        check=False,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stderr[-3000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def served(site: Path) -> Iterator[str]:
+    """The built site over HTTP on loopback (one origin, so the harness can look into its frames)."""
+
+    class Files(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    class Quiet(http.server.ThreadingHTTPServer):
+        def handle_error(self, request: Any, client_address: Any) -> None:  # a frame removed mid-request
+            pass
+
+    server = Quiet(("127.0.0.1", 0), functools.partial(Files, directory=str(site)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _pages() -> list[str]:
+    """Every page of docs/, as the site's URL path (directory URLs: x.md is x/)."""
+    return sorted("" if p.stem == "index" else f"{p.stem}/" for p in (ROOT / "docs").glob("*.md"))
+
+
+@pytest.mark.skipif(find_chromium() is None, reason="chromium is not installed (apt-get install -y chromium)")
+def test_every_page_renders_and_no_code_block_is_clipped(site: Path, served: str, tmp_path: Path) -> None:
+    pages = [f"/{page}" for page in _pages()]
+    (site / "harness.html").write_text(HARNESS % {"pages": json.dumps(pages), "widths": json.dumps(list(WIDTHS))})
+    done = run_chromium(
+        "--virtual-time-budget=600000", "--window-size=1400,1000", "--dump-dom", f"{served}/harness.html", cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = re.search(r'<pre id="out">(.*?)</pre>', done.stdout, re.S)
+    assert found is not None and found.group(1) != "pending", done.stdout[-2000:]
+    results = json.loads(html.unescape(found.group(1)))
+    assert len(results) == len(pages) * len(WIDTHS) and len(pages) > 10
+
+    clipped = [
+        f"{r['url']} at {r['width']}px: {b['scroll']} > {b['client']}: {b['text']!r}"
+        for r in results
+        for b in r["blocks"]
+        if b["scroll"] > b["client"]
+    ]
+    assert clipped == [], "code blocks wider than their box:\n" + "\n".join(clipped)
+    assert [r["url"] for r in results if not r["title"]] == [], "pages without a title"
+    assert sum(len(r["blocks"]) for r in results) > 50  # the pages' code blocks were measured
+    assert [r["url"] for r in results for b in r["blocks"] if not b["copy"]] == [], "Material's script did not run"
+    assert console_lines(done.stderr) == [], "a page logged to the console"
