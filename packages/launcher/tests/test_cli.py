@@ -223,6 +223,26 @@ def test_every_command_reports_an_error_as_one_json_object(tmp_path: Path) -> No
     assert error["status"]["state"] == "pending"  # where the run stood when wait gave up
 
 
+def test_a_run_file_with_several_mistakes_reports_every_one_in_text_and_json(tmp_path: Path) -> None:
+    run, profile, env = write_unit_run(tmp_path, KEY, run_extra="shard: 2\nsubmission:\n  cpus: many\n")
+
+    code, out, err = _cli(["submit", str(run), "--profile", str(profile), "--dry-run"], env)
+    assert code == ExitCode.USAGE and out == ""
+    assert err.splitlines() == [
+        f"error: {run}:5:1: shard: unknown field; did you mean 'shards'?",
+        f"{run}:7:3: submission.cpus: expected int, got str",
+    ]
+
+    code, error = _error(["submit", str(run), "--profile", str(profile), "--dry-run"], env)
+    assert (code, error["code"]) == (ExitCode.USAGE, "submit_refused")  # as for one mistake
+    assert error["problems"] == [
+        {"file": str(run), "line": 5, "col": 1, "field": "shard", "message": "unknown field; did you mean 'shards'?"},
+        {"file": str(run), "line": 7, "col": 3, "field": "submission.cpus", "message": "expected int, got str"},
+    ]
+    _, error = _error(["providers", str(run)], env)
+    assert error["code"] == "invalid_input" and [p["line"] for p in error["problems"]] == [5, 7]
+
+
 def test_ctrl_c_is_an_error_too(tmp_path: Path) -> None:
     layout, _, env = _submitted(tmp_path, shards=1)
 

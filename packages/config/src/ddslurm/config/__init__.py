@@ -110,7 +110,7 @@ from ddslurm.config._snapshot import (
     SnapshotProvider,
 )
 from ddslurm.config._yaml import load_struct, locate, read_yaml, to_builtins
-from ddslurm.config.errors import ConfigError, ConfigFileError, UnsafePathError
+from ddslurm.config.errors import ConfigError, ConfigFileError, ConfigFileErrors, UnsafePathError
 
 __all__ = [
     "AttemptLayout",
@@ -123,6 +123,7 @@ __all__ = [
     "Collection",
     "ConfigError",
     "ConfigFileError",
+    "ConfigFileErrors",
     "DD_BUILDER_FUNCTION",
     "DD_DEFAULT_MAX_PARALLEL_REQUESTS",
     "Deployment",
