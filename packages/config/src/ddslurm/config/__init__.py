@@ -109,6 +109,7 @@ from ddslurm.config._snapshot import (
     SnapshotModel,
     SnapshotProvider,
 )
+from ddslurm.config._suggest import closest, did_you_mean
 from ddslurm.config._yaml import load_struct, locate, read_yaml, to_builtins
 from ddslurm.config.errors import ConfigError, ConfigFileError, ConfigFileErrors, UnsafePathError
 
@@ -195,6 +196,8 @@ __all__ = [
     "load_profile",
     "load_run_file",
     "load_struct",
+    "closest",
+    "did_you_mean",
     "locate",
     "make_private_dir",
     "parallel_requests",

@@ -7,7 +7,6 @@ nodes in all (recipes, Data Designer's settings), so a "billion laughs" file is 
 
 from __future__ import annotations
 
-import difflib
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +21,7 @@ from ruamel.yaml.error import MarkedYAMLError
 from ruamel.yaml.events import AliasEvent, MappingStartEvent, SequenceStartEvent
 
 from ddslurm.config._convert import Problem, convert_all
+from ddslurm.config._suggest import did_you_mean
 from ddslurm.config.errors import ConfigFileError, ConfigFileErrors
 
 T = TypeVar("T")
@@ -40,6 +40,7 @@ _AT = re.compile(r"^(?P<msg>.*?)(?: - at (?P<key>`key` in )?`\$(?P<path>[^`]*)`)
 _STEP = re.compile(r"\.([^.\[\]]+)|\[(\d+)\]")
 _UNKNOWN = re.compile(r"^Object contains unknown field `(?P<name>[^`]+)`$")
 _MISSING = re.compile(r"^Object missing required field `(?P<name>[^`]+)`$")
+_NO_SUGGESTION = "(check the spelling; see the docs for the accepted keys)"
 _DUPLICATE = re.compile(r'^found duplicate key "(?P<key>.*?)" with value', re.DOTALL)
 
 
@@ -244,10 +245,8 @@ def _humanize(message: str) -> str:
 
 
 def _unknown_field(name: str, fields: tuple[str, ...]) -> str:
-    close = difflib.get_close_matches(name, fields, n=1)
-    if close:
-        return f"unknown field; did you mean {close[0]!r}?"
-    return "unknown field (check the spelling; see the docs for the accepted keys)"
+    suggestion = did_you_mean(name, fields)
+    return f"unknown field{suggestion}" if suggestion else f"unknown field {_NO_SUGGESTION}"
 
 
 def _file_error(path: Path, tree: Any, problem: Problem) -> ConfigFileError:
