@@ -243,6 +243,35 @@ def test_a_run_file_with_several_mistakes_reports_every_one_in_text_and_json(tmp
     assert error["code"] == "invalid_input" and [p["line"] for p in error["problems"]] == [5, 7]
 
 
+@pytest.mark.parametrize("local", [True, False], ids=["local", "job"])
+def test_collect_of_a_run_still_running_says_to_wait_first(tmp_path: Path, local: bool) -> None:
+    layout, _, env = _submitted(tmp_path)
+    running = FakeSlurm(squeue="4242_0|RUNNING|None\n4242_[1-2]|PENDING|Priority\n")
+
+    argv = ["collect", str(layout.root), *(["--local"] if local else [])]
+    code, error = _error(argv, env, running)
+
+    assert (code, error["code"]) == (ExitCode.FAILED, "collect_failed")
+    assert error["message"] == (
+        f"3 shard(s) have no published result yet: 0, 1, 2; the run is still running: run `ddslurm wait "
+        f"{layout.root}` first, then collect"
+    )
+    assert running.commands("sbatch") == []  # no collection job for a run that cannot be collected
+
+
+def test_collect_of_a_run_that_failed_says_where_to_look(tmp_path: Path) -> None:
+    layout, _, env = _submitted(tmp_path)
+    ended = FakeSlurm(sacct="".join(f"4242_{t}|FAILED|1:0|None\n" for t in range(3)))
+
+    code, error = _error(["collect", str(layout.root), "--local"], env, ended)
+
+    assert code == ExitCode.FAILED
+    assert error["message"].endswith(
+        f"; the run's state is failed: `ddslurm status {layout.root}` says why, `ddslurm retry {layout.root}` makes new "
+        "attempts"
+    )
+
+
 def test_ctrl_c_is_an_error_too(tmp_path: Path) -> None:
     layout, _, env = _submitted(tmp_path, shards=1)
 

@@ -216,6 +216,7 @@ def cmd_collect(
         with progress.progress if progress is not None else nullcontext():
             code = collect_local_command(
                 layout,
+                session.slurm,
                 overwrite=overwrite,
                 as_json=session.json,
                 out=out,
