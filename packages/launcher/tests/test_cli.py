@@ -267,8 +267,8 @@ def test_collect_of_a_run_that_failed_says_where_to_look(tmp_path: Path) -> None
 
     assert code == ExitCode.FAILED
     assert error["message"].endswith(
-        f"; the run's state is failed: `ddslurm status {layout.root}` says why, `ddslurm retry {layout.root}` makes new "
-        "attempts"
+        f"; the run's state is failed: `ddslurm status {layout.root}` says why, `ddslurm retry {layout.root}` "
+        "makes new attempts"
     )
 
 

@@ -51,8 +51,8 @@ def next_step(layout: RunLayout, slurm: Slurm) -> str:
     if state not in TERMINAL:
         return f"; the run is still {state}: run `ddslurm wait {layout.root}` first, then collect"
     return (
-        f"; the run's state is {state}: `ddslurm status {layout.root}` says why, `ddslurm retry {layout.root}` makes new "
-        "attempts"
+        f"; the run's state is {state}: `ddslurm status {layout.root}` says why, `ddslurm retry {layout.root}` "
+        "makes new attempts"
     )
 
 
