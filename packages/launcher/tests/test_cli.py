@@ -401,6 +401,28 @@ def test_logs_default_to_the_failed_shard_and_render_structured_lines(tmp_path: 
     assert code == ExitCode.USAGE and "shard 2 has no attempt '77' (its attempts: 5002, 5009)" in err
 
 
+def test_logs_of_an_attempt_whose_server_failed_show_the_server_log(tmp_path: Path) -> None:
+    layout, _, env = _submitted(tmp_path)
+    _attempt(layout, 0, "6000", "failed", reason="server_start_failed")
+    _attempt(layout, 1, "6001", "failed", reason="generation_failed")
+    for shard, job in ((0, "6000"), (1, "6001")):
+        attempt = layout.shard(shard).attempt(f"attempt-{job}").dir
+        (attempt / "client.log").write_text(f"client of shard {shard}\n")
+        (attempt / "server-writer-0.log").write_text(f"CUDA out of memory on shard {shard}\n")
+    slurm = FakeSlurm(sacct="4242_0|FAILED|1:0|None\n4242_1|FAILED|1:0|None\n")
+
+    code, out, err = _cli(["logs", str(layout.root)], env, slurm)
+    assert code == ExitCode.OK and out == "CUDA out of memory on shard 0\n"
+    assert err.splitlines() == [
+        "shard 0 (failed); --shard N shows another",
+        "the server log: attempt 6000 failed with server_start_failed; --step client shows the client",
+    ]
+    code, out, _ = _cli(["logs", str(layout.root), "--shard", "0", "--step", "client"], env, slurm)
+    assert out == "client of shard 0\n"  # asked for: the client
+    code, out, err = _cli(["logs", str(layout.root), "--shard", "1"], env, slurm)
+    assert out == "client of shard 1\n" and err == ""  # a generation failure: the client's log
+
+
 def test_logs_follow_waits_for_a_pending_shard_s_log(tmp_path: Path) -> None:
     layout, _, env = _submitted(tmp_path, shards=1)
     slurm = FakeSlurm(squeue="4242_0|PENDING|Resources\n")
