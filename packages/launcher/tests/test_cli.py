@@ -157,7 +157,10 @@ def test_every_command_prints_json(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         (["status", root, "--watch"], lambda o: o["state"] == "failed"),
         (["list", "--profile", str(profile)], lambda o: [r["run_id"] for r in o] == [layout.run_id]),
         (["logs", root, "--shard", "0"], lambda o: o["record"]["event"] == "begin" and o["source"].endswith(".log")),
-        (["cancel", root, "--shards", "1"], lambda o: o == {"cancelled": [], "run_cancelled": False, "adopted": []}),
+        (
+            ["cancel", root, "--shards", "1"],
+            lambda o: o == {"cancelled": [], "run_cancelled": False, "adopted": [], "shards": [1], "finished": []},
+        ),
         (["retry", root, "--shards", "2"], lambda o: o["shards"] == [2] and len(o["job_ids"]) == 1),
     ]
     candidate = WinnerRecord(
@@ -270,6 +273,22 @@ def test_collect_of_a_run_that_failed_says_where_to_look(tmp_path: Path) -> None
         f"; the run's state is failed: `ddslurm status {layout.root}` says why, `ddslurm retry {layout.root}` "
         "makes new attempts"
     )
+
+
+def test_cancel_of_shards_says_which_shards_it_cancelled_and_how(tmp_path: Path) -> None:
+    layout, _, env = _submitted(tmp_path)
+    (layout.shard(2).winner).write_text("{}")  # shard 2 has its result
+    queued = FakeSlurm(squeue="4242_[0-2]|PENDING|Priority\n")
+
+    code, out, _ = _cli(["cancel", str(layout.root), "--shards", "1,2"], env, queued)
+
+    assert code == ExitCode.OK
+    assert out.splitlines() == [
+        f"cancelled shards 1-2 of run {layout.run_id}: 2 tasks 4242_1, 4242_2 cancelled (ddslurm retry --shards runs "
+        "them again)",
+        "shard 2 already had a result, which is kept",
+    ]
+    assert [c[1:] for c in queued.commands("scancel")] == [["4242_1", "4242_2"]]
 
 
 def test_ctrl_c_is_an_error_too(tmp_path: Path) -> None:

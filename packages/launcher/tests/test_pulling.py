@@ -3,6 +3,7 @@ allocation has claimed yet, cancel and retry of single shards, and the dry run's
 
 from __future__ import annotations
 
+import io
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from ddslurm.launcher._bill import bill_lines, make_bill
 from ddslurm.launcher._status import run_status
 from ddslurm.launcher._steer import cancel, retry
 from ddslurm.launcher._submit import prepare, submit_shards
+from ddslurm.launcher.cli import main
 from ddslurm.launcher.testing import FakeSlurm, accept_recipe, write_attempt, write_unit_run
 from ddslurm.planner import plan_arrays
 
@@ -90,6 +92,20 @@ def test_cancelling_shards_of_pulling_allocations_writes_records_and_cancels_no_
     assert layout.shard(3).cancelled.exists()
     record = read_json(layout.submissions / "7000.json", SubmissionRecord)
     assert (record.kind, record.tasks, record.shards) == ("retry", 1, (2,))
+
+
+def test_cancel_of_shards_of_pulling_allocations_says_the_allocations_stop_them(tmp_path: Path) -> None:
+    layout, env = _pulling_run(tmp_path, shards=4, extra="allocations: 2\n")
+    runner = FakeSlurm(squeue="4242_0|RUNNING|None\n4242_1|RUNNING|None\n")
+    out, err = io.StringIO(), io.StringIO()
+
+    code = main(["cancel", str(layout.root), "--shards", "2-3"], env=env, slurm=Slurm(runner), stdout=out, stderr=err)
+
+    assert code == 0 and err.getvalue() == ""
+    assert out.getvalue() == (
+        f"cancelled shards 2-3 of run {layout.run_id}: the allocations that pull shards stop their generation and "
+        "take them no more (ddslurm retry --shards runs them again)\n"
+    )  # not "cancelled 0 task(s)": no task is the shards' alone
 
 
 def test_the_bill_counts_allocations_gpus_and_hours(tmp_path: Path) -> None:

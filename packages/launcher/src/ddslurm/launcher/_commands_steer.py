@@ -36,10 +36,12 @@ from ddslurm.launcher._session import (
     write_lines,
 )
 from ddslurm.launcher._steer import (
+    Cancelled,
     accept_partial,
     cancel,
     retry,
 )
+from ddslurm.planner import plural
 
 # --- steering: cancel, retry, accept-partial ---
 
@@ -67,7 +69,10 @@ def cmd_cancel(
         else ""
     )
     if session.json:
-        write_json({"cancelled": list(done.ids), "run_cancelled": done.run, "adopted": list(done.adopted)}, out)
+        which = {"shards": list(done.shards), "finished": list(done.finished)} if not done.run else {}
+        write_json(
+            {"cancelled": list(done.ids), "run_cancelled": done.run, "adopted": list(done.adopted), **which}, out
+        )
     elif done.run:
         out.write(
             f"cancelled run {layout.run_id}: array job(s) {', '.join(done.ids) or '(none)'}, pending retries "
@@ -75,10 +80,29 @@ def cmd_cancel(
             "(ddslurm retry --resume-cancelled to continue it)\n"
         )
     else:
-        out.write(
-            f"cancelled {len(done.ids)} task(s) of run {layout.run_id}: {', '.join(done.ids) or '(none)'}{found}\n"
-        )
+        write_lines(out, _shards_cancelled(done, layout.run_id, found))
     return ExitCode.OK
+
+
+def _shards_cancelled(done: Cancelled, run_id: str, found: str) -> list[str]:
+    """What ``cancel --shards`` says it did: the shards cancelled, how (their tasks, or the pulling allocations that
+    stop them themselves), and those that had their result already (kept)."""
+    how = [f"{plural(len(done.ids), 'task')} {', '.join(done.ids)} cancelled"] if done.ids else []
+    if done.pulled:
+        how.append("the allocations that pull shards stop their generation and take them no more")
+    if not how:
+        how.append("no task of theirs was queued or running")
+    lines = [
+        f"cancelled {_shards_text(list(done.shards))} of run {run_id}: {'; '.join(how)}{found} "
+        "(ddslurm retry --shards runs them again)"
+    ]
+    if done.finished:
+        lines.append(f"{_shards_text(list(done.finished))} already had a result, which is kept")
+    return lines
+
+
+def _shards_text(shards: list[int]) -> str:
+    return f"shard {shards[0]}" if len(shards) == 1 else f"shards {compact_ranges(shards)}"
 
 
 @guarded

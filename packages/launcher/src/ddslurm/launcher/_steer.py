@@ -272,6 +272,13 @@ class Cancelled:
     adopted: tuple[str, ...] = ()
     """Arrays found in the queue by their batch script, whose sbatch was stopped before it answered (a timeout):
     cancelled too, and recorded (:func:`adopt_queued`)."""
+    shards: tuple[int, ...] = ()
+    """``--shards``: the shards cancelled (each has its cancel record)."""
+    finished: tuple[int, ...] = ()
+    """Of ``shards``, those that already had their result: nothing of theirs was left to stop."""
+    pulled: bool = False
+    """``--shards``: the run has pulling arrays, whose allocations stop the shards themselves (no task of theirs
+    is passed to scancel)."""
 
 
 def release_leftovers(layout: RunLayout, slurm: Slurm, status: RunStatus) -> tuple[str, ...]:
@@ -356,7 +363,15 @@ def cancel(layout: RunLayout, slurm: Slurm, shards: list[int] | None = None, now
                 ids.append(f"{sub.array_job_id}_{task}")
     slurm.scancel(ids)
     _refuse_unread(layout, unread)
-    return Cancelled(tuple(ids), run=False, adopted=tuple(adopted))
+    finished = tuple(s for s in sorted(chosen) if os.path.lexists(layout.shard(s).winner))
+    return Cancelled(
+        tuple(ids),
+        run=False,
+        adopted=tuple(adopted),
+        shards=tuple(sorted(chosen)),
+        finished=finished,
+        pulled=any(sub.tasks is not None for sub in subs),
+    )
 
 
 def _refuse_unread(layout: RunLayout, unread: str | None) -> None:
