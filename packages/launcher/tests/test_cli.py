@@ -514,6 +514,30 @@ def _published(layout: RunLayout, shard: int) -> None:
     assert publish_once(layout.shard(shard).winner, encode(winner))
 
 
+def test_retry_fresh_of_a_finished_shard_refuses_and_says_why(tmp_path: Path) -> None:
+    layout, _, env = _submitted(tmp_path, shards=3)
+    _published(layout, 2)
+    _attempt(layout, 1, "6001", "failed", reason="generation_failed")
+    ended = FakeSlurm(sacct="4242_0|COMPLETED|0:0|None\n4242_1|FAILED|1:0|None\n4242_2|COMPLETED|0:0|None\n")
+    ended.next_id = 5000  # the run's own array is 4242
+
+    code, out, err = _cli(["retry", str(layout.root), "--shards", "2", "--fresh"], env, ended)
+    assert (code, out) == (ExitCode.FAILED, "")
+    assert err == (
+        "error: shard 2 has a result already: a published winner is never replaced, so there is nothing to retry "
+        f"(--fresh starts over only shards without a result); `ddslurm collect {layout.root}` uses it\n"
+    )
+    assert ended.commands("sbatch") == [] and not layout.shard(2).fresh.exists()
+
+    code, out, err = _cli(["retry", str(layout.root), "--shards", "1-2", "--fresh"], env, ended)
+    assert code == ExitCode.OK, err
+    assert out.splitlines() == [
+        "retrying 1 shard(s) as array job(s) 5000",
+        "not retried: shard 2 already had a result, which is never replaced",
+    ]
+    assert layout.shard(1).fresh.exists() and not layout.shard(2).fresh.exists()
+
+
 def test_wait_cancels_the_queued_tasks_of_a_succeeded_run(tmp_path: Path) -> None:
     """Slurm requeued task 4242_2 after its shard was published (its node failed before the task ended): it could only
     start to record ``superseded``. Once the run has succeeded, ``wait`` cancels it; the running one is left."""

@@ -40,6 +40,7 @@ from ddslurm.launcher._steer import (
     accept_partial,
     cancel,
     retry,
+    shards_named,
 )
 from ddslurm.planner import plural
 
@@ -93,16 +94,12 @@ def _shards_cancelled(done: Cancelled, run_id: str, found: str) -> list[str]:
     if not how:
         how.append("no task of theirs was queued or running")
     lines = [
-        f"cancelled {_shards_text(list(done.shards))} of run {run_id}: {'; '.join(how)}{found} "
+        f"cancelled {shards_named(done.shards)} of run {run_id}: {'; '.join(how)}{found} "
         "(ddslurm retry --shards runs them again)"
     ]
     if done.finished:
-        lines.append(f"{_shards_text(list(done.finished))} already had a result, which is kept")
+        lines.append(f"{shards_named(done.finished)} already had a result, which is kept")
     return lines
-
-
-def _shards_text(shards: list[int]) -> str:
-    return f"shard {shards[0]}" if len(shards) == 1 else f"shards {compact_ranges(shards)}"
 
 
 @guarded
@@ -161,11 +158,14 @@ def cmd_retry(
             write_lines(out, [head, *plan_lines(done.planned)])
         return ExitCode.OK
     if session.json:
-        write_json({"shards": list(done.shards), "job_ids": list(done.job_ids)}, out)
-    elif not done.shards:
+        write_json({"shards": list(done.shards), "job_ids": list(done.job_ids), "kept": list(done.kept)}, out)
+        return ExitCode.OK
+    if not done.shards:
         out.write(f"nothing to retry: every shard of {layout.run_id} has a winner or is still running\n")
     else:
         out.write(f"retrying {len(done.shards)} shard(s) as array job(s) {', '.join(done.job_ids)}\n")
+    if done.kept:
+        out.write(f"not retried: {shards_named(done.kept)} already had a result, which is never replaced\n")
     return ExitCode.OK
 
 
