@@ -291,6 +291,23 @@ def test_cancel_of_shards_says_which_shards_it_cancelled_and_how(tmp_path: Path)
     assert [c[1:] for c in queued.commands("scancel")] == [["4242_1", "4242_2"]]
 
 
+def test_collect_when_the_scheduler_cannot_say_how_the_run_stands_gives_both_ways_out(tmp_path: Path) -> None:
+    layout, _, env = _submitted(tmp_path)
+
+    class Unreadable(FakeSlurm):
+        def __call__(self, argv: Any, *, env: Any = None) -> Any:
+            self.calls.append(list(argv))
+            return Completed(1, "", "slurm_load_jobs error: Unable to contact slurm controller")
+
+    code, error = _error(["collect", str(layout.root), "--local"], env, Unreadable())
+
+    assert (code, error["code"]) == (ExitCode.FAILED, "collect_failed")
+    assert error["message"] == (
+        f"3 shard(s) have no published result yet: 0, 1, 2; `ddslurm wait {layout.root}` waits for a run still "
+        f"running, `ddslurm status {layout.root}` says why shards failed"
+    )
+
+
 def test_ctrl_c_is_an_error_too(tmp_path: Path) -> None:
     layout, _, env = _submitted(tmp_path, shards=1)
 

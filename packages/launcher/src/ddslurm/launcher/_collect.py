@@ -32,7 +32,7 @@ from ddslurm.config import RunLayout, atomic_write, make_private_dir, read_plan,
 from ddslurm.launcher._render import render_collection
 from ddslurm.launcher._slurm import Slurm, TaskState
 from ddslurm.launcher._status import TERMINAL, run_status
-from ddslurm.launcher.errors import LauncherError
+from ddslurm.launcher.errors import LauncherError, SlurmError
 
 _LIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "SUSPENDED"}
 _TERMINATED = {"CANCELLED", "TIMEOUT", "PREEMPTED", "DEADLINE"}  # Slurm sends SIGTERM (then SIGKILL)
@@ -47,7 +47,13 @@ def collect_local(
 def next_step(layout: RunLayout, slurm: Slurm) -> str:
     """What to do about shards without a result, from the run's state: wait for a run still pending or running;
     see why and retry for one that ended without them."""
-    state = run_status(layout, slurm).state
+    try:
+        state = run_status(layout, slurm).state
+    except SlurmError:  # the scheduler cannot say now: both ways out
+        return (
+            f"; `ddslurm wait {layout.root}` waits for a run still running, `ddslurm status {layout.root}` says why "
+            "shards failed"
+        )
     if state not in TERMINAL:
         return f"; the run is still {state}: run `ddslurm wait {layout.root}` first, then collect"
     return (
