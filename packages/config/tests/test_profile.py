@@ -138,7 +138,7 @@ def test_example_profile_loads() -> None:
             3,
             1,
             "cpu_partiton",
-            "unknown field (check the spelling; see the docs for the accepted keys)",
+            "unknown field; did you mean 'cpu_partition'?",
             id="unknown-key",
         ),
     ],

@@ -165,13 +165,21 @@ def test_time_limit_scalar_forms(tmp_path: Path, value: str, want: str | int) ->
 @pytest.mark.parametrize(
     ("text", "line", "col", "field", "message"),
     [
-        pytest.param(MINIMAL + "submision:\n  cpus: 2\n", 4, 1, "submision", UNKNOWN_KEY, id="unknown-top-level-key"),
+        pytest.param(
+            MINIMAL + "submision:\n  cpus: 2\n",
+            4,
+            1,
+            "submision",
+            "unknown field; did you mean 'submission'?",
+            id="unknown-top-level-key",
+        ),
+        pytest.param(MINIMAL + "colour: blue\n", 4, 1, "colour", UNKNOWN_KEY, id="unknown-key-like-no-field"),
         pytest.param(
             MINIMAL + "submission:\n  cpus: 2\n  partiton: a\n",
             6,
             3,
             "submission.partiton",
-            UNKNOWN_KEY,
+            "unknown field; did you mean 'partition'?",
             id="unknown-nested-key",
         ),
         pytest.param(
@@ -179,7 +187,7 @@ def test_time_limit_scalar_forms(tmp_path: Path, value: str, want: str | int) ->
             7,
             5,
             "deployments[0].replica",
-            UNKNOWN_KEY,
+            "unknown field; did you mean 'replicas'?",
             id="unknown-key-in-list-item",
         ),
         pytest.param(

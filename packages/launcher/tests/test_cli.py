@@ -157,7 +157,10 @@ def test_every_command_prints_json(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         (["status", root, "--watch"], lambda o: o["state"] == "failed"),
         (["list", "--profile", str(profile)], lambda o: [r["run_id"] for r in o] == [layout.run_id]),
         (["logs", root, "--shard", "0"], lambda o: o["record"]["event"] == "begin" and o["source"].endswith(".log")),
-        (["cancel", root, "--shards", "1"], lambda o: o == {"cancelled": [], "run_cancelled": False, "adopted": []}),
+        (
+            ["cancel", root, "--shards", "1"],
+            lambda o: o == {"cancelled": [], "run_cancelled": False, "adopted": [], "shards": [1], "finished": []},
+        ),
         (["retry", root, "--shards", "2"], lambda o: o["shards"] == [2] and len(o["job_ids"]) == 1),
     ]
     candidate = WinnerRecord(
@@ -221,6 +224,88 @@ def test_every_command_reports_an_error_as_one_json_object(tmp_path: Path) -> No
         assert words in error["message"], (argv, error)
     _, error = _error(["wait", root, "--timeout", "0"], env, pending)
     assert error["status"]["state"] == "pending"  # where the run stood when wait gave up
+
+
+def test_a_run_file_with_several_mistakes_reports_every_one_in_text_and_json(tmp_path: Path) -> None:
+    run, profile, env = write_unit_run(tmp_path, KEY, run_extra="shard: 2\nsubmission:\n  cpus: many\n")
+
+    code, out, err = _cli(["submit", str(run), "--profile", str(profile), "--dry-run"], env)
+    assert code == ExitCode.USAGE and out == ""
+    assert err.splitlines() == [
+        f"error: {run}:5:1: shard: unknown field; did you mean 'shards'?",
+        f"{run}:7:3: submission.cpus: expected int, got str",
+    ]
+
+    code, error = _error(["submit", str(run), "--profile", str(profile), "--dry-run"], env)
+    assert (code, error["code"]) == (ExitCode.USAGE, "submit_refused")  # as for one mistake
+    assert error["problems"] == [
+        {"file": str(run), "line": 5, "col": 1, "field": "shard", "message": "unknown field; did you mean 'shards'?"},
+        {"file": str(run), "line": 7, "col": 3, "field": "submission.cpus", "message": "expected int, got str"},
+    ]
+    _, error = _error(["providers", str(run)], env)
+    assert error["code"] == "invalid_input" and [p["line"] for p in error["problems"]] == [5, 7]
+
+
+@pytest.mark.parametrize("local", [True, False], ids=["local", "job"])
+def test_collect_of_a_run_still_running_says_to_wait_first(tmp_path: Path, local: bool) -> None:
+    layout, _, env = _submitted(tmp_path)
+    running = FakeSlurm(squeue="4242_0|RUNNING|None\n4242_[1-2]|PENDING|Priority\n")
+
+    argv = ["collect", str(layout.root), *(["--local"] if local else [])]
+    code, error = _error(argv, env, running)
+
+    assert (code, error["code"]) == (ExitCode.FAILED, "collect_failed")
+    assert error["message"] == (
+        f"3 shard(s) have no published result yet: 0, 1, 2; the run is still running: run `ddslurm wait "
+        f"{layout.root}` first, then collect"
+    )
+    assert running.commands("sbatch") == []  # no collection job for a run that cannot be collected
+
+
+def test_collect_of_a_run_that_failed_says_where_to_look(tmp_path: Path) -> None:
+    layout, _, env = _submitted(tmp_path)
+    ended = FakeSlurm(sacct="".join(f"4242_{t}|FAILED|1:0|None\n" for t in range(3)))
+
+    code, error = _error(["collect", str(layout.root), "--local"], env, ended)
+
+    assert code == ExitCode.FAILED
+    assert error["message"].endswith(
+        f"; the run's state is failed: `ddslurm status {layout.root}` says why, `ddslurm retry {layout.root}` "
+        "makes new attempts"
+    )
+
+
+def test_cancel_of_shards_says_which_shards_it_cancelled_and_how(tmp_path: Path) -> None:
+    layout, _, env = _submitted(tmp_path)
+    (layout.shard(2).winner).write_text("{}")  # shard 2 has its result
+    queued = FakeSlurm(squeue="4242_[0-2]|PENDING|Priority\n")
+
+    code, out, _ = _cli(["cancel", str(layout.root), "--shards", "1,2"], env, queued)
+
+    assert code == ExitCode.OK
+    assert out.splitlines() == [
+        f"cancelled shards 1-2 of run {layout.run_id}: 2 tasks 4242_1, 4242_2 cancelled (ddslurm retry --shards runs "
+        "them again)",
+        "shard 2 already had a result, which is kept",
+    ]
+    assert [c[1:] for c in queued.commands("scancel")] == [["4242_1", "4242_2"]]
+
+
+def test_collect_when_the_scheduler_cannot_say_how_the_run_stands_gives_both_ways_out(tmp_path: Path) -> None:
+    layout, _, env = _submitted(tmp_path)
+
+    class Unreadable(FakeSlurm):
+        def __call__(self, argv: Any, *, env: Any = None) -> Any:
+            self.calls.append(list(argv))
+            return Completed(1, "", "slurm_load_jobs error: Unable to contact slurm controller")
+
+    code, error = _error(["collect", str(layout.root), "--local"], env, Unreadable())
+
+    assert (code, error["code"]) == (ExitCode.FAILED, "collect_failed")
+    assert error["message"] == (
+        f"3 shard(s) have no published result yet: 0, 1, 2; `ddslurm wait {layout.root}` waits for a run still "
+        f"running, `ddslurm status {layout.root}` says why shards failed"
+    )
 
 
 def test_ctrl_c_is_an_error_too(tmp_path: Path) -> None:
@@ -359,6 +444,28 @@ def test_logs_default_to_the_failed_shard_and_render_structured_lines(tmp_path: 
     assert code == ExitCode.USAGE and "shard 2 has no attempt '77' (its attempts: 5002, 5009)" in err
 
 
+def test_logs_of_an_attempt_whose_server_failed_show_the_server_log(tmp_path: Path) -> None:
+    layout, _, env = _submitted(tmp_path)
+    _attempt(layout, 0, "6000", "failed", reason="server_start_failed")
+    _attempt(layout, 1, "6001", "failed", reason="generation_failed")
+    for shard, job in ((0, "6000"), (1, "6001")):
+        attempt = layout.shard(shard).attempt(f"attempt-{job}").dir
+        (attempt / "client.log").write_text(f"client of shard {shard}\n")
+        (attempt / "server-writer-0.log").write_text(f"CUDA out of memory on shard {shard}\n")
+    slurm = FakeSlurm(sacct="4242_0|FAILED|1:0|None\n4242_1|FAILED|1:0|None\n")
+
+    code, out, err = _cli(["logs", str(layout.root)], env, slurm)
+    assert code == ExitCode.OK and out == "CUDA out of memory on shard 0\n"
+    assert err.splitlines() == [
+        "shard 0 (failed); --shard N shows another",
+        "the server log: attempt 6000 failed with server_start_failed; --step client shows the client",
+    ]
+    code, out, _ = _cli(["logs", str(layout.root), "--shard", "0", "--step", "client"], env, slurm)
+    assert out == "client of shard 0\n"  # asked for: the client
+    code, out, err = _cli(["logs", str(layout.root), "--shard", "1"], env, slurm)
+    assert out == "client of shard 1\n" and err == ""  # a generation failure: the client's log
+
+
 def test_logs_follow_waits_for_a_pending_shard_s_log(tmp_path: Path) -> None:
     layout, _, env = _submitted(tmp_path, shards=1)
     slurm = FakeSlurm(squeue="4242_0|PENDING|Resources\n")
@@ -429,6 +536,30 @@ def _published(layout: RunLayout, shard: int) -> None:
         published_at=datetime.now(UTC).isoformat(),
     )
     assert publish_once(layout.shard(shard).winner, encode(winner))
+
+
+def test_retry_fresh_of_a_finished_shard_refuses_and_says_why(tmp_path: Path) -> None:
+    layout, _, env = _submitted(tmp_path, shards=3)
+    _published(layout, 2)
+    _attempt(layout, 1, "6001", "failed", reason="generation_failed")
+    ended = FakeSlurm(sacct="4242_0|COMPLETED|0:0|None\n4242_1|FAILED|1:0|None\n4242_2|COMPLETED|0:0|None\n")
+    ended.next_id = 5000  # the run's own array is 4242
+
+    code, out, err = _cli(["retry", str(layout.root), "--shards", "2", "--fresh"], env, ended)
+    assert (code, out) == (ExitCode.FAILED, "")
+    assert err == (
+        "error: shard 2 has a result already: a published winner is never replaced, so there is nothing to retry "
+        f"(--fresh starts over only shards without a result); `ddslurm collect {layout.root}` uses it\n"
+    )
+    assert ended.commands("sbatch") == [] and not layout.shard(2).fresh.exists()
+
+    code, out, err = _cli(["retry", str(layout.root), "--shards", "1-2", "--fresh"], env, ended)
+    assert code == ExitCode.OK, err
+    assert out.splitlines() == [
+        "retrying 1 shard(s) as array job(s) 5000",
+        "not retried: shard 2 already had a result, which is never replaced",
+    ]
+    assert layout.shard(1).fresh.exists() and not layout.shard(2).fresh.exists()
 
 
 def test_wait_cancels_the_queued_tasks_of_a_succeeded_run(tmp_path: Path) -> None:

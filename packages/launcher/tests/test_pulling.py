@@ -3,10 +3,12 @@ allocation has claimed yet, cancel and retry of single shards, and the dry run's
 
 from __future__ import annotations
 
+import io
 from datetime import UTC, datetime
 from pathlib import Path
 
 import msgspec
+import pytest
 
 from ddslurm.config import ClaimRecord, ProviderSnapshot, RunLayout, SubmissionRecord, encode, read_json
 from ddslurm.config.testing import make_plan
@@ -15,6 +17,7 @@ from ddslurm.launcher._bill import bill_lines, make_bill
 from ddslurm.launcher._status import run_status
 from ddslurm.launcher._steer import cancel, retry
 from ddslurm.launcher._submit import prepare, submit_shards
+from ddslurm.launcher.cli import main
 from ddslurm.launcher.testing import FakeSlurm, accept_recipe, write_attempt, write_unit_run
 from ddslurm.planner import plan_arrays
 
@@ -92,6 +95,20 @@ def test_cancelling_shards_of_pulling_allocations_writes_records_and_cancels_no_
     assert (record.kind, record.tasks, record.shards) == ("retry", 1, (2,))
 
 
+def test_cancel_of_shards_of_pulling_allocations_says_the_allocations_stop_them(tmp_path: Path) -> None:
+    layout, env = _pulling_run(tmp_path, shards=4, extra="allocations: 2\n")
+    runner = FakeSlurm(squeue="4242_0|RUNNING|None\n4242_1|RUNNING|None\n")
+    out, err = io.StringIO(), io.StringIO()
+
+    code = main(["cancel", str(layout.root), "--shards", "2-3"], env=env, slurm=Slurm(runner), stdout=out, stderr=err)
+
+    assert code == 0 and err.getvalue() == ""
+    assert out.getvalue() == (
+        f"cancelled shards 2-3 of run {layout.run_id}: the allocations that pull shards stop their generation and "
+        "take them no more (ddslurm retry --shards runs them again)\n"
+    )  # not "cancelled 0 task(s)": no task is the shards' alone
+
+
 def test_the_bill_counts_allocations_gpus_and_hours(tmp_path: Path) -> None:
     from ddslurm.config import DeploymentPlan, ReplicaPlan, Resources, ServingPlan
 
@@ -122,6 +139,56 @@ def test_the_bill_counts_allocations_gpus_and_hours(tmp_path: Path) -> None:
     assert sum("client-<shard>" in s for s in bill.steps) == 2
     assert all("--port <port>" in s for s in bill.steps if "server-gen" in s)
     assert msgspec.json.decode(msgspec.json.encode(bill))["allocations"] == 2
+
+
+@pytest.mark.parametrize(
+    ("records", "shards", "allocations", "want_sizes", "want_tasks"),
+    [
+        pytest.param(60, 7, None, "60 records over 7 shards: 4 shards of 9 and 3 of 8", "one per shard (7 shards)"),
+        pytest.param(
+            60, 6, 3, "60 records over 6 shards of 10 each", "3 pulling allocations: 6 shards / 2 client worker(s)"
+        ),
+        pytest.param(61, 8, 2, "61 records over 8 shards: 5 shards of 8 and 3 of 7", "2 pulling allocations: the run"),
+    ],
+)
+def test_the_bill_says_why_shard_sizes_and_task_counts_are_what_they_are(
+    tmp_path: Path, records: int, shards: int, allocations: int | None, want_sizes: str, want_tasks: str
+) -> None:
+    from ddslurm.planner import plan_shards
+
+    specs = plan_shards(records, shards)
+    plan = make_plan("run-1", tuple(s.num_records for s in specs), allocations=allocations, client_workers=2)
+    arrays = plan_arrays(plan, RunLayout(tmp_path), list(range(shards)), 1001, kind="initial", stamp="s")
+    bill = make_bill(plan, arrays, [], ProviderSnapshot())
+
+    # The sizes as counted here from the plan's shards, independently of the bill.
+    sizes = sorted({s.num_records for s in specs}, reverse=True)
+    counted = [sum(s.num_records == size for s in specs) for size in sizes]
+    assert bill.shard_sizes.startswith(want_sizes)
+    for size, count in zip(sizes, counted, strict=True):
+        assert f"{count} of {size}" in bill.shard_sizes or f"{count} shards of {size}" in bill.shard_sizes
+    assert sum(s.num_records for s in specs) == records
+    [jobs] = bill.jobs
+    assert jobs.why.startswith(want_tasks) and jobs.tasks == (allocations or shards)
+    text = "\n".join(bill_lines(bill))
+    assert f"shards: {want_sizes}" in text and f"task(s) in 1 array(s) ({want_tasks}" in text
+
+
+def test_the_bill_says_seeded_shards_follow_the_passes_over_the_seed(tmp_path: Path) -> None:
+    from ddslurm.config import SeedPlan
+    from ddslurm.planner import SeedPool, plan_shards
+
+    specs = plan_shards(30, 4, SeedPool(0, 25))  # one pass of 25 rows, then 5 records of the next
+    seed = SeedPlan(seed_type="local", kind="file", root="seed", path="s.csv", files=(), rows=25, pool_size=25)
+    plan = msgspec.structs.replace(make_plan("run-1", tuple(s.num_records for s in specs)), seed=seed)
+    bill = make_bill(plan, [], [], ProviderSnapshot())
+
+    assert [s.num_records for s in specs] == [9, 8, 8, 5]
+    assert bill.shard_sizes == (
+        "30 records over 4 shards: 1 shard of 9, 2 of 8 and 1 of 5 (the records cycle through the seed dataset's 25 "
+        "rows: a shard keeps within one pass over them or starts where a pass starts, so that it reads the seed rows "
+        "the unsharded run would)"
+    )
 
 
 def test_retry_dry_run_shows_the_arrays_and_changes_nothing(tmp_path: Path) -> None:

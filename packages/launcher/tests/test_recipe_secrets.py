@@ -149,7 +149,10 @@ def test_a_seed_cell_that_holds_the_key_is_refused(tmp_path: Path) -> None:
     (tmp_path / "seeds").mkdir()
     (tmp_path / "seeds" / "q.csv").write_text(f"subject,note\na,plain\nb,{KEY}\n")
     err = _refused(tmp_path, env, run, profile)
-    assert f"{tmp_path / 'recipe.yaml'}: seed_config.source.path: {tmp_path / 'seeds' / 'q.csv'} {REFUSED}" in err
+    text = (tmp_path / "recipe.yaml").read_text()
+    number, line = next((i, ln) for i, ln in enumerate(text.splitlines(), 1) if "seeds/q.csv" in ln)
+    place = f"{tmp_path / 'recipe.yaml'}:{number}:{line.index('path:') + 1}: seed_config.source.path"
+    assert f"{place}: {tmp_path / 'seeds' / 'q.csv'} {REFUSED}" in err
 
 
 def test_a_key_in_a_compressed_parquet_seed_is_refused(tmp_path: Path) -> None:

@@ -46,12 +46,30 @@ def test_submit_and_dry_run_refuse_a_recipe_data_designer_refuses(
         err = capsys.readouterr().err
         assert "Data Designer refuses the recipe" in err
         assert f"column 'q': The prompt template for 'q' {DD_DETAIL}" in err
+        # placed at the prompt that uses the missing column (its line and column counted here, from the text)
+        number, line = next((i, ln) for i, ln in enumerate(RECIPE.splitlines(), 1) if "no_such_column" in ln)
+        place = f"{tmp_path / 'recipe.yaml'}:{number}:{line.index('prompt') + 1}: data_designer.columns[1].prompt"
+        assert f"  {place}: column 'q': The prompt template" in err
         assert "Please address the indicated issues" not in err
     assert runner.calls == []
     assert not (tmp_path / "work").exists()
     with pytest.raises(SubmitError, match="no_such_column"):
         submit(run, profile, slurm=Slurm(runner), env=env)
     assert runner.calls == [] and not (tmp_path / "work").exists()
+
+
+def test_a_template_syntax_error_is_refused_at_its_field(tmp_path: Path) -> None:
+    recipe = UNIT_RECIPE.replace('prompt: "Say {{ topic }}"', 'prompt: "Say {{ topic"')
+    run, profile, env = write_unit_run(tmp_path, "sk-validation-test-0123456789", recipe=recipe, num_records=4)
+
+    with pytest.raises(SubmitError) as info:
+        prepare(run, profile, env, datetime.now(UTC))
+
+    number, line = next((i, ln) for i, ln in enumerate(recipe.splitlines(), 1) if '{{ topic"' in ln)
+    place = f"{tmp_path / 'recipe.yaml'}:{number}:{line.index('prompt') + 1}: data_designer.columns[1].prompt"
+    assert f"  {place}: the recipe is not a valid Data Designer config: " in str(info.value)
+    assert "Jinja2 template" in str(info.value)
+    assert not (tmp_path / "work").exists()
 
 
 def test_a_recipe_refused_on_the_node_fails_once_not_retryable_with_data_designers_message(

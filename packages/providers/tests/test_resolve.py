@@ -424,6 +424,40 @@ def test_each_problem_is_reported_by_name(
     assert str(info.value).startswith("1 problem(s) resolving model providers:\n  - ")
 
 
+def test_a_misspelt_alias_gets_a_did_you_mean(recipe: dict[str, Any], tmp_path: Path) -> None:
+    recipe = copy.deepcopy(recipe)
+    recipe["data_designer"]["columns"].append(llm("extra", "jduge"))  # the recipe's model configs have "judge"
+    settings = make_settings(tmp_path, PROVIDERS)
+    deployments = (Deployment(model_alias="writr", model="m"),)  # the recipe uses "writer", hosted
+
+    with pytest.raises(ResolutionError) as info:
+        resolve(recipe, origin(), settings, deployments, ENV)
+
+    problems = info.value.problems
+    assert len(problems) == 2, problems
+    assert problems[0].endswith(
+        "model alias 'jduge' has no deployment in the run file and no model config in the "
+        f"recipe or in {settings.directory}; did you mean 'judge'?"
+    )
+    assert problems[1].endswith("no column of the recipe uses model alias 'writr'; did you mean 'writer'?")
+
+
+def test_an_alias_like_no_other_gets_no_suggestion(recipe: dict[str, Any], tmp_path: Path) -> None:
+    recipe = copy.deepcopy(recipe)
+    recipe["data_designer"]["columns"].append(llm("extra", "zzz"))
+
+    settings = make_settings(tmp_path, PROVIDERS)
+
+    with pytest.raises(ResolutionError) as info:
+        resolve(recipe, origin(), settings, (), ENV)
+
+    at = origin().at("data_designer", "columns", len(recipe["data_designer"]["columns"]) - 1, "model_alias")
+    assert info.value.problems == [
+        f"{at}: model alias 'zzz' has no deployment in the run file and no model config in the recipe or in "
+        f"{settings.directory}"
+    ]
+
+
 def test_every_problem_is_reported_at_once(recipe: dict[str, Any], tmp_path: Path) -> None:
     recipe = copy.deepcopy(recipe)
     columns = recipe["data_designer"]["columns"]

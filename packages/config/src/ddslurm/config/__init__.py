@@ -113,8 +113,9 @@ from ddslurm.config._snapshot import (
     SnapshotModel,
     SnapshotProvider,
 )
+from ddslurm.config._suggest import closest, did_you_mean
 from ddslurm.config._yaml import load_struct, locate, read_yaml, to_builtins
-from ddslurm.config.errors import ConfigError, ConfigFileError, UnsafePathError
+from ddslurm.config.errors import ConfigError, ConfigFileError, ConfigFileErrors, UnsafePathError
 
 __all__ = [
     "AttemptLayout",
@@ -128,6 +129,7 @@ __all__ = [
     "Collection",
     "ConfigError",
     "ConfigFileError",
+    "ConfigFileErrors",
     "DD_BUILDER_FUNCTION",
     "DD_DEFAULT_MAX_PARALLEL_REQUESTS",
     "Deployment",
@@ -200,6 +202,8 @@ __all__ = [
     "load_profile",
     "load_run_file",
     "load_struct",
+    "closest",
+    "did_you_mean",
     "locate",
     "make_private_dir",
     "open_append",

@@ -11,8 +11,8 @@ from ddslurm.config._files import read_regular, sha256_bytes
 from ddslurm.config._layout import LAYOUT_VERSION
 from ddslurm.config._plan import PLAN_VERSION, Plan
 from ddslurm.config._profile import ClusterProfile
-from ddslurm.config._runfile import RunFile, parse_recipe_ref
-from ddslurm.config._yaml import MAX_INPUT_BYTES, error_at, load_struct, locate, read_yaml
+from ddslurm.config._runfile import RunFile
+from ddslurm.config._yaml import MAX_INPUT_BYTES, error_at, load_struct, read_yaml
 from ddslurm.config.errors import ConfigFileError
 
 T = TypeVar("T")
@@ -61,14 +61,9 @@ def read_plan(path: Path) -> Plan:
 
 
 def load_run_file(path: Path) -> RunFile:
-    """Load a run file strictly (unknown keys, wrong types and bad values name file:line:col and field)."""
-    run = load_struct(path, RunFile, max_bytes=MAX_INPUT_BYTES, aliases=False)
-    try:
-        parse_recipe_ref(run.recipe)
-    except ValueError as exc:
-        line, col = locate(read_yaml(path), ["recipe"])
-        raise ConfigFileError(path, str(exc), line=line, col=col, field="recipe") from None
-    return run
+    """Load a run file strictly (unknown keys, wrong types and bad values name file:line:col and field; every
+    problem of the file at once)."""
+    return load_struct(path, RunFile, max_bytes=MAX_INPUT_BYTES, aliases=False)
 
 
 def load_profile(path: Path) -> ClusterProfile:

@@ -7,7 +7,8 @@ from typing import Annotated, Literal
 import msgspec
 
 from ddslurm.config._base import Frozen
-from ddslurm.config._runfile import check_extra_sbatch, check_scheduler_values, path_problem, refuse_at
+from ddslurm.config._convert import refuse_all
+from ddslurm.config._runfile import extra_sbatch_refusals, path_problem, scheduler_refusals
 
 NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
 
@@ -49,12 +50,14 @@ class ClusterProfile(Frozen, frozen=True, kw_only=True):
     ``submission.extra_sbatch``, with the same options refused)."""
 
     def __post_init__(self) -> None:
-        # Every value that reaches an #SBATCH line, checked as the value it is (ddslurm.config._runfile).
-        for field, value in (("workspace", self.workspace), ("python_env", self.python_env)):
-            problem = path_problem(value)
-            if problem is not None:
-                refuse_at(field, problem)
-        check_scheduler_values(
+        # Every value that reaches an #SBATCH line, checked as the value it is (ddslurm.config._runfile); every
+        # field refused at once (_convert.Refusals), each at its line and column.
+        refusals = [
+            (field, problem)
+            for field, value in (("workspace", self.workspace), ("python_env", self.python_env))
+            if (problem := path_problem(value)) is not None
+        ]
+        refusals += scheduler_refusals(
             (
                 ("account", self.account, "name"),
                 ("partition", self.partition, "names"),
@@ -62,4 +65,5 @@ class ClusterProfile(Frozen, frozen=True, kw_only=True):
                 ("memory_per_gpu", self.memory_per_gpu, "memory"),
             )
         )
-        check_extra_sbatch("extra_sbatch", self.extra_sbatch)
+        refusals += extra_sbatch_refusals("extra_sbatch", self.extra_sbatch)
+        refuse_all(refusals)

@@ -6,11 +6,12 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import PurePath
-from typing import Annotated, Literal, NoReturn
+from typing import Annotated, Literal
 
 import msgspec
 
 from ddslurm.config._base import Frozen
+from ddslurm.config._convert import refuse_all
 
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 # msgspec matches patterns with re.search: anchored with \A and \Z, as ^ and $ would let "inj\n" through.
@@ -128,15 +129,6 @@ def _looks_random(value: str) -> bool:
 # --- values that reach Slurm and the batch script ---------------------------------------------------------------
 # A newline in any of them ends its #SBATCH line and starts a shell command of the batch script; a space makes sbatch
 # read another option. Each is checked as the value it is, at the line and column of its field.
-
-
-def refuse_at(path: str, message: str) -> NoReturn:
-    """Refuse the field at ``path`` (``submission.partition``, ``extra_sbatch[1]``) of the file being loaded.
-
-    Raised from a top-level struct's ``__post_init__`` (the only one that knows where its fields sit): msgspec
-    passes a ValidationError raised there on as it is, and the loader places its ``- at `$.path``` suffix at that
-    field's line and column (``_yaml.error_at``), as for msgspec's own errors."""
-    raise msgspec.ValidationError(f"{message} - at `$.{path}`")
 
 
 def _shown(value: str) -> str:
@@ -304,21 +296,16 @@ def sbatch_option_problem(item: str) -> str | None:
     return f"{said} cannot be used: {_SBATCH_BREAKS[option]}"
 
 
-def check_extra_sbatch(path: str, items: Iterable[str]) -> None:
-    """Refuse the first entry of ``items`` (the field at ``path``) that :func:`sbatch_option_problem` refuses."""
-    for index, item in enumerate(items):
-        problem = sbatch_option_problem(item)
-        if problem is not None:
-            refuse_at(f"{path}[{index}]", problem)
+def extra_sbatch_refusals(path: str, items: Iterable[str]) -> list[tuple[str, str]]:
+    """Each entry of ``items`` (the field at ``path``) that :func:`sbatch_option_problem` refuses, with why."""
+    refused = ((f"{path}[{index}]", sbatch_option_problem(item)) for index, item in enumerate(items))
+    return [(at, problem) for at, problem in refused if problem is not None]
 
 
-def check_scheduler_values(fields: Iterable[tuple[str, str | None, SchedulerValue]]) -> None:
-    """Refuse the first ``(path, value, kind)`` whose value is set and :func:`scheduler_value_problem` refuses."""
-    for path, value, kind in fields:
-        if value is not None:
-            problem = scheduler_value_problem(value, kind)
-            if problem is not None:
-                refuse_at(path, problem)
+def scheduler_refusals(fields: Iterable[tuple[str, str | None, SchedulerValue]]) -> list[tuple[str, str]]:
+    """Each ``(path, value, kind)`` whose value is set and :func:`scheduler_value_problem` refuses, with why."""
+    refused = ((path, scheduler_value_problem(value, kind)) for path, value, kind in fields if value is not None)
+    return [(path, problem) for path, problem in refused if problem is not None]
 
 
 DD_BUILDER_FUNCTION = "load_config_builder"
@@ -520,7 +507,12 @@ class RunFile(Frozen, frozen=True, kw_only=True):
     def __post_init__(self) -> None:
         # Here rather than in Submission or ServerSpec: only the top level knows each field's path in the file.
         sub, col = self.submission, self.collection
-        check_scheduler_values(
+        refusals: list[tuple[str, str]] = []
+        try:
+            parse_recipe_ref(self.recipe)
+        except ValueError as exc:
+            refusals.append(("recipe", str(exc)))
+        refusals += scheduler_refusals(
             (
                 ("submission.account", sub.account, "name"),
                 ("submission.partition", sub.partition, "names"),
@@ -532,8 +524,9 @@ class RunFile(Frozen, frozen=True, kw_only=True):
                 ("collection.memory", col.memory, "memory"),
             )
         )
-        check_extra_sbatch("submission.extra_sbatch", sub.extra_sbatch)
+        refusals += extra_sbatch_refusals("submission.extra_sbatch", sub.extra_sbatch)
         for index, deployment in enumerate(self.deployments):
             found = server_args_secret(deployment.server.extra_args)
             if found is not None:
-                refuse_at(f"deployments[{index}].server.extra_args[{found[0]}]", found[1])
+                refusals.append((f"deployments[{index}].server.extra_args[{found[0]}]", found[1]))
+        refuse_all(refusals)

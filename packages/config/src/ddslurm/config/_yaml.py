@@ -20,7 +20,9 @@ from ruamel.yaml.constructor import DuplicateKeyError
 from ruamel.yaml.error import MarkedYAMLError
 from ruamel.yaml.events import AliasEvent, MappingStartEvent, SequenceStartEvent
 
-from ddslurm.config.errors import ConfigFileError
+from ddslurm.config._convert import Problem, convert_all
+from ddslurm.config._suggest import did_you_mean
+from ddslurm.config.errors import ConfigFileError, ConfigFileErrors
 
 T = TypeVar("T")
 
@@ -38,6 +40,7 @@ _AT = re.compile(r"^(?P<msg>.*?)(?: - at (?P<key>`key` in )?`\$(?P<path>[^`]*)`)
 _STEP = re.compile(r"\.([^.\[\]]+)|\[(\d+)\]")
 _UNKNOWN = re.compile(r"^Object contains unknown field `(?P<name>[^`]+)`$")
 _MISSING = re.compile(r"^Object missing required field `(?P<name>[^`]+)`$")
+_NO_SUGGESTION = "(check the spelling; see the docs for the accepted keys)"
 _DUPLICATE = re.compile(r'^found duplicate key "(?P<key>.*?)" with value', re.DOTALL)
 
 
@@ -241,15 +244,19 @@ def _humanize(message: str) -> str:
     return message[:1].lower() + message[1:]
 
 
-def error_at(path: Path, tree: Any, exc: msgspec.ValidationError) -> ConfigFileError:
-    """Translate a msgspec validation error into a ConfigFileError pointing into ``tree``."""
-    match = _AT.match(str(exc))
+def _unknown_field(name: str, fields: tuple[str, ...]) -> str:
+    suggestion = did_you_mean(name, fields)
+    return f"unknown field{suggestion}" if suggestion else f"unknown field {_NO_SUGGESTION}"
+
+
+def _file_error(path: Path, tree: Any, problem: Problem) -> ConfigFileError:
+    match = _AT.match(str(problem.error))
     assert match is not None
     message = match.group("msg")
-    steps = _split_path(match.group("path") or "")
+    steps = [*problem.steps, *_split_path(match.group("path") or "")]
     if unknown := _UNKNOWN.match(message):
         steps.append(unknown.group("name"))
-        message = "unknown field (check the spelling; see the docs for the accepted keys)"
+        message = _unknown_field(unknown.group("name"), problem.fields)
     elif missing := _MISSING.match(message):
         steps.append(missing.group("name"))
         message = "required field is missing"
@@ -261,6 +268,18 @@ def error_at(path: Path, tree: Any, exc: msgspec.ValidationError) -> ConfigFileE
     return ConfigFileError(path, message, line=line, col=col, field=_field_text(steps))
 
 
+def error_at(path: Path, tree: Any, exc: msgspec.ValidationError) -> ConfigFileError:
+    """Translate a msgspec validation error into a ConfigFileError pointing into ``tree``."""
+    return _file_error(path, tree, Problem((), exc))
+
+
+def file_errors(path: Path, tree: Any, problems: list[Problem]) -> ConfigFileError:
+    """One :class:`ConfigFileError` for ``problems`` (:func:`convert_all`'s): the problem itself when there is one,
+    else :class:`ConfigFileErrors` of them all in the order of their place in the file."""
+    errors = sorted((_file_error(path, tree, p) for p in problems), key=lambda e: (e.line or 0, e.col or 0))
+    return errors[0] if len(errors) == 1 else ConfigFileErrors(errors)
+
+
 def load_struct(
     path: Path,
     kind: type[T],
@@ -270,8 +289,9 @@ def load_struct(
     max_bytes: int = MAX_YAML_BYTES,
     aliases: bool = True,
 ) -> T:
-    """Load ``path`` strictly into ``kind``. ``prepare`` may normalise the plain tree before conversion;
-    ``max_bytes`` and ``aliases`` as for :func:`read_yaml`."""
+    """Load ``path`` strictly into ``kind``, every problem of the file reported at once (:func:`file_errors`).
+    ``prepare`` may normalise the plain tree before conversion; ``max_bytes`` and ``aliases`` as for
+    :func:`read_yaml`."""
     tree = read_yaml(path, max_bytes=max_bytes, aliases=aliases)
     if tree is None:
         raise ConfigFileError(path, "file is empty", line=1, col=1)
@@ -281,7 +301,7 @@ def load_struct(
     plain = to_builtins(tree)
     if prepare is not None:
         plain = prepare(plain)
-    try:
-        return msgspec.convert(plain, kind, strict=True, dec_hook=dec_hook)
-    except msgspec.ValidationError as exc:
-        raise error_at(path, tree, exc) from exc
+    value, problems = convert_all(plain, kind, dec_hook=dec_hook)
+    if value is None:
+        raise file_errors(path, tree, problems)
+    return value

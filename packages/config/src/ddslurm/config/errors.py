@@ -2,11 +2,13 @@
 
 ConfigError                    root of every error this package raises
 ├── ConfigFileError            a file could not be read or parsed (names file:line:col and field)
+│   └── ConfigFileErrors       several problems of one file, each a ConfigFileError
 └── UnsafePathError            a path is a symbolic link, not owned as expected, or already exists
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 
@@ -38,6 +40,26 @@ class ConfigFileError(ConfigError):
                 where += f":{col}"
         text = f"{where}: {field}: {message}" if field else f"{where}: {message}"
         super().__init__(text)
+
+    @property
+    def problems(self) -> tuple[ConfigFileError, ...]:
+        """Every problem this error reports, each at its file:line:col (this one alone, here)."""
+        return (self,)
+
+
+class ConfigFileErrors(ConfigFileError):
+    """Several problems of one file, each a :class:`ConfigFileError`, one line each in the message. ``path``,
+    ``line``, ``col``, ``field`` and ``message`` are the first problem's."""
+
+    def __init__(self, problems: Sequence[ConfigFileError]) -> None:
+        first = problems[0]
+        super().__init__(first.path, first.message, line=first.line, col=first.col, field=first.field)
+        self._problems = tuple(problems)
+        self.args = ("\n".join(str(problem) for problem in self._problems),)
+
+    @property
+    def problems(self) -> tuple[ConfigFileError, ...]:
+        return self._problems
 
 
 class UnsafePathError(ConfigError):

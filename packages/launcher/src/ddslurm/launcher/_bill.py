@@ -3,7 +3,9 @@ steps it starts, and the CPU- and GPU-hours the jobs hold at their time limit (`
 
 from __future__ import annotations
 
+import math
 import shlex
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -43,6 +45,9 @@ class BillJobs(msgspec.Struct, kw_only=True):
     arrays: int
     tasks: int
     """Array tasks (jobs) of the submission's first arrays, automatic retries not counted."""
+    why: str
+    """Why there are ``tasks`` of them (one per shard; the pulling allocations and where their number comes from;
+    the arrays they are split into)."""
     retry_tasks: int
     """Tasks of the automatic retry arrays, which run only if a task before them failed."""
     resources: Resources
@@ -58,6 +63,8 @@ class Bill(msgspec.Struct, kw_only=True):
     records: int
     records_per_shard: str
     """``9`` or ``8-9``."""
+    shard_sizes: str
+    """Why the shards hold what they do: ``60 records over 7 shards: 4 shards of 9 and 3 of 8 (...)``."""
     layout: str
     """One line: how shards map to jobs (one task per shard, or pulling allocations with client workers)."""
     allocations: int | None
@@ -76,7 +83,48 @@ def _hours(tasks: int, per_task: int, minutes: int) -> float:
     return round(tasks * per_task * minutes / 60, 2)
 
 
-def _jobs(what: str, arrays: Sequence[PlannedArray], resources: Resources, gpus: int) -> BillJobs:
+def shard_sizes(plan: Plan) -> str:
+    """How the run's records fall into its shards, and why: as evenly as they divide, or, with a seed dataset whose
+    rows the records cycle through, along its passes (``ddslurm.planner``'s shard rule, docs/recipes.md)."""
+    counts = Counter(s.num_records for s in plan.shards)
+    sizes = sorted(counts, reverse=True)
+    shards = f"{len(plan.shards)} shard{'s' if len(plan.shards) > 1 else ''}"
+    if len(sizes) == 1:
+        return f"{plan.num_records} records over {shards} of {sizes[0]} each"
+    parts = [f"{counts[sizes[0]]} shard{'s' if counts[sizes[0]] > 1 else ''} of {sizes[0]}"]
+    parts += [f"{counts[size]} of {size}" for size in sizes[1:]]
+    text = f"{plan.num_records} records over {shards}: {', '.join(parts[:-1])} and {parts[-1]}"
+    if plan.seed is not None and sizes[0] - sizes[-1] > 1:
+        return (
+            f"{text} (the records cycle through the seed dataset's {plan.seed.pool_size} rows: a shard keeps within "
+            "one pass over them or starts where a pass starts, so that it reads the seed rows the unsharded run "
+            "would)"
+        )
+    return f"{text} (as evenly as they divide)"
+
+
+def _tasks_why(plan: Plan, what: str, arrays: int, tasks: int) -> str:
+    if what != "generation":
+        why = "as many CPU-only tasks as the GPU stage's, each array after its GPU-stage array"
+    elif plan.allocations is None:
+        why = f"one per shard ({len(plan.shards)} shards)"
+    else:
+        count, workers, shards = plan.allocations, plan.client_workers, len(plan.shards)
+        why = f"{count} pulling allocations"
+        if count == math.ceil(shards / workers):
+            why += f": {shards} shards / {workers} client worker(s) each, rounded up"
+        elif count == plan.max_concurrent:
+            why += f": at most max_concurrent ({count})"
+        else:
+            why += ": the run file's allocations"
+        if tasks != count:
+            why += f"; {tasks} over the arrays (a retry: as many as its shards need)"
+    if arrays > 1:
+        why += f"; split into {arrays} arrays to stay under the scheduler's MaxArraySize"
+    return why
+
+
+def _jobs(plan: Plan, what: str, arrays: Sequence[PlannedArray], resources: Resources, gpus: int) -> BillJobs:
     first = [a for a in arrays if a.kind != "auto-retry"]
     retry = [a for a in arrays if a.kind == "auto-retry"]
     n = sum(map(array_tasks, first))
@@ -84,6 +132,7 @@ def _jobs(what: str, arrays: Sequence[PlannedArray], resources: Resources, gpus:
         what=what,
         arrays=len(first),
         tasks=n,
+        why=_tasks_why(plan, what, len(first), n),
         retry_tasks=sum(map(array_tasks, retry)),
         resources=resources,
         gpus_per_task=gpus,
@@ -176,10 +225,10 @@ def make_bill(
     """The bill of submitting ``arrays`` (as ``plan_submission`` planned them) for ``plan``."""
     sizes = sorted({s.num_records for s in plan.shards})
     gpus = plan.serving.gpus if plan.serving else 0
-    jobs = [_jobs("generation", [a for a in arrays if a.stage != 1], plan.generation, gpus)]
+    jobs = [_jobs(plan, "generation", [a for a in arrays if a.stage != 1], plan.generation, gpus)]
     cpu_stage = [a for a in arrays if a.stage == 1]
     if cpu_stage and plan.cpu_stage is not None:  # a two-stage run's CPU-only allocations
-        jobs.append(_jobs("CPU stage", cpu_stage, plan.cpu_stage, 0))
+        jobs.append(_jobs(plan, "CPU stage", cpu_stage, plan.cpu_stage, 0))
     if plan.allocations is None:
         layout = (
             f"one array task per shard ({len(plan.shards)} tasks), each starting its own model servers"
@@ -195,6 +244,7 @@ def make_bill(
         shards=len(plan.shards),
         records=plan.num_records,
         records_per_shard=str(sizes[0]) if len(sizes) == 1 else f"{sizes[0]}-{sizes[-1]}",
+        shard_sizes=shard_sizes(plan),
         layout=layout,
         allocations=plan.allocations,
         client_workers=plan.client_workers,
@@ -211,7 +261,7 @@ def make_bill(
 def bill_lines(bill: Bill) -> list[str]:
     """The bill as the dry run prints it."""
     lines = [
-        f"shards: {bill.shards} ({bill.records_per_shard} records each, {bill.records} in all)",
+        f"shards: {bill.shard_sizes}",
         f"layout: {bill.layout}",
         f"stages: {bill.stages}" + (f" ({bill.stage_reason})" if bill.stage_reason else ""),
         "model aliases:",
@@ -224,7 +274,8 @@ def bill_lines(bill: Bill) -> list[str]:
         res = job.resources
         gres = f"{job.gpus_per_task} GPU(s)" if job.gpus_per_task else "no GPU (--gres=none)"
         lines.append(
-            f"{job.what} jobs: {job.tasks} task(s) in {job.arrays} array(s), each {res.cpus_per_task} CPUs, {gres}, "
+            f"{job.what} jobs: {job.tasks} task(s) in {job.arrays} array(s) ({job.why}), each {res.cpus_per_task} "
+            f"CPUs, {gres}, "
             f"memory {res.memory or 'the partition default'}, partition {res.partition or 'the default'}, "
             f"time limit {res.time_minutes} min"
             + (f"; automatic retries: up to {job.retry_tasks} more task(s)" if job.retry_tasks else "")

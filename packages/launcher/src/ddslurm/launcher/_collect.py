@@ -21,6 +21,7 @@ from ddslurm.collector import (
     MANIFEST,
     CollectError,
     CollectResult,
+    MissingWinnersError,
     collect,
     collect_command,
     preflight,
@@ -30,7 +31,8 @@ from ddslurm.collector import (
 from ddslurm.config import RunLayout, atomic_write, make_private_dir, read_plan, read_tail
 from ddslurm.launcher._render import render_collection
 from ddslurm.launcher._slurm import Slurm, TaskState
-from ddslurm.launcher.errors import LauncherError
+from ddslurm.launcher._status import TERMINAL, run_status
+from ddslurm.launcher.errors import LauncherError, SlurmError
 
 _LIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "SUSPENDED"}
 _TERMINATED = {"CANCELLED", "TIMEOUT", "PREEMPTED", "DEADLINE"}  # Slurm sends SIGTERM (then SIGKILL)
@@ -42,8 +44,41 @@ def collect_local(
     return collect(layout, overwrite=overwrite, progress=progress)
 
 
+def next_step(layout: RunLayout, slurm: Slurm) -> str:
+    """What to do about shards without a result, from the run's state: wait for a run still pending or running;
+    see why and retry for one that ended without them."""
+    try:
+        state = run_status(layout, slurm).state
+    except SlurmError:  # the scheduler cannot say now: both ways out
+        return (
+            f"; `ddslurm wait {layout.root}` waits for a run still running, `ddslurm status {layout.root}` says why "
+            "shards failed"
+        )
+    if state not in TERMINAL:
+        return f"; the run is still {state}: run `ddslurm wait {layout.root}` first, then collect"
+    return (
+        f"; the run's state is {state}: `ddslurm status {layout.root}` says why, `ddslurm retry {layout.root}` "
+        "makes new attempts"
+    )
+
+
+def _ready(layout: RunLayout, slurm: Slurm, *, overwrite: bool, err: TextIO) -> bool:
+    """The collector's checks before any data is read (:func:`preflight`); shards without a result are an
+    ``error:`` line with :func:`next_step`, any other refusal the collection's own."""
+    try:
+        preflight(layout, overwrite=overwrite)
+    except MissingWinnersError as exc:
+        print(f"error: {exc}{next_step(layout, slurm)}", file=err, flush=True)
+        return False
+    except CollectError as exc:
+        print(f"error: {exc}", file=err, flush=True)
+        return False
+    return True
+
+
 def collect_local_command(
     layout: RunLayout,
+    slurm: Slurm,
     *,
     overwrite: bool,
     as_json: bool,
@@ -53,7 +88,10 @@ def collect_local_command(
 ) -> int:
     """``ddslurm collect --local``: the collector's :func:`collect_command` in this process, where a write that
     fails (a full disk or quota) is an ``error:`` line and exit 1 like any failed collection, not a traceback (the
-    collection has removed its staging directory by then; an existing dataset is untouched)."""
+    collection has removed its staging directory by then; an existing dataset is untouched). Shards without a
+    result say what to do (``slurm``: the run's state, :func:`next_step`)."""
+    if not _ready(layout, slurm, overwrite=overwrite, err=err):
+        return EXIT_FAILED
     return collect_command(layout, overwrite=overwrite, as_json=as_json, out=out, err=err, progress=progress)
 
 
@@ -128,12 +166,11 @@ def collect_job_command(
     layout: RunLayout, slurm: Slurm, *, overwrite: bool, as_json: bool, out: TextIO, err: TextIO
 ) -> int:
     """``ddslurm collect`` with a Slurm job: print the result, or the job's own error lines, and return the
-    exit code ``ddslurm collect --local`` returns for the same error."""
-    try:
-        job_id, final, log = _run_job(layout, slurm, overwrite=overwrite)
-    except CollectError as exc:
-        print(f"error: {exc}", file=err, flush=True)
+    exit code ``ddslurm collect --local`` returns for the same error (a job that would fail at once, shards without
+    a result among them, is never submitted)."""
+    if not _ready(layout, slurm, overwrite=overwrite, err=err):
         return EXIT_FAILED
+    job_id, final, log = _run_job(layout, slurm, overwrite=overwrite)
     if final.state == "COMPLETED":
         print_result(_result(layout), as_json=as_json, out=out)
         return EXIT_OK

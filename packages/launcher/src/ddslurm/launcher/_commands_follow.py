@@ -168,12 +168,14 @@ def cmd_logs(
         ),
     ] = None,
     step: Annotated[
-        Step,
+        Step | None,
         typer.Option(
             "--step",
-            help="Which log: client (the generation step), server, proxy, or slurm (the array task's batch output).",
+            help="Which log: client (the generation step), server, proxy, or slurm (the array task's batch output). "
+            "Default: server for an attempt that failed with a server_* reason, proxy for proxy_died, else client.",
+            show_default=False,
         ),
-    ] = Step.client,
+    ] = None,
     lines: Annotated[int, typer.Option("--lines", "-n", help="How many of the last lines to show.")] = 50,
     follow: Annotated[
         bool,
@@ -187,7 +189,8 @@ def cmd_logs(
     session = command_session(ctx, as_json)
     follower = LogFollower(run_layout(session, run, profile), session.slurm, session.out, session.err, session.sleep)
     index = follower.pick_shard(shard)
-    follower.show(index, step.value, attempt, lines=lines, follow=follow, as_json=session.json)
+    shown = follower.pick_step(index, step.value if step is not None else None, attempt)
+    follower.show(index, shown, attempt, lines=lines, follow=follow, as_json=session.json)
     return ExitCode.OK
 
 

@@ -36,10 +36,13 @@ from ddslurm.launcher._session import (
     write_lines,
 )
 from ddslurm.launcher._steer import (
+    Cancelled,
     accept_partial,
     cancel,
     retry,
+    shards_named,
 )
+from ddslurm.planner import plural
 
 # --- steering: cancel, retry, accept-partial ---
 
@@ -67,7 +70,10 @@ def cmd_cancel(
         else ""
     )
     if session.json:
-        write_json({"cancelled": list(done.ids), "run_cancelled": done.run, "adopted": list(done.adopted)}, out)
+        which = {"shards": list(done.shards), "finished": list(done.finished)} if not done.run else {}
+        write_json(
+            {"cancelled": list(done.ids), "run_cancelled": done.run, "adopted": list(done.adopted), **which}, out
+        )
     elif done.run:
         out.write(
             f"cancelled run {layout.run_id}: array job(s) {', '.join(done.ids) or '(none)'}, pending retries "
@@ -75,10 +81,25 @@ def cmd_cancel(
             "(ddslurm retry --resume-cancelled to continue it)\n"
         )
     else:
-        out.write(
-            f"cancelled {len(done.ids)} task(s) of run {layout.run_id}: {', '.join(done.ids) or '(none)'}{found}\n"
-        )
+        write_lines(out, _shards_cancelled(done, layout.run_id, found))
     return ExitCode.OK
+
+
+def _shards_cancelled(done: Cancelled, run_id: str, found: str) -> list[str]:
+    """What ``cancel --shards`` says it did: the shards cancelled, how (their tasks, or the pulling allocations that
+    stop them themselves), and those that had their result already (kept)."""
+    how = [f"{plural(len(done.ids), 'task')} {', '.join(done.ids)} cancelled"] if done.ids else []
+    if done.pulled:
+        how.append("the allocations that pull shards stop their generation and take them no more")
+    if not how:
+        how.append("no task of theirs was queued or running")
+    lines = [
+        f"cancelled {shards_named(done.shards)} of run {run_id}: {'; '.join(how)}{found} "
+        "(ddslurm retry --shards runs them again)"
+    ]
+    if done.finished:
+        lines.append(f"{shards_named(done.finished)} already had a result, which is kept")
+    return lines
 
 
 @guarded
@@ -137,11 +158,14 @@ def cmd_retry(
             write_lines(out, [head, *plan_lines(done.planned)])
         return ExitCode.OK
     if session.json:
-        write_json({"shards": list(done.shards), "job_ids": list(done.job_ids)}, out)
-    elif not done.shards:
+        write_json({"shards": list(done.shards), "job_ids": list(done.job_ids), "kept": list(done.kept)}, out)
+        return ExitCode.OK
+    if not done.shards:
         out.write(f"nothing to retry: every shard of {layout.run_id} has a winner or is still running\n")
     else:
         out.write(f"retrying {len(done.shards)} shard(s) as array job(s) {', '.join(done.job_ids)}\n")
+    if done.kept:
+        out.write(f"not retried: {shards_named(done.kept)} already had a result, which is never replaced\n")
     return ExitCode.OK
 
 
@@ -216,6 +240,7 @@ def cmd_collect(
         with progress.progress if progress is not None else nullcontext():
             code = collect_local_command(
                 layout,
+                session.slurm,
                 overwrite=overwrite,
                 as_json=session.json,
                 out=out,

@@ -29,6 +29,15 @@ def default_shard(status: RunStatus) -> tuple[int, str | None]:
     return 0, None
 
 
+def default_step(record: AttemptRecord | None) -> str:
+    """The step ``logs`` shows without ``--step``: the servers' log for an attempt that failed because of its
+    servers (a ``server_*`` reason), the proxies' for ``proxy_died``, else the client's."""
+    reason = record.reason or "" if record is not None and record.state == "failed" else ""
+    if reason.startswith("server_"):
+        return "server"
+    return "proxy" if reason == "proxy_died" else "client"
+
+
 class LogPrinter:
     """Prints log lines: as JSON (``{"source", "text"}``, plus ``record`` for a structured line) or for people,
     under a ``==> file <==`` header once lines of more than one file are shown."""
@@ -94,6 +103,20 @@ class LogFollower:
             self.err.write(f"shard {index} ({state}); --shard N shows another\n")
             self.err.flush()
         return index
+
+    def pick_step(self, shard: int, step: str | None, attempt: str | None) -> str:
+        """``step``, or the attempt's :func:`default_step`, said on stderr when it is not the client's."""
+        if step is not None:
+            return step
+        record = pick_attempt(self.layout, shard, attempt)
+        chosen = default_step(record)
+        if record is not None and chosen != "client":
+            said = record.attempt.removeprefix("attempt-")
+            self.err.write(
+                f"the {chosen} log: attempt {said} failed with {record.reason}; --step client shows the client\n"
+            )
+            self.err.flush()
+        return chosen
 
     def ended(self) -> bool:
         try:

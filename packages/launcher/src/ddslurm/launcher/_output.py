@@ -17,7 +17,7 @@ import msgspec
 import typer
 
 from ddslurm.collector import CollectError
-from ddslurm.config import ConfigError, PlannedArray, compact_ranges
+from ddslurm.config import ConfigError, ConfigFileError, PlannedArray, compact_ranges
 from ddslurm.launcher._follow import WaitTimeout
 from ddslurm.launcher._slurm import SlurmTimeoutError
 from ddslurm.launcher._submit import PartialSubmitError
@@ -120,7 +120,7 @@ def error_report(exc: BaseException, command: str | None) -> ErrorReport:
     ]
     for kind, code, exit_code in fixed:
         if isinstance(exc, kind):
-            return ErrorReport(code, message, exit_code)
+            return ErrorReport(code, message, exit_code, problems_json(exc))
     if isinstance(exc, WriteError):
         return ErrorReport(ErrorCode.WRITE_FAILED, message, _submit_exit(command))
     if isinstance(exc, SlurmTimeoutError):
@@ -132,6 +132,19 @@ def error_report(exc: BaseException, command: str | None) -> ErrorReport:
             ErrorCode.SUBMIT_REFUSED if command == "submit" else ErrorCode.FAILED, message, _submit_exit(command)
         )
     raise TypeError(f"not an error ddslurm reports: {exc!r}") from exc
+
+
+def problems_json(exc: BaseException) -> dict[str, Any]:
+    """``{"problems": [...]}`` of an error that is (or whose cause is) an invalid file: each problem found in it
+    (one, or all that ``ConfigFileErrors`` lists) as ``--json`` shows it; else nothing."""
+    found = exc if isinstance(exc, ConfigFileError) else exc.__cause__
+    if not isinstance(found, ConfigFileError):
+        return {}
+    problems = [
+        {"file": str(p.path), "line": p.line, "col": p.col, "field": p.field, "message": p.message}
+        for p in found.problems
+    ]
+    return {"problems": problems}
 
 
 REPORTED: tuple[type[BaseException], ...] = (

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ddslurm.config import FileEntry, RunLayout, SeedKind, SeedPlan, encode_pretty, recipe_section, sha256_file
+from ddslurm.launcher._recipe_at import recipe_field_at
 from ddslurm.launcher.errors import SubmitError
 from ddslurm.providers.discovery import is_home_relative
 from ddslurm.runtime import scan_for_secrets, seed_reader
@@ -53,7 +54,9 @@ def dd_seed_columns(source: dict[str, Any]) -> list[str]:
 
 
 def _field(recipe_path: Path, field: str, message: str) -> SubmitError:
-    return SubmitError(f"{recipe_path}: seed_config.{field}: {message}")
+    """A refusal of the recipe's ``seed_config.FIELD``, at its line and column in a config file."""
+    steps: list[str | int] = ["seed_config", *field.split(".")]
+    return SubmitError(f"{recipe_field_at(recipe_path, steps, f'seed_config.{field}')}: {message}")
 
 
 def _resolve(recipe_path: Path, raw: object, field: str) -> Path:

@@ -23,6 +23,7 @@ from ddslurm.config import (
     SubmissionRecord,
     WinnerRecord,
     atomic_write,
+    compact_ranges,
     encode,
     publish_once,
     read_json,
@@ -63,6 +64,8 @@ class Retried:
     job_ids: tuple[str, ...]
     planned: SubmissionPlan | None = None
     """For ``dry_run``: the arrays the retry would submit and the limits they were checked against."""
+    kept: tuple[int, ...] = ()
+    """Shards asked for (``--shards``) that already have a result: a winner is never replaced, so not retried."""
 
 
 def check_shard(shard: int, plan: Plan) -> int:
@@ -130,9 +133,17 @@ def retry(
             f"attempt cannot replace it: move {layout.shard(corrupt[0]).winner} aside, then retry the shard with "
             "--fresh (so that no attempt resumes from the changed batches)"
         )
+    kept = tuple(s for s in chosen if by_index[s].state == "succeeded") if shards is not None else ()
+    if kept and len(kept) == len(chosen):
+        have = "has" if len(kept) == 1 else "have"
+        why = " (--fresh starts over only shards without a result)" if fresh else ""
+        raise LauncherError(
+            f"{shards_named(kept)} {have} a result already: a published winner is never replaced, so there is "
+            f"nothing to retry{why}; `ddslurm collect {layout.root}` uses it"
+        )
     todo = [s for s in chosen if by_index[s].state not in ACTIVE | {"succeeded", "corrupt"}]
     if not todo:
-        return Retried((), ())
+        return Retried((), (), kept=kept)
     moment = now or datetime.now(UTC)
     if dry_run:
         check_environment(plan, env)
@@ -140,7 +151,7 @@ def retry(
             planned = plan_submission(
                 plan, layout, todo, read_limits(slurm, plan), kind="retry", stamp=new_stamp(moment)
             )
-        return Retried(tuple(todo), (), planned)
+        return Retried(tuple(todo), (), planned, kept)
     if mark is not None:
         layout.cancelled.rename(layout.cleared_cancel(moment.strftime("%Y%m%dT%H%M%S%f")))
     for index in todo:
@@ -154,7 +165,12 @@ def retry(
                 _start_fresh(layout.shard(index).stage(0), moment)
     gpu_done = [i for i in todo if plan.stages and layout.shard(i).stage(0).winner.exists()]
     job_ids = submit_shards(layout, plan, todo, slurm, env, moment, kind="retry", gpu_done=gpu_done)
-    return Retried(tuple(todo), tuple(job_ids))
+    return Retried(tuple(todo), tuple(job_ids), kept=kept)
+
+
+def shards_named(shards: Sequence[int]) -> str:
+    """``shard 2``, ``shards 1-3,5``: shards as messages name them."""
+    return f"shard {shards[0]}" if len(shards) == 1 else f"shards {compact_ranges(shards)}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,6 +288,13 @@ class Cancelled:
     adopted: tuple[str, ...] = ()
     """Arrays found in the queue by their batch script, whose sbatch was stopped before it answered (a timeout):
     cancelled too, and recorded (:func:`adopt_queued`)."""
+    shards: tuple[int, ...] = ()
+    """``--shards``: the shards cancelled (each has its cancel record)."""
+    finished: tuple[int, ...] = ()
+    """Of ``shards``, those that already had their result: nothing of theirs was left to stop."""
+    pulled: bool = False
+    """``--shards``: the run has pulling arrays, whose allocations stop the shards themselves (no task of theirs
+    is passed to scancel)."""
 
 
 def release_leftovers(layout: RunLayout, slurm: Slurm, status: RunStatus) -> tuple[str, ...]:
@@ -356,7 +379,15 @@ def cancel(layout: RunLayout, slurm: Slurm, shards: list[int] | None = None, now
                 ids.append(f"{sub.array_job_id}_{task}")
     slurm.scancel(ids)
     _refuse_unread(layout, unread)
-    return Cancelled(tuple(ids), run=False, adopted=tuple(adopted))
+    finished = tuple(s for s in sorted(chosen) if os.path.lexists(layout.shard(s).winner))
+    return Cancelled(
+        tuple(ids),
+        run=False,
+        adopted=tuple(adopted),
+        shards=tuple(sorted(chosen)),
+        finished=finished,
+        pulled=any(sub.tasks is not None for sub in subs),
+    )
 
 
 def _refuse_unread(layout: RunLayout, unread: str | None) -> None:

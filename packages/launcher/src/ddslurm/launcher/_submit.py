@@ -48,6 +48,7 @@ from ddslurm.config import (
 )
 from ddslurm.launcher._aliases import EndpointCheck, refuse_failed_endpoints, run_aliases
 from ddslurm.launcher._mcp_check import dd_check_tools
+from ddslurm.launcher._recipe_at import place_refusal
 from ddslurm.launcher._render import render_generation
 from ddslurm.launcher._run_dir import NOTHING_LEFT, Prepared, write_run_dir
 from ddslurm.launcher._seed import CountRows, SeedCapture, capture_seed, dd_seed_columns, dd_seed_rows
@@ -191,7 +192,7 @@ def prepare(
     except (ConfigError, ProvidersError) as exc:
         raise SubmitError(str(exc)) from exc
     if check.problems:
-        lines = "\n".join(f"  {p}" for p in check.problems)
+        lines = "\n".join(f"  {place_refusal(p, recipe_path, recipe)}" for p in check.problems)
         raise SubmitError(f"{recipe_path}: Data Designer refuses the recipe:\n{lines}")
     if snapshot.mcp_providers:
         problems = check_tools(recipe, Origin(loaded.origin), snapshot, env, settings_dir(env, home))

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from ddslurm.config import Deployment, ProviderSnapshot, SnapshotModel, SnapshotProvider, recipe_section
+from ddslurm.config import Deployment, ProviderSnapshot, SnapshotModel, SnapshotProvider, did_you_mean, recipe_section
 from ddslurm.providers._compare import same_model_config
 from ddslurm.providers._mcp import describe_mcp
 from ddslurm.providers._native import (
@@ -261,9 +261,10 @@ def describe(
             continue
         if model_entry is None:
             if alias not in broken:
+                known = [*local, *model_defs]  # the aliases that resolve
                 problems.append(
                     f"{recipe_origin.at(*use)}: model alias {alias!r} has no deployment in the run file and no "
-                    f"model config in the recipe or in {settings.directory}"
+                    f"model config in the recipe or in {settings.directory}{did_you_mean(alias, known)}"
                 )
             rows.append(AliasRow(alias, "unresolved", "-", "-", "-", None, None))
             continue
@@ -301,11 +302,12 @@ def describe(
             )
         )
         rows.append(_hosted_row(alias, provider, model, env))
+    undeployed = [alias for alias in uses if alias not in local]
     for alias, (index, _) in local.items():
         if alias not in uses:
             problems.append(
                 f"{_run_at(run_origin, 'deployments', index, 'model_alias')}: no column of the recipe uses model "
-                f"alias {alias!r}; remove the deployment"
+                f"alias {alias!r}{did_you_mean(alias, undeployed) or '; remove the deployment'}"
             )
     mcp_providers, mcp_problems = describe_mcp(recipe, recipe_origin, settings, env)
     problems.extend(mcp_problems)
