@@ -296,7 +296,8 @@ def _python_env_check(facts: ClusterFacts, profile: ClusterProfile) -> Check:
         return facts.check("python_env", "problem", f"cannot run {runtime}: {exc}", field)
     theirs = (answer.value or {}).get("versions")
     if not isinstance(theirs, dict):
-        detail = f"{runtime} does not say its versions (an older ddslurm-runtime than the submit host's?)"
+        said = (answer.value or {}).get("error") or answer.stderr.strip()[-300:] or f"exit {answer.returncode}"
+        detail = f"{runtime} does not say its versions (an older ddslurm-runtime than the submit host's?): {said}"
         return facts.check("python_env", "problem", detail, field)
     ours = installed_versions(NODE_DISTRIBUTIONS)
     differ = [
