@@ -203,6 +203,7 @@ def test_the_dry_run_refuses_a_job_no_node_can_take_at_the_run_files_field(tmp_p
     cluster = Cluster()
     with pytest.raises(SubmitError) as refused:
         dry_run(run, profile, slurm=Slurm(cluster, user="alice"), env=env)
+    assert str(refused.value).startswith("the run's jobs do not fit this cluster (1 problem(s)):\n")
     lines = run.read_text().splitlines()
     line = next(i for i, text in enumerate(lines, 1) if text.strip().startswith("cpus:"))
     assert (

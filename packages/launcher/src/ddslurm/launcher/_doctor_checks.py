@@ -81,9 +81,10 @@ def field_place(field: str, run_path: Path | None, profile_path: Path) -> tuple[
 
 
 class ClusterFacts:
-    """What the checks ask the scheduler and the profile's ``python_env``, each at most once: one ``sinfo``, one
-    ``scontrol show config``, one ``sacctmgr show assoc``. A question that cannot be answered is remembered with
-    why (``*_error``), and the checks that need it are skipped."""
+    """What the checks ask the scheduler, each at most once: one ``sinfo``, one ``scontrol show config``, one
+    ``sacctmgr show assoc``; and where the run file and the profile are, to place a problem at its field. A
+    question that cannot be answered is remembered with why (``*_error``), and the checks that need it are
+    skipped."""
 
     def __init__(self, slurm: Slurm, env: Mapping[str, str], run_path: Path | None, profile_path: Path) -> None:
         self.slurm, self.env, self.run_path, self.profile_path = slurm, env, run_path, profile_path
@@ -144,12 +145,12 @@ class ClusterFacts:
         return config is not None and config.enforces_associations
 
 
-def refuse_problems(checks: Sequence[Check]) -> None:
-    """Refuse, naming every problem at once, when any check found one."""
+def refuse_problems(checks: Sequence[Check], what: str = "the profile does not fit this cluster") -> None:
+    """Refuse, naming every problem at once, when any check found one (``what``: the refusal's first words)."""
     problems = [c for c in checks if c.status == "problem"]
     if problems:
         lines = "\n".join(f"  {c.message}" for c in problems)
-        raise SubmitError(f"the profile does not fit this cluster ({len(problems)} problem(s)):\n{lines}")
+        raise SubmitError(f"{what} ({len(problems)} problem(s)):\n{lines}")
 
 
 def _names(value: str | None) -> list[str]:
@@ -455,4 +456,4 @@ def check_jobs(facts: ClusterFacts | None, run_path: Path, profile_path: Path, p
         return
     run, profile = loaded(run_path, profile_path)
     assert run is not None
-    refuse_problems(job_checks(facts, run, profile, plan, script))
+    refuse_problems(job_checks(facts, run, profile, plan, script), "the run's jobs do not fit this cluster")
