@@ -5,6 +5,7 @@ stage's rows, progress that never goes back, the run's state from both stages, t
 from __future__ import annotations
 
 import re
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,9 @@ STAGES = (StagePlan(kind="gpu", columns=("topic", "draft")), StagePlan(kind="cpu
 
 def _files(tmp_path: Path, run_extra: str = DEPLOY, recipe: str = RECIPE) -> tuple[Path, Path, dict[str, str]]:
     run, profile, env = write_unit_run(tmp_path, KEY, recipe=recipe, shards=3, run_extra=run_extra)
-    profile.write_text(profile.read_text() + "gpus_per_node: 4\n")
+    # the vLLM stand-in: submit checks that the profile's vllm_executable is there (ddslurm doctor's checks)
+    vllm = Path(sys.executable).parent / "fake-vllm"
+    profile.write_text(profile.read_text() + f"gpus_per_node: 4\nvllm_executable: {vllm}\n")
     return run, profile, env
 
 

@@ -15,6 +15,8 @@ same errors (:class:`LauncherError` and its subclasses) without the command line
 
 from ddslurm.launcher._cluster import ClusterInfo, parse_sinfo, read_cluster
 from ddslurm.launcher._collect import collect_local, collect_with_slurm, wait_for_job
+from ddslurm.launcher._doctor import DoctorReport, doctor
+from ddslurm.launcher._doctor_checks import Check
 from ddslurm.launcher._dry_run import DryRun, dry_run
 from ddslurm.launcher._follow import Released, SchedulerBusy, WaitTimeout, follow_run, release, wait_for_run
 from ddslurm.launcher._init import InitResult, init_command, render_init
@@ -66,9 +68,11 @@ __all__ = [
     "Accepted",
     "AcceptedShard",
     "Cancelled",
+    "Check",
     "ClusterInfo",
     "Completed",
     "Continued",
+    "DoctorReport",
     "DryRun",
     "InitError",
     "InitResult",
@@ -100,6 +104,7 @@ __all__ = [
     "collect_local",
     "collect_with_slurm",
     "continue_submission",
+    "doctor",
     "dry_run",
     "find_run",
     "follow_run",

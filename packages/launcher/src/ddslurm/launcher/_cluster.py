@@ -1,8 +1,9 @@
-"""The cluster as ``ddslurm init`` sees it: its partitions, from one ``sinfo -h -N``.
+"""The cluster as ``ddslurm init`` and ``ddslurm doctor`` see it: its partitions, from one ``sinfo -h -N``.
 
 Every node of every partition the user can see, with its CPUs, memory and GRES (:func:`parse_sinfo`), summarised
-per partition (:func:`cluster_from_rows`: the smallest node is what any job may count on); :func:`read_cluster`
-asks the scheduler (through :class:`~ddslurm.launcher._slurm.Slurm`: argument vector, injected runner, timeout).
+per partition (:func:`cluster_from_rows`: the smallest node is what any job may count on) and kept node by node
+(:meth:`ClusterInfo.fitting`: the nodes of a partition one job's request fits on); :func:`read_cluster` asks the
+scheduler (through :class:`~ddslurm.launcher._slurm.Slurm`: argument vector, injected runner, timeout).
 """
 
 from __future__ import annotations
@@ -80,10 +81,24 @@ class ClusterInfo:
     partitions: tuple[Partition, ...]
     name: str = ""
     """The cluster's name (``ClusterName``), "" when unknown."""
+    nodes: tuple[NodeRow, ...] = ()
+    """Every line sinfo printed: each node in each of its partitions."""
 
     @property
     def default_partition(self) -> Partition | None:
         return next((p for p in self.partitions if p.default), None)
+
+    def partition(self, name: str) -> Partition | None:
+        return next((p for p in self.partitions if p.name == name), None)
+
+    def fitting(self, partition: str, *, cpus: int = 0, memory_mb: int = 0, gpus: int = 0) -> list[NodeRow]:
+        """The nodes of ``partition`` that have at least ``cpus`` CPUs, ``memory_mb`` MB and ``gpus`` GPUs, all
+        three on the same node (what one job of one node can be given)."""
+        return [
+            n
+            for n in self.nodes
+            if n.partition == partition and n.cpus >= cpus and n.memory_mb >= memory_mb and n.gpus >= gpus
+        ]
 
 
 def parse_gres(gres: str) -> tuple[int, tuple[str, ...]]:
@@ -129,6 +144,7 @@ def parse_sinfo(text: str) -> list[NodeRow]:
 
 def cluster_from_rows(rows: Iterable[NodeRow], name: str = "") -> ClusterInfo:
     """Partitions in the order sinfo lists them, each summarised from its nodes."""
+    rows = list(rows)
     by_partition: dict[str, list[NodeRow]] = {}
     for row in rows:
         by_partition.setdefault(row.partition, []).append(row)
@@ -154,7 +170,7 @@ def cluster_from_rows(rows: Iterable[NodeRow], name: str = "") -> ClusterInfo:
                 time_limit=nodes[0].time_limit,
             )
         )
-    return ClusterInfo(partitions=tuple(partitions), name=name)
+    return ClusterInfo(partitions=tuple(partitions), name=name, nodes=tuple(rows))
 
 
 def read_cluster(slurm: Slurm) -> ClusterInfo:

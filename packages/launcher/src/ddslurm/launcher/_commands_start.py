@@ -1,4 +1,5 @@
-"""The commands that start work: ``submit`` (and its dry run and ``--continue``), ``providers``, ``init``, ``list``."""
+"""The commands that start work: ``submit`` (and its dry run and ``--continue``), ``providers``, ``doctor``, ``init``,
+``list``."""
 
 from __future__ import annotations
 
@@ -12,11 +13,13 @@ from ddslurm.config import compact_ranges
 from ddslurm.launcher._aliases import describe_aliases
 from ddslurm.launcher._bill import bill_lines
 from ddslurm.launcher._console import (
+    check_table,
     dry_run_text,
     plan_notes,
     run_table,
     show,
 )
+from ddslurm.launcher._doctor import doctor
 from ddslurm.launcher._dry_run import DryRun
 from ddslurm.launcher._dry_run import dry_run as plan_dry_run
 from ddslurm.launcher._init import init_command
@@ -198,6 +201,39 @@ def cmd_providers(
     if check:
         resolution = check_endpoints(resolution, session.env, timeout=timeout)
     return print_resolution(resolution, checked=check, as_json=session.json, out=session.out, err=session.err)
+
+
+@guarded
+def cmd_doctor(
+    ctx: typer.Context,
+    run_file: Annotated[
+        Path | None,
+        typer.Argument(
+            metavar="[RUN_FILE]",
+            help="A run file: its jobs are checked too (compiled as submit --dry-run compiles them).",
+            show_default=False,
+        ),
+    ] = None,
+    profile: ProfileOpt = None,
+    as_json: JsonOpt = False,
+) -> int:
+    """Check the cluster profile against this cluster: partitions, GPUs, memory, account, python_env, vLLM.
+
+    Every check is shown (ok, problem at the profile's file:line:col, or skipped and why); exit 1 when any found a
+    problem. submit and submit --dry-run refuse the same problems."""
+    session = command_session(ctx, as_json)
+    profile_path = resolve_profile(profile, session.env)
+    if profile_path is None:
+        raise UsageError("doctor needs --profile PROFILE.yaml (the cluster profile), or DDSLURM_PROFILE naming it")
+    report = doctor(profile_path, run_file, slurm=session.slurm, env=session.env)
+    if session.json:
+        write_json(report.as_dict(), session.out)
+    else:
+        show(session.out, check_table(report.checks, boxed=session.out.isatty()))
+        found = len(report.problems)
+        verdict = f"{found} problem(s): submit would refuse them" if found else "no problem: submit would accept it"
+        write_lines(session.out, [verdict])
+    return ExitCode.FAILED if report.problems else ExitCode.OK
 
 
 @guarded

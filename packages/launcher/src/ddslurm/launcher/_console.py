@@ -30,6 +30,7 @@ from rich.table import Column, Table
 from rich.text import Text
 
 from ddslurm.config import Plan, RunLayout, compact_ranges
+from ddslurm.launcher._doctor_checks import Check
 from ddslurm.launcher._runs import ListedRun
 from ddslurm.launcher._slurm import NODE_ENV_ALLOWED
 from ddslurm.launcher._status import RunStatus, ShardStatus
@@ -39,6 +40,7 @@ from ddslurm.planner import HEADROOM, SubmissionPlan, describe_limit, failure_ch
 PLAIN_WIDTH = 100_000
 """Plain output is never wrapped: a line as long as its content (a reason, a path) stays one line."""
 
+CHECK_STYLES = {"ok": "green", "problem": "bold red", "skipped": "dim"}
 STATE_STYLES = {
     "succeeded": "green",
     "running": "cyan",
@@ -412,6 +414,18 @@ def run_table(runs: Sequence[ListedRun], now: datetime, *, boxed: bool) -> Table
             age((now - datetime.fromisoformat(submitted)).total_seconds()) if submitted else "-",
             r.run_dir,
         )
+    return table
+
+
+def check_table(checks: Sequence[Check], *, boxed: bool) -> Table:
+    """``ddslurm doctor``: one row a check: its name, ok / problem / skipped, and what was found (a problem at its
+    ``file:line:col``), or why it was skipped."""
+    table = _table(boxed=boxed)
+    table.add_column("CHECK", no_wrap=True)
+    table.add_column("STATUS", no_wrap=True)
+    table.add_column("DETAIL", overflow="fold")
+    for c in checks:
+        table.add_row(c.name, Text(c.status, style=CHECK_STYLES[c.status]), c.message)
     return table
 
 

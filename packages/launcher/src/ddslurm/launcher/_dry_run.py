@@ -18,10 +18,10 @@ import msgspec
 from ddslurm.config import Plan, ProviderSnapshot, RunLayout, SchedulerLimits
 from ddslurm.launcher._aliases import EndpointCheck
 from ddslurm.launcher._bill import Bill, make_bill
-from ddslurm.launcher._render import render_generation
+from ddslurm.launcher._doctor_checks import check_jobs, check_profile_first
 from ddslurm.launcher._run_dir import Prepared
 from ddslurm.launcher._slurm import Slurm
-from ddslurm.launcher._submit import new_stamp, prepare, read_limits, refusals, secret_warnings
+from ddslurm.launcher._submit import first_script, new_stamp, prepare, read_limits, refusals, secret_warnings
 from ddslurm.launcher.errors import SlurmError
 from ddslurm.planner import SubmissionPlan, plan_submission
 
@@ -62,6 +62,27 @@ def scheduler_limits(slurm: Slurm, plan: Plan) -> SchedulerLimits:
         return SchedulerLimits(DEFAULT_MAX_ARRAY_SIZE, notes=(note,))
 
 
+def compile_dry_run(
+    run_file: Path,
+    profile: Path,
+    *,
+    slurm: Slurm,
+    env: Mapping[str, str],
+    now: datetime | None = None,
+    check_endpoints: EndpointCheck | None = None,
+) -> tuple[Prepared, SubmissionPlan, str]:
+    """The run validated and compiled as ``submit`` does (``check_endpoints`` included), its arrays planned within
+    the scheduler's limits, and the first array's batch script; nothing written, and the cluster's checks of the
+    profile not run."""
+    moment = now or datetime.now(UTC)
+    prepared = prepare(run_file, profile, env, moment, check_endpoints=check_endpoints)
+    plan, layout = prepared.plan, prepared.layout
+    limits = scheduler_limits(slurm, plan)
+    with refusals():
+        planned = plan_submission(plan, layout, [s.index for s in plan.shards], limits, stamp=new_stamp(moment))
+    return prepared, planned, first_script(plan, layout, planned)
+
+
 def dry_run(
     run_file: Path,
     profile: Path,
@@ -71,16 +92,15 @@ def dry_run(
     now: datetime | None = None,
     check_endpoints: EndpointCheck | None = None,
 ) -> DryRun:
-    """Validate and compile ``run_file`` for the cluster of ``profile``, and plan its submission; write nothing,
-    submit nothing. Raises what ``submit`` would raise for the same inputs (``check_endpoints`` included)."""
-    moment = now or datetime.now(UTC)
-    prepared = prepare(run_file, profile, env, moment, check_endpoints=check_endpoints)
-    plan, layout = prepared.plan, prepared.layout
-    limits = scheduler_limits(slurm, plan)
-    with refusals():
-        planned = plan_submission(plan, layout, [s.index for s in plan.shards], limits, stamp=new_stamp(moment))
-    first = planned.arrays[0]
-    script = render_generation(plan, layout, list(first.shards), tasks=first.tasks, stage=first.stage)
+    """Validate and compile ``run_file`` for the cluster of ``profile``, check the profile and the jobs against the
+    cluster (``ddslurm doctor``'s checks, every problem at once), and plan its submission; write nothing, submit
+    nothing. Raises what ``submit`` would raise for the same inputs (``check_endpoints`` included)."""
+    facts = check_profile_first(run_file, profile, slurm, env)
+    prepared, planned, script = compile_dry_run(
+        run_file, profile, slurm=slurm, env=env, now=now, check_endpoints=check_endpoints
+    )
+    plan = prepared.plan
+    check_jobs(facts, run_file, profile, plan, script)
     snapshot = msgspec.json.decode(prepared.snapshot_bytes, type=ProviderSnapshot)
     bill = make_bill(plan, planned.arrays, prepared.aliases, snapshot)
     return DryRun(prepared, planned, script, bill, secret_warnings(slurm, plan))

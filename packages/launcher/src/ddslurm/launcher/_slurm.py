@@ -185,11 +185,21 @@ class ClusterConfig:
     """``AccountingStoreFlags``: with ``job_env`` slurmdbd keeps every batch job's environment (its API keys)."""
     slurm_conf: str = ""
     """``SLURM_CONF``: the configuration file the controller read ("" when it does not say)."""
+    select_type: str = ""
+    """``SelectType``: ``--gpus=N`` needs ``select/cons_tres``."""
 
     @property
     def enforces_limits(self) -> bool:
-        words = {w.strip().lower() for w in self.enforce.split(",")}
-        return bool(words & {"limits", "safe"})
+        return bool(self._enforced() & {"limits", "safe"})
+
+    @property
+    def enforces_associations(self) -> bool:
+        """Whether Slurm refuses a job whose account or QOS the user's associations do not have (``associations``,
+        which ``limits``, ``qos`` and ``safe`` imply)."""
+        return bool(self._enforced() & {"associations", "limits", "qos", "safe"})
+
+    def _enforced(self) -> set[str]:
+        return {w.strip().lower() for w in self.enforce.split(",")}
 
     @property
     def stores_job_env(self) -> bool:
@@ -246,6 +256,17 @@ class Slurm:
         if not job_id.isdigit():
             raise SlurmError(["sbatch"], 0, f"unexpected output: {out!r}")
         return job_id
+
+    def sbatch_test(self, script: str, *, export: Sequence[str] = (), env: Mapping[str, str] | None = None) -> str:
+        """``sbatch --test-only SCRIPT`` in the environment :meth:`sbatch` would submit it from: whether Slurm would
+        accept the job, and when and where it would start (what sbatch printed); submits nothing. Raises
+        :class:`SlurmError` with Slurm's words when it refuses the job."""
+        base = env if env is not None else self._env if self._env is not None else os.environ
+        argv = ["sbatch", "--test-only", "--export=ALL", script]
+        done = self._run(argv, env=job_environment(base, export))
+        if done.returncode != 0:
+            raise SlurmError(argv, done.returncode, done.stderr or done.stdout)
+        return (done.stderr or done.stdout).strip()
 
     def squeue(self, job_ids: Sequence[str]) -> list[TaskState]:
         """Live jobs among ``job_ids`` (one call whatever their number). Unknown ids are simply absent."""
@@ -325,6 +346,7 @@ class Slurm:
                 enforce=value("AccountingStorageEnforce"),
                 store_flags=value("AccountingStoreFlags"),
                 slurm_conf=value("SLURM_CONF"),
+                select_type=value("SelectType"),
             )
         return self._config
 

@@ -41,12 +41,11 @@ from ddslurm.config import (
     encode_pretty,
     load_profile,
     load_run_file,
-    locate,
     publish_once,
-    read_yaml,
     sha256_bytes,
 )
 from ddslurm.launcher._aliases import EndpointCheck, refuse_failed_endpoints, run_aliases
+from ddslurm.launcher._doctor_checks import check_jobs, check_profile_first, field_place
 from ddslurm.launcher._mcp_check import dd_check_tools
 from ddslurm.launcher._recipe_at import place_refusal
 from ddslurm.launcher._render import render_generation
@@ -60,6 +59,7 @@ from ddslurm.planner import (
     LimitError,
     PlanError,
     PlanInputs,
+    SubmissionPlan,
     array_tasks,
     client_serving,
     compile_plan,
@@ -116,14 +116,7 @@ def place_error(message: str, run_path: Path, profile_path: Path) -> str:
     match = _PLAN_FIELD.match(message)
     if match is None:
         return message
-    path = profile_path if match.group("profile") else run_path
-    field = match.group("field").removeprefix("profile.")
-    steps: list[str | int] = [int(i) if i else name for name, i in re.findall(r"([A-Za-z_]+)|\[(\d+)\]", field)]
-    try:
-        line, col = locate(read_yaml(path), steps)
-    except ConfigError:
-        line, col = None, None
-    where = str(path) if line is None else f"{path}:{line}:{col}"
+    where, field = field_place(match.group("field"), run_path, profile_path)
     return f"{where}: {field}: {message[match.end() :]}"
 
 
@@ -271,6 +264,12 @@ def read_limits(slurm: Slurm, plan: Plan) -> SchedulerLimits:
     """The scheduler limits the run's generation jobs must fit in (its account, QOS and partition)."""
     res = plan.generation
     return slurm.limits(account=res.account, qos=res.qos, partition=res.partition)
+
+
+def first_script(plan: Plan, layout: RunLayout, planned: SubmissionPlan) -> str:
+    """The batch script of a submission's first array (what ``sbatch --test-only`` is asked about)."""
+    first = planned.arrays[0]
+    return render_generation(plan, layout, list(first.shards), tasks=first.tasks, stage=first.stage)
 
 
 def new_stamp(now: datetime) -> str:
@@ -533,6 +532,7 @@ def submit(
     directory again; a later one (or a timeout) raises :class:`PartialSubmitError` and leaves an incomplete run.
     ``check_endpoints``: ask the hosted endpoints first (``--check-endpoints``)."""
     now = clock()
+    facts = check_profile_first(run_path, profile_path, slurm, env)
     prepared = prepare(run_path, profile_path, env, now, home, check_endpoints=check_endpoints)
     layout, plan = prepared.layout, prepared.plan
     check_environment(plan, env)
@@ -540,6 +540,7 @@ def submit(
         planned = plan_submission(
             plan, layout, [s.index for s in plan.shards], read_limits(slurm, plan), stamp=new_stamp(now)
         )
+    check_jobs(facts, run_path, profile_path, plan, first_script(plan, layout, planned))
     write_run_dir(prepared)
     try:
         with submit_lock(layout):

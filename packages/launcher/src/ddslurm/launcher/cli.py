@@ -1,6 +1,6 @@
 """``ddslurm``: run Data Designer recipes on Slurm (a Typer app; ``docs/cli.md`` documents every command).
 
-Commands: init (--dir, --force), submit (--dry-run, --continue), providers, status (--watch), wait (--timeout),
+Commands: init (--dir, --force), submit (--dry-run, --continue), providers, doctor, status (--watch), wait (--timeout),
 cancel (--shards), retry (--shards, --fresh, --resume-cancelled, --dry-run), accept-partial, logs, collect (--local,
 --overwrite), report (--output), list. Every command takes --json (errors included); exit codes are
 :class:`ddslurm.launcher._output.ExitCode`. Rendering for people lives in ``_console``, JSON and errors in
@@ -18,14 +18,13 @@ import os
 import sys
 import time
 from collections.abc import Callable, Mapping
-from importlib.metadata import PackageNotFoundError, version
 from typing import Annotated, Any, TextIO
 
 import typer
 from typer.main import get_command
 
 from ddslurm.launcher._commands_follow import cmd_logs, cmd_report, cmd_status, cmd_wait
-from ddslurm.launcher._commands_start import cmd_init, cmd_list, cmd_providers, cmd_submit
+from ddslurm.launcher._commands_start import cmd_doctor, cmd_init, cmd_list, cmd_providers, cmd_submit
 from ddslurm.launcher._commands_steer import cmd_accept_partial, cmd_cancel, cmd_collect, cmd_retry
 from ddslurm.launcher._output import (
     REPORTED,
@@ -38,6 +37,7 @@ from ddslurm.launcher._output import (
 from ddslurm.launcher._session import PipeClosed, Session
 from ddslurm.launcher._slurm import Slurm
 from ddslurm.launcher.errors import DISK_FULL, WriteError
+from ddslurm.runtime import installed_versions
 
 DISTRIBUTIONS = (
     "ddslurm-launcher",
@@ -52,13 +52,7 @@ DISTRIBUTIONS = (
 
 
 def _versions() -> dict[str, str | None]:
-    found: dict[str, str | None] = {}
-    for name in DISTRIBUTIONS:
-        try:
-            found[name] = version(name)
-        except PackageNotFoundError:
-            found[name] = None
-    return found
+    return installed_versions(DISTRIBUTIONS)
 
 
 def _show_version(ctx: typer.Context, value: bool) -> None:
@@ -111,6 +105,7 @@ def _top(
 COMMANDS: tuple[tuple[str, Callable[..., Any]], ...] = (
     ("submit", cmd_submit),
     ("providers", cmd_providers),
+    ("doctor", cmd_doctor),
     ("status", cmd_status),
     ("wait", cmd_wait),
     ("cancel", cmd_cancel),

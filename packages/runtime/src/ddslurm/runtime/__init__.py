@@ -11,6 +11,7 @@ from ddslurm.runtime._engine import (
     seed_reader,
 )
 from ddslurm.runtime._inputs import Inputs, load_inputs
+from ddslurm.runtime._inspect import NODE_DISTRIBUTIONS, installed_versions
 from ddslurm.runtime._listeners import unix_url
 from ddslurm.runtime._plugins import PLUGIN_GROUP
 from ddslurm.runtime._serving import ServerCommand, server_command
@@ -25,6 +26,7 @@ from ddslurm.runtime.errors import (
 )
 
 __all__ = [
+    "NODE_DISTRIBUTIONS",
     "PLUGIN_GROUP",
     "EXIT_FAILED",
     "EXIT_OK",
@@ -41,6 +43,7 @@ __all__ = [
     "StepSpec",
     "VerificationError",
     "engine_environment",
+    "installed_versions",
     "mcp_providers",
     "load_inputs",
     "make_private",

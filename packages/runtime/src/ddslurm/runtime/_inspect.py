@@ -10,6 +10,9 @@ Data Designer or a builder script prints goes to stderr.
     Designer refuses (its own validation, sending no request), the types no plugin here provides (then nothing
     else is checked), the columns' facts
     (:class:`ddslurm.config.RecipeColumn`) and the plugins used (:class:`ddslurm.config.PluginRecord`).
+``{"action": "versions"}``
+    ``{"versions": {distribution: version or null}}`` of :data:`NODE_DISTRIBUTIONS` as this environment has them
+    (``ddslurm doctor`` compares them with the submit host's).
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import IO, Any
 
@@ -30,6 +34,25 @@ from ddslurm.runtime._engine import UNUSED_ENDPOINT, unused_provider, violation_
 from ddslurm.runtime._node_recipe import node_builder
 from ddslurm.runtime._plugins import unknown_types, used_plugins
 from ddslurm.runtime.errors import RecipeError
+
+NODE_DISTRIBUTIONS = ("ddslurm-runtime", "ddslurm-config", "data-designer")
+"""What the compute nodes run of ddslurm and Data Designer: the submit host must have the same versions."""
+
+
+def installed_versions(names: Sequence[str]) -> dict[str, str | None]:
+    """The version of each distribution of ``names`` installed here, None for one that is not."""
+    found: dict[str, str | None] = {}
+    for name in names:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def versions() -> dict[str, Any]:
+    """The ``versions`` action (see the module's docstring)."""
+    return {"versions": installed_versions(NODE_DISTRIBUTIONS)}
 
 
 def _validate(builder: Any, providers: list[Mapping[str, Any]], scratch: Path) -> list[str]:
@@ -79,7 +102,8 @@ def inspect_main(stdin: IO[str] = sys.stdin) -> int:
     result = os.dup(1)
     os.dup2(2, 1)  # Data Designer and builder scripts print to stdout: keep it for the answer
     try:
-        answer = build(payload) if payload.get("action") == "build" else check(payload)
+        action = payload.get("action")
+        answer = build(payload) if action == "build" else versions() if action == "versions" else check(payload)
     except BaseException as exc:  # ddslurm's own failure: report it rather than a bare traceback
         answer = {"ok": False, "error": f"inspecting the recipe failed: {type(exc).__name__}: {exc}"}
     sys.stdout.flush()

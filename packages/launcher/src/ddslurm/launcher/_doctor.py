@@ -1,0 +1,66 @@
+"""``ddslurm doctor --profile P [RUN_FILE]`` without the terminal: the profile's checks against this cluster
+(:mod:`ddslurm.launcher._doctor_checks`), every one reported, and with a run file the run compiled as ``submit
+--dry-run`` would compile it and its jobs checked too. ``submit`` and its dry run refuse what this finds
+(``_doctor_checks.check_profile_first`` before the inputs are prepared, then ``check_jobs``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ddslurm.launcher._doctor_checks import Check, ClusterFacts, job_checks, loaded, profile_checks
+from ddslurm.launcher._dry_run import compile_dry_run
+from ddslurm.launcher._slurm import Slurm
+from ddslurm.launcher.errors import LauncherError
+
+
+@dataclass(frozen=True, slots=True)
+class DoctorReport:
+    """Every check of the profile (and of the run's jobs, with a run file), in the order they ran."""
+
+    profile: Path
+    run_file: Path | None
+    checks: tuple[Check, ...]
+
+    @property
+    def problems(self) -> tuple[Check, ...]:
+        return tuple(c for c in self.checks if c.status == "problem")
+
+    def as_dict(self) -> dict[str, Any]:
+        """What ``doctor --json`` prints."""
+        return {
+            "profile": str(self.profile),
+            "run_file": None if self.run_file is None else str(self.run_file),
+            "ok": not self.problems,
+            "problems": len(self.problems),
+            "checks": [
+                {"name": c.name, "status": c.status, "field": c.field, "where": c.where, "detail": c.detail}
+                for c in self.checks
+            ],
+        }
+
+
+def doctor(profile_path: Path, run_path: Path | None = None, *, slurm: Slurm, env: Mapping[str, str]) -> DoctorReport:
+    """Check ``profile_path`` against this cluster and, with ``run_path``, the run's jobs; every check is in the
+    report (nothing is refused: the caller says what to do with the problems). The run is compiled as ``submit
+    --dry-run`` compiles it (a builder script runs in ``python_env``); what refuses it is one problem of the
+    report."""
+    run, profile = loaded(run_path, profile_path)
+    facts = ClusterFacts(slurm, env, run_path, profile_path)
+    checks = profile_checks(facts, profile, run)
+    if run is None or run_path is None:
+        return DoctorReport(profile_path, run_path, tuple(checks))
+    if any(c.status == "problem" for c in checks):
+        checks.append(Check("run file", "skipped", "the profile's problems come first (above)"))
+        return DoctorReport(profile_path, run_path, tuple(checks))
+    try:
+        prepared, _, script = compile_dry_run(run_path, profile_path, slurm=slurm, env=env)
+    except LauncherError as exc:
+        checks.append(Check("run file", "problem", str(exc)))
+        return DoctorReport(profile_path, run_path, tuple(checks))
+    checks.append(Check("run file", "ok", f"compiles: {len(prepared.plan.shards)} shard(s)"))
+    checks += job_checks(facts, run, profile, prepared.plan, script)
+    return DoctorReport(profile_path, run_path, tuple(checks))

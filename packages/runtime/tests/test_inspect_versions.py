@@ -1,0 +1,22 @@
+"""``ddslurm-runtime inspect`` answers ``{"action": "versions"}`` with the versions of the distributions the nodes
+run, as this environment's package metadata records them (``ddslurm doctor`` compares them with the submit host's)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from importlib.metadata import version
+from pathlib import Path
+
+
+def test_the_versions_answer_is_what_the_package_metadata_records() -> None:
+    runtime = Path(sys.executable).parent / "ddslurm-runtime"
+    done = subprocess.run(
+        [str(runtime), "inspect"], input='{"action": "versions"}', capture_output=True, text=True, timeout=120,
+        check=True,
+    )  # fmt: skip
+    answer = json.loads(done.stdout)
+    assert answer == {
+        "versions": {name: version(name) for name in ("ddslurm-runtime", "ddslurm-config", "data-designer")}
+    }
