@@ -178,9 +178,12 @@ def test_a_builder_script_without_a_profile_is_refused_at_the_run_files_recipe(
 
 
 def _sbatch_stand_in(bin_dir: Path, record: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``sbatch`` that only records its calls, and the ``scontrol`` the limits are read with."""
+    """``sbatch`` that only records the calls that submit (``--test-only``, the profile's check, goes to Slurm's own),
+    and the ``scontrol`` the limits are read with."""
     bin_dir.mkdir()
-    (bin_dir / "sbatch").write_text(f'#!/bin/sh\necho "$@" >> {record}\necho 4242\n')
+    real = shutil.which("sbatch") or "sbatch"
+    test_only = f'case " $* " in *" --test-only "*) exec {real} "$@";; esac\n'
+    (bin_dir / "sbatch").write_text(f'#!/bin/sh\n{test_only}echo "$@" >> {record}\necho 4242\n')
     (bin_dir / "scontrol").write_text("#!/bin/sh\necho 'MaxArraySize = 1001'\n")
     for tool in ("sbatch", "scontrol"):
         (bin_dir / tool).chmod(0o755)
