@@ -144,12 +144,13 @@ def find_chromium() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 
 
-def run_chromium(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """Headless Chromium with ``args`` (such as ``--dump-dom URL``), its profile under ``cwd``, its log on stderr."""
+def run_chromium(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Headless Chromium with ``args`` (such as ``--dump-dom URL``), its profile under ``cwd``, its log on stderr;
+    ``timeout``: seconds of wall time (a loaded machine renders slowly)."""
     return subprocess.run(
         [find_chromium() or "chromium", "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
          f"--user-data-dir={cwd / 'profile'}", "--enable-logging=stderr", "--v=0", *args],
-        capture_output=True, text=True, timeout=120, cwd=cwd, check=False,
+        capture_output=True, text=True, timeout=timeout, cwd=cwd, check=False,
     )  # fmt: skip
 
 
