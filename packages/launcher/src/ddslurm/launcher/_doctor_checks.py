@@ -36,10 +36,12 @@ from ddslurm.config import (
 )
 from ddslurm.launcher._cluster import ClusterInfo, NodeRow, read_cluster
 from ddslurm.launcher._process import Stopped, ask_json
+from ddslurm.launcher._recipe import secret_names
 from ddslurm.launcher._slurm import Association, ClusterConfig, Slurm
 from ddslurm.launcher._validate import runtime_command
 from ddslurm.launcher.errors import SlurmError, SubmitError
 from ddslurm.planner import parse_memory_mb
+from ddslurm.providers.discovery import settings_dir
 from ddslurm.runtime import NODE_DISTRIBUTIONS, installed_versions
 
 CheckStatus = Literal["ok", "problem", "skipped"]
@@ -282,15 +284,15 @@ def _qos_check(facts: ClusterFacts, res: Resources) -> Check:
     return facts.check("qos", "problem", detail, "submission.qos")
 
 
-def _python_env_check(facts: ClusterFacts, profile: ClusterProfile) -> Check:
+def _python_env_check(facts: ClusterFacts, profile: ClusterProfile, run: RunFile | None) -> Check:
     field = "profile.python_env"
     runtime = runtime_command(profile.python_env)
     if not runtime.exists():
         return facts.check("python_env", "problem", f"{runtime} does not exist (the compute nodes run it)", field)
     try:
-        answer = ask_json(
-            [str(runtime), "inspect"], {"action": "versions"}, timeout_s=VERSIONS_TIMEOUT_S, env=dict(facts.env)
-        )
+        hidden = secret_names(run, facts.env, settings_dir(facts.env))  # the shell's, without the run's keys
+        env = {name: value for name, value in facts.env.items() if name not in hidden}
+        answer = ask_json([str(runtime), "inspect"], {"action": "versions"}, timeout_s=VERSIONS_TIMEOUT_S, env=env)
     except Stopped:
         return facts.check("python_env", "problem", f"{runtime} did not answer within {VERSIONS_TIMEOUT_S} s", field)
     except OSError as exc:
@@ -352,7 +354,7 @@ def profile_checks(facts: ClusterFacts, profile: ClusterProfile, run: RunFile | 
         _partition_check(facts, "profile.cpu_partition", profile.cpu_partition),
         *_gpu_checks(facts, profile),
         _account_check(facts, profile.account, "profile.account"),
-        _python_env_check(facts, profile),
+        _python_env_check(facts, profile, run),
         _executable_check(facts, profile, set_in_file, None if run is None else bool(run.deployments)),
     ]
 

@@ -278,12 +278,13 @@ def refuse_secrets(
     )
 
 
-def secret_names(run: RunFile, env: Mapping[str, str], dd_home: Path) -> set[str]:
-    """The variables of ``env`` a builder script must not see: the API-key variables of Data Designer's providers
-    (``dd_home``), the deployments' ``server.env_from``, and any whose name or value looks like a credential. An
+def secret_names(run: RunFile | None, env: Mapping[str, str], dd_home: Path) -> set[str]:
+    """The variables of ``env`` a process of the submit host must not see (a builder script, ``python_env`` asked
+    its versions): the API-key variables of Data Designer's providers (``dd_home``), the deployments'
+    ``server.env_from`` (``run``'s, when there is one), and any whose name or value looks like a credential. An
     absolute path is never a credential by its variable's name (``PWD``, ``SSH_AUTH_SOCK``,
     ``GOOGLE_APPLICATION_CREDENTIALS``): a recipe may name files under the working directory."""
-    names = {name for dep in run.deployments for name in dep.server.env_from}
+    names = {name for dep in (run.deployments if run is not None else ()) for name in dep.server.env_from}
     try:
         settings = load_settings(dd_home)
     except (ConfigError, ProvidersError):
