@@ -208,15 +208,23 @@ def generator(
     return "\n".join(lines) + "\n"
 
 
-def vllm_stand_in(folder: Path, name: str = "", *, record_env: bool = False) -> Path:
+def vllm_stand_in(folder: Path, name: str = "", *, record_env: bool = False, record_args: bool = False) -> Path:
     """``vllm`` for a profile's ``vllm_executable``: a script in ``folder`` (``vllm``, or ``vllm-<name>``) that
     becomes :data:`FAKE_VLLM`, each server process keeping its own request log,
     ``folder/[<name>-]requests-<job>-<pid>.jsonl`` (``<job>``: the Slurm job it serves, ``none`` outside one);
     with ``record_env``, a server step first writes its environment (its GPUs, its token) to
-    ``folder/server-env-<pid>.txt``."""
+    ``folder/server-env-<pid>.txt``; with ``record_args``, its arguments (which replica it is, ``--uds
+    .../<alias>-<i>.sock``, and its ``--tensor-parallel-size``), one a line, to
+    ``folder/[<name>-]args-<job>-<pid>.txt``."""
     script = folder / (f"vllm-{name}" if name else "vllm")
     log = folder / (f"{name}-requests" if name else "requests")
     record = f'[ "$1" = serve ] && env > "{folder}/server-env-$$.txt"\n' if record_env else ""
+    args = folder / (f"{name}-args" if name else "args")
+    record += (
+        f"""[ "$1" = serve ] && printf '%s\\n' "$@" > "{args}-${{SLURM_JOB_ID:-none}}-$$.txt"\n"""
+        if record_args
+        else ""
+    )
     requests = f'FAKE_VLLM_REQUEST_LOG="{log}-${{SLURM_JOB_ID:-none}}-$$.jsonl"'
     script.write_text(f'#!/bin/sh\n{record}{requests} exec "{FAKE_VLLM}" "$@"\n')
     script.chmod(0o755)

@@ -1,8 +1,9 @@
 """The report's headline numbers of a real run, recomputed here from first principles: a pulling, two-stage run
 (the mixed example: local ``generator`` on two fake GPUs per allocation, hosted judge) with two client workers per
 allocation on the local Slurm cluster, made once for the module. GPU time generating is checked against ``sacct``
-(asked by this test) and the vLLM stand-ins' own request logs; records/s and tokens/s against the attempts' records
-and logs; then the page in headless chromium: its numbers are ``report --json``'s, its charts both stages'."""
+(asked by this test) and the vLLM stand-ins' own request logs (each stand-in one replica, counted with its own
+GPUs); records/s and tokens/s against the attempts' records and logs; then the page in headless chromium: its
+numbers are ``report --json``'s, its charts both stages'."""
 
 from __future__ import annotations
 
@@ -24,9 +25,9 @@ from tests.e2e import cli_json as _cli
 
 pytestmark = [pytest.mark.slurm, pytest.mark.dd]
 
-RECORDS, SHARDS = 16, 4
+RECORDS, SHARDS, REPLICAS = 16, 4, 2
 GENERATOR = generator(
-    replicas=2, tensor_parallel=1, env={"FAKE_VLLM_LATENCY": "2.0", "FAKE_VLLM_STARTUP_DELAY": "1"}
+    replicas=REPLICAS, tensor_parallel=1, env={"FAKE_VLLM_LATENCY": "2.0", "FAKE_VLLM_STARTUP_DELAY": "1"}
 ) + ("allocations: 2\nclient_workers: 2\n")  # fmt: skip
 
 Span = tuple[float, float]
@@ -38,7 +39,8 @@ class Run:
     report: dict[str, Any]
     page: Path
     stand_ins: Path
-    """The folder of the stand-ins' request logs (``pulling-requests-<job>-<pid>.jsonl``)."""
+    """The folder of the stand-ins' request logs (``pulling-requests-<job>-<pid>.jsonl``) and arguments
+    (``pulling-args-<job>-<pid>.txt``)."""
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +50,7 @@ def run(slurm_cluster: Any, hosted_endpoint: Any, tmp_path_factory: pytest.TempP
     root = tmp_path_factory.mktemp("report-numbers")
     files = write_run_files(
         root / "run", hosted_endpoint, num_records=RECORDS, shards=SHARDS, buffer_size=2, recipe=MIXED_RECIPE,
-        extra_run=GENERATOR, vllm_executable=vllm_stand_in(root, "pulling"),
+        extra_run=GENERATOR, vllm_executable=vllm_stand_in(root, "pulling", record_args=True),
     )  # fmt: skip
     # Two client workers need two client CPUs (submission.cpus is shared among them).
     files.run_file.write_text(files.run_file.read_text().replace("  cpus: 1\n", "  cpus: 2\n", 1))
@@ -115,15 +117,31 @@ def _sacct(array: str) -> list[tuple[str, str, int, int]]:
     return rows
 
 
-def _served(folder: Path, job: str) -> list[Span]:
-    """The chat requests every stand-in of Slurm job ``job`` served: from admission to answer (its request log)."""
-    spans = []
+@dataclass(frozen=True)
+class StandIn:
+    """One stand-in server process of a Slurm job: one replica."""
+
+    replica: str
+    """``<alias>-<index>``, from the socket it listened on (``--uds .../<alias>-<index>.sock``)."""
+    gpus: int
+    """Its ``--tensor-parallel-size``."""
+    served: list[Span]
+    """The chat requests it served: from admission to answer (its request log)."""
+
+
+def _stand_ins(folder: Path, job: str) -> list[StandIn]:
+    """Every stand-in of Slurm job ``job`` that was sent a request, each named by its log's file name
+    (``pulling-requests-<job>-<pid>.jsonl``) and its arguments' (``pulling-args-<job>-<pid>.txt``)."""
+    found = []
     for log in folder.glob(f"pulling-requests-{job}-*.jsonl"):
-        for line in log.read_text().splitlines():
-            entry = json.loads(line)
-            if entry.get("admitted") is not None:
-                spans.append((entry["admitted"], entry["time"]))
-    return spans
+        pid = log.stem.rsplit("-", 1)[1]
+        args = (folder / f"pulling-args-{job}-{pid}.txt").read_text().splitlines()
+        replica = Path(args[args.index("--uds") + 1]).stem
+        gpus = int(args[args.index("--tensor-parallel-size") + 1])
+        entries = [json.loads(line) for line in log.read_text().splitlines()]
+        served = [(e["admitted"], e["time"]) for e in entries if e.get("admitted") is not None]
+        found.append(StandIn(replica, gpus, served))
+    return found
 
 
 def test_gpu_time_generating_is_what_sacct_and_the_servers_logs_say(run: Run) -> None:
@@ -134,13 +152,18 @@ def test_gpu_time_generating_is_what_sacct_and_the_servers_logs_say(run: Run) ->
     assert gpu["source"] == "sacct"
     allocated = expected = 0.0
     busy_by_task: dict[str, float] = {}
+    replicas_by_task: dict[str, dict[str, float]] = {}
     for array in gpu_arrays:
         for task, raw, elapsed, gpus in _sacct(array):
             assert gpus == 2, (task, gpus)
             allocated += elapsed * gpus
-            busy = _union(_served(run.stand_ins, raw))
-            busy_by_task[task] = busy
-            expected += busy * gpus
+            stand_ins = _stand_ins(run.stand_ins, raw)
+            assert len({s.replica for s in stand_ins}) == len(stand_ins) <= REPLICAS
+            assert sum(s.gpus for s in stand_ins) <= gpus
+            busy_by_task[task] = _union(span for s in stand_ins for span in s.served)
+            replicas_by_task[task] = {s.replica: _union(s.served) for s in stand_ins}
+            # each replica's GPUs for the time it had work, not the allocation's GPUs whenever any replica had
+            expected += sum(_union(s.served) * s.gpus for s in stand_ins)
     assert expected > 0
     assert gpu["allocated_gpu_hours"] == pytest.approx(allocated / 3600, abs=1e-6)
     assert gpu["generating_gpu_hours"] <= gpu["allocated_gpu_hours"]
@@ -150,6 +173,11 @@ def test_gpu_time_generating_is_what_sacct_and_the_servers_logs_say(run: Run) ->
         assert allocation["busy_from"] == "proxy" and not allocation["clamped"], allocation
         assert allocation["generating_gpu_s"] <= allocation["allocated_s"]
         assert allocation["busy_s"] == pytest.approx(busy_by_task[allocation["job"]], rel=0.05)
+        replicas = {f"{r['alias']}-{r['replica']}": r for r in allocation["replicas"]}
+        assert set(replicas) == {"generator-0", "generator-1"} and all(r["gpus"] == 1 for r in replicas.values())
+        for name, r in replicas.items():  # (abs: the proxy also relays the clients' /v1/models, not in the spans)
+            assert r["busy_s"] == pytest.approx(replicas_by_task[allocation["job"]].get(name, 0.0), rel=0.05, abs=0.5)
+        assert allocation["generating_gpu_s"] == pytest.approx(sum(r["busy_s"] * r["gpus"] for r in replicas.values()))
     # The two workers of an allocation generated at the same time: adding up their spans counts GPUs twice.
     spans = _generating(run.run_dir)["gpu"]
     added = sum(b - a for _, (a, b) in spans)

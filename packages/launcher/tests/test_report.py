@@ -325,18 +325,20 @@ def _win(layout: RunLayout, shard: int, stage: int | None, job: str, at: str, st
     atomic_write(layout.stage_shard(shard, stage).winner, encode(winner))
 
 
-def make_staged_run(root: Path, busy: list[tuple[str, str]] | None) -> RunLayout:
+def make_staged_run(root: Path, busy: dict[int, list[tuple[str, str]]] | None, *, replicas: int = 1) -> RunLayout:
     """A finished two-stage run of 2 shards (4 records each): its GPU stage in ONE pulling allocation (array 300,
-    job 301, 2 GPUs) whose two client workers generate both shards at once (generating 50:20-51:00 and
-    50:20-51:15), its CPU stage in one CPU allocation (array 302, job 303) after it. ``busy``: the spans of the
-    allocation's proxy busy log (``(from, to)`` as ``MM:SS``), None: it wrote none."""
+    job 301, 2 GPUs: ``replicas`` replicas of tensor parallel 2 / ``replicas``) whose two client workers generate
+    both shards at once (generating 50:20-51:00 and 50:20-51:15), its CPU stage in one CPU allocation (array 302,
+    job 303) after it. ``busy``: replica index → the spans of its busy log (``(from, to)`` as ``MM:SS``), None:
+    none was written."""
     layout = RunLayout(root / "run-2")
     make_private_dir(layout.root)
     serving = ServingPlan(
         deployments=(
             DeploymentPlan(
-                alias="writer", model="/models/writer", served_model_name="local/writer-8b", tensor_parallel=2,
-                replicas=(ReplicaPlan(index=0, gpus=2, cpus=4),), startup_timeout=600,
+                alias="writer", model="/models/writer", served_model_name="local/writer-8b",
+                tensor_parallel=2 // replicas, startup_timeout=600,
+                replicas=tuple(ReplicaPlan(index=i, gpus=2 // replicas, cpus=4) for i in range(replicas)),
             ),
         ),
         gpus=2,
@@ -355,9 +357,9 @@ def make_staged_run(root: Path, busy: list[tuple[str, str]] | None) -> RunLayout
     (layout.logs / "slurm-300_0.out").write_text(_event("serving.ready", "50:20"))
     (layout.logs / "slurm-302_0.out").write_text(_event("serving.ready", "51:38"))  # no servers: no GPU time
     layout.allocation("301").mkdir()
-    if busy is not None:
-        lines = [encode(BusySpan(start=_epoch(a), end=_epoch(b))).decode() for a, b in busy]
-        busy_log(layout.allocation("301"), "writer").write_text("".join(lines))
+    for replica, spans in (busy or {}).items():
+        lines = [encode(BusySpan(start=_epoch(a), end=_epoch(b))).decode() for a, b in spans]
+        busy_log(layout.allocation("301"), "writer", replica).write_text("".join(lines))
     writer = _usage("local/writer-8b", "input=100, output=200, total={}, tps=50", "success=4, failed=0, total=4, rpm=3")
     judge = _usage("demo/judge-70b", "input=10, output=5, total={}, tps=40", "success=4, failed=0, total=4, rpm=2")
     gpu = [("50:10", "51:10", ("50:40", 2), ("51:00", 4), 300), ("50:12", "51:20", ("50:50", 3), ("51:15", 4), 200)]
@@ -440,7 +442,7 @@ def test_the_proxy_busy_log_is_the_allocations_busy_time_and_never_exceeds_what_
     tmp_path: Path,
 ) -> None:
     busy = [("50:21", "50:58"), ("50:59", "51:14"), ("51:10", "51:12")]  # the last within the second: counted once
-    report = run_report(make_staged_run(tmp_path / "a", busy), Slurm(FakeSlurm(sacct=STAGED_SACCT)))
+    report = run_report(make_staged_run(tmp_path / "a", {0: busy}), Slurm(FakeSlurm(sacct=STAGED_SACCT)))
     assert report.gpu is not None
     [allocation] = report.gpu.allocations
     assert (allocation.busy_s, allocation.busy_from, allocation.clamped) == (37 + 15, "proxy", False)
@@ -449,13 +451,41 @@ def test_the_proxy_busy_log_is_the_allocations_busy_time_and_never_exceeds_what_
     assert not any("busy log" in n or "cut to" in n for n in report.notes)
 
     # a busy log longer than the allocation (another clock): cut to what sacct allocated, and said so
-    report = run_report(make_staged_run(tmp_path / "b", [("49:00", "52:00")]), Slurm(FakeSlurm(sacct=STAGED_SACCT)))
+    report = run_report(
+        make_staged_run(tmp_path / "b", {0: [("49:00", "52:00")]}), Slurm(FakeSlurm(sacct=STAGED_SACCT))
+    )
     assert report.gpu is not None
     [allocation] = report.gpu.allocations
     assert (allocation.busy_s, allocation.clamped, allocation.generating_gpu_s) == (180.0, True, 160.0)
     assert report.gpu.utilisation == 1.0
     assert any("300_0" in n and "cut to the allocated time" in n for n in report.notes)
     assert "(cut to allocated)" in render_html(report)
+
+
+def test_each_replica_counts_its_own_gpus_for_the_time_it_had_work(tmp_path: Path) -> None:
+    # two replicas of tensor parallel 1 on the allocation's 2 GPUs; only replica 0 had work: 1 GPU busy, not 2
+    busy = {0: [("50:21", "50:58"), ("50:59", "51:14")]}
+    report = run_report(make_staged_run(tmp_path / "a", busy, replicas=2), Slurm(FakeSlurm(sacct=STAGED_SACCT)))
+    assert report.gpu is not None
+    [allocation] = report.gpu.allocations
+    assert (allocation.gpus, allocation.busy_s, allocation.busy_from) == (2, 37 + 15, "proxy")
+    assert [(r.alias, r.replica, r.gpus, r.busy_s) for r in allocation.replicas] == [
+        ("writer", 0, 1, 37 + 15),
+        ("writer", 1, 1, 0),
+    ]
+    assert allocation.generating_gpu_s == (37 + 15) * 1
+    assert report.gpu.generating_gpu_hours == round((37 + 15) / 3600, 6)
+    assert report.gpu.utilisation == round((37 + 15) / 160, 4)
+    assert "writer 1: 0.0 x 1" in render_html(report)
+
+    # both had work, partly at once: each replica's own union x its GPU, added (overlap counted on both GPUs)
+    busy = {0: [("50:21", "50:58")], 1: [("50:40", "51:10"), ("51:00", "51:05")]}
+    report = run_report(make_staged_run(tmp_path / "b", busy, replicas=2), Slurm(FakeSlurm(sacct=STAGED_SACCT)))
+    assert report.gpu is not None
+    [allocation] = report.gpu.allocations
+    assert [r.busy_s for r in allocation.replicas] == [37, 30]
+    assert allocation.busy_s == 49  # any server had work: 50:21-51:10
+    assert allocation.generating_gpu_s == 37 + 30 and not allocation.clamped
 
 
 def test_gpus_from_alloc_tres() -> None:
@@ -554,7 +584,7 @@ def test_the_page_renders_in_a_headless_browser_offline(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
 def test_a_two_stage_page_charts_both_stages_with_nothing_cut_off(tmp_path: Path) -> None:
-    layout = make_staged_run(tmp_path, [("50:21", "50:58"), ("50:59", "51:14")])
+    layout = make_staged_run(tmp_path, {0: [("50:21", "50:58"), ("50:59", "51:14")]})
     assert main(["report", str(layout.root)], slurm=Slurm(FakeSlurm(sacct=STAGED_SACCT)), stdout=io.StringIO()) == 0
     measured = page_layout(layout.root / "report.html", tmp_path)
     assert measured["problems"] == []

@@ -269,7 +269,11 @@ def test_a_dead_proxy_stops_the_client_and_the_rerun_restarts_it(
     assert len(launcher.proxies) == proxies and len(launcher.clients) == len(outcomes)
     assert launcher.clients[0].proc.returncode is not None and launcher.clients[0].proc.returncode < 0  # stopped
     if proxies == 2:  # the new proxy was up before the client ran again, in front of both replicas
-        assert launcher.proxies[1].spec.argv.count("--upstream") == 2
+        argv = launcher.proxies[1].spec.argv
+        assert argv.count("--upstream") == 2
+        # each upstream's busy log is named by its replica's index (not its place among the replicas left)
+        pairs = [(argv[i + 1], argv[i + 3]) for i, a in enumerate(argv) if a == "--upstream"]
+        assert [Path(log).name for _, log in pairs] == ["busy-gen-0.jsonl", "busy-gen-1.jsonl"]
     assert all(s.poll() is not None for s in [*launcher.proxies, *launcher.servers, *launcher.clients])
 
 

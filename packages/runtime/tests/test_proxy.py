@@ -148,6 +148,8 @@ def test_config_rejects_nonsense() -> None:
         ProxyConfig("127.0.0.1", 0, ("http://a:1", "http://a:1"))
     with pytest.raises(ValueError, match="http"):
         ProxyConfig("127.0.0.1", 0, ("a:1",))
+    with pytest.raises(ValueError, match="one per upstream"):
+        ProxyConfig("127.0.0.1", 0, ("http://a:1", "http://a:2"), busy_logs=(Path("busy-m-0.jsonl"),))
 
 
 # --- 1. balancing ----------------------------------------------------------------------------------
@@ -695,47 +697,60 @@ class Held(Inline):
         return web.json_response({"served_by": self.name})
 
 
-def test_the_busy_log_holds_the_spans_with_a_request_in_flight(tmp_path: Path) -> None:
+def test_each_upstreams_busy_log_holds_the_spans_it_had_a_request_in_flight(tmp_path: Path) -> None:
     import msgspec
 
     from ddslurm.config import BusySpan
 
-    log = tmp_path / "busy-m.jsonl"
-    upstream, idle = asyncio.run(_busy_spans(log))
-    spans = [msgspec.json.decode(line, type=BusySpan) for line in log.read_text().splitlines()]
-    # two overlapping requests are one span, the third (after the proxy was idle) another
-    assert len(spans) == 2, spans
-    first, second = spans
-    assert first.start <= min(a for a, _ in upstream[:2]) and first.end >= max(b for _, b in upstream[:2])
-    assert first.end <= idle <= second.start <= upstream[2][0] and second.end >= upstream[2][1]
-    assert (log.stat().st_mode & 0o777) == 0o600
+    logs = (tmp_path / "busy-m-0.jsonl", tmp_path / "busy-m-1.jsonl")
+    held, sent = asyncio.run(_busy_spans(logs))
+    spans = [[(s.start, s.end) for s in (msgspec.json.decode(x, type=BusySpan) for x in log.read_text().splitlines())]
+             for log in logs]  # fmt: skip
+    # each log has one span per request its own upstream served (they did not touch), none of the other's:
+    # begun after the client sent it, before the upstream got it; ended after the upstream answered, before the
+    # client had the answer
+    for log_spans, upstream in zip(spans, held, strict=True):
+        assert len(log_spans) == len(upstream.spans) >= 1, (log_spans, upstream.spans)
+        for (start, end), (arrived, answered) in zip(log_spans, sorted(upstream.spans), strict=True):
+            bracket = next((a, b) for a, b in sent if a <= arrived and answered <= b)
+            assert bracket[0] <= start <= arrived and answered <= end <= bracket[1]
+    assert sorted(len(s) for s in spans) == [1, 2]  # the third request went to one of them only
+    assert all((log.stat().st_mode & 0o777) == 0o600 for log in logs)
 
 
-async def _busy_spans(log: Path) -> tuple[list[tuple[float, float]], float]:
-    """Two overlapping requests, then (the proxy idle) a third: each upstream request's span, and a time between."""
-    upstream = Held()
+async def _busy_spans(logs: tuple[Path, Path]) -> tuple[tuple[Held, Held], list[tuple[float, float]]]:
+    """A request held at one upstream, a second at the other (the first still in flight), the first answered
+    before the second; then, both idle, a third. The upstreams, and each request's (sent, answered) at the client."""
+    first, second = Held(), Held()
+    sent: list[tuple[float, float]] = []
     async with (
-        serving(upstream.app) as base,
-        running_proxy([base], busy_log=log) as (_proxy, url),
+        serving(first.app) as base_1,
+        serving(second.app) as base_2,
+        running_proxy([base_1, base_2], busy_logs=logs) as (_proxy, url),
         aiohttp.ClientSession() as session,
     ):
 
         async def chat() -> None:
+            at = time.time()
             async with session.post(f"{url}/v1/chat/completions", json=CHAT) as response:
                 assert response.status == 200
                 await response.read()
+            sent.append((at, time.time()))
 
         async def arrived(n: int) -> bool:
-            return len(upstream.arrived) == n
+            return len(first.arrived) + len(second.arrived) == n
 
-        both = [asyncio.create_task(chat()), asyncio.create_task(chat())]
+        one = asyncio.create_task(chat())
+        await _wait_until(lambda: arrived(1))
+        two = asyncio.create_task(chat())  # the first upstream has one in flight: the other one's
         await _wait_until(lambda: arrived(2))
-        upstream.release.set()
-        await asyncio.gather(*both)
-        idle = time.time()
-        upstream.release.clear()
-        third = asyncio.create_task(chat())
+        assert len(first.arrived) == len(second.arrived) == 1
+        early, late = (first, second) if first.arrived[0] < second.arrived[0] else (second, first)
+        early.release.set()
+        await one
+        late.release.set()
+        await two
+        three = asyncio.create_task(chat())
         await _wait_until(lambda: arrived(3))
-        upstream.release.set()
-        await third
-    return sorted(upstream.spans), idle
+        await three
+    return (first, second), sent

@@ -23,8 +23,8 @@
             output/<dataset>/     Data Designer's own dataset directory
     allocations/allocation-<job_id>/  a pulling allocation's server and proxy logs (kept across its shards);
                                   allocation-<job_id>-r<n>/ after the n-th requeue
-        busy-<alias>.jsonl        when the alias's proxy had requests in flight (a one-shard task's: in its attempt
-                                  directory)
+        busy-<alias>-<i>.jsonl    when replica i of the alias had requests in flight through its proxy (a one-shard
+                                  task's: in its attempt directory)
     collections/<id>/             collection working area
     dataset/                      the final dataset (published atomically)
     report.html                   ``ddslurm report``: the run's timeline, rates, models, GPU-hours (default place)
@@ -243,8 +243,8 @@ def attempt_restart(attempt_id: str) -> int:
     return int(restart) if head and restart.isdigit() else 0
 
 
-def busy_log(serving_dir: Path, alias: str) -> Path:
-    """The spans in which ``alias``'s proxy had requests in flight to its model servers (:class:`BusySpan` lines),
-    in a serving directory: a pulling allocation's (:meth:`RunLayout.allocation`), or a one-shard task's attempt
-    directory."""
-    return serving_dir / f"busy-{alias}.jsonl"
+def busy_log(serving_dir: Path, alias: str, replica: int) -> Path:
+    """The spans in which replica ``replica`` (:attr:`ReplicaPlan.index`) of ``alias`` had requests in flight
+    through the alias's proxy (:class:`BusySpan` lines), in a serving directory: a pulling allocation's
+    (:meth:`RunLayout.allocation`), or a one-shard task's attempt directory."""
+    return serving_dir / f"busy-{alias}-{replica}.jsonl"

@@ -71,6 +71,13 @@ class DeploymentPlan(Frozen, frozen=True, kw_only=True):
     ``max_parallel_requests`` (anything but Data Designer's default); None (older plans): the recipe's value
     stands."""
 
+    @property
+    def replica_gpus(self) -> int:
+        """The GPUs one replica of this deployment holds (and keeps busy while it has work): its tensor-parallel
+        size. The one place that says so; the report's GPU time generating counts each replica's busy time x
+        this."""
+        return self.tensor_parallel
+
 
 class ServingPlan(Frozen, frozen=True, kw_only=True):
     """Everything needed to start the run's model servers inside the allocation."""

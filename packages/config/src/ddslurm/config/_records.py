@@ -127,8 +127,9 @@ class AttemptRecord(Frozen, frozen=True, kw_only=True):
 
 
 class BusySpan(Frozen, frozen=True, kw_only=True):
-    """One span in which a proxy had at least one request in flight to its model servers: a line of its
-    ``busy-<alias>.jsonl`` (:func:`~ddslurm.config.busy_log`), in seconds since the epoch (the node's clock)."""
+    """One span in which one model server (a replica) had at least one request in flight through its proxy: a line
+    of the replica's ``busy-<alias>-<i>.jsonl`` (:func:`~ddslurm.config.busy_log`), in seconds since the epoch (the
+    node's clock)."""
 
     start: float
     end: float

@@ -1,6 +1,7 @@
-"""When a proxy's model servers had work: the spans in which at least one request was in flight through it,
-appended to its ``busy-<alias>.jsonl`` (:func:`ddslurm.config.busy_log`, one :class:`~ddslurm.config.BusySpan`
-a line) for the report's GPU time generating (docs/performance.md).
+"""When one model server (a replica) had work: the spans in which at least one request was in flight to it
+through its proxy (one :class:`BusyLog` per upstream), appended to the replica's ``busy-<alias>-<i>.jsonl``
+(:func:`ddslurm.config.busy_log`, one :class:`~ddslurm.config.BusySpan` a line) for the report's GPU time
+generating (docs/performance.md).
 
 Cost per request: a counter and, when it goes 0 → 1 or 1 → 0, one clock reading; spans that touch are merged in
 memory and written at most once per ``flush_every`` seconds (when one ends) and when the proxy stops, so an idle

@@ -238,12 +238,12 @@ class Fleet:
 
     def _start_proxy(self, alias: str, port: int, upstreams: list[Replica], cpus: int) -> ProxyStep:
         argv = [str(self._runtime_exe), "proxy", "--listen", f"{HOST}:{port}", "--reuse-port"]
-        for replica in upstreams:
-            argv += ["--upstream", replica.url]
+        for replica in upstreams:  # each replica's busy log named by its index, whichever replicas are left
+            argv += ["--upstream", replica.url, "--busy-log", str(busy_log(self._dir, alias, replica.index))]
         log_path = self._dir / f"proxy-{alias}.log"
         spec = StepSpec(
             name=f"proxy-{alias}",
-            argv=(*argv, "--log", str(log_path), "--busy-log", str(busy_log(self._dir, alias))),
+            argv=(*argv, "--log", str(log_path)),
             env={**self._plain_env, TOKEN_ENV: self._token},
             log=self._dir / f"proxy-{alias}.out",
             cpus=cpus,

@@ -1,7 +1,7 @@
 """The per-model-alias endpoint: an asynchronous HTTP reverse proxy in front of several vLLM replicas.
 
     ddslurm-runtime proxy --listen HOST:PORT --upstream URL [--upstream URL ...] [--log PATH] [--max-waiting N]
-                          [--loop auto|uvloop|asyncio] [--reuse-port] [--busy-log PATH]
+                          [--loop auto|uvloop|asyncio] [--reuse-port] [--busy-log PATH ...]
 
 An upstream is ``http://HOST:PORT`` or ``unix:/path.sock`` (a replica on a Unix-domain socket, vLLM's ``--uds``).
 ``--reuse-port`` binds the listening socket with ``SO_REUSEPORT``, beside the hold the controller keeps on the
@@ -26,8 +26,9 @@ seconds for one, then gets 503 ``{"error": {"message": ..., "type": "ServiceUnav
 the headers is not retried (the replica may have done the work): before any byte went to the client it is 502
 ``BadGateway``, later the client's connection is aborted, so a truncated body never looks complete.
 
-``--busy-log PATH`` appends the spans in which at least one request was in flight to an upstream
-(``_busy.py``): when the allocation's model servers had work, for the report's GPU time generating.
+``--busy-log PATH``, once per ``--upstream`` and in the same order, appends the spans in which at least one request
+was in flight to that upstream (``_busy.py``): when each model server (replica) had work, for the report's GPU time
+generating.
 
 The proxy's own endpoints: ``GET /health`` (200 when at least one upstream is healthy, else 503) and
 ``GET /ddslurm/upstreams`` (JSON: each upstream's healthy flag, in-flight, waiting, served and failed counts).
@@ -115,13 +116,15 @@ class ProxyConfig:
     shutdown_timeout: float = 5.0  # how long a stop lets in-flight requests finish
     token: str | None = field(default=None, repr=False)  # required from clients, sent upstream; None: open
     reuse_port: bool = False  # bind with SO_REUSEPORT (beside the controller's hold on the port)
-    busy_log: Path | None = None  # append the spans with a request in flight here (None: not recorded)
+    busy_logs: tuple[Path, ...] = ()  # per upstream (same order): its spans with a request in flight; (): none
 
     def __post_init__(self) -> None:
         if not self.upstreams:
             raise ValueError("at least one upstream is required")
         if len(set(self.upstreams)) != len(self.upstreams):
             raise ValueError(f"duplicate upstreams: {list(self.upstreams)}")
+        if self.busy_logs and len(self.busy_logs) != len(self.upstreams):
+            raise ValueError(f"{len(self.busy_logs)} busy logs for {len(self.upstreams)} upstreams: one per upstream")
         for url in self.upstreams:
             path = socket_path(url)
             if path is not None and not path.is_absolute():
@@ -162,7 +165,9 @@ class Proxy:
             probe_timeout=config.probe_timeout,
         )
         self._runner: web.ServerRunner | None = None
-        self._busy = BusyLog(config.busy_log)
+        logs = config.busy_logs or (None,) * len(config.upstreams)
+        self._busy = {url.rstrip("/"): BusyLog(path) for url, path in zip(config.upstreams, logs, strict=True)}
+        """Upstream URL (as :class:`Upstream` spells it) → the spans in which it had a request in flight."""
         self._expected = f"Bearer {config.token}".encode() if config.token else None
         # Per-request constants: headers never forwarded, the token header added, whether to log each request.
         self._drop = _DROP_REQUEST | {"authorization"} if config.token else _DROP_REQUEST
@@ -210,7 +215,8 @@ class Proxy:
             await self._runner.cleanup()  # the probe loops keep running meanwhile: retries still work
             self._runner = None
         await self._upstreams.close()
-        self._busy.close()
+        for busy in self._busy.values():
+            busy.close()
 
     def served(self) -> dict[str, int]:
         return self._upstreams.served()
@@ -262,7 +268,8 @@ class Proxy:
                     return _error(503, "ServiceUnavailable", admitted + last_error)
                 up = admitted
             up.in_flight += 1
-            self._busy.enter()
+            busy = self._busy[up.url]
+            busy.enter()
             session = up.session
             assert session is not None
             try:
@@ -295,7 +302,7 @@ class Proxy:
                 return await self._relay(request, upstream, up)
             finally:
                 up.in_flight -= 1
-                self._busy.leave()
+                busy.leave()
         return _error(503, "ServiceUnavailable", f"{attempts} attempts failed{last_error}")
 
     @staticmethod
@@ -416,7 +423,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--shutdown-timeout", type=float, default=defaults.shutdown_timeout, metavar="S")
     parser.add_argument("--debug", action="store_true", help="log every forwarded request")
     parser.add_argument(
-        "--busy-log", type=Path, default=None, metavar="PATH", help="append the spans with a request in flight here"
+        "--busy-log",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="once per --upstream, in the same order: append the spans with a request in flight to it here",
     )
     parser.add_argument(
         "--reuse-port",
@@ -500,7 +512,7 @@ def main(argv: list[str], environ: Mapping[str, str] | None = None) -> int:
             shutdown_timeout=args.shutdown_timeout,
             token=token,
             reuse_port=args.reuse_port,
-            busy_log=args.busy_log,
+            busy_logs=tuple(args.busy_log),
         )
     except ValueError as exc:
         print(f"ddslurm-runtime proxy: {exc}", file=sys.stderr)

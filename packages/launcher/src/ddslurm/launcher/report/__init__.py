@@ -16,8 +16,9 @@ Where each number comes from:
 - model usage: Data Designer's ``Model usage summary`` that each generation step prints into ``client.out``
   (per model name; the model-config lines above it name the alias and provider), summed over every attempt; its
   tokens/s over the union of the generating spans of the attempts that used it;
-- GPU-hours: ``sacct`` (elapsed x GPUs of the allocation) against, per allocation, the union of the spans in which
-  its proxies had requests in flight (``busy-<alias>.jsonl``; else its attempts' generating spans) x its GPUs;
+- GPU-hours: ``sacct`` (elapsed x GPUs of the allocation) against, per allocation, the sum over its replicas of
+  the union of the spans in which the replica had a request in flight (``busy-<alias>-<i>.jsonl``) x the replica's
+  GPUs (else its attempts' generating spans x its GPUs);
 - failures: attempt records grouped by reason;
 - columns: the dataset's Parquet statistics and Data Designer's per-shard analysis (``metadata.json``).
 """

@@ -256,18 +256,21 @@ def render_html(report: RunReport) -> str:
         parts.append(_chart(figures, "gpu"))
         if gpu.allocations:
             parts.append(
-                "<p class=muted>generating: per allocation, the union of the spans in which its servers had a request "
-                "in flight (its proxies' busy logs) x its GPUs, never above what sacct allocated it.</p>"
+                "<p class=muted>generating: per allocation, the sum over its replicas of the union of the spans in "
+                "which the replica had a request in flight (its busy log) x the replica's GPUs, never above what "
+                "sacct allocated it.</p>"
             )
             parts.append(
                 _table(
-                    ["allocation", "GPUs", "allocated (GPU-s)", "servers busy (s)", "from", "generating (GPU-s)"],
+                    ["allocation", "GPUs", "allocated (GPU-s)", "servers busy (s)", "from", "replicas busy (s x GPUs)",
+                     "generating (GPU-s)"],
                     [
                         [a.job, a.gpus, _num(a.allocated_s, 1), _num(a.busy_s, 1), a.busy_from,
+                         ", ".join(f"{r.alias} {r.replica}: {_num(r.busy_s, 1)} x {r.gpus}" for r in a.replicas) or "-",
                          _num(a.generating_gpu_s, 1) + (" (cut to allocated)" if a.clamped else "")]
                         for a in gpu.allocations
                     ],
-                    {1, 2, 3, 5},
+                    {1, 2, 3, 6},
                 )
             )  # fmt: skip
         if gpu.jobs:

@@ -112,6 +112,18 @@ class JobAccounting(msgspec.Struct, kw_only=True):
     gpus: int
 
 
+class ReplicaGpu(msgspec.Struct, kw_only=True):
+    """One model server (replica) of an allocation and the time it had work (its busy log)."""
+
+    alias: str
+    replica: int
+    """Its index among its deployment's replicas."""
+    gpus: int
+    """The GPUs it holds (:attr:`~ddslurm.config.DeploymentPlan.replica_gpus`)."""
+    busy_s: float
+    """Seconds of the union of the spans in which it had a request in flight (0: none, or no busy log)."""
+
+
 class AllocationGpu(msgspec.Struct, kw_only=True):
     """One allocation that held GPUs (an array task, ``<array>_<task>``) and the time its servers had work."""
 
@@ -121,14 +133,17 @@ class AllocationGpu(msgspec.Struct, kw_only=True):
     allocated_s: float | None
     """Elapsed seconds x GPUs of its runs (sacct, requeued runs included); None: no accounting."""
     busy_s: float
-    """Seconds of the union of the spans in which its servers had work."""
+    """Seconds of the union of the spans in which any of its servers had work."""
     busy_from: Literal["proxy", "attempts"]
-    """``proxy``: its proxies' busy logs (requests in flight); ``attempts``: none was found, the union of its
+    """``proxy``: its replicas' busy logs (requests in flight); ``attempts``: none was found, the union of its
     attempts' generating spans instead."""
     generating_gpu_s: float
-    """``busy_s x gpus``, never above ``allocated_s``."""
+    """``proxy``: the sum over its replicas of their ``busy_s x gpus``; ``attempts``: ``busy_s x gpus``; never
+    above ``allocated_s``."""
     clamped: bool = False
-    """``busy_s x gpus`` was above what sacct allocated, and was cut to it."""
+    """The GPU time generating was above what sacct allocated, and was cut to it."""
+    replicas: list[ReplicaGpu] = msgspec.field(default_factory=list)
+    """``proxy``: every replica of the plan in this allocation, with its own busy time; ``attempts``: empty."""
 
 
 class GpuUsage(msgspec.Struct, kw_only=True):
@@ -136,8 +151,8 @@ class GpuUsage(msgspec.Struct, kw_only=True):
     """Elapsed time x GPUs of every allocation of the run's GPU arrays (requeued runs included), from ``sacct``;
     None: the accounting could not be read (nothing is estimated in its place)."""
     generating_gpu_hours: float
-    """Per allocation, the union of the spans in which its servers had work x its GPUs (at most its allocated
-    GPU time), summed over the allocations."""
+    """Per allocation, the sum over its replicas of the union of the spans in which the replica had work x the
+    replica's GPUs (at most the allocation's allocated GPU time), summed over the allocations."""
     utilisation: float | None = None
     """``generating / allocated``; None when allocated is unknown or 0."""
     source: str = "sacct"

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from ddslurm.config import RunLayout, SubmissionRecord
+from ddslurm.config import RunLayout, ServingPlan, SubmissionRecord
 from ddslurm.launcher._slurm import Accounting, Slurm
 from ddslurm.launcher.report._client_out import ClientOut
 from ddslurm.launcher.report._model import (
@@ -24,6 +24,7 @@ from ddslurm.launcher.report._model import (
     Phase,
     PhaseName,
     RateBin,
+    ReplicaGpu,
     RunReport,
     StageRate,
     iso,
@@ -105,7 +106,7 @@ def union(spans: Iterable[Span]) -> list[Span]:
 
 def length(spans: Iterable[Span]) -> float:
     """Seconds covered by at least one of the spans (their union's length: overlaps counted once)."""
-    return sum((end - start).total_seconds() for start, end in union(spans))
+    return sum(((end - start).total_seconds() for start, end in union(spans)), 0.0)
 
 
 def _stage_name(item: AttemptFacts, staged: bool) -> str | None:
@@ -347,10 +348,25 @@ def _allocation(item: AttemptFacts) -> str:
     return item.array_task or item.record.job_id
 
 
+def _replicas(serving: ServingPlan, logged: dict[tuple[str, int], list[Span]]) -> list[ReplicaGpu]:
+    """Every replica of the plan with the seconds its busy log covers, to the millisecond (0 without one: it never
+    had work)."""
+    return [
+        ReplicaGpu(
+            alias=d.alias,
+            replica=r.index,
+            gpus=d.replica_gpus,
+            busy_s=round(length(logged.get((d.alias, r.index), [])), 3),
+        )
+        for d in serving.deployments
+        for r in d.replicas
+    ]
+
+
 def _gpu(facts: RunFacts, active: dict[Key, Span]) -> tuple[GpuUsage, list[str]]:
-    """GPU time allocated (sacct) and generating: per allocation that held GPUs, the union of the spans in which
-    its servers had work (its proxies' busy logs, else its attempts' generating spans) x its GPUs, at most what
-    sacct allocated it."""
+    """GPU time allocated (sacct) and generating: per allocation that held GPUs, the sum over its replicas of the
+    union of the spans in which the replica had work (its busy log) x the replica's GPUs; without any busy log,
+    the union of its attempts' generating spans x its GPUs; at most what sacct allocated it."""
     plan, subs = facts.plan, facts.submissions
     staged = len(plan.stages) > 1
     plan_gpus = plan.serving.gpus if plan.serving is not None else 0
@@ -369,15 +385,21 @@ def _gpu(facts: RunFacts, active: dict[Key, Span]) -> tuple[GpuUsage, list[str]]
         by_allocation.setdefault(_allocation(item), []).append(item)
     allocations: list[AllocationGpu] = []
     for name, items in by_allocation.items():
-        busy = [span for d in sorted({i.serving_dir for i in items if i.serving_dir}) for span in facts.busy.get(d, [])]
-        source: Literal["proxy", "attempts"] = "proxy" if busy else "attempts"
-        if not busy:
-            busy = [active[k] for k in (_key(i, staged) for i in items) if k in active]
+        logged: dict[tuple[str, int], list[Span]] = {}
+        for folder in sorted({i.serving_dir for i in items if i.serving_dir}):
+            for replica, spans in facts.busy.get(folder, {}).items():
+                logged.setdefault(replica, []).extend(spans)
         rows = accounted.get(name, [])
         gpus = max((r.gpus for r in rows), default=0) or plan_gpus
         allocated = float(sum(r.elapsed_s * (r.gpus or plan_gpus) for r in rows)) if rows else None
-        busy_s = length(busy)
-        generating = busy_s * gpus
+        replicas = _replicas(plan.serving, logged) if logged and plan.serving is not None else []
+        source: Literal["proxy", "attempts"] = "proxy" if replicas else "attempts"
+        if replicas:
+            busy_s = length(span for spans in logged.values() for span in spans)
+            generating = sum(r.busy_s * r.gpus for r in replicas)
+        else:
+            busy_s = length(active[k] for k in (_key(i, staged) for i in items) if k in active)
+            generating = busy_s * gpus
         clamped = allocated is not None and generating > allocated
         allocations.append(
             AllocationGpu(
@@ -388,6 +410,7 @@ def _gpu(facts: RunFacts, active: dict[Key, Span]) -> tuple[GpuUsage, list[str]]
                 busy_from=source,
                 generating_gpu_s=round(min(generating, allocated) if allocated is not None else generating, 3),
                 clamped=clamped,
+                replicas=replicas,
             )
         )
     allocations.sort(key=lambda a: [int(p) if p.isdigit() else 0 for p in a.job.split("_")])
@@ -397,7 +420,7 @@ def _gpu(facts: RunFacts, active: dict[Key, Span]) -> tuple[GpuUsage, list[str]]
     if facts.accounting is None and plan.serving is not None:
         notes.append(
             "Slurm's accounting (sacct) could not be read: GPU-hours allocated, and the share of them spent "
-            "generating, are unknown (not estimated); GPU-hours generating are the plan's GPUs x the busy spans"
+            "generating, are unknown (not estimated); GPU-hours generating are each replica's GPUs x its busy spans"
         )
     if cut := [a.job for a in allocations if a.clamped]:
         notes.append(

@@ -98,9 +98,10 @@ class RunFacts:
     """The ``column_statistics`` of each winner's Data Designer analysis (``metadata.json``), shard by shard."""
     gpu_analyses: list[Any]
     """The same of a two-stage run's GPU-stage winners (empty for a single-stage run)."""
-    busy: dict[str, list[tuple[datetime, datetime]]]
-    """Serving directory → the spans its proxies' busy logs (``busy-<alias>.jsonl``) hold, every alias's; a
-    directory without any is absent."""
+    busy: dict[str, dict[tuple[str, int], list[tuple[datetime, datetime]]]]
+    """Serving directory → (alias, replica index) → the spans of that replica's busy log
+    (``busy-<alias>-<i>.jsonl``: it had a request in flight); a directory without any busy log is absent, and so
+    is a replica without one."""
     accounting: list[Accounting] | None
     """Every run of every task of the run's arrays (``sacct``); None: the scheduler was not asked, or it did not
     answer."""
@@ -209,18 +210,18 @@ def _attempts(layout: RunLayout, plan: Plan) -> list[AttemptFacts]:
     return found
 
 
-def _busy(plan: Plan, dirs: Iterable[str]) -> dict[str, list[tuple[datetime, datetime]]]:
-    """The spans of every busy log of the plan's aliases in each serving directory (lines that do not decode, such
+def _busy(plan: Plan, dirs: Iterable[str]) -> dict[str, dict[tuple[str, int], list[tuple[datetime, datetime]]]]:
+    """The spans of every busy log of the plan's replicas in each serving directory (lines that do not decode, such
     as one cut by a kill, skipped)."""
-    aliases = [d.alias for d in plan.serving.deployments] if plan.serving is not None else []
-    found: dict[str, list[tuple[datetime, datetime]]] = {}
+    replicas = [(d.alias, r.index) for d in plan.serving.deployments for r in d.replicas] if plan.serving else []
+    found: dict[str, dict[tuple[str, int], list[tuple[datetime, datetime]]]] = {}
     for folder in sorted(set(dirs)):
-        spans: list[tuple[datetime, datetime]] = []
-        for alias in aliases:
+        for alias, index in replicas:
             try:
-                text = busy_log(Path(folder), alias).read_text(errors="replace")
+                text = busy_log(Path(folder), alias, index).read_text(errors="replace")
             except OSError:
                 continue
+            spans: list[tuple[datetime, datetime]] = []
             for line in text.splitlines():
                 try:
                     span = msgspec.json.decode(line, type=BusySpan)
@@ -229,8 +230,8 @@ def _busy(plan: Plan, dirs: Iterable[str]) -> dict[str, list[tuple[datetime, dat
                 start, end = datetime.fromtimestamp(span.start, UTC), datetime.fromtimestamp(span.end, UTC)
                 if end >= start:
                     spans.append((start, end))
-        if spans:
-            found[folder] = sorted(spans)
+            if spans:
+                found.setdefault(folder, {})[(alias, index)] = sorted(spans)
     return found
 
 
