@@ -436,26 +436,35 @@ def loaded(run_path: Path | None, profile_path: Path) -> tuple[RunFile | None, C
         raise SubmitError(str(exc)) from exc
 
 
+@dataclass(frozen=True, slots=True)
+class ProfileChecked:
+    """What :func:`check_profile_first` read, for :func:`check_jobs`: the scheduler's answers and the two files."""
+
+    facts: ClusterFacts
+    run: RunFile
+    profile: ClusterProfile
+
+
 def check_profile_first(
     run_path: Path, profile_path: Path, slurm: Slurm, env: Mapping[str, str]
-) -> ClusterFacts | None:
+) -> ProfileChecked | None:
     """``submit``'s checks of the profile before its inputs are prepared (a builder script run, Data Designer's
-    check): refused with every problem at once. Returns the facts read (for :func:`check_jobs`); None when the
+    check): refused with every problem at once. Returns what was read (for :func:`check_jobs`); None when the
     files do not load (``prepare`` then refuses them as it does)."""
     try:
         run, profile = loaded(run_path, profile_path)
     except SubmitError:
         return None
+    assert run is not None
     facts = ClusterFacts(slurm, env, run_path, profile_path)
     refuse_problems(profile_checks(facts, profile, run))
-    return facts
+    return ProfileChecked(facts, run, profile)
 
 
-def check_jobs(facts: ClusterFacts | None, run_path: Path, profile_path: Path, plan: Plan, script: str) -> None:
+def check_jobs(checked: ProfileChecked | None, plan: Plan, script: str) -> None:
     """``submit``'s checks of the compiled jobs (they fit on their partitions' nodes, the QOS, ``sbatch
     --test-only`` of the first array ``script``), refused with every problem at once."""
-    if facts is None:
+    if checked is None:
         return
-    run, profile = loaded(run_path, profile_path)
-    assert run is not None
-    refuse_problems(job_checks(facts, run, profile, plan, script), "the run's jobs do not fit this cluster")
+    problems = job_checks(checked.facts, checked.run, checked.profile, plan, script)
+    refuse_problems(problems, "the run's jobs do not fit this cluster")

@@ -95,12 +95,12 @@ def dry_run(
     """Validate and compile ``run_file`` for the cluster of ``profile``, check the profile and the jobs against the
     cluster (``ddslurm doctor``'s checks, every problem at once), and plan its submission; write nothing, submit
     nothing. Raises what ``submit`` would raise for the same inputs (``check_endpoints`` included)."""
-    facts = check_profile_first(run_file, profile, slurm, env)
+    checked = check_profile_first(run_file, profile, slurm, env)
     prepared, planned, script = compile_dry_run(
         run_file, profile, slurm=slurm, env=env, now=now, check_endpoints=check_endpoints
     )
     plan = prepared.plan
-    check_jobs(facts, run_file, profile, plan, script)
+    check_jobs(checked, plan, script)
     snapshot = msgspec.json.decode(prepared.snapshot_bytes, type=ProviderSnapshot)
     bill = make_bill(plan, planned.arrays, prepared.aliases, snapshot)
     return DryRun(prepared, planned, script, bill, secret_warnings(slurm, plan))

@@ -532,7 +532,7 @@ def submit(
     directory again; a later one (or a timeout) raises :class:`PartialSubmitError` and leaves an incomplete run.
     ``check_endpoints``: ask the hosted endpoints first (``--check-endpoints``)."""
     now = clock()
-    facts = check_profile_first(run_path, profile_path, slurm, env)
+    checked = check_profile_first(run_path, profile_path, slurm, env)
     prepared = prepare(run_path, profile_path, env, now, home, check_endpoints=check_endpoints)
     layout, plan = prepared.layout, prepared.plan
     check_environment(plan, env)
@@ -540,7 +540,7 @@ def submit(
         planned = plan_submission(
             plan, layout, [s.index for s in plan.shards], read_limits(slurm, plan), stamp=new_stamp(now)
         )
-    check_jobs(facts, run_path, profile_path, plan, first_script(plan, layout, planned))
+    check_jobs(checked, plan, first_script(plan, layout, planned))
     write_run_dir(prepared)
     try:
         with submit_lock(layout):
