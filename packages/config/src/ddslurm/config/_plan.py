@@ -9,7 +9,7 @@ import msgspec
 from ddslurm.config._base import Frozen
 from ddslurm.config._layout import LAYOUT_VERSION
 from ddslurm.config._records import FileEntry
-from ddslurm.config._runfile import ResumeMode
+from ddslurm.config._runfile import Engine, ResumeMode
 
 PLAN_VERSION = 2
 
@@ -22,6 +22,7 @@ class Resources(Frozen, frozen=True, kw_only=True):
     qos: str | None = None
     time_minutes: int
     nodes: int = 1
+    """``--nodes``; ``cpus_per_task``, ``memory`` and ``gres``/``gpus`` are each per node."""
     cpus_per_task: int = 1
     memory: str | None = None
     gres: str = "none"
@@ -32,12 +33,19 @@ class Resources(Frozen, frozen=True, kw_only=True):
 
 
 class ReplicaPlan(Frozen, frozen=True, kw_only=True):
-    """One vLLM server process: ``gpus`` GPUs (its tensor-parallel size) in its own srun step."""
+    """One engine (vLLM or SGLang) with its own API: ``nodes`` srun steps of ``gpus`` GPUs each, one on each of
+    the allocation's first ``nodes`` nodes (node rank k on the k-th; rank 0, the leader, serves the API, the
+    others run headless and join it). One node: one step of ``tensor_parallel x pipeline_parallel x
+    data_parallel`` GPUs."""
 
     index: int
     gpus: int
+    """GPUs of each of its steps (a node's share of its ranks)."""
     cpus: int
+    """CPUs of each of its steps."""
     port: int | None = None
+    nodes: int = 1
+    """The nodes its ranks span (one step each). Plans compiled before multi-node replicas: 1."""
 
 
 class DeploymentPlan(Frozen, frozen=True, kw_only=True):
@@ -62,7 +70,8 @@ class DeploymentPlan(Frozen, frozen=True, kw_only=True):
     """Names of job environment variables given to this deployment's server steps only (``server.env_from``);
     their values are never in the plan."""
     capacity: int | None = None
-    """Sequences one replica runs at once: ``--max-num-seqs`` in ``extra_args``, else vLLM's default (the planner's
+    """Sequences one replica runs at once: its data-parallel ranks x what one rank runs (``--max-num-seqs`` in
+    ``extra_args``, SGLang's ``--max-running-requests``, else the engine's default: the planner's
     ``VLLM_DEFAULT_MAX_NUM_SEQS``). None in plans compiled before ddslurm sized the client."""
     max_parallel_requests: int | None = None
     """Requests each Data Designer client keeps in flight to this alias: replicas x ``capacity``, divided among the
@@ -71,25 +80,37 @@ class DeploymentPlan(Frozen, frozen=True, kw_only=True):
     ``max_parallel_requests`` (anything but Data Designer's default); None (older plans): the recipe's value
     stands."""
 
+    engine: Engine = "vllm"
+    pipeline_parallel: int = 1
+    data_parallel: int = 1
+    expert_parallel: bool = False
+
     @property
     def replica_gpus(self) -> int:
-        """The GPUs one replica of this deployment holds (and keeps busy while it has work): its tensor-parallel
-        size. The one place that says so; the report's GPU time generating counts each replica's busy time x
-        this."""
-        return self.tensor_parallel
+        """The GPUs one replica of this deployment holds (and keeps busy while it has work), on all its nodes:
+        ``tensor_parallel x pipeline_parallel x data_parallel``. The one place that says so; the report's GPU time
+        generating counts each replica's busy time x this."""
+        return self.tensor_parallel * self.pipeline_parallel * self.data_parallel
 
 
 class ServingPlan(Frozen, frozen=True, kw_only=True):
-    """Everything needed to start the run's model servers inside the allocation."""
+    """Everything needed to start the run's model servers inside the allocation: ``nodes`` nodes of ``gpus``
+    GPUs each. Every endpoint (proxy) and every replica's leader is on the first node, the batch step's, where the
+    clients run; only the followers of the one replica that spans nodes run on the others."""
 
     deployments: tuple[DeploymentPlan, ...]
     gpus: int
+    """GPUs on each node of the allocation (``--gres=gpu:N`` is per node)."""
     gpu_request: Literal["gres", "gpus"] = "gres"
     container_runtime: Literal["none", "pyxis", "apptainer"] = "none"
     vllm_executable: str = "vllm"
     vllm_image: str | None = None
     container_mounts: tuple[str, ...] = ()
     proxy_cpus: int = 1
+    nodes: int = 1
+    """Nodes of each allocation (``--nodes``). Plans compiled before multi-node replicas: 1."""
+    sglang_executable: str = "python3"
+    sglang_image: str | None = None
 
 
 class ShardSpec(Frozen, frozen=True, kw_only=True):

@@ -32,7 +32,8 @@ class ClusterProfile(Frozen, frozen=True, kw_only=True):
     cpu_partition: str | None = None
     """Partition of hosted-only generation jobs and of collection jobs (as ``partition``)."""
     gpus_per_node: NonNegativeInt = 0
-    """GPUs on one node of ``partition``: a run's deployments must fit on one node."""
+    """GPUs on one node of ``partition``: replicas that fit on a node share one node; a replica bigger than a node
+    spans whole nodes."""
     gpu_request: Literal["gres", "gpus"] = "gres"
     """How jobs ask for GPUs: ``--gres=gpu:N`` (``gres``) or ``--gpus=N`` (``gpus``)."""
     memory_per_gpu: str | None = None
@@ -45,6 +46,11 @@ class ClusterProfile(Frozen, frozen=True, kw_only=True):
     """The ``vllm`` command (a path or a name on ``PATH``) when no container is used."""
     vllm_image: str | None = None
     """The vLLM image for Pyxis or Apptainer."""
+    sglang_executable: str = "python3"
+    """The Python with SGLang installed (``<it> -m sglang.launch_server``; a path or a name on ``PATH``), for
+    deployments with ``engine: sglang`` when no container is used."""
+    sglang_image: str | None = None
+    """The SGLang image for Pyxis or Apptainer (its ``python3`` runs the server)."""
     extra_sbatch: tuple[str, ...] = ()
     """``#SBATCH`` lines added to every job of this cluster, one long option each (as the run file's
     ``submission.extra_sbatch``, with the same options refused)."""

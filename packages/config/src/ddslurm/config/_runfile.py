@@ -400,19 +400,41 @@ class ServerSpec(Frozen, frozen=True, kw_only=True):
             seen.add(name)
 
 
+Engine = Literal["vllm", "sglang"]
+"""The serving engines ddslurm starts: vLLM (``vllm serve``) and SGLang (``python -m sglang.launch_server``)."""
+
+
 class Deployment(Frozen, frozen=True, kw_only=True):
-    """A vLLM deployment started inside the job, serving one model alias of the recipe."""
+    """A model deployment started inside the job (vLLM or SGLang), serving one model alias of the recipe.
+
+    One replica holds ``tensor_parallel x pipeline_parallel x data_parallel`` GPUs. A replica that needs more GPUs
+    than a node has spans ``GPUs / gpus_per_node`` whole nodes (one server step per node: the leader, which serves
+    the API, and headless followers); tensor parallel never crosses a node."""
 
     model_alias: str
     """An alias the recipe's columns use; each alias is deployed at most once."""
     model: str
-    """What vLLM loads: a Hugging Face hub id or a path on the nodes."""
+    """What the engine loads: a Hugging Face hub id or a path on the nodes."""
     served_model_name: str | None = None
     """The model name requests use. None: ``model``."""
+    engine: Engine = "vllm"
+    """``vllm`` or ``sglang`` (the profile's ``vllm_executable``/``vllm_image`` or ``sglang_executable``/
+    ``sglang_image``)."""
     replicas: PositiveInt = 1
-    """Server processes behind the alias's one endpoint (a balancing proxy when more than one)."""
+    """Server processes (each a whole engine: its ranks, its API) behind the alias's one endpoint, the balancing
+    proxy."""
     tensor_parallel: PositiveInt = 1
-    """GPUs per replica (``--tensor-parallel-size``)."""
+    """GPUs of one tensor-parallel group (vLLM ``--tensor-parallel-size``, SGLang ``--tp-size``); at most a node's
+    GPUs."""
+    pipeline_parallel: PositiveInt = 1
+    """Pipeline stages of one replica (vLLM ``--pipeline-parallel-size``, SGLang ``--pp-size``), each a
+    tensor-parallel group; the stages of a replica bigger than a node run on several nodes."""
+    data_parallel: PositiveInt = 1
+    """The engine's own data-parallel ranks inside one replica (vLLM ``--data-parallel-size``, SGLang
+    ``--dp-size``): one API, requests spread over the ranks by the engine; ``--max-num-seqs`` applies per rank."""
+    expert_parallel: bool = False
+    """Shard a mixture-of-experts model's experts over the replica's ranks instead of its tensor-parallel groups
+    (vLLM ``--enable-expert-parallel``, SGLang ``--ep-size`` = ``tensor_parallel``)."""
     server: ServerSpec = msgspec.field(default_factory=ServerSpec)
     """How each replica is started (below)."""
 

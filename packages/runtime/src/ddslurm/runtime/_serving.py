@@ -93,6 +93,18 @@ def vllm_serve_args(dep: DeploymentPlan, listen: str) -> list[str]:
 
 
 @dataclass(frozen=True, slots=True)
+class RankPlace:
+    """Where one node's step of a replica that spans nodes stands: its node rank (0: the leader, which serves
+    the API; the others headless) and where the ranks meet, the leader node's ``address`` and a ``port`` there
+    (strings, so that the dry-run bill can show ``<leader>`` and ``<port>``)."""
+
+    node_rank: int
+    nodes: int
+    address: str
+    port: str
+
+
+@dataclass(frozen=True, slots=True)
 class ServerCommand:
     argv: tuple[str, ...]
     srun_extra: tuple[str, ...] = ()

@@ -32,6 +32,9 @@ class StepSpec:
     gpus: int = 0
     gpu_request: GpuRequest = "gres"
     srun_extra: tuple[str, ...] = ()
+    node: int | None = None
+    """The allocation's node to run on, by its index in the job's node list (``srun --relative``); None: where
+    srun places it (an allocation of one node)."""
 
 
 @dataclass(slots=True)
@@ -102,6 +105,7 @@ def srun_argv(spec: StepSpec, job_name: str | None = None) -> list[str]:
         "--exact",
         "--nodes=1",
         "--ntasks=1",
+        *([f"--relative={spec.node}"] if spec.node is not None else []),
         f"--cpus-per-task={spec.cpus}",
         f"--job-name={job_name or spec.name}",
         "--export=ALL",
