@@ -10,14 +10,18 @@ counts and in several *layouts* (run-file overrides, :data:`LAYOUTS`):
 - ``single``: the defaults in one stage (``stages: single``): the hosted judge runs in the GPU allocation;
 - ``auto``: the defaults (``allocations``/``client_workers`` auto, ``max_parallel_requests`` sized by the plan,
   ``stages: auto``: the judge in a CPU allocation after the GPU stage, whose GPU-seconds are none);
-- ``alloc1``: the defaults with ``allocations: 1``: one allocation, its servers kept warm across every shard.
+- ``alloc1``: the defaults with ``allocations: 1``: one allocation, its servers kept warm across every shard;
+- ``twonode``: ``alloc1`` with one generator replica over both GPU nodes (``tensor_parallel: 4,
+  pipeline_parallel: 2``: a leader on n1, a headless follower on n2, 8 GPUs behind one API) instead of
+  ``--replicas`` one-node replicas.
 
-A layout is a name, run-file lines and whether the plan keeps its client sizing, so another one (``stages: auto``)
-is one more entry.
+A layout is a name, run-file lines, whether the plan keeps its client sizing and, optionally, the generator's
+shape, so another one (``stages: auto``) is one more entry.
 
 Allocated: for each generation job, its elapsed time (sacct Start..End) x its GPUs (sacct AllocTRES gres/gpu).
 Busy: for each replica (a stand-in, ``--fake-request-log`` with the time each request got a running slot and the time
-it ended), the integral over time of min(running, capacity) / capacity, times its tensor-parallel GPUs.
+it ended; a replica over two nodes logs on its leader, its follower serves no requests), the integral over time of
+min(running, capacity) / capacity, times its GPUs (tensor x pipeline x data parallel, on all its nodes).
 
 The rest is split per job, from the controller's log (the job's slurm output), the attempts' records, the hosted
 judge's request log (``--fake-log-match`` tags each request with its record, so with its shard and job) and the
@@ -92,13 +96,18 @@ class Layout:
     """Run-file lines appended to the base run file (``{shards}`` is replaced by the shard count)."""
     sized: bool = True
     """Whether the plan keeps its client sizing (``max_parallel_requests`` from the replicas' capacity)."""
+    shape: str | None = None
+    """The generator deployment's parallel fields (run-file lines) instead of ``--replicas`` and ``--tp``."""
 
 
+TWO_NODES = "replicas: 1\n  tensor_parallel: 4\n  pipeline_parallel: 2\n"
+"""One replica of 8 GPUs: on the local cluster's 4-GPU nodes, a leader on n1 and a follower on n2."""
 LAYOUTS = {
     "anchor": Layout("anchor", "allocations: {shards}\nclient_workers: 1\nstages: single\n", sized=False),
     "single": Layout("single", "stages: single\n"),
     "auto": Layout("auto", ""),
     "alloc1": Layout("alloc1", "allocations: 1\n"),
+    "twonode": Layout("twonode", "allocations: 1\n", shape=TWO_NODES),
 }
 
 
@@ -140,12 +149,13 @@ def _files(root: Path, shards: int, layout: Layout, args: argparse.Namespace, ho
             *("--fake-startup-delay", str(args.startup_delay)),
         ]
     )
+    shape = layout.shape or f"replicas: {args.replicas}\n  tensor_parallel: {args.tp}\n"
     run = root / "run.yaml"
     run.write_text(
         f"name: bench-gpu-busy\nrecipe: recipe.yaml\nnum_records: {records}\nshards: {shards}\n"
         f"buffer_size: {args.buffer}\n"
         "deployments:\n- model_alias: generator\n  model: bench/gen\n  served_model_name: qwen3-8b\n"
-        f"  replicas: {args.replicas}\n  tensor_parallel: {args.tp}\n"
+        f"  {shape}"
         f"  server: {{cpus: 1, startup_timeout: 120, extra_args: {extra}}}\n"
         f"submission: {{time_limit: '00:10:00', cpus: {args.replicas}, memory: 4G}}\nclient_retries: 0\n"
         + layout.run_lines.format(shards=shards)
@@ -264,16 +274,17 @@ def analyse(
     logs: Path,
     hosted_log: Path,
     jobs: list[Job],
-    args: argparse.Namespace,
+    replica: tuple[int, int],
     workers: int,
     firsts: list[int],
     limit: int,
 ) -> dict[str, Any]:
-    """``firsts``: each shard's first record (the seed row, and so the ``(#N)`` its prompts carry); ``limit``: the
-    generator's ``max_parallel_requests`` in each client."""
+    """``replica``: the sequences one generator replica runs at once and its GPUs; ``firsts``: each shard's first
+    record (the seed row, and so the ``(#N)`` its prompts carry); ``limit``: the generator's
+    ``max_parallel_requests`` in each client."""
     from ddslurm.config import AttemptRecord, read_json
 
-    capacity, tp = args.capacity, args.tp
+    capacity, tp = replica
     by_raw = {j.raw: j for j in jobs}
     for log in logs.glob("requests-*.jsonl"):
         job = by_raw.get(log.name.split("-")[1])
@@ -346,7 +357,13 @@ def run_layout(
     prepared = prepare(run, profile, env, datetime.now(UTC), check_recipe=lambda *_: [])
     if not layout.sized:
         prepared = unsized(prepared)
-    same = (prepared.plan.allocations, prepared.plan.client_workers, layout.sized, len(prepared.plan.stages))
+    same = (
+        prepared.plan.allocations,
+        prepared.plan.client_workers,
+        layout.sized,
+        len(prepared.plan.stages),
+        layout.shape,
+    )
     if same in done:
         return {**done[same], "layout": layout.name, "same_as": done[same]["layout"]}
     write_run_dir(prepared)
@@ -364,8 +381,10 @@ def run_layout(
     assert plan.serving is not None
     workers = plan.client_workers if plan.allocations else 1
     firsts = [sh.first_record for sh in plan.shards]
-    limit = plan.serving.deployments[0].max_parallel_requests or DD_DEFAULT
-    got = analyse(layout_dir.root, root / "logs", hosted_log, jobs, args, workers, firsts, limit)
+    generator = plan.serving.deployments[0]
+    limit = generator.max_parallel_requests or DD_DEFAULT
+    replica = (generator.capacity or args.capacity, generator.replica_gpus)
+    got = analyse(layout_dir.root, root / "logs", hosted_log, jobs, replica, workers, firsts, limit)
     done[same] = line = {
         "bench": "gpu_busy",
         "shards": shards,
@@ -373,6 +392,8 @@ def run_layout(
         "allocations": plan.allocations or shards,
         "client_workers": workers,
         "max_parallel_requests": limit,
+        "nodes": plan.serving.nodes,
+        "replica_gpus": generator.replica_gpus,
         **got,
         "wall_s": round(wall, 1),
         "busy_cpus": None if busy0 is None or busy1 is None else round((busy1 - busy0) / wall, 2),

@@ -229,3 +229,20 @@ def vllm_stand_in(folder: Path, name: str = "", *, record_env: bool = False, rec
     script.write_text(f'#!/bin/sh\n{record}{requests} exec "{FAKE_VLLM}" "$@"\n')
     script.chmod(0o755)
     return script
+
+
+def one_draw_recipe(tmp_path: Path) -> Path:
+    """The mixed example with one value for its ``difficulty`` sampler: the draws, and with them every prompt and
+    (the stand-ins reply as a function of the prompt) every generated value, are the same in every run."""
+    import yaml
+
+    folder = tmp_path / "recipe"
+    folder.mkdir()
+    recipe = yaml.safe_load(MIXED_RECIPE.read_text())
+    for column in recipe["data_designer"]["columns"]:
+        if column["name"] == "difficulty":
+            column["params"]["values"] = ["with a join"]
+    (folder / "recipe.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
+    for data in MIXED_RECIPE.parent.glob("*.csv"):
+        (folder / data.name).write_bytes(data.read_bytes())
+    return folder / "recipe.yaml"

@@ -15,8 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from ddslurm.config import AttemptRecord, SubmissionRecord, WinnerRecord, read_json, read_plan
-from tests.e2e import MIXED_RECIPE, generator, vllm_stand_in
 from tests.e2e import cli_json as _cli
+from tests.e2e import generator, one_draw_recipe, vllm_stand_in
 
 pytestmark = [pytest.mark.slurm, pytest.mark.dd]
 
@@ -42,27 +42,10 @@ def _sacct(job: str, fields: str) -> list[list[str]]:
     return [line.split("|") for line in out.splitlines() if line]
 
 
-def _one_draw_recipe(tmp_path: Path) -> Path:
-    """The mixed example with one value for its ``difficulty`` sampler: the draws, and with them every prompt and
-    (the stand-ins reply as a function of the prompt) every generated value, are the same in every run."""
-    import yaml
-
-    folder = tmp_path / "recipe"
-    folder.mkdir()
-    recipe = yaml.safe_load(MIXED_RECIPE.read_text())
-    for column in recipe["data_designer"]["columns"]:
-        if column["name"] == "difficulty":
-            column["params"]["values"] = ["with a join"]
-    (folder / "recipe.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
-    for data in MIXED_RECIPE.parent.glob("*.csv"):
-        (folder / data.name).write_bytes(data.read_bytes())
-    return folder / "recipe.yaml"
-
-
 def test_two_stage_run_frees_the_gpus_and_collects_the_single_stage_dataset(
     make_run_files: Any, hosted_endpoint: Any, tmp_path: Path
 ) -> None:
-    recipe = _one_draw_recipe(tmp_path)
+    recipe = one_draw_recipe(tmp_path)
     common = {"num_records": RECORDS, "shards": SHARDS, "buffer_size": 4, "recipe": recipe}
     staged_files = make_run_files(
         "staged", extra_run=GENERATOR, vllm_executable=vllm_stand_in(tmp_path, "staged"), **common
@@ -162,7 +145,7 @@ def test_two_stage_run_frees_the_gpus_and_collects_the_single_stage_dataset(
 
 
 def test_pulling_gpu_allocations_and_automatic_retries_in_two_stages(make_run_files: Any, tmp_path: Path) -> None:
-    recipe = _one_draw_recipe(tmp_path)
+    recipe = one_draw_recipe(tmp_path)
     files = make_run_files(
         "pulling",
         num_records=RECORDS,
