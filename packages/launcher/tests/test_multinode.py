@@ -15,9 +15,11 @@ from ddslurm.config import (
     ProviderSnapshot,
     RunFile,
     RunLayout,
+    ServerSpec,
     Submission,
 )
 from ddslurm.launcher._bill import bill_lines, make_bill
+from ddslurm.launcher._console import plan_notes
 from ddslurm.launcher._render import render_generation
 from ddslurm.planner import PlanInputs, compile_plan, plan_arrays
 from ddslurm.providers import AliasRow
@@ -123,3 +125,12 @@ def test_sglang_is_named_in_the_bill() -> None:
     rows = [AliasRow(alias="gen", kind="local", model="m", provider="local", endpoint="", key_env=None, key_set=None)]
     bill = make_bill(plan, arrays, rows, ProviderSnapshot())
     assert bill.aliases[0].where.startswith("1 replica x (TP 1 = 1 GPU), sglang; endpoint:")
+
+
+def test_the_dry_run_notes_the_capacity_it_assumes_for_sglang() -> None:
+    plan = _plan(Deployment(model_alias="gen", model="m", engine="sglang", data_parallel=2))
+    [note] = [n for n in plan_notes(plan) if n.startswith("gen:")]
+    assert "ddslurm assumes 512 a replica for the clients (2 rank(s) x 256)" in note
+    flagged = ServerSpec(extra_args=("--max-running-requests", "8"))
+    sized = _plan(Deployment(model_alias="gen", model="m", engine="sglang", server=flagged))
+    assert not [n for n in plan_notes(sized) if n.startswith("gen:")]
