@@ -73,7 +73,9 @@ def value_secret(value: str) -> str | None:
 
 
 RESERVED_SERVER_FLAGS = frozenset({"api-key"})
-"""``vllm serve`` flags ddslurm sets itself (the attempt's own token, as ``VLLM_API_KEY``); never in extra_args."""
+"""Engine flags that carry the attempt's own token, which ddslurm gives the server without a command line (vLLM:
+``VLLM_API_KEY``); never in extra_args. The flags ddslurm sets from the deployment's fields are refused by
+:func:`server_flag_set_by_ddslurm`."""
 
 
 def server_args_secret(args: Sequence[str]) -> tuple[int, str] | None:
@@ -99,7 +101,10 @@ def server_args_secret(args: Sequence[str]) -> tuple[int, str] | None:
         flag, inline, value = item.partition("=")
         name = flag.lstrip("-").replace("_", "-").lower()
         if name in RESERVED_SERVER_FLAGS:
-            return index, f"{flag} is set by ddslurm itself (each attempt's own token, as VLLM_API_KEY); remove it"
+            return index, (
+                f"{flag} is set by ddslurm itself (each attempt's own token, given to the server without a command "
+                "line); remove it"
+            )
         at = index
         if not inline:
             following = args[index + 1] if index + 1 < len(args) else None
@@ -112,6 +117,81 @@ def server_args_secret(args: Sequence[str]) -> tuple[int, str] | None:
         why = value_secret(value) if inline else None
         if why is not None:
             return index, f"the value of {flag} looks like a secret ({why}){advice}"
+    return None
+
+
+_LISTEN = "where each replica listens: a socket or a loopback port; set server.port for fixed ports"
+_RANKS = "on each rank of a replica that spans nodes, from tensor_parallel, pipeline_parallel and data_parallel"
+_VLLM_SET_FLAGS: dict[tuple[str, ...], str] = {
+    ("--tensor-parallel-size", "-tp"): "tensor_parallel",
+    ("--pipeline-parallel-size", "-pp"): "pipeline_parallel",
+    ("--data-parallel-size", "-dp"): "data_parallel",
+    ("--data-parallel-size-local", "-dpl"): _RANKS,
+    ("--data-parallel-start-rank", "-dpr"): _RANKS,
+    ("--data-parallel-address", "-dpa"): _RANKS,
+    ("--data-parallel-rpc-port", "-dpp"): _RANKS,
+    ("--enable-expert-parallel", "-ep"): "expert_parallel",
+    ("--nnodes", "-n"): _RANKS,
+    ("--node-rank", "-r"): _RANKS,
+    ("--master-addr",): _RANKS,
+    ("--master-port",): _RANKS,
+    ("--headless",): _RANKS,
+    ("--uds",): _LISTEN,
+    ("--host",): _LISTEN,
+    ("--port",): _LISTEN,
+    ("--served-model-name",): "served_model_name",
+}
+"""``vllm serve`` flags ddslurm sets itself, with their aliases (``add_cli_args`` of ``EngineArgs`` in
+``vllm/engine/arg_utils.py`` and ``vllm/entrypoints/openai/cli_args.py`` of vllm-project/vllm), and the field to
+set instead (or why none)."""
+_SGLANG_SET_FLAGS: dict[tuple[str, ...], str] = {
+    ("--tensor-parallel-size", "--tp-size"): "tensor_parallel",
+    ("--pipeline-parallel-size", "--pp-size"): "pipeline_parallel",
+    ("--data-parallel-size", "--dp-size"): "data_parallel",
+    ("--expert-parallel-size", "--ep-size", "--ep"): "expert_parallel",
+    ("--nnodes",): _RANKS,
+    ("--node-rank",): _RANKS,
+    ("--dist-init-addr", "--nccl-init-addr"): _RANKS,
+    ("--host",): _LISTEN,
+    ("--port",): _LISTEN,
+    ("--model-path", "--model"): "model",
+    ("--served-model-name",): "served_model_name",
+    ("--api-key",): "each attempt's own token",
+}
+"""``python -m sglang.launch_server`` flags ddslurm sets itself, with their aliases (``ServerArgs.add_cli_args`` in
+``python/sglang/srt/server_args.py`` of sgl-project/sglang), and the field to set instead (or why none)."""
+
+
+def server_flag_set_by_ddslurm(engine: str, args: Sequence[str]) -> tuple[int, str] | None:
+    """The index of the first item of ``server.extra_args`` that is a flag ddslurm sets itself for ``engine``
+    (``vllm`` or ``sglang``), and what to do instead; or None.
+
+    Both engines parse with argparse, which takes a unique prefix of a long flag (``--tp`` for ``--tp-size``) and
+    ``--flag=value``; vLLM's parser also reads ``_`` as ``-``. So a long flag is refused when it is one of these or
+    an abbreviation of one (at least two letters after ``--``), a short alias (``-tp``) when it is exactly one."""
+    table = _VLLM_SET_FLAGS if engine == "vllm" else _SGLANG_SET_FLAGS
+    program = "vllm serve" if engine == "vllm" else "sglang.launch_server"
+    for index, item in enumerate(args):
+        if not item.startswith("-"):
+            continue
+        flag = item.partition("=")[0]
+        name = flag.replace("_", "-") if engine == "vllm" else flag
+        for aliases, instead in table.items():
+            long_names = [a for a in aliases if a.startswith("--")]
+            hit = name in aliases or (
+                name.startswith("--") and len(name) >= 4 and any(a.startswith(name) for a in long_names)
+            )
+            if not hit:
+                continue
+            meant = aliases[0] if name in aliases else next(a for a in long_names if a.startswith(name))
+            shown = flag if flag == meant else f"{flag} ({meant})"
+            if " " in instead:
+                return index, f"{shown}: ddslurm sets this {program} flag itself ({instead}); remove it"
+            return (
+                index,
+                f"{shown}: ddslurm sets this {program} flag itself from the deployment's {instead}; "
+                f"set {instead} instead",
+            )
     return None
 
 
@@ -368,7 +448,9 @@ class ServerSpec(Frozen, frozen=True, kw_only=True):
     cpus: PositiveInt = 4
     """CPUs of each replica's step (tokenisation, scheduling, the API server)."""
     extra_args: tuple[str, ...] = ()
-    """Passed to ``vllm serve`` verbatim, after the arguments ddslurm sets. Stored in the run's inputs and plan and
+    """Passed to the engine (``vllm serve``, ``sglang.launch_server``) verbatim, after the arguments ddslurm sets;
+    the flags ddslurm sets itself (parallel sizes, multi-node rendezvous, where it listens, the model and its
+    served name) are refused, naming the field to set instead. Stored in the run's inputs and plan and
     on command lines, so credentials are refused (:func:`server_args_secret`: ``--api-key``, which ddslurm sets, and
     ``--hf-token VALUE`` and the like): name them in ``env_from`` instead."""
     env: dict[str, str] = msgspec.field(default_factory=dict)
@@ -551,4 +633,7 @@ class RunFile(Frozen, frozen=True, kw_only=True):
             found = server_args_secret(deployment.server.extra_args)
             if found is not None:
                 refusals.append((f"deployments[{index}].server.extra_args[{found[0]}]", found[1]))
+            set_here = server_flag_set_by_ddslurm(deployment.engine, deployment.server.extra_args)
+            if set_here is not None and (found is None or found[0] != set_here[0]):
+                refusals.append((f"deployments[{index}].server.extra_args[{set_here[0]}]", set_here[1]))
         refuse_all(refusals)

@@ -4,6 +4,7 @@ steps it starts, and the CPU- and GPU-hours the jobs hold at their time limit (`
 from __future__ import annotations
 
 import math
+import re
 import shlex
 from collections import Counter
 from collections.abc import Sequence
@@ -11,10 +12,10 @@ from pathlib import Path
 
 import msgspec
 
-from ddslurm.config import Plan, PlannedArray, ProviderSnapshot, Resources, parallel_requests
+from ddslurm.config import DeploymentPlan, Plan, PlannedArray, ProviderSnapshot, Resources, parallel_requests
 from ddslurm.planner import array_tasks
 from ddslurm.providers import AliasRow
-from ddslurm.runtime import StepSpec, server_command, srun_argv, unix_url
+from ddslurm.runtime import RankPlace, StepSpec, server_command, srun_argv, unix_url
 
 PORT = 0
 """Stands for a port the job chooses when it starts (shown as ``<port>``)."""
@@ -23,6 +24,10 @@ SOCKETS = Path("/<sockets>")
 """Stands for the allocation's owner-only socket directory, made on the node (shown as ``<sockets>``)."""
 _NOWHERE = Path("/dev/null")
 """The steps' log (the bill starts nothing)."""
+LEADER, RENDEZVOUS = "<leader>", "<port>"
+"""Stand for the first node's address and the rendezvous port the job plans there, in a spanning replica's rank
+arguments (:class:`ddslurm.runtime.RankPlace`)."""
+_PLACEHOLDER = re.compile(r"'([^'\s]*<(?:leader|port)>[^'\s]*)'")
 
 
 class BillAlias(msgspec.Struct, kw_only=True):
@@ -31,8 +36,8 @@ class BillAlias(msgspec.Struct, kw_only=True):
     """``local`` (served inside the job), ``hosted`` or ``unresolved``."""
     model: str
     where: str
-    """Local: replicas x tensor parallel and the endpoint (a proxy in front of several replicas); hosted: the
-    provider and its endpoint."""
+    """Local: replicas x the shape of one (``1 replica x (TP 4 x PP 2 = 8 GPUs over 2 nodes, 4 a node)``), the
+    engine and the endpoint (the proxy in front of the replicas); hosted: the provider and its endpoint."""
     max_parallel_requests: int | None = None
     """What each client worker sends to the alias at most at once: for a local alias sized from its replicas'
     capacity unless the recipe sets its own value (``ddslurm.runtime.parallel_requests``)."""
@@ -52,10 +57,15 @@ class BillJobs(msgspec.Struct, kw_only=True):
     """Tasks of the automatic retry arrays, which run only if a task before them failed."""
     resources: Resources
     gpus_per_task: int
+    """GPUs of one job on all its nodes (nodes x ``gpus_per_node``)."""
+    nodes: int = 1
+    """Nodes of each job (``--nodes``)."""
+    gpus_per_node: int = 0
+    """GPUs each node of a job holds (``--gres=gpu:N`` / ``--gpus-per-node``)."""
     cpu_hours: float
-    """tasks x CPUs x the time limit: what the jobs hold at most (retries not counted)."""
+    """tasks x nodes x CPUs a node x the time limit: what the jobs hold at most (retries not counted)."""
     gpu_hours: float
-    """tasks x GPUs x the time limit."""
+    """tasks x nodes x GPUs a node x the time limit."""
 
 
 class Bill(msgspec.Struct, kw_only=True):
@@ -74,7 +84,13 @@ class Bill(msgspec.Struct, kw_only=True):
     aliases: list[BillAlias]
     jobs: list[BillJobs]
     steps: list[str]
-    """The command line of every step one generation job starts (ports and tokens are chosen by the job)."""
+    """The command line of every step one generation job starts (ports and tokens are chosen by the job); a
+    replica that spans nodes has one step on each (``srun --relative=k``)."""
+    nodes: int = 1
+    """Nodes of each generation job."""
+    steps_per_node: list[int] = msgspec.field(default_factory=list)
+    """The srun steps of one generation job on each of its nodes, the first node's first: every endpoint, leader
+    and client there, one rank of the spanning replica on each of the others."""
     cpu_hours: float
     gpu_hours: float
 
@@ -125,9 +141,11 @@ def _tasks_why(plan: Plan, what: str, arrays: int, tasks: int) -> str:
 
 
 def _jobs(plan: Plan, what: str, arrays: Sequence[PlannedArray], resources: Resources, gpus: int) -> BillJobs:
+    """``gpus``: GPUs of each node of a job; ``resources.nodes`` nodes each."""
     first = [a for a in arrays if a.kind != "auto-retry"]
     retry = [a for a in arrays if a.kind == "auto-retry"]
     n = sum(map(array_tasks, first))
+    nodes = resources.nodes
     return BillJobs(
         what=what,
         arrays=len(first),
@@ -135,10 +153,26 @@ def _jobs(plan: Plan, what: str, arrays: Sequence[PlannedArray], resources: Reso
         why=_tasks_why(plan, what, len(first), n),
         retry_tasks=sum(map(array_tasks, retry)),
         resources=resources,
-        gpus_per_task=gpus,
-        cpu_hours=_hours(n, resources.cpus_per_task, resources.time_minutes),
-        gpu_hours=_hours(n, gpus, resources.time_minutes),
+        gpus_per_task=nodes * gpus,
+        nodes=nodes,
+        gpus_per_node=gpus,
+        cpu_hours=_hours(n * nodes, resources.cpus_per_task, resources.time_minutes),
+        gpu_hours=_hours(n * nodes, gpus, resources.time_minutes),
     )
+
+
+def replica_shape(dep: DeploymentPlan) -> str:
+    """One replica of ``dep``: ``TP 4 x PP 2 = 8 GPUs over 2 nodes, 4 a node`` (the factors that are not 1, tensor
+    parallel always; expert parallel named)."""
+    factors = [f"TP {dep.tensor_parallel}"]
+    factors += [f"PP {dep.pipeline_parallel}"] * (dep.pipeline_parallel > 1)
+    factors += [f"DP {dep.data_parallel}"] * (dep.data_parallel > 1)
+    gpus = dep.replica_gpus
+    shape = f"{' x '.join(factors)} = {gpus} GPU{'s' if gpus > 1 else ''}"
+    nodes = dep.replicas[0].nodes if dep.replicas else 1
+    if nodes > 1:
+        shape += f" over {nodes} nodes, {dep.replicas[0].gpus} a node"
+    return shape + (", expert parallel" if dep.expert_parallel else "")
 
 
 def _aliases(plan: Plan, rows: Sequence[AliasRow], snapshot: ProviderSnapshot) -> list[BillAlias]:
@@ -149,12 +183,16 @@ def _aliases(plan: Plan, rows: Sequence[AliasRow], snapshot: ProviderSnapshot) -
         dep = deployments.get(row.alias)
         if dep is not None:
             front = "a proxy in front of them" if dep.proxy else "the replica itself"
+            count = len(dep.replicas)
+            where = (
+                f"{count} replica{'s' if count > 1 else ''} x ({replica_shape(dep)}), {dep.engine}; endpoint: {front}"
+            )
             out.append(
                 BillAlias(
                     alias=row.alias,
                     kind="local",
                     model=dep.model,
-                    where=f"{len(dep.replicas)} replica(s) x tensor parallel {dep.tensor_parallel}; endpoint: {front}",
+                    where=where,
                     max_parallel_requests=parallel.get(row.alias),
                 )
             )
@@ -167,27 +205,38 @@ def _aliases(plan: Plan, rows: Sequence[AliasRow], snapshot: ProviderSnapshot) -
 
 
 def step_lines(plan: Plan) -> list[str]:
-    """The srun command line of every step of one generation job, in the order the job starts them."""
+    """The srun command line of every step of one generation job, in the order the job starts them. A replica
+    that spans nodes has one step on each of its nodes (``--relative=k``: the leader on the first, headless
+    followers on the others); with several nodes the proxies and clients run on the first (``--relative=0``)."""
+    return [line for _, line in _steps(plan)]
+
+
+def _steps(plan: Plan) -> list[tuple[int, str]]:
+    """Each step of one generation job with the index of the node it runs on."""
     runtime = f"{plan.python_env}/bin/ddslurm-runtime"
-    lines: list[str] = []
+    lines: list[tuple[int, str]] = []
     serving = plan.serving
+    first = 0 if serving is not None and serving.nodes > 1 else None
     if serving is not None:
         for dep in serving.deployments:
             for rep in dep.replicas:
-                name = f"server-{dep.alias}-{rep.index}"
                 listen = unix_url(SOCKETS / f"{dep.alias}-{rep.index}.sock") if dep.listen == "unix" else TCP
-                cmd = server_command(serving, dep, listen)
-                spec = StepSpec(
-                    name=name,
-                    argv=cmd.argv,
-                    env={},
-                    log=_NOWHERE,
-                    cpus=rep.cpus,
-                    gpus=rep.gpus,
-                    gpu_request=serving.gpu_request,
-                    srun_extra=cmd.srun_extra,
-                )
-                lines.append(_show(srun_argv(spec)))
+                for node in range(rep.nodes):
+                    place = RankPlace(node, rep.nodes, LEADER, RENDEZVOUS) if rep.nodes > 1 else None
+                    cmd = server_command(serving, dep, listen, place)
+                    suffix = f"-node{node}" if rep.nodes > 1 else ""
+                    spec = StepSpec(
+                        name=f"server-{dep.alias}-{rep.index}{suffix}",
+                        argv=cmd.argv,
+                        env={},
+                        log=_NOWHERE,
+                        cpus=rep.cpus,
+                        gpus=rep.gpus,
+                        gpu_request=serving.gpu_request,
+                        srun_extra=cmd.srun_extra,
+                        node=node if rep.nodes > 1 else first,
+                    )
+                    lines.append((node, _show(srun_argv(spec))))
             if dep.proxy:
                 argv = (
                     runtime,
@@ -197,26 +246,25 @@ def step_lines(plan: Plan) -> list[str]:
                     "--reuse-port",
                     *(["--upstream", "<replica>"] * len(dep.replicas)),
                 )
-                lines.append(
-                    _show(
-                        srun_argv(
-                            StepSpec(
-                                name=f"proxy-{dep.alias}", argv=argv, env={}, log=_NOWHERE, cpus=serving.proxy_cpus
-                            )
-                        )
-                    )
+                proxy = StepSpec(
+                    name=f"proxy-{dep.alias}", argv=argv, env={}, log=_NOWHERE, cpus=serving.proxy_cpus, node=first
                 )
+                lines.append((0, _show(srun_argv(proxy))))
     workers = plan.client_workers if plan.allocations is not None else 1
     for worker in range(workers):
         name = "client" if plan.allocations is None else "client-<shard>"
         argv = (runtime, "client", "--run-dir", "<run dir>", "--shard", "<shard>", "--attempt", "<attempt>")
-        spec = StepSpec(name=name, argv=argv, env={}, log=_NOWHERE, cpus=plan.client_cpus)
-        lines.append(_show(srun_argv(spec)) + (f"   (worker {worker + 1} of {workers})" if workers > 1 else ""))
+        spec = StepSpec(name=name, argv=argv, env={}, log=_NOWHERE, cpus=plan.client_cpus, node=first)
+        shown = _show(srun_argv(spec)) + (f"   (worker {worker + 1} of {workers})" if workers > 1 else "")
+        lines.append((0, shown))
     return lines
 
 
 def _show(argv: Sequence[str]) -> str:
-    return shlex.join(argv).replace(f"--port {PORT}", "--port <port>").replace(str(SOCKETS), "<sockets>")
+    """``argv`` as a shell line with the job's choices readable: ``<port>``, ``<sockets>``, and ``<leader>``/
+    ``<port>`` unquoted where a spanning replica's ranks meet (``--master-addr <leader>``)."""
+    text = shlex.join(argv).replace(f"--port {PORT}", "--port <port>").replace(str(SOCKETS), "<sockets>")
+    return _PLACEHOLDER.sub(r"\1", text)
 
 
 def make_bill(
@@ -225,6 +273,7 @@ def make_bill(
     """The bill of submitting ``arrays`` (as ``plan_submission`` planned them) for ``plan``."""
     sizes = sorted({s.num_records for s in plan.shards})
     gpus = plan.serving.gpus if plan.serving else 0
+    steps = _steps(plan)
     jobs = [_jobs(plan, "generation", [a for a in arrays if a.stage != 1], plan.generation, gpus)]
     cpu_stage = [a for a in arrays if a.stage == 1]
     if cpu_stage and plan.cpu_stage is not None:  # a two-stage run's CPU-only allocations
@@ -252,7 +301,9 @@ def make_bill(
         stage_reason=plan.stage_reason,
         aliases=_aliases(plan, aliases, snapshot),
         jobs=jobs,
-        steps=step_lines(plan),
+        steps=[line for _, line in steps],
+        nodes=plan.generation.nodes,
+        steps_per_node=[sum(1 for node, _ in steps if node == k) for k in range(plan.generation.nodes)],
         cpu_hours=round(sum(j.cpu_hours for j in jobs), 2),
         gpu_hours=round(sum(j.gpu_hours for j in jobs), 2),
     )
@@ -273,19 +324,32 @@ def bill_lines(bill: Bill) -> list[str]:
     for job in bill.jobs:
         res = job.resources
         gres = f"{job.gpus_per_task} GPU(s)" if job.gpus_per_task else "no GPU (--gres=none)"
+        each = f"{res.cpus_per_task} CPUs, {gres}"
+        if job.nodes > 1:
+            each = f"{job.nodes} nodes of {res.cpus_per_task} CPUs and {job.gpus_per_node} GPU(s) each"
+            each += f" ({job.gpus_per_task} GPUs)"
         lines.append(
-            f"{job.what} jobs: {job.tasks} task(s) in {job.arrays} array(s) ({job.why}), each {res.cpus_per_task} "
-            f"CPUs, {gres}, "
+            f"{job.what} jobs: {job.tasks} task(s) in {job.arrays} array(s) ({job.why}), each {each}, "
             f"memory {res.memory or 'the partition default'}, partition {res.partition or 'the default'}, "
             f"time limit {res.time_minutes} min"
             + (f"; automatic retries: up to {job.retry_tasks} more task(s)" if job.retry_tasks else "")
         )
-    lines.append("steps of one generation job (srun inside the allocation):")
+    where = ""
+    if bill.nodes > 1:
+        per_node = ", ".join(f"node {k}: {n}" for k, n in enumerate(bill.steps_per_node))
+        where = f" on {bill.nodes} nodes (steps a node: {per_node})"
+    lines.append(f"steps of one generation job (srun inside the allocation){where}:")
     lines += [f"  {step}" for step in bill.steps]
     lines.append(
         f"at the time limit: {bill.cpu_hours:g} CPU-hours, {bill.gpu_hours:g} GPU-hours"
         + "".join(
-            f" ({job.tasks} task(s) x {job.gpus_per_task} GPU(s) x {job.resources.time_minutes} min)"
+            f" ({job.tasks} task(s) x "
+            + (
+                f"{job.nodes} nodes x {job.gpus_per_node} GPU(s) a node"
+                if job.nodes > 1
+                else f"{job.gpus_per_task} GPU(s)"
+            )
+            + f" x {job.resources.time_minutes} min)"
             for job in bill.jobs
             if job.gpus_per_task
         )

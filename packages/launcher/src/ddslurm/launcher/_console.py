@@ -35,7 +35,7 @@ from ddslurm.launcher._runs import ListedRun
 from ddslurm.launcher._slurm import NODE_ENV_ALLOWED
 from ddslurm.launcher._status import RunStatus, ShardStatus
 from ddslurm.launcher._submit import job_variables
-from ddslurm.planner import HEADROOM, SubmissionPlan, describe_limit, failure_chain
+from ddslurm.planner import HEADROOM, VLLM_DEFAULT_MAX_NUM_SEQS, SubmissionPlan, describe_limit, failure_chain
 
 PLAIN_WIDTH = 100_000
 """Plain output is never wrapped: a line as long as its content (a reason, a path) stays one line."""
@@ -347,6 +347,15 @@ def plan_notes(plan: Plan) -> list[str]:
             f"Data Designer's YAML does not carry column(s) {names} of {source.builder} as the builder made them (a "
             "function, a field it leaves out, integer keys): the nodes take them from the run's copy of the script"
         )
+    for dep in plan.serving.deployments if plan.serving else ():
+        if dep.engine == "sglang" and not any(
+            arg.partition("=")[0] == "--max-running-requests" for arg in dep.extra_args
+        ):
+            notes.append(
+                f"{dep.alias}: SGLang sizes the requests it runs at once from the GPUs' memory; ddslurm assumes "
+                f"{dep.capacity} a replica for the clients ({dep.data_parallel} rank(s) x "
+                f"{VLLM_DEFAULT_MAX_NUM_SEQS}): set --max-running-requests in server.extra_args to size both"
+            )
     return [note for note in notes if note]
 
 

@@ -26,6 +26,7 @@ from typing import Literal
 from ddslurm.config import (
     ClusterProfile,
     ConfigError,
+    Engine,
     Plan,
     Resources,
     RunFile,
@@ -315,47 +316,60 @@ def _python_env_check(facts: ClusterFacts, profile: ClusterProfile, run: RunFile
     return facts.check("python_env", "ok", f"{same}, as on the submit host")
 
 
-def _executable_check(facts: ClusterFacts, profile: ClusterProfile, set_in_file: bool, servers: bool | None) -> Check:
-    """The vLLM command or image (checked on the submit host: the nodes must have it at the same path)."""
-    if servers is False:
-        return facts.check("vllm", "skipped", "the run deploys no models")
+def _engine_check(facts: ClusterFacts, profile: ClusterProfile, engine: Engine, used: bool | None) -> Check:
+    """The engine's command or image (checked on the submit host: the nodes must have it at the same path):
+    ``vllm_executable``/``vllm_image`` or ``sglang_executable``/``sglang_image``. ``used``: whether the run's
+    deployments use ``engine`` (None: no run file; vLLM is then checked as the usual engine, SGLang only when the
+    profile sets its fields)."""
+    set_in_file = read_yaml(facts.profile_path) or {}
+    exe, image = (
+        (profile.vllm_executable, profile.vllm_image)
+        if engine == "vllm"
+        else (profile.sglang_executable, profile.sglang_image)
+    )
+    exe_field, image_field = f"{engine}_executable", f"{engine}_image"
+    if used is False:
+        return facts.check(engine, "skipped", f"no deployment of the run uses {engine}")
+    if used is None and engine == "sglang" and exe_field not in set_in_file and image_field not in set_in_file:
+        return facts.check(
+            engine, "skipped", "sglang_executable and sglang_image not set (deployments with engine: sglang need one)"
+        )
     if profile.container_runtime != "none":
-        field = f"profile.{'vllm_image' if profile.vllm_image else 'container_runtime'}"
-        image = profile.vllm_image
+        field = f"profile.{image_field if image else 'container_runtime'}"
         if not image:
-            detail = f"container_runtime {profile.container_runtime} needs vllm_image, which is not set"
-            return facts.check("vllm", "problem", detail, field)
+            detail = f"container_runtime {profile.container_runtime} needs {image_field}, which is not set"
+            return facts.check(engine, "problem", detail, field)
         if not _IMAGE_FILE.search(image):
-            return facts.check("vllm", "skipped", f"{image}: an image of a registry, not checked on the submit host")
+            return facts.check(engine, "skipped", f"{image}: an image of a registry, not checked on the submit host")
         path = Path(image) if Path(image).is_absolute() else facts.profile_path.resolve().parent / image
         if not path.is_file():
-            return facts.check("vllm", "problem", f"image {path} does not exist (checked on the submit host)", field)
-        return facts.check("vllm", "ok", f"image {path} exists (checked on the submit host)")
-    exe = profile.vllm_executable
-    field = "profile.vllm_executable"
+            return facts.check(engine, "problem", f"image {path} does not exist (checked on the submit host)", field)
+        return facts.check(engine, "ok", f"image {path} exists (checked on the submit host)")
+    field = f"profile.{exe_field}"
     if "/" in exe:
         found = exe if Path(exe).is_file() and os.access(exe, os.X_OK) else None
     else:
         found = shutil.which(exe, path=facts.env.get("PATH", os.defpath))
     if found is not None:
-        return facts.check("vllm", "ok", f"vllm_executable {found} (checked on the submit host)")
+        return facts.check(engine, "ok", f"{exe_field} {found} (checked on the submit host)")
     where = "does not exist or is not executable" if "/" in exe else "is not on PATH"
     detail = f"{exe} {where} on the submit host (the nodes run it at the same path)"
-    if servers is None and not set_in_file:
-        return facts.check("vllm", "skipped", f"vllm_executable not set and {detail}; runs with deployments need it")
-    return facts.check("vllm", "problem", detail, field)
+    if used is None and exe_field not in set_in_file:
+        return facts.check(engine, "skipped", f"{exe_field} not set and {detail}; runs with deployments need it")
+    return facts.check(engine, "problem", detail, field)
 
 
 def profile_checks(facts: ClusterFacts, profile: ClusterProfile, run: RunFile | None = None) -> list[Check]:
-    """Every check the profile alone allows; with ``run``, only the vLLM its deployments need."""
-    set_in_file = "vllm_executable" in (read_yaml(facts.profile_path) or {})
+    """Every check the profile alone allows; with ``run``, only the engines its deployments use."""
+    engines = None if run is None else {d.engine for d in run.deployments}
     return [
         _partition_check(facts, "profile.partition", profile.partition),
         _partition_check(facts, "profile.cpu_partition", profile.cpu_partition),
         *_gpu_checks(facts, profile),
         _account_check(facts, profile.account, "profile.account"),
         _python_env_check(facts, profile, run),
-        _executable_check(facts, profile, set_in_file, None if run is None else bool(run.deployments)),
+        _engine_check(facts, profile, "vllm", None if engines is None else "vllm" in engines),
+        _engine_check(facts, profile, "sglang", None if engines is None else "sglang" in engines),
     ]
 
 
@@ -388,6 +402,28 @@ def _fit_check(
     return facts.check(name, "problem", detail, field)
 
 
+def _nodes_check(facts: ClusterFacts, res: Resources, profile: ClusterProfile) -> Check:
+    """A job of several nodes (a replica that spans nodes) needs as many nodes of its partition with
+    ``gpus_per_node`` GPUs each; Slurm would keep a job asking for more pending for ever."""
+    name = "generation nodes"
+    cluster = facts.cluster()
+    if cluster is None:
+        return facts.check(name, "skipped", facts.cluster_error)
+    part = res.partition or next((p.name for p in cluster.partitions if p.default), "")
+    if cluster.partition(part) is None:
+        return facts.check(name, "skipped", f"partition {part!r} not known (above)")
+    per_node = profile.gpus_per_node
+    have = len({n.node for n in cluster.fitting(part, gpus=per_node)})
+    if have >= res.nodes:
+        return facts.check(name, "ok", f"{res.nodes} nodes of {per_node} GPUs: partition {part} has {have}")
+    detail = (
+        f"one replica spans {res.nodes} nodes of {per_node} GPUs, but partition {part} has {have} node(s) with "
+        f"{per_node} GPUs or more (sinfo); use a smaller replica (tensor_parallel x pipeline_parallel x "
+        f"data_parallel at most {have * per_node} GPUs) or a partition with more such nodes"
+    )
+    return facts.check(name, "problem", detail, "deployments")
+
+
 def job_checks(facts: ClusterFacts, run: RunFile, profile: ClusterProfile, plan: Plan, script: str) -> list[Check]:
     """Every job of the plan fits on a node of its partition, its QOS, then (when nothing else is wrong and sinfo
     answered) ``sbatch --test-only`` of the first array's batch script (``script``)."""
@@ -405,6 +441,8 @@ def job_checks(facts: ClusterFacts, run: RunFile, profile: ClusterProfile, plan:
         checks.append(
             _fit_check(facts, "cpu-stage job", plan.cpu_stage, cpu_partition, "submission.cpus", "submission.memory")
         )
+    if plan.generation.nodes > 1:
+        checks.append(_nodes_check(facts, plan.generation, profile))
     checks.append(_qos_check(facts, plan.generation))
     checks.append(_test_only_check(facts, plan, script, clean=not any(c.status == "problem" for c in checks)))
     return checks

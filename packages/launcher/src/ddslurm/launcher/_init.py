@@ -332,8 +332,9 @@ def _profile_yaml(
             "# Partition of runs that start model servers (deployments): its nodes have GPUs.",
             f"partition: {yaml_str(gpu.name)}",
             "",
-            f"# GPUs on one node of `partition` (sinfo GRES: {gpu.gpus} x gpu{kinds}). A run's deployments must fit",
-            "# on one node: each replica takes tensor_parallel GPUs.",
+            f"# GPUs on one node of `partition` (sinfo GRES: {gpu.gpus} x gpu{kinds}). Replicas that fit on a node",
+            "# share one node (each takes tensor_parallel x pipeline_parallel x data_parallel GPUs); a replica",
+            "# bigger than a node spans whole nodes, alone in its allocation.",
             f"gpus_per_node: {c.gpus_per_node}",
         ]
     else:
@@ -401,7 +402,7 @@ def _run_yaml(c: InitChoices, stamp: str, name: str, starter: Starter | None) ->
     if starter is not None:
         deployments = starter.deployment_lines(c.gpus_per_node)
     elif gpu is not None:
-        fit = f"replicas x tensor_parallel <= {c.gpus_per_node} (gpus_per_node)"
+        fit = f"replicas x tensor_parallel <= {c.gpus_per_node} (gpus_per_node) on one node"
         deployments = [
             "# vLLM servers started inside each job, one entry per model alias of the recipe to serve on the job's",
             "# GPUs (aliases not listed here resolve to hosted providers; a run without deployments asks for CPUs",
@@ -412,6 +413,8 @@ def _run_yaml(c: InitChoices, stamp: str, name: str, starter: Starter | None) ->
             "#     model: Qwen/Qwen2.5-7B-Instruct   # what vLLM loads: a hub id, or a path the nodes can read",
             "#     replicas: 1                      # server processes behind the alias's one endpoint",
             f"#     tensor_parallel: 1               # GPUs per replica; {fit}",
+            "#     # pipeline_parallel: 2           # more GPUs per replica (x tensor_parallel), across whole nodes",
+            "#     # engine: sglang                 # vllm (the default) or sglang",
             "#     server:",
             "#       env_from: [HF_TOKEN]           # variables of your shell the servers get, by name (gated models)",
         ]

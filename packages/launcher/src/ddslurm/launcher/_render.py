@@ -21,7 +21,11 @@ SLURM_SIGNAL_SLACK_S = 60
 
 
 def _directives(res: Resources) -> list[str]:
-    lines = [f"--time={res.time_minutes}", f"--nodes={res.nodes}", "--ntasks=1", f"--cpus-per-task={res.cpus_per_task}"]
+    """The job's resource lines. Several nodes: one task a node (``--ntasks-per-node=1``), so that
+    ``--cpus-per-task``, ``--mem`` and the GPUs are what each node gets (``--gpus-per-node`` in ``gpus`` mode, as
+    ``--gres`` is per node anyway)."""
+    tasks = "--ntasks=1" if res.nodes == 1 else "--ntasks-per-node=1"
+    lines = [f"--time={res.time_minutes}", f"--nodes={res.nodes}", tasks, f"--cpus-per-task={res.cpus_per_task}"]
     for flag, value in (
         ("partition", res.partition),
         ("account", res.account),
@@ -34,7 +38,7 @@ def _directives(res: Resources) -> list[str]:
             lines.append(f"--{flag}={value}")
     lines.append(f"--gres={res.gres}")
     if res.gpus:
-        lines.append(f"--gpus={res.gpus}")
+        lines.append(f"--gpus={res.gpus}" if res.nodes == 1 else f"--gpus-per-node={res.gpus}")
     lines.extend(res.extra_sbatch)
     return lines
 

@@ -228,6 +228,7 @@ class Starter:
             f"    served_model_name: {LOCAL_SERVED_NAME}      # the model name build.py asks for",
             "    replicas: 1                      # server processes behind the alias's one endpoint",
             f"    tensor_parallel: 1               # GPUs per replica; replicas x tensor_parallel <= {gpus_per_node}",
+            "    # pipeline_parallel: 1           # replicas bigger than a node: x tensor_parallel, on whole nodes",
             "    server:",
             '      extra_args: ["--max-model-len", "8192"]',
             "      # env_from: [HF_TOKEN]           # variables of your shell the servers get, by name (gated models)",

@@ -13,7 +13,9 @@ import msgspec
 
 from ddslurm.config import (
     ClusterProfile,
+    Deployment,
     DeploymentPlan,
+    Engine,
     Plan,
     PluginRecord,
     ProviderSnapshot,
@@ -111,14 +113,22 @@ GPU the client then keeps 256 requests per replica in flight where the server wo
 waits in vLLM's queue while Data Designer's per-request timeout runs."""
 
 
-def server_capacity(extra_args: tuple[str, ...], field: str = "server.extra_args") -> int:
-    """Sequences one vLLM replica runs at once: the last ``--max-num-seqs N`` or ``--max-num-seqs=N`` in
-    ``extra_args`` (vLLM's parser also takes ``--max_num_seqs``; the last one wins, as in argparse), else
-    :data:`VLLM_DEFAULT_MAX_NUM_SEQS`. ``field`` names the setting in error messages."""
+CAPACITY_FLAGS: dict[Engine, str] = {"vllm": "--max-num-seqs", "sglang": "--max-running-requests"}
+"""The flag that sets the sequences one engine rank runs at once. SGLang sizes its own from the GPUs' memory when
+the flag is not given; the submit host cannot know it, so ddslurm assumes :data:`VLLM_DEFAULT_MAX_NUM_SEQS` for
+both engines unless the flag is in ``server.extra_args``."""
+
+
+def server_capacity(extra_args: tuple[str, ...], field: str = "server.extra_args", engine: Engine = "vllm") -> int:
+    """Sequences one engine rank runs at once: the last ``--max-num-seqs N`` or ``--max-num-seqs=N`` (vLLM; its
+    parser also takes ``--max_num_seqs``), or ``--max-running-requests`` (SGLang), in ``extra_args`` (the last one
+    wins, as in argparse), else :data:`VLLM_DEFAULT_MAX_NUM_SEQS`. ``field`` names the setting in error
+    messages."""
+    flag = CAPACITY_FLAGS[engine]
     capacity = VLLM_DEFAULT_MAX_NUM_SEQS
     for index, token in enumerate(extra_args):
         name, inline, value = token.partition("=")
-        if name.replace("_", "-") != "--max-num-seqs":
+        if (name.replace("_", "-") if engine == "vllm" else name) != flag:
             continue
         if not inline:
             value = extra_args[index + 1] if index + 1 < len(extra_args) else ""
@@ -131,8 +141,76 @@ def server_capacity(extra_args: tuple[str, ...], field: str = "server.extra_args
     return capacity
 
 
+def _shape(dep: Deployment) -> str:
+    """``tensor_parallel 4 x pipeline_parallel 2 = 8 GPUs`` (the factors that are not 1, tensor parallel always)."""
+    factors = [f"tensor_parallel {dep.tensor_parallel}"]
+    factors += [f"pipeline_parallel {dep.pipeline_parallel}"] * (dep.pipeline_parallel > 1)
+    factors += [f"data_parallel {dep.data_parallel}"] * (dep.data_parallel > 1)
+    gpus = dep.tensor_parallel * dep.pipeline_parallel * dep.data_parallel
+    return f"{' x '.join(factors)} = {gpus} GPU{'s' if gpus > 1 else ''}"
+
+
+def _replica_nodes(run: RunFile, index: int, per_node: int) -> int:
+    """The nodes one replica of ``run.deployments[index]`` spans (1: it fits on a node), or PlanError with the
+    numbers when its shape cannot be placed on whole nodes."""
+    dep = run.deployments[index]
+    tp, pp, dp = dep.tensor_parallel, dep.pipeline_parallel, dep.data_parallel
+    where, alias = f"deployments[{index}]", f"(model alias {dep.model_alias!r})"
+    if tp > per_node:
+        raise PlanError(
+            f"{where}.tensor_parallel: {tp} is more than the {per_node} GPUs of one node {alias}; tensor parallel "
+            "never crosses a node: use pipeline_parallel or data_parallel for a replica bigger than a node"
+        )
+    if per_node % tp:
+        raise PlanError(f"{where}.tensor_parallel: {tp} does not divide the {per_node} GPUs of a node {alias}")
+    gpus = tp * pp * dp
+    if dep.expert_parallel and gpus == 1:
+        raise PlanError(
+            f"{where}.expert_parallel: true, but one replica has 1 GPU ({_shape(dep)}) {alias}; expert parallel "
+            "shards the experts over a replica's GPUs: set tensor_parallel or data_parallel above 1, or remove it"
+        )
+    if gpus <= per_node:
+        return 1
+    if gpus % per_node:
+        raise PlanError(
+            f"{where}: one replica needs {_shape(dep)}, more than the {per_node} GPUs of a node and not a whole "
+            f"number of nodes ({gpus} / {per_node} = {gpus / per_node:.2f}) {alias}; a replica bigger than a node "
+            f"spans whole nodes: make its GPUs a multiple of {per_node}"
+        )
+    nodes = gpus // per_node
+    if dp > 1 and pp > 1:
+        raise PlanError(
+            f"{where}.data_parallel: {dp} with pipeline_parallel {pp} in a replica that spans {nodes} nodes "
+            f"({_shape(dep)}, {per_node} a node) {alias}; a replica across nodes is either pipeline parallel or "
+            "data parallel: set one of them to 1"
+        )
+    # Each node runs data_parallel / nodes ranks of tensor_parallel GPUs, a whole number: tensor_parallel divides
+    # the node's GPUs, so data_parallel = (gpus_per_node / tensor_parallel) x nodes.
+    if dep.replicas > 1:
+        field, alone = f"{where}.replicas", f"it has replicas: {dep.replicas}"
+    elif len(run.deployments) > 1:
+        others = ", ".join(repr(d.model_alias) for i, d in enumerate(run.deployments) if i != index)
+        field, alone = "deployments", f"the run also deploys {others}"
+    else:
+        return nodes
+    raise PlanError(
+        f"{field}: a replica of {dep.model_alias!r} spans "
+        f"{nodes} nodes ({_shape(dep)}, {per_node} a node), so it must be the allocation's only replica, but "
+        f"{alone}. Every endpoint and every replica's API is served from the allocation's first node, on "
+        "sockets and loopback ports no other user can reach; a replica whose API ran on another node would "
+        "need a listener other users could reach first. Use allocations: K to run K such replicas (one an "
+        "allocation, each pulling shards), or data_parallel to run several engine ranks behind one API, and "
+        "serve the other models in their own run"
+    )
+
+
 def plan_serving(run: RunFile, profile: ClusterProfile, partition: str | None) -> ServingPlan:
-    """Place every replica on the one node of the allocation, or say which numbers disagree."""
+    """Place the replicas on the allocation's nodes, or say which numbers disagree.
+
+    A replica of ``tensor_parallel x pipeline_parallel x data_parallel`` GPUs that fits on a node gets one step of
+    that many GPUs, and all such replicas of the run share the allocation's one node. A bigger replica spans
+    ``GPUs / gpus_per_node`` whole nodes, one step of all the node's GPUs on each, and is the allocation's only
+    replica (its API, like every endpoint, on the first node)."""
     per_node = profile.gpus_per_node
     if per_node == 0:
         raise PlanError(
@@ -145,49 +223,55 @@ def plan_serving(run: RunFile, profile: ClusterProfile, partition: str | None) -
             "that need GPUs; use a GPU partition"
         )
     deployments: list[DeploymentPlan] = []
-    total = 0
+    total, nodes = 0, 1
     for index, dep in enumerate(run.deployments):
-        tp = dep.tensor_parallel
         where, alias = f"deployments[{index}]", f"(model alias {dep.model_alias!r})"
-        if tp > per_node:
-            raise PlanError(f"{where}.tensor_parallel: {tp} is more than the {per_node} GPUs of one node {alias}")
-        if per_node % tp:
-            raise PlanError(f"{where}.tensor_parallel: {tp} does not divide the {per_node} GPUs of a node {alias}")
+        spans = _replica_nodes(run, index, per_node)
         if dep.server.port is not None and dep.server.port + dep.replicas - 1 > 65535:
             raise PlanError(f"{where}.server.port: {dep.server.port} + {dep.replicas} replicas exceeds 65535 {alias}")
+        gpus = dep.tensor_parallel * dep.pipeline_parallel * dep.data_parallel
+        step_gpus = gpus if spans == 1 else per_node
         replicas = tuple(
             ReplicaPlan(
                 index=r,
-                gpus=tp,
+                gpus=step_gpus,
                 cpus=dep.server.cpus,
                 port=None if dep.server.port is None else dep.server.port + r,
+                nodes=spans,
             )
             for r in range(dep.replicas)
         )
-        total += tp * dep.replicas
-        capacity = server_capacity(dep.server.extra_args, f"{where}.server.extra_args")
+        total += step_gpus * dep.replicas
+        nodes = max(nodes, spans)
+        capacity = dep.data_parallel * server_capacity(dep.server.extra_args, f"{where}.server.extra_args", dep.engine)
         deployments.append(
             DeploymentPlan(
                 alias=dep.model_alias,
                 model=dep.model,
                 served_model_name=dep.served_model_name or dep.model,
-                tensor_parallel=tp,
+                tensor_parallel=dep.tensor_parallel,
                 replicas=replicas,
                 startup_timeout=dep.server.startup_timeout,
                 extra_args=dep.server.extra_args,
                 env=dict(dep.server.env),
                 proxy=True,
-                listen="tcp" if dep.server.port is not None else "unix",
+                # SGLang has no Unix-domain socket option: a loopback port, planned per job unless server.port.
+                listen="tcp" if dep.server.port is not None or dep.engine == "sglang" else "unix",
                 env_from=dep.server.env_from,
                 capacity=capacity,
                 max_parallel_requests=dep.replicas * capacity,
+                engine=dep.engine,
+                pipeline_parallel=dep.pipeline_parallel,
+                data_parallel=dep.data_parallel,
+                expert_parallel=dep.expert_parallel,
             )
         )
     if total > per_node:
-        detail = " + ".join(f"{d.alias}: {len(d.replicas)} x {d.tensor_parallel}" for d in deployments)
+        detail = " + ".join(f"{d.alias}: {len(d.replicas)} x {d.replica_gpus}" for d in deployments)
         raise PlanError(
-            f"deployments: the deployments need {total} GPUs ({detail}) but a node has {per_node}; "
-            "use fewer replicas or a smaller tensor_parallel (one allocation is one node)"
+            f"deployments: the deployments need {total} GPUs ({detail}) but a node has {per_node} (replicas x "
+            "GPUs of a replica; replicas that fit on a node share the allocation's one node): use fewer replicas "
+            "or smaller ones, or more allocations (allocations: K, each with its own replicas)"
         )
     return ServingPlan(
         deployments=tuple(deployments),
@@ -197,6 +281,9 @@ def plan_serving(run: RunFile, profile: ClusterProfile, partition: str | None) -
         vllm_executable=profile.vllm_executable,
         vllm_image=profile.vllm_image,
         container_mounts=profile.container_mounts,
+        nodes=nodes,
+        sglang_executable=profile.sglang_executable,
+        sglang_image=profile.sglang_image,
     )
 
 
@@ -304,8 +391,11 @@ def compile_plan(inputs: PlanInputs) -> Plan:
         memory = sub.memory
         if memory is None and profile.memory_per_gpu is not None:
             memory = f"{parse_memory_mb(profile.memory_per_gpu, 'profile.memory_per_gpu') * serving.gpus}M"
+        # Per node: --gres/--gpus, --cpus-per-task and --mem are what each node of the allocation gets; the first
+        # node (client, proxies, leaders) needs the most, and Slurm gives every node the same.
         generation = Resources(
             partition=partition,
+            nodes=serving.nodes,
             account=sub.account or profile.account,
             qos=sub.qos,
             time_minutes=parse_time_limit(sub.time_limit, "submission.time_limit"),

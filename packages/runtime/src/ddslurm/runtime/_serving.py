@@ -110,9 +110,12 @@ class ServerCommand:
     srun_extra: tuple[str, ...] = ()
 
 
-def server_command(serving: ServingPlan, dep: DeploymentPlan, listen: str) -> ServerCommand:
+def server_command(
+    serving: ServingPlan, dep: DeploymentPlan, listen: str, place: RankPlace | None = None
+) -> ServerCommand:
     """How a replica is started: a bare executable, a Pyxis container (srun options) or Apptainer. A replica on
-    a Unix-domain socket gets the socket's directory mounted at the same path inside a container."""
+    a Unix-domain socket gets the socket's directory mounted at the same path inside a container. ``place``: the
+    node's step of a replica that spans nodes (its rank's rendezvous arguments; not yet used here)."""
     args = vllm_serve_args(dep, listen)
     path = socket_path(listen)
     mounts = [*serving.container_mounts, *([f"{path.parent}:{path.parent}"] if path is not None else [])]
