@@ -155,7 +155,7 @@ def vllm_serve_args(dep: DeploymentPlan, listen: str, place: RankPlace | None = 
 SGLANG_BOOT = (
     "import os,runpy,sys;"
     f"k=os.environ.get({TOKEN_ENV!r});"
-    f"k or sys.exit({TOKEN_ENV!r}+' is unset: SGLang is never started without its API key');"
+    f"k or sys.exit('{TOKEN_ENV} is unset: SGLang is never started without its API key');"
     "sys.argv+=['--api-key',k];"
     "runpy.run_module('sglang.launch_server',run_name='__main__',alter_sys=True)"
 )
