@@ -109,7 +109,12 @@ def _engine(tmp_path: Path) -> Path:
 
 
 def _controller(
-    tmp_path: Path, launcher: RankLauncher, *, nodes_seen: str = "2", engine: Literal["vllm", "sglang"] = "vllm"
+    tmp_path: Path,
+    launcher: RankLauncher,
+    *,
+    nodes_seen: str = "2",
+    engine: Literal["vllm", "sglang"] = "vllm",
+    listen: Literal["tcp", "unix"] = "tcp",
 ) -> tuple[Controller, Inputs]:
     """A one-shard task whose one deployment is one replica over two nodes (one GPU each, pipeline parallel 2),
     behind its proxy; the allocation says it has ``nodes_seen`` nodes."""
@@ -118,7 +123,7 @@ def _controller(
     replica = ReplicaPlan(index=0, gpus=1, cpus=1, nodes=2)
     deployment = DeploymentPlan(
         alias="gen", model="m", served_model_name="served", engine=engine, tensor_parallel=1, pipeline_parallel=2,
-        replicas=(replica,), startup_timeout=30, proxy=True, listen="tcp", env={"FAKE_RANKS": str(rendezvous)},
+        replicas=(replica,), startup_timeout=30, proxy=True, listen=listen, env={"FAKE_RANKS": str(rendezvous)},
     )  # fmt: skip
     exe = _engine(tmp_path)
     serving = ServingPlan(deployments=(deployment,), gpus=1, nodes=2, vllm_executable=str(exe),
@@ -242,3 +247,13 @@ def test_sglang_over_two_nodes_gives_each_rank_its_node_rank(tmp_path: Path) -> 
     assert leader[leader.index("--dist-init-addr") + 1] == follower[follower.index("--dist-init-addr") + 1]
     serving = json.loads(next((tmp_path / "run-1").rglob("serving.json")).read_text())
     assert serving["deployments"][0]["engine"] == "sglang" and "vllm_version" not in serving
+
+
+def test_a_shape_no_engine_can_start_fails_the_attempt_before_any_server(tmp_path: Path) -> None:
+    """SGLang has no Unix-domain socket: a plan that asks for one (the planner gives SGLang ``listen: tcp``) fails
+    the attempt with the step and the reason, not with a traceback."""
+    launcher = RankLauncher("ok")
+    code, record, _ = _run(tmp_path, launcher, "9506", engine="sglang", listen="unix")
+    assert code == 1 and record.state == "failed", record
+    assert "server-gen-0 cannot be started: SGLang listens on a TCP port" in (record.message or "")
+    assert not [spec for spec in launcher.specs if spec.name.startswith(("server", "proxy"))]

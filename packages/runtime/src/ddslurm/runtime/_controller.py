@@ -1,7 +1,7 @@
 """The allocation controller: everything an array task does around the Data Designer client.
 
     hosted-only:  begin attempt ─► client step ─► teardown
-    with models:  begin attempt ─► GPU check ─► server steps ─► proxy steps ─► client steps ─► ready?
+    with models:  begin attempt ─► GPU and node check ─► server steps ─► proxy steps ─► client steps ─► ready?
                   ─► watch (a replica that dies leaves rotation; no replica left fails the attempt; a proxy
                      that dies or stops answering fails the client run with proxy_died) ─► teardown
 

@@ -237,8 +237,11 @@ class Fleet:
                 steps: list[Step] = []
                 for rank in range(rep.nodes):
                     place = None if meet is None else RankPlace(rank, rep.nodes, str(address), str(meet))
-                    cmd = server_command(serving, dep, url, place)
                     step_name = name if rank == 0 else f"{name}-rank{rank}"
+                    try:
+                        cmd = server_command(serving, dep, url, place)
+                    except ValueError as exc:  # a shape the planner refuses: never retried into the same wall
+                        raise RuntimeFailure(f"{step_name} cannot be started: {exc}") from exc
                     spec = StepSpec(
                         name=step_name,
                         argv=cmd.argv,
