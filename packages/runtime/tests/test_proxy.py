@@ -92,6 +92,13 @@ class Inline:
         return web.json_response({"served_by": self.name})
 
 
+class InlineSGLang(Inline):
+    """The same upstream as SGLang exposes its queue."""
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        return web.Response(text=f'sglang:num_queue_reqs{{model_name="m"}} {float(self.waiting)}\n')
+
+
 async def _wait_until(predicate: Callable[[], Awaitable[bool]], timeout: float = 5.0) -> None:
     deadline = time.monotonic() + timeout
     while not await predicate():
@@ -139,6 +146,19 @@ def test_parse_waiting_sums_label_sets_and_ignores_lookalikes() -> None:
     )
     assert parse_waiting(text) == 72
     assert parse_waiting("") == 0
+
+
+def test_parse_waiting_reads_sglangs_queue_as_vllms() -> None:
+    """SGLang's gauge of queued requests is ``sglang:num_queue_reqs`` (per DP rank with ``--dp-size``)."""
+    text = (
+        "# HELP sglang:num_queue_reqs The number of requests in the waiting queue\n"
+        "# TYPE sglang:num_queue_reqs gauge\n"
+        'sglang:num_queue_reqs{model_name="m",dp_rank="0"} 12.0\n'
+        'sglang:num_queue_reqs{model_name="m",dp_rank="1"} 3.0\n'
+        'sglang:num_queue_reqs_by_priority{model_name="m"} 500.0\n'
+        'sglang:num_running_reqs{model_name="m"} 64.0\n'
+    )
+    assert parse_waiting(text) == 15
 
 
 def test_config_rejects_nonsense() -> None:
@@ -468,6 +488,26 @@ async def _backpressure() -> None:
         assert 0.9 <= time.monotonic() - started < 2.0
         assert json.loads(text)["error"]["type"] == "ServiceUnavailable"
         assert (busy.chats, idle.chats) == (1, 30)
+
+
+def test_a_saturated_sglang_upstream_is_skipped() -> None:
+    asyncio.run(_sglang_backpressure())
+
+
+async def _sglang_backpressure() -> None:
+    busy, idle = InlineSGLang("busy", waiting=100), InlineSGLang("idle", waiting=0)
+    async with (
+        serving(busy.app) as busy_url,
+        serving(idle.app) as idle_url,
+        running_proxy([busy_url, idle_url], max_waiting=10, admission_timeout=1.0) as (_, url),
+        aiohttp.ClientSession() as session,
+    ):
+        for _ in range(10):
+            async with session.post(f"{url}/v1/chat/completions", json=CHAT) as response:
+                assert response.status == 200
+        assert (busy.chats, idle.chats) == (0, 10)
+        state = await _upstreams(session, url)
+        assert (state[busy_url]["saturated"], state[busy_url]["waiting"]) == (True, 100)
 
 
 # --- 5. pass-through -------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import msgspec
 from ddslurm.config import DeploymentPlan, Plan, PlannedArray, ProviderSnapshot, Resources, parallel_requests
 from ddslurm.planner import array_tasks
 from ddslurm.providers import AliasRow
-from ddslurm.runtime import RankPlace, StepSpec, server_command, srun_argv, unix_url
+from ddslurm.runtime import RankPlace, StepSpec, server_command, server_step_name, srun_argv, unix_url
 
 PORT = 0
 """Stands for a port the job chooses when it starts (shown as ``<port>``)."""
@@ -224,9 +224,8 @@ def _steps(plan: Plan) -> list[tuple[int, str]]:
                 for node in range(rep.nodes):
                     place = RankPlace(node, rep.nodes, LEADER, RENDEZVOUS) if rep.nodes > 1 else None
                     cmd = server_command(serving, dep, listen, place)
-                    suffix = f"-node{node}" if rep.nodes > 1 else ""
                     spec = StepSpec(
-                        name=f"server-{dep.alias}-{rep.index}{suffix}",
+                        name=server_step_name(dep.alias, rep.index, node),
                         argv=cmd.argv,
                         env={},
                         log=_NOWHERE,

@@ -14,7 +14,7 @@ from ddslurm.runtime._inputs import Inputs, load_inputs
 from ddslurm.runtime._inspect import NODE_DISTRIBUTIONS, installed_versions
 from ddslurm.runtime._listeners import unix_url
 from ddslurm.runtime._plugins import PLUGIN_GROUP
-from ddslurm.runtime._serving import RankPlace, ServerCommand, server_command
+from ddslurm.runtime._serving import RankPlace, ServerCommand, server_command, server_step_name
 from ddslurm.runtime._steps import StepSpec, srun_argv
 from ddslurm.runtime._verify import make_private, scan_for_secrets, verify_dataset
 from ddslurm.runtime.errors import (
@@ -52,6 +52,7 @@ __all__ = [
     "seed_reader",
     "run_engine",
     "server_command",
+    "server_step_name",
     "srun_argv",
     "unix_url",
     "scan_for_secrets",

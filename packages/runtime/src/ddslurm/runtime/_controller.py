@@ -1,7 +1,7 @@
 """The allocation controller: everything an array task does around the Data Designer client.
 
     hosted-only:  begin attempt ─► client step ─► teardown
-    with models:  begin attempt ─► GPU check ─► server steps ─► proxy steps ─► client steps ─► ready?
+    with models:  begin attempt ─► GPU and node check ─► server steps ─► proxy steps ─► client steps ─► ready?
                   ─► watch (a replica that dies leaves rotation; no replica left fails the attempt; a proxy
                      that dies or stops answering fails the client run with proxy_died) ─► teardown
 
@@ -41,6 +41,7 @@ from ddslurm.runtime._engine import local_token_names
 from ddslurm.runtime._fleet import Fleet
 from ddslurm.runtime._inputs import Inputs
 from ddslurm.runtime._scratch import pid_alive, process_start_time
+from ddslurm.runtime._serving import leader_address
 from ddslurm.runtime._steps import StepLauncher, without
 from ddslurm.runtime._stop import StopSignal
 from ddslurm.runtime._workers import OneShard, ShardSource, Workers
@@ -132,6 +133,7 @@ class Controller:
         health_interval: float = 5.0,
         unhealthy_limit: int = 6,
         sleep: Callable[[float], None] = time.sleep,
+        locate_leader: Callable[[Mapping[str, str]], str] = leader_address,
     ) -> None:
         self._runner = runner
         self._launcher = launcher
@@ -146,6 +148,7 @@ class Controller:
         self._sleep = sleep
         self._health_interval = health_interval
         self._unhealthy_limit = unhealthy_limit
+        self._locate_leader = locate_leader
         self._identity = controller_identity()
         """What a client waiting for its endpoints waits for: as long as this process lives (no deadline)."""
 
@@ -189,6 +192,7 @@ class Controller:
             log=log,
             grace=self._grace,
             unhealthy_limit=self._unhealthy_limit,
+            locate_leader=self._locate_leader,
         )
         try:
             self._serve(inputs, workers, fleet, endpoints, log)

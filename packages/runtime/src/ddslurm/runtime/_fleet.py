@@ -11,6 +11,11 @@ replicas listen on Unix-domain sockets in a scratch directory only this user can
 loopback ports proved to be this user's before the token reaches them (``listen: tcp``). Servers and proxies get
 the job's environment without any of the run's secrets, and the attempt's token (``VLLM_API_KEY``); a server
 also the variables its deployment names in ``server.env_from``.
+
+A replica that spans nodes (``ReplicaPlan.nodes`` > 1, always the allocation's only replica) is one step per node:
+its leader (``server-<alias>-<i>``, node 0, where the proxies and clients run too) serves the API, its headless
+followers (``server-<alias>-<i>-rank<k>``, node k) join it at the leader node's address on a rendezvous port chosen
+on that node. The replica is ready when its leader is; any rank that exits is the replica's death.
 """
 
 from __future__ import annotations
@@ -19,13 +24,13 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from ddslurm.config import ServingPlan, atomic_write, busy_log, encode_pretty, read_tail
+from ddslurm.config import Engine, ServingPlan, atomic_write, busy_log, encode_pretty, read_tail
 from ddslurm.runtime._listeners import MAX_SOCKET_PATH, socket_path, unix_url
 from ddslurm.runtime._scratch import create_scratch, own_scratch_owner, remove_scratch, scratch_base
 from ddslurm.runtime._serving import (
@@ -34,14 +39,18 @@ from ddslurm.runtime._serving import (
     PortHolds,
     PortUnavailableError,
     ProxyDiedError,
+    RankPlace,
     ServerDiedError,
     answers,
     check_gpus,
+    check_nodes,
     choose_ports,
+    engine_version,
     is_healthy,
+    leader_address,
     server_command,
+    server_step_name,
     token_environment,
-    vllm_version,
     wait_ready,
 )
 from ddslurm.runtime._steps import Step, StepLauncher, StepSpec, stop_running, without
@@ -62,10 +71,21 @@ class Replica:
     url: str
     """``http://127.0.0.1:PORT`` or ``unix:/path.sock``."""
     step: Step
+    """Its leader's step (the only one of a replica on one node): the API, health, readiness."""
+    followers: list[Step] = field(default_factory=list)
+    """The headless steps of a replica that spans nodes, node rank 1 on."""
 
     @property
     def port(self) -> int | None:
         return None if socket_path(self.url) is not None else int(self.url.rpartition(":")[2])
+
+    @property
+    def steps(self) -> list[Step]:
+        return [self.step, *self.followers]
+
+    def dead(self) -> list[Step]:
+        """Its steps that have exited: any one is the replica's death (a rank lost, the engine cannot go on)."""
+        return [s for s in self.steps if s.poll() is not None]
 
 
 @dataclass(slots=True)
@@ -87,7 +107,8 @@ class ProxyStep:
 
 class Fleet:
     """The servers and proxies of one allocation. ``directory`` holds their logs and ``serving.json``; ``secrets``
-    names the variables of ``env`` they never see; ``server_mb`` and ``proxy_mb`` are each step's memory share."""
+    names the variables of ``env`` they never see; ``server_mb`` and ``proxy_mb`` are each step's memory share;
+    ``locate_leader`` says where the followers of a replica that spans nodes reach this node (its leaders')."""
 
     def __init__(
         self,
@@ -106,6 +127,7 @@ class Fleet:
         log: Any,
         grace: float,
         unhealthy_limit: int,
+        locate_leader: Callable[[Mapping[str, str]], str] = leader_address,
     ) -> None:
         self._launcher = launcher
         self._env = env
@@ -122,6 +144,12 @@ class Fleet:
         self._log = log
         self._grace = grace
         self._unhealthy_limit = unhealthy_limit
+        self._locate_leader = locate_leader
+        """Where the followers of a replica that spans nodes reach this node (:func:`leader_address` of ``env``)."""
+        self._node: int | None = None
+        """The node of every step but the followers (``StepSpec.node``): 0 in an allocation of several nodes."""
+        self._rendezvous: set[int] = set()
+        """The rendezvous ports of the replicas that span nodes (on this node, the leaders')."""
         self._sockets: Path | None = None
         """The scratch directory (owner-only) of the replicas' Unix-domain sockets, made when one is needed."""
         self._replicas: dict[str, list[Replica]] = {}
@@ -135,19 +163,21 @@ class Fleet:
 
     # --- launch and readiness --------------------------------------------------------------------------
 
-    def launch(self, serving: ServingPlan) -> Callable[[], str]:
-        """Start every replica's step, then every deployment's proxy (it answers once one replica does), not
-        waiting for them; returns the vLLM version, asked meanwhile."""
+    def launch(self, serving: ServingPlan) -> Callable[[], dict[str, str]]:
+        """Start every replica's steps, then every deployment's proxy (it answers once one replica does), not
+        waiting for them; returns each engine's version, asked meanwhile."""
         version = self._launch_servers(serving)
         self._launch_proxies(serving)
         return version
 
-    def wait_ready(self, serving: ServingPlan, version: Callable[[], str]) -> dict[str, str]:
-        """Every replica answers (its model loaded), then every proxy; serving.json records them. Returns each
-        alias's endpoint: its proxy, or its one replica."""
+    def wait_ready(self, serving: ServingPlan, version: Callable[[], dict[str, str]]) -> dict[str, str]:
+        """Every replica answers (its model loaded: its leader, while none of its followers exits), then every
+        proxy; serving.json records them. Returns each alias's endpoint: its proxy, or its one replica."""
         for dep in serving.deployments:
             for replica in self._replicas[dep.alias]:
-                took = self._wait_ready(replica.step, replica.url, dep.served_model_name, dep.startup_timeout)
+                took = self._wait_ready(
+                    replica.step, replica.url, dep.served_model_name, dep.startup_timeout, replica.followers
+                )
                 self._log.info("server.ready", step=replica.step.name, seconds=round(took, 2))
         for proxy in self._proxies.values():
             self._wait_ready(proxy.step, proxy.url, None, PROXY_READY_S)
@@ -158,51 +188,84 @@ class Fleet:
             for d in serving.deployments
         }
 
-    def _launch_servers(self, serving: ServingPlan) -> Callable[[], str]:
+    def _launch_servers(self, serving: ServingPlan) -> Callable[[], dict[str, str]]:
+        check_nodes(serving, self._env)
         gpus = check_gpus(serving, self._env)
         missing = sorted({n for d in serving.deployments for n in d.env_from if not self._env.get(n)})
         if missing:
             raise SecretMissingError(
                 f"variable(s) {', '.join(missing)} named by server.env_from are unset in the job's environment"
             )
-        version: list[str] = []
-        asking = threading.Thread(target=lambda: version.append(vllm_version(serving, self._plain_env)), daemon=True)
+        engines: list[Engine] = list(dict.fromkeys(d.engine for d in serving.deployments))
+        versions: dict[str, str] = {}
+
+        def ask() -> None:
+            for engine in engines:
+                versions[engine] = engine_version(serving, engine, self._plain_env)
+
+        asking = threading.Thread(target=ask, daemon=True)
         asking.start()
-        self._log.info("serving.start", gpus=len(gpus))
+        self._log.info("serving.start", gpus=len(gpus), nodes=serving.nodes)
         for dep in serving.deployments:
             if dep.listen == "unix" and not dep.proxy:
                 raise RuntimeFailure(f"the plan puts {dep.alias!r} on Unix-domain sockets without its proxy")
-        wanted = [r.port for d in serving.deployments if d.listen == "tcp" for r in d.replicas]
-        ports = iter(choose_ports(wanted, self._job))
-        for dep in serving.deployments:
-            for rep in dep.replicas:
-                name = f"server-{dep.alias}-{rep.index}"
-                url = self._socket_url(name) if dep.listen == "unix" else f"http://{HOST}:{next(ports)}"
-                cmd = server_command(serving, dep, url)
-                spec = StepSpec(
-                    name=name,
-                    argv=cmd.argv,
-                    env={
-                        **self._plain_env,
-                        **dep.env,
-                        **{name: self._env[name] for name in dep.env_from},
-                        **token_environment(serving, self._token),
-                    },
-                    log=self._dir / f"{name}.log",
-                    cpus=rep.cpus,
-                    mem_mb=self._server_mb,
-                    gpus=rep.gpus,
-                    gpu_request=serving.gpu_request,
-                    srun_extra=cmd.srun_extra,
+        self._node = 0 if serving.nodes > 1 else None
+        spanning = [(d, r) for d in serving.deployments for r in d.replicas if r.nodes > 1]
+        for dep, rep in spanning:
+            if rep.nodes > serving.nodes:
+                raise RuntimeFailure(
+                    f"the plan spans replica {rep.index} of {dep.alias!r} over {rep.nodes} nodes but the allocation "
+                    f"has {serving.nodes}"
                 )
-                step = self._launcher.start(spec)
-                self._servers.append(step)
-                self._replicas.setdefault(dep.alias, []).append(Replica(dep.alias, rep.index, url, step))
-                self._log.info("server.started", step=spec.name, listen=url, argv=list(cmd.argv))
+        # The listeners' ports and the rendezvous ports of the replicas that span nodes, all distinct, all free here.
+        wanted = [r.port for d in serving.deployments if d.listen == "tcp" for r in d.replicas]
+        chosen = choose_ports([*wanted, *[None] * len(spanning)], self._job)
+        ports = iter(chosen[: len(wanted)])
+        rendezvous = {(d.alias, r.index): p for (d, r), p in zip(spanning, chosen[len(wanted) :], strict=True)}
+        self._rendezvous = set(rendezvous.values())
+        address = self._locate_leader(self._env) if spanning else None
+        for dep in serving.deployments:
+            env = {
+                **self._plain_env,
+                **dep.env,
+                **{name: self._env[name] for name in dep.env_from},
+                **token_environment(serving, self._token),
+            }
+            for rep in dep.replicas:
+                name = server_step_name(dep.alias, rep.index)
+                url = self._socket_url(name) if dep.listen == "unix" else f"http://{HOST}:{next(ports)}"
+                meet = rendezvous.get((dep.alias, rep.index))
+                steps: list[Step] = []
+                for rank in range(rep.nodes):
+                    place = None if meet is None else RankPlace(rank, rep.nodes, str(address), str(meet))
+                    step_name = server_step_name(dep.alias, rep.index, rank)
+                    try:
+                        cmd = server_command(serving, dep, url, place)
+                    except ValueError as exc:  # a shape the planner refuses: never retried into the same wall
+                        raise RuntimeFailure(f"{step_name} cannot be started: {exc}") from exc
+                    spec = StepSpec(
+                        name=step_name,
+                        argv=cmd.argv,
+                        env=env,
+                        log=self._dir / f"{step_name}.log",
+                        cpus=rep.cpus,
+                        mem_mb=self._server_mb,
+                        gpus=rep.gpus,
+                        gpu_request=serving.gpu_request,
+                        srun_extra=cmd.srun_extra,
+                        node=self._node if rank == 0 else rank,
+                    )
+                    step = self._launcher.start(spec)
+                    self._servers.append(step)
+                    steps.append(step)
+                    extra = {} if place is None else {"node_rank": rank, "rendezvous": f"{address}:{meet}"}
+                    self._log.info("server.started", step=spec.name, listen=url, argv=list(cmd.argv), **extra)
+                replica = Replica(dep.alias, rep.index, url, steps[0], steps[1:])
+                self._replicas.setdefault(dep.alias, []).append(replica)
 
-        def asked() -> str:
+        def asked() -> dict[str, str]:
             asking.join(timeout=60)
-            return version[0] if version else "unknown (vllm --version did not answer)"
+            return {e: versions.get(e, f"unknown (asking {e} its version did not end)") for e in engines}
 
         return asked
 
@@ -227,7 +290,7 @@ class Fleet:
     def _launch_proxies(self, serving: ServingPlan) -> None:
         """The proxy of every deployment, each on a port held until teardown (:class:`PortHolds`)."""
         proxied = [d for d in serving.deployments if d.proxy]
-        used = {r.port for reps in self._replicas.values() for r in reps}
+        used = {r.port for reps in self._replicas.values() for r in reps} | self._rendezvous
         ports = iter(
             choose_ports([None] * len(proxied), f"{self._job}7", lambda p: p not in used and self._holds.take(p))
         )
@@ -248,12 +311,15 @@ class Fleet:
             log=self._dir / f"proxy-{alias}.out",
             cpus=cpus,
             mem_mb=self._proxy_mb,
+            node=self._node,
         )
         proxy = ProxyStep(alias, port, self._launcher.start(spec), log_path)
         self._proxies[alias] = proxy
         return proxy
 
-    def _wait_ready(self, step: Step, url: str, served: str | None, timeout: float) -> float:
+    def _wait_ready(
+        self, step: Step, url: str, served: str | None, timeout: float, ranks: Sequence[Step] = ()
+    ) -> float:
         deadline = time.monotonic() + timeout
         return wait_ready(
             step,
@@ -264,12 +330,23 @@ class Fleet:
             sleep=self._stop.sleep,
             token=self._token,
             interval=0.2,
+            ranks=ranks,
         )
 
-    def _record(self, serving: ServingPlan, version: str) -> None:
-        doc = {
-            "vllm_version": version,
+    def _record(self, serving: ServingPlan, versions: Mapping[str, str]) -> None:
+        """serving.json: each deployment's engine and its version (``vllm_version`` too while a deployment is
+        vLLM's, as before SGLang), and every replica's steps with their command lines (a follower's under its
+        replica's ``ranks``)."""
+        doc: dict[str, Any] = {}
+        if "vllm" in versions:
+            doc["vllm_version"] = versions["vllm"]
+        doc |= {
             "container_runtime": serving.container_runtime,
+            "nodes": serving.nodes,
+            "deployments": [
+                {"alias": d.alias, "engine": d.engine, "version": versions.get(d.engine, "unknown")}
+                for d in serving.deployments
+            ],
             "replicas": [
                 {
                     "alias": r.alias,
@@ -278,6 +355,10 @@ class Fleet:
                     "socket": None if (path := socket_path(r.url)) is None else str(path),
                     "step": r.step.name,
                     "argv": list(r.step.spec.argv),
+                    "ranks": [
+                        {"node_rank": k, "step": s.name, "argv": list(s.spec.argv)}
+                        for k, s in enumerate(r.followers, start=1)
+                    ],
                 }
                 for reps in self._replicas.values()
                 for r in reps
@@ -288,15 +369,25 @@ class Fleet:
     # --- watching --------------------------------------------------------------------------------------
 
     def check_replicas(self) -> None:
-        """A replica that died leaves rotation (reported once); no replica of an alias left fails the attempts."""
+        """A replica that died leaves rotation (reported once); no replica of an alias left fails the attempts.
+
+        A replica dies with any of its steps: the leader, or a follower of a replica that spans nodes (its engine
+        cannot go on without a rank). Its other ranks are stopped; when no replica of the alias is left (a
+        replica that spans nodes is the only one) the attempts fail at once, with the log of the rank that died
+        and its leader's, and the teardown stops every step."""
         for alias, reps in self._replicas.items():
-            alive = [r for r in reps if r.step.poll() is None]
+            dead = {r.index: r.dead() for r in reps}
+            alive = [r for r in reps if not dead[r.index]]
             for r in reps:
-                if r.step.poll() is not None and r.step.name not in self._reported:
+                gone = dead[r.index]
+                if gone and r.step.name not in self._reported:
                     self._reported.add(r.step.name)
-                    self._log.warning("server.died", step=r.step.name, status=r.step.poll(), left=len(alive))
+                    for step in gone:
+                        self._log.warning("server.died", step=step.name, status=step.poll(), left=len(alive))
+                    if alive and (rest := [s for s in r.steps if s not in gone]):
+                        stop_running(rest, self._grace, self._log)
             if not alive:
-                tails = "\n".join(f"--- {r.step.spec.log}:\n{read_tail(r.step.spec.log)}" for r in reps)
+                tails = "\n".join(_tails(r, dead[r.index]) for r in reps)
                 raise ServerDiedError(f"every replica of {alias!r} exited during generation\n{tails}")
 
     def check_health(self) -> None:
@@ -364,7 +455,7 @@ class Fleet:
         for alias, old in list(self._proxies.items()):
             if old.step.poll() is None:
                 continue
-            alive = [r for r in self._replicas[alias] if r.step.poll() is None]
+            alive = [r for r in self._replicas[alias] if not r.dead()]
             if not alive:
                 raise ServerDiedError(f"no replica of {alias!r} is left to restart its proxy in front of")
             proxy = self._start_proxy(alias, old.port, alive, old.step.spec.cpus)
@@ -382,3 +473,14 @@ class Fleet:
         self._clients.close()
         if self._sockets is not None:
             remove_scratch(self._sockets)
+
+
+def _tails(replica: Replica, dead: Sequence[Step]) -> str:
+    """The last lines of a dead replica's logs: its leader's (the only step of a replica on one node), after those
+    of the followers that exited (which rank died, and why)."""
+    steps = [*(s for s in dead if s is not replica.step), replica.step]
+    lines = []
+    for step in steps:
+        why = "" if step is replica.step or step.poll() is None else f" ({step.name} exited with status {step.poll()})"
+        lines.append(f"--- {step.spec.log}{why}:\n{read_tail(step.spec.log)}")
+    return "\n".join(lines)

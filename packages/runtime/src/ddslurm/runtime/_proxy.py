@@ -14,10 +14,11 @@ write; a longer one, or one without a length (SSE, ``stream: true``), is streame
 first, so large bodies are never buffered.
 
 Choice of upstream: least requests in flight through this proxy among the healthy, non-saturated upstreams;
-ties go to the fewest ``vllm:num_requests_waiting`` (last scrape of ``GET /metrics``), then round-robin.
-An upstream whose waiting queue exceeds ``max_waiting`` is skipped; when every healthy upstream is saturated a
-request waits (without polling) until one is not, up to ``admission_timeout``, then gets 503. (The upstreams'
-state, their probes and this choice are ``_upstreams.py``; this module relays the requests.)
+ties go to the fewest requests waiting (``vllm:num_requests_waiting`` or SGLang's ``sglang:num_queue_reqs``, last
+scrape of ``GET /metrics``), then round-robin. An upstream whose waiting queue exceeds ``max_waiting`` is skipped;
+when every healthy upstream is saturated a request waits (without polling) until one is not, up to
+``admission_timeout``, then gets 503. (The upstreams' state, their probes and this choice are ``_upstreams.py``;
+this module relays the requests.)
 
 A connection failure before the response headers arrive (refused, reset, closed) is retried on another
 replica and marks the upstream unhealthy until its ``GET /health`` answers 200 again (it is re-probed at
@@ -108,7 +109,7 @@ class ProxyConfig:
     upstreams: tuple[str, ...]  # base URLs without /v1, e.g. "http://127.0.0.1:8101", or "unix:/path.sock"
     health_interval: float = 1.0  # seconds between /health probes of each upstream
     metrics_interval: float = 1.0  # seconds between /metrics scrapes of each upstream
-    max_waiting: int = 64  # vllm:num_requests_waiting above which an upstream is "saturated"
+    max_waiting: int = 64  # requests waiting (vLLM's or SGLang's gauge) above which an upstream is "saturated"
     admission_timeout: float = 600.0  # how long a request may wait for a non-saturated healthy upstream
     unavailable_grace: float = 1.0  # how long a request waits for a healthy upstream when none is
     connect_timeout: float = 5.0  # TCP connect to an upstream

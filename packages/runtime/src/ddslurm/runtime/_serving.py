@@ -1,12 +1,13 @@
-"""Model servers: vLLM command lines (bare, Pyxis, Apptainer), ports and the ports held for proxies, GPU
-discovery, readiness.
+"""Model servers: vLLM and SGLang command lines (bare, Pyxis, Apptainer; one node, or one node rank of a replica
+that spans nodes), ports and the ports held for proxies, GPU and node discovery, the leader's address, readiness.
 
 Replicas listen on Unix-domain sockets (``--uds``) in an owner-only directory, or on loopback ports; the one TCP
 listener of a deployment is its proxy, on a port :class:`PortHolds` keeps from every other user. Every attempt's
 servers and proxies require the attempt's own random token (``Authorization: Bearer TOKEN``: vLLM on ``/v1/*``,
 the proxy on every route but ``/health``), so another user's job on a shared node cannot use them. The token
 reaches a server through its environment (:data:`TOKEN_ENV`, which vLLM reads like ``--api-key``), never through
-its command line, where ``ps`` would show it to every user of the node.
+its command line, where ``ps`` would show it to every user of the node; SGLang, which reads no variable, gets it
+from a one-line boot program (:data:`SGLANG_BOOT`).
 """
 
 from __future__ import annotations
@@ -14,14 +15,14 @@ from __future__ import annotations
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
 
-from ddslurm.config import DeploymentPlan, ServingPlan, read_tail
+from ddslurm.config import DeploymentPlan, Engine, ServingPlan, read_tail
 from ddslurm.runtime._listeners import check_own_listener, http_base, listeners, socket_path
 from ddslurm.runtime._steps import Step
 from ddslurm.runtime.errors import RuntimeFailure
@@ -65,31 +66,25 @@ class GpuMismatchError(RuntimeFailure):
     reason = "gpu_mismatch"
 
 
+class NodeMismatchError(RuntimeFailure):
+    """The allocation has another number of nodes than the plan's serving spans (``SLURM_JOB_NUM_NODES``)."""
+
+    reason = "node_mismatch"
+
+
 class PortUnavailableError(RuntimeFailure):
     reason = "port_unavailable"
 
 
-def vllm_serve_args(dep: DeploymentPlan, listen: str) -> list[str]:
-    """``serve MODEL`` where it listens (``--uds PATH`` for a ``unix:`` URL, else ``--host --port``),
-    ``--served-model-name --tensor-parallel-size``, then the user's extra args."""
+def _where(listen: str) -> list[str]:
+    """Where the API listens: ``--uds PATH`` for a ``unix:`` URL, else ``--host H --port N``."""
     path = socket_path(listen)
     if path is not None:
-        where = ["--uds", str(path)]
-    else:
-        parts = urlsplit(listen)
-        if parts.hostname is None or parts.port is None:
-            raise ValueError(f"expected http://HOST:PORT or unix:PATH, got {listen!r}")
-        where = ["--host", parts.hostname, "--port", str(parts.port)]
-    return [
-        "serve",
-        dep.model,
-        *where,
-        "--served-model-name",
-        dep.served_model_name,
-        "--tensor-parallel-size",
-        str(dep.tensor_parallel),
-        *dep.extra_args,
-    ]
+        return ["--uds", str(path)]
+    parts = urlsplit(listen)
+    if parts.hostname is None or parts.port is None:
+        raise ValueError(f"expected http://HOST:PORT or unix:PATH, got {listen!r}")
+    return ["--host", parts.hostname, "--port", str(parts.port)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +99,109 @@ class RankPlace:
     port: str
 
 
+def vllm_serve_args(dep: DeploymentPlan, listen: str, place: RankPlace | None = None) -> list[str]:
+    """``serve MODEL`` where it listens (``--uds PATH`` for a ``unix:`` URL, else ``--host --port``),
+    ``--served-model-name --tensor-parallel-size``, the pipeline and data parallel sizes above 1 and
+    ``--enable-expert-parallel``, then the user's extra args.
+
+    ``place``: this step's node rank of a replica that spans ``place.nodes`` nodes, with vLLM's own rendezvous
+    (docs/serving/parallelism_scaling.md, data_parallel_deployment.md). Without data parallel the stages meet at
+    ``--master-addr``/``--master-port`` (``--nnodes``, ``--node-rank``); with it each node runs ``DP / nodes``
+    data-parallel ranks (``--data-parallel-size-local``) that meet at ``--data-parallel-address``/
+    ``--data-parallel-rpc-port``, a follower's first rank at ``--data-parallel-start-rank``. Followers (rank > 0)
+    are ``--headless``: no API, so no ``--uds``/``--host``/``--port``."""
+    follower = place is not None and place.node_rank > 0
+    spanning_pp = place is not None and dep.data_parallel == 1
+    args = ["serve", dep.model, *([] if follower else _where(listen))]
+    args += ["--served-model-name", dep.served_model_name, "--tensor-parallel-size", str(dep.tensor_parallel)]
+    if dep.pipeline_parallel > 1 or spanning_pp:
+        args += ["--pipeline-parallel-size", str(dep.pipeline_parallel)]
+    if dep.data_parallel > 1:
+        args += ["--data-parallel-size", str(dep.data_parallel)]
+        if place is not None:
+            if place.nodes < 1 or dep.data_parallel % place.nodes:
+                raise ValueError(
+                    f"data_parallel {dep.data_parallel} of {dep.alias!r} does not divide over {place.nodes} node(s)"
+                )
+            local = dep.data_parallel // place.nodes
+            args += [
+                "--data-parallel-size-local",
+                str(local),
+                "--data-parallel-address",
+                place.address,
+                "--data-parallel-rpc-port",
+                place.port,
+            ]
+            if follower:
+                args += ["--headless", "--data-parallel-start-rank", str(place.node_rank * local)]
+    if dep.expert_parallel:
+        args.append("--enable-expert-parallel")
+    if place is not None and spanning_pp:
+        args += [
+            "--nnodes",
+            str(place.nodes),
+            "--node-rank",
+            str(place.node_rank),
+            "--master-addr",
+            place.address,
+            "--master-port",
+            place.port,
+        ]
+        if follower:
+            args.append("--headless")
+    return [*args, *dep.extra_args]
+
+
+SGLANG_BOOT = (
+    "import os,runpy,sys;"
+    f"k=os.environ.get({TOKEN_ENV!r});"
+    f"k or sys.exit('{TOKEN_ENV} is unset: SGLang is never started without its API key');"
+    "sys.argv+=['--api-key',k];"
+    "runpy.run_module('sglang.launch_server',run_name='__main__',alter_sys=True)"
+)
+"""The one-line program (``python3 -c``) that starts SGLang with the attempt's token: SGLang takes its API key only
+as ``--api-key``, so the program appends it from :data:`TOKEN_ENV` to its own ``sys.argv``, which no other process
+sees (``ps`` shows the command line the process was started with), and runs ``sglang.launch_server`` as
+``python -m`` would. Without the variable it exits: an SGLang server never runs without a key."""
+
+
+def sglang_args(dep: DeploymentPlan, listen: str, place: RankPlace | None = None) -> list[str]:
+    """``-c BOOT`` (:data:`SGLANG_BOOT`) and SGLang's arguments: the model, where the API listens (``--host
+    --port``: SGLang has no Unix-domain socket), the served name, ``--tp-size`` and the pipeline and data parallel
+    sizes above 1, ``--ep-size`` (the tensor-parallel size) with expert parallel, ``--enable-metrics`` (the
+    proxy's backpressure reads ``sglang:num_queue_reqs``); for a replica that spans nodes ``--nnodes --node-rank
+    --dist-init-addr ADDRESS:PORT`` (every rank the same command, SGLang's followers serve no API); then the
+    user's extra args."""
+    if socket_path(listen) is not None:
+        raise ValueError(f"SGLang listens on a TCP port, not on a Unix-domain socket ({listen!r}): listen: tcp")
+    args = ["-c", SGLANG_BOOT, "--model-path", dep.model, *_where(listen)]
+    args += ["--served-model-name", dep.served_model_name, "--tp-size", str(dep.tensor_parallel)]
+    if dep.pipeline_parallel > 1:
+        args += ["--pp-size", str(dep.pipeline_parallel)]
+    if dep.data_parallel > 1:
+        args += ["--dp-size", str(dep.data_parallel)]
+    if dep.expert_parallel:
+        args += ["--ep-size", str(dep.tensor_parallel)]
+    args.append("--enable-metrics")
+    if place is not None:
+        args += [
+            "--nnodes",
+            str(place.nodes),
+            "--node-rank",
+            str(place.node_rank),
+            "--dist-init-addr",
+            f"{place.address}:{place.port}",
+        ]
+    return [*args, *dep.extra_args]
+
+
+def server_step_name(alias: str, replica: int, node_rank: int = 0) -> str:
+    """The step (and log) name of one node's step of a replica: ``server-<alias>-<i>`` for its leader (a replica on
+    one node is its own leader), ``server-<alias>-<i>-rank<k>`` for the follower on its k-th node."""
+    name = f"server-{alias}-{replica}"
+    return name if node_rank == 0 else f"{name}-rank{node_rank}"
+
+
 @dataclass(frozen=True, slots=True)
 class ServerCommand:
     argv: tuple[str, ...]
@@ -113,21 +211,37 @@ class ServerCommand:
 def server_command(
     serving: ServingPlan, dep: DeploymentPlan, listen: str, place: RankPlace | None = None
 ) -> ServerCommand:
-    """How a replica is started: a bare executable, a Pyxis container (srun options) or Apptainer. A replica on
-    a Unix-domain socket gets the socket's directory mounted at the same path inside a container. ``place``: the
-    node's step of a replica that spans nodes (its rank's rendezvous arguments; not yet used here)."""
-    args = vllm_serve_args(dep, listen)
-    path = socket_path(listen)
+    """How one step of a replica is started: ``vllm serve`` or SGLang (:func:`sglang_args`, by the deployment's
+    ``engine``), as a bare executable, in a Pyxis container (srun options) or with Apptainer, in the engine's own
+    image. ``place``: the step's node rank of a replica that spans nodes (None: a replica on one node). A
+    replica on a Unix-domain socket gets the socket's directory mounted at the same path inside a container
+    (not a headless follower's: it serves no API, and the directory is on the leader's node)."""
+    headless = place is not None and place.node_rank > 0
+    if dep.engine == "sglang":
+        args, exe, image, inner = (
+            sglang_args(dep, listen, place),
+            serving.sglang_executable,
+            serving.sglang_image,
+            "python3",
+        )
+    else:
+        args, exe, image, inner = (
+            vllm_serve_args(dep, listen, place),
+            serving.vllm_executable,
+            serving.vllm_image,
+            "vllm",
+        )
+    path = None if headless else socket_path(listen)
     mounts = [*serving.container_mounts, *([f"{path.parent}:{path.parent}"] if path is not None else [])]
     if serving.container_runtime == "pyxis":
-        extra = [f"--container-image={serving.vllm_image}", "--no-container-mount-home"]
+        extra = [f"--container-image={image}", "--no-container-mount-home"]
         if mounts:
             extra.append(f"--container-mounts={','.join(mounts)}")
-        return ServerCommand(argv=("vllm", *args), srun_extra=tuple(extra))
+        return ServerCommand(argv=(inner, *args), srun_extra=tuple(extra))
     if serving.container_runtime == "apptainer":
         binds = [f"--bind={m}" for m in mounts]
-        return ServerCommand(argv=("apptainer", "exec", "--nv", *binds, str(serving.vllm_image), "vllm", *args))
-    return ServerCommand(argv=(serving.vllm_executable, *args))
+        return ServerCommand(argv=("apptainer", "exec", "--nv", *binds, str(image), inner, *args))
+    return ServerCommand(argv=(exe, *args))
 
 
 def token_environment(serving: ServingPlan, token: str) -> dict[str, str]:
@@ -144,22 +258,30 @@ def auth_headers(token: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
-def vllm_version(serving: ServingPlan, env: Mapping[str, str]) -> str:
-    """The vLLM version (recorded, never gated). Only a bare executable can be asked cheaply."""
+def engine_version(serving: ServingPlan, engine: Engine, env: Mapping[str, str]) -> str:
+    """The version of ``engine`` (recorded, never gated): ``vllm --version``, or SGLang's ``sglang.__version__``
+    asked of its Python. Only a bare executable can be asked cheaply; in a container, the image is named."""
+    if engine == "sglang":
+        exe, image = serving.sglang_executable, serving.sglang_image
+        argv = [exe, "-c", "import sglang; print(sglang.__version__)"]
+    else:
+        exe, image = serving.vllm_executable, serving.vllm_image
+        argv = [exe, "--version"]
     if serving.container_runtime != "none":
-        return f"unknown ({serving.container_runtime} image {serving.vllm_image})"
+        return f"unknown ({serving.container_runtime} image {image})"
     try:
-        out = subprocess.run(
-            [serving.vllm_executable, "--version"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env=dict(env),
-            check=False,
-        )
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=dict(env), check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"unknown ({exc})"
-    return (out.stdout.strip() or out.stderr.strip()).splitlines()[-1] if out.returncode == 0 else "unknown"
+    if out.returncode != 0:
+        return "unknown"
+    lines = (out.stdout.strip() or out.stderr.strip()).splitlines()
+    return lines[-1] if lines else "unknown"
+
+
+def vllm_version(serving: ServingPlan, env: Mapping[str, str]) -> str:
+    """The vLLM version (:func:`engine_version` of ``vllm``)."""
+    return engine_version(serving, "vllm", env)
 
 
 def visible_gpus(env: Mapping[str, str]) -> list[str]:
@@ -180,6 +302,45 @@ def check_gpus(serving: ServingPlan, env: Mapping[str, str]) -> list[str]:
             f"SLURM_JOB_GPUS={env.get('SLURM_JOB_GPUS', '')!r})"
         )
     return gpus
+
+
+def check_nodes(serving: ServingPlan, env: Mapping[str, str]) -> None:
+    """The allocation has the plan's ``serving.nodes`` nodes, as Slurm says (``SLURM_JOB_NUM_NODES``, else
+    ``SLURM_NNODES``; outside Slurm, neither set, nothing to check): a replica's follower placed on a node the
+    allocation lacks would never start."""
+    for name in ("SLURM_JOB_NUM_NODES", "SLURM_NNODES"):
+        value = env.get(name, "").strip()
+        if value:
+            if value != str(serving.nodes):
+                raise NodeMismatchError(
+                    f"the plan places its servers on {serving.nodes} node(s) but this allocation has {value} "
+                    f"({name}={value!r})"
+                )
+            return
+
+
+LOOPBACK = "127.0.0.1"
+
+
+def leader_address(
+    env: Mapping[str, str], run: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run
+) -> str:
+    """Where the followers of a replica that spans nodes reach its leader: the address Slurm knows this node by
+    (``NodeAddr`` of ``scontrol show node $SLURMD_NODENAME -o``; the controller runs on the allocation's first
+    node, the leaders' node), else the node's name; outside Slurm (no ``SLURMD_NODENAME``) loopback."""
+    node = env.get("SLURMD_NODENAME", "").strip()
+    if not node:
+        return LOOPBACK
+    try:
+        out = run(["scontrol", "show", "node", node, "-o"], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return node
+    if out.returncode == 0:
+        for field in out.stdout.split():
+            key, _, value = field.partition("=")
+            if key == "NodeAddr" and value and value != "(null)":
+                return value
+    return node
 
 
 class ListenerClients:
@@ -347,8 +508,10 @@ def wait_ready(
     sleep: Callable[[float], None] = time.sleep,
     interval: float = 0.5,
     token: str | None = None,
+    ranks: Sequence[Step] = (),
 ) -> float:
-    """Poll /health (then /v1/models for the served name) until ready; fail fast if the process exits.
+    """Poll /health (then /v1/models for the served name) until ready; fail fast if the process exits, or any of
+    ``ranks`` (the headless followers of a replica that spans nodes: its leader may wait for them for ever).
 
     ``url``: ``http://HOST:PORT`` or ``unix:/path`` (``client`` the one for it, :class:`ListenerClients`).
     ``/health`` is asked without the token (vLLM's needs none); before ``/v1/models``, which needs it, the
@@ -366,6 +529,12 @@ def wait_ready(
                 f"{step.name} exited with status {code} before it was ready; last lines of {step.spec.log}:\n"
                 f"{read_tail(step.spec.log)}"
             )
+        for rank in ranks:
+            if (code := rank.poll()) is not None:
+                raise ServerStartError(
+                    f"{rank.name} exited with status {code} before {step.name} was ready; last lines of "
+                    f"{rank.spec.log}:\n{read_tail(rank.spec.log)}"
+                )
         if is_healthy(client, url):
             check_own_listener(url)
             if served_name is None or _serves(client, url, served_name, token):

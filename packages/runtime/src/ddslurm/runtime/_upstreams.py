@@ -1,11 +1,12 @@
 """The replicas behind one proxy: what it knows of each (healthy, saturated, in flight, served, failed), how it
 learns it (``GET /health`` and ``GET /metrics`` of each, without the token), and which one a request goes to.
 
-Choice: least requests in flight among the healthy, non-saturated upstreams; ties go to the fewest
-``vllm:num_requests_waiting`` (last scrape), then round-robin. An upstream whose waiting queue exceeds
-``max_waiting`` is skipped; when every healthy one is saturated a request waits (without polling) until one is
-not. A health answer counts only from a listener proved to be this user's; a verified upstream that refuses a
-connection has died and is out for good. Everything here is touched from the event loop only.
+Choice: least requests in flight among the healthy, non-saturated upstreams; ties go to the fewest requests
+waiting (last scrape: vLLM's ``vllm:num_requests_waiting``, SGLang's ``sglang:num_queue_reqs``), then round-robin.
+An upstream whose waiting queue exceeds ``max_waiting`` is skipped; when every healthy one is saturated a request
+waits (without polling) until one is not. A health answer counts only from a listener proved to be this user's; a
+verified upstream that refuses a connection has died and is out for good. Everything here is touched from the event
+loop only.
 """
 
 from __future__ import annotations
@@ -20,19 +21,21 @@ import aiohttp
 
 from ddslurm.runtime._listeners import ListenerNotOursError, check_own_listener, http_base, socket_path
 
-_WAITING_METRIC: Final = "vllm:num_requests_waiting"
+_WAITING_METRICS: Final = ("vllm:num_requests_waiting", "sglang:num_queue_reqs")
+"""The gauge of requests waiting in the engine's queue: vLLM's, SGLang's (a replica exposes its engine's)."""
 # Below uvicorn's (and so vLLM's) 5 s keep-alive, so the pool rarely reuses a connection the server is closing.
 _POOL_KEEPALIVE_S: Final = 3.0
 
 
 def parse_waiting(text: str) -> int:
-    """Sum of ``vllm:num_requests_waiting`` over all its label sets in a Prometheus text exposition."""
+    """Sum of the waiting gauges (``vllm:num_requests_waiting``, ``sglang:num_queue_reqs``: whichever the replica
+    exposes) over all their label sets in a Prometheus text exposition."""
     total = 0.0
-    size = len(_WAITING_METRIC)
     for line in text.splitlines():
-        if not line.startswith(_WAITING_METRIC):
+        if not line.startswith(_WAITING_METRICS):
             continue
-        rest = line[size:]
+        name = next(m for m in _WAITING_METRICS if line.startswith(m))
+        rest = line[len(name) :]
         if rest.startswith("{"):
             rest = rest[rest.rfind("}") + 1 :]
         elif not rest.startswith((" ", "\t")):
@@ -316,7 +319,7 @@ class Upstreams:
             now = loop.time()
             if any_healthy:
                 grace_until = None
-                until, reason = deadline, "every healthy upstream is saturated (vllm:num_requests_waiting)"
+                until, reason = deadline, "every healthy upstream is saturated (requests waiting in its queue)"
             else:
                 if grace_until is None:
                     grace_until = now + self._unavailable_grace

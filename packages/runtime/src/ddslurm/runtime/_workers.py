@@ -195,6 +195,10 @@ class Workers:
         self._stop = stop
         self._grace = grace
         self._count = inputs.plan.client_workers if source.pulling else 1
+        serving = inputs.plan.serving
+        self._node_of_clients = 0 if serving is not None and serving.nodes > 1 else None
+        """The node the client steps run on (``StepSpec.node``): the first, where the endpoints are, in an
+        allocation of several nodes."""
         self._works: list[Work] = []
         self._waiting: list[Began] = []
         """Attempts begun whose client step has not started yet."""
@@ -397,6 +401,7 @@ class Workers:
             cpus=self._inputs.plan.client_cpus,
             mem_mb=self._client_mb,
             srun_extra=("--overlap",) if spare else (),
+            node=self._node_of_clients,
         )
         return self._launcher.start(spec)
 

@@ -13,8 +13,8 @@ RuntimeFailure           root: the attempt failed; ``reason`` is a stable code f
 BuilderFailure           a builder script could not be loaded, called or serialised (at submit, ``inspect``
                          answers it; on the node it becomes a RecipeError)
 
-The serving errors (``server_*``, ``proxy_died``, ``gpu_mismatch``, ``port_unavailable``) live in ``_serving.py``;
-``server_port_taken`` (another user holds a server's port) in ``_listeners.py``.
+The serving errors (``server_*``, ``proxy_died``, ``gpu_mismatch``, ``node_mismatch``, ``port_unavailable``) live in
+``_serving.py``; ``server_port_taken`` (another user holds a server's port) in ``_listeners.py``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,259 @@
+"""A replica that spans nodes, run by the controller with real processes (LocalLauncher): its leader and its
+headless follower are started with the rendezvous arguments (each step on its node: srun ``--relative``), the
+replica is ready when its leader is, and the death of a follower, while the model loads or during generation,
+fails the attempt at once with that rank's log and stops the other ranks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from ddslurm.config import AttemptRecord, DeploymentPlan, ReplicaPlan, RunLayout, ServingPlan, read_json
+from ddslurm.config.testing import make_plan
+from ddslurm.runtime import Inputs
+from ddslurm.runtime._controller import Controller
+from ddslurm.runtime._steps import LocalLauncher, Step, StepSpec, srun_argv
+from ddslurm.runtime.testing import make_controller, write_plan
+
+RANK = r"""
+import json, os, sys, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+args = sys.argv[1:]
+def opt(name):
+    return args[args.index(name) + 1] if name in args else None
+rendezvous = os.environ["FAKE_RANKS"]
+token = os.environ.get("VLLM_API_KEY") or opt("--api-key")
+follower = "--headless" in args or opt("--node-rank") not in (None, "0")
+if follower:
+    print("rank 1 starts, joining", opt("--master-addr") or opt("--dist-init-addr"), flush=True)
+    if os.path.exists(os.path.join(rendezvous, "fail")):
+        print("rank 1: NCCL error: the leader refused the connection", flush=True)
+        sys.exit(3)
+    with open(os.path.join(rendezvous, "joined"), "w") as f:
+        f.write(str(os.getpid()))
+    while True:
+        time.sleep(1)
+class Handler(BaseHTTPRequestHandler):
+    def do_GET(self):
+        if self.path == "/health":  # healthy once its follower joined, as an engine whose ranks all met
+            code, body = (200 if os.path.exists(os.path.join(rendezvous, "joined")) else 503), b""
+        elif self.headers.get("Authorization") != "Bearer " + token:
+            code, body = 401, b""
+        else:
+            code, body = 200, json.dumps({"data": [{"id": opt("--served-model-name")}]}).encode()
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+print("leader serving", flush=True)
+ThreadingHTTPServer((opt("--host"), int(opt("--port"))), Handler).serve_forever()
+"""
+
+CLIENT = r"""
+import sys, time, msgspec
+from pathlib import Path
+from ddslurm.config import AttemptRecord, atomic_write, encode, read_json
+record_path, outcome, endpoints = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
+while not endpoints.exists():
+    time.sleep(0.02)
+if outcome == "hang":
+    time.sleep(120)
+record = read_json(record_path, AttemptRecord)
+atomic_write(record_path, encode(msgspec.structs.replace(
+    record, state="succeeded", reason=None, retryable=False, client_runs=record.client_runs + 1)))
+"""
+
+
+class RankLauncher:
+    """Servers and proxies are real processes of their command lines (:class:`LocalLauncher`: the engine is the
+    rank stand-in, the proxy ``ddslurm-runtime proxy``); clients are a script that waits for the endpoints, then
+    succeeds (``ok``) or runs until stopped (``hang``). Every step's spec is kept, to read its srun line."""
+
+    def __init__(self, outcome: str) -> None:
+        self.outcome = outcome
+        self.specs: list[StepSpec] = []
+        self.steps: dict[str, Step] = {}
+        self._local = LocalLauncher()
+
+    def start(self, spec: StepSpec) -> Step:
+        self.specs.append(spec)
+        if spec.name.startswith("client"):
+            argv = spec.argv
+            shard = int(argv[argv.index("--shard") + 1])
+            attempt = argv[argv.index("--attempt") + 1]
+            record = RunLayout(Path(argv[argv.index("--run-dir") + 1])).shard(shard).attempt(attempt).record
+            endpoints = argv[argv.index("--endpoints") + 1]
+            script = [sys.executable, "-c", CLIENT, str(record), self.outcome, endpoints]
+            step = Step(spec, subprocess.Popen(script, env=dict(spec.env), start_new_session=True))
+        else:
+            step = self._local.start(spec)
+        self.steps[spec.name] = step
+        return step
+
+
+def _engine(tmp_path: Path) -> Path:
+    """The stand-in as an executable (``vllm_executable``): one rank of a replica."""
+    exe = tmp_path / "bin" / "vllm"
+    exe.parent.mkdir()
+    exe.write_text(f"#!{sys.executable}\n{RANK}")
+    exe.chmod(0o755)
+    return exe
+
+
+def _controller(
+    tmp_path: Path,
+    launcher: RankLauncher,
+    *,
+    nodes_seen: str = "2",
+    engine: Literal["vllm", "sglang"] = "vllm",
+    listen: Literal["tcp", "unix"] = "tcp",
+) -> tuple[Controller, Inputs]:
+    """A one-shard task whose one deployment is one replica over two nodes (one GPU each, pipeline parallel 2),
+    behind its proxy; the allocation says it has ``nodes_seen`` nodes."""
+    rendezvous = tmp_path / "ranks"
+    rendezvous.mkdir(exist_ok=True)
+    replica = ReplicaPlan(index=0, gpus=1, cpus=1, nodes=2)
+    deployment = DeploymentPlan(
+        alias="gen", model="m", served_model_name="served", engine=engine, tensor_parallel=1, pipeline_parallel=2,
+        replicas=(replica,), startup_timeout=30, proxy=True, listen=listen, env={"FAKE_RANKS": str(rendezvous)},
+    )  # fmt: skip
+    exe = _engine(tmp_path)
+    serving = ServingPlan(deployments=(deployment,), gpus=1, nodes=2, vllm_executable=str(exe),
+                          sglang_executable=str(exe))  # fmt: skip
+    layout, inputs = write_plan(tmp_path / "run-1", make_plan("run-1", (4,), serving=serving))
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "0", "SLURM_JOB_NUM_NODES": nodes_seen}
+    env.pop("SLURMD_NODENAME", None)
+    controller = make_controller(layout, launcher, env=env, grace=2.0, poll=0.05)
+    controller._runtime_exe = Path(sys.executable).with_name("ddslurm-runtime")  # the real proxy
+    return controller, inputs
+
+
+def _run(tmp_path: Path, launcher: RankLauncher, job: str, **kw: Any) -> tuple[int, AttemptRecord, float]:
+    """Run the allocation; its exit status, the attempt's record and how long it took."""
+    controller, inputs = _controller(tmp_path, launcher, **kw)
+    started = time.monotonic()
+    code = controller.run(inputs, 0, job, "n1")
+    took = time.monotonic() - started
+    record = read_json(RunLayout(tmp_path / "run-1").shard(0).attempt(f"attempt-{job}").record, AttemptRecord)
+    return code, record, took
+
+
+def test_a_replica_over_two_nodes_serves_from_its_leader_each_step_on_its_node(tmp_path: Path) -> None:
+    launcher = RankLauncher("ok")
+    controller, inputs = _controller(tmp_path, launcher)
+    code = controller.run(inputs, 0, "9501", "n1")
+    record = read_json(RunLayout(tmp_path / "run-1").shard(0).attempt("attempt-9501").record, AttemptRecord)
+    assert (code, record.state) == (0, "succeeded"), (record.reason, record.message)
+    names = [spec.name for spec in launcher.specs]
+    assert names[:3] == ["server-gen-0", "server-gen-0-rank1", "proxy-gen"] and names[3] == "client"
+    nodes = {spec.name: spec.node for spec in launcher.specs}
+    assert nodes == {"server-gen-0": 0, "server-gen-0-rank1": 1, "proxy-gen": 0, "client": 0}
+    srun = {spec.name: srun_argv(spec) for spec in launcher.specs}
+    assert "--relative=1" in srun["server-gen-0-rank1"]
+    assert all("--relative=0" in srun[name] for name in ("server-gen-0", "proxy-gen", "client"))
+    leader, follower = launcher.steps["server-gen-0"].spec, launcher.steps["server-gen-0-rank1"].spec
+    port = leader.argv[leader.argv.index("--port") + 1]
+    master = follower.argv[follower.argv.index("--master-port") + 1]
+    assert leader.argv[leader.argv.index("--master-port") + 1] == master != port  # a port of its own
+    assert follower.argv[follower.argv.index("--master-addr") + 1] == "127.0.0.1"  # outside Slurm: loopback
+    assert "--headless" in follower.argv and "--port" not in follower.argv
+    assert follower.log == leader.log.with_name("server-gen-0-rank1.log")
+    assert follower.env["VLLM_API_KEY"] == leader.env["VLLM_API_KEY"]  # every rank has the token's environment
+    assert all(leader.env["VLLM_API_KEY"] not in " ".join(spec.argv) for spec in launcher.specs)
+    proxy = launcher.steps["proxy-gen"].spec.argv
+    assert [proxy[i + 1] for i, a in enumerate(proxy) if a == "--upstream"] == [f"http://127.0.0.1:{port}"]
+    assert master not in proxy[proxy.index("--listen") + 1]
+    serving = json.loads(next((tmp_path / "run-1").rglob("serving.json")).read_text())
+    assert serving["nodes"] == 2 and serving["deployments"][0]["engine"] == "vllm"
+    (replica,) = serving["replicas"]
+    assert replica["step"] == "server-gen-0"
+    assert [(r["node_rank"], r["step"]) for r in replica["ranks"]] == [(1, "server-gen-0-rank1")]
+    assert all(step.poll() is not None for step in launcher.steps.values())  # teardown: every step
+
+
+def test_a_follower_that_dies_while_the_model_loads_fails_the_start_at_once(tmp_path: Path) -> None:
+    """The leader would wait for its follower until the startup timeout (30 s here); the follower's exit is the
+    start's failure as soon as it happens, with the follower's log."""
+    launcher = RankLauncher("ok")
+    (tmp_path / "ranks").mkdir()
+    (tmp_path / "ranks" / "fail").write_text("")
+    code, record, took = _run(tmp_path, launcher, "9502")
+    assert code == 1 and (record.state, record.reason) == ("failed", "server_start_failed"), record
+    message = record.message or ""
+    assert "server-gen-0-rank1 exited with status 3 before server-gen-0 was ready" in message
+    assert "server-gen-0-rank1.log" in message and "NCCL error: the leader refused the connection" in message
+    assert took < 15
+    assert all(step.poll() is not None for step in launcher.steps.values())
+
+
+def test_a_follower_that_dies_during_generation_fails_the_attempt_within_seconds(tmp_path: Path) -> None:
+    """The client is generating (it never ends by itself); the follower is killed: the attempt fails
+    ``server_died`` with the dead rank's and the leader's logs, and the leader and the client are stopped."""
+    launcher = RankLauncher("hang")
+    controller, inputs = _controller(tmp_path, launcher)
+    killed: list[float] = []
+
+    def kill_the_follower() -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not any((tmp_path / "run-1").rglob("endpoints.json")):
+            time.sleep(0.02)
+        time.sleep(0.3)
+        launcher.steps["server-gen-0-rank1"].proc.kill()
+        killed.append(time.monotonic())
+
+    killer = threading.Thread(target=kill_the_follower, daemon=True)
+    killer.start()
+    code = controller.run(inputs, 0, "9503", "n1")
+    ended = time.monotonic()
+    killer.join()
+    record = read_json(RunLayout(tmp_path / "run-1").shard(0).attempt("attempt-9503").record, AttemptRecord)
+    assert code == 1 and (record.state, record.reason) == ("failed", "server_died"), record
+    message = record.message or ""
+    assert "every replica of 'gen' exited during generation" in message
+    assert "server-gen-0-rank1.log (server-gen-0-rank1 exited with status -9)" in message
+    assert "rank 1 starts, joining 127.0.0.1" in message  # the dead rank's log
+    assert "server-gen-0.log" in message and "leader serving" in message  # and the leader's
+    assert ended - killed[0] < 10  # detected within a watch interval, then torn down (2 s grace at most a group)
+    leader, client = launcher.steps["server-gen-0"], launcher.steps["client"]
+    assert leader.poll() is not None and leader.poll() != 0  # stopped, it did not exit by itself
+    assert client.poll() is not None
+    assert all(step.poll() is not None for step in launcher.steps.values())
+
+
+def test_an_allocation_with_other_nodes_than_the_plan_starts_nothing(tmp_path: Path) -> None:
+    launcher = RankLauncher("ok")
+    code, record, _ = _run(tmp_path, launcher, "9504", nodes_seen="1")
+    assert code == 1 and (record.state, record.reason) == ("failed", "node_mismatch"), record
+    assert "places its servers on 2 node(s) but this allocation has 1" in (record.message or "")
+    assert not [spec for spec in launcher.specs if spec.name.startswith(("server", "proxy"))]
+
+
+def test_sglang_over_two_nodes_gives_each_rank_its_node_rank(tmp_path: Path) -> None:
+    """SGLang's ranks run the same command but ``--node-rank``; the stand-in reads the token the boot program
+    would hand it as ``--api-key`` from its environment here (the boot program is tested on its own)."""
+    launcher = RankLauncher("ok")
+    code, record, _ = _run(tmp_path, launcher, "9505", engine="sglang")
+    assert (code, record.state) == (0, "succeeded"), (record.reason, record.message)
+    leader, follower = launcher.steps["server-gen-0"].spec.argv, launcher.steps["server-gen-0-rank1"].spec.argv
+    assert leader[leader.index("--node-rank") + 1] == "0" and follower[follower.index("--node-rank") + 1] == "1"
+    assert leader[leader.index("--dist-init-addr") + 1] == follower[follower.index("--dist-init-addr") + 1]
+    serving = json.loads(next((tmp_path / "run-1").rglob("serving.json")).read_text())
+    assert serving["deployments"][0]["engine"] == "sglang" and "vllm_version" not in serving
+
+
+def test_a_shape_no_engine_can_start_fails_the_attempt_before_any_server(tmp_path: Path) -> None:
+    """SGLang has no Unix-domain socket: a plan that asks for one (the planner gives SGLang ``listen: tcp``) fails
+    the attempt with the step and the reason, not with a traceback."""
+    launcher = RankLauncher("ok")
+    code, record, _ = _run(tmp_path, launcher, "9506", engine="sglang", listen="unix")
+    assert code == 1 and record.state == "failed", record
+    assert "server-gen-0 cannot be started: SGLang listens on a TCP port" in (record.message or "")
+    assert not [spec for spec in launcher.specs if spec.name.startswith(("server", "proxy"))]
