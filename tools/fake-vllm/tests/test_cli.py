@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from fake_vllm.cli import FAKE_OPTIONS, UsageError, main, parse_serve_args, split_known
+from fake_vllm.cli import FAKE_OPTIONS, UsageError, main, parse_serve_args
 from fake_vllm.testing import child_environment, free_port
 
 
@@ -35,7 +35,7 @@ def test_vllm_command_line_with_ignored_flags() -> None:
     assert settings.api_keys == ("secret",)
     assert settings.ignored_args == (
         "--max-model-len", "4096", "--gpu-memory-utilization", "0.9", "--dtype", "auto",
-        "--enable-prefix-caching", "--trust-remote-code", "--kv-cache-dtype=fp8", "--swap-space", "-1",
+        "--enable-prefix-caching", "--trust-remote-code", "--kv-cache-dtype", "fp8", "--swap-space", "-1",
     )  # fmt: skip
 
 
@@ -54,7 +54,7 @@ def test_defaults() -> None:
     [
         pytest.param(["--model", "m", "--dtype", "auto"], "m", ["--dtype", "auto"], id="model-flag"),
         pytest.param(["--disable-log-requests", "m"], "m", ["--disable-log-requests"], id="boolean-before-model"),
-        pytest.param(["-tp", "2", "m", "-O3"], "m", ["-O3"], id="short-flags"),
+        pytest.param(["-tp", "2", "m", "-O3"], "m", ["-O", "3"], id="short-flags"),
         pytest.param(
             ["m", "--limit-mm-per-prompt", '{"image": 1}'],
             "m",
@@ -90,12 +90,12 @@ def test_listen_address_of_ipv6_and_empty_hosts() -> None:
     assert parse_serve_args(["m", "--host", "", "--port", "9"], {}).listen_address == "http://0.0.0.0:9"
 
 
-def test_split_known_keeps_known_values() -> None:
-    known, ignored = split_known(
-        ["m", "--port", "1", "--x", "y", "--api-key", "a", "b"], {"--port": 1, "--api-key": -1}
-    )
-    assert known == ["m", "--port", "1", "--api-key", "a", "b"]
-    assert ignored == ["--x", "y"]
+def test_vllm_spellings_underscores_and_short_forms() -> None:
+    """vLLM's FlexibleArgumentParser: ``--max_num_seqs`` is ``--max-num-seqs``; ``-tp/-pp/-dp`` are the sizes."""
+    settings = parse_serve_args(["m", "--max_num_seqs", "3", "-tp", "2", "-pp", "2", "-dp", "2", "--no-enable-lora"], {})
+    assert (settings.tensor_parallel_size, settings.pipeline_parallel_size, settings.data_parallel_size) == (2, 2, 2)
+    assert (settings.max_num_seqs, settings.capacity) == (3, 6)  # per data-parallel rank
+    assert settings.ignored_args == ("--no-enable-lora",)
 
 
 def test_env_sets_fake_options_and_flag_wins() -> None:
