@@ -33,6 +33,7 @@ FORMS: list[tuple[EngineName, Form, dict[str, int]]] = [
     ("vllm", "nodes", {"tensor_parallel": 2, "pipeline_parallel": 3}),
     ("vllm", "data-parallel", {"tensor_parallel": 2, "data_parallel": 3}),
     ("sglang", "nodes", {"tensor_parallel": 3, "pipeline_parallel": 1}),
+    ("sglang", "nodes", {"tensor_parallel": 3, "data_parallel": 3}),  # --enable-dp-attention
 ]
 
 
@@ -59,7 +60,9 @@ def _listening_tcp_ports(pid: int) -> list[int]:
     return ports
 
 
-@pytest.mark.parametrize(("engine", "form", "sizes"), FORMS, ids=[f"{e}-{f}" for e, f, _ in FORMS])
+@pytest.mark.parametrize(
+    ("engine", "form", "sizes"), FORMS, ids=[f"{e}-{f}-{'x'.join(map(str, z.values()))}" for e, f, z in FORMS]
+)
 def test_leader_is_healthy_only_once_every_follower_joined(
     engine: EngineName, form: Form, sizes: dict[str, int]
 ) -> None:
@@ -88,7 +91,9 @@ def test_leader_is_healthy_only_once_every_follower_joined(
     assert "All 3 nodes joined the rendezvous" in log
 
 
-@pytest.mark.parametrize(("engine", "form", "sizes"), FORMS, ids=[f"{e}-{f}" for e, f, _ in FORMS])
+@pytest.mark.parametrize(
+    ("engine", "form", "sizes"), FORMS, ids=[f"{e}-{f}-{'x'.join(map(str, z.values()))}" for e, f, z in FORMS]
+)
 def test_a_follower_dying_kills_the_leader_at_once(engine: EngineName, form: Form, sizes: dict[str, int]) -> None:
     with start_replica(nodes=3, form=form, engine=engine, **sizes) as replica:  # type: ignore[arg-type]
         killed = time.monotonic()
