@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from fake_vllm.cli import FAKE_OPTIONS, UsageError, main, parse_serve_args, split_known
+from fake_vllm.cli import FAKE_OPTIONS, UsageError, main, parse_serve_args
 from fake_vllm.testing import child_environment, free_port
 
 
@@ -35,7 +35,7 @@ def test_vllm_command_line_with_ignored_flags() -> None:
     assert settings.api_keys == ("secret",)
     assert settings.ignored_args == (
         "--max-model-len", "4096", "--gpu-memory-utilization", "0.9", "--dtype", "auto",
-        "--enable-prefix-caching", "--trust-remote-code", "--kv-cache-dtype=fp8", "--swap-space", "-1",
+        "--enable-prefix-caching", "--trust-remote-code", "--kv-cache-dtype", "fp8", "--swap-space", "-1",
     )  # fmt: skip
 
 
@@ -54,7 +54,7 @@ def test_defaults() -> None:
     [
         pytest.param(["--model", "m", "--dtype", "auto"], "m", ["--dtype", "auto"], id="model-flag"),
         pytest.param(["--disable-log-requests", "m"], "m", ["--disable-log-requests"], id="boolean-before-model"),
-        pytest.param(["-tp", "2", "m", "-O3"], "m", ["-O3"], id="short-flags"),
+        pytest.param(["-tp", "2", "m", "-O3"], "m", ["-O", "3"], id="short-flags"),
         pytest.param(
             ["m", "--limit-mm-per-prompt", '{"image": 1}'],
             "m",
@@ -90,12 +90,14 @@ def test_listen_address_of_ipv6_and_empty_hosts() -> None:
     assert parse_serve_args(["m", "--host", "", "--port", "9"], {}).listen_address == "http://0.0.0.0:9"
 
 
-def test_split_known_keeps_known_values() -> None:
-    known, ignored = split_known(
-        ["m", "--port", "1", "--x", "y", "--api-key", "a", "b"], {"--port": 1, "--api-key": -1}
+def test_vllm_spellings_underscores_and_short_forms() -> None:
+    """vLLM's FlexibleArgumentParser: ``--max_num_seqs`` is ``--max-num-seqs``; ``-tp/-pp/-dp`` are the sizes."""
+    settings = parse_serve_args(
+        ["m", "--max_num_seqs", "3", "-tp", "2", "-pp", "2", "-dp", "2", "--no-enable-lora"], {}
     )
-    assert known == ["m", "--port", "1", "--api-key", "a", "b"]
-    assert ignored == ["--x", "y"]
+    assert (settings.tensor_parallel_size, settings.pipeline_parallel_size, settings.data_parallel_size) == (2, 2, 2)
+    assert (settings.max_num_seqs, settings.capacity) == (3, 6)  # per data-parallel rank
+    assert settings.ignored_args == ("--no-enable-lora",)
 
 
 def test_env_sets_fake_options_and_flag_wins() -> None:
@@ -187,3 +189,67 @@ def test_fail_start_exits_non_zero_without_listening() -> None:
     assert "Engine core initialization failed" in proc.stderr
     assert "vLLM API server version fake-vllm" in proc.stderr
     assert "ignoring vLLM arguments the stand-in does not model: --max-model-len 8" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        pytest.param(["--bogus-flag", "1"], "unrecognized arguments: --bogus-flag 1", id="unknown"),
+        pytest.param(["--max-num"], "unrecognized arguments: --max-num", id="no-abbreviations"),
+        pytest.param(
+            ["--tensor-parallel-size", "two"], "argument --tensor-parallel-size/-tp: invalid int value", id="type"
+        ),
+    ],
+)
+def test_vllm_refuses_what_its_argparse_refuses(
+    args: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", "m", *args])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: vllm serve [model_tag] [options]")
+    assert f"vllm serve: error: {needle}" in err
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        pytest.param(["--max-model-len", "8192"], id="max-model-len"),
+        pytest.param(["--max-num-seqs=6"], id="max-num-seqs-inline"),
+        pytest.param(["--hf-token"], id="bare-hf-token"),
+        pytest.param(["--hf-token", "--dtype", "auto"], id="hf-token-then-flag"),
+        pytest.param(["--no-enable-prefix-caching", "--enforce-eager", "-q", "fp8"], id="booleans-and-short"),
+        pytest.param(["--disable-log-requests", "--enable-log-requests"], id="log-requests"),
+        pytest.param(["--enable-expert-parallel", "-tp", "2", "-dp", "2", "--all2all-backend", "pplx"], id="ep"),
+    ],
+)
+def test_real_vllm_flags_are_accepted(args: list[str]) -> None:
+    parse_serve_args(["m", *args], {})
+
+
+def test_expert_parallel_is_logged() -> None:
+    from fake_vllm.server import describe
+
+    settings = parse_serve_args(["m", "--enable-expert-parallel", "-tp", "2", "-dp", "2"], {})
+    assert settings.expert_parallel_size == 4
+    assert any("expert parallel enabled: EP size 4" in line for line in describe(settings))
+    alone = parse_serve_args(["m", "--enable-expert-parallel"], {})
+    assert any("TP x DP = 1" in line for line in describe(alone))
+
+
+def test_multi_node_flags_become_a_group() -> None:
+    nodes = parse_serve_args(
+        ["m", "-tp", "4", "-pp", "2", "--nnodes", "2", "--node-rank", "1", "--master-addr", "n1", "--master-port",
+         "29600", "--headless"],
+        {},
+    )  # fmt: skip
+    assert nodes.group is not None and (nodes.group.form, nodes.group.rank, nodes.group.rendezvous) == (
+        "nodes", 1, "n1:29600",
+    )  # fmt: skip
+    assert nodes.gpus_per_node == 4 and nodes.headless
+    dp = parse_serve_args(["m", "-tp", "2", "-dp", "4", "-dpl", "2", "-dpa", "n1", "-dpp", "13345"], {})
+    assert dp.group is not None and (dp.group.form, dp.group.nodes, dp.group.rank) == ("data-parallel", 2, 0)
+    assert dp.gpus_per_node == 4
+    follower = parse_serve_args(["m", "-tp", "2", "-dp", "4", "-dpl", "2", "--headless", "-dpr", "2"], {})
+    assert follower.group is not None and follower.group.rank == 1

@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import re
+import socket
 import sys
 import time
 import uuid
@@ -31,6 +32,7 @@ from fake_vllm.extras import BUILDERS, MAX_MODEL_LEN, V1_BUILDERS, BadRequest, B
 from fake_vllm.faults import Fault, FaultInjector
 from fake_vllm.log import log
 from fake_vllm.metrics import CONTENT_TYPE, Metrics
+from fake_vllm.rendezvous import Leader
 from fake_vllm.request_log import RequestLog, RequestLogEntry, now
 from fake_vllm.settings import Settings
 from fake_vllm.version import version
@@ -57,7 +59,7 @@ class ServerState:
         self.settings = settings
         self.crash = crash
         self.ready = False
-        self.metrics = Metrics(model_name=settings.primary_name, capacity=settings.capacity)
+        self.metrics = Metrics(model_name=settings.primary_name, capacity=settings.capacity, engine=settings.engine)
         self.faults = FaultInjector(settings)
         self.request_log = RequestLog(settings.request_log) if settings.request_log else None
         self.slots = asyncio.Semaphore(settings.capacity) if settings.capacity > 0 else None
@@ -118,7 +120,8 @@ class _Handlers:
         return found.group(1) if found.re.groups else found.group(0)
 
     def _reject_v1(self, request: Request) -> Response | None:
-        """vLLM's API-key middleware (only on /v1 paths), then the loading check."""
+        """The API-key middleware, then the loading check. vLLM's guards only /v1 paths; SGLang's every path but
+        ``/health*`` and ``/metrics*``, whose handlers never call this."""
         if self.settings.requires_key and not self._auth(request)[1]:
             return JSONResponse({"error": "Unauthorized"}, status_code=401)
         return self._reject_loading()
@@ -132,7 +135,7 @@ class _Handlers:
         return None
 
     def _unknown_model(self, model: str) -> Response | None:
-        if model in self.settings.served_model_names:
+        if model in self.settings.served_model_names or self.settings.engine == "sglang":  # SGLang ignores it
             return None
         return JSONResponse(
             error_body(f"The model `{model}` does not exist.", "NotFoundError", 404, "model"), status_code=404
@@ -145,6 +148,14 @@ class _Handlers:
 
     async def version(self, request: Request) -> Response:
         return self._finish(request, JSONResponse({"version": version()}))
+
+    async def get_model_info(self, request: Request) -> Response:
+        """SGLang's ``GET /get_model_info`` (behind its API key)."""
+        rejected = self._reject_v1(request)
+        if rejected is not None:
+            return self._finish(request, rejected)
+        info = {"model_path": self.settings.model, "tokenizer_path": self.settings.model, "is_generation": True}
+        return self._finish(request, JSONResponse(info))
 
     async def metrics(self, request: Request) -> Response:
         body = self.state.metrics.render()
@@ -159,7 +170,7 @@ class _Handlers:
                 "id": name,
                 "object": "model",
                 "created": self.state.created,
-                "owned_by": "vllm",
+                "owned_by": self.settings.engine,
                 "root": self.settings.model,
                 "parent": None,
                 "max_model_len": MAX_MODEL_LEN,
@@ -406,18 +417,26 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return JSONResponse({"detail": detail}, status_code=status)
 
 
-def create_app(settings: Settings, *, crash: Callable[[str], NoReturn] = crash_process) -> Starlette:
-    """The ASGI app for ``settings``; readiness flips after ``startup_delay`` once the lifespan starts."""
+def create_app(
+    settings: Settings,
+    *,
+    crash: Callable[[str], NoReturn] = crash_process,
+    rendezvous: socket.socket | None = None,
+) -> Starlette:
+    """The ASGI app for ``settings``; readiness flips after ``startup_delay`` once the lifespan starts and, for the
+    leader of a multi-node replica (``rendezvous``: its bound, listening socket), once every follower joined."""
     state = ServerState(settings, crash)
     handlers = _Handlers(state)
 
-    async def become_ready() -> None:
+    async def become_ready(leader: Leader | None) -> None:
         if state.ready:
             log("Model loaded; ready (GET /health -> 200)")
             return
         started = time.monotonic()
         if settings.startup_delay > 0:
             await asyncio.sleep(settings.startup_delay)
+        if leader is not None:
+            await leader.all_joined.wait()
         if settings.never_healthy:
             log("--fake-never-healthy: the model will never finish loading; /health stays 503", "WARNING")
             return
@@ -426,16 +445,35 @@ def create_app(settings: Settings, *, crash: Callable[[str], NoReturn] = crash_p
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
-        if settings.startup_delay <= 0 and not settings.never_healthy:
+        leader = None
+        if rendezvous is not None:
+            leader = Leader(settings, rendezvous, crash)
+            await leader.start()
+        elif settings.startup_delay <= 0 and not settings.never_healthy:
             state.ready = True
-        task = asyncio.create_task(become_ready())
+        task = asyncio.create_task(become_ready(leader))
         try:
             yield
         finally:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+            if leader is not None:
+                await leader.close()
 
+    if settings.engine == "sglang":
+        routes = [
+            Route("/health", handlers.health, methods=["GET"]),
+            Route("/health_generate", handlers.health, methods=["GET"]),
+            Route("/get_model_info", handlers.get_model_info, methods=["GET"]),
+            Route("/v1/models", handlers.models, methods=["GET"]),
+            Route("/v1/chat/completions", handlers.chat_completions, methods=["POST"]),
+            # SGLang mounts its Prometheus app only with --enable-metrics.
+            *([Route("/metrics", handlers.metrics, methods=["GET"])] if settings.enable_metrics else []),
+        ]
+        app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error})
+        app.state.fake_vllm = state
+        return app
     routes = [
         Route("/health", handlers.health, methods=["GET"]),
         Route("/version", handlers.version, methods=["GET"]),

@@ -1,10 +1,12 @@
-"""``fake-vllm serve MODEL [vLLM flags] [--fake-* flags]``: parse a ``vllm serve`` command line.
+"""``fake-vllm serve MODEL [vLLM flags] [--fake-* flags]`` and SGLang's ``launch_server`` flags: parse an engine
+command line into ``Settings``.
 
-vLLM flags the stand-in does not model are accepted and ignored (logged once). An unknown ``--flag`` takes the
-next token as its value unless that token starts with ``-`` or the flag looks boolean (``--enable-*``,
-``--disable-*``, ``--no-*`` and a few known switches such as ``--trust-remote-code``); so, as with
-``vllm serve``, put MODEL first. Every ``--fake-*`` flag can also be set by its ``FAKE_VLLM_*`` environment
-variable; the flag wins over the variable.
+Both parsers are argparse parsers built from the engines' real flag lists (``fake_vllm.flags``): a flag the
+engine does not have is refused as the engine refuses it (``error: unrecognized arguments: ...``, exit status
+2); a real flag the stand-in does not model is accepted, with its values, and logged once as ignored. vLLM's
+parser takes ``--flag_name`` for ``--flag-name`` and no abbreviations (its ``FlexibleArgumentParser``);
+SGLang's, a plain ``argparse.ArgumentParser``, takes unambiguous prefixes (``--tp``, ``--dp``). Every
+``--fake-*`` flag can also be set by its ``FAKE_VLLM_*`` environment variable; the flag wins over the variable.
 """
 
 from __future__ import annotations
@@ -19,24 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fake_vllm.settings import Settings
+from fake_vllm.flags import BOOL, SGLANG_FLAGS, VLLM_SERVE_FLAGS, Arity
+from fake_vllm.settings import Engine, Group, Settings
 from fake_vllm.version import version_string
-
-_BOOLEAN_SWITCHES = frozenset(
-    {
-        "--trust-remote-code",
-        "--enforce-eager",
-        "--skip-tokenizer-init",
-        "--uvicorn-access-log",
-        "--headless",
-        "--async-scheduling",
-        "--use-v2-block-manager",
-        "--worker-use-ray",
-        "--allow-credentials",
-        "--return-tokens-as-token-ids",
-    }
-)
-_BOOLEAN_PREFIXES = ("--enable-", "--disable-", "--no-")
 
 
 @dataclass(frozen=True)
@@ -102,6 +89,10 @@ FAKE_OPTIONS: tuple[FakeOption, ...] = (
         "the request log records, as 'match', the first match of this regex (its group 1 if any) in a chat "
         "request's messages: which record (or shard) a request came from",
     ),
+    FakeOption(
+        "--fake-join-timeout", "FAKE_VLLM_JOIN_TIMEOUT", "join_timeout", "seconds", 120.0,
+        "a follower rank retries reaching its leader's rendezvous address this long, then exits with status 1",
+    ),
 )  # fmt: skip
 
 
@@ -109,7 +100,11 @@ _CAPACITY_ENV = next(option.env for option in FAKE_OPTIONS if option.dest == "ca
 
 
 class UsageError(ValueError):
-    """A bad command line or environment value."""
+    """A bad command line or environment value (exit status 2)."""
+
+
+class EngineError(ValueError):
+    """A command line the engine parses but then refuses at start-up, as its config checks do (exit status 1)."""
 
 
 def _regex(text: str) -> str:
@@ -158,97 +153,144 @@ _CONVERTERS: dict[str, Callable[[str], Any]] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The parser for the arguments after ``serve`` (unknown vLLM flags are removed beforehand)."""
-    parser = argparse.ArgumentParser(
-        prog="fake-vllm serve",
-        description="A vLLM stand-in speaking the OpenAI API. Unknown vLLM flags are accepted and ignored.",
-        allow_abbrev=False,
-    )
-    parser.add_argument("model_tag", nargs="?", metavar="MODEL", help="model name or path, as for vllm serve")
-    parser.add_argument("--model", dest="model_flag", metavar="MODEL", help="alternative to the positional MODEL")
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
-    parser.add_argument(
-        "--uds",
-        metavar="PATH",
-        help="Unix domain socket path. If set, host and port arguments are ignored. (as in vLLM: the path must not "
-        "exist; nothing removes the socket file afterwards)",
-    )
-    parser.add_argument("--served-model-name", nargs="+", metavar="NAME", help="names the API answers to")
-    parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="N")
-    parser.add_argument(
-        "--max-num-seqs",
-        metavar="N",
-        help="sequences run at once, the rest queue (as in vLLM): the capacity unless --fake-capacity is given",
-    )
-    parser.add_argument(
-        "--api-key", nargs="+", metavar="KEY", help="require 'Authorization: Bearer KEY' on /v1/* (or VLLM_API_KEY)"
-    )
+class _Ignored(argparse.Action):
+    """A real engine flag the stand-in does not model: record it and its values (in ``ignored_args``)."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        recorded = list(getattr(namespace, "ignored_args", None) or [])
+        recorded.append(option_string or self.dest)
+        if isinstance(values, str):
+            recorded.append(values)
+        elif values is not None:
+            recorded.extend(str(value) for value in values)
+        namespace.ignored_args = recorded
+
+
+_NARGS: dict[Any, Any] = {0: 0, 1: None, "?": "?", "+": "+", "*": "*"}
+
+
+def _add_engine_flags(
+    parser: argparse.ArgumentParser,
+    table: Sequence[tuple[tuple[str, ...], Arity]],
+    modeled: Mapping[str, dict[str, Any]],
+) -> None:
+    """Every flag of ``table``: the ``modeled`` ones (by first option string) with their own argparse keywords,
+    the others recorded as ignored."""
+    for names, arity in table:
+        if names[0] in modeled:
+            parser.add_argument(*names, **modeled[names[0]])
+            continue
+        strings = list(names)
+        if arity == BOOL:
+            strings += [f"--no-{name[2:]}" for name in names if name.startswith("--")]
+        nargs = 0 if arity == BOOL else _NARGS[arity]
+        parser.add_argument(*strings, dest="ignored_args", action=_Ignored, nargs=nargs, help=argparse.SUPPRESS)
+
+
+def _add_fake_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("stand-in behaviours (fake-vllm)")
     for option in FAKE_OPTIONS:
         if option.kind == "bool":
-            parser.add_argument(option.flag, dest=option.dest, action="store_const", const=True, help=option.help)
+            group.add_argument(option.flag, dest=option.dest, action="store_const", const=True, help=option.help)
         else:
-            parser.add_argument(option.flag, dest=option.dest, metavar="VALUE", help=f"{option.help} [{option.env}]")
+            group.add_argument(option.flag, dest=option.dest, metavar="VALUE", help=f"{option.help} [{option.env}]")
+
+
+_VLLM_MODELED: dict[str, dict[str, Any]] = {
+    "--model": {"dest": "model_flag", "metavar": "MODEL", "help": "alternative to the positional MODEL"},
+    "--host": {"default": "127.0.0.1", "help": "address to bind (default 127.0.0.1)"},
+    "--port": {"type": int, "default": 8000, "help": "port to bind (default 8000)"},
+    "--uds": {
+        "metavar": "PATH",
+        "help": "Unix domain socket path. If set, host and port arguments are ignored. (as in vLLM: the path must "
+        "not exist; nothing removes the socket file afterwards)",
+    },
+    "--served-model-name": {"nargs": "+", "metavar": "NAME", "help": "names the API answers to"},
+    "--tensor-parallel-size": {"type": int, "default": 1, "metavar": "N"},
+    "--pipeline-parallel-size": {"type": int, "default": 1, "metavar": "N"},
+    "--data-parallel-size": {"type": int, "default": 1, "metavar": "N"},
+    "--data-parallel-size-local": {"type": int, "metavar": "N", "help": "data-parallel ranks on this node"},
+    "--data-parallel-start-rank": {"type": int, "metavar": "N", "help": "the first data-parallel rank here"},
+    "--data-parallel-address": {"metavar": "HOST", "help": "the data-parallel leader's address"},
+    "--data-parallel-rpc-port": {"type": int, "metavar": "PORT", "help": "the data-parallel rendezvous port"},
+    "--enable-expert-parallel": {"action": argparse.BooleanOptionalAction, "default": False},
+    "--nnodes": {"type": int, "default": 1, "metavar": "N", "help": "nodes of a tensor x pipeline parallel replica"},
+    "--node-rank": {"type": int, "default": 0, "metavar": "K"},
+    "--master-addr": {"default": "127.0.0.1", "metavar": "HOST", "help": "node rank 0's rendezvous address"},
+    "--master-port": {"type": int, "default": 29501, "metavar": "PORT", "help": "node rank 0's rendezvous port"},
+    "--headless": {"action": "store_true", "help": "a follower rank: no API server"},
+    "--max-num-seqs": {
+        "metavar": "N",
+        "help": "sequences run at once per data-parallel rank, the rest queue (as in vLLM): times the data-parallel "
+        "size, the capacity unless --fake-capacity is given",
+    },
+    "--api-key": {
+        "nargs": "+",
+        "metavar": "KEY",
+        "help": "require 'Authorization: Bearer KEY' on /v1/* (or VLLM_API_KEY)",
+    },
+}
+
+_SGLANG_MODELED: dict[str, dict[str, Any]] = {
+    "--model-path": {"dest": "model_path", "required": True, "metavar": "PATH"},
+    "--host": {"default": "127.0.0.1"},
+    "--port": {"type": int, "default": 30000},
+    "--served-model-name": {"metavar": "NAME"},
+    "--tensor-parallel-size": {"dest": "tp_size", "type": int, "default": 1},
+    "--pipeline-parallel-size": {"dest": "pp_size", "type": int, "default": 1},
+    "--data-parallel-size": {"dest": "dp_size", "type": int, "default": 1},
+    "--expert-parallel-size": {"dest": "ep_size", "type": int, "default": 1},
+    "--enable-ep-moe": {"action": "store_true"},
+    "--enable-dp-attention": {"action": "store_true"},
+    "--dist-init-addr": {"dest": "dist_init_addr", "metavar": "HOST:PORT"},
+    "--nnodes": {"type": int, "default": 1},
+    "--node-rank": {"type": int, "default": 0},
+    "--max-running-requests": {"metavar": "N", "help": "running requests per data-parallel rank (the capacity)"},
+    "--api-key": {
+        "metavar": "KEY",
+        "help": "require 'Authorization: Bearer KEY' on every route but /health*, /metrics*",
+    },
+    "--enable-metrics": {"action": "store_true", "help": "serve /metrics (sglang:* names)"},
+}
+
+
+def build_parser(engine: Engine = "vllm") -> argparse.ArgumentParser:
+    """The parser of ``vllm serve`` (the arguments after ``serve``) or of SGLang's ``launch_server``: every real
+    flag of the engine (``fake_vllm.flags``) plus the ``--fake-*`` ones."""
+    if engine == "sglang":
+        parser = argparse.ArgumentParser(prog="launch_server.py", description="An SGLang stand-in (fake-vllm).")
+        _add_engine_flags(parser, SGLANG_FLAGS, _SGLANG_MODELED)
+    else:
+        parser = argparse.ArgumentParser(
+            prog="vllm serve",
+            usage="vllm serve [model_tag] [options]",
+            description="A vLLM stand-in (fake-vllm) speaking the OpenAI API.",
+            allow_abbrev=False,
+        )
+        parser.add_argument("model_tag", nargs="?", metavar="MODEL", help="model name or path, as for vllm serve")
+        _add_engine_flags(parser, VLLM_SERVE_FLAGS, _VLLM_MODELED)
+    _add_fake_flags(parser)
     return parser
 
 
-def _known_arity(parser: argparse.ArgumentParser) -> dict[str, int]:
-    """How many values each known option string takes: 0, 1, or -1 for one or more."""
-    arity: dict[str, int] = {}
-    for action in parser._actions:  # the public API has no way to list option strings
-        for name in action.option_strings:
-            if action.nargs == 0:
-                arity[name] = 0
-            elif action.nargs == "+":
-                arity[name] = -1
-            else:
-                arity[name] = 1
-    return arity
-
-
-def _is_value(token: str) -> bool:
-    if not token.startswith("-"):
-        return True
-    try:
-        float(token)
-    except ValueError:
-        return False
-    return True
-
-
-def _looks_boolean(flag: str) -> bool:
-    return flag in _BOOLEAN_SWITCHES or flag.startswith(_BOOLEAN_PREFIXES)
-
-
-def split_known(args: Sequence[str], arity: Mapping[str, int]) -> tuple[list[str], list[str]]:
-    """Split ``args`` into what the parser knows and the unknown vLLM flags (with their values)."""
-    known: list[str] = []
-    ignored: list[str] = []
-    index = 0
-    while index < len(args):
-        token = args[index]
-        index += 1
+def _vllm_spelling(args: Sequence[str]) -> list[str]:
+    """vLLM's ``FlexibleArgumentParser`` reads ``--max_num_seqs`` as ``--max-num-seqs`` (up to any ``=``)."""
+    spelled: list[str] = []
+    for token in args:
         if token == "--":
-            known.extend(args[index - 1 :])
+            spelled.extend(args[len(spelled) :])
             break
-        if _is_value(token) or token in ("-h", "--help"):
-            known.append(token)
-            continue
-        name, has_inline_value, _ = token.partition("=")
-        if name in arity:
-            known.append(token)
-            wanted = 0 if has_inline_value else arity[name]
-            while wanted != 0 and index < len(args) and _is_value(args[index]):
-                known.append(args[index])
-                index += 1
-                wanted -= 1
-            continue
-        ignored.append(token)
-        if not has_inline_value and not _looks_boolean(name) and index < len(args) and _is_value(args[index]):
-            ignored.append(args[index])
-            index += 1
-    return known, ignored
+        if token.startswith("--"):
+            key, sep, value = token.partition("=")
+            token = key.replace("_", "-") + sep + value
+        spelled.append(token)
+    return spelled
 
 
 def _fake_value(option: FakeOption, given: Any, environ: Mapping[str, str]) -> Any:
@@ -267,60 +309,224 @@ def _fake_value(option: FakeOption, given: Any, environ: Mapping[str, str]) -> A
         raise UsageError(f"{source}: {exc}") from None
 
 
-def parse_serve_args(args: Sequence[str], environ: Mapping[str, str]) -> Settings:
-    """Build the settings from the arguments after ``serve`` and the environment (for ``FAKE_VLLM_*`` and
-    ``VLLM_API_KEY``). Raises ``UsageError``; ``-h`` and argparse's own errors raise ``SystemExit``."""
-    parser = build_parser()
-    known, ignored = split_known(args, _known_arity(parser))
-    namespace = parser.parse_args(known)
-    model = namespace.model_flag or namespace.model_tag
-    if not model:
-        raise UsageError("a MODEL is required: fake-vllm serve MODEL [options]")
-    if namespace.model_flag and namespace.model_tag and namespace.model_flag != namespace.model_tag:
-        raise UsageError(f"MODEL given twice: {namespace.model_tag!r} and --model {namespace.model_flag!r}")
-    if namespace.uds is not None and not namespace.uds:
-        raise UsageError("--uds: expected a socket path, got ''")
-    if namespace.uds is None and not 0 < namespace.port < 65536:
-        raise UsageError(f"--port: {namespace.port} is not a valid port")
-    if namespace.tensor_parallel_size < 1:
-        raise UsageError("--tensor-parallel-size must be at least 1")
-    api_keys = tuple(namespace.api_key or ())
-    if not api_keys and environ.get("VLLM_API_KEY"):
-        api_keys = (environ["VLLM_API_KEY"],)
+def _fake_settings(namespace: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, Any]:
     fake = {option.dest: _fake_value(option, getattr(namespace, option.dest), environ) for option in FAKE_OPTIONS}
-    max_num_seqs = None
-    if namespace.max_num_seqs is not None:
-        try:
-            max_num_seqs = int(namespace.max_num_seqs)
-        except ValueError:
-            max_num_seqs = 0
-        if max_num_seqs < 1:
-            raise UsageError(f"--max-num-seqs: expected an integer >= 1, got {namespace.max_num_seqs!r}")
-        # vLLM runs at most max_num_seqs sequences at once and queues the rest: that is the stand-in's capacity,
-        # unless --fake-capacity (or its variable) says otherwise.
-        if namespace.capacity is None and environ.get(_CAPACITY_ENV) is None:
-            fake["capacity"] = max_num_seqs
     if fake["error_rate"] + fake["rate_429"] + fake["no_choices_rate"] > 1.0:
         raise UsageError("--fake-error-rate, --fake-429-rate and --fake-no-choices-rate must not sum above 1")
+    return fake
+
+
+def _per_rank_capacity(raw: str | None, flag: str) -> int | None:
+    if raw is None:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise UsageError(f"{flag}: expected an integer >= 1, got {raw!r}")
+    return value
+
+
+def _capacity(
+    fake: dict[str, Any], per_rank: int | None, dp: int, namespace: argparse.Namespace, environ: Mapping[str, str]
+) -> None:
+    """The engine runs at most ``per_rank`` sequences at once on each data-parallel rank and queues the rest: the
+    replica's capacity is ``per_rank * dp``, unless ``--fake-capacity`` (or its variable) says otherwise."""
+    if per_rank is not None and namespace.capacity is None and environ.get(_CAPACITY_ENV) is None:
+        fake["capacity"] = per_rank * dp
+
+
+def _at_least_one(**sizes: int) -> None:
+    for flag, value in sizes.items():
+        if value < 1:
+            raise UsageError(f"--{flag.replace('_', '-')} must be at least 1, got {value}")
+
+
+def _vllm_group(ns: argparse.Namespace) -> tuple[Group | None, int]:
+    """The multi-node form of a vLLM command line and the GPUs this node's ranks need (vLLM's config checks)."""
+    tp, pp, dp = ns.tensor_parallel_size, ns.pipeline_parallel_size, ns.data_parallel_size
+    local = ns.data_parallel_size_local
+    if ns.nnodes < 1:
+        raise UsageError(f"--nnodes must be at least 1, got {ns.nnodes}")
+    if ns.nnodes > 1:
+        if local is not None and local != dp:
+            raise UsageError(
+                "the stand-in models --nnodes (tensor x pipeline parallel over nodes) or data parallel "
+                "over nodes (--data-parallel-size-local), not both at once"
+            )
+        if not 0 <= ns.node_rank < ns.nnodes:
+            raise EngineError(f"node_rank ({ns.node_rank}) must be in [0, nnodes={ns.nnodes})")
+        world = tp * pp
+        if world % ns.nnodes != 0:
+            raise EngineError(
+                f"world_size ({world} = tensor_parallel_size {tp} x pipeline_parallel_size {pp}) "
+                f"must be divisible by nnodes ({ns.nnodes})"
+            )
+        group = Group(form="nodes", nodes=ns.nnodes, rank=ns.node_rank, address=ns.master_addr, port=ns.master_port)
+        return group, world // ns.nnodes * dp
+    if local is not None and local != dp:
+        if local < 1 or dp % local != 0:
+            raise EngineError(f"data_parallel_size ({dp}) must be a multiple of data_parallel_size_local ({local})")
+        start = ns.data_parallel_start_rank or 0
+        if start % local != 0 or not 0 <= start < dp:
+            raise EngineError(
+                f"data_parallel_start_rank ({start}) must be a multiple of data_parallel_size_local "
+                f"({local}) below data_parallel_size ({dp})"
+            )
+        address = ns.data_parallel_address or "127.0.0.1"
+        port = ns.data_parallel_rpc_port if ns.data_parallel_rpc_port is not None else 29550
+        group = Group(form="data-parallel", nodes=dp // local, rank=start // local, address=address, port=port)
+        return group, tp * pp * local
+    return None, tp * pp * dp
+
+
+def _check_roles(group: Group | None, headless: bool) -> None:
+    if group is None:
+        if headless:
+            raise UsageError(
+                "--headless: the stand-in models headless ranks of a multi-node replica only "
+                "(--nnodes N --node-rank K > 0, or --data-parallel-start-rank K > 0)"
+            )
+        return
+    if group.leader and headless:
+        raise UsageError("--headless on rank 0: the stand-in's rank 0 leads the replica and serves its API")
+    if not group.leader and not headless:
+        what = "node rank" if group.form == "nodes" else "data-parallel start rank"
+        raise UsageError(
+            f"{what} {group.rank} > 0 serves no API: run it with --headless (the stand-in does not "
+            "model an API server on every node)"
+        )
+
+
+def parse_serve_args(args: Sequence[str], environ: Mapping[str, str]) -> Settings:
+    """Build the settings from the arguments after ``serve`` and the environment (for ``FAKE_VLLM_*`` and
+    ``VLLM_API_KEY``). Raises ``UsageError`` and ``EngineError``; ``-h``, an unknown flag and argparse's own errors
+    raise ``SystemExit`` (status 2), as with ``vllm serve``."""
+    ns = build_parser("vllm").parse_args(_vllm_spelling(args))
+    model = ns.model_flag or ns.model_tag
+    if not model:
+        raise UsageError("a MODEL is required: fake-vllm serve MODEL [options]")
+    if ns.model_flag and ns.model_tag and ns.model_flag != ns.model_tag:
+        raise UsageError(f"MODEL given twice: {ns.model_tag!r} and --model {ns.model_flag!r}")
+    if ns.uds is not None and not ns.uds:
+        raise UsageError("--uds: expected a socket path, got ''")
+    if ns.uds is None and not 0 < ns.port < 65536:
+        raise UsageError(f"--port: {ns.port} is not a valid port")
+    _at_least_one(
+        tensor_parallel_size=ns.tensor_parallel_size,
+        pipeline_parallel_size=ns.pipeline_parallel_size,
+        data_parallel_size=ns.data_parallel_size,
+    )
+    group, gpus = _vllm_group(ns)
+    _check_roles(group, ns.headless)
+    api_keys = tuple(ns.api_key or ())
+    if not api_keys and environ.get("VLLM_API_KEY"):
+        api_keys = (environ["VLLM_API_KEY"],)
+    fake = _fake_settings(ns, environ)
+    max_num_seqs = _per_rank_capacity(ns.max_num_seqs, "--max-num-seqs")
+    _capacity(fake, max_num_seqs, ns.data_parallel_size, ns, environ)
+    ep = ns.tensor_parallel_size * ns.data_parallel_size if ns.enable_expert_parallel else 1
     return Settings(
         model=model,
-        served_model_names=tuple(namespace.served_model_name or (model,)),
-        host=namespace.host,
-        port=namespace.port,
-        uds=None if namespace.uds is None else Path(namespace.uds),
+        served_model_names=tuple(ns.served_model_name or (model,)),
+        host=ns.host,
+        port=ns.port,
+        uds=None if ns.uds is None else Path(ns.uds),
         api_keys=api_keys,
-        tensor_parallel_size=namespace.tensor_parallel_size,
+        engine="vllm",
+        tensor_parallel_size=ns.tensor_parallel_size,
+        pipeline_parallel_size=ns.pipeline_parallel_size,
+        data_parallel_size=ns.data_parallel_size,
+        expert_parallel=ns.enable_expert_parallel,
+        expert_parallel_size=ep,
+        group=group,
+        headless=ns.headless,
+        gpus_per_node=gpus,
         max_num_seqs=max_num_seqs,
-        ignored_args=tuple(ignored),
+        ignored_args=tuple(ns.ignored_args or ()),
+        **fake,
+    )
+
+
+def _sglang_group(ns: argparse.Namespace) -> tuple[Group | None, int]:
+    """The multi-node form of an SGLang command line and this node's GPUs (``ServerArgs.check_server_args``)."""
+    tp, pp, dp = ns.tp_size, ns.pp_size, ns.dp_size
+    per_replica = tp * pp if ns.enable_dp_attention else tp * pp * dp
+    if ns.nnodes < 1:
+        raise UsageError(f"--nnodes must be at least 1, got {ns.nnodes}")
+    if ns.nnodes == 1:
+        return None, per_replica
+    if (tp * pp) % ns.nnodes != 0:
+        raise EngineError("tp_size must be divisible by number of nodes")
+    if dp > 1 and not ns.enable_dp_attention:
+        raise EngineError("multi-node data parallel is not supported unless dp attention!")
+    if not 0 <= ns.node_rank < ns.nnodes:
+        raise EngineError(f"node_rank ({ns.node_rank}) must be in [0, nnodes={ns.nnodes})")
+    if not ns.dist_init_addr:
+        raise EngineError("--dist-init-addr (HOST:PORT of node rank 0) is required with --nnodes > 1")
+    host, sep, port = ns.dist_init_addr.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise EngineError(f"please provide --dist-init-addr as host:port of head node, got {ns.dist_init_addr!r}")
+    group = Group(form="nodes", nodes=ns.nnodes, rank=ns.node_rank, address=host.strip("[]"), port=int(port))
+    return group, per_replica // ns.nnodes
+
+
+def parse_sglang_args(args: Sequence[str], environ: Mapping[str, str]) -> Settings:
+    """Build the settings from SGLang's ``launch_server`` arguments (and ``FAKE_VLLM_*``; SGLang reads no key from
+    the environment: ``--api-key`` only). Raises like ``parse_serve_args``."""
+    ns = build_parser("sglang").parse_args(list(args))
+    if not 0 < ns.port < 65536:
+        raise UsageError(f"--port: {ns.port} is not a valid port")
+    _at_least_one(tp_size=ns.tp_size, pp_size=ns.pp_size, dp_size=ns.dp_size, ep_size=ns.ep_size)
+    group, gpus = _sglang_group(ns)
+    fake = _fake_settings(ns, environ)
+    running = _per_rank_capacity(ns.max_running_requests, "--max-running-requests")
+    _capacity(fake, running, ns.dp_size, ns, environ)
+    return Settings(
+        model=ns.model_path,
+        served_model_names=(ns.served_model_name or ns.model_path,),
+        host=ns.host,
+        port=ns.port,
+        api_keys=(ns.api_key,) if ns.api_key else (),
+        engine="sglang",
+        tensor_parallel_size=ns.tp_size,
+        pipeline_parallel_size=ns.pp_size,
+        data_parallel_size=ns.dp_size,
+        expert_parallel=ns.enable_ep_moe or ns.ep_size > 1,
+        expert_parallel_size=ns.tp_size if ns.enable_ep_moe else ns.ep_size,
+        group=group,
+        headless=group is not None and not group.leader,
+        gpus_per_node=gpus,
+        enable_metrics=ns.enable_metrics,
+        max_num_seqs=running,
+        ignored_args=tuple(ns.ignored_args or ()),
         **fake,
     )
 
 
 _USAGE = """usage: fake-vllm serve MODEL [--host HOST] [--port PORT | --uds PATH] [--served-model-name NAME ...]
-                       [--tensor-parallel-size N] [--max-num-seqs N] [--api-key KEY] [--fake-* ...]
-                       [other vLLM flags, ignored]
+                       [--tensor-parallel-size N] [--pipeline-parallel-size N] [--data-parallel-size N]
+                       [--nnodes N --node-rank K --master-addr A --master-port P] [--headless]
+                       [--max-num-seqs N] [--api-key KEY] [--fake-* ...] [other vLLM flags, ignored]
        fake-vllm --version
 """
+
+
+def _run(settings_of: Callable[[], Settings], prog: str) -> int:
+    try:
+        settings = settings_of()
+    except UsageError as exc:
+        sys.stderr.write(f"{prog}: error: {exc}\n")
+        return 2
+    except EngineError as exc:
+        from fake_vllm.log import log
+
+        log(f"ValueError: {exc}", level="ERROR")
+        return 1
+    from fake_vllm.server import serve  # deferred: uvicorn and starlette load only to serve
+
+    return serve(settings)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -335,11 +541,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args[0] != "serve":
         sys.stderr.write(_USAGE + f"fake-vllm: error: unknown command {args[0]!r} (only 'serve' exists)\n")
         return 2
-    try:
-        settings = parse_serve_args(args[1:], os.environ)
-    except UsageError as exc:
-        sys.stderr.write(f"fake-vllm serve: error: {exc}\n")
-        return 2
-    from fake_vllm.server import serve  # deferred: uvicorn and starlette load only to serve
+    return _run(lambda: parse_serve_args(args[1:], os.environ), "vllm serve")
 
-    return serve(settings)
+
+def sglang_main(argv: Sequence[str] | None = None) -> int:
+    """``python -m sglang.launch_server ARGS`` under ``fake-sglang-python`` (the shim's ``launch_server``)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    return _run(lambda: parse_sglang_args(args, os.environ), "launch_server.py")

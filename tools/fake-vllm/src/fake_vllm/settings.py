@@ -4,6 +4,36 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
+
+Engine = Literal["vllm", "sglang"]
+GroupForm = Literal["nodes", "data-parallel"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Group:
+    """The replica spans nodes, and this process is one node's rank of it.
+
+    ``form`` ``"nodes"``: tensor x pipeline parallel over ``nodes`` nodes (vLLM ``--nnodes/--node-rank
+    --master-addr/--master-port``, SGLang ``--nnodes/--node-rank --dist-init-addr``); ``"data-parallel"``: vLLM's
+    data-parallel ranks spread over nodes (``--data-parallel-size-local``, ``--data-parallel-start-rank``,
+    ``--data-parallel-address``, ``--data-parallel-rpc-port``), ``rank`` being the node's index (start rank /
+    local size). Rank 0 leads: it binds ``address:port`` and serves the API; the others join it."""
+
+    form: GroupForm
+    nodes: int
+    rank: int
+    address: str
+    port: int
+
+    @property
+    def leader(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def rendezvous(self) -> str:
+        host = f"[{self.address}]" if ":" in self.address else self.address
+        return f"{host}:{self.port}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -20,10 +50,25 @@ class Settings:
     uds: Path | None = None
     """vLLM's ``--uds``: serve on this Unix-domain socket instead (``host`` and ``port`` are then ignored)."""
     api_keys: tuple[str, ...] = ()
+    engine: Engine = "vllm"
+    """Whose command line, API-key rules and metrics the stand-in speaks: vLLM's or SGLang's."""
     tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    data_parallel_size: int = 1
+    """The replica's data-parallel ranks (all nodes): capacity is per rank, so the replica runs this many times it."""
+    expert_parallel: bool = False
+    expert_parallel_size: int = 1
+    """vLLM ``--enable-expert-parallel`` (TP x DP), SGLang ``--ep-size``: accepted and logged, not modelled."""
+    group: Group | None = None
+    headless: bool = False
+    gpus_per_node: int = 1
+    """GPUs this node's ranks need (checked against ``CUDA_VISIBLE_DEVICES`` when it is set)."""
+    enable_metrics: bool = True
+    """vLLM always serves ``/metrics``; SGLang only with ``--enable-metrics``."""
     max_model_len: int = 4096
     max_num_seqs: int | None = None
-    """vLLM's ``--max-num-seqs`` (sequences run at once): the capacity when ``--fake-capacity`` is not given."""
+    """vLLM's ``--max-num-seqs`` / SGLang's ``--max-running-requests`` (per data-parallel rank): times
+    ``data_parallel_size``, the capacity when ``--fake-capacity`` is not given."""
     ignored_args: tuple[str, ...] = ()
 
     startup_delay: float = 0.0
@@ -38,6 +83,7 @@ class Settings:
     fail_start: bool = False
     request_log: Path | None = None
     log_match: str | None = None
+    join_timeout: float = 120.0
 
     @property
     def primary_name(self) -> str:

@@ -6,7 +6,12 @@
 The child gets the parent's environment without any ``FAKE_VLLM_*`` or ``VLLM_API_KEY`` variables, plus
 ``env``. Its stdout and stderr go to ``server.log_path``. The server is terminated (then killed) on exit.
 With ``uds=PATH`` it listens on that Unix-domain socket instead (``--uds``): talk to it through
-``httpx.HTTPTransport(uds=str(server.uds))`` at ``server.root_url``.
+``httpx.HTTPTransport(uds=str(server.uds))`` at ``server.root_url``. ``engine="sglang"`` starts it the way ddslurm
+starts SGLang (``fake-sglang-python -c BOOT`` with a key, ``-m sglang.launch_server`` without).
+
+A replica over several nodes, on loopback: ``start_replica(nodes=3, form="nodes")`` (or ``"data-parallel"``)
+starts the leader (node rank 0, which serves the API) and each follower (``start_follower``: headless, no HTTP)
+as separate processes with the flags ddslurm passes (``rank_args``), and waits until the leader is healthy.
 """
 
 from __future__ import annotations
@@ -28,6 +33,13 @@ from pathlib import Path
 from typing import Literal
 
 WaitFor = Literal["healthy", "listening", "none"]
+EngineName = Literal["vllm", "sglang"]
+Form = Literal["nodes", "data-parallel"]
+SGLANG_BOOT = (
+    'import os, runpy, sys; sys.argv += ["--api-key", os.environ["VLLM_API_KEY"]]; '
+    'runpy.run_module("sglang.launch_server", run_name="__main__", alter_sys=True)'
+)
+"""The one-line program ddslurm runs SGLang's Python with: the key comes from the environment, never argv."""
 _PORT_ATTEMPTS = 3
 _POLL_S = 0.05
 
@@ -119,6 +131,14 @@ def _health_status(url: str) -> int | None:
         return None
 
 
+def _engine_command(engine: EngineName, model: str, *, with_key: bool) -> list[str]:
+    """The engine's command line up to the model (``vllm serve MODEL`` / SGLang's ``--model-path MODEL``)."""
+    if engine == "vllm":
+        return [sys.executable, "-m", "fake_vllm", "serve", model]
+    boot = ["-c", SGLANG_BOOT] if with_key else ["-m", "sglang.launch_server"]
+    return [sys.executable, "-m", "fake_vllm.sglang_python", *boot, "--model-path", model]
+
+
 def _stop(proc: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
     if proc.poll() is None:
         proc.terminate()
@@ -157,9 +177,12 @@ def start_server(
     log_path: Path | None = None,
     port: int | None = None,
     uds: Path | None = None,
+    engine: EngineName = "vllm",
 ) -> Iterator[RunningServer]:
     """Run ``fake-vllm serve MODEL --host HOST --port <free> *args``, with ``VLLM_API_KEY=api_key`` in its
     environment when a key is given (never ``--api-key`` on the command line, where ``ps`` shows it).
+    ``engine="sglang"``: ``fake-sglang-python -c SGLANG_BOOT --model-path MODEL --host HOST --port <free> *args``
+    with a key (BOOT appends ``--api-key`` from ``VLLM_API_KEY``), ``... -m sglang.launch_server ...`` without.
 
     ``wait``: ``"healthy"`` until /health is 200, ``"listening"`` until /health answers at all,
     ``"none"`` not at all. ``timeout`` bounds the wait; ``ServerStartError`` if it runs out or the server
@@ -168,6 +191,8 @@ def start_server(
     socket instead (``--uds``, no ``--host``/``--port``); the path must not exist, and the socket file is left
     behind on exit, as with vLLM.
     """
+    if engine == "sglang" and uds is not None:
+        raise ValueError("SGLang serves TCP only: no uds")
     scratch = None if log_path is not None else Path(tempfile.mkdtemp(prefix="fake-vllm-"))
     path = log_path if log_path is not None else Path(scratch or ".") / "server.log"
     deadline = time.monotonic() + timeout
@@ -176,7 +201,7 @@ def start_server(
         for attempt in range(attempts):
             chosen = 0 if uds is not None else port if port is not None else free_port(host)
             where = ["--uds", os.fspath(uds)] if uds is not None else ["--host", host, "--port", str(chosen)]
-            command = [sys.executable, "-m", "fake_vllm", "serve", model, *where, *args]
+            command = [*_engine_command(engine, model, with_key=api_key is not None), *where, *args]
             child_env = child_environment(env)
             if api_key is not None:  # by environment: a command line is visible to every user of the machine
                 child_env["VLLM_API_KEY"] = api_key
@@ -202,3 +227,125 @@ def start_server(
     finally:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
+
+
+def rank_args(
+    engine: EngineName,
+    *,
+    form: Form,
+    nodes: int,
+    rank: int,
+    port: int,
+    address: str = "127.0.0.1",
+    tensor_parallel: int = 1,
+    pipeline_parallel: int = 1,
+    data_parallel: int = 1,
+) -> list[str]:
+    """The parallel and rendezvous flags of node ``rank`` of a replica over ``nodes`` nodes, as ddslurm passes
+    them (vLLM: ``--nnodes/--node-rank/--master-addr/--master-port``, or for ``form="data-parallel"``
+    ``--data-parallel-size-local/--data-parallel-address/--data-parallel-rpc-port``, ``--headless
+    --data-parallel-start-rank`` on ranks > 0; SGLang: ``--nnodes/--node-rank/--dist-init-addr``)."""
+    if engine == "sglang":
+        args = ["--tp-size", str(tensor_parallel), "--pp-size", str(pipeline_parallel)]
+        if data_parallel > 1:
+            args += ["--dp-size", str(data_parallel), "--enable-dp-attention"]
+        return [*args, "--nnodes", str(nodes), "--node-rank", str(rank), "--dist-init-addr", f"{address}:{port}"]
+    args = ["--tensor-parallel-size", str(tensor_parallel)]
+    if form == "nodes":
+        args += ["--pipeline-parallel-size", str(pipeline_parallel), "--nnodes", str(nodes), "--node-rank", str(rank)]
+        args += ["--master-addr", address, "--master-port", str(port)]
+        return [*args, "--headless"] if rank > 0 else args
+    local = data_parallel // nodes
+    args += ["--data-parallel-size", str(data_parallel), "--data-parallel-size-local", str(local)]
+    args += ["--data-parallel-address", address, "--data-parallel-rpc-port", str(port)]
+    return [*args, "--headless", "--data-parallel-start-rank", str(rank * local)] if rank > 0 else args
+
+
+@dataclass(frozen=True)
+class RunningRank:
+    """A follower rank's process (headless: no HTTP)."""
+
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+
+@contextlib.contextmanager
+def start_follower(
+    model: str = "m",
+    *,
+    args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    engine: EngineName = "vllm",
+    log_path: Path | None = None,
+) -> Iterator[RunningRank]:
+    """Start a follower rank (``args`` holds its ``rank_args``); it is terminated (then killed) on exit."""
+    scratch = None if log_path is not None else Path(tempfile.mkdtemp(prefix="fake-vllm-rank-"))
+    path = log_path if log_path is not None else Path(scratch or ".") / "rank.log"
+    command = [*_engine_command(engine, model, with_key=False), *args]
+    try:
+        with path.open("wb") as log_file:
+            proc = subprocess.Popen(
+                command, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file, env=child_environment(env)
+            )
+        try:
+            yield RunningRank(proc=proc, log_path=path)
+        finally:
+            _stop(proc)
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class Replica:
+    """A multi-node replica on loopback: the leader (serving the API) and its followers."""
+
+    leader: RunningServer
+    followers: tuple[RunningRank, ...]
+    rendezvous_port: int
+
+
+@contextlib.contextmanager
+def start_replica(
+    model: str = "m",
+    *,
+    nodes: int,
+    form: Form = "nodes",
+    engine: EngineName = "vllm",
+    tensor_parallel: int = 1,
+    pipeline_parallel: int = 1,
+    data_parallel: int = 1,
+    args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    api_key: str | None = None,
+    timeout: float = 30.0,
+) -> Iterator[Replica]:
+    """Start node rank 0 (``start_server``, with ``args``) and ranks 1..nodes-1 (``start_follower``) of one
+    replica, meeting on a free loopback port, and wait until the leader is healthy (it is not before every
+    follower joined)."""
+    port = free_port()
+    deadline = time.monotonic() + timeout
+
+    def flags(rank: int) -> list[str]:
+        sizes = rank_args(
+            engine, form=form, nodes=nodes, rank=rank, port=port, tensor_parallel=tensor_parallel,
+            pipeline_parallel=pipeline_parallel, data_parallel=data_parallel,
+        )  # fmt: skip
+        return [*sizes, *args]
+
+    with contextlib.ExitStack() as stack:
+        leader = stack.enter_context(
+            start_server(
+                model, args=flags(0), env=env, api_key=api_key, wait="listening", timeout=timeout, engine=engine
+            )
+        )
+        followers = tuple(
+            stack.enter_context(start_follower(model, args=flags(k), env=env, engine=engine)) for k in range(1, nodes)
+        )
+        if not _wait(leader, "healthy", deadline):
+            status = leader.proc.returncode
+            raise ServerStartError(f"the leader exited with status {status}:\n{leader.log_text()[-4000:]}")
+        yield Replica(leader=leader, followers=followers, rendezvous_port=port)
