@@ -206,6 +206,13 @@ def test_bad_max_running_requests_is_refused_at_its_field() -> None:
             id="spanning-replica-beside-another-deployment",
         ),
         pytest.param(
+            (Deployment(model_alias="big", model="m", engine="sglang", data_parallel=8),),
+            "deployments[0].data_parallel: 8 in an SGLang replica that spans 2 nodes (tensor_parallel 1 x "
+            "data_parallel 8 = 8 GPUs, 4 a node) (model alias 'big'); SGLang runs data parallel across nodes only "
+            "with DP attention",
+            id="sglang-dp-across-nodes",
+        ),
+        pytest.param(
             (Deployment(model_alias="one", model="m", expert_parallel=True),),
             "deployments[0].expert_parallel: true, but one replica has 1 GPU (tensor_parallel 1 = 1 GPU) "
             "(model alias 'one')",

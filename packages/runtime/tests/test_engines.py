@@ -220,9 +220,9 @@ def _fake_sglang(root: Path) -> Path:
 
 
 def test_the_sglang_boot_program_hands_the_token_over_inside_the_process(tmp_path: Path) -> None:
-    """``python3 -c BOOT ARGS``: SGLang's launch_server runs as ``__main__`` with ARGS and ``--api-key TOKEN``,
+    """``python3 -c BOOT ARGS``: SGLang's launch_server runs as ``__main__`` with ARGS and ``--api-key=TOKEN``,
     while the process's own command line (what ``ps`` shows) never holds the token."""
-    token = "tok-secret-" + "y" * 30
+    token = "-tok-secret-" + "y" * 30  # token_urlsafe may start with "-": one item, --api-key=TOKEN
     env = {**os.environ, "PYTHONPATH": str(_fake_sglang(tmp_path)), "VLLM_API_KEY": token}
     out = subprocess.run(
         [sys.executable, "-c", SGLANG_BOOT, "--model-path", "M", "--port", "8100"],
@@ -230,7 +230,7 @@ def test_the_sglang_boot_program_hands_the_token_over_inside_the_process(tmp_pat
     )  # fmt: skip
     seen = json.loads(out.stdout)
     assert seen["name"] == "__main__"
-    assert seen["argv"] == ["--model-path", "M", "--port", "8100", "--api-key", token]
+    assert seen["argv"] == ["--model-path", "M", "--port", "8100", f"--api-key={token}"]
     assert not any(token in word for word in seen["cmdline"])
     env.pop("VLLM_API_KEY")
     refused = subprocess.run(

@@ -184,6 +184,13 @@ def _replica_nodes(run: RunFile, index: int, per_node: int) -> int:
             f"({_shape(dep)}, {per_node} a node) {alias}; a replica across nodes is either pipeline parallel or "
             "data parallel: set one of them to 1"
         )
+    if dp > 1 and dep.engine == "sglang":
+        raise PlanError(
+            f"{where}.data_parallel: {dp} in an SGLang replica that spans {nodes} nodes ({_shape(dep)}, {per_node} "
+            f"a node) {alias}; SGLang runs data parallel across nodes only with DP attention (--enable-dp-attention), "
+            "where its ranks split one tensor-parallel group instead of each holding tensor_parallel GPUs. Use "
+            "pipeline_parallel to span nodes, data_parallel within one node, or engine: vllm"
+        )
     # Each node runs data_parallel / nodes ranks of tensor_parallel GPUs, a whole number: tensor_parallel divides
     # the node's GPUs, so data_parallel = (gpus_per_node / tensor_parallel) x nodes.
     if dep.replicas > 1:

@@ -156,11 +156,12 @@ SGLANG_BOOT = (
     "import os,runpy,sys;"
     f"k=os.environ.get({TOKEN_ENV!r});"
     f"k or sys.exit('{TOKEN_ENV} is unset: SGLang is never started without its API key');"
-    "sys.argv+=['--api-key',k];"
+    "sys.argv.append('--api-key='+k);"
     "runpy.run_module('sglang.launch_server',run_name='__main__',alter_sys=True)"
 )
 """The one-line program (``python3 -c``) that starts SGLang with the attempt's token: SGLang takes its API key only
-as ``--api-key``, so the program appends it from :data:`TOKEN_ENV` to its own ``sys.argv``, which no other process
+as ``--api-key``, so the program appends ``--api-key=TOKEN`` (one item: a token may start with ``-``, which
+argparse would not take as the option's value) from :data:`TOKEN_ENV` to its own ``sys.argv``, which no other process
 sees (``ps`` shows the command line the process was started with), and runs ``sglang.launch_server`` as
 ``python -m`` would. Without the variable it exits: an SGLang server never runs without a key."""
 
