@@ -91,8 +91,10 @@ def _collected(run: Submitted) -> pa.Table:
 
 
 def _args(run: Submitted, prefix: str = "args") -> list[list[str]]:
-    """The arguments every server process of the run started with (one list per process)."""
-    return [f.read_text().splitlines() for f in sorted(run.bin.glob(f"{prefix}-*.txt"))]
+    """The arguments every server process of the run started with (one list per process; not the engine's
+    version query)."""
+    found = [f.read_text().splitlines() for f in sorted(run.bin.glob(f"{prefix}-*.txt"))]
+    return [argv for argv in found if "--model-path" in argv or argv[:1] == ["serve"]]
 
 
 def _flag(argv: list[str], flag: str) -> str | None:
@@ -152,8 +154,8 @@ def test_every_shape_and_engine_collects_the_rows_of_one_node_vllm(make_run_file
 
     # SGLang: the token reached it through its environment (the -c bootstrap), never its command line.
     for name in ("sglang", "sglang-tp4-pp2"):
-        argv = _args(runs[name], "sglang-args")
-        assert argv and all(a[0] == "-c" and "--api-key" not in a for a in argv), argv
+        started = _args(runs[name], "sglang-args")  # -c BOOT, then SGLang's own arguments: no key among them
+        assert started and all(a[0] == "-c" and not any(w.startswith("--api-key") for w in a[2:]) for a in started)
     sglang_two = sorted(_args(runs["sglang-tp4-pp2"], "sglang-args"), key=lambda a: _flag(a, "--node-rank") or "")
     assert [_flag(a, "--node-rank") for a in sglang_two] == ["0", "1"]
     assert _flag(sglang_two[0], "--dist-init-addr") == _flag(sglang_two[1], "--dist-init-addr") is not None
