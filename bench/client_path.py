@@ -203,7 +203,7 @@ def runtime_run(replicas: int, records: int, mode: str, args: argparse.Namespace
 
     run, profile, env = _files(root, replicas, records, args)
     # Data Designer's validation of this fixed recipe (a subprocess of a few seconds) is left out to save time.
-    prepared = prepare(run, profile, env, datetime.now(UTC), check_recipe=lambda *_: [])
+    prepared = prepare(run, profile, env, datetime.now(UTC))
     if mode == "dd_default":
         prepared = unsized(prepared)
     write_run_dir(prepared)

@@ -354,7 +354,7 @@ def run_layout(
 
     run, profile = _files(root, shards, layout, args, hosted.base_url)
     env = {**os.environ, "DATA_DESIGNER_HOME": str(root / "dd-home"), KEY_ENV: hosted.api_key}
-    prepared = prepare(run, profile, env, datetime.now(UTC), check_recipe=lambda *_: [])
+    prepared = prepare(run, profile, env, datetime.now(UTC))
     if not layout.sized:
         prepared = unsized(prepared)
     same = (

@@ -89,7 +89,7 @@ def run_once(replicas: int, args: argparse.Namespace, root: Path) -> dict[str, A
     from ddslurm.launcher import Slurm, prepare, submit_shards, write_run_dir
 
     run, profile, env = _files(root, replicas, args)
-    prepared = prepare(run, profile, env, datetime.now(UTC), check_recipe=lambda *_: [])
+    prepared = prepare(run, profile, env, datetime.now(UTC))
     write_run_dir(prepared)
     layout = prepared.layout
     busy0, t0 = busy_seconds(), time.monotonic()
