@@ -112,6 +112,12 @@ class ServingPlan(Frozen, frozen=True, kw_only=True):
     sglang_executable: str = "python3"
     sglang_image: str | None = None
 
+    @property
+    def home_node(self) -> int | None:
+        """The node of every step but a spanning replica's followers (leaders, proxies, clients): the first
+        (``srun --relative=0``) in an allocation of several nodes; None (where srun places it) in one of one."""
+        return 0 if self.nodes > 1 else None
+
 
 class ShardSpec(Frozen, frozen=True, kw_only=True):
     index: int

@@ -216,7 +216,7 @@ def _steps(plan: Plan) -> list[tuple[int, str]]:
     runtime = f"{plan.python_env}/bin/ddslurm-runtime"
     lines: list[tuple[int, str]] = []
     serving = plan.serving
-    first = 0 if serving is not None and serving.nodes > 1 else None
+    first = serving.home_node if serving is not None else None
     if serving is not None:
         for dep in serving.deployments:
             for rep in dep.replicas:

@@ -209,14 +209,8 @@ class Fleet:
         for dep in serving.deployments:
             if dep.listen == "unix" and not dep.proxy:
                 raise RuntimeFailure(f"the plan puts {dep.alias!r} on Unix-domain sockets without its proxy")
-        self._node = 0 if serving.nodes > 1 else None
+        self._node = serving.home_node
         spanning = [(d, r) for d in serving.deployments for r in d.replicas if r.nodes > 1]
-        for dep, rep in spanning:
-            if rep.nodes > serving.nodes:
-                raise RuntimeFailure(
-                    f"the plan spans replica {rep.index} of {dep.alias!r} over {rep.nodes} nodes but the allocation "
-                    f"has {serving.nodes}"
-                )
         # The listeners' ports and the rendezvous ports of the replicas that span nodes, all distinct, all free here.
         wanted = [r.port for d in serving.deployments if d.listen == "tcp" for r in d.replicas]
         chosen = choose_ports([*wanted, *[None] * len(spanning)], self._job)

@@ -196,7 +196,7 @@ class Workers:
         self._grace = grace
         self._count = inputs.plan.client_workers if source.pulling else 1
         serving = inputs.plan.serving
-        self._node_of_clients = 0 if serving is not None and serving.nodes > 1 else None
+        self._node_of_clients = serving.home_node if serving is not None else None
         """The node the client steps run on (``StepSpec.node``): the first, where the endpoints are, in an
         allocation of several nodes."""
         self._works: list[Work] = []
