@@ -188,6 +188,19 @@ def test_requeued_task_is_shown_requeued(tmp_path: Path, sacct: str, reason: str
     assert shard.message is not None and "requeued task 4242_0" in shard.message
 
 
+def test_a_requeued_task_cancelled_before_it_ran_again_ends_cancelled(tmp_path: Path) -> None:
+    """Slurm 22.05 records no end for a requeued task cancelled while pending: sacct's latest row stays REQUEUED
+    and squeue no longer lists it. The shard is cancelled (and the cancelled run ends), not pending for ever."""
+    layout, _ = _run(tmp_path, shards=1)
+    write_attempt(layout, 0, "4242", "failed", reason="cancelled", task="4242_0")
+    sacct = "4242_0|REQUEUED|0:0|None\n"
+    status = run_status(layout, Slurm(FakeSlurm(squeue="", sacct=sacct)))
+    shard = status.shards[0]
+    assert (status.state, shard.state, shard.slurm_state) == ("cancelled", "cancelled", "CANCELLED")
+    still_queued = run_status(layout, Slurm(FakeSlurm(squeue="4242_0|PENDING|BeginTime\n", sacct=sacct)))
+    assert (still_queued.state, still_queued.shards[0].state) == ("pending", "pending")
+
+
 def test_a_retry_pending_after_a_failure_is_not_called_requeued(tmp_path: Path) -> None:
     layout, _ = _run(tmp_path, "retries: 1\n", shards=1)
     write_attempt(layout, 0, "4242", "failed", reason="client_failed", task="4242_0")

@@ -53,6 +53,7 @@ PENDING = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "RESI
 _RUNNING = {"RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING"}
 _FAILED = {"FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
 _REQUEUED = {"REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"}
+_LEFT_THE_QUEUE = "requeued, then left the queue before it ran again"
 _SLURM_REASONS = {"TIMEOUT": "timeout", "NODE_FAIL": "node_fail", "OUT_OF_MEMORY": "out_of_memory"}
 _DISK_FULL = ("No space left on device", "[Errno 28]", "Disk quota exceeded", "[Errno 122]")
 StageName = Literal["gpu", "cpu"]
@@ -161,6 +162,14 @@ def query(slurm: Slurm, subs: list[SubmissionRecord]) -> Scheduler:
         if key in sched.final:
             sched.earlier.setdefault(key, []).append(sched.final[key])
         sched.final[key] = t
+    for key, t in list(sched.final.items()):
+        if t.state in _REQUEUED and key not in sched.live and (key[0], None) not in sched.live:
+            # Requeued, then gone from the queue before it ran again: cancelled while pending, which Slurm 22.05
+            # records nowhere (sacct keeps the REQUEUED row of the run before as the task's latest).
+            sched.earlier.setdefault(key, []).append(t)
+            sched.final[key] = TaskState(
+                job_id=t.job_id, task=t.task, state="CANCELLED", reason=_LEFT_THE_QUEUE, exit_code=t.exit_code
+            )
     return sched
 
 
