@@ -42,6 +42,8 @@ def test_minimal_run_file_fills_every_default(tmp_path: Path) -> None:
         "retries": 0,
         "client_retries": 1,
         "max_empty_outputs": 0,
+        "gpus": None,
+        "deadline": None,
         "stages": "auto",
         "deployments": [],
         "submission": {

@@ -15,6 +15,18 @@ from ddslurm.config._codec import (
     read_plan,
 )
 from ddslurm.config._events import BATCH_COMPLETE, FILL_DONE, SERVING_READY
+from ddslurm.config._facts import (
+    FACTS_FILE,
+    ConcurrencyPoint,
+    Facts,
+    MeasuredBy,
+    ModelFact,
+    ModelShape,
+    RecipeFact,
+    facts_path,
+    read_facts,
+    write_facts,
+)
 from ddslurm.config._files import (
     atomic_write,
     check_not_swappable,
@@ -53,6 +65,7 @@ from ddslurm.config._plan import (
     ShardSpec,
     StagePlan,
 )
+from ddslurm.config._prediction import FactOrigin, FactUse, LayoutChoice, Prediction
 from ddslurm.config._profile import ClusterProfile
 from ddslurm.config._ranges import compact_ranges, expand_ranges
 from ddslurm.config._recipe import LLM_COLUMN_TYPES, is_drop_processor, llm_columns, recipe_processors, recipe_section
@@ -119,6 +132,20 @@ from ddslurm.config._yaml import load_struct, locate, read_yaml, to_builtins
 from ddslurm.config.errors import ConfigError, ConfigFileError, ConfigFileErrors, UnsafePathError
 
 __all__ = [
+    "FACTS_FILE",
+    "ConcurrencyPoint",
+    "Facts",
+    "MeasuredBy",
+    "ModelFact",
+    "ModelShape",
+    "RecipeFact",
+    "facts_path",
+    "read_facts",
+    "write_facts",
+    "FactOrigin",
+    "FactUse",
+    "LayoutChoice",
+    "Prediction",
     "AttemptLayout",
     "AttemptRecord",
     "AttemptState",

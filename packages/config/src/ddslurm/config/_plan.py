@@ -8,6 +8,7 @@ import msgspec
 
 from ddslurm.config._base import Frozen
 from ddslurm.config._layout import LAYOUT_VERSION
+from ddslurm.config._prediction import Prediction
 from ddslurm.config._records import FileEntry
 from ddslurm.config._runfile import Engine, ResumeMode
 
@@ -257,3 +258,6 @@ class Plan(Frozen, frozen=True, kw_only=True):
     profile's CPU partition, no GPU, the same time limit."""
     column_order: tuple[str, ...] | None = None
     """The dataset's columns in one defined order (``final_columns``): collection writes them in this order."""
+    prediction: Prediction | None = None
+    """The layout the planner's cost model chose, its predicted wall time and GPU-hours, the runners-up and the
+    facts it used; None for hosted-only runs."""

@@ -502,9 +502,10 @@ class Deployment(Frozen, frozen=True, kw_only=True):
     engine: Engine = "vllm"
     """``vllm`` or ``sglang`` (the profile's ``vllm_executable``/``vllm_image`` or ``sglang_executable``/
     ``sglang_image``)."""
-    replicas: PositiveInt = 1
+    replicas: PositiveInt | Literal["auto"] = "auto"
     """Server processes (each a whole engine: its ranks, its API) behind the alias's one endpoint, the balancing
-    proxy."""
+    proxy, in each allocation. ``auto``: 1, or with the run file's ``gpus`` as many as the planner's cost model
+    chooses."""
     tensor_parallel: PositiveInt = 1
     """GPUs of one tensor-parallel group (vLLM ``--tensor-parallel-size``, SGLang ``--tp-size``); at most a node's
     GPUs."""
@@ -597,6 +598,15 @@ class RunFile(Frozen, frozen=True, kw_only=True):
     max_empty_outputs: Annotated[int, msgspec.Meta(ge=0)] | None = 0
     """Empty or null values each LLM column of a shard may hold before the shard's attempt fails with
     ``empty_outputs`` (an endpoint that answered HTTP 200 without content). None: not checked."""
+    gpus: PositiveInt | None = None
+    """The most GPUs the run may hold at once. With it, the planner's cost model picks the allocations, the
+    replicas of each ``replicas: auto`` deployment, the client workers and the stages that cost the fewest
+    GPU-hours within it (and within ``deadline``); fields set to numbers stay as set. None: the run's own fields
+    (``allocations: auto`` chooses by the same cost model, within the GPUs the old rule of one allocation per
+    ``client_workers`` shards would hold)."""
+    deadline: str | int | None = None
+    """The latest the run's generation should end after its first allocation starts, as ``submission.time_limit``
+    (``HH:MM:SS``, minutes, ``D-HH``...): the cost model keeps layouts predicted to end by then. None: none."""
     stages: Literal["auto", "single"] = "auto"
     """``auto``: a run with deployments whose recipe splits into a GPU stage (the local models' columns and what
     they read) and a CPU stage (the hosted-only columns) runs the CPU stage in CPU-only allocations after the GPU

@@ -193,7 +193,7 @@ def _replica_nodes(run: RunFile, index: int, per_node: int) -> int:
         )
     # Each node runs data_parallel / nodes ranks of tensor_parallel GPUs, a whole number: tensor_parallel divides
     # the node's GPUs, so data_parallel = (gpus_per_node / tensor_parallel) x nodes.
-    if dep.replicas > 1:
+    if declared_replicas(dep) > 1:
         field, alone = f"{where}.replicas", f"it has replicas: {dep.replicas}"
     elif len(run.deployments) > 1:
         others = ", ".join(repr(d.model_alias) for i, d in enumerate(run.deployments) if i != index)
@@ -209,6 +209,11 @@ def _replica_nodes(run: RunFile, index: int, per_node: int) -> int:
         "allocation, each pulling shards), or data_parallel to run several engine ranks behind one API, and "
         "serve the other models in their own run"
     )
+
+
+def declared_replicas(dep: Deployment) -> int:
+    """The replicas per allocation a deployment asks for: its number, or 1 for ``replicas: auto``."""
+    return 1 if dep.replicas == "auto" else dep.replicas
 
 
 def plan_serving(run: RunFile, profile: ClusterProfile, partition: str | None) -> ServingPlan:
@@ -234,8 +239,9 @@ def plan_serving(run: RunFile, profile: ClusterProfile, partition: str | None) -
     for index, dep in enumerate(run.deployments):
         where, alias = f"deployments[{index}]", f"(model alias {dep.model_alias!r})"
         spans = _replica_nodes(run, index, per_node)
-        if dep.server.port is not None and dep.server.port + dep.replicas - 1 > 65535:
-            raise PlanError(f"{where}.server.port: {dep.server.port} + {dep.replicas} replicas exceeds 65535 {alias}")
+        count = declared_replicas(dep)
+        if dep.server.port is not None and dep.server.port + count - 1 > 65535:
+            raise PlanError(f"{where}.server.port: {dep.server.port} + {count} replicas exceeds 65535 {alias}")
         gpus = dep.tensor_parallel * dep.pipeline_parallel * dep.data_parallel
         step_gpus = gpus if spans == 1 else per_node
         replicas = tuple(
@@ -246,9 +252,9 @@ def plan_serving(run: RunFile, profile: ClusterProfile, partition: str | None) -
                 port=None if dep.server.port is None else dep.server.port + r,
                 nodes=spans,
             )
-            for r in range(dep.replicas)
+            for r in range(count)
         )
-        total += step_gpus * dep.replicas
+        total += step_gpus * count
         nodes = max(nodes, spans)
         capacity = dep.data_parallel * server_capacity(dep.server.extra_args, f"{where}.server.extra_args", dep.engine)
         deployments.append(
@@ -266,7 +272,7 @@ def plan_serving(run: RunFile, profile: ClusterProfile, partition: str | None) -
                 listen="tcp" if dep.server.port is not None or dep.engine == "sglang" else "unix",
                 env_from=dep.server.env_from,
                 capacity=capacity,
-                max_parallel_requests=dep.replicas * capacity,
+                max_parallel_requests=count * capacity,
                 engine=dep.engine,
                 pipeline_parallel=dep.pipeline_parallel,
                 data_parallel=dep.data_parallel,

@@ -1,0 +1,118 @@
+"""What ddslurm has measured on this cluster, kept in the workspace (``<workspace>/facts.json``): per model shape its
+load time and throughput, per recipe its requests per record and the client's CPU per request. The planner's cost
+model reads them (``ddslurm.planner``); every finished run and every ``ddslurm tune`` updates them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+
+from ddslurm.config._base import Frozen
+from ddslurm.config._codec import encode_pretty, read_json
+from ddslurm.config._files import atomic_write
+from ddslurm.config._runfile import Engine
+
+FACTS_VERSION = 1
+FACTS_FILE = "facts.json"
+MeasuredBy = Literal["run", "tune"]
+"""``run``: an earlier run of this workspace measured it; ``tune``: a ``ddslurm tune`` calibration did."""
+
+
+class ModelShape(Frozen, frozen=True, kw_only=True):
+    """What a replica's speed depends on: the engine, the model and its parallel shape, the GPU type."""
+
+    engine: Engine = "vllm"
+    model: str
+    tensor_parallel: int = 1
+    pipeline_parallel: int = 1
+    data_parallel: int = 1
+    gpu_type: str = ""
+    """The GPU type of the partition's nodes as ``sinfo`` prints their GRES (``a100``); empty: untyped GRES."""
+
+    def key(self) -> str:
+        parallel = f"tp{self.tensor_parallel}-pp{self.pipeline_parallel}-dp{self.data_parallel}"
+        return f"{self.engine}:{self.model}:{parallel}:{self.gpu_type or '-'}"
+
+
+class ConcurrencyPoint(Frozen, frozen=True, kw_only=True):
+    """One step of a calibration's sweep: requests per second of one replica at ``in_flight`` requests at once."""
+
+    in_flight: int
+    requests_per_s: float
+
+
+class ModelFact(Frozen, frozen=True, kw_only=True):
+    shape: ModelShape
+    load_s: float
+    """Seconds from a server step's start to its replica answering (the slowest replica of the allocation)."""
+    requests_per_s: float
+    """Requests one replica completes per second with ``capacity`` requests in flight."""
+    capacity: int
+    """The requests one replica runs at once (its ``--max-num-seqs`` x data-parallel ranks) when measured."""
+    sweep: tuple[ConcurrencyPoint, ...] = ()
+    """``ddslurm tune``'s throughput at increasing concurrency (empty when measured by a run)."""
+    measured_by: MeasuredBy
+    run_id: str
+    """The run (or calibration run) that measured it."""
+    measured_at: str
+    """ISO 8601 UTC."""
+
+
+class RecipeFact(Frozen, frozen=True, kw_only=True):
+    recipe_sha256: str
+    """The digest of the recipe as stored in a run's inputs (``Plan.recipe_sha256``)."""
+    requests_per_record: dict[str, float]
+    """Per model alias, the requests Data Designer sent per record generated (retries and health checks excluded)."""
+    client_cpu_s_per_request: float | None = None
+    """CPU-seconds of the Data Designer client per request to a deployed alias; None: not measured."""
+    allocation_overhead_s: float | None = None
+    """Seconds a GPU allocation holds its GPUs beyond its model load and its generating: the job's start to the
+    servers' start, the first request after ready, the end of its last shard to the job's end."""
+    cpu_stage_records_per_s: float | None = None
+    """Records one CPU-stage client worker generates per second (two-stage runs); None: not measured."""
+    measured_by: MeasuredBy
+    run_id: str
+    measured_at: str
+
+
+class Facts(Frozen, frozen=True, kw_only=True):
+    """Every fact of a workspace: at most one per model shape (its key) and one per recipe digest, the latest."""
+
+    version: int = FACTS_VERSION
+    models: tuple[ModelFact, ...] = ()
+    recipes: tuple[RecipeFact, ...] = ()
+
+    def model(self, shape: ModelShape) -> ModelFact | None:
+        return next((f for f in self.models if f.shape.key() == shape.key()), None)
+
+    def recipe(self, recipe_sha256: str) -> RecipeFact | None:
+        return next((f for f in self.recipes if f.recipe_sha256 == recipe_sha256), None)
+
+    def with_model(self, fact: ModelFact) -> Facts:
+        """These facts with ``fact`` in place of any earlier one of its shape."""
+        kept = tuple(f for f in self.models if f.shape.key() != fact.shape.key())
+        return msgspec.structs.replace(self, models=(*kept, fact))
+
+    def with_recipe(self, fact: RecipeFact) -> Facts:
+        kept = tuple(f for f in self.recipes if f.recipe_sha256 != fact.recipe_sha256)
+        return msgspec.structs.replace(self, recipes=(*kept, fact))
+
+
+def facts_path(workspace: Path) -> Path:
+    return workspace / FACTS_FILE
+
+
+def read_facts(path: Path) -> Facts:
+    """The facts at ``path``; none (empty) when the file does not exist. A file that cannot be read as facts is a
+    :class:`~ddslurm.config.ConfigError` naming it."""
+    try:
+        return read_json(path, Facts)
+    except FileNotFoundError:
+        return Facts()
+
+
+def write_facts(path: Path, facts: Facts) -> None:
+    """Replace the facts at ``path`` atomically (private file)."""
+    atomic_write(path, encode_pretty(facts))

@@ -1,0 +1,45 @@
+"""The workspace's facts file: one fact per model shape and per recipe, the latest; written atomically."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from ddslurm.config import ConfigError, Facts, ModelFact, ModelShape, RecipeFact, read_facts, write_facts
+
+
+def _model(load: float, gpu_type: str = "") -> ModelFact:
+    shape = ModelShape(model="Qwen/Qwen3-8B", tensor_parallel=2, gpu_type=gpu_type)
+    return ModelFact(
+        shape=shape, load_s=load, requests_per_s=4.0, capacity=8, measured_by="run", run_id="r1", measured_at="t"
+    )
+
+
+def test_no_file_is_no_facts(tmp_path: Path) -> None:
+    assert read_facts(tmp_path / "facts.json") == Facts()
+
+
+def test_a_later_fact_of_a_shape_replaces_the_earlier_one_and_round_trips(tmp_path: Path) -> None:
+    facts = Facts().with_model(_model(60.0)).with_model(_model(90.0, "a100")).with_model(_model(75.0))
+    assert [(f.shape.gpu_type, f.load_s) for f in facts.models] == [("a100", 90.0), ("", 75.0)]
+    recipe = RecipeFact(
+        recipe_sha256="abc", requests_per_record={"writer": 2.0}, measured_by="tune", run_id="r2", measured_at="t"
+    )
+    facts = facts.with_recipe(recipe).with_recipe(msgspec.structs.replace(recipe, requests_per_record={"writer": 3.0}))
+    path = tmp_path / "facts.json"
+    write_facts(path, facts)
+    back = read_facts(path)
+    assert back == facts
+    assert back.model(ModelShape(model="Qwen/Qwen3-8B", tensor_parallel=2)) == _model(75.0)
+    assert back.model(ModelShape(model="Qwen/Qwen3-8B")) is None
+    assert back.recipe("abc") is not None and back.recipe("abc").requests_per_record == {"writer": 3.0}  # type: ignore[union-attr]
+    assert path.stat().st_mode & 0o077 == 0
+
+
+def test_a_damaged_facts_file_is_an_error_naming_it(tmp_path: Path) -> None:
+    path = tmp_path / "facts.json"
+    path.write_text('{"models": [{"shape": 3}]}')
+    with pytest.raises(ConfigError, match=r"facts\.json"):
+        read_facts(path)
