@@ -17,6 +17,7 @@ from ddslurm.config._codec import (
 from ddslurm.config._events import BATCH_COMPLETE, FILL_DONE, SERVING_READY
 from ddslurm.config._facts import (
     FACTS_FILE,
+    ClientUsage,
     ConcurrencyPoint,
     Facts,
     MeasuredBy,
@@ -132,6 +133,7 @@ from ddslurm.config._yaml import load_struct, locate, read_yaml, to_builtins
 from ddslurm.config.errors import ConfigError, ConfigFileError, ConfigFileErrors, UnsafePathError
 
 __all__ = [
+    "ClientUsage",
     "FACTS_FILE",
     "ConcurrencyPoint",
     "Facts",

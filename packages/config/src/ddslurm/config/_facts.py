@@ -77,6 +77,15 @@ class RecipeFact(Frozen, frozen=True, kw_only=True):
     measured_at: str
 
 
+class ClientUsage(Frozen, frozen=True, kw_only=True):
+    """What one client step (one attempt's Data Designer process) used, written by it when it ends."""
+
+    cpu_s: float
+    """User + system CPU-seconds of the process (``resource.getrusage(RUSAGE_SELF)``)."""
+    wall_s: float
+    """Seconds from its start to its end."""
+
+
 class Facts(Frozen, frozen=True, kw_only=True):
     """Every fact of a workspace: at most one per model shape (its key) and one per recipe digest, the latest."""
 

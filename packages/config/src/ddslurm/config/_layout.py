@@ -63,6 +63,11 @@ class AttemptLayout:
         """A verified but short result, publishable only by ``ddslurm accept-partial``."""
         return self.dir / "candidate.json"
 
+    @property
+    def client_usage(self) -> Path:
+        """What the attempt's client step used (:class:`~ddslurm.config.ClientUsage`), written when it ends."""
+        return self.dir / "client-usage.json"
+
 
 @dataclass(frozen=True, slots=True)
 class ShardLayout:

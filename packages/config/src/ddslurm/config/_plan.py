@@ -258,6 +258,9 @@ class Plan(Frozen, frozen=True, kw_only=True):
     profile's CPU partition, no GPU, the same time limit."""
     column_order: tuple[str, ...] | None = None
     """The dataset's columns in one defined order (``final_columns``): collection writes them in this order."""
+    gpu_type: str = ""
+    """The GPU type of the generation partition's nodes when the run was planned (``sinfo``'s GRES; empty:
+    untyped or unknown): the model shapes of the run's facts are keyed by it."""
     prediction: Prediction | None = None
     """The layout the planner's cost model chose, its predicted wall time and GPU-hours, the runners-up and the
     facts it used; None for hosted-only runs."""

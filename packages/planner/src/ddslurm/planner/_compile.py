@@ -16,6 +16,7 @@ from ddslurm.config import (
     Deployment,
     DeploymentPlan,
     Engine,
+    Facts,
     Plan,
     PluginRecord,
     ProviderSnapshot,
@@ -84,6 +85,10 @@ class PlanInputs:
     order are planned from them); None: not read (a hosted-only run, or columns Data Designer refuses)."""
     seed_columns: tuple[str, ...] = ()
     """The seed dataset's columns, in its order (they lead the final column order)."""
+    facts: Facts = dataclasses.field(default_factory=Facts)
+    """What earlier runs and calibrations of the workspace measured (the cost model's inputs)."""
+    gpu_type: str = ""
+    """The GPU type of the generation partition's nodes (``sinfo``); empty: untyped or unknown."""
 
 
 _MEM = re.compile(r"^(?P<n>\d+(?:\.\d+)?)(?P<unit>[KMGT]?)B?$", re.IGNORECASE)
@@ -479,6 +484,7 @@ def compile_plan(inputs: PlanInputs) -> Plan:
         stage_reason=staging.reason,
         cpu_stage=_cpu_resources(run, profile, cpu_partition_only=True) if stages else None,
         column_order=staging.column_order,
+        gpu_type=inputs.gpu_type,
     )
 
 
