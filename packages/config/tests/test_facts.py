@@ -7,7 +7,16 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from ddslurm.config import ConfigError, Facts, ModelFact, ModelShape, RecipeFact, read_facts, write_facts
+from ddslurm.config import (
+    ConfigError,
+    Facts,
+    ModelFact,
+    ModelShape,
+    RecipeFact,
+    read_facts,
+    update_facts,
+    write_facts,
+)
 
 
 def _model(load: float, gpu_type: str = "") -> ModelFact:
@@ -43,3 +52,25 @@ def test_a_damaged_facts_file_is_an_error_naming_it(tmp_path: Path) -> None:
     path.write_text('{"models": [{"shape": 3}]}')
     with pytest.raises(ConfigError, match=r"facts\.json"):
         read_facts(path)
+
+
+def test_updates_of_two_writers_at_once_both_land(tmp_path: Path) -> None:
+    import threading
+
+    path = tmp_path / "facts.json"
+    start = threading.Barrier(8)
+
+    def add(i: int) -> None:
+        start.wait()
+        fact = msgspec.structs.replace(_model(float(i)), shape=ModelShape(model=f"m{i}"))
+        update_facts(path, lambda facts: facts.with_model(fact))
+
+    threads = [threading.Thread(target=add, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(f.shape.model for f in read_facts(path).models) == [f"m{i}" for i in range(8)]
+    before = path.stat().st_mtime_ns
+    update_facts(path, lambda facts: facts)
+    assert path.stat().st_mtime_ns == before  # unchanged facts are not rewritten

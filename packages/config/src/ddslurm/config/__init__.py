@@ -17,6 +17,8 @@ from ddslurm.config._codec import (
 from ddslurm.config._events import BATCH_COMPLETE, FILL_DONE, SERVING_READY
 from ddslurm.config._facts import (
     FACTS_FILE,
+    Calibration,
+    CalibrationEntry,
     ClientUsage,
     ConcurrencyPoint,
     Facts,
@@ -26,6 +28,7 @@ from ddslurm.config._facts import (
     RecipeFact,
     facts_path,
     read_facts,
+    update_facts,
     write_facts,
 )
 from ddslurm.config._files import (
@@ -50,6 +53,7 @@ from ddslurm.config._layout import (
     attempt_id_for,
     attempt_restart,
     busy_log,
+    calibration_file,
 )
 from ddslurm.config._limits import Limit, QueuedJob, SchedulerLimits
 from ddslurm.config._plan import (
@@ -133,6 +137,10 @@ from ddslurm.config._yaml import load_struct, locate, read_yaml, to_builtins
 from ddslurm.config.errors import ConfigError, ConfigFileError, ConfigFileErrors, UnsafePathError
 
 __all__ = [
+    "Calibration",
+    "CalibrationEntry",
+    "update_facts",
+    "calibration_file",
     "ClientUsage",
     "FACTS_FILE",
     "ConcurrencyPoint",

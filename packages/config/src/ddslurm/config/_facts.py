@@ -4,6 +4,10 @@ model reads them (``ddslurm.planner``); every finished run and every ``ddslurm t
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Literal
 
@@ -125,3 +129,44 @@ def read_facts(path: Path) -> Facts:
 def write_facts(path: Path, facts: Facts) -> None:
     """Replace the facts at ``path`` atomically (private file)."""
     atomic_write(path, encode_pretty(facts))
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive lock on ``<path>.lock`` (waits for another writer of the same facts)."""
+    lock = path.with_name(path.name + ".lock")
+    fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def update_facts(path: Path, change: Callable[[Facts], Facts]) -> Facts:
+    """Read, change and write the facts at ``path`` under a lock, so that two runs ending at once both land;
+    returns what was written (nothing is written when ``change`` returns the facts unchanged)."""
+    with _locked(path):
+        before = read_facts(path)
+        after = change(before)
+        if after != before:
+            write_facts(path, after)
+        return after
+
+
+class CalibrationEntry(Frozen, frozen=True, kw_only=True):
+    """What a calibration allocation measured of one deployed alias."""
+
+    alias: str
+    load_s: float
+    """Seconds from the first server step's start to every replica of the alias answering."""
+    sweep: tuple[ConcurrencyPoint, ...]
+    """Requests per second of one replica at each concurrency level, replaying the recipe's own requests."""
+    prompts: int
+    """How many distinct recorded requests the sweep replayed."""
+
+
+class Calibration(Frozen, frozen=True, kw_only=True):
+    """``calibration.json`` of a ``ddslurm tune`` allocation (its serving directory)."""
+
+    entries: tuple[CalibrationEntry, ...]

@@ -248,6 +248,11 @@ def attempt_restart(attempt_id: str) -> int:
     return int(restart) if head and restart.isdigit() else 0
 
 
+def calibration_file(serving_dir: Path) -> Path:
+    """A ``ddslurm tune`` allocation's :class:`~ddslurm.config.Calibration` (its serving directory)."""
+    return serving_dir / "calibration.json"
+
+
 def busy_log(serving_dir: Path, alias: str, replica: int) -> Path:
     """The spans in which replica ``replica`` (:attr:`ReplicaPlan.index`) of ``alias`` had requests in flight
     through the alias's proxy (:class:`BusySpan` lines), in a serving directory: a pulling allocation's
