@@ -26,6 +26,7 @@ from ddslurm.config import (
     make_private_dir,
     publish_once,
     read_json,
+    read_plan,
 )
 from ddslurm.launcher import RunStatus, Slurm, run_status, submit
 from ddslurm.launcher import _submit as submit_module
@@ -69,6 +70,7 @@ def test_a_mixed_recipe_gets_two_stages_the_cpu_stage_resources_and_the_column_o
     assert plan.generation.gres == "gpu:1" and plan.generation.partition == "gpu"
     assert plan.cpu_stage is not None
     assert (plan.cpu_stage.gres, plan.cpu_stage.partition, plan.cpu_stage.cpus_per_task) == ("none", "cpu", 2)
+    assert plan.cpu_stage_workers == 2  # one hosted-only client per CPU, at most the 3 shards
     assert plan.cpu_stage.time_minutes == plan.generation.time_minutes
     assert plan.column_order == ("topic", "draft", "q")
 
@@ -127,7 +129,9 @@ def test_submit_records_the_stages_retry_and_status_follow_each_shards_stage(tmp
     layout = RunLayout(done.layout.root)
     gpu, cpu = _records(layout)
     assert (gpu.stage, gpu.tasks, gpu.after_any) == (0, None, ())
-    assert (cpu.stage, cpu.tasks, cpu.after_any, cpu.shards) == (1, 3, (gpu.array_job_id,), (0, 1, 2))
+    # 2 CPUs per CPU-stage allocation: 2 shards at once each, so 2 allocations run the 3 shards at once.
+    assert read_plan(layout.plan).cpu_stage_workers == 2
+    assert (cpu.stage, cpu.tasks, cpu.after_any, cpu.shards) == (1, 2, (gpu.array_job_id,), (0, 1, 2))
     assert f"--dependency=afterany:{gpu.array_job_id}" in Path(cpu.script).read_text()
 
     # shard 0 is done; shard 1 finished its GPU stage, but the CPU allocations ended without it; shard 2's GPU
@@ -137,7 +141,7 @@ def test_submit_records_the_stages_retry_and_status_follow_each_shards_stage(tmp
     fake.sacct_out = (
         f"{gpu.array_job_id}_0|COMPLETED|0:0|None\n{gpu.array_job_id}_1|COMPLETED|0:0|None\n"
         f"{gpu.array_job_id}_2|FAILED|1:0|None\n"
-        + "".join(f"{cpu.array_job_id}_{t}|COMPLETED|0:0|None\n" for t in range(3))
+        + "".join(f"{cpu.array_job_id}_{t}|COMPLETED|0:0|None\n" for t in range(2))
     )
     status = run_status(layout, Slurm(fake, user="alice"))
     by_shard = {s.shard: s for s in status.shards}

@@ -23,6 +23,8 @@
             output/<dataset>/     Data Designer's own dataset directory
     allocations/allocation-<job_id>/  a pulling allocation's server and proxy logs (kept across its shards);
                                   allocation-<job_id>-r<n>/ after the n-th requeue
+    allocations/slots-<array_job_id>/task-<task>.json   the free worker slots of an allocation of a pulling array
+                                  waiting for a shard (a ``SlotsRecord``; gone when it has none)
         busy-<alias>-<i>.jsonl    when replica i of the alias had requests in flight through its proxy (a one-shard
                                   task's: in its attempt directory)
     collections/<id>/             collection working area
@@ -233,6 +235,14 @@ class RunLayout:
         One per incarnation, named like its attempts (:func:`attempt_id_for`): a job that Slurm requeued keeps its
         id but serves anew (new servers, ports, token), so it never reads what the earlier incarnation left."""
         return self.allocations / (f"allocation-{job_id}" if restart == 0 else f"allocation-{job_id}-r{restart}")
+
+    def slots(self, array_job_id: str) -> Path:
+        """The free worker slots the allocations of a pulling array publish (``task-<task>.json`` each)."""
+        return self.allocations / f"slots-{array_job_id}"
+
+    def slot_file(self, array_job_id: str, task: int) -> Path:
+        """One allocation's free worker slots (a ``SlotsRecord``): array task ``task`` of ``array_job_id``."""
+        return self.slots(array_job_id) / f"task-{task}.json"
 
 
 def attempt_id_for(job_id: str, restart: int = 0) -> str:

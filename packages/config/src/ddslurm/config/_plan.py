@@ -256,6 +256,10 @@ class Plan(Frozen, frozen=True, kw_only=True):
     cpu_stage: Resources | None = None
     """The CPU stage's allocations (two-stage runs): the hosted-only shape, ``submission.cpus`` CPUs on the
     profile's CPU partition, no GPU, the same time limit."""
+    cpu_stage_workers: int = 1
+    """Client steps a CPU-stage allocation runs at once, each on its own shard (two-stage runs): as many as its CPUs
+    (``submission.cpus``) allow at one CPU per hosted-only client, at most the shards; each gets
+    ``submission.cpus // cpu_stage_workers`` CPUs."""
     column_order: tuple[str, ...] | None = None
     """The dataset's columns in one defined order (``final_columns``): collection writes them in this order."""
     gpu_type: str = ""

@@ -184,6 +184,23 @@ class ClaimRecord(Frozen, frozen=True, kw_only=True):
     claimed_at: str
 
 
+class SlotsRecord(Frozen, frozen=True, kw_only=True):
+    """``allocations/slots-<array_job_id>/task-<task>.json``: the free worker slots of one allocation of a pulling
+    array while it waits for a shard, so that a sibling's spare client leaves the next shard to it. Rewritten
+    (atomically) at least every heartbeat while ``free`` is above 0, removed when it has none or exits; an entry
+    whose ``updated_at`` is older than a few seconds (a crashed allocation's) counts as gone."""
+
+    array_job_id: str
+    task: int
+    job_id: str
+    node: str
+    pid: int
+    free: int
+    """Worker slots that have no shard and no spare to take one: each would claim the next shard."""
+    updated_at: float
+    """Seconds since the epoch (the allocation's clock) of the last rewrite: its heartbeat."""
+
+
 class ShardCancelRecord(Frozen, frozen=True, kw_only=True):
     """``shards/shard-N/cancelled.json``: ``ddslurm cancel --shards`` of a shard run by pulling allocations, which
     keep running their other shards: the allocation stops this shard's generation step and claims it no more."""

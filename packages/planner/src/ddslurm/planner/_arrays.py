@@ -8,6 +8,7 @@ from collections.abc import Collection, Iterable, Sequence
 import msgspec
 
 from ddslurm.config import Plan, PlannedArray, RunLayout, SubmissionKind, SubmissionRecord
+from ddslurm.planner._cpu_stage import cpu_stage_tasks
 from ddslurm.planner.errors import LimitError, PlanError
 
 
@@ -63,10 +64,11 @@ def plan_arrays(
     shards: its tasks claim the pool's shards until none is left.
 
     A two-stage run (the plan's ``stages``): each of those arrays runs the GPU stage, and is followed by a CPU-stage
-    array over the same shards (``stage`` 1), a pulling array of as many CPU-only allocations as the GPU array
-    has tasks, that starts when the GPU array has ended however it ended (``afterany``), and after the previous
-    CPU-stage array of its chunk, so that it claims what that one left. ``gpu_done`` (a retry): shards whose GPU
-    stage has a result get only a CPU-stage array."""
+    array over the same shards (``stage`` 1), a pulling array of CPU-only allocations (as many as the GPU array
+    has tasks, fewer when each runs several shards at once: ``cpu_stage_tasks``), that starts when the GPU array
+    has ended however it ended (``afterany``), and after the previous CPU-stage array of its chunk, so that it
+    claims what that one left. ``gpu_done`` (a retry): shards whose GPU stage has a result get only a CPU-stage
+    array."""
     if max_array_size < 1:
         raise LimitError(f"MaxArraySize is {max_array_size}: this cluster accepts no job arrays")
     staged = len(plan.stages) > 1
@@ -135,7 +137,7 @@ def _with_cpu_stage(
 
     for start in range(0, len(cpu_only), max_array_size):
         part = tuple(cpu_only[start : start + max_array_size])
-        cpu_array(part, min(len(part), plan.allocations or len(part)), kind, ())
+        cpu_array(part, cpu_stage_tasks(plan, len(part), plan.allocations or len(part)), kind, ())
     moved: dict[int, int] = {}
     last_cpu: dict[tuple[int, ...], int] = {}
     for array in gpu:
@@ -146,7 +148,8 @@ def _with_cpu_stage(
         out.append(msgspec.structs.replace(array, index=index, after=after, script=script, stage=0))
         previous = last_cpu.get(array.shards)
         depends = (index,) if previous is None else (index, previous)
-        last_cpu[array.shards] = cpu_array(array.shards, array_tasks(array), array.kind, depends)
+        tasks = cpu_stage_tasks(plan, len(array.shards), array_tasks(array))
+        last_cpu[array.shards] = cpu_array(array.shards, tasks, array.kind, depends)
     return tuple(out)
 
 

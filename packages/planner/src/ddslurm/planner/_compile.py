@@ -29,6 +29,7 @@ from ddslurm.config import (
     SeedPlan,
     ServingPlan,
 )
+from ddslurm.planner._cpu_stage import cpu_stage_workers
 from ddslurm.planner._shards import SeedPool, plan_shards
 from ddslurm.planner._stages import plan_stages
 from ddslurm.planner.errors import PlanError
@@ -483,6 +484,7 @@ def compile_plan(inputs: PlanInputs) -> Plan:
         stages=stages,
         stage_reason=staging.reason,
         cpu_stage=_cpu_resources(run, profile, cpu_partition_only=True) if stages else None,
+        cpu_stage_workers=cpu_stage_workers(run, stages),
         column_order=staging.column_order,
         gpu_type=inputs.gpu_type,
     )
