@@ -100,7 +100,7 @@ def test_cpu_stage_arrays_ask_for_the_allocations_their_workers_need_at_most_the
     assert (gpu.tasks or len(gpu.shards)) == gpu_tasks
     assert (cpu.stage, cpu.shards, cpu.tasks) == (1, gpu.shards, cpu_tasks)
     assert cpu.array == (f"0-{cpu_tasks - 1}" if cpu_tasks > 1 else "0")
-    assert cpu.tasks * workers >= min(shards, gpu_tasks * workers)  # never fewer shards at once than before
+    assert cpu_tasks * workers >= min(shards, gpu_tasks * workers)  # never fewer shards at once than before
 
 
 def test_a_retrys_cpu_only_array_asks_for_the_allocations_its_workers_need(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ import pytest
 
 from ddslurm.config import (
     AttemptRecord,
+    Resources,
     RunLayout,
     SnapshotModel,
     StagePlan,
@@ -161,10 +162,15 @@ def test_a_gpu_stage_attempt_of_a_shard_with_a_final_winner_is_superseded(tmp_pa
     assert (record.state, record.reason) == ("superseded", "winner_exists")
 
 
-def test_the_cpu_stage_inputs_run_no_servers_one_client_per_allocation(tmp_path: Path) -> None:
+def test_the_cpu_stage_inputs_run_no_servers_and_cpu_stage_workers_clients_sharing_the_cpus(tmp_path: Path) -> None:
     inputs = load_inputs(_run(tmp_path))
     cpu = stage_inputs(inputs, 1).plan
-    assert cpu.serving is None and cpu.client_workers == 1
+    assert cpu.serving is None and cpu.client_workers == 1  # a plan from before cpu_stage_workers: one at a time
+    sized = msgspec.structs.replace(
+        inputs.plan, cpu_stage=Resources(time_minutes=10, cpus_per_task=8, gres="none"), cpu_stage_workers=3
+    )
+    cpu = stage_inputs(dataclasses.replace(inputs, plan=sized), 1).plan
+    assert (cpu.serving, cpu.client_workers, cpu.client_cpus) == (None, 3, 8 // 3)
     assert stage_inputs(inputs, 0) is inputs and stage_inputs(inputs, None) is inputs
     with pytest.raises(ValueError, match="stage 1 does not exist"):
         stage_inputs(_one_stage(inputs), 1)

@@ -4,8 +4,10 @@ Where the shards come from (:class:`ShardSource`): the one shard of a one-task-p
 or claims on a pool (:class:`ClaimPool`, a pulling allocation). :class:`Workers` begins each shard's attempt, starts
 its client step (``client_workers`` at a time when pulling), reruns a client whose run failed retryably
 (``client_retries``), and records how each attempt ended. A pulling allocation keeps one spare client ready: Data
-Designer imported, waiting for its endpoints, it takes the next shard the moment a worker's shard ends. Shards
-cancelled on their own (``ddslurm cancel --shards``) are stopped and recorded ``cancelled``; the allocation goes on.
+Designer imported, waiting for its endpoints, it takes the next shard the moment a worker's shard ends. The spare
+claims its shard early only while no sibling allocation of the array waits for one with a free worker slot
+(``ddslurm.runtime._siblings``); each allocation publishes its own free slots for its siblings. Shards cancelled on
+their own (``ddslurm cancel --shards``) are stopped and recorded ``cancelled``; the allocation goes on.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from ddslurm.config import (
 )
 from ddslurm.runtime._attempt import EXIT_FAILED, EXIT_OK, AttemptRunner, Began, exit_code_for
 from ddslurm.runtime._inputs import Inputs
+from ddslurm.runtime._siblings import NoSiblings, Siblings, SlotBoard
 from ddslurm.runtime._steps import Step, StepLauncher, StepSpec, stop_running
 from ddslurm.runtime._stop import StopSignal
 from ddslurm.runtime.errors import RuntimeFailure
@@ -47,6 +50,8 @@ class ShardSource(Protocol):
     on a pool (a pulling allocation)."""
 
     pulling: bool
+    siblings: Siblings
+    """The other allocations of a pulling array, asked before a spare client claims (none for one shard)."""
 
     def next(self) -> int | None:
         """The next shard to run, or None when there is none left for this allocation."""
@@ -60,6 +65,7 @@ class OneShard:
 
     def __init__(self, shard: int) -> None:
         self._shard: int | None = shard
+        self.siblings: Siblings = NoSiblings()
 
     def next(self) -> int | None:
         shard, self._shard = self._shard, None
@@ -74,7 +80,10 @@ class ClaimPool:
 
     In a two-stage run ``stage`` 0 (the GPU stage) claims in the shard's ``stage-0/`` and skips shards with a
     GPU-stage or a final winner; ``stage`` 1 (the CPU stage) claims only shards that have a GPU-stage winner and
-    no final winner."""
+    no final winner.
+
+    ``siblings``: the array's other allocations, whose free worker slots hold this one's spare client back (by
+    default the :class:`~ddslurm.runtime._siblings.SlotBoard` of array task ``task`` in the run directory)."""
 
     pulling = True
 
@@ -89,12 +98,18 @@ class ClaimPool:
         node: str,
         clock: Callable[[], str],
         stage: int | None = None,
+        siblings: Siblings | None = None,
     ) -> None:
         self._layout = layout
         self._stage = stage
         self._pool = list(pool)
         self._array, self._task, self._job, self._node = array_job_id, task, job_id, node
         self._clock = clock
+        self.siblings: Siblings = (
+            SlotBoard(layout, array_job_id=array_job_id, task=task, job_id=job_id, node=node)
+            if siblings is None
+            else siblings
+        )
 
     def next(self) -> int | None:
         while self._pool:
@@ -206,6 +221,8 @@ class Workers:
         """A pulling allocation's next shard: its client started, waiting for its own endpoints file."""
         self._exhausted = False
         """The source has no shard left for this allocation."""
+        self._spare_held = False
+        """The spare's claim is held back: a sibling allocation has a free worker slot (logged once per hold)."""
         self._endpoints_written: set[Path] = set()
         """The endpoints files this allocation wrote: a client waits for any other (see :meth:`_start_client`)."""
         self._outcomes: list[AttemptRecord] = []
@@ -257,7 +274,8 @@ class Workers:
         reason to add one (their runs fail and rerun first); one that is dead when a new shard's client starts
         (reruns used up) is started again first. A pulling allocation then starts the spare client of its next
         shard, so a finished shard's successor generates at once instead of after a process start and Data
-        Designer's import (seconds of idle GPUs per shard)."""
+        Designer's import (seconds of idle GPUs per shard), unless a sibling allocation of the array has a free
+        worker slot: the next shard is left to it (a worker slot of this one that frees up claims as usual)."""
         while len(self._works) < self._count and not (self._works and serving.proxy_down()):
             if self._spare is not None:  # ready: Data Designer imported, waiting for its endpoints
                 serving.restart_dead_proxies()
@@ -272,11 +290,31 @@ class Workers:
             serving.restart_dead_proxies()
             self._works.append(self._work(began, self.endpoints_file(began)))
         if self._source.pulling and not self._exhausted and self._spare is None and len(self._works) == self._count:
-            began = self.begin_next()
-            if began is None:
-                self._exhausted = True
-            else:
-                self._spare = self._work(began, began.layout.dir / "endpoints.json", spare=True)
+            self._start_spare()
+        self._publish_free()
+
+    def _start_spare(self) -> None:
+        """Claim the next shard for the spare client and start it, unless a sibling waits for a shard."""
+        if self._source.siblings.sibling_idle():
+            if not self._spare_held:
+                self._job_log.info("client.spare_held", why="a sibling allocation of the array has a free worker slot")
+            self._spare_held = True
+            return
+        self._spare_held = False
+        began = self.begin_next()
+        if began is None:
+            self._exhausted = True
+        else:
+            self._spare = self._work(began, began.layout.dir / "endpoints.json", spare=True)
+
+    def _publish_free(self) -> None:
+        """Tell the array's other allocations how many worker slots of this one wait for a shard: those with no
+        shard and no spare to take one, none once the source has no shard left for it."""
+        if not self._source.pulling:
+            return
+        spare = 0 if self._spare is None else 1
+        free = 0 if self._exhausted else max(0, self._count - len(self._works) - spare)
+        self._source.siblings.publish(free)
 
     def idle(self) -> bool:
         """No client is generating or waiting to: the allocation is done."""
@@ -301,6 +339,7 @@ class Workers:
             work.log.info("attempt.ended", state=record.state, rows=record.rows, client_runs=work.runs)
             self._works.remove(work)
             self._outcomes.append(record)
+        self._publish_free()
 
     def fail_running(self, failure: RuntimeFailure) -> None:
         """Stop every generating client at once and fail its run with ``failure`` (their endpoint is gone: they
@@ -327,6 +366,7 @@ class Workers:
     def stop(self) -> None:
         """Stop every client still running, together."""
         spare = [self._spare] if self._spare is not None else []
+        self._source.siblings.close()
         stop_running([w.client for w in reversed([*self._works, *spare])], self._grace, self._job_log)
 
     def exit_code(self) -> int:

@@ -175,8 +175,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def stage_inputs(inputs: Inputs, stage: int | None) -> Inputs:
-    """The inputs as a stage of a two-stage run sees them: the CPU stage (1) runs no model server, one client step
-    per allocation with its CPUs. ValueError for a stage the plan does not have."""
+    """The inputs as a stage of a two-stage run sees them: the CPU stage (1) runs no model server and
+    ``cpu_stage_workers`` client steps at once per allocation, sharing its CPUs. ValueError for a stage the plan
+    does not have."""
     plan = inputs.plan
     if stage is None:
         return inputs
@@ -185,7 +186,8 @@ def stage_inputs(inputs: Inputs, stage: int | None) -> Inputs:
     if stage == 0:
         return inputs
     cpus = plan.cpu_stage.cpus_per_task if plan.cpu_stage is not None else plan.client_cpus
-    cpu_plan = msgspec.structs.replace(plan, serving=None, client_workers=1, client_cpus=cpus)
+    workers = max(1, plan.cpu_stage_workers)
+    cpu_plan = msgspec.structs.replace(plan, serving=None, client_workers=workers, client_cpus=max(1, cpus // workers))
     return dataclasses.replace(inputs, plan=cpu_plan)
 
 
