@@ -29,13 +29,27 @@ SNAPSHOT = ProviderSnapshot(
     providers=(SnapshotProvider(name="hosted", endpoint="https://h/v1", api_key_env="H_API_KEY"),),
     models=(SnapshotModel(alias="judge", model="j", provider="hosted"),),
 )
-COLUMNS = (
-    RecipeColumn(name="gen", column_type="llm-text", aliases=("gen",), refs=(), required=(), side_effects=(),
-                 drop=False, skips=False, propagate_skip=True, sampler_type=None),
-    RecipeColumn(name="judge", column_type="llm-judge", aliases=("judge",), refs=("gen",), required=("gen",),
-                 side_effects=(), drop=False, skips=False, propagate_skip=True, sampler_type=None),
-)  # fmt: skip
+
+
+def _llm_column(name: str, *reads: str) -> RecipeColumn:
+    """An LLM column of the model alias ``name`` that reads ``reads``, as Data Designer's column config says."""
+    return RecipeColumn(
+        name=name,
+        column_type="llm-text",
+        aliases=(name,),
+        refs=reads,
+        required=reads,
+        side_effects=(),
+        drop=False,
+        skips=False,
+        propagate_skip=True,
+        sampler_type=None,
+    )
+
+
+COLUMNS = (_llm_column("gen"), _llm_column("judge", "gen"))
 """A local generator and a hosted judge over it: two stages."""
+
 STAGES = (StagePlan(kind="gpu", columns=("gen",)), StagePlan(kind="cpu", columns=("judge",)))
 
 
@@ -50,16 +64,10 @@ def _plan_of(cpus: int, shards: int, **run: object) -> Plan:
         **run,
     }
     profile = ClusterProfile(workspace="/ws", python_env="/venv", partition="gpu", cpu_partition="cpu", gpus_per_node=4)
-    inputs = PlanInputs(
-        run=RunFile(**fields),  # type: ignore[arg-type]
-        profile=profile,
-        snapshot=SNAPSHOT,
-        layout=LAYOUT,
-        recipe_sha256="1" * 64,
-        snapshot_sha256="2" * 64,
-        recipe={"columns": [{"name": "gen"}, {"name": "judge"}]},
-        columns=COLUMNS,
-    )
+    recipe = {"columns": [{"name": c.name} for c in COLUMNS]}
+    run_file = RunFile(**fields)  # type: ignore[arg-type]
+    inputs = PlanInputs(run=run_file, profile=profile, snapshot=SNAPSHOT, layout=LAYOUT, recipe=recipe,
+                        columns=COLUMNS, recipe_sha256="1" * 64, snapshot_sha256="2" * 64)  # fmt: skip
     return compile_plan(inputs)
 
 

@@ -23,10 +23,10 @@
             output/<dataset>/     Data Designer's own dataset directory
     allocations/allocation-<job_id>/  a pulling allocation's server and proxy logs (kept across its shards);
                                   allocation-<job_id>-r<n>/ after the n-th requeue
-    allocations/slots-<array_job_id>/task-<task>.json   the free worker slots of an allocation of a pulling array
-                                  waiting for a shard (a ``SlotsRecord``; gone when it has none)
         busy-<alias>-<i>.jsonl    when replica i of the alias had requests in flight through its proxy (a one-shard
                                   task's: in its attempt directory)
+    slots/<array_job_id>/task-<task>.json   the free worker slots of an allocation of a pulling array
+                                  waiting for a shard (a ``SlotsRecord``; gone when it has none)
     collections/<id>/             collection working area
     dataset/                      the final dataset (published atomically)
     report.html                   ``ddslurm report``: the run's timeline, rates, models, GPU-hours (default place)
@@ -238,7 +238,7 @@ class RunLayout:
 
     def slots(self, array_job_id: str) -> Path:
         """The free worker slots the allocations of a pulling array publish (``task-<task>.json`` each)."""
-        return self.allocations / f"slots-{array_job_id}"
+        return self.root / "slots" / array_job_id
 
     def slot_file(self, array_job_id: str, task: int) -> Path:
         """One allocation's free worker slots (a ``SlotsRecord``): array task ``task`` of ``array_job_id``."""

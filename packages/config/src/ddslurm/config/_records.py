@@ -185,7 +185,7 @@ class ClaimRecord(Frozen, frozen=True, kw_only=True):
 
 
 class SlotsRecord(Frozen, frozen=True, kw_only=True):
-    """``allocations/slots-<array_job_id>/task-<task>.json``: the free worker slots of one allocation of a pulling
+    """``slots/<array_job_id>/task-<task>.json``: the free worker slots of one allocation of a pulling
     array while it waits for a shard, so that a sibling's spare client leaves the next shard to it. Rewritten
     (atomically) at least every heartbeat while ``free`` is above 0, removed when it has none or exits; an entry
     whose ``updated_at`` is older than a few seconds (a crashed allocation's) counts as gone."""

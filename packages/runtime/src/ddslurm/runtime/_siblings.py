@@ -3,7 +3,7 @@
 A pulling allocation keeps one spare client ready, which claims the next shard while every worker slot is still
 busy. When another allocation of the same array (its sibling: same array job, so same stage and pool) has a free
 slot and is waiting for a shard, that early claim would take the shard from the one that could start it now.
-So each allocation publishes its free slots (:class:`SlotBoard`, ``allocations/slots-<array>/task-<task>.json``,
+So each allocation publishes its free slots (:class:`SlotBoard`, ``slots/<array>/task-<task>.json``,
 a ``SlotsRecord`` rewritten atomically at least every ``HEARTBEAT_S`` while it has any, removed when it has none
 or exits), and a spare claims only when no sibling publishes a free slot. An entry older than ``STALE_S`` (an
 allocation that crashed or hangs) counts as gone, so it never holds spares back for long. A worker slot claiming
