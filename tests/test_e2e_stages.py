@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from ddslurm.config import AttemptRecord, SubmissionRecord, WinnerRecord, read_json, read_plan
+from ddslurm.config import AttemptRecord, ClaimRecord, SubmissionRecord, WinnerRecord, read_json, read_plan
 from tests.e2e import cli_json as _cli
 from tests.e2e import generator, one_draw_recipe, vllm_stand_in
 
@@ -155,7 +155,10 @@ def test_pulling_gpu_allocations_and_automatic_retries_in_two_stages(make_run_fi
         extra_run=GENERATOR + "allocations: 1\nretries: 1\n",
         vllm_executable=vllm_stand_in(tmp_path, "pulling"),
     )
+    # 3 CPUs: a CPU-stage allocation runs the three shards at once (one hosted-only client per CPU)
+    files.run_file.write_text(files.run_file.read_text().replace("  cpus: 1\n", "  cpus: 3\n"))
     run_dir, table = _run(files)
+    assert read_plan(run_dir / "run.json").cpu_stage_workers == 3
     assert table.num_rows == RECORDS and table.column_names == list(read_plan(run_dir / "run.json").column_order or ())
     subs = sorted(
         (read_json(p, SubmissionRecord) for p in (run_dir / "submissions").glob("*.json")),
@@ -174,6 +177,16 @@ def test_pulling_gpu_allocations_and_automatic_retries_in_two_stages(make_run_fi
         shard = run_dir / "shards" / f"shard-{index:05d}"
         assert (shard / "stage-0" / "claims" / f"{subs[0].array_job_id}.json").is_file()
         assert read_json(shard / "winner.json", WinnerRecord).rows == 4
+    # The one CPU-stage allocation ran its three shards' attempts side by side: each began before any ended.
+    cpu_attempts = []
+    for index in range(SHARDS):
+        shard = run_dir / "shards" / f"shard-{index:05d}"
+        claim = read_json(shard / "claims" / f"{subs[1].array_job_id}.json", ClaimRecord)
+        cpu_attempts.append(read_json(shard / "attempts" / f"attempt-{claim.job_id}" / "attempt.json", AttemptRecord))
+    assert len({a.job_id for a in cpu_attempts}) == 1 and all(a.state == "succeeded" for a in cpu_attempts)
+    began = [datetime.fromisoformat(a.started_at) for a in cpu_attempts]
+    ended = [datetime.fromisoformat(a.ended_at or "") for a in cpu_attempts]
+    assert max(began) < min(ended), (began, ended)
     # One GPU allocation ran the three shards with its server started once.
     gpu_steps = [s[0] for s in _sacct(subs[0].array_job_id, "JobName")]
     assert sum(n.startswith("server-generator") for n in gpu_steps) == 1, gpu_steps
