@@ -313,3 +313,13 @@ def test_a_spare_asks_the_slots_its_siblings_published_in_the_run_directory(tmp_
     finally:
         workers.stop()
     assert layout.slot_file(ARRAY, 1).exists() and not layout.slot_file(ARRAY, 0).exists()
+
+
+def test_an_entry_that_cannot_be_written_fails_nothing_and_holds_nobody_back(tmp_path: Path) -> None:
+    layout, clock = RunLayout(tmp_path / "run-1"), Clock()
+    make_private_dir(layout.root)
+    (layout.root / "slots").write_text("not a directory")  # every write under it fails
+    board = _board(layout, 1, clock)
+    board.publish(1)
+    board.close()
+    assert not _board(layout, 0, clock).sibling_idle()

@@ -7,7 +7,8 @@ So each allocation publishes its free slots (:class:`SlotBoard`, ``slots/<array>
 a ``SlotsRecord`` rewritten atomically at least every ``HEARTBEAT_S`` while it has any, removed when it has none
 or exits), and a spare claims only when no sibling publishes a free slot. An entry older than ``STALE_S`` (an
 allocation that crashed or hangs) counts as gone, so it never holds spares back for long. A worker slot claiming
-for itself never asks.
+for itself never asks. Publishing is best effort: an entry that cannot be written (a full disk) only means the
+siblings' spares are not held back, as before this rule; it never fails the allocation.
 """
 
 from __future__ import annotations
@@ -19,7 +20,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from ddslurm.config import ConfigFileError, RunLayout, SlotsRecord, atomic_write, encode, make_private_dir, read_json
+from ddslurm.config import (
+    ConfigError,
+    ConfigFileError,
+    RunLayout,
+    SlotsRecord,
+    atomic_write,
+    encode,
+    make_private_dir,
+    read_json,
+)
 
 HEARTBEAT_S = 2.0
 """How often an allocation with free slots rewrites its entry (its heartbeat)."""
@@ -101,8 +111,11 @@ class SlotBoard:
             free=free,
             updated_at=now,
         )
-        make_private_dir(self._dir, exist_ok=True)
-        atomic_write(self._own, encode(record))
+        try:
+            make_private_dir(self._dir, exist_ok=True)
+            atomic_write(self._own, encode(record))
+        except (OSError, ConfigError):
+            return  # unpublished: siblings' spares claim as they would without the entry
         self._free, self._written = free, now
 
     def sibling_idle(self) -> bool:
@@ -114,7 +127,7 @@ class SlotBoard:
         return idle
 
     def close(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(OSError):  # gone already; one left behind goes stale within STALE_S
             self._own.unlink()
         self._free, self._written = 0, None
 
@@ -122,8 +135,8 @@ class SlotBoard:
         try:
             with os.scandir(self._dir) as entries:
                 names = [e.name for e in entries if e.name.startswith("task-") and e.name != self._own.name]
-        except FileNotFoundError:
-            return []
+        except OSError:
+            return []  # none published yet (or unreadable: then no sibling holds the spare back)
         return [self._dir / name for name in names]
 
     @staticmethod
@@ -131,6 +144,6 @@ class SlotBoard:
         """A sibling's entry that says it waits for a shard now: a free slot, rewritten within ``STALE_S``."""
         try:
             record = read_json(path, SlotsRecord)
-        except (FileNotFoundError, ConfigFileError):
+        except (OSError, ConfigFileError):
             return False  # gone meanwhile, or not an entry this version reads
         return record.free > 0 and now - record.updated_at <= STALE_S
