@@ -283,6 +283,12 @@ def _throughput(
 # --- models ---
 
 
+def usage_alias(parsed: ClientOut, model: str, served: dict[str, str]) -> tuple[str, str | None]:
+    """The alias and provider a usage summary's model name stands for: as the model-config lines above it say,
+    else the deployment that serves that name (``served``: served model name -> alias), else the name itself."""
+    return parsed.aliases.get(model, (served.get(model, model), None))
+
+
 def _models(facts: RunFacts, active: dict[Key, Span]) -> tuple[list[ModelUsage], list[str]]:
     """Usage per alias summed over every attempt's summaries; its tokens per second over the union of the
     generating spans of the attempts that used it."""
@@ -302,7 +308,7 @@ def _models(facts: RunFacts, active: dict[Key, Span]) -> tuple[list[ModelUsage],
             without += 1
 
         def entry_of(model: str, parsed: ClientOut = parsed) -> ModelUsage:
-            alias, provider = parsed.aliases.get(model, (served.get(model, model), None))
+            alias, provider = usage_alias(parsed, model, served)
             if alias not in usage:
                 usage[alias] = ModelUsage(alias=alias, model=model, provider=provider, local=alias in local)
             return usage[alias]

@@ -1,0 +1,167 @@
+"""The workspace's facts in the launcher: measured from a finished run (the report's fixture runs), recorded once
+per run into the workspace, read at submit with the partition's GPU type."""
+
+from __future__ import annotations
+
+import io
+from datetime import UTC, datetime
+from pathlib import Path
+
+import msgspec
+import pytest
+from packages.launcher.tests.test_report import STAGED_SACCT, _epoch, _event, make_staged_run
+
+from ddslurm.config import (
+    ClientUsage,
+    Facts,
+    ModelFact,
+    ModelShape,
+    RunLayout,
+    atomic_write,
+    encode,
+    facts_path,
+    read_facts,
+    read_plan,
+    write_facts,
+)
+from ddslurm.launcher._facts import partition_gpu_type, record_facts
+from ddslurm.launcher._measure import measure_run
+from ddslurm.launcher._slurm import Completed, Slurm
+from ddslurm.launcher.cli import main
+from ddslurm.launcher.testing import FakeSlurm
+
+BUSY = {0: [("50:21", "50:58"), ("50:59", "51:14")]}  # replica 0 busy 37 + 15 s
+
+
+def staged_in_workspace(tmp_path: Path, *, capacity: int = 8, gpu_type: str = "h100") -> tuple[Path, RunLayout]:
+    """The report's two-stage run (2 shards of 4 records; GPU stage in allocation 300_0, CPU stage in 302_0), in a
+    workspace's ``runs/``, its servers started at 50:11 (ready at 50:20), its replica's capacity ``capacity``."""
+    workspace = tmp_path / "ws"
+    (workspace / "runs").mkdir(parents=True)
+    layout = make_staged_run(workspace / "runs", BUSY)
+    plan = read_plan(layout.plan)
+    assert plan.serving is not None
+    deps = tuple(msgspec.structs.replace(d, capacity=capacity) for d in plan.serving.deployments)
+    serving = msgspec.structs.replace(plan.serving, deployments=deps)
+    atomic_write(layout.plan, encode(msgspec.structs.replace(plan, serving=serving, gpu_type=gpu_type)))
+    (layout.logs / "slurm-300_0.out").write_text(
+        _event("server.started", "50:11", step="server-writer-0") + _event("serving.ready", "50:20")
+    )
+    return workspace, layout
+
+
+def test_a_finished_run_measures_its_model_and_recipe(tmp_path: Path) -> None:
+    _, layout = staged_in_workspace(tmp_path)
+    gpu_attempt = layout.stage_shard(0, 0).attempt("attempt-301")
+    atomic_write(gpu_attempt.client_usage, encode(ClientUsage(cpu_s=2.0, wall_s=60.0)))
+    models, recipe = measure_run(layout, Slurm(FakeSlurm(sacct=STAGED_SACCT)))
+
+    [model] = models
+    assert model.shape == ModelShape(engine="vllm", model="/models/writer", tensor_parallel=2, gpu_type="h100")
+    assert model.load_s == (_epoch("50:20") - _epoch("50:11"))  # serving.ready - the first server.started
+    # 8 requests (4 per GPU-stage attempt) over the replica's busy seconds: throughput while busy
+    assert model.requests_per_s == round(8 / (37 + 15), 4)
+    assert (model.capacity, model.measured_by, model.run_id) == (8, "run", layout.run_id)
+
+    assert recipe is not None and recipe.recipe_sha256 == read_plan(layout.plan).recipe_sha256
+    assert recipe.requests_per_record == {"writer": 8 / 8, "judge": 8 / 8}
+    # sacct's 80 s - the 9 s load - the generating span (50:20 to 51:15, both workers' union)
+    assert recipe.allocation_overhead_s == 80 - 9 - 55
+    # 8 CPU-stage rows over its 20 generating seconds, two workers at once (51:40-51:50 and 51:41-52:00)
+    assert recipe.cpu_stage_records_per_s == round(8 / 20 / 2, 4)
+    # only the attempt that wrote its usage counts: 2 CPU-seconds over its 4 requests to the deployed writer
+    assert recipe.client_cpu_s_per_request == 2.0 / 4
+
+
+def test_without_client_usage_or_busy_logs(tmp_path: Path) -> None:
+    _, layout = staged_in_workspace(tmp_path)
+    for replica in BUSY:
+        for log in layout.allocation("301").glob(f"busy-writer-{replica}.jsonl"):
+            log.unlink()
+    models, recipe = measure_run(layout, Slurm(FakeSlurm(sacct=STAGED_SACCT)))
+    assert recipe is not None and recipe.client_cpu_s_per_request is None
+    # no busy log: the replica counted busy over the allocation's generating span (55 s)
+    assert [m.requests_per_s for m in models] == [round(8 / 55, 4)]
+
+
+def test_record_facts_merges_once_per_run_and_only_for_a_succeeded_run(tmp_path: Path) -> None:
+    workspace, layout = staged_in_workspace(tmp_path)
+    other = ModelFact(
+        shape=ModelShape(model="/models/other"), load_s=30, requests_per_s=2, capacity=4, measured_by="tune",
+        run_id="tune-1", measured_at="2025-01-01T00:00:00+00:00",
+    )  # fmt: skip
+    write_facts(facts_path(workspace), Facts(models=(other,)))
+    slurm = Slurm(FakeSlurm(sacct=STAGED_SACCT))
+    first = datetime(2026, 1, 1, tzinfo=UTC)
+    done = record_facts(workspace, layout, slurm, now=first)
+    assert done.skipped is None
+    facts = read_facts(facts_path(workspace))
+    assert facts.models[0] == other  # another shape's fact kept
+    [writer] = [m for m in facts.models if m.shape.model == "/models/writer"]
+    assert (writer.run_id, writer.measured_at) == (layout.run_id, "2026-01-01T00:00:00+00:00")
+    assert [r.run_id for r in facts.recipes] == [layout.run_id]
+
+    again = record_facts(workspace, layout, slurm, now=datetime(2026, 2, 1, tzinfo=UTC))
+    assert again.skipped is not None and "recorded already" in again.skipped
+    assert read_facts(facts_path(workspace)) == facts  # not even measured_at changed
+
+    # a run that has not succeeded records nothing
+    workspace2, layout2 = staged_in_workspace(tmp_path / "b")
+    layout2.shard(1).winner.unlink()
+    skipped = record_facts(workspace2, layout2, slurm)
+    assert skipped.skipped is not None and "not succeeded" in skipped.skipped
+    assert not facts_path(workspace2).exists()
+
+
+def test_report_records_the_facts_and_a_failure_to_measure_only_warns(tmp_path: Path) -> None:
+    workspace, layout = staged_in_workspace(tmp_path)
+    out, err = io.StringIO(), io.StringIO()
+    code = main(
+        ["report", str(layout.root), "--json"], slurm=Slurm(FakeSlurm(sacct=STAGED_SACCT)), stdout=out, stderr=err
+    )
+    assert code == 0, err.getvalue()
+    assert [m.run_id for m in read_facts(facts_path(workspace)).models] == [layout.run_id]
+
+    workspace2, layout2 = staged_in_workspace(tmp_path / "b")
+    facts_path(workspace2).write_text("{not json")
+    err = io.StringIO()
+    code = main(
+        ["report", str(layout2.root)], slurm=Slurm(FakeSlurm(sacct=STAGED_SACCT)), stdout=io.StringIO(), stderr=err
+    )
+    assert code == 0
+    assert f"warning: the run's facts were not recorded in {facts_path(workspace2)}" in err.getvalue()
+    assert facts_path(workspace2).read_text() == "{not json"  # bad input changes nothing
+
+
+SINFO = (
+    "n1|gpu*|16|64000|gpu:h100:4(S:0-1)|up|1:00:00\n"
+    "n2|gpu*|16|64000|gpu:h100:4|up|1:00:00\n"
+    "n3|mixed|16|64000|gpu:a100:4|up|1:00:00\n"
+    "n4|mixed|16|64000|gpu:h100:4|up|1:00:00\n"
+    "n5|cpu|16|64000|(null)|up|1:00:00\n"
+    "n6|plain|16|64000|gpu:2|up|1:00:00\n"
+)
+
+
+class SinfoSlurm(FakeSlurm):
+    def __init__(self, text: str, rc: int = 0) -> None:
+        super().__init__()
+        self.text, self.rc = text, rc
+
+    def __call__(self, argv, *, env=None):  # type: ignore[no-untyped-def]
+        if argv[0] == "sinfo":
+            self.calls.append(list(argv))
+            return Completed(self.rc, self.text if self.rc == 0 else "", "sinfo: error")
+        return super().__call__(argv, env=env)
+
+
+@pytest.mark.parametrize(
+    ("partition", "expected"),
+    [("gpu", "h100"), (None, "h100"), ("mixed", ""), ("cpu", ""), ("plain", ""), ("absent", "")],
+)
+def test_the_partitions_gpu_type(partition: str | None, expected: str) -> None:
+    assert partition_gpu_type(Slurm(SinfoSlurm(SINFO)))(partition) == expected
+
+
+def test_the_gpu_type_is_unknown_when_sinfo_fails() -> None:
+    assert partition_gpu_type(Slurm(SinfoSlurm("", rc=1)))("gpu") == ""
