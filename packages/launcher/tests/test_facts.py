@@ -10,25 +10,32 @@ from pathlib import Path
 import msgspec
 import pytest
 from packages.launcher.tests.test_report import STAGED_SACCT, _epoch, _event, make_staged_run
+from packages.launcher.tests.test_stages_submit import _files as stage_files
 
 from ddslurm.config import (
     ClientUsage,
     Facts,
     ModelFact,
     ModelShape,
+    Plan,
     RunLayout,
     atomic_write,
     encode,
     facts_path,
+    load_profile,
     read_facts,
     read_plan,
     write_facts,
 )
+from ddslurm.launcher import _submit as submit_module
 from ddslurm.launcher._facts import partition_gpu_type, record_facts
 from ddslurm.launcher._measure import measure_run
 from ddslurm.launcher._slurm import Completed, Slurm
+from ddslurm.launcher._submit import prepare
 from ddslurm.launcher.cli import main
-from ddslurm.launcher.testing import FakeSlurm
+from ddslurm.launcher.errors import SubmitError
+from ddslurm.launcher.testing import FakeSlurm, accept_recipe
+from ddslurm.planner import PlanInputs
 
 BUSY = {0: [("50:21", "50:58"), ("50:59", "51:14")]}  # replica 0 busy 37 + 15 s
 
@@ -165,3 +172,63 @@ def test_the_partitions_gpu_type(partition: str | None, expected: str) -> None:
 
 def test_the_gpu_type_is_unknown_when_sinfo_fails() -> None:
     assert partition_gpu_type(Slurm(SinfoSlurm("", rc=1)))("gpu") == ""
+
+
+def _capture_inputs(monkeypatch: pytest.MonkeyPatch) -> list[PlanInputs]:
+    seen: list[PlanInputs] = []
+    compile_plan = submit_module.compile_plan
+
+    def spy(inputs: PlanInputs) -> Plan:
+        seen.append(inputs)
+        return compile_plan(inputs)
+
+    monkeypatch.setattr(submit_module, "compile_plan", spy)
+    return seen
+
+
+def test_prepare_gives_the_planner_the_workspace_facts_and_the_partitions_gpu_type(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run, profile, env = stage_files(tmp_path)
+    workspace = Path(load_profile(profile).workspace)
+    workspace.mkdir(parents=True)
+    known = Facts(
+        models=(
+            ModelFact(
+                shape=ModelShape(model="m-2", gpu_type="h100"), load_s=12.5, requests_per_s=3.0, capacity=16,
+                measured_by="run", run_id="earlier", measured_at="2025-01-01T00:00:00+00:00",
+            ),
+        )
+    )  # fmt: skip
+    write_facts(facts_path(workspace), known)
+    seen = _capture_inputs(monkeypatch)
+    asked: list[str | None] = []
+
+    def gpu_type_of(partition: str | None) -> str:
+        asked.append(partition)
+        return "h100"
+
+    prepared = prepare(run, profile, env, datetime.now(UTC), check_recipe=accept_recipe, gpu_type_of=gpu_type_of)
+    [inputs] = seen
+    assert inputs.facts == known and inputs.gpu_type == "h100" and prepared.plan.gpu_type == "h100"
+    assert asked == ["gpu"]  # the profile's partition (the run file names none)
+    assert prepared.layout.root.parent.parent == workspace
+
+    def broken(partition: str | None) -> str:
+        raise RuntimeError("sinfo is gone")
+
+    seen.clear()
+    prepare(run, profile, env, datetime.now(UTC), check_recipe=accept_recipe, gpu_type_of=broken)
+    assert seen[0].gpu_type == ""  # never fatal
+
+
+def test_a_damaged_facts_file_is_refused_naming_it(tmp_path: Path) -> None:
+    run, profile, env = stage_files(tmp_path)
+    workspace = Path(load_profile(profile).workspace)
+    workspace.mkdir(parents=True)
+    facts_path(workspace).write_text('{"version": 1, "models": "nope"}')
+    with pytest.raises(SubmitError) as refused:
+        prepare(run, profile, env, datetime.now(UTC), check_recipe=accept_recipe)
+    assert str(facts_path(workspace)) in str(refused.value) and "cannot be read" in str(refused.value)
+    assert facts_path(workspace).read_text() == '{"version": 1, "models": "nope"}'
+    assert not (workspace / "runs").exists()
