@@ -15,9 +15,13 @@ from packages.launcher.tests.test_stages_submit import _files as stage_files
 from ddslurm.config import (
     ClientUsage,
     Facts,
+    FactUse,
+    LayoutChoice,
     ModelFact,
     ModelShape,
     Plan,
+    Prediction,
+    ProviderSnapshot,
     RunLayout,
     atomic_write,
     encode,
@@ -28,6 +32,7 @@ from ddslurm.config import (
     write_facts,
 )
 from ddslurm.launcher import _submit as submit_module
+from ddslurm.launcher._bill import bill_lines, make_bill
 from ddslurm.launcher._facts import partition_gpu_type, record_facts
 from ddslurm.launcher._measure import measure_run
 from ddslurm.launcher._slurm import Completed, Slurm
@@ -232,3 +237,56 @@ def test_a_damaged_facts_file_is_refused_naming_it(tmp_path: Path) -> None:
     assert str(facts_path(workspace)) in str(refused.value) and "cannot be read" in str(refused.value)
     assert facts_path(workspace).read_text() == '{"version": 1, "models": "nope"}'
     assert not (workspace / "runs").exists()
+
+
+def _choice(allocations: int, replicas: tuple[int, ...], wall_s: float, gpu_hours: float, busy: float) -> LayoutChoice:
+    return LayoutChoice(
+        allocations=allocations, replicas=replicas, client_workers=2, two_stage=allocations > 2,
+        gpus_at_once=allocations * sum(replicas), wall_s=wall_s, gpu_hours=gpu_hours, gpu_busy=busy,
+    )  # fmt: skip
+
+
+PREDICTION = Prediction(
+    chosen=_choice(4, (2, 1), 1530.0, 1.7, 0.914),
+    runners_up=(_choice(2, (2, 1), 2900.0, 1.61, 0.95), _choice(8, (1, 1), 800.0, 2.2, 0.71)),
+    facts=(
+        FactUse(name="load_s", subject="gen:vllm:m-2:tp1-pp1-dp1:h100", value=60.0, origin="default"),
+        FactUse(name="requests_per_s", subject="gen:vllm:m-2:tp1-pp1-dp1:h100", value=3.25, origin="run",
+                run_id="unit-20260101-000000-abcdef"),
+    ),
+    budget_gpus=12,
+    rule="the fewest GPU-hours within 12 GPUs",
+)  # fmt: skip
+
+
+def test_the_dry_run_bill_shows_the_chosen_layout_the_runners_up_and_the_facts(tmp_path: Path) -> None:
+    run, profile, env = stage_files(tmp_path)
+    prepared = prepare(run, profile, env, datetime.now(UTC), check_recipe=accept_recipe)
+    plan = msgspec.structs.replace(prepared.plan, prediction=PREDICTION)
+    snapshot = msgspec.json.decode(prepared.snapshot_bytes, type=ProviderSnapshot)
+    bill = make_bill(plan, [], prepared.aliases, snapshot)
+    assert bill.prediction == PREDICTION
+    lines = bill_lines(bill)
+    start = lines.index("Layout (at most 12 GPUs at once):")
+    header, *rows = [line.split() for line in lines[start + 1 : start + 5]]
+    assert header[:2] == ["layout", "allocations"]
+    for row, choice in zip(rows, (PREDICTION.chosen, *PREDICTION.runners_up), strict=True):
+        cells = row[2:] if row[0] == "runner-up" else row[1:]
+        assert cells[0] == str(choice.allocations)
+        assert cells[1] == "/".join(map(str, choice.replicas))
+        assert cells[2:5] == [str(choice.client_workers), "2" if choice.two_stage else "1", str(choice.gpus_at_once)]
+        minutes, seconds = choice.wall_s / 60, choice.wall_s
+        assert " ".join(cells[5:7]) == (f"{seconds:.0f} s" if seconds < 120 else f"{minutes:.1f} min")
+        assert cells[7:] == [f"{choice.gpu_hours:.2f}", f"{choice.gpu_busy:.2f}"]
+    assert f"  how: {PREDICTION.rule}" in lines
+    used = [line.split() for line in lines[lines.index("  facts used:") + 2 :]]
+    assert used == [
+        ["load_s", "gen:vllm:m-2:tp1-pp1-dp1:h100", "60", "default"],
+        ["requests_per_s", "gen:vllm:m-2:tp1-pp1-dp1:h100", "3.25", "run", "unit-20260101-000000-abcdef"],
+    ]
+    # --json carries the prediction as the plan has it
+    assert msgspec.to_builtins(bill)["prediction"] == msgspec.to_builtins(PREDICTION)
+    # no prediction: no section
+    assert not any(
+        line.startswith("Layout") for line in bill_lines(make_bill(prepared.plan, [], prepared.aliases, snapshot))
+    )
