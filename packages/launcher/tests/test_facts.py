@@ -39,6 +39,7 @@ from ddslurm.launcher._slurm import Completed, Slurm
 from ddslurm.launcher._submit import prepare
 from ddslurm.launcher.cli import main
 from ddslurm.launcher.errors import SubmitError
+from ddslurm.launcher.report import render_html, report_json, run_report
 from ddslurm.launcher.testing import FakeSlurm, accept_recipe
 from ddslurm.planner import PlanInputs
 
@@ -290,3 +291,37 @@ def test_the_dry_run_bill_shows_the_chosen_layout_the_runners_up_and_the_facts(t
     assert not any(
         line.startswith("Layout") for line in bill_lines(make_bill(prepared.plan, [], prepared.aliases, snapshot))
     )
+
+
+def test_the_report_puts_the_prediction_beside_the_measurement(tmp_path: Path) -> None:
+    _, layout = staged_in_workspace(tmp_path)
+    plain = run_report(layout, Slurm(FakeSlurm(sacct=STAGED_SACCT)))
+    assert plain.predicted is None and "Predicted and measured" not in render_html(plain)  # no prediction: omitted
+
+    plan = read_plan(layout.plan)
+    atomic_write(layout.plan, encode(msgspec.structs.replace(plan, prediction=PREDICTION)))
+    report = run_report(layout, Slurm(FakeSlurm(sacct=STAGED_SACCT)))
+    assert report.predicted is not None
+    # recomputed from the fixture: the GPU stage's first attempt started at 50:10, the last winner (CPU stage) was
+    # published at 52:10; sacct: 80 s x 2 GPUs; the replica busy 37 + 15 s on 2 GPUs
+    wall = _epoch("52:10") - _epoch("50:10")
+    allocated = round(80 * 2 / 3600, 6)
+    busy = round((37 + 15) * 2 / 3600 / allocated, 4)
+    chosen = PREDICTION.chosen
+    expected = [
+        ("wall time (s)", chosen.wall_s, wall, round(wall / chosen.wall_s, 3)),
+        ("GPU-hours", chosen.gpu_hours, allocated, round(allocated / chosen.gpu_hours, 3)),
+        ("GPU-busy", chosen.gpu_busy, busy, round(busy / chosen.gpu_busy, 3)),
+    ]
+    assert [(c.what, c.predicted, c.measured, c.ratio) for c in report.predicted.rows] == expected
+    assert report_json(report)["predicted"]["rows"][0]["measured"] == wall
+    page = render_html(report)
+    assert "<h2>Predicted and measured</h2>" in page
+    for _, predicted, measured, ratio in expected:
+        assert f"<td class=n>{predicted:,.3f}</td><td class=n>{measured:,.3f}</td><td class=n>{ratio:,.3f}</td>" in page
+
+    out = io.StringIO()
+    code = main(["report", str(layout.root)], slurm=Slurm(FakeSlurm(sacct=STAGED_SACCT)), stdout=out)
+    assert code == 0
+    for what, predicted, measured, ratio in expected:
+        assert f"    {what}: {predicted:g} / {measured:g} ({ratio:g})\n" in out.getvalue()

@@ -240,6 +240,14 @@ def cmd_report(
         f"{m.total_tokens} tokens"
         for m in report.models
     ]
+    if report.predicted is not None:
+        lines.append("  predicted / measured (ratio):")
+        lines += [
+            f"    {c.what}: {c.predicted:g} / {c.measured:g} ({c.ratio:g})"
+            if c.measured is not None and c.ratio is not None
+            else f"    {c.what}: {c.predicted:g} / {'unknown' if c.measured is None else f'{c.measured:g}'}"
+            for c in report.predicted.rows
+        ]
     lines += [f"  failed: {f.reason} x{f.count} (shards {compact_ranges(f.shards)})" for f in report.failures]
     session.out.write("\n".join(lines) + "\n")
     return ExitCode.OK
