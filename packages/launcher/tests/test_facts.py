@@ -9,7 +9,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from packages.launcher.tests.test_report import STAGED_SACCT, _epoch, _event, make_staged_run
+from packages.launcher.tests.test_report import SACCT, STAGED_SACCT, _epoch, _event, make_report_run, make_staged_run
 from packages.launcher.tests.test_stages_submit import _files as stage_files
 
 from ddslurm.config import (
@@ -325,3 +325,26 @@ def test_the_report_puts_the_prediction_beside_the_measurement(tmp_path: Path) -
     assert code == 0
     for what, predicted, measured, ratio in expected:
         assert f"    {what}: {predicted:g} / {measured:g} ({ratio:g})\n" in out.getvalue()
+
+
+def test_wait_records_the_facts_of_a_run_that_ends_succeeded(tmp_path: Path) -> None:
+    workspace, layout = staged_in_workspace(tmp_path)
+    err = io.StringIO()
+    code = main(
+        ["wait", str(layout.root)], slurm=Slurm(FakeSlurm(sacct=STAGED_SACCT)), stdout=io.StringIO(), stderr=err
+    )
+    assert code == 0, err.getvalue()
+    assert [r.run_id for r in read_facts(facts_path(workspace)).recipes] == [layout.run_id]
+
+
+def test_a_successful_collection_records_the_facts(tmp_path: Path) -> None:
+    workspace = tmp_path / "ws"
+    (workspace / "runs").mkdir(parents=True)
+    layout = make_report_run(workspace / "runs")
+    err = io.StringIO()
+    argv = ["collect", str(layout.root), "--local", "--overwrite"]
+    code = main(argv, slurm=Slurm(FakeSlurm(sacct=SACCT)), stdout=io.StringIO(), stderr=err)
+    assert code == 0, err.getvalue()
+    [recipe] = read_facts(facts_path(workspace)).recipes
+    # the report's numbers of that run: writer 10 and judge 5 requests over its 5 rows
+    assert (recipe.run_id, recipe.requests_per_record) == (layout.run_id, {"judge": 5 / 5, "writer": 10 / 5})
