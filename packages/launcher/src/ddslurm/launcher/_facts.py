@@ -81,8 +81,8 @@ def _stamp(now: datetime) -> str:
 
 def record_facts(workspace: Path, layout: RunLayout, slurm: Slurm | None, *, now: datetime | None = None) -> Recorded:
     """Measure the run (:func:`~ddslurm.launcher._measure.measured`) and merge its facts into the workspace's
-    (locked read-modify-write), for a run that succeeded (every shard has its winner). Idempotent: a fact this run
-    already recorded is not recorded again (a later run's fact of the same shape is never replaced by it)."""
+    (locked read-modify-write), for a run that succeeded (every shard has its winner). Idempotent: once any fact of
+    this run is in the workspace, the run is not recorded again (not even its ``measured_at``)."""
     found = measured(layout, slurm)
     if not found.succeeded:
         return Recorded(None, "the run has not succeeded (not every shard has a winner)")
@@ -90,7 +90,7 @@ def record_facts(workspace: Path, layout: RunLayout, slurm: Slurm | None, *, now
     run_id = layout.run_id
 
     def change(facts: Facts) -> Facts:
-        if any(f.run_id == run_id for f in (*facts.models, *facts.recipes)):
+        if any(f.run_id == run_id for f in facts.models) or any(f.run_id == run_id for f in facts.recipes):
             return facts
         for model in found.models:
             facts = facts.with_model(msgspec.structs.replace(model, run_id=run_id, measured_at=at))
