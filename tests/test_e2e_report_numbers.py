@@ -241,3 +241,28 @@ def test_the_page_shows_the_same_numbers_and_both_stages(run: Run, tmp_path: Pat
     assert {n for n, c in columns.items() if c["stage"] == "GPU stage"} == {"difficulty", "sql"}
     assert {n for n, c in columns.items() if c["stage"] == "CPU stage"} >= {"sql_quality"}
     assert (columns["sql"]["column_type"], columns["difficulty"]["column_type"]) == ("llm-code", "sampler")
+
+
+def test_the_succeeded_run_recorded_its_facts_in_the_workspace(run: Run) -> None:
+    """``wait`` saw the run succeed and recorded what it measured: recomputed here from the batch outputs and the
+    report's own numbers."""
+    from ddslurm.config import facts_path, read_facts
+
+    facts = read_facts(facts_path(run.run_dir.parent.parent))
+    [model] = facts.models
+    assert (model.measured_by, model.run_id) == ("run", run.run_dir.name)
+    loads = []
+    for log in sorted((run.run_dir / "logs").glob("slurm-*.out")):
+        started, ready = _events(log, "server.started"), _events(log, "serving.ready")
+        if started:  # a GPU allocation (the CPU stage's start no server)
+            loads.append(min(t for t in ready if t >= started[0]) - started[0])
+    assert len(loads) == 2
+    assert abs(model.load_s - (loads[0] + loads[1]) / 2) < 0.01  # the median of two: their mean
+    local = [m for m in run.report["models"] if m["local"]]
+    [generator_usage] = local
+    busy = sum(r["busy_s"] for a in run.report["gpu"]["allocations"] for r in a["replicas"])
+    assert model.requests_per_s == round(generator_usage["requests"] / busy, 4)
+    [recipe] = facts.recipes
+    rows = run.report["rows_generated"]
+    assert recipe.requests_per_record == {m["alias"]: round(m["requests"] / rows, 4) for m in run.report["models"]}
+    assert recipe.cpu_stage_records_per_s is not None and recipe.cpu_stage_records_per_s > 0

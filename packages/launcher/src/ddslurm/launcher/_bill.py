@@ -12,7 +12,16 @@ from pathlib import Path
 
 import msgspec
 
-from ddslurm.config import DeploymentPlan, Plan, PlannedArray, ProviderSnapshot, Resources, parallel_requests
+from ddslurm.config import (
+    DeploymentPlan,
+    LayoutChoice,
+    Plan,
+    PlannedArray,
+    Prediction,
+    ProviderSnapshot,
+    Resources,
+    parallel_requests,
+)
 from ddslurm.planner import array_tasks
 from ddslurm.providers import AliasRow
 from ddslurm.runtime import RankPlace, StepSpec, server_command, server_step_name, srun_argv, unix_url
@@ -93,6 +102,9 @@ class Bill(msgspec.Struct, kw_only=True):
     and client there, one rank of the spanning replica on each of the others."""
     cpu_hours: float
     gpu_hours: float
+    prediction: Prediction | None = None
+    """The layout the planner's cost model chose, its prediction, the runners-up and the facts it used (the plan's
+    ``prediction``; None for hosted-only runs): the ``Layout`` section."""
 
 
 def _hours(tasks: int, per_task: int, minutes: int) -> float:
@@ -305,7 +317,65 @@ def make_bill(
         steps_per_node=[sum(1 for node, _ in steps if node == k) for k in range(plan.generation.nodes)],
         cpu_hours=round(sum(j.cpu_hours for j in jobs), 2),
         gpu_hours=round(sum(j.gpu_hours for j in jobs), 2),
+        prediction=plan.prediction,
     )
+
+
+LAYOUT_COLUMNS = ("layout", "allocations", "replicas", "client workers", "stages", "GPUs at once", "wall time",
+                  "GPU-hours", "GPU-busy")  # fmt: skip
+
+
+def wall_text(seconds: float) -> str:
+    """A predicted wall time: ``45 s``, ``12.5 min``, ``3.2 h``."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def layout_row(name: str, choice: LayoutChoice) -> tuple[str, ...]:
+    """One row of the bill's layout table: replicas per allocation of each deployment in run-file order (``2/1``)."""
+    return (
+        name,
+        str(choice.allocations),
+        "/".join(str(r) for r in choice.replicas),
+        str(choice.client_workers),
+        "2" if choice.two_stage else "1",
+        str(choice.gpus_at_once),
+        wall_text(choice.wall_s),
+        f"{choice.gpu_hours:.2f}",
+        f"{choice.gpu_busy:.2f}",
+    )
+
+
+def table_lines(header: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
+    """Columns left-aligned to their widest cell, two spaces apart."""
+    widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header))]
+    return [indent + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in (header, *rows)]
+
+
+def layout_lines(prediction: Prediction) -> list[str]:
+    """The bill's ``Layout`` section: the chosen layout and its prediction, the two runners-up, how the layout was
+    picked, and every fact the cost model used with where it came from (``default``: nothing measured yet)."""
+    bound = [f"at most {prediction.budget_gpus} GPUs at once"] if prediction.budget_gpus is not None else []
+    if prediction.deadline_s is not None:
+        met = "" if prediction.meets_deadline else ": no layout meets it, the fastest is chosen"
+        bound.append(f"deadline {wall_text(prediction.deadline_s)}{met}")
+    lines = ["Layout" + (f" ({'; '.join(bound)})" if bound else "") + ":"]
+    rows = [layout_row("chosen", prediction.chosen)]
+    rows += [layout_row(f"runner-up {n}", c) for n, c in enumerate(prediction.runners_up[:2], start=1)]
+    lines += table_lines(LAYOUT_COLUMNS, rows)
+    if prediction.rule:
+        lines.append(f"  how: {prediction.rule}")
+    if prediction.facts:
+        lines.append("  facts used:")
+        facts = [
+            (f.name, f.subject, f"{f.value:g}", f.origin + (f" {f.run_id}" if f.run_id else ""))
+            for f in prediction.facts
+        ]
+        lines += table_lines(("fact", "of", "value", "from"), facts, indent="    ")
+    return lines
 
 
 def bill_lines(bill: Bill) -> list[str]:
@@ -354,4 +424,6 @@ def bill_lines(bill: Bill) -> list[str]:
         )
         + "; automatic retries not counted"
     )
+    if bill.prediction is not None:
+        lines += layout_lines(bill.prediction)
     return lines

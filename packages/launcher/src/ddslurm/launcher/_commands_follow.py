@@ -15,6 +15,7 @@ from ddslurm.launcher._console import (
     show_status,
     summary_line,
 )
+from ddslurm.launcher._facts import record_after
 from ddslurm.launcher._follow import SchedulerBusy, follow_run, release, wait_for_run
 from ddslurm.launcher._logs import LogFollower
 from ddslurm.launcher._output import (
@@ -137,6 +138,8 @@ def cmd_wait(
             f"note: cancelled {len(released.tasks)} queued task(s) of the succeeded run that could only have "
             f"recorded superseded: {', '.join(released.tasks)}\n"
         )
+    if st.state == "succeeded":  # what the run measured, into the workspace's facts (never fails the command)
+        record_after(layout, session.slurm, session.err)
     if session.json:
         write_json(st, session.out)
     else:
@@ -218,6 +221,7 @@ def cmd_report(
     layout = run_layout(session, run, profile)
     report = run_report(layout, session.slurm)
     target = save_report(layout, render_html(report), output)
+    record_after(layout, session.slurm, session.err)  # a run that succeeded: its facts (never fails the command)
     if session.json:
         write_json({"report": str(target), **report_json(report)}, session.out)
         return ExitCode.OK
@@ -236,6 +240,14 @@ def cmd_report(
         f"{m.total_tokens} tokens"
         for m in report.models
     ]
+    if report.predicted is not None:
+        lines.append("  predicted / measured (ratio):")
+        lines += [
+            f"    {c.what}: {c.predicted:g} / {c.measured:g} ({c.ratio:g})"
+            if c.measured is not None and c.ratio is not None
+            else f"    {c.what}: {c.predicted:g} / {'unknown' if c.measured is None else f'{c.measured:g}'}"
+            for c in report.predicted.rows
+        ]
     lines += [f"  failed: {f.reason} x{f.count} (shards {compact_ranges(f.shards)})" for f in report.failures]
     session.out.write("\n".join(lines) + "\n")
     return ExitCode.OK

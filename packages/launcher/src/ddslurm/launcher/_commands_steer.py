@@ -15,6 +15,7 @@ from ddslurm.launcher._console import (
     job_spinner,
     plan_lines,
 )
+from ddslurm.launcher._facts import record_after
 from ddslurm.launcher._output import (
     CommandFailed,
     ExitCode,
@@ -254,6 +255,8 @@ def cmd_collect(
             )
     session.err.write(held_err.getvalue())
     session.out.write(held_out.getvalue())
+    if code == ExitCode.OK:  # a run that succeeded: its facts (never fails the command)
+        record_after(layout, session.slurm, session.err)
     if code != ExitCode.OK and session.json:
         raise CommandFailed(collect_report(code, err.getvalue()), said=True)
     return code

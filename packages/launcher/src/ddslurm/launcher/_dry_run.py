@@ -19,6 +19,7 @@ from ddslurm.config import Plan, ProviderSnapshot, RunLayout, SchedulerLimits
 from ddslurm.launcher._aliases import EndpointCheck
 from ddslurm.launcher._bill import Bill, make_bill
 from ddslurm.launcher._doctor_checks import check_jobs, check_profile_first
+from ddslurm.launcher._facts import partition_gpu_type
 from ddslurm.launcher._run_dir import Prepared
 from ddslurm.launcher._slurm import Slurm
 from ddslurm.launcher._submit import first_script, new_stamp, prepare, read_limits, refusals, secret_warnings
@@ -75,7 +76,9 @@ def compile_dry_run(
     the scheduler's limits, and the first array's batch script; nothing written, and the cluster's checks of the
     profile not run."""
     moment = now or datetime.now(UTC)
-    prepared = prepare(run_file, profile, env, moment, check_endpoints=check_endpoints)
+    prepared = prepare(
+        run_file, profile, env, moment, check_endpoints=check_endpoints, gpu_type_of=partition_gpu_type(slurm)
+    )
     plan, layout = prepared.plan, prepared.layout
     limits = scheduler_limits(slurm, plan)
     with refusals():

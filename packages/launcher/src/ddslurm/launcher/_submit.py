@@ -46,6 +46,7 @@ from ddslurm.config import (
 )
 from ddslurm.launcher._aliases import EndpointCheck, refuse_failed_endpoints, run_aliases
 from ddslurm.launcher._doctor_checks import check_jobs, check_profile_first, field_place
+from ddslurm.launcher._facts import GpuTypeOf, no_gpu_type, partition_gpu_type, workspace_facts
 from ddslurm.launcher._mcp_check import dd_check_tools
 from ddslurm.launcher._recipe_at import place_refusal
 from ddslurm.launcher._render import render_generation
@@ -132,8 +133,12 @@ def prepare(
     seed_columns: SeedColumns = dd_seed_columns,
     check_tools: CheckTools = dd_check_tools,
     check_endpoints: EndpointCheck | None = None,
+    gpu_type_of: GpuTypeOf = no_gpu_type,
 ) -> Prepared:
-    """Validate and compile everything; touch nothing on disk. The recipe is loaded (a builder script runs) and
+    """Validate and compile everything; touch nothing on disk. The planner's cost model gets the workspace's
+    facts (``<workspace>/facts.json``; a damaged file is refused, naming it) and, for a run with deployments, the
+    GPU type of the generation partition's nodes (``gpu_type_of``: ``sinfo`` for ``submit`` and its dry run; ""
+    by default, and whenever it cannot be told). The recipe is loaded (a builder script runs) and
     checked (``check_recipe``: Data Designer's own validation, a subprocess of a few seconds) in the profile's
     ``python_env``; what Data Designer refuses would fail on the node, and is reported after the planner's
     refusals; then its MCP tools (``check_tools``: the stdio servers' commands, the tools ``allow_tools`` names,
@@ -161,6 +166,8 @@ def prepare(
         # Nothing is written yet: the check runs the script itself where the node will run the run's copy of it.
         as_is = None if source is None else msgspec.structs.replace(source, file=source.origin)
         check = check_recipe(recipe, recipe_path, snapshot, client_serving(run, profile), runtime, as_is)
+        facts = workspace_facts(Path(profile.workspace))
+        gpu_type = _gpu_type(gpu_type_of, run.submission.partition or profile.partition) if run.deployments else ""
         seed_cols = seed_column_names(run, seed, seed_columns)
         plan = compile_plan(
             PlanInputs(
@@ -176,6 +183,8 @@ def prepare(
                 columns=check.columns if run.deployments else None,
                 seed_columns=seed_cols,
                 plugins=check.plugins,
+                facts=facts,
+                gpu_type=gpu_type,
             )
         )
         # Key values that are placeholders (EMPTY, none) are not secrets: the node does not scan output for them.
@@ -203,6 +212,14 @@ def prepare(
         seed,
         loaded.source,
     )
+
+
+def _gpu_type(gpu_type_of: GpuTypeOf, partition: str | None) -> str:
+    """The partition's GPU type; "" when it cannot be told (never fatal: the facts are then untyped)."""
+    try:
+        return gpu_type_of(partition)
+    except Exception:
+        return ""
 
 
 def seed_column_names(run: RunFile, seed: SeedCapture | None, seed_columns: SeedColumns) -> tuple[str, ...]:
@@ -533,7 +550,9 @@ def submit(
     ``check_endpoints``: ask the hosted endpoints first (``--check-endpoints``)."""
     now = clock()
     checked = check_profile_first(run_path, profile_path, slurm, env)
-    prepared = prepare(run_path, profile_path, env, now, home, check_endpoints=check_endpoints)
+    prepared = prepare(
+        run_path, profile_path, env, now, home, check_endpoints=check_endpoints, gpu_type_of=partition_gpu_type(slurm)
+    )
     layout, plan = prepared.layout, prepared.plan
     check_environment(plan, env)
     with refusals():

@@ -281,6 +281,20 @@ def render_html(report: RunReport) -> str:
                     {2, 3},
                 )
             )
+    if report.predicted is not None:
+        parts.append("<h2>Predicted and measured</h2>")
+        parts.append(
+            f"<p class=muted>The planner's prediction for the chosen layout ({report.predicted.allocations} "
+            "allocation(s)) beside the run: wall time from the first GPU allocation's start to the last winner's "
+            "publication; GPU-hours allocated (sacct); GPU-busy: GPU-hours generating over allocated.</p>"
+        )
+        parts.append(
+            _table(
+                ["", "predicted", "measured", "measured / predicted"],
+                [[c.what, _num(c.predicted, 3), _num(c.measured, 3), _num(c.ratio, 3)] for c in report.predicted.rows],
+                {1, 2, 3},
+            )
+        )
     parts.append("<h2>Failures</h2>")
     if report.failures:
         parts.append(_chart(figures, "failures"))

@@ -161,6 +161,27 @@ class GpuUsage(msgspec.Struct, kw_only=True):
     allocations: list[AllocationGpu] = msgspec.field(default_factory=list)
 
 
+class Compared(msgspec.Struct, kw_only=True):
+    """One number the planner predicted beside what the run measured."""
+
+    what: Literal["wall time (s)", "GPU-hours", "GPU-busy"]
+    predicted: float
+    measured: float | None
+    """None: not known (no winner published yet, no accounting)."""
+    ratio: float | None
+    """``measured / predicted`` (3 decimals); None when either is unknown or the prediction is 0."""
+
+
+class PredictedMeasured(msgspec.Struct, kw_only=True):
+    """The plan's prediction (``Plan.prediction``) beside the run's measurement: wall time from the first GPU
+    allocation's start to the last winner's publication (the timeline), GPU-hours allocated (sacct) and GPU-busy
+    (GPU-hours generating over allocated)."""
+
+    allocations: int
+    """The chosen layout's allocations (what was predicted for)."""
+    rows: list[Compared]
+
+
 class FailureGroup(msgspec.Struct, kw_only=True):
     reason: str
     count: int
@@ -224,6 +245,8 @@ class RunReport(msgspec.Struct, kw_only=True):
     rate: list[RateBin] = msgspec.field(default_factory=list)
     models: list[ModelUsage] = msgspec.field(default_factory=list)
     gpu: GpuUsage | None = None
+    predicted: PredictedMeasured | None = None
+    """The plan's prediction beside the measurement; None when the plan has none (hosted-only runs)."""
     failures: list[FailureGroup] = msgspec.field(default_factory=list)
     dataset: DatasetReport | None = None
     columns: list[ColumnReport] = msgspec.field(default_factory=list)

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from ddslurm.config import RunLayout, ServingPlan, SubmissionRecord
+from ddslurm.config import Prediction, RunLayout, ServingPlan, SubmissionRecord
 from ddslurm.launcher._slurm import Accounting, Slurm
 from ddslurm.launcher.report._client_out import ClientOut
 from ddslurm.launcher.report._model import (
@@ -16,6 +16,7 @@ from ddslurm.launcher.report._model import (
     AttemptSpan,
     BatchPoint,
     ColumnReport,
+    Compared,
     DatasetReport,
     FailureGroup,
     GpuUsage,
@@ -23,6 +24,7 @@ from ddslurm.launcher.report._model import (
     ModelUsage,
     Phase,
     PhaseName,
+    PredictedMeasured,
     RateBin,
     ReplicaGpu,
     RunReport,
@@ -86,6 +88,7 @@ def numbers(facts: RunFacts, *, now: datetime | None = None, bins: int = 24) -> 
         rate=rate,
         models=models,
         gpu=gpu,
+        predicted=predicted_measured(plan.prediction, spans, gpu) if plan.serving is not None else None,
         failures=_failures(data),
         dataset=_dataset(facts),
         columns=_columns(facts),
@@ -283,6 +286,12 @@ def _throughput(
 # --- models ---
 
 
+def usage_alias(parsed: ClientOut, model: str, served: dict[str, str]) -> tuple[str, str | None]:
+    """The alias and provider a usage summary's model name stands for: as the model-config lines above it say,
+    else the deployment that serves that name (``served``: served model name -> alias), else the name itself."""
+    return parsed.aliases.get(model, (served.get(model, model), None))
+
+
 def _models(facts: RunFacts, active: dict[Key, Span]) -> tuple[list[ModelUsage], list[str]]:
     """Usage per alias summed over every attempt's summaries; its tokens per second over the union of the
     generating spans of the attempts that used it."""
@@ -302,7 +311,7 @@ def _models(facts: RunFacts, active: dict[Key, Span]) -> tuple[list[ModelUsage],
             without += 1
 
         def entry_of(model: str, parsed: ClientOut = parsed) -> ModelUsage:
-            alias, provider = parsed.aliases.get(model, (served.get(model, model), None))
+            alias, provider = usage_alias(parsed, model, served)
             if alias not in usage:
                 usage[alias] = ModelUsage(alias=alias, model=model, provider=provider, local=alias in local)
             return usage[alias]
@@ -441,6 +450,42 @@ def _gpu(facts: RunFacts, active: dict[Key, Span]) -> tuple[GpuUsage, list[str]]
         allocations=allocations,
     )
     return usage, notes
+
+
+# --- predicted and measured ---
+
+
+def measured_wall_s(spans: list[AttemptSpan]) -> float | None:
+    """Seconds from the first GPU allocation's start (its first attempt's) to the last winner's publication (the
+    run's result complete); None before any winner is published."""
+    starts = [t for s in spans if s.stage != "cpu" if (t := moment(s.started_at)) is not None]
+    published = [t for s in spans if s.winner if (t := moment(s.published_at)) is not None]
+    if not starts or not published:
+        return None
+    return round((max(published) - min(starts)).total_seconds(), 3)
+
+
+def _compared(what: Any, predicted: float, measured: float | None) -> Compared:
+    ratio = round(measured / predicted, 3) if measured is not None and predicted > 0 else None
+    return Compared(what=what, predicted=predicted, measured=measured, ratio=ratio)
+
+
+def predicted_measured(
+    prediction: Prediction | None, spans: list[AttemptSpan], gpu: GpuUsage
+) -> PredictedMeasured | None:
+    """The chosen layout's predicted wall time, GPU-hours and GPU-busy beside the measured ones; None without a
+    prediction."""
+    if prediction is None:
+        return None
+    chosen = prediction.chosen
+    return PredictedMeasured(
+        allocations=chosen.allocations,
+        rows=[
+            _compared("wall time (s)", chosen.wall_s, measured_wall_s(spans)),
+            _compared("GPU-hours", chosen.gpu_hours, gpu.allocated_gpu_hours),
+            _compared("GPU-busy", chosen.gpu_busy, gpu.utilisation),
+        ],
+    )
 
 
 # --- failures ---

@@ -1,0 +1,116 @@
+"""The workspace's facts as the launcher reads and writes them: read at submit for the planner's cost model (with
+the generation partition's GPU type from ``sinfo``), and updated with what a finished run measured
+(:func:`record_facts`, after ``collect``, ``report`` and a ``wait`` that ends succeeded).
+
+The facts file (``<workspace>/facts.json``) holds numbers and names only (model paths, engine, parallel shape, GPU
+type, run ids, recipe digests): never a prompt, a record, an endpoint's credentials or an environment value."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TextIO
+
+import msgspec
+
+from ddslurm.config import ConfigError, Facts, RunLayout, facts_path, read_facts, update_facts
+from ddslurm.launcher._cluster import SINFO_FORMAT, parse_sinfo
+from ddslurm.launcher._measure import Measured, measured
+from ddslurm.launcher._slurm import Slurm
+from ddslurm.launcher.errors import SubmitError
+
+GpuTypeOf = Callable[[str | None], str]
+"""(the generation partition, None: the cluster's default) -> the GPU type of its nodes, "" when unknown."""
+
+
+def workspace_facts(workspace: Path) -> Facts:
+    """The facts of ``workspace`` (none when it has no facts file); a damaged file is a :class:`SubmitError`
+    naming it (nothing is changed: the user moves or fixes it)."""
+    path = facts_path(workspace)
+    try:
+        return read_facts(path)
+    except ConfigError as exc:
+        raise SubmitError(
+            f"{path}: the workspace's measured facts cannot be read ({exc}); fix or remove the file (the next run "
+            "measures them again)"
+        ) from exc
+
+
+def partition_gpu_type(slurm: Slurm) -> GpuTypeOf:
+    """The GPU type of a partition's GPU nodes from one ``sinfo``: their one type, or "" when they have none,
+    several, or sinfo cannot be asked (the cost model then keys its facts by an untyped shape; never fatal)."""
+
+    def of(partition: str | None) -> str:
+        try:
+            rows = parse_sinfo(slurm.sinfo_nodes(SINFO_FORMAT))
+        except Exception:  # never fatal: an unknown type is the untyped shape
+            return ""
+        name = partition or next((r.partition for r in rows if r.default), None)
+        types = {t for r in rows if r.partition == name and r.gpus > 0 for t in r.gpu_types}
+        untyped = any(r.partition == name and r.gpus > 0 and not r.gpu_types for r in rows)
+        return next(iter(types)) if len(types) == 1 and not untyped else ""
+
+    return of
+
+
+def no_gpu_type(partition: str | None) -> str:
+    """The GPU type when the scheduler is not asked (unit tests, ``prepare`` without a scheduler): unknown."""
+    return ""
+
+
+def run_workspace(layout: RunLayout) -> Path | None:
+    """The workspace a run directory lies in (``<workspace>/runs/<run_id>``); None for one elsewhere."""
+    runs = layout.root.parent
+    return runs.parent if runs.name == "runs" else None
+
+
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    """What :func:`record_facts` did: the facts it wrote (empty when nothing new) and why not, when it did not."""
+
+    measured: Measured | None
+    skipped: str | None = None
+    """Why nothing was recorded (the run did not succeed, it was recorded already)."""
+
+
+def _stamp(now: datetime) -> str:
+    return now.astimezone(UTC).isoformat(timespec="seconds")
+
+
+def record_facts(workspace: Path, layout: RunLayout, slurm: Slurm | None, *, now: datetime | None = None) -> Recorded:
+    """Measure the run (:func:`~ddslurm.launcher._measure.measured`) and merge its facts into the workspace's
+    (locked read-modify-write), for a run that succeeded (every shard has its winner). Idempotent: once any fact of
+    this run is in the workspace, the run is not recorded again (not even its ``measured_at``)."""
+    found = measured(layout, slurm)
+    if not found.succeeded:
+        return Recorded(None, "the run has not succeeded (not every shard has a winner)")
+    at = _stamp(now or datetime.now(UTC))
+    run_id = layout.run_id
+
+    def change(facts: Facts) -> Facts:
+        if any(f.run_id == run_id for f in facts.models) or any(f.run_id == run_id for f in facts.recipes):
+            return facts
+        for model in found.models:
+            facts = facts.with_model(msgspec.structs.replace(model, run_id=run_id, measured_at=at))
+        if found.recipe is not None:
+            facts = facts.with_recipe(msgspec.structs.replace(found.recipe, run_id=run_id, measured_at=at))
+        return facts
+
+    before = read_facts(facts_path(workspace))
+    after = update_facts(facts_path(workspace), change)
+    if after == before:
+        return Recorded(None, f"run {run_id} was recorded already (or measured nothing)")
+    return Recorded(found)
+
+
+def record_after(layout: RunLayout, slurm: Slurm | None, err: TextIO) -> None:
+    """:func:`record_facts` for a command that saw the run end: never fails it (a warning line on ``err``)."""
+    workspace = run_workspace(layout)
+    if workspace is None:
+        return
+    try:
+        record_facts(workspace, layout, slurm)
+    except Exception as exc:  # measuring is a by-product: the command's own result stands
+        err.write(f"warning: the run's facts were not recorded in {facts_path(workspace)}: {exc}\n")

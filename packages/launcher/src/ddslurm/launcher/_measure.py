@@ -1,0 +1,229 @@
+"""What a finished run measured, as workspace facts (:class:`~ddslurm.config.ModelFact` per deployment,
+:class:`~ddslurm.config.RecipeFact` for the recipe), made of the report's reading of the run
+(:func:`~ddslurm.launcher.report._read.read_run`) and its numbers (:func:`~ddslurm.launcher.report._numbers.numbers`),
+so every number is computed once, the way the report shows it.
+
+- load time (per deployment; the allocation's, as the controller logs it): the median over GPU allocations of
+  ``serving.ready`` minus the first ``server.started`` before it (the controller's events in
+  ``logs/slurm-*.out``): the slowest replica and the proxies of the allocation, as a run waits for them;
+- requests per second (per deployment): the alias's requests (Data Designer's usage summaries) over the sum, over
+  its replicas in every allocation, of the seconds each had a request in flight (its busy log): the throughput of a
+  replica *while busy*, not over the allocation's life. Without a busy log an allocation counts its attempts'
+  generating span for each replica;
+- requests per record (per alias): requests over the rows the run generated (its last stage's);
+- allocation overhead: the median over GPU allocations of sacct's elapsed minus the load minus the allocation's
+  generating span (the union of its attempts' generating phases), at least 0;
+- CPU-stage records per second (two-stage runs): the CPU stage's rows over its generating seconds over the most
+  CPU-stage attempts that generated at once (its workers);
+- client CPU per request: the CPU-seconds of the GPU-stage client steps that wrote ``client-usage.json`` over
+  their requests to deployed aliases; None when none wrote one.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from ddslurm.config import (
+    SERVING_READY,
+    ClientUsage,
+    ConfigError,
+    ModelFact,
+    ModelShape,
+    Plan,
+    RecipeFact,
+    RunLayout,
+    read_json,
+)
+from ddslurm.launcher._slurm import Slurm
+from ddslurm.launcher.report._model import AttemptSpan, RunReport, moment
+from ddslurm.launcher.report._numbers import Span, length, numbers, usage_alias
+from ddslurm.launcher.report._read import AttemptFacts, RunFacts, json_lines, read_run
+
+SERVER_STARTED = "server.started"
+"""The controller's event when it starts a server step (``logs/slurm-*.out``); ``timestamp``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Measured:
+    """What :func:`measured` found: the facts, and whether the run succeeded (only then are they recorded)."""
+
+    succeeded: bool
+    models: list[ModelFact] = field(default_factory=list)
+    recipe: RecipeFact | None = None
+
+
+def measure_run(layout: RunLayout, slurm: Slurm | None) -> tuple[list[ModelFact], RecipeFact | None]:
+    """The facts a finished run measured (``slurm``: asked once, for the accounting of its allocations)."""
+    found = measured(layout, slurm)
+    return found.models, found.recipe
+
+
+def measured(layout: RunLayout, slurm: Slurm | None, *, now: datetime | None = None) -> Measured:
+    facts = read_run(layout, slurm)
+    return measure(facts, numbers(facts, now=now), now=now)
+
+
+def measure(facts: RunFacts, report: RunReport, *, now: datetime | None = None) -> Measured:
+    """The facts of a run's reading and its report's numbers (pure)."""
+    plan = facts.plan
+    at = (now or datetime.now(UTC)).astimezone(UTC).isoformat(timespec="seconds")
+    succeeded = bool(plan.shards) and all(s.index in facts.winners for s in plan.shards)
+    loads = allocation_loads(facts)
+    models = _models(plan, report, loads, at)
+    return Measured(succeeded=succeeded, models=models, recipe=_recipe(facts, report, loads, at))
+
+
+def allocation_loads(facts: RunFacts) -> dict[str, list[float]]:
+    """Per GPU allocation (``<array>_<task>``, as its batch output is named), the seconds from the first
+    ``server.started`` to the ``serving.ready`` after it, for each time it started its servers (a requeued
+    allocation's incarnations each once)."""
+    cpu_arrays = {s.array_job_id for s in facts.submissions if s.stage == 1}
+    loads: dict[str, list[float]] = {}
+    for log in sorted(facts.layout.logs.glob("slurm-*.out")):
+        name = log.name.removeprefix("slurm-").removesuffix(".out")
+        if name.split("_", 1)[0] in cpu_arrays:
+            continue
+        first: datetime | None = None
+        for event in json_lines(log):
+            when = moment(event.get("timestamp"))
+            if when is None:
+                continue
+            if event.get("event") == SERVER_STARTED and first is None:
+                first = when
+            elif event.get("event") == SERVING_READY and first is not None:
+                loads.setdefault(name, []).append(max(0.0, (when - first).total_seconds()))
+                first = None
+    return loads
+
+
+def _median(values: Iterable[float]) -> float | None:
+    values = list(values)
+    return round(statistics.median(values), 3) if values else None
+
+
+def _models(plan: Plan, report: RunReport, loads: dict[str, list[float]], at: str) -> list[ModelFact]:
+    if plan.serving is None or report.gpu is None:
+        return []
+    load = _median(s for each in loads.values() for s in each)
+    requests = {m.alias: m.requests for m in report.models if m.local}
+    found: list[ModelFact] = []
+    for dep in plan.serving.deployments:
+        busy = 0.0
+        for allocation in report.gpu.allocations:
+            if allocation.replicas:
+                busy += sum(r.busy_s for r in allocation.replicas if r.alias == dep.alias)
+            else:  # no busy log: each replica counted busy over the allocation's generating span
+                busy += allocation.busy_s * len(dep.replicas)
+        asked = requests.get(dep.alias, 0)
+        if load is None or dep.capacity is None or busy <= 0 or asked <= 0:
+            continue
+        shape = ModelShape(
+            engine=dep.engine,
+            model=dep.model,
+            tensor_parallel=dep.tensor_parallel,
+            pipeline_parallel=dep.pipeline_parallel,
+            data_parallel=dep.data_parallel,
+            gpu_type=plan.gpu_type,
+        )
+        found.append(
+            ModelFact(
+                shape=shape,
+                load_s=load,
+                requests_per_s=round(asked / busy, 4),
+                capacity=dep.capacity,
+                measured_by="run",
+                run_id=plan.run_id,
+                measured_at=at,
+            )
+        )
+    return found
+
+
+def _on_gpus(plan: Plan, item: AttemptFacts) -> bool:
+    """The attempt ran in a GPU allocation: the GPU stage of a two-stage run, or any attempt of a run with models."""
+    return plan.serving is not None and (item.stage == 0 or len(plan.stages) < 2)
+
+
+def _generating(span: AttemptSpan) -> Span | None:
+    for phase in span.phases:
+        start, end = moment(phase.start), moment(phase.end)
+        if phase.name == "generating" and start is not None and end is not None:
+            return start, end
+    return None
+
+
+def _overhead(report: RunReport, loads: dict[str, list[float]]) -> float | None:
+    """The median over GPU allocations that sacct accounted and whose load is known of elapsed - load - generating."""
+    if report.gpu is None:
+        return None
+    elapsed: dict[str, float] = {}
+    for job in report.gpu.jobs:
+        elapsed[job.job] = elapsed.get(job.job, 0.0) + job.elapsed_s
+    overheads: list[float] = []
+    for allocation in report.gpu.allocations:
+        name = allocation.job
+        if name not in elapsed or not loads.get(name):
+            continue
+        spans = [g for s in report.timeline if s.job == name and s.stage != "cpu" if (g := _generating(s)) is not None]
+        overheads.append(max(0.0, elapsed[name] - sum(loads[name]) - length(spans)))
+    return _median(overheads)
+
+
+def _most_at_once(spans: list[Span]) -> int:
+    edges = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans], key=lambda e: (e[0], e[1]))
+    most = now = 0
+    for _, step in edges:
+        now += step
+        most = max(most, now)
+    return most
+
+
+def _cpu_stage_rate(report: RunReport) -> float | None:
+    stage = next((s for s in report.stages if s.stage == "cpu"), None)
+    if stage is None or stage.rows <= 0 or stage.active_s <= 0:
+        return None
+    spans = [g for s in report.timeline if s.stage == "cpu" if (g := _generating(s)) is not None]
+    workers = _most_at_once(spans)
+    return round(stage.rows / stage.active_s / workers, 4) if workers else None
+
+
+def _client_cpu(facts: RunFacts) -> float | None:
+    """CPU-seconds of the GPU-stage client steps that wrote their usage over their requests to deployed aliases."""
+    plan = facts.plan
+    local = {d.alias for d in plan.serving.deployments} if plan.serving is not None else set()
+    served = {d.served_model_name: d.alias for d in plan.serving.deployments} if plan.serving is not None else {}
+    cpu, requests, written = 0.0, 0, False
+    for item in facts.attempts:
+        if not _on_gpus(plan, item):
+            continue
+        record = item.record
+        path = facts.layout.stage_shard(record.shard, item.stage).attempt(record.attempt).client_usage
+        try:
+            usage = read_json(path, ClientUsage)
+        except (FileNotFoundError, ConfigError):
+            continue
+        written = True
+        cpu += usage.cpu_s
+        parsed = item.client_out
+        if parsed is not None:
+            requests += sum(u.requests for u in parsed.usage if usage_alias(parsed, u.model, served)[0] in local)
+    return round(cpu / requests, 6) if written and requests > 0 else None
+
+
+def _recipe(facts: RunFacts, report: RunReport, loads: dict[str, list[float]], at: str) -> RecipeFact | None:
+    plan = facts.plan
+    if report.rows_generated <= 0 or not report.models:
+        return None
+    return RecipeFact(
+        recipe_sha256=plan.recipe_sha256,
+        requests_per_record={m.alias: round(m.requests / report.rows_generated, 4) for m in report.models},
+        client_cpu_s_per_request=_client_cpu(facts),
+        allocation_overhead_s=_overhead(report, loads),
+        cpu_stage_records_per_s=_cpu_stage_rate(report),
+        measured_by="run",
+        run_id=plan.run_id,
+        measured_at=at,
+    )
