@@ -47,6 +47,7 @@ from ddslurm.config._files import (
 )
 from ddslurm.config._layout import (
     LAYOUT_VERSION,
+    PROMPTS_KEPT,
     AttemptLayout,
     RunLayout,
     ShardLayout,
@@ -54,6 +55,7 @@ from ddslurm.config._layout import (
     attempt_restart,
     busy_log,
     calibration_file,
+    prompts_file,
 )
 from ddslurm.config._limits import Limit, QueuedJob, SchedulerLimits
 from ddslurm.config._plan import (
@@ -141,6 +143,8 @@ __all__ = [
     "CalibrationEntry",
     "update_facts",
     "calibration_file",
+    "prompts_file",
+    "PROMPTS_KEPT",
     "ClientUsage",
     "FACTS_FILE",
     "ConcurrencyPoint",

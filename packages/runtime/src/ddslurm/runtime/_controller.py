@@ -193,6 +193,7 @@ class Controller:
             grace=self._grace,
             unhealthy_limit=self._unhealthy_limit,
             locate_leader=self._locate_leader,
+            record_prompts=bool(plan.calibrate),
         )
         try:
             self._serve(inputs, workers, fleet, endpoints, log)

@@ -30,7 +30,7 @@ from typing import Any
 
 import httpx
 
-from ddslurm.config import Engine, ServingPlan, atomic_write, busy_log, encode_pretty, read_tail
+from ddslurm.config import Engine, ServingPlan, atomic_write, busy_log, encode_pretty, prompts_file, read_tail
 from ddslurm.runtime._listeners import MAX_SOCKET_PATH, socket_path, unix_url
 from ddslurm.runtime._scratch import create_scratch, own_scratch_owner, remove_scratch, scratch_base
 from ddslurm.runtime._serving import (
@@ -128,8 +128,11 @@ class Fleet:
         grace: float,
         unhealthy_limit: int,
         locate_leader: Callable[[Mapping[str, str]], str] = leader_address,
+        record_prompts: bool = False,
     ) -> None:
         self._launcher = launcher
+        self._record_prompts = record_prompts
+        """A tune allocation's: each proxy records the request bodies it forwards (``prompts_file``)."""
         self._env = env
         self._plain_env = without(env, secrets)
         """The job's environment without any secret: the API keys (the client's) and ``server.env_from``."""
@@ -297,6 +300,8 @@ class Fleet:
         argv = [str(self._runtime_exe), "proxy", "--listen", f"{HOST}:{port}", "--reuse-port"]
         for replica in upstreams:  # each replica's busy log named by its index, whichever replicas are left
             argv += ["--upstream", replica.url, "--busy-log", str(busy_log(self._dir, alias, replica.index))]
+        if self._record_prompts:
+            argv += ["--record-prompts", str(prompts_file(self._dir, alias))]
         log_path = self._dir / f"proxy-{alias}.log"
         spec = StepSpec(
             name=f"proxy-{alias}",
