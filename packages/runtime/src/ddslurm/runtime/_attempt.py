@@ -294,6 +294,20 @@ class AttemptRunner:
         )
         return EXIT_FAILED
 
+    def fail_ended(self, record: AttemptRecord, failure: RuntimeFailure) -> AttemptRecord:
+        """Fail an attempt whose generation ended (a tune run whose calibration sweep then failed: the run is its
+        measurement, not its records); the winner it may have published stays. Returns the record written."""
+        layout = self._shard(record.shard).attempt(record.attempt)
+        failed = msgspec.structs.replace(
+            read_json(layout.record, AttemptRecord),
+            state="failed",
+            reason=failure.reason,
+            message=failure.message,
+            retryable=False,
+        )
+        self._write(layout, failed)
+        return failed
+
     def cancel(self, began: Began, message: str) -> AttemptRecord:
         """End a running attempt as ``cancelled`` (``ddslurm cancel --shards`` of a pulling allocation's shard)."""
         current = read_json(began.layout.record, AttemptRecord)
