@@ -26,6 +26,7 @@ from typer.main import get_command
 from ddslurm.launcher._commands_follow import cmd_logs, cmd_report, cmd_status, cmd_wait
 from ddslurm.launcher._commands_start import cmd_doctor, cmd_init, cmd_list, cmd_providers, cmd_submit
 from ddslurm.launcher._commands_steer import cmd_accept_partial, cmd_cancel, cmd_collect, cmd_retry
+from ddslurm.launcher._commands_tune import cmd_tune
 from ddslurm.launcher._output import (
     REPORTED,
     CommandFailed,
@@ -104,6 +105,7 @@ def _top(
 
 COMMANDS: tuple[tuple[str, Callable[..., Any]], ...] = (
     ("submit", cmd_submit),
+    ("tune", cmd_tune),
     ("providers", cmd_providers),
     ("doctor", cmd_doctor),
     ("status", cmd_status),
