@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -21,6 +22,8 @@ from ddslurm.config import (
     Facts,
     Plan,
     RunFile,
+    RunLayout,
+    calibration_file,
     calibration_levels,
     facts_path,
     load_run_file,
@@ -30,7 +33,7 @@ from ddslurm.launcher._follow import SchedulerBusy, wait_for_run
 from ddslurm.launcher._slurm import Slurm
 from ddslurm.launcher._status import RunStatus
 from ddslurm.launcher._submit import submit
-from ddslurm.launcher._tune_facts import TuneFailedError, TuneResult, tune_result
+from ddslurm.launcher._tune_facts import TuneFailedError, TuneResult, calibration_attempt, tune_result
 from ddslurm.launcher.errors import UsageError
 
 DEFAULT_RECORDS = 64
@@ -85,6 +88,28 @@ def with_calibration(plan: Plan) -> Plan:
     return msgspec.structs.replace(plan, calibrate=tuple(levels))
 
 
+def await_calibration(
+    layout: RunLayout,
+    slurm: Slurm,
+    job_ids: Sequence[str],
+    *,
+    sleep: Callable[[float], None],
+    limit_s: float,
+    clock: Callable[[], float] = time.monotonic,
+) -> None:
+    """After the run's attempt ended (what ``wait`` follows), until its allocation has written the calibration,
+    failed the attempt, or ended (no longer in the queue), at most ``limit_s``: the sweep runs after the attempt
+    has recorded its result, before the teardown."""
+    deadline = clock() + limit_s
+    while clock() < deadline:
+        record, serving_dir = calibration_attempt(layout)
+        if calibration_file(serving_dir).exists() or record.state == "failed":
+            return
+        if not slurm.squeue(job_ids):
+            return
+        sleep(1.0)
+
+
 def tune(
     run_path: Path,
     profile_path: Path,
@@ -112,6 +137,8 @@ def tune(
         on_submitted(done.layout.root)
     waiting = {} if sleep is None else {"sleep": sleep}
     wait_for_run(done.layout, slurm, timeout=timeout, on_update=on_update, **waiting)
+    limit_s = done.plan.generation.time_minutes * 60.0
+    await_calibration(done.layout, slurm, done.job_ids or (done.job_id,), sleep=sleep or time.sleep, limit_s=limit_s)
     result = tune_result(done.layout, done.plan, clock().isoformat())
     workspace = done.layout.root.parent.parent
 
