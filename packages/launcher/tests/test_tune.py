@@ -25,6 +25,7 @@ from ddslurm.config import (
     encode,
     encode_pretty,
     load_run_file,
+    read_json,
 )
 from ddslurm.launcher._commands_tune import tune_lines
 from ddslurm.launcher._tune import DEFAULT_RECORDS, tune_run_file, with_calibration
@@ -131,3 +132,32 @@ def test_a_failed_calibration_names_the_reason_and_the_run(tmp_path: Path) -> No
         tune_result(layout, plan, "t")
     assert "calibration_failed" in str(caught.value) and "answered 500" in str(caught.value)
     assert str(layout.root) in str(caught.value)
+
+
+class _Queue:
+    """A scheduler whose job stays queued for ``polls`` queries."""
+
+    def __init__(self, polls: int) -> None:
+        self.polls, self.asked = polls, 0
+
+    def squeue(self, job_ids: object) -> list[str]:
+        self.asked += 1
+        return ["70_0"] if self.asked <= self.polls else []
+
+
+def test_tune_waits_for_the_sweep_after_the_attempt_ended_until_the_job_is_gone(tmp_path: Path) -> None:
+    from ddslurm.launcher._tune import await_calibration
+
+    layout, _ = _finished_tune_run(tmp_path, calibrated=False)
+    attempt = layout.shard(0).attempt("attempt-7")
+    record = read_json(attempt.record, AttemptRecord)
+    atomic_write(attempt.record, encode(msgspec.structs.replace(record, state="succeeded", reason=None)))
+    queue, slept = _Queue(3), []
+    await_calibration(layout, queue, ["70"], sleep=slept.append, limit_s=60)  # type: ignore[arg-type]
+    assert queue.asked == 4 and slept == [1.0] * 3  # succeeded, no calibration yet: until the job left the queue
+    entry = CalibrationEntry(alias="gen", load_s=1.0, sweep=(ConcurrencyPoint(in_flight=1, requests_per_s=1.0),),
+                             prompts=1)  # fmt: skip
+    atomic_write(calibration_file(attempt.dir), encode_pretty(Calibration(entries=(entry,))))
+    queue = _Queue(5)
+    await_calibration(layout, queue, ["70"], sleep=slept.append, limit_s=60)  # type: ignore[arg-type]
+    assert queue.asked == 0  # written: no query at all
