@@ -82,3 +82,19 @@ def test_a_refused_request_or_no_recorded_request_fails_the_sweep(server, tmp_pa
         calibrate(_serving(4), (1, 2, 4), tmp_path, {"gen": server.root_url}, {}, TOKEN, new_logger(io.BytesIO()))
     assert caught.value.reason == "calibration_failed"
     assert not calibration_file(tmp_path).exists()
+
+
+def test_the_jobs_stop_signal_ends_a_level_at_its_next_request(server) -> None:  # type: ignore[no-untyped-def]
+    class Stopped(Exception):
+        pass
+
+    sent: list[int] = []
+
+    def check() -> None:
+        sent.append(1)
+        if len(sent) > 3:
+            raise Stopped
+
+    with pytest.raises(Stopped):
+        measure_level(server.root_url, TOKEN, [_body(0)], 2, min_s=60.0, per_slot=100, check=check)
+    assert len(sent) <= 6  # each slot stops at its next request, not after the level's 60 s

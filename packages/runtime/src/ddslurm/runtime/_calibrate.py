@@ -80,10 +80,12 @@ def measure_level(
     per_slot: int = REQUESTS_PER_SLOT,
     max_s: float = MAX_LEVEL_S,
     clock: Callable[[], float] = time.monotonic,
+    check: Callable[[], None] = lambda: None,
 ) -> ConcurrencyPoint:
     """Requests per second of the listener at ``url`` with ``level`` requests in flight: each of ``level`` slots
     sends the bodies in turn (a closed loop: its next request as soon as its last is answered) until ``min_s``
-    have passed and it has completed ``per_slot`` requests (or ``max_s`` have passed); completions / elapsed."""
+    have passed and it has completed ``per_slot`` requests (or ``max_s`` have passed); completions / elapsed.
+    ``check`` runs before each request and may raise to stop the sweep (the job's stop signal)."""
     if not bodies:
         raise CalibrationError("no recorded request to replay")
     target = f"{http_base(url)}/v1/chat/completions"
@@ -98,6 +100,7 @@ def measure_level(
             elapsed = clock() - started
             if (elapsed >= min_s and done >= per_slot) or elapsed >= max_s:
                 return done
+            check()
             with lock:
                 body = bodies[next(turn) % len(bodies)]
             try:

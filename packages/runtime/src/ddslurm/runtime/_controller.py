@@ -206,16 +206,23 @@ class Controller:
             self._teardown(workers, fleet)
         return workers.exit_code()
 
-    @staticmethod
-    def _calibrate(inputs: Inputs, workers: Workers, fleet: Fleet, directory: Path, token: str, log: Any) -> None:
+    def _calibrate(self, inputs: Inputs, workers: Workers, fleet: Fleet, directory: Path, token: str, log: Any) -> None:
         """A tune allocation's sweep (``_calibrate``), its generation done and its servers still up; a failure fails
-        the attempts it ran (``calibration_failed``)."""
+        the attempts it ran (``calibration_failed``). The job's stop signal (cancellation, the time limit's
+        warning) ends it at its next request."""
         plan = inputs.plan
         assert plan.serving is not None
         log.info("calibration.started", levels=list(plan.calibrate))
         try:
             calibration = calibrate(
-                plan.serving, plan.calibrate, directory, fleet.first_replicas(), fleet.load_seconds(), token, log
+                plan.serving,
+                plan.calibrate,
+                directory,
+                fleet.first_replicas(),
+                fleet.load_seconds(),
+                token,
+                log,
+                check=self._stop.check,
             )
         except CalibrationError as exc:
             log.error("calibration.failed", message=exc.message)
