@@ -202,6 +202,7 @@ def _serving_controller(
     shard_rows: tuple[int, ...] = (4,),
     workers: int = 1,
     listen: Literal["tcp", "unix"] = "tcp",
+    calibrate: tuple[int, ...] = (),
 ) -> tuple[Controller, Inputs]:
     from ddslurm.config import DeploymentPlan, ReplicaPlan, ServingPlan
 
@@ -220,6 +221,7 @@ def _serving_controller(
         serving=serving,
         secret_env=secret_env,
         server_secret_env=env_from,
+        calibrate=calibrate,
     )
     layout, inputs = write_plan(tmp_path / "run-1", plan, snapshot=snapshot)
     controller = make_controller(
@@ -643,3 +645,27 @@ def test_a_spare_client_whose_shard_is_cancelled_never_generates(tmp_path: Path)
         ("succeeded", None), ("cancelled", "shard_cancelled"), ("succeeded", None),
     ]  # fmt: skip
     assert not (layout.shard(1).attempt("attempt-9306").dir / "endpoints.json").exists()  # it never got endpoints
+
+
+def test_a_tune_allocation_records_prompts_and_fails_its_attempt_when_the_sweep_cannot_run(tmp_path: Path) -> None:
+    """With ``Plan.calibrate`` the proxies record the bodies they forward and, the generation done, the sweep runs
+    before teardown; here nothing was recorded (a scripted client sends no request): the attempt that succeeded
+    fails with ``calibration_failed``, and so does the allocation."""
+    launcher = ServingLauncher(["ok"])
+    controller, inputs = _serving_controller(tmp_path, launcher, 0, calibrate=(1, 2))
+    assert controller.run(inputs, 0, "9301", "n1") == 1
+    attempt = RunLayout(tmp_path / "run-1").shard(0).attempt("attempt-9301")
+    record = read_json(attempt.record, AttemptRecord)
+    assert (record.state, record.reason) == ("failed", "calibration_failed")
+    assert "recorded no chat completion request" in (record.message or "")
+    argv = launcher.proxies[0].spec.argv
+    assert argv[argv.index("--record-prompts") + 1] == str(attempt.dir / "prompts-gen.jsonl")
+    assert not (attempt.dir / "calibration.json").exists()
+    assert all(s.poll() is not None for s in [*launcher.proxies, *launcher.servers, *launcher.clients])
+
+
+def test_an_ordinary_allocation_records_no_prompts(tmp_path: Path) -> None:
+    launcher = ServingLauncher(["ok"])
+    controller, inputs = _serving_controller(tmp_path, launcher, 0)
+    assert controller.run(inputs, 0, "9302", "n1") == 0
+    assert "--record-prompts" not in launcher.proxies[0].spec.argv

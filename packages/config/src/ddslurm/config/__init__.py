@@ -26,6 +26,7 @@ from ddslurm.config._facts import (
     ModelFact,
     ModelShape,
     RecipeFact,
+    calibration_levels,
     facts_path,
     read_facts,
     update_facts,
@@ -47,6 +48,7 @@ from ddslurm.config._files import (
 )
 from ddslurm.config._layout import (
     LAYOUT_VERSION,
+    PROMPTS_KEPT,
     AttemptLayout,
     RunLayout,
     ShardLayout,
@@ -54,6 +56,7 @@ from ddslurm.config._layout import (
     attempt_restart,
     busy_log,
     calibration_file,
+    prompts_file,
 )
 from ddslurm.config._limits import Limit, QueuedJob, SchedulerLimits
 from ddslurm.config._plan import (
@@ -142,6 +145,9 @@ __all__ = [
     "CalibrationEntry",
     "update_facts",
     "calibration_file",
+    "calibration_levels",
+    "prompts_file",
+    "PROMPTS_KEPT",
     "ClientUsage",
     "FACTS_FILE",
     "ConcurrencyPoint",

@@ -154,6 +154,15 @@ def update_facts(path: Path, change: Callable[[Facts], Facts]) -> Facts:
         return after
 
 
+def calibration_levels(capacity: int) -> tuple[int, ...]:
+    """The concurrency levels a ``ddslurm tune`` sweep measures a replica of ``capacity`` at: the powers of two
+    below it, then the capacity itself (``6`` -> ``(1, 2, 4, 6)``)."""
+    if capacity < 1:
+        raise ValueError(f"capacity must be at least 1, got {capacity}")
+    powers = tuple(1 << k for k in range(capacity.bit_length()) if 1 << k < capacity)
+    return (*powers, capacity)
+
+
 class CalibrationEntry(Frozen, frozen=True, kw_only=True):
     """What a calibration allocation measured of one deployed alias."""
 

@@ -263,6 +263,16 @@ def calibration_file(serving_dir: Path) -> Path:
     return serving_dir / "calibration.json"
 
 
+PROMPTS_KEPT = 256
+"""The most request bodies a tune allocation's proxy records per alias (:func:`prompts_file`)."""
+
+
+def prompts_file(serving_dir: Path, alias: str) -> Path:
+    """The chat completion request bodies the proxy of ``alias`` forwarded in a ``ddslurm tune`` allocation (one
+    JSON object a line, at most :data:`PROMPTS_KEPT`; never a header): what its calibration sweep replays."""
+    return serving_dir / f"prompts-{alias}.jsonl"
+
+
 def busy_log(serving_dir: Path, alias: str, replica: int) -> Path:
     """The spans in which replica ``replica`` (:attr:`ReplicaPlan.index`) of ``alias`` had requests in flight
     through the alias's proxy (:class:`BusySpan` lines), in a serving directory: a pulling allocation's

@@ -268,3 +268,7 @@ class Plan(Frozen, frozen=True, kw_only=True):
     prediction: Prediction | None = None
     """The layout the planner's cost model chose, its predicted wall time and GPU-hours, the runners-up and the
     facts it used; None for hosted-only runs."""
+    calibrate: tuple[int, ...] = ()
+    """A ``ddslurm tune`` calibration run: the concurrency levels (requests in flight at once, ascending) at which
+    the allocation measures one replica of each deployment after its generation; its proxies record the requests
+    they forward (:func:`~ddslurm.config.prompts_file`). Empty: an ordinary run."""

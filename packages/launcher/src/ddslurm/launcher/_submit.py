@@ -10,6 +10,7 @@ stops part-way is an explicit state of the run (``ddslurm submit --continue`` fi
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import os
 import re
@@ -542,17 +543,21 @@ def submit(
     clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     home: Path | None = None,
     check_endpoints: EndpointCheck | None = None,
+    change_plan: Callable[[Plan], Plan] | None = None,
 ) -> Submitted:
     """Validate and compile, read the scheduler's limits and plan the arrays within them (refusing, with the
     numbers, what does not fit), all before anything is written; then write the run directory and the
     submission plan, and submit the arrays. A failure before the first array was submitted removes the run
     directory again; a later one (or a timeout) raises :class:`PartialSubmitError` and leaves an incomplete run.
-    ``check_endpoints``: ask the hosted endpoints first (``--check-endpoints``)."""
+    ``check_endpoints``: ask the hosted endpoints first (``--check-endpoints``); ``change_plan``: what a command
+    adds to the compiled plan before anything is written (``ddslurm tune``'s calibration levels)."""
     now = clock()
     checked = check_profile_first(run_path, profile_path, slurm, env)
     prepared = prepare(
         run_path, profile_path, env, now, home, check_endpoints=check_endpoints, gpu_type_of=partition_gpu_type(slurm)
     )
+    if change_plan is not None:
+        prepared = dataclasses.replace(prepared, plan=change_plan(prepared.plan))
     layout, plan = prepared.layout, prepared.plan
     check_environment(plan, env)
     with refusals():

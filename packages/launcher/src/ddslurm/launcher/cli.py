@@ -1,12 +1,13 @@
 """``ddslurm``: run Data Designer recipes on Slurm (a Typer app; ``docs/cli.md`` documents every command).
 
-Commands: init (--dir, --force), submit (--dry-run, --continue), providers, doctor, status (--watch), wait (--timeout),
-cancel (--shards), retry (--shards, --fresh, --resume-cancelled, --dry-run), accept-partial, logs, collect (--local,
---overwrite), report (--output), list. Every command takes --json (errors included); exit codes are
-:class:`ddslurm.launcher._output.ExitCode`. Rendering for people lives in ``_console``, JSON and errors in
-``_output``. This module holds the app, registers its commands (:data:`COMMANDS`) and runs it (:func:`main`); the
-commands live in ``_commands_start`` (submit, providers, init, list), ``_commands_follow`` (status, wait, logs,
-report) and ``_commands_steer`` (cancel, retry, accept-partial, collect), with what they share in ``_session``. A
+Commands: init (--dir, --force), submit (--dry-run, --continue), tune (--records), providers, doctor, status
+(--watch), wait (--timeout), cancel (--shards), retry (--shards, --fresh, --resume-cancelled, --dry-run),
+accept-partial, logs, collect (--local, --overwrite), report (--output), list. Every command takes --json (errors
+included); exit codes are :class:`ddslurm.launcher._output.ExitCode`. Rendering for people lives in ``_console``,
+JSON and errors in ``_output``. This module holds the app, registers its commands (:data:`COMMANDS`) and runs it
+(:func:`main`); the commands live in ``_commands_start`` (submit, providers, init, list), ``_commands_follow``
+(status, wait, logs, report), ``_commands_steer`` (cancel, retry, accept-partial, collect) and ``_commands_tune``
+(tune), with what they share in ``_session``. A
 command only reads its options, takes the :class:`Session`, calls one service of the launcher (the functions
 ``ddslurm.launcher`` exports: ``dry_run``, ``follow_run``, ``retry``, ``list_runs``, ...), renders what it returns
 and gives the exit code; what the command does lives in the service.
@@ -26,6 +27,7 @@ from typer.main import get_command
 from ddslurm.launcher._commands_follow import cmd_logs, cmd_report, cmd_status, cmd_wait
 from ddslurm.launcher._commands_start import cmd_doctor, cmd_init, cmd_list, cmd_providers, cmd_submit
 from ddslurm.launcher._commands_steer import cmd_accept_partial, cmd_cancel, cmd_collect, cmd_retry
+from ddslurm.launcher._commands_tune import cmd_tune
 from ddslurm.launcher._output import (
     REPORTED,
     CommandFailed,
@@ -104,6 +106,7 @@ def _top(
 
 COMMANDS: tuple[tuple[str, Callable[..., Any]], ...] = (
     ("submit", cmd_submit),
+    ("tune", cmd_tune),
     ("providers", cmd_providers),
     ("doctor", cmd_doctor),
     ("status", cmd_status),

@@ -51,6 +51,7 @@ from ddslurm.runtime._inputs import Inputs
 from ddslurm.runtime._progress import ProgressFile
 from ddslurm.runtime._resume import resume_source, seed_from
 from ddslurm.runtime._shard_seed import fixed_seed_file, read_seed_file, shuffled_block, stage_seed_table
+from ddslurm.runtime._usage import recording_usage
 from ddslurm.runtime._verify import (
     DD_DROPPED_DIR,
     FILL_DIR,
@@ -293,6 +294,20 @@ class AttemptRunner:
         )
         return EXIT_FAILED
 
+    def fail_ended(self, record: AttemptRecord, failure: RuntimeFailure) -> AttemptRecord:
+        """Fail an attempt whose generation ended (a tune run whose calibration sweep then failed: the run is its
+        measurement, not its records); the winner it may have published stays. Returns the record written."""
+        layout = self._shard(record.shard).attempt(record.attempt)
+        failed = msgspec.structs.replace(
+            read_json(layout.record, AttemptRecord),
+            state="failed",
+            reason=failure.reason,
+            message=failure.message,
+            retryable=False,
+        )
+        self._write(layout, failed)
+        return failed
+
     def cancel(self, began: Began, message: str) -> AttemptRecord:
         """End a running attempt as ``cancelled`` (``ddslurm cancel --shards`` of a pulling allocation's shard)."""
         current = read_json(began.layout.record, AttemptRecord)
@@ -332,11 +347,12 @@ class AttemptRunner:
                 max_parallel_requests=parallel_requests(inputs.snapshot, inputs.plan.serving),
                 sized_aliases=sorted(sized_parallel_requests(inputs.snapshot, inputs.plan.serving)),
             )
-            try:
-                return self._generate(inputs, began, endpoints, log, resume_own)
-            except RuntimeFailure as exc:
-                log.error("attempt.failed", reason=exc.reason, message=exc.message)
-                return self.fail(began, exc)
+            with recording_usage(began.layout.client_usage, log):
+                try:
+                    return self._generate(inputs, began, endpoints, log, resume_own)
+                except RuntimeFailure as exc:
+                    log.error("attempt.failed", reason=exc.reason, message=exc.message)
+                    return self.fail(began, exc)
 
     def _generate(self, inputs: Inputs, began: Began, endpoints: Mapping[str, str], log: Any, resume_own: bool) -> int:
         plan = inputs.plan

@@ -37,6 +37,7 @@ import httpx
 
 from ddslurm.config import SERVING_READY, RunLayout, encode_pretty, make_private_dir
 from ddslurm.runtime._attempt import EXIT_OK, AttemptRunner
+from ddslurm.runtime._calibrate import CalibrationError, calibrate
 from ddslurm.runtime._engine import local_token_names
 from ddslurm.runtime._fleet import Fleet
 from ddslurm.runtime._inputs import Inputs
@@ -193,14 +194,41 @@ class Controller:
             grace=self._grace,
             unhealthy_limit=self._unhealthy_limit,
             locate_leader=self._locate_leader,
+            record_prompts=bool(plan.calibrate),
         )
         try:
             self._serve(inputs, workers, fleet, endpoints, log)
+            if plan.calibrate and plan.serving is not None and workers.exit_code() == EXIT_OK:
+                self._calibrate(inputs, workers, fleet, endpoints.parent, token, log)
         except RuntimeFailure as exc:
             workers.fail_all(exc)
         finally:
             self._teardown(workers, fleet)
         return workers.exit_code()
+
+    def _calibrate(self, inputs: Inputs, workers: Workers, fleet: Fleet, directory: Path, token: str, log: Any) -> None:
+        """A tune allocation's sweep (``_calibrate``), its generation done and its servers still up; a failure fails
+        the attempts it ran (``calibration_failed``). The job's stop signal (cancellation, the time limit's
+        warning) ends it at its next request."""
+        plan = inputs.plan
+        assert plan.serving is not None
+        log.info("calibration.started", levels=list(plan.calibrate))
+        try:
+            calibration = calibrate(
+                plan.serving,
+                plan.calibrate,
+                directory,
+                fleet.first_replicas(),
+                fleet.load_seconds(),
+                token,
+                log,
+                check=self._stop.check,
+            )
+        except CalibrationError as exc:
+            log.error("calibration.failed", message=exc.message)
+            workers.fail_ended(exc)
+            return
+        log.info("calibration.written", aliases=[e.alias for e in calibration.entries])
 
     @staticmethod
     def _teardown(workers: Workers, fleet: Fleet) -> None:

@@ -30,7 +30,7 @@ from typing import Any
 
 import httpx
 
-from ddslurm.config import Engine, ServingPlan, atomic_write, busy_log, encode_pretty, read_tail
+from ddslurm.config import Engine, ServingPlan, atomic_write, busy_log, encode_pretty, prompts_file, read_tail
 from ddslurm.runtime._listeners import MAX_SOCKET_PATH, socket_path, unix_url
 from ddslurm.runtime._scratch import create_scratch, own_scratch_owner, remove_scratch, scratch_base
 from ddslurm.runtime._serving import (
@@ -128,8 +128,11 @@ class Fleet:
         grace: float,
         unhealthy_limit: int,
         locate_leader: Callable[[Mapping[str, str]], str] = leader_address,
+        record_prompts: bool = False,
     ) -> None:
         self._launcher = launcher
+        self._record_prompts = record_prompts
+        """A tune allocation's: each proxy records the request bodies it forwards (``prompts_file``)."""
         self._env = env
         self._plain_env = without(env, secrets)
         """The job's environment without any secret: the API keys (the client's) and ``server.env_from``."""
@@ -160,6 +163,10 @@ class Fleet:
         """Failed health checks in a row, by step name."""
         self._reported: set[str] = set()
         """The replicas whose death was logged."""
+        self._launched_at: float | None = None
+        """When the first server step started (monotonic)."""
+        self._ready_at: dict[str, float] = {}
+        """When every replica of each alias answered (monotonic)."""
 
     # --- launch and readiness --------------------------------------------------------------------------
 
@@ -179,6 +186,7 @@ class Fleet:
                     replica.step, replica.url, dep.served_model_name, dep.startup_timeout, replica.followers
                 )
                 self._log.info("server.ready", step=replica.step.name, seconds=round(took, 2))
+            self._ready_at[dep.alias] = time.monotonic()
         for proxy in self._proxies.values():
             self._wait_ready(proxy.step, proxy.url, None, PROXY_READY_S)
             self._log.info("proxy.ready", alias=proxy.alias, port=proxy.port)
@@ -250,6 +258,8 @@ class Fleet:
                         node=self._node if rank == 0 else rank,
                     )
                     step = self._launcher.start(spec)
+                    if self._launched_at is None:
+                        self._launched_at = step.started
                     self._servers.append(step)
                     steps.append(step)
                     extra = {} if place is None else {"node_rank": rank, "rendezvous": f"{address}:{meet}"}
@@ -297,6 +307,8 @@ class Fleet:
         argv = [str(self._runtime_exe), "proxy", "--listen", f"{HOST}:{port}", "--reuse-port"]
         for replica in upstreams:  # each replica's busy log named by its index, whichever replicas are left
             argv += ["--upstream", replica.url, "--busy-log", str(busy_log(self._dir, alias, replica.index))]
+        if self._record_prompts:
+            argv += ["--record-prompts", str(prompts_file(self._dir, alias))]
         log_path = self._dir / f"proxy-{alias}.log"
         spec = StepSpec(
             name=f"proxy-{alias}",
@@ -359,6 +371,15 @@ class Fleet:
             ],
         }
         atomic_write(self._dir / "serving.json", encode_pretty(doc))
+
+    def load_seconds(self) -> dict[str, float]:
+        """Per alias, seconds from the first server step's start to every replica of the alias answering."""
+        start = self._launched_at
+        return {} if start is None else {alias: at - start for alias, at in self._ready_at.items()}
+
+    def first_replicas(self) -> dict[str, str]:
+        """Per alias, its replica 0's own listener (``http://HOST:PORT`` or ``unix:/path``), bypassing the proxy."""
+        return {alias: reps[0].url for alias, reps in self._replicas.items() if reps}
 
     # --- watching --------------------------------------------------------------------------------------
 

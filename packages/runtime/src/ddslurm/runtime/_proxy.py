@@ -27,6 +27,9 @@ seconds for one, then gets 503 ``{"error": {"message": ..., "type": "ServiceUnav
 the headers is not retried (the replica may have done the work): before any byte went to the client it is 502
 ``BadGateway``, later the client's connection is aborted, so a truncated body never looks complete.
 
+``--record-prompts PATH`` (a ``ddslurm tune`` allocation's) appends the body of each chat completion request
+forwarded, at most 256, to PATH, one JSON object a line (``_prompts.py``): never a header, so never the token.
+
 ``--busy-log PATH``, once per ``--upstream`` and in the same order, appends the spans in which at least one request
 was in flight to that upstream (``_busy.py``): when each model server (replica) had work, for the report's GPU time
 generating.
@@ -69,6 +72,7 @@ from yarl import URL
 from ddslurm.runtime._busy import BusyLog
 from ddslurm.runtime._listeners import socket_path
 from ddslurm.runtime._log import new_logger
+from ddslurm.runtime._prompts import PromptRecorder
 from ddslurm.runtime._serving import TOKEN_ENV, auth_headers
 from ddslurm.runtime._upstreams import Upstream, Upstreams
 
@@ -118,6 +122,7 @@ class ProxyConfig:
     token: str | None = field(default=None, repr=False)  # required from clients, sent upstream; None: open
     reuse_port: bool = False  # bind with SO_REUSEPORT (beside the controller's hold on the port)
     busy_logs: tuple[Path, ...] = ()  # per upstream (same order): its spans with a request in flight; (): none
+    record_prompts: Path | None = None  # a tune allocation's: append chat completion bodies here (_prompts.py)
 
     def __post_init__(self) -> None:
         if not self.upstreams:
@@ -169,6 +174,8 @@ class Proxy:
         logs = config.busy_logs or (None,) * len(config.upstreams)
         self._busy = {url.rstrip("/"): BusyLog(path) for url, path in zip(config.upstreams, logs, strict=True)}
         """Upstream URL (as :class:`Upstream` spells it) → the spans in which it had a request in flight."""
+        self._recorder = PromptRecorder(config.record_prompts) if config.record_prompts else None
+        """A tune allocation's: the chat completion bodies forwarded (never a header), for its calibration sweep."""
         self._expected = f"Bearer {config.token}".encode() if config.token else None
         # Per-request constants: headers never forwarded, the token header added, whether to log each request.
         self._drop = _DROP_REQUEST | {"authorization"} if config.token else _DROP_REQUEST
@@ -218,6 +225,8 @@ class Proxy:
         await self._upstreams.close()
         for busy in self._busy.values():
             busy.close()
+        if self._recorder is not None:
+            self._recorder.close()
 
     def served(self) -> dict[str, int]:
         return self._upstreams.served()
@@ -248,6 +257,8 @@ class Proxy:
 
     async def _forward(self, request: web.BaseRequest) -> web.StreamResponse:
         body = await request.content.read()  # kept for a retry; no size cap (unlike request.read())
+        if self._recorder is not None and request.method == "POST":
+            self._recorder.record(request.path, body)
         drop = self._drop
         connection = request.headers.get("Connection")
         if connection:
@@ -432,6 +443,13 @@ def _parser() -> argparse.ArgumentParser:
         help="once per --upstream, in the same order: append the spans with a request in flight to it here",
     )
     parser.add_argument(
+        "--record-prompts",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="a tune allocation's: append the bodies of the chat completion requests forwarded (at most 256) here",
+    )
+    parser.add_argument(
         "--reuse-port",
         action="store_true",
         help="bind with SO_REUSEPORT, beside the controller's hold on the port (no other user can take it)",
@@ -514,6 +532,7 @@ def main(argv: list[str], environ: Mapping[str, str] | None = None) -> int:
             token=token,
             reuse_port=args.reuse_port,
             busy_logs=tuple(args.busy_log),
+            record_prompts=args.record_prompts,
         )
     except ValueError as exc:
         print(f"ddslurm-runtime proxy: {exc}", file=sys.stderr)

@@ -363,6 +363,13 @@ class Workers:
         if self._source.pulling:
             log.error("allocation.failed", reason=failure.reason, message=failure.message)
 
+    def fail_ended(self, failure: RuntimeFailure) -> None:
+        """Fail every attempt that ended (a tune allocation whose calibration sweep failed after them)."""
+        for i, record in enumerate(self._outcomes):
+            self._job_log.error("attempt.failed", shard=record.shard, attempt=record.attempt, reason=failure.reason,
+                                message=failure.message)  # fmt: skip
+            self._outcomes[i] = self._runner.fail_ended(record, failure)
+
     def stop(self) -> None:
         """Stop every client still running, together."""
         spare = [self._spare] if self._spare is not None else []
