@@ -10,6 +10,7 @@ from pathlib import Path
 import msgspec
 import pytest
 from packages.launcher.tests.test_report import SACCT, STAGED_SACCT, _epoch, _event, make_report_run, make_staged_run
+from packages.launcher.tests.test_stages_submit import RECIPE as STAGE_RECIPE
 from packages.launcher.tests.test_stages_submit import _files as stage_files
 
 from ddslurm.config import (
@@ -348,3 +349,18 @@ def test_a_successful_collection_records_the_facts(tmp_path: Path) -> None:
     [recipe] = read_facts(facts_path(workspace)).recipes
     # the report's numbers of that run: writer 10 and judge 5 requests over its 5 rows
     assert (recipe.run_id, recipe.requests_per_record) == (layout.run_id, {"judge": 5 / 5, "writer": 10 / 5})
+
+
+def test_two_runs_of_one_seeded_recipe_share_its_facts_key(tmp_path: Path) -> None:
+    """The stored recipe points at each run's own copy of the seed (its digest differs run to run); the facts key
+    is the recipe as the run file names it, so a later run finds what an earlier one measured."""
+    seeded = STAGE_RECIPE.replace("Say {{ topic }}", "Say {{ topic }} {{ question }}") + (
+        "  seed_config:\n    sampling_strategy: ordered\n    source: {seed_type: local, path: seed.csv}\n"
+    )
+    run, profile, env = stage_files(tmp_path, recipe=seeded)
+    (tmp_path / "seed.csv").write_text("question\n" + "".join(f"q{i}\n" for i in range(12)))
+    first = prepare(run, profile, env, datetime.now(UTC), check_recipe=accept_recipe).plan
+    second = prepare(run, profile, env, datetime.now(UTC), check_recipe=accept_recipe).plan
+    assert first.seed is not None and first.run_id != second.run_id
+    assert first.recipe_sha256 != second.recipe_sha256  # each points at its own run's seed copy
+    assert first.recipe_facts_key() == second.recipe_facts_key() == first.recipe_key != ""

@@ -66,7 +66,7 @@ class ModelFact(Frozen, frozen=True, kw_only=True):
 
 class RecipeFact(Frozen, frozen=True, kw_only=True):
     recipe_sha256: str
-    """The digest of the recipe as stored in a run's inputs (``Plan.recipe_sha256``)."""
+    """The recipe's digest as the run file names it (``Plan.recipe_facts_key()``: the same in every run of it)."""
     requests_per_record: dict[str, float]
     """Per model alias, the requests Data Designer sent per record generated (retries and health checks excluded)."""
     client_cpu_s_per_request: float | None = None

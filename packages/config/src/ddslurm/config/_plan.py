@@ -222,6 +222,10 @@ class Plan(Frozen, frozen=True, kw_only=True):
     client_retries: int = 1
     recipe_file: str
     recipe_sha256: str
+    recipe_key: str = ""
+    """The digest of the recipe as the run file names it (a builder's output included), before its seed is pointed
+    at the run's copy: the same in every run of the same recipe, so the workspace's recipe facts are keyed by it
+    (:meth:`recipe_facts_key`). Empty in plans made before it."""
     recipe_source: RecipeSource | None = None
     """For a recipe built by a Python script or function: that script, copied into the run's inputs."""
     plugins: tuple[PluginRecord, ...] = ()
@@ -268,6 +272,12 @@ class Plan(Frozen, frozen=True, kw_only=True):
     prediction: Prediction | None = None
     """The layout the planner's cost model chose, its predicted wall time and GPU-hours, the runners-up and the
     facts it used; None for hosted-only runs."""
+
+    def recipe_facts_key(self) -> str:
+        """What the workspace's recipe facts of this run are keyed by: :attr:`recipe_key`, else (older plans) the
+        stored recipe's digest."""
+        return self.recipe_key or self.recipe_sha256
+
     calibrate: tuple[int, ...] = ()
     """A ``ddslurm tune`` calibration run: the concurrency levels (requests in flight at once, ascending) at which
     the allocation measures one replica of each deployment after its generation; its proxies record the requests

@@ -218,7 +218,7 @@ def _recipe(facts: RunFacts, report: RunReport, loads: dict[str, list[float]], a
     if report.rows_generated <= 0 or not report.models:
         return None
     return RecipeFact(
-        recipe_sha256=plan.recipe_sha256,
+        recipe_sha256=plan.recipe_facts_key(),
         requests_per_record={m.alias: round(m.requests / report.rows_generated, 4) for m in report.models},
         client_cpu_s_per_request=_client_cpu(facts),
         allocation_overhead_s=_overhead(report, loads),

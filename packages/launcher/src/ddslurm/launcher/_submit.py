@@ -177,6 +177,7 @@ def prepare(
                 snapshot=snapshot,
                 layout=layout,
                 recipe_sha256=sha256_bytes(recipe_bytes),
+                recipe_key=sha256_bytes(loaded.stored),
                 snapshot_sha256=sha256_bytes(snapshot_bytes),
                 seed=None if seed is None else seed.plan,
                 recipe_source=source,

@@ -115,7 +115,7 @@ def recipe_fact(plan: Plan, record: AttemptRecord, attempt_dir: Path, measured_a
     except (FileNotFoundError, ConfigError):
         pass
     return RecipeFact(
-        recipe_sha256=plan.recipe_sha256,
+        recipe_sha256=plan.recipe_facts_key(),
         requests_per_record={alias: round(n / rows, 4) for alias, n in sorted(requests.items())},
         client_cpu_s_per_request=cpu,
         measured_by="tune",

@@ -90,6 +90,8 @@ class PlanInputs:
     """What earlier runs and calibrations of the workspace measured (the cost model's inputs)."""
     gpu_type: str = ""
     """The GPU type of the generation partition's nodes (``sinfo``); empty: untyped or unknown."""
+    recipe_key: str = ""
+    """The recipe's digest before its seed is pointed at the run's copy (``Plan.recipe_key``)."""
 
 
 _MEM = re.compile(r"^(?P<n>\d+(?:\.\d+)?)(?P<unit>[KMGT]?)B?$", re.IGNORECASE)
@@ -469,6 +471,7 @@ def compile_plan(inputs: PlanInputs) -> Plan:
         client_retries=run.client_retries,
         recipe_file=str(layout.recipe),
         recipe_sha256=inputs.recipe_sha256,
+        recipe_key=inputs.recipe_key,
         recipe_source=inputs.recipe_source,
         plugins=tuple(sorted(inputs.plugins, key=lambda p: p.name)),
         snapshot_file=str(layout.snapshot),
