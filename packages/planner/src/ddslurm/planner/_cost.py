@@ -273,8 +273,9 @@ def fill_slots(
 
 def _allocations(candidate: Candidate, inputs: CostInputs, hold: float, per_record: float) -> tuple[float, float, int]:
     """Seconds the allocations hold their GPUs (summed), the last allocation's end, and the last GPU shard to end
-    (the first of those ending last; -1 unless two-stage): shards in order onto the earliest free worker slot of the allocations that
-    run at once; an allocation waiting for one to end (the array's throttle) starts when it does."""
+    (the first of those ending last; -1 unless two-stage): shards in order onto the earliest free worker slot of
+    the allocations that run at once; an allocation waiting for one to end (the array's throttle) starts when it
+    does."""
     drain = drain_seconds(inputs)
     records = inputs.shard_records
     shards = len(records)
