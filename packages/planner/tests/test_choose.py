@@ -26,7 +26,7 @@ from ddslurm.config import (
 )
 from ddslurm.planner import PlanError, PlanInputs, client_serving, compile_plan, plan_allocations, plan_serving
 from ddslurm.planner._choose import NEAR_SHARE, candidates
-from ddslurm.planner._cost import DEFAULT_LOAD_S, DEFAULT_OVERHEAD_S, cost_inputs, predict
+from ddslurm.planner._cost import DEFAULT_LOAD_S, DEFAULT_OVERHEAD_S, CostSources, cost_inputs, predict
 
 PROFILE = ClusterProfile(workspace="/ws", python_env="/venv", gpus_per_node=8, partition="gpu")
 
@@ -152,10 +152,8 @@ def test_runners_up_are_the_next_two_by_the_rule() -> None:
     assert len(layouts) == 3
     # recompute the rule over every candidate, independently of the chooser's sorting
     serving = plan_serving(run, PROFILE, "gpu")
-    inputs = cost_inputs(
-        run, serving, facts=Facts(), gpu_type="", recipe_sha256="-", columns=None,
-        shard_records=tuple(s.num_records for s in plan.shards), two_stage=False,
-    )  # fmt: skip
+    records = tuple(s.num_records for s in plan.shards)
+    inputs = cost_inputs(run, serving, CostSources(Facts(), "", "-", None, records, two_stage=False))
     every = [predict(c, inputs) for c in candidates(run, 8, (1,), inputs, 4)]
     least = min(c.gpu_hours for c in every)
     near = [c for c in every if c.gpu_hours <= least * 1.05]

@@ -30,6 +30,7 @@ from ddslurm.planner._cost import (
     DEFAULT_REQUEST_S,
     Candidate,
     CostInputs,
+    CostSources,
     cost_inputs,
     fill_slots,
     predict,
@@ -67,10 +68,7 @@ def inputs_of(run: RunFile, facts: Facts, *, two_stage: bool = False, columns: t
               records: tuple[int, ...] | None = None) -> CostInputs:  # fmt: skip
     serving = plan_serving(run, PROFILE, "gpu")
     per = records or tuple([run.num_records // run.shards] * run.shards)
-    return cost_inputs(
-        run, serving, facts=facts, gpu_type="", recipe_sha256=SHA, columns=columns, shard_records=per,
-        two_stage=two_stage,
-    )  # fmt: skip
+    return cost_inputs(run, serving, CostSources(facts, "", SHA, columns, per, two_stage))
 
 
 # Hand figures for measured(): rate 4 requests/s of a replica at capacity 8, 2 requests a record, load 10 s,
@@ -158,10 +156,7 @@ def test_defaults_when_nothing_was_measured_and_requests_per_record_from_the_col
 
 def test_a_fact_of_another_gpu_type_is_not_used() -> None:
     serving = plan_serving(run_file(), PROFILE, "gpu")
-    inputs = cost_inputs(
-        run_file(), serving, facts=measured(), gpu_type="h100", recipe_sha256=SHA, columns=None,
-        shard_records=(10, 10), two_stage=False,
-    )  # fmt: skip
+    inputs = cost_inputs(run_file(), serving, CostSources(measured(), "h100", SHA, None, (10, 10), two_stage=False))
     assert inputs.deployments[0].load_s == DEFAULT_LOAD_S
 
 

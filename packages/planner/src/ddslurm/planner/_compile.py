@@ -32,7 +32,7 @@ from ddslurm.config import (
     ShardSpec,
 )
 from ddslurm.planner._choose import choose
-from ddslurm.planner._cost import allocation_gpus, client_cpus, cost_inputs
+from ddslurm.planner._cost import CostSources, allocation_gpus, client_cpus, cost_inputs
 from ddslurm.planner._shards import SeedPool, plan_shards
 from ddslurm.planner._stages import plan_stages
 from ddslurm.planner.errors import PlanError
@@ -405,17 +405,7 @@ class Layout:
     prediction: Prediction | None = None
 
 
-def plan_layout(
-    run: RunFile,
-    profile: ClusterProfile,
-    *,
-    facts: Facts,
-    gpu_type: str,
-    recipe_sha256: str,
-    columns: Sequence[RecipeColumn] | None,
-    shard_records: tuple[int, ...],
-    two_stage: bool,
-) -> Layout:
+def plan_layout(run: RunFile, profile: ClusterProfile, sources: CostSources) -> Layout:
     """The allocations, replicas and client workers of the run. With ``allocations: auto`` or ``gpus``, the cost
     model's choice (``_choose``) within ``gpus`` (without it, within the GPUs the fixed rule of
     :func:`plan_allocations` would hold at once); otherwise that rule. Each client step's share of the replicas'
@@ -428,16 +418,8 @@ def plan_layout(
     if run.allocations != "auto" and run.gpus is None:
         return Layout(_shared(serving, fixed), fixed, run.max_concurrent)
     deadline_s = None if run.deadline is None else parse_time_limit(run.deadline, "deadline") * 60
-    inputs = cost_inputs(
-        run,
-        serving,
-        facts=facts,
-        gpu_type=gpu_type,
-        recipe_sha256=recipe_sha256,
-        columns=columns,
-        shard_records=shard_records,
-        two_stage=two_stage,
-    )
+    inputs = cost_inputs(run, serving, sources)
+    shard_records = sources.shard_records
     declared = tuple(len(d.replicas) for d in serving.deployments)
     one = allocation_gpus(declared, inputs)
     shards = len(shard_records)
@@ -470,12 +452,14 @@ def _layout_of(inputs: PlanInputs, two_stage: bool) -> Layout:
     return plan_layout(
         run,
         inputs.profile,
-        facts=inputs.facts,
-        gpu_type=inputs.gpu_type,
-        recipe_sha256=inputs.recipe_sha256,
-        columns=inputs.columns,
-        shard_records=tuple(s.num_records for s in _shards(run, inputs.seed)),
-        two_stage=two_stage,
+        CostSources(
+            facts=inputs.facts,
+            gpu_type=inputs.gpu_type,
+            recipe_sha256=inputs.recipe_sha256,
+            columns=inputs.columns,
+            shard_records=tuple(s.num_records for s in _shards(run, inputs.seed)),
+            two_stage=two_stage,
+        ),
     )
 
 
@@ -502,17 +486,15 @@ def client_serving(
     recipe whose columns are not known yet (requests per record from the facts, else 1 per alias; one stage)."""
     if not run.deployments:
         return None
-    records = tuple(s.num_records for s in _shards(run, seed))
-    return plan_layout(
-        run,
-        profile,
+    sources = CostSources(
         facts=facts or Facts(),
         gpu_type=gpu_type,
         recipe_sha256=recipe_sha256,
         columns=None,
-        shard_records=records,
+        shard_records=tuple(s.num_records for s in _shards(run, seed)),
         two_stage=False,
-    ).serving
+    )
+    return plan_layout(run, profile, sources).serving
 
 
 def compile_plan(inputs: PlanInputs) -> Plan:

@@ -104,22 +104,25 @@ def _column_requests(alias: str, columns: Sequence[RecipeColumn] | None) -> floa
     return float(sum(1 for c in columns if alias in c.aliases))
 
 
-def cost_inputs(
-    run: RunFile,
-    serving: ServingPlan,
-    *,
-    facts: Facts,
-    gpu_type: str,
-    recipe_sha256: str,
-    columns: Sequence[RecipeColumn] | None,
-    shard_records: tuple[int, ...],
-    two_stage: bool,
-) -> CostInputs:
+@dataclass(frozen=True, slots=True)
+class CostSources:
+    """What the cost model's inputs are read from besides the run file and its planned serving."""
+
+    facts: Facts
+    gpu_type: str
+    recipe_sha256: str
+    columns: Sequence[RecipeColumn] | None
+    shard_records: tuple[int, ...]
+    two_stage: bool
+
+
+def cost_inputs(run: RunFile, serving: ServingPlan, sources: CostSources) -> CostInputs:
     """The model's inputs for ``run`` (``serving``: its deployments as planned), from the workspace's ``facts`` of
     each deployment's model shape and of the recipe, else the stated defaults; every number with its origin."""
+    facts, gpu_type, columns, two_stage = sources.facts, sources.gpu_type, sources.columns, sources.two_stage
     uses: list[FactUse] = []
     deployments: list[DeploymentCost] = []
-    recipe = facts.recipe(recipe_sha256)
+    recipe = facts.recipe(sources.recipe_sha256)
     for index, (dep, planned) in enumerate(zip(run.deployments, serving.deployments, strict=True)):
         shape = shape_of(run, index, gpu_type)
         capacity = planned.capacity or 1
@@ -176,7 +179,7 @@ def cost_inputs(
         measured = None if recipe is None else recipe.cpu_stage_records_per_s
         cpu_stage = recipe_number("cpu_stage_records_per_s", measured, DEFAULT_CPU_STAGE_RECORDS_PER_S)
     return CostInputs(
-        shard_records=shard_records,
+        shard_records=sources.shard_records,
         deployments=tuple(deployments),
         cpus=run.submission.cpus,
         client_cpu_s=client_cpu_s,
