@@ -341,7 +341,9 @@ class Allocations:
 
 
 def plan_allocations(run: RunFile, serving: ServingPlan | None) -> Allocations:
-    """Resolve ``allocations`` and ``client_workers`` (``auto`` or numbers) against the shards and the servers.
+    """Resolve ``allocations`` and ``client_workers`` (``auto`` or numbers) against the shards and the servers by
+    the fixed rule: the layout of ``allocations: K`` without ``gpus``, and the GPUs at once that bound the cost
+    model's choice otherwise (:func:`plan_layout`); it refuses the numbers that cannot be met.
 
     ``client_workers: auto``: one client step per model-server replica (one Data Designer process keeps about one
     replica's worth of requests in flight; ~11 ms of CPU per request, docs/performance.md), never more than the
