@@ -166,7 +166,8 @@ def test_report_of_a_mixed_run(make_run_files: Any, hosted_endpoint: Any, tmp_pa
         shards=2,
         buffer_size=3,
         recipe=MIXED_RECIPE,
-        extra_run=SMALL_GENERATOR + "stages: single\n",  # the report reads the final stage's attempts only
+        # stages: the report reads the final stage's attempts only; allocations: one GPU job per shard (2 jobs)
+        extra_run=SMALL_GENERATOR + "stages: single\nallocations: 2\n",
         vllm_executable=vllm_stand_in(tmp_path, record_env=True),
     )
     run_dir = Path(

@@ -300,7 +300,8 @@ def _staged_run(tmp_path: Path) -> tuple[RunLayout, dict[str, str], FakeSlurm, l
         recipe=STAGED_RECIPE,
         num_records=12,
         shards=3,
-        run_extra="deployments:\n  - {model_alias: gen, model: m-2}\n",
+        # one task per shard: the tests follow each shard's own GPU and CPU tasks
+        run_extra="allocations: 3\ndeployments:\n  - {model_alias: gen, model: m-2}\n",
     )
     profile.write_text(profile.read_text() + "gpus_per_node: 4\n")
     prepared = prepare(run, profile, env, datetime.now(UTC), check_recipe=accept_recipe)

@@ -46,7 +46,8 @@ RECIPE = """data_designer:
   - {alias: gen, model: m-2, provider: local}
   - {alias: writer, model: m-1, provider: hosted, inference_parameters: {temperature: 0.3, max_parallel_requests: 8}}
 """
-DEPLOY = "deployments:\n  - {model_alias: gen, model: m-2}\n"
+# allocations: one task per shard (these tests follow each shard's own GPU and CPU tasks)
+DEPLOY = "allocations: 3\ndeployments:\n  - {model_alias: gen, model: m-2}\n"
 STAGES = (StagePlan(kind="gpu", columns=("topic", "draft")), StagePlan(kind="cpu", columns=("q",)))
 
 

@@ -587,10 +587,12 @@ class RunFile(Frozen, frozen=True, kw_only=True):
     allocations: PositiveInt | Literal["auto"] = "auto"
     """Jobs that generate the shards. Fewer allocations than shards makes each one pull shards from the run until
     none is left, its model servers started once and kept warm across them. ``auto``: one task per shard for
-    hosted-only runs; with deployments, one allocation per ``client_workers`` shards, at most ``max_concurrent``."""
+    hosted-only runs; with deployments, the planner's cost model chooses (the fewest GPU-hours within ``gpus`` and
+    ``deadline``; docs/run-files.md)."""
     client_workers: PositiveInt | Literal["auto"] = "auto"
-    """Data Designer client processes per allocation, each on its own shard (runs with deployments). ``auto``: one
-    per model-server replica, at most ``submission.cpus`` (the client CPUs are shared among them)."""
+    """Data Designer client processes per allocation, each on its own shard (runs with deployments). ``auto``: the
+    planner's cost model chooses, at most the allocation's replicas and ``submission.cpus`` (the client CPUs are
+    shared among them)."""
     retries: Annotated[int, msgspec.Meta(ge=0, le=10)] = 0
     """Retry arrays submitted with the run, each after the previous one if any of its shards failed."""
     client_retries: Annotated[int, msgspec.Meta(ge=0, le=10)] = 1

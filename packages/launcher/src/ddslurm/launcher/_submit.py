@@ -166,9 +166,18 @@ def prepare(
         source = loaded.source_record(layout)
         # Nothing is written yet: the check runs the script itself where the node will run the run's copy of it.
         as_is = None if source is None else msgspec.structs.replace(source, file=source.origin)
-        check = check_recipe(recipe, recipe_path, snapshot, client_serving(run, profile), runtime, as_is)
         facts = workspace_facts(Path(profile.workspace))
         gpu_type = _gpu_type(gpu_type_of, run.submission.partition or profile.partition) if run.deployments else ""
+        recipe_key = sha256_bytes(loaded.stored)
+        sized = client_serving(
+            run,
+            profile,
+            facts=facts,
+            gpu_type=gpu_type,
+            recipe_key=recipe_key,
+            seed=None if seed is None else seed.plan,
+        )
+        check = check_recipe(recipe, recipe_path, snapshot, sized, runtime, as_is)
         seed_cols = seed_column_names(run, seed, seed_columns)
         plan = compile_plan(
             PlanInputs(
@@ -177,7 +186,7 @@ def prepare(
                 snapshot=snapshot,
                 layout=layout,
                 recipe_sha256=sha256_bytes(recipe_bytes),
-                recipe_key=sha256_bytes(loaded.stored),
+                recipe_key=recipe_key,
                 snapshot_sha256=sha256_bytes(snapshot_bytes),
                 seed=None if seed is None else seed.plan,
                 recipe_source=source,

@@ -5,15 +5,18 @@ from ddslurm.planner._arrays import array_spec, array_tasks, failure_chain, plan
 from ddslurm.planner._compile import (
     VLLM_DEFAULT_MAX_NUM_SEQS,
     Allocations,
+    Layout,
     PlanInputs,
     client_serving,
     compile_plan,
     parse_memory_mb,
     parse_time_limit,
     plan_allocations,
+    plan_layout,
     plan_serving,
     server_capacity,
 )
+from ddslurm.planner._cost import CostSources
 from ddslurm.planner._limits import (
     HEADROOM,
     SubmissionPlan,
@@ -31,6 +34,8 @@ __all__ = [
     "HEADROOM",
     "VLLM_DEFAULT_MAX_NUM_SEQS",
     "Allocations",
+    "CostSources",
+    "Layout",
     "LimitError",
     "PlanError",
     "PlanInputs",
@@ -47,6 +52,7 @@ __all__ = [
     "parse_memory_mb",
     "parse_time_limit",
     "plan_allocations",
+    "plan_layout",
     "plan_arrays",
     "plan_serving",
     "plan_shards",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +19,7 @@ from ddslurm.config import (
     Facts,
     Plan,
     PluginRecord,
+    Prediction,
     ProviderSnapshot,
     RecipeColumn,
     RecipeSource,
@@ -28,7 +29,10 @@ from ddslurm.config import (
     RunLayout,
     SeedPlan,
     ServingPlan,
+    ShardSpec,
 )
+from ddslurm.planner._choose import choose
+from ddslurm.planner._cost import CostSources, allocation_gpus, client_cpus, cost_inputs
 from ddslurm.planner._cpu_stage import cpu_stage_workers
 from ddslurm.planner._shards import SeedPool, plan_shards
 from ddslurm.planner._stages import plan_stages
@@ -224,8 +228,11 @@ def declared_replicas(dep: Deployment) -> int:
     return 1 if dep.replicas == "auto" else dep.replicas
 
 
-def plan_serving(run: RunFile, profile: ClusterProfile, partition: str | None) -> ServingPlan:
-    """Place the replicas on the allocation's nodes, or say which numbers disagree.
+def plan_serving(
+    run: RunFile, profile: ClusterProfile, partition: str | None, counts: Sequence[int] | None = None
+) -> ServingPlan:
+    """Place the replicas on the allocation's nodes, or say which numbers disagree. ``counts``: each
+    deployment's replicas per allocation as the layout chose them (None: as declared, ``auto`` 1).
 
     A replica of ``tensor_parallel x pipeline_parallel x data_parallel`` GPUs that fits on a node gets one step of
     that many GPUs, and all such replicas of the run share the allocation's one node. A bigger replica spans
@@ -247,7 +254,7 @@ def plan_serving(run: RunFile, profile: ClusterProfile, partition: str | None) -
     for index, dep in enumerate(run.deployments):
         where, alias = f"deployments[{index}]", f"(model alias {dep.model_alias!r})"
         spans = _replica_nodes(run, index, per_node)
-        count = declared_replicas(dep)
+        count = declared_replicas(dep) if counts is None else counts[index]
         if dep.server.port is not None and dep.server.port + count - 1 > 65535:
             raise PlanError(f"{where}.server.port: {dep.server.port} + {count} replicas exceeds 65535 {alias}")
         gpus = dep.tensor_parallel * dep.pipeline_parallel * dep.data_parallel
@@ -337,7 +344,9 @@ class Allocations:
 
 
 def plan_allocations(run: RunFile, serving: ServingPlan | None) -> Allocations:
-    """Resolve ``allocations`` and ``client_workers`` (``auto`` or numbers) against the shards and the servers.
+    """Resolve ``allocations`` and ``client_workers`` (``auto`` or numbers) against the shards and the servers by
+    the fixed rule: the layout of ``allocations: K`` without ``gpus``, and the GPUs at once that bound the cost
+    model's choice otherwise (:func:`plan_layout`); it refuses the numbers that cannot be met.
 
     ``client_workers: auto``: one client step per model-server replica (one Data Designer process keeps about one
     replica's worth of requests in flight; ~11 ms of CPU per request, docs/performance.md), never more than the
@@ -390,51 +399,122 @@ def _shared(serving: ServingPlan | None, allocations: Allocations) -> ServingPla
     return msgspec.structs.replace(serving, deployments=shared)
 
 
-def client_serving(run: RunFile, profile: ClusterProfile) -> ServingPlan | None:
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """The run's layout: the replicas placed, the allocations and workers, the array's throttle, and the cost
+    model's prediction (None: the run file fixes the allocations without ``gpus``, or no deployments)."""
+
+    serving: ServingPlan | None
+    allocations: Allocations
+    max_concurrent: int | None
+    prediction: Prediction | None = None
+
+
+def plan_layout(run: RunFile, profile: ClusterProfile, sources: CostSources) -> Layout:
+    """The allocations, replicas and client workers of the run. With ``allocations: auto`` or ``gpus``, the cost
+    model's choice (``_choose``) within ``gpus`` (without it, within the GPUs the fixed rule of
+    :func:`plan_allocations` would hold at once); otherwise that rule. Each client step's share of the replicas'
+    capacity is applied (:func:`_shared`)."""
+    if not run.deployments:
+        return Layout(None, plan_allocations(run, None), run.max_concurrent)
+    partition = run.submission.partition or profile.partition
+    serving = plan_serving(run, profile, partition)
+    fixed = plan_allocations(run, serving)  # refuses the impossible numbers the run file sets
+    if run.allocations != "auto" and run.gpus is None:
+        return Layout(_shared(serving, fixed), fixed, run.max_concurrent)
+    deadline_s = None if run.deadline is None else parse_time_limit(run.deadline, "deadline") * 60
+    inputs = cost_inputs(run, serving, sources)
+    shard_records = sources.shard_records
+    declared = tuple(len(d.replicas) for d in serving.deployments)
+    one = allocation_gpus(declared, inputs)
+    shards = len(shard_records)
+    if run.gpus is not None:
+        if run.gpus < one:
+            detail = " + ".join(f"{d.alias}: {r} x {d.gpus}" for r, d in zip(declared, inputs.deployments, strict=True))
+            raise PlanError(
+                f"gpus: {run.gpus}, but one allocation of the deployments holds {one} GPUs ({detail}, replicas x "
+                f"GPUs of a replica); set gpus to at least {one}"
+            )
+        budget = run.gpus
+    else:
+        budget = min(fixed.count or shards, run.max_concurrent or shards) * one
+    spans = tuple(d.replicas[0].nodes for d in serving.deployments)
+    chosen = choose(run, profile.gpus_per_node, spans, inputs, budget, deadline_s)
+    candidate = chosen.candidate
+    serving = plan_serving(run, profile, partition, candidate.replicas)
+    if candidate.allocations == shards:
+        allocations = Allocations(None, 1, run.submission.cpus)
+    else:
+        allocations = Allocations(
+            candidate.allocations, candidate.workers, client_cpus(candidate.workers, run.submission.cpus)
+        )
+    throttle = candidate.at_once if candidate.at_once < candidate.allocations else run.max_concurrent
+    return Layout(_shared(serving, allocations), allocations, throttle, chosen.prediction)
+
+
+def _layout_of(inputs: PlanInputs, two_stage: bool) -> Layout:
+    run = inputs.run
+    return plan_layout(
+        run,
+        inputs.profile,
+        CostSources(
+            facts=inputs.facts,
+            gpu_type=inputs.gpu_type,
+            recipe_key=inputs.recipe_key or inputs.recipe_sha256,
+            columns=inputs.columns,
+            shard_records=tuple(s.num_records for s in _shards(run, inputs.seed)),
+            two_stage=two_stage,
+        ),
+    )
+
+
+def _shards(run: RunFile, seed: SeedPlan | None) -> tuple[ShardSpec, ...]:
+    if run.shards > run.num_records:
+        raise PlanError(
+            f"shards: {run.shards} shards for {run.num_records} records; every shard needs at least one record"
+        )
+    return plan_shards(run.num_records, run.shards, None if seed is None else SeedPool(seed.pool_start, seed.pool_size))
+
+
+def client_serving(
+    run: RunFile,
+    profile: ClusterProfile,
+    *,
+    facts: Facts | None = None,
+    gpu_type: str = "",
+    recipe_key: str = "",
+    seed: SeedPlan | None = None,
+) -> ServingPlan | None:
     """The plan's ``serving`` as each client step sees it (its share of the replicas' capacity), before the rest
-    is planned: what the submit-time check of the recipe sizes the local aliases' requests with."""
+    is planned: what the submit-time check of the recipe sizes the local aliases' requests with. Given the
+    facts, GPU type, recipe facts key and seed that :func:`compile_plan` gets, it is that plan's ``serving`` for a
+    recipe whose columns are not known yet (requests per record from the facts, else 1 per alias; one stage)."""
     if not run.deployments:
         return None
-    serving = plan_serving(run, profile, run.submission.partition or profile.partition)
-    return _shared(serving, plan_allocations(run, serving))
+    sources = CostSources(
+        facts=facts or Facts(),
+        gpu_type=gpu_type,
+        recipe_key=recipe_key,
+        columns=None,
+        shard_records=tuple(s.num_records for s in _shards(run, seed)),
+        two_stage=False,
+    )
+    return plan_layout(run, profile, sources).serving
 
 
 def compile_plan(inputs: PlanInputs) -> Plan:
     check_time_limit(inputs.run.submission.time_limit)
     run, profile = inputs.run, inputs.profile
     sub = run.submission
-    serving: ServingPlan | None = None
-    if run.deployments:
-        partition = sub.partition or profile.partition
-        serving = plan_serving(run, profile, partition)
-        server_cpus = sum(r.cpus for d in serving.deployments for r in d.replicas)
-        proxy_cpus = serving.proxy_cpus * sum(1 for d in serving.deployments if d.proxy)
-        memory = sub.memory
-        if memory is None and profile.memory_per_gpu is not None:
-            memory = f"{parse_memory_mb(profile.memory_per_gpu, 'profile.memory_per_gpu') * serving.gpus}M"
-        # Per node: --gres/--gpus, --cpus-per-task and --mem are what each node of the allocation gets; the first
-        # node (client, proxies, leaders) needs the most, and Slurm gives every node the same.
-        generation = Resources(
-            partition=partition,
-            nodes=serving.nodes,
-            account=sub.account or profile.account,
-            qos=sub.qos,
-            time_minutes=parse_time_limit(sub.time_limit, "submission.time_limit"),
-            cpus_per_task=sub.cpus + server_cpus + proxy_cpus,
-            memory=memory,
-            gres=f"gpu:{serving.gpus}" if serving.gpu_request == "gres" else "none",
-            gpus=serving.gpus if serving.gpu_request == "gpus" else None,
-            constraint=sub.constraint,
-            reservation=sub.reservation,
-            extra_sbatch=(*profile.extra_sbatch, *sub.extra_sbatch),
-        )
-    else:
-        generation = _cpu_resources(run, profile)
-    staging = plan_stages(run, inputs.recipe, inputs.columns, inputs.seed_columns)
-    stages = staging.stages
     for field, value in (("submission.memory", sub.memory), ("collection.memory", run.collection.memory)):
         if value is not None:
             parse_memory_mb(value, field)
+    staging = plan_stages(run, inputs.recipe, inputs.columns, inputs.seed_columns)
+    stages = staging.stages
+    shards = _shards(run, inputs.seed)
+    chosen = _layout_of(inputs, two_stage=bool(stages))
+    serving = chosen.serving
+    generation = _gpu_resources(run, profile, serving) if serving is not None else _cpu_resources(run, profile)
     col = run.collection
     collection = Resources(
         partition=col.partition or profile.cpu_partition or profile.partition,
@@ -445,26 +525,17 @@ def compile_plan(inputs: PlanInputs) -> Plan:
         gres="none",
         extra_sbatch=profile.extra_sbatch,
     )
-    if run.shards > run.num_records:
-        raise PlanError(
-            f"shards: {run.shards} shards for {run.num_records} records; every shard needs at least one record"
-        )
     layout = inputs.layout
-    allocations = plan_allocations(run, serving)
-    serving = _shared(serving, allocations)
+    allocations = chosen.allocations
     return Plan(
         run_id=layout.run_id,
         run_name=run.name,
         num_records=run.num_records,
-        shards=plan_shards(
-            run.num_records,
-            run.shards,
-            None if inputs.seed is None else SeedPool(inputs.seed.pool_start, inputs.seed.pool_size),
-        ),
+        shards=shards,
         seed=inputs.seed,
         resume=run.resume,
         buffer_size=min(run.buffer_size, run.num_records),
-        max_concurrent=run.max_concurrent,
+        max_concurrent=chosen.max_concurrent,
         allocations=allocations.count,
         client_workers=allocations.workers,
         retries=run.retries,
@@ -490,6 +561,32 @@ def compile_plan(inputs: PlanInputs) -> Plan:
         cpu_stage_workers=cpu_stage_workers(run, stages),
         column_order=staging.column_order,
         gpu_type=inputs.gpu_type,
+        prediction=chosen.prediction,
+    )
+
+
+def _gpu_resources(run: RunFile, profile: ClusterProfile, serving: ServingPlan) -> Resources:
+    """Each node of a GPU allocation: ``--gres``/``--gpus``, ``--cpus-per-task`` and ``--mem`` are what every node
+    gets; the first node (client, proxies, leaders) needs the most, and Slurm gives every node the same."""
+    sub = run.submission
+    server_cpus = sum(r.cpus for d in serving.deployments for r in d.replicas)
+    proxy_cpus = serving.proxy_cpus * sum(1 for d in serving.deployments if d.proxy)
+    memory = sub.memory
+    if memory is None and profile.memory_per_gpu is not None:
+        memory = f"{parse_memory_mb(profile.memory_per_gpu, 'profile.memory_per_gpu') * serving.gpus}M"
+    return Resources(
+        partition=sub.partition or profile.partition,
+        nodes=serving.nodes,
+        account=sub.account or profile.account,
+        qos=sub.qos,
+        time_minutes=parse_time_limit(sub.time_limit, "submission.time_limit"),
+        cpus_per_task=sub.cpus + server_cpus + proxy_cpus,
+        memory=memory,
+        gres=f"gpu:{serving.gpus}" if serving.gpu_request == "gres" else "none",
+        gpus=serving.gpus if serving.gpu_request == "gpus" else None,
+        constraint=sub.constraint,
+        reservation=sub.reservation,
+        extra_sbatch=(*profile.extra_sbatch, *sub.extra_sbatch),
     )
 
 

@@ -1,0 +1,204 @@
+"""The cost model (``ddslurm.planner._cost``): predictions recomputed by hand for small layouts, the facts it reads
+and where each number came from, and its greedy shard placement against a plain simulation."""
+
+from __future__ import annotations
+
+import heapq
+import random
+from pathlib import Path
+
+import pytest
+
+from ddslurm.config import (
+    ClusterProfile,
+    Deployment,
+    Facts,
+    ModelFact,
+    ModelShape,
+    ProviderSnapshot,
+    RecipeColumn,
+    RecipeFact,
+    RunFile,
+    RunLayout,
+    ServerSpec,
+    Submission,
+)
+from ddslurm.planner import PlanInputs, compile_plan, plan_serving
+from ddslurm.planner._cost import (
+    CPU_STAGE_START_S,
+    DEFAULT_LOAD_S,
+    DEFAULT_REQUEST_S,
+    Candidate,
+    CostInputs,
+    CostSources,
+    cost_inputs,
+    fill_slots,
+    predict,
+    shard_runs,
+)
+
+SHA = "a" * 64
+PROFILE = ClusterProfile(workspace="/ws", python_env="/venv", gpus_per_node=8, partition="gpu")
+
+
+def run_file(records: int = 20, shards: int = 2, *, capacity: int = 8, cpus: int = 4, **fields: object) -> RunFile:
+    dep = Deployment(
+        model_alias="gen", model="m", server=ServerSpec(cpus=1, extra_args=("--max-num-seqs", str(capacity)))
+    )
+    return RunFile(
+        name="r", recipe="x.yaml", num_records=records, shards=shards, deployments=(dep,),
+        submission=Submission(cpus=cpus), **fields,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+def measured(load_s: float = 10.0, rate: float = 4.0, per_record: float = 2.0, cpu_s: float = 0.001) -> Facts:
+    model = ModelFact(
+        shape=ModelShape(model="m"), load_s=load_s, requests_per_s=rate, capacity=8, measured_by="tune",
+        run_id="cal-1", measured_at="2026-01-01T00:00:00Z",
+    )  # fmt: skip
+    recipe = RecipeFact(
+        recipe_sha256=SHA, requests_per_record={"gen": per_record}, client_cpu_s_per_request=cpu_s,
+        allocation_overhead_s=5.0, cpu_stage_records_per_s=5.0, measured_by="run", run_id="run-1",
+        measured_at="2026-01-01T00:00:00Z",
+    )  # fmt: skip
+    return Facts(models=(model,), recipes=(recipe,))
+
+
+def inputs_of(run: RunFile, facts: Facts, *, two_stage: bool = False, columns: tuple[RecipeColumn, ...] | None = None,
+              records: tuple[int, ...] | None = None) -> CostInputs:  # fmt: skip
+    serving = plan_serving(run, PROFILE, "gpu")
+    per = records or tuple([run.num_records // run.shards] * run.shards)
+    return cost_inputs(run, serving, CostSources(facts, "", SHA, columns, per, two_stage))
+
+
+# Hand figures for measured(): rate 4 requests/s of a replica at capacity 8, 2 requests a record, load 10 s,
+# overhead 5 s. One replica does a record in 2 / 4 = 0.5 s; a shard's drain is 0.5 x 8 / 4 = 1 s; an allocation
+# holds its GPUs 10 + 5 = 15 s before generating. Busy GPU-seconds: 20 records x 2 / 4 x 1 GPU = 10.
+
+
+def test_two_shards_one_allocation_one_worker_by_hand() -> None:
+    got = predict(Candidate(1, (1,), 1, 1), inputs_of(run_file(), measured()))
+    # shard 0: 10 x 0.5 + 1 = 6 s, then shard 1 on the same worker: 6 s; 15 + 12 = 27 s on 1 GPU.
+    assert got.wall_s == pytest.approx(27.0)
+    assert got.gpu_hours == pytest.approx(27.0 / 3600)
+    assert got.gpu_busy == pytest.approx(10.0 / 27.0)
+    assert (got.allocations, got.replicas, got.client_workers, got.gpus_at_once) == (1, (1,), 1, 1)
+
+
+def test_two_workers_on_two_replicas_by_hand() -> None:
+    got = predict(Candidate(1, (2,), 2, 1), inputs_of(run_file(), measured()))
+    # two replicas: a record in 2 / (2 x 4) = 0.25 s; each worker gets half: 10 x 0.25 x 2 + 1 = 6 s, at once.
+    assert got.wall_s == pytest.approx(21.0)
+    assert got.gpu_hours == pytest.approx(2 * 21.0 / 3600)
+    assert got.gpus_at_once == 2
+    assert got.gpu_busy == pytest.approx(10.0 / 42.0)
+
+
+def test_one_task_per_shard_and_its_waves_by_hand() -> None:
+    inputs = inputs_of(run_file(), measured())
+    together = predict(Candidate(2, (1,), 1, 2), inputs)
+    # each task: 15 + 10 x 0.5 + 1 = 21 s; two at once: wall 21 s, 42 GPU-seconds.
+    assert (together.wall_s, together.gpu_hours) == pytest.approx((21.0, 42.0 / 3600))
+    waves = predict(Candidate(2, (1,), 1, 1), inputs)  # the throttle runs one at a time: the second after the first
+    assert (waves.wall_s, waves.gpu_hours, waves.gpus_at_once) == pytest.approx((42.0, 42.0 / 3600, 1))
+
+
+def test_the_client_cpus_cap_the_rate_by_hand() -> None:
+    # 1 client CPU, 0.5 CPU-s a request, 2 requests a record: the client sends a record every 1 s (slower than 0.5).
+    got = predict(Candidate(1, (1,), 1, 1), inputs_of(run_file(cpus=1), measured(cpu_s=0.5)))
+    assert got.wall_s == pytest.approx(15 + 2 * (10 * 1.0 + 1))
+
+
+def test_a_pulling_allocation_waiting_for_the_budget_holds_only_its_overhead() -> None:
+    # two allocations, one at a time: the first pulls all three shards, the second starts then and finds none (5 s).
+    got = predict(Candidate(2, (1,), 1, 1), inputs_of(run_file(shards=3, records=30), measured()))
+    first = 15 + 3 * (10 * 0.5 + 1)
+    assert got.wall_s == pytest.approx(first + 5)
+    assert got.gpu_hours == pytest.approx((first + 5) / 3600)
+
+
+def test_two_stage_adds_the_cpu_stage_of_the_last_gpu_shard() -> None:
+    got = predict(Candidate(1, (1,), 1, 1), inputs_of(run_file(), measured(), two_stage=True))
+    # after 27 s: the last shard's 10 records at 5 a second, and the CPU stage's start.
+    assert got.wall_s == pytest.approx(27 + 10 / 5 + CPU_STAGE_START_S)
+    assert got.gpu_hours == pytest.approx(27 / 3600) and got.two_stage
+
+
+def test_the_facts_used_and_their_origins() -> None:
+    used = {(f.name, f.subject): f for f in inputs_of(run_file(), measured(), two_stage=True).facts}
+    key = "gen:" + ModelShape(model="m").key()
+    assert (used["load_s", key].value, used["load_s", key].origin, used["load_s", key].run_id) == (
+        10.0,
+        "tune",
+        "cal-1",
+    )
+    assert used["requests_per_s", key].value == 4.0
+    assert (used["requests_per_record", "gen"].value, used["requests_per_record", "gen"].origin) == (2.0, "run")
+    assert used["client_cpu_s_per_request", "recipe"].value == 0.001
+    assert used["allocation_overhead_s", "recipe"].value == 5.0
+    assert used["cpu_stage_records_per_s", "recipe"].value == 5.0
+
+
+def test_defaults_when_nothing_was_measured_and_requests_per_record_from_the_columns() -> None:
+    def column(name: str, *aliases: str) -> RecipeColumn:
+        return RecipeColumn(
+            name=name, column_type="llm-text", aliases=aliases, refs=(), required=(), side_effects=(), drop=False,
+            skips=False, propagate_skip=False, sampler_type=None,
+        )  # fmt: skip
+
+    columns = (column("a", "gen"), column("b", "gen"), column("c", "judge"))
+    inputs = inputs_of(run_file(capacity=16), Facts(), columns=columns)
+    [dep] = inputs.deployments
+    assert (dep.load_s, dep.requests_per_s, dep.requests_per_record) == (DEFAULT_LOAD_S, 16 / DEFAULT_REQUEST_S, 2.0)
+    assert {f.origin for f in inputs.facts} == {"default"} and all(f.run_id is None for f in inputs.facts)
+    assert inputs_of(run_file(), Facts()).deployments[0].requests_per_record == 1.0  # columns unknown: 1
+
+
+def test_a_fact_of_another_gpu_type_is_not_used() -> None:
+    serving = plan_serving(run_file(), PROFILE, "gpu")
+    inputs = cost_inputs(run_file(), serving, CostSources(measured(), "h100", SHA, None, (10, 10), two_stage=False))
+    assert inputs.deployments[0].load_s == DEFAULT_LOAD_S
+
+
+def test_compile_plan_records_the_prediction_of_its_layout() -> None:
+    run = run_file(gpus=1)
+    plan = compile_plan(
+        PlanInputs(
+            run=run, profile=PROFILE, snapshot=ProviderSnapshot(), layout=RunLayout(Path("/ws/r")),
+            recipe_sha256=SHA, snapshot_sha256="-", facts=measured(),
+        )
+    )  # fmt: skip
+    assert plan.prediction is not None
+    chosen = plan.prediction.chosen
+    assert chosen == predict(
+        Candidate(chosen.allocations, chosen.replicas, chosen.client_workers, 1), inputs_of(run, measured())
+    )
+    assert plan.prediction.budget_gpus == 1 and plan.prediction.facts == inputs_of(run, measured()).facts
+
+
+def _greedy(
+    records: list[int], slots: int, start: float, per_record: float, fixed: float
+) -> tuple[list[float], list[int]]:
+    free = [(start, s) for s in range(slots)]
+    ends, last = [start] * slots, [-1] * slots
+    for index, n in enumerate(records):
+        at, slot = heapq.heappop(free)
+        ends[slot], last[slot] = at + n * per_record + fixed, index
+        heapq.heappush(free, (ends[slot], slot))
+    return ends, last
+
+
+def test_the_closed_form_placement_is_the_greedy() -> None:
+    rng = random.Random(23)
+    for _ in range(3000):
+        shards, slots = rng.randint(1, 40), rng.randint(1, 45)
+        if rng.random() < 0.5:  # plan_shards' even split: the first shards one record more
+            base, extra = divmod(rng.randint(shards, 5 * shards), shards)
+            records = [base + (i < extra) for i in range(shards)]
+        else:
+            records = [rng.choice((1, 2, 3, 4, 8)) for _ in range(shards)]
+        # durations of whole binary fractions: no rounding, so ties are ties in both
+        per_record, fixed, start = rng.choice((0.125, 0.5, 1.0, 2.0)), rng.choice((0.0, 0.5, 3.0)), rng.choice((0, 5))
+        assert fill_slots(shard_runs(records), slots, start, per_record, fixed) == _greedy(
+            records, slots, start, per_record, fixed
+        ), (records, slots, per_record, fixed)
