@@ -18,6 +18,7 @@ from ddslurm.launcher._collect import collect_local, collect_with_slurm, wait_fo
 from ddslurm.launcher._doctor import DoctorReport, doctor
 from ddslurm.launcher._doctor_checks import Check
 from ddslurm.launcher._dry_run import DryRun, dry_run
+from ddslurm.launcher._facts import Recorded, record_facts
 from ddslurm.launcher._follow import Released, SchedulerBusy, WaitTimeout, follow_run, release, wait_for_run
 from ddslurm.launcher._init import InitResult, init_command, render_init
 from ddslurm.launcher._recipe import LoadedRecipe, load_run_recipe
@@ -65,6 +66,8 @@ from ddslurm.launcher.errors import (
 )
 
 __all__ = [
+    "Recorded",
+    "record_facts",
     "Accepted",
     "AcceptedShard",
     "Cancelled",
