@@ -10,7 +10,13 @@ counts and in several *layouts* (run-file overrides, :data:`LAYOUTS`):
 - ``single``: the defaults in one stage (``stages: single``): the hosted judge runs in the GPU allocation;
 - ``auto``: the defaults (``allocations``/``client_workers`` auto, ``max_parallel_requests`` sized by the plan,
   ``stages: auto``: the judge in a CPU allocation after the GPU stage, whose GPU-seconds are none);
+- ``auto`` is planned by the cost model (``ddslurm.planner``) with its stated defaults: each run has a workspace
+  of its own, with no facts;
+- ``facts``: the defaults again, planned with the facts the run before it in this benchmark recorded (every run
+  records its facts, ``ddslurm.launcher.record_facts``): list it after ``auto`` to plan each shard count with the
+  facts of the same recipe and model measured at that count; a plan equal to one already run is measured once;
 - ``alloc1``: the defaults with ``allocations: 1``: one allocation, its servers kept warm across every shard;
+- ``alloc1w1``: ``alloc1`` with ``client_workers: 1`` (one client keeps the replicas' whole capacity in flight);
 - ``twonode``: ``alloc1`` with one generator replica over both GPU nodes (``tensor_parallel: 4,
   pipeline_parallel: 2``: a leader on n1, a headless follower on n2, 8 GPUs behind one API) instead of
   ``--replicas`` one-node replicas.
@@ -41,9 +47,14 @@ replicas' request logs. Each idle moment counts once, in the first category that
   Designer's end of run: the last batch's write, its dataset statistics; the attempt's verify and publish);
 - ``teardown``: the job's last attempt ended -> job end (the steps' stop, the batch step's exit, Slurm's end).
 
-    uv run python bench/gpu_busy.py [--shards 2,4,8] [--layouts anchor,auto,alloc1] [--skip alloc1@4]
+    uv run python bench/gpu_busy.py [--shards 2,4,8,16] [--layouts auto,facts] [--skip alloc1@4]
                                     [--records 384] [--buffer 32] [--replicas 2] [--tp 1] [--capacity 8]
                                     [--latency 1.0] [--judge-latency 0.5] [--startup-delay 5]
+
+Each line with a prediction (layouts the cost model chose) holds it (``predicted``: wall time, GPU-hours,
+GPU-busy) and ``measured_over_predicted`` (wall time: the first job's start to the last job's end, CPU-stage jobs
+included; GPU-hours allocated; GPU-busy), and ``facts_origin`` (``default``, ``run``). The summary's
+``worst_prediction`` is the largest |measured / predicted - 1| of wall time and GPU-hours over the ``facts`` lines.
 
 Prints one JSON line per (shards, layout) and a summary line; a layout whose plan is one already run at that shard
 count (``alloc1`` at 2 shards is ``auto``) is reported with ``same_as``, not run again. Takes 7-8 minutes: an
@@ -306,7 +317,11 @@ def analyse(
         job.ready = readies[0] if readies else None
         job.workers = workers
     shard_job: dict[int, Job] = {}
-    for record_path in run_dir.glob("shards/shard-*/attempts/attempt-*/attempt.json"):
+    # A two-stage run's GPU-stage attempts are under stage-0/; the final stage's (its CPU jobs', which send the
+    # judge's requests) under attempts/, read last so that a shard's judge requests go to its CPU job.
+    records = [*run_dir.glob("shards/shard-*/stage-0/attempts/attempt-*/attempt.json"),
+               *run_dir.glob("shards/shard-*/attempts/attempt-*/attempt.json")]  # fmt: skip
+    for record_path in records:
         record = read_json(record_path, AttemptRecord)
         job = by_raw.get(record_path.parent.name.removeprefix("attempt-"))
         if job is None or record.ended_at is None:

@@ -323,3 +323,42 @@ def test_an_entry_that_cannot_be_written_fails_nothing_and_holds_nobody_back(tmp
     board.publish(1)
     board.close()
     assert not _board(layout, 0, clock).sibling_idle()
+
+
+def test_a_shard_whose_result_is_recorded_frees_its_slot_before_its_process_has_exited(tmp_path: Path) -> None:
+    """The client records ``succeeded`` as its last act, then its interpreter and srun step take about a second to
+    exit: the spare generates as soon as the record says so, and the allocation is done only once the process has
+    exited (teardown never cuts it short)."""
+    layout, inputs = write_plan(tmp_path / "run-1", make_plan("run-1", (2,) * 3, allocations=1, client_workers=1))
+    launcher = GatedLauncher()
+    workers = _workers(layout, inputs, launcher, _pool(layout, 3, ScriptedSiblings(False)))
+
+    def record_only(shard: int) -> Step:
+        [step] = [s for s in launcher.started if _shard_of(s.spec) == shard and s.poll() is None]
+        path = _attempt_dir(step.spec) / "attempt.json"
+        record = read_json(path, AttemptRecord)
+        atomic_write(path, encode(msgspec.structs.replace(record, state="succeeded", client_runs=1)))
+        return step
+
+    try:
+        workers.start_first()
+        workers.top_up(NoProxies())
+        assert launcher.running() == [0, 1] and launcher.spares() == [1]
+        exiting = record_only(0)  # recorded, still running
+        workers.collect(NoProxies())
+        workers.top_up(NoProxies())
+        assert exiting.poll() is None and launcher.running() == [0, 1, 2]  # shard 1 generates; 2 is the spare
+        for shard in (1, 2):
+            workers.collect(NoProxies())
+            workers.top_up(NoProxies())
+            launcher.finish(shard)
+        workers.collect(NoProxies())
+        workers.top_up(NoProxies())
+        assert not workers.idle()  # shard 0's process has not exited yet
+        (_attempt_dir(exiting.spec) / "done").touch()
+        exiting.proc.wait(timeout=10)
+        assert workers.idle() and workers.exit_code() == 0
+    finally:
+        workers.stop()
+    states = [read_json(layout.shard(i).attempt(f"attempt-{JOB}").record, AttemptRecord).state for i in range(3)]
+    assert states == ["succeeded"] * 3

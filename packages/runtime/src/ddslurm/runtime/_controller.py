@@ -307,8 +307,8 @@ class Controller:
             fleet.check_replicas()
             if (failure := fleet.proxy_failure()) is not None:
                 workers.fail_running(failure)
-            workers.collect(fleet)
             self._sleep(self._poll)
+            workers.collect(fleet)  # just before top_up: a worker slot freed is filled in the same round
 
 
 def _provider_endpoints(inputs: Inputs, alias_urls: Mapping[str, str]) -> dict[str, str]:

@@ -36,6 +36,8 @@ from ddslurm.runtime._steps import Step, StepLauncher, StepSpec, stop_running
 from ddslurm.runtime._stop import StopSignal
 from ddslurm.runtime.errors import RuntimeFailure
 
+_RESULT_RECORDED = frozenset({"succeeded", "superseded"})
+"""Attempt states the client records as its last act: once one is written, its process only exits."""
 STOP_RACE_S = 2.0
 """How long a client step's failure waits for the signal that may have ended it (scancel, time limit)."""
 
@@ -227,6 +229,9 @@ class Workers:
         """The endpoints files this allocation wrote: a client waits for any other (see :meth:`_start_client`)."""
         self._outcomes: list[AttemptRecord] = []
         """The records of the attempts that ended."""
+        self._exiting: list[Step] = []
+        """Client steps whose attempt recorded its result (``succeeded``) while the process still exits: their
+        worker slot is free already (the next shard's client starts), the step is reaped once it has exited."""
 
     def endpoints_file(self, began: Began) -> Path:
         """The endpoints file a shard's client reads: its pulling allocation's, or a one-shard task's own, in the
@@ -317,8 +322,9 @@ class Workers:
         self._source.siblings.publish(free)
 
     def idle(self) -> bool:
-        """No client is generating or waiting to: the allocation is done."""
-        return not self._works and self._spare is None
+        """No client is generating, waiting to, or still exiting: the allocation is done."""
+        self._exiting = [step for step in self._exiting if step.poll() is None]
+        return not self._works and self._spare is None and not self._exiting
 
     def collect(self, serving: Serving) -> None:
         """Record every attempt whose client has ended; rerun the client of a retryable failure (``client_retries``:
@@ -374,7 +380,8 @@ class Workers:
         """Stop every client still running, together."""
         spare = [self._spare] if self._spare is not None else []
         self._source.siblings.close()
-        stop_running([w.client for w in reversed([*self._works, *spare])], self._grace, self._job_log)
+        clients = [w.client for w in reversed([*self._works, *spare])]
+        stop_running([*clients, *self._exiting], self._grace, self._job_log)
 
     def exit_code(self) -> int:
         """0 only if every shard this allocation ran succeeded. A shard cancelled on its own (``cancel --shards``)
@@ -462,7 +469,13 @@ class Workers:
                 status = client.stop(self._grace)
                 work.log.info("step.stopped", step=client.name, status=status, why="ddslurm cancel --shards")
                 return self._runner.cancel(began, "cancelled by ddslurm cancel --shards; the allocation goes on")
-            return None
+            recorded = read_json(began.layout.record, AttemptRecord)
+            if recorded.state not in _RESULT_RECORDED:
+                return None
+            # Its result is recorded and published; the process only exits (its interpreter, its srun step: about
+            # a second). The slot is free now, so the next shard's client generates that second sooner.
+            self._exiting.append(client)
+            return recorded
         record = read_json(began.layout.record, AttemptRecord)
         if record.state == "running" and code != 0:
             # scancel and the time limit signal the steps and the batch step together: the client may end first.
