@@ -14,9 +14,13 @@ import pytest
 
 from ddslurm.config import (
     AttemptRecord,
+    DeploymentPlan,
     Plan,
+    Progress,
+    ReplicaPlan,
     Resources,
     RunLayout,
+    ServingPlan,
     SlotsRecord,
     StagePlan,
     WinnerRecord,
@@ -362,3 +366,39 @@ def test_a_shard_whose_result_is_recorded_frees_its_slot_before_its_process_has_
         workers.stop()
     states = [read_json(layout.shard(i).attempt(f"attempt-{JOB}").record, AttemptRecord).state for i in range(3)]
     assert states == ["succeeded"] * 3
+
+
+def test_a_shard_whose_last_requests_are_in_flight_gives_its_slot_to_the_spare(tmp_path: Path) -> None:
+    """A deployed alias's client keeps its share of the replicas in flight (max_parallel_requests 4 here): once no
+    more than that many of its shard's records are left, the spare takes its slot and sets up while they finish; a
+    shard with more left keeps its slot."""
+    replica = ReplicaPlan(index=0, gpus=1, cpus=1)
+    writer = DeploymentPlan(alias="writer", model="m", served_model_name="m", tensor_parallel=1, startup_timeout=60,
+                            replicas=(replica,), capacity=4, max_parallel_requests=4)  # fmt: skip
+    serving = ServingPlan(deployments=(writer,), gpus=1)
+    plan = make_plan("run-1", (10,) * 3, allocations=1, client_workers=1, serving=serving)
+    layout, inputs = write_plan(tmp_path / "run-1", plan)
+    launcher = GatedLauncher()
+    workers = _workers(layout, inputs, launcher, _pool(layout, 3, ScriptedSiblings(False)))
+
+    def progress(shard: int, rows: int, in_batch: int) -> None:
+        path = layout.shard(shard).attempt(f"attempt-{JOB}").progress
+        atomic_write(path, encode(Progress(rows=rows, batches=1, updated_at="-", in_batch=in_batch)))
+
+    try:
+        workers.start_first()
+        workers.top_up(NoProxies())
+        assert launcher.running() == [0, 1] and launcher.spares() == [1]
+        progress(0, rows=5, in_batch=0)  # 5 of 10 left: more than its 4 in flight
+        workers.top_up(NoProxies())
+        assert launcher.running() == [0, 1] and launcher.spares() == [1]
+        progress(0, rows=5, in_batch=2)  # 3 left: all in flight
+        workers.top_up(NoProxies())
+        assert launcher.running() == [0, 1, 2] and launcher.spares() == [1, 2]  # 1 generates, 2 is the spare
+        for shard in (0, 1, 2):
+            launcher.finish(shard)
+            workers.collect(NoProxies())
+            workers.top_up(NoProxies())
+        assert workers.idle() and workers.exit_code() == 0
+    finally:
+        workers.stop()

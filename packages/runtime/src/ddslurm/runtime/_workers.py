@@ -21,6 +21,8 @@ from typing import Any, Protocol
 from ddslurm.config import (
     AttemptRecord,
     ClaimRecord,
+    ConfigError,
+    Progress,
     RunLayout,
     atomic_write,
     encode,
@@ -164,6 +166,9 @@ class Work:
     client: Step
     log: Any
     runs: int = 1
+    draining: bool = False
+    """Its last records are in flight (no more than its share of the replicas' capacity left): its slot is given
+    to the spare, which sets up while these finish."""
 
 
 class Workers:
@@ -212,6 +217,10 @@ class Workers:
         self._stop = stop
         self._grace = grace
         self._count = inputs.plan.client_workers if source.pulling else 1
+        shares = [d.max_parallel_requests for d in inputs.plan.serving.deployments] if inputs.plan.serving else []
+        self._share = min((n for n in shares if n), default=0)
+        """The requests one client keeps in flight to a deployed alias (its share of the replicas' capacity;
+        the smallest over the aliases); 0: no deployments, no draining."""
         serving = inputs.plan.serving
         self._node_of_clients = serving.home_node if serving is not None else None
         """The node the client steps run on (``StepSpec.node``): the first, where the endpoints are, in an
@@ -281,7 +290,7 @@ class Workers:
         shard, so a finished shard's successor generates at once instead of after a process start and Data
         Designer's import (seconds of idle GPUs per shard), unless a sibling allocation of the array has a free
         worker slot: the next shard is left to it (a worker slot of this one that frees up claims as usual)."""
-        while len(self._works) < self._count and not (self._works and serving.proxy_down()):
+        while self._occupied() < self._count and not (self._works and serving.proxy_down()):
             if self._spare is not None:  # ready: Data Designer imported, waiting for its endpoints
                 serving.restart_dead_proxies()
                 if self._promote():
@@ -294,9 +303,28 @@ class Workers:
                 break
             serving.restart_dead_proxies()
             self._works.append(self._work(began, self.endpoints_file(began)))
-        if self._source.pulling and not self._exhausted and self._spare is None and len(self._works) == self._count:
+        if self._source.pulling and not self._exhausted and self._spare is None and self._occupied() == self._count:
             self._start_spare()
         self._publish_free()
+
+    def _occupied(self) -> int:
+        """Worker slots taken: every generating client but those draining (:meth:`_drains`), whose slot the spare
+        takes so that its set-up (seconds: Data Designer's create, the seed) overlaps their last requests instead
+        of following them with the replicas' share idle. A pulling allocation with deployments only."""
+        if self._source.pulling and self._share and self._spare is not None:
+            for work in self._works:
+                work.draining = work.draining or self._drains(work)
+        return sum(not w.draining for w in self._works)
+
+    def _drains(self, work: Work) -> bool:
+        """Whether the shard's records not yet done fit in its client's share of the replicas (its last requests are
+        in flight), from the attempt's progress file."""
+        try:
+            progress = read_json(work.began.layout.progress, Progress)
+        except (OSError, ValueError, ConfigError):
+            return False
+        done = progress.rows + progress.in_batch
+        return 0 < work.began.num_records - done <= self._share
 
     def _start_spare(self) -> None:
         """Claim the next shard for the spare client and start it, unless a sibling waits for a shard."""
@@ -318,7 +346,7 @@ class Workers:
         if not self._source.pulling:
             return
         spare = 0 if self._spare is None else 1
-        free = 0 if self._exhausted else max(0, self._count - len(self._works) - spare)
+        free = 0 if self._exhausted else max(0, self._count - self._occupied() - spare)
         self._source.siblings.publish(free)
 
     def idle(self) -> bool:
@@ -341,6 +369,7 @@ class Workers:
                 serving.restart_dead_proxies()
                 work.client = self._start_client(work.began, self.endpoints_file(work.began), resume=True)
                 work.runs += 1
+                work.draining = False  # generating again: it takes a slot
                 continue
             work.log.info("attempt.ended", state=record.state, rows=record.rows, client_runs=work.runs)
             self._works.remove(work)
