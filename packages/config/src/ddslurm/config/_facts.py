@@ -9,7 +9,7 @@ import fcntl
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
 import msgspec
 
@@ -24,6 +24,21 @@ MeasuredBy = Literal["run", "tune"]
 """``run``: an earlier run of this workspace measured it; ``tune``: a ``ddslurm tune`` calibration did."""
 
 
+class Shaped(Protocol):
+    """A deployment as the run file declares it or as the plan holds it: what its model shape is made of."""
+
+    @property
+    def engine(self) -> Engine: ...
+    @property
+    def model(self) -> str: ...
+    @property
+    def tensor_parallel(self) -> int: ...
+    @property
+    def pipeline_parallel(self) -> int: ...
+    @property
+    def data_parallel(self) -> int: ...
+
+
 class ModelShape(Frozen, frozen=True, kw_only=True):
     """What a replica's speed depends on: the engine, the model and its parallel shape, the GPU type."""
 
@@ -34,6 +49,18 @@ class ModelShape(Frozen, frozen=True, kw_only=True):
     data_parallel: int = 1
     gpu_type: str = ""
     """The GPU type of the partition's nodes as ``sinfo`` prints their GRES (``a100``); empty: untyped GRES."""
+
+    @classmethod
+    def of(cls, deployment: Shaped, gpu_type: str) -> ModelShape:
+        """The shape of a deployment (a run file's or a plan's) on GPUs of ``gpu_type``."""
+        return cls(
+            engine=deployment.engine,
+            model=deployment.model,
+            tensor_parallel=deployment.tensor_parallel,
+            pipeline_parallel=deployment.pipeline_parallel,
+            data_parallel=deployment.data_parallel,
+            gpu_type=gpu_type,
+        )
 
     def key(self) -> str:
         parallel = f"tp{self.tensor_parallel}-pp{self.pipeline_parallel}-dp{self.data_parallel}"

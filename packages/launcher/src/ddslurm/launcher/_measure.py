@@ -120,14 +120,7 @@ def _models(plan: Plan, report: RunReport, loads: dict[str, list[float]], at: st
         asked = requests.get(dep.alias, 0)
         if load is None or dep.capacity is None or busy <= 0 or asked <= 0:
             continue
-        shape = ModelShape(
-            engine=dep.engine,
-            model=dep.model,
-            tensor_parallel=dep.tensor_parallel,
-            pipeline_parallel=dep.pipeline_parallel,
-            data_parallel=dep.data_parallel,
-            gpu_type=plan.gpu_type,
-        )
+        shape = ModelShape.of(dep, plan.gpu_type)
         found.append(
             ModelFact(
                 shape=shape,

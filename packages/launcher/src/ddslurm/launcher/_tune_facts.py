@@ -66,14 +66,7 @@ def model_fact(dep: DeploymentPlan, entry: CalibrationEntry, plan: Plan, measure
     capacity = dep.capacity or max(p.in_flight for p in entry.sweep)
     at_capacity = next((p.requests_per_s for p in entry.sweep if p.in_flight == capacity), 0.0)
     best = max(p.requests_per_s for p in entry.sweep)
-    shape = ModelShape(
-        engine=dep.engine,
-        model=dep.model,
-        tensor_parallel=dep.tensor_parallel,
-        pipeline_parallel=dep.pipeline_parallel,
-        data_parallel=dep.data_parallel,
-        gpu_type=plan.gpu_type,
-    )
+    shape = ModelShape.of(dep, plan.gpu_type)
     return ModelFact(
         shape=shape,
         load_s=entry.load_s,

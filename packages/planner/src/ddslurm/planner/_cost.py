@@ -86,15 +86,7 @@ class Candidate:
 
 
 def shape_of(run: RunFile, index: int, gpu_type: str) -> ModelShape:
-    dep = run.deployments[index]
-    return ModelShape(
-        engine=dep.engine,
-        model=dep.model,
-        tensor_parallel=dep.tensor_parallel,
-        pipeline_parallel=dep.pipeline_parallel,
-        data_parallel=dep.data_parallel,
-        gpu_type=gpu_type,
-    )
+    return ModelShape.of(run.deployments[index], gpu_type)
 
 
 def _column_requests(alias: str, columns: Sequence[RecipeColumn] | None) -> float:
