@@ -290,6 +290,7 @@ class Workers:
         shard, so a finished shard's successor generates at once instead of after a process start and Data
         Designer's import (seconds of idle GPUs per shard), unless a sibling allocation of the array has a free
         worker slot: the next shard is left to it (a worker slot of this one that frees up claims as usual)."""
+        self._mark_draining()
         while self._occupied() < self._count and not (self._works and serving.proxy_down()):
             if self._spare is not None:  # ready: Data Designer imported, waiting for its endpoints
                 serving.restart_dead_proxies()
@@ -307,13 +308,16 @@ class Workers:
             self._start_spare()
         self._publish_free()
 
-    def _occupied(self) -> int:
-        """Worker slots taken: every generating client but those draining (:meth:`_drains`), whose slot the spare
-        takes so that its set-up (seconds: Data Designer's create, the seed) overlaps their last requests instead
-        of following them with the replicas' share idle. A pulling allocation with deployments only."""
+    def _mark_draining(self) -> None:
+        """Mark the generating clients that drain (:meth:`_drains`) while a spare is ready to take their slot, so
+        that its set-up (seconds: Data Designer's create, the seed) overlaps their last requests instead of
+        following them with the replicas' share idle. A pulling allocation with deployments only; once a round."""
         if self._source.pulling and self._share and self._spare is not None:
             for work in self._works:
                 work.draining = work.draining or self._drains(work)
+
+    def _occupied(self) -> int:
+        """Worker slots taken: every generating client but those draining, whose slot the spare takes."""
         return sum(not w.draining for w in self._works)
 
     def _drains(self, work: Work) -> bool:
@@ -351,12 +355,12 @@ class Workers:
 
     def idle(self) -> bool:
         """No client is generating, waiting to, or still exiting: the allocation is done."""
-        self._exiting = [step for step in self._exiting if step.poll() is None]
-        return not self._works and self._spare is None and not self._exiting
+        return not self._works and self._spare is None and all(step.poll() is not None for step in self._exiting)
 
     def collect(self, serving: Serving) -> None:
         """Record every attempt whose client has ended; rerun the client of a retryable failure (``client_retries``:
         servers kept, its batches resumed, its endpoints up again first)."""
+        self._exiting = [step for step in self._exiting if step.poll() is None]  # reaped: exited since
         for work in list(self._works):
             record = self._ended(work)
             if record is None:
