@@ -83,26 +83,35 @@ def record_facts(workspace: Path, layout: RunLayout, slurm: Slurm | None, *, now
     """Measure the run (:func:`~ddslurm.launcher._measure.measured`) and merge its facts into the workspace's
     (locked read-modify-write), for a run that succeeded (every shard has its winner). Idempotent: once any fact of
     this run is in the workspace, the run is not recorded again (not even its ``measured_at``)."""
+    run_id = layout.run_id
+    if _recorded(read_facts(facts_path(workspace)), run_id):
+        return Recorded(None, f"run {run_id} was recorded already (or measured nothing)")  # nothing read again
     found = measured(layout, slurm)
     if not found.succeeded:
         return Recorded(None, "the run has not succeeded (not every shard has a winner)")
     at = _stamp(now or datetime.now(UTC))
-    run_id = layout.run_id
+    wrote = False
 
     def change(facts: Facts) -> Facts:
-        if any(f.run_id == run_id for f in facts.models) or any(f.run_id == run_id for f in facts.recipes):
+        nonlocal wrote
+        if _recorded(facts, run_id):  # another ddslurm recorded it meanwhile
             return facts
         for model in found.models:
             facts = facts.with_model(msgspec.structs.replace(model, run_id=run_id, measured_at=at))
         if found.recipe is not None:
             facts = facts.with_recipe(msgspec.structs.replace(found.recipe, run_id=run_id, measured_at=at))
+        wrote = bool(found.models) or found.recipe is not None
         return facts
 
-    before = read_facts(facts_path(workspace))
-    after = update_facts(facts_path(workspace), change)
-    if after == before:
+    update_facts(facts_path(workspace), change)
+    if not wrote:
         return Recorded(None, f"run {run_id} was recorded already (or measured nothing)")
     return Recorded(found)
+
+
+def _recorded(facts: Facts, run_id: str) -> bool:
+    """Whether any fact of the workspace came from run ``run_id``."""
+    return any(f.run_id == run_id for f in facts.models) or any(f.run_id == run_id for f in facts.recipes)
 
 
 def record_after(layout: RunLayout, slurm: Slurm | None, err: TextIO) -> None:
