@@ -133,13 +133,18 @@ def shard_sizes(plan: Plan) -> str:
 
 def _tasks_why(plan: Plan, what: str, arrays: int, tasks: int) -> str:
     if what != "generation":
-        why = "as many CPU-only tasks as the GPU stage's, each array after its GPU-stage array"
+        why = (
+            f"CPU-only tasks of {plan.cpu_stage_workers} worker(s) each, as many as the shards need, at most the GPU "
+            "stage's; each array after its GPU-stage array"
+        )
     elif plan.allocations is None:
         why = f"one per shard ({len(plan.shards)} shards)"
     else:
         count, workers, shards = plan.allocations, plan.client_workers, len(plan.shards)
         why = f"{count} pulling allocations"
-        if count == math.ceil(shards / workers):
+        if plan.prediction is not None:
+            why += ": the cost model's choice (Layout, below)"
+        elif count == math.ceil(shards / workers):
             why += f": {shards} shards / {workers} client worker(s) each, rounded up"
         elif count == plan.max_concurrent:
             why += f": at most max_concurrent ({count})"
