@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -35,7 +36,7 @@ from ddslurm.runtime._log import new_logger
 from ddslurm.runtime._siblings import CHECK_EVERY_S, HEARTBEAT_S, STALE_S, Siblings, SlotBoard
 from ddslurm.runtime._steps import Step, StepSpec
 from ddslurm.runtime._stop import StopSignal
-from ddslurm.runtime._workers import ClaimPool, Workers
+from ddslurm.runtime._workers import SPARE_SETUP_S, ClaimPool, Workers
 from ddslurm.runtime.cli import stage_inputs
 from ddslurm.runtime.testing import RUNTIME_EXE, attempt_runner, write_plan
 
@@ -116,7 +117,12 @@ class ScriptedSiblings:
 
 
 def _workers(
-    layout: RunLayout, inputs: Inputs, launcher: GatedLauncher, pool: ClaimPool, stage: int | None = None
+    layout: RunLayout,
+    inputs: Inputs,
+    launcher: GatedLauncher,
+    pool: ClaimPool,
+    stage: int | None = None,
+    clock: Callable[[], float] = lambda: 0.0,
 ) -> Workers:
     allocation = layout.allocation(JOB)
     make_private_dir(allocation, exist_ok=True)
@@ -138,6 +144,7 @@ def _workers(
         logger=new_logger(io.BytesIO()),
         stop=StopSignal(),
         grace=2.0,
+        clock=clock,
     )
     workers.publish_endpoints(allocation / "endpoints.json", b"{}\n")  # no servers: up at once
     return workers
@@ -400,5 +407,89 @@ def test_a_shard_whose_last_requests_are_in_flight_gives_its_slot_to_the_spare(t
             workers.collect(NoProxies())
             workers.top_up(NoProxies())
         assert workers.idle() and workers.exit_code() == 0
+    finally:
+        workers.stop()
+
+
+def test_workers_that_share_the_replicas_each_have_a_spare_and_drain_together(tmp_path: Path) -> None:
+    """Two workers share the replicas (their shards are the same size, so they finish about together): each has a
+    spare, and when both drain, both spares generate at once (with one spare, the second worker's successor would
+    start cold, after a process start and Data Designer's import, with its share of the replicas idle)."""
+    replica = ReplicaPlan(index=0, gpus=1, cpus=1)
+    writer = DeploymentPlan(alias="writer", model="m", served_model_name="m", tensor_parallel=1, startup_timeout=60,
+                            replicas=(replica,), capacity=8, max_parallel_requests=4)  # fmt: skip
+    serving = ServingPlan(deployments=(writer,), gpus=1)
+    plan = make_plan("run-1", (10,) * 6, allocations=1, client_workers=2, serving=serving)
+    layout, inputs = write_plan(tmp_path / "run-1", plan)
+    launcher = GatedLauncher()
+    workers = _workers(layout, inputs, launcher, _pool(layout, 6, ScriptedSiblings(False)))
+
+    def progress(shard: int, rows: int, in_batch: int) -> None:
+        path = layout.shard(shard).attempt(f"attempt-{JOB}").progress
+        atomic_write(path, encode(Progress(rows=rows, batches=1, updated_at="-", in_batch=in_batch)))
+
+    try:
+        workers.start_first()
+        workers.top_up(NoProxies())
+        assert launcher.running() == [0, 1, 2, 3] and launcher.spares() == [2, 3]
+        progress(0, rows=5, in_batch=2)  # both drain: 3 left each, all in flight
+        progress(1, rows=6, in_batch=1)
+        workers.top_up(NoProxies())
+        assert launcher.running() == [0, 1, 2, 3, 4, 5] and launcher.spares() == [2, 3, 4, 5]
+        assert workers.idle() is False
+        for shard in range(6):
+            launcher.finish(shard)
+            workers.collect(NoProxies())
+            workers.top_up(NoProxies())
+        assert workers.idle() and workers.exit_code() == 0
+    finally:
+        workers.stop()
+    states = [read_json(layout.shard(i).attempt(f"attempt-{JOB}").record, AttemptRecord).state for i in range(6)]
+    assert states == ["succeeded"] * 6
+
+
+def test_a_cpu_stage_allocation_keeps_one_spare_whatever_its_workers(tmp_path: Path) -> None:
+    """Without deployments nothing drains and the workers' CPUs are the bottleneck: one spare, not one a worker."""
+    layout, inputs = write_plan(tmp_path / "run-1", make_plan("run-1", (2,) * 5, allocations=1, client_workers=2))
+    launcher = GatedLauncher()
+    workers = _workers(layout, inputs, launcher, _pool(layout, 5, ScriptedSiblings(False)))
+    try:
+        workers.start_first()
+        workers.top_up(NoProxies())
+        assert launcher.running() == [0, 1, 2] and launcher.spares() == [2]
+    finally:
+        workers.stop()
+
+
+def test_a_shard_expected_to_finish_within_a_spares_set_up_gives_its_slot_to_the_spare(tmp_path: Path) -> None:
+    """Beyond its last requests in flight: once the shard's rate since its progress first showed says the records
+    left take no more than SPARE_SETUP_S, the spare takes its slot (its set-up overlaps them); a slower shard keeps
+    its slot."""
+    replica = ReplicaPlan(index=0, gpus=1, cpus=1)
+    writer = DeploymentPlan(alias="writer", model="m", served_model_name="m", tensor_parallel=1, startup_timeout=60,
+                            replicas=(replica,), capacity=4, max_parallel_requests=4)  # fmt: skip
+    serving = ServingPlan(deployments=(writer,), gpus=1)
+    plan = make_plan("run-1", (100,) * 3, allocations=1, client_workers=1, serving=serving)
+    layout, inputs = write_plan(tmp_path / "run-1", plan)
+    launcher, clock = GatedLauncher(), Clock()
+    workers = _workers(layout, inputs, launcher, _pool(layout, 3, ScriptedSiblings(False)), clock=clock)
+
+    def progress(rows: int) -> None:
+        path = layout.shard(0).attempt(f"attempt-{JOB}").progress
+        atomic_write(path, encode(Progress(rows=rows, batches=1, updated_at="-", in_batch=0)))
+
+    try:
+        workers.start_first()
+        workers.top_up(NoProxies())
+        progress(10)  # first seen: no rate yet
+        workers.top_up(NoProxies())
+        clock.now += 10
+        progress(60)  # 5 records/s: 40 left take 8 s, more than SPARE_SETUP_S
+        workers.top_up(NoProxies())
+        assert SPARE_SETUP_S < 8 and launcher.running() == [0, 1] and launcher.spares() == [1]
+        clock.now += 4
+        progress(80)  # 5 records/s since first seen: 20 left take 4 s
+        workers.top_up(NoProxies())
+        assert SPARE_SETUP_S >= 4 and launcher.running() == [0, 1, 2] and launcher.spares() == [1, 2]
     finally:
         workers.stop()

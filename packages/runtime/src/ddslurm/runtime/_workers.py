@@ -3,16 +3,19 @@
 Where the shards come from (:class:`ShardSource`): the one shard of a one-task-per-shard array (:class:`OneShard`),
 or claims on a pool (:class:`ClaimPool`, a pulling allocation). :class:`Workers` begins each shard's attempt, starts
 its client step (``client_workers`` at a time when pulling), reruns a client whose run failed retryably
-(``client_retries``), and records how each attempt ended. A pulling allocation keeps one spare client ready: Data
-Designer imported, waiting for its endpoints, it takes the next shard the moment a worker's shard ends. The spare
-claims its shard early only while no sibling allocation of the array waits for one with a free worker slot
-(``ddslurm.runtime._siblings``); each allocation publishes its own free slots for its siblings. Shards cancelled on
-their own (``ddslurm cancel --shards``) are stopped and recorded ``cancelled``; the allocation goes on.
+(``client_retries``), and records how each attempt ended. A pulling allocation keeps spare clients ready (one a
+worker where the workers share deployed replicas, else one): Data Designer imported and the inputs read, waiting
+for its endpoints, a spare takes the next shard when a worker's shard drains (its last requests in flight, or its
+last :data:`SPARE_SETUP_S` seconds at its rate) or ends. A spare claims its shard early only while no sibling
+allocation of the array waits for one with a free worker slot (``ddslurm.runtime._siblings``); each allocation
+publishes its own free slots for its siblings. Shards cancelled on their own (``ddslurm cancel --shards``) are
+stopped and recorded ``cancelled``; the allocation goes on.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +43,11 @@ from ddslurm.runtime.errors import RuntimeFailure
 
 _RESULT_RECORDED = frozenset({"succeeded", "superseded"})
 """Attempt states the client records as its last act: once one is written, its process only exits."""
+SPARE_SETUP_S = 5.0
+"""About how long a promoted spare takes from its endpoints to its first request (Data Designer's ``create()``:
+the config, the seed slice, the model health checks): a shard expected to finish within it drains, so that the
+spare's set-up overlaps its last requests (seen 1-3 s on two busy CPUs; too early only overlaps two clients'
+requests on the replicas for a moment)."""
 STOP_RACE_S = 2.0
 """How long a client step's failure waits for the signal that may have ended it (scancel, time limit)."""
 
@@ -167,8 +175,10 @@ class Work:
     log: Any
     runs: int = 1
     draining: bool = False
-    """Its last records are in flight (no more than its share of the replicas' capacity left): its slot is given
-    to the spare, which sets up while these finish."""
+    """Its last records are in flight (no more than its share of the replicas' capacity left, or no more than
+    :data:`SPARE_SETUP_S` of them at its rate): its slot is given to a spare, which sets up while these finish."""
+    first_seen: tuple[float, int] | None = None
+    """When its progress first showed records done, and how many (its rate is measured from there)."""
 
 
 class Workers:
@@ -200,6 +210,7 @@ class Workers:
         logger: Any,
         stop: StopSignal,
         grace: float,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._runner = runner
         self._source = source
@@ -216,6 +227,7 @@ class Workers:
         self._job_log = logger.bind(job_id=job_id)
         self._stop = stop
         self._grace = grace
+        self._clock = clock
         self._count = inputs.plan.client_workers if source.pulling else 1
         shares = [d.max_parallel_requests for d in inputs.plan.serving.deployments] if inputs.plan.serving else []
         self._share = min((n for n in shares if n), default=0)
@@ -228,8 +240,10 @@ class Workers:
         self._works: list[Work] = []
         self._waiting: list[Began] = []
         """Attempts begun whose client step has not started yet."""
-        self._spare: Work | None = None
-        """A pulling allocation's next shard: its client started, waiting for its own endpoints file."""
+        self._spares: list[Work] = []
+        """A pulling allocation's next shards: their clients started, each waiting for its own endpoints file (one
+        a worker where clients share deployed replicas, whose workers often drain together; one otherwise)."""
+        self._spare_count = self._count if self._share else 1
         self._exhausted = False
         """The source has no shard left for this allocation."""
         self._spare_held = False
@@ -286,13 +300,14 @@ class Workers:
         """Keep ``client_workers`` clients generating: the spare one given its endpoints first, else the source's
         next shard begun, each once the endpoints are up again. A proxy that dies under running clients is no
         reason to add one (their runs fail and rerun first); one that is dead when a new shard's client starts
-        (reruns used up) is started again first. A pulling allocation then starts the spare client of its next
-        shard, so a finished shard's successor generates at once instead of after a process start and Data
-        Designer's import (seconds of idle GPUs per shard), unless a sibling allocation of the array has a free
-        worker slot: the next shard is left to it (a worker slot of this one that frees up claims as usual)."""
+        (reruns used up) is started again first. A pulling allocation then starts the spare clients of its next
+        shards (one a worker with deployments: workers that share the replicas finish their shards about together),
+        so a finished shard's successor generates at once instead of after a process start and Data Designer's
+        import (seconds of idle GPUs per shard), unless a sibling allocation of the array has a free worker slot:
+        the next shard is left to it (a worker slot of this one that frees up claims as usual)."""
         self._mark_draining()
         while self._occupied() < self._count and not (self._works and serving.proxy_down()):
-            if self._spare is not None:  # ready: Data Designer imported, waiting for its endpoints
+            if self._spares:  # ready: Data Designer imported, waiting for its endpoints
                 serving.restart_dead_proxies()
                 if self._promote():
                     continue
@@ -304,17 +319,30 @@ class Workers:
                 break
             serving.restart_dead_proxies()
             self._works.append(self._work(began, self.endpoints_file(began)))
-        if self._source.pulling and not self._exhausted and self._spare is None and self._occupied() == self._count:
-            self._start_spare()
+        while (
+            self._source.pulling
+            and not self._exhausted
+            and len(self._spares) < self._spare_count
+            and self._occupied() == self._count
+            and self._start_spare()
+        ):
+            pass
         self._publish_free()
 
     def _mark_draining(self) -> None:
-        """Mark the generating clients that drain (:meth:`_drains`) while a spare is ready to take their slot, so
-        that its set-up (seconds: Data Designer's create, the seed) overlaps their last requests instead of
-        following them with the replicas' share idle. A pulling allocation with deployments only; once a round."""
-        if self._source.pulling and self._share and self._spare is not None:
-            for work in self._works:
-                work.draining = work.draining or self._drains(work)
+        """Mark generating clients that drain (:meth:`_drains`), as many as spares are ready to take their slots
+        (those marked before and not yet replaced count), so that a spare's set-up (seconds: Data Designer's
+        create, the seed) overlaps their last requests instead of following them with the replicas' share idle.
+        A pulling allocation with deployments only; once a round."""
+        if not (self._source.pulling and self._share):
+            return
+        free = len(self._spares) - sum(w.draining for w in self._works)
+        for work in self._works:
+            if free <= 0:
+                return
+            if not work.draining and self._drains(work):
+                work.draining = True
+                free -= 1
 
     def _occupied(self) -> int:
         """Worker slots taken: every generating client but those draining, whose slot the spare takes."""
@@ -322,40 +350,52 @@ class Workers:
 
     def _drains(self, work: Work) -> bool:
         """Whether the shard's records not yet done fit in its client's share of the replicas (its last requests are
-        in flight), from the attempt's progress file."""
+        in flight) or, at the rate its progress file has shown since it first showed records done, take no more
+        than :data:`SPARE_SETUP_S`."""
         try:
             progress = read_json(work.began.layout.progress, Progress)
         except (OSError, ValueError, ConfigError):
             return False
-        done = progress.rows + progress.in_batch
-        return 0 < work.began.num_records - done <= self._share
+        done, now = progress.rows + progress.in_batch, self._clock()
+        left = work.began.num_records - done
+        if left <= 0 or done <= 0:
+            return False
+        if left <= self._share:
+            return True
+        if work.first_seen is None:
+            work.first_seen = (now, done)
+            return False
+        since, done_then = work.first_seen
+        rate = (done - done_then) / (now - since) if now > since else 0.0
+        return rate > 0 and left / rate <= SPARE_SETUP_S
 
-    def _start_spare(self) -> None:
-        """Claim the next shard for the spare client and start it, unless a sibling waits for a shard."""
+    def _start_spare(self) -> bool:
+        """Claim the next shard for a spare client and start it, unless a sibling waits for a shard. Whether one
+        started."""
         if self._source.siblings.sibling_idle():
             if not self._spare_held:
                 self._job_log.info("client.spare_held", why="a sibling allocation of the array has a free worker slot")
             self._spare_held = True
-            return
+            return False
         self._spare_held = False
         began = self.begin_next()
         if began is None:
             self._exhausted = True
-        else:
-            self._spare = self._work(began, began.layout.dir / "endpoints.json", spare=True)
+            return False
+        self._spares.append(self._work(began, began.layout.dir / "endpoints.json", spare=True))
+        return True
 
     def _publish_free(self) -> None:
         """Tell the array's other allocations how many worker slots of this one wait for a shard: those with no
         shard and no spare to take one, none once the source has no shard left for it."""
         if not self._source.pulling:
             return
-        spare = 0 if self._spare is None else 1
-        free = 0 if self._exhausted else max(0, self._count - self._occupied() - spare)
+        free = 0 if self._exhausted else max(0, self._count - self._occupied() - len(self._spares))
         self._source.siblings.publish(free)
 
     def idle(self) -> bool:
         """No client is generating, waiting to, or still exiting: the allocation is done."""
-        return not self._works and self._spare is None and all(step.poll() is not None for step in self._exiting)
+        return not self._works and not self._spares and all(step.poll() is not None for step in self._exiting)
 
     def collect(self, serving: Serving) -> None:
         """Record every attempt whose client has ended; rerun the client of a retryable failure (``client_retries``:
@@ -393,8 +433,7 @@ class Workers:
         """The allocation failed: every attempt it began and has not ended fails with it (their clients are stopped
         at teardown)."""
         log = self._job_log
-        spare = [self._spare.began] if self._spare is not None else []
-        for began in [*self._waiting, *(w.began for w in self._works), *spare]:
+        for began in [*self._waiting, *(w.began for w in [*self._works, *self._spares])]:
             log.error("attempt.failed", shard=began.shard, attempt=began.record.attempt, reason=failure.reason,
                       message=failure.message)  # fmt: skip
             self._runner.fail(began, failure)
@@ -411,9 +450,8 @@ class Workers:
 
     def stop(self) -> None:
         """Stop every client still running, together."""
-        spare = [self._spare] if self._spare is not None else []
         self._source.siblings.close()
-        clients = [w.client for w in reversed([*self._works, *spare])]
+        clients = [w.client for w in reversed([*self._works, *self._spares])]
         stop_running([*clients, *self._exiting], self._grace, self._job_log)
 
     def exit_code(self) -> int:
@@ -426,12 +464,11 @@ class Workers:
         return EXIT_FAILED if EXIT_FAILED in codes else max(codes)
 
     def _promote(self) -> bool:
-        """Give the spare client its endpoints: it becomes a worker. False when its shard was cancelled meanwhile
+        """Give the first spare client its endpoints: it becomes a worker. False when its shard was cancelled meanwhile
         (``cancel --shards``): it is stopped and its attempt recorded ``cancelled``. A spare that ended while it
         waited (it had not begun its attempt: the record is still ``running``) is started again with the endpoints,
         as the shard's first client run: it used none of the shard's reruns (``client_retries``)."""
-        spare, self._spare = self._spare, None
-        assert spare is not None
+        spare = self._spares.pop(0)
         if self._shard_cancelled(spare.began.shard):
             spare.client.stop(self._grace)
             self._outcomes.append(

@@ -255,9 +255,7 @@ def cmd_client(args: argparse.Namespace) -> int:
             except ValueError as exc:
                 print(f"ddslurm-runtime: --wait-endpoints: {exc}", file=sys.stderr)
                 return EXIT_USAGE
-            _await_endpoints(args.endpoints, alive)
-        endpoints = msgspec.json.decode(args.endpoints.read_bytes(), type=dict[str, str]) if args.endpoints else {}
-        try:
+        try:  # before the endpoints: reading and checking the inputs overlaps the model load or the drain
             inputs = client_inputs(stage_inputs(load_inputs(layout, plan_sha256=args.plan_sha256), args.stage))
         except RuntimeFailure as exc:
             print(f"ddslurm-runtime: {exc.reason}: {exc.message}", file=sys.stderr)
@@ -265,6 +263,9 @@ def cmd_client(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"ddslurm-runtime: --stage: {exc}", file=sys.stderr)
             return EXIT_USAGE
+        if args.endpoints and args.wait_endpoints is not None:
+            _await_endpoints(args.endpoints, alive)
+        endpoints = msgspec.json.decode(args.endpoints.read_bytes(), type=dict[str, str]) if args.endpoints else {}
         runner = AttemptRunner(
             layout,
             engine=run_engine,
