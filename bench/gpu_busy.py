@@ -50,6 +50,7 @@ replicas' request logs. Each idle moment counts once, in the first category that
     uv run python bench/gpu_busy.py [--shards 2,4,8,16] [--layouts auto,facts] [--skip alloc1@4]
                                     [--records 384] [--buffer 32] [--replicas 2] [--tp 1] [--capacity 8]
                                     [--latency 1.0] [--judge-latency 0.5] [--startup-delay 5]
+                                    [--time-limit 01:00:00]
 
 Each line with a prediction (layouts the cost model chose) holds it (``predicted``: wall time, GPU-hours,
 GPU-busy) and ``measured_over_predicted`` (wall time: the first job's start to the last job's end, CPU-stage jobs
@@ -177,7 +178,7 @@ def _files(root: Path, shards: int, layout: Layout, args: argparse.Namespace, ho
         "deployments:\n- model_alias: generator\n  model: bench/gen\n  served_model_name: qwen3-8b\n"
         f"  {shape}"
         f"  server: {{cpus: 1, startup_timeout: 120, extra_args: {extra}}}\n"
-        f"submission: {{time_limit: '00:10:00', cpus: {args.replicas}, memory: 4G}}\nclient_retries: 0\n"
+        f"submission: {{time_limit: '{args.time_limit}', cpus: {args.replicas}, memory: 4G}}\nclient_retries: 0\n"
         + layout.run_lines.format(shards=shards)
     )
     return run, write_profile(root, wrapper)
@@ -378,6 +379,7 @@ def run_layout(
     (``learned``: the latest), and a ``learned`` layout plans with them."""
     from ddslurm.config import AttemptRecord, facts_path, read_json
     from ddslurm.launcher import Slurm, prepare, record_facts, submit_shards, write_run_dir
+    from ddslurm.planner import parse_time_limit
 
     run, profile = _files(root, shards, layout, args, hosted.base_url)
     env = {**os.environ, "DATA_DESIGNER_HOME": str(root / "dd-home"), KEY_ENV: hosted.api_key}
@@ -406,7 +408,7 @@ def run_layout(
     plan, layout_dir = prepared.plan, prepared.layout
     busy0, t0 = busy_seconds(), time.monotonic()
     arrays = submit_shards(layout_dir, plan, [s.index for s in plan.shards], Slurm(env=env), env, datetime.now(UTC))
-    wait_jobs(arrays, env, 600)
+    wait_jobs(arrays, env, parse_time_limit(args.time_limit) * 60 + 300)
     wall = time.monotonic() - t0
     busy1 = busy_seconds()
     states = [read_json(p, AttemptRecord).state for p in layout_dir.root.glob("shards/*/attempts/*/attempt.json")]
@@ -478,6 +480,11 @@ def main() -> int:
     parser.add_argument("--latency", type=float, default=1.0, help="the generator stand-in's --fake-latency")
     parser.add_argument("--judge-latency", type=float, default=0.5, help="the hosted judge's --fake-latency")
     parser.add_argument("--startup-delay", type=float, default=5.0, help="the generator's --fake-startup-delay")
+    parser.add_argument(
+        "--time-limit",
+        default="01:00:00",
+        help="submission.time_limit of each run (the planner keeps its allocations within 80 %% of it)",
+    )
     parser.add_argument(
         "--skip",
         default="alloc1@4",

@@ -25,7 +25,7 @@ from ddslurm.config import (
     Submission,
 )
 from ddslurm.planner import PlanError, PlanInputs, client_serving, compile_plan, plan_allocations, plan_serving
-from ddslurm.planner._choose import NEAR_SHARE, candidates
+from ddslurm.planner._choose import NEAR_SHARE, TIME_LIMIT_SHARE, candidates
 from ddslurm.planner._cost import DEFAULT_LOAD_S, DEFAULT_OVERHEAD_S, CostSources, cost_inputs, predict
 
 PROFILE = ClusterProfile(workspace="/ws", python_env="/venv", gpus_per_node=8, partition="gpu")
@@ -39,7 +39,7 @@ def run_file(shards: int = 8, records: int = 800, *, tp: int = 1, **fields: obje
     )  # fmt: skip
     return RunFile(
         name="r", recipe="x.yaml", num_records=records, shards=shards, deployments=(dep,),
-        submission=Submission(cpus=4), **fields,  # type: ignore[arg-type]
+        submission=fields.pop("submission", Submission(cpus=4)), **fields,  # type: ignore[arg-type]
     )  # fmt: skip
 
 
@@ -222,3 +222,19 @@ def test_the_search_for_a_thousand_shards_takes_milliseconds() -> None:
     got = chosen(plan)
     assert got.gpus_at_once <= 64 and got.wall_s <= 7200
     assert math.isfinite(got.gpu_hours)
+
+
+def test_a_layout_whose_allocation_outlasts_the_time_limit_is_not_chosen() -> None:
+    # One allocation would run 195 + 8 x 130 = 1235 s, past 0.8 of a 20-minute limit (960 s): two (4 shards each,
+    # 195 + 4 x 130 = 715 s) end within it. Without the limit one allocation is the cheapest.
+    assert chosen(plan_of(run_file(submission=Submission(cpus=4, time_limit="04:00:00")))).allocations == 1
+    got = chosen(plan_of(run_file(submission=Submission(cpus=4, time_limit="00:20:00"))))
+    assert got.allocations == 2 and got.allocation_s == pytest.approx(HOLD + 4 * SHARD)
+    assert got.allocation_s <= 1200 * TIME_LIMIT_SHARE < HOLD + 8 * SHARD
+
+
+def test_when_no_layout_ends_within_the_time_limit_the_shortest_allocations_are_chosen() -> None:
+    # 4 minutes (192 s of it): even one shard's allocation (195 + 130 s) runs past it; a task per shard runs
+    # shortest (a retry resumes each shard's batches), where one allocation would end before its first shard.
+    got = chosen(plan_of(run_file(submission=Submission(cpus=4, time_limit="00:04:00"))))
+    assert got.allocations == 8 and got.allocation_s == pytest.approx(HOLD + SHARD)

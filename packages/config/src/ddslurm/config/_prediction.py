@@ -45,6 +45,8 @@ class LayoutChoice(Frozen, frozen=True, kw_only=True):
     """Predicted GPU-hours allocated."""
     gpu_busy: float
     """Predicted share of the GPU-hours in which the replicas had work (at their capacity)."""
+    allocation_s: float = 0.0
+    """Predicted seconds the longest-running GPU allocation runs (it must end within ``submission.time_limit``)."""
 
 
 class Prediction(Frozen, frozen=True, kw_only=True):

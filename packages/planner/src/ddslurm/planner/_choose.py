@@ -15,6 +15,11 @@ from ddslurm.planner.errors import PlanError
 
 NEAR_SHARE = 0.05
 """A layout within this share of the fewest GPU-hours that ends sooner is chosen instead."""
+TIME_LIMIT_SHARE = 0.8
+"""A layout is considered only if its longest allocation is predicted to end within this share of
+``submission.time_limit`` (the prediction's error, and the time limit is Slurm's to enforce); when none is,
+those whose allocations run shortest are (an allocation the limit ends is retried, its shards resumed: the
+shorter its allocations, the more of each shard a retry finds done)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,8 +96,11 @@ def choose(
     inputs: CostInputs,
     budget: int,
     deadline_s: int | None,
+    time_limit_s: int | None = None,
 ) -> Choice:
-    """The layout the rule picks among :func:`candidates`, with the next two as runners-up."""
+    """The layout the rule picks among :func:`candidates` whose allocations end within ``time_limit_s``
+    (:data:`TIME_LIMIT_SHARE`; those with the shortest allocations when none does), with the next two as
+    runners-up."""
     predicted: dict[tuple[int, tuple[int, ...], int], tuple[LayoutChoice, Candidate]] = {}
     for candidate in candidates(run, per_node, spans, inputs, budget):
         choice = predict(candidate, inputs)
@@ -103,6 +111,10 @@ def choose(
             "client_workers, replicas as set)"
         )
     layouts = [c for c, _ in predicted.values()]
+    limit = None if time_limit_s is None else time_limit_s * TIME_LIMIT_SHARE
+    in_time = [c for c in layouts if limit is None or c.allocation_s <= limit]
+    shortest = min(c.allocation_s for c in layouts)
+    layouts = in_time or [c for c in layouts if c.allocation_s == shortest]
 
     def fastest(c: LayoutChoice) -> tuple[float, float, tuple[int, tuple[int, ...], int]]:
         return c.wall_s, c.gpu_hours, _layout(c)
@@ -126,6 +138,14 @@ def choose(
     else:
         ordered = sorted(layouts, key=fastest)
         rule = f"no layout {within} is{by}: the fastest"
+    if limit is not None and len(in_time) < len(predicted):
+        rule += (
+            f"; among the layouts whose longest allocation is predicted to end within {TIME_LIMIT_SHARE:.0%} of "
+            f"submission.time_limit ({time_limit_s} s)"
+            if in_time
+            else f"; no layout's allocations end within {TIME_LIMIT_SHARE:.0%} of submission.time_limit "
+            f"({time_limit_s} s): among those that run shortest"
+        )
     chosen = ordered[0]
     return Choice(
         prediction=Prediction(

@@ -439,7 +439,8 @@ def plan_layout(run: RunFile, profile: ClusterProfile, sources: CostSources) -> 
     else:
         budget = min(fixed.count or shards, run.max_concurrent or shards) * one
     spans = tuple(d.replicas[0].nodes for d in serving.deployments)
-    chosen = choose(run, profile.gpus_per_node, spans, inputs, budget, deadline_s)
+    time_limit_s = parse_time_limit(run.submission.time_limit, "submission.time_limit") * 60
+    chosen = choose(run, profile.gpus_per_node, spans, inputs, budget, deadline_s, time_limit_s)
     candidate = chosen.candidate
     serving = plan_serving(run, profile, partition, candidate.replicas)
     if candidate.allocations == shards:

@@ -267,11 +267,13 @@ def fill_slots(
     return ends, last
 
 
-def _allocations(candidate: Candidate, inputs: CostInputs, hold: float, per_record: float) -> tuple[float, float, int]:
-    """Seconds the allocations hold their GPUs (summed), the last allocation's end, and the last GPU shard to end
-    (the first of those ending last; -1 unless two-stage): shards in order onto the earliest free worker slot of
-    the allocations that run at once; an allocation waiting for one to end (the array's throttle) starts when it
-    does."""
+def _allocations(
+    candidate: Candidate, inputs: CostInputs, hold: float, per_record: float
+) -> tuple[float, float, int, float]:
+    """Seconds the allocations hold their GPUs (summed), the last allocation's end, the last GPU shard to end
+    (the first of those ending last; -1 unless two-stage) and the longest any one allocation runs: shards in
+    order onto the earliest free worker slot of the allocations that run at once; an allocation waiting for one to
+    end (the array's throttle) starts when it does."""
     drain = drain_seconds(inputs)
     records = inputs.shard_records
     shards = len(records)
@@ -279,12 +281,14 @@ def _allocations(candidate: Candidate, inputs: CostInputs, hold: float, per_reco
         ends, last = fill_slots(inputs.runs, min(candidate.at_once, shards), 0.0, per_record, hold + drain)
         held = sum(n * per_record + hold + drain for n in records)
         wall = max(ends)
+        longest = max(records) * per_record + hold + drain
     else:
         running = min(candidate.at_once, candidate.allocations)
         workers = candidate.workers
         ends, last = fill_slots(inputs.runs, running * workers, hold, per_record * workers, drain)
         finished = ends if workers == 1 else [max(ends[a * workers : (a + 1) * workers]) for a in range(running)]
         held, wall = sum(finished), max(finished)
+        longest = wall
         # Allocations beyond those the budget runs at once start as one ends and find no shard left.
         waiting = candidate.allocations - running
         if waiting:
@@ -295,10 +299,10 @@ def _allocations(candidate: Candidate, inputs: CostInputs, hold: float, per_reco
                 held += inputs.overhead_s
                 wall = max(wall, begin + inputs.overhead_s)
     if not inputs.two_stage:
-        return held, wall, -1
+        return held, wall, -1, longest
     latest = max(ends)
     final = min(last[s] for s in range(len(ends)) if ends[s] == latest and last[s] >= 0)
-    return held, wall, final
+    return held, wall, final, longest
 
 
 def predict(candidate: Candidate, inputs: CostInputs) -> LayoutChoice:
@@ -307,7 +311,7 @@ def predict(candidate: Candidate, inputs: CostInputs) -> LayoutChoice:
     gpus = allocation_gpus(candidate.replicas, inputs)
     hold = max((d.load_s for d in inputs.deployments), default=0.0) + inputs.overhead_s
     per_record = record_seconds(candidate, inputs)
-    held, wall, last = _allocations(candidate, inputs, hold, per_record)
+    held, wall, last, longest = _allocations(candidate, inputs, hold, per_record)
     allocated = gpus * held
     if inputs.two_stage:
         wall += inputs.shard_records[last] / inputs.cpu_stage_records_per_s + CPU_STAGE_START_S
@@ -322,4 +326,5 @@ def predict(candidate: Candidate, inputs: CostInputs) -> LayoutChoice:
         wall_s=wall,
         gpu_hours=allocated / 3600,
         gpu_busy=min(1.0, busy / allocated) if allocated > 0 else 0.0,
+        allocation_s=longest,
     )
