@@ -18,8 +18,7 @@ NEAR_SHARE = 0.05
 TIME_LIMIT_SHARE = 0.8
 """A layout is considered only if its longest allocation is predicted to end within this share of
 ``submission.time_limit`` (the prediction's error, and the time limit is Slurm's to enforce); when none is,
-those whose allocations run shortest are (an allocation the limit ends is retried, its shards resumed: the
-shorter its allocations, the more of each shard a retry finds done)."""
+every layout is (an allocation the limit ends is retried automatically, its shards' batches resumed)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,8 +98,7 @@ def choose(
     time_limit_s: int | None = None,
 ) -> Choice:
     """The layout the rule picks among :func:`candidates` whose allocations end within ``time_limit_s``
-    (:data:`TIME_LIMIT_SHARE`; those with the shortest allocations when none does), with the next two as
-    runners-up."""
+    (:data:`TIME_LIMIT_SHARE`; all of them when none does), with the next two as runners-up."""
     predicted: dict[tuple[int, tuple[int, ...], int], tuple[LayoutChoice, Candidate]] = {}
     for candidate in candidates(run, per_node, spans, inputs, budget):
         choice = predict(candidate, inputs)
@@ -113,8 +111,7 @@ def choose(
     layouts = [c for c, _ in predicted.values()]
     limit = None if time_limit_s is None else time_limit_s * TIME_LIMIT_SHARE
     in_time = [c for c in layouts if limit is None or c.allocation_s <= limit]
-    shortest = min(c.allocation_s for c in layouts)
-    layouts = in_time or [c for c in layouts if c.allocation_s == shortest]
+    layouts = in_time or layouts
 
     def fastest(c: LayoutChoice) -> tuple[float, float, tuple[int, tuple[int, ...], int]]:
         return c.wall_s, c.gpu_hours, _layout(c)
@@ -143,8 +140,8 @@ def choose(
             f"; among the layouts whose longest allocation is predicted to end within {TIME_LIMIT_SHARE:.0%} of "
             f"submission.time_limit ({time_limit_s} s)"
             if in_time
-            else f"; no layout's allocations end within {TIME_LIMIT_SHARE:.0%} of submission.time_limit "
-            f"({time_limit_s} s): among those that run shortest"
+            else f"; no layout's allocations are predicted to end within {TIME_LIMIT_SHARE:.0%} of "
+            f"submission.time_limit ({time_limit_s} s): among them all (the limit's retries resume the shards)"
         )
     chosen = ordered[0]
     return Choice(
