@@ -375,31 +375,38 @@ def test_a_shard_whose_result_is_recorded_frees_its_slot_before_its_process_has_
     assert states == ["succeeded"] * 3
 
 
+def _served(tmp_path: Path, shards: int, records: int, *, capacity: int, workers: int) -> tuple[RunLayout, Inputs]:
+    """A pulling plan of one allocation whose clients share one deployed replica (``max_parallel_requests`` 4)."""
+    replica = ReplicaPlan(index=0, gpus=1, cpus=1)
+    writer = DeploymentPlan(alias="writer", model="m", served_model_name="m", tensor_parallel=1, startup_timeout=60,
+                            replicas=(replica,), capacity=capacity, max_parallel_requests=4)  # fmt: skip
+    serving = ServingPlan(deployments=(writer,), gpus=1)
+    plan = make_plan("run-1", (records,) * shards, allocations=1, client_workers=workers, serving=serving)
+    return write_plan(tmp_path / "run-1", plan)
+
+
+def _progress(layout: RunLayout, shard: int, rows: int, in_batch: int = 0) -> None:
+    """The shard's attempt reports ``rows`` done and ``in_batch`` in its current batch."""
+    path = layout.shard(shard).attempt(f"attempt-{JOB}").progress
+    atomic_write(path, encode(Progress(rows=rows, batches=1, updated_at="-", in_batch=in_batch)))
+
+
 def test_a_shard_whose_last_requests_are_in_flight_gives_its_slot_to_the_spare(tmp_path: Path) -> None:
     """A deployed alias's client keeps its share of the replicas in flight (max_parallel_requests 4 here): once no
     more than that many of its shard's records are left, the spare takes its slot and sets up while they finish; a
     shard with more left keeps its slot."""
-    replica = ReplicaPlan(index=0, gpus=1, cpus=1)
-    writer = DeploymentPlan(alias="writer", model="m", served_model_name="m", tensor_parallel=1, startup_timeout=60,
-                            replicas=(replica,), capacity=4, max_parallel_requests=4)  # fmt: skip
-    serving = ServingPlan(deployments=(writer,), gpus=1)
-    plan = make_plan("run-1", (10,) * 3, allocations=1, client_workers=1, serving=serving)
-    layout, inputs = write_plan(tmp_path / "run-1", plan)
+    layout, inputs = _served(tmp_path, 3, 10, capacity=4, workers=1)
     launcher = GatedLauncher()
     workers = _workers(layout, inputs, launcher, _pool(layout, 3, ScriptedSiblings(False)))
-
-    def progress(shard: int, rows: int, in_batch: int) -> None:
-        path = layout.shard(shard).attempt(f"attempt-{JOB}").progress
-        atomic_write(path, encode(Progress(rows=rows, batches=1, updated_at="-", in_batch=in_batch)))
 
     try:
         workers.start_first()
         workers.top_up(NoProxies())
         assert launcher.running() == [0, 1] and launcher.spares() == [1]
-        progress(0, rows=5, in_batch=0)  # 5 of 10 left: more than its 4 in flight
+        _progress(layout, 0, rows=5, in_batch=0)  # 5 of 10 left: more than its 4 in flight
         workers.top_up(NoProxies())
         assert launcher.running() == [0, 1] and launcher.spares() == [1]
-        progress(0, rows=5, in_batch=2)  # 3 left: all in flight
+        _progress(layout, 0, rows=5, in_batch=2)  # 3 left: all in flight
         workers.top_up(NoProxies())
         assert launcher.running() == [0, 1, 2] and launcher.spares() == [1, 2]  # 1 generates, 2 is the spare
         for shard in (0, 1, 2):
@@ -415,25 +422,16 @@ def test_workers_that_share_the_replicas_each_have_a_spare_and_drain_together(tm
     """Two workers share the replicas (their shards are the same size, so they finish about together): each has a
     spare, and when both drain, both spares generate at once (with one spare, the second worker's successor would
     start cold, after a process start and Data Designer's import, with its share of the replicas idle)."""
-    replica = ReplicaPlan(index=0, gpus=1, cpus=1)
-    writer = DeploymentPlan(alias="writer", model="m", served_model_name="m", tensor_parallel=1, startup_timeout=60,
-                            replicas=(replica,), capacity=8, max_parallel_requests=4)  # fmt: skip
-    serving = ServingPlan(deployments=(writer,), gpus=1)
-    plan = make_plan("run-1", (10,) * 6, allocations=1, client_workers=2, serving=serving)
-    layout, inputs = write_plan(tmp_path / "run-1", plan)
+    layout, inputs = _served(tmp_path, 6, 10, capacity=8, workers=2)
     launcher = GatedLauncher()
     workers = _workers(layout, inputs, launcher, _pool(layout, 6, ScriptedSiblings(False)))
-
-    def progress(shard: int, rows: int, in_batch: int) -> None:
-        path = layout.shard(shard).attempt(f"attempt-{JOB}").progress
-        atomic_write(path, encode(Progress(rows=rows, batches=1, updated_at="-", in_batch=in_batch)))
 
     try:
         workers.start_first()
         workers.top_up(NoProxies())
         assert launcher.running() == [0, 1, 2, 3] and launcher.spares() == [2, 3]
-        progress(0, rows=5, in_batch=2)  # both drain: 3 left each, all in flight
-        progress(1, rows=6, in_batch=1)
+        _progress(layout, 0, rows=5, in_batch=2)  # both drain: 3 left each, all in flight
+        _progress(layout, 1, rows=6, in_batch=1)
         workers.top_up(NoProxies())
         assert launcher.running() == [0, 1, 2, 3, 4, 5] and launcher.spares() == [2, 3, 4, 5]
         assert workers.idle() is False
@@ -465,30 +463,21 @@ def test_a_shard_expected_to_finish_within_a_spares_set_up_gives_its_slot_to_the
     """Beyond its last requests in flight: once the shard's rate since its progress first showed says the records
     left take no more than SPARE_SETUP_S, the spare takes its slot (its set-up overlaps them); a slower shard keeps
     its slot."""
-    replica = ReplicaPlan(index=0, gpus=1, cpus=1)
-    writer = DeploymentPlan(alias="writer", model="m", served_model_name="m", tensor_parallel=1, startup_timeout=60,
-                            replicas=(replica,), capacity=4, max_parallel_requests=4)  # fmt: skip
-    serving = ServingPlan(deployments=(writer,), gpus=1)
-    plan = make_plan("run-1", (100,) * 3, allocations=1, client_workers=1, serving=serving)
-    layout, inputs = write_plan(tmp_path / "run-1", plan)
+    layout, inputs = _served(tmp_path, 3, 100, capacity=4, workers=1)
     launcher, clock = GatedLauncher(), Clock()
     workers = _workers(layout, inputs, launcher, _pool(layout, 3, ScriptedSiblings(False)), clock=clock)
-
-    def progress(rows: int) -> None:
-        path = layout.shard(0).attempt(f"attempt-{JOB}").progress
-        atomic_write(path, encode(Progress(rows=rows, batches=1, updated_at="-", in_batch=0)))
 
     try:
         workers.start_first()
         workers.top_up(NoProxies())
-        progress(10)  # first seen: no rate yet
+        _progress(layout, 0, 10)  # first seen: no rate yet
         workers.top_up(NoProxies())
         clock.now += 10
-        progress(60)  # 5 records/s: 40 left take 8 s, more than SPARE_SETUP_S
+        _progress(layout, 0, 60)  # 5 records/s: 40 left take 8 s, more than SPARE_SETUP_S
         workers.top_up(NoProxies())
         assert SPARE_SETUP_S < 8 and launcher.running() == [0, 1] and launcher.spares() == [1]
         clock.now += 4
-        progress(80)  # 5 records/s since first seen: 20 left take 4 s
+        _progress(layout, 0, 80)  # 5 records/s since first seen: 20 left take 4 s
         workers.top_up(NoProxies())
         assert SPARE_SETUP_S >= 4 and launcher.running() == [0, 1, 2] and launcher.spares() == [1, 2]
     finally:
