@@ -217,8 +217,7 @@ def test_a_cpu_stage_allocation_with_three_workers_runs_three_shards_at_once(tmp
         assert workers.idle() and workers.exit_code() == 0
     finally:
         workers.stop()
-    states = [read_json(layout.shard(i).attempt(f"attempt-{JOB}").record, AttemptRecord).state for i in range(5)]
-    assert states == ["succeeded"] * 5
+    assert _states(layout, 5) == ["succeeded"] * 5
 
 
 def test_a_spare_does_not_claim_while_a_sibling_has_a_free_slot_and_claims_once_none_has(tmp_path: Path) -> None:
@@ -371,8 +370,12 @@ def test_a_shard_whose_result_is_recorded_frees_its_slot_before_its_process_has_
         assert workers.idle() and workers.exit_code() == 0
     finally:
         workers.stop()
-    states = [read_json(layout.shard(i).attempt(f"attempt-{JOB}").record, AttemptRecord).state for i in range(3)]
-    assert states == ["succeeded"] * 3
+    assert _states(layout, 3) == ["succeeded"] * 3
+
+
+def _states(layout: RunLayout, shards: int) -> list[str]:
+    """The state of each shard's attempt in this allocation."""
+    return [read_json(layout.shard(i).attempt(f"attempt-{JOB}").record, AttemptRecord).state for i in range(shards)]
 
 
 def _served(tmp_path: Path, shards: int, records: int, *, capacity: int, workers: int) -> tuple[RunLayout, Inputs]:
@@ -439,11 +442,9 @@ def test_workers_that_share_the_replicas_each_have_a_spare_and_drain_together(tm
             launcher.finish(shard)
             workers.collect(NoProxies())
             workers.top_up(NoProxies())
-        assert workers.idle() and workers.exit_code() == 0
     finally:
         workers.stop()
-    states = [read_json(layout.shard(i).attempt(f"attempt-{JOB}").record, AttemptRecord).state for i in range(6)]
-    assert states == ["succeeded"] * 6
+    assert workers.idle() and workers.exit_code() == 0 and _states(layout, 6) == ["succeeded"] * 6
 
 
 def test_a_cpu_stage_allocation_keeps_one_spare_whatever_its_workers(tmp_path: Path) -> None:
