@@ -95,7 +95,7 @@ def choose(
     inputs: CostInputs,
     budget: int,
     deadline_s: int | None,
-    time_limit_s: int | None = None,
+    time_limit_s: int,
 ) -> Choice:
     """The layout the rule picks among :func:`candidates` whose allocations end within ``time_limit_s``
     (:data:`TIME_LIMIT_SHARE`; all of them when none does), with the next two as runners-up."""
@@ -109,8 +109,8 @@ def choose(
             "client_workers, replicas as set)"
         )
     layouts = [c for c, _ in predicted.values()]
-    limit = None if time_limit_s is None else time_limit_s * TIME_LIMIT_SHARE
-    in_time = [c for c in layouts if limit is None or c.allocation_s <= limit]
+    in_time = [c for c in layouts if c.allocation_s <= time_limit_s * TIME_LIMIT_SHARE]
+    outlast = len(in_time) < len(layouts)
     layouts = in_time or layouts
 
     def fastest(c: LayoutChoice) -> tuple[float, float, tuple[int, tuple[int, ...], int]]:
@@ -135,7 +135,7 @@ def choose(
     else:
         ordered = sorted(layouts, key=fastest)
         rule = f"no layout {within} is{by}: the fastest"
-    if limit is not None and len(in_time) < len(predicted):
+    if outlast:
         rule += (
             f"; among the layouts whose longest allocation is predicted to end within {TIME_LIMIT_SHARE:.0%} of "
             f"submission.time_limit ({time_limit_s} s)"

@@ -249,6 +249,7 @@ def cmd_client(args: argparse.Namespace) -> int:
     layout = RunLayout(args.run_dir.resolve())
     log = new_logger(sys.stderr.buffer, component="client", run_id=layout.run_id)
     with _engine_scratch(args.attempt, os.environ, log) as home:
+        alive: Callable[[], bool] | None = None  # set: started before its endpoints exist
         if args.endpoints and args.wait_endpoints is not None:
             try:
                 alive = controller_alive(args.wait_endpoints)
@@ -263,7 +264,7 @@ def cmd_client(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"ddslurm-runtime: --stage: {exc}", file=sys.stderr)
             return EXIT_USAGE
-        if args.endpoints and args.wait_endpoints is not None:
+        if alive is not None:
             _await_endpoints(args.endpoints, alive)
         endpoints = msgspec.json.decode(args.endpoints.read_bytes(), type=dict[str, str]) if args.endpoints else {}
         runner = AttemptRunner(
