@@ -58,12 +58,14 @@ def test_the_sweep_grows_to_the_capacity_then_flattens(server, tmp_path: Path) -
     assert list(rates) == [1, 2, 4, 8]
     # The stand-in's model (fake_vllm.app): a request admitted with k others running takes LATENCY x (1 + k / C),
     # so the ideal rates are 5, 8, 11.4 a second at 1, 2, 4 in flight, and at 8 (twice C, half of them queued)
-    # C / (2 x LATENCY) = 10: growing up to the capacity, then flat. The shape, not the numbers (shared CPUs):
+    # C / (2 x LATENCY) = 10: growing up to the capacity, then flat. The shape, not the numbers (shared CPUs slow any
+    # level, so a slowed 4 may measure below 8; no level can beat the ceiling the capacity sets, 11.4 a second, where
+    # a server admitting all 8 would reach 8 / (LATENCY x (1 + 7 / C)) = 14.5):
     ideal = 1 / LATENCY
+    ceiling = CAPACITY * ideal / (1 + (CAPACITY - 1) / CAPACITY)
     assert 0.4 * ideal <= rates[1] <= ideal * 1.05
     assert rates[2] >= 1.3 * rates[1] and rates[4] >= 1.2 * rates[2]
-    assert rates[4] <= CAPACITY * ideal / (1 + (CAPACITY - 1) / CAPACITY) * 1.05
-    assert rates[8] <= rates[4] * 1.15
+    assert max(rates[4], rates[8]) <= ceiling * 1.05
 
 
 def test_each_alias_is_swept_at_the_levels_its_capacity_allows(server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
