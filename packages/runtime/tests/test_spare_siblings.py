@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import io
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import msgspec
@@ -388,23 +389,41 @@ def _served(tmp_path: Path, shards: int, records: int, *, capacity: int, workers
     return write_plan(tmp_path / "run-1", plan)
 
 
+@contextmanager
+def _serving_started(
+    tmp_path: Path, shards: int, records: int, *, capacity: int, workers: int, clock: Callable[[], float] = lambda: 0.0
+) -> Iterator[tuple[RunLayout, GatedLauncher, Workers]]:
+    """The allocation of :func:`_served`, its first clients started and topped up once; stopped on the way out."""
+    layout, inputs = _served(tmp_path, shards, records, capacity=capacity, workers=workers)
+    launcher = GatedLauncher()
+    running = _workers(layout, inputs, launcher, _pool(layout, shards, ScriptedSiblings(False)), clock=clock)
+    try:
+        running.start_first()
+        running.top_up(NoProxies())
+        yield layout, launcher, running
+    finally:
+        running.stop()
+
+
 def _progress(layout: RunLayout, shard: int, rows: int, in_batch: int = 0) -> None:
     """The shard's attempt reports ``rows`` done and ``in_batch`` in its current batch."""
     path = layout.shard(shard).attempt(f"attempt-{JOB}").progress
     atomic_write(path, encode(Progress(rows=rows, batches=1, updated_at="-", in_batch=in_batch)))
 
 
+def _finish_each(workers: Workers, launcher: GatedLauncher, shards: int) -> None:
+    """Shards 0 .. ``shards`` - 1 finish one by one, each followed by a round of the allocation's loop."""
+    for shard in range(shards):
+        launcher.finish(shard)
+        workers.collect(NoProxies())
+        workers.top_up(NoProxies())
+
+
 def test_a_shard_whose_last_requests_are_in_flight_gives_its_slot_to_the_spare(tmp_path: Path) -> None:
     """A deployed alias's client keeps its share of the replicas in flight (max_parallel_requests 4 here): once no
     more than that many of its shard's records are left, the spare takes its slot and sets up while they finish; a
     shard with more left keeps its slot."""
-    layout, inputs = _served(tmp_path, 3, 10, capacity=4, workers=1)
-    launcher = GatedLauncher()
-    workers = _workers(layout, inputs, launcher, _pool(layout, 3, ScriptedSiblings(False)))
-
-    try:
-        workers.start_first()
-        workers.top_up(NoProxies())
+    with _serving_started(tmp_path, 3, 10, capacity=4, workers=1) as (layout, launcher, workers):
         assert launcher.running() == [0, 1] and launcher.spares() == [1]
         _progress(layout, 0, rows=5, in_batch=0)  # 5 of 10 left: more than its 4 in flight
         workers.top_up(NoProxies())
@@ -412,38 +431,22 @@ def test_a_shard_whose_last_requests_are_in_flight_gives_its_slot_to_the_spare(t
         _progress(layout, 0, rows=5, in_batch=2)  # 3 left: all in flight
         workers.top_up(NoProxies())
         assert launcher.running() == [0, 1, 2] and launcher.spares() == [1, 2]  # 1 generates, 2 is the spare
-        for shard in (0, 1, 2):
-            launcher.finish(shard)
-            workers.collect(NoProxies())
-            workers.top_up(NoProxies())
+        _finish_each(workers, launcher, 3)
         assert workers.idle() and workers.exit_code() == 0
-    finally:
-        workers.stop()
 
 
 def test_workers_that_share_the_replicas_each_have_a_spare_and_drain_together(tmp_path: Path) -> None:
     """Two workers share the replicas (their shards are the same size, so they finish about together): each has a
     spare, and when both drain, both spares generate at once (with one spare, the second worker's successor would
     start cold, after a process start and Data Designer's import, with its share of the replicas idle)."""
-    layout, inputs = _served(tmp_path, 6, 10, capacity=8, workers=2)
-    launcher = GatedLauncher()
-    workers = _workers(layout, inputs, launcher, _pool(layout, 6, ScriptedSiblings(False)))
-
-    try:
-        workers.start_first()
-        workers.top_up(NoProxies())
+    with _serving_started(tmp_path, 6, 10, capacity=8, workers=2) as (layout, launcher, workers):
         assert launcher.running() == [0, 1, 2, 3] and launcher.spares() == [2, 3]
         _progress(layout, 0, rows=5, in_batch=2)  # both drain: 3 left each, all in flight
         _progress(layout, 1, rows=6, in_batch=1)
         workers.top_up(NoProxies())
         assert launcher.running() == [0, 1, 2, 3, 4, 5] and launcher.spares() == [2, 3, 4, 5]
         assert workers.idle() is False
-        for shard in range(6):
-            launcher.finish(shard)
-            workers.collect(NoProxies())
-            workers.top_up(NoProxies())
-    finally:
-        workers.stop()
+        _finish_each(workers, launcher, 6)
     assert workers.idle() and workers.exit_code() == 0 and _states(layout, 6) == ["succeeded"] * 6
 
 
@@ -464,13 +467,8 @@ def test_a_shard_expected_to_finish_within_a_spares_set_up_gives_its_slot_to_the
     """Beyond its last requests in flight: once the shard's rate since its progress first showed says the records
     left take no more than SPARE_SETUP_S, the spare takes its slot (its set-up overlaps them); a slower shard keeps
     its slot."""
-    layout, inputs = _served(tmp_path, 3, 100, capacity=4, workers=1)
-    launcher, clock = GatedLauncher(), Clock()
-    workers = _workers(layout, inputs, launcher, _pool(layout, 3, ScriptedSiblings(False)), clock=clock)
-
-    try:
-        workers.start_first()
-        workers.top_up(NoProxies())
+    clock = Clock()
+    with _serving_started(tmp_path, 3, 100, capacity=4, workers=1, clock=clock) as (layout, launcher, workers):
         _progress(layout, 0, 10)  # first seen: no rate yet
         workers.top_up(NoProxies())
         clock.now += 10
@@ -481,5 +479,3 @@ def test_a_shard_expected_to_finish_within_a_spares_set_up_gives_its_slot_to_the
         _progress(layout, 0, 80)  # 5 records/s since first seen: 20 left take 4 s
         workers.top_up(NoProxies())
         assert SPARE_SETUP_S >= 4 and launcher.running() == [0, 1, 2] and launcher.spares() == [1, 2]
-    finally:
-        workers.stop()
