@@ -2,7 +2,9 @@
 --json`` (a JSON object per refresh) and ``status --json`` called again and again. The run's progress over both
 stages and its final-stage records never go back, not even while a shard whose GPU stage is done waits for its CPU
 stage, and the run never returns to ``pending`` once it ran. One GPU allocation pulls the two shards one after
-another, so every sample series sees shards waiting for their CPU stage while others still generate."""
+another (its spare takes over in the first shard's last seconds, ``SPARE_SETUP_S``: the shards are long enough, 4
+batches of 2 at 1 s a request, that the second still generates after the first is done), so every sample series
+sees a shard waiting for its CPU stage while another still generates."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from tests.e2e import cli_json as _cli
 pytestmark = [pytest.mark.slurm, pytest.mark.dd]
 
 SHARDS = 2
-RECORDS = 8
+RECORDS = 16
 
 
 def _check_series(samples: list[dict[str, Any]], what: str) -> None:
@@ -66,9 +68,9 @@ def test_status_of_a_two_stage_run_never_goes_back(make_run_files: Any, tmp_path
         "watched",
         num_records=RECORDS,
         shards=SHARDS,
-        buffer_size=4,
+        buffer_size=2,
         recipe=MIXED_RECIPE,
-        extra_run=generator(env={"FAKE_VLLM_LATENCY": "0.05", "FAKE_VLLM_STARTUP_DELAY": "1"}) + "allocations: 1\n",
+        extra_run=generator(env={"FAKE_VLLM_LATENCY": "1.0", "FAKE_VLLM_STARTUP_DELAY": "1"}) + "allocations: 1\n",
         vllm_executable=vllm_stand_in(tmp_path, "watched"),
     )
     run_dir = _cli("submit", str(files.run_file), "--profile", str(files.profile), "--json", env=files.env)["run_dir"]
