@@ -129,12 +129,11 @@ def test_record_facts_merges_once_per_run_and_only_for_a_succeeded_run(tmp_path:
 
 def test_report_records_the_facts_and_a_failure_to_measure_only_warns(tmp_path: Path) -> None:
     workspace, layout = staged_in_workspace(tmp_path)
-    out, err = io.StringIO(), io.StringIO()
-    code = main(
-        ["report", str(layout.root), "--json"], slurm=Slurm(FakeSlurm(sacct=STAGED_SACCT)), stdout=out, stderr=err
-    )
+    out, err, fake = io.StringIO(), io.StringIO(), FakeSlurm(sacct=STAGED_SACCT)
+    code = main(["report", str(layout.root), "--json"], slurm=Slurm(fake), stdout=out, stderr=err)
     assert code == 0, err.getvalue()
     assert [m.run_id for m in read_facts(facts_path(workspace)).models] == [layout.run_id]
+    assert len(fake.commands("sacct")) == 1  # the page and the facts from one reading of the run
 
     workspace2, layout2 = staged_in_workspace(tmp_path / "b")
     facts_path(workspace2).write_text("{not json")

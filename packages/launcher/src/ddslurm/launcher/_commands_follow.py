@@ -33,7 +33,7 @@ from ddslurm.launcher._session import (
     run_layout,
 )
 from ddslurm.launcher._status import RunStatus, run_status
-from ddslurm.launcher.report import render_html, report_json, run_report
+from ddslurm.launcher.report import numbers, read_run, render_html, report_json
 
 # --- status, wait ---
 
@@ -219,9 +219,11 @@ def cmd_report(
     dataset's column statistics. With --json, also print its numbers."""
     session = command_session(ctx, as_json)
     layout = run_layout(session, run, profile)
-    report = run_report(layout, session.slurm)
+    facts = read_run(layout, session.slurm)  # the run and its accounting, read once for the page and the facts
+    report = numbers(facts)
     target = save_report(layout, render_html(report), output)
-    record_after(layout, session.slurm, session.err)  # a run that succeeded: its facts (never fails the command)
+    # a run that succeeded: its facts (never fails the command)
+    record_after(layout, session.slurm, session.err, reading=(facts, report))
     if session.json:
         write_json({"report": str(target), **report_json(report)}, session.out)
         return ExitCode.OK

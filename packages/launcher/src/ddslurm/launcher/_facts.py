@@ -17,9 +17,10 @@ import msgspec
 
 from ddslurm.config import ConfigError, Facts, RunLayout, facts_path, read_facts, update_facts
 from ddslurm.launcher._cluster import SINFO_FORMAT, parse_sinfo
-from ddslurm.launcher._measure import Measured, measured
+from ddslurm.launcher._measure import Measured, measure, measured
 from ddslurm.launcher._slurm import Slurm
 from ddslurm.launcher.errors import SubmitError
+from ddslurm.launcher.report import RunFacts, RunReport
 
 GpuTypeOf = Callable[[str | None], str]
 """(the generation partition, None: the cluster's default) -> the GPU type of its nodes, "" when unknown."""
@@ -79,14 +80,27 @@ def _stamp(now: datetime) -> str:
     return now.astimezone(UTC).isoformat(timespec="seconds")
 
 
-def record_facts(workspace: Path, layout: RunLayout, slurm: Slurm | None, *, now: datetime | None = None) -> Recorded:
-    """Measure the run (:func:`~ddslurm.launcher._measure.measured`) and merge its facts into the workspace's
-    (locked read-modify-write), for a run that succeeded (every shard has its winner). Idempotent: once any fact of
-    this run is in the workspace, the run is not recorded again (not even its ``measured_at``)."""
+Reading = tuple[RunFacts, RunReport]
+"""A run as the report read it (:func:`~ddslurm.launcher.report.read_run`) and its numbers: a command that has
+them (``report``) lends them, so the run directory and sacct are not read a second time."""
+
+
+def record_facts(
+    workspace: Path,
+    layout: RunLayout,
+    slurm: Slurm | None,
+    *,
+    now: datetime | None = None,
+    reading: Reading | None = None,
+) -> Recorded:
+    """Measure the run (:func:`~ddslurm.launcher._measure.measured`, or of ``reading`` when given) and merge its
+    facts into the workspace's (locked read-modify-write), for a run that succeeded (every shard has its winner).
+    Idempotent: once any fact of this run is in the workspace, the run is not recorded again (not even its
+    ``measured_at``)."""
     run_id = layout.run_id
     if _recorded(read_facts(facts_path(workspace)), run_id):
         return Recorded(None, f"run {run_id} was recorded already (or measured nothing)")  # nothing read again
-    found = measured(layout, slurm)
+    found = measured(layout, slurm) if reading is None else measure(*reading)
     if not found.succeeded:
         return Recorded(None, "the run has not succeeded (not every shard has a winner)")
     at = _stamp(now or datetime.now(UTC))
@@ -114,12 +128,12 @@ def _recorded(facts: Facts, run_id: str) -> bool:
     return any(f.run_id == run_id for f in facts.models) or any(f.run_id == run_id for f in facts.recipes)
 
 
-def record_after(layout: RunLayout, slurm: Slurm | None, err: TextIO) -> None:
+def record_after(layout: RunLayout, slurm: Slurm | None, err: TextIO, *, reading: Reading | None = None) -> None:
     """:func:`record_facts` for a command that saw the run end: never fails it (a warning line on ``err``)."""
     workspace = run_workspace(layout)
     if workspace is None:
         return
     try:
-        record_facts(workspace, layout, slurm)
+        record_facts(workspace, layout, slurm, reading=reading)
     except Exception as exc:  # measuring is a by-product: the command's own result stands
         err.write(f"warning: the run's facts were not recorded in {facts_path(workspace)}: {exc}\n")

@@ -26,6 +26,16 @@ Where each number comes from:
 from ddslurm.launcher.report._client_out import parse_client_out
 from ddslurm.launcher.report._html import render_html
 from ddslurm.launcher.report._model import RunReport, report_json
-from ddslurm.launcher.report._numbers import run_report
+from ddslurm.launcher.report._numbers import numbers, run_report
+from ddslurm.launcher.report._read import RunFacts, read_run
 
-__all__ = ["RunReport", "parse_client_out", "render_html", "report_json", "run_report"]
+__all__ = [
+    "RunFacts",
+    "RunReport",
+    "numbers",
+    "parse_client_out",
+    "read_run",
+    "render_html",
+    "report_json",
+    "run_report",
+]
