@@ -168,6 +168,8 @@ def test_config_rejects_nonsense() -> None:
         ProxyConfig("127.0.0.1", 0, ("http://a:1", "http://a:1"))
     with pytest.raises(ValueError, match="http"):
         ProxyConfig("127.0.0.1", 0, ("a:1",))
+    with pytest.raises(ValueError, match="unhealthy_interval"):
+        ProxyConfig("127.0.0.1", 0, ("http://a:1",), unhealthy_interval=0)
     with pytest.raises(ValueError, match="one per upstream"):
         ProxyConfig("127.0.0.1", 0, ("http://a:1", "http://a:2"), busy_logs=(Path("busy-m-0.jsonl"),))
 
@@ -327,6 +329,48 @@ async def _crash(crashing: Any, steady: Any) -> None:
         assert time.monotonic() - started < 2.0
         assert error["type"] == "ServiceUnavailable"
         assert "no healthy upstream" in error["message"]
+
+
+class Loading(Inline):
+    """An upstream whose ``/health`` answers 503 until the test says it has loaded; counts its probes."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.loaded = False
+        self.probes = 0
+
+    async def health(self, request: web.Request) -> web.Response:
+        self.probes += 1
+        return web.Response(status=200 if self.loaded else 503)
+
+
+def test_a_replica_that_loads_is_used_within_the_unhealthy_interval_not_the_health_interval() -> None:
+    asyncio.run(_loads())
+
+
+async def _loads() -> None:
+    up = Loading("late")
+    async with (
+        serving(up.app) as base,
+        running_proxy([base], health_interval=30.0, unhealthy_interval=0.1) as (_, url),
+        aiohttp.ClientSession() as session,
+    ):
+        async with session.get(f"{url}/health") as response:
+            assert response.status == 503  # nothing loaded yet
+        up.loaded = True
+        loaded = time.monotonic()
+
+        async def healthy() -> bool:
+            return bool((await _upstreams(session, url))[base]["healthy"])
+
+        await _wait_until(healthy, timeout=2.0)  # not the 30 s health_interval
+        assert time.monotonic() - loaded < 1.0
+        async with session.post(f"{url}/v1/chat/completions", json=CHAT) as response:
+            assert (await response.json())["served_by"] == "late"
+        # Healthy now: probed every health_interval, not every unhealthy_interval.
+        probes = up.probes
+        await asyncio.sleep(0.6)
+        assert up.probes == probes
 
 
 def test_upstream_dying_mid_body_is_not_passed_off_as_complete() -> None:

@@ -22,7 +22,8 @@ this module relays the requests.)
 
 A connection failure before the response headers arrive (refused, reset, closed) is retried on another
 replica and marks the upstream unhealthy until its ``GET /health`` answers 200 again (it is re-probed at
-once, then every ``health_interval``). With no healthy upstream a request waits ``unavailable_grace``
+once, then every ``unhealthy_interval``, as an upstream that has not loaded yet is; a healthy one every
+``health_interval``). With no healthy upstream a request waits ``unavailable_grace``
 seconds for one, then gets 503 ``{"error": {"message": ..., "type": "ServiceUnavailable"}}``. A failure after
 the headers is not retried (the replica may have done the work): before any byte went to the client it is 502
 ``BadGateway``, later the client's connection is aborted, so a truncated body never looks complete.
@@ -111,7 +112,10 @@ class ProxyConfig:
     listen_host: str
     listen_port: int
     upstreams: tuple[str, ...]  # base URLs without /v1, e.g. "http://127.0.0.1:8101", or "unix:/path.sock"
-    health_interval: float = 1.0  # seconds between /health probes of each upstream
+    health_interval: float = 1.0  # seconds between /health probes of each healthy upstream
+    # ... and of one that is not (loading, or failed): the proxy learns of a replica that has loaded about when the
+    # controller does (it polls every 0.2 s), not up to health_interval later while the client already sends.
+    unhealthy_interval: float = 0.2
     metrics_interval: float = 1.0  # seconds between /metrics scrapes of each upstream
     max_waiting: int = 64  # requests waiting (vLLM's or SGLang's gauge) above which an upstream is "saturated"
     admission_timeout: float = 600.0  # how long a request may wait for a non-saturated healthy upstream
@@ -139,7 +143,7 @@ class ProxyConfig:
                 raise ValueError(f"upstream must be an http(s) base URL or unix:/path: {url!r}")
         if not 0 <= self.listen_port <= 65535:
             raise ValueError(f"listen_port out of range: {self.listen_port}")
-        for name in ("health_interval", "metrics_interval", "connect_timeout", "probe_timeout"):
+        for name in ("health_interval", "unhealthy_interval", "metrics_interval", "connect_timeout", "probe_timeout"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
         for name in ("admission_timeout", "unavailable_grace", "shutdown_timeout"):
@@ -165,6 +169,7 @@ class Proxy:
             logger,
             max_waiting=config.max_waiting,
             health_interval=config.health_interval,
+            unhealthy_interval=config.unhealthy_interval,
             metrics_interval=config.metrics_interval,
             unavailable_grace=config.unavailable_grace,
             connect_timeout=config.connect_timeout,
@@ -429,6 +434,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--log", type=Path, default=None, help="append JSON log lines here (default: stderr)")
     parser.add_argument("--max-waiting", type=int, default=defaults.max_waiting, metavar="N")
     parser.add_argument("--health-interval", type=float, default=defaults.health_interval, metavar="S")
+    parser.add_argument("--unhealthy-interval", type=float, default=defaults.unhealthy_interval, metavar="S")
     parser.add_argument("--metrics-interval", type=float, default=defaults.metrics_interval, metavar="S")
     parser.add_argument("--admission-timeout", type=float, default=defaults.admission_timeout, metavar="S")
     parser.add_argument("--unavailable-grace", type=float, default=defaults.unavailable_grace, metavar="S")
@@ -524,6 +530,7 @@ def main(argv: list[str], environ: Mapping[str, str] | None = None) -> int:
             listen_port=port,
             upstreams=tuple(args.upstream),
             health_interval=args.health_interval,
+            unhealthy_interval=args.unhealthy_interval,
             metrics_interval=args.metrics_interval,
             max_waiting=args.max_waiting,
             admission_timeout=args.admission_timeout,

@@ -116,6 +116,7 @@ class Upstreams:
         *,
         max_waiting: int,
         health_interval: float,
+        unhealthy_interval: float,
         metrics_interval: float,
         unavailable_grace: float,
         connect_timeout: float,
@@ -125,6 +126,7 @@ class Upstreams:
         self._log = logger
         self._max_waiting = max_waiting
         self._health_interval = health_interval
+        self._unhealthy_interval = unhealthy_interval
         self._metrics_interval = metrics_interval
         self._unavailable_grace = unavailable_grace
         self._connect_timeout = connect_timeout
@@ -163,8 +165,8 @@ class Upstreams:
         await asyncio.gather(*(self._scrape(up) for up in self._all if up.healthy))
 
     def watch(self) -> None:
-        """Start the probe loops: health every ``health_interval`` (at once after a failure), queues every
-        ``metrics_interval``."""
+        """Start the probe loops: health every ``health_interval`` while healthy, every ``unhealthy_interval``
+        while not (loading, or failed; at once after a failure), queues every ``metrics_interval``."""
         for up in self._all:
             self._tasks.append(asyncio.create_task(self._health_loop(up)))
             self._tasks.append(asyncio.create_task(self._metrics_loop(up)))
@@ -270,8 +272,8 @@ class Upstreams:
             self._notify()
 
     async def _health_loop(self, up: Upstream) -> None:
-        interval = self._health_interval
         while not up.dead:
+            interval = self._health_interval if up.healthy else self._unhealthy_interval
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(interval):
                     await up.recheck.wait()
