@@ -17,6 +17,10 @@ counts and in several *layouts* (run-file overrides, :data:`LAYOUTS`):
   facts of the same recipe and model measured at that count; a plan equal to one already run is measured once;
 - ``alloc1``: the defaults with ``allocations: 1``: one allocation, its servers kept warm across every shard;
 - ``alloc1w1``: ``alloc1`` with ``client_workers: 1`` (one client keeps the replicas' whole capacity in flight);
+- ``budget``: the run file states a GPU budget instead of a shape (``gpus:`` the ``--replicas`` x ``--tp`` GPUs,
+  ``replicas: auto``): the cost model picks the generator's replicas too, planned with its stated defaults;
+  ``budgetfacts``: the same, planned with the facts the run before it recorded (facts are per model shape, not per
+  replica count: list it after ``auto`` or ``budget``);
 - ``twonode``: ``alloc1`` with one generator replica over both GPU nodes (``tensor_parallel: 4,
   pipeline_parallel: 2``: a leader on n1, a headless follower on n2, 8 GPUs behind one API) instead of
   ``--replicas`` one-node replicas.
@@ -109,7 +113,8 @@ MATCH = r"\(#(\d+)\)"
 class Layout:
     name: str
     run_lines: str
-    """Run-file lines appended to the base run file (``{shards}`` is replaced by the shard count)."""
+    """Run-file lines appended to the base run file (``{shards}`` is replaced by the shard count, ``{gpus}`` by
+    ``--replicas`` x ``--tp``)."""
     sized: bool = True
     """Whether the plan keeps its client sizing (``max_parallel_requests`` from the replicas' capacity)."""
     shape: str | None = None
@@ -121,6 +126,10 @@ class Layout:
 
 TWO_NODES = "replicas: 1\n  tensor_parallel: 4\n  pipeline_parallel: 2\n"
 """One replica of 8 GPUs: on the local cluster's 4-GPU nodes, a leader on n1 and a follower on n2."""
+PINNED = "replicas: {replicas}\n  tensor_parallel: {tp}\n"
+"""The generator's shape as ``--replicas`` and ``--tp`` pin it."""
+BUDGET = "replicas: auto\n  tensor_parallel: {tp}\n"
+"""The generator's replicas chosen by the cost model within ``gpus:``."""
 LAYOUTS = {
     "anchor": Layout("anchor", "allocations: {shards}\nclient_workers: 1\nstages: single\n", sized=False),
     "single": Layout("single", "stages: single\n"),
@@ -128,6 +137,8 @@ LAYOUTS = {
     "facts": Layout("facts", "", learned=True),
     "alloc1": Layout("alloc1", "allocations: 1\n"),
     "alloc1w1": Layout("alloc1w1", "allocations: 1\nclient_workers: 1\n"),
+    "budget": Layout("budget", "gpus: {gpus}\n", shape=BUDGET),
+    "budgetfacts": Layout("budgetfacts", "gpus: {gpus}\n", shape=BUDGET, learned=True),
     "twonode": Layout("twonode", "allocations: 1\n", shape=TWO_NODES),
 }
 
@@ -170,7 +181,7 @@ def _files(root: Path, shards: int, layout: Layout, args: argparse.Namespace, ho
             *("--fake-startup-delay", str(args.startup_delay)),
         ]
     )
-    shape = layout.shape or f"replicas: {args.replicas}\n  tensor_parallel: {args.tp}\n"
+    shape = (layout.shape or PINNED).format(replicas=args.replicas, tp=args.tp)
     run = root / "run.yaml"
     run.write_text(
         f"name: bench-gpu-busy\nrecipe: recipe.yaml\nnum_records: {records}\nshards: {shards}\n"
@@ -179,7 +190,7 @@ def _files(root: Path, shards: int, layout: Layout, args: argparse.Namespace, ho
         f"  {shape}"
         f"  server: {{cpus: 1, startup_timeout: 120, extra_args: {extra}}}\n"
         f"submission: {{time_limit: '{args.time_limit}', cpus: {args.replicas}, memory: 4G}}\nclient_retries: 0\n"
-        + layout.run_lines.format(shards=shards)
+        + layout.run_lines.format(shards=shards, gpus=args.replicas * args.tp)
     )
     return run, write_profile(root, wrapper)
 
@@ -397,8 +408,9 @@ def run_layout(
         prepared.plan.client_workers,
         layout.sized,
         len(prepared.plan.stages),
-        layout.shape,
-        tuple(len(d.replicas) for d in prepared.plan.serving.deployments) if prepared.plan.serving else (),
+        tuple((len(d.replicas), d.replica_gpus) for d in prepared.plan.serving.deployments)
+        if prepared.plan.serving
+        else (),
     )
     if same in done:
         # The same plan, so the same measurement; its prediction may differ (other facts).
@@ -430,6 +442,7 @@ def run_layout(
         "shards": shards,
         "layout": layout.name,
         "allocations": plan.allocations or shards,
+        "replicas": len(generator.replicas),
         "client_workers": workers,
         "max_parallel_requests": limit,
         "nodes": plan.serving.nodes,
@@ -463,6 +476,17 @@ def _versus(plan: Any, measured: Mapping[str, Any]) -> dict[str, Any]:
     }
     return {
         "predicted": {k: round(p, 4) for k, (p, _) in pairs.items()},
+        "runners_up": [
+            {
+                "allocations": c.allocations,
+                "replicas": list(c.replicas),
+                "client_workers": c.client_workers,
+                "wall_s": round(c.wall_s, 1),
+                "gpu_hours": round(c.gpu_hours, 4),
+                "gpu_busy": round(c.gpu_busy, 3),
+            }
+            for c in prediction.runners_up
+        ],
         "measured_over_predicted": {k: round(m / p, 3) if p else None for k, (p, m) in pairs.items()},
         "facts_origin": sorted({f.origin for f in prediction.facts}),
     }

@@ -1,6 +1,6 @@
 """The layout search: every candidate of allocations, replicas and client workers within the GPU budget, predicted
 by the cost model, and the one the rule picks (the fewest GPU-hours that meet the deadline, or a faster one
-within 5 % of them)."""
+within 2 % of them)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,10 @@ from ddslurm.config import LayoutChoice, Prediction, RunFile
 from ddslurm.planner._cost import Candidate, CostInputs, allocation_gpus, predict
 from ddslurm.planner.errors import PlanError
 
-NEAR_SHARE = 0.05
-"""A layout within this share of the fewest GPU-hours that ends sooner is chosen instead."""
+NEAR_SHARE = 0.02
+"""A layout within this share of the fewest GPU-hours that ends sooner is chosen instead: speed bought unasked only
+where it is about free (fewest GPU-hours is the promise; ``deadline`` is how a run asks for speed). At 5 % a budget
+of 2 GPUs for a 5 s load and two minutes of work got two replicas, predicted 3.9 % and measured 8 % dearer."""
 TIME_LIMIT_SHARE = 0.8
 """A layout is considered only if its longest allocation is predicted to end within this share of
 ``submission.time_limit`` (the prediction's error, and the time limit is Slurm's to enforce); when none is,
