@@ -2,8 +2,9 @@
 --json`` (a JSON object per refresh) and ``status --json`` called again and again. The run's progress over both
 stages and its final-stage records never go back, not even while a shard whose GPU stage is done waits for its CPU
 stage, and the run never returns to ``pending`` once it ran. One GPU allocation pulls the two shards one after
-another (its spare takes over in the first shard's last seconds, ``SPARE_SETUP_S``: the shards are long enough, 4
-batches of 2 at 1 s a request, that the second still generates after the first is done), so every sample series
+another on one client worker (its spare takes over in the first shard's last seconds, ``SPARE_SETUP_S``: the
+shards are long enough, 4 batches of 2 at 2 s a request, that the second still generates after the first is done;
+at 1 s a shard fit in SPARE_SETUP_S and both ran at once), so every sample series
 sees a shard waiting for its CPU stage while another still generates."""
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ def test_status_of_a_two_stage_run_never_goes_back(make_run_files: Any, tmp_path
         shards=SHARDS,
         buffer_size=2,
         recipe=MIXED_RECIPE,
-        extra_run=generator(env={"FAKE_VLLM_LATENCY": "1.0", "FAKE_VLLM_STARTUP_DELAY": "1"}) + "allocations: 1\n",
+        extra_run=generator(env={"FAKE_VLLM_LATENCY": "2.0", "FAKE_VLLM_STARTUP_DELAY": "1"})
+        + "allocations: 1\nclient_workers: 1\n",
         vllm_executable=vllm_stand_in(tmp_path, "watched"),
     )
     run_dir = _cli("submit", str(files.run_file), "--profile", str(files.profile), "--json", env=files.env)["run_dir"]
