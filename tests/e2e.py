@@ -12,7 +12,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -193,10 +193,12 @@ def generator(
     tensor_parallel: int | None = None,
     startup_timeout: int = 120,
     env: Mapping[str, str] | str = "",
+    extra_args: Sequence[str] = (),
 ) -> str:
     """The run file's ``deployments:`` for the mixed example's ``generator``: ``model`` served as ``qwen3-8b``
     (``replicas`` and ``tensor_parallel``: the run file's default where None) on one CPU; ``env``: the server's
-    environment (the stand-in's ``FAKE_VLLM_*`` settings), a mapping or a YAML flow mapping as written."""
+    environment (the stand-in's ``FAKE_VLLM_*`` settings), a mapping or a YAML flow mapping as written;
+    ``extra_args``: the server's ``extra_args`` (``--max-num-seqs 1``: a replica that runs one request at once)."""
     lines = ["deployments:", "  - model_alias: generator", f"    model: {model}", "    served_model_name: qwen3-8b"]
     lines += [f"    {key}: {value}" for key, value in (("replicas", replicas), ("tensor_parallel", tensor_parallel))
               if value is not None]  # fmt: skip
@@ -205,6 +207,8 @@ def generator(
         env = "{" + ", ".join(f"{key}: '{value}'" for key, value in env.items()) + "}"
     if env:
         lines.append(f"      env: {env}")
+    if extra_args:
+        lines.append(f"      extra_args: {json.dumps(list(extra_args))}")
     return "\n".join(lines) + "\n"
 
 

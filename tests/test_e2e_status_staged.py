@@ -2,10 +2,13 @@
 --json`` (a JSON object per refresh) and ``status --json`` called again and again. The run's progress over both
 stages and its final-stage records never go back, not even while a shard whose GPU stage is done waits for its CPU
 stage, and the run never returns to ``pending`` once it ran. One GPU allocation pulls the two shards one after
-another on one client worker (its spare takes over in the first shard's last seconds, ``SPARE_SETUP_S``: the
-shards are long enough, 4 batches of 2 at 2 s a request, that the second still generates after the first is done;
-at 1 s a shard fit in SPARE_SETUP_S and both ran at once), so every sample series
-sees a shard waiting for its CPU stage while another still generates."""
+another on one client worker, and the CPU-stage array starts only once that allocation has ended
+(``--dependency=afterany``), so the first shard waits for its CPU stage while the second generates. The replica
+runs one request at once (``--max-num-seqs 1``): a client's share of the replicas is then one request, and the
+worker's spare takes over only in the first shard's last ``SPARE_SETUP_S`` at its rate (8 records at 2 s a
+request: about its last two), leaving the second shard some 10 s of generating after the first is done. With the
+default capacity (256) every shard fits in its share, so the spare started the second shard right after the
+first's first batch and both ended together: that is what made this test flaky."""
 
 from __future__ import annotations
 
@@ -71,7 +74,9 @@ def test_status_of_a_two_stage_run_never_goes_back(make_run_files: Any, tmp_path
         shards=SHARDS,
         buffer_size=2,
         recipe=MIXED_RECIPE,
-        extra_run=generator(env={"FAKE_VLLM_LATENCY": "2.0", "FAKE_VLLM_STARTUP_DELAY": "1"})
+        extra_run=generator(
+            env={"FAKE_VLLM_LATENCY": "2.0", "FAKE_VLLM_STARTUP_DELAY": "1"}, extra_args=["--max-num-seqs", "1"]
+        )
         + "allocations: 1\nclient_workers: 1\n",
         vllm_executable=vllm_stand_in(tmp_path, "watched"),
     )
