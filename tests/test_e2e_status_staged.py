@@ -6,9 +6,8 @@ another on one client worker, and the CPU-stage array starts only once that allo
 (``--dependency=afterany``), so the first shard waits for its CPU stage while the second generates. The replica
 runs one request at once (``--max-num-seqs 1``): a client's share of the replicas is then one request, and the
 worker's spare takes over only in the first shard's last ``SPARE_SETUP_S`` at its rate (8 records at 2 s a
-request: about its last two), leaving the second shard some 10 s of generating after the first is done. With the
-default capacity (256) every shard fits in its share, so the spare started the second shard right after the
-first's first batch and both ended together: that is what made this test flaky."""
+request: about its last two), leaving the second shard some 10 s of generating after the first is done. (At the
+default capacity, 256, a whole shard fits in its share and the spare starts the second at once.)"""
 
 from __future__ import annotations
 
