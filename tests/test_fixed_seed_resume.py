@@ -254,3 +254,56 @@ def test_a_cpu_stage_attempt_resumes_the_batches_of_an_earlier_one(make_run_file
         batch = pq.read_table(Path(winner.dataset_dir) / entry.path)
         numbers = pq.read_table(Path(winner.dataset_dir) / "dropped-columns-parquet-files" / Path(entry.path).name)
         assert numbers.column("_ddslurm_stage_row").to_pylist() == batch.column("item_id").to_pylist()
+
+
+def _batches_with_empty_values(dataset: Path, column: str) -> tuple[list[str], list[str]]:
+    """(clean, with an empty or blank value of ``column``): the names of the dataset's batch files."""
+    clean, dirty = [], []
+    for batch in sorted((dataset / "parquet-files").glob("batch_*.parquet")):
+        values = pq.read_table(batch).column(column).to_pylist()
+        (dirty if any(v is None or not str(v).strip() for v in values) else clean).append(batch.name)
+    return clean, dirty
+
+
+def test_a_retry_does_not_resume_the_empty_answers_of_a_killed_attempt(
+    make_run_files: Any, hosted_endpoint: Any
+) -> None:
+    """The first attempt's provider answers some requests with HTTP 200 and no ``choices`` (Data Designer stores
+    an empty value) and the attempt is killed before it could verify anything. The retry, against the provider
+    healed at the same address, continues only the batches without empty values: Data Designer generates the
+    others again into their holes, every seed row is used once, and nothing empty is published
+    (``max_empty_outputs: 0``). Before, each retry resumed the empty values and, without a rerun inside the
+    attempt (``client_retries: 0``), was rejected in turn: a chaos campaign's five retries of one shard."""
+    from fake_vllm.testing import start_server
+
+    files = make_run_files("empty-resume", num_records=ROWS, shards=1, buffer_size=2, extra_run="client_retries: 0\n")
+    _seed_csv(files.root)
+    (files.root / "recipe.yaml").write_text(SHUFFLED_RECIPE)
+    models = ["--served-model-name", "demo/writer-8b", "--fake-latency", "0.4"]
+    faulty = [*models, "--fake-no-choices-rate", "0.3", "--fake-seed", "5"]
+    with start_server("demo", args=faulty, api_key=hosted_endpoint.api_key) as broken:
+        port = int(broken.base_url.split(":")[-1].split("/")[0])
+        _point_at(files, broken.base_url)
+        prepared = prepare(files.run_file, files.profile, files.env, datetime.now(UTC))
+        write_run_dir(prepared)
+        shard = prepared.layout.shard(0)
+        generate = [RUNTIME, "generate", "--run-dir", str(prepared.layout.root), "--shard", "0", "--launcher", "local"]
+        _kill_after_batches([*generate, "--job-id", "first"], _env(files), shard.attempt("attempt-first").progress, 3)
+    clean, dirty = _batches_with_empty_values(shard.attempt("attempt-first").output / "shard-00000", "blurb")
+    assert dirty and clean, f"the provider's empty answers reached some batches, not all: {clean} {dirty}"
+
+    with start_server("demo", args=models, api_key=hosted_endpoint.api_key, port=port):
+        done = subprocess.run(
+            [*generate, "--job-id", "second"], env=_env(files), capture_output=True, text=True, timeout=240
+        )
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = read_json(shard.attempt("attempt-second").record, AttemptRecord)
+    assert (record.state, record.resumed_from, record.resumed_rows) == ("succeeded", "attempt-first", 2 * len(clean))
+    table = _winner_table(shard)
+    assert Counter(table.column("item_id").to_pylist()) == Counter(range(ROWS))
+    assert all(str(v).strip() for v in table.column("blurb").to_pylist())
+    winner = read_json(shard.winner, WinnerRecord)
+    continued = {Path(f.path).name for f in winner.files} & set(clean)
+    first = shard.attempt("attempt-first").output / "shard-00000" / "parquet-files"
+    assert continued == set(clean)  # the clean batches were linked, not generated again
+    assert all((Path(winner.dataset_dir) / "parquet-files" / name).samefile(first / name) for name in continued)

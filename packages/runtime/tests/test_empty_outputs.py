@@ -22,7 +22,8 @@ from ddslurm.config import (
     read_json,
 )
 from ddslurm.config.testing import make_plan
-from ddslurm.runtime import EXIT_FAILED, EXIT_OK, AttemptRunner, EngineRequest, EngineResult, Inputs
+from ddslurm.runtime import EXIT_FAILED, EXIT_OK, AttemptRunner, EngineError, EngineRequest, EngineResult, Inputs
+from ddslurm.runtime._resume import EmptyLimit, continued_files
 from ddslurm.runtime._verify import count_empty_outputs, reject_empty_outputs
 from ddslurm.runtime.errors import EmptyOutputsError
 from ddslurm.runtime.testing import attempt_runner
@@ -168,3 +169,114 @@ def test_the_run_file_limit_decides(tmp_path: Path, limit: int | None, state: st
     )
     _runner(layout, EmptyingEngine(empty=3)).run(inputs, 0, "31", "n1")
     assert read_json(layout.shard(0).attempt("attempt-31").record, AttemptRecord).state == state
+
+
+class BatchEngine:
+    """Data Designer's batches, one per ``buffer_size`` records: the batches in ``empty`` hold one row whose
+    LLM text is ''; on resume the batches on disk are kept and only the missing ones generated (holes too);
+    ``stop_after`` batches it stops as a cancelled job would, before any verification."""
+
+    def __init__(self, *, empty: frozenset[int] = frozenset(), stop_after: int | None = None) -> None:
+        self.empty, self.stop_after = empty, stop_after
+        self.requests: list[EngineRequest] = []
+        self.generated: list[int] = []
+
+    def __call__(self, request: EngineRequest) -> EngineResult:
+        self.requests.append(request)
+        dataset = request.artifact_path / request.dataset_name
+        files, dropped = dataset / "parquet-files", dataset / "dropped-columns-parquet-files"
+        if not request.resume:
+            files.mkdir(parents=True)
+            (dataset / "metadata.json").write_text(json.dumps({"buffer_size": request.buffer_size}))
+        dropped.mkdir(exist_ok=True)
+        size = request.buffer_size
+        for b in range(-(-request.num_records // size)):
+            name = f"batch_{b:05d}.parquet"
+            if (files / name).exists():
+                continue
+            if self.stop_after is not None and len(self.generated) >= self.stop_after:
+                raise EngineError("the job was cancelled", retryable=True)
+            rows = [
+                {**GOOD, "answer": "" if b in self.empty and i == 0 else f"a{b}-{i}"}
+                for i in range(min(size, request.num_records - b * size))
+            ]
+            kept = [{k: v for k, v in r.items() if k != "notes"} | {"topic": "t", "chars": 1} for r in rows]
+            pq.write_table(pa.Table.from_pylist(kept), files / name)
+            pq.write_table(pa.Table.from_pylist([{"notes": r["notes"]} for r in rows]), dropped / name)
+            self.generated.append(b)
+        total = sum(pq.read_metadata(f).num_rows for f in files.glob("*.parquet"))
+        (dataset / "metadata.json").write_text(json.dumps({"actual_num_records": total, "buffer_size": size}))
+        return EngineResult(dataset_dir=dataset, rows=total, requested=request.num_records)
+
+
+def _answers(layout: RunLayout) -> list[str]:
+    winner = read_json(layout.shard(0).winner, WinnerRecord)
+    return [
+        v for f in winner.files for v in pq.read_table(Path(winner.dataset_dir) / f.path).column("answer").to_pylist()
+    ]
+
+
+def test_a_retry_after_a_cancelled_attempt_does_not_resume_its_empty_batches(tmp_path: Path) -> None:
+    """The cancelled attempt never reached verification, so its empty values were never set aside: every
+    attempt resuming them was rejected in turn (a chaos campaign's five retries). Only its clean batches are
+    continued; Data Designer generates the other again."""
+    layout, inputs = _setup(tmp_path, buffer_size=2)
+    first = BatchEngine(empty=frozenset({0}), stop_after=2)
+    assert _runner(layout, first).run(inputs, 0, "41", "n1") == EXIT_FAILED
+    stopped = layout.shard(0).attempt("attempt-41").output / "shard-00000"
+    before = sorted(p.name for p in (stopped / "parquet-files").iterdir())
+    assert before == ["batch_00000.parquet", "batch_00001.parquet"]
+
+    retry = BatchEngine()
+    assert _runner(layout, retry).run(inputs, 0, "42", "n1") == EXIT_OK
+    record = read_json(layout.shard(0).attempt("attempt-42").record, AttemptRecord)
+    assert (record.state, record.resumed_from, record.resumed_rows, record.rows) == ("succeeded", "attempt-41", 2, 6)
+    assert retry.requests[0].resume is True and retry.generated == [0, 2]  # batch 1 continued, 0 generated again
+    answers = _answers(layout)
+    assert sorted(answers) == ["a0-0", "a0-1", "a1-0", "a1-1", "a2-0", "a2-1"]
+    assert sorted(p.name for p in (stopped / "parquet-files").iterdir()) == before  # the earlier attempt's, as it was
+
+
+def test_a_rerun_in_the_allocation_continues_only_its_clean_batches_and_keeps_the_rest(tmp_path: Path) -> None:
+    layout, inputs = _setup(tmp_path, buffer_size=2)
+    assert _runner(layout, BatchEngine(empty=frozenset({1}), stop_after=2)).run(inputs, 0, "51", "n1") == EXIT_FAILED
+    rerun = BatchEngine()
+    runner = _runner(layout, rerun)
+    began = runner.resume(0, "attempt-51")
+    runner.rerun(began)
+    assert runner.generate(inputs, began, {}, resume_own=True) == EXIT_OK
+    assert rerun.requests[0].resume is True and rerun.generated == [1, 2]
+    assert "" not in _answers(layout) and len(_answers(layout)) == 6
+    output = layout.shard(0).attempt("attempt-51").output
+    [kept] = output.glob("shard-00000.stopped-*")  # what the stopped run wrote, nothing deleted
+    assert sorted(p.name for p in (kept / "parquet-files").iterdir()) == ["batch_00000.parquet", "batch_00001.parquet"]
+
+
+def test_batches_within_the_limit_are_continued(tmp_path: Path) -> None:
+    layout, inputs = _setup(tmp_path, buffer_size=2, max_empty_outputs=1)
+    assert _runner(layout, BatchEngine(empty=frozenset({0}), stop_after=2)).run(inputs, 0, "61", "n1") == EXIT_FAILED
+    retry = BatchEngine()
+    assert _runner(layout, retry).run(inputs, 0, "62", "n1") == EXIT_OK
+    assert retry.generated == [2]
+    assert read_json(layout.shard(0).attempt("attempt-62").record, AttemptRecord).resumed_rows == 4
+
+
+def test_continued_files_leave_out_batches_over_the_limit_and_then_every_fill(tmp_path: Path) -> None:
+    dataset = tmp_path / "shard-00000"
+    rows = [GOOD, GOOD, {**GOOD, "notes": ""}, GOOD, {**GOOD, "sql": None}, GOOD]  # a dropped column counts too
+    _write_dataset(dataset, rows)
+    (dataset / "fill-files").mkdir()
+    pq.write_table(
+        pa.Table.from_pylist([{**GOOD, "topic": "t", "chars": 1}]), dataset / "fill-files" / "fill_0.parquet"
+    )
+    columns = llm_columns(RECIPE)
+
+    def names(limit: int | None) -> list[str]:
+        return [f"{folder}/{path.name}" for folder, path in continued_files(dataset, EmptyLimit(columns, limit)).files]
+
+    everything = continued_files(dataset, EmptyLimit(columns, None))
+    assert (everything.rows, everything.left_out, len(everything.files)) == (7, 0, 7)
+    strict = continued_files(dataset, EmptyLimit(columns, 0))
+    assert names(0) == ["parquet-files/batch_00000.parquet", "dropped-columns-parquet-files/batch_00000.parquet"]
+    assert (strict.rows, strict.left_out) == (2, 2)  # batches 1 and 2 left out; the fill with them
+    assert names(1) == names(None)  # one empty value per column is allowed: everything continues

@@ -49,7 +49,7 @@ from ddslurm.runtime._fill import (
 )
 from ddslurm.runtime._inputs import Inputs
 from ddslurm.runtime._progress import ProgressFile
-from ddslurm.runtime._resume import resume_source, seed_from
+from ddslurm.runtime._resume import EmptyLimit, continued_files, resume_source, seed_from
 from ddslurm.runtime._shard_seed import fixed_seed_file, read_seed_file, shuffled_block, stage_seed_table
 from ddslurm.runtime._usage import recording_usage
 from ddslurm.runtime._verify import (
@@ -362,8 +362,9 @@ class AttemptRunner:
             raise SecretMissingError(f"API-key variable(s) {', '.join(missing)} are unset in the job's environment")
         dataset_name = f"shard-{shard_index:05d}"
         target = attempt.output / dataset_name
-        resume = self._prepare_output(plan, shard_index, began, target, resume_own, log)
         stage = self.stage_run(inputs, began)
+        empty = EmptyLimit(llm_columns(stage.recipe), plan.max_empty_outputs)
+        resume = self._prepare_output(plan, shard_index, began, target, resume_own, empty, log)
         record = read_json(attempt.record, AttemptRecord)
         record = msgspec.structs.replace(record, client_runs=record.client_runs + 1)
         self._write(attempt, record)
@@ -560,19 +561,26 @@ class AttemptRunner:
         return added
 
     def _prepare_output(
-        self, plan: Plan, shard_index: int, began: Began, target: Path, resume_own: bool, log: Any
+        self, plan: Plan, shard_index: int, began: Began, target: Path, resume_own: bool, empty: EmptyLimit, log: Any
     ) -> bool:
         """Decide whether Data Designer resumes, and from what. Returns the resume flag.
 
         A fresh attempt never finds its dataset path in place: an existing non-empty path or a symbolic link
         there fails the attempt and is left exactly as it is. Resuming this attempt's own dataset (a rerun
         inside the allocation) continues in place; resuming across allocations seeds the new dataset directory
-        with the completed batches of the shard's best earlier attempt.
+        with the completed batches of the shard's best earlier attempt, less those whose empty outputs
+        verification would reject (``empty``).
         """
         if target.is_symlink() or (target.exists() and not target.is_dir()):
             raise OutputExistsError(f"{target} is a symbolic link or not a directory; it was left untouched")
         if resume_own:
             if (target / "metadata.json").is_file():
+                own = continued_files(target, empty)
+                if own.left_out:  # batches verification would reject: continue the rest, keep all under a new name
+                    aside = target.with_name(f"{target.name}.stopped-{secrets.token_hex(3)}")
+                    target.rename(aside)
+                    rows = seed_from(continued_files(aside, empty), target)
+                    log.info("resume.own", rows=rows, left_out_for_empty_outputs=own.left_out, kept=str(aside))
                 return True
             if target.exists():
                 # The previous run of this attempt stopped before Data Designer recorded anything to resume:
@@ -583,15 +591,14 @@ class AttemptRunner:
             raise OutputExistsError(f"{target} already exists; it was left untouched")
         if plan.resume == "never":
             return False
-        source = resume_source(self._shard(shard_index), began.record.attempt)
+        source = resume_source(self._shard(shard_index), began.record.attempt, empty)
         if source is None:
             if plan.resume == "always":
-                log.info("resume.nothing", why="no earlier attempt of this shard completed a batch")
+                log.info("resume.nothing", why="no earlier attempt of this shard completed a batch it may continue")
             return False
         rows = seed_from(source, target)
         record = read_json(began.layout.record, AttemptRecord)
-        self._write(
-            began.layout, msgspec.structs.replace(record, resumed_from=source.parent.parent.name, resumed_rows=rows)
-        )
-        log.info("resume.seeded", source=str(source), rows=rows)
+        owner = source.dataset.parent.parent.name
+        self._write(began.layout, msgspec.structs.replace(record, resumed_from=owner, resumed_rows=rows))
+        log.info("resume.seeded", source=str(source.dataset), rows=rows, left_out_for_empty_outputs=source.left_out)
         return True

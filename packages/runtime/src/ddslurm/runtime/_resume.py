@@ -2,63 +2,136 @@
 
 A new attempt of a shard (a requeue, a retry array, ``ddslurm retry``) does not regenerate what an earlier one
 completed: its dataset directory is seeded with the batches, fill batches and preserved columns of the earlier
-attempt dataset with the most rows, and Data Designer resumes from there. ``ddslurm retry --fresh`` excludes the
-attempts before it (``fresh.json``).
+attempt dataset with the most rows it may continue, and Data Designer resumes from there. ``ddslurm retry
+--fresh`` excludes the attempts before it (``fresh.json``).
+
+A batch whose empty or null LLM values would take a column over the run's ``max_empty_outputs`` is not
+continued: an attempt stopped mid-generation (``scancel``, a node lost) never reached the verification that
+sets such a dataset aside, and every attempt resuming its batches would be rejected in turn. Data Designer
+generates that batch again instead.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow.parquet as pq
 
 from ddslurm.config import FreshRecord, ShardLayout, read_json
-from ddslurm.runtime._verify import DD_DROPPED_DIR, FILL_DIR, FILL_DROPPED_DIR, rows_on_disk
+from ddslurm.runtime._verify import DD_DROPPED_DIR, FILL_DIR, FILL_DROPPED_DIR, file_empty_outputs
+
+_FOLDERS = (
+    ("parquet-files", "batch_*.parquet", DD_DROPPED_DIR),  # Data Designer's batches, the columns it preserved
+    (FILL_DIR, "fill_*.parquet", FILL_DROPPED_DIR),
+)
 
 
-def resume_source(shard: ShardLayout, attempt_id: str) -> Path | None:
-    """The earlier attempt dataset of ``shard`` with the most completed rows (and a metadata file), never
-    ``attempt_id``'s own."""
-    best: tuple[int, Path] | None = None
+@dataclass(frozen=True)
+class EmptyLimit:
+    """What verification rejects: more than ``limit`` empty or null values in any of ``columns`` (the stage's
+    LLM columns); ``limit`` None: no check."""
+
+    columns: tuple[str, ...]
+    limit: int | None
+
+
+@dataclass(frozen=True)
+class ResumeSource:
+    """An earlier attempt's dataset and the files of it a new attempt continues (folder, file), with their
+    rows and the batches left out for empty outputs."""
+
+    dataset: Path
+    files: tuple[tuple[str, Path], ...]
+    rows: int
+    left_out: int
+
+
+def continued_files(dataset: Path, empty: EmptyLimit) -> ResumeSource:
+    """The files of ``dataset`` a new attempt may continue.
+
+    Each readable batch in order, with its preserved columns, while the empty values it adds keep every column
+    within ``empty.limit``; a batch over it (or unreadable) is left out, and Data Designer fills the hole. Fill
+    batches are continued only when every batch of Data Designer's is: they make up records missing from those
+    batches, which a batch generated again may hold itself.
+    """
+    files: list[tuple[str, Path]] = []
+    used: dict[str, int] = {}
+    rows = left_out = 0
+    whole = True
+    for folder, pattern, preserved_folder in _FOLDERS:
+        if folder == FILL_DIR and not whole:
+            break
+        for batch in sorted((dataset / folder).glob(pattern)):
+            preserved = dataset / preserved_folder / batch.name
+            try:
+                batch_rows = pq.read_metadata(batch).num_rows
+            except Exception:
+                whole = False
+                continue
+            preserved_ok = preserved.is_file() and _readable(preserved)
+            if empty.limit is not None:
+                added = _empties([batch, *([preserved] if preserved_ok else [])], empty.columns)
+                if any(used.get(c, 0) + n > empty.limit for c, n in added.items()):
+                    whole = False
+                    left_out += 1
+                    continue
+                for c, n in added.items():
+                    used[c] = used.get(c, 0) + n
+            files.append((folder, batch))
+            if preserved_ok:
+                files.append((preserved_folder, preserved))
+            rows += batch_rows
+    return ResumeSource(dataset=dataset, files=tuple(files), rows=rows, left_out=left_out)
+
+
+def _readable(path: Path) -> bool:
+    try:
+        pq.read_metadata(path)
+    except Exception:
+        return False
+    return True
+
+
+def _empties(paths: Sequence[Path], columns: Sequence[str]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for path in paths:
+        for c, n in file_empty_outputs(path, columns).items():
+            counts[c] = counts.get(c, 0) + n
+    return counts
+
+
+def resume_source(shard: ShardLayout, attempt_id: str, empty: EmptyLimit) -> ResumeSource | None:
+    """The earlier attempt dataset of ``shard`` (one with a metadata file, never ``attempt_id``'s own) with the
+    most rows a new attempt may continue (:func:`continued_files`)."""
+    best: ResumeSource | None = None
     excluded: set[str] = set()
     if shard.fresh.is_file():  # `ddslurm retry --fresh`: these attempts' batches are never continued
         excluded = set(read_json(shard.fresh, FreshRecord).excluded)
-    for dataset in shard.attempts.glob("attempt-*/output/shard-*"):
+    for dataset in sorted(shard.attempts.glob("attempt-*/output/shard-*")):
         owner = dataset.parent.parent.name
         if owner == attempt_id or owner in excluded or dataset.is_symlink():
             continue
         if not (dataset / "metadata.json").is_file():
             continue
-        rows, _ = rows_on_disk(dataset)
-        if rows and (best is None or rows > best[0]):
-            best = (rows, dataset)
-    return best[1] if best else None
+        source = continued_files(dataset, empty)
+        if source.rows and (best is None or source.rows > best.rows):
+            best = source
+    return best
 
 
-def seed_from(source: Path, target: Path) -> int:
-    """A new dataset directory holding ``source``'s metadata, completed batches and fill batches, and the columns
-    Data Designer preserved for them (hard links, never the originals moved or changed); returns the rows it
-    holds."""
+def seed_from(source: ResumeSource, target: Path) -> int:
+    """A new dataset directory holding the source's metadata and the files it continues (hard links, never the
+    originals moved or changed); returns the rows it holds."""
     (target / "parquet-files").mkdir(parents=True, mode=0o700)
-    shutil.copy2(source / "metadata.json", target / "metadata.json")
-    folders = (
-        ("parquet-files", "batch_*.parquet"),
-        (FILL_DIR, "fill_*.parquet"),
-        (DD_DROPPED_DIR, "batch_*.parquet"),  # the preserved row numbers of a CPU stage's batches
-        (FILL_DROPPED_DIR, "fill_*.parquet"),
-    )
-    for folder, pattern in folders:
-        for batch in sorted((source / folder).glob(pattern)):
-            try:
-                pq.read_metadata(batch)
-            except Exception:
-                continue
-            (target / folder).mkdir(mode=0o700, exist_ok=True)
-            try:
-                os.link(batch, target / folder / batch.name)
-            except OSError:
-                shutil.copy2(batch, target / folder / batch.name)
-    rows, _ = rows_on_disk(target)
-    return rows
+    shutil.copy2(source.dataset / "metadata.json", target / "metadata.json")
+    for folder, path in source.files:
+        (target / folder).mkdir(mode=0o700, exist_ok=True)
+        try:
+            os.link(path, target / folder / path.name)
+        except OSError:
+            shutil.copy2(path, target / folder / path.name)
+    return source.rows

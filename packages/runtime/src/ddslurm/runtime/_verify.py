@@ -119,21 +119,28 @@ def _empty_values(values: pa.Array) -> int:
 
 
 def count_empty_outputs(dataset_dir: Path, columns: Sequence[str]) -> dict[str, int]:
-    """Empty or null values of each of ``columns`` over the dataset's batch files (and Data Designer's
-    :data:`DD_DROPPED_DIR` for columns the recipe drops). Columns found in no file are left out."""
+    """Empty or null values of each of ``columns`` over the dataset's batch files and fill batches (and the
+    columns preserved beside them, :data:`DD_DROPPED_DIR` and :data:`FILL_DROPPED_DIR`, for columns the recipe
+    drops). Columns found in no file are left out."""
     counts: dict[str, int] = {}
-    files = [*parquet_files(dataset_dir), *sorted((dataset_dir / DD_DROPPED_DIR).glob("*.parquet"))]
-    for f in files:
-        parquet = pq.ParquetFile(f)
-        present = [c for c in columns if c in parquet.schema_arrow.names]
-        for c in present:
-            counts.setdefault(c, 0)
-        if not present:
-            continue
+    preserved = [f for d in (DD_DROPPED_DIR, FILL_DROPPED_DIR) for f in sorted((dataset_dir / d).glob("*.parquet"))]
+    for f in [*parquet_files(dataset_dir), *preserved]:
+        for c, n in file_empty_outputs(f, columns).items():
+            counts[c] = counts.get(c, 0) + n
+    return {c: counts[c] for c in columns if c in counts}
+
+
+def file_empty_outputs(path: Path, columns: Sequence[str]) -> dict[str, int]:
+    """Empty or null values of each of ``columns`` that the Parquet file ``path`` holds (columns it lacks are
+    left out)."""
+    parquet = pq.ParquetFile(path)
+    present = [c for c in columns if c in parquet.schema_arrow.names]
+    counts = dict.fromkeys(present, 0)
+    if present:
         for batch in parquet.iter_batches(columns=present):
             for c in present:
                 counts[c] += _empty_values(batch.column(c))
-    return {c: counts[c] for c in columns if c in counts}
+    return counts
 
 
 def reject_empty_outputs(dataset_dir: Path, recipe: Mapping[str, Any], limit: int | None, rows: int) -> dict[str, int]:
