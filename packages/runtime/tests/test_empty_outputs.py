@@ -280,3 +280,16 @@ def test_continued_files_leave_out_batches_over_the_limit_and_then_every_fill(tm
     assert names(0) == ["parquet-files/batch_00000.parquet", "dropped-columns-parquet-files/batch_00000.parquet"]
     assert (strict.rows, strict.left_out) == (2, 2)  # batches 1 and 2 left out; the fill with them
     assert names(1) == names(None)  # one empty value per column is allowed: everything continues
+
+
+def test_a_batch_whose_values_cannot_be_read_is_not_continued(tmp_path: Path) -> None:
+    dataset = tmp_path / "shard-00000"
+    _write_dataset(dataset, [GOOD, GOOD, GOOD, GOOD])
+    damaged = dataset / "parquet-files" / "batch_00000.parquet"
+    data = bytearray(damaged.read_bytes())
+    data[8:200] = b"\xab" * 192  # the pages, not the footer: its metadata still reads
+    damaged.write_bytes(bytes(data))
+    assert pq.read_metadata(damaged).num_rows == 2
+    source = continued_files(dataset, EmptyLimit(llm_columns(RECIPE), 0))
+    assert [path.name for folder, path in source.files if folder == "parquet-files"] == ["batch_00001.parquet"]
+    assert (source.rows, source.left_out) == (2, 0)

@@ -67,20 +67,20 @@ def continued_files(dataset: Path, empty: EmptyLimit) -> ResumeSource:
             break
         for batch in sorted((dataset / folder).glob(pattern)):
             preserved = dataset / preserved_folder / batch.name
+            preserved_ok = preserved.is_file() and _readable(preserved)
+            counted = [batch, preserved] if preserved_ok else [batch]
             try:
                 batch_rows = pq.read_metadata(batch).num_rows
-            except Exception:
+                added = {} if empty.limit is None else _empties(counted, empty.columns)
+            except Exception:  # a damaged batch is not continued either: Data Designer generates it again
                 whole = False
                 continue
-            preserved_ok = preserved.is_file() and _readable(preserved)
-            if empty.limit is not None:
-                added = _empties([batch, *([preserved] if preserved_ok else [])], empty.columns)
-                if any(used.get(c, 0) + n > empty.limit for c, n in added.items()):
-                    whole = False
-                    left_out += 1
-                    continue
-                for c, n in added.items():
-                    used[c] = used.get(c, 0) + n
+            if empty.limit is not None and any(used.get(c, 0) + n > empty.limit for c, n in added.items()):
+                whole = False
+                left_out += 1
+                continue
+            for c, n in added.items():
+                used[c] = used.get(c, 0) + n
             files.append((folder, batch))
             if preserved_ok:
                 files.append((preserved_folder, preserved))
