@@ -95,8 +95,9 @@ def _env(files: Any) -> dict[str, str]:
 
 def _kill_after_batches(argv: list[str], env: dict[str, str], progress: Path, batches: int) -> None:
     """Run ``argv`` in its own process group and SIGKILL the group, and every process whose command line names
-    the attempt, once ``progress`` counts ``batches``."""
-    marker = progress.parent.name
+    the run directory and then the attempt (tests running beside this one have attempts of the same name), once
+    ``progress`` counts ``batches``."""
+    marker = f"{progress.parents[4]}.*{progress.parent.name}"  # <run>/shards/shard-N/attempts/<attempt>/progress
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     deadline = time.monotonic() + 180
     try:
