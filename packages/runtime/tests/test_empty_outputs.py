@@ -272,7 +272,7 @@ def test_continued_files_leave_out_batches_over_the_limit_and_then_every_fill(tm
     columns = llm_columns(RECIPE)
 
     def names(limit: int | None) -> list[str]:
-        return [f"{folder}/{path.name}" for folder, path in continued_files(dataset, EmptyLimit(columns, limit)).files]
+        return [f"{folder}/{name}" for folder, name in continued_files(dataset, EmptyLimit(columns, limit)).files]
 
     everything = continued_files(dataset, EmptyLimit(columns, None))
     assert (everything.rows, everything.left_out, len(everything.files)) == (7, 0, 7)
@@ -291,5 +291,5 @@ def test_a_batch_whose_values_cannot_be_read_is_not_continued(tmp_path: Path) ->
     damaged.write_bytes(bytes(data))
     assert pq.read_metadata(damaged).num_rows == 2
     source = continued_files(dataset, EmptyLimit(llm_columns(RECIPE), 0))
-    assert [path.name for folder, path in source.files if folder == "parquet-files"] == ["batch_00001.parquet"]
+    assert [name for folder, name in source.files if folder == "parquet-files"] == ["batch_00001.parquet"]
     assert (source.rows, source.left_out) == (2, 0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import secrets
 from collections.abc import Callable, Mapping
@@ -577,15 +578,14 @@ class AttemptRunner:
             if (target / "metadata.json").is_file():
                 own = continued_files(target, empty)
                 if own.left_out:  # batches verification would reject: continue the rest, keep all under a new name
-                    aside = target.with_name(f"{target.name}.stopped-{secrets.token_hex(3)}")
-                    target.rename(aside)
-                    rows = seed_from(continued_files(aside, empty), target)
+                    aside = _keep_stopped(target)
+                    rows = seed_from(dataclasses.replace(own, dataset=aside), target)
                     log.info("resume.own", rows=rows, left_out_for_empty_outputs=own.left_out, kept=str(aside))
                 return True
             if target.exists():
                 # The previous run of this attempt stopped before Data Designer recorded anything to resume:
                 # keep what it left under another name, and let Data Designer start the dataset afresh.
-                target.rename(target.with_name(f"{target.name}.stopped-{secrets.token_hex(3)}"))
+                _keep_stopped(target)
             return False
         if target.exists():
             raise OutputExistsError(f"{target} already exists; it was left untouched")
@@ -602,3 +602,11 @@ class AttemptRunner:
         self._write(began.layout, msgspec.structs.replace(record, resumed_from=owner, resumed_rows=rows))
         log.info("resume.seeded", source=str(source.dataset), rows=rows, left_out_for_empty_outputs=source.left_out)
         return True
+
+
+def _keep_stopped(dataset: Path) -> Path:
+    """Rename what a stopped run of this attempt left at ``dataset`` to ``<name>.stopped-<token>`` beside it
+    (nothing deleted); returns the new path."""
+    aside = dataset.with_name(f"{dataset.name}.stopped-{secrets.token_hex(3)}")
+    dataset.rename(aside)
+    return aside

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow.parquet as pq
 
 from ddslurm.config import FreshRecord, ShardLayout, read_json
-from ddslurm.runtime._verify import DD_DROPPED_DIR, FILL_DIR, FILL_DROPPED_DIR, file_empty_outputs
+from ddslurm.runtime._verify import DD_DROPPED_DIR, FILL_DIR, FILL_DROPPED_DIR, empty_outputs_in, readable_rows
 
 _FOLDERS = (
     ("parquet-files", "batch_*.parquet", DD_DROPPED_DIR),  # Data Designer's batches, the columns it preserved
@@ -41,11 +40,11 @@ class EmptyLimit:
 
 @dataclass(frozen=True)
 class ResumeSource:
-    """An earlier attempt's dataset and the files of it a new attempt continues (folder, file), with their
-    rows and the batches left out for empty outputs."""
+    """An earlier attempt's dataset and the files of it a new attempt continues (folder and file name, inside
+    ``dataset``), with their rows and the batches left out for empty outputs."""
 
     dataset: Path
-    files: tuple[tuple[str, Path], ...]
+    files: tuple[tuple[str, str], ...]
     rows: int
     left_out: int
 
@@ -58,7 +57,7 @@ def continued_files(dataset: Path, empty: EmptyLimit) -> ResumeSource:
     batches are continued only when every batch of Data Designer's is: they make up records missing from those
     batches, which a batch generated again may hold itself.
     """
-    files: list[tuple[str, Path]] = []
+    files: list[tuple[str, str]] = []
     used: dict[str, int] = {}
     rows = left_out = 0
     whole = True
@@ -67,11 +66,11 @@ def continued_files(dataset: Path, empty: EmptyLimit) -> ResumeSource:
             break
         for batch in sorted((dataset / folder).glob(pattern)):
             preserved = dataset / preserved_folder / batch.name
-            preserved_ok = preserved.is_file() and _readable(preserved)
+            preserved_ok = preserved.is_file() and readable_rows([preserved])[1] == 1
             counted = [batch, preserved] if preserved_ok else [batch]
             try:
                 batch_rows = pq.read_metadata(batch).num_rows
-                added = {} if empty.limit is None else _empties(counted, empty.columns)
+                added = {} if empty.limit is None else empty_outputs_in(counted, empty.columns)
             except Exception:  # a damaged batch is not continued either: Data Designer generates it again
                 whole = False
                 continue
@@ -81,27 +80,11 @@ def continued_files(dataset: Path, empty: EmptyLimit) -> ResumeSource:
                 continue
             for c, n in added.items():
                 used[c] = used.get(c, 0) + n
-            files.append((folder, batch))
+            files.append((folder, batch.name))
             if preserved_ok:
-                files.append((preserved_folder, preserved))
+                files.append((preserved_folder, batch.name))
             rows += batch_rows
     return ResumeSource(dataset=dataset, files=tuple(files), rows=rows, left_out=left_out)
-
-
-def _readable(path: Path) -> bool:
-    try:
-        pq.read_metadata(path)
-    except Exception:
-        return False
-    return True
-
-
-def _empties(paths: Sequence[Path], columns: Sequence[str]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for path in paths:
-        for c, n in file_empty_outputs(path, columns).items():
-            counts[c] = counts.get(c, 0) + n
-    return counts
 
 
 def resume_source(shard: ShardLayout, attempt_id: str, empty: EmptyLimit) -> ResumeSource | None:
@@ -128,10 +111,10 @@ def seed_from(source: ResumeSource, target: Path) -> int:
     originals moved or changed); returns the rows it holds."""
     (target / "parquet-files").mkdir(parents=True, mode=0o700)
     shutil.copy2(source.dataset / "metadata.json", target / "metadata.json")
-    for folder, path in source.files:
+    for folder, name in source.files:
         (target / folder).mkdir(mode=0o700, exist_ok=True)
         try:
-            os.link(path, target / folder / path.name)
+            os.link(source.dataset / folder / name, target / folder / name)
         except OSError:
-            shutil.copy2(path, target / folder / path.name)
+            shutil.copy2(source.dataset / folder / name, target / folder / name)
     return source.rows

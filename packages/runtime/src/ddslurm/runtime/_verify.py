@@ -122,25 +122,25 @@ def count_empty_outputs(dataset_dir: Path, columns: Sequence[str]) -> dict[str, 
     """Empty or null values of each of ``columns`` over the dataset's batch files and fill batches (and the
     columns preserved beside them, :data:`DD_DROPPED_DIR` and :data:`FILL_DROPPED_DIR`, for columns the recipe
     drops). Columns found in no file are left out."""
-    counts: dict[str, int] = {}
     preserved = [f for d in (DD_DROPPED_DIR, FILL_DROPPED_DIR) for f in sorted((dataset_dir / d).glob("*.parquet"))]
-    for f in [*parquet_files(dataset_dir), *preserved]:
-        for c, n in file_empty_outputs(f, columns).items():
-            counts[c] = counts.get(c, 0) + n
-    return {c: counts[c] for c in columns if c in counts}
+    return empty_outputs_in([*parquet_files(dataset_dir), *preserved], columns)
 
 
-def file_empty_outputs(path: Path, columns: Sequence[str]) -> dict[str, int]:
-    """Empty or null values of each of ``columns`` that the Parquet file ``path`` holds (columns it lacks are
-    left out)."""
-    parquet = pq.ParquetFile(path)
-    present = [c for c in columns if c in parquet.schema_arrow.names]
-    counts = dict.fromkeys(present, 0)
-    if present:
+def empty_outputs_in(files: Iterable[Path], columns: Sequence[str]) -> dict[str, int]:
+    """Empty or null values of each of ``columns`` over the Parquet ``files``, in the order of ``columns``
+    (columns found in no file are left out)."""
+    counts: dict[str, int] = {}
+    for f in files:
+        parquet = pq.ParquetFile(f)
+        present = [c for c in columns if c in parquet.schema_arrow.names]
+        for c in present:
+            counts.setdefault(c, 0)
+        if not present:
+            continue
         for batch in parquet.iter_batches(columns=present):
             for c in present:
                 counts[c] += _empty_values(batch.column(c))
-    return counts
+    return {c: counts[c] for c in columns if c in counts}
 
 
 def reject_empty_outputs(dataset_dir: Path, recipe: Mapping[str, Any], limit: int | None, rows: int) -> dict[str, int]:
