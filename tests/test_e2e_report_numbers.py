@@ -212,7 +212,7 @@ def test_rates_are_totals_over_the_active_spans(run: Run) -> None:
     assert waits
 
 
-@pytest.mark.skipif(find_chromium() is None, reason="chromium is not installed (apt-get install -y chromium)")
+@pytest.mark.skipif(find_chromium() is None, reason="chromium is not installed (tools/install-browser)")
 def test_the_page_shows_the_same_numbers_and_both_stages(run: Run, tmp_path: Path) -> None:
     page = run.page.read_text()
     embedded = re.search(r'<script type="application/json" id="report-data">(.*?)</script>', page, re.S)

@@ -560,7 +560,7 @@ def test_a_run_without_attempts_still_renders(tmp_path: Path) -> None:
     assert "No attempt has started." in render_html(report)
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (tools/install-browser)")
 def test_the_page_renders_in_a_headless_browser_offline(tmp_path: Path) -> None:
     layout = make_report_run(tmp_path)
     assert main(["report", str(layout.root)], slurm=Slurm(FakeSlurm(sacct=SACCT)), stdout=io.StringIO()) == 0
@@ -582,7 +582,7 @@ def test_the_page_renders_in_a_headless_browser_offline(tmp_path: Path) -> None:
     assert page_layout(layout.root / "report.html", tmp_path)["problems"] == []
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (tools/install-browser)")
 def test_a_two_stage_page_charts_both_stages_with_nothing_cut_off(tmp_path: Path) -> None:
     layout = make_staged_run(tmp_path, {0: [("50:21", "50:58"), ("50:59", "51:14")]})
     assert main(["report", str(layout.root)], slurm=Slurm(FakeSlurm(sacct=STAGED_SACCT)), stdout=io.StringIO()) == 0
@@ -593,7 +593,7 @@ def test_a_two_stage_page_charts_both_stages_with_nothing_cut_off(tmp_path: Path
     assert "waiting for the GPU stage" in legends["chart-timeline"], legends
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (tools/install-browser)")
 def test_the_layout_check_sees_a_label_cut_off(tmp_path: Path) -> None:
     page = tmp_path / "cut.html"
     page.write_text(
@@ -605,7 +605,7 @@ def test_the_layout_check_sees_a_label_cut_off(tmp_path: Path) -> None:
     assert any("far right" in p for p in problems) and any("card" in p for p in problems), problems
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (tools/install-browser)")
 def test_the_console_check_sees_a_javascript_error(tmp_path: Path) -> None:
     bad = tmp_path / "bad.html"
     bad.write_text("<html><body><script>undefined_function();</script></body></html>")

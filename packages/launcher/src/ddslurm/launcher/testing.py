@@ -5,19 +5,24 @@ Not used by production code; importing it has no side effects.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import shlex
 import shutil
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from ddslurm.config import AttemptRecord, AttemptState, Progress, RunLayout, atomic_write, encode
+from ddslurm.launcher._engine_host import RUNTIME_PROCESS, EngineHost
+from ddslurm.launcher._process import Answer
 from ddslurm.launcher._slurm import Completed
 from ddslurm.launcher._validate import RecipeCheck
-from ddslurm.runtime import recipe_columns
+from ddslurm.runtime import answer_inspect, recipe_columns
 from ddslurm.runtime.errors import RecipeError
 
 UNIT_RECIPE = """data_designer:
@@ -65,6 +70,37 @@ def write_runtime_shim(python_env: Path) -> Path:
     command.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -c {shlex.quote(call)} "$@"\n')
     command.chmod(0o755)
     return command
+
+
+class InProcessHost:
+    """An :class:`~ddslurm.launcher._engine_host.EngineHost` for tests of the launcher's own logic: it answers
+    ``versions`` and ``check`` in this process with the runtime's own code (:func:`ddslurm.runtime.answer_inspect`,
+    the Data Designer installed here, imported once per test process), where the real host starts a process and
+    imports Data Designer for every question. A builder script (``build``) is the user's code and still runs in
+    its own process (``fallback``). ``asked`` counts the questions by action. Answers as a stand-in ``python_env``
+    (:func:`write_runtime_shim`) would; a test of what a different ``python_env`` answers uses the real host."""
+
+    def __init__(self, fallback: EngineHost = RUNTIME_PROCESS) -> None:
+        self.fallback = fallback
+        self.asked: Counter[str] = Counter()
+
+    def ask(
+        self,
+        runtime: Path,
+        request: Mapping[str, Any],
+        *,
+        timeout_s: float,
+        env: Mapping[str, str],
+        cwd: Path | None = None,
+    ) -> Answer:
+        action = str(request.get("action"))
+        self.asked[action] += 1
+        if action == "build":
+            return self.fallback.ask(runtime, request, timeout_s=timeout_s, env=env, cwd=cwd)
+        printed = io.StringIO()  # what Data Designer prints goes to the answer's stderr, as in the process
+        with contextlib.chdir(cwd or Path.cwd()), contextlib.redirect_stdout(printed):
+            value = answer_inspect(request)
+        return Answer(value, 0, printed.getvalue())
 
 
 def accept_recipe(recipe: Mapping[str, Any], *_: object) -> RecipeCheck:
@@ -144,9 +180,18 @@ def find_chromium() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 
 
+def require_fonts() -> None:
+    """Refuse to measure a page's text where fontconfig knows no font: Chromium then gives text no width, so a
+    label cut off would pass unseen (a Chromium installed with ``--no-install-recommends`` brings none)."""
+    listed = subprocess.run(["fc-list", ":", "family"], capture_output=True, text=True, check=False, timeout=60)
+    if not listed.stdout.strip():
+        raise RuntimeError("no font is installed, so Chromium lays text out with no width: run tools/install-browser")
+
+
 def run_chromium(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """Headless Chromium with ``args`` (such as ``--dump-dom URL``), its profile under ``cwd``, its log on stderr;
-    ``timeout``: seconds of wall time (a loaded machine renders slowly)."""
+    ``timeout``: seconds of wall time (a loaded machine renders slowly). Refused without a font (``require_fonts``)."""
+    require_fonts()
     return subprocess.run(
         [find_chromium() or "chromium", "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
          f"--user-data-dir={cwd / 'profile'}", "--enable-logging=stderr", "--v=0", *args],

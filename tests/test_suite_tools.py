@@ -1,0 +1,121 @@
+"""The tools that measure and order the suite (docs/testing.md): the durations plugin records what pytest reports,
+the order plugin hands out the long tests first, the report sums what the file holds, the import check finds a
+module that does not import. Each runs pytest (or the tool) on a small suite of its own."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from tools.import_all import import_every_module
+from tools.suite_times import report
+
+REPO = Path(__file__).resolve().parents[1]
+
+SUITE = textwrap.dedent(
+    """
+    import pytest
+
+    def test_plain():
+        pass
+
+    @pytest.mark.dd
+    def test_engine():
+        pass
+
+    @pytest.mark.slurm
+    def test_cluster():
+        pass
+
+    def test_fails():
+        assert False
+
+    @pytest.mark.skip(reason="not here")
+    def test_skipped():
+        pass
+
+    @pytest.mark.slurm
+    @pytest.mark.dd
+    def test_both():
+        pass
+    """
+)
+
+
+def _pytest(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    (folder / "test_small.py").write_text(SUITE)
+    (folder / "pytest.ini").write_text("[pytest]\nmarkers =\n    slurm: cluster\n    dd: engine\n")
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", "-q", *args, str(folder)],
+        cwd=folder, capture_output=True, text=True, timeout=120, check=False,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+
+
+def test_the_durations_file_holds_every_test_with_its_markers_and_outcome(tmp_path: Path) -> None:
+    times = tmp_path / "out" / "durations.jsonl"
+    done = _pytest(tmp_path, "-p", "tools.pytest_times", "--times-file", str(times))
+    assert done.returncode == 1, done.stdout  # test_fails
+    entries = {e["test"].split("::")[1]: e for e in map(json.loads, times.read_text().splitlines())}
+    assert set(entries) == {"test_plain", "test_engine", "test_cluster", "test_fails", "test_skipped", "test_both"}
+    assert {name: e["outcome"] for name, e in entries.items()} == {
+        "test_plain": "passed", "test_engine": "passed", "test_cluster": "passed", "test_fails": "failed",
+        "test_skipped": "skipped", "test_both": "passed",
+    }  # fmt: skip
+    assert entries["test_both"]["markers"] == ["dd", "slurm"] and entries["test_plain"]["markers"] == []
+    assert all(e["s"] >= 0 and e["file"] == "test_small.py" for e in entries.values())
+    seconds = [e["s"] for e in map(json.loads, times.read_text().splitlines())]
+    assert seconds == sorted(seconds, reverse=True)  # slowest first
+
+
+def test_long_first_hands_out_cluster_then_engine_tests_then_the_rest(tmp_path: Path) -> None:
+    plain = _pytest(tmp_path, "--collect-only")
+    ordered = _pytest(tmp_path, "--collect-only", "-p", "tools.pytest_order", "--long-first")
+
+    def names(done: subprocess.CompletedProcess[str]) -> list[str]:
+        return [line.split("::")[1] for line in done.stdout.splitlines() if "::" in line]
+
+    assert names(plain) == ["test_plain", "test_engine", "test_cluster", "test_fails", "test_skipped", "test_both"]
+    assert names(ordered) == ["test_cluster", "test_both", "test_engine", "test_plain", "test_fails", "test_skipped"]
+
+
+def test_the_report_sums_by_marker_and_by_file(tmp_path: Path) -> None:
+    rows = [
+        {"test": "a.py::x", "file": "a.py", "markers": ["slurm"], "outcome": "passed", "s": 10.0},
+        {"test": "a.py::y", "file": "a.py", "markers": [], "outcome": "passed", "s": 1.5},
+        {"test": "b.py::z", "file": "b.py", "markers": ["dd", "slurm"], "outcome": "failed", "s": 4.0},
+    ]
+    path = tmp_path / "d.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = io.StringIO()
+    report(path, 2, out)
+    text = out.getvalue()
+    assert "3 tests, 16 test-seconds" in text
+    slowest = text.split("slowest tests:\n")[1].split("\n\n")[0].splitlines()
+    assert [line.split()[-1] for line in slowest] == ["a.py::x", "b.py::z"]  # the top 2 only
+    markers = text.split("by marker")[1].split("\n\n")[0]
+    assert "14.0 s      2 tests  slurm" in markers and "4.0 s      1 tests  dd" in markers
+    assert "1.5 s      1 tests  (no marker)" in markers
+    files = text.split("by file")[1]
+    assert "11.5 s      2 tests  a.py" in files and "4.0 s      1 tests  b.py" in files
+
+
+def test_the_import_check_names_a_module_that_does_not_import(tmp_path: Path) -> None:
+    package = tmp_path / "pkg_under_test"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "good.py").write_text("VALUE = 1\n")
+    (package / "bad.py").write_text("import no_such_distribution_here\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        imported, failed = import_every_module("pkg_under_test")
+    finally:
+        sys.path.remove(str(tmp_path))
+        for name in [m for m in sys.modules if m.startswith("pkg_under_test")]:
+            del sys.modules[name]
+    assert imported == 2  # the package and good
+    assert len(failed) == 1 and failed[0].startswith("pkg_under_test.bad: ModuleNotFoundError")

@@ -1,0 +1,60 @@
+"""A pytest plugin that keeps every test's duration: one JSON line a test, in the file ``--times-file`` names.
+
+Each line holds the test's node id, its file, its markers, its outcome and its seconds (setup, call and teardown
+together, as pytest's own reports measure them), so ``tools/suite_times.py`` can list the slowest tests and the
+seconds by file and by marker. With pytest-xdist the workers' reports reach the controller, which alone writes the
+file. ``make test`` loads it (``-p tools.pytest_times --times-file .test-times/durations.jsonl``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+PLUGIN_NAME = "ddslurm-test-times"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--times-file", default=None, help="write every test's seconds, markers and outcome to this JSON-lines file"
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    target = config.getoption("--times-file")
+    if target and not hasattr(config, "workerinput"):  # the controller (or a run without xdist) writes
+        declared = {line.split(":", 1)[0].split("(", 1)[0].strip() for line in config.getini("markers")}
+        config.pluginmanager.register(TestTimes(Path(target), declared), PLUGIN_NAME)
+
+
+class TestTimes:
+    """Sums each test's phases as their reports arrive; writes the file, slowest first, when the session ends."""
+
+    __test__ = False  # not a test class, whatever its name
+
+    def __init__(self, path: Path, markers: set[str]) -> None:
+        self._path = path
+        self._markers = markers
+        self._tests: dict[str, dict[str, Any]] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        entry = self._tests.setdefault(
+            report.nodeid,
+            {"test": report.nodeid, "file": report.nodeid.split("::", 1)[0], "markers": [], "outcome": "passed",
+             "s": 0.0},
+        )  # fmt: skip
+        entry["s"] = round(entry["s"] + report.duration, 3)
+        if report.when == "setup":
+            entry["markers"] = sorted(k for k in report.keywords if k in self._markers)
+        if report.failed:
+            entry["outcome"] = "failed"
+        elif report.skipped and entry["outcome"] == "passed":
+            entry["outcome"] = "skipped"
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self) -> None:
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        entries = sorted(self._tests.values(), key=lambda e: -e["s"])
+        self._path.write_text("".join(json.dumps(e) + "\n" for e in entries))
