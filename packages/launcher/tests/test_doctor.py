@@ -16,7 +16,10 @@ from ddslurm.launcher import Slurm, SubmitError, doctor, dry_run
 from ddslurm.launcher import _dry_run as dry_run_module
 from ddslurm.launcher._slurm import Completed
 from ddslurm.launcher.cli import main
-from ddslurm.launcher.testing import accept_recipe, write_runtime_shim, write_unit_run
+from ddslurm.launcher.testing import InProcessHost, accept_recipe, write_runtime_shim, write_unit_run
+
+HOST = InProcessHost()
+"""Data Designer's answers in this process (the real host's process is the cluster tests')."""
 
 SINFO = (
     "g1|gpu*|16|32000|gpu:4|up|infinite\ng2|gpu*|16|32000|gpu:4(S:0-1)|up|infinite\nc1|cpu|8|16000|(null)|up|infinite\n"
@@ -82,7 +85,7 @@ def _profile(tmp_path: Path, body: str) -> tuple[Path, str]:
 
 
 def _checks(profile: Path, cluster: Cluster, env: Mapping[str, str] | None = None) -> dict[str, Any]:
-    report = doctor(profile, slurm=Slurm(cluster, user="alice"), env=env or {"PATH": "/usr/bin:/bin"})
+    report = doctor(profile, slurm=Slurm(cluster, user="alice"), host=HOST, env=env or {"PATH": "/usr/bin:/bin"})
     return {c.name: c for c in report.checks}
 
 
@@ -202,7 +205,7 @@ def test_the_dry_run_refuses_a_job_no_node_can_take_at_the_run_files_field(tmp_p
     run, profile, env = write_unit_run(tmp_path, "k" * 24, run_extra="submission:\n  cpus: 12\n")
     cluster = Cluster()
     with pytest.raises(SubmitError) as refused:
-        dry_run(run, profile, slurm=Slurm(cluster, user="alice"), env=env)
+        dry_run(run, profile, slurm=Slurm(cluster, user="alice"), host=HOST, env=env)
     assert str(refused.value).startswith("the run's jobs do not fit this cluster (1 problem(s)):\n")
     lines = run.read_text().splitlines()
     line = next(i for i, text in enumerate(lines, 1) if text.strip().startswith("cpus:"))
@@ -217,7 +220,7 @@ def test_the_dry_run_refuses_a_job_no_node_can_take_at_the_run_files_field(tmp_p
 def test_sbatch_test_only_of_the_first_array_is_asked_and_its_refusal_refuses_the_dry_run(tmp_path: Path) -> None:
     run, profile, env = write_unit_run(tmp_path, "k" * 24)
     cluster = Cluster()
-    done = dry_run(run, profile, slurm=Slurm(cluster, user="alice"), env=env)
+    done = dry_run(run, profile, slurm=Slurm(cluster, user="alice"), host=HOST, env=env)
     (test_only,) = cluster.commands("sbatch")
     assert test_only[:3] == ["sbatch", "--test-only", "--export=ALL"]
     assert not Path(test_only[-1]).exists()  # a temporary copy of the first array's script, removed again
@@ -225,5 +228,5 @@ def test_sbatch_test_only_of_the_first_array_is_asked_and_its_refusal_refuses_th
 
     refusing = Cluster(test_only=(1, "allocation failure: Requested node configuration is not available"))
     with pytest.raises(SubmitError, match="Slurm refuses the first array: allocation failure: Requested node"):
-        dry_run(run, profile, slurm=Slurm(refusing, user="alice"), env=env)
+        dry_run(run, profile, slurm=Slurm(refusing, user="alice"), host=HOST, env=env)
     assert "k" * 24 not in json.dumps(refusing.calls)  # the key travels in sbatch's environment only

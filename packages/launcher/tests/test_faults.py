@@ -37,7 +37,10 @@ from ddslurm.launcher import (
 )
 from ddslurm.launcher._render import warning_seconds
 from ddslurm.launcher._steer import cancel, retry
-from ddslurm.launcher.testing import FakeSlurm, write_attempt, write_unit_run
+from ddslurm.launcher.testing import FakeSlurm, InProcessHost, write_attempt, write_unit_run
+
+HOST = InProcessHost()
+"""Data Designer's answers in this process (the real host's process is the cluster tests')."""
 
 KEY = "sk-faults-test-value-123"
 
@@ -49,7 +52,7 @@ def _files(tmp_path: Path, run_extra: str = "", *, shards: int = 3) -> tuple[Pat
 def _run(tmp_path: Path, run_extra: str = "", *, shards: int = 3) -> tuple[RunLayout, dict[str, str]]:
     """A submitted run (3 shards by default; ``retries: N`` in ``run_extra`` adds retry arrays)."""
     run, profile, env = _files(tmp_path, run_extra, shards=shards)
-    done = submit(run, profile, slurm=Slurm(FakeSlurm()), env=env)
+    done = submit(run, profile, slurm=Slurm(FakeSlurm()), host=HOST, env=env)
     return RunLayout(done.layout.root), env
 
 

@@ -20,7 +20,10 @@ from ddslurm.launcher import (
     run_status,
     submit,
 )
-from ddslurm.launcher.testing import FakeSlurm, write_unit_run
+from ddslurm.launcher.testing import FakeSlurm, InProcessHost, write_unit_run
+
+HOST = InProcessHost()
+"""Data Designer's answers in this process (the real host's process is the cluster tests')."""
 
 KEY = "sk-launcher-test-value-123"
 
@@ -56,7 +59,9 @@ def _all_bytes(root: Path) -> bytes:
 def test_submit_writes_run_dir_and_exports_the_key_by_name_only(tmp_path: Path) -> None:
     run, profile, env = _files(tmp_path)
     runner = RecordingRunner()
-    done = submit(run, profile, slurm=Slurm(runner), env=env, clock=lambda: datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC))
+    done = submit(
+        run, profile, slurm=Slurm(runner), host=HOST, env=env, clock=lambda: datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    )
     assert done.job_id == "4242"
     layout = done.layout
     assert layout.root.parent == tmp_path / "work" / "runs" and layout.run_id.startswith("unit-20260102-030405-")
@@ -105,7 +110,7 @@ def test_refused_submission_changes_nothing(
     run, profile, env = _files(tmp_path, api_key=api_key)
     runner = RecordingRunner()
     with pytest.raises(SubmitError, match=needle):
-        submit(run, profile, slurm=Slurm(runner), env={**env, **env_change})
+        submit(run, profile, slurm=Slurm(runner), host=HOST, env={**env, **env_change})
     # only what the profile's checks read (ddslurm doctor's): nothing submitted, cancelled or changed
     assert [argv[0] for argv, _ in runner.calls if argv[0] not in ("sinfo", "scontrol", "sacctmgr")] == []
     assert not (tmp_path / "work").exists()
@@ -120,7 +125,7 @@ def test_bad_run_file_error_points_at_line_and_field(tmp_path: Path) -> None:
 def test_failed_sbatch_leaves_no_run_dir(tmp_path: Path) -> None:
     run, profile, env = _files(tmp_path)
     with pytest.raises(SlurmError, match="Invalid partition"):
-        submit(run, profile, slurm=Slurm(RecordingRunner(sbatch_rc=1)), env=env)
+        submit(run, profile, slurm=Slurm(RecordingRunner(sbatch_rc=1)), host=HOST, env=env)
     assert list((tmp_path / "work" / "runs").iterdir()) == []
 
 
@@ -169,7 +174,7 @@ def test_status_from_one_squeue_and_one_sacct(
     tmp_path: Path, squeue: str, sacct: str, want_run: str, want_shards: list[str]
 ) -> None:
     run, profile, env = _files(tmp_path)
-    done = submit(run, profile, slurm=Slurm(RecordingRunner()), env=env)
+    done = submit(run, profile, slurm=Slurm(RecordingRunner()), host=HOST, env=env)
     runner = RecordingRunner(squeue=squeue, sacct=sacct)
     status = run_status(RunLayout(done.layout.root), Slurm(runner))
     assert status.state == want_run
@@ -180,7 +185,7 @@ def test_status_from_one_squeue_and_one_sacct(
 def test_status_of_500_shards_costs_one_squeue_and_one_sacct(tmp_path: Path) -> None:
     run, profile, env = _files(tmp_path)
     run.write_text(run.read_text().replace("num_records: 10\nshards: 3", "num_records: 1000\nshards: 500"))
-    done = submit(run, profile, slurm=Slurm(RecordingRunner()), env=env)
+    done = submit(run, profile, slurm=Slurm(RecordingRunner()), host=HOST, env=env)
     live = "".join(f"4242_{t}|RUNNING|None\n" for t in range(200)) + "4242_[200-499]|PENDING|Resources\n"
     runner = RecordingRunner(squeue=live)
     status = run_status(RunLayout(done.layout.root), Slurm(runner))
@@ -222,7 +227,7 @@ def test_arrays_respect_max_array_size_and_chain_retries(
             return super().__call__(argv, env=env)
 
     runner = Runner()
-    done = submit(run, profile, slurm=Slurm(runner), env=env)
+    done = submit(run, profile, slurm=Slurm(runner), host=HOST, env=env)
     scripts = [Path(c[0][-1]).read_text() for c in runner.calls if c[0][0] == "sbatch"]
     assert len(scripts) == len(want_arrays) == len(done.job_ids)
     for script, want in zip(scripts, want_arrays, strict=True):
@@ -409,7 +414,7 @@ def test_retry_resubmits_only_shards_without_winner_or_live_task_and_rechecks_ke
     from ddslurm.launcher._steer import retry
 
     run, profile, env = _files(tmp_path)
-    done = submit(run, profile, slurm=Slurm(RecordingRunner()), env=env)
+    done = submit(run, profile, slurm=Slurm(RecordingRunner()), host=HOST, env=env)
     layout = RunLayout(done.layout.root)
     publish_once(
         layout.shard(0).winner,
@@ -436,7 +441,7 @@ def test_retry_fresh_excludes_every_earlier_attempt_from_resume(tmp_path: Path) 
     from ddslurm.launcher._steer import retry
 
     run, profile, env = _files(tmp_path)
-    done = submit(run, profile, slurm=Slurm(RecordingRunner()), env=env)
+    done = submit(run, profile, slurm=Slurm(RecordingRunner()), host=HOST, env=env)
     layout = RunLayout(done.layout.root)
     _attempt(layout, 1, "4243", "partial", rows=1)
     runner = RecordingRunner(
@@ -453,7 +458,7 @@ def test_cancel_targets_the_live_tasks_of_the_chosen_shards(tmp_path: Path) -> N
     from ddslurm.launcher._steer import cancel
 
     run, profile, env = _files(tmp_path)
-    done = submit(run, profile, slurm=Slurm(RecordingRunner()), env=env)
+    done = submit(run, profile, slurm=Slurm(RecordingRunner()), host=HOST, env=env)
     runner = RecordingRunner(squeue="4242_0|RUNNING|None\n4242_1|RUNNING|None\n4242_2|PENDING|Priority\n")
     assert cancel(RunLayout(done.layout.root), Slurm(runner), [1, 2]).ids == ("4242_1", "4242_2")
     assert ["scancel", "4242_1", "4242_2"] in [c[0] for c in runner.calls]
@@ -465,7 +470,7 @@ def test_accept_partial_publishes_the_best_candidate_once(tmp_path: Path) -> Non
     from ddslurm.launcher._steer import accept_partial
 
     run, profile, env = _files(tmp_path)
-    done = submit(run, profile, slurm=Slurm(RecordingRunner()), env=env)
+    done = submit(run, profile, slurm=Slurm(RecordingRunner()), host=HOST, env=env)
     layout = RunLayout(done.layout.root)
     for job, rows in (("7", 2), ("8", 3)):
         _attempt(layout, 1, job, "partial", rows)
@@ -501,7 +506,7 @@ def test_jobs_get_exactly_the_environment_ddslurm_builds(tmp_path: Path) -> None
     run, profile, env = _files(tmp_path)
     env |= {"LANG": "C.UTF-8", "OPENAI_API_KEY": "sk-unrelated", "SBATCH_ACCOUNT": "x", "SLURM_JOB_ID": "9"}
     runner = RecordingRunner()
-    submit(run, profile, slurm=Slurm(runner, env={"PATH": "/elsewhere"}), env=env)
+    submit(run, profile, slurm=Slurm(runner, env={"PATH": "/elsewhere"}), host=HOST, env=env)
     argv, call_env = next(c for c in runner.calls if c[0][0] == "sbatch")
     assert "--export=ALL" in argv and not [a for a in argv if a.startswith("--export=") and a != "--export=ALL"]
     assert call_env == {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOSTED_KEY": KEY}
@@ -517,3 +522,17 @@ def test_collection_job_gets_only_the_allow_list() -> None:
         (["sbatch", "--parsable", "--export=ALL", "/tmp/collect.sbatch"], {"PATH": "/usr/bin", "TZ": "UTC"})
     ]
     assert job_environment(env, ["HOME", "EMPTY", "UNSET"]) == {"PATH": "/usr/bin", "TZ": "UTC", "HOME": "/root"}
+
+
+def test_submit_asks_python_env_only_through_its_engine_host(tmp_path: Path) -> None:
+    """Every question to Data Designer goes through the host ``submit`` is given: its versions (doctor's check)
+    and its check of the recipe, once each; a host that answers in-process starts no ``runtime inspect``."""
+    run, profile, env = _files(tmp_path)
+    host = InProcessHost(fallback=_Refusing())
+    submit(run, profile, slurm=Slurm(RecordingRunner()), host=host, env=env)
+    assert host.asked == {"versions": 1, "check": 1}
+
+
+class _Refusing:
+    def ask(self, runtime: Path, request: Mapping[str, object], **_: object) -> object:
+        raise AssertionError(f"a {request.get('action')} question reached a runtime process: {runtime}")

@@ -14,7 +14,12 @@ import pytest
 from ddslurm.config import Resources, RunLayout, digest
 from ddslurm.config.testing import make_plan
 from ddslurm.launcher import Slurm, SubmitError, render_collection, render_generation, submit
-from ddslurm.launcher.testing import FakeSlurm, write_unit_run
+from ddslurm.launcher.testing import FakeSlurm, InProcessHost, write_unit_run
+
+pytestmark = pytest.mark.smoke  # make test-isolated runs these with only the package's dependencies
+
+HOST = InProcessHost()
+"""Data Designer's answers in this process (the real host's process is the cluster tests')."""
 
 INJECTED = [
     pytest.param("gpu\ntouch /tmp/pwned", id="newline"),
@@ -158,7 +163,7 @@ def test_submit_refuses_a_workspace_sbatch_cannot_take_and_creates_nothing(tmp_p
     slurm = FakeSlurm()
     before = sorted(p.name for p in tmp_path.iterdir())
     with pytest.raises(SubmitError) as info:
-        submit(run, profile, slurm=Slurm(slurm), env=env, clock=lambda: datetime(2026, 1, 2, tzinfo=UTC))
+        submit(run, profile, slurm=Slurm(slurm), host=HOST, env=env, clock=lambda: datetime(2026, 1, 2, tzinfo=UTC))
     assert str(info.value).startswith(f"{profile}:1:1: workspace: ")
     assert sorted(p.name for p in tmp_path.iterdir()) == before
     assert slurm.commands("sbatch") == []
@@ -170,7 +175,7 @@ def test_submit_refuses_a_partition_with_a_newline_and_creates_nothing(tmp_path:
     )
     slurm = FakeSlurm()
     with pytest.raises(SubmitError) as info:
-        submit(run, profile, slurm=Slurm(slurm), env=env)
+        submit(run, profile, slurm=Slurm(slurm), host=HOST, env=env)
     assert str(info.value).startswith(f"{run}:6:3: submission.partition: ")
     assert not (tmp_path / "work").exists()
     assert slurm.commands("sbatch") == []

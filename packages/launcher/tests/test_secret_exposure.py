@@ -12,7 +12,10 @@ import pytest
 from ddslurm.launcher import Slurm, submit
 from ddslurm.launcher._slurm import Completed
 from ddslurm.launcher.cli import main
-from ddslurm.launcher.testing import FakeSlurm, write_unit_run
+from ddslurm.launcher.testing import FakeSlurm, InProcessHost, write_unit_run
+
+HOST = InProcessHost()
+"""Data Designer's answers in this process (the real host's process is the cluster tests')."""
 
 KEY = "sk-exposure-test-value-0123456789"
 
@@ -36,7 +39,7 @@ def test_submit_warns_by_name_when_the_cluster_stores_job_environments(
     tmp_path: Path, flags: str, warned: bool
 ) -> None:
     run, profile, env = write_unit_run(tmp_path, KEY)
-    done = submit(run, profile, slurm=Slurm(_Config(flags)), env=env)
+    done = submit(run, profile, slurm=Slurm(_Config(flags)), host=HOST, env=env)
     assert bool(done.warnings) == warned
     if warned:
         assert "HOSTED_KEY" in done.warnings[0] and "job_env" in done.warnings[0]

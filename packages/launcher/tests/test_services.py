@@ -36,7 +36,10 @@ from ddslurm.launcher import _follow as follow_module
 from ddslurm.launcher import _submit as submit_module
 from ddslurm.launcher._process import Stopped, run_in_group
 from ddslurm.launcher._runs import save_report
-from ddslurm.launcher.testing import FakeSlurm, accept_recipe, write_unit_run
+from ddslurm.launcher.testing import FakeSlurm, InProcessHost, accept_recipe, write_unit_run
+
+HOST = InProcessHost()
+"""Data Designer's answers in this process (the real host's process is the cluster tests')."""
 
 KEY = "sk-services-test-0000"
 
@@ -69,7 +72,7 @@ class NoScheduler:
 @pytest.mark.usefixtures("_no_recipe_check")
 def test_a_dry_run_returns_the_arrays_the_bill_and_the_script_and_writes_nothing(tmp_path: Path) -> None:
     run, profile, env = write_unit_run(tmp_path, KEY, shards=3)
-    done = dry_run(run, profile, slurm=Slurm(NoScheduler(), user="alice"), env=env)
+    done = dry_run(run, profile, slurm=Slurm(NoScheduler(), user="alice"), host=HOST, env=env)
     assert [a.array for a in done.planned.arrays] == ["0-2"]
     assert done.planned.limits.max_array_size == dry_run_module.DEFAULT_MAX_ARRAY_SIZE
     assert "scheduler limits not read (scontrol failed (exit 127)" in done.planned.limits.notes[0]
@@ -145,7 +148,7 @@ def test_release_says_a_scheduler_that_fails_instead_of_raising(monkeypatch: pyt
 @pytest.mark.usefixtures("_no_recipe_check")
 def test_runs_are_found_by_id_and_listed_as_list_shows_them(tmp_path: Path) -> None:
     run, profile, env = write_unit_run(tmp_path, KEY, shards=2)
-    done = submit(run, profile, slurm=Slurm(FakeSlurm()), env=env)
+    done = submit(run, profile, slurm=Slurm(FakeSlurm()), host=HOST, env=env)
     env = {**env, "DDSLURM_PROFILE": str(profile)}
     assert open_run(done.layout.run_id, env).root == done.layout.root
     [listed] = list_runs(tmp_path / "work", Slurm(FakeSlurm()))

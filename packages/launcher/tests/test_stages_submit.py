@@ -34,7 +34,10 @@ from ddslurm.launcher._console import status_text
 from ddslurm.launcher._render import render_generation
 from ddslurm.launcher._steer import log_files, pick_attempt, retry
 from ddslurm.launcher._submit import prepare
-from ddslurm.launcher.testing import UNIT_RECIPE, FakeSlurm, accept_recipe, write_attempt, write_unit_run
+from ddslurm.launcher.testing import UNIT_RECIPE, FakeSlurm, InProcessHost, accept_recipe, write_attempt, write_unit_run
+
+HOST = InProcessHost()
+"""Data Designer's answers in this process (the real host's process is the cluster tests')."""
 
 KEY = "sk-stages-test-value-123"
 RECIPE = """data_designer:
@@ -126,7 +129,7 @@ def _records(layout: RunLayout) -> list[SubmissionRecord]:
 def test_submit_records_the_stages_retry_and_status_follow_each_shards_stage(tmp_path: Path) -> None:
     run, profile, env = _files(tmp_path)
     fake = FakeSlurm()
-    done = submit(run, profile, slurm=Slurm(fake, user="alice"), env=env)
+    done = submit(run, profile, slurm=Slurm(fake, user="alice"), host=HOST, env=env)
     layout = RunLayout(done.layout.root)
     gpu, cpu = _records(layout)
     assert (gpu.stage, gpu.tasks, gpu.after_any) == (0, None, ())
@@ -200,7 +203,7 @@ def test_status_of_a_two_stage_run_never_goes_back_and_shows_stages_rows_and_att
     run ``running`` from the first GPU task on, also while every shard waits for its CPU stage."""
     run, profile, env = _files(tmp_path)
     fake = FakeSlurm()
-    done = submit(run, profile, slurm=Slurm(fake, user="alice"), env=env)
+    done = submit(run, profile, slurm=Slurm(fake, user="alice"), host=HOST, env=env)
     layout = RunLayout(done.layout.root)
     gpu, cpu = (r.array_job_id for r in _records(layout))
     plan = read_json(layout.plan, Plan)
@@ -288,7 +291,7 @@ def plain_status(shown: dict[str, Any]) -> str:
 def test_the_status_table_of_a_two_stage_run_has_a_stage_column_and_each_stages_rows(tmp_path: Path) -> None:
     run, profile, env = _files(tmp_path)
     fake = FakeSlurm()
-    layout = RunLayout(submit(run, profile, slurm=Slurm(fake, user="alice"), env=env).layout.root)
+    layout = RunLayout(submit(run, profile, slurm=Slurm(fake, user="alice"), host=HOST, env=env).layout.root)
     gpu, cpu = (r.array_job_id for r in _records(layout))
     records = [s.num_records for s in read_json(layout.plan, Plan).shards]
     _stage_winner(layout, 0, 0, records[0])

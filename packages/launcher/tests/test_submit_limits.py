@@ -33,7 +33,10 @@ from ddslurm.launcher import _submit as submit_module
 from ddslurm.launcher._slurm import SlurmTimeoutError, SubprocessRunner, parse_limit
 from ddslurm.launcher._steer import continue_submission, retry
 from ddslurm.launcher._submit import PartialSubmitError, submit_lock
-from ddslurm.launcher.testing import accept_recipe, write_unit_run
+from ddslurm.launcher.testing import InProcessHost, accept_recipe, write_unit_run
+
+HOST = InProcessHost()
+"""Data Designer's answers in this process (the real host's process is the cluster tests')."""
 
 KEY = "sk-limits-test-value-123"
 CONFIG = "ClusterName = local\nMaxArraySize = {array}\nMaxJobCount = {count}\nAccountingStorageEnforce = {enforce}\n"
@@ -158,7 +161,7 @@ def _stopped(
     environment."""
     run, profile, env = _files(tmp_path, shards=shards, run_extra=run_extra)
     with pytest.raises(PartialSubmitError):
-        submit(run, profile, slurm=Slurm(cluster, user="alice"), env=env)
+        submit(run, profile, slurm=Slurm(cluster, user="alice"), host=HOST, env=env)
     return _run_dir(tmp_path), env
 
 
@@ -236,7 +239,7 @@ def test_a_run_over_max_job_count_is_refused_with_the_numbers_and_nothing_is_wri
         "with retries 1), or keep the shards and set allocations: 4,446 (each allocation pulls several shards)"
     )
     with pytest.raises(SubmitError) as refused:
-        submit(run, profile, slurm=Slurm(cluster, user="alice"), env=env)
+        submit(run, profile, slurm=Slurm(cluster, user="alice"), host=HOST, env=env)
     assert str(refused.value) == want
     assert cluster.commands("sbatch") == [] and not (tmp_path / "work").exists()
     code, out, err = _cli(["submit", str(run), "--profile", str(profile), "--dry-run"], cluster, env)
@@ -249,7 +252,7 @@ def test_a_run_over_its_association_limit_is_refused_naming_it(tmp_path: Path) -
     cluster = FakeCluster(enforce="associations,limits", assoc="acct|alice||50||||normal\n", qos="normal||||\n")
     cluster.queued = ["7|alice|acct|normal|PENDING|/a.sh"] * 10
     with pytest.raises(SubmitError) as refused:
-        submit(run, profile, slurm=Slurm(cluster, user="alice"), env=env)
+        submit(run, profile, slurm=Slurm(cluster, user="alice"), host=HOST, env=env)
     assert str(refused.value) == (
         "40 shards = 40 array tasks, but MaxSubmitJobs of association acct/alice is 50 with 10 already queued "
         "(90 % headroom rule: 36 usable); use fewer shards (at most 36 shards fit), or keep the shards and set "
@@ -261,7 +264,7 @@ def test_a_run_over_its_association_limit_is_refused_naming_it(tmp_path: Path) -
 def test_a_run_that_fits_is_submitted(tmp_path: Path) -> None:
     run, profile, env = _files(tmp_path, shards=3)
     cluster = FakeCluster(max_jobs=5)  # 3 tasks ≤ 90 % of 5 (4)
-    done = submit(run, profile, slurm=Slurm(cluster, user="alice"), env=env)
+    done = submit(run, profile, slurm=Slurm(cluster, user="alice"), host=HOST, env=env)
     assert done.job_ids == ("4242",)
     plan = read_json(done.layout.submit_plan, SubmitPlanRecord)
     assert plan.tasks == 3 and [(c.name, c.limit, c.used, c.usable) for c in plan.limits] == [("MaxJobCount", 5, 0, 4)]
@@ -312,7 +315,7 @@ def test_a_dry_run_without_a_scheduler_still_shows_the_arrays_and_says_what_it_d
     assert code == 0 and "#   array 0: --array=0-2 " in text
     assert "scheduler limits not read (scontrol failed (exit 127): scontrol: command not found" in text
     with pytest.raises(SlurmError, match="command not found"):  # the submission itself needs them
-        submit(run, profile, slurm=Slurm(NoSlurm(), user="alice"), env=env)
+        submit(run, profile, slurm=Slurm(NoSlurm(), user="alice"), host=HOST, env=env)
     assert not (tmp_path / "work").exists()
 
 
@@ -397,10 +400,10 @@ def test_a_timed_out_sbatch_that_reached_slurm_is_recorded_by_continue_not_submi
 def test_the_first_sbatch_failing_leaves_nothing_but_a_timed_out_one_keeps_the_run(tmp_path: Path) -> None:
     run, profile, env = _files(tmp_path)
     with pytest.raises(SlurmError, match="Socket timed out"):
-        submit(run, profile, slurm=Slurm(FakeCluster(sbatch_faults={1: "error"}), user="alice"), env=env)
+        submit(run, profile, slurm=Slurm(FakeCluster(sbatch_faults={1: "error"}), user="alice"), host=HOST, env=env)
     assert list((tmp_path / "work" / "runs").iterdir()) == []
     with pytest.raises(PartialSubmitError, match="stopped after 0 of 1 array"):
-        submit(run, profile, slurm=Slurm(FakeCluster(sbatch_faults={1: "timeout"}), user="alice"), env=env)
+        submit(run, profile, slurm=Slurm(FakeCluster(sbatch_faults={1: "timeout"}), user="alice"), host=HOST, env=env)
     layout = _run_dir(tmp_path)  # sbatch may have reached Slurm: the run stays, incomplete
     assert run_status(layout, Slurm(FakeCluster())).state == "incomplete"
 
@@ -458,7 +461,7 @@ def test_a_cancel_during_the_submission_stops_it_and_cancels_the_array_it_raced(
 
     cluster.on_cancel = cancel_now
     with pytest.raises(PartialSubmitError, match=r"cancelled .* while it was being submitted"):
-        submit(run, profile, slurm=Slurm(cluster, user="alice"), env=env)
+        submit(run, profile, slurm=Slurm(cluster, user="alice"), host=HOST, env=env)
     assert cluster.sbatches == 2 and cluster.commands("scancel") == [["scancel", "4243"]]
 
 
@@ -472,7 +475,7 @@ def test_two_submitters_of_one_run_never_both_submit(tmp_path: Path) -> None:
 
 def test_retry_arrays_are_checked_against_the_limits_too(tmp_path: Path) -> None:
     run, profile, env = _files(tmp_path, shards=3)
-    done = submit(run, profile, slurm=Slurm(FakeCluster(), user="alice"), env=env)
+    done = submit(run, profile, slurm=Slurm(FakeCluster(), user="alice"), host=HOST, env=env)
     layout = RunLayout(done.layout.root)
     publish_once(
         layout.shard(0).winner,

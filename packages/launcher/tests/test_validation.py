@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -14,8 +15,15 @@ import pytest
 
 from ddslurm.config import AttemptRecord, read_json
 from ddslurm.launcher import Slurm, SubmitError, prepare, run_status, submit, write_run_dir
-from ddslurm.launcher._validate import RecipeCheck
-from ddslurm.launcher.testing import UNIT_RECIPE, FakeSlurm, accept_recipe, write_runtime_shim, write_unit_run
+from ddslurm.launcher._process import Answer
+from ddslurm.launcher.testing import (
+    UNIT_RECIPE,
+    FakeSlurm,
+    InProcessHost,
+    accept_recipe,
+    write_runtime_shim,
+    write_unit_run,
+)
 
 pytestmark = pytest.mark.dd
 
@@ -125,13 +133,9 @@ def test_a_recipe_without_model_columns_is_validated_too(tmp_path: Path) -> None
     assert check.problems == () and [c.name for c in check.columns or ()] == ["n", "e"], check
 
 
-def test_submit_validates_the_recipe_with_the_max_parallel_requests_the_node_uses(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_submit_validates_the_recipe_with_the_max_parallel_requests_the_node_uses(tmp_path: Path) -> None:
     """A local alias whose recipe leaves ``max_parallel_requests`` at Data Designer's default is validated with the
     plan's replicas x capacity, the value the node runs it with."""
-    from ddslurm.launcher import _validate
-
     recipe = RECIPE.replace("{{ no_such_column }}", "something").replace("max_parallel_requests: 8", "timeout: 30")
     deployment = (
         "client_workers: 1\n"  # one client: it alone keeps the replicas' capacity in flight
@@ -142,12 +146,13 @@ def test_submit_validates_the_recipe_with_the_max_parallel_requests_the_node_use
     profile.write_text(profile.read_text() + "gpus_per_node: 4\n")
     seen: list[dict[str, Any]] = []
 
-    def run_check(runtime: Path, payload: dict[str, Any], cwd: Path, secrets: set[str]) -> RecipeCheck:
-        seen.append(payload)
-        return RecipeCheck()
+    class Recording(InProcessHost):  # the check's request, as the engine host receives it
+        def ask(self, runtime: Path, request: Mapping[str, Any], **kwargs: Any) -> Answer:
+            if request.get("action") == "check":
+                seen.append(dict(request))
+            return super().ask(runtime, request, **kwargs)
 
-    monkeypatch.setattr(_validate, "_run_check", run_check)
-    prepared = prepare(run, profile, env, datetime.now(UTC))
+    prepared = prepare(run, profile, env, datetime.now(UTC), host=Recording())
     assert prepared.plan.serving is not None
     assert prepared.plan.serving.deployments[0].max_parallel_requests == 12
     [model] = seen[0]["recipe"]["data_designer"]["model_configs"]

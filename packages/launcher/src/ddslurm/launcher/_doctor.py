@@ -13,6 +13,7 @@ from typing import Any
 
 from ddslurm.launcher._doctor_checks import Check, ClusterFacts, job_checks, loaded, profile_checks
 from ddslurm.launcher._dry_run import compile_dry_run
+from ddslurm.launcher._engine_host import RUNTIME_PROCESS, EngineHost
 from ddslurm.launcher._slurm import Slurm
 from ddslurm.launcher.errors import LauncherError
 
@@ -43,13 +44,20 @@ class DoctorReport:
         }
 
 
-def doctor(profile_path: Path, run_path: Path | None = None, *, slurm: Slurm, env: Mapping[str, str]) -> DoctorReport:
+def doctor(
+    profile_path: Path,
+    run_path: Path | None = None,
+    *,
+    slurm: Slurm,
+    env: Mapping[str, str],
+    host: EngineHost = RUNTIME_PROCESS,
+) -> DoctorReport:
     """Check ``profile_path`` against this cluster and, with ``run_path``, the run's jobs; every check is in the
     report (nothing is refused: the caller says what to do with the problems). The run is compiled as ``submit
     --dry-run`` compiles it (a builder script runs in ``python_env``); what refuses it is one problem of the
     report."""
     run, profile = loaded(run_path, profile_path)
-    facts = ClusterFacts(slurm, env, run_path, profile_path)
+    facts = ClusterFacts(slurm, env, run_path, profile_path, host)
     checks = profile_checks(facts, profile, run)
     if run is None or run_path is None:
         return DoctorReport(profile_path, run_path, tuple(checks))
@@ -57,7 +65,7 @@ def doctor(profile_path: Path, run_path: Path | None = None, *, slurm: Slurm, en
         checks.append(Check("run file", "skipped", "the profile's problems come first (above)"))
         return DoctorReport(profile_path, run_path, tuple(checks))
     try:
-        prepared, _, script = compile_dry_run(run_path, profile_path, slurm=slurm, env=env)
+        prepared, _, script = compile_dry_run(run_path, profile_path, slurm=slurm, env=env, host=host)
     except LauncherError as exc:
         checks.append(Check("run file", "problem", str(exc)))
         return DoctorReport(profile_path, run_path, tuple(checks))

@@ -36,7 +36,8 @@ from ddslurm.config import (
     read_yaml,
 )
 from ddslurm.launcher._cluster import ClusterInfo, NodeRow, read_cluster
-from ddslurm.launcher._process import Stopped, ask_json
+from ddslurm.launcher._engine_host import RUNTIME_PROCESS, EngineHost
+from ddslurm.launcher._process import Stopped
 from ddslurm.launcher._recipe import secret_names
 from ddslurm.launcher._slurm import Association, ClusterConfig, Slurm
 from ddslurm.launcher._validate import runtime_command
@@ -89,8 +90,16 @@ class ClusterFacts:
     question that cannot be answered is remembered with why (``*_error``), and the checks that need it are
     skipped."""
 
-    def __init__(self, slurm: Slurm, env: Mapping[str, str], run_path: Path | None, profile_path: Path) -> None:
+    def __init__(
+        self,
+        slurm: Slurm,
+        env: Mapping[str, str],
+        run_path: Path | None,
+        profile_path: Path,
+        host: EngineHost = RUNTIME_PROCESS,
+    ) -> None:
         self.slurm, self.env, self.run_path, self.profile_path = slurm, env, run_path, profile_path
+        self.host = host
         self._cluster: ClusterInfo | None = None
         self._config: ClusterConfig | None = None
         self._assoc: list[Association] | None = None
@@ -293,7 +302,7 @@ def _python_env_check(facts: ClusterFacts, profile: ClusterProfile, run: RunFile
     try:
         hidden = secret_names(run, facts.env, settings_dir(facts.env))  # the shell's, without the run's keys
         env = {name: value for name, value in facts.env.items() if name not in hidden}
-        answer = ask_json([str(runtime), "inspect"], {"action": "versions"}, timeout_s=VERSIONS_TIMEOUT_S, env=env)
+        answer = facts.host.ask(runtime, {"action": "versions"}, timeout_s=VERSIONS_TIMEOUT_S, env=env)
     except Stopped:
         return facts.check("python_env", "problem", f"{runtime} did not answer within {VERSIONS_TIMEOUT_S} s", field)
     except OSError as exc:
@@ -484,7 +493,7 @@ class ProfileChecked:
 
 
 def check_profile_first(
-    run_path: Path, profile_path: Path, slurm: Slurm, env: Mapping[str, str]
+    run_path: Path, profile_path: Path, slurm: Slurm, env: Mapping[str, str], host: EngineHost = RUNTIME_PROCESS
 ) -> ProfileChecked | None:
     """``submit``'s checks of the profile before its inputs are prepared (a builder script run, Data Designer's
     check): refused with every problem at once. Returns what was read (for :func:`check_jobs`); None when the
@@ -494,7 +503,7 @@ def check_profile_first(
     except SubmitError:
         return None
     assert run is not None
-    facts = ClusterFacts(slurm, env, run_path, profile_path)
+    facts = ClusterFacts(slurm, env, run_path, profile_path, host)
     refuse_problems(profile_checks(facts, profile, run))
     return ProfileChecked(facts, run, profile)
 

@@ -19,6 +19,7 @@ from ddslurm.config import Plan, ProviderSnapshot, RunLayout, SchedulerLimits
 from ddslurm.launcher._aliases import EndpointCheck
 from ddslurm.launcher._bill import Bill, make_bill
 from ddslurm.launcher._doctor_checks import check_jobs, check_profile_first
+from ddslurm.launcher._engine_host import RUNTIME_PROCESS, EngineHost
 from ddslurm.launcher._facts import partition_gpu_type
 from ddslurm.launcher._run_dir import Prepared
 from ddslurm.launcher._slurm import Slurm
@@ -71,13 +72,20 @@ def compile_dry_run(
     env: Mapping[str, str],
     now: datetime | None = None,
     check_endpoints: EndpointCheck | None = None,
+    host: EngineHost = RUNTIME_PROCESS,
 ) -> tuple[Prepared, SubmissionPlan, str]:
     """The run validated and compiled as ``submit`` does (``check_endpoints`` included), its arrays planned within
     the scheduler's limits, and the first array's batch script; nothing written, and the cluster's checks of the
     profile not run."""
     moment = now or datetime.now(UTC)
     prepared = prepare(
-        run_file, profile, env, moment, check_endpoints=check_endpoints, gpu_type_of=partition_gpu_type(slurm)
+        run_file,
+        profile,
+        env,
+        moment,
+        host=host,
+        check_endpoints=check_endpoints,
+        gpu_type_of=partition_gpu_type(slurm),
     )
     plan, layout = prepared.plan, prepared.layout
     limits = scheduler_limits(slurm, plan)
@@ -94,13 +102,14 @@ def dry_run(
     env: Mapping[str, str],
     now: datetime | None = None,
     check_endpoints: EndpointCheck | None = None,
+    host: EngineHost = RUNTIME_PROCESS,
 ) -> DryRun:
     """Validate and compile ``run_file`` for the cluster of ``profile``, check the profile and the jobs against the
     cluster (``ddslurm doctor``'s checks, every problem at once), and plan its submission; write nothing, submit
     nothing. Raises what ``submit`` would raise for the same inputs (``check_endpoints`` included)."""
-    checked = check_profile_first(run_file, profile, slurm, env)
+    checked = check_profile_first(run_file, profile, slurm, env, host)
     prepared, planned, script = compile_dry_run(
-        run_file, profile, slurm=slurm, env=env, now=now, check_endpoints=check_endpoints
+        run_file, profile, slurm=slurm, env=env, now=now, check_endpoints=check_endpoints, host=host
     )
     plan = prepared.plan
     check_jobs(checked, plan, script)

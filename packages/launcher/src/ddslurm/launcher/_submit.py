@@ -47,6 +47,7 @@ from ddslurm.config import (
 )
 from ddslurm.launcher._aliases import EndpointCheck, refuse_failed_endpoints, run_aliases
 from ddslurm.launcher._doctor_checks import check_jobs, check_profile_first, field_place
+from ddslurm.launcher._engine_host import RUNTIME_PROCESS, EngineHost
 from ddslurm.launcher._facts import GpuTypeOf, no_gpu_type, partition_gpu_type, workspace_facts
 from ddslurm.launcher._mcp_check import dd_check_tools
 from ddslurm.launcher._recipe_at import place_refusal
@@ -130,7 +131,8 @@ def prepare(
     home: Path | None = None,
     *,
     count_seed_rows: CountRows = dd_seed_rows,
-    check_recipe: CheckRecipe = dd_check_recipe,
+    host: EngineHost = RUNTIME_PROCESS,
+    check_recipe: CheckRecipe | None = None,
     seed_columns: SeedColumns = dd_seed_columns,
     check_tools: CheckTools = dd_check_tools,
     check_endpoints: EndpointCheck | None = None,
@@ -140,11 +142,11 @@ def prepare(
     facts (``<workspace>/facts.json``; a damaged file is refused, naming it) and, for a run with deployments, the
     GPU type of the generation partition's nodes (``gpu_type_of``: ``sinfo`` for ``submit`` and its dry run; ""
     by default, and whenever it cannot be told). The recipe is loaded (a builder script runs) and
-    checked (``check_recipe``: Data Designer's own validation, a subprocess of a few seconds) in the profile's
-    ``python_env``; what Data Designer refuses would fail on the node, and is reported after the planner's
-    refusals; then its MCP tools (``check_tools``: the stdio servers' commands, the tools ``allow_tools`` names,
-    listed in a subprocess); with ``check_endpoints`` (``submit --check-endpoints``), last, what every hosted
-    endpoint answers with the key (:func:`~ddslurm.launcher._aliases.refuse_failed_endpoints`)."""
+    checked (``check_recipe``, by default Data Designer's own validation asked of ``host``: a process of a few
+    seconds) in the profile's ``python_env``; what Data Designer refuses would fail on the node, and is reported
+    after the planner's refusals; then its MCP tools (``check_tools``: the stdio servers' commands, the tools
+    ``allow_tools`` names, listed in a subprocess); with ``check_endpoints`` (``submit --check-endpoints``), last,
+    what every hosted endpoint answers with the key (:func:`~ddslurm.launcher._aliases.refuse_failed_endpoints`)."""
     try:
         run = load_run_file(run_path)
         profile = load_profile(profile_path)
@@ -177,7 +179,10 @@ def prepare(
             recipe_key=recipe_key,
             seed=None if seed is None else seed.plan,
         )
-        check = check_recipe(recipe, recipe_path, snapshot, sized, runtime, as_is)
+        if check_recipe is not None:
+            check = check_recipe(recipe, recipe_path, snapshot, sized, runtime, as_is)
+        else:
+            check = dd_check_recipe(recipe, recipe_path, snapshot, sized, runtime, as_is, host=host)
         seed_cols = seed_column_names(run, seed, seed_columns)
         plan = compile_plan(
             PlanInputs(
@@ -554,17 +559,26 @@ def submit(
     home: Path | None = None,
     check_endpoints: EndpointCheck | None = None,
     change_plan: Callable[[Plan], Plan] | None = None,
+    host: EngineHost = RUNTIME_PROCESS,
 ) -> Submitted:
     """Validate and compile, read the scheduler's limits and plan the arrays within them (refusing, with the
     numbers, what does not fit), all before anything is written; then write the run directory and the
     submission plan, and submit the arrays. A failure before the first array was submitted removes the run
     directory again; a later one (or a timeout) raises :class:`PartialSubmitError` and leaves an incomplete run.
     ``check_endpoints``: ask the hosted endpoints first (``--check-endpoints``); ``change_plan``: what a command
-    adds to the compiled plan before anything is written (``ddslurm tune``'s calibration levels)."""
+    adds to the compiled plan before anything is written (``ddslurm tune``'s calibration levels); ``host``: how the
+    profile's ``python_env`` is asked about Data Designer (:mod:`ddslurm.launcher._engine_host`)."""
     now = clock()
-    checked = check_profile_first(run_path, profile_path, slurm, env)
+    checked = check_profile_first(run_path, profile_path, slurm, env, host)
     prepared = prepare(
-        run_path, profile_path, env, now, home, check_endpoints=check_endpoints, gpu_type_of=partition_gpu_type(slurm)
+        run_path,
+        profile_path,
+        env,
+        now,
+        home,
+        host=host,
+        check_endpoints=check_endpoints,
+        gpu_type_of=partition_gpu_type(slurm),
     )
     if change_plan is not None:
         prepared = dataclasses.replace(prepared, plan=change_plan(prepared.plan))

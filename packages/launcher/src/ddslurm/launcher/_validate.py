@@ -36,7 +36,8 @@ from ddslurm.config import (
     recipe_section,
     recipe_with_models,
 )
-from ddslurm.launcher._process import Stopped, ask_json
+from ddslurm.launcher._engine_host import RUNTIME_PROCESS, EngineHost
+from ddslurm.launcher._process import Stopped
 from ddslurm.runtime import PLUGIN_GROUP, engine_environment
 
 VALIDATE_TIMEOUT_S = 300
@@ -65,10 +66,12 @@ def dd_check_recipe(
     serving: ServingPlan | None,
     runtime: Path,
     source: RecipeSource | None,
+    *,
+    host: EngineHost = RUNTIME_PROCESS,
 ) -> RecipeCheck:
-    """Check ``recipe`` with ``runtime`` (``<python_env>/bin/ddslurm-runtime``) as the node will build it;
-    ``serving``: the plan's deployments as a client sees them, which size the local aliases' ``max_parallel_requests``
-    as on the node."""
+    """Check ``recipe`` with ``runtime`` (``<python_env>/bin/ddslurm-runtime``, asked through ``host``) as the node
+    will build it; ``serving``: the plan's deployments as a client sees them, which size the local aliases'
+    ``max_parallel_requests`` as on the node."""
     payload: dict[str, Any] = {
         "action": "check",
         "recipe": recipe_with_models(recipe, snapshot, serving),  # the recipe exactly as the node builds it
@@ -80,7 +83,7 @@ def dd_check_recipe(
     key = None if seeded or source is not None else json.dumps([str(runtime), payload], sort_keys=True)
     if key is not None and key in _ACCEPTED:
         return _ACCEPTED[key]
-    check = _run_check(runtime, payload, recipe_path.parent, set(snapshot.secret_env_names()))
+    check = _run_check(host, runtime, payload, recipe_path.parent, set(snapshot.secret_env_names()))
     if key is not None and not check.problems:
         _ACCEPTED[key] = check
     return check
@@ -110,12 +113,12 @@ def _unknown_lines(unknown: list[Mapping[str, str]], python_env: Path) -> list[s
     return lines
 
 
-def _run_check(runtime: Path, payload: dict[str, Any], cwd: Path, secrets: set[str]) -> RecipeCheck:
+def _run_check(host: EngineHost, runtime: Path, payload: dict[str, Any], cwd: Path, secrets: set[str]) -> RecipeCheck:
     with tempfile.TemporaryDirectory(prefix="ddslurm-validate-") as scratch:
         env = {k: v for k, v in os.environ.items() if k not in secrets and not k.startswith("DATA_DESIGNER_")}
         try:
-            answer = ask_json(
-                [str(runtime), "inspect"],
+            answer = host.ask(
+                runtime,
                 {**payload, "scratch": scratch},
                 timeout_s=VALIDATE_TIMEOUT_S,
                 env=env | engine_environment(Path(scratch)),

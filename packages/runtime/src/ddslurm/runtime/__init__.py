@@ -11,7 +11,7 @@ from ddslurm.runtime._engine import (
     seed_reader,
 )
 from ddslurm.runtime._inputs import Inputs, load_inputs
-from ddslurm.runtime._inspect import NODE_DISTRIBUTIONS, installed_versions
+from ddslurm.runtime._inspect import NODE_DISTRIBUTIONS, answer_inspect, installed_versions
 from ddslurm.runtime._listeners import unix_url
 from ddslurm.runtime._plugins import PLUGIN_GROUP
 from ddslurm.runtime._serving import RankPlace, ServerCommand, server_command, server_step_name
@@ -32,6 +32,7 @@ __all__ = [
     "EXIT_OK",
     "EXIT_PARTIAL",
     "AttemptRunner",
+    "answer_inspect",
     "EngineError",
     "EngineRequest",
     "EngineResult",

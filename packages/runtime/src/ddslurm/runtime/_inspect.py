@@ -96,14 +96,19 @@ def check(payload: Mapping[str, Any]) -> dict[str, Any]:
     return answer
 
 
+def answer_inspect(payload: Mapping[str, Any]) -> dict[str, Any]:
+    """The answer to one request (see the module's docstring), in this process."""
+    action = payload.get("action")
+    return build(payload) if action == "build" else versions() if action == "versions" else check(payload)
+
+
 def inspect_main(stdin: IO[str] = sys.stdin) -> int:
     """Answer one request (see the module's docstring); exit code 0 whenever an answer was written."""
     payload = json.load(stdin)
     result = os.dup(1)
     os.dup2(2, 1)  # Data Designer and builder scripts print to stdout: keep it for the answer
     try:
-        action = payload.get("action")
-        answer = build(payload) if action == "build" else versions() if action == "versions" else check(payload)
+        answer = answer_inspect(payload)
     except BaseException as exc:  # ddslurm's own failure: report it rather than a bare traceback
         answer = {"ok": False, "error": f"inspecting the recipe failed: {type(exc).__name__}: {exc}"}
     sys.stdout.flush()
