@@ -42,43 +42,62 @@ def test_cancelled_shard_is_retried_and_resumes_without_losing_or_duplicating(
     from fake_vllm.testing import start_server
 
     key = "sk-recovery-" + "9" * 16
-    # Slow enough that shard 1 cannot finish between its first batch and the cancel, even on a loaded machine (at
-    # 0.25 s a full suite on two cores once saw it succeed in the instant the cancel landed).
-    args = ["--served-model-name", "demo/writer-8b", "demo/judge-70b", "--fake-latency", "0.6", "--fake-capacity", "4"]
-    with start_server("demo", args=args, api_key=key) as slow:
-        endpoint = type("E", (), {"base_url": slow.base_url, "api_key": key, "request_log": tmp_path / "r.jsonl"})
+    # The stand-in answers 12 of the writer's requests (the judge's pass), then holds every other until the test
+    # opens its gate. Each shard asks the writer once to check its health, then once a row: with 12 answers in
+    # all, neither shard gets the 12 row answers it needs to finish; the two shards share at least 10 row answers,
+    # so one of them has its first batch's 3 writer answers, and its judge answers are not held: that batch lands.
+    # That shard is cancelled once its batch is on disk: the moment is an event, never a latency.
+    gate, requests = tmp_path / "gate", tmp_path / "requests.jsonl"
+    gate.write_text("12")
+    args = ["--served-model-name", "demo/writer-8b", "demo/judge-70b", "--fake-request-log", str(requests)]
+    args += ["--fake-gate", str(gate), "--fake-gate-model", "demo/writer-8b"]
+    with start_server("demo", args=args, api_key=key) as held:
         files = make_run_files("cancel", num_records=24, shards=2, buffer_size=3, recipe=_recipe_with_ids(tmp_path))
         (files.dd_home / "model_providers.yaml").write_text(
-            "providers:\n- {name: demo-hosted, endpoint: '" + endpoint.base_url + "', api_key: DEMO_HOSTED_API_KEY}\n"
+            "providers:\n- {name: demo-hosted, endpoint: '" + held.base_url + "', api_key: DEMO_HOSTED_API_KEY}\n"
         )
         env = {**files.env, "DEMO_HOSTED_API_KEY": key}
         run_dir = Path(
             cli_json("submit", str(files.run_file), "--profile", str(files.profile), "--json", env=env)["run_dir"]
         )
-        until(lambda: _rows_done(run_dir, 1) >= 3, 120, "shard 1 to complete a batch")
-        cancelled = cli_json("cancel", str(run_dir), "--shards", "1", "--json", env=env)["cancelled"]
+
+        def writer_answers() -> int:
+            lines = requests.read_text().splitlines() if requests.exists() else []
+            return sum('"demo/writer-8b"' in line and '"/v1/chat/completions"' in line for line in lines)
+
+        until(lambda: writer_answers() >= 12, 300, "the 12 writer answers the gate allows", writer_answers)
+        victim = until(
+            lambda: [shard for shard in (0, 1) if _rows_done(run_dir, shard) >= 3],
+            120,
+            "a shard's first batch on disk, 12 writer answers in",
+            lambda: [_rows_done(run_dir, shard) for shard in (0, 1)],
+        )[0]
+        other = 1 - victim
+        cancelled = cli_json("cancel", str(run_dir), "--shards", str(victim), "--json", env=env)["cancelled"]
         assert len(cancelled) == 1
         status = until(
             lambda: (
-                (s := cli_json("status", str(run_dir), "--json", env=env))["shards"][1]["state"] == "cancelled" and s
+                (s := cli_json("status", str(run_dir), "--json", env=env))["shards"][victim]["state"] == "cancelled"
+                and s
             ),
-            60,
-            "shard 1 to be cancelled",
+            120,
+            f"shard {victim} to be cancelled",
         )
-        first = read_json(next(run_dir.glob("shards/shard-00001/attempts/*/attempt.json")), AttemptRecord)
+        first = read_json(next(run_dir.glob(f"shards/shard-{victim:05d}/attempts/*/attempt.json")), AttemptRecord)
         assert first.state == "failed" and first.reason == "cancelled", first
-        done_before = _rows_done(run_dir, 1)
+        done_before = _rows_done(run_dir, victim)
         assert 3 <= done_before < 12
+        gate.write_text("")  # open: every held request is answered, the other shard finishes
 
         retried = cli_json("retry", str(run_dir), "--json", env=env)
-        assert retried["shards"] == [1]
+        assert retried["shards"] == [victim]
         final = cli_json("wait", str(run_dir), "--json", env=env)
         assert final["state"] == "succeeded" and final["records_done"] == 24, status
 
-    # Cancelling shard 1 left shard 0 alone: its only attempt ran its generation step once.
-    shard0 = [read_json(p, AttemptRecord) for p in run_dir.glob("shards/shard-00000/attempts/*/attempt.json")]
-    assert [(r.state, r.client_runs) for r in shard0] == [("succeeded", 1)]
-    attempts = sorted(run_dir.glob("shards/shard-00001/attempts/*/attempt.json"))
+    # Cancelling one shard left the other alone: its only attempt ran its generation step once.
+    untouched = [read_json(p, AttemptRecord) for p in run_dir.glob(f"shards/shard-{other:05d}/attempts/*/attempt.json")]
+    assert [(r.state, r.client_runs) for r in untouched] == [("succeeded", 1)]
+    attempts = sorted(run_dir.glob(f"shards/shard-{victim:05d}/attempts/*/attempt.json"))
     records = [read_json(p, AttemptRecord) for p in attempts]
     resumed = [r for r in records if r.resumed_from]
     assert resumed and resumed[-1].resumed_rows >= 3 and resumed[-1].state == "succeeded"

@@ -11,6 +11,7 @@ import socket
 import stat
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -203,3 +204,70 @@ def test_tcp_port_in_use_fails_at_start() -> None:
         busy = start_server(port=port, timeout=10)
         with pytest.raises(ServerStartError, match="Address already in use"), busy:
             pass
+
+
+def test_the_gate_file_says_how_many_chat_requests_are_answered(tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    gate.write_text("2")
+    with start_server(args=["--fake-gate", str(gate)]) as server, httpx.Client(timeout=60) as client:
+        from concurrent.futures import ThreadPoolExecutor
+
+        def waiting() -> float:
+            return _gauge(client.get(f"{server.root_url}/metrics").text, "vllm:num_requests_waiting")
+
+        def until(predicate: Any, what: str) -> None:
+            deadline = time.monotonic() + 60
+            while not predicate():
+                assert time.monotonic() < deadline, f"timed out waiting for {what}"
+                time.sleep(0.05)
+
+        with ThreadPoolExecutor(4) as pool:
+            answers = [pool.submit(client.post, f"{server.base_url}/chat/completions", json=CHAT) for _ in range(4)]
+            until(lambda: sum(a.done() for a in answers) == 2 and waiting() == 2, "2 answered and 2 held")
+            gate.write_text("3")
+            until(lambda: sum(a.done() for a in answers) == 3 and waiting() == 1, "a third answer")
+            gate.write_text("")  # open
+            assert all(a.result(timeout=60).status_code == 200 for a in answers)
+        assert waiting() == 0
+
+
+def test_a_gate_reads_open_a_number_or_hold(tmp_path: Path) -> None:
+    from fake_vllm.gate import Gate
+
+    gate = Gate(tmp_path / "gate")
+    assert gate._limit() is None  # no file: open
+    (tmp_path / "gate").write_text("\n")
+    assert gate._limit() is None  # empty: open
+    (tmp_path / "gate").write_text("7\n")
+    assert gate._limit() == 7
+    gate.passed = 5
+    (tmp_path / "gate").write_text("hold")
+    assert gate._limit() == 5  # none more than have passed
+    (tmp_path / "gate").write_text("soon")
+    with pytest.raises(ValueError, match="soon"):
+        gate._limit()
+
+
+def test_a_gate_for_one_model_lets_the_others_pass(tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    gate.write_text("0")
+    args = ["--served-model-name", "writer", "judge", "--fake-gate", str(gate), "--fake-gate-model", "writer"]
+    with start_server(args=args) as server, httpx.Client(timeout=60) as client:
+        from concurrent.futures import ThreadPoolExecutor
+
+        url = f"{server.base_url}/chat/completions"
+        with ThreadPoolExecutor(1) as pool:
+            held = pool.submit(client.post, url, json={**CHAT, "model": "writer"})
+            deadline = time.monotonic() + 60
+            while _gauge_of(client.get(f"{server.root_url}/metrics").text, "writer") != 1:
+                assert time.monotonic() < deadline, "the writer's request never waited"
+                time.sleep(0.05)
+            assert client.post(url, json={**CHAT, "model": "judge"}).status_code == 200  # not gated
+            assert not held.done()
+            gate.write_text("")
+            assert held.result(timeout=60).status_code == 200
+
+
+def _gauge_of(text: str, model: str) -> float:
+    found = re.search(rf'^vllm:num_requests_waiting{{[^}}]*model_name="{model}"[^}}]*}} (\S+)$', text, re.MULTILINE)
+    return float(found.group(1)) if found else -1.0

@@ -30,6 +30,7 @@ from starlette.routing import Route
 from fake_vllm.content import Reply, generate_replies, prompt_tokens
 from fake_vllm.extras import BUILDERS, MAX_MODEL_LEN, V1_BUILDERS, BadRequest, Builder, validate_messages
 from fake_vllm.faults import Fault, FaultInjector
+from fake_vllm.gate import Gate
 from fake_vllm.log import log
 from fake_vllm.metrics import CONTENT_TYPE, Metrics
 from fake_vllm.rendezvous import Leader
@@ -63,6 +64,7 @@ class ServerState:
         self.faults = FaultInjector(settings)
         self.request_log = RequestLog(settings.request_log) if settings.request_log else None
         self.slots = asyncio.Semaphore(settings.capacity) if settings.capacity > 0 else None
+        self.gate = Gate(settings.gate) if settings.gate is not None else None
         self.created = int(time.time())
 
 
@@ -266,6 +268,13 @@ class _Handlers:
         if unknown is not None:
             return self._finish(request, unknown, model=model, n_messages=n_messages)
 
+        gated = self.settings.gate_model is None or model == self.settings.gate_model
+        if self.state.gate is not None and gated:
+            self.state.metrics.waiting += 1
+            try:
+                await self.state.gate.admit()
+            finally:
+                self.state.metrics.waiting -= 1
         fault = self.state.faults.next_chat_request()
         if fault is Fault.CRASH:
             self.state.crash(

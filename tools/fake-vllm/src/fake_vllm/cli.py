@@ -33,7 +33,7 @@ class FakeOption:
     flag: str
     env: str
     dest: str
-    kind: str  # "seconds", "count", "rate", "int", "bool", "path", "regex"
+    kind: str  # "seconds", "count", "rate", "int", "bool", "path", "regex", "text"
     default: Any
     help: str
 
@@ -88,6 +88,15 @@ FAKE_OPTIONS: tuple[FakeOption, ...] = (
         "--fake-log-match", "FAKE_VLLM_LOG_MATCH", "log_match", "regex", None,
         "the request log records, as 'match', the first match of this regex (its group 1 if any) in a chat "
         "request's messages: which record (or shard) a request came from",
+    ),
+    FakeOption(
+        "--fake-gate", "FAKE_VLLM_GATE", "gate", "path", None,
+        "chat requests wait until this file lets them through: empty or absent, all pass; a number N, the first "
+        "N pass; 'hold', none more (a test's event, never a clock)",
+    ),
+    FakeOption(
+        "--fake-gate-model", "FAKE_VLLM_GATE_MODEL", "gate_model", "text", None,
+        "only chat requests for this served model name wait at --fake-gate (the others pass)",
     ),
     FakeOption(
         "--fake-join-timeout", "FAKE_VLLM_JOIN_TIMEOUT", "join_timeout", "seconds", 120.0,
@@ -150,6 +159,7 @@ _CONVERTERS: dict[str, Callable[[str], Any]] = {
     "bool": _boolean,
     "path": Path,
     "regex": _regex,
+    "text": str,
 }
 
 

@@ -83,6 +83,10 @@ class Settings:
     fail_start: bool = False
     request_log: Path | None = None
     log_match: str | None = None
+    gate: Path | None = None
+    """``--fake-gate``: the file that says how many chat requests may be answered (``gate.py``)."""
+    gate_model: str | None = None
+    """``--fake-gate-model``: only this model's chat requests wait at the gate."""
     join_timeout: float = 120.0
 
     @property
