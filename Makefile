@@ -25,14 +25,32 @@ demo: bootstrap cluster ## end to end: local Slurm + local hosted endpoint + hos
 demo-mixed: bootstrap cluster ## the mixed example: local generator (2 replicas on fake GPUs) + hosted judge
 	tools/demo mixed
 
-test: bootstrap cluster ## the whole suite, in parallel
-	$(UV) run pytest -n auto --dist=loadgroup --durations=15
+# make test: the whole suite on TEST_WORKERS pytest-xdist workers, the long tests (Slurm, then Data Designer) handed
+# out first (tools/pytest_order.py), one at a time as workers come free (--maxschedchunk 1: no worker is left alone at
+# the end with a queue of long tests given to it at the start); the cluster tests mostly wait on Slurm, so two
+# workers a core keep the CPUs busy. It ends by printing its wall time and CPU-seconds (tools/suite_times.py) and keeps every test's seconds in
+# TEST_TIMES (tools/pytest_times.py): `make test-times` lists the slowest. docs/testing.md says how it is measured.
+TEST_WORKERS ?= 4
+TEST_TIMES ?= .test-times/durations.jsonl
+PYTEST_ARGS ?=
+
+test: bootstrap cluster browser ## the whole suite, in parallel; prints its wall time and CPU-seconds at the end
+	@python3 tools/suite_times.py run --label "make test" -- \
+	  $(UV) run pytest -n $(TEST_WORKERS) --dist load --maxschedchunk 1 -p tools.pytest_order --long-first \
+	  -p tools.pytest_times --times-file $(TEST_TIMES) $(PYTEST_ARGS)
+
+test-times: ## the 30 slowest tests of the last make test, and its seconds by marker and by file
+	@python3 tools/suite_times.py report --file $(TEST_TIMES) --top 30
+
+browser: ## Chromium and a font for the tests that render pages (Debian packages, installed as root when missing)
+	tools/install-browser
 
 lint: ## ruff lint + format check
 	$(UV) run ruff check .
 	$(UV) run ruff format --check .
 
-TOOLS_PY := tools/gen_reference.py tools/mkdocs_hooks.py tools/import_contracts.py tests/test_docs.py
+TOOLS_PY := tools/gen_reference.py tools/mkdocs_hooks.py tools/import_contracts.py tests/test_docs.py \
+  tools/suite_times.py tools/pytest_times.py tools/pytest_order.py tools/import_all.py
 
 typecheck: ## mypy --strict over the packages (and the docs and import-contract tooling)
 	$(UV) run mypy
@@ -57,34 +75,38 @@ test-dd-range: ## the node-side tests against the oldest and the newest Data Des
 	@for v in $(DD_OLDEST) $(DD_NEWEST); do \
 	  echo "== data-designer $$v"; \
 	  $(UV) run --with "data-designer==$$v" python -c '$(DD_VERSIONS_PY)' "$$v" && \
-	  $(UV) run --with "data-designer==$$v" pytest -n auto -p no:cacheprovider $(DD_RANGE_TESTS) || exit 1; \
+	  $(UV) run --with "data-designer==$$v" pytest -n auto --dist worksteal -p no:cacheprovider $(DD_RANGE_TESTS) || exit 1; \
 	done
 
 # test-python: the workspace synced from uv.lock into a fresh environment with another interpreter (PY, found through
-# pyenv when it is installed, else as `uv --python PY` finds it; never downloaded), then every test that does not
-# need the Slurm cluster (`-m "not slurm"`: the packages' tests and the cluster-free tests/ files; PY_TESTS narrows it
-# to some paths). CI runs the whole suite under Python 3.11 (the workspace's .venv) and this under 3.13: 2636 tests,
-# about 1270 CPU-seconds (measured under 3.13), so about 11 minutes on CI's 2 cores.
+# pyenv when it is installed, else as `uv --python PY` finds it; never downloaded), then the tests that can differ
+# between interpreters: the packages' and the stand-in's tests that need no Slurm cluster (`-m "not slurm"`;
+# PY_TESTS names other paths). The cross-package tests of tests/ (docs, the cluster scenarios, the oracle
+# comparisons) run once, under the workspace's Python 3.11, in make test.
 PY ?= 3.13
-PY_TESTS ?=
+PY_TESTS ?= packages tools
 
-test-python: ## the tests that need no cluster under another Python, in a separate environment: make test-python PY=3.13
+test-python: ## the packages' tests that need no cluster under another Python, in its own environment: make test-python PY=3.13
 	@V=$$(mktemp -d); trap 'rm -rf $$V' EXIT; \
 	py=$$(pyenv prefix $(PY) 2>/dev/null)/bin/python$(PY); [ -x "$$py" ] || py=$(PY); \
 	UV_PROJECT_ENVIRONMENT=$$V $(UV) sync --all-packages --locked --quiet --python "$$py" && \
 	UV_PROJECT_ENVIRONMENT=$$V $(UV) run --no-sync python -VV && \
-	UV_PROJECT_ENVIRONMENT=$$V $(UV) run --no-sync pytest -n auto -p no:cacheprovider -m "not slurm" $(PY_TESTS)
+	UV_PROJECT_ENVIRONMENT=$$V $(UV) run --no-sync pytest -n auto --dist worksteal -p no:cacheprovider -m "not slurm" $(PY_TESTS)
 
 test-%: ## one package's tests: make test-runtime
 	$(UV) run pytest -n auto packages/$*/tests
 
 test-isolated: $(addprefix test-isolated-,$(PKGS)) ## every package with ONLY its declared dependencies, one by one
 
-test-isolated-%: ## one package with ONLY its declared dependencies installed
+# Each package in an environment of its own with only what it declares: every module imports, every console script
+# answers --help (tools/import_all.py) and its smoke tests pass (the files marked `smoke`); the whole suite runs once,
+# in `make test`.
+test-isolated-%: ## one package with ONLY its declared dependencies installed: imports, --help, smoke tests
 	@V=$$(mktemp -d); trap 'rm -rf $$V' EXIT; \
 	UV_PROJECT_ENVIRONMENT=$$V $(UV) sync --package ddslurm-$* --locked --quiet && \
-	UV_PROJECT_ENVIRONMENT=$$V $(UV) run --no-sync --with pytest --with pytest-xdist \
-	  pytest -n auto -p no:cacheprovider packages/$*/tests
+	UV_PROJECT_ENVIRONMENT=$$V $(UV) run --no-sync python tools/import_all.py ddslurm.$* ddslurm-$* && \
+	UV_PROJECT_ENVIRONMENT=$$V $(UV) run --no-sync --with pytest \
+	  pytest -q -p no:cacheprovider -m smoke packages/$*/tests
 
 chaos: bootstrap cluster ## randomized, seeded fault campaign on the local cluster: make chaos [SEED=S] [N=10] [PARALLEL=3] [BUDGET=secs] [PROFILE=full|compact]
 	@seed="$(SEED)"; seed="$${seed:-$$(( $$(date +%s) % 1000000 ))}"; profile="$(or $(PROFILE),full)"; \
@@ -100,4 +122,4 @@ clean-work: ## remove the local workspace of runs
 help:
 	@awk -F':.*## ' '/^[a-zA-Z%_-]+:.*## /{printf "  %-18s %s\n",$$1,$$2}' $(MAKEFILE_LIST)
 
-.PHONY: bootstrap cluster demo demo-mixed test test-isolated test-python chaos test-dd-range lint typecheck imports lock-check docs check bench clean-work help
+.PHONY: bootstrap cluster browser demo demo-mixed test test-times test-isolated test-python chaos test-dd-range lint typecheck imports lock-check docs check bench clean-work help

@@ -24,6 +24,8 @@ from ddslurm.collector.cli import main as collect_main
 from ddslurm.collector.testing import make_published_run
 from ddslurm.config import Plan, digest, read_json, sha256_file
 
+pytestmark = pytest.mark.smoke  # make test-isolated runs these with only the package's dependencies
+
 
 def _rows(tables: list[pa.Table]) -> list[dict[str, Any]]:
     return [row for t in tables for row in t.to_pylist()]

@@ -15,6 +15,8 @@ from ddslurm.collector import BatchChangedError, CollectError, collect, verify_w
 from ddslurm.collector.testing import make_published_run
 from ddslurm.config import RunLayout, WinnerRecord, read_json
 
+pytestmark = pytest.mark.smoke  # make test-isolated runs these with only the package's dependencies
+
 
 def _winner(layout: RunLayout, shard: int) -> WinnerRecord:
     return read_json(layout.shard(shard).winner, WinnerRecord)

@@ -10,6 +10,8 @@ import pytest
 from ddslurm.config import LAYOUT_VERSION, AttemptLayout, RunLayout, ShardLayout, attempt_id_for
 from ddslurm.config.cli import main
 
+pytestmark = pytest.mark.smoke  # make test-isolated runs these with only the package's dependencies
+
 WS = Path("/ws")
 RUN = RunLayout.in_workspace(WS, "run-20240101-abc")
 

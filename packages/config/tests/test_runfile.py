@@ -9,6 +9,8 @@ import pytest
 
 from ddslurm.config import ConfigFileError, Deployment, RunFile, ServerSpec, Submission, load_run_file
 
+pytestmark = pytest.mark.smoke  # make test-isolated runs these with only the package's dependencies
+
 MINIMAL = "name: demo\nrecipe: recipe.yaml\nnum_records: 10\n"
 
 UNKNOWN_KEY = "unknown field (check the spelling; see the docs for the accepted keys)"

@@ -18,6 +18,8 @@ from ddslurm.launcher._slurm import SubprocessRunner
 from ddslurm.launcher.cli import main
 from ddslurm.launcher.testing import accept_recipe, write_unit_run
 
+pytestmark = pytest.mark.smoke  # make test-isolated runs these with only the package's dependencies
+
 
 def _run_dir(tmp_path: Path) -> Path:
     run, profile, env = write_unit_run(tmp_path, "sk-run-tree-test-0123456789")

@@ -39,6 +39,8 @@ from ddslurm.planner import (
     server_capacity,
 )
 
+pytestmark = pytest.mark.smoke  # make test-isolated runs these with only the package's dependencies
+
 REPO = Path(__file__).resolve().parents[3]
 LAYOUT = RunLayout.in_workspace(Path("/ws"), "run-1")
 SNAPSHOT = ProviderSnapshot(

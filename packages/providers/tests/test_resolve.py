@@ -28,6 +28,8 @@ from ddslurm.providers import (
     used_aliases,
 )
 
+pytestmark = pytest.mark.smoke  # make test-isolated runs these with only the package's dependencies
+
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "hosted-only"
 SECRET = "s3cr3t-VALUE-never-printed-0123456789"
 KEY_ENV = "DEMO_HOSTED_API_KEY"

@@ -17,6 +17,8 @@ from ddslurm.providers import (
 )
 from ddslurm.providers.discovery import DD_HOME_ENV, settings_dir
 
+pytestmark = pytest.mark.smoke  # make test-isolated runs these with only the package's dependencies
+
 # DD's library writes every key, with explicit nulls (data-designer-engine.md §3).
 LIBRARY_PROVIDERS = """\
 providers:

@@ -19,6 +19,8 @@ from ddslurm.runtime._serving import (
 )
 from ddslurm.runtime._steps import StepSpec, srun_argv, without
 
+pytestmark = pytest.mark.smoke  # make test-isolated runs these with only the package's dependencies
+
 DEP = DeploymentPlan(
     alias="gen",
     model="Qwen/Qwen3-8B",

@@ -17,6 +17,8 @@ from ddslurm.config import STAGE_ROW, Stage, StageSplit, final_columns, split_st
 from ddslurm.runtime import recipe_columns
 from ddslurm.runtime.errors import RecipeError
 
+pytestmark = pytest.mark.smoke  # make test-isolated runs these with only the package's dependencies
+
 MIXED = Path(__file__).resolve().parents[3] / "examples" / "mixed" / "recipe.yaml"
 LOCAL = {"gen"}
 
