@@ -4,9 +4,11 @@ before anything is expanded."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
-import time
+import tracemalloc
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -33,13 +35,25 @@ def test_submit_dry_run_refuses_an_alias_bomb_at_once(tmp_path: Path, where: str
     target = run if where == "run file" else profile
     lines = len(target.read_text().splitlines())
     target.write_text(target.read_text() + BOMB)
-    started = time.monotonic()
-    code, document, err = _cli(["submit", str(run), "--profile", str(profile), "--dry-run"], env, FakeSlurm())
-    assert time.monotonic() - started < 10
+    with _peak_memory() as peak:
+        code, document, err = _cli(["submit", str(run), "--profile", str(profile), "--dry-run"], env, FakeSlurm())
+    assert peak[0] < 64 * 2**20, peak  # refused before the aliases were expanded (memory, not a clock, says so)
     assert code == 2 and document["error"]["code"] == "submit_refused", document
     message = document["error"]["message"]
     assert message.startswith(f"{target}:{lines + 1}:7: anchor &a0: anchors and aliases"), message
     assert err.startswith("error: ")
+
+
+@contextlib.contextmanager
+def _peak_memory() -> Iterator[list[int]]:
+    """The most memory Python held while the block ran (``[bytes]``, set when it ends)."""
+    peak = [0]
+    tracemalloc.start()
+    try:
+        yield peak
+        peak[0] = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
 
 
 def _submitted(root: Path, shards: int = 3) -> tuple[str, dict[str, str]]:
@@ -65,9 +79,9 @@ def test_shards_past_the_run_are_refused_before_they_are_expanded(
 ) -> None:
     root, env = _submitted(tmp_path)
     runner = FakeSlurm()
-    started = time.monotonic()
-    code, document, _ = _cli([command, root, "--shards", shards], env, runner)
-    assert time.monotonic() - started < 10
+    with _peak_memory() as peak:
+        code, document, _ = _cli([command, root, "--shards", shards], env, runner)
+    assert peak[0] < 64 * 2**20, peak  # no billion shard numbers were made (memory, not a clock, says so)
     assert (code, document["error"]["code"]) == (2, "usage"), document
     assert document["error"]["message"] == words
     assert not runner.commands("scancel") and not runner.commands("sbatch")

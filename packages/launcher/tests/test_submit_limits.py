@@ -8,7 +8,6 @@ from __future__ import annotations
 import io
 import json
 import re
-import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,7 +32,7 @@ from ddslurm.launcher import _submit as submit_module
 from ddslurm.launcher._slurm import SlurmTimeoutError, SubprocessRunner, parse_limit
 from ddslurm.launcher._steer import continue_submission, retry
 from ddslurm.launcher._submit import PartialSubmitError, submit_lock
-from ddslurm.launcher.testing import InProcessHost, accept_recipe, write_unit_run
+from ddslurm.launcher.testing import InProcessHost, accept_recipe, wait_ended, write_unit_run
 
 HOST = InProcessHost()
 """Data Designer's answers in this process (the real host's process is the cluster tests')."""
@@ -510,7 +509,8 @@ def _fake_command(tmp_path: Path, name: str, body: str) -> Path:
 @pytest.mark.parametrize("command", ["sbatch", "squeue", "sacct", "scancel", "scontrol", "sacctmgr"])
 def test_every_scheduler_command_that_hangs_ends_in_a_clear_error(tmp_path: Path, command: str) -> None:
     # the command forks a child that keeps the output pipe open: the whole process group is stopped
-    bin_dir = _fake_command(tmp_path, command, "sleep 30 &\nsleep 30")
+    pid_file = tmp_path / "child.pid"
+    bin_dir = _fake_command(tmp_path, command, f"sleep 300 &\necho $! > {pid_file}\nsleep 300")
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "DDSLURM_SLURM_TIMEOUT": "0.5"}
     slurm = Slurm(env=env, user="alice")
     call: dict[str, Callable[[], object]] = {
@@ -521,10 +521,9 @@ def test_every_scheduler_command_that_hangs_ends_in_a_clear_error(tmp_path: Path
         "scontrol": slurm.config,
         "sacctmgr": lambda: slurm.qos("normal"),
     }
-    start = time.monotonic()
     with pytest.raises(SlurmTimeoutError) as timed_out:
         call[command]()
-    assert time.monotonic() - start < 10
+    assert wait_ended(int(pid_file.read_text())), "the child holding the output pipe was not stopped"
     assert str(timed_out.value).startswith(f"{command} did not answer within 0.5 s and was stopped (")
     assert "DDSLURM_SLURM_TIMEOUT sets the timeout" in str(timed_out.value)
 

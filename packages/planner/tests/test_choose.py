@@ -5,7 +5,6 @@ run file sets stay set."""
 from __future__ import annotations
 
 import math
-import time
 from pathlib import Path
 
 import pytest
@@ -26,7 +25,7 @@ from ddslurm.config import (
 )
 from ddslurm.planner import PlanError, PlanInputs, client_serving, compile_plan, plan_allocations, plan_serving
 from ddslurm.planner._choose import NEAR_SHARE, TIME_LIMIT_SHARE, candidates
-from ddslurm.planner._cost import DEFAULT_LOAD_S, DEFAULT_OVERHEAD_S, CostSources, cost_inputs, predict
+from ddslurm.planner._cost import DEFAULT_LOAD_S, DEFAULT_OVERHEAD_S, Candidate, CostSources, cost_inputs, predict
 
 PROFILE = ClusterProfile(workspace="/ws", python_env="/venv", gpus_per_node=8, partition="gpu")
 
@@ -226,12 +225,22 @@ def test_client_serving_agrees_with_the_plan() -> None:
         assert served == plan_of(run, facts).serving
 
 
-def test_the_search_for_a_thousand_shards_takes_milliseconds() -> None:
+def test_the_search_for_a_thousand_shards_predicts_a_few_hundred_layouts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The search grows with the divisors of the shard count, not with the shards: counted, not timed (about 30 ms
+    alone; bench/ measures time)."""
+    from ddslurm.planner import _choose
+
+    calls: list[Candidate] = []
+
+    def counting(candidate: Candidate, inputs: object) -> object:
+        calls.append(candidate)
+        return _cost_predict(candidate, inputs)
+
+    _cost_predict = _choose.predict
+    monkeypatch.setattr(_choose, "predict", counting)
     run = run_file(1000, 100_000, gpus=64, deadline="2:00:00")
-    started = time.perf_counter()
     plan = plan_of(run)
-    elapsed = time.perf_counter() - started
-    assert elapsed < 1.0, elapsed  # about 30 ms alone; generous for a shared machine
+    assert 0 < len(calls) <= 2_000, len(calls)
     got = chosen(plan)
     assert got.gpus_at_once <= 64 and got.wall_s <= 7200
     assert math.isfinite(got.gpu_hours)

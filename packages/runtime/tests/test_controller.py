@@ -258,18 +258,17 @@ def test_a_dead_proxy_stops_the_client_and_the_rerun_restarts_it(
     launcher = ServingLauncher(outcomes)
     controller, inputs = _serving_controller(tmp_path, launcher, retries)
     killer = _kill_first_proxy_once_the_client_runs(launcher, tmp_path / "run-1")
-    started = time.monotonic()
     job = f"910{retries}"  # ports derive from the job id: distinct ones for tests running side by side
     assert controller.run(inputs, 0, job, "n1") == code
     killer.join()
-    assert time.monotonic() - started < 15  # the hanging client was stopped at once, not waited for
     record = read_json(RunLayout(tmp_path / "run-1").shard(0).attempt(f"attempt-{job}").record, AttemptRecord)
     assert record.state == state
     if state == "failed":
         assert (record.reason, record.retryable) == ("proxy_died", True)
         assert "proxy-gen" in (record.message or "") and "exited with status -9" in (record.message or "")
     assert len(launcher.proxies) == proxies and len(launcher.clients) == len(outcomes)
-    assert launcher.clients[0].proc.returncode is not None and launcher.clients[0].proc.returncode < 0  # stopped
+    # the hanging client was stopped (a signal ended it), not waited for: it would have exited 0 after 120 s
+    assert launcher.clients[0].proc.returncode is not None and launcher.clients[0].proc.returncode < 0
     if proxies == 2:  # the new proxy was up before the client ran again, in front of both replicas
         argv = launcher.proxies[1].spec.argv
         assert argv.count("--upstream") == 2
@@ -590,9 +589,9 @@ def test_cancelling_one_shard_stops_its_client_and_the_allocation_goes_on(tmp_pa
         layout.shard(0).cancelled.write_text("{}")
 
     threading.Thread(target=cancel_shard_0, daemon=True).start()
-    started = time.monotonic()
     assert controller.run(inputs, _pool(tmp_path, 3, "9303"), "9303", "n1") == 0
-    assert time.monotonic() - started < 20
+    # its hanging client was stopped (a signal ended it), not waited for: it would have exited 0 after 120 s
+    assert launcher.clients[0].proc.returncode is not None and launcher.clients[0].proc.returncode < 0
     record = read_json(layout.shard(0).attempt("attempt-9303").record, AttemptRecord)
     assert (record.state, record.reason) == ("cancelled", "shard_cancelled")
     for index in (1, 2):

@@ -137,13 +137,11 @@ def _controller(
 
 
 def _run(tmp_path: Path, launcher: RankLauncher, job: str, **kw: Any) -> tuple[int, AttemptRecord, float]:
-    """Run the allocation; its exit status, the attempt's record and how long it took."""
+    """Run the allocation; its exit status and the attempt's record."""
     controller, inputs = _controller(tmp_path, launcher, **kw)
-    started = time.monotonic()
     code = controller.run(inputs, 0, job, "n1")
-    took = time.monotonic() - started
     record = read_json(RunLayout(tmp_path / "run-1").shard(0).attempt(f"attempt-{job}").record, AttemptRecord)
-    return code, record, took
+    return code, record
 
 
 def test_a_replica_over_two_nodes_serves_from_its_leader_each_step_on_its_node(tmp_path: Path) -> None:
@@ -185,12 +183,13 @@ def test_a_follower_that_dies_while_the_model_loads_fails_the_start_at_once(tmp_
     launcher = RankLauncher("ok")
     (tmp_path / "ranks").mkdir()
     (tmp_path / "ranks" / "fail").write_text("")
-    code, record, took = _run(tmp_path, launcher, "9502")
+    code, record = _run(tmp_path, launcher, "9502")
     assert code == 1 and (record.state, record.reason) == ("failed", "server_start_failed"), record
     message = record.message or ""
     assert "server-gen-0-rank1 exited with status 3 before server-gen-0 was ready" in message
     assert "server-gen-0-rank1.log" in message and "NCCL error: the leader refused the connection" in message
-    assert took < 15
+    # ended by the follower's exit, not by the 30 s startup timeout (whose message says "not ready after")
+    assert "not ready after" not in message
     assert all(step.poll() is not None for step in launcher.steps.values())
 
 
@@ -230,7 +229,7 @@ def test_a_follower_that_dies_during_generation_fails_the_attempt_within_seconds
 
 def test_an_allocation_with_other_nodes_than_the_plan_starts_nothing(tmp_path: Path) -> None:
     launcher = RankLauncher("ok")
-    code, record, _ = _run(tmp_path, launcher, "9504", nodes_seen="1")
+    code, record = _run(tmp_path, launcher, "9504", nodes_seen="1")
     assert code == 1 and (record.state, record.reason) == ("failed", "node_mismatch"), record
     assert "places its servers on 2 node(s) but this allocation has 1" in (record.message or "")
     assert not [spec for spec in launcher.specs if spec.name.startswith(("server", "proxy"))]
@@ -240,7 +239,7 @@ def test_sglang_over_two_nodes_gives_each_rank_its_node_rank(tmp_path: Path) -> 
     """SGLang's ranks run the same command but ``--node-rank``; the stand-in reads the token the boot program
     would hand it as ``--api-key`` from its environment here (the boot program is tested on its own)."""
     launcher = RankLauncher("ok")
-    code, record, _ = _run(tmp_path, launcher, "9505", engine="sglang")
+    code, record = _run(tmp_path, launcher, "9505", engine="sglang")
     assert (code, record.state) == (0, "succeeded"), (record.reason, record.message)
     leader, follower = launcher.steps["server-gen-0"].spec.argv, launcher.steps["server-gen-0-rank1"].spec.argv
     assert leader[leader.index("--node-rank") + 1] == "0" and follower[follower.index("--node-rank") + 1] == "1"
@@ -253,7 +252,7 @@ def test_a_shape_no_engine_can_start_fails_the_attempt_before_any_server(tmp_pat
     """SGLang has no Unix-domain socket: a plan that asks for one (the planner gives SGLang ``listen: tcp``) fails
     the attempt with the step and the reason, not with a traceback."""
     launcher = RankLauncher("ok")
-    code, record, _ = _run(tmp_path, launcher, "9506", engine="sglang", listen="unix")
+    code, record = _run(tmp_path, launcher, "9506", engine="sglang", listen="unix")
     assert code == 1 and record.state == "failed", record
     assert "server-gen-0 cannot be started: SGLang listens on a TCP port" in (record.message or "")
     assert not [spec for spec in launcher.specs if spec.name.startswith(("server", "proxy"))]

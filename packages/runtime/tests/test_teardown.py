@@ -22,10 +22,19 @@ from ddslurm.runtime._workers import OneShard, Work, Workers
 
 
 class SlowStop:
-    """A running step whose stop takes ``seconds`` (under srun: a Slurm query, the signal, the process's exit)."""
+    """A running step whose stop takes ``seconds`` (under srun: a Slurm query, the signal, the process's exit); with
+    ``together``, its stop returns only once every step sharing that barrier is being stopped too (a teardown that
+    stopped them one after the other breaks the barrier: an event, not a clock, says they were stopped at once)."""
 
-    def __init__(self, name: str, events: list[tuple[str, str, float]], seconds: float = 0.3) -> None:
+    def __init__(
+        self,
+        name: str,
+        events: list[tuple[str, str, float]],
+        seconds: float = 0.3,
+        together: threading.Barrier | None = None,
+    ) -> None:
         self.name, self.events, self.seconds, self.stopped = name, events, seconds, False
+        self.together = together
         self.lock = threading.Lock()
 
     def poll(self) -> int | None:
@@ -34,6 +43,8 @@ class SlowStop:
     def stop(self, grace: float) -> int:
         with self.lock:
             self.events.append(("begin", self.name, time.monotonic()))
+        if self.together is not None:
+            self.together.wait(timeout=60)  # BrokenBarrierError when the group's others are not stopped meanwhile
         time.sleep(self.seconds)
         with self.lock:
             self.events.append(("end", self.name, time.monotonic()))
@@ -62,16 +73,15 @@ def _allocation(tmp_path: Path, log: Any) -> tuple[Workers, Fleet]:
 def test_teardown_stops_clients_then_proxies_then_servers_each_group_at_once(tmp_path: Path) -> None:
     events: list[tuple[str, str, float]] = []
     names = ["server-gen-0", "server-gen-1", "server-gen-2", "proxy-gen", "client-0", "client-1"]  # start order
-    steps: list[Any] = [SlowStop(n, events) for n in names]
+    groups = {"server": threading.Barrier(3), "proxy": threading.Barrier(1), "client": threading.Barrier(2)}
+    steps: list[Any] = [SlowStop(n, events, together=groups[n.split("-")[0]]) for n in names]
     out = io.BytesIO()
     workers, fleet = _allocation(tmp_path, new_logger(out))
     fleet._servers.extend(steps[:3])
     fleet._proxies["gen"] = ProxyStep("gen", 1, steps[3], tmp_path / "proxy.log")
     workers._works.extend(Work(None, step, None) for step in steps[4:])  # type: ignore[arg-type]
-    started = time.monotonic()
-    Controller._teardown(workers, fleet)
-    took = time.monotonic() - started
-    assert took < 3 * 0.3 + 0.4, took  # three groups, each stopped at once; not six steps one after the other
+    Controller._teardown(workers, fleet)  # each group's barrier held: its steps were stopped at once
+    assert not any(barrier.broken for barrier in groups.values())
     group = {"client": 0, "proxy": 1, "server": 2}
     kind = {n: group[n.split("-")[0]] for n in names}
     for what, name, at in events:

@@ -11,6 +11,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
@@ -170,6 +171,25 @@ def write_attempt(
     if progress is not None:
         atomic_write(attempt.progress, encode(Progress(rows=progress, batches=1, updated_at=began)))
     return record
+
+
+# --- processes ---
+
+
+def wait_ended(pid: int, bound_s: float = 30.0) -> bool:
+    """Whether process ``pid`` has ended (a zombie has) within ``bound_s``: a signal lands at once, so the bound only
+    keeps a process that was never stopped from hanging the test."""
+    deadline = time.monotonic() + bound_s
+    while True:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, IndexError):
+            return True
+        if state == "Z":
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
 
 
 # --- a headless browser, for pages a user opens (the report, the docs site) ---

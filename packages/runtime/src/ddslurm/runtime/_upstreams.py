@@ -132,6 +132,7 @@ class Upstreams:
         self._connect_timeout = connect_timeout
         self._probe_timeout = probe_timeout
         self._next = 0  # round-robin start for ties
+        self._admitting = 0  # requests waiting for an upstream to have room (or to be healthy)
         self._changed = asyncio.Event()  # replaced on every health/saturation change; waiters hold the old one
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -196,7 +197,11 @@ class Upstreams:
         return {up.url: up.failed for up in self._all}
 
     def describe(self) -> dict[str, Any]:
-        return {"max_waiting": self._max_waiting, "upstreams": [up.describe(self._max_waiting) for up in self._all]}
+        return {
+            "max_waiting": self._max_waiting,
+            "admitting": self._admitting,
+            "upstreams": [up.describe(self._max_waiting) for up in self._all],
+        }
 
     # -- upstream state ---------------------------------------------------------------------------
 
@@ -310,7 +315,15 @@ class Upstreams:
         return best, any_healthy
 
     async def admit(self, deadline: float) -> Upstream | str:
-        """Wait for an upstream to become usable; the reason for a 503 if none does in time."""
+        """Wait for an upstream to become usable; the reason for a 503 if none does in time. While it waits the
+        request counts in ``describe()["admitting"]``."""
+        self._admitting += 1
+        try:
+            return await self._admit(deadline)
+        finally:
+            self._admitting -= 1
+
+    async def _admit(self, deadline: float) -> Upstream | str:
         loop = asyncio.get_running_loop()
         grace_until: float | None = None
         while True:
