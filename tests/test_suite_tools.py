@@ -119,3 +119,18 @@ def test_the_import_check_names_a_module_that_does_not_import(tmp_path: Path) ->
             del sys.modules[name]
     assert imported == 2  # the package and good
     assert len(failed) == 1 and failed[0].startswith("pkg_under_test.bad: ModuleNotFoundError")
+
+
+def test_no_two_runtime_test_files_serve_under_the_same_job_id() -> None:
+    """Servers' ports derive from the job id: two test files using one id on two workers at once pick the same free
+    port and one of them fails to bind ("Address already in use": seen in a full run)."""
+    import re
+    from collections import defaultdict
+
+    files: dict[str, set[str]] = defaultdict(set)
+    for path in sorted((REPO / "packages" / "runtime" / "tests").glob("test_*.py")):
+        for job in set(re.findall(r'"(9\d{3})"', path.read_text())):
+            files[job].add(path.name)
+    shared = {job: sorted(names) for job, names in files.items() if len(names) > 1}
+    assert shared == {}, shared
+    assert len(files) > 10  # the scan found the job ids

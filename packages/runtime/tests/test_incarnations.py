@@ -188,7 +188,7 @@ def test_a_requeued_pulling_allocation_never_reads_the_endpoints_its_earlier_inc
     """Slurm requeues a pulling allocation (same job id, SLURM_RESTART_COUNT 1) after it had served: the first
     incarnation's endpoints.json names the very ports the new servers take while they load. The new incarnation's
     first clients must wait for its own endpoints, not send requests to servers still loading."""
-    job, layout = "9501", RunLayout(tmp_path / "run-1")
+    job, layout = "9531", RunLayout(tmp_path / "run-1")  # ports derive from job ids: 9501 is test_multinode's
     first = Launcher(["hang", "hang"], env=_env(tmp_path))
     controller, inputs, stop = _controller(tmp_path, first, 2, serving=True, workers=2)
 
@@ -222,7 +222,7 @@ def test_a_requeued_pulling_allocation_never_reads_the_endpoints_its_earlier_inc
 def test_an_endpoints_file_the_controller_did_not_write_is_removed_and_waited_past(tmp_path: Path) -> None:
     """Whatever the directory holds when serving starts (a restart count Slurm did not pass on), a client is told
     to wait unless this controller wrote the file it reads."""
-    job, layout = "9502", RunLayout(tmp_path / "run-1")
+    job, layout = "9532", RunLayout(tmp_path / "run-1")  # ports derive from job ids: 9502 is test_multinode's
     stale = layout.allocation(job) / "endpoints.json"
     stale.parent.mkdir(parents=True)
     stale.write_text(json.dumps({"ddslurm-local-gen": "http://127.0.0.1:9/v1"}))
