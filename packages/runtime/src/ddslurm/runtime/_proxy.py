@@ -36,8 +36,8 @@ was in flight to that upstream (``_busy.py``): when each model server (replica) 
 generating.
 
 The proxy's own endpoints: ``GET /health`` (200 when at least one upstream is healthy, else 503) and
-``GET /ddslurm/upstreams`` (JSON: each upstream's healthy flag, in-flight, waiting, served and failed counts, and
-``admitting``, the requests waiting for an upstream with room).
+``GET /ddslurm/upstreams`` (JSON: each upstream's healthy flag, in-flight, waiting, served and failed counts and
+the interval before its next health probe, and ``admitting``, the requests waiting for an upstream with room).
 
 With a token (``VLLM_API_KEY`` in the proxy's environment, the attempt's own token, never on its command line)
 every request but ``GET /health`` needs ``Authorization: Bearer TOKEN`` and gets 401 without it; requests are

@@ -56,6 +56,7 @@ class Upstream:
         "failed",
         "healthy",
         "in_flight",
+        "probe_interval_s",
         "probes",
         "recheck",
         "served",
@@ -78,6 +79,7 @@ class Upstream:
         self.served = 0
         self.failed = 0
         self.recheck = asyncio.Event()  # set to probe /health now instead of after the interval
+        self.probe_interval_s = 0.0  # how long its health loop waits before the next probe (0: not started)
 
     def describe(self, max_waiting: int) -> dict[str, Any]:
         return {
@@ -89,6 +91,7 @@ class Upstream:
             "waiting": self.waiting,
             "served": self.served,
             "failed": self.failed,
+            "probe_interval_s": self.probe_interval_s,
         }
 
 
@@ -279,6 +282,7 @@ class Upstreams:
     async def _health_loop(self, up: Upstream) -> None:
         while not up.dead:
             interval = self._health_interval if up.healthy else self._unhealthy_interval
+            up.probe_interval_s = interval
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(interval):
                     await up.recheck.wait()
