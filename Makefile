@@ -26,10 +26,11 @@ demo-mixed: bootstrap cluster ## the mixed example: local generator (2 replicas 
 	tools/demo mixed
 
 # make test: the whole suite on TEST_WORKERS pytest-xdist workers, the long tests (Slurm, then Data Designer) handed
-# out first (tools/pytest_order.py), one at a time as workers come free (--maxschedchunk 1: no worker is left alone at
-# the end with a queue of long tests given to it at the start); the cluster tests mostly wait on Slurm, so two
-# workers a core keep the CPUs busy. It ends by printing its wall time and CPU-seconds (tools/suite_times.py) and keeps every test's seconds in
-# TEST_TIMES (tools/pytest_times.py): `make test-times` lists the slowest. docs/testing.md says how it is measured.
+# out first (tools/pytest_order.py), one at a time as workers come free (--maxschedchunk 1: no worker is left alone
+# at the end with a queue of long tests given to it at the start); the cluster tests mostly wait on Slurm, so two
+# workers a core keep the CPUs busy. It ends by printing its wall time and CPU-seconds (tools/suite_times.py) and
+# keeps every test's seconds in TEST_TIMES (tools/pytest_times.py): `make test-times` lists the slowest.
+# docs/testing.md says how it is measured.
 TEST_WORKERS ?= 4
 TEST_TIMES ?= .test-times/durations.jsonl
 PYTEST_ARGS ?=
