@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from ddslurm.config import AttemptRecord, read_json
-from tests.e2e import REPO, cli_json, until
+from tests.e2e import REPO, cli_json, slurm, until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.dd]
 
@@ -107,8 +107,9 @@ def test_cancelled_shard_is_retried_and_resumes_without_losing_or_duplicating(
 
 
 def test_shard_killed_by_its_time_limit_is_retried_automatically(make_run_files: Any, tmp_path: Path) -> None:
-    """The provider hangs during the first allocation (a 2-minute limit, the shortest accepted, kills it), then
-    recovers; the retry array submitted with the run (retries: 1) finishes the shard."""
+    """The provider hangs during the first allocation (the run file's 2-minute limit, the shortest accepted,
+    shortened by scontrol to 1 once the task runs: Slurm's time limit ends it), then recovers; the retry array
+    submitted with the run (retries: 1) finishes the shard."""
     from fake_vllm.testing import free_port, start_server
 
     key = "sk-timeout-" + "7" * 16
@@ -138,6 +139,9 @@ def test_shard_killed_by_its_time_limit_is_retried_automatically(make_run_files:
         assert len(subs) == 2  # the run and its automatic retry array
         until(lambda: list(run_dir.glob("shards/shard-00000/attempts/*/attempt.json")), 60, "the first attempt")
         first = next(run_dir.glob("shards/shard-00000/attempts/*/attempt.json"))
+        # The provider hangs: shorten the running task's limit to Slurm's least (1 minute, which no run file may
+        # ask for): Slurm's own time limit still ends it, a minute sooner than the run file's 2.
+        slurm("scontrol", "update", f"JobId={submitted['job_id']}_0", "TimeLimit=1", check=True)
         until(lambda: read_json(first, AttemptRecord).state != "running", 300, "the time limit to end attempt 1")
     record = read_json(first, AttemptRecord)
     assert record.reason in {"time_limit", "cancelled"}, record

@@ -107,7 +107,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.file.exists():
         print(f"{args.file}: no durations recorded yet (make test writes them)", file=sys.stderr)
         return 1
-    report(args.file, args.top, sys.stdout)
+    try:
+        report(args.file, args.top, sys.stdout)
+    except BrokenPipeError:  # a reader that closed the pipe (| head): end quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 
