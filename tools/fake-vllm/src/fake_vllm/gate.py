@@ -28,7 +28,7 @@ class Gate:
     def __init__(self, path: Path) -> None:
         self._path = path
         self.passed = 0
-        self._queue: asyncio.Lock | None = None
+        self._queue = asyncio.Lock()  # binds to no loop until first used
 
     def _limit(self) -> int | None:
         """How many requests may have passed in all; None when the gate is open."""
@@ -46,8 +46,6 @@ class Gate:
 
     async def admit(self) -> None:
         """Return once this request may pass (requests pass in the order they arrived)."""
-        if self._queue is None:
-            self._queue = asyncio.Lock()
         async with self._queue:  # the first to arrive is the first to pass
             while True:
                 limit = self._limit()

@@ -23,7 +23,7 @@ from ddslurm.launcher._engine_host import RUNTIME_PROCESS, EngineHost
 from ddslurm.launcher._process import Answer
 from ddslurm.launcher._slurm import Completed
 from ddslurm.launcher._validate import RecipeCheck
-from ddslurm.runtime import answer_inspect, recipe_columns
+from ddslurm.runtime import answer_inspect, pid_alive, recipe_columns
 from ddslurm.runtime.errors import RecipeError
 
 UNIT_RECIPE = """data_designer:
@@ -177,19 +177,14 @@ def write_attempt(
 
 
 def wait_ended(pid: int, bound_s: float = 30.0) -> bool:
-    """Whether process ``pid`` has ended (a zombie has) within ``bound_s``: a signal lands at once, so the bound only
-    keeps a process that was never stopped from hanging the test."""
+    """Whether process ``pid`` has ended (a zombie has: :func:`ddslurm.runtime.pid_alive`) within ``bound_s``: a
+    signal lands at once, so the bound only keeps a process that was never stopped from hanging the test."""
     deadline = time.monotonic() + bound_s
-    while True:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (FileNotFoundError, IndexError):
-            return True
-        if state == "Z":
-            return True
+    while pid_alive(pid, None):
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.05)
+    return True
 
 
 # --- a headless browser, for pages a user opens (the report, the docs site) ---

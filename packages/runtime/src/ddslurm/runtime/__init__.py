@@ -14,6 +14,7 @@ from ddslurm.runtime._inputs import Inputs, load_inputs
 from ddslurm.runtime._inspect import NODE_DISTRIBUTIONS, answer_inspect, installed_versions
 from ddslurm.runtime._listeners import unix_url
 from ddslurm.runtime._plugins import PLUGIN_GROUP
+from ddslurm.runtime._scratch import pid_alive
 from ddslurm.runtime._serving import RankPlace, ServerCommand, server_command, server_step_name
 from ddslurm.runtime._steps import StepSpec, srun_argv
 from ddslurm.runtime._verify import make_private, scan_for_secrets, verify_dataset
@@ -47,6 +48,7 @@ __all__ = [
     "engine_environment",
     "installed_versions",
     "mcp_providers",
+    "pid_alive",
     "load_inputs",
     "make_private",
     "recipe_columns",
