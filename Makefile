@@ -26,9 +26,10 @@ demo-mixed: bootstrap cluster ## the mixed example: local generator (2 replicas 
 	tools/demo mixed
 
 # make test: the whole suite on TEST_WORKERS pytest-xdist workers, the long tests (Slurm, then Data Designer) handed
-# out first (tools/pytest_order.py), one at a time as workers come free (--maxschedchunk 1: no worker is left alone
-# at the end with a queue of long tests given to it at the start); the cluster tests mostly wait on Slurm, so two
-# workers a core keep the CPUs busy. It ends by printing its wall time and CPU-seconds (tools/suite_times.py) and
+# out first (tools/pytest_order.py), a few at a time as workers come free (--dist loadgroup: no worker is left alone
+# at the end with a queue of long tests given to it at the start), every test of a module with a module-scoped
+# fixture (a shared cluster run) on one worker, so that run happens once (--share-module-fixtures); the cluster
+# tests mostly wait on Slurm, so two workers a core keep the CPUs busy. It ends by printing its wall time and CPU-seconds (tools/suite_times.py) and
 # keeps every test's seconds in TEST_TIMES (tools/pytest_times.py): `make test-times` lists the slowest.
 # docs/testing.md says how it is measured.
 TEST_WORKERS ?= 4
@@ -37,7 +38,7 @@ PYTEST_ARGS ?=
 
 test: bootstrap cluster browser ## the whole suite, in parallel; prints its wall time and CPU-seconds at the end
 	@python3 tools/suite_times.py run --label "make test" -- \
-	  $(UV) run pytest -n $(TEST_WORKERS) --dist load --maxschedchunk 1 -p tools.pytest_order --long-first \
+	  $(UV) run pytest -n $(TEST_WORKERS) --dist loadgroup -p tools.pytest_order --long-first --share-module-fixtures \
 	  -p tools.pytest_times --times-file $(TEST_TIMES) $(PYTEST_ARGS)
 
 test-times: ## the 30 slowest tests of the last make test, and its seconds by marker and by file

@@ -205,8 +205,10 @@ def start_attempt(
     (``ddslurm-runtime generate --launcher local``): the same controller, with plain processes for steps.
     ``node_env``: values the attempt sees instead of those submit saw (a key rotated in between)."""
     from ddslurm.launcher import prepare, write_run_dir
+    from ddslurm.launcher.testing import InProcessHost
 
-    prepared = prepare(files.run_file, files.profile, files.env, datetime.now(UTC))
+    # the recipe check answered in this process (docs/testing.md: seams, not subprocesses)
+    prepared = prepare(files.run_file, files.profile, files.env, datetime.now(UTC), host=InProcessHost())
     write_run_dir(prepared)
     env = {k: v for k, v in {**files.env, **(node_env or {})}.items() if not k.startswith("SLURM")}
     env["CUDA_VISIBLE_DEVICES"] = gpus

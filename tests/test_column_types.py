@@ -28,6 +28,10 @@ import pytest
 
 from ddslurm.config import ProviderSnapshot, WinnerRecord, read_json
 from ddslurm.launcher import SubmitError, prepare, write_run_dir
+from ddslurm.launcher.testing import InProcessHost
+
+HOST = InProcessHost()
+"""Answers the submit-side recipe check in this process (docs/testing.md: seams, not subprocesses)."""
 
 pytestmark = pytest.mark.dd
 
@@ -49,7 +53,8 @@ from data_designer.interface import DataDesigner
 from ddslurm.config import RunLayout, recipe_with_models
 from ddslurm.runtime import load_inputs
 from ddslurm.runtime._engine import provider_key_env, run_engine
-from ddslurm.runtime.cli import client_inputs, stage_inputs
+from ddslurm.runtime._client_step import client_inputs
+from ddslurm.runtime._inputs import stage_inputs
 from ddslurm.runtime.testing import attempt_runner
 _estimate_tokens_offline()
 out = []
@@ -208,7 +213,7 @@ def _prepared(make_run_files: Any, name: str, recipe: str, extra_run: str = "") 
     files = make_run_files(name, num_records=RECORDS, shards=3, buffer_size=2, extra_run=extra_run)
     _seed_csv(files.root)
     (files.root / "recipe.yaml").write_text(recipe)
-    prepared = prepare(files.run_file, files.profile, files.env, datetime.now(UTC))
+    prepared = prepare(files.run_file, files.profile, files.env, datetime.now(UTC), host=HOST)
     write_run_dir(prepared)
     return files, prepared
 
@@ -400,7 +405,7 @@ def _refused(make_run_files: Any, name: str, recipe: str, entry: str) -> str:
     _seed_csv(files.root)
     (files.root / "recipe.yaml").write_text(recipe)
     with pytest.raises(SubmitError) as refused:
-        prepare(files.run_file, files.profile, files.env, datetime.now(UTC))
+        prepare(files.run_file, files.profile, files.env, datetime.now(UTC), host=HOST)
     line = recipe.splitlines().index(entry) + 1
     message = str(refused.value)
     assert message.startswith(f"{files.root / 'recipe.yaml'}:{line}:"), message

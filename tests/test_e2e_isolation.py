@@ -30,7 +30,11 @@ from ddslurm.launcher import prepare, write_run_dir
 from ddslurm.launcher._slurm import Slurm
 from ddslurm.launcher._submit import submit_shards
 from ddslurm.launcher.errors import SubmitError
+from ddslurm.launcher.testing import InProcessHost
 from tests.e2e import MIXED_RECIPE, as_nobody, processes, run_cli, vllm_stand_in
+
+HOST = InProcessHost()
+"""Answers the submit-side recipe check in this process (docs/testing.md: seams, not subprocesses)."""
 
 
 def _deployment(*, replicas: int = 2, latency: str = "0.02", env_from: str = "[HF_TOKEN]", env: str = "") -> str:
@@ -67,7 +71,7 @@ def test_server_env_from_is_planned_by_name_and_exported_only_by_name(make_run_f
     hf_value = "hf_" + secrets.token_hex(16)
     files = make_run_files("plan", num_records=4, shards=1, recipe=MIXED_RECIPE, extra_run=_deployment())
     env = {**files.env, "HF_TOKEN": hf_value}
-    prepared = prepare(files.run_file, files.profile, env, datetime.now(UTC))
+    prepared = prepare(files.run_file, files.profile, env, datetime.now(UTC), host=HOST)
     plan = prepared.plan
     assert plan.server_secret_env == ("HF_TOKEN",)
     assert plan.serving is not None and plan.serving.deployments[0].env_from == ("HF_TOKEN",)
@@ -88,7 +92,7 @@ def test_server_env_from_is_planned_by_name_and_exported_only_by_name(make_run_f
 def test_submit_refuses_a_server_variable_unset_in_the_shell(make_run_files: Any) -> None:
     files = make_run_files("unset", num_records=4, shards=1, recipe=MIXED_RECIPE, extra_run=_deployment())
     env = {k: v for k, v in files.env.items() if k != "HF_TOKEN"}
-    prepared = prepare(files.run_file, files.profile, env, datetime.now(UTC))
+    prepared = prepare(files.run_file, files.profile, env, datetime.now(UTC), host=HOST)
     write_run_dir(prepared)
     slurm = RecordingSlurm()
     with pytest.raises(SubmitError, match=r"HF_TOKEN named by server\.env_from are unset"):

@@ -38,6 +38,10 @@ from ddslurm.config import (
     sha256_file,
 )
 from ddslurm.launcher import prepare, write_run_dir
+from ddslurm.launcher.testing import InProcessHost
+
+HOST = InProcessHost()
+"""Answers the submit-side recipe check in this process (docs/testing.md: seams, not subprocesses)."""
 
 pytestmark = pytest.mark.dd
 
@@ -128,7 +132,7 @@ def test_a_resumed_shuffled_shard_uses_every_seed_row_exactly_once(make_run_file
     _point_at(files, slow_endpoint)
     _seed_csv(files.root)
     (files.root / "recipe.yaml").write_text(SHUFFLED_RECIPE)
-    prepared = prepare(files.run_file, files.profile, files.env, datetime.now(UTC))
+    prepared = prepare(files.run_file, files.profile, files.env, datetime.now(UTC), host=HOST)
     write_run_dir(prepared)
     layout = prepared.layout
     assert prepared.plan.seed is not None and prepared.plan.seed.shuffle_seed is not None
@@ -215,7 +219,7 @@ def _staged_run(make_run_files: Any, slow_endpoint: str, name: str, records: int
     _point_at(files, slow_endpoint)
     _seed_csv(files.root)
     (files.root / "recipe.yaml").write_text(STAGED_RECIPE)
-    prepared = prepare(files.run_file, files.profile, files.env, datetime.now(UTC))
+    prepared = prepare(files.run_file, files.profile, files.env, datetime.now(UTC), host=HOST)
     assert len(prepared.plan.stages) == 2, prepared.plan.stage_reason
     write_run_dir(prepared)
     return files, prepared
@@ -285,7 +289,7 @@ def test_a_retry_does_not_resume_the_empty_answers_of_a_killed_attempt(
     with start_server("demo", args=faulty, api_key=hosted_endpoint.api_key) as broken:
         port = int(broken.base_url.split(":")[-1].split("/")[0])
         _point_at(files, broken.base_url)
-        prepared = prepare(files.run_file, files.profile, files.env, datetime.now(UTC))
+        prepared = prepare(files.run_file, files.profile, files.env, datetime.now(UTC), host=HOST)
         write_run_dir(prepared)
         shard = prepared.layout.shard(0)
         generate = [RUNTIME, "generate", "--run-dir", str(prepared.layout.root), "--shard", "0", "--launcher", "local"]

@@ -16,6 +16,10 @@ from ddslurm.config import Plan, encode, read_plan
 from ddslurm.config.testing import make_plan
 from ddslurm.launcher import prepare
 from ddslurm.launcher.cli import main
+from ddslurm.launcher.testing import InProcessHost
+
+HOST = InProcessHost()
+"""Answers the submit-side recipe check in this process (docs/testing.md: seams, not subprocesses)."""
 
 REAL = "sk-real-" + "5e1f0a9c3b7d2e4f6a8c0b1d"
 RECIPE = """data_designer:
@@ -60,7 +64,7 @@ def test_the_plan_records_which_key_variables_are_not_scanned_for(
     home, run, profile = _files(tmp_path)
     env = {"DATA_DESIGNER_HOME": str(home), "LOCAL_SERVER_KEY": local_value, "HOSTED_KEY": hosted_value}
 
-    plan = prepare(run, profile, env, datetime.now(UTC)).plan
+    plan = prepare(run, profile, env, datetime.now(UTC), host=HOST).plan
 
     assert plan.secret_env == ("HOSTED_KEY", "LOCAL_SERVER_KEY")
     assert plan.secret_env_unscanned == want

@@ -13,7 +13,11 @@ from typing import Any
 import pytest
 
 from ddslurm.launcher.cli import main
+from ddslurm.launcher.testing import InProcessHost
 from fake_vllm.testing import RunningServer, free_port, start_server
+
+HOST = InProcessHost()
+"""Answers the submit-side recipe check in this process (docs/testing.md: seams, not subprocesses)."""
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "hosted-only"
@@ -155,7 +159,7 @@ def test_providers_runs_a_builder_script_in_the_profiles_python_env_and_resolves
     assert {r["alias"]: r["check"] for r in shown} == {"writer": "ok", "judge": "model not listed by /models"}
 
     # exactly the aliases submit resolves (its preparation: the script run, the seed beside it, nothing written)
-    prepared = prepare(run, profile, dict(os.environ), datetime.now(UTC))
+    prepared = prepare(run, profile, dict(os.environ), datetime.now(UTC), host=HOST)
     assert [{**r, "check": None} for r in shown] == msgspec.to_builtins(list(prepared.aliases))
     assert [r["provider"] for r in shown] == ["demo-hosted", "demo-hosted"] and not (tmp_path / "work").exists()
 

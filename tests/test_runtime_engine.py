@@ -20,8 +20,12 @@ import pytest
 
 from ddslurm.config import AttemptRecord, RunLayout, WinnerRecord, read_json
 from ddslurm.launcher import prepare, write_run_dir
+from ddslurm.launcher.testing import InProcessHost
 from ddslurm.runtime._attempt import EXIT_PARTIAL
 from ddslurm.runtime._verify import FILL_DIR, rows_in
+
+HOST = InProcessHost()
+"""Answers the submit-side recipe check in this process (docs/testing.md: seams, not subprocesses)."""
 
 AUDIT_HOOK = """
 import os, sys
@@ -56,7 +60,7 @@ def _runtime(run_dir: Path, shard: int, job_id: str, env: dict[str, str]) -> sub
 def test_runtime_generates_and_publishes_without_a_home_directory(
     run_files: Any, hosted_endpoint: Any, tmp_path: Path, scan_for_secret: Any
 ) -> None:
-    prepared = prepare(run_files.run_file, run_files.profile, run_files.env, datetime.now(UTC))
+    prepared = prepare(run_files.run_file, run_files.profile, run_files.env, datetime.now(UTC), host=HOST)
     write_run_dir(prepared)
     run_dir = prepared.layout.root
 
@@ -97,7 +101,7 @@ def test_runtime_generates_and_publishes_without_a_home_directory(
 
 
 def test_runtime_without_the_key_fails_with_a_reason_and_publishes_nothing(run_files: Any) -> None:
-    prepared = prepare(run_files.run_file, run_files.profile, run_files.env, datetime.now(UTC))
+    prepared = prepare(run_files.run_file, run_files.profile, run_files.env, datetime.now(UTC), host=HOST)
     write_run_dir(prepared)
     env = {k: v for k, v in os.environ.items() if k != "DEMO_HOSTED_API_KEY" and not k.startswith("SLURM")}
     done = _runtime(prepared.layout.root, 1, "local-2", env)
@@ -169,7 +173,7 @@ def test_a_shard_data_designer_stopped_early_is_partial_and_says_so(
     args = ["--served-model-name", "demo/writer-8b", "--fake-no-choices-rate", "0.8", "--fake-seed", "3"]
     with start_server("demo", args=args, api_key=hosted_endpoint.api_key, log_path=tmp_path / "server.log") as server:
         providers.write_text(providers.read_text().replace(hosted_endpoint.base_url, server.base_url))
-        prepared = prepare(files.run_file, files.profile, files.env, datetime.now(UTC))
+        prepared = prepare(files.run_file, files.profile, files.env, datetime.now(UTC), host=HOST)
         write_run_dir(prepared)
         env = {k: v for k, v in files.env.items() if not k.startswith("SLURM")}
         done = _runtime(prepared.layout.root, 0, "local-3", env)

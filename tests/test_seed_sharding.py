@@ -82,27 +82,50 @@ CASES = [
 SELECTIONS = [None, {"start": 2, "end": 8}, {"index": 1, "num_partitions": 3}]
 
 
-@pytest.mark.parametrize("sampling", ["ordered", "shuffle"])
+SAMPLINGS = ["ordered", "shuffle"]
+
+Case = tuple[int, int, int, str]  # rows, records, shards, sampling
+
+
+@pytest.fixture(scope="module")
+def engine_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[Case, list[tuple[list[int], list[list[int]]]]]:
+    """Every case's runs in one Data Designer process (one engine import, not one per case): for each case, per
+    seed selection, the seed ids the plain run used and those each shard used."""
+    jobs: list[dict[str, Any]] = []
+    layouts: dict[Case, list[tuple[int, int]]] = {}  # (first job, shard count) per selection
+    for rows, records, shards in CASES:
+        for sampling in SAMPLINGS:
+            folder = tmp_path_factory.mktemp(f"seed-{rows}-{records}-{shards}-{sampling}")
+            seed = folder / "seed.parquet"
+            pq.write_table(pa.table({"seed_id": list(range(rows)), "text": [f"row {i}" for i in range(rows)]}), seed)
+            case = layouts.setdefault((rows, records, shards, sampling), [])
+            for selection in SELECTIONS if rows >= 9 else [None]:
+                recipe = _recipe(seed, sampling, selection)
+                captured = capture_seed(recipe, folder / "recipe.yaml", RunLayout(folder / "run"))
+                assert captured is not None and captured.plan.rows == rows
+                specs = plan_shards(records, shards, SeedPool(captured.plan.pool_start, captured.plan.pool_size))
+                case.append((len(jobs), len(specs)))
+                jobs.append({"recipe": recipe, "records": records})  # the oracle: one plain run
+                jobs += [{"recipe": partition_seed(recipe, spec), "records": spec.num_records} for spec in specs]
+    used = _run_engine(jobs)
+    return {
+        case: [(used[first], used[first + 1 : first + 1 + count]) for first, count in runs]
+        for case, runs in layouts.items()
+    }
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS)
 @pytest.mark.parametrize(("rows", "records", "shards"), CASES)
 def test_shards_use_the_seed_rows_of_an_unsharded_run(
-    tmp_path: Path, rows: int, records: int, shards: int, sampling: str
+    engine_runs: dict[Case, list[tuple[list[int], list[list[int]]]]],
+    rows: int,
+    records: int,
+    shards: int,
+    sampling: str,
 ) -> None:
-    seed = tmp_path / "seed.parquet"
-    pq.write_table(pa.table({"seed_id": list(range(rows)), "text": [f"row {i}" for i in range(rows)]}), seed)
-    jobs: list[dict[str, Any]] = []
-    layouts: list[tuple[int, int]] = []  # (first job, shard count) per selection
-    for selection in SELECTIONS if rows >= 9 else [None]:
-        recipe = _recipe(seed, sampling, selection)
-        captured = capture_seed(recipe, tmp_path / "recipe.yaml", RunLayout(tmp_path / "run"))
-        assert captured is not None and captured.plan.rows == rows
-        specs = plan_shards(records, shards, SeedPool(captured.plan.pool_start, captured.plan.pool_size))
-        layouts.append((len(jobs), len(specs)))
-        jobs.append({"recipe": recipe, "records": records})  # the oracle: one plain run
-        jobs += [{"recipe": partition_seed(recipe, spec), "records": spec.num_records} for spec in specs]
-    used = _run_engine(jobs)
-    for first, count in layouts:
-        oracle, sharded = used[first], [row for shard in used[first + 1 : first + 1 + count] for row in shard]
-        assert len(sharded) == records
+    for oracle, per_shard in engine_runs[(rows, records, shards, sampling)]:
+        sharded = [row for shard in per_shard for row in shard]
+        assert len(per_shard) >= 1 and len(sharded) == records
         if sampling == "ordered":
             assert sharded == oracle  # the same rows for the same records, in the same order
         else:

@@ -9,7 +9,11 @@ from pathlib import Path
 import pytest
 
 from ddslurm.launcher import SubmitError, prepare
+from ddslurm.launcher.testing import InProcessHost
 from ddslurm.providers import SettingsError, load_settings
+
+HOST = InProcessHost()
+"""Answers the submit-side recipe check in this process (docs/testing.md: seams, not subprocesses)."""
 
 RECIPE = """data_designer:
   columns:
@@ -84,7 +88,7 @@ def _files(tmp_path: Path, run_extra: str = "", profile_extra: str = "") -> tupl
 def test_refusals_name_file_line_and_field(tmp_path: Path, run_extra: str, profile_extra: str, want: str) -> None:
     run, profile, env = _files(tmp_path, run_extra, profile_extra)
     with pytest.raises(SubmitError) as info:
-        prepare(run, profile, env, datetime.now(UTC))
+        prepare(run, profile, env, datetime.now(UTC), host=HOST)
     assert str(info.value).startswith(want.format(run=run, profile=profile)), str(info.value)
 
 
@@ -93,7 +97,7 @@ def test_reserved_provider_name_names_the_deployment(tmp_path: Path) -> None:
     providers = tmp_path / "dd" / "model_providers.yaml"
     providers.write_text(providers.read_text() + "- {name: ddslurm-local-writer, endpoint: 'http://x/v1'}\n")
     with pytest.raises(SubmitError) as info:
-        prepare(run, profile, env, datetime.now(UTC))
+        prepare(run, profile, env, datetime.now(UTC), host=HOST)
     assert (
         f"{providers}:3:4: providers[1].name: provider name 'ddslurm-local-writer' is reserved for ddslurm's local "
         f"deployment of model alias 'writer' ({run}:6:3: deployments[0])"
@@ -116,12 +120,12 @@ def test_missing_recipe_and_python_env_are_placed(tmp_path: Path) -> None:
     run, profile, env = _files(tmp_path)
     run.write_text(run.read_text().replace("recipe: recipe.yaml", "recipe: nowhere.yaml"))
     with pytest.raises(SubmitError) as info:
-        prepare(run, profile, env, datetime.now(UTC))
+        prepare(run, profile, env, datetime.now(UTC), host=HOST)
     assert str(info.value) == f"{run}:2:1: recipe: {tmp_path / 'nowhere.yaml'} does not exist"
 
     (tmp_path / "p").mkdir()
     run, profile, env = _files(tmp_path / "p")
     profile.write_text(profile.read_text().replace("python_env: venv", "python_env: novenv"))
     with pytest.raises(SubmitError) as info:
-        prepare(run, profile, env, datetime.now(UTC))
+        prepare(run, profile, env, datetime.now(UTC), host=HOST)
     assert str(info.value).startswith(f"{profile}:2:1: python_env: {tmp_path / 'p' / 'novenv' / 'bin'}")

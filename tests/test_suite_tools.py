@@ -12,6 +12,7 @@ import textwrap
 from pathlib import Path
 
 from tools.import_all import import_every_module
+from tools.pytest_times import plain_nodeid
 from tools.suite_times import report
 
 REPO = Path(__file__).resolve().parents[1]
@@ -81,6 +82,50 @@ def test_long_first_hands_out_cluster_then_engine_tests_then_the_rest(tmp_path: 
 
     assert names(plain) == ["test_plain", "test_engine", "test_cluster", "test_fails", "test_skipped", "test_both"]
     assert names(ordered) == ["test_cluster", "test_both", "test_engine", "test_plain", "test_fails", "test_skipped"]
+
+
+SHARED = textwrap.dedent(
+    """
+    import os
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def scenario():
+        with open(os.environ["SCENARIO_LOG"], "a") as log:
+            log.write(os.environ.get("PYTEST_XDIST_WORKER", "-") + "\\n")
+        return 42
+
+    @pytest.mark.parametrize("n", range(8))
+    def test_reads_the_shared_run(scenario, n):
+        assert scenario == 42
+    """
+)
+
+
+def test_a_module_scoped_run_runs_once_on_one_worker_with_share_module_fixtures(tmp_path: Path) -> None:
+    """Under --dist loadgroup, every test of a module with a module-scoped fixture goes to one worker, so the
+    fixture (a shared cluster run) runs once; the durations file names the tests without xdist's ``@group``."""
+    (tmp_path / "test_shared.py").write_text(SHARED)
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    log, times = tmp_path / "scenario.log", tmp_path / "durations.jsonl"
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-n", "3", "--dist", "loadgroup",
+         "-p", "tools.pytest_order", "--share-module-fixtures", "-p", "tools.pytest_times", "--times-file",
+         str(times), str(tmp_path)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "SCENARIO_LOG": str(log)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "8 passed" in done.stdout
+    assert len(log.read_text().splitlines()) == 1  # one worker set the run up, once
+    tests = sorted(json.loads(line)["test"] for line in times.read_text().splitlines())
+    assert tests == [f"test_shared.py::test_reads_the_shared_run[{n}]" for n in range(8)]
+
+
+def test_plain_nodeid_drops_the_group_but_not_a_parameters_at() -> None:
+    assert plain_nodeid("a.py::t[x]@a.py") == "a.py::t[x]"
+    assert plain_nodeid("a.py::t[u@h]") == "a.py::t[u@h]"
+    assert plain_nodeid("a.py::t@g") == "a.py::t"
 
 
 def test_the_report_sums_by_marker_and_by_file(tmp_path: Path) -> None:

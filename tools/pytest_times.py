@@ -29,6 +29,13 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(TestTimes(Path(target), declared), PLUGIN_NAME)
 
 
+def plain_nodeid(nodeid: str) -> str:
+    """The test's own id: ``nodeid`` without the ``@group`` pytest-xdist appends under ``--dist loadgroup`` (a
+    parameter's ``@`` stays: the group comes after the closing bracket)."""
+    at = nodeid.rfind("@")
+    return nodeid[:at] if at > nodeid.rfind("]") else nodeid
+
+
 class TestTimes:
     """Sums each test's phases as their reports arrive; writes the file, slowest first, when the session ends."""
 
@@ -40,11 +47,10 @@ class TestTimes:
         self._tests: dict[str, dict[str, Any]] = {}
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        test = plain_nodeid(report.nodeid)
         entry = self._tests.setdefault(
-            report.nodeid,
-            {"test": report.nodeid, "file": report.nodeid.split("::", 1)[0], "markers": [], "outcome": "passed",
-             "s": 0.0},
-        )  # fmt: skip
+            test, {"test": test, "file": test.split("::", 1)[0], "markers": [], "outcome": "passed", "s": 0.0}
+        )
         entry["s"] = round(entry["s"] + report.duration, 3)
         if report.when == "setup":
             entry["markers"] = sorted(k for k in report.keywords if k in self._markers)

@@ -217,9 +217,9 @@ def test_a_retry_pending_after_a_failure_is_not_called_requeued(tmp_path: Path) 
 def test_time_limit_below_the_minimum_is_refused_at_submit(tmp_path: Path) -> None:
     run, profile, env = _files(tmp_path, "submission:\n  time_limit: 1\n")
     with pytest.raises(SubmitError, match=r"submission\.time_limit: 1 is 1 minute\(s\); at least 2 .* 60 s early"):
-        prepare(run, profile, env, datetime.now(UTC))
+        prepare(run, profile, env, datetime.now(UTC), host=HOST)
     run.write_text(run.read_text().replace("time_limit: 1", "time_limit: 2"))
-    prepared = prepare(run, profile, env, datetime.now(UTC))
+    prepared = prepare(run, profile, env, datetime.now(UTC), host=HOST)
     assert "#SBATCH --signal=B:USR1@15" in render_generation(prepared.plan, prepared.layout, [0])
 
 

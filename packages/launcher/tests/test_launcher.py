@@ -79,7 +79,7 @@ def test_submit_writes_run_dir_and_exports_the_key_by_name_only(tmp_path: Path) 
 
 def test_rendered_script_asks_for_cpus_only_and_runs_the_runtime(tmp_path: Path) -> None:
     run, profile, env = _files(tmp_path, run_extra="submission:\n  memory: 3G\n  qos: high\n  time_limit: '2:00:00'\n")
-    prepared = prepare(run, profile, env, datetime.now(UTC))
+    prepared = prepare(run, profile, env, datetime.now(UTC), host=HOST)
     script = render_generation(prepared.plan, prepared.layout, [0, 2])
     for line in (
         "#SBATCH --array=0-1",
@@ -119,7 +119,7 @@ def test_refused_submission_changes_nothing(
 def test_bad_run_file_error_points_at_line_and_field(tmp_path: Path) -> None:
     run, profile, env = _files(tmp_path, run_extra="submission:\n  cpus: many\n")
     with pytest.raises(SubmitError, match=r"run\.yaml:6:3: submission\.cpus: expected int, got str"):
-        prepare(run, profile, env, datetime.now(UTC))
+        prepare(run, profile, env, datetime.now(UTC), host=HOST)
 
 
 def test_failed_sbatch_leaves_no_run_dir(tmp_path: Path) -> None:
@@ -282,7 +282,7 @@ def test_local_seed_file_becomes_part_of_the_run_inputs(tmp_path: Path) -> None:
             "    sampling_strategy: ordered\n  model_configs:",
         )
     )
-    prepared = prepare(run, profile, env, datetime.now(UTC))
+    prepared = prepare(run, profile, env, datetime.now(UTC), host=HOST)
     write_run_dir(prepared)
     layout = prepared.layout
     copy = layout.inputs / "seed" / "q.csv"
@@ -299,7 +299,7 @@ def test_local_seed_file_becomes_part_of_the_run_inputs(tmp_path: Path) -> None:
 
     (tmp_path / "seeds" / "q.csv").unlink()
     with pytest.raises(SubmitError, match=r"seed_config\.source\.path: .*q\.csv is not a file"):
-        prepare(run, profile, env, datetime.now(UTC))
+        prepare(run, profile, env, datetime.now(UTC), host=HOST)
 
 
 def _with_seed(tmp_path: Path, seed_config: str) -> None:
@@ -323,7 +323,7 @@ def test_seed_directory_is_captured_with_a_manifest(tmp_path: Path) -> None:
         "  seed_config:\n    source: {seed_type: file_contents, path: traces, file_pattern: '*.md'}\n"
         "    sampling_strategy: ordered\n",
     )
-    prepared = prepare(run, profile, env, datetime.now(UTC))
+    prepared = prepare(run, profile, env, datetime.now(UTC), host=HOST)
     seed = prepared.plan.seed
     assert seed is not None and seed.kind == "directory" and seed.seed_type == "file_contents"
     assert sorted(f.path for f in seed.files) == ["a.md", "b.md", "deep/c.md"]
@@ -343,7 +343,7 @@ def test_seed_file_pattern_is_captured(tmp_path: Path) -> None:
     for i in range(3):
         (tmp_path / "parts" / f"p{i}.csv").write_text(f"subject\nt{i}a\nt{i}b\n")
     _with_seed(tmp_path, "  seed_config:\n    source: {seed_type: local, path: parts/*.csv}\n")
-    prepared = prepare(run, profile, env, datetime.now(UTC))
+    prepared = prepare(run, profile, env, datetime.now(UTC), host=HOST)
     seed = prepared.plan.seed
     assert seed is not None and seed.kind == "files" and seed.rows == 6
     assert seed.path == str(prepared.layout.inputs / "seed" / "parts" / "*.csv")
@@ -382,7 +382,7 @@ def test_seed_sources_that_would_fail_on_the_nodes_are_refused_at_submit(
     (tmp_path / "q.csv").write_text("topic\na\nb\n")
     _with_seed(tmp_path, seed_config)
     with pytest.raises(SubmitError, match=message):
-        prepare(run, profile, env, datetime.now(UTC))
+        prepare(run, profile, env, datetime.now(UTC), host=HOST)
     assert not (tmp_path / "work").exists()
 
 

@@ -25,6 +25,9 @@ from ddslurm.launcher.testing import (
     write_unit_run,
 )
 
+HOST = InProcessHost()
+"""Answers the submit-side recipe check in this process (docs/testing.md: seams, not subprocesses)."""
+
 pytestmark = pytest.mark.dd
 
 RECIPE = UNIT_RECIPE.replace('prompt: "Say {{ topic }}"', 'prompt: "Say {{ no_such_column }} about {{ topic }}"')
@@ -73,7 +76,7 @@ def test_a_template_syntax_error_is_refused_at_its_field(tmp_path: Path) -> None
     run, profile, env = write_unit_run(tmp_path, "sk-validation-test-0123456789", recipe=recipe, num_records=4)
 
     with pytest.raises(SubmitError) as info:
-        prepare(run, profile, env, datetime.now(UTC))
+        prepare(run, profile, env, datetime.now(UTC), host=HOST)
 
     number, line = next((i, ln) for i, ln in enumerate(recipe.splitlines(), 1) if '{{ topic"' in ln)
     place = f"{tmp_path / 'recipe.yaml'}:{number}:{line.index('prompt') + 1}: data_designer.columns[1].prompt"

@@ -201,7 +201,7 @@ def test_the_client_scans_for_the_attempts_token_too(
     """The local provider's key variable (the attempt's token, which the plan does not list: the submitting shell
     never has it) counts among the client's secrets: required in its environment, and scanned for before the
     shard's result may be published."""
-    from ddslurm.runtime.cli import client_inputs
+    from ddslurm.runtime._client_step import client_inputs
 
     layout = _run(tmp_path, local=True)
     inputs = client_inputs(load_inputs(layout))

@@ -27,11 +27,11 @@ from ddslurm.config import (
 )
 from ddslurm.config.testing import make_plan
 from ddslurm.runtime import Inputs
+from ddslurm.runtime._client_step import await_endpoints
 from ddslurm.runtime._controller import Controller, controller_alive, controller_identity
 from ddslurm.runtime._steps import Step, StepSpec
 from ddslurm.runtime._stop import StopSignal
 from ddslurm.runtime._workers import ClaimPool
-from ddslurm.runtime.cli import _await_endpoints
 from ddslurm.runtime.testing import make_controller, write_plan
 
 SCRIPTED = """
@@ -62,12 +62,12 @@ import sys, time
 import msgspec
 from pathlib import Path
 from ddslurm.config import AttemptRecord, RunLayout, atomic_write, encode, read_json
-from ddslurm.runtime import cli
+from ddslurm.runtime import _client_step, cli
 
 real = time.monotonic
 zero = real()
 time.monotonic = lambda: zero + (real() - zero) * 1000.0  # a short clock: 300 s of waiting pass in 0.3 s
-cli.preload_engine = lambda: None  # no Data Designer import
+_client_step.preload_engine = lambda: None  # no Data Designer import
 
 
 class Generating(Exception):
@@ -78,7 +78,7 @@ def generating(layout, **_):  # the client got past its wait: it would load the 
     raise Generating
 
 
-cli.load_inputs = generating
+_client_step.load_inputs = generating
 argv = sys.argv[1:]
 try:
     sys.exit(cli.main(argv))
@@ -272,4 +272,4 @@ def test_a_waiting_client_ends_when_its_controller_has_gone(tmp_path: Path) -> N
         controller_alive("not-a-pid")
     checks = iter([True, True, False])
     with pytest.raises(SystemExit, match="the controller ended before"):
-        _await_endpoints(tmp_path / "never.json", lambda: next(checks), check_every=0.0, sleep=lambda s: None)
+        await_endpoints(tmp_path / "never.json", lambda: next(checks), check_every=0.0, sleep=lambda s: None)

@@ -33,12 +33,12 @@ from ddslurm.config import (
 )
 from ddslurm.config.testing import make_plan
 from ddslurm.runtime import Inputs
+from ddslurm.runtime._inputs import stage_inputs
 from ddslurm.runtime._log import new_logger
 from ddslurm.runtime._siblings import CHECK_EVERY_S, HEARTBEAT_S, STALE_S, Siblings, SlotBoard
 from ddslurm.runtime._steps import Step, StepSpec
 from ddslurm.runtime._stop import StopSignal
 from ddslurm.runtime._workers import SPARE_SETUP_S, ClaimPool, Workers
-from ddslurm.runtime.cli import stage_inputs
 from ddslurm.runtime.testing import RUNTIME_EXE, attempt_runner, write_plan
 
 STAGES = (StagePlan(kind="gpu", columns=("draft",)), StagePlan(kind="cpu", columns=("q",)))

@@ -25,8 +25,8 @@ from ddslurm.config import (
     read_json,
 )
 from ddslurm.runtime import EXIT_FAILED, EXIT_OK, AttemptRunner, EngineRequest, EngineResult, Inputs, load_inputs
+from ddslurm.runtime._inputs import stage_inputs
 from ddslurm.runtime._workers import ClaimPool
-from ddslurm.runtime.cli import stage_inputs
 from ddslurm.runtime.testing import attempt_runner, write_run
 
 SECRET = "sk-stage-test-secret-value"

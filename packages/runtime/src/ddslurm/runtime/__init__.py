@@ -1,63 +1,117 @@
-"""ddslurm.runtime: runs on compute nodes; reads only the plan and the snapshot, never the submitter's home."""
+"""ddslurm.runtime: runs on compute nodes; reads only the plan and the snapshot, never the submitter's home.
 
-from ddslurm.runtime._attempt import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL, AttemptRunner
-from ddslurm.runtime._columns import recipe_columns
-from ddslurm.runtime._engine import (
-    EngineRequest,
-    EngineResult,
-    engine_environment,
-    mcp_providers,
-    run_engine,
-    seed_reader,
-)
-from ddslurm.runtime._inputs import Inputs, load_inputs
-from ddslurm.runtime._inspect import NODE_DISTRIBUTIONS, answer_inspect, installed_versions
-from ddslurm.runtime._listeners import unix_url
-from ddslurm.runtime._plugins import PLUGIN_GROUP
-from ddslurm.runtime._scratch import pid_alive
-from ddslurm.runtime._serving import RankPlace, ServerCommand, server_command, server_step_name
-from ddslurm.runtime._steps import StepSpec, srun_argv
-from ddslurm.runtime._verify import make_private, scan_for_secrets, verify_dataset
-from ddslurm.runtime.errors import (
-    EngineError,
-    InputsError,
-    RuntimeFailure,
-    SecretMissingError,
-    VerificationError,
-)
+The names below are imported when first used (as Data Designer's own packages do): a step that proxies requests or
+answers ``inspect`` does not pay for the engine, pyarrow and the serving code it never runs."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ddslurm.runtime._attempt import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL, AttemptRunner
+    from ddslurm.runtime._columns import recipe_columns
+    from ddslurm.runtime._engine import (
+        EngineRequest,
+        EngineResult,
+        engine_environment,
+        mcp_providers,
+        run_engine,
+        seed_reader,
+    )
+    from ddslurm.runtime._inputs import Inputs, load_inputs
+    from ddslurm.runtime._inspect import NODE_DISTRIBUTIONS, answer_inspect, installed_versions
+    from ddslurm.runtime._listeners import unix_url
+    from ddslurm.runtime._plugins import PLUGIN_GROUP
+    from ddslurm.runtime._scratch import pid_alive
+    from ddslurm.runtime._serving import RankPlace, ServerCommand, server_command, server_step_name
+    from ddslurm.runtime._steps import StepSpec, srun_argv
+    from ddslurm.runtime._verify import make_private, scan_for_secrets, verify_dataset
+    from ddslurm.runtime.errors import EngineError, InputsError, RuntimeFailure, SecretMissingError, VerificationError
+
+_LAZY_IMPORTS: dict[str, str] = {
+    "AttemptRunner": "ddslurm.runtime._attempt",
+    "EXIT_FAILED": "ddslurm.runtime._attempt",
+    "EXIT_OK": "ddslurm.runtime._attempt",
+    "EXIT_PARTIAL": "ddslurm.runtime._attempt",
+    "EngineError": "ddslurm.runtime.errors",
+    "EngineRequest": "ddslurm.runtime._engine",
+    "EngineResult": "ddslurm.runtime._engine",
+    "Inputs": "ddslurm.runtime._inputs",
+    "InputsError": "ddslurm.runtime.errors",
+    "NODE_DISTRIBUTIONS": "ddslurm.runtime._inspect",
+    "PLUGIN_GROUP": "ddslurm.runtime._plugins",
+    "RankPlace": "ddslurm.runtime._serving",
+    "RuntimeFailure": "ddslurm.runtime.errors",
+    "SecretMissingError": "ddslurm.runtime.errors",
+    "ServerCommand": "ddslurm.runtime._serving",
+    "StepSpec": "ddslurm.runtime._steps",
+    "VerificationError": "ddslurm.runtime.errors",
+    "answer_inspect": "ddslurm.runtime._inspect",
+    "engine_environment": "ddslurm.runtime._engine",
+    "installed_versions": "ddslurm.runtime._inspect",
+    "load_inputs": "ddslurm.runtime._inputs",
+    "make_private": "ddslurm.runtime._verify",
+    "mcp_providers": "ddslurm.runtime._engine",
+    "pid_alive": "ddslurm.runtime._scratch",
+    "recipe_columns": "ddslurm.runtime._columns",
+    "run_engine": "ddslurm.runtime._engine",
+    "scan_for_secrets": "ddslurm.runtime._verify",
+    "seed_reader": "ddslurm.runtime._engine",
+    "server_command": "ddslurm.runtime._serving",
+    "server_step_name": "ddslurm.runtime._serving",
+    "srun_argv": "ddslurm.runtime._steps",
+    "unix_url": "ddslurm.runtime._listeners",
+    "verify_dataset": "ddslurm.runtime._verify",
+}
+"""Each exported name and the module that defines it."""
 
 __all__ = [
-    "NODE_DISTRIBUTIONS",
-    "PLUGIN_GROUP",
+    "AttemptRunner",
     "EXIT_FAILED",
     "EXIT_OK",
     "EXIT_PARTIAL",
-    "AttemptRunner",
-    "answer_inspect",
     "EngineError",
     "EngineRequest",
     "EngineResult",
     "Inputs",
     "InputsError",
+    "NODE_DISTRIBUTIONS",
+    "PLUGIN_GROUP",
     "RankPlace",
     "RuntimeFailure",
     "SecretMissingError",
     "ServerCommand",
     "StepSpec",
     "VerificationError",
+    "answer_inspect",
     "engine_environment",
     "installed_versions",
-    "mcp_providers",
-    "pid_alive",
     "load_inputs",
     "make_private",
+    "mcp_providers",
+    "pid_alive",
     "recipe_columns",
-    "seed_reader",
     "run_engine",
+    "scan_for_secrets",
+    "seed_reader",
     "server_command",
     "server_step_name",
     "srun_argv",
     "unix_url",
-    "scan_for_secrets",
     "verify_dataset",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """Import an exported name from its module when it is first used."""
+    module = _LAZY_IMPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later uses find it without this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

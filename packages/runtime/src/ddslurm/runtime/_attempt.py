@@ -81,6 +81,8 @@ SeedReader = Callable[[Mapping[str, Any], int, int], Any]
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_PARTIAL = 3
+EXIT_USAGE = 64
+"""A command line the step cannot run (a missing shard or job id, a stage the run does not have)."""
 
 
 def utc_now() -> datetime:

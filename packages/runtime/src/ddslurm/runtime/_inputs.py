@@ -3,6 +3,7 @@ checked against the digest recorded for it."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,3 +96,20 @@ def load_inputs(layout: RunLayout, *, plan_sha256: str | None = None) -> Inputs:
             "directory was replaced after submission"
         )
     return Inputs(plan=plan, plan_sha256=found, recipe=recipe, snapshot=snapshot)
+
+
+def stage_inputs(inputs: Inputs, stage: int | None) -> Inputs:
+    """The inputs as a stage of a two-stage run sees them: the CPU stage (1) runs no model server and
+    ``cpu_stage_workers`` client steps at once per allocation, sharing its CPUs. ValueError for a stage the plan
+    does not have."""
+    plan = inputs.plan
+    if stage is None:
+        return inputs
+    if len(plan.stages) < 2 or stage not in (0, 1):
+        raise ValueError(f"stage {stage} does not exist: the run has {max(1, len(plan.stages))} stage(s)")
+    if stage == 0:
+        return inputs
+    cpus = plan.cpu_stage.cpus_per_task if plan.cpu_stage is not None else plan.client_cpus
+    workers = max(1, plan.cpu_stage_workers)
+    cpu_plan = msgspec.structs.replace(plan, serving=None, client_workers=workers, client_cpus=max(1, cpus // workers))
+    return dataclasses.replace(inputs, plan=cpu_plan)

@@ -30,7 +30,6 @@ import msgspec
 from ddslurm.config import RecipeSource
 from ddslurm.runtime._builder import build, rebuilt_columns
 from ddslurm.runtime._columns import column_facts
-from ddslurm.runtime._engine import UNUSED_ENDPOINT, unused_provider, violation_lines, violations_reported
 from ddslurm.runtime._node_recipe import node_builder
 from ddslurm.runtime._plugins import unknown_types, used_plugins
 from ddslurm.runtime.errors import RecipeError
@@ -58,6 +57,8 @@ def versions() -> dict[str, Any]:
 def _validate(builder: Any, providers: list[Mapping[str, Any]], scratch: Path) -> list[str]:
     import data_designer.config as dd
     from data_designer.interface import DataDesigner
+
+    from ddslurm.runtime._engine import UNUSED_ENDPOINT, unused_provider, violation_lines, violations_reported
 
     (scratch / "managed-assets").mkdir(parents=True, exist_ok=True)
     models = [

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import sys
+from collections.abc import Callable
 from typing import IO, Any
 
 import msgspec
@@ -49,3 +51,13 @@ def new_logger(*streams: IO[bytes], level: int = logging.INFO, **bound: Any) -> 
         wrapper_class=structlog.make_filtering_bound_logger(level),
     )
     return logger.bind(**bound)
+
+
+def logger_factory(run_id: str, component: str) -> Callable[[IO[bytes]], Any]:
+    """What makes the logger of ``component`` in an attempt of run ``run_id``: to the attempt's log (the stream it
+    is given) and to standard error."""
+
+    def make(stream: IO[bytes]) -> Any:
+        return new_logger(stream, sys.stderr.buffer, component=component, run_id=run_id)
+
+    return make
