@@ -18,14 +18,16 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
-
-import httpx
 
 from ddslurm.config import DeploymentPlan, Engine, ServingPlan, read_tail
 from ddslurm.runtime._listeners import check_own_listener, http_base, listeners, socket_path
 from ddslurm.runtime._steps import Step
 from ddslurm.runtime.errors import RuntimeFailure
+
+if TYPE_CHECKING:  # the launcher renders server command lines from here and never probes: httpx is the probes'
+    import httpx
 
 PORT_BASE = 20000
 HEALTH_TIMEOUT_S = 5.0
@@ -358,6 +360,8 @@ class ListenerClients:
             return self._tcp
         client = self._unix.get(path)
         if client is None:
+            import httpx
+
             transport = httpx.HTTPTransport(uds=str(path))
             client = self._unix[path] = httpx.Client(transport=transport, timeout=self._tcp.timeout)
         return client
@@ -372,6 +376,8 @@ def is_healthy(client: httpx.Client, url: str) -> bool:
     """``GET /health`` answers 200. Never with the token: vLLM's ``/health`` and the proxy's need none, and
     whatever answers on a port may be another user's (:mod:`ddslurm.runtime._listeners`). ``client``: the one
     for ``url`` (:class:`ListenerClients`)."""
+    import httpx
+
     try:
         return client.get(f"{http_base(url)}/health", timeout=HEALTH_TIMEOUT_S).status_code == 200
     except httpx.HTTPError:
@@ -382,6 +388,8 @@ def answers(client: httpx.Client, url: str) -> bool:
     """Whether anything answers ``GET /health`` at all (any status): the process is alive and serving, even
     if it reports itself unhealthy (a proxy says 503 while none of its replicas is healthy). Without the token,
     as :func:`is_healthy`."""
+    import httpx
+
     try:
         client.get(f"{http_base(url)}/health", timeout=HEALTH_TIMEOUT_S)
     except httpx.HTTPError:
@@ -391,6 +399,8 @@ def answers(client: httpx.Client, url: str) -> bool:
 
 def _serves(client: httpx.Client, url: str, served_name: str, token: str | None) -> bool:
     """Whether ``/v1/models`` lists the served model name (it needs the token, unlike ``/health``)."""
+    import httpx
+
     try:
         models = client.get(f"{http_base(url)}/v1/models", headers=auth_headers(token), timeout=HEALTH_TIMEOUT_S)
         return models.status_code == 200 and served_name in {m.get("id") for m in models.json().get("data", [])}
