@@ -56,12 +56,23 @@ def shared_group(item: pytest.Item) -> str | None:
     return None
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker names the group in the test's id
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if config.getoption("--share-module-fixtures"):
+class ShareModuleFixtures:
+    """Registered by ``--share-module-fixtures``: marks each test of :func:`shared_group` with its group."""
+
+    @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker names the group in the test's id
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
         for item in items:
             group = shared_group(item)
             if group is not None and item.get_closest_marker("xdist_group") is None:
                 item.add_marker(pytest.mark.xdist_group(group))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("--share-module-fixtures"):
+        config.pluginmanager.register(ShareModuleFixtures(), "ddslurm-share-module-fixtures")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if config.getoption("--long-first"):
         items.sort(key=rank)  # stable: collection order within each rank
