@@ -74,7 +74,8 @@ def _submit(make_run_files: Any, tmp_path: Path, name: str, deployment: str, rec
         shards=SHARDS,
         buffer_size=3,
         recipe=recipe,
-        extra_run=deployment + "allocations: 1\n",
+        # one stage: each shape serves every column (tests/test_e2e_stages.py proves two stages)
+        extra_run=deployment + "allocations: 1\nstages: single\n",
         vllm_executable=vllm_stand_in(bin_dir, record_args=True),
         extra_profile=f"sglang_executable: {_sglang_stand_in(bin_dir)}\n",
     )

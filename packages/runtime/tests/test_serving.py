@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,6 +12,7 @@ from ddslurm.config import DeploymentPlan, ReplicaPlan, ServingPlan
 from ddslurm.runtime._controller import split_memory
 from ddslurm.runtime._serving import (
     GpuMismatchError,
+    PortClaims,
     PortUnavailableError,
     check_gpus,
     choose_ports,
@@ -159,6 +162,34 @@ def test_ports_fixed_are_checked_and_planned_ones_skip_taken_ports() -> None:
     with pytest.raises(PortUnavailableError, match="8100"):
         choose_ports([8100], "1", lambda p: p != 8100)
     assert choose_ports([None], "1")[0] != choose_ports([None], "2")[0]  # jobs sharing a node start apart
+
+
+def test_two_controllers_choosing_at_once_never_choose_the_same_port() -> None:
+    """Both see every port free (a server binds its port only once started): the claim made at the choice keeps
+    the second controller off the first's ports; it is the first's until released, or until its process dies."""
+    span = range(24000, 24016)
+    first, second = PortClaims(), PortClaims()
+    try:
+        mine = choose_ports([None] * 3, "5", lambda p: first.take(p, lambda _: True), span)
+        theirs = choose_ports([None] * 3, "5", lambda p: second.take(p, lambda _: True), span)
+        assert not set(mine) & set(theirs) and len(set(mine)) == 3
+        assert not first.take(mine[0], lambda _: True)  # not twice either
+        assert not second.take(span[-1], lambda _: False) and first.take(span[-1], lambda _: True)  # taken only free
+        first.release()
+        assert second.take(mine[0], lambda _: True)
+    finally:
+        first.release()
+        second.release()
+    holder = "from ddslurm.runtime._serving import PortClaims; import sys; c = PortClaims(); "
+    holder += "assert c.take(24100, lambda _: True); print('held', flush=True); sys.stdin.read()"
+    child = subprocess.Popen([sys.executable, "-c", holder], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None and child.stdout.readline() == "held\n"
+    claims = PortClaims()
+    assert not claims.take(24100, lambda _: True)  # another process's claim
+    child.kill()
+    child.wait()
+    assert claims.take(24100, lambda _: True)  # gone with the process that made it
+    claims.release()
 
 
 def test_listening_ports_avoid_the_kernels_ephemeral_range(tmp_path: Path) -> None:

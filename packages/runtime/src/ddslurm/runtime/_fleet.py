@@ -8,9 +8,10 @@
 Every deployment's endpoint is its proxy, on a loopback port held for the whole allocation
 (:class:`~ddslurm.runtime._serving.PortHolds`: no other user can bind it, even while the proxy restarts); the
 replicas listen on Unix-domain sockets in a scratch directory only this user can enter (``listen: unix``), or on
-loopback ports proved to be this user's before the token reaches them (``listen: tcp``). Servers and proxies get
-the job's environment without any of the run's secrets, and the attempt's token (``VLLM_API_KEY``); a server
-also the variables its deployment names in ``server.env_from``.
+loopback ports proved to be this user's before the token reaches them (``listen: tcp``; each claimed node-wide
+from its choice, :class:`~ddslurm.runtime._serving.PortClaims`, so that no other job chooses it too). Servers and
+proxies get the job's environment without any of the run's secrets, and the attempt's token (``VLLM_API_KEY``); a
+server also the variables its deployment names in ``server.env_from``.
 
 A replica that spans nodes (``ReplicaPlan.nodes`` > 1, always the allocation's only replica) is one step per node:
 its leader (``server-<alias>-<i>``, node 0, where the proxies and clients run too) serves the API, its headless
@@ -36,6 +37,7 @@ from ddslurm.runtime._scratch import create_scratch, own_scratch_owner, remove_s
 from ddslurm.runtime._serving import (
     TOKEN_ENV,
     ListenerClients,
+    PortClaims,
     PortHolds,
     PortUnavailableError,
     ProxyDiedError,
@@ -143,6 +145,7 @@ class Fleet:
         self._server_mb, self._proxy_mb = server_mb, proxy_mb
         self._clients = ListenerClients(http)
         self._holds = PortHolds(HOST)
+        self._claims = PortClaims(HOST)
         self._stop = stop
         self._log = log
         self._grace = grace
@@ -221,7 +224,7 @@ class Fleet:
         spanning = [(d, r) for d in serving.deployments for r in d.replicas if r.nodes > 1]
         # The listeners' ports and the rendezvous ports of the replicas that span nodes, all distinct, all free here.
         wanted = [r.port for d in serving.deployments if d.listen == "tcp" for r in d.replicas]
-        chosen = choose_ports([*wanted, *[None] * len(spanning)], self._job)
+        chosen = choose_ports([*wanted, *[None] * len(spanning)], self._job, self._claims.take)
         ports = iter(chosen[: len(wanted)])
         rendezvous = {(d.alias, r.index): p for (d, r), p in zip(spanning, chosen[len(wanted) :], strict=True)}
         self._rendezvous = set(rendezvous.values())
@@ -485,6 +488,7 @@ class Fleet:
         stop_running([p.step for p in reversed(self._proxies.values())], self._grace, self._log)
         stop_running(list(reversed(self._servers)), self._grace, self._log)
         self._holds.release()
+        self._claims.release()
         self._clients.close()
         if self._sockets is not None:
             remove_scratch(self._sockets)

@@ -459,6 +459,42 @@ class PortHolds:
         self._held.clear()
 
 
+class PortClaims:
+    """The ports this process chose for its servers, claimed node-wide until it lets them go or dies.
+
+    A port is chosen free and bound by the server a moment later (seconds for a real engine): two controllers on
+    one node (two jobs, or the tests' three nodes on one host) that choose in that moment would both find it free,
+    and the later server dies with "address already in use". A claim is a Unix-domain socket bound in Linux's
+    abstract namespace under a name derived from the port: binding it is atomic across the node, it leaves no file,
+    and the kernel lets it go when the process ends however it ends. A name bound by anyone else is not this
+    process's to take (any user can bind an abstract name: the port is passed over, never shared)."""
+
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self._host = host
+        self._claimed: dict[int, socket.socket] = {}
+
+    def take(self, port: int, is_free: Callable[[int], bool] = port_is_free) -> bool:
+        """Claim ``port`` if no other process has and ``is_free`` says it is free (True), else False."""
+        if port in self._claimed:
+            return False
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.bind(f"\0ddslurm-port-{self._host}-{port}")
+        except OSError:
+            sock.close()
+            return False
+        if not is_free(port):
+            sock.close()
+            return False
+        self._claimed[port] = sock
+        return True
+
+    def release(self) -> None:
+        for sock in self._claimed.values():
+            sock.close()
+        self._claimed.clear()
+
+
 def listening_ports(ephemeral_file: Path = EPHEMERAL_RANGE_FILE) -> range:
     """Where servers and proxies listen: outside the kernel's ephemeral range, from which every outgoing
     connection on the node (the clients' own, thousands a run) takes its source port. A port in that range can be
