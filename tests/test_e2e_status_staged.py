@@ -1,24 +1,26 @@
 """``status`` of a two-stage run on the real local Slurm cluster, sampled while the run goes on: ``status --watch
---json`` (a JSON object per refresh) and ``status --json`` called again and again. The run's progress over both
-stages and its final-stage records never go back, not even while a shard whose GPU stage is done waits for its CPU
-stage, and the run never returns to ``pending`` once it ran. One GPU allocation pulls the two shards one after
-another on one client worker, and the CPU-stage array starts only once that allocation has ended
-(``--dependency=afterany``), so the first shard waits for its CPU stage while the second generates. The replica
-runs one request at once (``--max-num-seqs 1``): a client's share of the replicas is then one request, and the
-worker's spare takes over only in the first shard's last ``SPARE_SETUP_S`` at its rate (8 records at 2 s a
-request: about its last two), leaving the second shard some 10 s of generating after the first is done. (At the
-default capacity, 256, a whole shard fits in its share and the spare starts the second at once.)"""
+--json`` (a JSON object per refresh) and ``status --json`` called once a second. The run's progress over both stages
+and its final-stage records never go back, not even while a shard whose GPU stage is done waits for its CPU stage,
+and the run never returns to ``pending`` once it ran. One GPU allocation pulls the two shards one after another on
+one client worker, and the CPU-stage array starts only once that allocation has ended (``--dependency=afterany``),
+so a shard whose GPU stage is done waits for its CPU stage while the other generates. That moment is held, not hoped
+for: the replica answers through the stand-in's gate, which lets through one request fewer than the records (a
+generator request each), so one shard's GPU stage finishes and the other's cannot until the test opens the gate,
+once both ``status --json`` and ``status --watch`` have shown the moment."""
 
 from __future__ import annotations
 
 import json
 import re
 import subprocess
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from ddslurm.config import RunLayout
 from tests.e2e import DDSLURM, MIXED_RECIPE, generator, run_cli, vllm_stand_in
 from tests.e2e import cli_json as _cli
 
@@ -26,6 +28,15 @@ pytestmark = [pytest.mark.slurm, pytest.mark.dd]
 
 SHARDS = 2
 RECORDS = 16
+
+
+def _waiting_for_cpu(sample: dict[str, Any]) -> bool:
+    """The moment the old status got wrong: a shard whose GPU stage has its result waiting for its CPU stage while
+    another shard has not finished its own GPU stage."""
+    shards = sample["shards"]
+    return any(sh["stage"] == "cpu" and sh["state"] == "pending" for sh in shards) and any(
+        sh["stage"] == "gpu" for sh in shards
+    )
 
 
 def _check_series(samples: list[dict[str, Any]], what: str) -> None:
@@ -58,28 +69,27 @@ def _check_series(samples: list[dict[str, Any]], what: str) -> None:
         assert mine == sorted(mine), f"{what}: shard {index}'s rows went back: {mine}"
     # The moment the old status got wrong was seen: a shard whose GPU stage had its result waiting for its CPU
     # stage while another shard had not finished its own GPU stage.
-    assert any(
-        any(sh["stage"] == "cpu" and sh["state"] == "pending" for sh in s["shards"])
-        and any(sh["stage"] == "gpu" for sh in s["shards"])
-        for s in samples
-    ), f"{what}: no sample of a shard waiting for its CPU stage: {[(s['state'], s['progress']) for s in samples]}"
+    assert any(map(_waiting_for_cpu, samples)), (
+        f"{what}: no sample of a shard waiting for its CPU stage: {[(s['state'], s['progress']) for s in samples]}"
+    )
     assert samples[-1]["state"] == "succeeded" and samples[-1]["progress"] == 1.0
 
 
 def test_status_of_a_two_stage_run_never_goes_back(make_run_files: Any, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"  # every record is one generator request: one short, one shard cannot finish
+    gate.write_text(str(RECORDS - 1))
+    stand_in = {"FAKE_VLLM_LATENCY": "0.2", "FAKE_VLLM_STARTUP_DELAY": "1", "FAKE_VLLM_GATE": str(gate)}
     files = make_run_files(
         "watched",
         num_records=RECORDS,
         shards=SHARDS,
         buffer_size=2,
         recipe=MIXED_RECIPE,
-        extra_run=generator(
-            env={"FAKE_VLLM_LATENCY": "2.0", "FAKE_VLLM_STARTUP_DELAY": "1"}, extra_args=["--max-num-seqs", "1"]
-        )
-        + "allocations: 1\nclient_workers: 1\n",
+        extra_run=generator(env=stand_in) + "allocations: 1\nclient_workers: 1\n",
         vllm_executable=vllm_stand_in(tmp_path, "watched"),
     )
     run_dir = _cli("submit", str(files.run_file), "--profile", str(files.profile), "--json", env=files.env)["run_dir"]
+    gpu_winners = [RunLayout(Path(run_dir)).shard(i).stage(0).winner for i in range(SHARDS)]
     watch = subprocess.Popen(
         [DDSLURM, "status", run_dir, "--watch", "--json"],
         stdout=subprocess.PIPE,
@@ -87,17 +97,45 @@ def test_status_of_a_two_stage_run_never_goes_back(make_run_files: Any, tmp_path
         text=True,
         env=files.env,
     )
+    frames: list[dict[str, Any]] = []
+    watch_saw_it = threading.Event()
+
+    def read_frames() -> None:
+        assert watch.stdout is not None
+        for line in watch.stdout:
+            frames.append(json.loads(line))
+            if _waiting_for_cpu(frames[-1]):
+                watch_saw_it.set()
+
+    def a_gpu_winner() -> bool:
+        return any(w.exists() for w in gpu_winners)
+
+    reader = threading.Thread(target=read_frames, daemon=True)
+    reader.start()
+    sampled: list[dict[str, Any]] = []  # status --json, once a second, until the run has ended
     try:
-        sampled: list[dict[str, Any]] = []  # status --json, as fast as it answers, until the run has ended
-        while not sampled or sampled[-1]["state"] not in {"succeeded", "failed", "cancelled", "incomplete"}:
+        deadline = time.monotonic() + 600  # a bound on the wait, not a measured time
+        while not a_gpu_winner():
+            assert time.monotonic() < deadline, "no GPU stage finished with all but one generator request answered"
             sampled.append(_cli("status", run_dir, "--json", env=files.env))
-        frames_out, watch_err = watch.communicate(timeout=120)  # --watch stops after the first terminal status
+            time.sleep(1)
+        assert sum(w.exists() for w in gpu_winners) == 1
+        sampled.append(_cli("status", run_dir, "--json", env=files.env))
+        assert _waiting_for_cpu(sampled[-1]), sampled[-1]["shards"]
+        assert watch_saw_it.wait(120), "status --watch never showed the first shard waiting for its CPU stage"
+        gate.write_text("")
+        while sampled[-1]["state"] not in {"succeeded", "failed", "cancelled", "incomplete"}:
+            time.sleep(1)
+            sampled.append(_cli("status", run_dir, "--json", env=files.env))
+        watch.wait(timeout=120)  # --watch stops after the first terminal status
+        reader.join(timeout=60)
+        watch_err = watch.stderr.read() if watch.stderr is not None else ""
     finally:
+        gate.write_text("")
         if watch.poll() is None:
             watch.kill()
             watch.communicate()
     assert watch.returncode == 0, watch_err
-    frames = [json.loads(line) for line in frames_out.splitlines()]
     assert sampled[-1]["state"] == "succeeded", sampled[-1]
     _check_series(sampled, "status --json")
     _check_series(frames, "status --watch --json")
