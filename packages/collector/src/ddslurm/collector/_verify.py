@@ -12,12 +12,13 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import pyarrow as pa
+from typing import TYPE_CHECKING, Any
 
 from ddslurm.collector.errors import BatchChangedError
 from ddslurm.config import FileEntry, WinnerRecord
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 _CHUNK = 4 << 20  # hash what was just read while it is still in the cache
 
@@ -92,7 +93,7 @@ def read_verified(batch: Batch, *, keep: bool = True) -> Any:
         if st.st_size != size:
             raise _size_changed(batch, st.st_size)
         digest = hashlib.sha256()
-        buffer = pa.allocate_buffer(size) if keep else None
+        buffer = _allocate(size) if keep else None
         view = memoryview(buffer if buffer is not None else bytearray(min(size, _CHUNK)))
         done = 0
         while done < size:
@@ -126,3 +127,10 @@ def verify_winner(winner: WinnerRecord, dataset_dir: Path | None = None, *, hash
         except BatchChangedError as exc:
             problems.append(str(exc))
     return problems
+
+
+def _allocate(size: int) -> pa.Buffer:
+    """A pyarrow buffer of ``size`` bytes (imported here: checking a winner's hashes needs no pyarrow)."""
+    import pyarrow as pa
+
+    return pa.allocate_buffer(size)

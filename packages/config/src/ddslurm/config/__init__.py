@@ -58,6 +58,7 @@ from ddslurm.config._layout import (
     calibration_file,
     prompts_file,
 )
+from ddslurm.config._lazy import lazy_exports
 from ddslurm.config._limits import Limit, QueuedJob, SchedulerLimits
 from ddslurm.config._plan import (
     PLAN_VERSION,
@@ -245,6 +246,7 @@ __all__ = [
     "final_columns",
     "fsync_dir",
     "is_drop_processor",
+    "lazy_exports",
     "llm_columns",
     "load_profile",
     "load_run_file",

@@ -1,23 +1,19 @@
-"""The commands that follow a run: ``status`` (``--watch``), ``wait``, ``logs``, ``report``."""
+"""The commands that follow a run: ``status`` (``--watch``), ``wait``, ``logs``, ``report``.
+
+What only some of them need (the text rendering and its rich, the report and its pyarrow, the workspace's facts)
+is imported where it is used: ``status --json`` loads no Rich, ``status`` no report."""
 
 from __future__ import annotations
 
 from contextlib import nullcontext
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, TextIO
 
 import typer
 
 from ddslurm.config import compact_ranges
-from ddslurm.launcher._console import (
-    RunDisplay,
-    show_status,
-    summary_line,
-)
-from ddslurm.launcher._facts import record_after
 from ddslurm.launcher._follow import SchedulerBusy, follow_run, release, wait_for_run
-from ddslurm.launcher._logs import LogFollower
 from ddslurm.launcher._output import (
     ExitCode,
     write_json,
@@ -33,7 +29,9 @@ from ddslurm.launcher._session import (
     run_layout,
 )
 from ddslurm.launcher._status import RunStatus, run_status
-from ddslurm.launcher.report import numbers, read_run, render_html, report_json
+
+if TYPE_CHECKING:
+    from ddslurm.launcher._console import RunDisplay
 
 # --- status, wait ---
 
@@ -47,6 +45,13 @@ class Step(StrEnum):
     slurm = "slurm"
 
 
+def _summary_line(st: RunStatus) -> str:
+    """One line of the run's progress (``status --watch`` off a terminal)."""
+    from ddslurm.launcher._console import summary_line
+
+    return summary_line(st)
+
+
 def _say_busy(session: Session, busy: SchedulerBusy) -> None:
     session.err.write(f"scheduler query failed ({busy.error}); retrying in {busy.retry_in:.0f} s\n")
     session.err.flush()
@@ -54,7 +59,18 @@ def _say_busy(session: Session, busy: SchedulerBusy) -> None:
 
 def _display(session: Session, *, table: bool) -> RunDisplay | None:
     """The live view, on a terminal only (and never with --json)."""
-    return RunDisplay(session.out, table=table) if not session.json and session.out.isatty() else None
+    if session.json or not session.out.isatty():
+        return None
+    from ddslurm.launcher._console import RunDisplay
+
+    return RunDisplay(session.out, table=table)
+
+
+def _show_status(out: TextIO, st: RunStatus) -> None:
+    """The run's status as text (``_console``, which loads rich, is imported for it only)."""
+    from ddslurm.launcher._console import show_status
+
+    show_status(out, st)
 
 
 @guarded
@@ -81,7 +97,7 @@ def cmd_status(
         if session.json:
             write_json(st, session.out)
         else:
-            show_status(session.out, st)
+            _show_status(session.out, st)
         return ExitCode.OK
     display = _display(session, table=True)
     last = ""
@@ -95,12 +111,12 @@ def cmd_status(
                 write_json(st, session.out)
             elif display is not None:
                 display.update(st)
-            elif (line := summary_line(st)) != last:
+            elif (line := _summary_line(st)) != last:
                 session.out.write(line + "\n")
                 session.out.flush()
                 last = line
     if not session.json:
-        show_status(session.out, st)
+        _show_status(session.out, st)
     return ExitCode.OK
 
 
@@ -139,11 +155,13 @@ def cmd_wait(
             f"recorded superseded: {', '.join(released.tasks)}\n"
         )
     if st.state == "succeeded":  # what the run measured, into the workspace's facts (never fails the command)
+        from ddslurm.launcher._facts import record_after
+
         record_after(layout, session.slurm, session.err)
     if session.json:
         write_json(st, session.out)
     else:
-        show_status(session.out, st)
+        _show_status(session.out, st)
     return ExitCode.OK if st.state == "succeeded" else ExitCode.FAILED
 
 
@@ -189,6 +207,8 @@ def cmd_logs(
     as_json: JsonOpt = False,
 ) -> int:
     """Print a step's log of a shard's attempt; structured log lines as time, level, event and key=value."""
+    from ddslurm.launcher._logs import LogFollower
+
     session = command_session(ctx, as_json)
     follower = LogFollower(run_layout(session, run, profile), session.slurm, session.out, session.err, session.sleep)
     index = follower.pick_shard(shard)
@@ -217,6 +237,9 @@ def cmd_report(
     """Write a self-contained HTML report of the run (opens offline): every attempt's timeline, records/s,
     requests and tokens per model alias, GPU-hours allocated and spent generating, failures by reason, and the
     dataset's column statistics. With --json, also print its numbers."""
+    from ddslurm.launcher._facts import record_after
+    from ddslurm.launcher.report import numbers, read_run, render_html, report_json
+
     session = command_session(ctx, as_json)
     layout = run_layout(session, run, profile)
     facts = read_run(layout, session.slurm)  # the run and its accounting, read once for the page and the facts

@@ -5,30 +5,13 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from ddslurm.config import compact_ranges
-from ddslurm.launcher._aliases import describe_aliases
-from ddslurm.launcher._bill import bill_lines
-from ddslurm.launcher._console import (
-    check_table,
-    dry_run_text,
-    plan_notes,
-    run_table,
-    show,
-)
-from ddslurm.launcher._doctor import doctor
-from ddslurm.launcher._dry_run import DryRun
-from ddslurm.launcher._dry_run import dry_run as plan_dry_run
-from ddslurm.launcher._init import init_command
-from ddslurm.launcher._output import (
-    ExitCode,
-    array_json,
-    limits_json,
-    write_json,
-)
+from ddslurm.launcher._example import Example
+from ddslurm.launcher._output import ExitCode, array_json, limits_json, write_json
 from ddslurm.launcher._runs import list_runs, resolve_profile, workspace_of
 from ddslurm.launcher._session import (
     JsonOpt,
@@ -39,14 +22,10 @@ from ddslurm.launcher._session import (
     run_layout,
     write_lines,
 )
-from ddslurm.launcher._starter import Example
-from ddslurm.launcher._steer import (
-    continue_submission,
-)
-from ddslurm.launcher._submit import submit
 from ddslurm.launcher.errors import UsageError
-from ddslurm.providers import check_endpoints
-from ddslurm.providers.cli import print_resolution
+
+if TYPE_CHECKING:
+    from ddslurm.launcher._dry_run import DryRun
 
 # --- submit ---
 
@@ -87,6 +66,11 @@ def cmd_submit(
     as_json: JsonOpt = False,
 ) -> int:
     """Capture the inputs, compile the plan and submit the run's job arrays."""
+    from ddslurm.launcher._console import plan_notes
+    from ddslurm.launcher._dry_run import dry_run as plan_dry_run
+    from ddslurm.launcher._submit import submit
+    from ddslurm.providers import check_endpoints
+
     session = command_session(ctx, as_json)
     if continue_run:
         return _continue(session, str(run_file), profile)
@@ -128,6 +112,8 @@ def cmd_submit(
 
 def _continue(session: Session, run: str, profile: Path | None) -> int:
     """``submit --continue RUN``: the arrays of the run's submission plan that were never submitted."""
+    from ddslurm.launcher._steer import continue_submission
+
     layout = run_layout(session, run, profile)
     done = continue_submission(layout, session.slurm, session.env)
     out = session.out
@@ -147,6 +133,9 @@ def _continue(session: Session, run: str, profile: Path | None) -> int:
 
 def _show_dry_run(session: Session, done: DryRun) -> int:
     """``submit --dry-run``: the plan, the bill, the arrays and the limits they fit in, the first batch script."""
+    from ddslurm.launcher._bill import bill_lines
+    from ddslurm.launcher._console import dry_run_text
+
     planned = done.planned
     if session.json:
         write_json(
@@ -196,6 +185,10 @@ def cmd_providers(
     """Show how the run's model aliases resolve, and what would stop a submit (never a key's value).
 
     Exit 0 when submit would accept the providers (and every --check passed), 1 when the table shows problems."""
+    from ddslurm.launcher._aliases import describe_aliases
+    from ddslurm.providers import check_endpoints
+    from ddslurm.providers.cli import print_resolution
+
     session = command_session(ctx, as_json)
     resolution = describe_aliases(run_file, session.env, resolve_profile(profile, session.env))
     if check:
@@ -221,6 +214,9 @@ def cmd_doctor(
 
     Every check is shown (ok, problem at the profile's file:line:col, or skipped and why); exit 1 when any found a
     problem. submit and submit --dry-run refuse the same problems."""
+    from ddslurm.launcher._console import check_table, show
+    from ddslurm.launcher._doctor import doctor
+
     session = command_session(ctx, as_json)
     profile_path = resolve_profile(profile, session.env)
     if profile_path is None:
@@ -257,6 +253,8 @@ def cmd_init(
 ) -> int:
     """Write a run file and a cluster profile filled from this cluster (one sinfo), every field explained, and
     print the commands to run next."""
+    from ddslurm.launcher._init import init_command
+
     session = command_session(ctx, as_json)
     program = "uv run ddslurm" if session.env.get("UV") else "ddslurm"  # `uv run` sets UV for what it runs
     result = init_command(directory, slurm=session.slurm, force=force, example=example, program=program)
@@ -270,6 +268,8 @@ def cmd_init(
 @guarded
 def cmd_list(ctx: typer.Context, profile: ProfileOpt = None, as_json: JsonOpt = False) -> int:
     """List the runs in the workspace, newest first: state, rows produced of those requested, age."""
+    from ddslurm.launcher._console import run_table, show
+
     session = command_session(ctx, as_json)
     workspace = workspace_of(profile, session.env)
     if workspace is None:

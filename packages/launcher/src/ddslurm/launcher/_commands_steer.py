@@ -1,4 +1,7 @@
-"""The commands that steer a run: ``cancel``, ``retry``, ``accept-partial``, ``collect``."""
+"""The commands that steer a run: ``cancel``, ``retry``, ``accept-partial``, ``collect``.
+
+The collector (and its pyarrow), the planner and the text rendering are imported where a command uses them:
+``cancel`` loads none of them (``cancel --shards`` words its text with the planner's ``plural``)."""
 
 from __future__ import annotations
 
@@ -9,13 +12,6 @@ from typing import Annotated
 import typer
 
 from ddslurm.config import compact_ranges
-from ddslurm.launcher._collect import collect_job_command, collect_local_command
-from ddslurm.launcher._console import (
-    FileProgress,
-    job_spinner,
-    plan_lines,
-)
-from ddslurm.launcher._facts import record_after
 from ddslurm.launcher._output import (
     CommandFailed,
     ExitCode,
@@ -43,7 +39,6 @@ from ddslurm.launcher._steer import (
     retry,
     shards_named,
 )
-from ddslurm.planner import plural
 
 # --- steering: cancel, retry, accept-partial ---
 
@@ -89,6 +84,8 @@ def cmd_cancel(
 def _shards_cancelled(done: Cancelled, run_id: str, found: str) -> list[str]:
     """What ``cancel --shards`` says it did: the shards cancelled, how (their tasks, or the pulling allocations that
     stop them themselves), and those that had their result already (kept)."""
+    from ddslurm.planner import plural
+
     how = [f"{plural(len(done.ids), 'task')} {', '.join(done.ids)} cancelled"] if done.ids else []
     if done.pulled:
         how.append("the allocations that pull shards stop their generation and take them no more")
@@ -155,6 +152,8 @@ def cmd_retry(
                 out,
             )
         else:
+            from ddslurm.launcher._console import plan_lines
+
             head = f"dry run: a retry would submit {len(done.shards)} shard(s): {compact_ranges(done.shards)}"
             write_lines(out, [head, *plan_lines(done.planned)])
         return ExitCode.OK
@@ -230,6 +229,10 @@ def cmd_collect(
     """Merge the shards' results into one Parquet dataset (RUN/dataset); the collector's exit codes.
 
     Progress on a terminal: a bar over the batch files with --local, the job's elapsed time otherwise."""
+    from ddslurm.launcher._collect import collect_job_command, collect_local_command
+    from ddslurm.launcher._console import FileProgress, job_spinner
+    from ddslurm.launcher._facts import record_after
+
     session = command_session(ctx, as_json)
     layout = run_layout(session, run, profile)
     live = not session.json and session.out.isatty()

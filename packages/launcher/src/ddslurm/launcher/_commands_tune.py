@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, TextIO
+from typing import TYPE_CHECKING, Annotated, Any, TextIO
 
 import typer
 
-from ddslurm.config import Facts
 from ddslurm.launcher._follow import SchedulerBusy
 from ddslurm.launcher._output import ExitCode, write_json
 from ddslurm.launcher._runs import resolve_profile
 from ddslurm.launcher._session import JsonOpt, ProfileOpt, command_session, guarded
 from ddslurm.launcher._status import RunStatus
-from ddslurm.launcher._tune import tune
-from ddslurm.launcher._tune_facts import TuneResult
 from ddslurm.launcher.errors import UsageError
+
+if TYPE_CHECKING:
+    from ddslurm.config import Facts
+    from ddslurm.launcher._tune_facts import TuneResult
 
 
 def tune_json(result: TuneResult, facts: Facts) -> dict[str, Any]:
@@ -89,6 +90,8 @@ def cmd_tune(
     as_json: JsonOpt = False,
 ) -> int:
     """Measure the run's model shapes and recipe in a short calibration run; record them in the workspace's facts."""
+    from ddslurm.launcher._tune import tune
+
     session = command_session(ctx, as_json)
     profile_path = resolve_profile(profile, session.env)
     if profile_path is None:

@@ -3,6 +3,9 @@ and log lines.
 
 On a terminal the output is coloured and may be boxed and wrapped to its width. Anywhere else (a pipe, a file, a
 test) it is plain text: no colour codes, no box drawing, no wrapping, no trailing blanks; :func:`show` decides.
+
+What only the dry run's text needs (the planner, ``_submit``) is imported by the functions that render it, so the
+status and the logs load neither.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from __future__ import annotations
 import io
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import msgspec
 from rich import box
@@ -30,12 +33,13 @@ from rich.table import Column, Table
 from rich.text import Text
 
 from ddslurm.config import Plan, RunLayout, compact_ranges
-from ddslurm.launcher._doctor_checks import Check
 from ddslurm.launcher._runs import ListedRun
 from ddslurm.launcher._slurm import NODE_ENV_ALLOWED
 from ddslurm.launcher._status import RunStatus, ShardStatus
-from ddslurm.launcher._submit import job_variables
-from ddslurm.planner import HEADROOM, VLLM_DEFAULT_MAX_NUM_SEQS, SubmissionPlan, describe_limit, failure_chain
+
+if TYPE_CHECKING:
+    from ddslurm.launcher._doctor_checks import Check
+    from ddslurm.planner import SubmissionPlan
 
 PLAIN_WIDTH = 100_000
 """Plain output is never wrapped: a line as long as its content (a reason, a path) stays one line."""
@@ -339,6 +343,8 @@ def placeholder_note(names: tuple[str, ...]) -> str:
 def plan_notes(plan: Plan) -> list[str]:
     """What submit and the dry run note about a plan: placeholder keys, and the builder's columns the nodes take
     from the run's copy of the script (Data Designer's YAML does not carry them as they are)."""
+    from ddslurm.planner import VLLM_DEFAULT_MAX_NUM_SEQS
+
     notes = [placeholder_note(plan.secret_env_unscanned)]
     source = plan.recipe_source
     if source is not None and source.rebuild:
@@ -361,6 +367,8 @@ def plan_notes(plan: Plan) -> list[str]:
 
 def plan_lines(planned: SubmissionPlan) -> list[str]:
     """The arrays and the limits, as the dry run prints them."""
+    from ddslurm.planner import HEADROOM, describe_limit, failure_chain
+
     lines = [
         f"{len(planned.arrays)} sbatch call(s), {planned.tasks:,} array task(s) "
         f"(MaxArraySize {planned.limits.max_array_size:,}):"
@@ -384,6 +392,8 @@ def dry_run_text(
     """What ``submit --dry-run`` prints: where the run would go, the environment the job gets, the bill (how the
     shards map to jobs, the aliases, resources, steps and CPU/GPU-hours), the arrays and the limits they fit in
     (``planned``, as ``submit`` computes it), then the batch script of the first array."""
+    from ddslurm.launcher._submit import job_variables
+
     names = ", ".join((*NODE_ENV_ALLOWED, *job_variables(plan)))
     lines = [
         "dry run: nothing was written or submitted",

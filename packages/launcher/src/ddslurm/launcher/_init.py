@@ -26,12 +26,12 @@ from typing import Any
 
 from ddslurm.config import ConfigError, atomic_write, load_profile, load_run_file, path_problem, publish_once
 from ddslurm.launcher._cluster import ClusterInfo, Partition, read_cluster
+from ddslurm.launcher._example import Example
 from ddslurm.launcher._init_steps import Step, next_steps, shown, todo
 from ddslurm.launcher._slurm import Slurm
 from ddslurm.launcher._starter import (
     BUILD_SCRIPT,
     STARTER_FILES,
-    Example,
     Starter,
     hosted_provider,
     on_embedded_cluster,

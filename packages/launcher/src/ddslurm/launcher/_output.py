@@ -8,22 +8,23 @@ reported as one ``error: ...`` line (or more) on stderr and, with ``--json``, al
 from __future__ import annotations
 
 import io
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import msgspec
 import typer
 
-from ddslurm.collector import CollectError
 from ddslurm.config import ConfigError, ConfigFileError, PlannedArray, compact_ranges
 from ddslurm.launcher._follow import WaitTimeout
 from ddslurm.launcher._slurm import SlurmTimeoutError
-from ddslurm.launcher._submit import PartialSubmitError
 from ddslurm.launcher.errors import LauncherError, RunNotFoundError, SlurmError, SubmitError, UsageError, WriteError
-from ddslurm.planner import HEADROOM, PlanError, SubmissionPlan, array_tasks, failure_chain
-from ddslurm.providers import ProvidersError
+
+if TYPE_CHECKING:
+    from ddslurm.launcher._submit import PartialSubmitError
+    from ddslurm.planner import SubmissionPlan
 
 SIGNAL_BASE = 128
 
@@ -99,6 +100,36 @@ def _submit_exit(command: str | None) -> ExitCode:
     return ExitCode.USAGE if command == "submit" else ExitCode.FAILED
 
 
+def _loaded_error(module: str, name: str) -> type[BaseException] | None:
+    """The error class ``name`` of ``module`` if that module was imported, else None (an error of a module that was
+    never imported cannot have been raised). The errors of the planner, the providers and the collector are checked
+    so, without importing those packages (the collector's loads pyarrow) for commands that never use them."""
+    loaded = sys.modules.get(module)
+    found = getattr(loaded, name, None) if loaded is not None else None
+    return found if isinstance(found, type) and issubclass(found, BaseException) else None
+
+
+def _plan_error() -> type[BaseException] | None:
+    return _loaded_error("ddslurm.planner.errors", "PlanError")
+
+
+def _providers_error() -> type[BaseException] | None:
+    return _loaded_error("ddslurm.providers.errors", "ProvidersError")
+
+
+def _collect_error() -> type[BaseException] | None:
+    return _loaded_error("ddslurm.collector.errors", "CollectError")
+
+
+def _partial_submit(exc: BaseException) -> PartialSubmitError | None:
+    """``exc`` if it is a submission that stopped part-way (raised by ``_submit``, so imported already)."""
+    if "ddslurm.launcher._submit" not in sys.modules:
+        return None
+    from ddslurm.launcher._submit import PartialSubmitError
+
+    return exc if isinstance(exc, PartialSubmitError) else None
+
+
 def error_report(exc: BaseException, command: str | None) -> ErrorReport:
     """The code, message and exit code of an error that ended ``command``."""
     message = str(exc)
@@ -106,20 +137,20 @@ def error_report(exc: BaseException, command: str | None) -> ErrorReport:
         return exc.report
     if isinstance(exc, typer.TyperException):  # the command line itself (Typer's parser)
         return ErrorReport(ErrorCode.USAGE, exc.format_message(), exc.exit_code)
-    if isinstance(exc, PartialSubmitError):
-        return ErrorReport(ErrorCode.SUBMISSION_INCOMPLETE, message, ExitCode.FAILED, partial_json(exc))
+    if (partial := _partial_submit(exc)) is not None:
+        return ErrorReport(ErrorCode.SUBMISSION_INCOMPLETE, message, ExitCode.FAILED, partial_json(partial))
     if isinstance(exc, WaitTimeout):  # ``wait --timeout``: the run's last status comes with the error
         return ErrorReport(ErrorCode.TIMEOUT, message, ExitCode.TIMEOUT, {"status": exc.status})
-    fixed: list[tuple[type[BaseException], ErrorCode, ExitCode]] = [
+    fixed: list[tuple[type[BaseException] | None, ErrorCode, ExitCode]] = [
         (UsageError, ErrorCode.USAGE, ExitCode.USAGE),
         (RunNotFoundError, ErrorCode.RUN_NOT_FOUND, ExitCode.USAGE),
         (SubmitError, ErrorCode.SUBMIT_REFUSED, ExitCode.USAGE),
         (ConfigError, ErrorCode.INVALID_INPUT, ExitCode.USAGE),
-        (ProvidersError, ErrorCode.PROVIDERS, ExitCode.USAGE),
-        (CollectError, ErrorCode.COLLECT_FAILED, ExitCode.FAILED),
+        (_providers_error(), ErrorCode.PROVIDERS, ExitCode.USAGE),
+        (_collect_error(), ErrorCode.COLLECT_FAILED, ExitCode.FAILED),
     ]
     for kind, code, exit_code in fixed:
-        if isinstance(exc, kind):
+        if kind is not None and isinstance(exc, kind):
             return ErrorReport(code, message, exit_code, problems_json(exc))
     if isinstance(exc, WriteError):
         return ErrorReport(ErrorCode.WRITE_FAILED, message, _submit_exit(command))
@@ -127,7 +158,9 @@ def error_report(exc: BaseException, command: str | None) -> ErrorReport:
         return ErrorReport(ErrorCode.SLURM_TIMEOUT, message, _submit_exit(command))
     if isinstance(exc, SlurmError):
         return ErrorReport(ErrorCode.SLURM, message, _submit_exit(command))
-    if isinstance(exc, (LauncherError, PlanError)):  # a plan the planner cannot submit (a follower it lacks)
+    plan_error = _plan_error()
+    if isinstance(exc, LauncherError) or (plan_error is not None and isinstance(exc, plan_error)):
+        # a plan the planner cannot submit (a follower it lacks)
         return ErrorReport(
             ErrorCode.SUBMIT_REFUSED if command == "submit" else ErrorCode.FAILED, message, _submit_exit(command)
         )
@@ -147,16 +180,15 @@ def problems_json(exc: BaseException) -> dict[str, Any]:
     return {"problems": problems}
 
 
-REPORTED: tuple[type[BaseException], ...] = (
-    CommandFailed,
-    typer.TyperException,
-    LauncherError,
-    PlanError,
-    ConfigError,
-    ProvidersError,
-    CollectError,
-)
-"""The errors ``main`` reports as ``error: ...`` (anything else is a bug and keeps its traceback)."""
+REPORTED: tuple[type[BaseException], ...] = (CommandFailed, typer.TyperException, LauncherError, ConfigError)
+"""The errors of the launcher and below that ``main`` reports as ``error: ...``; :func:`reported` adds those of the
+planner, the providers and the collector."""
+
+
+def reported(exc: BaseException) -> bool:
+    """Whether ``main`` reports ``exc`` as ``error: ...`` (anything else is a bug and keeps its traceback)."""
+    loaded = (kind for kind in (_plan_error(), _providers_error(), _collect_error()) if kind is not None)
+    return isinstance(exc, (*REPORTED, *loaded))
 
 
 def collect_report(code: int, errors: str) -> ErrorReport:
@@ -197,6 +229,8 @@ class Recording(io.StringIO):
 def array_json(array: PlannedArray, job_id: str | None = None, *, plan: Sequence[PlannedArray] = ()) -> dict[str, Any]:
     """One planned array; ``plan``: the arrays of its submission, for ``after_failure_of`` (an automatic retry
     waits for the failure of every one of these arrays, nearest first: ``--dependency=afternotok:...``)."""
+    from ddslurm.planner import array_tasks, failure_chain
+
     return {
         "index": array.index,
         "kind": array.kind,
@@ -225,6 +259,8 @@ def partial_json(exc: PartialSubmitError) -> dict[str, Any]:
 
 
 def limits_json(planned: SubmissionPlan) -> dict[str, Any]:
+    from ddslurm.planner import HEADROOM
+
     return {
         "max_array_size": planned.limits.max_array_size,
         "headroom": HEADROOM,

@@ -16,20 +16,12 @@ from __future__ import annotations
 import contextlib
 import socket
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 
+from ddslurm.launcher._example import Example
 from ddslurm.launcher._slurm import Slurm
 from ddslurm.launcher.errors import SlurmError
 from ddslurm.providers import PROVIDERS_FILE
-
-
-class Example(StrEnum):
-    """The starter recipes of ``init --example``."""
-
-    hosted = "hosted"
-    mixed = "mixed"
-
 
 LOCAL_SLURM_MARK = "# Written by tools/local-slurm"
 """The first line of the slurm.conf ``tools/local-slurm`` writes."""

@@ -12,7 +12,6 @@ from typing import Literal
 
 import msgspec
 
-from ddslurm.collector import verify_winner
 from ddslurm.config import (
     AttemptRecord,
     ConfigError,
@@ -263,7 +262,10 @@ def winner_problem(layout: RunLayout, index: int, winner: WinnerRecord) -> str |
     """Why a published winner no longer verifies, or None (``ddslurm.collector.verify_winner``).
 
     Presence, type and size of every file are checked on every refresh; the sha256 of the winner's files is
-    checked again when one of them changed after publication, so a refresh reads no data in the usual case."""
+    checked again when one of them changed after publication, so a refresh reads no data in the usual case. The
+    collector (which loads pyarrow) is imported here, where a run has a winner to check, not with this module."""
+    from ddslurm.collector import verify_winner
+
     problems = verify_winner(winner, hashes=_changed_since_published(layout, index, winner))
     if not problems:
         return None

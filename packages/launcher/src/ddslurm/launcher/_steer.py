@@ -1,5 +1,8 @@
 """Steering a run: continue a submission that stopped part-way, retry shards without a winner, cancel shards,
-accept short shards, find step logs."""
+accept short shards, find step logs.
+
+What submits (``_submit`` and the planner) is imported by the functions that submit: ``cancel``, ``logs`` and
+``wait`` (:func:`release_leftovers`) load neither."""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from ddslurm.config import (
     AttemptRecord,
@@ -33,18 +36,10 @@ from ddslurm.config import (
 from ddslurm.launcher._run_records import attempt_records, cancel_record, submission_progress, submissions
 from ddslurm.launcher._slurm import Slurm
 from ddslurm.launcher._status import PENDING, RunStatus, query, run_status
-from ddslurm.launcher._submit import (
-    SubmitLockedError,
-    check_environment,
-    new_stamp,
-    read_limits,
-    refusals,
-    submit_arrays,
-    submit_lock,
-    submit_shards,
-)
 from ddslurm.launcher.errors import LauncherError, SlurmError, UsageError
-from ddslurm.planner import SubmissionPlan, array_tasks, plan_submission, plural, refuse_if_over
+
+if TYPE_CHECKING:
+    from ddslurm.planner import SubmissionPlan
 
 ACTIVE = {"running", "pending", "unknown"}
 _LIVE = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "RESIZING", "SUSPENDED", "RUNNING", "COMPLETING"}
@@ -106,6 +101,9 @@ def retry(
     ``dry_run``: decide the shards and plan the arrays (checked against the scheduler's limits), change nothing.
     ``skip_busy``: of ``shards``, those still running or queued are left out instead of refused.
     """
+    from ddslurm.launcher._submit import check_environment, new_stamp, read_limits, refusals, submit_shards
+    from ddslurm.planner import plan_submission, plural
+
     plan = read_plan(layout.plan)
     mark = cancel_record(layout)
     if mark is not None and not resume_cancelled:
@@ -233,6 +231,9 @@ def continue_submission(
     An array whose sbatch was stopped (a timeout) may have reached Slurm anyway: a job in the queue submitted
     from that array's batch script is recorded as that array instead of submitting it again. A run cancelled as
     a whole is not continued (``retry --resume-cancelled`` submits every shard without a result instead)."""
+    from ddslurm.launcher._submit import check_environment, read_limits, refusals, submit_arrays, submit_lock
+    from ddslurm.planner import array_tasks, plural, refuse_if_over
+
     plan = read_plan(layout.plan)
     moment = now or datetime.now(UTC)
     root = layout.root
@@ -321,6 +322,8 @@ def _find_unrecorded(layout: RunLayout, slurm: Slurm, moment: datetime) -> tuple
     progress = submission_progress(layout)
     if progress is None or not progress.missing:
         return [], None
+    from ddslurm.launcher._submit import SubmitLockedError, submit_lock
+
     try:
         queue = slurm.queue()
     except SlurmError as exc:

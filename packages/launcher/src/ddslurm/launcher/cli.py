@@ -29,17 +29,16 @@ from ddslurm.launcher._commands_start import cmd_doctor, cmd_init, cmd_list, cmd
 from ddslurm.launcher._commands_steer import cmd_accept_partial, cmd_cancel, cmd_collect, cmd_retry
 from ddslurm.launcher._commands_tune import cmd_tune
 from ddslurm.launcher._output import (
-    REPORTED,
     CommandFailed,
     ExitCode,
     emit_error,
     error_report,
+    reported,
     write_json,
 )
 from ddslurm.launcher._session import PipeClosed, Session
 from ddslurm.launcher._slurm import Slurm
 from ddslurm.launcher.errors import DISK_FULL, WriteError
-from ddslurm.runtime import installed_versions
 
 DISTRIBUTIONS = (
     "ddslurm-launcher",
@@ -54,6 +53,8 @@ DISTRIBUTIONS = (
 
 
 def _versions() -> dict[str, str | None]:
+    from ddslurm.runtime import installed_versions
+
     return installed_versions(DISTRIBUTIONS)
 
 
@@ -182,12 +183,13 @@ def main(
         try:
             code = command.main(args=args, prog_name="ddslurm", standalone_mode=False, obj=session)
             session.out.flush()
-        except REPORTED as exc:
-            code = _report(exc, session)
-        except OSError as exc:  # a full disk or quota wherever a command writes: an error, not a traceback
-            if exc.errno not in DISK_FULL:
+        except Exception as exc:
+            if reported(exc):
+                code = _report(exc, session)
+            elif isinstance(exc, OSError) and exc.errno in DISK_FULL:  # wherever a command writes: an error
+                code = _report(WriteError(f"what {session.command or 'the command'} writes", exc), session)
+            else:
                 raise
-            code = _report(WriteError(f"what {session.command or 'the command'} writes", exc), session)
     except (PipeClosed, BrokenPipeError):
         return _quiet_exit(session.out)
     except SystemExit as exc:  # shell completion (--show-completion, --install-completion) exits by itself

@@ -5,8 +5,9 @@ answers ``inspect`` does not pay for the engine, pyarrow and the serving code it
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from ddslurm.config import lazy_exports
 
 if TYPE_CHECKING:
     from ddslurm.runtime._attempt import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL, AttemptRunner
@@ -103,15 +104,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    """Import an exported name from its module when it is first used."""
-    module = _LAZY_IMPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later uses find it without this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY_IMPORTS, __all__)
