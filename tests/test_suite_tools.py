@@ -130,23 +130,56 @@ def test_plain_nodeid_drops_the_group_but_not_a_parameters_at() -> None:
 
 def test_the_report_sums_by_marker_and_by_file(tmp_path: Path) -> None:
     rows = [
-        {"test": "a.py::x", "file": "a.py", "markers": ["slurm"], "outcome": "passed", "s": 10.0},
-        {"test": "a.py::y", "file": "a.py", "markers": [], "outcome": "passed", "s": 1.5},
-        {"test": "b.py::z", "file": "b.py", "markers": ["dd", "slurm"], "outcome": "failed", "s": 4.0},
+        {"test": "a.py::x", "file": "a.py", "markers": ["slurm"], "outcome": "passed", "s": 10.0, "cpu_s": 1.0},
+        {"test": "a.py::y", "file": "a.py", "markers": [], "outcome": "passed", "s": 1.5, "cpu_s": 1.25},
+        {"test": "b.py::z", "file": "b.py", "markers": ["dd", "slurm"], "outcome": "failed", "s": 4.0, "cpu_s": 3.0},
     ]
     path = tmp_path / "d.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = io.StringIO()
     report(path, 2, out)
     text = out.getvalue()
-    assert "3 tests, 16 test-seconds" in text
+    assert "3 tests, 16 test-seconds (summed over the workers) and 5 CPU-seconds" in text
     slowest = text.split("slowest tests:\n")[1].split("\n\n")[0].splitlines()
     assert [line.split()[-1] for line in slowest] == ["a.py::x", "b.py::z"]  # the top 2 only
+    costliest = text.split("in CPU-seconds:\n")[1].split("\n\n")[0].splitlines()
+    assert [line.split()[-1] for line in costliest] == ["b.py::z", "a.py::y"]
     markers = text.split("by marker")[1].split("\n\n")[0]
-    assert "14.0 s      2 tests  slurm" in markers and "4.0 s      1 tests  dd" in markers
-    assert "1.5 s      1 tests  (no marker)" in markers
+    assert "14.0 s      4.0 CPU-s      2 tests  slurm" in markers and "4.0 s      3.0 CPU-s      1 tests  dd" in markers
+    assert "1.5 s      1.2 CPU-s      1 tests  (no marker)" in markers
     files = text.split("by file")[1]
-    assert "11.5 s      2 tests  a.py" in files and "4.0 s      1 tests  b.py" in files
+    assert "11.5 s      2.2 CPU-s      2 tests  a.py" in files and "4.0 s      3.0 CPU-s      1 tests  b.py" in files
+
+
+BUSY = textwrap.dedent(
+    """
+    import subprocess, sys
+
+    def test_waits_for_a_busy_child():
+        busy = "import time\\nwhile time.process_time() < 0.5:\\n    pass"
+        subprocess.run([sys.executable, "-c", busy], check=True)
+
+    def test_idle():
+        pass
+    """
+)
+
+
+def test_each_tests_cpu_seconds_count_the_children_it_waited_for(tmp_path: Path) -> None:
+    """A child that spends half a CPU-second (its own CPU clock, whatever the machine's load) counts in the test
+    that started it, also when a pytest-xdist worker ran it."""
+    (tmp_path / "test_busy.py").write_text(BUSY)
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    times = tmp_path / "durations.jsonl"
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-n", "2", "-p", "tools.pytest_times",
+         "--times-file", str(times), str(tmp_path)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    cpu = {e["test"].split("::")[1]: e["cpu_s"] for e in map(json.loads, times.read_text().splitlines())}
+    assert cpu["test_waits_for_a_busy_child"] >= 0.5 > cpu["test_idle"]
 
 
 def test_the_import_check_names_a_module_that_does_not_import(tmp_path: Path) -> None:

@@ -6,8 +6,9 @@ of CMD and every process it waited for, and the CPU-seconds the whole machine sp
 Slurm jobs that slurmd starts are not CMD's children, so only this counts them). It exits with CMD's code.
 
 ``tools/suite_times.py report [--file F] [--top N]`` reads the durations that ``tools/pytest_times.py`` wrote
-(``.test-times/durations.jsonl`` by default) and prints the N slowest tests, then the seconds by marker and by
-file. Standard library only: it runs before and without the workspace's environment."""
+(``.test-times/durations.jsonl`` by default) and prints the N slowest tests, the N costliest in CPU-seconds (the
+submit side's: the test's process and what it waited for), then the seconds by marker and by file. Standard library
+only: it runs before and without the workspace's environment."""
 
 from __future__ import annotations
 
@@ -56,6 +57,7 @@ class TestTime:
     markers: tuple[str, ...]
     outcome: str
     s: float
+    cpu_s: float
 
 
 def load(path: Path) -> list[TestTime]:
@@ -63,30 +65,43 @@ def load(path: Path) -> list[TestTime]:
     for line in path.read_text().splitlines():
         if line.strip():
             raw = json.loads(line)
-            tests.append(TestTime(raw["test"], raw["file"], tuple(raw["markers"]), raw["outcome"], float(raw["s"])))
+            cpu = float(raw.get("cpu_s", 0.0))  # a file written before CPU was kept has none
+            tests.append(
+                TestTime(raw["test"], raw["file"], tuple(raw["markers"]), raw["outcome"], float(raw["s"]), cpu)
+            )
     return tests
 
 
 def report(path: Path, top: int, out: TextIO) -> None:
     tests = sorted(load(path), key=lambda t: -t.s)
     print(
-        f"{len(tests)} tests, {sum(t.s for t in tests):.0f} test-seconds (summed over the workers) in {path}", file=out
+        f"{len(tests)} tests, {sum(t.s for t in tests):.0f} test-seconds (summed over the workers) and "
+        f"{sum(t.cpu_s for t in tests):.0f} CPU-seconds on the submit side (Slurm's jobs not included) in {path}",
+        file=out,
     )
     print(f"\nthe {min(top, len(tests))} slowest tests:", file=out)
     for t in tests[:top]:
-        print(f"  {t.s:8.1f} s  {t.outcome:<7} {t.test}", file=out)
-    by_marker: dict[str, list[float]] = defaultdict(list)
-    by_file: dict[str, list[float]] = defaultdict(list)
+        print(f"  {t.s:8.1f} s  {t.cpu_s:7.1f} CPU-s  {t.outcome:<7} {t.test}", file=out)
+    print(f"\nthe {min(top, len(tests))} costliest tests in CPU-seconds:", file=out)
+    for t in sorted(tests, key=lambda t: -t.cpu_s)[:top]:
+        print(f"  {t.cpu_s:7.1f} CPU-s  {t.s:8.1f} s  {t.test}", file=out)
+    by_marker: dict[str, list[TestTime]] = defaultdict(list)
+    by_file: dict[str, list[TestTime]] = defaultdict(list)
     for t in tests:
         for marker in t.markers or (NO_MARKER,):
-            by_marker[marker].append(t.s)
-        by_file[t.file].append(t.s)
+            by_marker[marker].append(t)
+        by_file[t.file].append(t)
     print("\nseconds by marker (a test with two markers counts under both):", file=out)
-    for marker, secs in sorted(by_marker.items(), key=lambda kv: -sum(kv[1])):
-        print(f"  {sum(secs):8.1f} s  {len(secs):5d} tests  {marker}", file=out)
+    for marker, group in sorted(by_marker.items(), key=lambda kv: -sum(t.s for t in kv[1])):
+        print(_sums(group, marker), file=out)
     print(f"\nseconds by file (the {min(top, len(by_file))} costliest of {len(by_file)}):", file=out)
-    for file, secs in sorted(by_file.items(), key=lambda kv: -sum(kv[1]))[:top]:
-        print(f"  {sum(secs):8.1f} s  {len(secs):5d} tests  {file}", file=out)
+    for file, group in sorted(by_file.items(), key=lambda kv: -sum(t.s for t in kv[1]))[:top]:
+        print(_sums(group, file), file=out)
+
+
+def _sums(group: list[TestTime], name: str) -> str:
+    seconds, cpu = sum(t.s for t in group), sum(t.cpu_s for t in group)
+    return f"  {seconds:8.1f} s  {cpu:7.1f} CPU-s  {len(group):5d} tests  {name}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
