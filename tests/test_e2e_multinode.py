@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.dd]
 FAKE_SGLANG_PYTHON = Path(sys.executable).parent / "fake-sglang-python"
 """The stand-in as SGLang's Python (``<it> -m sglang.launch_server``, ``<it> -c BOOT``)."""
 STAND_IN = "{FAKE_VLLM_LATENCY: '0.02', FAKE_VLLM_STARTUP_DELAY: '1'}"
-RECORDS, SHARDS = 12, 2
+RECORDS, SHARDS = 12, 1  # a shard a shape: several shards through one allocation are tests/test_e2e_pull.py's
 
 
 def _deployment(model: str, shape: str, engine: str = "vllm", env: str = STAND_IN) -> str:
