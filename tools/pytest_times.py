@@ -86,7 +86,7 @@ class TestTimes:
             {"test": test, "file": test.split("::", 1)[0], "markers": [], "outcome": "passed", "s": 0.0, "cpu_s": 0.0},
         )
         entry["s"] = round(entry["s"] + report.duration, 3)
-        cpu = sum(value for name, value in report.user_properties if name == "cpu_s")
+        cpu = sum(v for name, v in report.user_properties if name == "cpu_s" and isinstance(v, (int, float)))
         entry["cpu_s"] = round(entry["cpu_s"] + cpu, 3)
         if report.when == "setup":
             entry["markers"] = sorted(k for k in report.keywords if k in self._markers)
