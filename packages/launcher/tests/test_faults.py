@@ -201,7 +201,8 @@ def test_a_requeued_task_cancelled_before_it_ran_again_ends_cancelled(tmp_path: 
     shard = status.shards[0]
     assert (status.state, shard.state, shard.slurm_state) == ("cancelled", "cancelled", "CANCELLED")
     still_queued = run_status(layout, Slurm(FakeSlurm(squeue="4242_0|PENDING|BeginTime\n", sacct=sacct)))
-    assert (still_queued.state, still_queued.shards[0].state) == ("pending", "pending")
+    # Queued again: the shard waits, the run that ran is running (never back to pending).
+    assert (still_queued.state, still_queued.shards[0].state) == ("running", "pending")
 
 
 def test_a_retry_pending_after_a_failure_is_not_called_requeued(tmp_path: Path) -> None:

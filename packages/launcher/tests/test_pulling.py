@@ -212,3 +212,30 @@ def test_retry_dry_run_shows_the_arrays_and_changes_nothing(tmp_path: Path) -> N
     text = io.StringIO()
     assert main(["retry", str(layout.root), "--dry-run"], env=env, slurm=Slurm(ended, env=env), stdout=text) == 0
     assert text.getvalue().startswith("dry run: a retry would submit 4 shard(s): 0-3\n")
+
+
+def test_a_shard_failed_in_a_running_allocation_is_pending_while_an_automatic_retry_is_queued(tmp_path: Path) -> None:
+    """One allocation pulls both shards; its replica died and both attempts ended ``server_died`` while the
+    allocation still runs. Two automatic retry levels wait for it (``afternotok``): the shards are pending, the run
+    is running (``wait`` goes on), and ``retry`` submits nothing. Once no retry is left queued, they are failed."""
+    layout, env = _pulling_run(tmp_path, shards=2, extra="allocations: 1\nretries: 2\n")
+    subs = sorted(
+        (read_json(p, SubmissionRecord) for p in layout.submissions.glob("*.json")), key=lambda r: r.array_job_id
+    )
+    assert [s.kind for s in subs] == ["initial", "auto-retry", "auto-retry"]
+    first, second = subs[1].array_job_id, subs[2].array_job_id
+    for shard in (0, 1):
+        _claim(layout, shard, 0)
+        write_attempt(layout, shard, "500", "failed", task="4242_0", reason="server_died")
+    queued = FakeSlurm(squeue=f"4242_0|RUNNING|None\n{first}_0|PENDING|Dependency\n{second}_0|PENDING|Dependency\n")
+    status = run_status(layout, Slurm(queued))
+    assert [s.state for s in status.shards] == ["pending", "pending"] and status.state == "running"
+    assert all(
+        f"automatic retry array {first}" in (s.message or "") and s.reason == "server_died" for s in status.shards
+    )
+    retried = retry(layout, Slurm(queued), env)
+    assert retried.shards == () and queued.commands("sbatch") == []
+    # Slurm cancelled the retries (their dependency can never be met) and the allocation ended: nothing is to come.
+    over = FakeSlurm(sacct=f"4242_0|FAILED|1:0|None\n{first}_0|CANCELLED|0:0|None\n{second}_0|CANCELLED|0:0|None\n")
+    status = run_status(layout, Slurm(over))
+    assert [s.state for s in status.shards] == ["failed", "failed"] and status.state == "failed"

@@ -161,7 +161,10 @@ def cmd_retry(
         write_json({"shards": list(done.shards), "job_ids": list(done.job_ids), "kept": list(done.kept)}, out)
         return ExitCode.OK
     if not done.shards:
-        out.write(f"nothing to retry: every shard of {layout.run_id} has a winner or is still running\n")
+        out.write(
+            f"nothing to retry: every shard of {layout.run_id} has a winner, is still running, or waits for an "
+            "automatic retry (ddslurm status says which)\n"
+        )
     else:
         out.write(f"retrying {len(done.shards)} shard(s) as array job(s) {', '.join(done.job_ids)}\n")
     if done.kept:

@@ -365,6 +365,20 @@ def _ended_in_allocation(
     return _ENDED[latest.state]
 
 
+def _retry_to_come(covering: list[tuple[SubmissionRecord, int]], job: str, sched: Scheduler) -> SubmissionRecord | None:
+    """The automatic retry array after the one whose task ``job`` ran the shard that can still run it: queued (a
+    task of it, or for a pulling array any of its allocations, pending; most wait for the failure of the arrays
+    before them, ``--dependency=afternotok``). None when no such array is left."""
+    later = False
+    for sub, task in covering:
+        if later and sub.kind == "auto-retry":
+            state = pool_state(sub, sched) if task == POOL else sched.state_of(sub.array_job_id, task)
+            if state is not None and state.state in PENDING:
+                return sub
+        later = later or (task != POOL and f"{sub.array_job_id}_{task}" == job)
+    return None
+
+
 def _read_winner(path: Path) -> tuple[WinnerRecord | None, str | None]:
     """The winner record at ``path`` (None if there is none), or why an existing one cannot be read."""
     try:
@@ -441,7 +455,14 @@ def _shard_status(
         return status
     status.slurm_state = state.state
     ended = _ended_in_allocation(plan, covering, job, state, latest, sched)
-    if ended is not None:
+    coming = _retry_to_come(covering, job, sched) if ended in {"failed", "partial"} else None
+    if coming is not None and latest is not None:
+        status.state = "pending"  # not failed: an automatic retry will run it without the user
+        status.message = (
+            f"attempt {latest.attempt} ended {latest.state} ({latest.reason}); automatic retry array "
+            f"{coming.array_job_id} runs the shard once allocation {job} has ended"
+        )
+    elif ended is not None:
         status.state = ended  # the allocation runs other shards: this one's own record says it is over
     elif state.state in _RUNNING:
         status.state = "running"
@@ -490,8 +511,9 @@ def _shard_status(
 def run_state(
     shards: list[ShardStatus], cancelled: bool = False, *, incomplete: bool = False, begun: bool = False
 ) -> RunState:
-    """``begun``: some shard has a result of an earlier stage (a two-stage run whose CPU stage waits), so a run
-    whose shards all wait is ``running``, not back to ``pending``."""
+    """``begun``: some shard has had an attempt, or a result of an earlier stage (a two-stage run whose CPU stage
+    waits), so a run whose shards all wait (for an automatic retry, a requeue, a CPU stage) is ``running``, not back
+    to ``pending``."""
     states = {s.state for s in shards}
     if states == {"succeeded"}:
         return "succeeded"
@@ -613,7 +635,10 @@ def _run_status(
         run_id=plan.run_id,
         run_dir=str(layout.root),
         state=run_state(
-            shards, cancelled is not None, incomplete=incomplete, begun=any(s.stage == "cpu" for s in shards)
+            shards,
+            cancelled is not None,
+            incomplete=incomplete,
+            begun=any(s.stage == "cpu" or s.attempts for s in shards),
         ),
         stages=stages,
         progress=round(min(1.0, (sum(s.rows_done for s in stages) if stages else done) / work), 4) if work else 0.0,
