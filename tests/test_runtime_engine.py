@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -96,7 +97,8 @@ def test_runtime_generates_and_publishes_without_a_home_directory(
     assert scan_for_secret(run_dir, hosted_endpoint.api_key) == []
     assert hosted_endpoint.api_key not in done.stdout + done.stderr
     requests = [json.loads(line) for line in log.read_text().splitlines()[before:]]  # this run's (a refused key's
-    chats = [r for r in requests if r["path"].endswith("/chat/completions")]  # test asks the same endpoint)
+    answered = [json.loads(line) for line in requests.read_text().splitlines()]
+    chats = [e["status"] for e in answered if e["path"].endswith("/completions")]
     assert chats and all(r["authorized"] for r in chats)
 
 
@@ -193,3 +195,50 @@ def test_a_shard_data_designer_stopped_early_is_partial_and_says_so(
     else:
         assert record.reason != "early_shutdown"
         assert "fill.start" in client_log
+
+
+@pytest.mark.parametrize(
+    ("status", "heals"),
+    [pytest.param("429", True, id="rate-limited"), pytest.param("500", True, id="failing"),
+     pytest.param("500", False, id="longer-than-provider-wait")],
+)  # fmt: skip
+def test_a_provider_outage_at_start_is_waited_out_inside_the_attempt(
+    tmp_path: Path, local_attempt: Any, status: str, heals: bool
+) -> None:
+    """The hosted provider answers every chat request with ``status`` (Data Designer's start-up health check does
+    not retry it): the attempt waits and tries again, with backoff, until the provider heals (the test empties the
+    outage file once the attempt has logged its first wait) and publishes every row in one client run; an outage
+    longer than ``provider_wait`` fails the attempt ``provider_unavailable``, retryable, saying how long."""
+    from conftest import HostedEndpoint, write_run_files
+    from fake_vllm.testing import start_server
+
+    outage, requests = tmp_path / "outage", tmp_path / "requests.jsonl"
+    outage.write_text(status)
+    key = "sk-outage-" + os.urandom(8).hex()
+    args = ["--served-model-name", "demo/writer-8b", "demo/judge-70b", "--fake-request-log", str(requests)]
+    with start_server("demo", args=[*args, "--fake-outage", str(outage)], api_key=key) as server:
+        endpoint = HostedEndpoint(base_url=server.base_url, api_key=key, request_log=requests)
+        extra = "client_retries: 0\n" + ("" if heals else "provider_wait: 2\n")
+        files = write_run_files(tmp_path / "run", endpoint, num_records=4, shards=1, buffer_size=2, extra_run=extra)
+        run_dir, proc = local_attempt(files, "61")
+        log = RunLayout(run_dir).shard(0).attempt("attempt-61").client_log
+        if heals:
+            waited = False
+            while proc.poll() is None and not waited:  # the attempt's first wait, then the provider heals
+                waited = log.is_file() and '"provider.unavailable"' in log.read_text()
+                time.sleep(0.05)  # a poll interval, not a moment: the event is the logged wait
+            outage.write_text("")
+        _, err = proc.communicate(timeout=240)
+    record = read_json(RunLayout(run_dir).shard(0).attempt("attempt-61").record, AttemptRecord)
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    waits = [e for e in events if e["event"] == "provider.unavailable"]
+    chats = [
+        e["status"] for e in map(json.loads, requests.read_text().splitlines()) if e["path"].endswith("/completions")
+    ]
+    assert str(chats[0]) == status and waits, (chats[:5], err[-2000:])  # the health check was refused, then waited
+    if heals:
+        assert (proc.returncode, record.state, record.client_runs) == (0, "succeeded", 1), (record, err[-2000:])
+        assert read_json(RunLayout(run_dir).shard(0).winner, WinnerRecord).rows == 4
+    else:
+        assert (record.state, record.reason, record.retryable) == ("failed", "provider_unavailable", True), record
+        assert "the run file's provider_wait is 2 s" in (record.message or "") and proc.returncode == 1

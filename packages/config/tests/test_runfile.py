@@ -43,6 +43,7 @@ def test_minimal_run_file_fills_every_default(tmp_path: Path) -> None:
         "client_workers": "auto",
         "retries": 0,
         "client_retries": 1,
+        "provider_wait": 300,
         "max_empty_outputs": 0,
         "gpus": None,
         "deadline": None,

@@ -41,6 +41,8 @@ from ddslurm.runtime import (
     InputsError,
     load_inputs,
 )
+from ddslurm.runtime._attempt import OUTAGE_PAUSE_CAP_S, outage_pause
+from ddslurm.runtime.errors import ProviderUnavailableError
 from ddslurm.runtime.testing import PROVIDER, attempt_runner, write_run
 
 SECRET = "sk-attempt-test-secret-value"
@@ -58,11 +60,13 @@ def _run(
         SnapshotModel(alias="gen", model="m", provider="p", inference_parameters={"temperature": 0.5}),
     ),
     serving: ServingPlan | None = None,
+    **plan: Any,
 ) -> RunLayout:
     providers = (PROVIDER, *((LOCAL,) if local else ()))
     return write_run(
-        tmp_path / "run-1", shard_records, providers=providers, models=models, resume="if_possible", serving=serving
-    )
+        tmp_path / "run-1", shard_records, providers=providers, models=models, resume="if_possible", serving=serving,
+        **plan,
+    )  # fmt: skip
 
 
 class FakeEngine:
@@ -88,9 +92,9 @@ class FakeEngine:
         return EngineResult(dataset_dir=dataset, rows=rows, requested=request.num_records)
 
 
-def _runner(layout: RunLayout, engine: Any, env: dict[str, str] | None = None) -> AttemptRunner:
+def _runner(layout: RunLayout, engine: Any, env: dict[str, str] | None = None, **options: Any) -> AttemptRunner:
     return attempt_runner(
-        layout, engine, env={"T_KEY": SECRET} if env is None else env, scratch_home=layout.root / "dd"
+        layout, engine, env={"T_KEY": SECRET} if env is None else env, scratch_home=layout.root / "dd", **options
     )
 
 
@@ -580,3 +584,54 @@ def test_the_inputs_are_refused_from_a_run_tree_others_can_change_or_with_anothe
     layout.root.parent.chmod(0o777)
     with pytest.raises(InputsError, match="rename or replace"):
         load_inputs(layout)
+
+
+class OutageEngine(FakeEngine):
+    """A provider unavailable for the first ``down`` runs of Data Designer (its start-up health check fails)."""
+
+    def __init__(self, down: int) -> None:
+        super().__init__()
+        self.down = down
+
+    def __call__(self, request: EngineRequest) -> EngineResult:
+        if len(self.requests) < self.down:
+            self.requests.append(request)
+            raise ProviderUnavailableError("provider 'p' is unavailable: ModelRateLimitError: 429", provider="p")
+        return super().__call__(request)
+
+
+def test_an_outage_shorter_than_provider_wait_is_waited_out_inside_the_attempt(tmp_path: Path) -> None:
+    layout = _run(tmp_path)
+    engine, pauses = OutageEngine(down=3), []
+    runner = _runner(layout, engine, sleep=pauses.append, jitter=lambda: 0.5)
+    assert runner.run(load_inputs(layout), 0, "301", "n1") == EXIT_OK
+    assert pauses == [1.0, 2.0, 4.0] and len(engine.requests) == 4  # doubling, the jitter's factor 1 here
+    record = read_json(layout.shard(0).attempt("attempt-301").record, AttemptRecord)
+    assert (record.state, record.client_runs) == ("succeeded", 1)  # further tries of one client run
+    events = [json.loads(line) for line in layout.shard(0).attempt("attempt-301").client_log.read_text().splitlines()]
+    assert [e["pause_s"] for e in events if e["event"] == "provider.unavailable"] == [1.0, 2.0, 4.0]
+
+
+def test_an_outage_longer_than_provider_wait_fails_the_attempt_saying_how_long_it_waited(tmp_path: Path) -> None:
+    layout = _run(tmp_path, provider_wait_s=10)
+    engine, pauses = OutageEngine(down=100), []
+    runner = _runner(layout, engine, sleep=pauses.append, jitter=lambda: 0.5)
+    assert runner.run(load_inputs(layout), 0, "302", "n1") == EXIT_FAILED
+    assert pauses == [1.0, 2.0, 4.0]  # the next pause, 8 s, would pass the 10 s
+    record = read_json(layout.shard(0).attempt("attempt-302").record, AttemptRecord)
+    assert (record.state, record.reason, record.retryable) == ("failed", "provider_unavailable", True)
+    assert "waited out for 7 s over 4 tries; the run file's provider_wait is 10 s" in (record.message or "")
+    assert not layout.shard(0).winner.exists()
+
+
+def test_outage_pauses_double_to_a_cap_and_spread_by_half_either_way() -> None:
+    assert [outage_pause(n, 0.5) for n in range(7)] == [
+        1.0,
+        2.0,
+        4.0,
+        8.0,
+        16.0,
+        OUTAGE_PAUSE_CAP_S,
+        OUTAGE_PAUSE_CAP_S,
+    ]
+    assert outage_pause(0, 0.0) == 0.5 and outage_pause(20, 0.999) < OUTAGE_PAUSE_CAP_S * 1.5

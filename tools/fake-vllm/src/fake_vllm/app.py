@@ -19,6 +19,7 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from pathlib import Path
 from typing import Any, NoReturn
 
 from starlette.applications import Starlette
@@ -268,6 +269,20 @@ class _Handlers:
         if unknown is not None:
             return self._finish(request, unknown, model=model, n_messages=n_messages)
 
+        down = _outage(self.settings.outage)
+        if down == 429:
+            limited = JSONResponse(
+                error_body("fake-vllm: rate limit exceeded (outage file)", "RateLimitError", 429),
+                status_code=429,
+                headers={"Retry-After": "1"},
+            )
+            return self._finish(request, limited, model=model, n_messages=n_messages)
+        if down == 500:
+            failing = JSONResponse(
+                error_body("fake-vllm: internal server error (outage file)", "InternalServerError", 500),
+                status_code=500,
+            )
+            return self._finish(request, failing, model=model, n_messages=n_messages)
         gated = self.settings.gate_model is None or model == self.settings.gate_model
         if self.state.gate is not None and gated:
             self.state.metrics.waiting += 1
@@ -371,6 +386,17 @@ class _Handlers:
             if slots is not None:
                 slots.release()
         return replies, time.monotonic() - started, admitted
+
+
+def _outage(path: Path | None) -> int | None:
+    """The status ``--fake-outage``'s file says every chat request gets now (500 or 429), or None."""
+    if path is None:
+        return None
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text in {"500", "429"} else None
 
 
 def _bad_request(exc: BadRequest) -> Response:

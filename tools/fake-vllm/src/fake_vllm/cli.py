@@ -99,6 +99,11 @@ FAKE_OPTIONS: tuple[FakeOption, ...] = (
         "only chat requests for this served model name wait at --fake-gate (the others pass)",
     ),
     FakeOption(
+        "--fake-outage", "FAKE_VLLM_OUTAGE", "outage", "path", None,
+        "while this file holds 500 or 429, every chat request is answered so (429 with Retry-After: 1), as a "
+        "provider in an outage or over its rate limit; empty or absent, none (a test's event, never a clock)",
+    ),
+    FakeOption(
         "--fake-join-timeout", "FAKE_VLLM_JOIN_TIMEOUT", "join_timeout", "seconds", 120.0,
         "a follower rank retries reaching its leader's rendezvous address this long, then exits with status 1",
     ),

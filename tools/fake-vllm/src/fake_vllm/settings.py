@@ -87,6 +87,8 @@ class Settings:
     """``--fake-gate``: the file that says how many chat requests may be answered (``gate.py``)."""
     gate_model: str | None = None
     """``--fake-gate-model``: only this model's chat requests wait at the gate."""
+    outage: Path | None = None
+    """``--fake-outage``: the file that says whether the provider is down (``500``) or rate limited (``429``)."""
     join_timeout: float = 120.0
 
     @property

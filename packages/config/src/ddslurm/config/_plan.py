@@ -220,6 +220,9 @@ class Plan(Frozen, frozen=True, kw_only=True):
     """Data Designer client steps an allocation runs at once, each on its own shard (pulling allocations)."""
     retries: int = 0
     client_retries: int = 1
+    provider_wait_s: int = 300
+    """How long an attempt waits out a provider that is unavailable (429, 5xx, refused, timed out) before failing
+    ``provider_unavailable`` (the run file's ``provider_wait``)."""
     recipe_file: str
     recipe_sha256: str
     recipe_key: str = ""

@@ -597,6 +597,9 @@ class RunFile(Frozen, frozen=True, kw_only=True):
     """Retry arrays submitted with the run, each after the previous one if any of its shards failed."""
     client_retries: Annotated[int, msgspec.Meta(ge=0, le=10)] = 1
     """Inside an allocation: rerun a failed generation step this often, servers kept, resuming its batches."""
+    provider_wait: Annotated[int, msgspec.Meta(ge=0, le=3600)] = 300
+    """Seconds a provider that answers 429 or 5xx, refuses connections or times out (an outage, a rate limit) is
+    waited out inside an attempt, with backoff and jitter, before the attempt fails ``provider_unavailable``."""
     max_empty_outputs: Annotated[int, msgspec.Meta(ge=0)] | None = 0
     """Empty or null values each LLM column of a shard may hold before the shard's attempt fails with
     ``empty_outputs`` (an endpoint that answered HTTP 200 without content). None: not checked."""

@@ -541,6 +541,7 @@ def compile_plan(inputs: PlanInputs) -> Plan:
         client_workers=allocations.workers,
         retries=run.retries,
         client_retries=run.client_retries,
+        provider_wait_s=run.provider_wait,
         recipe_file=str(layout.recipe),
         recipe_sha256=inputs.recipe_sha256,
         recipe_key=inputs.recipe_key,

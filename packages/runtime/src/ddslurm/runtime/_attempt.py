@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import random
 import secrets
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -68,6 +70,7 @@ from ddslurm.runtime.errors import (
     PERMANENT_REASONS,
     InputsError,
     OutputExistsError,
+    ProviderUnavailableError,
     RuntimeFailure,
     SecretMissingError,
     VerificationError,
@@ -77,6 +80,17 @@ Engine = Callable[[EngineRequest], EngineResult]
 Clock = Callable[[], datetime]
 SeedReader = Callable[[Mapping[str, Any], int, int], Any]
 """Reads seed rows ``start..end`` of a recipe's seed dataset as a ``pyarrow.Table`` (``read_seed_block``)."""
+
+OUTAGE_PAUSE_CAP_S = 30.0
+"""The longest pause between two tries of a provider that is unavailable."""
+
+
+def outage_pause(tries: int, jitter: float) -> float:
+    """Seconds to wait before the next try of an unavailable provider, after ``tries`` failed ones: doubling from
+    1 s up to :data:`OUTAGE_PAUSE_CAP_S`, times a factor between 0.5 and 1.5 (``jitter`` in [0, 1)), so that the
+    shards that failed together do not come back together."""
+    return min(OUTAGE_PAUSE_CAP_S, 2.0 ** min(tries, 8)) * (0.5 + jitter)
+
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -136,8 +150,12 @@ class AttemptRunner:
         clock: Clock = utc_now,
         read_seed: SeedReader = read_seed_block,
         stage: int | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        jitter: Callable[[], float] = random.random,
     ) -> None:
         self._layout = layout
+        self._sleep = sleep
+        self._jitter = jitter
         self._stage = stage
         self._engine = engine
         self._read_seed = read_seed
@@ -352,12 +370,42 @@ class AttemptRunner:
             )
             with recording_usage(began.layout.client_usage, log):
                 try:
-                    return self._generate(inputs, began, endpoints, log, resume_own)
+                    return self._outlasting_outages(inputs, began, endpoints, log, resume_own)
                 except RuntimeFailure as exc:
                     log.error("attempt.failed", reason=exc.reason, message=exc.message)
                     return self.fail(began, exc)
 
-    def _generate(self, inputs: Inputs, began: Began, endpoints: Mapping[str, str], log: Any, resume_own: bool) -> int:
+    def _outlasting_outages(
+        self, inputs: Inputs, began: Began, endpoints: Mapping[str, str], log: Any, resume_own: bool
+    ) -> int:
+        """Generate; a provider that is unavailable (429, 5xx, refused, timed out) is tried again after a pause
+        (:func:`outage_pause`), continuing the batches done so far, until the run file's ``provider_wait`` is
+        spent: then its failure says how long it was waited out."""
+        waited, tries = 0.0, 0
+        while True:
+            try:
+                return self._generate(inputs, began, endpoints, log, resume_own, counted=tries == 0)
+            except ProviderUnavailableError as exc:
+                pause = outage_pause(tries, self._jitter())
+                bound = inputs.plan.provider_wait_s
+                if waited + pause > bound:
+                    raise ProviderUnavailableError(
+                        f"{exc.message} (waited out for {waited:.0f} s over {tries + 1} tries; the run file's "
+                        f"provider_wait is {bound} s)",
+                        provider=exc.provider,
+                    ) from exc
+                log.warning(
+                    "provider.unavailable", message=exc.message, waited_s=round(waited, 1), pause_s=round(pause, 1)
+                )
+                self._sleep(pause)
+                waited, tries = waited + pause, tries + 1
+                resume_own = True  # the batches done so far stay: the next try continues them
+
+    def _generate(
+        self, inputs: Inputs, began: Began, endpoints: Mapping[str, str], log: Any, resume_own: bool, *, counted: bool
+    ) -> int:
+        """One run of Data Designer for the attempt; ``counted``: it is a client run of its own (not a further try
+        of the same run after the provider was unavailable)."""
         plan = inputs.plan
         num_records, shard_index, attempt = began.num_records, began.shard, began.layout
         missing = [n for n in plan.secret_env if not self._env.get(n)]
@@ -369,8 +417,9 @@ class AttemptRunner:
         empty = EmptyLimit(llm_columns(stage.recipe), plan.max_empty_outputs)
         resume = self._prepare_output(plan, shard_index, began, target, resume_own, empty, log)
         record = read_json(attempt.record, AttemptRecord)
-        record = msgspec.structs.replace(record, client_runs=record.client_runs + 1)
-        self._write(attempt, record)
+        if counted:
+            record = msgspec.structs.replace(record, client_runs=record.client_runs + 1)
+            self._write(attempt, record)
 
         batch = min(plan.buffer_size, num_records)
         progress = ProgressFile(

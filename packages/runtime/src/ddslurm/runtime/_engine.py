@@ -28,7 +28,7 @@ from ddslurm.runtime._builder import rebuilt_columns
 from ddslurm.runtime._node_recipe import node_builder
 from ddslurm.runtime._plugins import check_plugins
 from ddslurm.runtime._verify import rows_in
-from ddslurm.runtime.errors import EngineError, KeyRefusedError, RecipeError
+from ddslurm.runtime.errors import EngineError, KeyRefusedError, ProviderUnavailableError, RecipeError
 
 LOCAL_TOKEN_ENV = "DDSLURM_LOCAL_TOKEN"
 """The variable holding the attempt's token for a local provider whose snapshot entry names none (snapshots
@@ -213,6 +213,9 @@ def run_engine(request: EngineRequest) -> EngineResult:
         refusal = key_refused(exc, request.snapshot)
         if refusal is not None:
             raise refusal from exc
+        outage = provider_unavailable(exc)
+        if outage is not None:
+            raise outage from exc
         refused = violation_lines(violations)
         if refused or _refuses_config(exc):  # the recipe (and the Data Designer on this node) will not change
             details = refused or [f"{name}: {exc}"]
@@ -266,6 +269,36 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
 def _refuses_config(exc: BaseException) -> bool:
     """Whether ``exc`` or what it was raised from is an error about the config."""
     return any(cls.__name__ in _CONFIG_ERRORS for seen in _chain(exc) for cls in type(seen).__mro__)
+
+
+# Data Designer's errors for a provider that is unavailable for now (rate limited, failing, unreachable, too slow),
+# by class name as above (ModelRequestAdmissionTimeoutError is a ModelTimeoutError), and the HTTP statuses of such
+# answers when an error carries its ``status_code``.
+_UNAVAILABLE_ERRORS = frozenset(
+    {"ModelRateLimitError", "ModelInternalServerError", "ModelAPIConnectionError", "ModelTimeoutError"}
+)
+_UNAVAILABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+
+
+def provider_unavailable(exc: BaseException) -> ProviderUnavailableError | None:
+    """The failure when ``exc`` (or what it was raised from) says a provider is unavailable for now: Data Designer's
+    rate-limit, server-error, connection or timeout errors (its start-up health check is not retried by Data
+    Designer; its generation requests are, and reach here only once those retries are spent), or a provider error
+    whose ``status_code`` is 408, 429 or 5xx. None for anything else."""
+    provider: str | None = None
+    found = False
+    for seen in _chain(exc):
+        code = getattr(seen, "status_code", None)
+        named = getattr(seen, "provider_name", None)
+        provider = named if isinstance(named, str) else provider
+        if (isinstance(code, int) and code in _UNAVAILABLE_STATUSES) or any(
+            cls.__name__ in _UNAVAILABLE_ERRORS for cls in type(seen).__mro__
+        ):
+            found = True
+    if not found:
+        return None
+    which = f"provider {provider!r}" if provider else "a provider"
+    return ProviderUnavailableError(f"{which} is unavailable: {type(exc).__name__}: {exc}", provider=provider)
 
 
 # Data Designer's errors for a key an endpoint refused, by class name as above, with the HTTP status they stand for.

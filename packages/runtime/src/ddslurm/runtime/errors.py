@@ -4,6 +4,8 @@ RuntimeFailure           root: the attempt failed; ``reason`` is a stable code f
 ├── InputsError          plan, recipe or snapshot missing or not matching its recorded sha256
 ├── SecretMissingError   an API-key variable the snapshot names is unset in the job's environment
 ├── EngineError          Data Designer failed (``retryable`` says whether a new attempt may help)
+│   ├── ProviderUnavailableError  a provider answered 429 or 5xx, refused or timed out for longer than the
+│   │                    attempt waits it out (``provider_wait``; retryable)
 │   ├── RecipeError      Data Designer refuses the recipe (never retryable: every attempt would repeat it)
 │   └── KeyRefusedError  a hosted endpoint refused the API key, HTTP 401 or 403 (never retryable: the job's key
 │                        stays the same until it is exported again and the shard retried)
@@ -47,6 +49,17 @@ class EngineError(RuntimeFailure):
     def __init__(self, message: str, *, retryable: bool) -> None:
         super().__init__(message)
         self.retryable = retryable
+
+
+class ProviderUnavailableError(EngineError):
+    """A provider answered 429 or 5xx, refused the connection or timed out (at Data Designer's start-up health check
+    or after Data Designer's own request retries): an outage or a rate limit, which waiting may outlast."""
+
+    reason = "provider_unavailable"
+
+    def __init__(self, message: str, *, provider: str | None = None) -> None:
+        super().__init__(message, retryable=True)
+        self.provider = provider
 
 
 class RecipeError(EngineError):

@@ -103,12 +103,14 @@ def attempt_runner(
     env: Mapping[str, str] | None = None,
     scratch_home: Path | None = None,
     stage: int | None = None,
+    **options: Any,
 ) -> AttemptRunner:
     """A runner of the attempts of ``layout``'s shards (of its ``stage``) that generate with ``engine`` in ``env``
-    (else an empty one); each attempt's log goes to the attempt's own file only."""
+    (else an empty one); each attempt's log goes to the attempt's own file only. ``options``: any other argument
+    of :class:`AttemptRunner` (``sleep``, ``jitter``, ...)."""
     return AttemptRunner(
         layout, engine=engine, env={} if env is None else env, scratch_home=scratch_home, make_logger=new_logger,
-        stage=stage,
+        stage=stage, **options,
     )  # fmt: skip
 
 
