@@ -156,6 +156,7 @@ def test_requeued_task_is_shown_requeued_and_reruns(make_run_files: Any) -> None
     assert final["state"] == "succeeded" and final["records_done"] == 12, final
     records = attempts(run_dir, 0)
     assert [r.state for r in records] == ["failed", "succeeded"] and records[1].attempt.endswith("-r1"), records
+    assert records[0].reason == "requeued" and "incarnation 1" in (records[0].message or ""), records[0]
 
 
 def _node_jobs() -> dict[str, set[str]]:

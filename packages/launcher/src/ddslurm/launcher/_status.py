@@ -331,7 +331,7 @@ def _requeued(job: str, live: TaskState, sched: Scheduler, latest: AttemptRecord
 
 
 _ENDED: dict[str, ShardState] = {"failed": "failed", "partial": "partial", "cancelled": "cancelled"}
-_ALLOCATION_STOPPED = frozenset({"cancelled", "time_limit"})
+_ALLOCATION_STOPPED = frozenset({"cancelled", "requeued", "time_limit"})
 """Reasons an attempt records when its whole allocation was stopped (SIGTERM of a cancel or a requeue, the time-limit
 warning): an allocation running after that is a later incarnation of the job."""
 

@@ -41,6 +41,7 @@ from ddslurm.runtime._calibrate import CalibrationError, calibrate
 from ddslurm.runtime._engine import local_token_names
 from ddslurm.runtime._fleet import Fleet
 from ddslurm.runtime._inputs import Inputs
+from ddslurm.runtime._requeue import mark_requeued
 from ddslurm.runtime._scratch import pid_alive, process_start_time
 from ddslurm.runtime._serving import leader_address
 from ddslurm.runtime._steps import StepLauncher, without
@@ -158,6 +159,8 @@ class Controller:
         servers and proxies once, then generate shards (``client_workers`` at a time when pulling) until the
         source has none left; tear everything down. The exit status is 0 only if every shard it ran succeeded."""
         source = OneShard(source) if isinstance(source, int) else source
+        for record in mark_requeued(RunLayout(self._run_dir), job_id, restart):
+            self._log.info("attempt.requeued", record=str(record), restart=restart)
         memory = allocation_memory(self._env, inputs, source.pulling)
         token = secrets.token_urlsafe(32)  # this allocation's own; kept in memory and step environments only
         workers = self._workers(inputs, source, job_id, node, restart, token=token, client_mb=memory.client)
