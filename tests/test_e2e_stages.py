@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import signal
 import subprocess
+import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -16,7 +19,7 @@ import pytest
 
 from ddslurm.config import AttemptRecord, ClaimRecord, SubmissionRecord, WinnerRecord, read_json, read_plan
 from tests.e2e import cli_json as _cli
-from tests.e2e import generator, one_draw_recipe, vllm_stand_in
+from tests.e2e import generator, one_draw_recipe, processes, until, vllm_stand_in
 
 pytestmark = [pytest.mark.slurm, pytest.mark.dd]
 
@@ -190,3 +193,83 @@ def test_pulling_gpu_allocations_and_automatic_retries_in_two_stages(make_run_fi
     # One GPU allocation ran the three shards with its server started once.
     gpu_steps = [s[0] for s in _sacct(subs[0].array_job_id, "JobName")]
     assert sum(n.startswith("server-generator") for n in gpu_steps) == 1, gpu_steps
+
+
+def _cpu_clients(run_dir: Path) -> dict[int, int]:
+    """The running CPU-stage client processes of the run, by shard (never an ``srun`` that started one)."""
+    found = {}
+    for pid, argv in processes():
+        staged = "--stage" in argv and argv[argv.index("--stage") + 1 :][:1] == ["1"]
+        if argv[:1] != ["srun"] and "client" in argv and str(run_dir) in argv and staged:
+            found[int(argv[argv.index("--shard") + 1])] = pid
+    return found
+
+
+def test_a_killed_cpu_stage_client_is_pending_for_its_automatic_retry_never_failed(tmp_path: Path) -> None:
+    """One CPU-stage allocation runs the three shards' judges at once; their hosted judge answers nothing until the
+    test opens its gate. The test SIGKILLs shard 0's client (``client_retries: 0``: no rerun inside the
+    allocation): while the allocation still runs the other two, shard 0 waits for the automatic retry level
+    (``retries: 1``), so no ``status --json`` shows it or the run ``failed``, ``retry`` submits nothing, and
+    ``wait`` exits 0 with every row."""
+    from conftest import HostedEndpoint, write_run_files
+    from fake_vllm.testing import start_server
+
+    gate, requests = tmp_path / "judge-gate", tmp_path / "requests.jsonl"
+    gate.write_text("0")  # the judge answers nothing yet; the writer is not asked (the generator is local)
+    key = "sk-cpu-kill-" + "7" * 16
+    args = ["--served-model-name", "demo/writer-8b", "demo/judge-70b", "--fake-request-log", str(requests),
+            "--fake-gate", str(gate), "--fake-gate-model", "demo/judge-70b"]  # fmt: skip
+    with start_server("demo", args=args, api_key=key) as server:
+        endpoint = HostedEndpoint(base_url=server.base_url, api_key=key, request_log=requests)
+        files = write_run_files(
+            tmp_path / "killed", endpoint, num_records=RECORDS, shards=SHARDS, buffer_size=4,
+            recipe=one_draw_recipe(tmp_path), vllm_executable=vllm_stand_in(tmp_path, "killed"),
+            extra_run=GENERATOR + "allocations: 1\nretries: 1\nclient_retries: 0\n",
+        )  # fmt: skip
+        files.run_file.write_text(files.run_file.read_text().replace("  cpus: 1\n", "  cpus: 3\n"))
+        run_dir = Path(
+            _cli("submit", str(files.run_file), "--profile", str(files.profile), "--json", env=files.env)["run_dir"]
+        )
+        try:
+            until(lambda: _judges_waiting(server.root_url) == SHARDS, 300, "the three CPU-stage clients at the gate")
+            clients = _cpu_clients(run_dir)  # each in its generation (its client run counted), waiting for its judge
+            os.kill(clients[0], signal.SIGKILL)
+            until(
+                lambda: any(a.state == "failed" for a in _cpu_attempts(run_dir, 0)), 120, "shard 0's CPU attempt's end"
+            )
+            frames = [_cli("status", str(run_dir), "--json", env=files.env)]
+            shard = frames[0]["shards"][0]
+            assert (frames[0]["state"], shard["state"], shard["stage"]) == ("running", "pending", "cpu"), shard
+            assert "automatic retry array" in (shard["message"] or ""), shard
+            retried = _cli("retry", str(run_dir), "--json", env=files.env)
+            assert retried["shards"] == [] and retried["job_ids"] == [], retried
+            gate.write_text("")
+            while frames[-1]["state"] not in {"succeeded", "failed", "cancelled", "incomplete"}:
+                time.sleep(1)
+                frames.append(_cli("status", str(run_dir), "--json", env=files.env))
+        finally:
+            gate.write_text("")
+        final = _cli("wait", str(run_dir), "--json", env=files.env)
+    assert final["state"] == "succeeded" and final["records_done"] == RECORDS, final
+    assert all(f["state"] != "failed" and all(s["state"] != "failed" for s in f["shards"]) for f in frames), [
+        (f["state"], [s["state"] for s in f["shards"]]) for f in frames
+    ]
+    cpu_zero = _cpu_attempts(run_dir, 0)
+    assert [a.state for a in cpu_zero] == ["failed", "succeeded"], cpu_zero
+    table = pq.read_table(_cli("collect", str(run_dir), "--json", "--local", env=files.env)["dataset"])
+    assert table.num_rows == RECORDS
+
+
+def _judges_waiting(root_url: str) -> float:
+    """Chat requests the stand-in holds at its gate (its ``vllm:num_requests_waiting`` gauge)."""
+    import httpx
+
+    metrics = httpx.get(f"{root_url}/metrics", timeout=10).text
+    lines = [line for line in metrics.splitlines() if line.startswith("vllm:num_requests_waiting")]
+    return float(lines[0].rsplit(" ", 1)[1]) if lines else 0.0
+
+
+def _cpu_attempts(run_dir: Path, shard: int) -> list[AttemptRecord]:
+    """The CPU-stage attempts of ``shard`` (the final stage's, in the shard's own directory), oldest first."""
+    paths = (run_dir / "shards" / f"shard-{shard:05d}" / "attempts").glob("*/attempt.json")
+    return sorted((read_json(p, AttemptRecord) for p in paths), key=lambda a: a.started_at or "")
