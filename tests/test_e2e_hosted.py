@@ -12,7 +12,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from tests.e2e import attempts, cli_json, run_cli
+from tests.e2e import attempts, cli_json, run_cli, until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.dd]
 
@@ -114,3 +114,44 @@ def test_a_key_the_endpoint_refuses_fails_key_refused_once_and_ddslurm_retry_wit
     assert retried["shards"] == [0]
     assert cli_json("wait", str(run_dir), "--json", env=files.env, outputs=outputs)["state"] == "succeeded"
     assert scan_for_secret(files.root, wrong) == [] and not any(wrong in text for text in outputs)
+
+
+@pytest.mark.parametrize(
+    "layout", [pytest.param("", id="a-task-a-shard"), pytest.param("allocations: 1\n", id="pulling")]
+)
+def test_a_provider_outage_at_the_start_of_a_hosted_run_is_waited_out_with_no_retry(
+    tmp_path: Path, layout: str
+) -> None:
+    """The provider answers every chat request with HTTP 500 when the run starts (Data Designer's start-up health
+    check gets it) and heals once an attempt has logged that it waits: with no retry of any kind allowed
+    (``retries: 0``, ``client_retries: 0``), the run succeeds with every row, one attempt a shard."""
+    from conftest import HostedEndpoint, write_run_files
+    from fake_vllm.testing import start_server
+
+    outage, requests = tmp_path / "outage", tmp_path / "requests.jsonl"
+    outage.write_text("500")
+    key = "sk-outage-e2e-" + os.urandom(8).hex()
+    args = ["--served-model-name", "demo/writer-8b", "demo/judge-70b", "--fake-request-log", str(requests)]
+    with start_server("demo", args=[*args, "--fake-outage", str(outage)], api_key=key) as server:
+        endpoint = HostedEndpoint(base_url=server.base_url, api_key=key, request_log=requests)
+        extra = "retries: 0\nclient_retries: 0\n" + layout
+        files = write_run_files(tmp_path / "run", endpoint, num_records=6, shards=2, buffer_size=2, extra_run=extra)
+        submitted = cli_json("submit", str(files.run_file), "--profile", str(files.profile), "--json", env=files.env)
+        run_dir = Path(submitted["run_dir"])
+        try:
+            until(
+                lambda: any(
+                    '"provider.unavailable"' in p.read_text() for p in run_dir.glob("shards/*/attempts/*/client.log")
+                ),
+                300,
+                "an attempt waiting for the provider",
+            )
+        finally:
+            outage.write_text("")
+        final = cli_json("wait", str(run_dir), "--json", env=files.env)
+    assert final["state"] == "succeeded" and final["records_done"] == 6, final
+    for shard in range(2):
+        (only,) = attempts(run_dir, shard)
+        assert (only.state, only.client_runs) == ("succeeded", 1), only
+    chats = [json.loads(line) for line in requests.read_text().splitlines() if "/completions" in line]
+    assert chats[0]["status"] == 500 and chats[-1]["status"] == 200
