@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -110,6 +111,8 @@ class HostedEndpoint:
     base_url: str
     api_key: str
     request_log: Path
+    root_url: str = ""
+    """The stand-in itself (``/metrics``, ``/health``), where ``base_url`` is its ``/v1``."""
 
 
 @dataclass(frozen=True)
@@ -124,17 +127,24 @@ class RunFiles:
     env: dict[str, str]
 
 
+@contextmanager
+def hosted_stand_in(root: Path, *args: str) -> Iterator[HostedEndpoint]:
+    """A vLLM stand-in requiring a key of its own, serving the example recipes' hosted models (its request log and
+    server log in ``root``); ``args``: more of the stand-in's options (``--fake-gate``, ``--fake-outage``, ...)."""
+    from fake_vllm.testing import start_server
+
+    key = "sk-test-" + os.urandom(12).hex()
+    request_log = root / "requests.jsonl"
+    served = ["--served-model-name", "demo/writer-8b", "demo/judge-70b", "--fake-request-log", str(request_log)]
+    with start_server("demo", args=[*served, *args], api_key=key, log_path=root / "server.log") as server:
+        yield HostedEndpoint(base_url=server.base_url, api_key=key, request_log=request_log, root_url=server.root_url)
+
+
 @pytest.fixture(scope="session")
 def hosted_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HostedEndpoint]:
     """One vLLM stand-in per test process, requiring an API key, serving the example recipe's models."""
-    from fake_vllm.testing import start_server
-
-    root = tmp_path_factory.mktemp("hosted")
-    key = "sk-test-" + os.urandom(12).hex()
-    request_log = root / "requests.jsonl"
-    args = ["--served-model-name", "demo/writer-8b", "demo/judge-70b", "--fake-request-log", str(request_log)]
-    with start_server("demo", args=args, api_key=key, log_path=root / "server.log") as server:
-        yield HostedEndpoint(base_url=server.base_url, api_key=key, request_log=request_log)
+    with hosted_stand_in(tmp_path_factory.mktemp("hosted")) as endpoint:
+        yield endpoint
 
 
 def write_run_files(

@@ -125,15 +125,11 @@ def test_a_provider_outage_at_the_start_of_a_hosted_run_is_waited_out_with_no_re
     """The provider answers every chat request with HTTP 500 when the run starts (Data Designer's start-up health
     check gets it) and heals once an attempt has logged that it waits: with no retry of any kind allowed
     (``retries: 0``, ``client_retries: 0``), the run succeeds with every row, one attempt a shard."""
-    from conftest import HostedEndpoint, write_run_files
-    from fake_vllm.testing import start_server
+    from conftest import hosted_stand_in, write_run_files
 
-    outage, requests = tmp_path / "outage", tmp_path / "requests.jsonl"
+    outage = tmp_path / "outage"
     outage.write_text("500")
-    key = "sk-outage-e2e-" + os.urandom(8).hex()
-    args = ["--served-model-name", "demo/writer-8b", "demo/judge-70b", "--fake-request-log", str(requests)]
-    with start_server("demo", args=[*args, "--fake-outage", str(outage)], api_key=key) as server:
-        endpoint = HostedEndpoint(base_url=server.base_url, api_key=key, request_log=requests)
+    with hosted_stand_in(tmp_path, "--fake-outage", str(outage)) as endpoint:
         extra = "retries: 0\nclient_retries: 0\n" + layout
         files = write_run_files(tmp_path / "run", endpoint, num_records=6, shards=2, buffer_size=2, extra_run=extra)
         submitted = cli_json("submit", str(files.run_file), "--profile", str(files.profile), "--json", env=files.env)
@@ -153,5 +149,5 @@ def test_a_provider_outage_at_the_start_of_a_hosted_run_is_waited_out_with_no_re
     for shard in range(2):
         (only,) = attempts(run_dir, shard)
         assert (only.state, only.client_runs) == ("succeeded", 1), only
-    chats = [json.loads(line) for line in requests.read_text().splitlines() if "/completions" in line]
+    chats = [json.loads(line) for line in endpoint.request_log.read_text().splitlines() if "/completions" in line]
     assert chats[0]["status"] == 500 and chats[-1]["status"] == 200

@@ -211,16 +211,11 @@ def test_a_killed_cpu_stage_client_is_pending_for_its_automatic_retry_never_fail
     allocation): while the allocation still runs the other two, shard 0 waits for the automatic retry level
     (``retries: 1``), so no ``status --json`` shows it or the run ``failed``, ``retry`` submits nothing, and
     ``wait`` exits 0 with every row."""
-    from conftest import HostedEndpoint, write_run_files
-    from fake_vllm.testing import start_server
+    from conftest import hosted_stand_in, write_run_files
 
-    gate, requests = tmp_path / "judge-gate", tmp_path / "requests.jsonl"
+    gate = tmp_path / "judge-gate"
     gate.write_text("0")  # the judge answers nothing yet; the writer is not asked (the generator is local)
-    key = "sk-cpu-kill-" + "7" * 16
-    args = ["--served-model-name", "demo/writer-8b", "demo/judge-70b", "--fake-request-log", str(requests),
-            "--fake-gate", str(gate), "--fake-gate-model", "demo/judge-70b"]  # fmt: skip
-    with start_server("demo", args=args, api_key=key) as server:
-        endpoint = HostedEndpoint(base_url=server.base_url, api_key=key, request_log=requests)
+    with hosted_stand_in(tmp_path, "--fake-gate", str(gate), "--fake-gate-model", "demo/judge-70b") as endpoint:
         files = write_run_files(
             tmp_path / "killed", endpoint, num_records=RECORDS, shards=SHARDS, buffer_size=4,
             recipe=one_draw_recipe(tmp_path), vllm_executable=vllm_stand_in(tmp_path, "killed"),
@@ -231,7 +226,7 @@ def test_a_killed_cpu_stage_client_is_pending_for_its_automatic_retry_never_fail
             _cli("submit", str(files.run_file), "--profile", str(files.profile), "--json", env=files.env)["run_dir"]
         )
         try:
-            until(lambda: _judges_waiting(server.root_url) == SHARDS, 300, "the three CPU-stage clients at the gate")
+            until(lambda: _judges_waiting(endpoint.root_url) == SHARDS, 300, "the three CPU-stage clients at the gate")
             clients = _cpu_clients(run_dir)  # each in its generation (its client run counted), waiting for its judge
             os.kill(clients[0], signal.SIGKILL)
             until(
@@ -260,13 +255,13 @@ def test_a_killed_cpu_stage_client_is_pending_for_its_automatic_retry_never_fail
     assert table.num_rows == RECORDS
 
 
-def _judges_waiting(root_url: str) -> float:
+def _judges_waiting(root_url: str) -> int:
     """Chat requests the stand-in holds at its gate (its ``vllm:num_requests_waiting`` gauge)."""
     import httpx
 
-    metrics = httpx.get(f"{root_url}/metrics", timeout=10).text
-    lines = [line for line in metrics.splitlines() if line.startswith("vllm:num_requests_waiting")]
-    return float(lines[0].rsplit(" ", 1)[1]) if lines else 0.0
+    from ddslurm.runtime._upstreams import parse_waiting
+
+    return parse_waiting(httpx.get(f"{root_url}/metrics", timeout=10).text)
 
 
 def _cpu_attempts(run_dir: Path, shard: int) -> list[AttemptRecord]:

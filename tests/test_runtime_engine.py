@@ -208,15 +208,11 @@ def test_a_provider_outage_at_start_is_waited_out_inside_the_attempt(
     not retry it): the attempt waits and tries again, with backoff, until the provider heals (the test empties the
     outage file once the attempt has logged its first wait) and publishes every row in one client run; an outage
     longer than ``provider_wait`` fails the attempt ``provider_unavailable``, retryable, saying how long."""
-    from conftest import HostedEndpoint, write_run_files
-    from fake_vllm.testing import start_server
+    from conftest import hosted_stand_in, write_run_files
 
-    outage, requests = tmp_path / "outage", tmp_path / "requests.jsonl"
+    outage = tmp_path / "outage"
     outage.write_text(status)
-    key = "sk-outage-" + os.urandom(8).hex()
-    args = ["--served-model-name", "demo/writer-8b", "demo/judge-70b", "--fake-request-log", str(requests)]
-    with start_server("demo", args=[*args, "--fake-outage", str(outage)], api_key=key) as server:
-        endpoint = HostedEndpoint(base_url=server.base_url, api_key=key, request_log=requests)
+    with hosted_stand_in(tmp_path, "--fake-outage", str(outage)) as endpoint:
         extra = "client_retries: 0\n" + ("" if heals else "provider_wait: 2\n")
         files = write_run_files(tmp_path / "run", endpoint, num_records=4, shards=1, buffer_size=2, extra_run=extra)
         run_dir, proc = local_attempt(files, "61")
@@ -232,7 +228,9 @@ def test_a_provider_outage_at_start_is_waited_out_inside_the_attempt(
     events = [json.loads(line) for line in log.read_text().splitlines()]
     waits = [e for e in events if e["event"] == "provider.unavailable"]
     chats = [
-        e["status"] for e in map(json.loads, requests.read_text().splitlines()) if e["path"].endswith("/completions")
+        e["status"]
+        for e in map(json.loads, endpoint.request_log.read_text().splitlines())
+        if e["path"].endswith("/completions")
     ]
     assert str(chats[0]) == status and waits, (chats[:5], err[-2000:])  # the health check was refused, then waited
     if heals:

@@ -381,13 +381,12 @@ class AttemptRunner:
         """Generate; a provider that is unavailable (429, 5xx, refused, timed out) is tried again after a pause
         (:func:`outage_pause`), continuing the batches done so far, until the run file's ``provider_wait`` is
         spent: then its failure says how long it was waited out."""
-        waited, tries = 0.0, 0
+        waited, tries, bound = 0.0, 0, inputs.plan.provider_wait_s
         while True:
             try:
                 return self._generate(inputs, began, endpoints, log, resume_own, counted=tries == 0)
             except ProviderUnavailableError as exc:
                 pause = outage_pause(tries, self._jitter())
-                bound = inputs.plan.provider_wait_s
                 if waited + pause > bound:
                     raise ProviderUnavailableError(
                         f"{exc.message} (waited out for {waited:.0f} s over {tries + 1} tries; the run file's "

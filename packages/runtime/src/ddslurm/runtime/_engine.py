@@ -266,6 +266,18 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
         seen = seen.__cause__ or seen.__context__
 
 
+def _says_unavailable(seen: BaseException) -> bool:
+    code = getattr(seen, "status_code", None)
+    statused = isinstance(code, int) and code in _UNAVAILABLE_STATUSES
+    return statused or any(cls.__name__ in _UNAVAILABLE_ERRORS for cls in type(seen).__mro__)
+
+
+def _named_provider(exc: BaseException) -> str | None:
+    """The provider that ``exc`` or what it was raised from names (``provider_name``; the innermost that does)."""
+    named = (getattr(seen, "provider_name", None) for seen in _chain(exc))
+    return next((n for n in reversed(list(named)) if isinstance(n, str)), None)
+
+
 def _refuses_config(exc: BaseException) -> bool:
     """Whether ``exc`` or what it was raised from is an error about the config."""
     return any(cls.__name__ in _CONFIG_ERRORS for seen in _chain(exc) for cls in type(seen).__mro__)
@@ -285,18 +297,9 @@ def provider_unavailable(exc: BaseException) -> ProviderUnavailableError | None:
     rate-limit, server-error, connection or timeout errors (its start-up health check is not retried by Data
     Designer; its generation requests are, and reach here only once those retries are spent), or a provider error
     whose ``status_code`` is 408, 429 or 5xx. None for anything else."""
-    provider: str | None = None
-    found = False
-    for seen in _chain(exc):
-        code = getattr(seen, "status_code", None)
-        named = getattr(seen, "provider_name", None)
-        provider = named if isinstance(named, str) else provider
-        if (isinstance(code, int) and code in _UNAVAILABLE_STATUSES) or any(
-            cls.__name__ in _UNAVAILABLE_ERRORS for cls in type(seen).__mro__
-        ):
-            found = True
-    if not found:
+    if not any(_says_unavailable(seen) for seen in _chain(exc)):
         return None
+    provider = _named_provider(exc)
     which = f"provider {provider!r}" if provider else "a provider"
     return ProviderUnavailableError(f"{which} is unavailable: {type(exc).__name__}: {exc}", provider=provider)
 
@@ -313,17 +316,15 @@ def key_refused(exc: BaseException, snapshot: ProviderSnapshot) -> KeyRefusedErr
     (``provider_name``). None for any other error, and for a local provider (its key is the attempt's own token,
     never the user's)."""
     status: int | None = None
-    provider_name: str | None = None
     for seen in _chain(exc):
         code = getattr(seen, "status_code", None)
         if isinstance(code, int) and code in _KEY_STATUSES:
             status = code
         elif status is None:
             status = next((_KEY_ERRORS[c.__name__] for c in type(seen).__mro__ if c.__name__ in _KEY_ERRORS), None)
-        named = getattr(seen, "provider_name", None)
-        provider_name = named if isinstance(named, str) else provider_name
     if status is None:
         return None
+    provider_name = _named_provider(exc)
     hosted = [p for p in snapshot.providers if not p.local]
     named_providers = [p for p in hosted if p.name == provider_name]
     if provider_name is not None and not named_providers:

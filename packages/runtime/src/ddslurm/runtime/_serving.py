@@ -417,7 +417,23 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
         return True
 
 
-class PortHolds:
+class _PortSockets:
+    """Sockets this process keeps bound, one a port, until it lets them go (or dies, and the kernel does)."""
+
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self._host = host
+        self._held: dict[int, socket.socket] = {}
+
+    def holds(self, port: int) -> bool:
+        return port in self._held
+
+    def release(self) -> None:
+        for sock in self._held.values():
+            sock.close()
+        self._held.clear()
+
+
+class PortHolds(_PortSockets):
     """Loopback ports this process holds for the proxies it starts, so that no other user can ever bind them.
 
     A held port is bound with ``SO_REUSEPORT`` and never listened on: the kernel lets another socket bind the
@@ -425,10 +441,6 @@ class PortHolds:
     ``--reuse-port``) binds and listens beside the hold; when it dies, the hold keeps the port: a connection is
     refused (nothing listens) instead of reaching whoever bound it next, and the restarted proxy binds it again.
     Another user's bind fails with "address already in use" before, during and after the proxy's life."""
-
-    def __init__(self, host: str = "127.0.0.1") -> None:
-        self._host = host
-        self._held: dict[int, socket.socket] = {}
 
     def take(self, port: int) -> bool:
         """Hold ``port`` (True), or False when it is not free: bound by anyone without ``SO_REUSEPORT`` or by
@@ -450,16 +462,8 @@ class PortHolds:
         self._held[port] = sock
         return True
 
-    def holds(self, port: int) -> bool:
-        return port in self._held
 
-    def release(self) -> None:
-        for sock in self._held.values():
-            sock.close()
-        self._held.clear()
-
-
-class PortClaims:
+class PortClaims(_PortSockets):
     """The ports this process chose for its servers, claimed node-wide until it lets them go or dies.
 
     A port is chosen free and bound by the server a moment later (seconds for a real engine): two controllers on
@@ -469,13 +473,10 @@ class PortClaims:
     and the kernel lets it go when the process ends however it ends. A name bound by anyone else is not this
     process's to take (any user can bind an abstract name: the port is passed over, never shared)."""
 
-    def __init__(self, host: str = "127.0.0.1") -> None:
-        self._host = host
-        self._claimed: dict[int, socket.socket] = {}
-
-    def take(self, port: int, is_free: Callable[[int], bool] = port_is_free) -> bool:
-        """Claim ``port`` if no other process has and ``is_free`` says it is free (True), else False."""
-        if port in self._claimed:
+    def take(self, port: int, is_free: Callable[[int], bool] | None = None) -> bool:
+        """Claim ``port`` if no other process has and ``is_free`` (else :func:`port_is_free` on this host) says it
+        is free (True), else False."""
+        if port in self._held:
             return False
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -483,16 +484,11 @@ class PortClaims:
         except OSError:
             sock.close()
             return False
-        if not is_free(port):
+        if not (is_free(port) if is_free is not None else port_is_free(port, self._host)):
             sock.close()
             return False
-        self._claimed[port] = sock
+        self._held[port] = sock
         return True
-
-    def release(self) -> None:
-        for sock in self._claimed.values():
-            sock.close()
-        self._claimed.clear()
 
 
 def listening_ports(ephemeral_file: Path = EPHEMERAL_RANGE_FILE) -> range:
