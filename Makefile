@@ -2,6 +2,10 @@
 .DEFAULT_GOAL := help
 SHELL := /bin/bash
 export UV_PYTHON_DOWNLOADS := never
+# Every Python process of the tests keeps its bytecode: where the shell sets PYTHONDONTWRITEBYTECODE (as some
+# machines' images do), each of the suite's ~1,000 processes would compile ddslurm's modules again, and each pytest
+# worker would rewrite every test module's asserts (10 CPU-s a worker instead of 3; docs/testing.md).
+unexport PYTHONDONTWRITEBYTECODE
 PKGS := config providers planner launcher runtime collector
 UV ?= uv
 # The Data Designer versions ddslurm-runtime accepts (packages/runtime/pyproject.toml: data-designer>=OLDEST,<UPPER,

@@ -50,38 +50,15 @@ def _collect(run_dir: Path, env: dict[str, str]) -> Any:
     return pq.read_table(dataset)
 
 
-def test_pulling_allocations_keep_servers_warm_and_run_every_shard_once(
+def test_pulling_allocations_keep_servers_warm_run_every_shard_once_and_lose_none_of_a_killed_one(
     make_run_files: Any, scan_for_secret: Any
 ) -> None:
-    files, run_dir, submitted = _submit(make_run_files, "pull", "allocations: 2\nclient_workers: 2\n")
+    """One run proves both: the servers of a pulling allocation start once for every shard it claims, each shard is
+    claimed once per array and generated once; and allocation 0, killed (SIGKILL to its batch step: the controller
+    dies at once) as soon as it has begun an attempt, loses no shard and duplicates none: the automatic retry's
+    allocations finish its shards, and the dataset is exactly the unsharded run's rows."""
+    files, run_dir, submitted = _submit(make_run_files, "pull", "allocations: 2\nclient_workers: 2\nretries: 1\n")
     assert "--pool 0-4" in (run_dir / "generate.sbatch").read_text()
-    final = _cli("wait", str(run_dir), "--json", env=files.env)
-    assert final["state"] == "succeeded", json.dumps(final)[-3000:]
-    assert final["records_done"] == RECORDS
-    array = submitted["job_id"]
-    allocations = sorted((run_dir / "allocations").iterdir())
-    assert 1 <= len(allocations) <= 2
-    # The servers started once per allocation, not once per shard: two replicas each, for five shards.
-    servers = sorted(p.name for a in allocations for p in a.glob("server-generator-*.log"))
-    assert len(servers) == 2 * len(allocations)
-    for shard in range(SHARDS):
-        claims = list((run_dir / "shards" / f"shard-{shard:05d}" / "claims").glob("*.json"))
-        assert [c.name for c in claims] == [f"{array}.json"]
-        claim = read_json(claims[0], ClaimRecord)
-        winner = read_json(run_dir / "shards" / f"shard-{shard:05d}" / "winner.json", WinnerRecord)
-        record = read_json(
-            run_dir / "shards" / f"shard-{shard:05d}" / "attempts" / winner.attempt / "attempt.json", AttemptRecord
-        )
-        assert record.job_id == claim.job_id and record.allocation is not None
-        assert Path(record.allocation).parent == run_dir / "allocations"
-    table = _collect(run_dir, files.env)
-    assert table.num_rows == RECORDS
-    assert Counter(table.column("question").to_pylist()) == _unsharded_questions()
-    assert scan_for_secret(run_dir, files.env["DEMO_HOSTED_API_KEY"]) == []
-
-
-def test_an_allocation_killed_mid_run_loses_no_shard_and_duplicates_none(make_run_files: Any) -> None:
-    files, run_dir, submitted = _submit(make_run_files, "kill", "allocations: 2\nclient_workers: 2\nretries: 1\n")
     array = submitted["job_id"]
     victim = f"{array}_0"
     deadline = time.monotonic() + 120
@@ -93,18 +70,32 @@ def test_an_allocation_killed_mid_run_loses_no_shard_and_duplicates_none(make_ru
                 claimed.append(record.shard)
         time.sleep(0.2)
     assert claimed, "allocation 0 never began an attempt"
-    subprocess.run(["scancel", "--signal=KILL", "--batch", victim], check=True)  # the controller dies at once
+    subprocess.run(["scancel", "--signal=KILL", "--batch", victim], check=True)
     final = _cli("wait", str(run_dir), "--json", env=files.env, timeout=600)
     assert final["state"] == "succeeded", json.dumps(final)[-3000:]
     assert final["records_done"] == RECORDS
     kinds = sorted(json.loads(p.read_text())["kind"] for p in (run_dir / "submissions").glob("*.json"))
     assert kinds == ["auto-retry", "initial"]
-    for shard in claimed:  # the killed allocation's shards were finished by the automatic retry's allocations
-        winner = read_json(run_dir / "shards" / f"shard-{shard:05d}" / "winner.json", WinnerRecord)
-        record = read_json(
-            run_dir / "shards" / f"shard-{shard:05d}" / "attempts" / winner.attempt / "attempt.json", AttemptRecord
-        )
-        assert not (record.slurm_log or "").endswith(f"slurm-{victim}.out")
+    # The servers started once per allocation, not once per shard: no allocation started a replica twice, and the
+    # two that ran shards of the initial array started both replicas.
+    allocations = sorted((run_dir / "allocations").iterdir())
+    for allocation in allocations:
+        servers = sorted(p.name for p in allocation.glob("server-generator-*.log"))
+        assert len(servers) in (0, 2), (allocation.name, servers)
+    for shard in range(SHARDS):
+        shard_dir = run_dir / "shards" / f"shard-{shard:05d}"
+        claims = {c.name: read_json(c, ClaimRecord) for c in (shard_dir / "claims").glob("*.json")}
+        assert f"{array}.json" in claims  # one claim file per array: each array's allocations claim a shard once
+        winner = read_json(shard_dir / "winner.json", WinnerRecord)
+        record = read_json(shard_dir / "attempts" / winner.attempt / "attempt.json", AttemptRecord)
+        assert record.allocation is not None and Path(record.allocation).parent == run_dir / "allocations"
+        assert record.job_id in {c.job_id for c in claims.values()}  # the winner ran in an allocation that claimed it
+        if claims[f"{array}.json"].task != 0:  # a survivor's shard: claimed and generated once, by the initial array
+            assert list(claims) == [f"{array}.json"], (shard, list(claims))
+            assert len(list((shard_dir / "attempts").iterdir())) == 1
+        else:  # the killed allocation's shards were finished by the automatic retry's allocations
+            assert not (record.slurm_log or "").endswith(f"slurm-{victim}.out")
     table = _collect(run_dir, files.env)
     assert table.num_rows == RECORDS
     assert Counter(table.column("question").to_pylist()) == _unsharded_questions()
+    assert scan_for_secret(run_dir, files.env["DEMO_HOSTED_API_KEY"]) == []
