@@ -153,7 +153,7 @@ def write_run_files(
     *,
     num_records: int = 6,
     shards: int = 2,
-    buffer_size: int = 3,
+    buffer_size: int | None = 3,
     extra_run: str = "",
     recipe: Path = EXAMPLE_RECIPE,
     extra_profile: str = "",
@@ -175,8 +175,9 @@ def write_run_files(
             (root / data.name).write_bytes(data.read_bytes())
     run_file = root / "run.yaml"
     run_file.write_text(
-        f"name: t\nrecipe: recipe.yaml\nnum_records: {num_records}\nshards: {shards}\nbuffer_size: {buffer_size}\n"
-        f"submission:\n  time_limit: '00:10:00'\n  cpus: 1\n  memory: 1G\n{extra_run}"
+        f"name: t\nrecipe: recipe.yaml\nnum_records: {num_records}\nshards: {shards}\n"
+        + ("" if buffer_size is None else f"buffer_size: {buffer_size}\n")  # None: the planner chooses
+        + f"submission:\n  time_limit: '00:10:00'\n  cpus: 1\n  memory: 1G\n{extra_run}"
     )
     workspace = root / "work"
     profile = root / "profile.yaml"

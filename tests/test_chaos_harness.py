@@ -56,13 +56,15 @@ def test_every_layout_recipe_and_fault_kind_is_reachable(profile: str) -> None:
     assert {s.recovery_fault.kind for s in drawn if s.recovery_fault} == set(RECOVERY_KINDS)
     assert {bool(f.after_rows) for s in drawn for f in s.faults} == {False, True}  # by time and by progress
     assert min(s.latency for s in drawn) < 0.5 and max(s.latency for s in drawn) > 1.5
+    assert {s.buffer_size is None for s in drawn} == {False, True}  # the run file's batches and the planner's
 
 
 @pytest.mark.parametrize("profile", sorted(PROFILES))
 def test_drawn_numbers_stay_in_their_ranges_and_faults_fit_the_recipe(profile: str) -> None:
     sizes = PROFILES[profile]
     for s in (draw(seed, profile) for seed in SEEDS):
-        assert sizes.records[0] <= s.records <= sizes.records[1] and 2 <= s.buffer_size <= 7
+        assert sizes.records[0] <= s.records <= sizes.records[1]
+        assert s.buffer_size is None or 2 <= s.buffer_size <= 7  # None: the planner's batches
         assert 1 <= s.shards <= min(sizes.max_shards, s.records) and s.profile == profile
         assert s.seed_rows == 0 or sizes.seed_rows[0] <= s.seed_rows <= sizes.seed_rows[1]
         timed = [f for f in s.faults if f.kind.startswith("hosted_") or f.kind == "node_down"]

@@ -7,10 +7,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+import httpx
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from ddslurm.config import AttemptRecord, read_json
+from ddslurm.config import AttemptRecord, RunLayout, read_json
 from tests.e2e import REPO, cli_json, slurm, until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.dd]
@@ -150,3 +152,89 @@ def test_shard_killed_by_its_time_limit_is_retried_automatically(make_run_files:
     assert final["state"] == "succeeded" and final["records_done"] == 4
     records = [read_json(p, AttemptRecord) for p in run_dir.glob("shards/shard-00000/attempts/*/attempt.json")]
     assert sorted(r.state for r in records) == ["failed", "succeeded"]
+
+
+def _metric(base_url: str, name: str) -> float:
+    text = httpx.get(base_url.removesuffix("/v1") + "/metrics", timeout=10).text
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
+
+
+def _chat_requests(log: Path, model: str) -> int:
+    lines = log.read_text().splitlines() if log.exists() else []
+    return sum(f'"{model}"' in line and '"/v1/chat/completions"' in line for line in lines)
+
+
+def test_a_sixty_record_shard_without_buffer_size_cancelled_at_60_percent_redoes_at_most_one_batch(
+    make_run_files: Any, tmp_path: Path
+) -> None:
+    """Checkpoints by default (issue 34): a run file without ``buffer_size`` gets the planner's batches (12
+    records for a shard of 60), so a shard cancelled once 38 of its 60 records have their writer answer has 36 on
+    disk; the retry resumes them and asks for the other 24 only. Every request the stand-in received is counted:
+    those answered before the cancel, those it still held then (Data Designer's ``max_parallel_requests``, here
+    its default 4, in flight), and the retry's (a new stand-in at the same address). A cancel costs the answers of
+    the batch in progress and the requests in flight; with Data Designer's default batch (1000: one batch for the
+    shard) the same cancel saved nothing: 98 requests."""
+    from fake_vllm.testing import start_server
+
+    writer, judge = "demo/writer-8b", "demo/judge-70b"
+    key = "sk-batches-" + "7" * 16
+    source = tmp_path / "src"
+    source.mkdir()
+    recipe = source / "recipe.yaml"
+    seed_config = (
+        "  seed_config:\n    sampling_strategy: ordered\n    selection_strategy: null\n"
+        "    source: {seed_type: local, path: seed.parquet}\n"
+    )
+    text = (REPO / "examples" / "hosted-only" / "recipe.yaml").read_text().replace("  seed_config: null\n", seed_config)
+    recipe.write_text(text.replace("max_parallel_requests: 16", "max_parallel_requests: 4"))  # Data Designer's default
+    pq.write_table(pa.table({"seed_id": list(range(60))}), source / "seed.parquet")
+    files = make_run_files("batches", num_records=60, shards=1, buffer_size=None, recipe=recipe)
+    env = {**files.env, "DEMO_HOSTED_API_KEY": key}
+    gate, first_log, retry_log = tmp_path / "gate", tmp_path / "first.jsonl", tmp_path / "retry.jsonl"
+    gate.write_text("39")  # the writer's health check, then the writer answers of 38 records: over 60 %
+    served = ["--served-model-name", writer, judge]
+    args = [*served, "--fake-request-log", str(first_log), "--fake-gate", str(gate), "--fake-gate-model", writer]
+    with start_server("demo", args=args, api_key=key) as held:
+        (files.dd_home / "model_providers.yaml").write_text(
+            "providers:\n- {name: demo-hosted, endpoint: '" + held.base_url + "', api_key: DEMO_HOSTED_API_KEY}\n"
+        )
+        submitted = cli_json("submit", str(files.run_file), "--profile", str(files.profile), "--json", env=env)
+        run_dir = Path(submitted["run_dir"])
+        plan = json.loads(RunLayout(run_dir).plan.read_text())
+        assert (plan["buffer_size"], plan["batching"]["by"], plan["batching"]["batches"]) == (12, "planner", 5)
+        until(
+            lambda: _chat_requests(first_log, writer) >= 39 and _rows_done(run_dir, 0) >= 36,
+            300,
+            "38 records' writer answers and three batches on disk",
+            lambda: (_chat_requests(first_log, writer), _rows_done(run_dir, 0)),
+        )
+        until(
+            lambda: _metric(held.base_url, "vllm:num_requests_waiting") >= 4,
+            60,
+            "the 4 writer requests Data Designer has in flight held",
+        )
+        cli_json("cancel", str(run_dir), "--shards", "0", "--json", env=env)
+        until(
+            lambda: cli_json("status", str(run_dir), "--json", env=env)["shards"][0]["state"] == "cancelled",
+            120,
+            "shard 0 to be cancelled",
+        )
+        saved = _rows_done(run_dir, 0)
+        sent = {m: _chat_requests(first_log, m) for m in (writer, judge)}
+        sent[writer] += int(_metric(held.base_url, "vllm:num_requests_waiting"))  # held, never answered
+    assert saved == 36, saved  # three whole batches; the fourth, cut at 2 of 12 records, is lost
+    port = int(held.base_url.rsplit(":", 1)[1].split("/")[0])
+    with start_server("demo", args=[*served, "--fake-request-log", str(retry_log)], api_key=key, port=port):
+        assert cli_json("retry", str(run_dir), "--json", env=env)["shards"] == [0]
+        final = cli_json("wait", str(run_dir), "--json", env=env)
+        assert final["state"] == "succeeded" and final["records_done"] == 60, final
+    for model in (writer, judge):
+        sent[model] += _chat_requests(retry_log, model)
+    # 60 records and a health check a client run: 62 requests a model at the least; the cancel cost both models the
+    # 2 answered records of the fourth batch, and the writer the 4 requests it held
+    assert sent[judge] == 62 + 2, sent
+    assert sent[writer] == 62 + 2 + 4 <= 75, sent
+    won = [read_json(p, AttemptRecord) for p in run_dir.glob("shards/shard-00000/attempts/*/attempt.json")]
+    assert [(r.state, r.resumed_rows) for r in won if r.state == "succeeded"] == [("succeeded", 36)], won
+    dataset = Path(cli_json("collect", str(run_dir), "--local", "--json", env=env)["dataset"])
+    assert pq.read_table(dataset).column("seed_id").to_pylist() == list(range(60))  # every seed row once, in order

@@ -106,7 +106,8 @@ class Scenario:
     seed_rows: int
     """Rows of the seed dataset (0 for seedless recipes)."""
     shards: int
-    buffer_size: int
+    buffer_size: int | None
+    """None: the run file leaves it out and the planner chooses the batches (checkpoints by default)."""
     layout: str
     allocations: int
     client_workers: int
@@ -224,6 +225,8 @@ def draw(seed: int, profile: str = "full") -> Scenario:
     if rng.random() < 0.3:
         second = [k for k in RECOVERY_KINDS if applicable(k, placement, replicas)]
         recovery_fault = Fault(rng.choice(second), round(rng.uniform(0.0, 20.0), 1))
+    if rng.random() < 0.3:  # drawn last, so the draws above are the same as before it was added
+        buffer_size = None
     return Scenario(
         seed=seed,
         placement=placement,

@@ -189,7 +189,7 @@ def run_yaml(scenario: Scenario) -> str:
         "recipe: recipe.yaml",
         f"num_records: {s.records}",
         f"shards: {s.shards}",
-        f"buffer_size: {s.buffer_size}",
+        f"buffer_size: {'null' if s.buffer_size is None else s.buffer_size}",
         f"allocations: {s.allocations}",
         f"client_workers: {s.client_workers}",
         f"retries: {s.retries}",

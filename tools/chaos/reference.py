@@ -18,6 +18,7 @@ from tools.chaos.draw import Scenario
 from tools.chaos.oracle import Reference, build_reference
 from tools.chaos.recipes import HOSTED_MODELS, LOCAL_MODEL, SAMPLER_KEYS, SEED_COLUMNS, UUID_COLUMN, write_recipe
 
+DD_DEFAULT_BUFFER_SIZE = 1000  # a plain local DataDesigner.create's batches, where the run file sets none
 SEEDLESS_REFERENCE_RECORDS = 72  # 6 sampler combinations: all drawn with probability 1 - 1e-5
 
 # Imports Data Designer once (three seconds of CPU, a tenth of a compact scenario), then runs one reference per
@@ -132,7 +133,7 @@ class ReferenceCache:
             key_lock = self._key_locks.setdefault(key, threading.Lock())
         with key_lock:
             if key not in self._done:
-                rows, columns = self._run(folder, recipe_path, records, scenario.buffer_size)
+                rows, columns = self._run(folder, recipe_path, records, scenario.buffer_size or DD_DEFAULT_BUFFER_SIZE)
                 self._done[key] = (self._reference(scenario, rows), columns)
             return self._done[key]
 

@@ -37,7 +37,7 @@ def test_minimal_run_file_fills_every_default(tmp_path: Path) -> None:
         "num_records": 10,
         "shards": 1,
         "resume": "if_possible",
-        "buffer_size": 1000,
+        "buffer_size": None,
         "max_concurrent": None,
         "allocations": "auto",
         "client_workers": "auto",

@@ -133,6 +133,7 @@ def test_the_bill_counts_allocations_gpus_and_hours(tmp_path: Path) -> None:
     assert bill.cpu_hours == 39.0
     text = "\n".join(bill_lines(bill))
     assert "2 pulling allocation(s) for 8 shards" in text and "2 client worker(s)" in text
+    assert "\nbatches: 5 records a batch\n" in text  # a plan from before the planner chose batches says only that
     assert "12 GPU-hours (2 task(s) x 4 GPU(s) x 90 min)" in text
     assert sum("--job-name=server-gen-" in s for s in bill.steps) == 2
     assert sum("--job-name=proxy-gen" in s for s in bill.steps) == 1

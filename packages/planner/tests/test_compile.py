@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import itertools
+import math
 from pathlib import Path
 
 import msgspec
 import pytest
 
 from ddslurm.config import (
+    Batching,
     ClusterProfile,
     Collection,
     Deployment,
@@ -38,6 +40,7 @@ from ddslurm.planner import (
     plan_shards,
     server_capacity,
 )
+from ddslurm.planner._batches import CHECKPOINT_S, CHECKPOINTS_PER_SHARD, DD_DEFAULT_BUFFER_SIZE
 
 pytestmark = pytest.mark.smoke  # make test-isolated runs these with only the package's dependencies
 
@@ -219,6 +222,7 @@ def test_hosted_only_plan() -> None:
         ),
         resume="always",
         buffer_size=10,
+        batching=Batching(by="run file", rule="buffer_size 10 from the run file", shard_records=20, batches=2),
         recipe_file="/ws/runs/run-1/inputs/recipe.yaml",
         recipe_sha256="1" * 64,
         snapshot_file="/ws/runs/run-1/inputs/snapshot.json",
@@ -741,3 +745,34 @@ def test_stages_single_and_hosted_only_runs_have_one_stage() -> None:
     assert plan.stage_reason == "single stage: the run file says stages: single"
     hosted = compile_plan(_staged_inputs(make_run(), _gpu_profile()))
     assert (hosted.stages, hosted.cpu_stage, hosted.stage_reason) == ((), None, None)
+
+
+# --- buffer_size: the planner's batches where the run file sets none (test_batches.py: the rule) ---
+
+
+@pytest.mark.parametrize(
+    ("records", "shards", "want"),
+    [(60, 1, 12), (61, 1, 12), (3, 1, 1), (1, 1, 1), (60, 7, 1), (100_000, 10, 1000), (4_000, 1, 800)],
+)
+def test_without_buffer_size_a_shard_saves_at_least_four_times(records: int, shards: int, want: int) -> None:
+    plan = compile_plan(make_inputs(make_run(num_records=records, shards=shards, buffer_size=None)))
+    largest = max(s.num_records for s in plan.shards)
+    assert plan.buffer_size == want
+    assert plan.batching is not None and plan.batching.by == "planner"
+    assert plan.batching.batches == math.ceil(largest / want)
+    # at least 5 saves where a shard has 5 records or more, unless Data Designer's default caps the batch lower
+    assert plan.batching.batches >= min(largest, CHECKPOINTS_PER_SHARD)
+    assert want <= DD_DEFAULT_BUFFER_SIZE
+
+
+def test_a_run_with_deployments_sizes_its_batches_by_the_cost_models_rate() -> None:
+    deployment = Deployment(model_alias="gen", model="org/gen", replicas=1)
+    run = make_run(num_records=8_000, shards=2, buffer_size=None, deployments=(deployment,))
+    plan = compile_plan(make_inputs(run, _gpu_profile()))
+    assert plan.prediction is not None and plan.batching is not None
+    record_s = plan.prediction.chosen.shard_record_s
+    assert record_s > 0
+    assert plan.batching.batch_s == pytest.approx(plan.buffer_size * record_s)
+    assert plan.buffer_size == min(
+        1000, math.ceil(4_000 / CHECKPOINTS_PER_SHARD), max(1, int(CHECKPOINT_S // record_s))
+    )

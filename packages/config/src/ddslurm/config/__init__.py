@@ -62,6 +62,7 @@ from ddslurm.config._lazy import lazy_exports
 from ddslurm.config._limits import Limit, QueuedJob, SchedulerLimits
 from ddslurm.config._plan import (
     PLAN_VERSION,
+    Batching,
     DeploymentPlan,
     Plan,
     PluginRecord,
@@ -142,6 +143,7 @@ from ddslurm.config._yaml import load_struct, locate, read_yaml, to_builtins
 from ddslurm.config.errors import ConfigError, ConfigFileError, ConfigFileErrors, UnsafePathError
 
 __all__ = [
+    "Batching",
     "Calibration",
     "CalibrationEntry",
     "update_facts",

@@ -202,6 +202,24 @@ class StagePlan(Frozen, frozen=True, kw_only=True):
     """Columns this stage outputs for the next one although the recipe drops them."""
 
 
+class Batching(Frozen, frozen=True, kw_only=True):
+    """How the plan's ``buffer_size`` was chosen (``Plan.batching``; docs/run-files.md#checkpoints). A batch is the
+    unit a shard saves its work in: a cancel, a time limit or a crash loses at most the batch in progress."""
+
+    by: Literal["run file", "planner"]
+    """``run file``: its ``buffer_size`` (at most ``num_records``); ``planner``: chosen because the run file sets
+    none."""
+    rule: str
+    """The choice in words (the dry run's bill prints it)."""
+    shard_records: int
+    """Records of the run's largest shard."""
+    batches: int
+    """Batches of the largest shard: the times it saves its work (the last when it ends)."""
+    batch_s: float | None = None
+    """Predicted seconds one batch of a shard takes (the cost model's rate for the chosen layout); None: nothing
+    predicts it (hosted-only runs, layouts the run file fixes)."""
+
+
 class Plan(Frozen, frozen=True, kw_only=True):
     version: int = PLAN_VERSION
     layout_version: int = LAYOUT_VERSION
@@ -275,6 +293,8 @@ class Plan(Frozen, frozen=True, kw_only=True):
     prediction: Prediction | None = None
     """The layout the planner's cost model chose, its predicted wall time and GPU-hours, the runners-up and the
     facts it used; None for hosted-only runs."""
+    batching: Batching | None = None
+    """How ``buffer_size`` was chosen; None: plans made before the planner chose it."""
 
     def recipe_facts_key(self) -> str:
         """What the workspace's recipe facts of this run are keyed by: :attr:`recipe_key`, else (older plans) the

@@ -47,6 +47,9 @@ class LayoutChoice(Frozen, frozen=True, kw_only=True):
     """Predicted share of the GPU-hours in which the replicas had work (at their capacity)."""
     allocation_s: float = 0.0
     """Predicted seconds the longest-running GPU allocation runs (it must end within ``submission.time_limit``)."""
+    shard_record_s: float = 0.0
+    """Predicted seconds one shard's client takes per record (the allocation's rate shared among its client
+    workers): what the planner sizes a shard's batches by (:class:`ddslurm.config.Batching`); 0: older plans."""
 
 
 class Prediction(Frozen, frozen=True, kw_only=True):

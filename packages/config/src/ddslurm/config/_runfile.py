@@ -580,8 +580,11 @@ class RunFile(Frozen, frozen=True, kw_only=True):
     resume: ResumeMode = "if_possible"
     """How a new attempt reuses an earlier attempt's completed batches: ``if_possible`` (when there are any),
     ``always`` or ``never``."""
-    buffer_size: PositiveInt = 1000
-    """Records per Data Designer batch (one Parquet file each, and the unit of resuming)."""
+    buffer_size: PositiveInt | None = None
+    """Records per Data Designer batch: one Parquet file each, and the unit a shard saves its work in (a cancel, a
+    time limit or a crash loses at most the batch in progress). Unset: the planner chooses it, so that each shard
+    saves its work at least 5 times and at least every 5 minutes of its predicted generation, at most Data
+    Designer's default 1000 (docs/run-files.md#checkpoints)."""
     max_concurrent: PositiveInt | None = None
     """At most this many array tasks run at once (the array's ``%N`` throttle)."""
     allocations: PositiveInt | Literal["auto"] = "auto"

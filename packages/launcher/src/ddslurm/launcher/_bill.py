@@ -22,7 +22,7 @@ from ddslurm.config import (
     Resources,
     parallel_requests,
 )
-from ddslurm.planner import array_tasks
+from ddslurm.planner import array_tasks, batch_text, wall_text
 from ddslurm.providers import AliasRow
 from ddslurm.runtime import RankPlace, StepSpec, server_command, server_step_name, srun_argv, unix_url
 
@@ -105,6 +105,8 @@ class Bill(msgspec.Struct, kw_only=True):
     prediction: Prediction | None = None
     """The layout the planner's cost model chose, its prediction, the runners-up and the facts it used (the plan's
     ``prediction``; None for hosted-only runs): the ``Layout`` section."""
+    batches: str = ""
+    """The batch size, how it was chosen and how much work a cancel or a time limit can lose (:func:`batch_text`)."""
 
 
 def _hours(tasks: int, per_task: int, minutes: int) -> float:
@@ -323,20 +325,12 @@ def make_bill(
         cpu_hours=round(sum(j.cpu_hours for j in jobs), 2),
         gpu_hours=round(sum(j.gpu_hours for j in jobs), 2),
         prediction=plan.prediction,
+        batches=batch_text(plan),
     )
 
 
 LAYOUT_COLUMNS = ("layout", "allocations", "replicas", "client workers", "stages", "GPUs at once", "wall time",
                   "GPU-hours", "GPU-busy")  # fmt: skip
-
-
-def wall_text(seconds: float) -> str:
-    """A predicted wall time: ``45 s``, ``12.5 min``, ``3.2 h``."""
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds / 3600:.1f} h"
 
 
 def layout_row(name: str, choice: LayoutChoice) -> tuple[str, ...]:
@@ -389,6 +383,7 @@ def bill_lines(bill: Bill) -> list[str]:
         f"shards: {bill.shard_sizes}",
         f"layout: {bill.layout}",
         f"stages: {bill.stages}" + (f" ({bill.stage_reason})" if bill.stage_reason else ""),
+        *([f"batches: {bill.batches}"] if bill.batches else []),
         "model aliases:",
     ]
     width = max((len(a.alias) for a in bill.aliases), default=5)

@@ -25,7 +25,7 @@ from ddslurm.launcher._run_dir import Prepared
 from ddslurm.launcher._slurm import Slurm
 from ddslurm.launcher._submit import first_script, new_stamp, prepare, read_limits, refusals, secret_warnings
 from ddslurm.launcher.errors import SlurmError
-from ddslurm.planner import SubmissionPlan, plan_submission
+from ddslurm.planner import SubmissionPlan, batch_warnings, plan_submission
 
 DEFAULT_MAX_ARRAY_SIZE = 1001
 """Slurm's default ``MaxArraySize``: what the arrays assume when the scheduler's limits cannot be read."""
@@ -115,4 +115,4 @@ def dry_run(
     check_jobs(checked, plan, script)
     snapshot = msgspec.json.decode(prepared.snapshot_bytes, type=ProviderSnapshot)
     bill = make_bill(plan, planned.arrays, prepared.aliases, snapshot)
-    return DryRun(prepared, planned, script, bill, secret_warnings(slurm, plan))
+    return DryRun(prepared, planned, script, bill, (*batch_warnings(plan), *secret_warnings(slurm, plan)))

@@ -64,6 +64,7 @@ from ddslurm.planner import (
     PlanInputs,
     SubmissionPlan,
     array_tasks,
+    batch_warnings,
     client_serving,
     compile_plan,
     failure_chain,
@@ -606,5 +607,5 @@ def submit(
     except OSError as exc:  # the submit lock or the submission plan, before any sbatch
         shutil.rmtree(layout.root, ignore_errors=True)
         raise WriteError(f"the submission plan of run {layout.run_id}", exc, NOTHING_LEFT) from exc
-    warnings = secret_warnings(slurm, plan)
+    warnings = (*batch_warnings(plan), *secret_warnings(slurm, plan))
     return Submitted(layout, plan, job_ids[0], prepared.aliases, tuple(job_ids), planned.arrays, warnings)

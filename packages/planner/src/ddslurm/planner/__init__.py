@@ -2,6 +2,14 @@
 and the scheduler's limits to the arrays that submit it."""
 
 from ddslurm.planner._arrays import array_spec, array_tasks, failure_chain, plan_arrays, pulling_tasks
+from ddslurm.planner._batches import (
+    CHECKPOINT_S,
+    CHECKPOINTS_PER_SHARD,
+    batch_text,
+    batch_warnings,
+    plan_batches,
+    wall_text,
+)
 from ddslurm.planner._compile import (
     VLLM_DEFAULT_MAX_NUM_SEQS,
     Allocations,
@@ -31,6 +39,8 @@ from ddslurm.planner._stages import Staging, plan_stages
 from ddslurm.planner.errors import LimitError, PlanError
 
 __all__ = [
+    "CHECKPOINTS_PER_SHARD",
+    "CHECKPOINT_S",
     "HEADROOM",
     "VLLM_DEFAULT_MAX_NUM_SEQS",
     "Allocations",
@@ -44,6 +54,8 @@ __all__ = [
     "SubmissionPlan",
     "array_spec",
     "array_tasks",
+    "batch_text",
+    "batch_warnings",
     "client_serving",
     "compile_plan",
     "describe_limit",
@@ -54,6 +66,7 @@ __all__ = [
     "plan_allocations",
     "plan_layout",
     "plan_arrays",
+    "plan_batches",
     "plan_serving",
     "plan_shards",
     "plan_stages",
@@ -62,4 +75,5 @@ __all__ = [
     "pulling_tasks",
     "refuse_if_over",
     "server_capacity",
+    "wall_text",
 ]

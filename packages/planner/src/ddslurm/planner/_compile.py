@@ -31,6 +31,7 @@ from ddslurm.config import (
     ServingPlan,
     ShardSpec,
 )
+from ddslurm.planner._batches import plan_batches
 from ddslurm.planner._choose import choose
 from ddslurm.planner._cost import CostSources, allocation_gpus, client_cpus, cost_inputs
 from ddslurm.planner._cpu_stage import cpu_stage_workers
@@ -528,6 +529,8 @@ def compile_plan(inputs: PlanInputs) -> Plan:
     )
     layout = inputs.layout
     allocations = chosen.allocations
+    predicted = chosen.prediction.chosen.shard_record_s if chosen.prediction is not None else None
+    buffer_size, batching = plan_batches(run.buffer_size, [s.num_records for s in shards], predicted)
     return Plan(
         run_id=layout.run_id,
         run_name=run.name,
@@ -535,7 +538,7 @@ def compile_plan(inputs: PlanInputs) -> Plan:
         shards=shards,
         seed=inputs.seed,
         resume=run.resume,
-        buffer_size=min(run.buffer_size, run.num_records),
+        buffer_size=buffer_size,
         max_concurrent=chosen.max_concurrent,
         allocations=allocations.count,
         client_workers=allocations.workers,
@@ -564,6 +567,7 @@ def compile_plan(inputs: PlanInputs) -> Plan:
         column_order=staging.column_order,
         gpu_type=inputs.gpu_type,
         prediction=chosen.prediction,
+        batching=batching,
     )
 
 

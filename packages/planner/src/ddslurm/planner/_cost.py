@@ -327,4 +327,5 @@ def predict(candidate: Candidate, inputs: CostInputs) -> LayoutChoice:
         gpu_hours=allocated / 3600,
         gpu_busy=min(1.0, busy / allocated) if allocated > 0 else 0.0,
         allocation_s=longest,
+        shard_record_s=per_record * candidate.workers,
     )
