@@ -194,11 +194,13 @@ def generator(
     startup_timeout: int = 120,
     env: Mapping[str, str] | str = "",
     extra_args: Sequence[str] = (),
+    restarts: int | None = None,
 ) -> str:
     """The run file's ``deployments:`` for the mixed example's ``generator``: ``model`` served as ``qwen3-8b``
     (``replicas`` and ``tensor_parallel``: the run file's default where None) on one CPU; ``env``: the server's
     environment (the stand-in's ``FAKE_VLLM_*`` settings), a mapping or a YAML flow mapping as written;
-    ``extra_args``: the server's ``extra_args`` (``--max-num-seqs 1``: a replica that runs one request at once)."""
+    ``extra_args``: the server's ``extra_args`` (``--max-num-seqs 1``: a replica that runs one request at once);
+    ``restarts``: ``server.restarts`` (None: the run file's default)."""
     lines = ["deployments:", "  - model_alias: generator", f"    model: {model}", "    served_model_name: qwen3-8b"]
     lines += [f"    {key}: {value}" for key, value in (("replicas", replicas), ("tensor_parallel", tensor_parallel))
               if value is not None]  # fmt: skip
@@ -209,6 +211,8 @@ def generator(
         lines.append(f"      env: {env}")
     if extra_args:
         lines.append(f"      extra_args: {json.dumps(list(extra_args))}")
+    if restarts is not None:
+        lines.append(f"      restarts: {restarts}")
     return "\n".join(lines) + "\n"
 
 

@@ -138,7 +138,7 @@ def test_hosted_only_run_lands_on_the_cpu_node_without_servers(make_run_files: A
 def test_failing_server_under_srun_fails_fast_with_reason_and_log_tail(
     make_run_files: Any, server_env: str, timeout: int, reason: str, needle: str
 ) -> None:
-    deployment = generator(model="m", startup_timeout=timeout, env=server_env)
+    deployment = generator(model="m", startup_timeout=timeout, env=server_env, restarts=0)  # dead means dead
     files = make_run_files(reason, num_records=12, shards=1, recipe=MIXED_RECIPE, extra_run=deployment)
     submitted = _cli("submit", str(files.run_file), "--profile", str(files.profile), "--json", env=files.env)
     run_dir = Path(submitted["run_dir"])

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from ddslurm.config import AttemptRecord, ClaimRecord, WinnerRecord, read_json
-from tests.e2e import MIXED_RECIPE, generator
+from tests.e2e import DDSLURM, MIXED_RECIPE, generator
 from tests.e2e import cli_json as _cli
 
 pytestmark = [pytest.mark.slurm, pytest.mark.dd]
@@ -38,11 +38,11 @@ def _submit(make_run_files: Any, name: str, extra: str) -> tuple[Any, Path, dict
     return files, Path(submitted["run_dir"]), submitted
 
 
-def _unsharded_questions() -> Counter[str]:
+def _unsharded_questions(records: int = RECORDS) -> Counter[str]:
     """The seed rows a plain local run of the recipe uses: ORDERED, record k reads row k mod 12."""
     with (MIXED_RECIPE.parent / "questions.csv").open() as f:
         rows = [r["question"] for r in csv.DictReader(f)]
-    return Counter(rows[k % len(rows)] for k in range(RECORDS))
+    return Counter(rows[k % len(rows)] for k in range(records))
 
 
 def _collect(run_dir: Path, env: dict[str, str]) -> Any:
@@ -99,3 +99,38 @@ def test_pulling_allocations_keep_servers_warm_run_every_shard_once_and_lose_non
     assert table.num_rows == RECORDS
     assert Counter(table.column("question").to_pylist()) == _unsharded_questions()
     assert scan_for_secret(run_dir, files.env["DEMO_HOSTED_API_KEY"]) == []
+
+
+def test_a_replica_that_keeps_crashing_is_restarted_in_place_and_every_record_is_collected(
+    make_run_files: Any,
+) -> None:
+    """Issue 34's crashing replica: ``retries: 3``, one local replica that exits after every 5 requests, 16 records
+    over 2 shards, ``allocations: auto`` (the cost model chooses one pulling allocation for both). The controller
+    starts the replica again in place (``server.restarts``), the shards resume, and the run succeeds with every
+    record; no ``status --json`` frame sampled meanwhile says ``failed``, and ``wait`` exits 0."""
+    records = 16
+    deployment = generator(replicas=1, tensor_parallel=1, env={"FAKE_VLLM_CRASH_AFTER": "5"}) + "stages: single\n"
+    files = make_run_files(
+        "crashing", num_records=records, shards=2, buffer_size=None, recipe=MIXED_RECIPE, extra_run=deployment
+    )
+    files.run_file.write_text(files.run_file.read_text() + "retries: 3\n")
+    submitted = _cli("submit", str(files.run_file), "--profile", str(files.profile), "--json", env=files.env)
+    run_dir = Path(submitted["run_dir"])
+    seen: list[str] = []
+    while not seen or seen[-1] in ("submitted", "queued", "pending", "running"):
+        frame = _cli("status", str(run_dir), "--json", env=files.env)
+        seen.append(frame["state"])
+        assert frame["state"] != "failed" and all(s["state"] != "failed" for s in frame["shards"]), frame
+        time.sleep(1)  # a sampling rate, not a condition: every frame is checked
+    done = subprocess.run(
+        [DDSLURM, "wait", str(run_dir), "--json"], env=files.env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stdout[-3000:]
+    final = json.loads(done.stdout)
+    assert final["state"] == "succeeded" and final["records_done"] == records, final
+    logs = "".join(p.read_text() for p in (run_dir / "logs").glob("slurm-*.out"))
+    assert '"server.restarting"' in logs  # the replica died and was started again inside its allocation
+    assert "--pool 0-1" in (run_dir / "generate.sbatch").read_text()  # one pulling allocation for both shards
+    table = _collect(run_dir, files.env)
+    assert table.num_rows == records
+    assert Counter(table.column("question").to_pylist()) == _unsharded_questions(records)

@@ -27,11 +27,15 @@ RUNTIME = Path(sys.executable).parent / "ddslurm-runtime"
 FAKE_VLLM = Path(sys.executable).parent / "fake-vllm"
 
 
-def _deployment(replicas: int = 1, tp: int = 1, timeout: int = 60, env: dict[str, str] | None = None) -> str:
+def _deployment(
+    replicas: int = 1, tp: int = 1, timeout: int = 60, env: dict[str, str] | None = None, restarts: int = 0
+) -> str:
+    """The generator's deployment; ``restarts``: ``server.restarts``, none unless a test asks (a replica that dies
+    then fails the attempt at once)."""
     text = (
         "deployments:\n  - model_alias: generator\n    model: org/generator\n    served_model_name: qwen3-8b\n"
         f"    replicas: {replicas}\n    tensor_parallel: {tp}\n    server:\n      startup_timeout: {timeout}\n"
-        "      cpus: 1\n"
+        f"      cpus: 1\n      restarts: {restarts}\n"
     )
     if env:
         text += "      env:\n" + "".join(f"        {k}: '{v}'\n" for k, v in env.items())
@@ -173,6 +177,39 @@ def test_hosted_only_starts_no_server_or_proxy(run_files: Any, local_attempt: An
     assert not list(attempt.glob("server-*")) and not list(attempt.glob("proxy-*"))
     assert not (attempt / "serving.json").exists()
     assert os.environ.get("DEMO_HOSTED_API_KEY") is None  # the key lives only in the run's env mapping
+
+
+def test_a_replica_that_keeps_crashing_is_restarted_in_place_and_the_attempt_gets_every_row(
+    make_run_files: Any, local_attempt: Any
+) -> None:
+    """``server.restarts``: a replica that exits after every 5 requests is started again on the same GPU and
+    socket, the proxy in front of it holds the clients' requests meanwhile, and the attempt ends with every row,
+    its one client run never failed (issue 34)."""
+    files = make_run_files(
+        "restarts",
+        num_records=12,
+        shards=1,
+        recipe=MIXED_RECIPE,
+        extra_run=_deployment(env={"FAKE_VLLM_CRASH_AFTER": "5"}, restarts=4),
+    )
+    run_dir, proc = local_attempt(files, "24", gpus="0")
+    controller_log = _finish(proc, 240)  # the controller logs to its standard error outside Slurm
+    attempt = run_dir / "shards" / "shard-00000" / "attempts" / "attempt-24"
+    assert proc.returncode == 0, (attempt / "client.out").read_text()[-3000:]
+    assert read_json(run_dir / "shards" / "shard-00000" / "winner.json", WinnerRecord).rows == 12
+    record = _record(run_dir, "24")
+    assert (record.state, record.client_runs) == ("succeeded", 1), record
+    events = [json.loads(line) for line in controller_log.splitlines() if line.startswith("{") and '"server.' in line]
+    restarted = [e for e in events if e.get("event") == "server.restarted"]
+    died = [e for e in events if e.get("event") == "server.died"]
+    # every death was restarted (its crash is in the server's log); a restart is logged back once the controller
+    # has seen it healthy, which the last one may not be before the shard ends (the proxy probes it sooner)
+    crashes = (attempt / "server-generator-0.log").read_text().count("injected crash on chat request 6")
+    restarting = [e for e in events if e.get("event") == "server.restarting"]
+    assert 1 <= crashes == len(died) == len(restarting), [(e["event"], e.get("status")) for e in events]
+    assert 1 <= len(restarted) <= len(restarting)
+    assert all(e["load_s"] >= 0 for e in restarted)
+    _no_processes_left(run_dir)
 
 
 def test_a_hung_server_is_stopped_and_fails_the_attempt(make_run_files: Any, local_attempt: Any) -> None:

@@ -34,9 +34,10 @@ FAULT_KINDS: tuple[str, ...] = (
     "hosted_timeout",
     "hosted_malformed",
     "slow_load",
+    "crashing_replica",
 )
 RECOVERY_KINDS: tuple[str, ...] = ("kill_client", "kill_server", "kill_batch", "scancel_task", "requeue")
-NEEDS_DEPLOYMENT = frozenset({"kill_server", "kill_proxy", "slow_load"})
+NEEDS_DEPLOYMENT = frozenset({"kill_server", "kill_proxy", "slow_load", "crashing_replica"})
 NEEDS_HOSTED = frozenset({"time_limit", "hosted_500", "hosted_timeout", "hosted_malformed"})
 # Relative weights of the kinds (a time limit costs two minutes and more: rarer).
 WEIGHTS: dict[str, int] = {
@@ -53,6 +54,7 @@ WEIGHTS: dict[str, int] = {
     "hosted_timeout": 2,
     "hosted_malformed": 2,
     "slow_load": 2,
+    "crashing_replica": 2,
 }
 
 
@@ -212,6 +214,8 @@ def draw(seed: int, profile: str = "full") -> Scenario:
         after_rows = round(rng.uniform(0.1, 0.8), 2) if rng.random() < 0.6 else 0.0
         if kind == "slow_load":
             at, duration, after_rows = 0.0, float(rng.randint(5, 20)), 0.0
+        elif kind == "crashing_replica":  # every life of each replica ends after `duration` chat requests
+            at, duration, after_rows = 0.0, float(rng.randint(4, 10)), 0.0
         elif kind == "time_limit":
             after_rows = 0.0
         elif after_rows:

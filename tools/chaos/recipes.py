@@ -197,6 +197,9 @@ def run_yaml(scenario: Scenario) -> str:
     ]
     if s.has_deployment:
         env = {"FAKE_VLLM_LATENCY": str(s.latency), "FAKE_VLLM_STARTUP_DELAY": str(int(s.startup_delay))}
+        crashing = next((f for f in s.faults if f.kind == "crashing_replica"), None)
+        if crashing is not None:  # a replica that keeps dying: restarted in place (server.restarts), then retried
+            env["FAKE_VLLM_CRASH_AFTER"] = str(int(crashing.duration))
         lines += [
             f"stages: {s.stages}",
             "deployments:",

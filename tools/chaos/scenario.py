@@ -241,7 +241,7 @@ class ScenarioRun:
         while not self.first_running():
             if self.all_won() or self.left() < 30:
                 for f in s.faults:
-                    if f.kind not in ("slow_load", "time_limit"):
+                    if f.kind not in ("slow_load", "crashing_replica", "time_limit"):
                         self.event(f"{f.kind} missed (no attempt ever running)")
                 return
             time.sleep(0.5)
@@ -263,6 +263,9 @@ class ScenarioRun:
     def _inject(self, fault: Fault, zero: float) -> None:
         if fault.kind == "slow_load":
             self.event(f"slow_load {fault.duration:.0f}s")
+            return
+        if fault.kind == "crashing_replica":  # set in the run file: each replica life ends after N requests
+            self.event(f"crashing_replica every {fault.duration:.0f} requests")
             return
         if fault.kind == "time_limit":
             self._time_limit(zero)

@@ -56,6 +56,9 @@ class DeploymentPlan(Frozen, frozen=True, kw_only=True):
     tensor_parallel: int
     replicas: tuple[ReplicaPlan, ...]
     startup_timeout: int
+    restarts: int = 0
+    """Times a replica on one node that dies is started again inside its allocation (``server.restarts``); 0 in
+    plans compiled before replicas were restarted."""
     extra_args: tuple[str, ...] = ()
     env: dict[str, str] = msgspec.field(default_factory=dict)
     proxy: bool = False

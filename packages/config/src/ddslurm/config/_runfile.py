@@ -445,6 +445,10 @@ class ServerSpec(Frozen, frozen=True, kw_only=True):
     """First port; replica i listens on port + i. None: planned per job, so jobs sharing a node never collide."""
     startup_timeout: PositiveInt = 1800
     """Seconds a replica may take to answer /health with 200 before the attempt fails."""
+    restarts: Annotated[int, msgspec.Meta(ge=0, le=10)] = 3
+    """Times a replica that dies (on one node) is started again inside its allocation, on the same GPUs and
+    listener, before its allocation gives up; meanwhile its proxy holds or routes around the requests, and the
+    shards' clients resume their batches. Each restart loads the model again (GPU time the report counts)."""
     cpus: PositiveInt = 4
     """CPUs of each replica's step (tokenisation, scheduling, the API server)."""
     extra_args: tuple[str, ...] = ()

@@ -281,6 +281,7 @@ def plan_serving(
                 tensor_parallel=dep.tensor_parallel,
                 replicas=replicas,
                 startup_timeout=dep.server.startup_timeout,
+                restarts=dep.server.restarts,
                 extra_args=dep.server.extra_args,
                 env=dict(dep.server.env),
                 proxy=True,

@@ -31,7 +31,16 @@ from typing import Any
 
 import httpx
 
-from ddslurm.config import Engine, ServingPlan, atomic_write, busy_log, encode_pretty, prompts_file, read_tail
+from ddslurm.config import (
+    DeploymentPlan,
+    Engine,
+    ServingPlan,
+    atomic_write,
+    busy_log,
+    encode_pretty,
+    prompts_file,
+    read_tail,
+)
 from ddslurm.runtime._listeners import MAX_SOCKET_PATH, socket_path, unix_url
 from ddslurm.runtime._scratch import create_scratch, own_scratch_owner, remove_scratch, scratch_base
 from ddslurm.runtime._serving import (
@@ -164,8 +173,13 @@ class Fleet:
         """Every server step started, in order."""
         self._failures: dict[str, int] = {}
         """Failed health checks in a row, by step name."""
-        self._reported: set[str] = set()
-        """The replicas whose death was logged."""
+        self._reported: set[int] = set()
+        """The replica lives (their leader step's ``id``) whose death was logged."""
+        self._deployments: dict[str, DeploymentPlan] = {}
+        self._restarts: dict[tuple[str, int], int] = {}
+        """Restarts used, by (alias, replica index)."""
+        self._restarting: dict[tuple[str, int], float] = {}
+        """Replicas started again that have not answered /health yet: when (monotonic) their restart began."""
         self._launched_at: float | None = None
         """When the first server step started (monotonic)."""
         self._ready_at: dict[str, float] = {}
@@ -230,6 +244,7 @@ class Fleet:
         self._rendezvous = set(rendezvous.values())
         address = self._locate_leader(self._env) if spanning else None
         for dep in serving.deployments:
+            self._deployments[dep.alias] = dep
             env = {
                 **self._plain_env,
                 **dep.env,
@@ -387,26 +402,73 @@ class Fleet:
     # --- watching --------------------------------------------------------------------------------------
 
     def check_replicas(self) -> None:
-        """A replica that died leaves rotation (reported once); no replica of an alias left fails the attempts.
+        """A replica that died is started again, up to its deployment's ``restarts`` (a replica on one node), else
+        leaves rotation (reported once); no replica of an alias left fails the attempts.
 
         A replica dies with any of its steps: the leader, or a follower of a replica that spans nodes (its engine
-        cannot go on without a rank). Its other ranks are stopped; when no replica of the alias is left (a
-        replica that spans nodes is the only one) the attempts fail at once, with the log of the rank that died
-        and its leader's, and the teardown stops every step."""
+        cannot go on without a rank). Its other ranks are stopped. A restart starts the same command on the same
+        GPUs and listener (its port stays this allocation's; a socket's stale file is removed first), so the
+        proxy's upstream and the endpoints file stay true: the proxy holds or routes around the requests until the
+        replica answers /health again (``server.restarted``), and a client that saw errors meanwhile resumes its
+        batches. When no replica of the alias is left (a replica that spans nodes is the only one, or the restarts
+        are spent) the attempts fail at once, with the log of the rank that died and its leader's, and the
+        teardown stops every step."""
         for alias, reps in self._replicas.items():
             dead = {r.index: r.dead() for r in reps}
-            alive = [r for r in reps if not dead[r.index]]
             for r in reps:
                 gone = dead[r.index]
-                if gone and r.step.name not in self._reported:
-                    self._reported.add(r.step.name)
-                    for step in gone:
-                        self._log.warning("server.died", step=step.name, status=step.poll(), left=len(alive))
-                    if alive and (rest := [s for s in r.steps if s not in gone]):
-                        stop_running(rest, self._grace, self._log)
-            if not alive:
+                if not gone:
+                    self._check_restarted(alias, r)
+                    continue
+                if id(r.step) in self._reported:
+                    continue
+                self._reported.add(id(r.step))
+                alive = [x for x in reps if not dead[x.index]]
+                for step in gone:
+                    self._log.warning("server.died", step=step.name, status=step.poll(), left=len(alive))
+                if rest := [s for s in r.steps if s not in gone]:
+                    stop_running(rest, self._grace, self._log)
+                if self._restart(alias, r):
+                    dead[r.index] = []
+            if all(dead[r.index] for r in reps):
                 tails = "\n".join(_tails(r, dead[r.index]) for r in reps)
-                raise ServerDiedError(f"every replica of {alias!r} exited during generation\n{tails}")
+                spent = sum(self._restarts.get((alias, r.index), 0) for r in reps)
+                after = f" (after {spent} restart{'s' if spent != 1 else ''})" if spent else ""
+                raise ServerDiedError(f"every replica of {alias!r} exited during generation{after}\n{tails}")
+
+    def _restart(self, alias: str, replica: Replica) -> bool:
+        """Start a dead replica on one node again, if its deployment's restarts are not spent; whether it was."""
+        key = (alias, replica.index)
+        used = self._restarts.get(key, 0)
+        allowed = self._deployments[alias].restarts
+        if replica.followers or used >= allowed:
+            return False
+        self._restarting.pop(key, None)
+        if (path := socket_path(replica.url)) is not None:
+            path.unlink(missing_ok=True)  # the dead server's socket file; the directory is this allocation's
+        step = self._launcher.start(replica.step.spec)
+        self._servers.append(step)
+        replica.step = step
+        self._restarts[key] = used + 1
+        self._restarting[key] = step.started
+        self._failures.pop(step.name, None)
+        self._log.warning("server.restarting", step=step.name, restart=used + 1, of=allowed, listen=replica.url)
+        return True
+
+    def _check_restarted(self, alias: str, replica: Replica) -> None:
+        """A restarted replica that answers /health is back in rotation (logged with its load time); one that does
+        not within its deployment's ``startup_timeout`` is stopped (then it is dead again)."""
+        key = (alias, replica.index)
+        began = self._restarting.get(key)
+        if began is None:
+            return
+        if is_healthy(self._clients.get(replica.url), replica.url):
+            del self._restarting[key]
+            load_s = round(time.monotonic() - began, 2)
+            self._log.info("server.restarted", step=replica.step.name, restart=self._restarts[key], load_s=load_s)
+        elif time.monotonic() - began > self._deployments[alias].startup_timeout:
+            self._log.error("server.hung", step=replica.step.name, why="not healthy within startup_timeout")
+            replica.step.stop(self._grace)
 
     def check_health(self) -> None:
         """A live replica that stops answering /health (hung, holding its port) is stopped after
@@ -418,9 +480,9 @@ class Fleet:
             answered = answers(self._clients.get(proxy.url), proxy.url)
             if self._strike(proxy.step, answered, "proxy.unresponsive", "proxy.hung", "no answer"):
                 proxy.hung = True
-        for reps in self._replicas.values():
+        for alias, reps in self._replicas.items():
             for r in reps:
-                if r.step.poll() is None:
+                if r.step.poll() is None and (alias, r.index) not in self._restarting:  # a reload: not hung
                     healthy = is_healthy(self._clients.get(r.url), r.url)
                     self._strike(r.step, healthy, "server.unhealthy", "server.hung", "no healthy answer")
 

@@ -5,8 +5,9 @@ Choice: least requests in flight among the healthy, non-saturated upstreams; tie
 waiting (last scrape: vLLM's ``vllm:num_requests_waiting``, SGLang's ``sglang:num_queue_reqs``), then round-robin.
 An upstream whose waiting queue exceeds ``max_waiting`` is skipped; when every healthy one is saturated a request
 waits (without polling) until one is not. A health answer counts only from a listener proved to be this user's; a
-verified upstream that refuses a connection has died and is out for good. Everything here is touched from the event
-loop only.
+verified upstream that refuses a connection has died, and counts again only once a probe proves its listener this
+user's again (a replica the controller restarted); another user's listener is out for good. Everything here is
+touched from the event loop only.
 """
 
 from __future__ import annotations
@@ -72,8 +73,8 @@ class Upstream:
         self.session: aiohttp.ClientSession | None = None  # pooled connections for forwarded requests
         self.probes: aiohttp.ClientSession | None = None  # a fresh connection per /health probe or /metrics scrape
         self.healthy = False
-        self.verified = False  # its listener was once proved to be this user's
-        self.dead = False  # gone after it was verified, or another user's: never probed or chosen again
+        self.verified = False  # its listener was proved to be this user's (since it last refused a connection)
+        self.dead = False  # another user's listener: never probed or chosen again
         self.in_flight = 0
         self.waiting = 0
         self.served = 0
@@ -227,8 +228,8 @@ class Upstreams:
         self._notify()
 
     def request_failed(self, up: Upstream, exc: BaseException, where: str) -> None:
-        """A request to ``up`` failed ``where``: it is unhealthy until a probe says otherwise (out for good if it
-        refused the connection after it was verified), and is probed again at once."""
+        """A request to ``up`` failed ``where``: it is unhealthy until a probe says otherwise (and proves its
+        listener this user's again if it refused the connection), and is probed again at once."""
         up.failed += 1
         if _refused(exc):
             self._gone(up)
@@ -237,10 +238,13 @@ class Upstreams:
 
     def _gone(self, up: Upstream) -> None:
         """A verified upstream that refuses connections has died: its port is free for anyone to take, so it is
-        out for good (a restarted replica comes behind a new proxy, verified again)."""
+        chosen again only once a probe has proved its listener this user's again (the controller restarts a dead
+        replica on the same listener, ``server.restarts``); another user's listener there is out for good."""
         if up.verified and not up.dead:
-            up.dead = True
-            self._log.warning("proxy.upstream_dead", upstream=up.url, reason="its listener has gone")
+            up.verified = False
+            self._log.warning(
+                "proxy.upstream_gone", upstream=up.url, reason="its listener has gone; chosen again once proved ours"
+            )
 
     async def _probe_health(self, up: Upstream, *, announce: bool = True) -> None:
         """``GET /health`` without the token; an answer counts only from a listener proved to be this user's
