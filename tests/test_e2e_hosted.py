@@ -117,18 +117,23 @@ def test_a_key_the_endpoint_refuses_fails_key_refused_once_and_ddslurm_retry_wit
 
 
 @pytest.mark.parametrize(
-    "layout", [pytest.param("", id="a-task-a-shard"), pytest.param("allocations: 1\n", id="pulling")]
+    ("layout", "status"),
+    [
+        pytest.param("", 500, id="a-task-a-shard-500"),
+        pytest.param("allocations: 1\n", 429, id="pulling-429"),  # the waiting is the attempt's, whatever the layout
+    ],
 )
 def test_a_provider_outage_at_the_start_of_a_hosted_run_is_waited_out_with_no_retry(
-    tmp_path: Path, layout: str
+    tmp_path: Path, layout: str, status: int
 ) -> None:
-    """The provider answers every chat request with HTTP 500 when the run starts (Data Designer's start-up health
-    check gets it) and heals once an attempt has logged that it waits: with no retry of any kind allowed
-    (``retries: 0``, ``client_retries: 0``), the run succeeds with every row, one attempt a shard."""
+    """The provider answers every chat request with HTTP 500 (or 429, rate-limited) when the run starts (Data
+    Designer's start-up health check gets it) and heals once an attempt has logged that it waits: with no retry of
+    any kind allowed (``retries: 0``, ``client_retries: 0``), the run succeeds with every row, one attempt a
+    shard."""
     from conftest import hosted_stand_in, write_run_files
 
     outage = tmp_path / "outage"
-    outage.write_text("500")
+    outage.write_text(str(status))
     with hosted_stand_in(tmp_path, "--fake-outage", str(outage)) as endpoint:
         extra = "retries: 0\nclient_retries: 0\n" + layout
         files = write_run_files(tmp_path / "run", endpoint, num_records=6, shards=2, buffer_size=2, extra_run=extra)
@@ -150,4 +155,4 @@ def test_a_provider_outage_at_the_start_of_a_hosted_run_is_waited_out_with_no_re
         (only,) = attempts(run_dir, shard)
         assert (only.state, only.client_runs) == ("succeeded", 1), only
     chats = [json.loads(line) for line in endpoint.request_log.read_text().splitlines() if "/completions" in line]
-    assert chats[0]["status"] == 500 and chats[-1]["status"] == 200
+    assert chats[0]["status"] == status and chats[-1]["status"] == 200

@@ -35,10 +35,11 @@ FAULT_KINDS: tuple[str, ...] = (
     "hosted_malformed",
     "slow_load",
     "crashing_replica",
+    "hosted_429",
 )
 RECOVERY_KINDS: tuple[str, ...] = ("kill_client", "kill_server", "kill_batch", "scancel_task", "requeue")
 NEEDS_DEPLOYMENT = frozenset({"kill_server", "kill_proxy", "slow_load", "crashing_replica"})
-NEEDS_HOSTED = frozenset({"time_limit", "hosted_500", "hosted_timeout", "hosted_malformed"})
+NEEDS_HOSTED = frozenset({"time_limit", "hosted_500", "hosted_timeout", "hosted_malformed", "hosted_429"})
 # Relative weights of the kinds (a time limit costs two minutes and more: rarer).
 WEIGHTS: dict[str, int] = {
     "kill_client": 4,
@@ -55,6 +56,7 @@ WEIGHTS: dict[str, int] = {
     "hosted_malformed": 2,
     "slow_load": 2,
     "crashing_replica": 2,
+    "hosted_429": 2,
 }
 
 

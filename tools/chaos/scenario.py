@@ -376,6 +376,12 @@ class ScenarioRun:
     def _f_hosted_500(self, fault: Fault) -> None:
         self._hosted_fault(fault, ["--fake-error-rate", str(fault.rate)], f"500s rate {fault.rate}")
 
+    def _f_hosted_429(self, fault: Fault) -> None:
+        """A rate-limit outage: every chat request answered 429 (``Retry-After``) until healed."""
+        outage = self.root / "outage-429"
+        outage.write_text("429")
+        self._hosted_fault(fault, ["--fake-outage", str(outage)], "429s (rate-limited)")
+
     def _f_hosted_malformed(self, fault: Fault) -> None:
         self._hosted_fault(fault, ["--fake-no-choices-rate", str(fault.rate)], f"no-choices rate {fault.rate}")
 
