@@ -109,7 +109,7 @@ def test_a_replica_that_keeps_crashing_is_restarted_in_place_and_every_record_is
     starts the replica again in place (``server.restarts``), the shards resume, and the run succeeds with every
     record; no ``status --json`` frame sampled meanwhile says ``failed``, and ``wait`` exits 0."""
     records = 16
-    deployment = generator(replicas=1, tensor_parallel=1, env={"FAKE_VLLM_CRASH_AFTER": "5"}) + "stages: single\n"
+    deployment = generator(replicas=1, tensor_parallel=1, env={"FAKE_VLLM_CRASH_AFTER": "5"})  # stages: auto
     files = make_run_files(
         "crashing", num_records=records, shards=2, buffer_size=None, recipe=MIXED_RECIPE, extra_run=deployment
     )
