@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
+from ddslurm.config import AttemptRecord, read_json
 from tests.e2e import attempts, cli_json, run_cli, until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.dd]
@@ -40,6 +42,7 @@ def test_hosted_only_run_end_to_end(make_run_files: Any, hosted_endpoint: Any, s
 
     status = cli_json("status", str(run_dir), "--json", env=files.env, outputs=OUTPUTS)
     assert status["state"] == "succeeded"
+    _ran_on_cpus_without_servers(run_dir, submitted["job_id"])
 
     # The collection job runs on the CPU partition without the key in its environment.
     env_without_key = {k: v for k, v in files.env.items() if k != "DEMO_HOSTED_API_KEY"}
@@ -58,6 +61,23 @@ def test_hosted_only_run_end_to_end(make_run_files: Any, hosted_endpoint: Any, s
     assert scan_for_secret(run_dir, hosted_endpoint.api_key) == []
     assert scan_for_secret(files.root, hosted_endpoint.api_key) == []
     assert not any(hosted_endpoint.api_key in text for text in OUTPUTS)
+
+
+def _ran_on_cpus_without_servers(run_dir: Path, job_id: str) -> None:
+    """A hosted-only run's jobs hold no GPU, on the CPU partition, and start no server or proxy: only clients."""
+    for attempt in run_dir.glob("shards/*/attempts/*"):
+        # n3 (the lowest weight) when it is free, a GPU node's CPUs when other tests' jobs fill n3 (the suite runs
+        # four cluster tests at once): which node is Slurm's choice, not the run's
+        assert read_json(attempt / "attempt.json", AttemptRecord).node in {"n1", "n2", "n3"}
+        assert not list(attempt.glob("server-*")) and not list(attempt.glob("proxy-*"))
+        assert not (attempt / "serving.json").exists()
+    sacct = ["sacct", "-n", "-P", "-j", job_id]
+    tasks = subprocess.run([*sacct, "-X", "--format=Partition,AllocTRES"], capture_output=True, text=True, check=True)
+    for line in tasks.stdout.splitlines():
+        partition, tres = line.split("|")
+        assert partition == "cpu" and "gpu" not in tres, line
+    steps = subprocess.run([*sacct, "--format=JobName"], capture_output=True, text=True, check=True).stdout.split()
+    assert "client" in steps and not any(s.startswith(("server-", "proxy-")) for s in steps)
 
 
 def test_status_and_wait_report_a_failed_run(make_run_files: Any) -> None:

@@ -92,34 +92,6 @@ def test_mixed_run_local_generator_two_replicas_and_hosted_judge(
     assert record.state == "succeeded" and record.node in {"n1", "n2"}
 
 
-def test_hosted_only_run_lands_on_the_cpu_node_without_servers(make_run_files: Any) -> None:
-    files = make_run_files("hosted", num_records=4, shards=1, buffer_size=4)
-    submitted = _cli("submit", str(files.run_file), "--profile", str(files.profile), "--json", env=files.env)
-    run_dir = Path(submitted["run_dir"])
-    assert "#SBATCH --gres=none" in (run_dir / "generate.sbatch").read_text()
-    assert _cli("wait", str(run_dir), "--json", env=files.env)["state"] == "succeeded"
-    attempt = _attempts(run_dir)[0]
-    # On the CPU partition with no GPU: n3 (the lowest weight) when it is free, a GPU node's CPUs when other tests'
-    # jobs fill n3 (the suite runs four cluster tests at once): which node is Slurm's choice, not the run's.
-    assert read_json(attempt / "attempt.json", AttemptRecord).node in {"n1", "n2", "n3"}
-    tres = subprocess.run(
-        ["sacct", "-n", "-X", "-P", "-j", submitted["job_id"], "--format=Partition,AllocTRES"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split("|")
-    assert tres[0] == "cpu" and "gpu" not in tres[1], tres
-    assert not list(attempt.glob("server-*")) and not list(attempt.glob("proxy-*"))
-    assert not (attempt / "serving.json").exists()
-    steps = subprocess.run(
-        ["sacct", "-n", "-P", "-j", submitted["job_id"], "--format=JobName"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
-    assert "client" in steps and not any(s.startswith(("server-", "proxy-")) for s in steps)
-
-
 @pytest.mark.parametrize(
     ("server_env", "timeout", "reason", "needle"),
     [

@@ -147,54 +147,6 @@ def test_two_stage_run_frees_the_gpus_and_collects_the_single_stage_dataset(
     assert report["rows_generated"] == RECORDS  # the final stage's rows, not each stage's
 
 
-def test_pulling_gpu_allocations_and_automatic_retries_in_two_stages(make_run_files: Any, tmp_path: Path) -> None:
-    recipe = one_draw_recipe(tmp_path)
-    files = make_run_files(
-        "pulling",
-        num_records=RECORDS,
-        shards=SHARDS,
-        buffer_size=4,
-        recipe=recipe,
-        extra_run=GENERATOR + "allocations: 1\nretries: 1\n",
-        vllm_executable=vllm_stand_in(tmp_path, "pulling"),
-    )
-    # 3 CPUs: a CPU-stage allocation runs the three shards at once (one hosted-only client per CPU)
-    files.run_file.write_text(files.run_file.read_text().replace("  cpus: 1\n", "  cpus: 3\n"))
-    run_dir, table = _run(files)
-    assert read_plan(run_dir / "run.json").cpu_stage_workers == 3
-    assert table.num_rows == RECORDS and table.column_names == list(read_plan(run_dir / "run.json").column_order or ())
-    subs = sorted(
-        (read_json(p, SubmissionRecord) for p in (run_dir / "submissions").glob("*.json")),
-        key=lambda s: int(s.array_job_id),
-    )
-    # GPU, CPU after it; GPU retry after the GPU array's failure, CPU retry after both
-    assert [(s.stage, s.kind, s.tasks) for s in subs] == [
-        (0, "initial", 1),
-        (1, "initial", 1),
-        (0, "auto-retry", 1),
-        (1, "auto-retry", 1),
-    ]
-    assert subs[2].after == subs[0].array_job_id
-    assert subs[3].after_any == (subs[2].array_job_id, subs[1].array_job_id)
-    for index in range(SHARDS):
-        shard = run_dir / "shards" / f"shard-{index:05d}"
-        assert (shard / "stage-0" / "claims" / f"{subs[0].array_job_id}.json").is_file()
-        assert read_json(shard / "winner.json", WinnerRecord).rows == 4
-    # The one CPU-stage allocation ran its three shards' attempts side by side: each began before any ended.
-    cpu_attempts = []
-    for index in range(SHARDS):
-        shard = run_dir / "shards" / f"shard-{index:05d}"
-        claim = read_json(shard / "claims" / f"{subs[1].array_job_id}.json", ClaimRecord)
-        cpu_attempts.append(read_json(shard / "attempts" / f"attempt-{claim.job_id}" / "attempt.json", AttemptRecord))
-    assert len({a.job_id for a in cpu_attempts}) == 1 and all(a.state == "succeeded" for a in cpu_attempts)
-    began = [datetime.fromisoformat(a.started_at) for a in cpu_attempts]
-    ended = [datetime.fromisoformat(a.ended_at or "") for a in cpu_attempts]
-    assert max(began) < min(ended), (began, ended)
-    # One GPU allocation ran the three shards with its server started once.
-    gpu_steps = [s[0] for s in _sacct(subs[0].array_job_id, "JobName")]
-    assert sum(n.startswith("server-generator") for n in gpu_steps) == 1, gpu_steps
-
-
 def _cpu_clients(run_dir: Path) -> dict[int, int]:
     """The running CPU-stage client processes of the run, by shard (never an ``srun`` that started one)."""
     found = {}
@@ -205,12 +157,14 @@ def _cpu_clients(run_dir: Path) -> dict[int, int]:
     return found
 
 
-def test_a_killed_cpu_stage_client_is_pending_for_its_automatic_retry_never_failed(tmp_path: Path) -> None:
-    """One CPU-stage allocation runs the three shards' judges at once; their hosted judge answers nothing until the
-    test opens its gate. The test SIGKILLs shard 0's client (``client_retries: 0``: no rerun inside the
-    allocation): while the allocation still runs the other two, shard 0 waits for the automatic retry level
-    (``retries: 1``), so no ``status --json`` shows it or the run ``failed``, ``retry`` submits nothing, and
-    ``wait`` exits 0 with every row."""
+def test_pulling_two_stages_and_a_killed_cpu_stage_client_pending_for_its_automatic_retry(tmp_path: Path) -> None:
+    """One pulling GPU allocation (its server started once) runs the three shards' generator, then one CPU-stage
+    allocation runs their judges at once; the hosted judge answers nothing until the test opens its gate. The test
+    SIGKILLs shard 0's client (``client_retries: 0``: no rerun inside the allocation): while the allocation still
+    runs the other two, shard 0 waits for the automatic retry level (``retries: 1``), so no ``status --json``
+    shows it or the run ``failed``, ``retry`` submits nothing, and ``wait`` exits 0 with every row. The same run
+    proves the two-stage arrays: GPU, CPU after it, the retry levels after them, and the dataset's columns in the
+    plan's order."""
     from conftest import hosted_stand_in, write_run_files
 
     gate = tmp_path / "judge-gate"
@@ -252,7 +206,40 @@ def test_a_killed_cpu_stage_client_is_pending_for_its_automatic_retry_never_fail
     cpu_zero = _cpu_attempts(run_dir, 0)
     assert [a.state for a in cpu_zero] == ["failed", "succeeded"], cpu_zero
     table = pq.read_table(_cli("collect", str(run_dir), "--json", "--local", env=files.env)["dataset"])
-    assert table.num_rows == RECORDS
+    plan = read_plan(run_dir / "run.json")
+    assert plan.cpu_stage_workers == 3
+    assert table.num_rows == RECORDS and table.column_names == list(plan.column_order or ())
+    subs = sorted(
+        (read_json(p, SubmissionRecord) for p in (run_dir / "submissions").glob("*.json")),
+        key=lambda s: int(s.array_job_id),
+    )
+    # GPU, CPU after it; GPU retry after the GPU array's failure, CPU retry after both
+    assert [(s.stage, s.kind, s.tasks) for s in subs] == [
+        (0, "initial", 1),
+        (1, "initial", 1),
+        (0, "auto-retry", 1),
+        (1, "auto-retry", 1),
+    ]
+    assert subs[2].after == subs[0].array_job_id
+    assert subs[3].after_any == (subs[2].array_job_id, subs[1].array_job_id)
+    for index in range(SHARDS):
+        shard = run_dir / "shards" / f"shard-{index:05d}"
+        assert (shard / "stage-0" / "claims" / f"{subs[0].array_job_id}.json").is_file()
+        assert read_json(shard / "winner.json", WinnerRecord).rows == 4
+    # The one initial CPU-stage allocation ran its three shards' attempts side by side: each began before any ended.
+    cpu_attempts = []
+    for index in range(SHARDS):
+        shard = run_dir / "shards" / f"shard-{index:05d}"
+        claim = read_json(shard / "claims" / f"{subs[1].array_job_id}.json", ClaimRecord)
+        cpu_attempts.append(read_json(shard / "attempts" / f"attempt-{claim.job_id}" / "attempt.json", AttemptRecord))
+    assert len({a.job_id for a in cpu_attempts}) == 1
+    assert [a.state for a in cpu_attempts] == ["failed", "succeeded", "succeeded"], cpu_attempts
+    began = [datetime.fromisoformat(a.started_at) for a in cpu_attempts]
+    ended = [datetime.fromisoformat(a.ended_at or "") for a in cpu_attempts]
+    assert max(began) < min(ended), (began, ended)
+    # One GPU allocation ran the three shards with its server started once.
+    gpu_steps = [s[0] for s in _sacct(subs[0].array_job_id, "JobName")]
+    assert sum(n.startswith("server-generator") for n in gpu_steps) == 1, gpu_steps
 
 
 def _judges_waiting(root_url: str) -> int:

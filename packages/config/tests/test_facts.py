@@ -54,6 +54,45 @@ def test_a_damaged_facts_file_is_an_error_naming_it(tmp_path: Path) -> None:
         read_facts(path)
 
 
+def _recipe_doc(**fields: object) -> dict[str, object]:
+    return {"recipe_sha256": "abc", "requests_per_record": {"w": 1.0}, "measured_by": "run", "run_id": "r",
+            "measured_at": "t", **fields}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("doc", "field", "says"),
+    [  # issue 35 item 4: each was a traceback or a negative predicted time in the planner
+        ({"recipes": [_recipe_doc(cpu_stage_records_per_s=0)]}, "$.recipes[0].cpu_stage_records_per_s", "> 0"),
+        ({"recipes": [_recipe_doc(cpu_stage_records_per_s=-2.5)]}, "$.recipes[0].cpu_stage_records_per_s", "> 0"),
+        ({"recipes": [_recipe_doc(requests_per_record={"w": -1})]}, "$.recipes[0].requests_per_record", ">= 0"),
+        ({"recipes": [_recipe_doc(allocation_overhead_s=-30)]}, "$.recipes[0].allocation_overhead_s", ">= 0"),
+        ({"recipes": [_recipe_doc(client_cpu_s_per_request=1e9)]}, "$.recipes[0].client_cpu_s_per_request", "<="),
+        (
+            {"models": [{**msgspec.to_builtins(_model(60.0)), "requests_per_s": -4.0}]},
+            "$.models[0].requests_per_s",
+            "> 0",
+        ),
+        ({"models": [{**msgspec.to_builtins(_model(-1.0))}]}, "$.models[0].load_s", ">= 0"),
+        ({"models": [{**msgspec.to_builtins(_model(60.0)), "capacity": 0}]}, "$.models[0].capacity", ">= 1"),
+        (
+            {"models": [{**msgspec.to_builtins(_model(60.0)), "requests_per_s": 1e12}]},
+            "$.models[0].requests_per_s",
+            "<=",
+        ),
+        ({"version": 2}, "version 2", "newer ddslurm"),
+    ],
+)
+def test_a_fact_out_of_its_range_is_an_error_naming_the_file_and_the_field(
+    tmp_path: Path, doc: dict[str, object], field: str, says: str
+) -> None:
+    path = tmp_path / "facts.json"
+    path.write_bytes(msgspec.json.encode({"version": 1, **doc}))
+    with pytest.raises(ConfigError) as refused:
+        read_facts(path)
+    message = str(refused.value)
+    assert str(path) in message and field in message and says in message, message
+
+
 def test_updates_of_two_writers_at_once_both_land(tmp_path: Path) -> None:
     import threading
 

@@ -228,15 +228,27 @@ def test_prepare_gives_the_planner_the_workspace_facts_and_the_partitions_gpu_ty
     assert seen[0].gpu_type == ""  # never fatal
 
 
-def test_a_damaged_facts_file_is_refused_naming_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ('{"version": 1, "models": "nope"}', "$.models"),
+        (  # a rate of 0 was a ZeroDivisionError in the planner (issue 35)
+            '{"version": 1, "recipes": [{"recipe_sha256": "x", "requests_per_record": {}, "measured_by": "run", '
+            '"run_id": "r", "measured_at": "t", "cpu_stage_records_per_s": 0}]}',
+            "$.recipes[0].cpu_stage_records_per_s",
+        ),
+    ],
+)
+def test_a_damaged_facts_file_is_refused_naming_it_and_the_field(tmp_path: Path, text: str, field: str) -> None:
     run, profile, env = stage_files(tmp_path)
     workspace = Path(load_profile(profile).workspace)
     workspace.mkdir(parents=True)
-    facts_path(workspace).write_text('{"version": 1, "models": "nope"}')
+    facts_path(workspace).write_text(text)
     with pytest.raises(SubmitError) as refused:
         prepare(run, profile, env, datetime.now(UTC), check_recipe=accept_recipe)
-    assert str(facts_path(workspace)) in str(refused.value) and "cannot be read" in str(refused.value)
-    assert facts_path(workspace).read_text() == '{"version": 1, "models": "nope"}'
+    message = str(refused.value)
+    assert str(facts_path(workspace)) in message and "cannot be read" in message and field in message, message
+    assert facts_path(workspace).read_text() == text
     assert not (workspace / "runs").exists()
 
 

@@ -9,7 +9,7 @@ import fcntl
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Annotated, Literal, Protocol
 
 import msgspec
 
@@ -20,6 +20,11 @@ from ddslurm.config._runfile import Engine
 
 FACTS_VERSION = 1
 FACTS_FILE = "facts.json"
+WEEK_S = 7 * 24 * 3600.0
+Rate = Annotated[float, msgspec.Meta(gt=0, le=1e6)]
+"""A measured rate (requests or records per second): a division's divisor, so never 0, and never absurd."""
+Seconds = Annotated[float, msgspec.Meta(ge=0, le=WEEK_S)]
+"""A measured duration: never negative, never more than a week."""
 MeasuredBy = Literal["run", "tune"]
 """``run``: an earlier run of this workspace measured it; ``tune``: a ``ddslurm tune`` calibration did."""
 
@@ -70,17 +75,17 @@ class ModelShape(Frozen, frozen=True, kw_only=True):
 class ConcurrencyPoint(Frozen, frozen=True, kw_only=True):
     """One step of a calibration's sweep: requests per second of one replica at ``in_flight`` requests at once."""
 
-    in_flight: int
-    requests_per_s: float
+    in_flight: Annotated[int, msgspec.Meta(ge=1)]
+    requests_per_s: Annotated[float, msgspec.Meta(ge=0, le=1e6)]
 
 
 class ModelFact(Frozen, frozen=True, kw_only=True):
     shape: ModelShape
-    load_s: float
+    load_s: Seconds
     """Seconds from a server step's start to its replica answering (the slowest replica of the allocation)."""
-    requests_per_s: float
+    requests_per_s: Rate
     """Requests one replica completes per second with ``capacity`` requests in flight."""
-    capacity: int
+    capacity: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)]
     """The requests one replica runs at once (its ``--max-num-seqs`` x data-parallel ranks) when measured."""
     sweep: tuple[ConcurrencyPoint, ...] = ()
     """``ddslurm tune``'s throughput at increasing concurrency (empty when measured by a run)."""
@@ -94,14 +99,14 @@ class ModelFact(Frozen, frozen=True, kw_only=True):
 class RecipeFact(Frozen, frozen=True, kw_only=True):
     recipe_sha256: str
     """The recipe's digest as the run file names it (``Plan.recipe_facts_key()``: the same in every run of it)."""
-    requests_per_record: dict[str, float]
+    requests_per_record: dict[str, Annotated[float, msgspec.Meta(ge=0, le=10_000)]]
     """Per model alias, the requests Data Designer sent per record generated (retries and health checks excluded)."""
-    client_cpu_s_per_request: float | None = None
+    client_cpu_s_per_request: Annotated[float, msgspec.Meta(ge=0, le=3600)] | None = None
     """CPU-seconds of the Data Designer client per request to a deployed alias; None: not measured."""
-    allocation_overhead_s: float | None = None
+    allocation_overhead_s: Seconds | None = None
     """Seconds a GPU allocation holds its GPUs beyond its model load and its generating: the job's start to the
     servers' start, the first request after ready, the end of its last shard to the job's end."""
-    cpu_stage_records_per_s: float | None = None
+    cpu_stage_records_per_s: Rate | None = None
     """Records one CPU-stage client worker generates per second (two-stage runs); None: not measured."""
     measured_by: MeasuredBy
     run_id: str
@@ -111,9 +116,9 @@ class RecipeFact(Frozen, frozen=True, kw_only=True):
 class ClientUsage(Frozen, frozen=True, kw_only=True):
     """What one client step (one attempt's Data Designer process) used, written by it when it ends."""
 
-    cpu_s: float
+    cpu_s: Annotated[float, msgspec.Meta(ge=0)]
     """User + system CPU-seconds of the process (``resource.getrusage(RUSAGE_SELF)``)."""
-    wall_s: float
+    wall_s: Annotated[float, msgspec.Meta(ge=0)]
     """Seconds from its start to its end."""
 
 
@@ -123,6 +128,13 @@ class Facts(Frozen, frozen=True, kw_only=True):
     version: int = FACTS_VERSION
     models: tuple[ModelFact, ...] = ()
     recipes: tuple[RecipeFact, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.version != FACTS_VERSION:
+            newer = "a newer" if self.version > FACTS_VERSION else "an unknown"
+            raise ValueError(
+                f"version {self.version}: written by {newer} ddslurm (this one reads version {FACTS_VERSION})"
+            )
 
     def model(self, shape: ModelShape) -> ModelFact | None:
         return next((f for f in self.models if f.shape.key() == shape.key()), None)
@@ -145,8 +157,9 @@ def facts_path(workspace: Path) -> Path:
 
 
 def read_facts(path: Path) -> Facts:
-    """The facts at ``path``; none (empty) when the file does not exist. A file that cannot be read as facts is a
-    :class:`~ddslurm.config.ConfigError` naming it."""
+    """The facts at ``path``; none (empty) when the file does not exist. A file that cannot be read as facts (not
+    JSON, another version, a value out of its range: a rate of 0 or less, a negative or week-long duration) is a
+    :class:`~ddslurm.config.ConfigError` naming it and the field."""
     try:
         return read_json(path, Facts)
     except FileNotFoundError:

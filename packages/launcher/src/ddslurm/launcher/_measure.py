@@ -118,8 +118,8 @@ def _models(plan: Plan, report: RunReport, loads: dict[str, list[float]], at: st
             else:  # no busy log: each replica counted busy over the allocation's generating span
                 busy += allocation.busy_s * len(dep.replicas)
         asked = requests.get(dep.alias, 0)
-        if load is None or dep.capacity is None or busy <= 0 or asked <= 0:
-            continue
+        if load is None or dep.capacity is None or busy <= 0 or asked <= 0 or round(asked / busy, 4) <= 0:
+            continue  # a rate too small to keep would be a 0 that no later read accepts
         shape = ModelShape.of(dep, plan.gpu_type)
         found.append(
             ModelFact(
@@ -180,7 +180,8 @@ def _cpu_stage_rate(report: RunReport) -> float | None:
         return None
     spans = [g for s in report.timeline if s.stage == "cpu" if (g := _generating(s)) is not None]
     workers = _most_at_once(spans)
-    return round(stage.rows / stage.active_s / workers, 4) if workers else None
+    rate = round(stage.rows / stage.active_s / workers, 4) if workers else 0.0
+    return rate if rate > 0 else None
 
 
 def _client_cpu(facts: RunFacts) -> float | None:
