@@ -325,19 +325,22 @@ def _win(layout: RunLayout, shard: int, stage: int | None, job: str, at: str, st
     atomic_write(layout.stage_shard(shard, stage).winner, encode(winner))
 
 
-def make_staged_run(root: Path, busy: dict[int, list[tuple[str, str]]] | None, *, replicas: int = 1) -> RunLayout:
+def make_staged_run(
+    root: Path, busy: dict[int, list[tuple[str, str]]] | None, *, replicas: int = 1, proxy: bool = False
+) -> RunLayout:
     """A finished two-stage run of 2 shards (4 records each): its GPU stage in ONE pulling allocation (array 300,
     job 301, 2 GPUs: ``replicas`` replicas of tensor parallel 2 / ``replicas``) whose two client workers generate
     both shards at once (generating 50:20-51:00 and 50:20-51:15), its CPU stage in one CPU allocation (array 302,
     job 303) after it. ``busy``: replica index → the spans of its busy log (``(from, to)`` as ``MM:SS``), None:
-    none was written."""
+    none was written. ``proxy``: the deployment is behind its proxy (every plan since proxies; the busy logs are
+    then the whole truth)."""
     layout = RunLayout(root / "run-2")
     make_private_dir(layout.root)
     serving = ServingPlan(
         deployments=(
             DeploymentPlan(
                 alias="writer", model="/models/writer", served_model_name="local/writer-8b",
-                tensor_parallel=2 // replicas, startup_timeout=600,
+                tensor_parallel=2 // replicas, startup_timeout=600, proxy=proxy,
                 replicas=tuple(ReplicaPlan(index=i, gpus=2 // replicas, cpus=4) for i in range(replicas)),
             ),
         ),
@@ -436,6 +439,23 @@ def test_two_workers_sharing_an_allocations_gpus_count_its_time_once(tmp_path: P
     names = {json.loads(m) for m in re.findall(r'"name":("(?:[^"\\]|\\.)*")', page)}  # the charts' traces
     assert {"waiting for the GPU stage", "records/s · GPU stage", "records/s · CPU stage"} <= names, names
     assert "seed-dataset" not in page
+
+
+def test_an_allocation_whose_replicas_served_nothing_generated_nothing(tmp_path: Path) -> None:
+    """Issue 35, item 1: behind a proxy, no busy log means no request was ever in flight (a hosted judge hung until
+    the time limit): the allocation's GPU time generating is 0, not its attempts' spans, and no fact is made of it."""
+    from ddslurm.launcher._measure import measure_run
+
+    layout = make_staged_run(tmp_path, None, proxy=True)
+    report = run_report(layout, Slurm(FakeSlurm(sacct=STAGED_SACCT)))
+    gpu = report.gpu
+    assert gpu is not None
+    [allocation] = gpu.allocations
+    assert (allocation.busy_s, allocation.busy_from, allocation.generating_gpu_s) == (0.0, "proxy", 0.0)
+    assert [r.busy_s for r in allocation.replicas] == [0.0]
+    assert gpu.generating_gpu_hours == 0 and gpu.utilisation == 0
+    assert not any("no proxy busy log" in n for n in report.notes)
+    assert measure_run(layout, Slurm(FakeSlurm(sacct=STAGED_SACCT)))[0] == []  # a rate over no busy time: no fact
 
 
 def test_the_proxy_busy_log_is_the_allocations_busy_time_and_never_exceeds_what_sacct_allocated(

@@ -401,7 +401,11 @@ def _gpu(facts: RunFacts, active: dict[Key, Span]) -> tuple[GpuUsage, list[str]]
         rows = accounted.get(name, [])
         gpus = max((r.gpus for r in rows), default=0) or plan_gpus
         allocated = float(sum(r.elapsed_s * (r.gpus or plan_gpus) for r in rows)) if rows else None
-        replicas = _replicas(plan.serving, logged) if logged and plan.serving is not None else []
+        # Behind proxies (every plan since they were), the busy logs are the whole truth: an allocation with none
+        # had no request in flight, so it generated nothing (a hosted judge that hung until the time limit), not
+        # "its attempts' spans". Only plans from before the proxies fall back to the attempts.
+        proxied = plan.serving is not None and all(d.proxy for d in plan.serving.deployments)
+        replicas = _replicas(plan.serving, logged) if (logged or proxied) and plan.serving is not None else []
         source: Literal["proxy", "attempts"] = "proxy" if replicas else "attempts"
         if replicas:
             busy_s = length(span for spans in logged.values() for span in spans)
