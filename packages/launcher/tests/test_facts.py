@@ -362,6 +362,20 @@ def test_a_successful_collection_records_the_facts(tmp_path: Path) -> None:
     assert (recipe.run_id, recipe.requests_per_record) == (layout.run_id, {"judge": 5 / 5, "writer": 10 / 5})
 
 
+def test_requests_per_record_leaves_out_the_rows_of_an_attempt_killed_before_its_summary(tmp_path: Path) -> None:
+    """Issue 35, item 2: shard 1's first attempt is SIGKILLed (no Data Designer summary: its requests are unknown)
+    after saving a row, which the retry resumes. That row is left out with its unknown requests: the rate is over
+    the rows the attempts with a summary generated themselves (shard 0's 3, the retry's own 1)."""
+    workspace = tmp_path / "ws"
+    (workspace / "runs").mkdir(parents=True)
+    layout = make_report_run(workspace / "runs")
+    (layout.shard(1).attempt("attempt-0").dir / "client.out").unlink()  # killed: no usage summary
+    _models, recipe = measure_run(layout, Slurm(FakeSlurm(sacct=SACCT)))
+    assert recipe is not None
+    # writer: shard 0's 4 + the retry's 1; judge: 3 + 2; over 3 + 1 rows (requests over all 5 rows: 1.0 each)
+    assert recipe.requests_per_record == {"writer": (4 + 1) / (3 + 1), "judge": (3 + 2) / (3 + 1)}
+
+
 def test_two_runs_of_one_seeded_recipe_share_its_facts_key(tmp_path: Path) -> None:
     """The stored recipe points at each run's own copy of the seed (its digest differs run to run); the facts key
     is the recipe as the run file names it, so a later run finds what an earlier one measured."""

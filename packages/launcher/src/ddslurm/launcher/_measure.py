@@ -207,13 +207,38 @@ def _client_cpu(facts: RunFacts) -> float | None:
     return round(cpu / requests, 6) if written and requests > 0 else None
 
 
+def _requests_per_record(facts: RunFacts) -> dict[str, float]:
+    """Per alias, the requests of the attempts whose Data Designer summary says how many they sent, over the rows
+    those same attempts generated themselves (their rows less those resumed from an earlier attempt): a killed
+    attempt's rows, which a later one resumed, never count without its requests (issue 35: 0.70-0.85 where 1.0 is
+    true); in a two-stage run, over the rows of the stages the alias was used in. Empty when no attempt with a
+    summary generated a row."""
+    plan = facts.plan
+    served = {d.served_model_name: d.alias for d in plan.serving.deployments} if plan.serving is not None else {}
+    requests: dict[str, int] = {}
+    rows: dict[int | None, int] = {}  # by stage: a two-stage run writes its rows once in each
+    stages: dict[str, set[int | None]] = {}
+    for item in facts.attempts:
+        parsed = item.client_out
+        own = (item.record.rows or 0) - item.record.resumed_rows
+        if parsed is None or not parsed.usage or own <= 0:
+            continue
+        rows[item.stage] = rows.get(item.stage, 0) + own
+        for u in parsed.usage:
+            alias = usage_alias(parsed, u.model, served)[0]
+            requests[alias] = requests.get(alias, 0) + u.requests
+            stages.setdefault(alias, set()).add(item.stage)
+    return {alias: round(n / sum(rows[st] for st in stages[alias]), 4) for alias, n in requests.items()}
+
+
 def _recipe(facts: RunFacts, report: RunReport, loads: dict[str, list[float]], at: str) -> RecipeFact | None:
     plan = facts.plan
     if report.rows_generated <= 0 or not report.models:
         return None
     return RecipeFact(
         recipe_sha256=plan.recipe_facts_key(),
-        requests_per_record={m.alias: round(m.requests / report.rows_generated, 4) for m in report.models},
+        requests_per_record=_requests_per_record(facts)
+        or {m.alias: round(m.requests / report.rows_generated, 4) for m in report.models},
         client_cpu_s_per_request=_client_cpu(facts),
         allocation_overhead_s=_overhead(report, loads),
         cpu_stage_records_per_s=_cpu_stage_rate(report),
