@@ -7,10 +7,12 @@ import heapq
 import random
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from ddslurm.config import (
     ClusterProfile,
+    ConcurrencyPoint,
     Deployment,
     Facts,
     ModelFact,
@@ -34,6 +36,8 @@ from ddslurm.planner._cost import (
     cost_inputs,
     fill_slots,
     predict,
+    rate_at,
+    shape_of,
     shard_runs,
 )
 
@@ -202,3 +206,60 @@ def test_the_closed_form_placement_is_the_greedy() -> None:
         assert fill_slots(shard_runs(records), slots, start, per_record, fixed) == _greedy(
             records, slots, start, per_record, fixed
         ), (records, slots, per_record, fixed)
+
+
+# --- issue 35, item 3: a rate is used at the capacity it was measured at, or scaled by a calibration's sweep ---
+
+
+def _rate_fact(capacity: int, rate: float, sweep: tuple[tuple[int, float], ...] = ()) -> ModelFact:
+    return ModelFact(
+        shape=ModelShape(model="m"),
+        load_s=30.0,
+        requests_per_s=rate,
+        capacity=capacity,
+        sweep=tuple(ConcurrencyPoint(in_flight=n, requests_per_s=r) for n, r in sweep),
+        measured_by="tune" if sweep else "run",
+        run_id="r",
+        measured_at="t",
+    )
+
+
+def test_a_rate_measured_at_the_runs_capacity_is_used_as_measured() -> None:
+    assert rate_at(_rate_fact(256, 40.0), 256) == (40.0, "")
+
+
+def test_a_run_measured_at_another_capacity_is_not_used_and_the_bill_says_why() -> None:
+    rate, note = rate_at(_rate_fact(4, 4.0), 256)
+    assert rate is None
+    assert "measured at capacity 4, not this run's 256" in note and "the default is used" in note
+
+
+@pytest.mark.parametrize(
+    ("capacity", "want"),
+    [(2, 4.0 * 2 / 4), (4, 4.0), (6, 4.0 + (7.0 - 4.0) * (6 - 4) / (8 - 4)), (8, 7.0), (64, 9.0), (256, 9.0)],
+)
+def test_a_calibrations_sweep_gives_the_rate_at_any_capacity(capacity: int, want: float) -> None:
+    fact = _rate_fact(8, 7.0, ((4, 4.0), (8, 7.0), (32, 9.0)))
+    rate, note = rate_at(fact, capacity)
+    assert rate == pytest.approx(want)
+    assert (note == "") == (capacity == 8)
+
+
+def test_the_bill_names_the_default_used_in_place_of_a_fact_of_another_capacity() -> None:
+    """The issue's case: a capacity-4 fact of 1 s a request (4 requests/s) for a run at 256 in flight is not used
+    unscaled (it made the planner choose twice the allocations and ten times the GPU-hours)."""
+    run = RunFile(
+        name="r", recipe="recipe.yaml", num_records=2000, shards=8,
+        deployments=(Deployment(model_alias="gen", model="m", replicas=1),),
+    )  # fmt: skip
+    serving = plan_serving(run, ClusterProfile(workspace="/w", python_env="/v", gpus_per_node=4), "gpu")
+    capacity = serving.deployments[0].capacity
+    assert capacity is not None and capacity != 4
+    facts = Facts(models=(msgspec.structs.replace(_rate_fact(4, 4.0), shape=shape_of(run, 0, "")),))
+    sources = CostSources(facts=facts, gpu_type="", recipe_key="k", columns=None, shard_records=(250,) * 8,
+                          two_stage=False)  # fmt: skip
+    inputs = cost_inputs(run, serving, sources)
+    [use] = [f for f in inputs.facts if f.name == "requests_per_s"]
+    assert use.origin == "default" and use.value == capacity / DEFAULT_REQUEST_S
+    assert f"not this run's {capacity}" in use.note
+    assert inputs.deployments[0].load_s == 30.0  # the load was measured all the same

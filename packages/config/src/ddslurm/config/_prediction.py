@@ -24,6 +24,9 @@ class FactUse(Frozen, frozen=True, kw_only=True):
     origin: FactOrigin
     run_id: str | None = None
     """The run or calibration that measured it (None for a default)."""
+    note: str = ""
+    """How the measurement was made to fit this run, or why it was not used (a fact measured at another capacity:
+    read off its calibration's sweep, or ignored for the default); empty: used as measured."""
 
 
 class LayoutChoice(Frozen, frozen=True, kw_only=True):

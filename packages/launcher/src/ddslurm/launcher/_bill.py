@@ -370,7 +370,7 @@ def layout_lines(prediction: Prediction) -> list[str]:
     if prediction.facts:
         lines.append("  facts used:")
         facts = [
-            (f.name, f.subject, f"{f.value:g}", f.origin + (f" {f.run_id}" if f.run_id else ""))
+            (f.name, f.subject, f"{f.value:g}", f.origin + (f" {f.run_id}" if f.run_id else "") + _note(f.note))
             for f in prediction.facts
         ]
         lines += table_lines(("fact", "of", "value", "from"), facts, indent="    ")
@@ -427,3 +427,7 @@ def bill_lines(bill: Bill) -> list[str]:
     if bill.prediction is not None:
         lines += layout_lines(bill.prediction)
     return lines
+
+
+def _note(note: str) -> str:
+    return f" ({note})" if note else ""

@@ -13,6 +13,7 @@ from ddslurm.config import (
     Facts,
     FactUse,
     LayoutChoice,
+    ModelFact,
     ModelShape,
     RecipeColumn,
     RunFile,
@@ -109,6 +110,31 @@ class CostSources:
     two_stage: bool
 
 
+def rate_at(fact: ModelFact, capacity: int) -> tuple[float | None, str]:
+    """A replica's requests per second at ``capacity`` requests in flight, from ``fact``, and how: as measured at
+    the same capacity; read off a calibration's sweep (linear between its points; below its first, in proportion
+    to the requests in flight; above its last, its last: a replica's throughput stops growing as it saturates);
+    None (the default is used) for a run's measurement at another capacity, whose relation to this one is unknown."""
+    if fact.capacity == capacity:
+        return fact.requests_per_s, ""
+    points = sorted((p.in_flight, p.requests_per_s) for p in fact.sweep if p.requests_per_s > 0)
+    if not points:
+        return None, (
+            f"measured at capacity {fact.capacity}, not this run's {capacity}, with no concurrency sweep to scale it "
+            "by (ddslurm tune measures one): the default is used"
+        )
+    how = f"measured at capacity {fact.capacity}; read off its sweep at {capacity} in flight"
+    first, last = points[0], points[-1]
+    if capacity <= first[0]:
+        return first[1] * capacity / first[0], how
+    if capacity >= last[0]:
+        return last[1], how + f" (its most, {last[0]}: no faster beyond)"
+    for (lo, lo_rate), (hi, hi_rate) in itertools.pairwise(points):
+        if lo <= capacity <= hi:
+            return lo_rate + (hi_rate - lo_rate) * (capacity - lo) / (hi - lo), how
+    return last[1], how  # unreachable: the points cover every capacity between the first and the last
+
+
 def cost_inputs(run: RunFile, serving: ServingPlan, sources: CostSources) -> CostInputs:
     """The model's inputs for ``run`` (``serving``: its deployments as planned), from the workspace's ``facts`` of
     each deployment's model shape and of the recipe, else the stated defaults; every number with its origin."""
@@ -121,18 +147,30 @@ def cost_inputs(run: RunFile, serving: ServingPlan, sources: CostSources) -> Cos
         capacity = planned.capacity or 1
         subject = f"{dep.model_alias}:{shape.key()}"
         fact = facts.model(shape)
-        if fact is not None and fact.requests_per_s > 0:
-            load, rate = fact.load_s, fact.requests_per_s
+        scaled, note = rate_at(fact, capacity) if fact is not None else (None, "")
+        if fact is not None:  # the model load does not depend on the capacity
+            load = fact.load_s
             uses.append(
                 FactUse(name="load_s", subject=subject, value=load, origin=fact.measured_by, run_id=fact.run_id)
             )
+        else:
+            load = DEFAULT_LOAD_S
+            uses.append(FactUse(name="load_s", subject=subject, value=load, origin="default"))
+        if fact is not None and scaled is not None:
+            rate = scaled
             uses.append(
-                FactUse(name="requests_per_s", subject=subject, value=rate, origin=fact.measured_by, run_id=fact.run_id)
+                FactUse(
+                    name="requests_per_s",
+                    subject=subject,
+                    value=rate,
+                    origin=fact.measured_by,
+                    run_id=fact.run_id,
+                    note=note,
+                )
             )
         else:
-            load, rate = DEFAULT_LOAD_S, capacity / DEFAULT_REQUEST_S
-            uses.append(FactUse(name="load_s", subject=subject, value=load, origin="default"))
-            uses.append(FactUse(name="requests_per_s", subject=subject, value=rate, origin="default"))
+            rate = capacity / DEFAULT_REQUEST_S
+            uses.append(FactUse(name="requests_per_s", subject=subject, value=rate, origin="default", note=note))
         if recipe is not None and dep.model_alias in recipe.requests_per_record:
             per_record = recipe.requests_per_record[dep.model_alias]
             uses.append(
