@@ -20,6 +20,7 @@ from ddslurm.config import (
     LayoutChoice,
     ModelFact,
     ModelShape,
+    PartitionNodes,
     Plan,
     Prediction,
     ProviderSnapshot,
@@ -34,7 +35,7 @@ from ddslurm.config import (
 )
 from ddslurm.launcher import _submit as submit_module
 from ddslurm.launcher._bill import bill_lines, make_bill
-from ddslurm.launcher._facts import partition_gpu_type, record_facts
+from ddslurm.launcher._facts import partition_gpu_type, partition_nodes, record_facts
 from ddslurm.launcher._measure import measure_run
 from ddslurm.launcher._slurm import Completed, Slurm
 from ddslurm.launcher._submit import prepare
@@ -178,6 +179,16 @@ def test_the_partitions_gpu_type(partition: str | None, expected: str) -> None:
 
 def test_the_gpu_type_is_unknown_when_sinfo_fails() -> None:
     assert partition_gpu_type(Slurm(SinfoSlurm("", rc=1)))("gpu") == ""
+
+
+def test_the_partitions_gpu_nodes_bound_the_layouts() -> None:
+    sinfo = SINFO + "n7|gpu|8|32000|gpu:h100:2|up|1:00:00\n" + "n8|gpu|64|32000|(null)|up|1:00:00\n"
+    nodes_of = partition_nodes(Slurm(SinfoSlurm(sinfo)))
+    # gpu: n1, n2 (16 CPUs, 4 GPUs) and n7 (8 CPUs, 2 GPUs); n8 has no GPU: no GPU allocation runs there
+    assert nodes_of("gpu") == PartitionNodes(partition="gpu", nodes=3, cpus=8, gpus=2)
+    assert nodes_of(None) == nodes_of("gpu")  # the default partition
+    assert nodes_of("cpu") is None and nodes_of("absent") is None
+    assert partition_nodes(Slurm(SinfoSlurm("", rc=1)))("gpu") is None  # never fatal: nothing ruled out
 
 
 def _capture_inputs(monkeypatch: pytest.MonkeyPatch) -> list[PlanInputs]:

@@ -16,6 +16,7 @@ from ddslurm.config import (
     LayoutChoice,
     ModelFact,
     ModelShape,
+    PartitionNodes,
     Plan,
     ProviderSnapshot,
     RunFile,
@@ -262,3 +263,62 @@ def test_when_no_layout_ends_within_the_time_limit_the_rule_picks_among_all() ->
     got = chosen(plan)
     assert got.allocations == 1 and got.allocation_s > 240
     assert plan.prediction is not None and "no layout's allocations are predicted to end within" in plan.prediction.rule
+
+
+# --- issue 35, item 5: only layouts the partition's nodes hold ---
+
+
+def _plan_on(run: RunFile, nodes: PartitionNodes | None, facts: Facts, profile: ClusterProfile = PROFILE) -> Plan:
+    return compile_plan(
+        PlanInputs(
+            run=run, profile=profile, snapshot=ProviderSnapshot(), layout=RunLayout(Path("/ws/r")),
+            recipe_sha256="-", snapshot_sha256="-", facts=facts, nodes=nodes,
+        )
+    )  # fmt: skip
+
+
+def test_no_layout_asks_a_node_for_more_cpus_than_the_partitions_smallest_has() -> None:
+    """Hostile facts (a quick load, a slow replica) make the most replicas an allocation can hold the cheapest:
+    more replicas of one CPU each, beside 4 client CPUs and the proxy's, than nodes of 7 CPUs hold; there the
+    planner chooses among the layouts they hold."""
+    run = run_file(gpus=8)
+    facts = slow_model(load_s=1.0, rate=0.05)
+    unbounded = _plan_on(run, None, facts)
+    assert unbounded.generation.cpus_per_task > 7  # what the planner chose before it knew the nodes
+    nodes = PartitionNodes(partition="gpu", nodes=3, cpus=7, gpus=8)
+    plan = _plan_on(run, nodes, facts)
+    assert plan.generation.cpus_per_task <= 7
+    assert plan.prediction is not None
+    for choice in (plan.prediction.chosen, *plan.prediction.runners_up):
+        assert run.submission.cpus + sum(choice.replicas) * 1 + 1 <= 7, choice
+
+
+def test_allocations_that_span_both_nodes_of_a_partition_run_one_at_a_time() -> None:
+    """An 8-GPU replica (tensor parallel 4, pipeline 2) on a partition of two 4-GPU nodes: each allocation holds
+    both nodes, so `gpus: 16` cannot run two at once there."""
+    dep = Deployment(model_alias="gen", model="m", replicas=1, tensor_parallel=4, pipeline_parallel=2,
+                     server=ServerSpec(cpus=1))  # fmt: skip
+    run = RunFile(
+        name="r",
+        recipe="x.yaml",
+        num_records=800,
+        shards=8,
+        deployments=(dep,),
+        gpus=16,
+        deadline="00:01:00",
+        submission=Submission(cpus=4),
+    )  # fmt: skip  (no layout meets it: the fastest)
+    profile = ClusterProfile(workspace="/ws", python_env="/venv", gpus_per_node=4, partition="gpu")
+    facts = slow_model(load_s=1.0, rate=0.05)
+    assert chosen(_plan_on(run, None, facts, profile)).gpus_at_once == 16  # two allocations at once, as before
+    plan = _plan_on(run, PartitionNodes(partition="gpu", nodes=2, cpus=64, gpus=4), facts, profile)
+    assert chosen(plan).gpus_at_once == 8
+    assert plan.prediction is not None and all(c.gpus_at_once <= 8 for c in plan.prediction.runners_up)
+
+
+def test_a_run_no_node_can_hold_is_refused_with_the_numbers() -> None:
+    run = run_file(replicas=2, submission=Submission(cpus=12))
+    with pytest.raises(PlanError) as refused:
+        _plan_on(run, PartitionNodes(partition="gpu", nodes=4, cpus=8, gpus=8), slow_model())
+    message = str(refused.value)
+    assert "partition gpu" in message and "8 CPUs" in message and "asks for 15" in message, message

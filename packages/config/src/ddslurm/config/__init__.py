@@ -59,7 +59,7 @@ from ddslurm.config._layout import (
     prompts_file,
 )
 from ddslurm.config._lazy import lazy_exports
-from ddslurm.config._limits import Limit, QueuedJob, SchedulerLimits
+from ddslurm.config._limits import Limit, PartitionNodes, QueuedJob, SchedulerLimits
 from ddslurm.config._plan import (
     PLAN_VERSION,
     Batching,
@@ -193,6 +193,7 @@ __all__ = [
     "Limit",
     "LimitCheck",
     "PLAN_VERSION",
+    "PartitionNodes",
     "Plan",
     "PlannedArray",
     "Progress",

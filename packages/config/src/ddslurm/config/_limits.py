@@ -51,3 +51,16 @@ class SchedulerLimits(msgspec.Struct, frozen=True):
     """Limits that were not read or do not apply, and why; and limits that only throttle (``MaxJobs``)."""
     queue: tuple[QueuedJob, ...] = ()
     """Every job slurmctld held when the limits were read (``ddslurm submit --continue`` adopts its own)."""
+
+
+class PartitionNodes(msgspec.Struct, frozen=True, kw_only=True):
+    """The GPU nodes of the generation partition as ``sinfo`` lists them: what the planner fits a layout's
+    allocations in (a node must hold one allocation's CPUs; the partition's nodes bound how many run at once)."""
+
+    partition: str
+    nodes: int
+    """Nodes of the partition with at least one GPU."""
+    cpus: int
+    """CPUs of the smallest of them (what any allocation may count on)."""
+    gpus: int
+    """GPUs of the one with the fewest."""

@@ -15,7 +15,7 @@ from typing import TextIO
 
 import msgspec
 
-from ddslurm.config import ConfigError, Facts, RunLayout, facts_path, read_facts, update_facts
+from ddslurm.config import ConfigError, Facts, PartitionNodes, RunLayout, facts_path, read_facts, update_facts
 from ddslurm.launcher._cluster import SINFO_FORMAT, parse_sinfo
 from ddslurm.launcher._measure import Measured, measure, measured
 from ddslurm.launcher._slurm import Slurm
@@ -54,6 +54,39 @@ def partition_gpu_type(slurm: Slurm) -> GpuTypeOf:
         return next(iter(types)) if len(types) == 1 and not untyped else ""
 
     return of
+
+
+NodesOf = Callable[[str | None], PartitionNodes | None]
+"""(the generation partition, None: the cluster's default) -> its GPU nodes, None when unknown."""
+
+
+def partition_nodes(slurm: Slurm) -> NodesOf:
+    """The GPU nodes of a partition from one ``sinfo``: how many, the CPUs of the smallest and the GPUs of the one
+    with the fewest (what the planner fits a layout in); None when it has none or sinfo cannot be asked (the
+    planner then rules nothing out by them; never fatal)."""
+
+    def of(partition: str | None) -> PartitionNodes | None:
+        try:
+            rows = parse_sinfo(slurm.sinfo_nodes(SINFO_FORMAT))
+        except Exception:  # never fatal: unknown nodes rule nothing out
+            return None
+        name = partition or next((r.partition for r in rows if r.default), None)
+        gpu_nodes = {r.node: r for r in rows if r.partition == name and r.gpus > 0}
+        if name is None or not gpu_nodes:
+            return None
+        return PartitionNodes(
+            partition=name,
+            nodes=len(gpu_nodes),
+            cpus=min(r.cpus for r in gpu_nodes.values()),
+            gpus=min(r.gpus for r in gpu_nodes.values()),
+        )
+
+    return of
+
+
+def no_nodes(partition: str | None) -> PartitionNodes | None:
+    """The partition's nodes when the scheduler is not asked (unit tests, ``prepare`` without one): unknown."""
+    return None
 
 
 def no_gpu_type(partition: str | None) -> str:

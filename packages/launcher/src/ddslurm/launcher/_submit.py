@@ -26,6 +26,7 @@ import msgspec
 
 from ddslurm.config import (
     ConfigError,
+    PartitionNodes,
     Plan,
     PlannedArray,
     ProviderSnapshot,
@@ -48,7 +49,15 @@ from ddslurm.config import (
 from ddslurm.launcher._aliases import EndpointCheck, refuse_failed_endpoints, run_aliases
 from ddslurm.launcher._doctor_checks import check_jobs, check_profile_first, field_place
 from ddslurm.launcher._engine_host import RUNTIME_PROCESS, EngineHost
-from ddslurm.launcher._facts import GpuTypeOf, no_gpu_type, partition_gpu_type, workspace_facts
+from ddslurm.launcher._facts import (
+    GpuTypeOf,
+    NodesOf,
+    no_gpu_type,
+    no_nodes,
+    partition_gpu_type,
+    partition_nodes,
+    workspace_facts,
+)
 from ddslurm.launcher._mcp_check import dd_check_tools
 from ddslurm.launcher._recipe_at import place_refusal
 from ddslurm.launcher._render import render_generation
@@ -138,11 +147,13 @@ def prepare(
     check_tools: CheckTools = dd_check_tools,
     check_endpoints: EndpointCheck | None = None,
     gpu_type_of: GpuTypeOf = no_gpu_type,
+    nodes_of: NodesOf = no_nodes,
 ) -> Prepared:
     """Validate and compile everything; touch nothing on disk. The planner's cost model gets the workspace's
     facts (``<workspace>/facts.json``; a damaged file is refused, naming it) and, for a run with deployments, the
     GPU type of the generation partition's nodes (``gpu_type_of``: ``sinfo`` for ``submit`` and its dry run; ""
-    by default, and whenever it cannot be told). The recipe is loaded (a builder script runs) and
+    by default, and whenever it cannot be told) and those nodes (``nodes_of``: the layouts it considers are only
+    those they hold). The recipe is loaded (a builder script runs) and
     checked (``check_recipe``, by default Data Designer's own validation asked of ``host``: a process of a few
     seconds) in the profile's ``python_env``; what Data Designer refuses would fail on the node, and is reported
     after the planner's refusals; then its MCP tools (``check_tools``: the stdio servers' commands, the tools
@@ -170,7 +181,9 @@ def prepare(
         # Nothing is written yet: the check runs the script itself where the node will run the run's copy of it.
         as_is = None if source is None else msgspec.structs.replace(source, file=source.origin)
         facts = workspace_facts(Path(profile.workspace))
-        gpu_type = _gpu_type(gpu_type_of, run.submission.partition or profile.partition) if run.deployments else ""
+        partition = run.submission.partition or profile.partition
+        gpu_type = _gpu_type(gpu_type_of, partition) if run.deployments else ""
+        nodes = _nodes(nodes_of, partition) if run.deployments else None
         recipe_key = sha256_bytes(loaded.stored)
         sized = client_serving(
             run,
@@ -179,6 +192,7 @@ def prepare(
             gpu_type=gpu_type,
             recipe_key=recipe_key,
             seed=None if seed is None else seed.plan,
+            nodes=nodes,
         )
         if check_recipe is not None:
             check = check_recipe(recipe, recipe_path, snapshot, sized, runtime, as_is)
@@ -202,6 +216,7 @@ def prepare(
                 plugins=check.plugins,
                 facts=facts,
                 gpu_type=gpu_type,
+                nodes=nodes,
             )
         )
         # Key values that are placeholders (EMPTY, none) are not secrets: the node does not scan output for them.
@@ -229,6 +244,14 @@ def prepare(
         seed,
         loaded.source,
     )
+
+
+def _nodes(nodes_of: NodesOf, partition: str | None) -> PartitionNodes | None:
+    """The partition's GPU nodes; None when they cannot be told (never fatal: no layout is ruled out by them)."""
+    try:
+        return nodes_of(partition)
+    except Exception:
+        return None
 
 
 def _gpu_type(gpu_type_of: GpuTypeOf, partition: str | None) -> str:
@@ -580,6 +603,7 @@ def submit(
         host=host,
         check_endpoints=check_endpoints,
         gpu_type_of=partition_gpu_type(slurm),
+        nodes_of=partition_nodes(slurm),
     )
     if change_plan is not None:
         prepared = dataclasses.replace(prepared, plan=change_plan(prepared.plan))

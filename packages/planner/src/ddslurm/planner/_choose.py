@@ -10,7 +10,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from ddslurm.config import LayoutChoice, Prediction, RunFile
-from ddslurm.planner._cost import Candidate, CostInputs, allocation_gpus, predict
+from ddslurm.planner._cost import Candidate, CostInputs, allocation_cpus, allocation_gpus, predict
 from ddslurm.planner.errors import PlanError
 
 NEAR_SHARE = 0.02
@@ -63,8 +63,15 @@ def candidates(
     """Every layout within ``budget`` GPUs at once; the numbers the run file sets stay as set."""
     shards = len(inputs.shard_records)
     throttle = run.max_concurrent or shards
+    nodes = inputs.nodes
     for replicas in _replica_options(run, per_node, spans, inputs):
         cap = min(budget // allocation_gpus(replicas, inputs), throttle)
+        if nodes is not None:  # only what the partition's nodes hold: one allocation's CPUs a node, its nodes at once
+            if allocation_cpus(replicas, inputs) > nodes.cpus:
+                continue
+            # (one allocation at least: one that needs more nodes than the partition has is refused by the job
+            # check, which names the replica's shape)
+            cap = min(cap, max(1, nodes.nodes // max(1, *spans)))
         if cap < 1:
             continue
         if isinstance(run.client_workers, int):
@@ -106,6 +113,14 @@ def choose(
         choice = predict(candidate, inputs)
         predicted.setdefault(_layout(choice), (choice, candidate))
     if not predicted:
+        nodes = inputs.nodes
+        smallest = min((allocation_cpus(r, inputs) for r in _replica_options(run, per_node, spans, inputs)), default=0)
+        if nodes is not None and smallest > nodes.cpus:
+            raise PlanError(
+                f"no layout fits a node of partition {nodes.partition}: its smallest GPU node has {nodes.cpus} CPUs "
+                f"and the smallest allocation asks for {smallest} (submission.cpus {run.submission.cpus}, "
+                "server.cpus of each replica, one for each proxy); lower them, or use fewer replicas"
+            )
         raise PlanError(
             f"gpus: {budget} GPUs at once, but no layout of the run's fixed numbers fits in them (allocations, "
             "client_workers, replicas as set)"

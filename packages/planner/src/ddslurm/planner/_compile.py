@@ -17,6 +17,7 @@ from ddslurm.config import (
     DeploymentPlan,
     Engine,
     Facts,
+    PartitionNodes,
     Plan,
     PluginRecord,
     Prediction,
@@ -97,6 +98,9 @@ class PlanInputs:
     """The GPU type of the generation partition's nodes (``sinfo``); empty: untyped or unknown."""
     recipe_key: str = ""
     """The recipe's digest before its seed is pointed at the run's copy (``Plan.recipe_key``)."""
+    nodes: PartitionNodes | None = None
+    """The generation partition's GPU nodes (``sinfo``): the cost model considers only layouts they hold (their
+    CPUs, their number at once); None: unknown."""
 
 
 _MEM = re.compile(r"^(?P<n>\d+(?:\.\d+)?)(?P<unit>[KMGT]?)B?$", re.IGNORECASE)
@@ -467,6 +471,7 @@ def _layout_of(inputs: PlanInputs, two_stage: bool) -> Layout:
             columns=inputs.columns,
             shard_records=tuple(s.num_records for s in _shards(run, inputs.seed)),
             two_stage=two_stage,
+            nodes=inputs.nodes,
         ),
     )
 
@@ -487,11 +492,13 @@ def client_serving(
     gpu_type: str = "",
     recipe_key: str = "",
     seed: SeedPlan | None = None,
+    nodes: PartitionNodes | None = None,
 ) -> ServingPlan | None:
     """The plan's ``serving`` as each client step sees it (its share of the replicas' capacity), before the rest
     is planned: what the submit-time check of the recipe sizes the local aliases' requests with. Given the
-    facts, GPU type, recipe facts key and seed that :func:`compile_plan` gets, it is that plan's ``serving`` for a
-    recipe whose columns are not known yet (requests per record from the facts, else 1 per alias; one stage)."""
+    facts, GPU type, recipe facts key, seed and nodes that :func:`compile_plan` gets, it is that plan's ``serving``
+    for a recipe whose columns are not known yet (requests per record from the facts, else 1 per alias; one
+    stage)."""
     if not run.deployments:
         return None
     sources = CostSources(
@@ -501,6 +508,7 @@ def client_serving(
         columns=None,
         shard_records=tuple(s.num_records for s in _shards(run, seed)),
         two_stage=False,
+        nodes=nodes,
     )
     return plan_layout(run, profile, sources).serving
 

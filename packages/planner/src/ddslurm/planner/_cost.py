@@ -15,6 +15,7 @@ from ddslurm.config import (
     LayoutChoice,
     ModelFact,
     ModelShape,
+    PartitionNodes,
     RecipeColumn,
     RunFile,
     ServingPlan,
@@ -52,6 +53,8 @@ class DeploymentCost:
     """Requests one replica completes per second at its capacity."""
     load_s: float
     requests_per_record: float
+    cpus: int = 1
+    """CPUs of one replica's step (``server.cpus``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +71,10 @@ class CostInputs:
     cpu_stage_records_per_s: float
     two_stage: bool
     facts: tuple[FactUse, ...] = ()
+    proxy_cpus: int = 0
+    """CPUs of an allocation's proxies (one a proxied deployment)."""
+    nodes: PartitionNodes | None = None
+    """The generation partition's GPU nodes; None: unknown (no layout is ruled out by them)."""
     runs: tuple[tuple[int, int], ...] = field(init=False)
     """The shards as runs of equal shards (:func:`shard_runs`)."""
 
@@ -108,6 +115,8 @@ class CostSources:
     columns: Sequence[RecipeColumn] | None
     shard_records: tuple[int, ...]
     two_stage: bool
+    nodes: PartitionNodes | None = None
+    """The generation partition's GPU nodes (``sinfo``): layouts are only those its nodes hold; None: unknown."""
 
 
 def rate_at(fact: ModelFact, capacity: int) -> tuple[float | None, str]:
@@ -188,7 +197,7 @@ def cost_inputs(run: RunFile, serving: ServingPlan, sources: CostSources) -> Cos
                 FactUse(name="requests_per_record", subject=dep.model_alias, value=per_record, origin="default")
             )
         gpus = dep.tensor_parallel * dep.pipeline_parallel * dep.data_parallel
-        deployments.append(DeploymentCost(dep.model_alias, gpus, capacity, rate, load, per_record))
+        deployments.append(DeploymentCost(dep.model_alias, gpus, capacity, rate, load, per_record, dep.server.cpus))
 
     def recipe_number(name: str, measured: float | None, default: float) -> float:
         if measured is not None and recipe is not None:
@@ -218,7 +227,15 @@ def cost_inputs(run: RunFile, serving: ServingPlan, sources: CostSources) -> Cos
         cpu_stage_records_per_s=cpu_stage,
         two_stage=two_stage,
         facts=tuple(uses),
+        proxy_cpus=serving.proxy_cpus * sum(1 for d in serving.deployments if d.proxy),
+        nodes=sources.nodes,
     )
+
+
+def allocation_cpus(replicas: Sequence[int], inputs: CostInputs) -> int:
+    """CPUs of one allocation's node (``--cpus-per-task``): the clients' (``submission.cpus``), every replica's
+    step and the proxies (the planner's ``_gpu_resources`` asks Slurm for the same)."""
+    return inputs.cpus + sum(r * d.cpus for r, d in zip(replicas, inputs.deployments, strict=True)) + inputs.proxy_cpus
 
 
 def allocation_gpus(replicas: Sequence[int], inputs: CostInputs) -> int:
