@@ -24,6 +24,7 @@ from ddslurm.config import (
     Plan,
     Prediction,
     ProviderSnapshot,
+    RecipeFact,
     RunLayout,
     atomic_write,
     encode,
@@ -368,9 +369,29 @@ def test_a_successful_collection_records_the_facts(tmp_path: Path) -> None:
     argv = ["collect", str(layout.root), "--local", "--overwrite"]
     code = main(argv, slurm=Slurm(FakeSlurm(sacct=SACCT)), stdout=io.StringIO(), stderr=err)
     assert code == 0, err.getvalue()
-    [recipe] = read_facts(facts_path(workspace)).recipes
+    facts = read_facts(facts_path(workspace))
+    [recipe] = facts.recipes
     # the report's numbers of that run: writer 10 and judge 5 requests over its 5 rows
     assert (recipe.run_id, recipe.requests_per_record) == (layout.run_id, {"judge": 5 / 5, "writer": 10 / 5})
+    # Issue 35: shard 1's first attempt failed (endpoint errors), so the allocations' time is no clean measure: no
+    # model fact, no overhead, no CPU-stage rate from this run, and the command says so
+    assert facts.models == () and recipe.allocation_overhead_s is None and recipe.cpu_stage_records_per_s is None
+    assert "note: attempts of the run did not end cleanly (endpoint_errors x1)" in err.getvalue()
+
+
+def test_a_faulted_runs_recipe_fact_keeps_what_an_earlier_clean_run_measured(tmp_path: Path) -> None:
+    workspace = tmp_path / "ws"
+    (workspace / "runs").mkdir(parents=True)
+    layout = make_report_run(workspace / "runs")
+    key = read_plan(layout.plan).recipe_facts_key()
+    clean = RecipeFact(recipe_sha256=key, requests_per_record={"writer": 9.0}, allocation_overhead_s=21.0,
+                       cpu_stage_records_per_s=3.5, measured_by="run", run_id="clean", measured_at="t")  # fmt: skip
+    write_facts(facts_path(workspace), Facts(recipes=(clean,)))
+    recorded = record_facts(workspace, layout, Slurm(FakeSlurm(sacct=SACCT)))
+    assert recorded.measured is not None and recorded.measured.unclean
+    [recipe] = read_facts(facts_path(workspace)).recipes
+    assert recipe.run_id == layout.run_id and recipe.requests_per_record == {"judge": 1.0, "writer": 2.0}
+    assert (recipe.allocation_overhead_s, recipe.cpu_stage_records_per_s) == (21.0, 3.5)  # the clean run's stand
 
 
 def test_requests_per_record_leaves_out_the_rows_of_an_attempt_killed_before_its_summary(tmp_path: Path) -> None:

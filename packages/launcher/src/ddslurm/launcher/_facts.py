@@ -146,7 +146,16 @@ def record_facts(
         for model in found.models:
             facts = facts.with_model(msgspec.structs.replace(model, run_id=run_id, measured_at=at))
         if found.recipe is not None:
-            facts = facts.with_recipe(msgspec.structs.replace(found.recipe, run_id=run_id, measured_at=at))
+            recipe = msgspec.structs.replace(found.recipe, run_id=run_id, measured_at=at)
+            earlier = facts.recipe(recipe.recipe_sha256)
+            if earlier is not None:  # what this run did not measure cleanly, an earlier run's measure stands
+                recipe = msgspec.structs.replace(
+                    recipe,
+                    allocation_overhead_s=_or(recipe.allocation_overhead_s, earlier.allocation_overhead_s),
+                    cpu_stage_records_per_s=_or(recipe.cpu_stage_records_per_s, earlier.cpu_stage_records_per_s),
+                    client_cpu_s_per_request=_or(recipe.client_cpu_s_per_request, earlier.client_cpu_s_per_request),
+                )
+            facts = facts.with_recipe(recipe)
         wrote = bool(found.models) or found.recipe is not None
         return facts
 
@@ -154,6 +163,10 @@ def record_facts(
     if not wrote:
         return Recorded(None, f"run {run_id} was recorded already (or measured nothing)")
     return Recorded(found)
+
+
+def _or(value: float | None, earlier: float | None) -> float | None:
+    return earlier if value is None else value
 
 
 def _recorded(facts: Facts, run_id: str) -> bool:
@@ -167,6 +180,9 @@ def record_after(layout: RunLayout, slurm: Slurm | None, err: TextIO, *, reading
     if workspace is None:
         return
     try:
-        record_facts(workspace, layout, slurm, reading=reading)
+        recorded = record_facts(workspace, layout, slurm, reading=reading)
     except Exception as exc:  # measuring is a by-product: the command's own result stands
         err.write(f"warning: the run's facts were not recorded in {facts_path(workspace)}: {exc}\n")
+        return
+    if recorded.measured is not None and recorded.measured.unclean:
+        err.write(f"note: {recorded.measured.unclean} ({facts_path(workspace)})\n")

@@ -22,9 +22,12 @@ so every number is computed once, the way the report shows it.
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+
+import msgspec
 
 from ddslurm.config import (
     SERVING_READY,
@@ -53,6 +56,10 @@ class Measured:
     succeeded: bool
     models: list[ModelFact] = field(default_factory=list)
     recipe: RecipeFact | None = None
+    unclean: str | None = None
+    """Why the run's allocation time is no clean measure (attempts that failed, were cancelled or ran out of time):
+    then no model fact, no allocation overhead and no CPU-stage rate is recorded from it, only what each attempt's
+    own summary measured (requests per record, client CPU per request)."""
 
 
 def measure_run(layout: RunLayout, slurm: Slurm | None) -> tuple[list[ModelFact], RecipeFact | None]:
@@ -72,8 +79,23 @@ def measure(facts: RunFacts, report: RunReport, *, now: datetime | None = None) 
     at = (now or datetime.now(UTC)).astimezone(UTC).isoformat(timespec="seconds")
     succeeded = bool(plan.shards) and all(s.index in facts.winners for s in plan.shards)
     loads = allocation_loads(facts)
-    models = _models(plan, report, loads, at)
-    return Measured(succeeded=succeeded, models=models, recipe=_recipe(facts, report, loads, at))
+    recipe = _recipe(facts, report, loads, at)
+    faults = Counter(a.record.reason or a.record.state for a in facts.attempts if a.record.state in _FAULTED)
+    if faults:
+        spent = ", ".join(f"{reason} x{n}" for reason, n in sorted(faults.items()))
+        unclean = (
+            f"attempts of the run did not end cleanly ({spent}): the time of its allocations is no clean measure, "
+            "so its model servers' rates, its allocation overhead and its CPU-stage rate are not recorded"
+        )
+        if recipe is not None:
+            recipe = msgspec.structs.replace(recipe, allocation_overhead_s=None, cpu_stage_records_per_s=None)
+        return Measured(succeeded=succeeded, recipe=recipe, unclean=unclean)
+    return Measured(succeeded=succeeded, models=_models(plan, report, loads, at), recipe=recipe)
+
+
+_FAULTED = frozenset({"failed", "cancelled"})
+"""Attempt states after which a run's allocation time is no clean measure (a hang until the time limit, a kill,
+an outage waited out): a ``superseded`` or ``partial`` attempt ended on its own."""
 
 
 def allocation_loads(facts: RunFacts) -> dict[str, list[float]]:
