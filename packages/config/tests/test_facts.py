@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 import msgspec
@@ -17,6 +18,7 @@ from ddslurm.config import (
     update_facts,
     write_facts,
 )
+from ddslurm.config._facts import HISTORY
 
 
 def _model(load: float, gpu_type: str = "") -> ModelFact:
@@ -113,3 +115,29 @@ def test_updates_of_two_writers_at_once_both_land(tmp_path: Path) -> None:
     before = path.stat().st_mtime_ns
     update_facts(path, lambda facts: facts)
     assert path.stat().st_mtime_ns == before  # unchanged facts are not rewritten
+
+
+def _run_fact(rate: float, run: str, capacity: int = 8, load: float = 60.0) -> ModelFact:
+    return msgspec.structs.replace(_model(load), requests_per_s=rate, capacity=capacity, run_id=run)
+
+
+def test_a_model_fact_is_the_median_of_its_latest_clean_runs_so_one_run_cannot_poison_it() -> None:
+    facts = Facts()
+    for i, rate in enumerate((5.2, 6.6, 5.9)):
+        facts = facts.with_model_run(_run_fact(rate, f"r{i}", load=50.0 + 10 * i))
+    fact = facts.models[0]
+    assert (fact.requests_per_s, fact.load_s, fact.runs()) == (5.9, 60.0, 3)
+    poisoned = facts.with_model_run(_run_fact(0.16, "hung")).models[0]  # issue 35: a run whose replica served nothing
+    assert poisoned.requests_per_s == statistics.median((5.2, 6.6, 5.9, 0.16)) > 5
+    for i in range(10):  # only the latest HISTORY runs count
+        poisoned = Facts(models=(poisoned,)).with_model_run(_run_fact(4.0, f"n{i}")).models[0]
+    assert len(poisoned.samples) == HISTORY and poisoned.requests_per_s == 4.0
+
+
+def test_a_rate_at_another_capacity_or_a_calibrations_is_not_mixed_with_a_runs() -> None:
+    facts = Facts().with_model_run(_run_fact(5.0, "a")).with_model_run(_run_fact(7.0, "b"))
+    at_256 = facts.with_model_run(_run_fact(40.0, "c", capacity=256)).models[0]
+    assert (at_256.requests_per_s, at_256.runs(), at_256.capacity) == (40.0, 1, 256)
+    tuned = msgspec.structs.replace(_run_fact(9.0, "t"), measured_by="tune")
+    after_tune = Facts(models=(tuned,)).with_model_run(_run_fact(5.0, "d")).models[0]
+    assert (after_tune.requests_per_s, after_tune.runs()) == (5.0, 1)

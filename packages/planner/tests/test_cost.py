@@ -263,3 +263,22 @@ def test_the_bill_names_the_default_used_in_place_of_a_fact_of_another_capacity(
     assert use.origin == "default" and use.value == capacity / DEFAULT_REQUEST_S
     assert f"not this run's {capacity}" in use.note
     assert inputs.deployments[0].load_s == 30.0  # the load was measured all the same
+
+
+def test_the_bill_says_how_many_runs_a_rate_rests_on_and_flags_an_outlier() -> None:
+    run = RunFile(
+        name="r", recipe="recipe.yaml", num_records=200, shards=2,
+        deployments=(Deployment(model_alias="gen", model="m", replicas=1),),
+    )  # fmt: skip
+    serving = plan_serving(run, ClusterProfile(workspace="/w", python_env="/v", gpus_per_node=4), "gpu")
+    capacity = serving.deployments[0].capacity
+    assert capacity is not None
+    facts = Facts()
+    for i, rate in enumerate((5.2, 6.6, 5.9, 0.16)):
+        fact = msgspec.structs.replace(_rate_fact(capacity, rate), shape=shape_of(run, 0, ""), run_id=f"r{i}")
+        facts = facts.with_model_run(fact)
+    sources = CostSources(facts=facts, gpu_type="", recipe_key="k", columns=None, shard_records=(100, 100),
+                          two_stage=False)  # fmt: skip
+    [use] = [f for f in cost_inputs(run, serving, sources).facts if f.name == "requests_per_s"]
+    assert use.value == (5.2 + 5.9) / 2 and use.origin == "run"
+    assert use.note.startswith("median of 4 runs; the latest run's 0.16 (run r3) is an outlier"), use.note

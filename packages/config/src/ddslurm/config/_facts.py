@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import statistics
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Literal, Protocol
@@ -79,6 +80,19 @@ class ConcurrencyPoint(Frozen, frozen=True, kw_only=True):
     requests_per_s: Annotated[float, msgspec.Meta(ge=0, le=1e6)]
 
 
+HISTORY = 5
+"""Clean runs a model fact keeps: its numbers are their medians, so one run cannot move them far."""
+
+
+class ModelSample(Frozen, frozen=True, kw_only=True):
+    """What one clean run measured of a model shape (a :class:`ModelFact` keeps the latest :data:`HISTORY`)."""
+
+    load_s: Seconds
+    requests_per_s: Rate
+    run_id: str
+    measured_at: str
+
+
 class ModelFact(Frozen, frozen=True, kw_only=True):
     shape: ModelShape
     load_s: Seconds
@@ -94,6 +108,13 @@ class ModelFact(Frozen, frozen=True, kw_only=True):
     """The run (or calibration run) that measured it."""
     measured_at: str
     """ISO 8601 UTC."""
+    samples: tuple[ModelSample, ...] = ()
+    """The clean runs it rests on, oldest first, at most :data:`HISTORY`, all at ``capacity``: ``load_s`` and
+    ``requests_per_s`` are their medians (empty: a calibration's, or a fact from before samples were kept)."""
+
+    def runs(self) -> int:
+        """How many measurements it rests on."""
+        return max(1, len(self.samples))
 
 
 class RecipeFact(Frozen, frozen=True, kw_only=True):
@@ -147,9 +168,38 @@ class Facts(Frozen, frozen=True, kw_only=True):
         kept = tuple(f for f in self.models if f.shape.key() != fact.shape.key())
         return msgspec.structs.replace(self, models=(*kept, fact))
 
+    def with_model_run(self, fact: ModelFact) -> Facts:
+        """These facts with one more clean run's measure of ``fact``'s shape: added to the earlier runs' of the same
+        shape and capacity (the latest :data:`HISTORY`), the fact's numbers their medians; a calibration's fact, or
+        an earlier one at another capacity, is replaced (rates at two capacities are not one measure)."""
+        sample = ModelSample(
+            load_s=fact.load_s, requests_per_s=fact.requests_per_s, run_id=fact.run_id, measured_at=fact.measured_at
+        )
+        earlier = self.model(fact.shape)
+        same = earlier is not None and earlier.measured_by == "run" and earlier.capacity == fact.capacity
+        history = (*(_samples(earlier) if same and earlier is not None else ()), sample)[-HISTORY:]
+        merged = msgspec.structs.replace(
+            fact,
+            load_s=statistics.median(s.load_s for s in history),
+            requests_per_s=statistics.median(s.requests_per_s for s in history),
+            samples=history,
+        )
+        return self.with_model(merged)
+
     def with_recipe(self, fact: RecipeFact) -> Facts:
         kept = tuple(f for f in self.recipes if f.recipe_sha256 != fact.recipe_sha256)
         return msgspec.structs.replace(self, recipes=(*kept, fact))
+
+
+def _samples(fact: ModelFact) -> tuple[ModelSample, ...]:
+    """The runs a fact rests on; a fact from before samples were kept rests on its own numbers."""
+    if fact.samples:
+        return fact.samples
+    return (
+        ModelSample(
+            load_s=fact.load_s, requests_per_s=fact.requests_per_s, run_id=fact.run_id, measured_at=fact.measured_at
+        ),
+    )
 
 
 def facts_path(workspace: Path) -> Path:

@@ -144,7 +144,7 @@ def record_facts(
         if _recorded(facts, run_id):  # another ddslurm recorded it meanwhile
             return facts
         for model in found.models:
-            facts = facts.with_model(msgspec.structs.replace(model, run_id=run_id, measured_at=at))
+            facts = facts.with_model_run(msgspec.structs.replace(model, run_id=run_id, measured_at=at))
         if found.recipe is not None:
             recipe = msgspec.structs.replace(found.recipe, run_id=run_id, measured_at=at)
             earlier = facts.recipe(recipe.recipe_sha256)

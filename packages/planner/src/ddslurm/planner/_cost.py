@@ -144,6 +144,22 @@ def rate_at(fact: ModelFact, capacity: int) -> tuple[float | None, str]:
     return last[1], how  # unreachable: the points cover every capacity between the first and the last
 
 
+OUTLIER = 3.0
+"""A run's rate this many times above or below the median of the runs a fact rests on is flagged in the bill."""
+
+
+def _rests_on(fact: ModelFact) -> str:
+    """How many runs a fact's numbers are the median of, and a latest run far from them (flagged, not used)."""
+    if len(fact.samples) < 2:
+        return ""
+    text = f"median of {len(fact.samples)} runs"
+    latest = fact.samples[-1].requests_per_s
+    ratio = latest / fact.requests_per_s if fact.requests_per_s > 0 else 1.0
+    if ratio > OUTLIER or ratio < 1 / OUTLIER:
+        text += f"; the latest run's {latest:g} (run {fact.samples[-1].run_id}) is an outlier, x{ratio:.2g} the median"
+    return text
+
+
 def cost_inputs(run: RunFile, serving: ServingPlan, sources: CostSources) -> CostInputs:
     """The model's inputs for ``run`` (``serving``: its deployments as planned), from the workspace's ``facts`` of
     each deployment's model shape and of the recipe, else the stated defaults; every number with its origin."""
@@ -167,6 +183,7 @@ def cost_inputs(run: RunFile, serving: ServingPlan, sources: CostSources) -> Cos
             uses.append(FactUse(name="load_s", subject=subject, value=load, origin="default"))
         if fact is not None and scaled is not None:
             rate = scaled
+            note = "; ".join(n for n in (note, _rests_on(fact)) if n)
             uses.append(
                 FactUse(
                     name="requests_per_s",
