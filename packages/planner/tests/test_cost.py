@@ -15,6 +15,7 @@ from ddslurm.config import (
     ConcurrencyPoint,
     Deployment,
     Facts,
+    FactUse,
     ModelFact,
     ModelShape,
     ProviderSnapshot,
@@ -23,6 +24,7 @@ from ddslurm.config import (
     RunFile,
     RunLayout,
     ServerSpec,
+    ServingPlan,
     Submission,
 )
 from ddslurm.planner import PlanInputs, compile_plan, plan_serving
@@ -245,40 +247,44 @@ def test_a_calibrations_sweep_gives_the_rate_at_any_capacity(capacity: int, want
     assert (note == "") == (capacity == 8)
 
 
-def test_the_bill_names_the_default_used_in_place_of_a_fact_of_another_capacity() -> None:
-    """The issue's case: a capacity-4 fact of 1 s a request (4 requests/s) for a run at 256 in flight is not used
-    unscaled (it made the planner choose twice the allocations and ten times the GPU-hours)."""
+def _one_deployment(shards: int) -> tuple[RunFile, ServingPlan, int]:
+    """A run of one single-replica deployment, 100 records a shard; its planned serving and replica capacity."""
     run = RunFile(
-        name="r", recipe="recipe.yaml", num_records=2000, shards=8,
+        name="r", recipe="recipe.yaml", num_records=100 * shards, shards=shards,
         deployments=(Deployment(model_alias="gen", model="m", replicas=1),),
     )  # fmt: skip
     serving = plan_serving(run, ClusterProfile(workspace="/w", python_env="/v", gpus_per_node=4), "gpu")
     capacity = serving.deployments[0].capacity
-    assert capacity is not None and capacity != 4
-    facts = Facts(models=(msgspec.structs.replace(_rate_fact(4, 4.0), shape=shape_of(run, 0, "")),))
-    sources = CostSources(facts=facts, gpu_type="", recipe_key="k", columns=None, shard_records=(250,) * 8,
-                          two_stage=False)  # fmt: skip
+    assert capacity is not None
+    return run, serving, capacity
+
+
+def _rate_use(run: RunFile, serving: ServingPlan, facts: Facts) -> tuple[FactUse, CostInputs]:
+    sources = CostSources(facts=facts, gpu_type="", recipe_key="k", columns=None,
+                          shard_records=(100,) * run.shards, two_stage=False)  # fmt: skip
     inputs = cost_inputs(run, serving, sources)
     [use] = [f for f in inputs.facts if f.name == "requests_per_s"]
+    return use, inputs
+
+
+def test_the_bill_names_the_default_used_in_place_of_a_fact_of_another_capacity() -> None:
+    """The issue's case: a capacity-4 fact of 1 s a request (4 requests/s) for a run at 256 in flight is not used
+    unscaled (it made the planner choose twice the allocations and ten times the GPU-hours)."""
+    run, serving, capacity = _one_deployment(8)
+    assert capacity != 4
+    facts = Facts(models=(msgspec.structs.replace(_rate_fact(4, 4.0), shape=shape_of(run, 0, "")),))
+    use, inputs = _rate_use(run, serving, facts)
     assert use.origin == "default" and use.value == capacity / DEFAULT_REQUEST_S
     assert f"not this run's {capacity}" in use.note
     assert inputs.deployments[0].load_s == 30.0  # the load was measured all the same
 
 
 def test_the_bill_says_how_many_runs_a_rate_rests_on_and_flags_an_outlier() -> None:
-    run = RunFile(
-        name="r", recipe="recipe.yaml", num_records=200, shards=2,
-        deployments=(Deployment(model_alias="gen", model="m", replicas=1),),
-    )  # fmt: skip
-    serving = plan_serving(run, ClusterProfile(workspace="/w", python_env="/v", gpus_per_node=4), "gpu")
-    capacity = serving.deployments[0].capacity
-    assert capacity is not None
+    run, serving, capacity = _one_deployment(2)
     facts = Facts()
     for i, rate in enumerate((5.2, 6.6, 5.9, 0.16)):
         fact = msgspec.structs.replace(_rate_fact(capacity, rate), shape=shape_of(run, 0, ""), run_id=f"r{i}")
         facts = facts.with_model_run(fact)
-    sources = CostSources(facts=facts, gpu_type="", recipe_key="k", columns=None, shard_records=(100, 100),
-                          two_stage=False)  # fmt: skip
-    [use] = [f for f in cost_inputs(run, serving, sources).facts if f.name == "requests_per_s"]
+    use, _ = _rate_use(run, serving, facts)
     assert use.value == (5.2 + 5.9) / 2 and use.origin == "run"
     assert use.note.startswith("median of 4 runs; the latest run's 0.16 (run r3) is an outlier"), use.note
