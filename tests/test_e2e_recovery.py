@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from ddslurm.config import AttemptRecord, RunLayout, read_json
+from ddslurm.config import AttemptRecord, RunLayout, facts_path, read_facts, read_json
 from tests.e2e import REPO, cli_json, slurm, until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.dd]
@@ -238,3 +238,57 @@ def test_a_sixty_record_shard_without_buffer_size_cancelled_at_60_percent_redoes
     assert [(r.state, r.resumed_rows) for r in won if r.state == "succeeded"] == [("succeeded", 36)], won
     dataset = Path(cli_json("collect", str(run_dir), "--local", "--json", env=env)["dataset"])
     assert pq.read_table(dataset).column("seed_id").to_pylist() == list(range(60))  # every seed row once, in order
+
+
+def test_a_hosted_column_that_hangs_until_the_time_limit_teaches_the_facts_nothing(
+    make_run_files: Any, tmp_path: Path
+) -> None:
+    """Issue 35's poisoned facts: a run whose local judge column waits on a hosted writer that hangs until Slurm's
+    time limit ends the allocation (its replica served no request), then succeeds on its automatic retry. Its
+    report shows no GPU time generating for that allocation, the workspace gets no model fact from it, and a dry
+    run with ``gpus: 8`` chooses what it chooses with no facts at all."""
+    from fake_vllm.testing import free_port, start_server
+
+    key = "sk-hung-" + "5" * 16
+    port = free_port()
+    judge_here = (
+        "deployments:\n  - model_alias: judge\n    model: demo/judge-70b\n    served_model_name: demo/judge-70b\n"
+        "    server: {cpus: 1, startup_timeout: 120}\nstages: single\nretries: 1\n"
+    )
+    files = make_run_files("hung", num_records=4, shards=1, buffer_size=2, recipe=_recipe_with_ids(tmp_path),
+                           extra_run=judge_here)  # fmt: skip
+    files.run_file.write_text(files.run_file.read_text().replace("time_limit: '00:10:00'", "time_limit: 2"))
+    recipe = files.root / "recipe.yaml"  # Data Designer's own request timeout must not end the hang first
+    recipe.write_text(recipe.read_text().replace("timeout: null", "timeout: 600"))
+    (files.dd_home / "model_providers.yaml").write_text(
+        f"providers:\n- {{name: demo-hosted, endpoint: 'http://127.0.0.1:{port}/v1', api_key: DEMO_HOSTED_API_KEY}}\n"
+    )
+    env = {**files.env, "DEMO_HOSTED_API_KEY": key}
+    with start_server("demo", args=["--served-model-name", "demo/writer-8b", "--fake-latency", "600"], api_key=key,
+                      port=port):  # fmt: skip
+        submitted = cli_json("submit", str(files.run_file), "--profile", str(files.profile), "--json", env=env)
+        run_dir = Path(submitted["run_dir"])
+        until(lambda: list(run_dir.glob("shards/shard-00000/attempts/*/attempt.json")), 120, "the first attempt")
+        first = next(run_dir.glob("shards/shard-00000/attempts/*/attempt.json"))
+        slurm("scontrol", "update", f"JobId={submitted['job_id']}_0", "TimeLimit=1", check=True)
+        until(lambda: read_json(first, AttemptRecord).state != "running", 300, "the time limit to end attempt 1")
+    with start_server("demo", args=["--served-model-name", "demo/writer-8b"], api_key=key, port=port):
+        final = cli_json("wait", str(run_dir), "--json", "--timeout", "240", env=env)  # records the facts
+    assert final["state"] == "succeeded" and final["records_done"] == 4, final
+    report = cli_json("report", str(run_dir), "--json", env=env)
+    hung = next(a for a in report["gpu"]["allocations"] if a["job"] == f"{submitted['job_id']}_0")
+    assert (hung["busy_from"], hung["generating_gpu_s"]) == ("proxy", 0.0), hung
+    workspace = files.workspace
+    facts = read_facts(facts_path(workspace))
+    assert facts.models == (), facts.models  # the hung allocation's time is no measure of the judge's model
+
+    def chosen() -> dict[str, Any]:
+        budget = files.run_file.with_name("budget.yaml")
+        budget.write_text(files.run_file.read_text().replace("retries: 1\n", "retries: 1\ngpus: 8\n"))
+        dry = cli_json("submit", str(budget), "--profile", str(files.profile), "--dry-run", "--json", env=env)
+        choice = dry.get("bill", dry)["prediction"]["chosen"]
+        return {k: choice[k] for k in ("allocations", "replicas", "client_workers", "two_stage", "gpus_at_once")}
+
+    with_facts = chosen()
+    facts_path(workspace).rename(workspace / "facts.json.aside")
+    assert with_facts == chosen()
