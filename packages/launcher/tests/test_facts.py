@@ -69,7 +69,7 @@ def staged_in_workspace(tmp_path: Path, *, capacity: int = 8, gpu_type: str = "h
 def test_a_finished_run_measures_its_model_and_recipe(tmp_path: Path) -> None:
     _, layout = staged_in_workspace(tmp_path)
     gpu_attempt = layout.stage_shard(0, 0).attempt("attempt-301")
-    atomic_write(gpu_attempt.client_usage, encode(ClientUsage(cpu_s=2.0, wall_s=60.0)))
+    atomic_write(gpu_attempt.client_usage, encode(ClientUsage(cpu_s=3.5, setup_cpu_s=1.5, wall_s=60.0)))
     models, recipe = measure_run(layout, Slurm(FakeSlurm(sacct=STAGED_SACCT)))
 
     [model] = models
@@ -85,8 +85,9 @@ def test_a_finished_run_measures_its_model_and_recipe(tmp_path: Path) -> None:
     assert recipe.allocation_overhead_s == 80 - 9 - 55
     # 8 CPU-stage rows over its 20 generating seconds, two workers at once (51:40-51:50 and 51:41-52:00)
     assert recipe.cpu_stage_records_per_s == round(8 / 20 / 2, 4)
-    # only the attempt that wrote its usage counts: 2 CPU-seconds over its 4 requests to the deployed writer
-    assert recipe.client_cpu_s_per_request == 2.0 / 4
+    # only the attempt that wrote its usage counts: 2 CPU-seconds over its 4 requests to the deployed writer (the
+    # 1.5 it had spent importing before its generation began are no request's)
+    assert recipe.client_cpu_s_per_request == (3.5 - 1.5) / 4
 
 
 def test_without_client_usage_or_busy_logs(tmp_path: Path) -> None:

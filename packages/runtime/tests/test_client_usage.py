@@ -56,6 +56,8 @@ def test_a_succeeding_client_writes_its_cpu_and_wall_time(tmp_path: Path) -> Non
     # RUSAGE_SELF counts the whole process (the client step is one process): at least what the engine burned,
     # at most all this process has used; the wall time is the generation's, sleep included.
     assert spent - before >= 0.3 and 0.3 <= usage.cpu_s <= spent + 0.01
+    # what the process had spent when its generation began (imports) is kept apart: the engine's 0.3 s is after it
+    assert before <= usage.setup_cpu_s and usage.cpu_s - usage.setup_cpu_s >= 0.3
     assert 0.7 <= usage.wall_s <= elapsed + 0.01
 
 

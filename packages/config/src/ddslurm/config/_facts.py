@@ -139,6 +139,9 @@ class ClientUsage(Frozen, frozen=True, kw_only=True):
 
     cpu_s: Annotated[float, msgspec.Meta(ge=0)]
     """User + system CPU-seconds of the process (``resource.getrusage(RUSAGE_SELF)``)."""
+    setup_cpu_s: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    """Of ``cpu_s``, what the process had spent when its generation began (its imports, Data Designer's among
+    them): no request's cost, so the facts' CPU per request leaves it out (0 in files from before it was kept)."""
     wall_s: Annotated[float, msgspec.Meta(ge=0)]
     """Seconds from its start to its end."""
 

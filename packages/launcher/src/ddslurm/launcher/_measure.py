@@ -222,7 +222,7 @@ def _client_cpu(facts: RunFacts) -> float | None:
         except (FileNotFoundError, ConfigError):
             continue
         written = True
-        cpu += usage.cpu_s
+        cpu += usage.cpu_s - usage.setup_cpu_s  # the imports before generation are no request's cost
         parsed = item.client_out
         if parsed is not None:
             requests += sum(u.requests for u in parsed.usage if usage_alias(parsed, u.model, served)[0] in local)

@@ -125,7 +125,9 @@ def cmd_client(args: argparse.Namespace) -> int:
             print(f"ddslurm-runtime: --stage: {exc}", file=sys.stderr)
             return EXIT_USAGE
         if alive is not None:
-            await_endpoints(args.endpoints, alive)
+            await_endpoints(args.endpoints, alive)  # imports Data Designer while it waits
+        else:
+            preload_engine()  # before the generation begins: its usage keeps the imports apart from the requests
         endpoints = msgspec.json.decode(args.endpoints.read_bytes(), type=dict[str, str]) if args.endpoints else {}
         runner = AttemptRunner(
             layout,

@@ -27,13 +27,14 @@ def recording_usage(
     cpu: Callable[[], float] = process_cpu_s,
     clock: Callable[[], float] = time.monotonic,
 ) -> Iterator[None]:
-    """Write what the block (the client step) used to ``path`` when it ends, whether it succeeded or failed; a
-    write that fails is logged (``client.usage_unwritten``) and never fails the attempt."""
-    started = clock()
+    """Write what the block (the client step's generation) used to ``path`` when it ends, whether it succeeded or
+    failed: the process's CPU-seconds, those it had spent before the block (its imports), and the block's wall
+    time; a write that fails is logged (``client.usage_unwritten``) and never fails the attempt."""
+    started, setup = clock(), cpu()
     try:
         yield
     finally:
-        usage = ClientUsage(cpu_s=round(cpu(), 3), wall_s=round(clock() - started, 3))
+        usage = ClientUsage(cpu_s=round(cpu(), 3), setup_cpu_s=round(setup, 3), wall_s=round(clock() - started, 3))
         try:
             atomic_write(path, encode_pretty(usage))
         except OSError as exc:
