@@ -72,7 +72,7 @@ def test_the_budget_example_is_planned_within_its_gpus_and_a_recorded_fact_chang
     # replicas cost almost no extra GPU-hours (a load is cheap) and finish far sooner: the choice uses the budget.
     shape = ModelShape(model="Qwen/Qwen3-8B", tensor_parallel=1)
     fast = ModelFact(shape=shape, load_s=2.0, requests_per_s=1.0, capacity=256, measured_by="run", run_id="earlier",
-                     measured_at="2026-12-01T00:00:00+00:00")  # fmt: skip
+                     measured_at="2026-12-01T00:00:00+00:00", flags=("--max-model-len", "8192"))  # fmt: skip
     (tmp_path / "work").mkdir(parents=True, exist_ok=True)
     write_facts(facts_path(tmp_path / "work"), Facts(models=(fast,)))
     after = _prediction(_bill(run, profile, env))

@@ -26,6 +26,7 @@ from ddslurm.config import (
     ServerSpec,
     ServingPlan,
     Submission,
+    engine_flags,
 )
 from ddslurm.planner import PlanInputs, compile_plan, plan_serving
 from ddslurm.planner._cost import (
@@ -288,3 +289,19 @@ def test_the_bill_says_how_many_runs_a_rate_rests_on_and_flags_an_outlier() -> N
     use, _ = _rate_use(run, serving, facts)
     assert use.value == (5.2 + 5.9) / 2 and use.origin == "run"
     assert use.note.startswith("median of 4 runs; the latest run's 0.16 (run r3) is an outlier"), use.note
+
+
+def test_a_rate_measured_with_other_engine_flags_is_not_used() -> None:
+    run, serving, capacity = _one_deployment(2)
+    flagged = msgspec.structs.replace(
+        _rate_fact(capacity, 50.0), shape=shape_of(run, 0, ""), flags=("--enable-prefix-caching",)
+    )
+    use, _ = _rate_use(run, serving, Facts(models=(flagged,)))
+    assert use.origin == "default" and "engine flags ['--enable-prefix-caching'], this run has []" in use.note
+    same = msgspec.structs.replace(flagged, flags=())
+    assert _rate_use(run, serving, Facts(models=(same,)))[0].value == 50.0
+
+
+def test_the_engine_flags_of_a_fact_leave_the_capacity_flag_to_its_capacity() -> None:
+    args = ("--max-num-seqs", "64", "--quantization", "fp8", "--max-running-requests=8", "--max-model-len=4096")
+    assert engine_flags(args) == ("--quantization", "fp8", "--max-model-len=4096")

@@ -8,7 +8,7 @@ import contextlib
 import fcntl
 import os
 import statistics
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Annotated, Literal, Protocol
 
@@ -84,6 +84,26 @@ HISTORY = 5
 """Clean runs a model fact keeps: its numbers are their medians, so one run cannot move them far."""
 
 
+_CAPACITY_FLAGS = frozenset({"--max-num-seqs", "--max_num_seqs", "--max-running-requests", "--max_running_requests"})
+
+
+def engine_flags(extra_args: Sequence[str]) -> tuple[str, ...]:
+    """The engine flags a measured rate depends on: a deployment's ``server.extra_args`` without its capacity flag
+    (``--max-num-seqs N``, SGLang's ``--max-running-requests N``: a fact's ``capacity`` says that)."""
+    kept: list[str] = []
+    skip = False
+    for arg in extra_args:
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0]
+        if name in _CAPACITY_FLAGS:
+            skip = "=" not in arg
+            continue
+        kept.append(arg)
+    return tuple(kept)
+
+
 class ModelSample(Frozen, frozen=True, kw_only=True):
     """What one clean run measured of a model shape (a :class:`ModelFact` keeps the latest :data:`HISTORY`)."""
 
@@ -108,6 +128,9 @@ class ModelFact(Frozen, frozen=True, kw_only=True):
     """The run (or calibration run) that measured it."""
     measured_at: str
     """ISO 8601 UTC."""
+    flags: tuple[str, ...] = ()
+    """The engine flags it was measured with (:func:`engine_flags` of the deployment's ``server.extra_args``): a
+    rate is used only for a run with the same ones."""
     samples: tuple[ModelSample, ...] = ()
     """The clean runs it rests on, oldest first, at most :data:`HISTORY`, all at ``capacity``: ``load_s`` and
     ``requests_per_s`` are their medians (empty: a calibration's, or a fact from before samples were kept)."""
@@ -173,13 +196,18 @@ class Facts(Frozen, frozen=True, kw_only=True):
 
     def with_model_run(self, fact: ModelFact) -> Facts:
         """These facts with one more clean run's measure of ``fact``'s shape: added to the earlier runs' of the same
-        shape and capacity (the latest :data:`HISTORY`), the fact's numbers their medians; a calibration's fact, or
-        an earlier one at another capacity, is replaced (rates at two capacities are not one measure)."""
+        shape, capacity and engine flags (the latest :data:`HISTORY`), the fact's numbers their medians; a
+        calibration's fact, or an earlier one at another capacity or with other flags, is replaced (rates measured
+        under two conditions are not one measure)."""
         sample = ModelSample(
             load_s=fact.load_s, requests_per_s=fact.requests_per_s, run_id=fact.run_id, measured_at=fact.measured_at
         )
         earlier = self.model(fact.shape)
-        same = earlier is not None and earlier.measured_by == "run" and earlier.capacity == fact.capacity
+        same = (
+            earlier is not None
+            and earlier.measured_by == "run"
+            and (earlier.capacity, earlier.flags) == (fact.capacity, fact.flags)
+        )
         history = (*(_samples(earlier) if same and earlier is not None else ()), sample)[-HISTORY:]
         merged = msgspec.structs.replace(
             fact,

@@ -38,6 +38,7 @@ from ddslurm.config import (
     Plan,
     RecipeFact,
     RunLayout,
+    engine_flags,
     read_json,
 )
 from ddslurm.launcher._slurm import Slurm
@@ -149,6 +150,7 @@ def _models(plan: Plan, report: RunReport, loads: dict[str, list[float]], at: st
                 load_s=load,
                 requests_per_s=round(asked / busy, 4),
                 capacity=dep.capacity,
+                flags=engine_flags(dep.extra_args),
                 measured_by="run",
                 run_id=plan.run_id,
                 measured_at=at,

@@ -20,6 +20,7 @@ from ddslurm.config import (
     RecipeFact,
     RunLayout,
     calibration_file,
+    engine_flags,
     read_json,
 )
 from ddslurm.launcher.errors import LauncherError
@@ -72,6 +73,7 @@ def model_fact(dep: DeploymentPlan, entry: CalibrationEntry, plan: Plan, measure
         load_s=entry.load_s,
         requests_per_s=max(at_capacity, best),
         capacity=capacity,
+        flags=engine_flags(dep.extra_args),
         sweep=entry.sweep,
         measured_by="tune",
         run_id=plan.run_id,

@@ -19,6 +19,7 @@ from ddslurm.config import (
     RecipeColumn,
     RunFile,
     ServingPlan,
+    engine_flags,
 )
 
 DEFAULT_LOAD_S = 180.0
@@ -173,6 +174,12 @@ def cost_inputs(run: RunFile, serving: ServingPlan, sources: CostSources) -> Cos
         subject = f"{dep.model_alias}:{shape.key()}"
         fact = facts.model(shape)
         scaled, note = rate_at(fact, capacity) if fact is not None else (None, "")
+        flags = engine_flags(dep.server.extra_args)
+        if fact is not None and fact.flags != flags:  # quantization, prefix caching, ...: another engine's rate
+            scaled, note = (
+                None,
+                (f"measured with engine flags {list(fact.flags)}, this run has {list(flags)}: the default is used"),
+            )
         if fact is not None:  # the model load does not depend on the capacity
             load = fact.load_s
             uses.append(
