@@ -199,16 +199,13 @@ class Facts(Frozen, frozen=True, kw_only=True):
         shape, capacity and engine flags (the latest :data:`HISTORY`), the fact's numbers their medians; a
         calibration's fact, or an earlier one at another capacity or with other flags, is replaced (rates measured
         under two conditions are not one measure)."""
-        sample = ModelSample(
-            load_s=fact.load_s, requests_per_s=fact.requests_per_s, run_id=fact.run_id, measured_at=fact.measured_at
-        )
         earlier = self.model(fact.shape)
         same = (
             earlier is not None
             and earlier.measured_by == "run"
             and (earlier.capacity, earlier.flags) == (fact.capacity, fact.flags)
         )
-        history = (*(_samples(earlier) if same and earlier is not None else ()), sample)[-HISTORY:]
+        history = (*(_samples(earlier) if same and earlier is not None else ()), _sample(fact))[-HISTORY:]
         merged = msgspec.structs.replace(
             fact,
             load_s=statistics.median(s.load_s for s in history),
@@ -222,15 +219,16 @@ class Facts(Frozen, frozen=True, kw_only=True):
         return msgspec.structs.replace(self, recipes=(*kept, fact))
 
 
+def _sample(fact: ModelFact) -> ModelSample:
+    """What ``fact`` itself says one run measured."""
+    return ModelSample(
+        load_s=fact.load_s, requests_per_s=fact.requests_per_s, run_id=fact.run_id, measured_at=fact.measured_at
+    )
+
+
 def _samples(fact: ModelFact) -> tuple[ModelSample, ...]:
     """The runs a fact rests on; a fact from before samples were kept rests on its own numbers."""
-    if fact.samples:
-        return fact.samples
-    return (
-        ModelSample(
-            load_s=fact.load_s, requests_per_s=fact.requests_per_s, run_id=fact.run_id, measured_at=fact.measured_at
-        ),
-    )
+    return fact.samples or (_sample(fact),)
 
 
 def facts_path(workspace: Path) -> Path:

@@ -141,14 +141,15 @@ def _models(plan: Plan, report: RunReport, loads: dict[str, list[float]], at: st
             else:  # no busy log: each replica counted busy over the allocation's generating span
                 busy += allocation.busy_s * len(dep.replicas)
         asked = requests.get(dep.alias, 0)
-        if load is None or dep.capacity is None or busy <= 0 or asked <= 0 or round(asked / busy, 4) <= 0:
-            continue  # a rate too small to keep would be a 0 that no later read accepts
+        rate = round(asked / busy, 4) if busy > 0 else 0.0
+        if load is None or dep.capacity is None or rate <= 0:
+            continue  # nothing asked, no busy time, or a rate too small to keep (a 0 that no later read accepts)
         shape = ModelShape.of(dep, plan.gpu_type)
         found.append(
             ModelFact(
                 shape=shape,
                 load_s=load,
-                requests_per_s=round(asked / busy, 4),
+                requests_per_s=rate,
                 capacity=dep.capacity,
                 flags=engine_flags(dep.extra_args),
                 measured_by="run",

@@ -34,7 +34,7 @@ from ddslurm.config import (
 )
 from ddslurm.planner._batches import plan_batches
 from ddslurm.planner._choose import choose
-from ddslurm.planner._cost import CostSources, allocation_gpus, client_cpus, cost_inputs
+from ddslurm.planner._cost import CostSources, allocation_gpus, client_cpus, cost_inputs, node_cpus, proxies_cpus
 from ddslurm.planner._cpu_stage import cpu_stage_workers
 from ddslurm.planner._shards import SeedPool, plan_shards
 from ddslurm.planner._stages import plan_stages
@@ -584,8 +584,7 @@ def _gpu_resources(run: RunFile, profile: ClusterProfile, serving: ServingPlan) 
     """Each node of a GPU allocation: ``--gres``/``--gpus``, ``--cpus-per-task`` and ``--mem`` are what every node
     gets; the first node (client, proxies, leaders) needs the most, and Slurm gives every node the same."""
     sub = run.submission
-    server_cpus = sum(r.cpus for d in serving.deployments for r in d.replicas)
-    proxy_cpus = serving.proxy_cpus * sum(1 for d in serving.deployments if d.proxy)
+    server_cpus = (r.cpus for d in serving.deployments for r in d.replicas)
     memory = sub.memory
     if memory is None and profile.memory_per_gpu is not None:
         memory = f"{parse_memory_mb(profile.memory_per_gpu, 'profile.memory_per_gpu') * serving.gpus}M"
@@ -595,7 +594,7 @@ def _gpu_resources(run: RunFile, profile: ClusterProfile, serving: ServingPlan) 
         account=sub.account or profile.account,
         qos=sub.qos,
         time_minutes=parse_time_limit(sub.time_limit, "submission.time_limit"),
-        cpus_per_task=sub.cpus + server_cpus + proxy_cpus,
+        cpus_per_task=node_cpus(sub.cpus, server_cpus, proxies_cpus(serving)),
         memory=memory,
         gres=f"gpu:{serving.gpus}" if serving.gpu_request == "gres" else "none",
         gpus=serving.gpus if serving.gpu_request == "gpus" else None,

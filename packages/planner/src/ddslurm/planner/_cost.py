@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from ddslurm.config import (
@@ -151,14 +151,25 @@ OUTLIER = 3.0
 
 def _rests_on(fact: ModelFact) -> str:
     """How many runs a fact's numbers are the median of, and a latest run far from them (flagged, not used)."""
-    if len(fact.samples) < 2:
+    if fact.runs() < 2:
         return ""
-    text = f"median of {len(fact.samples)} runs"
+    text = f"median of {fact.runs()} runs"
     latest = fact.samples[-1].requests_per_s
     ratio = latest / fact.requests_per_s if fact.requests_per_s > 0 else 1.0
     if ratio > OUTLIER or ratio < 1 / OUTLIER:
         text += f"; the latest run's {latest:g} (run {fact.samples[-1].run_id}) is an outlier, x{ratio:.2g} the median"
     return text
+
+
+def fact_rate(fact: ModelFact, capacity: int, flags: tuple[str, ...]) -> tuple[float | None, str]:
+    """The rate ``fact`` gives a run at ``capacity`` with engine ``flags`` (:func:`rate_at`), None when it gives
+    none (measured with other flags, or at another capacity with nothing to scale it by), and the bill's note."""
+    if fact.flags != flags:  # quantization, prefix caching, ...: another engine's rate
+        return None, f"measured with engine flags {list(fact.flags)}, this run has {list(flags)}: the default is used"
+    rate, note = rate_at(fact, capacity)
+    if rate is None:
+        return None, note
+    return rate, "; ".join(n for n in (note, _rests_on(fact)) if n)
 
 
 def cost_inputs(run: RunFile, serving: ServingPlan, sources: CostSources) -> CostInputs:
@@ -173,13 +184,7 @@ def cost_inputs(run: RunFile, serving: ServingPlan, sources: CostSources) -> Cos
         capacity = planned.capacity or 1
         subject = f"{dep.model_alias}:{shape.key()}"
         fact = facts.model(shape)
-        scaled, note = rate_at(fact, capacity) if fact is not None else (None, "")
-        flags = engine_flags(dep.server.extra_args)
-        if fact is not None and fact.flags != flags:  # quantization, prefix caching, ...: another engine's rate
-            scaled, note = (
-                None,
-                (f"measured with engine flags {list(fact.flags)}, this run has {list(flags)}: the default is used"),
-            )
+        scaled, note = fact_rate(fact, capacity, engine_flags(dep.server.extra_args)) if fact else (None, "")
         if fact is not None:  # the model load does not depend on the capacity
             load = fact.load_s
             uses.append(
@@ -190,7 +195,6 @@ def cost_inputs(run: RunFile, serving: ServingPlan, sources: CostSources) -> Cos
             uses.append(FactUse(name="load_s", subject=subject, value=load, origin="default"))
         if fact is not None and scaled is not None:
             rate = scaled
-            note = "; ".join(n for n in (note, _rests_on(fact)) if n)
             uses.append(
                 FactUse(
                     name="requests_per_s",
@@ -251,15 +255,26 @@ def cost_inputs(run: RunFile, serving: ServingPlan, sources: CostSources) -> Cos
         cpu_stage_records_per_s=cpu_stage,
         two_stage=two_stage,
         facts=tuple(uses),
-        proxy_cpus=serving.proxy_cpus * sum(1 for d in serving.deployments if d.proxy),
+        proxy_cpus=proxies_cpus(serving),
         nodes=sources.nodes,
     )
 
 
+def proxies_cpus(serving: ServingPlan) -> int:
+    """CPUs of an allocation's proxies: one proxy a proxied deployment."""
+    return serving.proxy_cpus * sum(1 for d in serving.deployments if d.proxy)
+
+
+def node_cpus(client_cpus: int, server_cpus: Iterable[int], proxy_cpus: int) -> int:
+    """CPUs of one GPU allocation's node (``--cpus-per-task``): the clients' (``submission.cpus``), every replica's
+    step and the proxies'. What the plan asks Slurm for and what the layout search fits in a node."""
+    return client_cpus + sum(server_cpus) + proxy_cpus
+
+
 def allocation_cpus(replicas: Sequence[int], inputs: CostInputs) -> int:
-    """CPUs of one allocation's node (``--cpus-per-task``): the clients' (``submission.cpus``), every replica's
-    step and the proxies (the planner's ``_gpu_resources`` asks Slurm for the same)."""
-    return inputs.cpus + sum(r * d.cpus for r, d in zip(replicas, inputs.deployments, strict=True)) + inputs.proxy_cpus
+    """:func:`node_cpus` of a candidate's ``replicas`` of each deployment."""
+    servers = (d.cpus for r, d in zip(replicas, inputs.deployments, strict=True) for _ in range(r))
+    return node_cpus(inputs.cpus, servers, inputs.proxy_cpus)
 
 
 def allocation_gpus(replicas: Sequence[int], inputs: CostInputs) -> int:
