@@ -36,7 +36,7 @@ from ddslurm.config import (
 )
 from ddslurm.launcher import _submit as submit_module
 from ddslurm.launcher._bill import bill_lines, make_bill
-from ddslurm.launcher._facts import partition_gpu_type, partition_nodes, record_facts
+from ddslurm.launcher._facts import PartitionGpuNodes, partition_gpu_type, partition_nodes, record_facts
 from ddslurm.launcher._measure import measure_run
 from ddslurm.launcher._slurm import Completed, Slurm
 from ddslurm.launcher._submit import prepare
@@ -177,6 +177,14 @@ class SinfoSlurm(FakeSlurm):
 )
 def test_the_partitions_gpu_type(partition: str | None, expected: str) -> None:
     assert partition_gpu_type(Slurm(SinfoSlurm(SINFO)))(partition) == expected
+
+
+def test_the_gpu_type_and_the_layouts_bounds_come_from_one_sinfo() -> None:
+    runner = SinfoSlurm(SINFO)
+    nodes = PartitionGpuNodes(Slurm(runner))
+    assert partition_gpu_type(nodes)("gpu") == "h100"
+    assert partition_nodes(nodes)("gpu") == PartitionNodes(partition="gpu", nodes=2, cpus=16, gpus=4)
+    assert len(runner.calls) == 1
 
 
 def test_the_gpu_type_is_unknown_when_sinfo_fails() -> None:

@@ -20,7 +20,7 @@ from ddslurm.launcher._aliases import EndpointCheck
 from ddslurm.launcher._bill import Bill, make_bill
 from ddslurm.launcher._doctor_checks import check_jobs, check_profile_first
 from ddslurm.launcher._engine_host import RUNTIME_PROCESS, EngineHost
-from ddslurm.launcher._facts import partition_gpu_type, partition_nodes
+from ddslurm.launcher._facts import PartitionGpuNodes, partition_gpu_type, partition_nodes
 from ddslurm.launcher._run_dir import Prepared
 from ddslurm.launcher._slurm import Slurm
 from ddslurm.launcher._submit import first_script, new_stamp, prepare, read_limits, refusals, secret_warnings
@@ -78,6 +78,7 @@ def compile_dry_run(
     the scheduler's limits, and the first array's batch script; nothing written, and the cluster's checks of the
     profile not run."""
     moment = now or datetime.now(UTC)
+    gpu_nodes = PartitionGpuNodes(slurm)  # one sinfo for the GPU type and the layouts' bounds
     prepared = prepare(
         run_file,
         profile,
@@ -85,8 +86,8 @@ def compile_dry_run(
         moment,
         host=host,
         check_endpoints=check_endpoints,
-        gpu_type_of=partition_gpu_type(slurm),
-        nodes_of=partition_nodes(slurm),
+        gpu_type_of=partition_gpu_type(gpu_nodes),
+        nodes_of=partition_nodes(gpu_nodes),
     )
     plan, layout = prepared.plan, prepared.layout
     limits = scheduler_limits(slurm, plan)

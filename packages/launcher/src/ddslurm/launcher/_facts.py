@@ -16,7 +16,7 @@ from typing import TextIO
 import msgspec
 
 from ddslurm.config import ConfigError, Facts, PartitionNodes, RunLayout, facts_path, read_facts, update_facts
-from ddslurm.launcher._cluster import SINFO_FORMAT, parse_sinfo
+from ddslurm.launcher._cluster import SINFO_FORMAT, NodeRow, parse_sinfo
 from ddslurm.launcher._measure import Measured, measure, measured
 from ddslurm.launcher._slurm import Slurm
 from ddslurm.launcher.errors import SubmitError
@@ -39,18 +39,44 @@ def workspace_facts(workspace: Path) -> Facts:
         ) from exc
 
 
-def partition_gpu_type(slurm: Slurm) -> GpuTypeOf:
-    """The GPU type of a partition's GPU nodes from one ``sinfo``: their one type, or "" when they have none,
-    several, or sinfo cannot be asked (the cost model then keys its facts by an untyped shape; never fatal)."""
+class PartitionGpuNodes:
+    """The GPU nodes of each partition from one ``sinfo``, asked the first time they are needed and kept: what
+    the GPU type (:func:`partition_gpu_type`) and the layouts' bounds (:func:`partition_nodes`) are read from."""
+
+    def __init__(self, slurm: Slurm) -> None:
+        self._slurm = slurm
+        self._rows: list[NodeRow] | None = None
+
+    def of(self, partition: str | None) -> tuple[str, list[NodeRow]] | None:
+        """The partition's name (``None``: the cluster's default) and its nodes that have a GPU (none for a
+        partition sinfo does not list); None when ``sinfo`` cannot be asked or names no default (never fatal:
+        nothing is known of it)."""
+        if self._rows is None:
+            try:
+                self._rows = parse_sinfo(self._slurm.sinfo_nodes(SINFO_FORMAT))
+            except Exception:  # asked again next time: an unanswered sinfo is not an empty cluster
+                return None
+        rows = self._rows
+        name = partition or next((r.partition for r in rows if r.default), None)
+        return None if name is None else (name, [r for r in rows if r.partition == name and r.gpus > 0])
+
+
+def _gpu_nodes(source: Slurm | PartitionGpuNodes) -> PartitionGpuNodes:
+    return source if isinstance(source, PartitionGpuNodes) else PartitionGpuNodes(source)
+
+
+def partition_gpu_type(source: Slurm | PartitionGpuNodes) -> GpuTypeOf:
+    """The GPU type of a partition's GPU nodes: their one type, or "" when they have none, several, or sinfo cannot
+    be asked (the cost model then keys its facts by an untyped shape; never fatal)."""
+    nodes = _gpu_nodes(source)
 
     def of(partition: str | None) -> str:
-        try:
-            rows = parse_sinfo(slurm.sinfo_nodes(SINFO_FORMAT))
-        except Exception:  # never fatal: an unknown type is the untyped shape
+        found = nodes.of(partition)
+        if found is None:
             return ""
-        name = partition or next((r.partition for r in rows if r.default), None)
-        types = {t for r in rows if r.partition == name and r.gpus > 0 for t in r.gpu_types}
-        untyped = any(r.partition == name and r.gpus > 0 and not r.gpu_types for r in rows)
+        rows = found[1]
+        types = {t for r in rows for t in r.gpu_types}
+        untyped = any(not r.gpu_types for r in rows)
         return next(iter(types)) if len(types) == 1 and not untyped else ""
 
     return of
@@ -60,25 +86,22 @@ NodesOf = Callable[[str | None], PartitionNodes | None]
 """(the generation partition, None: the cluster's default) -> its GPU nodes, None when unknown."""
 
 
-def partition_nodes(slurm: Slurm) -> NodesOf:
-    """The GPU nodes of a partition from one ``sinfo``: how many, the CPUs of the smallest and the GPUs of the one
-    with the fewest (what the planner fits a layout in); None when it has none or sinfo cannot be asked (the
-    planner then rules nothing out by them; never fatal)."""
+def partition_nodes(source: Slurm | PartitionGpuNodes) -> NodesOf:
+    """The GPU nodes of a partition: how many, the CPUs of the smallest and the GPUs of the one with the fewest
+    (what the planner fits a layout in); None when it has none or sinfo cannot be asked (the planner then rules
+    nothing out by them; never fatal)."""
+    nodes = _gpu_nodes(source)
 
     def of(partition: str | None) -> PartitionNodes | None:
-        try:
-            rows = parse_sinfo(slurm.sinfo_nodes(SINFO_FORMAT))
-        except Exception:  # never fatal: unknown nodes rule nothing out
+        found = nodes.of(partition)
+        if found is None or not found[1]:
             return None
-        name = partition or next((r.partition for r in rows if r.default), None)
-        gpu_nodes = {r.node: r for r in rows if r.partition == name and r.gpus > 0}
-        if name is None or not gpu_nodes:
-            return None
+        name, rows = found
         return PartitionNodes(
             partition=name,
-            nodes=len(gpu_nodes),
-            cpus=min(r.cpus for r in gpu_nodes.values()),
-            gpus=min(r.gpus for r in gpu_nodes.values()),
+            nodes=len({r.node for r in rows}),
+            cpus=min(r.cpus for r in rows),
+            gpus=min(r.gpus for r in rows),
         )
 
     return of

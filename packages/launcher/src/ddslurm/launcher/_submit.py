@@ -52,6 +52,7 @@ from ddslurm.launcher._engine_host import RUNTIME_PROCESS, EngineHost
 from ddslurm.launcher._facts import (
     GpuTypeOf,
     NodesOf,
+    PartitionGpuNodes,
     no_gpu_type,
     no_nodes,
     partition_gpu_type,
@@ -594,6 +595,7 @@ def submit(
     profile's ``python_env`` is asked about Data Designer (:mod:`ddslurm.launcher._engine_host`)."""
     now = clock()
     checked = check_profile_first(run_path, profile_path, slurm, env, host)
+    gpu_nodes = PartitionGpuNodes(slurm)  # one sinfo for the GPU type and the layouts' bounds
     prepared = prepare(
         run_path,
         profile_path,
@@ -602,8 +604,8 @@ def submit(
         home,
         host=host,
         check_endpoints=check_endpoints,
-        gpu_type_of=partition_gpu_type(slurm),
-        nodes_of=partition_nodes(slurm),
+        gpu_type_of=partition_gpu_type(gpu_nodes),
+        nodes_of=partition_nodes(gpu_nodes),
     )
     if change_plan is not None:
         prepared = dataclasses.replace(prepared, plan=change_plan(prepared.plan))
