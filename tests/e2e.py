@@ -254,3 +254,13 @@ def one_draw_recipe(tmp_path: Path) -> Path:
     for data in MIXED_RECIPE.parent.glob("*.csv"):
         (folder / data.name).write_bytes(data.read_bytes())
     return folder / "recipe.yaml"
+
+
+def requests_waiting(root_url: str) -> int:
+    """Chat requests a stand-in holds (at its gate) or queues: its ``vllm:num_requests_waiting`` gauge, read as the
+    proxy reads its replicas' (``root_url``: the server's address without ``/v1``)."""
+    import httpx
+
+    from ddslurm.runtime._upstreams import parse_waiting
+
+    return parse_waiting(httpx.get(f"{root_url}/metrics", timeout=10).text)

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from ddslurm.config import AttemptRecord, ClaimRecord, WinnerRecord, read_json
-from tests.e2e import DDSLURM, MIXED_RECIPE, generator
+from tests.e2e import MIXED_RECIPE, generator, run_cli
 from tests.e2e import cli_json as _cli
 
 pytestmark = [pytest.mark.slurm, pytest.mark.dd]
@@ -122,9 +122,7 @@ def test_a_replica_that_keeps_crashing_is_restarted_in_place_and_every_record_is
         seen.append(frame["state"])
         assert frame["state"] != "failed" and all(s["state"] != "failed" for s in frame["shards"]), frame
         time.sleep(1)  # a sampling rate, not a condition: every frame is checked
-    done = subprocess.run(
-        [DDSLURM, "wait", str(run_dir), "--json"], env=files.env, capture_output=True, text=True, timeout=600
-    )
+    done = run_cli("wait", str(run_dir), "--json", env=files.env)
     assert done.returncode == 0, done.stdout[-3000:]
     final = json.loads(done.stdout)
     assert final["state"] == "succeeded" and final["records_done"] == records, final

@@ -7,13 +7,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from ddslurm.config import AttemptRecord, RunLayout, facts_path, read_facts, read_json
-from tests.e2e import REPO, cli_json, slurm, until
+from tests.e2e import REPO, cli_json, requests_waiting, slurm, until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.dd]
 
@@ -64,8 +63,7 @@ def test_cancelled_shard_is_retried_and_resumes_without_losing_or_duplicating(
         )
 
         def writer_answers() -> int:
-            lines = requests.read_text().splitlines() if requests.exists() else []
-            return sum('"demo/writer-8b"' in line and '"/v1/chat/completions"' in line for line in lines)
+            return _chat_requests(requests, "demo/writer-8b")
 
         until(lambda: writer_answers() >= 12, 300, "the 12 writer answers the gate allows", writer_answers)
         victim = until(
@@ -154,11 +152,6 @@ def test_shard_killed_by_its_time_limit_is_retried_automatically(make_run_files:
     assert sorted(r.state for r in records) == ["failed", "succeeded"]
 
 
-def _metric(base_url: str, name: str) -> float:
-    text = httpx.get(base_url.removesuffix("/v1") + "/metrics", timeout=10).text
-    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
-
-
 def _chat_requests(log: Path, model: str) -> int:
     lines = log.read_text().splitlines() if log.exists() else []
     return sum(f'"{model}"' in line and '"/v1/chat/completions"' in line for line in lines)
@@ -209,7 +202,7 @@ def test_a_sixty_record_shard_without_buffer_size_cancelled_at_60_percent_redoes
             lambda: (_chat_requests(first_log, writer), _rows_done(run_dir, 0)),
         )
         until(
-            lambda: _metric(held.base_url, "vllm:num_requests_waiting") >= 4,
+            lambda: requests_waiting(held.base_url.removesuffix("/v1")) >= 4,
             60,
             "the 4 writer requests Data Designer has in flight held",
         )
@@ -221,7 +214,7 @@ def test_a_sixty_record_shard_without_buffer_size_cancelled_at_60_percent_redoes
         )
         saved = _rows_done(run_dir, 0)
         sent = {m: _chat_requests(first_log, m) for m in (writer, judge)}
-        sent[writer] += int(_metric(held.base_url, "vllm:num_requests_waiting"))  # held, never answered
+        sent[writer] += requests_waiting(held.base_url.removesuffix("/v1"))  # held, never answered
     assert saved == 36, saved  # three whole batches; the fourth, cut at 2 of 12 records, is lost
     port = int(held.base_url.rsplit(":", 1)[1].split("/")[0])
     with start_server("demo", args=[*served, "--fake-request-log", str(retry_log)], api_key=key, port=port):

@@ -19,7 +19,7 @@ import pytest
 
 from ddslurm.config import AttemptRecord, ClaimRecord, SubmissionRecord, WinnerRecord, read_json, read_plan
 from tests.e2e import cli_json as _cli
-from tests.e2e import generator, one_draw_recipe, processes, until, vllm_stand_in
+from tests.e2e import generator, one_draw_recipe, processes, requests_waiting, until, vllm_stand_in
 
 pytestmark = [pytest.mark.slurm, pytest.mark.dd]
 
@@ -180,7 +180,7 @@ def test_pulling_two_stages_and_a_killed_cpu_stage_client_pending_for_its_automa
             _cli("submit", str(files.run_file), "--profile", str(files.profile), "--json", env=files.env)["run_dir"]
         )
         try:
-            until(lambda: _judges_waiting(endpoint.root_url) == SHARDS, 300, "the three CPU-stage clients at the gate")
+            until(lambda: requests_waiting(endpoint.root_url) == SHARDS, 300, "the three CPU-stage clients at the gate")
             clients = _cpu_clients(run_dir)  # each in its generation (its client run counted), waiting for its judge
             os.kill(clients[0], signal.SIGKILL)
             until(
@@ -240,15 +240,6 @@ def test_pulling_two_stages_and_a_killed_cpu_stage_client_pending_for_its_automa
     # One GPU allocation ran the three shards with its server started once.
     gpu_steps = [s[0] for s in _sacct(subs[0].array_job_id, "JobName")]
     assert sum(n.startswith("server-generator") for n in gpu_steps) == 1, gpu_steps
-
-
-def _judges_waiting(root_url: str) -> int:
-    """Chat requests the stand-in holds at its gate (its ``vllm:num_requests_waiting`` gauge)."""
-    import httpx
-
-    from ddslurm.runtime._upstreams import parse_waiting
-
-    return parse_waiting(httpx.get(f"{root_url}/metrics", timeout=10).text)
 
 
 def _cpu_attempts(run_dir: Path, shard: int) -> list[AttemptRecord]:
