@@ -77,3 +77,9 @@ def test_a_run_files_batch_holding_a_whole_shard_is_warned_of() -> None:
     assert warning.startswith("buffer_size 60: each shard (60 records) is one batch, so it saves nothing until")
     assert batch_warnings(_plan(1000, (5,), None)) == ()  # a shard too small to save more often anyway
     assert batch_warnings(_plan(10, (60,), None)) == ()
+
+
+def test_a_batch_of_a_fraction_of_a_second_is_not_said_to_lose_0_s() -> None:
+    """``ddslurm init``'s starter (10 records a shard at the default rate) printed "about 0 s of work"."""
+    text = batch_text(_plan(None, (10,), 0.04))
+    assert text.endswith("a cancel or a time limit loses at most a batch: under 1 s of work"), text

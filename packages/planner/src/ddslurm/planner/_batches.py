@@ -68,7 +68,9 @@ def _batching(
 
 
 def wall_text(seconds: float) -> str:
-    """A predicted duration: ``45 s``, ``12.5 min``, ``3.2 h``."""
+    """A predicted duration: ``under 1 s``, ``45 s``, ``12.5 min``, ``3.2 h``."""
+    if seconds < 1:
+        return "under 1 s"
     if seconds < 120:
         return f"{seconds:.0f} s"
     if seconds < 7200:
@@ -85,8 +87,13 @@ def batch_text(plan: Plan) -> str:
     saves = "once, when it ends" if batching.batches == 1 else f"{batching.batches} times"
     text = f"{plan.buffer_size} records a batch ({batching.rule}): a shard of {batching.shard_records} saves {saves}"
     if batching.batch_s is not None:
-        return f"{text}; a cancel or a time limit loses at most a batch: about {wall_text(batching.batch_s)} of work"
+        lost = wall_text(batching.batch_s)
+        return f"{text}; a cancel or a time limit loses at most a batch: {_about(lost)} of work"
     return f"{text}; a cancel or a time limit loses at most a batch"
+
+
+def _about(duration: str) -> str:
+    return duration if duration.startswith("under") else f"about {duration}"
 
 
 def batch_warnings(plan: Plan) -> tuple[str, ...]:
