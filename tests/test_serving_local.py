@@ -204,7 +204,7 @@ def test_a_replica_that_keeps_crashing_is_restarted_in_place_and_the_attempt_get
     died = [e for e in events if e.get("event") == "server.died"]
     # every death was restarted (its crash is in the server's log); a restart is logged back once the controller
     # has seen it healthy, which the last one may not be before the shard ends (the proxy probes it sooner)
-    crashes = (attempt / "server-generator-0.log").read_text().count("injected crash on chat request 6")
+    crashes = (attempt / "server-generator-0.log").read_text().count("injected crash after answering 5 chat requests")
     restarting = [e for e in events if e.get("event") == "server.restarting"]
     assert 1 <= crashes == len(died) == len(restarting), [(e["event"], e.get("status")) for e in events]
     assert 1 <= len(restarted) <= len(restarting)

@@ -87,7 +87,28 @@ def test_crash_after_n_requests_kills_the_process() -> None:
         with pytest.raises(httpx.TransportError):
             httpx.post(f"{server.base_url}/chat/completions", json=CHAT)
         assert server.proc.wait(timeout=10) == 1
-        assert "injected crash on chat request 3" in server.log_text()
+        assert "injected crash after answering 2 chat requests" in server.log_text()
+
+
+def test_a_crashing_server_answers_its_first_requests_however_many_arrive_at_once() -> None:
+    """Six requests at once against ``--fake-crash-after 2``: two are answered, then the process dies and the
+    other four fail with it (none is answered, none crashes it before the first two have their answers)."""
+    with start_server(args=["--fake-crash-after", "2", "--fake-latency", "0.2"]) as server:
+
+        async def all_at_once() -> list[int | None]:
+            async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
+
+                async def one() -> int | None:
+                    try:
+                        return (await client.post("/chat/completions", json=CHAT)).status_code
+                    except httpx.TransportError:
+                        return None
+
+                return list(await asyncio.gather(*(one() for _ in range(6))))
+
+        statuses = asyncio.run(all_at_once())
+        assert sorted(statuses, key=str) == [200, 200, None, None, None, None], statuses
+        assert server.proc.wait(timeout=10) == 1
 
 
 def test_never_healthy_times_out_in_start_server() -> None:

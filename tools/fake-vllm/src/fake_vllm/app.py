@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from starlette.applications import Starlette
+from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
@@ -67,6 +68,23 @@ class ServerState:
         self.slots = asyncio.Semaphore(settings.capacity) if settings.capacity > 0 else None
         self.gate = Gate(settings.gate) if settings.gate is not None else None
         self.created = int(time.time())
+        self.answered = 0  # of the first ``crash_after`` chat requests: how many have their answer
+        self.doomed = asyncio.Event()  # never set: a request after the ``crash_after``-th waits for the crash
+
+    def answer_counted(self, response: Response | None) -> None:
+        """One of the first ``crash_after`` chat requests has its answer (``None``: it ended without one). The
+        last of them ends the process once its answer is sent, so every life of a crashing server answers
+        exactly ``crash_after`` requests, however many arrive at once, and the requests after them die with it."""
+        crash_after = self.settings.crash_after
+        if crash_after is None:
+            return
+        self.answered += 1
+        if self.answered < crash_after:
+            return
+        reason = f"injected crash after answering {crash_after} chat requests (--fake-crash-after {crash_after})"
+        if response is None:
+            self.crash(reason)
+        response.background = BackgroundTask(self.crash, reason)
 
 
 class _Handlers:
@@ -291,11 +309,19 @@ class _Handlers:
             finally:
                 self.state.metrics.waiting -= 1
         fault = self.state.faults.next_chat_request()
-        if fault is Fault.CRASH:
-            self.state.crash(
-                f"injected crash on chat request {self.state.faults.chat_requests} "
-                f"(--fake-crash-after {self.settings.crash_after})"
-            )
+        if fault is Fault.CRASH:  # the server dies once the requests before this one have their answers
+            await self.state.doomed.wait()
+        response: Response | None = None
+        try:
+            response = await self._answer(request, body, fault, model=model, n_messages=n_messages, match=match)
+            return response
+        finally:
+            self.state.answer_counted(response)
+
+    async def _answer(
+        self, request: Request, body: dict[str, Any], fault: Fault, *, model: str, n_messages: int, match: str | None
+    ) -> Response:
+        """The answer to an admitted chat request whose fault is decided: an injected error or the completion."""
         if fault is Fault.ERROR_500:
             response = JSONResponse(
                 error_body("fake-vllm: injected internal server error", "InternalServerError", 500),

@@ -20,7 +20,8 @@ class Fault(enum.Enum):
 class FaultInjector:
     """Decides the fate of each accepted chat request in arrival order.
 
-    Request number ``k`` (1-based) crashes the process when ``k > crash_after``. Otherwise one uniform draw
+    Request number ``k`` (1-based) is ``CRASH`` when ``k > crash_after``: it is never answered, and the process
+    dies once the first ``crash_after`` have their answers (``ServerState.answer_counted``). Otherwise one uniform draw
     from ``random.Random(seed)`` per request picks 500 (``u < error_rate``), 429
     (``u < error_rate + rate_429``), a 200 answer without ``choices`` (``u < error_rate + rate_429 +
     no_choices_rate``) or success, so a sequential client sees the same faults on every run.
