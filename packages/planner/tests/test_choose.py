@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from ddslurm.config import (
@@ -321,4 +322,27 @@ def test_a_run_no_node_can_hold_is_refused_with_the_numbers() -> None:
     with pytest.raises(PlanError) as refused:
         _plan_on(run, PartitionNodes(partition="gpu", nodes=4, cpus=8, gpus=8), slow_model())
     message = str(refused.value)
-    assert "partition gpu" in message and "8 CPUs" in message and "asks for 15" in message, message
+    assert "partition gpu" in message and "asks for 15 CPUs a node" in message and "has 8" in message, message
+
+
+def test_no_layout_asks_a_node_for_more_gpus_or_memory_than_the_partitions_smallest_has() -> None:
+    """Hostile facts make several replicas of one GPU the cheapest, on nodes of 8 GPUs (the profile) where the
+    partition's smallest has 2 GPUs, or (the profile's memory_per_gpu 30G) 96 GB of memory: only the layouts those
+    nodes hold are chosen among; memory the run file fixes beyond a node's is refused with the numbers."""
+    run = run_file(gpus=8)
+    facts = slow_model(load_s=1.0, rate=0.05)
+    assert chosen(_plan_on(run, None, facts)).replicas[0] >= 4  # what the planner chose before it knew the nodes
+    few_gpus = _plan_on(run, PartitionNodes(partition="gpu", nodes=2, cpus=64, gpus=2), facts)
+    assert few_gpus.prediction is not None
+    assert all(sum(c.replicas) <= 2 for c in (few_gpus.prediction.chosen, *few_gpus.prediction.runners_up))
+    profile = msgspec.structs.replace(PROFILE, memory_per_gpu="30G")
+    small = PartitionNodes(partition="gpu", nodes=2, cpus=64, gpus=8, memory_mb=96_000)
+    plan = _plan_on(run, small, facts, profile)
+    assert plan.prediction is not None
+    for choice in (plan.prediction.chosen, *plan.prediction.runners_up):
+        assert sum(choice.replicas) * 30 * 1024 <= 96_000, choice  # at most 3 replicas of 30G a GPU
+    assert plan.generation.memory == f"{sum(chosen(plan).replicas) * 30 * 1024}M"
+    fixed = msgspec.structs.replace(run, submission=msgspec.structs.replace(run.submission, memory="200G"))
+    with pytest.raises(PlanError) as refused:
+        _plan_on(fixed, small, facts)
+    assert "204800 MB of memory a node" in str(refused.value) and "96000 MB" in str(refused.value), refused.value

@@ -64,3 +64,5 @@ class PartitionNodes(msgspec.Struct, frozen=True, kw_only=True):
     """CPUs of the smallest of them (what any allocation may count on)."""
     gpus: int
     """GPUs of the one with the fewest."""
+    memory_mb: int = 0
+    """Memory (MB) of the one with the least; 0: not known (sinfo listed none)."""

@@ -87,8 +87,8 @@ NodesOf = Callable[[str | None], PartitionNodes | None]
 
 
 def partition_nodes(source: Slurm | PartitionGpuNodes) -> NodesOf:
-    """The GPU nodes of a partition: how many, the CPUs of the smallest and the GPUs of the one with the fewest
-    (what the planner fits a layout in); None when it has none or sinfo cannot be asked (the planner then rules
+    """The GPU nodes of a partition: how many, and the CPUs, GPUs and memory of the smallest (what the planner
+    fits a layout in); None when it has none or sinfo cannot be asked (the planner then rules
     nothing out by them; never fatal)."""
     nodes = _gpu_nodes(source)
 
@@ -102,6 +102,7 @@ def partition_nodes(source: Slurm | PartitionGpuNodes) -> NodesOf:
             nodes=len({r.node for r in rows}),
             cpus=min(r.cpus for r in rows),
             gpus=min(r.gpus for r in rows),
+            memory_mb=min(r.memory_mb for r in rows),
         )
 
     return of
@@ -168,17 +169,8 @@ def record_facts(
             return facts
         for model in found.models:
             facts = facts.with_model_run(msgspec.structs.replace(model, run_id=run_id, measured_at=at))
-        if found.recipe is not None:
-            recipe = msgspec.structs.replace(found.recipe, run_id=run_id, measured_at=at)
-            earlier = facts.recipe(recipe.recipe_sha256)
-            if earlier is not None:  # what this run did not measure cleanly, an earlier run's measure stands
-                recipe = msgspec.structs.replace(
-                    recipe,
-                    allocation_overhead_s=_or(recipe.allocation_overhead_s, earlier.allocation_overhead_s),
-                    cpu_stage_records_per_s=_or(recipe.cpu_stage_records_per_s, earlier.cpu_stage_records_per_s),
-                    client_cpu_s_per_request=_or(recipe.client_cpu_s_per_request, earlier.client_cpu_s_per_request),
-                )
-            facts = facts.with_recipe(recipe)
+        if found.recipe is not None:  # medians with the earlier runs' (what it did not measure cleanly: theirs)
+            facts = facts.with_recipe_run(msgspec.structs.replace(found.recipe, run_id=run_id, measured_at=at))
         wrote = bool(found.models) or found.recipe is not None
         return facts
 
@@ -186,10 +178,6 @@ def record_facts(
     if not wrote:
         return Recorded(None, f"run {run_id} was recorded already (or measured nothing)")
     return Recorded(found)
-
-
-def _or(value: float | None, earlier: float | None) -> float | None:
-    return earlier if value is None else value
 
 
 def _recorded(facts: Facts, run_id: str) -> bool:

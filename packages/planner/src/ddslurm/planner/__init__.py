@@ -24,7 +24,7 @@ from ddslurm.planner._compile import (
     plan_serving,
     server_capacity,
 )
-from ddslurm.planner._cost import CostSources
+from ddslurm.planner._cost import CostSources, model_uses
 from ddslurm.planner._limits import (
     HEADROOM,
     SubmissionPlan,
@@ -61,6 +61,7 @@ __all__ = [
     "describe_limit",
     "failure_chain",
     "limit_checks",
+    "model_uses",
     "parse_memory_mb",
     "parse_time_limit",
     "plan_allocations",

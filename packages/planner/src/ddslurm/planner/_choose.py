@@ -10,7 +10,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from ddslurm.config import LayoutChoice, Prediction, RunFile
-from ddslurm.planner._cost import Candidate, CostInputs, allocation_cpus, allocation_gpus, predict
+from ddslurm.planner._cost import Candidate, CostInputs, allocation_gpus, node_misfit, predict
 from ddslurm.planner.errors import PlanError
 
 NEAR_SHARE = 0.02
@@ -57,6 +57,11 @@ def _allocation_options(shards: int, workers: int, cap: int) -> set[int]:
     return {a for a in counts if a <= cap} | {shards}
 
 
+def _node_gpus(replicas: Sequence[int], per_node: int, spans: Sequence[int], inputs: CostInputs) -> int:
+    """GPUs an allocation of ``replicas`` holds on one node: all of them, or a node's when a replica spans nodes."""
+    return per_node if any(span > 1 for span in spans) else allocation_gpus(replicas, inputs)
+
+
 def candidates(
     run: RunFile, per_node: int, spans: Sequence[int], inputs: CostInputs, budget: int
 ) -> Iterator[Candidate]:
@@ -66,8 +71,8 @@ def candidates(
     nodes = inputs.nodes
     for replicas in _replica_options(run, per_node, spans, inputs):
         cap = min(budget // allocation_gpus(replicas, inputs), throttle)
-        if nodes is not None:  # only what the partition's nodes hold: one allocation's CPUs a node, its nodes at once
-            if allocation_cpus(replicas, inputs) > nodes.cpus:
+        if nodes is not None:  # only what the partition's nodes hold: a node's CPUs, GPUs and memory, its nodes at once
+            if node_misfit(replicas, _node_gpus(replicas, per_node, spans, inputs), inputs) is not None:
                 continue
             # (one allocation at least: one that needs more nodes than the partition has is refused by the job
             # check, which names the replica's shape)
@@ -114,12 +119,12 @@ def choose(
         predicted.setdefault(_layout(choice), (choice, candidate))
     if not predicted:
         nodes = inputs.nodes
-        smallest = min((allocation_cpus(r, inputs) for r in _replica_options(run, per_node, spans, inputs)), default=0)
-        if nodes is not None and smallest > nodes.cpus:
+        options = sorted(_replica_options(run, per_node, spans, inputs), key=sum)
+        misfits = [node_misfit(r, _node_gpus(r, per_node, spans, inputs), inputs) for r in options]
+        if nodes is not None and options and all(misfits):
             raise PlanError(
-                f"no layout fits a node of partition {nodes.partition}: its smallest GPU node has {nodes.cpus} CPUs "
-                f"and the smallest allocation asks for {smallest} (submission.cpus {run.submission.cpus}, "
-                "server.cpus of each replica, one for each proxy); lower them, or use fewer replicas"
+                f"no layout fits a node of partition {nodes.partition}: the smallest allocation asks for "
+                f"{misfits[0]}; lower them, or use fewer replicas"
             )
         raise PlanError(
             f"gpus: {budget} GPUs at once, but no layout of the run's fixed numbers fits in them (allocations, "

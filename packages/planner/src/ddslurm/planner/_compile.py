@@ -34,7 +34,15 @@ from ddslurm.config import (
 )
 from ddslurm.planner._batches import plan_batches
 from ddslurm.planner._choose import choose
-from ddslurm.planner._cost import CostSources, allocation_gpus, client_cpus, cost_inputs, node_cpus, proxies_cpus
+from ddslurm.planner._cost import (
+    CostSources,
+    NodeMemory,
+    allocation_gpus,
+    client_cpus,
+    cost_inputs,
+    node_cpus,
+    proxies_cpus,
+)
 from ddslurm.planner._cpu_stage import cpu_stage_workers
 from ddslurm.planner._shards import SeedPool, plan_shards
 from ddslurm.planner._stages import plan_stages
@@ -472,6 +480,7 @@ def _layout_of(inputs: PlanInputs, two_stage: bool) -> Layout:
             shard_records=tuple(s.num_records for s in _shards(run, inputs.seed)),
             two_stage=two_stage,
             nodes=inputs.nodes,
+            memory=node_memory(run, inputs.profile),
         ),
     )
 
@@ -509,6 +518,7 @@ def client_serving(
         shard_records=tuple(s.num_records for s in _shards(run, seed)),
         two_stage=False,
         nodes=nodes,
+        memory=node_memory(run, profile),
     )
     return plan_layout(run, profile, sources).serving
 
@@ -580,14 +590,25 @@ def compile_plan(inputs: PlanInputs) -> Plan:
     )
 
 
+def node_memory(run: RunFile, profile: ClusterProfile) -> NodeMemory:
+    """What a GPU allocation's node asks for of memory: ``submission.memory``, else the profile's
+    ``memory_per_gpu`` x its GPUs (one rule for ``--mem`` and for the layouts a node holds)."""
+    fixed = run.submission.memory
+    if fixed is not None:
+        return NodeMemory(fixed_mb=parse_memory_mb(fixed, "submission.memory"))
+    if profile.memory_per_gpu is not None:
+        return NodeMemory(per_gpu_mb=parse_memory_mb(profile.memory_per_gpu, "profile.memory_per_gpu"))
+    return NodeMemory()
+
+
 def _gpu_resources(run: RunFile, profile: ClusterProfile, serving: ServingPlan) -> Resources:
     """Each node of a GPU allocation: ``--gres``/``--gpus``, ``--cpus-per-task`` and ``--mem`` are what every node
     gets; the first node (client, proxies, leaders) needs the most, and Slurm gives every node the same."""
     sub = run.submission
     server_cpus = (r.cpus for d in serving.deployments for r in d.replicas)
     memory = sub.memory
-    if memory is None and profile.memory_per_gpu is not None:
-        memory = f"{parse_memory_mb(profile.memory_per_gpu, 'profile.memory_per_gpu') * serving.gpus}M"
+    if memory is None and (per_node := node_memory(run, profile).of(serving.gpus)) is not None:
+        memory = f"{per_node}M"
     return Resources(
         partition=sub.partition or profile.partition,
         nodes=serving.nodes,

@@ -76,6 +76,8 @@ class CostInputs:
     """CPUs of an allocation's proxies (one a proxied deployment)."""
     nodes: PartitionNodes | None = None
     """The generation partition's GPU nodes; None: unknown (no layout is ruled out by them)."""
+    memory: NodeMemory | None = None
+    """What one allocation asks of a node's memory (``CostSources.memory``)."""
     runs: tuple[tuple[int, int], ...] = field(init=False)
     """The shards as runs of equal shards (:func:`shard_runs`)."""
 
@@ -118,6 +120,23 @@ class CostSources:
     two_stage: bool
     nodes: PartitionNodes | None = None
     """The generation partition's GPU nodes (``sinfo``): layouts are only those its nodes hold; None: unknown."""
+    memory: NodeMemory | None = None
+    """What one GPU allocation asks of a node's memory; None: nothing (the site's default)."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeMemory:
+    """``--mem`` of a GPU allocation's node: ``submission.memory`` when the run file sets it, else the profile's
+    ``memory_per_gpu`` x the node's GPUs (``_gpu_resources``)."""
+
+    fixed_mb: int | None = None
+    per_gpu_mb: int | None = None
+
+    def of(self, node_gpus: int) -> int | None:
+        """MB a node with ``node_gpus`` of the allocation's GPUs asks for; None: the site's default."""
+        if self.fixed_mb is not None:
+            return self.fixed_mb
+        return None if self.per_gpu_mb is None else self.per_gpu_mb * node_gpus
 
 
 def rate_at(fact: ModelFact, capacity: int) -> tuple[float | None, str]:
@@ -161,6 +180,10 @@ def _rests_on(fact: ModelFact) -> str:
     return text
 
 
+def _median_note(runs: int) -> str:
+    return f"median of {runs} runs" if runs >= 2 else ""
+
+
 def fact_rate(fact: ModelFact, capacity: int, flags: tuple[str, ...]) -> tuple[float | None, str]:
     """The rate ``fact`` gives a run at ``capacity`` with engine ``flags`` (:func:`rate_at`), None when it gives
     none (measured with other flags, or at another capacity with nothing to scale it by), and the bill's note."""
@@ -170,6 +193,40 @@ def fact_rate(fact: ModelFact, capacity: int, flags: tuple[str, ...]) -> tuple[f
     if rate is None:
         return None, note
     return rate, "; ".join(n for n in (note, _rests_on(fact)) if n)
+
+
+def model_uses(fact: ModelFact | None, subject: str, capacity: int, flags: tuple[str, ...]) -> tuple[FactUse, FactUse]:
+    """A deployment's model load and replica rate at ``capacity`` with engine ``flags``, as the cost model uses
+    them: from ``fact`` (its shape's, None: none measured) where it gives them (:func:`fact_rate`), else the
+    defaults; each with its origin, the runs it rests on and a note."""
+    if fact is not None:  # the model load does not depend on the capacity
+        load = FactUse(
+            name="load_s",
+            subject=subject,
+            value=fact.load_s,
+            origin=fact.measured_by,
+            run_id=fact.run_id,
+            runs=fact.runs(),
+            note=_median_note(fact.runs()),
+        )
+    else:
+        load = FactUse(name="load_s", subject=subject, value=DEFAULT_LOAD_S, origin="default")
+    scaled, note = fact_rate(fact, capacity, flags) if fact is not None else (None, "")
+    if fact is not None and scaled is not None:
+        rate = FactUse(
+            name="requests_per_s",
+            subject=subject,
+            value=scaled,
+            origin=fact.measured_by,
+            run_id=fact.run_id,
+            runs=fact.runs(),
+            note=note,
+        )
+    else:
+        rate = FactUse(
+            name="requests_per_s", subject=subject, value=capacity / DEFAULT_REQUEST_S, origin="default", note=note
+        )
+    return load, rate
 
 
 def cost_inputs(run: RunFile, serving: ServingPlan, sources: CostSources) -> CostInputs:
@@ -184,30 +241,9 @@ def cost_inputs(run: RunFile, serving: ServingPlan, sources: CostSources) -> Cos
         capacity = planned.capacity or 1
         subject = f"{dep.model_alias}:{shape.key()}"
         fact = facts.model(shape)
-        scaled, note = fact_rate(fact, capacity, engine_flags(dep.server.extra_args)) if fact else (None, "")
-        if fact is not None:  # the model load does not depend on the capacity
-            load = fact.load_s
-            uses.append(
-                FactUse(name="load_s", subject=subject, value=load, origin=fact.measured_by, run_id=fact.run_id)
-            )
-        else:
-            load = DEFAULT_LOAD_S
-            uses.append(FactUse(name="load_s", subject=subject, value=load, origin="default"))
-        if fact is not None and scaled is not None:
-            rate = scaled
-            uses.append(
-                FactUse(
-                    name="requests_per_s",
-                    subject=subject,
-                    value=rate,
-                    origin=fact.measured_by,
-                    run_id=fact.run_id,
-                    note=note,
-                )
-            )
-        else:
-            rate = capacity / DEFAULT_REQUEST_S
-            uses.append(FactUse(name="requests_per_s", subject=subject, value=rate, origin="default", note=note))
+        load_use, rate_use = model_uses(fact, subject, capacity, engine_flags(dep.server.extra_args))
+        uses += [load_use, rate_use]
+        load, rate = load_use.value, rate_use.value
         if recipe is not None and dep.model_alias in recipe.requests_per_record:
             per_record = recipe.requests_per_record[dep.model_alias]
             uses.append(
@@ -217,6 +253,8 @@ def cost_inputs(run: RunFile, serving: ServingPlan, sources: CostSources) -> Cos
                     value=per_record,
                     origin=recipe.measured_by,
                     run_id=recipe.run_id,
+                    runs=(runs := recipe.runs("requests_per_record", dep.model_alias)),
+                    note=_median_note(runs),
                 )
             )
         else:
@@ -229,8 +267,17 @@ def cost_inputs(run: RunFile, serving: ServingPlan, sources: CostSources) -> Cos
 
     def recipe_number(name: str, measured: float | None, default: float) -> float:
         if measured is not None and recipe is not None:
+            runs = recipe.runs(name)
             uses.append(
-                FactUse(name=name, subject="recipe", value=measured, origin=recipe.measured_by, run_id=recipe.run_id)
+                FactUse(
+                    name=name,
+                    subject="recipe",
+                    value=measured,
+                    origin=recipe.measured_by,
+                    run_id=recipe.run_id,
+                    runs=runs,
+                    note=_median_note(runs),
+                )
             )
             return measured
         uses.append(FactUse(name=name, subject="recipe", value=default, origin="default"))
@@ -257,6 +304,7 @@ def cost_inputs(run: RunFile, serving: ServingPlan, sources: CostSources) -> Cos
         facts=tuple(uses),
         proxy_cpus=proxies_cpus(serving),
         nodes=sources.nodes,
+        memory=sources.memory,
     )
 
 
@@ -275,6 +323,30 @@ def allocation_cpus(replicas: Sequence[int], inputs: CostInputs) -> int:
     """:func:`node_cpus` of a candidate's ``replicas`` of each deployment."""
     servers = (d.cpus for r, d in zip(replicas, inputs.deployments, strict=True) for _ in range(r))
     return node_cpus(inputs.cpus, servers, inputs.proxy_cpus)
+
+
+def node_misfit(replicas: Sequence[int], node_gpus: int, inputs: CostInputs) -> str | None:
+    """What a node of an allocation of ``replicas`` (``node_gpus`` of its GPUs on one node) asks for beyond the
+    partition's smallest GPU node (its CPUs, GPUs or memory), in words; None when it fits, or the nodes are not
+    known."""
+    nodes = inputs.nodes
+    if nodes is None:
+        return None
+    cpus = allocation_cpus(replicas, inputs)
+    if cpus > nodes.cpus:
+        return (
+            f"{cpus} CPUs a node (submission.cpus {inputs.cpus}, server.cpus of each replica, one for each proxy), "
+            f"where its smallest GPU node has {nodes.cpus}"
+        )
+    if node_gpus > nodes.gpus:
+        return f"{node_gpus} GPUs a node, where its GPU node with the fewest has {nodes.gpus}"
+    memory = inputs.memory.of(node_gpus) if inputs.memory is not None else None
+    if memory is not None and nodes.memory_mb and memory > nodes.memory_mb:
+        return (
+            f"{memory} MB of memory a node (submission.memory, or the profile's memory_per_gpu x {node_gpus} "
+            f"GPUs), where its smallest GPU node has {nodes.memory_mb} MB"
+        )
+    return None
 
 
 def allocation_gpus(replicas: Sequence[int], inputs: CostInputs) -> int:
