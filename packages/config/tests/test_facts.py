@@ -49,6 +49,26 @@ def test_a_later_fact_of_a_shape_replaces_the_earlier_one_and_round_trips(tmp_pa
     assert path.stat().st_mode & 0o077 == 0
 
 
+def test_a_recipe_fact_is_each_numbers_median_over_the_latest_runs_that_measured_it() -> None:
+    """Seven runs of one recipe: the latest 5 are kept; each number is the median of those of them that measured
+    it (an unclean run's None overhead leaves the others'), an alias one run did not use the median of the rest."""
+    facts = Facts()
+    measures = [(1.0, 10.0), (9.0, 11.0), (2.0, None), (3.0, 30.0), (4.0, None), (2.5, 12.0), (8.0, 14.0)]
+    for i, (per_record, overhead) in enumerate(measures):
+        judge = {"judge": float(i)} if i != 6 else {}
+        fact = RecipeFact(
+            recipe_sha256="abc", requests_per_record={"writer": per_record, **judge},
+            allocation_overhead_s=overhead, measured_by="run", run_id=f"r{i}", measured_at="t",
+        )  # fmt: skip
+        facts = facts.with_recipe_run(fact)
+    [recipe] = facts.recipes
+    assert [s.run_id for s in recipe.samples] == ["r2", "r3", "r4", "r5", "r6"]
+    assert recipe.requests_per_record == {"writer": 3.0, "judge": 3.5}  # median of 2, 3, 4, 2.5, 8; of 2, 3, 4, 5
+    assert recipe.allocation_overhead_s == 14.0  # median of 30, 12, 14
+    assert recipe.client_cpu_s_per_request is None and recipe.run_id == "r6"
+    assert (recipe.runs("requests_per_record", "judge"), recipe.runs("allocation_overhead_s")) == (4, 3)
+
+
 def test_a_damaged_facts_file_is_an_error_naming_it(tmp_path: Path) -> None:
     path = tmp_path / "facts.json"
     path.write_text('{"models": [{"shape": 3}]}')

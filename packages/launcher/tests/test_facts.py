@@ -4,6 +4,7 @@ per run into the workspace, read at submit with the partition's GPU type."""
 from __future__ import annotations
 
 import io
+import json
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -183,7 +184,7 @@ def test_the_gpu_type_and_the_layouts_bounds_come_from_one_sinfo() -> None:
     runner = SinfoSlurm(SINFO)
     nodes = PartitionGpuNodes(Slurm(runner))
     assert partition_gpu_type(nodes)("gpu") == "h100"
-    assert partition_nodes(nodes)("gpu") == PartitionNodes(partition="gpu", nodes=2, cpus=16, gpus=4)
+    assert partition_nodes(nodes)("gpu") == PartitionNodes(partition="gpu", nodes=2, cpus=16, gpus=4, memory_mb=64000)
     assert len(runner.calls) == 1
 
 
@@ -194,8 +195,9 @@ def test_the_gpu_type_is_unknown_when_sinfo_fails() -> None:
 def test_the_partitions_gpu_nodes_bound_the_layouts() -> None:
     sinfo = SINFO + "n7|gpu|8|32000|gpu:h100:2|up|1:00:00\n" + "n8|gpu|64|32000|(null)|up|1:00:00\n"
     nodes_of = partition_nodes(Slurm(SinfoSlurm(sinfo)))
-    # gpu: n1, n2 (16 CPUs, 4 GPUs) and n7 (8 CPUs, 2 GPUs); n8 has no GPU: no GPU allocation runs there
-    assert nodes_of("gpu") == PartitionNodes(partition="gpu", nodes=3, cpus=8, gpus=2)
+    # gpu: n1, n2 (16 CPUs, 4 GPUs, 64000 MB) and n7 (8 CPUs, 2 GPUs, 32000 MB); n8 has no GPU: no GPU
+    # allocation runs there
+    assert nodes_of("gpu") == PartitionNodes(partition="gpu", nodes=3, cpus=8, gpus=2, memory_mb=32000)
     assert nodes_of(None) == nodes_of("gpu")  # the default partition
     assert nodes_of("cpu") is None and nodes_of("absent") is None
     assert partition_nodes(Slurm(SinfoSlurm("", rc=1)))("gpu") is None  # never fatal: nothing ruled out
@@ -399,8 +401,14 @@ def test_a_faulted_runs_recipe_fact_keeps_what_an_earlier_clean_run_measured(tmp
     recorded = record_facts(workspace, layout, Slurm(FakeSlurm(sacct=SACCT)))
     assert recorded.measured is not None and recorded.measured.unclean
     [recipe] = read_facts(facts_path(workspace)).recipes
-    assert recipe.run_id == layout.run_id and recipe.requests_per_record == {"judge": 1.0, "writer": 2.0}
+    # each number the median of the runs that measured it: the writer's of both, the judge's of this one
+    assert recipe.run_id == layout.run_id and recipe.requests_per_record == {"judge": 1.0, "writer": (9.0 + 2.0) / 2}
     assert (recipe.allocation_overhead_s, recipe.cpu_stage_records_per_s) == (21.0, 3.5)  # the clean run's stand
+    assert [s.run_id for s in recipe.samples] == ["clean", layout.run_id]
+    runs = {(n, a): recipe.runs(n, a) for n, a in [("requests_per_record", "writer"), ("requests_per_record", "judge"),
+            ("allocation_overhead_s", None), ("client_cpu_s_per_request", None)]}  # fmt: skip
+    assert runs == {("requests_per_record", "writer"): 2, ("requests_per_record", "judge"): 1,
+                    ("allocation_overhead_s", None): 1, ("client_cpu_s_per_request", None): 0}  # fmt: skip
 
 
 def test_requests_per_record_leaves_out_the_rows_of_an_attempt_killed_before_its_summary(tmp_path: Path) -> None:
@@ -430,3 +438,42 @@ def test_two_runs_of_one_seeded_recipe_share_its_facts_key(tmp_path: Path) -> No
     assert first.seed is not None and first.run_id != second.run_id
     assert first.recipe_sha256 != second.recipe_sha256  # each points at its own run's seed copy
     assert first.recipe_facts_key() == second.recipe_facts_key() == first.recipe_key != ""
+
+
+def test_the_report_puts_each_fact_planned_with_beside_this_runs_measure(tmp_path: Path) -> None:
+    """Issue 35: every input of the prediction beside what this run measured of it, with the runs it rests on:
+    the report's JSON, its page and its lines. The measures are the run's own facts (``measure_run``); a fact the
+    run did not measure says so."""
+    _, layout = staged_in_workspace(tmp_path)
+    plan = read_plan(layout.plan)
+    assert plan.serving is not None
+    alias = plan.serving.deployments[0].alias
+    models, recipe = measure_run(layout, Slurm(FakeSlurm(sacct=STAGED_SACCT)))
+    [model] = models
+    assert recipe is not None and recipe.cpu_stage_records_per_s is not None
+    subject = f"{alias}:{model.shape.key()}"
+    uses = (
+        FactUse(name="load_s", subject=subject, value=60.0, origin="default"),
+        FactUse(name="requests_per_s", subject=subject, value=3.25, origin="run", run_id="r-3", runs=3),
+        FactUse(name="requests_per_record", subject=alias, value=0.5, origin="run", run_id="r-3", runs=2),
+        FactUse(name="cpu_stage_records_per_s", subject="recipe", value=2.0, origin="default"),
+        FactUse(name="requests_per_s", subject="other:vllm:x:tp1-pp1-dp1:", value=1.0, origin="default"),
+    )
+    prediction = msgspec.structs.replace(PREDICTION, facts=uses)
+    atomic_write(layout.plan, encode(msgspec.structs.replace(plan, prediction=prediction)))
+    out = io.StringIO()
+    assert main(["report", str(layout.root), "--json"], slurm=Slurm(FakeSlurm(sacct=STAGED_SACCT)), stdout=out) == 0
+    rows = [(f["name"], f["used"], f["runs"], f["measured"], f["ratio"]) for f in json.loads(out.getvalue())["facts"]]
+    measured = [model.load_s, model.requests_per_s, recipe.requests_per_record[alias], recipe.cpu_stage_records_per_s]
+    expected = [(u.name, u.value, u.runs, m, round(m / u.value, 3)) for u, m in zip(uses, measured, strict=False)]
+    assert rows == [*expected, ("requests_per_s", 1.0, 0, None, None)]
+    assert json.loads(out.getvalue())["facts"][-1]["note"] == "not measured: no allocation of the run measured it"
+    page = Path(json.loads(out.getvalue())["report"]).read_text()
+    assert "<h2>Facts planned with, and measured</h2>" in page
+    text = io.StringIO()
+    assert main(["report", str(layout.root)], slurm=Slurm(FakeSlurm(sacct=STAGED_SACCT)), stdout=text) == 0
+    ratio = round(model.requests_per_s / 3.25, 3)
+    assert f"    requests_per_s of {subject}: 3.25 (run, 3 runs) / {model.requests_per_s:g} (x{ratio:g})\n" in (
+        text.getvalue()
+    )
+    assert f"    load_s of {subject}: 60 (a default) / {model.load_s:g}" in text.getvalue()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import msgspec
@@ -161,3 +162,33 @@ def test_tune_waits_for_the_sweep_after_the_attempt_ended_until_the_job_is_gone(
     queue = _Queue(5)
     await_calibration(layout, queue, ["70"], sleep=slept.append, limit_s=60)  # type: ignore[arg-type]
     assert queue.asked == 0  # written: no query at all
+
+
+def test_tune_shows_what_the_planner_would_have_used_beside_what_it_measured(tmp_path: Path) -> None:
+    """Issue 35: before a calibration, the planner used the defaults (no fact) or the workspace's fact (a run's,
+    the median of its runs, read at the calibration's capacity); ``tune`` prints it beside the measure."""
+    from ddslurm.config import ModelFact, ModelSample
+    from ddslurm.launcher._tune import planned_beside
+
+    layout, plan = _finished_tune_run(tmp_path, calibrated=True)
+    ((alias, model),) = tune_result(layout, plan, "2026-01-01T01:00:00+00:00").models
+    fresh = planned_beside(None, alias, model)
+    # the defaults: a 180 s load, a replica at capacity 4 completing 4 / 10 requests a second
+    assert [(f.name, f.used, f.origin, f.runs, f.measured) for f in fresh] == [
+        ("load_s", 180.0, "default", 0, 42.5),
+        ("requests_per_s", 0.4, "default", 0, 5.0),
+    ]
+    assert [f.ratio for f in fresh] == [round(42.5 / 180, 3), round(5.0 / 0.4, 3)]
+    samples = tuple(ModelSample(load_s=s, requests_per_s=r, run_id=f"r{i}", measured_at="t")
+                    for i, (s, r) in enumerate(((30.0, 4.0), (50.0, 6.0), (40.0, 4.5))))  # fmt: skip
+    earlier = ModelFact(shape=model.shape, load_s=40.0, requests_per_s=4.5, capacity=4, measured_by="run",
+                        run_id="r2", measured_at="t", samples=samples)  # fmt: skip
+    known = planned_beside(earlier, alias, model)
+    assert [(f.used, f.origin, f.runs, f.ratio) for f in known] == [
+        (40.0, "run", 3, round(42.5 / 40.0, 3)),
+        (4.5, "run", 3, round(5.0 / 4.5, 3)),
+    ]
+    result = dataclasses.replace(tune_result(layout, plan, "t"), compared=(*known,))
+    lines = tune_lines(result)
+    subject = f"{alias}:{model.shape.key()}"
+    assert f"  requests_per_s of {subject}: 4.5 (run, 3 runs) / 5 (x{round(5.0 / 4.5, 3):g})" in lines

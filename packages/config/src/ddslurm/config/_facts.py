@@ -140,12 +140,32 @@ class ModelFact(Frozen, frozen=True, kw_only=True):
         return max(1, len(self.samples))
 
 
+PerRecord = dict[str, Annotated[float, msgspec.Meta(ge=0, le=10_000)]]
+CpuPerRequest = Annotated[float, msgspec.Meta(ge=0, le=3600)]
+
+
+class RecipeSample(Frozen, frozen=True, kw_only=True):
+    """What one run (or calibration) measured of a recipe (a :class:`RecipeFact` keeps the latest
+    :data:`HISTORY`); a number it did not measure cleanly is None."""
+
+    requests_per_record: PerRecord
+    client_cpu_s_per_request: CpuPerRequest | None = None
+    allocation_overhead_s: Seconds | None = None
+    cpu_stage_records_per_s: Rate | None = None
+    run_id: str
+    measured_at: str
+
+
+RECIPE_NUMBERS = ("client_cpu_s_per_request", "allocation_overhead_s", "cpu_stage_records_per_s")
+"""A recipe fact's numbers besides its requests per record: each the median of the samples that measured it."""
+
+
 class RecipeFact(Frozen, frozen=True, kw_only=True):
     recipe_sha256: str
     """The recipe's digest as the run file names it (``Plan.recipe_facts_key()``: the same in every run of it)."""
-    requests_per_record: dict[str, Annotated[float, msgspec.Meta(ge=0, le=10_000)]]
+    requests_per_record: PerRecord
     """Per model alias, the requests Data Designer sent per record generated (retries and health checks excluded)."""
-    client_cpu_s_per_request: Annotated[float, msgspec.Meta(ge=0, le=3600)] | None = None
+    client_cpu_s_per_request: CpuPerRequest | None = None
     """CPU-seconds of the Data Designer client per request to a deployed alias; None: not measured."""
     allocation_overhead_s: Seconds | None = None
     """Seconds a GPU allocation holds its GPUs beyond its model load and its generating: the job's start to the
@@ -155,6 +175,14 @@ class RecipeFact(Frozen, frozen=True, kw_only=True):
     measured_by: MeasuredBy
     run_id: str
     measured_at: str
+    samples: tuple[RecipeSample, ...] = ()
+    """The runs it rests on, oldest first, at most :data:`HISTORY`: each number is the median of those that
+    measured it (empty: a fact from before samples were kept, resting on its own numbers)."""
+
+    def runs(self, number: str, alias: str | None = None) -> int:
+        """How many runs its ``number`` (``requests_per_record`` of ``alias``, or one of :data:`RECIPE_NUMBERS`)
+        rests on."""
+        return sum(1 for s in _recipe_samples(self) if _recipe_number(s, number, alias) is not None)
 
 
 class ClientUsage(Frozen, frozen=True, kw_only=True):
@@ -215,8 +243,25 @@ class Facts(Frozen, frozen=True, kw_only=True):
         return self.with_model(merged)
 
     def with_recipe(self, fact: RecipeFact) -> Facts:
+        """These facts with ``fact`` in place of any earlier one of its recipe."""
         kept = tuple(f for f in self.recipes if f.recipe_sha256 != fact.recipe_sha256)
         return msgspec.structs.replace(self, recipes=(*kept, fact))
+
+    def with_recipe_run(self, fact: RecipeFact) -> Facts:
+        """These facts with one more run's measure of ``fact``'s recipe: added to the earlier runs' (the latest
+        :data:`HISTORY`), each number the median of the runs that measured it (a number this run did not measure
+        cleanly, None, leaves the earlier runs' standing)."""
+        earlier = self.recipe(fact.recipe_sha256)
+        history = (*(_recipe_samples(earlier) if earlier is not None else ()), _recipe_sample(fact))[-HISTORY:]
+        aliases = sorted({a for s in history for a in s.requests_per_record})
+        per_record = {a: _median_of(history, "requests_per_record", a) for a in aliases}
+        merged = msgspec.structs.replace(
+            fact,
+            requests_per_record={a: v for a, v in per_record.items() if v is not None},
+            samples=history,
+            **{name: _median_of(history, name) for name in RECIPE_NUMBERS},
+        )
+        return self.with_recipe(merged)
 
 
 def _sample(fact: ModelFact) -> ModelSample:
@@ -229,6 +274,34 @@ def _sample(fact: ModelFact) -> ModelSample:
 def _samples(fact: ModelFact) -> tuple[ModelSample, ...]:
     """The runs a fact rests on; a fact from before samples were kept rests on its own numbers."""
     return fact.samples or (_sample(fact),)
+
+
+def _recipe_sample(fact: RecipeFact) -> RecipeSample:
+    """What ``fact`` itself says one run measured."""
+    return RecipeSample(
+        requests_per_record=fact.requests_per_record,
+        client_cpu_s_per_request=fact.client_cpu_s_per_request,
+        allocation_overhead_s=fact.allocation_overhead_s,
+        cpu_stage_records_per_s=fact.cpu_stage_records_per_s,
+        run_id=fact.run_id,
+        measured_at=fact.measured_at,
+    )
+
+
+def _recipe_samples(fact: RecipeFact) -> tuple[RecipeSample, ...]:
+    return fact.samples or (_recipe_sample(fact),)
+
+
+def _recipe_number(sample: RecipeSample, number: str, alias: str | None = None) -> float | None:
+    if number == "requests_per_record":
+        return sample.requests_per_record.get(alias or "")
+    value: float | None = getattr(sample, number)
+    return value
+
+
+def _median_of(samples: Sequence[RecipeSample], number: str, alias: str | None = None) -> float | None:
+    values = [v for s in samples if (v := _recipe_number(s, number, alias)) is not None]
+    return round(statistics.median(values), 6) if values else None
 
 
 def facts_path(workspace: Path) -> Path:

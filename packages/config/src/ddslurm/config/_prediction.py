@@ -23,7 +23,9 @@ class FactUse(Frozen, frozen=True, kw_only=True):
     value: float
     origin: FactOrigin
     run_id: str | None = None
-    """The run or calibration that measured it (None for a default)."""
+    """The run or calibration that measured it (None for a default); the latest of them when it is a median."""
+    runs: int = 0
+    """How many runs (or calibrations) its value rests on: their median; 0: a default."""
     note: str = ""
     """How the measurement was made to fit this run, or why it was not used (a fact measured at another capacity:
     read off its calibration's sweep, or ignored for the default); empty: used as measured."""

@@ -237,13 +237,14 @@ def cmd_report(
     """Write a self-contained HTML report of the run (opens offline): every attempt's timeline, records/s,
     requests and tokens per model alias, GPU-hours allocated and spent generating, failures by reason, and the
     dataset's column statistics. With --json, also print its numbers."""
+    from ddslurm.launcher._fact_check import fact_line, with_fact_check
     from ddslurm.launcher._facts import record_after
     from ddslurm.launcher.report import numbers, read_run, render_html, report_json
 
     session = command_session(ctx, as_json)
     layout = run_layout(session, run, profile)
     facts = read_run(layout, session.slurm)  # the run and its accounting, read once for the page and the facts
-    report = numbers(facts)
+    report = with_fact_check(facts, numbers(facts))
     target = save_report(layout, render_html(report), output)
     # a run that succeeded: its facts (never fails the command)
     record_after(layout, session.slurm, session.err, reading=(facts, report))
@@ -273,6 +274,9 @@ def cmd_report(
             else f"    {c.what}: {c.predicted:g} / {'unknown' if c.measured is None else f'{c.measured:g}'}"
             for c in report.predicted.rows
         ]
+    if report.facts:
+        lines.append("  facts (planned with / this run measured (ratio), runs the planned value rests on):")
+        lines += [f"    {fact_line(f)}" for f in report.facts]
     lines += [f"  failed: {f.reason} x{f.count} (shards {compact_ranges(f.shards)})" for f in report.failures]
     session.out.write("\n".join(lines) + "\n")
     return ExitCode.OK

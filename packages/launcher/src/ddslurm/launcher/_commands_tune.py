@@ -28,6 +28,7 @@ def tune_json(result: TuneResult, facts: Facts) -> dict[str, Any]:
         "run_dir": result.run_dir,
         "models": [{"alias": alias, **to_builtins(fact)} for alias, fact in result.models],
         "recipe": to_builtins(result.recipe),
+        "compared": to_builtins(result.compared),
         "facts": {"models": len(facts.models), "recipes": len(facts.recipes)},
     }
 
@@ -35,6 +36,8 @@ def tune_json(result: TuneResult, facts: Facts) -> dict[str, Any]:
 def tune_lines(result: TuneResult) -> list[str]:
     """The table: per alias its model shape, load seconds and requests per second at each level; then the
     recipe's requests per record and the client's CPU per request."""
+    from ddslurm.launcher._fact_check import fact_line
+
     levels = sorted({p.in_flight for _, f in result.models for p in f.sweep})
     head = ["alias", "model (tp/pp/dp, gpu)", "load s", *(f"@{n} req/s" for n in levels)]
     rows = []
@@ -51,6 +54,9 @@ def tune_lines(result: TuneResult) -> list[str]:
     per_record = ", ".join(f"{a} {n:g}" for a, n in recipe.requests_per_record.items()) or "none counted"
     cpu = "not measured" if recipe.client_cpu_s_per_request is None else f"{recipe.client_cpu_s_per_request:.4f} s"
     lines.append(f"recipe: requests per record: {per_record}; client CPU per request: {cpu}")
+    if result.compared:
+        lines.append("planned with before this calibration / measured (ratio):")
+        lines += [f"  {fact_line(f)}" for f in result.compared]
     lines.append("recorded in the workspace's facts.json (measured_by: tune)")
     return lines
 

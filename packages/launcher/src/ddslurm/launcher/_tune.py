@@ -9,6 +9,7 @@ record, the client's CPU per request), and records them in the workspace's facts
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import tempfile
 import time
@@ -20,6 +21,7 @@ import msgspec
 
 from ddslurm.config import (
     Facts,
+    ModelFact,
     Plan,
     RunFile,
     RunLayout,
@@ -29,12 +31,15 @@ from ddslurm.config import (
     load_run_file,
     update_facts,
 )
+from ddslurm.launcher._fact_check import beside
 from ddslurm.launcher._follow import SchedulerBusy, wait_for_run
 from ddslurm.launcher._slurm import Slurm
 from ddslurm.launcher._status import RunStatus
 from ddslurm.launcher._submit import submit
 from ddslurm.launcher._tune_facts import TuneFailedError, TuneResult, calibration_attempt, tune_result
 from ddslurm.launcher.errors import UsageError
+from ddslurm.launcher.report._model import FactMeasured
+from ddslurm.planner import model_uses
 
 DEFAULT_RECORDS = 64
 """Records of a calibration run unless ``--records`` says otherwise (at most the run file's): enough for the
@@ -142,11 +147,24 @@ def tune(
     result = tune_result(done.layout, done.plan, clock().isoformat())
     workspace = done.layout.root.parent.parent
 
+    compared: list[FactMeasured] = []
+
     def change(facts: Facts) -> Facts:
-        for _alias, fact in result.models:
+        compared.clear()
+        for alias, fact in result.models:
+            compared.extend(planned_beside(facts.model(fact.shape), alias, fact))
             facts = facts.with_model(fact)
         return facts.with_recipe(result.recipe)
 
     if not result.models:
         raise TuneFailedError(f"the calibration run measured no deployment; run dir: {done.layout.root}")
-    return result, update_facts(facts_path(workspace), change)
+    written = update_facts(facts_path(workspace), change)
+    return dataclasses.replace(result, compared=tuple(compared)), written
+
+
+def planned_beside(earlier: ModelFact | None, alias: str, measured: ModelFact) -> list[FactMeasured]:
+    """What the planner would have used for ``measured``'s shape before it (``earlier``: the workspace's fact, or
+    None) at the capacity and engine flags it was measured with, beside it: model load and replica rate."""
+    subject = f"{alias}:{measured.shape.key()}"
+    load, rate = model_uses(earlier, subject, measured.capacity, measured.flags)
+    return [beside(load, measured.load_s), beside(rate, measured.requests_per_s)]

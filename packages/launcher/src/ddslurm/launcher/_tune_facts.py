@@ -25,6 +25,7 @@ from ddslurm.config import (
 )
 from ddslurm.launcher.errors import LauncherError
 from ddslurm.launcher.report import parse_client_out
+from ddslurm.launcher.report._model import FactMeasured
 
 
 class TuneFailedError(LauncherError):
@@ -38,6 +39,9 @@ class TuneResult:
     models: tuple[tuple[str, ModelFact], ...]
     """Per alias, what its replica measured."""
     recipe: RecipeFact
+    compared: tuple[FactMeasured, ...] = ()
+    """Per alias, the model load and rate the planner would have used before this calibration (the workspace's
+    facts at its capacity and engine flags, or the defaults) beside what it measured."""
 
 
 def calibration_attempt(layout: RunLayout) -> tuple[AttemptRecord, Path]:

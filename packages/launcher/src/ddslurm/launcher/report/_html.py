@@ -295,6 +295,32 @@ def render_html(report: RunReport) -> str:
                 {1, 2, 3},
             )
         )
+    if report.facts:
+        parts.append("<h2>Facts planned with, and measured</h2>")
+        parts.append(
+            "<p class=muted>Each number the planner's cost model predicted this run with (the workspace's facts, "
+            "the median of the runs it rests on, or a default) beside what this run measured of it; a run whose "
+            "attempts did not end cleanly measures no server rate, load or overhead.</p>"
+        )
+        parts.append(
+            _table(
+                ["fact", "of", "planned with", "from", "runs", "this run", "this run / planned", "note"],
+                [
+                    [
+                        f.name,
+                        f.subject,
+                        _num(f.used, 4),
+                        f.origin,
+                        f.runs,
+                        _num(f.measured, 4),
+                        _num(f.ratio, 3),
+                        f.note,
+                    ]
+                    for f in report.facts
+                ],
+                {2, 4, 5, 6},
+            )
+        )
     parts.append("<h2>Failures</h2>")
     if report.failures:
         parts.append(_chart(figures, "failures"))

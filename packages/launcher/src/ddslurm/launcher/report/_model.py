@@ -182,6 +182,28 @@ class PredictedMeasured(msgspec.Struct, kw_only=True):
     rows: list[Compared]
 
 
+class FactMeasured(msgspec.Struct, kw_only=True):
+    """One input of the planner's cost model (``Plan.prediction.facts``) beside this run's own measure of it: how
+    far the fact the run was planned with was from what the run did."""
+
+    name: str
+    """``load_s``, ``requests_per_s``, ``requests_per_record``, ``client_cpu_s_per_request``,
+    ``allocation_overhead_s``, ``cpu_stage_records_per_s``."""
+    subject: str
+    """A model alias (with its model shape's key after a colon), or ``recipe``."""
+    used: float
+    """The value the planner predicted with."""
+    origin: str
+    """``default``, ``run``, ``tune`` or ``run file``."""
+    runs: int
+    """How many runs the used value rests on (their median); 0: a default."""
+    measured: float | None
+    """What this run measured; None: not measured (``note`` says why)."""
+    ratio: float | None
+    """``measured / used`` (3 decimals); None when either is unknown or the used value is 0."""
+    note: str = ""
+
+
 class FailureGroup(msgspec.Struct, kw_only=True):
     reason: str
     count: int
@@ -247,6 +269,9 @@ class RunReport(msgspec.Struct, kw_only=True):
     gpu: GpuUsage | None = None
     predicted: PredictedMeasured | None = None
     """The plan's prediction beside the measurement; None when the plan has none (hosted-only runs)."""
+    facts: list[FactMeasured] = msgspec.field(default_factory=list)
+    """Each fact the prediction used beside this run's measure of it (``ddslurm.launcher._measure.fact_check``;
+    the command that writes the report fills it); empty without a prediction."""
     failures: list[FailureGroup] = msgspec.field(default_factory=list)
     dataset: DatasetReport | None = None
     columns: list[ColumnReport] = msgspec.field(default_factory=list)
