@@ -54,7 +54,7 @@ FAKE_OPTIONS: tuple[FakeOption, ...] = (
     ),
     FakeOption(
         "--fake-crash-after", "FAKE_VLLM_CRASH_AFTER", "crash_after", "count", None,
-        "serve N chat requests, then exit with status 1 abruptly when request N+1 arrives",
+        "answer the first N chat requests, then exit with status 1 abruptly (those in flight die with it)",
     ),
     FakeOption(
         "--fake-error-rate", "FAKE_VLLM_ERROR_RATE", "error_rate", "rate", 0.0,
