@@ -5,6 +5,7 @@ Frozen msgspec structs for everything that crosses a package or machine boundary
 """
 
 from ddslurm.config._base import Frozen
+from ddslurm.config._budget import BudgetMember, KeyBudgetState, budget_key
 from ddslurm.config._codec import (
     digest,
     encode,
@@ -146,6 +147,9 @@ from ddslurm.config._yaml import load_struct, locate, read_yaml, to_builtins
 from ddslurm.config.errors import ConfigError, ConfigFileError, ConfigFileErrors, UnsafePathError
 
 __all__ = [
+    "BudgetMember",
+    "KeyBudgetState",
+    "budget_key",
     "Batching",
     "Calibration",
     "CalibrationEntry",
