@@ -73,3 +73,24 @@ def test_no_headers_or_broken_ones_say_nothing() -> None:
     broken = {"x-ratelimit-limit-requests": "many", "x-ratelimit-reset-requests": "later", "retry-after": "?"}
     assert rate_signal(broken, NOW).empty
     assert rate_signal({"x-ratelimit-remaining-requests": "-1"}, NOW).empty
+
+
+@pytest.mark.parametrize("style", ["openai", "anthropic"])
+def test_what_the_stand_in_says_of_its_limited_key_reads_as_the_providers_do(style: str) -> None:
+    """The stand-in's rate-limited key (``--fake-rate-limit-rpm``) answers in each provider's header style; read
+    back here, its answers say the limit, what is left and, on its 429, how long to wait."""
+    import httpx
+
+    from fake_vllm.testing import start_server
+
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    args = ["--served-model-name", "m", "--fake-rate-limit-rpm", "3", "--fake-rate-headers", style]
+    with start_server("m", args=args) as server:
+        answers = [httpx.post(f"{server.base_url}/chat/completions", json=chat) for _ in range(4)]
+    assert [a.status_code for a in answers] == [200, 200, 200, 429]
+    now = datetime.now(UTC)
+    first, limited = rate_signal(answers[0].headers, now), rate_signal(answers[3].headers, now)
+    assert (first.requests_limit, first.requests_remaining) == (3, 2)
+    assert (limited.requests_limit, limited.requests_remaining) == (3, 0)
+    assert limited.retry_after_s is not None and limited.retry_after_s >= 1
+    assert limited.requests_reset_s is not None and 0 < limited.requests_reset_s <= 60

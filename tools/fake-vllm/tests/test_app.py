@@ -464,3 +464,15 @@ def test_embeddings_are_deterministic_and_need_the_key() -> None:
         assert one["data"][0]["embedding"] == pooled  # the text's one vector, whichever route asks
         assert keyed.post("/v1/embeddings", json={"model": "x", "input": "one"}, headers=auth).status_code == 404
         assert keyed.post("/v1/embeddings", json={"model": "m", "input": []}, headers=auth).status_code == 400
+
+
+def test_a_rate_limited_key_answers_429_with_its_headers_and_headers_on_every_answer() -> None:
+    with _client(rate_limit_rpm=2) as client:
+        first, second, third = (client.post("/v1/chat/completions", json=CHAT) for _ in range(3))
+    assert (first.status_code, second.status_code, third.status_code) == (200, 200, 429)
+    assert first.headers["x-ratelimit-limit-requests"] == "2" and first.headers["x-ratelimit-remaining-requests"] == "1"
+    assert third.headers["retry-after"] == "30" and third.headers["x-ratelimit-remaining-requests"] == "0"
+    assert third.json()["error"]["code"] == 429 and "requests" in third.json()["error"]["message"]
+    with _client(rate_limit_in_flight=1, rate_headers="none") as client:
+        answer = client.post("/v1/chat/completions", json=CHAT)
+    assert answer.status_code == 200 and not any(h.startswith("x-ratelimit") for h in answer.headers)

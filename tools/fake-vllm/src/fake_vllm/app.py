@@ -35,6 +35,7 @@ from fake_vllm.faults import Fault, FaultInjector
 from fake_vllm.gate import Gate
 from fake_vllm.log import log
 from fake_vllm.metrics import CONTENT_TYPE, Metrics
+from fake_vllm.ratelimit import RateLimiter
 from fake_vllm.rendezvous import Leader
 from fake_vllm.request_log import RequestLog, RequestLogEntry, now
 from fake_vllm.settings import Settings
@@ -68,6 +69,16 @@ class ServerState:
         self.slots = asyncio.Semaphore(settings.capacity) if settings.capacity > 0 else None
         self.gate = Gate(settings.gate) if settings.gate is not None else None
         self.created = int(time.time())
+        self.limiter = (
+            RateLimiter(
+                requests_per_minute=settings.rate_limit_rpm,
+                tokens_per_minute=settings.rate_limit_tpm,
+                in_flight=settings.rate_limit_in_flight,
+                style=settings.rate_headers,  # type: ignore[arg-type]
+            )
+            if settings.rate_limited
+            else None
+        )
         self.answered = 0  # of the first ``crash_after`` chat requests: how many have their answer
         self.doomed = asyncio.Event()  # never set: a request after the ``crash_after``-th waits for the crash
 
@@ -287,6 +298,33 @@ class _Handlers:
         if unknown is not None:
             return self._finish(request, unknown, model=model, n_messages=n_messages)
 
+        limiter = self.state.limiter
+        if limiter is None:
+            return await self._admitted(request, body, model=model, n_messages=n_messages, match=match)
+        max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or 16
+        admission = limiter.admit(prompt_tokens(body["messages"]) + int(max_tokens))
+        if not admission.admitted:
+            limited = JSONResponse(
+                error_body(
+                    f"fake-vllm: rate limit reached for {admission.reason} (--fake-rate-limit-*)",
+                    "rate_limit_exceeded",
+                    429,
+                ),
+                status_code=429,
+                headers=admission.headers,
+            )
+            return self._finish(request, limited, model=model, n_messages=n_messages)
+        try:
+            response = await self._admitted(request, body, model=model, n_messages=n_messages, match=match)
+        finally:
+            limiter.done()
+        response.headers.update(limiter.headers() if response.status_code != 429 else {})
+        return response
+
+    async def _admitted(
+        self, request: Request, body: dict[str, Any], *, model: str, n_messages: int, match: str | None
+    ) -> Response:
+        """A chat request past the key's rate limit: the outage file, the gate, the fault draw, the answer."""
         down = _outage(self.settings.outage)
         if down == 429:
             limited = JSONResponse(

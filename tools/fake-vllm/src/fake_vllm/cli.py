@@ -33,7 +33,7 @@ class FakeOption:
     flag: str
     env: str
     dest: str
-    kind: str  # "seconds", "count", "rate", "int", "bool", "path", "regex", "text"
+    kind: str  # "seconds", "count", "rate", "int", "bool", "path", "regex", "text", "headers"
     default: Any
     help: str
 
@@ -104,6 +104,24 @@ FAKE_OPTIONS: tuple[FakeOption, ...] = (
         "provider in an outage or over its rate limit; empty or absent, none (a test's event, never a clock)",
     ),
     FakeOption(
+        "--fake-rate-limit-rpm", "FAKE_VLLM_RATE_LIMIT_RPM", "rate_limit_rpm", "count", None,
+        "the key admits N chat requests a minute (a bucket of N refilled continuously); above, 429 with "
+        "Retry-After and the rate headers (--fake-rate-headers)",
+    ),
+    FakeOption(
+        "--fake-rate-limit-tpm", "FAKE_VLLM_RATE_LIMIT_TPM", "rate_limit_tpm", "count", None,
+        "the key admits N tokens a minute (a request counts its prompt and its max_tokens)",
+    ),
+    FakeOption(
+        "--fake-rate-limit-in-flight", "FAKE_VLLM_RATE_LIMIT_IN_FLIGHT", "rate_limit_in_flight", "count", None,
+        "the key admits N chat requests at once; above, 429",
+    ),
+    FakeOption(
+        "--fake-rate-headers", "FAKE_VLLM_RATE_HEADERS", "rate_headers", "headers", "openai",
+        "how a rate-limited key says so on every answer: openai (x-ratelimit-*), anthropic "
+        "(anthropic-ratelimit-*) or none (not even Retry-After on a 429)",
+    ),
+    FakeOption(
         "--fake-join-timeout", "FAKE_VLLM_JOIN_TIMEOUT", "join_timeout", "seconds", 120.0,
         "a follower rank retries reaching its leader's rendezvous address this long, then exits with status 1",
     ),
@@ -147,6 +165,12 @@ def _rate(text: str) -> float:
     return value
 
 
+def _headers(text: str) -> str:
+    if text not in ("openai", "anthropic", "none"):
+        raise ValueError(f"expected openai, anthropic or none, got {text!r}")
+    return text
+
+
 def _boolean(text: str) -> bool:
     lowered = text.strip().lower()
     if lowered in ("1", "true", "yes", "on"):
@@ -165,6 +189,7 @@ _CONVERTERS: dict[str, Callable[[str], Any]] = {
     "path": Path,
     "regex": _regex,
     "text": str,
+    "headers": _headers,
 }
 
 

@@ -90,6 +90,16 @@ class Settings:
     outage: Path | None = None
     """``--fake-outage``: the file that says whether the provider is down (``500``) or rate limited (``429``)."""
     join_timeout: float = 120.0
+    rate_limit_rpm: int | None = None
+    """``--fake-rate-limit-rpm``: the key's requests a minute (``ratelimit.py``); None: no limit."""
+    rate_limit_tpm: int | None = None
+    rate_limit_in_flight: int | None = None
+    rate_headers: str = "openai"
+    """``openai``, ``anthropic`` or ``none``: the rate-limit headers of every answer of a limited key."""
+
+    @property
+    def rate_limited(self) -> bool:
+        return any(v is not None for v in (self.rate_limit_rpm, self.rate_limit_tpm, self.rate_limit_in_flight))
 
     @property
     def primary_name(self) -> str:
