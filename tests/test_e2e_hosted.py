@@ -13,7 +13,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from ddslurm.config import AttemptRecord, read_json
+from ddslurm.config import AttemptRecord, HostedUsage, KeyBudgetState, read_json
 from tests.e2e import attempts, cli_json, run_cli, until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.dd]
@@ -21,8 +21,26 @@ pytestmark = [pytest.mark.slurm, pytest.mark.dd]
 OUTPUTS: list[str] = []  # everything the CLI printed in this process, scanned for secrets
 
 
-def test_hosted_only_run_end_to_end(make_run_files: Any, hosted_endpoint: Any, scan_for_secret: Any) -> None:
+def test_hosted_only_run_end_to_end(make_run_files: Any, scan_for_secret: Any, tmp_path: Path) -> None:
+    """Three shards against a key that admits 2 requests at once (429 with ``Retry-After`` above, the rate headers
+    on every answer): the clients' gates share the key's budget and wait its 429s out, so the run succeeds; what
+    they counted is what the key's own log says it received; nothing holds the key's value."""
+    from fake_vllm.testing import start_server
+
+    key = "sk-limited-" + "3" * 20
+    log = tmp_path / "key.jsonl"
+    limited = ["--served-model-name", "demo/writer-8b", "demo/judge-70b", "--fake-latency", "0.3",
+               "--fake-rate-limit-in-flight", "2", "--fake-request-log", str(log)]  # fmt: skip
+    with start_server("demo", args=limited, api_key=key) as endpoint:
+        _hosted_only_run(make_run_files, scan_for_secret, endpoint.base_url, key, log)
+
+
+def _hosted_only_run(make_run_files: Any, scan_for_secret: Any, base_url: str, key: str, log: Path) -> None:
     files = make_run_files("e2e", num_records=9, shards=3, buffer_size=2)
+    (files.dd_home / "model_providers.yaml").write_text(
+        "providers:\n- {name: demo-hosted, endpoint: '" + base_url + "', api_key: DEMO_HOSTED_API_KEY}\n"
+    )
+    files.env["DEMO_HOSTED_API_KEY"] = key
     submitted = cli_json(
         "submit", str(files.run_file), "--profile", str(files.profile), "--json", env=files.env, outputs=OUTPUTS
     )
@@ -55,12 +73,26 @@ def test_hosted_only_run_end_to_end(make_run_files: Any, hosted_endpoint: Any, s
     assert duckdb.sql(f"select count(*) from read_parquet('{dataset}/*.parquet')").fetchone() == (9,)
     assert "--gres=none" in next(run_dir.glob("collect-*.sbatch")).read_text()
 
-    requests = [json.loads(line) for line in hosted_endpoint.request_log.read_text().splitlines()]
-    assert any(r["authorized"] and r["model"] == "demo/judge-70b" for r in requests)
-    # Nothing the run left behind holds the key: scripts, plan, snapshot, records, logs, data.
-    assert scan_for_secret(run_dir, hosted_endpoint.api_key) == []
-    assert scan_for_secret(files.root, hosted_endpoint.api_key) == []
-    assert not any(hosted_endpoint.api_key in text for text in OUTPUTS)
+    requests = [json.loads(line) for line in log.read_text().splitlines()]
+    chats = [r for r in requests if r["path"].endswith("/chat/completions")]
+    assert any(r["authorized"] and r["model"] == "demo/judge-70b" for r in chats)
+    # Issue 36: every request the key received was counted by the gate of the client that sent it, per model.
+    counted: dict[tuple[str, str], int] = {}
+    for usage in run_dir.glob("shards/*/attempts/*/hosted-usage.json"):
+        for entry in read_json(usage, HostedUsage).keys:
+            for what in ("requests", "succeeded", "limited"):
+                counted[entry.model, what] = counted.get((entry.model, what), 0) + getattr(entry, what)
+    for model in ("demo/writer-8b", "demo/judge-70b"):
+        statuses = [r["status"] for r in chats if r["model"] == model]
+        assert (counted[model, "requests"], counted[model, "succeeded"], counted[model, "limited"]) == (
+            len(statuses), statuses.count(200), statuses.count(429)
+        ), model  # fmt: skip
+    [budget] = (run_dir / "budgets").glob("*.json")
+    assert read_json(budget, KeyBudgetState).members == {}  # every client gave its share back
+    # Nothing the run left behind holds the key: scripts, plan, snapshot, records, logs, data, budgets.
+    assert scan_for_secret(run_dir, key) == []
+    assert scan_for_secret(files.root, key) == []
+    assert not any(key in text for text in OUTPUTS)
 
 
 def _ran_on_cpus_without_servers(run_dir: Path, job_id: str) -> None:

@@ -5,7 +5,7 @@ Frozen msgspec structs for everything that crosses a package or machine boundary
 """
 
 from ddslurm.config._base import Frozen
-from ddslurm.config._budget import BudgetMember, KeyBudgetState, budget_key
+from ddslurm.config._budget import BudgetMember, HostedUsage, KeyBudgetState, KeyUsage, budget_key
 from ddslurm.config._codec import (
     digest,
     encode,
@@ -148,6 +148,8 @@ from ddslurm.config.errors import ConfigError, ConfigFileError, ConfigFileErrors
 
 __all__ = [
     "BudgetMember",
+    "HostedUsage",
+    "KeyUsage",
     "KeyBudgetState",
     "budget_key",
     "Batching",

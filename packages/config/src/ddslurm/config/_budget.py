@@ -53,3 +53,26 @@ class KeyBudgetState(Frozen, frozen=True, kw_only=True):
     limited: Count = 0
     """Of ``answered``, the 429s."""
     members: dict[str, BudgetMember] = msgspec.field(default_factory=dict)
+
+
+class KeyUsage(Frozen, frozen=True, kw_only=True):
+    """What one client step sent through its gate to one hosted key for one model: every request the provider
+    received from it (a 429 sent again counts again), and the tokens of the answers' ``usage``."""
+
+    key: str
+    """:func:`budget_key` of the provider's endpoint and key variable."""
+    model: str
+    requests: Count = 0
+    succeeded: Count = 0
+    limited: Count = 0
+    """Answered 429."""
+    failed: Count = 0
+    """Answered another error (4xx, 5xx)."""
+    input_tokens: Count = 0
+    output_tokens: Count = 0
+
+
+class HostedUsage(Frozen, frozen=True, kw_only=True):
+    """An attempt's ``hosted-usage.json``: its client step's hosted requests, per key and model."""
+
+    keys: tuple[KeyUsage, ...] = ()

@@ -70,6 +70,11 @@ class AttemptLayout:
         """What the attempt's client step used (:class:`~ddslurm.config.ClientUsage`), written when it ends."""
         return self.dir / "client-usage.json"
 
+    @property
+    def hosted_usage(self) -> Path:
+        """The client step's hosted requests by key and model (:class:`~ddslurm.config.HostedUsage`)."""
+        return self.dir / "hosted-usage.json"
+
 
 @dataclass(frozen=True, slots=True)
 class ShardLayout:
@@ -204,6 +209,11 @@ class RunLayout:
     @property
     def logs(self) -> Path:
         return self.root / "logs"
+
+    @property
+    def budgets(self) -> Path:
+        """One file a hosted key the run uses (:class:`~ddslurm.config.KeyBudgetState`): its shared budget."""
+        return self.root / "budgets"
 
     @property
     def shards(self) -> Path:

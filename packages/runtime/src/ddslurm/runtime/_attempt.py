@@ -50,6 +50,7 @@ from ddslurm.runtime._fill import (
     recipe_reading,
     row_keys,
 )
+from ddslurm.runtime._hosted_gate import HostedGate
 from ddslurm.runtime._inputs import Inputs
 from ddslurm.runtime._progress import ProgressFile
 from ddslurm.runtime._resume import EmptyLimit, continued_files, resume_source, seed_from
@@ -403,8 +404,21 @@ class AttemptRunner:
     def _generate(
         self, inputs: Inputs, began: Began, endpoints: Mapping[str, str], log: Any, resume_own: bool, *, counted: bool
     ) -> int:
-        """One run of Data Designer for the attempt; ``counted``: it is a client run of its own (not a further try
-        of the same run after the provider was unavailable)."""
+        """One run of Data Designer for the attempt, its hosted providers behind the client's gate (their keys'
+        shared budgets, :mod:`ddslurm.runtime._hosted_gate`); ``counted``: it is a client run of its own (not a
+        further try of the same run after the provider was unavailable)."""
+        gate = HostedGate(
+            inputs.snapshot.providers,
+            budgets=self._layout.budgets,
+            member=f"{began.record.job_id}-{began.record.attempt}",
+            usage_file=began.layout.hosted_usage,
+        )
+        with gate.running() as hosted:
+            return self._generate_gated(inputs, began, {**endpoints, **hosted}, log, resume_own, counted=counted)
+
+    def _generate_gated(
+        self, inputs: Inputs, began: Began, endpoints: Mapping[str, str], log: Any, resume_own: bool, *, counted: bool
+    ) -> int:
         plan = inputs.plan
         num_records, shard_index, attempt = began.num_records, began.shard, began.layout
         missing = [n for n in plan.secret_env if not self._env.get(n)]

@@ -163,7 +163,7 @@ def run_engine(request: EngineRequest) -> EngineResult:
     _estimate_tokens_offline()
     providers = []
     for p in request.snapshot.providers:
-        endpoint = request.endpoints.get(p.name, p.endpoint) if p.local else p.endpoint
+        endpoint = request.endpoints.get(p.name, p.endpoint)  # a local one's replicas, a hosted one's gate
         providers.append(
             dd.ModelProvider(
                 name=p.name,

@@ -1,0 +1,63 @@
+"""The client's gate in front of a hosted key: requests relayed unchanged under the key's budget, 429s waited out
+rather than passed on, every request counted as the provider counted it, and the key's value nowhere on disk."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import httpx
+
+from ddslurm.config import HostedUsage, KeyBudgetState, SnapshotProvider, budget_key, read_json
+from ddslurm.runtime._hosted_gate import HostedGate
+
+KEY = "sk-gate-" + "4" * 24
+CHAT = {"model": "demo/writer", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
+
+
+def _send_all(base: str, n: int) -> list[httpx.Response]:
+    async def all_at_once() -> list[httpx.Response]:
+        headers = {"Authorization": f"Bearer {KEY}"}
+        async with httpx.AsyncClient(base_url=base, timeout=120, headers=headers) as client:
+            return list(await asyncio.gather(*(client.post("/chat/completions", json=CHAT) for _ in range(n))))
+
+    return asyncio.run(all_at_once())
+
+
+def test_a_key_that_admits_two_at_once_answers_every_request_through_the_gate(tmp_path: Path) -> None:
+    """20 requests at once against a key of 2 at a time: the gate starts at 4 at once, the key answers 429s, the
+    gate cuts its share, waits as told and sends again: every request gets its 200; what the gate counted is what
+    the key's own log says it received; its budget file and counts hold the key's name, never its value."""
+    from fake_vllm.testing import start_server
+
+    log = tmp_path / "requests.jsonl"
+    args = ["--served-model-name", "demo/writer", "--fake-latency", "0.2", "--fake-rate-limit-in-flight", "2",
+            "--fake-request-log", str(log)]  # fmt: skip
+    with start_server("demo", args=args, api_key=KEY) as server:
+        provider = SnapshotProvider(name="demo", endpoint=server.base_url, api_key_env="DEMO_KEY")
+        usage_file = tmp_path / "hosted-usage.json"
+        gate = HostedGate([provider], budgets=tmp_path / "budgets", member="7-attempt-7", usage_file=usage_file)
+        with gate.running() as endpoints:
+            answers = _send_all(endpoints["demo"], 20)
+            unauthorized = httpx.post(f"{endpoints['demo']}/chat/completions", json=CHAT, timeout=60)
+            stranger = httpx.post(endpoints["demo"].replace(endpoints["demo"].split("/")[3], "guess") + "/x")
+    assert [a.status_code for a in answers] == [200] * 20
+    assert unauthorized.status_code == 401  # the provider judges the key, as without the gate
+    assert stranger.status_code == 404  # without the gate's path secret, nothing is relayed
+    received = [json.loads(line) for line in log.read_text().splitlines()]
+    chats = [r for r in received if r["path"].endswith("/chat/completions")]
+    statuses = [r["status"] for r in chats]
+    assert statuses.count(200) == 20 and statuses.count(429) >= 1, statuses  # it did meet the key's limit
+    [counted] = read_json(usage_file, HostedUsage).keys
+    assert counted.key == budget_key(server.base_url, "DEMO_KEY") and counted.model == "demo/writer"
+    assert (counted.requests, counted.succeeded, counted.limited, counted.failed) == (
+        len(chats), 20, statuses.count(429), statuses.count(401)
+    )  # fmt: skip
+    assert counted.input_tokens == sum(a.json()["usage"]["prompt_tokens"] for a in answers)
+    assert counted.output_tokens == sum(a.json()["usage"]["completion_tokens"] for a in answers)
+    state = read_json(tmp_path / "budgets" / f"{counted.key}.json", KeyBudgetState)
+    assert state.limited == statuses.count(429) and state.members == {}  # the gate gave its share back
+    for path in tmp_path.rglob("*"):
+        if path.is_file():
+            assert KEY.encode() not in path.read_bytes(), path
