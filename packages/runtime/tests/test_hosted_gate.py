@@ -4,6 +4,7 @@ rather than passed on, every request counted as the provider counted it, and the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import httpx
 
 from ddslurm.config import HostedUsage, KeyBudgetState, SnapshotProvider, budget_key, read_json
 from ddslurm.runtime._hosted_gate import HostedGate
+from ddslurm.runtime._key_budget import Caps
 
 KEY = "sk-gate-" + "4" * 24
 CHAT = {"model": "demo/writer", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
@@ -61,3 +63,26 @@ def test_a_key_that_admits_two_at_once_answers_every_request_through_the_gate(tm
     for path in tmp_path.rglob("*"):
         if path.is_file():
             assert KEY.encode() not in path.read_bytes(), path
+
+
+def test_a_request_data_designer_gave_up_on_holds_no_slot(tmp_path: Path) -> None:
+    """A model that never answers: the caller times out and goes; its request is cancelled in the gate and gives
+    back the key's one slot, so the next request (another model of the key, answered at once) is sent at once; it
+    would wait for the hung one otherwise."""
+    from fake_vllm.testing import start_server
+
+    gate_file = tmp_path / "gate"
+    gate_file.write_text("hold")  # the stand-in holds every request for demo/hung
+    args = ["--served-model-name", "demo/writer", "demo/hung", "--fake-gate", str(gate_file),
+            "--fake-gate-model", "demo/hung"]  # fmt: skip
+    with start_server("demo", args=args, api_key=KEY) as server:
+        provider = SnapshotProvider(name="demo", endpoint=server.base_url, api_key_env="DEMO_KEY")
+        caps = {"demo": Caps(in_flight=1)}  # one request at once: the hung one would hold it
+        gate = HostedGate([provider], budgets=tmp_path / "budgets", member="8-attempt-8",
+                          usage_file=tmp_path / "usage.json", caps=caps)  # fmt: skip
+        with gate.running() as endpoints:
+            url, headers = f"{endpoints['demo']}/chat/completions", {"Authorization": f"Bearer {KEY}"}
+            with contextlib.suppress(httpx.TimeoutException):
+                httpx.post(url, json={**CHAT, "model": "demo/hung"}, headers=headers, timeout=1.0)
+            answer = httpx.post(url, json=CHAT, headers=headers, timeout=10.0)
+    assert answer.status_code == 200

@@ -165,7 +165,8 @@ class HostedGate:
                     self._keys[earlier.key].usage[earlier.model] = earlier
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_route("*", "/{secret}/{index}/{tail:.*}", self._relay)
-        runner = web.AppRunner(app, access_log=None)
+        # a request Data Designer gave up on (its timeout) is cancelled here too: it holds no slot of the key
+        runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=60)
@@ -262,7 +263,7 @@ class HostedGate:
                                "type": "rate_limit_exceeded", "code": 429}},
                     status=429,
                 )  # fmt: skip
-            try:
+            try:  # the slot is given back however the request ends (Data Designer gone: cancelled here)
                 relay = self._session.request(request.method, url, data=body, headers=headers, proxy=_proxy_for(url))
                 async with relay as upstream:
                     payload = await upstream.read()
@@ -270,13 +271,13 @@ class HostedGate:
                     answer_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _DROP}
                     signal = rate_signal(upstream.headers, _utc(self._clock()))
             except aiohttp.ClientError as exc:
-                self._done(key)
                 return web.json_response(
                     {"error": {"message": f"the provider could not be reached: {type(exc).__name__}",
                                "type": "BadGateway", "code": 502}},
                     status=502,
                 )  # fmt: skip
-            self._done(key)
+            finally:
+                self._done(key)
             key.answered += 1
             key.signal = signal if not signal.empty else key.signal
             key.count(model, status, payload)
