@@ -86,3 +86,30 @@ def test_a_request_data_designer_gave_up_on_holds_no_slot(tmp_path: Path) -> Non
                 httpx.post(url, json={**CHAT, "model": "demo/hung"}, headers=headers, timeout=1.0)
             answer = httpx.post(url, json=CHAT, headers=headers, timeout=10.0)
     assert answer.status_code == 200
+
+
+def test_the_provider_answer_gets_the_aliass_own_timeout_then_504(tmp_path: Path) -> None:
+    """Data Designer waits its own timeout plus the gate's hold for a hosted answer; the gate applies the alias's
+    own timeout to the provider's answer, so a hung provider is a 504 after it, as it was a timeout before."""
+    from ddslurm.config import ProviderSnapshot, SnapshotModel, recipe_with_models
+    from ddslurm.runtime._hosted_gate import MAX_WAIT_S
+    from fake_vllm.testing import start_server
+
+    gate_file = tmp_path / "gate"
+    gate_file.write_text("hold")
+    args = ["--served-model-name", "demo/writer", "--fake-gate", str(gate_file)]
+    model = SnapshotModel(alias="writer", model="demo/writer", provider="demo", inference_parameters={"timeout": 1})
+    with start_server("demo", args=args, api_key=KEY) as server:
+        provider = SnapshotProvider(name="demo", endpoint=server.base_url, api_key_env="DEMO_KEY")
+        gate = HostedGate([provider], models=[model], budgets=tmp_path / "b", member="9-attempt-9",
+                          usage_file=tmp_path / "usage.json")  # fmt: skip
+        with gate.running() as endpoints:
+            answer = httpx.post(f"{endpoints['demo']}/chat/completions", json=CHAT,
+                                headers={"Authorization": f"Bearer {KEY}"}, timeout=60)  # fmt: skip
+    assert answer.status_code == 504 and "within 1 s" in answer.json()["error"]["message"]
+    snapshot = ProviderSnapshot(providers=(provider,), models=(model,))
+    recipe = {"data_designer": {"columns": [], "model_configs": []}}
+    [config] = recipe_with_models(recipe, snapshot, None, hosted_wait_s=MAX_WAIT_S)["data_designer"]["model_configs"]
+    assert config["inference_parameters"]["timeout"] == 1 + MAX_WAIT_S
+    [plain] = recipe_with_models(recipe, snapshot, None)["data_designer"]["model_configs"]
+    assert plain["inference_parameters"] == {"timeout": 1}  # no gate: the recipe's own

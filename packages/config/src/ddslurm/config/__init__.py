@@ -86,8 +86,10 @@ from ddslurm.config._recipe import LLM_COLUMN_TYPES, is_drop_processor, llm_colu
 from ddslurm.config._recipe_graph import RecipeColumn, final_columns
 from ddslurm.config._recipe_models import (
     DD_DEFAULT_MAX_PARALLEL_REQUESTS,
+    DD_DEFAULT_REQUEST_TIMEOUT_S,
     parallel_requests,
     recipe_with_models,
+    request_timeout_s,
     sized_parallel_requests,
 )
 from ddslurm.config._recipe_seed import partition_seed
@@ -192,6 +194,7 @@ __all__ = [
     "ConfigFileErrors",
     "DD_BUILDER_FUNCTION",
     "DD_DEFAULT_MAX_PARALLEL_REQUESTS",
+    "DD_DEFAULT_REQUEST_TIMEOUT_S",
     "Deployment",
     "Engine",
     "DeploymentPlan",
@@ -285,6 +288,7 @@ __all__ = [
     "recipe_processors",
     "recipe_section",
     "recipe_with_models",
+    "request_timeout_s",
     "server_env_secret",
     "value_secret",
     "sha256_bytes",

@@ -12,6 +12,9 @@ from ddslurm.config._plan import ServingPlan
 from ddslurm.config._recipe import recipe_section
 from ddslurm.config._snapshot import ProviderSnapshot
 
+DD_DEFAULT_REQUEST_TIMEOUT_S = 60
+"""Data Designer's request timeout when a model config sets none (``inference_parameters.timeout: null``: its HTTP
+client's ``timeout_s``, 60 s, in 0.9.x and 1.0)."""
 DD_DEFAULT_MAX_PARALLEL_REQUESTS = 4
 """Data Designer's default ``inference_parameters.max_parallel_requests`` (``BaseInferenceParams`` in
 ``data_designer/config/models.py``: ``Field(default=4, ge=1)``, 0.9.7). A recipe that Data Designer wrote always
@@ -48,14 +51,22 @@ def parallel_requests(snapshot: ProviderSnapshot, serving: ServingPlan | None) -
     }
 
 
+def request_timeout_s(params: Mapping[str, Any] | None) -> int:
+    """The seconds Data Designer waits for a model config's answer."""
+    return int((params or {}).get("timeout") or DD_DEFAULT_REQUEST_TIMEOUT_S)
+
+
 def recipe_with_models(
-    recipe: Mapping[str, Any], snapshot: ProviderSnapshot, serving: ServingPlan | None
+    recipe: Mapping[str, Any], snapshot: ProviderSnapshot, serving: ServingPlan | None, *, hosted_wait_s: int = 0
 ) -> dict[str, Any]:
     """The recipe with its model configs replaced by the snapshot's (hosted ones kept exactly), and each local
     alias's ``max_parallel_requests`` sized from the plan's deployments unless the recipe sets its own
     (:func:`sized_parallel_requests`). A deployed alias skips Data Designer's health check (a request to the model
     before generating, seconds per shard): the controller has already checked that each replica answers and serves
-    the model's name before any client may run. The node and the submit-time validation build the recipe here."""
+    the model's name before any client may run. ``hosted_wait_s``: how long the client's gate may hold a hosted
+    request for its key's budget (``ddslurm.runtime._hosted_gate``), added to each hosted alias's request timeout
+    (the gate applies the alias's own to the provider's answer). The node and the submit-time validation build the
+    recipe here."""
     out = copy.deepcopy(dict(recipe))
     sized = sized_parallel_requests(snapshot, serving)
     local = {p.name for p in snapshot.providers if p.local}
@@ -66,6 +77,8 @@ def recipe_with_models(
         params = m.inference_parameters
         if m.alias in sized:
             params = {**(params or {}), "max_parallel_requests": sized[m.alias]}
+        if hosted_wait_s and m.provider not in local:
+            params = {**(params or {}), "timeout": request_timeout_s(params) + hosted_wait_s}
         if params is not None:
             entry["inference_parameters"] = params
         entry["skip_health_check"] = m.skip_health_check or (m.alias in deployed and m.provider in local)

@@ -50,7 +50,7 @@ from ddslurm.runtime._fill import (
     recipe_reading,
     row_keys,
 )
-from ddslurm.runtime._hosted_gate import HostedGate
+from ddslurm.runtime._hosted_gate import HostedGate, gate_wait_s
 from ddslurm.runtime._inputs import Inputs
 from ddslurm.runtime._progress import ProgressFile
 from ddslurm.runtime._resume import EmptyLimit, continued_files, resume_source, seed_from
@@ -409,6 +409,7 @@ class AttemptRunner:
         further try of the same run after the provider was unavailable)."""
         gate = HostedGate(
             inputs.snapshot.providers,
+            models=inputs.snapshot.models,
             budgets=self._layout.budgets,
             member=f"{began.record.job_id}-{began.record.attempt}",
             usage_file=began.layout.hosted_usage,
@@ -455,6 +456,7 @@ class AttemptRunner:
                 preserve_dropped_columns=stage.numbered,
                 source=plan.recipe_source,
                 plugins=plan.plugins,
+                hosted_wait_s=gate_wait_s(inputs.snapshot, endpoints),
             )
         )
         if result.dataset_dir != target:
@@ -603,6 +605,7 @@ class AttemptRunner:
                     preserve_dropped_columns=stage.numbered,
                     source=plan.recipe_source,
                     plugins=plan.plugins,
+                    hosted_wait_s=gate_wait_s(inputs.snapshot, endpoints),
                 )
             )
         except RuntimeFailure as exc:

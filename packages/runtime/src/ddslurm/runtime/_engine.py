@@ -97,6 +97,8 @@ class EngineRequest:
     """The builder script the recipe was made from: its ``rebuild`` columns are taken from running it here."""
     plugins: tuple[PluginRecord, ...] = ()
     """The plugins the plan was made with: checked installed here before anything runs."""
+    hosted_wait_s: int = 0
+    """How long the client's gate may hold a hosted request (0: no gate): added to the hosted aliases' timeouts."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,7 +179,8 @@ def run_engine(request: EngineRequest) -> EngineResult:
     check_plugins(request.plugins)
     source = request.source
     rebuilt = _rebuilt(source) if source is not None and source.rebuild else {}
-    builder = node_builder(recipe_with_models(request.recipe, request.snapshot, request.serving), rebuilt)
+    models = recipe_with_models(request.recipe, request.snapshot, request.serving, hosted_wait_s=request.hosted_wait_s)
+    builder = node_builder(models, rebuilt)
     designer = DataDesigner(
         artifact_path=request.artifact_path,
         model_providers=providers or [unused_provider()],

@@ -32,25 +32,37 @@ import aiohttp
 from aiohttp import web
 
 from ddslurm.config import (
+    DD_DEFAULT_REQUEST_TIMEOUT_S,
     ConfigError,
     HostedUsage,
     KeyUsage,
+    ProviderSnapshot,
+    SnapshotModel,
     SnapshotProvider,
     atomic_write,
     budget_key,
     encode,
     make_private_dir,
     read_json,
+    request_timeout_s,
 )
 from ddslurm.runtime._key_budget import INTERVAL_S, Caps, Pacer, Report, settle_file
 from ddslurm.runtime._rate_headers import RateSignal, rate_signal
 
+DEFAULT_TIMEOUT_S: Final = float(DD_DEFAULT_REQUEST_TIMEOUT_S)
 _DROP: Final = frozenset(
     {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection", "te",
      "trailer", "trailers", "transfer-encoding", "upgrade", "host", "content-length", "expect", "content-encoding"}
 )  # fmt: skip
-MAX_WAIT_S = 600.0
-"""How long the gate holds one request through the key's pauses and 429s before it passes the 429 on."""
+MAX_WAIT_S = 600
+"""How long the gate holds one request through the key's pauses and 429s before it passes the 429 on: added to
+the hosted aliases' request timeouts in Data Designer (``recipe_with_models``), while the gate applies each
+alias's own timeout to the provider's answer (504 when it passes)."""
+
+
+def gate_wait_s(snapshot: ProviderSnapshot, endpoints: Mapping[str, str]) -> int:
+    """:data:`MAX_WAIT_S` when ``endpoints`` put a hosted provider of ``snapshot`` behind a gate, else 0."""
+    return MAX_WAIT_S if any(not p.local and p.name in endpoints for p in snapshot.providers) else 0
 
 
 @dataclass
@@ -96,6 +108,7 @@ class HostedGate:
         self,
         providers: Sequence[SnapshotProvider],
         *,
+        models: Sequence[SnapshotModel] = (),
         budgets: Path,
         member: str,
         usage_file: Path,
@@ -104,6 +117,8 @@ class HostedGate:
         max_wait_s: float = MAX_WAIT_S,
     ) -> None:
         self._providers = [p for p in providers if not p.local and p.endpoint]
+        self._timeouts = {(m.provider, m.model): request_timeout_s(m.inference_parameters) for m in models}
+        """Per provider and model, how long its answer may take (the alias's own timeout, Data Designer's default)."""
         self._budgets = budgets
         self._member = member
         self._usage_file = usage_file
@@ -263,13 +278,24 @@ class HostedGate:
                                "type": "rate_limit_exceeded", "code": 429}},
                     status=429,
                 )  # fmt: skip
+            timeout = aiohttp.ClientTimeout(
+                total=None, sock_connect=60, sock_read=self._timeouts.get((provider.name, model), DEFAULT_TIMEOUT_S)
+            )
             try:  # the slot is given back however the request ends (Data Designer gone: cancelled here)
-                relay = self._session.request(request.method, url, data=body, headers=headers, proxy=_proxy_for(url))
+                relay = self._session.request(
+                    request.method, url, data=body, headers=headers, proxy=_proxy_for(url), timeout=timeout
+                )
                 async with relay as upstream:
                     payload = await upstream.read()
                     status = upstream.status
                     answer_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _DROP}
                     signal = rate_signal(upstream.headers, _utc(self._clock()))
+            except TimeoutError:
+                return web.json_response(
+                    {"error": {"message": f"the provider did not answer within {timeout.sock_read:g} s",
+                               "type": "GatewayTimeout", "code": 504}},
+                    status=504,
+                )  # fmt: skip
             except aiohttp.ClientError as exc:
                 return web.json_response(
                     {"error": {"message": f"the provider could not be reached: {type(exc).__name__}",
