@@ -31,27 +31,34 @@ KEY = "sk-bench-hosted-keys-" + "0" * 16
 LIMIT_RPM, LIMIT_AT_ONCE, LATENCY_S, RECORDS = 120, 16, 1.0, 240
 
 CLIENT = r"""
-import sys, contextlib
+import os, sys, contextlib
 from pathlib import Path
 import data_designer.config as dd
 from data_designer.interface import DataDesigner
 import yaml
-from ddslurm.config import SnapshotProvider, request_timeout_s
+from ddslurm.config import ProviderSnapshot, SnapshotModel, SnapshotProvider, request_timeout_s
+from ddslurm.runtime._engine import checked_aliases
 from ddslurm.runtime._hosted_gate import MAX_WAIT_S, HostedGate
 
 endpoint, records, budgets, out, member = sys.argv[1], int(sys.argv[2]), sys.argv[3], Path(sys.argv[4]), sys.argv[5]
 provider = SnapshotProvider(name="demo-hosted", endpoint=endpoint, api_key_env="DEMO_HOSTED_API_KEY")
-gate = HostedGate([provider], budgets=Path(budgets), member=member, usage_file=out / f"{member}-usage.json") \
+gate = HostedGate([provider], budgets=Path(budgets), member=member, requests_file=out / f"{member}.jsonl") \
     if budgets != "-" else None
 with (gate.running() if gate else contextlib.nullcontext({})) as hosted:
     url = hosted.get("demo-hosted", endpoint)
     providers = [dd.ModelProvider(name="demo-hosted", endpoint=url, provider_type="openai",
                                   api_key="DEMO_HOSTED_API_KEY")]
     config = yaml.safe_load(Path(sys.argv[6]).read_text())
-    if gate:  # as the runtime does: Data Designer waits its timeout plus the gate's hold (recipe_with_models)
-        for model in config["data_designer"]["model_configs"]:
+    if gate:  # as the runtime does: the gate checks each alias under the budget, Data Designer then skips its own
+        configs = config["data_designer"]["model_configs"]
+        models = [SnapshotModel(alias=m["alias"], model=m["model"], provider="demo-hosted",
+                                inference_parameters=m.get("inference_parameters")) for m in configs]
+        checked = checked_aliases(gate.check(models, os.environ), ProviderSnapshot(providers=(provider,),
+                                                                                   models=tuple(models)))
+        for model in configs:  # and waits its timeout plus the gate's hold (recipe_with_models)
             params = model.setdefault("inference_parameters", {})
             params["timeout"] = request_timeout_s(params) + MAX_WAIT_S
+            model["skip_health_check"] = model["alias"] in checked
     builder = dd.DataDesignerConfigBuilder.from_config(config)
     designer = DataDesigner(artifact_path=out / member, model_providers=providers)
     designer.set_run_config(dd.RunConfig(buffer_size=max(1, records)))
@@ -94,8 +101,11 @@ def run(clients: int, budget: bool, root: Path) -> dict[str, object]:
         procs = [
             subprocess.Popen(
                 [sys.executable, "-c", CLIENT, server.base_url, str(n), budgets, str(out), f"c{i}", str(RECIPE)],
-                env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-            )  # fmt: skip
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+            )
             for i, n in enumerate(parts)
         ]
         outputs = [p.communicate()[0] for p in procs]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -13,7 +14,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from ddslurm.config import AttemptRecord, HostedUsage, KeyBudgetState, read_json
+from ddslurm.config import AttemptRecord, KeyBudgetState, read_json
 from tests.e2e import attempts, cli_json, run_cli, until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.dd]
@@ -24,7 +25,10 @@ OUTPUTS: list[str] = []  # everything the CLI printed in this process, scanned f
 def test_hosted_only_run_end_to_end(make_run_files: Any, scan_for_secret: Any, tmp_path: Path) -> None:
     """Three shards against a key that admits 2 requests at once (429 with ``Retry-After`` above, the rate headers
     on every answer): the clients' gates share the key's budget and wait its 429s out, so the run succeeds; what
-    they counted is what the key's own log says it received; nothing holds the key's value."""
+    they counted is what the key's own log says it received; nothing holds the key's value. Shard 0's client is
+    killed (SIGKILL) after its first batch and the automatic retry resumes it: every figure of ``status`` and the
+    report (requests, 429s, tokens, dollars; spent and kept) is recomputed from the key's own log and the price
+    file."""
     from fake_vllm.testing import start_server
 
     key = "sk-limited-" + "3" * 20
@@ -35,8 +39,16 @@ def test_hosted_only_run_end_to_end(make_run_files: Any, scan_for_secret: Any, t
         _hosted_only_run(make_run_files, scan_for_secret, endpoint.base_url, key, log)
 
 
+PRICES = {"demo/writer-8b": (0.25, 1.5), "demo/judge-70b": (3.0, 9.0)}
+"""Dollars per million input and output tokens, as the scenario's price file states them."""
+
+
 def _hosted_only_run(make_run_files: Any, scan_for_secret: Any, base_url: str, key: str, log: Path) -> None:
-    files = make_run_files("e2e", num_records=9, shards=3, buffer_size=2)
+    extra = "retries: 1\nclient_retries: 0\nprices: prices.yaml\nhosted_limits:\n  demo-hosted: {in_flight: 4}\n"
+    files = make_run_files("e2e", num_records=9, shards=3, buffer_size=2, extra_run=extra)
+    (files.root / "prices.yaml").write_text(
+        "version: 1\nmodels:\n" + "".join(f"  {m}: {{input: {i}, output: {o}}}\n" for m, (i, o) in PRICES.items())
+    )
     (files.dd_home / "model_providers.yaml").write_text(
         "providers:\n- {name: demo-hosted, endpoint: '" + base_url + "', api_key: DEMO_HOSTED_API_KEY}\n"
     )
@@ -48,6 +60,7 @@ def _hosted_only_run(make_run_files: Any, scan_for_secret: Any, base_url: str, k
     assert submitted["shards"] == 3 and submitted["job_id"].isdigit()
     # The job reads the snapshot captured at submit time, never the settings directory: break it now.
     (files.dd_home / "model_providers.yaml").write_text("providers:\n- {name: demo-hosted, endpoint: 'http://x'}\n")
+    _kill_the_client_after_its_first_batch(run_dir, shard=0)
 
     script = (run_dir / "generate.sbatch").read_text()
     assert "#SBATCH --gres=none" in script and "#SBATCH --partition=cpu" in script
@@ -57,6 +70,8 @@ def _hosted_only_run(make_run_files: Any, scan_for_secret: Any, base_url: str, k
     assert final["state"] == "succeeded", final
     assert final["records_done"] == 9
     assert [s["state"] for s in final["shards"]] == ["succeeded"] * 3
+    killed, resumed = sorted(attempts(run_dir, 0), key=lambda a: a.started_at)
+    assert (killed.state, resumed.state, resumed.resumed_from) == ("failed", "succeeded", killed.attempt)
 
     status = cli_json("status", str(run_dir), "--json", env=files.env, outputs=OUTPUTS)
     assert status["state"] == "succeeded"
@@ -76,23 +91,80 @@ def _hosted_only_run(make_run_files: Any, scan_for_secret: Any, base_url: str, k
     requests = [json.loads(line) for line in log.read_text().splitlines()]
     chats = [r for r in requests if r["path"].endswith("/chat/completions")]
     assert any(r["authorized"] and r["model"] == "demo/judge-70b" for r in chats)
-    # Issue 36: every request the key received was counted by the gate of the client that sent it, per model.
-    counted: dict[tuple[str, str], int] = {}
-    for usage in run_dir.glob("shards/*/attempts/*/hosted-usage.json"):
-        for entry in read_json(usage, HostedUsage).keys:
-            for what in ("requests", "succeeded", "limited"):
-                counted[entry.model, what] = counted.get((entry.model, what), 0) + getattr(entry, what)
-    for model in ("demo/writer-8b", "demo/judge-70b"):
-        statuses = [r["status"] for r in chats if r["model"] == model]
-        assert (counted[model, "requests"], counted[model, "succeeded"], counted[model, "limited"]) == (
-            len(statuses), statuses.count(200), statuses.count(429)
-        ), model  # fmt: skip
     [budget] = (run_dir / "budgets").glob("*.json")
-    assert read_json(budget, KeyBudgetState).members == {}  # every client gave its share back
+    # every client gave its share back, but the killed one: gone from the deal 15 s after its last report
+    assert set(read_json(budget, KeyBudgetState).members) <= {f"{killed.job_id}-{killed.attempt}"}
+    assert read_json(budget, KeyBudgetState).ceiling <= 4  # the run file's cap
+    report = cli_json("report", str(run_dir), "--json", env=files.env, outputs=OUTPUTS)
+    _accounting_is_the_keys_own(run_dir, chats, status["hosted"], report["hosted"])
     # Nothing the run left behind holds the key: scripts, plan, snapshot, records, logs, data, budgets.
     assert scan_for_secret(run_dir, key) == []
     assert scan_for_secret(files.root, key) == []
     assert not any(key in text for text in OUTPUTS)
+
+
+def _kill_the_client_after_its_first_batch(run_dir: Path, *, shard: int) -> None:
+    """SIGKILL the client step of ``shard``'s first attempt once a batch of it is on disk (its progress says so)."""
+    import signal
+
+    from tools.chaos import cluster
+
+    def first_batch_done() -> bool:
+        return any(
+            json.loads(p.read_text()).get("rows", 0) > 0
+            for p in (run_dir / "shards" / f"shard-{shard:05d}" / "attempts").glob("*/progress.json")
+        )
+
+    until(first_batch_done, 300, f"shard {shard}'s first batch")
+
+    def client() -> int | None:
+        for proc in cluster.run_processes(run_dir, [], set()):
+            environ = Path(f"/proc/{proc.pid}/environ")
+            with contextlib.suppress(OSError):
+                if proc.kind == "client" and f"SLURM_ARRAY_TASK_ID={shard}\0".encode() in environ.read_bytes():
+                    return proc.pid
+        return None
+
+    os.kill(until(client, 60, f"shard {shard}'s client process"), signal.SIGKILL)
+
+
+def _accounting_is_the_keys_own(
+    run_dir: Path, chats: list[dict[str, Any]], status: list[dict[str, Any]], report: dict[str, Any]
+) -> None:
+    """Every hosted figure recomputed from the key's own request log (joined to the gates' records by the
+    ``X-Client-Request-Id`` each request carried) and the price file."""
+    answered: dict[str, int | None] = {}  # request id -> status the gate recorded (None: never answered)
+    for journal in run_dir.glob("shards/*/attempts/*/hosted-requests.jsonl"):
+        for line in journal.read_text().splitlines():
+            entry = json.loads(line)
+            answered[entry["id"]] = entry.get("status") if entry["id"] not in answered else (
+                entry.get("status") or answered[entry["id"]]
+            )  # fmt: skip
+    provider = {c["client_request_id"]: c for c in chats}
+    assert set(provider) <= set(answered) and None not in provider  # every request came through a gate
+    # a request the gate got no answer to (in flight at the kill) may be in the provider's log: billed, not seen
+    seen = [c for rid, c in provider.items() if answered[rid] is not None]
+    unanswered = [rid for rid, st in answered.items() if st is None]
+    tokens = {m: (sum(c["prompt_tokens"] or 0 for c in seen if c["model"] == m),
+                  sum(c["completion_tokens"] or 0 for c in seen if c["model"] == m)) for m in PRICES}  # fmt: skip
+    cost = {m: (i * PRICES[m][0] + o * PRICES[m][1]) / 1e6 for m, (i, o) in tokens.items()}
+    [key] = status
+    assert (key["requests"], key["limited"], key["unanswered"]) == (len(answered), sum(
+        c["status"] == 429 for c in seen), len(unanswered))  # fmt: skip
+    assert key["input_tokens"] + key["output_tokens"] == sum(i + o for i, o in tokens.values())
+    assert key["cost"] == pytest.approx(sum(cost.values()), rel=1e-9) and key["currency"] == "USD"
+    by_model = {m["model"]: m for m in report["models"]}
+    for model, (tokens_in, tokens_out) in tokens.items():
+        mine = [c for c in seen if c["model"] == model]
+        row = by_model[model]
+        assert (row["input_tokens"], row["output_tokens"], row["limited"]) == (
+            tokens_in, tokens_out, sum(c["status"] == 429 for c in mine)
+        ), model  # fmt: skip
+        assert row["cost"] == pytest.approx(cost[model], rel=1e-9), model
+        # every attempt is a winner's or one it resumed from (the killed attempt): all of it kept
+        assert (row["kept_requests"], row["kept_cost"]) == (row["requests"], pytest.approx(row["cost"])), model
+    assert report["cost"] == pytest.approx(sum(cost.values()), rel=1e-9) and report["kept_rows"] == 9
+    assert report["cost_per_1000_kept_rows"] == pytest.approx(sum(cost.values()) / 9 * 1000, rel=1e-9)
 
 
 def _ran_on_cpus_without_servers(run_dir: Path, job_id: str) -> None:
@@ -168,6 +240,18 @@ def test_a_key_the_endpoint_refuses_fails_key_refused_once_and_ddslurm_retry_wit
     assert scan_for_secret(files.root, wrong) == [] and not any(wrong in text for text in outputs)
 
 
+def _waiting_for_the_provider(run_dir: Path) -> bool:
+    """Whether an attempt has logged that it waits out an unavailable provider, or its gate has counted a 429."""
+    for attempt in run_dir.glob("shards/*/attempts/*"):
+        log, journal = attempt / "client.log", attempt / "hosted-requests.jsonl"
+        if log.is_file() and '"provider.unavailable"' in log.read_text():
+            return True
+        with contextlib.suppress(OSError):
+            if '"status":429' in journal.read_text():
+                return True
+    return False
+
+
 @pytest.mark.parametrize(
     ("layout", "status"),
     [
@@ -178,10 +262,11 @@ def test_a_key_the_endpoint_refuses_fails_key_refused_once_and_ddslurm_retry_wit
 def test_a_provider_outage_at_the_start_of_a_hosted_run_is_waited_out_with_no_retry(
     tmp_path: Path, layout: str, status: int
 ) -> None:
-    """The provider answers every chat request with HTTP 500 (or 429, rate-limited) when the run starts (Data
-    Designer's start-up health check gets it) and heals once an attempt has logged that it waits: with no retry of
-    any kind allowed (``retries: 0``, ``client_retries: 0``), the run succeeds with every row, one attempt a
-    shard."""
+    """The provider answers every chat request with HTTP 500 (or 429, rate-limited) when the run starts (the
+    start-up check the client's gate makes in place of Data Designer's gets it) and heals once an attempt waits: a
+    500 is waited out by the attempt (it logs ``provider.unavailable``), a 429 by the gate under the key's budget
+    (recorded in ``hosted-requests.jsonl``, never shown to Data Designer). With no retry of any kind allowed
+    (``retries: 0``, ``client_retries: 0``), the run succeeds with every row, one attempt a shard."""
     from conftest import hosted_stand_in, write_run_files
 
     outage = tmp_path / "outage"
@@ -192,13 +277,7 @@ def test_a_provider_outage_at_the_start_of_a_hosted_run_is_waited_out_with_no_re
         submitted = cli_json("submit", str(files.run_file), "--profile", str(files.profile), "--json", env=files.env)
         run_dir = Path(submitted["run_dir"])
         try:
-            until(
-                lambda: any(
-                    '"provider.unavailable"' in p.read_text() for p in run_dir.glob("shards/*/attempts/*/client.log")
-                ),
-                300,
-                "an attempt waiting for the provider",
-            )
+            until(lambda: _waiting_for_the_provider(run_dir), 300, "an attempt waiting for the provider")
         finally:
             outage.write_text("")
         final = cli_json("wait", str(run_dir), "--json", env=files.env)

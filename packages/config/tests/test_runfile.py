@@ -49,6 +49,8 @@ def test_minimal_run_file_fills_every_default(tmp_path: Path) -> None:
         "deadline": None,
         "stages": "auto",
         "deployments": [],
+        "hosted_limits": {},
+        "prices": None,
         "submission": {
             "account": None,
             "partition": None,

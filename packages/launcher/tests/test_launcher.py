@@ -122,6 +122,32 @@ def test_bad_run_file_error_points_at_line_and_field(tmp_path: Path) -> None:
         prepare(run, profile, env, datetime.now(UTC), host=HOST)
 
 
+@pytest.mark.parametrize(
+    ("run_extra", "prices", "needle"),
+    [
+        pytest.param("hosted_limits:\n  hosted-typo: {in_flight: 4}\n", None,
+                     r"run\.yaml:6:3: hosted_limits\.hosted-typo: no hosted alias of the run uses provider "
+                     r"'hosted-typo' \(the hosted providers it uses: hosted\)", id="limit-of-an-unused-provider"),
+        pytest.param("hosted_limits:\n  hosted: {in_flight: 0}\n", None,
+                     r"run\.yaml:6:12: hosted_limits\.hosted\.in_flight: expected int >= 1", id="limit-below-one"),
+        pytest.param("prices: none.yaml\n", None, r"run\.yaml:5:1: prices: no price file .*none\.yaml",
+                     id="price-file-missing"),
+        pytest.param("prices: prices.yaml\n", "version: 2\n", r"prices\.yaml:1:1: version: invalid enum value 2",
+                     id="price-file-version"),
+        pytest.param("prices: prices.yaml\n", "version: 1\nmodels:\n  m: {input: -1, output: 1}\n",
+                     r"prices\.yaml:3:7: models\.m\.input: expected float >= 0\.0", id="negative-price"),
+    ],
+)  # fmt: skip
+def test_hosted_limits_and_prices_are_checked_at_their_field(
+    tmp_path: Path, run_extra: str, prices: str | None, needle: str
+) -> None:
+    run, profile, env = _files(tmp_path, run_extra=run_extra)
+    if prices is not None:
+        (run.parent / "prices.yaml").write_text(prices)
+    with pytest.raises(SubmitError, match=needle):
+        prepare(run, profile, env, datetime.now(UTC), host=HOST)
+
+
 def test_failed_sbatch_leaves_no_run_dir(tmp_path: Path) -> None:
     run, profile, env = _files(tmp_path)
     with pytest.raises(SlurmError, match="Invalid partition"):

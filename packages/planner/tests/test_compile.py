@@ -257,6 +257,15 @@ def test_hosted_only_plan() -> None:
     )
 
 
+def test_hosted_limits_reach_the_plan_for_providers_the_run_uses_and_others_are_refused_at_their_field() -> None:
+    from ddslurm.config import HostedLimit
+
+    limit = HostedLimit(in_flight=16, requests_per_minute=120)
+    assert compile_plan(make_inputs(make_run(hosted_limits={"zeta": limit}))).hosted_limits == {"zeta": limit}
+    with pytest.raises(PlanError, match=r"^hosted_limits\.zeta-typo: no hosted alias .* uses: alpha, open, zeta\)"):
+        compile_plan(make_inputs(make_run(hosted_limits={"zeta-typo": limit})))
+
+
 def test_gres_is_none_for_every_job() -> None:
     plan = compile_plan(make_inputs(profile=make_profile(gpus_per_node=8, partition="gpu")))
     assert (plan.generation.gres, plan.collection.gres) == ("none", "none")

@@ -9,13 +9,20 @@ import json
 from pathlib import Path
 
 import httpx
+import msgspec
 
-from ddslurm.config import HostedUsage, KeyBudgetState, SnapshotProvider, budget_key, read_json
+from ddslurm.config import HostedRequest, KeyBudgetState, SnapshotProvider, budget_key, read_json
 from ddslurm.runtime._hosted_gate import HostedGate
 from ddslurm.runtime._key_budget import Caps
 
 KEY = "sk-gate-" + "4" * 24
 CHAT = {"model": "demo/writer", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
+
+
+def _journal(path: Path) -> tuple[dict[str, HostedRequest], dict[str, HostedRequest]]:
+    """The gate's request record: the lines written as requests went, and as their answers came, by request id."""
+    lines = [msgspec.json.decode(line, type=HostedRequest) for line in path.read_bytes().splitlines()]
+    return {x.id: x for x in lines if x.status is None}, {x.id: x for x in lines if x.status is not None}
 
 
 def _send_all(base: str, n: int) -> list[httpx.Response]:
@@ -38,8 +45,8 @@ def test_a_key_that_admits_two_at_once_answers_every_request_through_the_gate(tm
             "--fake-request-log", str(log)]  # fmt: skip
     with start_server("demo", args=args, api_key=KEY) as server:
         provider = SnapshotProvider(name="demo", endpoint=server.base_url, api_key_env="DEMO_KEY")
-        usage_file = tmp_path / "hosted-usage.json"
-        gate = HostedGate([provider], budgets=tmp_path / "budgets", member="7-attempt-7", usage_file=usage_file)
+        journal = tmp_path / "hosted-requests.jsonl"
+        gate = HostedGate([provider], budgets=tmp_path / "budgets", member="7-attempt-7", requests_file=journal)
         with gate.running() as endpoints:
             answers = _send_all(endpoints["demo"], 20)
             unauthorized = httpx.post(f"{endpoints['demo']}/chat/completions", json=CHAT, timeout=60)
@@ -51,14 +58,16 @@ def test_a_key_that_admits_two_at_once_answers_every_request_through_the_gate(tm
     chats = [r for r in received if r["path"].endswith("/chat/completions")]
     statuses = [r["status"] for r in chats]
     assert statuses.count(200) == 20 and statuses.count(429) >= 1, statuses  # it did meet the key's limit
-    [counted] = read_json(usage_file, HostedUsage).keys
-    assert counted.key == budget_key(server.base_url, "DEMO_KEY") and counted.model == "demo/writer"
-    assert (counted.requests, counted.succeeded, counted.limited, counted.failed) == (
-        len(chats), 20, statuses.count(429), statuses.count(401)
-    )  # fmt: skip
-    assert counted.input_tokens == sum(a.json()["usage"]["prompt_tokens"] for a in answers)
-    assert counted.output_tokens == sum(a.json()["usage"]["completion_tokens"] for a in answers)
-    state = read_json(tmp_path / "budgets" / f"{counted.key}.json", KeyBudgetState)
+    sent, answered = _journal(journal)
+    assert {(line.key, line.model) for line in sent.values()} == {(budget_key(server.base_url, "DEMO_KEY"),
+                                                                   "demo/writer")}  # fmt: skip
+    assert sorted(sent) == sorted(answered) == sorted(c["client_request_id"] for c in chats)  # one line each
+    assert {rid: a.status for rid, a in answered.items()} == {c["client_request_id"]: c["status"] for c in chats}
+    assert sum(a.input_tokens for a in answered.values()) == sum(a.json()["usage"]["prompt_tokens"] for a in answers)
+    assert sum(a.output_tokens for a in answered.values()) == sum(
+        a.json()["usage"]["completion_tokens"] for a in answers
+    )
+    state = read_json(tmp_path / "budgets" / f"{budget_key(server.base_url, 'DEMO_KEY')}.json", KeyBudgetState)
     assert state.limited == statuses.count(429) and state.members == {}  # the gate gave its share back
     for path in tmp_path.rglob("*"):
         if path.is_file():
@@ -79,7 +88,7 @@ def test_a_request_data_designer_gave_up_on_holds_no_slot(tmp_path: Path) -> Non
         provider = SnapshotProvider(name="demo", endpoint=server.base_url, api_key_env="DEMO_KEY")
         caps = {"demo": Caps(in_flight=1)}  # one request at once: the hung one would hold it
         gate = HostedGate([provider], budgets=tmp_path / "budgets", member="8-attempt-8",
-                          usage_file=tmp_path / "usage.json", caps=caps)  # fmt: skip
+                          caps=caps)  # fmt: skip
         with gate.running() as endpoints:
             url, headers = f"{endpoints['demo']}/chat/completions", {"Authorization": f"Bearer {KEY}"}
             with contextlib.suppress(httpx.TimeoutException):
@@ -101,8 +110,7 @@ def test_the_provider_answer_gets_the_aliass_own_timeout_then_504(tmp_path: Path
     model = SnapshotModel(alias="writer", model="demo/writer", provider="demo", inference_parameters={"timeout": 1})
     with start_server("demo", args=args, api_key=KEY) as server:
         provider = SnapshotProvider(name="demo", endpoint=server.base_url, api_key_env="DEMO_KEY")
-        gate = HostedGate([provider], models=[model], budgets=tmp_path / "b", member="9-attempt-9",
-                          usage_file=tmp_path / "usage.json")  # fmt: skip
+        gate = HostedGate([provider], models=[model], budgets=tmp_path / "b", member="9-attempt-9")
         with gate.running() as endpoints:
             answer = httpx.post(f"{endpoints['demo']}/chat/completions", json=CHAT,
                                 headers={"Authorization": f"Bearer {KEY}"}, timeout=60)  # fmt: skip
@@ -113,3 +121,57 @@ def test_the_provider_answer_gets_the_aliass_own_timeout_then_504(tmp_path: Path
     assert config["inference_parameters"]["timeout"] == 1 + MAX_WAIT_S
     [plain] = recipe_with_models(recipe, snapshot, None)["data_designer"]["model_configs"]
     assert plain["inference_parameters"] == {"timeout": 1}  # no gate: the recipe's own
+
+
+def test_the_gate_checks_each_hosted_alias_as_data_designer_would_and_says_why_one_fails(tmp_path: Path) -> None:
+    """The start-up check in place of Data Designer's (under the key's budget, with no 180 s bound): one "Hello!"
+    per chat alias behind the gate, sent with the key from the environment and the provider's extra headers; an
+    image alias, an alias whose config skips the check and a local provider's alias are not sent. A 200 makes the
+    alias checked; a model the provider does not serve is left to Data Designer's own check; a wrong key is
+    ``key_refused`` naming its variable, never its value; a provider answering 500 is ``provider_unavailable``."""
+    import pytest
+
+    from ddslurm.config import ProviderSnapshot, SnapshotModel
+    from ddslurm.runtime._engine import checked_aliases
+    from ddslurm.runtime.errors import KeyRefusedError, ProviderUnavailableError
+    from fake_vllm.testing import start_server
+
+    log, outage = tmp_path / "requests.jsonl", tmp_path / "outage"
+    args = ["--served-model-name", "demo/writer", "--fake-request-log", str(log), "--fake-outage", str(outage)]
+    models = (
+        SnapshotModel(alias="writer", model="demo/writer", provider="demo", inference_parameters={"max_tokens": 9}),
+        SnapshotModel(alias="typo", model="demo/wirter", provider="demo"),
+        SnapshotModel(alias="painter", model="demo/writer", provider="demo",
+                      inference_parameters={"generation_type": "image"}),
+        SnapshotModel(alias="trusted", model="demo/writer", provider="demo", skip_health_check=True),
+        SnapshotModel(alias="local", model="m", provider="deployed"),
+    )  # fmt: skip
+    with start_server("demo", args=args, api_key=KEY) as server:
+        provider = SnapshotProvider(name="demo", endpoint=server.base_url, api_key_env="DEMO_KEY",
+                                    extra_headers={"X-Team": "gate-test"})  # fmt: skip
+        local = SnapshotProvider(name="deployed", endpoint="", local=True)
+        snapshot = ProviderSnapshot(providers=(provider, local), models=models)
+        gate = HostedGate(snapshot.providers, models=models, budgets=tmp_path / "b", member="5-attempt-5",
+                          requests_file=tmp_path / "gate.jsonl")  # fmt: skip
+        with gate.running():
+            answered = gate.check(models, {"DEMO_KEY": KEY})
+            refused = gate.check(models[:1], {"DEMO_KEY": "sk-wrong-" + "0" * 20})
+            outage.write_text("500")
+            down = gate.check(models[:1], {"DEMO_KEY": KEY})
+    assert answered == {"writer": 200, "typo": 404}
+    assert checked_aliases(answered, snapshot) == {"writer"}
+    with pytest.raises(KeyRefusedError, match="DEMO_KEY") as wrong:
+        checked_aliases(refused, snapshot)
+    assert refused == {"writer": 401} and "sk-wrong" not in wrong.value.message
+    with pytest.raises(ProviderUnavailableError, match="HTTP 500") as unavailable:
+        checked_aliases(down, snapshot)
+    assert unavailable.value.provider == "demo" and unavailable.value.retryable
+    received = [json.loads(line) for line in log.read_text().splitlines()]
+    chats = [r for r in received if r["path"].endswith("/chat/completions")]
+    assert [(r["model"], r["status"], r["n_messages"], r["auth_present"]) for r in chats] == [
+        ("demo/writer", 200, 2, True), ("demo/wirter", 404, 2, True), (None, 401, None, True),  # the key judged first
+        ("demo/writer", 500, 2, True),
+    ]  # fmt: skip
+    sent, answered = _journal(tmp_path / "gate.jsonl")
+    writer = sorted(a.status or 0 for rid, a in answered.items() if sent[rid].model == "demo/writer")
+    assert writer == [200, 401, 500]  # the checks are requests, counted as any other

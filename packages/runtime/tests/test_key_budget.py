@@ -21,6 +21,7 @@ from ddslurm.runtime._key_budget import (
     Report,
     Share,
     fallback_share,
+    request_rate,
     settle,
     settle_file,
 )
@@ -79,6 +80,19 @@ def test_a_stated_cap_lowers_what_was_learned() -> None:
     state, share = settle(None, KEY, Report("a", demand=50, in_flight=0, answered=40, signal=signal), caps, now=0.0)
     assert (state.requests_per_minute, state.tokens_per_minute, state.ceiling) == (60, 100_000, 2.0)
     assert (share.in_flight, share.requests_per_minute) == (2, 60.0)
+
+
+def test_tokens_a_minute_bound_the_requests_by_what_an_answer_costs() -> None:
+    """A key of 100,000 tokens a minute whose answers cost 2,000 tokens each admits 50 requests a minute, fewer
+    than its 120; with nothing answered yet, its tokens say nothing about requests."""
+    caps = Caps(tokens_per_minute=100_000)
+    signal = RateSignal(requests_limit=120)
+    state, share = settle(None, KEY, Report("a", demand=8, in_flight=0, signal=signal), caps, now=0.0)
+    assert (request_rate(state), share.requests_per_minute) == (120.0, 120.0)
+    report = Report("a", demand=8, in_flight=4, answered=12, limited=2, tokens=20_000)  # 10 answers, 2,000 each
+    state, share = settle(state, KEY, report, caps, now=2.0)
+    assert state.tokens == 20_000 and request_rate(state) == 100_000 / 2_000
+    assert share.requests_per_minute == 50.0  # the only member: the whole rate
 
 
 def test_a_silent_member_is_gone_and_an_idle_one_leaves() -> None:

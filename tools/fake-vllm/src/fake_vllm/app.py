@@ -137,6 +137,8 @@ class _Handlers:
                     n_messages=n_messages,
                     admitted=admitted,
                     match=match,
+                    client_request_id=request.headers.get("x-client-request-id"),
+                    **_usage_of(response),
                 )
             )
         return response
@@ -450,6 +452,17 @@ class _Handlers:
             if slots is not None:
                 slots.release()
         return replies, time.monotonic() - started, admitted
+
+
+def _usage_of(response: Response) -> dict[str, int]:
+    """The token counts an answer's ``usage`` reports (none for an error or a body that is not JSON)."""
+    try:
+        usage = json.loads(bytes(response.body)).get("usage") if response.status_code == 200 else None
+    except (ValueError, AttributeError, TypeError):
+        return {}
+    if not isinstance(usage, dict):
+        return {}
+    return {k: int(usage.get(k) or 0) for k in ("prompt_tokens", "completion_tokens")}
 
 
 def _outage(path: Path | None) -> int | None:

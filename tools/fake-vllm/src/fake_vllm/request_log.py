@@ -25,6 +25,11 @@ class RequestLogEntry:
     n_messages: int | None
     admitted: float | None = None
     match: str | None = None
+    client_request_id: str | None = None
+    """The request's ``X-Client-Request-Id`` header (OpenAI's: a caller's own id for one request)."""
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    """What the answer's ``usage`` says (answered 200 only)."""
 
 
 class RequestLog:

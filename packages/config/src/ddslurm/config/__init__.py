@@ -5,7 +5,12 @@ Frozen msgspec structs for everything that crosses a package or machine boundary
 """
 
 from ddslurm.config._base import Frozen
-from ddslurm.config._budget import BudgetMember, HostedUsage, KeyBudgetState, KeyUsage, budget_key
+from ddslurm.config._budget import (
+    BudgetMember,
+    HostedRequest,
+    KeyBudgetState,
+    budget_key,
+)
 from ddslurm.config._codec import (
     digest,
     encode,
@@ -80,6 +85,7 @@ from ddslurm.config._plan import (
     StagePlan,
 )
 from ddslurm.config._prediction import FactOrigin, FactUse, LayoutChoice, Prediction
+from ddslurm.config._prices import ModelPrice, PartitionPrice, Prices, load_prices
 from ddslurm.config._profile import ClusterProfile
 from ddslurm.config._ranges import compact_ranges, expand_ranges
 from ddslurm.config._recipe import LLM_COLUMN_TYPES, is_drop_processor, llm_columns, recipe_processors, recipe_section
@@ -126,6 +132,7 @@ from ddslurm.config._runfile import (
     Collection,
     Deployment,
     Engine,
+    HostedLimit,
     RecipeKind,
     RecipeRef,
     ResumeMode,
@@ -150,8 +157,11 @@ from ddslurm.config.errors import ConfigError, ConfigFileError, ConfigFileErrors
 
 __all__ = [
     "BudgetMember",
-    "HostedUsage",
-    "KeyUsage",
+    "HostedRequest",
+    "ModelPrice",
+    "PartitionPrice",
+    "Prices",
+    "load_prices",
     "KeyBudgetState",
     "budget_key",
     "Batching",
@@ -202,6 +212,7 @@ __all__ = [
     "FileEntry",
     "FreshRecord",
     "Frozen",
+    "HostedLimit",
     "KEEP_PROCESSOR",
     "LAYOUT_VERSION",
     "LLM_COLUMN_TYPES",

@@ -52,27 +52,26 @@ class KeyBudgetState(Frozen, frozen=True, kw_only=True):
     """Answers the clients reported, all of them (the key's own count: 429s included)."""
     limited: Count = 0
     """Of ``answered``, the 429s."""
+    tokens: Count = 0
+    """Tokens (input and output) of the answers the clients reported: with ``answered - limited``, the tokens a
+    request costs, which turns ``tokens_per_minute`` into requests a minute."""
     members: dict[str, BudgetMember] = msgspec.field(default_factory=dict)
 
 
-class KeyUsage(Frozen, frozen=True, kw_only=True):
-    """What one client step sent through its gate to one hosted key for one model: every request the provider
-    received from it (a 429 sent again counts again), and the tokens of the answers' ``usage``."""
+class HostedRequest(Frozen, frozen=True, kw_only=True):
+    """One line of an attempt's ``hosted-requests.jsonl``, the exact record of its hosted requests: one line when a
+    request is sent to the provider (``status`` None), one when its answer comes (``status``, the ``usage``
+    tokens). Appended as it happens, so a client killed at any moment leaves every request it sent on record; one
+    sent and never answered was in flight then (the provider may have billed it: its tokens are not known)."""
 
+    id: str
+    """The request's ``X-Client-Request-Id`` (``<job>-<attempt>-<n>``), as the provider received it."""
     key: str
-    """:func:`budget_key` of the provider's endpoint and key variable."""
     model: str
-    requests: Count = 0
-    succeeded: Count = 0
-    limited: Count = 0
-    """Answered 429."""
-    failed: Count = 0
-    """Answered another error (4xx, 5xx)."""
+    at: float
+    """Epoch seconds."""
+    status: int | None = None
+    gate: bool = False
+    """The gate made the answer (the provider's was late, 504, or unreachable, 502), not the provider."""
     input_tokens: Count = 0
     output_tokens: Count = 0
-
-
-class HostedUsage(Frozen, frozen=True, kw_only=True):
-    """An attempt's ``hosted-usage.json``: its client step's hosted requests, per key and model."""
-
-    keys: tuple[KeyUsage, ...] = ()

@@ -93,6 +93,16 @@ def _items(kind: Any) -> Any:
     return item if isinstance(item, type) and issubclass(item, msgspec.Struct) else None
 
 
+def _values(kind: Any) -> Any:
+    """The struct of ``dict[K, S]``, or None."""
+    kind = _bare(kind)
+    args = typing.get_args(kind)
+    if typing.get_origin(kind) is not dict or len(args) != 2:
+        return None
+    item = _bare(args[1])
+    return item if isinstance(item, type) and issubclass(item, msgspec.Struct) else None
+
+
 def _walk(value: Any, kind: Any, steps: tuple[Step, ...], dec_hook: Any, out: list[Problem]) -> Any:
     """``value`` with every problem taken out (appended to ``out``), or :data:`_GONE` if it has any that cannot be
     taken out (its own type is wrong, a required field is missing or wrong, a check of the whole refuses it)."""
@@ -103,6 +113,12 @@ def _walk(value: Any, kind: Any, steps: tuple[Step, ...], dec_hook: Any, out: li
     if item is not None and isinstance(value, list):
         walked = [_walk(v, item, (*steps, i), dec_hook, out) for i, v in enumerate(value)]
         return _GONE if any(v is _GONE for v in walked) else walked
+    entry = _values(kind)
+    if entry is not None and isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        mapped = {k: _walk(v, entry, (*steps, k), dec_hook, out) for k, v in value.items()}  # problems at their key
+        if any(v is _GONE for v in mapped.values()):
+            return _GONE
+        return _converted(mapped, kind, steps, dec_hook, out)  # the keys' own type
     return _converted(value, kind, steps, dec_hook, out)
 
 

@@ -71,9 +71,10 @@ class AttemptLayout:
         return self.dir / "client-usage.json"
 
     @property
-    def hosted_usage(self) -> Path:
-        """The client step's hosted requests by key and model (:class:`~ddslurm.config.HostedUsage`)."""
-        return self.dir / "hosted-usage.json"
+    def hosted_requests(self) -> Path:
+        """Every hosted request of the attempt's client runs, as sent and answered
+        (:class:`~ddslurm.config.HostedRequest` lines)."""
+        return self.dir / "hosted-requests.jsonl"
 
 
 @dataclass(frozen=True, slots=True)

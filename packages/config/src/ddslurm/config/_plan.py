@@ -9,8 +9,9 @@ import msgspec
 from ddslurm.config._base import Frozen
 from ddslurm.config._layout import LAYOUT_VERSION
 from ddslurm.config._prediction import Prediction
+from ddslurm.config._prices import Prices
 from ddslurm.config._records import FileEntry
-from ddslurm.config._runfile import Engine, ResumeMode
+from ddslurm.config._runfile import Engine, HostedLimit, ResumeMode
 
 PLAN_VERSION = 2
 
@@ -244,6 +245,11 @@ class Plan(Frozen, frozen=True, kw_only=True):
     provider_wait_s: int = 300
     """How long an attempt waits out a provider that is unavailable (429, 5xx, refused, timed out) before failing
     ``provider_unavailable`` (the run file's ``provider_wait``)."""
+    hosted_limits: dict[str, HostedLimit] = msgspec.field(default_factory=dict)
+    """Per hosted provider, the run file's cap on what the run uses of its key (its clients' gates bound their
+    shared budget by it)."""
+    prices: Prices | None = None
+    """The run file's price file as read at submit (``prices``); None: no dollars are shown."""
     recipe_file: str
     recipe_sha256: str
     recipe_key: str = ""

@@ -5,7 +5,7 @@ validation build the recipe with them; the bill shows the sizes)."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from ddslurm.config._plan import ServingPlan
@@ -57,7 +57,12 @@ def request_timeout_s(params: Mapping[str, Any] | None) -> int:
 
 
 def recipe_with_models(
-    recipe: Mapping[str, Any], snapshot: ProviderSnapshot, serving: ServingPlan | None, *, hosted_wait_s: int = 0
+    recipe: Mapping[str, Any],
+    snapshot: ProviderSnapshot,
+    serving: ServingPlan | None,
+    *,
+    hosted_wait_s: int = 0,
+    checked: Collection[str] = (),
 ) -> dict[str, Any]:
     """The recipe with its model configs replaced by the snapshot's (hosted ones kept exactly), and each local
     alias's ``max_parallel_requests`` sized from the plan's deployments unless the recipe sets its own
@@ -65,8 +70,9 @@ def recipe_with_models(
     before generating, seconds per shard): the controller has already checked that each replica answers and serves
     the model's name before any client may run. ``hosted_wait_s``: how long the client's gate may hold a hosted
     request for its key's budget (``ddslurm.runtime._hosted_gate``), added to each hosted alias's request timeout
-    (the gate applies the alias's own to the provider's answer). The node and the submit-time validation build the
-    recipe here."""
+    (the gate applies the alias's own to the provider's answer). ``checked``: hosted aliases the gate has checked
+    as Data Designer's health check would, under the key's budget (Data Designer's own is bounded at 180 s); they
+    skip Data Designer's. The node and the submit-time validation build the recipe here."""
     out = copy.deepcopy(dict(recipe))
     sized = sized_parallel_requests(snapshot, serving)
     local = {p.name for p in snapshot.providers if p.local}
@@ -81,7 +87,9 @@ def recipe_with_models(
             params = {**(params or {}), "timeout": request_timeout_s(params) + hosted_wait_s}
         if params is not None:
             entry["inference_parameters"] = params
-        entry["skip_health_check"] = m.skip_health_check or (m.alias in deployed and m.provider in local)
+        entry["skip_health_check"] = (
+            m.skip_health_check or m.alias in checked or (m.alias in deployed and m.provider in local)
+        )
         models.append(entry)
     recipe_section(out)["model_configs"] = models
     return out

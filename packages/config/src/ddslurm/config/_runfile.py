@@ -555,6 +555,18 @@ class Submission(Frozen, frozen=True, kw_only=True):
     too."""
 
 
+class HostedLimit(Frozen, frozen=True, kw_only=True):
+    """What the run may use of one hosted provider's key (``hosted_limits.<provider>``): a cap for a key shared with
+    other work, below what the provider admits. The run's clients share one budget of each key and learn its
+    limits from the provider's answers (docs/providers.md#one-rate-budget-per-key); a stated cap bounds what they
+    learn. Unset fields: learned only."""
+
+    in_flight: PositiveInt | None = None
+    """Requests at once, all the run's clients together."""
+    requests_per_minute: PositiveInt | None = None
+    tokens_per_minute: PositiveInt | None = None
+
+
 class Collection(Frozen, frozen=True, kw_only=True):
     """Scheduler settings of the collection job."""
 
@@ -625,6 +637,12 @@ class RunFile(Frozen, frozen=True, kw_only=True):
     stage, so the GPUs are released when their columns are done. ``single``: one stage in the GPU allocations."""
     deployments: tuple[Deployment, ...] = ()
     """vLLM servers started inside each job, one entry per model alias. Empty: a hosted-only run (CPU jobs)."""
+    hosted_limits: dict[Name, HostedLimit] = msgspec.field(default_factory=dict)
+    """Per hosted provider (its name in Data Designer's ``model_providers.yaml`` or the recipe), a cap on what the
+    run uses of its key (:class:`HostedLimit`); the provider must be one the run's hosted aliases use."""
+    prices: str | None = None
+    """A price file (docs/providers.md#prices), relative to the run file: dollars per million input and output
+    tokens of hosted models and per GPU-hour of partitions, for the bill, status and report. None: no dollars."""
     submission: Submission = msgspec.field(default_factory=Submission)
     """Scheduler settings of the generation jobs."""
     collection: Collection = msgspec.field(default_factory=Collection)

@@ -237,6 +237,7 @@ def cmd_report(
     """Write a self-contained HTML report of the run (opens offline): every attempt's timeline, records/s,
     requests and tokens per model alias, GPU-hours allocated and spent generating, failures by reason, and the
     dataset's column statistics. With --json, also print its numbers."""
+    from ddslurm.launcher._console import hosted_lines
     from ddslurm.launcher._fact_check import fact_line, with_fact_check
     from ddslurm.launcher._facts import record_after
     from ddslurm.launcher.report import numbers, read_run, render_html, report_json
@@ -277,6 +278,8 @@ def cmd_report(
     if report.facts:
         lines.append("  facts (planned with / this run measured (ratio), runs the planned value rests on):")
         lines += [f"    {fact_line(f)}" for f in report.facts]
+    if report.hosted is not None:
+        lines += hosted_lines(report.hosted)
     lines += [f"  failed: {f.reason} x{f.count} (shards {compact_ranges(f.shards)})" for f in report.failures]
     session.out.write("\n".join(lines) + "\n")
     return ExitCode.OK

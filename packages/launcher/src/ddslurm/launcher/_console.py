@@ -35,10 +35,11 @@ from rich.text import Text
 from ddslurm.config import Plan, RunLayout, compact_ranges
 from ddslurm.launcher._runs import ListedRun
 from ddslurm.launcher._slurm import NODE_ENV_ALLOWED
-from ddslurm.launcher._status import RunStatus, ShardStatus
+from ddslurm.launcher._status import KeyStatus, RunStatus, ShardStatus
 
 if TYPE_CHECKING:
     from ddslurm.launcher._doctor_checks import Check
+    from ddslurm.launcher.report._model import HostedReport
     from ddslurm.planner import SubmissionPlan
 
 PLAIN_WIDTH = 100_000
@@ -115,6 +116,46 @@ def _totals(st: RunStatus) -> str:
     return ", ".join(part for part in (f"{st.records_done}/{st.records_requested} records", stages_text(st)) if part)
 
 
+def hosted_lines(hosted: HostedReport) -> list[str]:
+    """The report's hosted keys as text: per model, spent and kept; then the money per 1,000 kept rows."""
+    cur = hosted.currency
+
+    def money(value: float | None) -> str:
+        return "" if value is None or cur is None else f", {value:,.4f} {cur}"
+
+    lines = ["  hosted (spent: every attempt / kept: the winners' attempts):"]
+    for m in hosted.models:
+        lines.append(
+            f"    {m.model} ({m.provider}, {m.key_env or 'no key'}): {m.requests:,} requests, {m.limited:,} answered "
+            f"429, {m.input_tokens + m.output_tokens:,} tokens{money(m.cost)} / {m.kept_requests:,} requests, "
+            f"{m.kept_input_tokens + m.kept_output_tokens:,} tokens{money(m.kept_cost)}"
+        )
+    if hosted.cost_per_1000_kept_rows is not None:
+        lines.append(f"    {hosted.cost_per_1000_kept_rows:,.4f} {cur} spent per 1,000 kept rows")
+    if hosted.unpriced:
+        lines.append(f"    no price for: {', '.join(hosted.unpriced)}")
+    return lines
+
+
+def key_line(k: KeyStatus) -> str:
+    """One hosted key so far: ``key OPENAI_API_KEY (openai): 812 requests, 3 answered 429 (0.4 %), 1,234,567
+    tokens, 4.21 USD; 120 a minute, 16 at once``."""
+    share = f" ({k.limited / k.requests:.1%})" if k.requests else ""
+    parts = [f"{k.requests:,} requests", f"{k.limited:,} answered 429{share}"]
+    if k.failed:
+        parts.append(f"{k.failed:,} failed")
+    if k.unanswered:
+        parts.append(f"{k.unanswered:,} unanswered (in flight when a client was killed)")
+    parts.append(f"{k.input_tokens + k.output_tokens:,} tokens")
+    if k.cost is not None:
+        parts.append(f"{k.cost:,.2f} {k.currency}")
+    limits = [f"{k.requests_per_minute:,} a minute" if k.requests_per_minute else "",
+              f"{k.in_flight:g} at once" if k.in_flight else ""]  # fmt: skip
+    learned = ", ".join(x for x in limits if x)
+    name = k.key_env or "no key"
+    return f"key {name} ({k.provider}): " + ", ".join(parts) + (f"; {learned}" if learned else "")
+
+
 def status_header(st: RunStatus) -> Text:
     """The lines above the shard table: the run, its directory, and what a cancel or a stopped submission means."""
     head = Text.assemble(
@@ -123,6 +164,7 @@ def status_header(st: RunStatus) -> Text:
         f"  ({_totals(st)}, {counts_text(st)})",
     )
     lines = [head, Text(f"  dir: {st.run_dir}")]
+    lines += [Text(f"  {key_line(k)}") for k in st.hosted if k.requests]
     unsubmitted = st.counts.get("unsubmitted", 0)
     if st.submission_incomplete:
         lines.append(

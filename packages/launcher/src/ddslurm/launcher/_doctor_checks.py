@@ -76,7 +76,7 @@ def field_place(field: str, run_path: Path | None, profile_path: Path) -> tuple[
     field = field.removeprefix("profile.")
     if path is None:
         return "", field
-    steps: list[str | int] = [int(i) if i else name for name, i in re.findall(r"([A-Za-z_]+)|\[(\d+)\]", field)]
+    steps: list[str | int] = [int(i) if i else name for name, i in re.findall(r"([A-Za-z_][\w-]*)|\[(\d+)\]", field)]
     try:
         line, col = locate(read_yaml(path), steps)
     except ConfigError:

@@ -17,6 +17,7 @@ from ddslurm.config import (
     ConfigError,
     Plan,
     Progress,
+    ProviderSnapshot,
     RunLayout,
     SubmissionRecord,
     WinnerRecord,
@@ -25,6 +26,7 @@ from ddslurm.config import (
     read_plan,
     read_tail,
 )
+from ddslurm.launcher._hosted_spend import Tally, hosted_spend
 from ddslurm.launcher._run_records import (
     attempt_records,
     cancel_record,
@@ -101,6 +103,28 @@ class StageProgress(msgspec.Struct, kw_only=True):
     """Shards with a result of this stage."""
 
 
+class KeyStatus(msgspec.Struct, kw_only=True):
+    """One hosted key of the run so far: what its clients' gates sent and were answered (every attempt), what
+    that cost by the run's price file, and the limits the clients learned of it together."""
+
+    provider: str
+    key_env: str | None
+    requests: int
+    limited: int
+    """Answered 429."""
+    failed: int
+    unanswered: int
+    input_tokens: int
+    output_tokens: int
+    cost: float | None
+    """In ``currency``; None without a price file, or with no price for any of its models."""
+    currency: str | None
+    requests_per_minute: int | None
+    """What the provider's headers say the key admits a minute (or the run file's cap), None: not known yet."""
+    in_flight: float | None
+    """The requests at once the clients' shared budget grants the key now."""
+
+
 class RunStatus(msgspec.Struct, kw_only=True):
     run_id: str
     run_dir: str
@@ -124,6 +148,8 @@ class RunStatus(msgspec.Struct, kw_only=True):
     progress: float = 0.0
     """The fraction of the run's work done, 0 to 1: ``records_done`` over ``records_requested``, or in a two-stage
     run the rows done of both stages over the rows of both (twice the records)."""
+    hosted: list[KeyStatus] = msgspec.field(default_factory=list)
+    """The run's hosted keys (:func:`key_statuses`); empty for a run without hosted models."""
 
 
 @dataclass(slots=True)
@@ -651,4 +677,37 @@ def _run_status(
         unsubmitted_arrays=len(progress.missing) if progress is not None and incomplete else 0,
         name=plan.run_name,
         submitted_at=min((s.submitted_at for s in subs), default=None),
+        hosted=key_statuses(layout, plan),
     )
+
+
+def key_statuses(layout: RunLayout, plan: Plan) -> list[KeyStatus]:
+    """Per hosted key of the run, its requests, 429s, tokens and cost over every attempt so far
+    (:func:`~ddslurm.launcher._hosted_spend.hosted_spend`); none when the snapshot cannot be read."""
+    try:
+        snapshot = read_json(layout.snapshot, ProviderSnapshot)
+    except (ConfigError, OSError):
+        return []
+    spend = hosted_spend(layout, plan, snapshot)
+    out = []
+    for key in spend.keys:
+        models = [m for m in spend.models if m.key == key.key]
+        total = sum((m.spent for m in models), Tally())
+        costs = [m.spent_cost for m in models if m.spent_cost is not None]
+        out.append(
+            KeyStatus(
+                provider=key.provider,
+                key_env=key.key_env,
+                requests=total.requests,
+                limited=total.limited,
+                failed=total.failed,
+                unanswered=total.unanswered,
+                input_tokens=total.input_tokens,
+                output_tokens=total.output_tokens,
+                cost=sum(costs) if costs else None,
+                currency=spend.currency,
+                requests_per_minute=key.requests_per_minute,
+                in_flight=key.in_flight,
+            )
+        )
+    return out

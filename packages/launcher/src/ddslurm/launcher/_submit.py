@@ -29,6 +29,7 @@ from ddslurm.config import (
     PartitionNodes,
     Plan,
     PlannedArray,
+    Prices,
     ProviderSnapshot,
     RecipeSource,
     RunFile,
@@ -41,6 +42,7 @@ from ddslurm.config import (
     compact_ranges,
     encode,
     encode_pretty,
+    load_prices,
     load_profile,
     load_run_file,
     publish_once,
@@ -121,7 +123,7 @@ def new_run_id(name: str, now: datetime) -> str:
     return f"{name}-{now.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
 
 
-_PLAN_FIELD = re.compile(r"^(?P<field>(?P<profile>profile\.)?[A-Za-z_]+(?:\[\d+\]|\.[A-Za-z_]+)*): ")
+_PLAN_FIELD = re.compile(r"^(?P<field>(?P<profile>profile\.)?[A-Za-z_]+(?:\[\d+\]|\.[A-Za-z_][\w-]*)*): ")
 
 
 def place_error(message: str, run_path: Path, profile_path: Path) -> str:
@@ -218,6 +220,7 @@ def prepare(
                 facts=facts,
                 gpu_type=gpu_type,
                 nodes=nodes,
+                prices=run_prices(run, run_path),
             )
         )
         # Key values that are placeholders (EMPTY, none) are not secrets: the node does not scan output for them.
@@ -245,6 +248,18 @@ def prepare(
         seed,
         loaded.source,
     )
+
+
+def run_prices(run: RunFile, run_path: Path) -> Prices | None:
+    """The run file's price file (``prices``, relative to the run file), read; None when it names none. A file
+    that is not there is refused at the run file's ``prices`` field, a bad one at its own line."""
+    if run.prices is None:
+        return None
+    path = run_path.parent / run.prices
+    if not path.is_file():
+        where, field = field_place("prices", run_path, run_path)
+        raise ConfigError(f"{where}: {field}: no price file {path}")
+    return load_prices(path)
 
 
 def _nodes(nodes_of: NodesOf, partition: str | None) -> PartitionNodes | None:

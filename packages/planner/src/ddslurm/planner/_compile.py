@@ -21,6 +21,7 @@ from ddslurm.config import (
     Plan,
     PluginRecord,
     Prediction,
+    Prices,
     ProviderSnapshot,
     RecipeColumn,
     RecipeSource,
@@ -109,6 +110,8 @@ class PlanInputs:
     nodes: PartitionNodes | None = None
     """The generation partition's GPU nodes (``sinfo``): the cost model considers only layouts they hold (their
     CPUs, their number at once); None: unknown."""
+    prices: Prices | None = None
+    """The run file's price file, read (``Plan.prices``)."""
 
 
 _MEM = re.compile(r"^(?P<n>\d+(?:\.\d+)?)(?P<unit>[KMGT]?)B?$", re.IGNORECASE)
@@ -523,6 +526,19 @@ def client_serving(
     return plan_layout(run, profile, sources).serving
 
 
+def check_hosted_limits(run: RunFile, snapshot: ProviderSnapshot) -> None:
+    """Each ``hosted_limits`` entry names a hosted provider the run's aliases use; :class:`PlanError` otherwise,
+    starting with its field (placed in the run file by the launcher)."""
+    hosted = sorted({p.name for p in snapshot.providers if not p.local})
+    for name in run.hosted_limits:
+        if name not in hosted:
+            used = ", ".join(hosted) if hosted else "none: no alias of the run is hosted"
+            raise PlanError(
+                f"hosted_limits.{name}: no hosted alias of the run uses provider {name!r} (the hosted providers it "
+                f"uses: {used})"
+            )
+
+
 def compile_plan(inputs: PlanInputs) -> Plan:
     check_time_limit(inputs.run.submission.time_limit)
     run, profile = inputs.run, inputs.profile
@@ -530,6 +546,7 @@ def compile_plan(inputs: PlanInputs) -> Plan:
     for field, value in (("submission.memory", sub.memory), ("collection.memory", run.collection.memory)):
         if value is not None:
             parse_memory_mb(value, field)
+    check_hosted_limits(run, inputs.snapshot)
     staging = plan_stages(run, inputs.recipe, inputs.columns, inputs.seed_columns)
     stages = staging.stages
     shards = _shards(run, inputs.seed)
@@ -564,6 +581,8 @@ def compile_plan(inputs: PlanInputs) -> Plan:
         retries=run.retries,
         client_retries=run.client_retries,
         provider_wait_s=run.provider_wait,
+        hosted_limits=dict(run.hosted_limits),
+        prices=inputs.prices,
         recipe_file=str(layout.recipe),
         recipe_sha256=inputs.recipe_sha256,
         recipe_key=inputs.recipe_key,

@@ -41,7 +41,7 @@ from ddslurm.config import (
     sized_parallel_requests,
     stage_recipe,
 )
-from ddslurm.runtime._engine import EngineRequest, EngineResult, read_seed_block
+from ddslurm.runtime._engine import EngineRequest, EngineResult, HostedCheck, read_seed_block
 from ddslurm.runtime._fill import (
     missing_numbered,
     missing_rows,
@@ -52,6 +52,7 @@ from ddslurm.runtime._fill import (
 )
 from ddslurm.runtime._hosted_gate import HostedGate, gate_wait_s
 from ddslurm.runtime._inputs import Inputs
+from ddslurm.runtime._key_budget import Caps
 from ddslurm.runtime._progress import ProgressFile
 from ddslurm.runtime._resume import EmptyLimit, continued_files, resume_source, seed_from
 from ddslurm.runtime._shard_seed import fixed_seed_file, read_seed_file, shuffled_block, stage_seed_table
@@ -412,13 +413,23 @@ class AttemptRunner:
             models=inputs.snapshot.models,
             budgets=self._layout.budgets,
             member=f"{began.record.job_id}-{began.record.attempt}",
-            usage_file=began.layout.hosted_usage,
-        )
+            requests_file=began.layout.hosted_requests,
+            caps={name: Caps(c.in_flight, c.requests_per_minute, c.tokens_per_minute)
+                  for name, c in inputs.plan.hosted_limits.items()},
+        )  # fmt: skip
         with gate.running() as hosted:
-            return self._generate_gated(inputs, began, {**endpoints, **hosted}, log, resume_own, counted=counted)
+            return self._generate_gated(inputs, began, {**endpoints, **hosted}, log, resume_own, gate, counted=counted)
 
     def _generate_gated(
-        self, inputs: Inputs, began: Began, endpoints: Mapping[str, str], log: Any, resume_own: bool, *, counted: bool
+        self,
+        inputs: Inputs,
+        began: Began,
+        endpoints: Mapping[str, str],
+        log: Any,
+        resume_own: bool,
+        gate: HostedGate,
+        *,
+        counted: bool,
     ) -> int:
         plan = inputs.plan
         num_records, shard_index, attempt = began.num_records, began.shard, began.layout
@@ -434,6 +445,7 @@ class AttemptRunner:
         if counted:
             record = msgspec.structs.replace(record, client_runs=record.client_runs + 1)
             self._write(attempt, record)
+        checked = gate.checker(self._env)
 
         batch = min(plan.buffer_size, num_records)
         progress = ProgressFile(
@@ -457,12 +469,13 @@ class AttemptRunner:
                 source=plan.recipe_source,
                 plugins=plan.plugins,
                 hosted_wait_s=gate_wait_s(inputs.snapshot, endpoints),
+                hosted_check=checked,
             )
         )
         if result.dataset_dir != target:
             raise VerificationError(f"Data Designer wrote {result.dataset_dir}, not the attempt's {target}")
         if not result.stopped_early:  # a provider that tripped the early-shutdown gate is not asked again now
-            self._fill(inputs, began, stage, target, result.rows, endpoints, progress, log)
+            self._fill(inputs, began, stage, target, result.rows, endpoints, progress, log, checked)
         rows, files = verify_dataset(result.dataset_dir, result.rows + rows_in(target / FILL_DIR))
         reject_empty_outputs(result.dataset_dir, stage.recipe, plan.max_empty_outputs, rows)
         scanned = (n for n in plan.secret_env if n not in plan.secret_env_unscanned)  # placeholders: not secrets
@@ -553,6 +566,7 @@ class AttemptRunner:
         endpoints: Mapping[str, str],
         progress: ProgressFile,
         log: Any,
+        checked: HostedCheck,
     ) -> int:
         """Generate again exactly the records the shard's dataset is missing (Data Designer dropped them and
         counts the dataset complete); the new batches go to ``fill-files/``. Returns the rows added.
@@ -606,6 +620,7 @@ class AttemptRunner:
                     source=plan.recipe_source,
                     plugins=plan.plugins,
                     hosted_wait_s=gate_wait_s(inputs.snapshot, endpoints),
+                    hosted_check=checked,
                 )
             )
         except RuntimeFailure as exc:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import os
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,11 +20,13 @@ from ddslurm.config import (
     ProviderSnapshot,
     RecipeSource,
     ServingPlan,
+    SnapshotModel,
     SnapshotProvider,
     recipe_section,
     recipe_with_models,
 )
 from ddslurm.runtime._builder import rebuilt_columns
+from ddslurm.runtime._columns import recipe_columns
 from ddslurm.runtime._node_recipe import node_builder
 from ddslurm.runtime._plugins import check_plugins
 from ddslurm.runtime._verify import rows_in
@@ -99,6 +101,10 @@ class EngineRequest:
     """The plugins the plan was made with: checked installed here before anything runs."""
     hosted_wait_s: int = 0
     """How long the client's gate may hold a hosted request (0: no gate): added to the hosted aliases' timeouts."""
+    hosted_check: HostedCheck | None = None
+    """Data Designer's start-up check of hosted models, made by the client's gate under the keys' budgets
+    (:meth:`HostedGate.checker`): asked for the hosted models the recipe's columns use before Data Designer starts;
+    the aliases that answered skip Data Designer's own check (:func:`checked_aliases`). None: Data Designer's own."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +185,14 @@ def run_engine(request: EngineRequest) -> EngineResult:
     check_plugins(request.plugins)
     source = request.source
     rebuilt = _rebuilt(source) if source is not None and source.rebuild else {}
-    models = recipe_with_models(request.recipe, request.snapshot, request.serving, hosted_wait_s=request.hosted_wait_s)
+    checked: frozenset[str] = frozenset()
+    if request.hosted_check is not None:
+        used = {alias for column in recipe_columns(request.recipe) for alias in column.aliases}
+        answered = request.hosted_check([m for m in request.snapshot.models if m.alias in used])
+        checked = checked_aliases(answered, request.snapshot)
+    models = recipe_with_models(
+        request.recipe, request.snapshot, request.serving, hosted_wait_s=request.hosted_wait_s, checked=checked
+    )
     builder = node_builder(models, rebuilt)
     designer = DataDesigner(
         artifact_path=request.artifact_path,
@@ -335,13 +348,44 @@ def key_refused(exc: BaseException, snapshot: ProviderSnapshot) -> KeyRefusedErr
     refusing = named_providers or hosted
     if not refusing:
         return None
+    return refused_key_error(refusing, status, "Data Designer: " + " ".join(str(exc).split()))
+
+
+HostedCheck = Callable[[Sequence[SnapshotModel]], Mapping[str, int]]
+"""Hosted models in, the HTTP status each one's provider answered to a start-up request out, by alias."""
+
+_CHECK_UNAVAILABLE = frozenset({408, 429, 500, 502, 503, 504})
+"""Answers to the start-up check that say the provider is unavailable for now (the attempt waits it out)."""
+
+
+def checked_aliases(answered: Mapping[str, int], snapshot: ProviderSnapshot) -> frozenset[str]:
+    """The aliases the start-up check found answering (Data Designer need not check them again);
+    :class:`KeyRefusedError` for a 401 or 403, :class:`ProviderUnavailableError` for a 408, 429 or 5xx, as Data
+    Designer's own check fails. Any other answer (a wrong model name, a parameter the provider refuses) is left to
+    Data Designer's own check, which says what is wrong in its own words."""
+    models = {m.alias: m for m in snapshot.models}
+    providers = {p.name: p for p in snapshot.providers}
+    for alias, status in answered.items():
+        provider = providers[models[alias].provider]
+        if status in (401, 403):
+            raise refused_key_error([provider], status, f"(the start-up check of model alias {alias!r})")
+        if status in _CHECK_UNAVAILABLE:
+            raise ProviderUnavailableError(
+                f"provider {provider.name!r} is unavailable: it answered HTTP {status} to the start-up check of "
+                f"model alias {alias!r}",
+                provider=provider.name,
+            )
+    return frozenset(a for a, status in answered.items() if 200 <= status < 300)
+
+
+def refused_key_error(refusing: Sequence[SnapshotProvider], status: int, detail: str) -> KeyRefusedError:
+    """The failure of hosted providers whose endpoint answered ``status`` (401 or 403) to the job's key."""
     names = ", ".join(repr(p.name) for p in refusing)
     keys = sorted({p.api_key_env for p in refusing if p.api_key_env})
     what = f"the API key in {', '.join(keys)}" if keys else "the request without an API key"
-    detail = " ".join(str(exc).split())
     return KeyRefusedError(
         f"the endpoint of provider {names} refused {what} (HTTP {status}): export the right key in the shell you "
-        f"submit from, then `ddslurm retry RUN`; never rerun or retried automatically. Data Designer: {detail}"
+        f"submit from, then `ddslurm retry RUN`; never rerun or retried automatically. {detail}"
     )
 
 

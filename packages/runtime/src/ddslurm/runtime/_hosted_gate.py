@@ -1,6 +1,6 @@
 """The client step's gate in front of its hosted providers (issue 36): Data Designer sends its hosted requests to a
 loopback listener inside this same process, which admits them under the key's shared budget
-(:mod:`ddslurm.runtime._key_budget`) and relays them to the provider unchanged.
+(:mod:`ddslurm.runtime._key_budget`) and relays them to the provider unchanged (but for a request id).
 
     Data Designer ──► http://127.0.0.1:PORT/<secret>/<n>/chat/completions ──► gate (a thread of this process)
                                        └─ waits for its key's share, relays ──► the provider's endpoint
@@ -9,15 +9,20 @@ Everything the provider needs passes through as Data Designer sent it (the ``Aut
 included), so the key never leaves this process and the gate writes it nowhere; a path secret drawn per process
 keeps other local users from sending through the gate. A 429 is not passed on while the key's budget can wait it
 out: the gate pauses as the provider says (and tells the other clients, at its next settle) and sends the request
-again, up to ``max_wait_s`` in all, so Data Designer's start-up health check and its requests see latency, not
-429s. Every answer is counted per key and model (requests sent, answers, 429s, tokens from ``usage``) in the
-attempt's ``hosted-usage.json`` (:class:`ddslurm.config.HostedUsage`), rewritten at every settle."""
+again, up to ``max_wait_s`` in all, so Data Designer's requests see latency, not 429s. Before Data Designer starts,
+the gate makes Data Designer's start-up health check itself, under the budget (:meth:`HostedGate.check`). Each
+request it sends carries an ``X-Client-Request-Id`` (``<job>-<attempt>-<run>-<n>``), and one line is appended to the
+attempt's ``hosted-requests.jsonl`` (:class:`ddslurm.config.HostedRequest`) when it is sent and one when it is
+answered (status, ``usage`` tokens): the exact record every hosted figure is summed from, which a kill at any moment
+leaves whole."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
+import os
 import secrets
 import threading
 import time
@@ -29,21 +34,18 @@ from pathlib import Path
 from typing import Any, Final
 
 import aiohttp
+import msgspec
 from aiohttp import web
 
 from ddslurm.config import (
     DD_DEFAULT_REQUEST_TIMEOUT_S,
-    ConfigError,
-    HostedUsage,
-    KeyUsage,
+    HostedRequest,
     ProviderSnapshot,
     SnapshotModel,
     SnapshotProvider,
-    atomic_write,
     budget_key,
     encode,
     make_private_dir,
-    read_json,
     request_timeout_s,
 )
 from ddslurm.runtime._key_budget import INTERVAL_S, Caps, Pacer, Report, settle_file
@@ -77,28 +79,21 @@ class _Key:
     waiting: int = 0
     answered: int = 0
     limited: int = 0
+    tokens: int = 0
     signal: RateSignal | None = None
     retry_after_s: float | None = None
     changed: asyncio.Event = field(default_factory=asyncio.Event)
-    usage: dict[str, KeyUsage] = field(default_factory=dict)
 
-    def count(self, model: str, status: int, body: bytes | None) -> None:
-        entry = self.usage.get(model) or KeyUsage(key=self.name, model=model)
+    def count(self, status: int, body: bytes | None) -> tuple[int, int]:
+        """Count one answer's tokens for the key's budget; its input and output tokens (its ``usage``; 0 for an
+        error)."""
         prompt = completion = 0
         if status == 200 and body:
             with contextlib.suppress(ValueError, AttributeError, TypeError):
                 usage = json.loads(body).get("usage") or {}
                 prompt, completion = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
-        self.usage[model] = KeyUsage(
-            key=self.name,
-            model=model,
-            requests=entry.requests + 1,
-            succeeded=entry.succeeded + (200 <= status < 300),
-            limited=entry.limited + (status == 429),
-            failed=entry.failed + (status >= 400 and status != 429),
-            input_tokens=entry.input_tokens + prompt,
-            output_tokens=entry.output_tokens + completion,
-        )
+        self.tokens += prompt + completion
+        return prompt, completion
 
 
 class HostedGate:
@@ -111,7 +106,7 @@ class HostedGate:
         models: Sequence[SnapshotModel] = (),
         budgets: Path,
         member: str,
-        usage_file: Path,
+        requests_file: Path | None = None,
         caps: Mapping[str, Caps] | None = None,
         clock: Callable[[], float] = time.time,
         max_wait_s: float = MAX_WAIT_S,
@@ -121,7 +116,11 @@ class HostedGate:
         """Per provider and model, how long its answer may take (the alias's own timeout, Data Designer's default)."""
         self._budgets = budgets
         self._member = member
-        self._usage_file = usage_file
+        self._requests_file = requests_file
+        self._journal_fd: int | None = None
+        self._ids = itertools.count(1)
+        self._run = secrets.token_hex(3)
+        """Request ids are ``<member>-<run>-<n>``: unique across the client runs of one attempt."""
         self._caps = dict(caps or {})
         self._clock = clock
         self._max_wait_s = max_wait_s
@@ -174,10 +173,9 @@ class HostedGate:
                 caps = self._caps.get(provider.name, Caps())
                 self._keys[name] = _Key(name, self._budgets / f"{name}.json", Pacer(self._member), caps)
         make_private_dir(self._budgets, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError, ConfigError):  # an earlier client run of the attempt: counted on
-            for earlier in read_json(self._usage_file, HostedUsage).keys:
-                if earlier.key in self._keys:
-                    self._keys[earlier.key].usage[earlier.model] = earlier
+        if self._requests_file is not None:
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+            self._journal_fd = os.open(self._requests_file, flags, 0o600)
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_route("*", "/{secret}/{index}/{tail:.*}", self._relay)
         # a request Data Designer gave up on (its timeout) is cancelled here too: it holds no slot of the key
@@ -202,6 +200,14 @@ class HostedGate:
             for key in self._keys.values():  # its share goes back to the others at once
                 key.waiting = key.in_flight = 0
                 await self._settle(key)
+            if self._journal_fd is not None:
+                os.close(self._journal_fd)
+                self._journal_fd = None
+
+    def _journal(self, line: HostedRequest) -> None:
+        """Append one line to the attempt's request record: one write, as it happens (a kill loses none)."""
+        if self._journal_fd is not None:
+            os.write(self._journal_fd, encode(line))  # one line, its newline included
 
     async def _settle_every(self) -> None:
         while True:
@@ -218,19 +224,15 @@ class HostedGate:
             limited=key.limited,
             signal=key.signal,
             retry_after_s=key.retry_after_s,
+            tokens=key.tokens,
         )
-        key.answered = key.limited = 0
+        key.answered = key.limited = key.tokens = 0
         key.signal, key.retry_after_s = None, None
         now = self._clock()
         loop = asyncio.get_running_loop()
         share = await loop.run_in_executor(None, settle_file, key.path, key.name, report, key.caps, now)
         key.pacer.update(share, now)
         key.changed.set()
-        await loop.run_in_executor(None, self._write_usage)
-
-    def _write_usage(self) -> None:
-        entries = tuple(u for k in self._keys.values() for u in k.usage.values())
-        atomic_write(self._usage_file, encode(HostedUsage(keys=entries)))
 
     async def _admit(self, key: _Key, deadline: float) -> bool:
         """Wait until ``key``'s share lets one more request out (then it counts in flight); False at ``deadline``."""
@@ -263,27 +265,40 @@ class HostedGate:
             provider = self._providers[int(request.match_info["index"])]
         except (ValueError, IndexError):
             return web.json_response({"error": {"message": "not found", "type": "NotFound", "code": 404}}, status=404)
-        key = self._keys[budget_key(provider.endpoint, provider.api_key_env)]
-        url = provider.endpoint.rstrip("/") + "/" + request.match_info["tail"]
-        if request.query_string:
-            url += "?" + request.query_string
-        body = await request.read()
-        model = _model_of(body)
+        tail = request.match_info["tail"] + (f"?{request.query_string}" if request.query_string else "")
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _DROP}
+        answer = await self._forward(provider, request.method, tail, await request.read(), headers)
+        return web.Response(status=answer.status, body=answer.body, headers=answer.headers)
+
+    async def _forward(
+        self, provider: SnapshotProvider, method: str, tail: str, body: bytes, headers: Mapping[str, str]
+    ) -> _Answer:
+        """One request to ``provider`` under its key's budget: admitted by the key's share, sent, its 429s waited
+        out and sent again until ``max_wait_s`` has passed; what the provider (or the gate, for a budget that
+        never admitted it, a timeout or an unreachable provider) answered."""
+        key = self._keys[budget_key(provider.endpoint, provider.api_key_env)]
+        url = provider.endpoint.rstrip("/") + "/" + tail
+        model = _model_of(body)
         deadline = self._clock() + self._max_wait_s
+        headers = {k: v for k, v in headers.items() if k.lower() != "x-client-request-id"}
         while True:
             if not await self._admit(key, deadline):
-                return web.json_response(
-                    {"error": {"message": "the key's rate budget did not admit the request in time",
-                               "type": "rate_limit_exceeded", "code": 429}},
-                    status=429,
-                )  # fmt: skip
+                refusal = "the key's rate budget did not admit the request in time"
+                return _Answer.error(429, refusal, "rate_limit_exceeded")
             timeout = aiohttp.ClientTimeout(
                 total=None, sock_connect=60, sock_read=self._timeouts.get((provider.name, model), DEFAULT_TIMEOUT_S)
             )
+            rid = f"{self._member}-{self._run}-{next(self._ids)}"
+            sent = HostedRequest(id=rid, key=key.name, model=model, at=self._clock())
+            self._journal(sent)
             try:  # the slot is given back however the request ends (Data Designer gone: cancelled here)
                 relay = self._session.request(
-                    request.method, url, data=body, headers=headers, proxy=_proxy_for(url), timeout=timeout
+                    method,
+                    url,
+                    data=body,
+                    headers={**headers, "X-Client-Request-Id": rid},
+                    proxy=_proxy_for(url),
+                    timeout=timeout,
                 )
                 async with relay as upstream:
                     payload = await upstream.read()
@@ -291,22 +306,22 @@ class HostedGate:
                     answer_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _DROP}
                     signal = rate_signal(upstream.headers, _utc(self._clock()))
             except TimeoutError:
-                return web.json_response(
-                    {"error": {"message": f"the provider did not answer within {timeout.sock_read:g} s",
-                               "type": "GatewayTimeout", "code": 504}},
-                    status=504,
-                )  # fmt: skip
+                self._journal(msgspec.structs.replace(sent, at=self._clock(), status=504, gate=True))
+                late = f"the provider did not answer within {timeout.sock_read:g} s"
+                return _Answer.error(504, late, "GatewayTimeout")
             except aiohttp.ClientError as exc:
-                return web.json_response(
-                    {"error": {"message": f"the provider could not be reached: {type(exc).__name__}",
-                               "type": "BadGateway", "code": 502}},
-                    status=502,
-                )  # fmt: skip
+                self._journal(msgspec.structs.replace(sent, at=self._clock(), status=502, gate=True))
+                return _Answer.error(502, f"the provider could not be reached: {type(exc).__name__}", "BadGateway")
             finally:
                 self._done(key)
             key.answered += 1
             key.signal = signal if not signal.empty else key.signal
-            key.count(model, status, payload)
+            tokens_in, tokens_out = key.count(status, payload)
+            self._journal(
+                msgspec.structs.replace(
+                    sent, at=self._clock(), status=status, input_tokens=tokens_in, output_tokens=tokens_out
+                )
+            )
             if status == 429:
                 key.limited += 1
                 wait = signal.retry_after_s
@@ -314,7 +329,69 @@ class HostedGate:
                 key.pacer.limited(self._clock(), wait)
                 if self._clock() < deadline:
                     continue  # waited out under the budget, then sent again
-            return web.Response(status=status, body=payload, headers=answer_headers)
+            return _Answer(status, payload, answer_headers)
+
+    async def _probe(self, provider: SnapshotProvider, model: SnapshotModel, env: Mapping[str, str]) -> _Answer:
+        """Data Designer's start-up request for ``model`` ("Hello!" to a chat model, one text to an embedder), sent
+        as Data Designer sends it: the key from the environment, the provider's extra headers and body."""
+        params = dict(model.inference_parameters or {})
+        embedding = params.get("generation_type") == "embedding"
+        body: dict[str, Any] = {"model": model.model}
+        if embedding:
+            body["input"] = ["Hello!"]
+        else:
+            body["messages"] = [
+                {"role": "system", "content": "You are a helpful assistant."},
+                {"role": "user", "content": "Hello!"},
+            ]
+            body.update({k: params[k] for k in ("max_tokens", "temperature", "top_p") if params.get(k) is not None})
+        body.update(provider.extra_body or {})
+        body.update(params.get("extra_body") or {})
+        headers = {"Content-Type": "application/json", **(provider.extra_headers or {})}
+        if provider.api_key_env and env.get(provider.api_key_env):
+            headers["Authorization"] = f"Bearer {env[provider.api_key_env]}"
+        tail = "embeddings" if embedding else "chat/completions"
+        return await self._forward(provider, "POST", tail, json.dumps(body).encode(), headers)
+
+    def checker(self, env: Mapping[str, str]) -> Callable[[Sequence[SnapshotModel]], dict[str, int]]:
+        """:meth:`check` with ``env``, each alias asked once per client run (a fill asks again for nothing)."""
+        answered: dict[str, int] = {}
+
+        def check(models: Sequence[SnapshotModel]) -> dict[str, int]:
+            answered.update(self.check([m for m in models if m.alias not in answered], env))
+            return {m.alias: answered[m.alias] for m in models if m.alias in answered}
+
+        return check
+
+    def check(self, models: Sequence[SnapshotModel], env: Mapping[str, str]) -> dict[str, int]:
+        """Data Designer's start-up health check of ``models``, done here under each key's budget instead (Data
+        Designer bounds its own at 180 s, which a key shared by many clients may need longer than to admit their
+        first requests): per alias behind the gate, the status its provider answered. An image model is left to
+        Data Designer (its check generates an image); so is one whose config skips the check."""
+        loop = self._loop
+        providers = {p.name: p for p in self._providers}
+        answered: dict[str, int] = {}
+        for model in models:
+            provider = providers.get(model.provider)
+            kind = (model.inference_parameters or {}).get("generation_type", "chat-completion")
+            if provider is None or model.skip_health_check or kind == "image" or loop is None:
+                continue
+            answer = asyncio.run_coroutine_threadsafe(self._probe(provider, model, env), loop).result()
+            answered[model.alias] = answer.status
+        return answered
+
+
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    status: int
+    body: bytes
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def error(cls, status: int, message: str, kind: str) -> _Answer:
+        """An answer of the gate's own, in the OpenAI error shape Data Designer reads."""
+        body = json.dumps({"error": {"message": message, "type": kind, "code": status}}).encode()
+        return cls(status, body, {"Content-Type": "application/json"})
 
 
 def _proxy_for(url: str) -> str | None:

@@ -62,6 +62,8 @@ class Report:
     """The latest answer's rate headers."""
     retry_after_s: float | None = None
     """The longest ``Retry-After`` among its 429s."""
+    tokens: int = 0
+    """Input and output tokens of its answers (their ``usage``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +130,7 @@ def settle(
         decreased_at=decreased,
         answered=state.answered + report.answered,
         limited=state.limited + report.limited,
+        tokens=state.tokens + report.tokens,
         members=members,
     )
     return state, _share(state, report.member, paused)
@@ -156,12 +159,24 @@ def slots(state: KeyBudgetState) -> dict[str, int]:
     return dealt
 
 
+def request_rate(state: KeyBudgetState) -> float | None:
+    """The key's requests a minute: its known requests a minute, and its tokens a minute over the tokens an answer
+    has cost so far (once answers are known), whichever is lower; None when neither is known."""
+    rates: list[float] = []
+    if state.requests_per_minute is not None:
+        rates.append(float(state.requests_per_minute))
+    ok = state.answered - state.limited
+    if state.tokens_per_minute is not None and ok > 0 and state.tokens > 0:
+        rates.append(max(1.0, state.tokens_per_minute / (state.tokens / ok)))
+    return min(rates) if rates else None
+
+
 def _share(state: KeyBudgetState, member: str, paused: float) -> Share:
-    """A client's part of the key: its slots (:func:`slots`), and of the requests a minute the same share as of
-    the slots (a client without a slot sends nothing until a later settle gives it one)."""
+    """A client's part of the key: its slots (:func:`slots`), and of the requests a minute (:func:`request_rate`)
+    the same share as of the slots (a client without a slot sends nothing until a later settle gives it one)."""
     dealt = slots(state)
     mine = dealt.get(member, 0)
-    rpm = state.requests_per_minute
+    rpm = request_rate(state)
     rate = None if rpm is None else rpm * mine / max(1, sum(dealt.values()))
     return Share(in_flight=mine, requests_per_minute=rate, paused_until=paused)
 

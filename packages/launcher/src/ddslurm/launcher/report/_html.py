@@ -9,7 +9,7 @@ from typing import Any
 
 import msgspec
 
-from ddslurm.launcher.report._model import PHASES, RunReport, moment, seconds_between
+from ddslurm.launcher.report._model import PHASES, HostedReport, RunReport, moment, seconds_between
 
 _PHASE_LABELS = {"waiting": "waiting for the GPU stage"}
 """A phase's name on the page where it is not its name in the numbers."""
@@ -160,6 +160,24 @@ def _figures(report: RunReport) -> dict[str, Any]:
         )
         fig.update_layout(yaxis={"title": "GPU-hours"}, height=280, margin={"t": 30, "b": 40})
         figures["gpu"] = fig
+    hosted = report.hosted
+    if hosted is not None and hosted.minutes:
+        fig = go.Figure()
+        for key in hosted.keys:
+            mine = [m for m in hosted.minutes if m.provider == key.provider]
+            if not mine:
+                continue
+            x = [m.start for m in mine]
+            fig.add_trace(go.Bar(name=f"{key.provider}: sent", x=x, y=[m.requests - m.limited for m in mine]))
+            fig.add_trace(go.Bar(name=f"{key.provider}: answered 429", x=x, y=[m.limited for m in mine],
+                                 marker_color="#d9534f"))  # fmt: skip
+            limit = key.requests_per_minute or key.stated_requests_per_minute
+            if limit:
+                fig.add_trace(go.Scatter(name=f"{key.provider}: limit a minute", x=x, y=[limit] * len(x),
+                                         mode="lines", line={"dash": "dash"}))  # fmt: skip
+        fig.update_layout(barmode="stack", yaxis={"title": "requests a minute"}, height=300,
+                          margin={"t": 30, "b": 40}, legend={"orientation": "h"})  # fmt: skip
+        figures["hosted"] = fig
     if report.failures:
         fig = go.Figure(
             go.Bar(x=[f.reason for f in report.failures], y=[f.count for f in report.failures], marker_color="#d9534f")
@@ -181,6 +199,48 @@ def _chart(figures: dict[str, Any], name: str) -> str:
     config = {"displaylogo": False, "responsive": True}
     div: str = fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"chart-{name}", config=config)
     return f'<div class="chart" data-chart="{name}">{div}</div>'
+
+
+def _money(value: float | None, currency: str | None) -> str:
+    return "-" if value is None or currency is None else f"{value:,.4f} {currency}"
+
+
+def _hosted_section(hosted: HostedReport, figures: dict[str, Any]) -> list[str]:
+    """Per key: its requests a minute against the limit its clients learned, then per model what every attempt
+    spent and what the winners kept, in tokens and money."""
+    cur = hosted.currency
+    rows = [
+        [m.provider, m.key_env or "-", m.model, ", ".join(m.aliases) or "-", _num(m.requests), _num(m.limited),
+         _num(m.failed), _num(m.unanswered), _num(m.input_tokens), _num(m.output_tokens), _money(m.cost, cur),
+         _num(m.kept_requests), _num(m.kept_input_tokens + m.kept_output_tokens), _money(m.kept_cost, cur)]
+        for m in hosted.models
+    ]  # fmt: skip
+    keys = [
+        [k.provider, k.key_env or "-", _num(k.requests_per_minute), _num(k.tokens_per_minute), _num(k.in_flight, 1),
+         " / ".join(_num(v) for v in (k.stated_in_flight, k.stated_requests_per_minute, k.stated_tokens_per_minute))]
+        for k in hosted.keys
+    ]  # fmt: skip
+    per_1000 = _money(hosted.cost_per_1000_kept_rows, cur)
+    notes = (
+        f"<p class=muted>spent: every attempt's requests; kept: the winners' attempts (and those they resumed "
+        f"from), {hosted.kept_rows:,} rows. Everything spent per 1,000 kept rows: {_esc(per_1000)}. "
+        "unanswered: in flight when a client was killed (the provider may have billed them).</p>"
+    )
+    if cur is None:
+        notes += "<p class=muted>No price file: the run file's <code>prices</code> names one for dollars.</p>"
+    elif hosted.unpriced:
+        notes += f"<p class=muted>No price for: {_esc(', '.join(hosted.unpriced))}.</p>"
+    key_head = ["provider", "key", "learned a minute", "learned tokens a minute", "at once (end)",
+                "stated at once / a minute / tokens"]  # fmt: skip
+    model_head = ["provider", "key", "model", "aliases", "requests", "429", "failed", "unanswered", "input tokens",
+                  "output tokens", "spent", "kept requests", "kept tokens", "kept"]  # fmt: skip
+    return [
+        "<h2>Hosted keys</h2>",
+        _chart(figures, "hosted"),
+        _table(key_head, keys, {2, 3, 4}) if keys else "",
+        _table(model_head, rows, set(range(4, 14))) if rows else "<p>No hosted request recorded.</p>",
+        notes,
+    ]
 
 
 def render_html(report: RunReport) -> str:
@@ -321,6 +381,8 @@ def render_html(report: RunReport) -> str:
                 {2, 4, 5, 6},
             )
         )
+    if report.hosted is not None:
+        parts += _hosted_section(report.hosted, figures)
     parts.append("<h2>Failures</h2>")
     if report.failures:
         parts.append(_chart(figures, "failures"))

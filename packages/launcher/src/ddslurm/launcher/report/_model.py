@@ -241,6 +241,65 @@ class DatasetReport(msgspec.Struct, kw_only=True):
     partial_shards: list[int] = msgspec.field(default_factory=list)
 
 
+class HostedModelReport(msgspec.Struct, kw_only=True):
+    """One hosted model of one key: what every attempt sent (spent) and what the winners' attempts sent (kept)."""
+
+    provider: str
+    key_env: str | None
+    model: str
+    aliases: list[str]
+    requests: int
+    succeeded: int
+    limited: int
+    failed: int
+    unanswered: int
+    input_tokens: int
+    output_tokens: int
+    cost: float | None
+    kept_requests: int
+    kept_input_tokens: int
+    kept_output_tokens: int
+    kept_cost: float | None
+
+
+class HostedKeyReport(msgspec.Struct, kw_only=True):
+    """One hosted key: what its clients learned of it together, and what the run file states."""
+
+    provider: str
+    key_env: str | None
+    requests_per_minute: int | None
+    tokens_per_minute: int | None
+    in_flight: float | None
+    stated_in_flight: int | None = None
+    stated_requests_per_minute: int | None = None
+    stated_tokens_per_minute: int | None = None
+
+
+class HostedMinute(msgspec.Struct, kw_only=True):
+    """Requests sent to one key in one minute of the run (every attempt), and how many were answered 429."""
+
+    provider: str
+    start: str
+    requests: int
+    limited: int
+
+
+class HostedReport(msgspec.Struct, kw_only=True):
+    """The run's hosted keys: requests, 429s, tokens and dollars, spent and kept (``_hosted_spend``)."""
+
+    currency: str | None
+    """The price file's currency; None: the run has no price file (no dollars)."""
+    models: list[HostedModelReport]
+    keys: list[HostedKeyReport]
+    minutes: list[HostedMinute]
+    cost: float | None
+    kept_cost: float | None
+    kept_rows: int
+    cost_per_1000_kept_rows: float | None
+    unpriced: list[str] = msgspec.field(default_factory=list)
+    """Models with requests and no price in the run's price file."""
+
+
 class RunReport(msgspec.Struct, kw_only=True):
     run_id: str
     run_name: str
@@ -272,6 +331,8 @@ class RunReport(msgspec.Struct, kw_only=True):
     facts: list[FactMeasured] = msgspec.field(default_factory=list)
     """Each fact the prediction used beside this run's measure of it (``ddslurm.launcher._measure.fact_check``;
     the command that writes the report fills it); empty without a prediction."""
+    hosted: HostedReport | None = None
+    """The run's hosted keys; None: the run uses none."""
     failures: list[FailureGroup] = msgspec.field(default_factory=list)
     dataset: DatasetReport | None = None
     columns: list[ColumnReport] = msgspec.field(default_factory=list)

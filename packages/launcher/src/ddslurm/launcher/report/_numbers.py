@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from ddslurm.config import Prediction, RunLayout, ServingPlan, SubmissionRecord
+from ddslurm.launcher._hosted_spend import HostedSpend
 from ddslurm.launcher._slurm import Accounting, Slurm
 from ddslurm.launcher.report._client_out import ClientOut
 from ddslurm.launcher.report._model import (
@@ -20,6 +21,10 @@ from ddslurm.launcher.report._model import (
     DatasetReport,
     FailureGroup,
     GpuUsage,
+    HostedKeyReport,
+    HostedMinute,
+    HostedModelReport,
+    HostedReport,
     JobAccounting,
     ModelUsage,
     Phase,
@@ -89,10 +94,67 @@ def numbers(facts: RunFacts, *, now: datetime | None = None, bins: int = 24) -> 
         models=models,
         gpu=gpu,
         predicted=predicted_measured(plan.prediction, spans, gpu) if plan.serving is not None else None,
+        hosted=None if facts.hosted is None else hosted_report(facts.hosted),
         failures=_failures(data),
         dataset=_dataset(facts),
         columns=_columns(facts),
         notes=notes,
+    )
+
+
+def hosted_report(spend: HostedSpend) -> HostedReport:
+    """The report's hosted-key section of what the run's gates recorded."""
+    names = {k.key: k.provider for k in spend.keys}
+    models = [
+        HostedModelReport(
+            provider=m.provider,
+            key_env=m.key_env,
+            model=m.model,
+            aliases=list(m.aliases),
+            requests=m.spent.requests,
+            succeeded=m.spent.succeeded,
+            limited=m.spent.limited,
+            failed=m.spent.failed,
+            unanswered=m.spent.unanswered,
+            input_tokens=m.spent.input_tokens,
+            output_tokens=m.spent.output_tokens,
+            cost=m.spent_cost,
+            kept_requests=m.kept.requests,
+            kept_input_tokens=m.kept.input_tokens,
+            kept_output_tokens=m.kept.output_tokens,
+            kept_cost=m.kept_cost,
+        )
+        for m in spend.models
+    ]
+    keys = [
+        HostedKeyReport(
+            provider=k.provider,
+            key_env=k.key_env,
+            requests_per_minute=k.requests_per_minute,
+            tokens_per_minute=k.tokens_per_minute,
+            in_flight=k.in_flight,
+            stated_in_flight=k.stated_in_flight,
+            stated_requests_per_minute=k.stated_requests_per_minute,
+            stated_tokens_per_minute=k.stated_tokens_per_minute,
+        )
+        for k in spend.keys
+    ]
+    minutes = [
+        HostedMinute(provider=names.get(m.key, m.key), start=iso(datetime.fromtimestamp(m.start, UTC)),
+                     requests=m.requests, limited=m.limited)
+        for m in spend.minutes
+    ]  # fmt: skip
+    kept = [m.kept_cost for m in spend.models if m.kept_cost is not None]
+    return HostedReport(
+        currency=spend.currency,
+        models=models,
+        keys=keys,
+        minutes=minutes,
+        cost=spend.spent_cost,
+        kept_cost=sum(kept) if kept else None,
+        kept_rows=spend.kept_rows,
+        cost_per_1000_kept_rows=spend.cost_per_1000_kept_rows,
+        unpriced=list(spend.unpriced),
     )
 
 

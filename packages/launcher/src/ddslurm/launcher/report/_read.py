@@ -25,6 +25,7 @@ from ddslurm.config import (
     ConfigError,
     Plan,
     Progress,
+    ProviderSnapshot,
     RunLayout,
     SubmissionRecord,
     WinnerRecord,
@@ -32,6 +33,7 @@ from ddslurm.config import (
     read_json,
     read_plan,
 )
+from ddslurm.launcher._hosted_spend import HostedSpend, hosted_spend
 from ddslurm.launcher._run_records import attempt_records, submissions
 from ddslurm.launcher._slurm import Accounting, Slurm
 from ddslurm.launcher.errors import SlurmError
@@ -105,6 +107,9 @@ class RunFacts:
     accounting: list[Accounting] | None
     """Every run of every task of the run's arrays (``sacct``); None: the scheduler was not asked, or it did not
     answer."""
+    hosted: HostedSpend | None = None
+    """What the run's clients asked of its hosted keys (every attempt's ``hosted-requests.jsonl``); None: the run
+    uses no hosted provider, or its snapshot cannot be read."""
 
 
 def json_lines(path: Path) -> Iterator[dict[str, Any]]:
@@ -313,4 +318,15 @@ def read_run(layout: RunLayout, slurm: Slurm | None) -> RunFacts:
         gpu_analyses=_analyses(gpu_winners.values()),
         busy=_busy(plan, (a.serving_dir for a in attempts if a.serving_dir is not None)),
         accounting=_accounting(slurm, subs),
+        hosted=_hosted(layout, plan),
     )
+
+
+def _hosted(layout: RunLayout, plan: Plan) -> HostedSpend | None:
+    try:
+        snapshot = read_json(layout.snapshot, ProviderSnapshot)
+    except (ConfigError, OSError):
+        return None
+    if all(p.local for p in snapshot.providers):
+        return None
+    return hosted_spend(layout, plan, snapshot)
