@@ -6,7 +6,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-BENCHES = ["client_path.py", "collect.py", "gpu_busy.py", "proxy.py", "startup.py", "submit.py"]
+BENCHES = [
+    "client_path.py",
+    "collect.py",
+    "gpu_busy.py",
+    "hosted_cluster.py",
+    "hosted_keys.py",
+    "proxy.py",
+    "startup.py",
+    "submit.py",
+]
 
 
 def main() -> int:

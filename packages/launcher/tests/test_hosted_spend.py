@@ -106,3 +106,14 @@ def test_a_record_cut_short_by_a_kill_loses_only_its_cut_line(tmp_path: Path) ->
     path = tmp_path / "hosted-requests.jsonl"
     path.write_bytes(b"".join(encode(x) for x in _request("x", "w", 200, (3, 4))) + b'{"id":"y","ke')
     assert tally(read_requests(path)) == {(KEY, "w"): Tally(requests=1, succeeded=1, input_tokens=3, output_tokens=4)}
+
+
+def test_a_request_the_gate_could_not_deliver_is_not_among_the_providers_requests(tmp_path: Path) -> None:
+    """The gate's own 502 (connection refused, or closed before any answer) is counted apart: the provider neither
+    received nor billed it; a 504 (the provider's answer late) is a request the provider had, failed."""
+    path = tmp_path / "hosted-requests.jsonl"
+    lost = HostedRequest(id="x", key=KEY, model="w", at=1, status=502, gate=True)
+    late = HostedRequest(id="y", key=KEY, model="w", at=1, status=504, gate=True)
+    sent = [HostedRequest(id=r, key=KEY, model="w", at=0) for r in ("x", "y")]
+    path.write_bytes(b"".join(encode(x) for x in (*sent, lost, late)))
+    assert tally(read_requests(path)) == {(KEY, "w"): Tally(requests=1, failed=1, unreached=1)}

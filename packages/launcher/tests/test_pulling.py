@@ -240,3 +240,37 @@ def test_a_shard_failed_in_a_running_allocation_is_pending_while_an_automatic_re
     over = FakeSlurm(sacct=f"4242_0|FAILED|1:0|None\n{first}_0|CANCELLED|0:0|None\n{second}_0|CANCELLED|0:0|None\n")
     status = run_status(layout, Slurm(over))
     assert [s.state for s in status.shards] == ["failed", "failed"] and status.state == "failed"
+
+
+@pytest.mark.parametrize(
+    ("allocations", "max_concurrent", "clients"),
+    [
+        pytest.param(None, None, 40, id="a-task-a-shard"),
+        pytest.param(None, 10, 10, id="max-concurrent"),
+        pytest.param(5, None, 10, id="pulling-5x2"),
+    ],
+)
+def test_the_bill_warns_when_the_clients_ask_a_key_for_more_than_it_is_stated_to_admit(
+    tmp_path: Path, allocations: int | None, max_concurrent: int | None, clients: int
+) -> None:
+    """Clients at once (tasks, or allocations x client workers, within max_concurrent) x each client's
+    ``max_parallel_requests`` of the key's aliases (Data Designer's 4 where unset), against ``hosted_limits``; the
+    key's models the price file does not price are named."""
+    from ddslurm.config import HostedLimit, ModelPrice, Prices, SnapshotModel, SnapshotProvider
+
+    snapshot = ProviderSnapshot(
+        providers=(SnapshotProvider(name="api", endpoint="https://api.example.com/v1", api_key_env="API_KEY"),),
+        models=(SnapshotModel(alias="w", model="mw", provider="api", inference_parameters={"max_parallel_requests": 6}),
+                SnapshotModel(alias="j", model="mj", provider="api")),
+    )  # fmt: skip
+    prices = Prices(version=1, models={"mw": ModelPrice(input=1, output=2)})
+    plan = make_plan("run-1", (6,) * 40, allocations=allocations, client_workers=2, max_concurrent=max_concurrent,
+                     hosted_limits={"api": HostedLimit(in_flight=16)}, prices=prices)  # fmt: skip
+    arrays = plan_arrays(plan, RunLayout(tmp_path), list(range(40)), 1001, kind="initial", stamp="s")
+    [key] = make_bill(plan, arrays, [], snapshot).keys
+    assert (key.clients, key.per_client, key.at_once) == (clients, 6 + 4, clients * 10)
+    text = "\n".join(bill_lines(make_bill(plan, arrays, [], snapshot)))
+    assert f"api (API_KEY): up to {clients} client(s) x 10 request(s) at once = {clients * 10}" in text
+    assert f"warning: {clients * 10} requests at once against a key stated to admit 16" in text
+    assert "about 2 client(s) at once keep it busy" in text  # 16 over 10 a client, rounded up
+    assert "no price in the price file for: mj" in text

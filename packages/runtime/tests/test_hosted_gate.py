@@ -151,13 +151,20 @@ def test_the_gate_checks_each_hosted_alias_as_data_designer_would_and_says_why_o
                                     extra_headers={"X-Team": "gate-test"})  # fmt: skip
         local = SnapshotProvider(name="deployed", endpoint="", local=True)
         snapshot = ProviderSnapshot(providers=(provider, local), models=models)
-        gate = HostedGate(snapshot.providers, models=models, budgets=tmp_path / "b", member="5-attempt-5",
-                          requests_file=tmp_path / "gate.jsonl")  # fmt: skip
-        with gate.running():
-            answered = gate.check(models, {"DEMO_KEY": KEY})
-            refused = gate.check(models[:1], {"DEMO_KEY": "sk-wrong-" + "0" * 20})
-            outage.write_text("500")
-            down = gate.check(models[:1], {"DEMO_KEY": KEY})
+
+        def check(run: str, models: tuple[SnapshotModel, ...], key: str) -> dict[str, int]:
+            """The check of one client of run ``run`` (each run its own budget: nothing checked before)."""
+            gate = HostedGate(snapshot.providers, models=models, budgets=tmp_path / run, member="5-attempt-5",
+                              requests_file=tmp_path / "gate.jsonl")  # fmt: skip
+            with gate.running():
+                return gate.check(models, {"DEMO_KEY": key})
+
+        answered = check("run-1", models, KEY)
+        again = check("run-1", models, KEY)  # another client of the run: what was answered 200 is not asked again
+        refused = check("run-2", models[:1], "sk-wrong-" + "0" * 20)
+        outage.write_text("500")
+        down = check("run-3", models[:1], KEY)
+    assert again == answered
     assert answered == {"writer": 200, "typo": 404}
     assert checked_aliases(answered, snapshot) == {"writer"}
     with pytest.raises(KeyRefusedError, match="DEMO_KEY") as wrong:
@@ -169,9 +176,44 @@ def test_the_gate_checks_each_hosted_alias_as_data_designer_would_and_says_why_o
     received = [json.loads(line) for line in log.read_text().splitlines()]
     chats = [r for r in received if r["path"].endswith("/chat/completions")]
     assert [(r["model"], r["status"], r["n_messages"], r["auth_present"]) for r in chats] == [
-        ("demo/writer", 200, 2, True), ("demo/wirter", 404, 2, True), (None, 401, None, True),  # the key judged first
+        ("demo/writer", 200, 2, True), ("demo/wirter", 404, 2, True),  # the second client: the typo only
+        ("demo/wirter", 404, 2, True), (None, 401, None, True),  # the key judged first
         ("demo/writer", 500, 2, True),
     ]  # fmt: skip
     sent, answered = _journal(tmp_path / "gate.jsonl")
     writer = sorted(a.status or 0 for rid, a in answered.items() if sent[rid].model == "demo/writer")
     assert writer == [200, 401, 500]  # the checks are requests, counted as any other
+
+
+def test_a_connection_the_provider_closed_before_answering_is_sent_again_on_a_new_one(tmp_path: Path) -> None:
+    """The provider closes the first connection without an answer (as a kept-alive connection it timed out is
+    found closed): the gate sends the request again on a new connection, so the caller gets the answer, not a 502;
+    the record says the first try never got there (the gate's 502) and the second was answered."""
+    import socket
+    import threading
+
+    body = json.dumps({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}}).encode()
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def serve() -> None:
+        for number in range(2):
+            conn, _ = listener.accept()
+            with conn:
+                conn.recv(65536)
+                if number == 1:
+                    head = f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+                    conn.sendall(head.encode() + body)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    provider = SnapshotProvider(name="demo", endpoint=f"http://127.0.0.1:{port}/v1", api_key_env="DEMO_KEY")
+    journal = tmp_path / "gate.jsonl"
+    gate = HostedGate([provider], budgets=tmp_path / "b", member="6-attempt-6", requests_file=journal)
+    with gate.running() as endpoints:
+        answer = httpx.post(f"{endpoints['demo']}/chat/completions", json=CHAT, timeout=30)
+    thread.join(timeout=10)
+    listener.close()
+    assert answer.status_code == 200 and answer.json()["usage"]["prompt_tokens"] == 3
+    sent, answered = _journal(journal)
+    assert len(sent) == 2 and sorted((a.status, a.gate) for a in answered.values()) == [(200, False), (502, True)]

@@ -12,6 +12,7 @@ import pytest
 
 from ddslurm.config import KeyBudgetState, budget_key
 from ddslurm.runtime._key_budget import (
+    CHECK_FRESH_S,
     DECREASE,
     INTERVAL_S,
     STALE_S,
@@ -93,6 +94,15 @@ def test_tokens_a_minute_bound_the_requests_by_what_an_answer_costs() -> None:
     state, share = settle(state, KEY, report, caps, now=2.0)
     assert state.tokens == 20_000 and request_rate(state) == 100_000 / 2_000
     assert share.requests_per_minute == 50.0  # the only member: the whole rate
+
+
+def test_a_model_checked_by_one_client_is_checked_for_the_run_for_a_while() -> None:
+    state, share = settle(None, KEY, Report("a", demand=1, in_flight=0, checked=("m",)), Caps(), now=100.0)
+    assert share.checked == {"m"} and state.checked == {"m": 100.0}
+    state, share = settle(state, KEY, Report("b", demand=1, in_flight=0), Caps(), now=100.0 + CHECK_FRESH_S)
+    assert share.checked == {"m"}
+    state, share = settle(state, KEY, Report("b", demand=1, in_flight=0), Caps(), now=101.0 + CHECK_FRESH_S)
+    assert share.checked == frozenset() and state.checked == {}  # long ago: checked again
 
 
 def test_a_silent_member_is_gone_and_an_idle_one_leaves() -> None:

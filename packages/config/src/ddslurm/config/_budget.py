@@ -55,6 +55,10 @@ class KeyBudgetState(Frozen, frozen=True, kw_only=True):
     tokens: Count = 0
     """Tokens (input and output) of the answers the clients reported: with ``answered - limited``, the tokens a
     request costs, which turns ``tokens_per_minute`` into requests a minute."""
+    checked: dict[str, float] = msgspec.field(default_factory=dict)
+    """Model (as the provider names it) -> when a client's start-up check of it was last answered 200 (epoch
+    seconds): a client starting within a few minutes of that checks it no more (one check for the run, not one
+    per shard)."""
     members: dict[str, BudgetMember] = msgspec.field(default_factory=dict)
 
 

@@ -52,6 +52,26 @@ class BillAlias(msgspec.Struct, kw_only=True):
     capacity unless the recipe sets its own value (``ddslurm.runtime.parallel_requests``)."""
 
 
+class BillKey(msgspec.Struct, kw_only=True):
+    """One hosted provider's key: what the run's clients may ask of it at once, against what the run file states."""
+
+    provider: str
+    key_env: str | None
+    aliases: list[str]
+    clients: int
+    """Client steps that may run at once (array tasks at once, or allocations x client workers)."""
+    per_client: int
+    """Requests one client sends the key's aliases at most at once (their ``max_parallel_requests``)."""
+    stated_in_flight: int | None = None
+    stated_requests_per_minute: int | None = None
+    unpriced: list[str] = msgspec.field(default_factory=list)
+    """Its models without a price in the run's price file (empty without one)."""
+
+    @property
+    def at_once(self) -> int:
+        return self.clients * self.per_client
+
+
 class BillJobs(msgspec.Struct, kw_only=True):
     """One kind of job of the submission (the generation jobs; the jobs of a stage)."""
 
@@ -107,6 +127,10 @@ class Bill(msgspec.Struct, kw_only=True):
     ``prediction``; None for hosted-only runs): the ``Layout`` section."""
     batches: str = ""
     """The batch size, how it was chosen and how much work a cancel or a time limit can lose (:func:`batch_text`)."""
+    keys: list[BillKey] = msgspec.field(default_factory=list)
+    """The run's hosted keys (:func:`bill_keys`)."""
+    currency: str | None = None
+    """The run's price file's currency; None: no price file."""
 
 
 def _hours(tasks: int, per_task: int, minutes: int) -> float:
@@ -326,7 +350,75 @@ def make_bill(
         gpu_hours=round(sum(j.gpu_hours for j in jobs), 2),
         prediction=plan.prediction,
         batches=batch_text(plan),
+        keys=bill_keys(plan, jobs, snapshot),
+        currency=None if plan.prices is None else plan.prices.currency,
     )
+
+
+DD_DEFAULT_PARALLEL_REQUESTS = 4
+"""Data Designer's ``max_parallel_requests`` when a model config sets none."""
+
+
+def bill_keys(plan: Plan, jobs: Sequence[BillJobs], snapshot: ProviderSnapshot) -> list[BillKey]:
+    """Per hosted provider of the run: how many clients may run at once (the most tasks of one kind of job at
+    once, times its client workers, within ``max_concurrent``), what each sends its aliases at most at once, what
+    the run file states of the key, and which of its models the price file does not price."""
+    parallel = parallel_requests(snapshot, plan.serving)
+    clients = 0
+    for job in jobs:
+        workers = plan.cpu_stage_workers if job.what == "CPU stage" else (plan.client_workers if plan.allocations
+                                                                          else 1)  # fmt: skip
+        clients = max(clients, job.tasks * max(1, workers))
+    if plan.max_concurrent is not None:
+        clients = min(clients, plan.max_concurrent)
+    out = []
+    for provider in snapshot.providers:
+        if provider.local:
+            continue
+        models = [m for m in snapshot.models if m.provider == provider.name]
+        stated = plan.hosted_limits.get(provider.name)
+        per = [parallel.get(m.alias) for m in models]
+        priced = plan.prices.models if plan.prices is not None else None
+        out.append(
+            BillKey(
+                provider=provider.name,
+                key_env=provider.api_key_env,
+                aliases=[m.alias for m in models],
+                clients=clients,
+                per_client=sum(int(p) if p else DD_DEFAULT_PARALLEL_REQUESTS for p in per),
+                stated_in_flight=None if stated is None else stated.in_flight,
+                stated_requests_per_minute=None if stated is None else stated.requests_per_minute,
+                unpriced=[] if priced is None else sorted({m.model for m in models if m.model not in priced}),
+            )
+        )
+    return out
+
+
+def key_lines(bill: Bill) -> list[str]:
+    """The bill's hosted keys: what the clients may ask at once, and a warning where that is more than the key is
+    stated to admit (the clients then share what it admits: more of them only wait)."""
+    lines: list[str] = []
+    for key in bill.keys:
+        name = key.key_env or "no key"
+        stated = [f"{key.stated_in_flight} at once" if key.stated_in_flight else "",
+                  f"{key.stated_requests_per_minute} a minute" if key.stated_requests_per_minute else ""]  # fmt: skip
+        caps = ", ".join(x for x in stated if x)
+        limits = f"the run file caps it at {caps}" if caps else "its limits are learned from the provider's answers"
+        lines.append(
+            f"  {key.provider} ({name}): up to {key.clients} client(s) x {key.per_client} request(s) at once = "
+            f"{key.at_once}; {limits}"
+        )
+        if key.stated_in_flight and key.at_once > key.stated_in_flight:
+            lines.append(
+                f"    warning: {key.at_once} requests at once against a key stated to admit {key.stated_in_flight}: "
+                f"the clients share {key.stated_in_flight} and the rest wait; about "
+                f"{max(1, -(-key.stated_in_flight // max(1, key.per_client)))} client(s) at once keep it busy "
+                "(max_concurrent, or fewer allocations, cost fewer CPU-hours at the same speed)"
+            )
+        if key.unpriced:
+            lines.append(f"    no price in the price file for: {', '.join(key.unpriced)}")
+    return (["hosted keys (one rate budget each, shared by every client; docs/providers.md):", *lines]
+            if lines else [])  # fmt: skip
 
 
 LAYOUT_COLUMNS = ("layout", "allocations", "replicas", "client workers", "stages", "GPUs at once", "wall time",
@@ -424,6 +516,7 @@ def bill_lines(bill: Bill) -> list[str]:
         )
         + "; automatic retries not counted"
     )
+    lines += key_lines(bill)
     if bill.prediction is not None:
         lines += layout_lines(bill.prediction)
     return lines

@@ -146,6 +146,8 @@ def key_line(k: KeyStatus) -> str:
         parts.append(f"{k.failed:,} failed")
     if k.unanswered:
         parts.append(f"{k.unanswered:,} unanswered (in flight when a client was killed)")
+    if k.unreached:
+        parts.append(f"{k.unreached:,} not delivered (connection refused or closed)")
     parts.append(f"{k.input_tokens + k.output_tokens:,} tokens")
     if k.cost is not None:
         parts.append(f"{k.cost:,.2f} {k.currency}")

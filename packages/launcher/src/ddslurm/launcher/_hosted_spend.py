@@ -37,12 +37,15 @@ class Tally:
     """Requests of one key and model, as the gates recorded them."""
 
     requests: int = 0
-    """Sent to the provider (each try of a request the gate sent again after a 429 is one)."""
+    """Sent to the provider (each try of a request the gate sent again after a 429 is one), less ``unreached``."""
     succeeded: int = 0
     limited: int = 0
     """Answered 429."""
     failed: int = 0
-    """Answered another error, or none in time (the gate's 504) or unreachable (502)."""
+    """Answered another error, or none in time (the gate's 504)."""
+    unreached: int = 0
+    """Could not be delivered: the connection was refused, or closed before any answer (the gate's 502; most never
+    reached the provider, which then neither counts nor bills them)."""
     unanswered: int = 0
     """Sent, and no answer on record: in flight when its client was killed (the provider may have billed it)."""
     input_tokens: int = 0
@@ -78,11 +81,13 @@ def tally(lines: Iterable[HostedRequest]) -> dict[tuple[str, str], Tally]:
     for rid, request in sent.items():
         answer = answers.get(rid)
         status = None if answer is None else answer.status
+        lost = answer is not None and answer.gate and status == 502
         one = Tally(
-            requests=1,
+            requests=int(not lost),
             succeeded=int(status is not None and 200 <= status < 300),
             limited=int(status == 429),
-            failed=int(status is not None and status >= 300 and status != 429),
+            failed=int(status is not None and status >= 300 and status != 429 and not lost),
+            unreached=int(lost),
             unanswered=int(answer is None),
             input_tokens=0 if answer is None else answer.input_tokens,
             output_tokens=0 if answer is None else answer.output_tokens,

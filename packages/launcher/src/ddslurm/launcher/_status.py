@@ -116,6 +116,8 @@ class KeyStatus(msgspec.Struct, kw_only=True):
     unanswered: int
     input_tokens: int
     output_tokens: int
+    unreached: int = 0
+    """Could not be delivered (refused, or closed before an answer): not among ``requests``."""
     cost: float | None
     """In ``currency``; None without a price file, or with no price for any of its models."""
     currency: str | None
@@ -702,6 +704,7 @@ def key_statuses(layout: RunLayout, plan: Plan) -> list[KeyStatus]:
                 limited=total.limited,
                 failed=total.failed,
                 unanswered=total.unanswered,
+                unreached=total.unreached,
                 input_tokens=total.input_tokens,
                 output_tokens=total.output_tokens,
                 cost=sum(costs) if costs else None,

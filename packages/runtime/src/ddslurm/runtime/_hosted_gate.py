@@ -62,6 +62,13 @@ the hosted aliases' request timeouts in Data Designer (``recipe_with_models``), 
 alias's own timeout to the provider's answer (504 when it passes)."""
 
 
+MAX_RECONNECTS = 2
+"""How often one request is sent again at once when its connection turned out closed before any answer."""
+_STALE = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
+"""Errors of a connection the provider closed (a kept-alive one it timed out): the request is sent again on a new
+connection rather than answered 502."""
+
+
 def gate_wait_s(snapshot: ProviderSnapshot, endpoints: Mapping[str, str]) -> int:
     """:data:`MAX_WAIT_S` when ``endpoints`` put a hosted provider of ``snapshot`` behind a gate, else 0."""
     return MAX_WAIT_S if any(not p.local and p.name in endpoints for p in snapshot.providers) else 0
@@ -80,6 +87,8 @@ class _Key:
     answered: int = 0
     limited: int = 0
     tokens: int = 0
+    checked: set[str] = field(default_factory=set)
+    """Models whose start-up check was answered 200 since the last settle."""
     signal: RateSignal | None = None
     retry_after_s: float | None = None
     changed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -225,8 +234,10 @@ class HostedGate:
             signal=key.signal,
             retry_after_s=key.retry_after_s,
             tokens=key.tokens,
+            checked=tuple(sorted(key.checked)),
         )
         key.answered = key.limited = key.tokens = 0
+        key.checked = set()
         key.signal, key.retry_after_s = None, None
         now = self._clock()
         loop = asyncio.get_running_loop()
@@ -281,6 +292,7 @@ class HostedGate:
         model = _model_of(body)
         deadline = self._clock() + self._max_wait_s
         headers = {k: v for k, v in headers.items() if k.lower() != "x-client-request-id"}
+        reconnects = 0
         while True:
             if not await self._admit(key, deadline):
                 refusal = "the key's rate budget did not admit the request in time"
@@ -311,6 +323,9 @@ class HostedGate:
                 return _Answer.error(504, late, "GatewayTimeout")
             except aiohttp.ClientError as exc:
                 self._journal(msgspec.structs.replace(sent, at=self._clock(), status=502, gate=True))
+                if isinstance(exc, _STALE) and reconnects < MAX_RECONNECTS:
+                    reconnects += 1  # a kept-alive connection the provider had closed: again, on a new one
+                    continue
                 return _Answer.error(502, f"the provider could not be reached: {type(exc).__name__}", "BadGateway")
             finally:
                 self._done(key)
@@ -351,7 +366,10 @@ class HostedGate:
         if provider.api_key_env and env.get(provider.api_key_env):
             headers["Authorization"] = f"Bearer {env[provider.api_key_env]}"
         tail = "embeddings" if embedding else "chat/completions"
-        return await self._forward(provider, "POST", tail, json.dumps(body).encode(), headers)
+        answer = await self._forward(provider, "POST", tail, json.dumps(body).encode(), headers)
+        if 200 <= answer.status < 300:
+            self._keys[budget_key(provider.endpoint, provider.api_key_env)].checked.add(model.model)
+        return answer
 
     def checker(self, env: Mapping[str, str]) -> Callable[[Sequence[SnapshotModel]], dict[str, int]]:
         """:meth:`check` with ``env``, each alias asked once per client run (a fill asks again for nothing)."""
@@ -366,8 +384,10 @@ class HostedGate:
     def check(self, models: Sequence[SnapshotModel], env: Mapping[str, str]) -> dict[str, int]:
         """Data Designer's start-up health check of ``models``, done here under each key's budget instead (Data
         Designer bounds its own at 180 s, which a key shared by many clients may need longer than to admit their
-        first requests): per alias behind the gate, the status its provider answered. An image model is left to
-        Data Designer (its check generates an image); so is one whose config skips the check."""
+        first requests): per alias behind the gate, the status its provider answered. A model another client of
+        the run had answered within :data:`~ddslurm.runtime._key_budget.CHECK_FRESH_S` (the key's budget says
+        so) is not asked again: 200. An image model is left to Data Designer (its check generates an image); so
+        is one whose config skips the check."""
         loop = self._loop
         providers = {p.name: p for p in self._providers}
         answered: dict[str, int] = {}
@@ -375,6 +395,9 @@ class HostedGate:
             provider = providers.get(model.provider)
             kind = (model.inference_parameters or {}).get("generation_type", "chat-completion")
             if provider is None or model.skip_health_check or kind == "image" or loop is None:
+                continue
+            if model.model in self._keys[budget_key(provider.endpoint, provider.api_key_env)].pacer.share.checked:
+                answered[model.alias] = 200  # a client of the run had it answered a moment ago: once for the run
                 continue
             answer = asyncio.run_coroutine_threadsafe(self._probe(provider, model, env), loop).result()
             answered[model.alias] = answer.status

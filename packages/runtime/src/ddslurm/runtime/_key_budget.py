@@ -35,6 +35,8 @@ DECREASE = 0.75
 """A 429 cuts the key's concurrency to this share of itself (Data Designer's own factor inside one process)."""
 DECREASE_GAP_S = 2.0
 """At most one cut per this many seconds: the 429s of one burst, reported by many clients, are one signal."""
+CHECK_FRESH_S = 600.0
+"""A model whose start-up check a client of the run had answered 200 this recently is not checked again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +66,8 @@ class Report:
     """The longest ``Retry-After`` among its 429s."""
     tokens: int = 0
     """Input and output tokens of its answers (their ``usage``)."""
+    checked: tuple[str, ...] = ()
+    """Models whose start-up check it had answered 200 since."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +79,8 @@ class Share:
     """None: no rate known, only ``in_flight`` bounds it."""
     paused_until: float
     """Epoch seconds before which it sends nothing (0: no pause)."""
+    checked: frozenset[str] = frozenset()
+    """Models a client of the run checked within :data:`CHECK_FRESH_S`: not to be checked again."""
 
 
 def fallback_share(caps: Caps) -> Share:
@@ -121,6 +127,8 @@ def settle(
         ceiling += report.answered / ceiling
     if caps.in_flight is not None:
         ceiling = min(ceiling, float(caps.in_flight))
+    seen = {**state.checked, **dict.fromkeys(report.checked, now)}
+    fresh = {model: at for model, at in seen.items() if now - at <= CHECK_FRESH_S}
     state = KeyBudgetState(
         key=key,
         ceiling=max(1.0, ceiling),
@@ -131,6 +139,7 @@ def settle(
         answered=state.answered + report.answered,
         limited=state.limited + report.limited,
         tokens=state.tokens + report.tokens,
+        checked=fresh,
         members=members,
     )
     return state, _share(state, report.member, paused)
@@ -178,7 +187,7 @@ def _share(state: KeyBudgetState, member: str, paused: float) -> Share:
     mine = dealt.get(member, 0)
     rpm = request_rate(state)
     rate = None if rpm is None else rpm * mine / max(1, sum(dealt.values()))
-    return Share(in_flight=mine, requests_per_minute=rate, paused_until=paused)
+    return Share(in_flight=mine, requests_per_minute=rate, paused_until=paused, checked=frozenset(state.checked))
 
 
 class Pacer:

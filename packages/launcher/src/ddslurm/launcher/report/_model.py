@@ -257,6 +257,8 @@ class HostedModelReport(msgspec.Struct, kw_only=True):
     output_tokens: int
     cost: float | None
     kept_requests: int
+    unreached: int = 0
+    """Could not be delivered (refused, or closed before an answer): not among ``requests``."""
     kept_input_tokens: int
     kept_output_tokens: int
     kept_cost: float | None

@@ -116,6 +116,7 @@ def hosted_report(spend: HostedSpend) -> HostedReport:
             limited=m.spent.limited,
             failed=m.spent.failed,
             unanswered=m.spent.unanswered,
+            unreached=m.spent.unreached,
             input_tokens=m.spent.input_tokens,
             output_tokens=m.spent.output_tokens,
             cost=m.spent_cost,
