@@ -117,3 +117,18 @@ def test_a_request_the_gate_could_not_deliver_is_not_among_the_providers_request
     sent = [HostedRequest(id=r, key=KEY, model="w", at=0) for r in ("x", "y")]
     path.write_bytes(b"".join(encode(x) for x in (*sent, lost, late)))
     assert tally(read_requests(path)) == {(KEY, "w"): Tally(requests=1, failed=1, unreached=1)}
+
+
+def test_the_reports_gpu_hours_cost_what_the_price_file_says_of_the_generation_partition() -> None:
+    from ddslurm.config import PartitionPrice, Resources
+    from ddslurm.config.testing import make_plan
+    from ddslurm.launcher.report._model import GpuUsage
+    from ddslurm.launcher.report._numbers import _priced
+
+    gpu = GpuUsage(allocated_gpu_hours=1.5, generating_gpu_hours=1.2)
+    prices = Prices(version=1, currency="EUR", partitions={"gpu": PartitionPrice(gpu_hour=2.4)})
+    plan = make_plan("run-1", (5,), generation=Resources(partition="gpu", time_minutes=60, gres="gpu:1"), prices=prices)
+    priced = _priced(gpu, plan)
+    assert (priced.allocated_cost, priced.currency) == (pytest.approx(1.5 * 2.4), "EUR")
+    other = make_plan("run-1", (5,), generation=Resources(partition="a100", time_minutes=60), prices=prices)
+    assert _priced(gpu, other).allocated_cost is None  # no price for that partition: no money

@@ -261,7 +261,8 @@ def cmd_report(
     ]
     if gpu is not None and ((gpu.allocated_gpu_hours or 0) > 0 or gpu.generating_gpu_hours > 0):
         allocated = f"{gpu.allocated_gpu_hours:.3f}" if gpu.allocated_gpu_hours is not None else "unknown (no sacct)"
-        lines.append(f"  GPU-hours: {allocated} allocated, {gpu.generating_gpu_hours:.3f} generating")
+        money = f" ({gpu.allocated_cost:,.2f} {gpu.currency})" if gpu.allocated_cost is not None else ""
+        lines.append(f"  GPU-hours: {allocated} allocated{money}, {gpu.generating_gpu_hours:.3f} generating")
     lines += [
         f"  {m.alias} ({'local' if m.local else 'hosted'}): {m.requests} requests, {m.failed} failed, "
         f"{m.total_tokens} tokens"

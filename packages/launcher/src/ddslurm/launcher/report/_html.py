@@ -261,6 +261,10 @@ def render_html(report: RunReport) -> str:
         allocated = report.gpu.allocated_gpu_hours
         cards.append(("GPU-hours allocated", _num(allocated, 3) if allocated is not None else "unknown (no sacct)"))
         cards.append(("GPU-hours generating", _num(report.gpu.generating_gpu_hours, 3)))
+        if report.gpu.allocated_cost is not None:
+            cards.append(("GPU-hours cost", _money(report.gpu.allocated_cost, report.gpu.currency)))
+    if report.hosted is not None and report.hosted.cost is not None:
+        cards.append(("hosted cost", _money(report.hosted.cost, report.hosted.currency)))
     parts = [
         "<!DOCTYPE html><html lang=en><head><meta charset=utf-8>",
         f"<title>ddslurm report {_esc(report.run_id)}</title><style>{_CSS}</style>",

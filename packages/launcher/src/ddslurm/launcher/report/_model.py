@@ -159,6 +159,10 @@ class GpuUsage(msgspec.Struct, kw_only=True):
     """``sacct``, or ``none`` when the accounting could not be read."""
     jobs: list[JobAccounting] = msgspec.field(default_factory=list)
     allocations: list[AllocationGpu] = msgspec.field(default_factory=list)
+    allocated_cost: float | None = None
+    """``allocated_gpu_hours`` x the price file's ``gpu_hour`` of the generation partition, in ``currency``; None
+    without a price file, a price for the partition, or the accounting."""
+    currency: str | None = None
 
 
 class Compared(msgspec.Struct, kw_only=True):

@@ -8,7 +8,9 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from ddslurm.config import Prediction, RunLayout, ServingPlan, SubmissionRecord
+import msgspec
+
+from ddslurm.config import Plan, Prediction, RunLayout, ServingPlan, SubmissionRecord
 from ddslurm.launcher._hosted_spend import HostedSpend
 from ddslurm.launcher._slurm import Accounting, Slurm
 from ddslurm.launcher.report._client_out import ClientOut
@@ -72,6 +74,7 @@ def numbers(facts: RunFacts, *, now: datetime | None = None, bins: int = 24) -> 
     per_second = round(generated / busy, 3) if generated and busy > 0 else None
     gpu, gpu_notes = _gpu(facts, active)
     notes += gpu_notes
+    gpu = _priced(gpu, plan)
     return RunReport(
         run_id=plan.run_id,
         run_name=plan.run_name,
@@ -99,6 +102,17 @@ def numbers(facts: RunFacts, *, now: datetime | None = None, bins: int = 24) -> 
         dataset=_dataset(facts),
         columns=_columns(facts),
         notes=notes,
+    )
+
+
+def _priced(gpu: GpuUsage, plan: Plan) -> GpuUsage:
+    """``gpu`` with its allocated GPU-hours' money, when the run's price file prices the generation partition."""
+    prices, partition = plan.prices, plan.generation.partition
+    price = prices.partitions.get(partition) if prices is not None and partition is not None else None
+    if prices is None or price is None or price.gpu_hour is None or gpu.allocated_gpu_hours is None:
+        return gpu
+    return msgspec.structs.replace(
+        gpu, allocated_cost=gpu.allocated_gpu_hours * price.gpu_hour, currency=prices.currency
     )
 
 
