@@ -152,9 +152,11 @@ def test_shard_killed_by_its_time_limit_is_retried_automatically(make_run_files:
     assert sorted(r.state for r in records) == ["failed", "succeeded"]
 
 
-def _chat_requests(log: Path, model: str) -> int:
+def _chat_requests(log: Path, model: str, *, messages: int | None = None) -> int:
+    """The chat requests the stand-in's log holds of ``model`` (of ``messages`` messages only, when given)."""
     lines = log.read_text().splitlines() if log.exists() else []
-    return sum(f'"{model}"' in line and '"/v1/chat/completions"' in line for line in lines)
+    chats = [line for line in lines if f'"{model}"' in line and '"/v1/chat/completions"' in line]
+    return len(chats) if messages is None else sum(json.loads(line)["n_messages"] == messages for line in chats)
 
 
 def test_a_sixty_record_shard_without_buffer_size_cancelled_at_60_percent_redoes_at_most_one_batch(
@@ -223,10 +225,13 @@ def test_a_sixty_record_shard_without_buffer_size_cancelled_at_60_percent_redoes
         assert final["state"] == "succeeded" and final["records_done"] == 60, final
     for model in (writer, judge):
         sent[model] += _chat_requests(retry_log, model)
-    # 60 records and a health check a client run: 62 requests a model at the least; the cancel cost both models the
-    # 2 answered records of the fourth batch, and the writer the 4 requests it held
-    assert sent[judge] == 62 + 2, sent
-    assert sent[writer] == 62 + 2 + 4 <= 75, sent
+    # 60 records and the gate's start-up check (two messages: at most one a client run, none where a client of the
+    # run had it answered minutes before); the cancel cost the writer the 2 answered records of the fourth batch and
+    # the 4 requests it held, the judge at most those 2
+    checks = {m: _chat_requests(first_log, m, messages=2) + _chat_requests(retry_log, m, messages=2) for m in sent}
+    assert all(1 <= n <= 2 for n in checks.values()), checks
+    assert 60 + checks[judge] <= sent[judge] <= 60 + checks[judge] + 2, (sent, checks)
+    assert sent[writer] == 60 + checks[writer] + 2 + 4 <= 75, (sent, checks)
     won = [read_json(p, AttemptRecord) for p in run_dir.glob("shards/shard-00000/attempts/*/attempt.json")]
     assert [(r.state, r.resumed_rows) for r in won if r.state == "succeeded"] == [("succeeded", 36)], won
     dataset = Path(cli_json("collect", str(run_dir), "--local", "--json", env=env)["dataset"])

@@ -144,6 +144,8 @@ def test_status_of_a_two_stage_run_never_goes_back(make_run_files: Any, tmp_path
     done = run_cli("status", run_dir, env=files.env)
     assert done.returncode == 0, done.stderr
     header, *rows = done.stdout.splitlines()[2:]
+    rows, keys = rows[: len(sampled[-1]["shards"])], rows[len(sampled[-1]["shards"]) :]
+    assert [k.split(" (")[0] for k in keys] == ["key DEMO_HOSTED_API_KEY"], keys  # the hosted judge's key, under it
     columns = ["SHARD", "STAGE", "STATE", "GPU ROWS", "CPU ROWS", "ROWS/S", "ATTEMPT", "JOB", "SLURM", "REASON"]
     assert re.split(r"\s{2,}", header.strip()) == columns
     for index, (row, shard) in enumerate(zip(rows, sampled[-1]["shards"], strict=True)):

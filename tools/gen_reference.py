@@ -24,7 +24,7 @@ import msgspec.inspect as mi
 
 import ddslurm.config
 from ddslurm.config import ClusterProfile, RunFile
-from ddslurm.config._runfile import Collection, Deployment, ServerSpec, Submission
+from ddslurm.config._runfile import Collection, Deployment, HostedLimit, ServerSpec, Submission
 
 ROOT = Path(__file__).resolve().parent.parent
 OUTPUT = ROOT / "docs" / "reference.md"
@@ -35,12 +35,13 @@ SECTIONS: tuple[tuple[str, type[msgspec.Struct], str], ...] = (
     ("`deployments[].server`", ServerSpec, "deployments[i].server"),
     ("`submission`", Submission, "submission"),
     ("`collection`", Collection, "collection"),
+    ("`hosted_limits.<provider>`", HostedLimit, "hosted_limits: {PROVIDER: ...}"),
     ("The cluster profile", ClusterProfile, "profile.yaml"),
 )
 """Every Struct a user writes, in page order: the title, the Struct and where its fields sit in the file."""
 
 _ANCHORS = {Deployment: "deployments", ServerSpec: "deploymentsserver", Submission: "submission",
-            Collection: "collection"}  # fmt: skip
+            Collection: "collection", HostedLimit: "hosted_limitsprovider"}  # fmt: skip
 
 
 def attribute_docs(cls: type) -> dict[str, str]:

@@ -186,11 +186,14 @@ def test_api_key_required_on_v1_only(tmp_path: Path) -> None:
         "n_messages",
         "admitted",
         "match",
+        "client_request_id",
+        "prompt_tokens",
+        "completion_tokens",
     }
     assert set(first) == keys and first["admitted"] is None
     assert entries[2]["n_messages"] is None
     ok = next(e for e in entries if e["status"] == 200 and e["path"] == "/v1/chat/completions")
-    assert ok["model"] == "m" and ok["n_messages"] == 1
+    assert ok["model"] == "m" and ok["n_messages"] == 1 and ok["prompt_tokens"] > 0 and ok["completion_tokens"] > 0
     assert ok["admitted"] is not None and ok["admitted"] <= ok["time"]  # it ran from admitted until time
 
 

@@ -564,7 +564,10 @@ class HostedLimit(Frozen, frozen=True, kw_only=True):
     in_flight: PositiveInt | None = None
     """Requests at once, all the run's clients together."""
     requests_per_minute: PositiveInt | None = None
+    """Requests a minute, all the run's clients together."""
     tokens_per_minute: PositiveInt | None = None
+    """Input and output tokens a minute, all the run's clients together (turned into requests a minute by what an
+    answer has cost so far)."""
 
 
 class Collection(Frozen, frozen=True, kw_only=True):

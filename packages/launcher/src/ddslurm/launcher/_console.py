@@ -166,7 +166,6 @@ def status_header(st: RunStatus) -> Text:
         f"  ({_totals(st)}, {counts_text(st)})",
     )
     lines = [head, Text(f"  dir: {st.run_dir}")]
-    lines += [Text(f"  {key_line(k)}") for k in st.hosted if k.requests]
     unsubmitted = st.counts.get("unsubmitted", 0)
     if st.submission_incomplete:
         lines.append(
@@ -252,7 +251,9 @@ def shard_table(shards: list[ShardStatus], *, boxed: bool, staged: bool | None =
 
 
 def status_view(st: RunStatus, *, boxed: bool) -> Group:
-    return Group(status_header(st), shard_table(st.shards, boxed=boxed))
+    """The header, the shard table, and under it one line per hosted key the run has sent to."""
+    keys = [Text(key_line(k)) for k in st.hosted if k.requests]
+    return Group(status_header(st), shard_table(st.shards, boxed=boxed), *keys)
 
 
 def show_status(out: TextIO, st: RunStatus) -> None:

@@ -187,7 +187,10 @@ def run_engine(request: EngineRequest) -> EngineResult:
     rebuilt = _rebuilt(source) if source is not None and source.rebuild else {}
     checked: frozenset[str] = frozenset()
     if request.hosted_check is not None:
-        used = {alias for column in recipe_columns(request.recipe) for alias in column.aliases}
+        try:
+            used = {alias for column in recipe_columns(request.recipe) for alias in column.aliases}
+        except RecipeError:  # a column type only its builder script defines: every model the run's snapshot holds
+            used = {m.alias for m in request.snapshot.models}
         answered = request.hosted_check([m for m in request.snapshot.models if m.alias in used])
         checked = checked_aliases(answered, request.snapshot)
     models = recipe_with_models(

@@ -62,6 +62,9 @@ the hosted aliases' request timeouts in Data Designer (``recipe_with_models``), 
 alias's own timeout to the provider's answer (504 when it passes)."""
 
 
+_CHECK_FAILS: Final = frozenset({401, 403, 408, 429, 500, 502, 503, 504})
+"""Answers to a start-up check after which the gate checks no further model (``_engine.checked_aliases`` fails
+the attempt on them)."""
 MAX_RECONNECTS = 2
 """How often one request is sent again at once when its connection turned out closed before any answer."""
 _STALE = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
@@ -401,6 +404,8 @@ class HostedGate:
                 continue
             answer = asyncio.run_coroutine_threadsafe(self._probe(provider, model, env), loop).result()
             answered[model.alias] = answer.status
+            if answer.status in _CHECK_FAILS:  # the attempt fails (or waits) on it: the next ones would only wait
+                break
         return answered
 
 
