@@ -13,6 +13,7 @@ from pathlib import Path
 import msgspec
 
 from ddslurm.config import (
+    DD_DEFAULT_MAX_PARALLEL_REQUESTS,
     DeploymentPlan,
     LayoutChoice,
     Plan,
@@ -355,10 +356,6 @@ def make_bill(
     )
 
 
-DD_DEFAULT_PARALLEL_REQUESTS = 4
-"""Data Designer's ``max_parallel_requests`` when a model config sets none."""
-
-
 def bill_keys(plan: Plan, jobs: Sequence[BillJobs], snapshot: ProviderSnapshot) -> list[BillKey]:
     """Per hosted provider of the run: how many clients may run at once (the most tasks of one kind of job at
     once, times its client workers, within ``max_concurrent``), what each sends its aliases at most at once, what
@@ -385,7 +382,7 @@ def bill_keys(plan: Plan, jobs: Sequence[BillJobs], snapshot: ProviderSnapshot) 
                 key_env=provider.api_key_env,
                 aliases=[m.alias for m in models],
                 clients=clients,
-                per_client=sum(int(p) if p else DD_DEFAULT_PARALLEL_REQUESTS for p in per),
+                per_client=sum(int(p or DD_DEFAULT_MAX_PARALLEL_REQUESTS) for p in per),
                 stated_in_flight=None if stated is None else stated.in_flight,
                 stated_requests_per_minute=None if stated is None else stated.requests_per_minute,
                 unpriced=[] if priced is None else sorted({m.model for m in models if m.model not in priced}),

@@ -195,12 +195,16 @@ def _stages(plan: Plan) -> tuple[int | None, ...]:
     return (0, 1) if len(plan.stages) >= 2 else (None,)
 
 
-def _kept_attempts(layout: RunLayout, shard: int, stage: int | None, resumed: dict[str, str | None]) -> set[str]:
-    """The stage's winner and the attempts it resumed from, back to the first."""
+def _winner(layout: RunLayout, shard: int, stage: int | None) -> WinnerRecord | None:
     try:
-        attempt: str | None = read_json(layout.stage_shard(shard, stage).winner, WinnerRecord).attempt
+        return read_json(layout.stage_shard(shard, stage).winner, WinnerRecord)
     except (FileNotFoundError, ConfigError, OSError):
-        return set()
+        return None
+
+
+def _kept_attempts(winner: WinnerRecord | None, resumed: dict[str, str | None]) -> set[str]:
+    """The stage's winner and the attempts it resumed from, back to the first."""
+    attempt = None if winner is None else winner.attempt
     kept: set[str] = set()
     while attempt is not None and attempt not in kept:
         kept.add(attempt)
@@ -217,10 +221,10 @@ def hosted_spend(layout: RunLayout, plan: Plan, snapshot: ProviderSnapshot) -> H
     for shard in range(len(plan.shards)):
         for stage in _stages(plan):
             records = attempt_records(layout, shard, stage)
-            kept = _kept_attempts(layout, shard, stage, {r.attempt: r.resumed_from for r in records})
-            if stage == last:
-                with contextlib.suppress(FileNotFoundError, ConfigError, OSError):
-                    kept_rows += read_json(layout.stage_shard(shard, stage).winner, WinnerRecord).rows
+            winner = _winner(layout, shard, stage)
+            kept = _kept_attempts(winner, {r.attempt: r.resumed_from for r in records})
+            if stage == last and winner is not None:
+                kept_rows += winner.rows
             for record in sorted(records, key=lambda r: r.attempt):
                 path = layout.stage_shard(shard, stage).attempt(record.attempt).hosted_requests
                 lines = list(read_requests(path))

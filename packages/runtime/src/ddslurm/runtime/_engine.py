@@ -357,8 +357,9 @@ def key_refused(exc: BaseException, snapshot: ProviderSnapshot) -> KeyRefusedErr
 HostedCheck = Callable[[Sequence[SnapshotModel]], Mapping[str, int]]
 """Hosted models in, the HTTP status each one's provider answered to a start-up request out, by alias."""
 
-_CHECK_UNAVAILABLE = frozenset({408, 429, 500, 502, 503, 504})
-"""Answers to the start-up check that say the provider is unavailable for now (the attempt waits it out)."""
+CHECK_FAILS = _KEY_STATUSES | _UNAVAILABLE_STATUSES
+"""Answers to the start-up check that fail the attempt (:func:`checked_aliases`): a refused key, or a provider
+unavailable for now (the attempt waits it out)."""
 
 
 def checked_aliases(answered: Mapping[str, int], snapshot: ProviderSnapshot) -> frozenset[str]:
@@ -370,9 +371,9 @@ def checked_aliases(answered: Mapping[str, int], snapshot: ProviderSnapshot) -> 
     providers = {p.name: p for p in snapshot.providers}
     for alias, status in answered.items():
         provider = providers[models[alias].provider]
-        if status in (401, 403):
+        if status in _KEY_STATUSES:
             raise refused_key_error([provider], status, f"(the start-up check of model alias {alias!r})")
-        if status in _CHECK_UNAVAILABLE:
+        if status in _UNAVAILABLE_STATUSES:
             raise ProviderUnavailableError(
                 f"provider {provider.name!r} is unavailable: it answered HTTP {status} to the start-up check of "
                 f"model alias {alias!r}",

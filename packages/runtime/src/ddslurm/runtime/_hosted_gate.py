@@ -48,6 +48,7 @@ from ddslurm.config import (
     make_private_dir,
     request_timeout_s,
 )
+from ddslurm.runtime._engine import CHECK_FAILS
 from ddslurm.runtime._key_budget import INTERVAL_S, Caps, Pacer, Report, settle_file
 from ddslurm.runtime._rate_headers import RateSignal, rate_signal
 
@@ -62,9 +63,6 @@ the hosted aliases' request timeouts in Data Designer (``recipe_with_models``), 
 alias's own timeout to the provider's answer (504 when it passes)."""
 
 
-_CHECK_FAILS: Final = frozenset({401, 403, 408, 429, 500, 502, 503, 504})
-"""Answers to a start-up check after which the gate checks no further model (``_engine.checked_aliases`` fails
-the attempt on them)."""
 MAX_RECONNECTS = 2
 """How often one request is sent again at once when its connection turned out closed before any answer."""
 _STALE = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
@@ -404,7 +402,7 @@ class HostedGate:
                 continue
             answer = asyncio.run_coroutine_threadsafe(self._probe(provider, model, env), loop).result()
             answered[model.alias] = answer.status
-            if answer.status in _CHECK_FAILS:  # the attempt fails (or waits) on it: the next ones would only wait
+            if answer.status in CHECK_FAILS:  # the attempt fails (or waits) on it: the next ones would only wait
                 break
         return answered
 
