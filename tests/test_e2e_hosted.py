@@ -32,20 +32,22 @@ def test_hosted_only_run_end_to_end(make_run_files: Any, scan_for_secret: Any, t
     from fake_vllm.testing import start_server
 
     key = "sk-limited-" + "3" * 20
-    log = tmp_path / "key.jsonl"
+    log, gate = tmp_path / "key.jsonl", tmp_path / "gate"
+    gate.write_text("")  # open; the kill holds it
     limited = ["--served-model-name", "demo/writer-8b", "demo/judge-70b", "--fake-latency", "0.3",
-               "--fake-rate-limit-in-flight", "2", "--fake-request-log", str(log)]  # fmt: skip
+               "--fake-rate-limit-in-flight", "2", "--fake-request-log", str(log),
+               "--fake-gate", str(gate)]  # fmt: skip
     with start_server("demo", args=limited, api_key=key) as endpoint:
-        _hosted_only_run(make_run_files, scan_for_secret, endpoint.base_url, key, log)
+        _hosted_only_run(make_run_files, scan_for_secret, endpoint.base_url, key, log, gate)
 
 
 PRICES = {"demo/writer-8b": (0.25, 1.5), "demo/judge-70b": (3.0, 9.0)}
 """Dollars per million input and output tokens, as the scenario's price file states them."""
 
 
-def _hosted_only_run(make_run_files: Any, scan_for_secret: Any, base_url: str, key: str, log: Path) -> None:
+def _hosted_only_run(make_run_files: Any, scan_for_secret: Any, base_url: str, key: str, log: Path, gate: Path) -> None:
     extra = "retries: 1\nclient_retries: 0\nprices: prices.yaml\nhosted_limits:\n  demo-hosted: {in_flight: 4}\n"
-    files = make_run_files("e2e", num_records=9, shards=3, buffer_size=2, extra_run=extra)
+    files = make_run_files("e2e", num_records=9, shards=3, buffer_size=1, extra_run=extra)  # 3 batches a shard
     (files.root / "prices.yaml").write_text(
         "version: 1\nmodels:\n" + "".join(f"  {m}: {{input: {i}, output: {o}}}\n" for m, (i, o) in PRICES.items())
     )
@@ -60,7 +62,7 @@ def _hosted_only_run(make_run_files: Any, scan_for_secret: Any, base_url: str, k
     assert submitted["shards"] == 3 and submitted["job_id"].isdigit()
     # The job reads the snapshot captured at submit time, never the settings directory: break it now.
     (files.dd_home / "model_providers.yaml").write_text("providers:\n- {name: demo-hosted, endpoint: 'http://x'}\n")
-    _kill_the_client_after_its_first_batch(run_dir, shard=0)
+    _kill_the_client_after_its_first_batch(run_dir, gate, shard=0)
 
     script = (run_dir / "generate.sbatch").read_text()
     assert "#SBATCH --gres=none" in script and "#SBATCH --partition=cpu" in script
@@ -103,8 +105,10 @@ def _hosted_only_run(make_run_files: Any, scan_for_secret: Any, base_url: str, k
     assert not any(key in text for text in OUTPUTS)
 
 
-def _kill_the_client_after_its_first_batch(run_dir: Path, *, shard: int) -> None:
-    """SIGKILL the client step of ``shard``'s first attempt once a batch of it is on disk (its progress says so)."""
+def _kill_the_client_after_its_first_batch(run_dir: Path, gate: Path, *, shard: int) -> None:
+    """SIGKILL the client step of ``shard``'s first attempt once a batch of it is on disk (its progress says so):
+    the stand-in then holds every request, so the shard's third batch cannot be answered and its client is still
+    there to kill (an event, not a race); the stand-in answers again once it is killed."""
     import signal
 
     from tools.chaos import cluster
@@ -125,7 +129,9 @@ def _kill_the_client_after_its_first_batch(run_dir: Path, *, shard: int) -> None
                     return proc.pid
         return None
 
+    gate.write_text("hold")
     os.kill(until(client, 60, f"shard {shard}'s client process"), signal.SIGKILL)
+    gate.write_text("")
 
 
 def _accounting_is_the_keys_own(
