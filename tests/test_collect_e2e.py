@@ -50,15 +50,52 @@ def test_batches_of_a_real_dd_run_with_different_column_orders_collect_row_for_r
     assert out.to_pylist() == want
 
 
+_HELD_COLLECT = """#!{python}
+# The real collector, held when every part is in its staging directory and only the manifest and the publication
+# are left: it says so in {event} and waits there until it is cancelled.
+import sys
+import time
+from pathlib import Path
+
+from ddslurm.collector import _merge
+
+write = _merge.atomic_write
+
+
+def held(path: Path, data: bytes) -> None:
+    if path.name == _merge.MANIFEST:
+        Path({event!r}).write_text(str(path.parent))
+        while True:
+            time.sleep(3600)
+    write(path, data)
+
+
+_merge.atomic_write = held
+from ddslurm.collector.cli import main
+
+sys.exit(main())
+"""
+
+
 @pytest.mark.slurm
 def test_killed_collection_job_publishes_nothing_and_a_rerun_succeeds(tmp_path: Path) -> None:
-    # Enough batch files that reading them takes seconds: the job is cancelled while it works.
-    tables = [[pa.table({"a": list(range(i * 20, (i + 1) * 20)), "t": ["x" * 100] * 20}) for i in range(2000)]]
+    """The collection job is cancelled at the last moment it can be (every part written to its staging directory,
+    its manifest and publication left: the real collector, held there by its python_env's wrapper, says so in a
+    file): nothing is published, the staging directory is removed, and a rerun publishes every row."""
+    from tests.e2e import until
+
+    tables = [[pa.table({"a": list(range(i * 20, (i + 1) * 20)), "t": ["x" * 100] * 20}) for i in range(50)]]
     layout = make_published_run(tmp_path, tables)
+    event = tmp_path / "publishing"
+    held_env = tmp_path / "held-env"
+    (held_env / "bin").mkdir(parents=True)
+    wrapper = held_env / "bin" / "ddslurm-collect"
+    wrapper.write_text(_HELD_COLLECT.format(python=sys.executable, event=str(event)))
+    wrapper.chmod(0o755)
     plan = make_plan(
         layout.run_id,
-        (40000,),
-        python_env=str(REPO / ".venv"),
+        (1000,),
+        python_env=str(held_env),
         collection=Resources(time_minutes=5, partition="cpu", memory="1G"),
     )
     atomic_write(layout.plan, encode(plan))
@@ -70,19 +107,16 @@ def test_killed_collection_job_publishes_nothing_and_a_rerun_succeeds(tmp_path: 
         stderr=subprocess.PIPE,
         text=True,
     )
-    # Cancel as soon as the job starts writing (its staging directory appears), well before it is done.
-    deadline = time.monotonic() + 90
-    started = False
-    while time.monotonic() < deadline and not started and proc.poll() is None:
-        started = any(layout.root.glob(".dataset.staging-*"))
-        time.sleep(0.01)
-    assert started, "the collection job never started writing"
+    until(lambda: event.exists() or proc.poll() is not None, 240, "the collection job to reach its publishing")
+    assert event.exists(), proc.communicate(timeout=60)
+    assert Path(event.read_text()).is_dir()  # its staging directory, every part written, not yet published
     job_id = next(layout.logs.glob("collect-*.out")).stem.removeprefix("collect-")
     subprocess.run(["scancel", job_id], check=True)  # by id: other tests' jobs may carry the same name
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGTERM and "ended CANCELLED" in err, (proc.returncode, out, err)
     assert not layout.dataset.exists()
     assert not list(layout.root.glob(".dataset.staging-*"))  # the job cleaned up on SIGTERM
+    _for_slurm(layout)  # the rerun: the collector as it is
     again = subprocess.run(
         [str(DDSLURM), "collect", str(layout.root), "--json"],
         env=env,
@@ -92,7 +126,7 @@ def test_killed_collection_job_publishes_nothing_and_a_rerun_succeeds(tmp_path: 
         check=False,
     )
     assert again.returncode == 0, again.stderr
-    assert pq.read_table(layout.dataset).num_rows == 40000
+    assert pq.read_table(layout.dataset).num_rows == 1000
 
 
 def _for_slurm(layout: RunLayout) -> None:
