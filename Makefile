@@ -33,11 +33,11 @@ demo-mixed: bootstrap cluster ## the mixed example: local generator (2 replicas 
 # out first (tools/pytest_order.py), a few at a time as workers come free (--dist loadgroup: no worker is left alone
 # at the end with a queue of long tests given to it at the start), every test of a module with a module-scoped
 # fixture (a shared cluster run) on one worker, so that run happens once (--share-module-fixtures); the cluster
-# tests mostly wait on Slurm, so two workers a core keep the CPUs busy. It ends by printing its wall time and
+# tests mostly wait on Slurm, so three workers a core keep the CPUs busy (537 s at 6 against 578 s at 4, the same day). It ends by printing its wall time and
 # CPU-seconds (tools/suite_times.py) and keeps every test's seconds in TEST_TIMES (tools/pytest_times.py):
 # `make test-times` lists the slowest.
 # docs/testing.md says how it is measured.
-TEST_WORKERS ?= 4
+TEST_WORKERS ?= 6
 TEST_TIMES ?= .test-times/durations.jsonl
 PYTEST_ARGS ?=
 
