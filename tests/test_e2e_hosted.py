@@ -99,10 +99,38 @@ def _hosted_only_run(make_run_files: Any, scan_for_secret: Any, base_url: str, k
     assert read_json(budget, KeyBudgetState).ceiling <= 4  # the run file's cap
     report = cli_json("report", str(run_dir), "--json", env=files.env, outputs=OUTPUTS)
     _accounting_is_the_keys_own(run_dir, chats, status["hosted"], report["hosted"])
+    _the_next_dry_run_predicts_from_this_runs_facts(files, base_url, run_dir)
     # Nothing the run left behind holds the key: scripts, plan, snapshot, records, logs, data, budgets.
     assert scan_for_secret(run_dir, key) == []
     assert scan_for_secret(files.root, key) == []
     assert not any(key in text for text in OUTPUTS)
+
+
+def _the_next_dry_run_predicts_from_this_runs_facts(files: Any, base_url: str, run_dir: Path) -> None:
+    """``wait`` recorded what the run measured per record (the workspace's facts); the dry run of the same run file
+    predicts each hosted alias's requests, tokens and dollars as the run's records times those, at the price file's
+    prices (recomputed here from the facts file itself)."""
+    (files.dd_home / "model_providers.yaml").write_text(
+        "providers:\n- {name: demo-hosted, endpoint: '" + base_url + "', api_key: DEMO_HOSTED_API_KEY}\n"
+    )
+    dry = cli_json("submit", str(files.run_file), "--profile", str(files.profile), "--dry-run", "--json",
+                   env=files.env, outputs=OUTPUTS)  # fmt: skip
+    facts = json.loads((run_dir.parent.parent / "facts.json").read_text())
+    [recipe] = [r for r in facts["recipes"] if r["run_id"] == run_dir.name]
+    spend = dry["bill"]["spend"]
+    models = {m["alias"]: m["model"] for m in spend["hosted"]}
+    assert spend["records"] == 9 and set(models) == set(recipe["input_tokens_per_record"]) == {"writer", "judge"}
+    for alias, predicted in ((a["alias"], a) for a in spend["hosted"]):
+        tokens = (
+            round(9 * recipe["input_tokens_per_record"][alias]),
+            round(9 * recipe["output_tokens_per_record"][alias]),
+        )
+        assert tokens[0] > 0 and tokens[1] > 0, alias
+        assert (predicted["requests"], predicted["input_tokens"], predicted["output_tokens"]) == (
+            round(9 * recipe["requests_per_record"][alias]), *tokens), alias  # fmt: skip
+        price = PRICES[models[alias]]
+        assert predicted["cost"] == pytest.approx((tokens[0] * price[0] + tokens[1] * price[1]) / 1e6, rel=1e-9)
+    assert spend["currency"] == "USD" and spend["gpu_hours"] == 0.0
 
 
 def _kill_the_client_after_its_first_batch(run_dir: Path, gate: Path, *, shard: int) -> None:

@@ -69,6 +69,26 @@ def test_a_recipe_fact_is_each_numbers_median_over_the_latest_runs_that_measured
     assert (recipe.runs("requests_per_record", "judge"), recipe.runs("allocation_overhead_s")) == (4, 3)
 
 
+def test_tokens_per_record_are_each_aliass_median_and_runs_from_before_tokens_were_kept_leave_them_out() -> None:
+    """Tokens per record are kept per alias as requests per record are: the median of the latest runs that measured
+    them; a run from before they were kept (none measured) counts for its requests only."""
+    facts = Facts()
+    inputs = [None, {"judge": 100.0}, {"judge": 300.0}, {"judge": 200.0, "writer": 50.0}]
+    for i, measured in enumerate(inputs):
+        fact = RecipeFact(
+            recipe_sha256="abc", requests_per_record={"judge": 1.0, "writer": 2.0},
+            input_tokens_per_record=measured or {},
+            output_tokens_per_record={a: v / 10 for a, v in (measured or {}).items()},
+            measured_by="run", run_id=f"r{i}", measured_at="t",
+        )  # fmt: skip
+        facts = facts.with_recipe_run(fact)
+    [recipe] = facts.recipes
+    assert recipe.input_tokens_per_record == {"judge": statistics.median([100.0, 300.0, 200.0]), "writer": 50.0}
+    assert recipe.output_tokens_per_record == {"judge": 20.0, "writer": 5.0}
+    assert recipe.runs("input_tokens_per_record", "judge") == 3 and recipe.runs("requests_per_record", "judge") == 4
+    assert recipe.runs("output_tokens_per_record", "writer") == 1
+
+
 def test_a_damaged_facts_file_is_an_error_naming_it(tmp_path: Path) -> None:
     path = tmp_path / "facts.json"
     path.write_text('{"models": [{"shape": 3}]}')

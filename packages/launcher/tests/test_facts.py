@@ -423,6 +423,9 @@ def test_requests_per_record_leaves_out_the_rows_of_an_attempt_killed_before_its
     assert recipe is not None
     # writer: shard 0's 4 + the retry's 1; judge: 3 + 2; over 3 + 1 rows (requests over all 5 rows: 1.0 each)
     assert recipe.requests_per_record == {"writer": (4 + 1) / (3 + 1), "judge": (3 + 2) / (3 + 1)}
+    # the tokens of the same summaries over the same rows (the bill's predicted hosted spend rests on them)
+    assert recipe.input_tokens_per_record == {"writer": (100 + 5) / 4, "judge": (50 + 20) / 4}
+    assert recipe.output_tokens_per_record == {"writer": (200 + 5) / 4, "judge": (10 + 4) / 4}
 
 
 def test_two_runs_of_one_seeded_recipe_share_its_facts_key(tmp_path: Path) -> None:

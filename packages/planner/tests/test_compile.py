@@ -10,6 +10,7 @@ import msgspec
 import pytest
 
 from ddslurm.config import (
+    AliasSpend,
     Batching,
     ClusterProfile,
     Collection,
@@ -24,6 +25,7 @@ from ddslurm.config import (
     ShardSpec,
     SnapshotModel,
     SnapshotProvider,
+    SpendForecast,
     StagePlan,
     Submission,
     digest,
@@ -254,6 +256,13 @@ def test_hosted_only_plan() -> None:
         ),
         client_cpus=2,
         serving=None,
+        # no earlier run of the recipe: its hosted alias's spend is not predicted; no GPUs, so none of them
+        spend=SpendForecast(
+            records=40,
+            hosted=(AliasSpend(alias="gen", model="m", provider="zeta"),),
+            gpu_hours=0.0,
+            cpu_hours=0.0,
+        ),
     )
 
 

@@ -23,6 +23,7 @@ from ddslurm.config._codec import (
 from ddslurm.config._events import BATCH_COMPLETE, FILL_DONE, SERVING_READY
 from ddslurm.config._facts import (
     FACTS_FILE,
+    PER_ALIAS,
     Calibration,
     CalibrationEntry,
     ClientUsage,
@@ -151,6 +152,7 @@ from ddslurm.config._snapshot import (
     SnapshotModel,
     SnapshotProvider,
 )
+from ddslurm.config._spend import AliasSpend, SpendForecast
 from ddslurm.config._suggest import closest, did_you_mean
 from ddslurm.config._yaml import load_struct, locate, read_yaml, to_builtins
 from ddslurm.config.errors import ConfigError, ConfigFileError, ConfigFileErrors, UnsafePathError
@@ -161,6 +163,8 @@ __all__ = [
     "ModelPrice",
     "PartitionPrice",
     "Prices",
+    "AliasSpend",
+    "SpendForecast",
     "load_prices",
     "KeyBudgetState",
     "budget_key",
@@ -174,6 +178,7 @@ __all__ = [
     "PROMPTS_KEPT",
     "ClientUsage",
     "FACTS_FILE",
+    "PER_ALIAS",
     "ConcurrencyPoint",
     "Facts",
     "MeasuredBy",

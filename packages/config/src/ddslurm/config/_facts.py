@@ -141,6 +141,8 @@ class ModelFact(Frozen, frozen=True, kw_only=True):
 
 
 PerRecord = dict[str, Annotated[float, msgspec.Meta(ge=0, le=10_000)]]
+TokensPerRecord = dict[str, Annotated[float, msgspec.Meta(ge=0, le=100_000_000)]]
+"""Per model alias, the input (or output) tokens its answers counted per record generated."""
 CpuPerRequest = Annotated[float, msgspec.Meta(ge=0, le=3600)]
 
 
@@ -149,6 +151,8 @@ class RecipeSample(Frozen, frozen=True, kw_only=True):
     :data:`HISTORY`); a number it did not measure cleanly is None."""
 
     requests_per_record: PerRecord
+    input_tokens_per_record: TokensPerRecord = msgspec.field(default_factory=dict)
+    output_tokens_per_record: TokensPerRecord = msgspec.field(default_factory=dict)
     client_cpu_s_per_request: CpuPerRequest | None = None
     allocation_overhead_s: Seconds | None = None
     cpu_stage_records_per_s: Rate | None = None
@@ -157,7 +161,9 @@ class RecipeSample(Frozen, frozen=True, kw_only=True):
 
 
 RECIPE_NUMBERS = ("client_cpu_s_per_request", "allocation_overhead_s", "cpu_stage_records_per_s")
-"""A recipe fact's numbers besides its requests per record: each the median of the samples that measured it."""
+"""A recipe fact's numbers besides its per-alias ones: each the median of the samples that measured it."""
+PER_ALIAS = ("requests_per_record", "input_tokens_per_record", "output_tokens_per_record")
+"""A recipe fact's numbers kept per model alias: each alias's the median of the samples that measured it."""
 
 
 class RecipeFact(Frozen, frozen=True, kw_only=True):
@@ -165,6 +171,11 @@ class RecipeFact(Frozen, frozen=True, kw_only=True):
     """The recipe's digest as the run file names it (``Plan.recipe_facts_key()``: the same in every run of it)."""
     requests_per_record: PerRecord
     """Per model alias, the requests Data Designer sent per record generated (retries and health checks excluded)."""
+    input_tokens_per_record: TokensPerRecord = msgspec.field(default_factory=dict)
+    """Per model alias, the input tokens of those requests' answers per record (the bill's hosted spend; empty:
+    not measured, or a fact from before tokens were kept)."""
+    output_tokens_per_record: TokensPerRecord = msgspec.field(default_factory=dict)
+    """Per model alias, the output tokens of those requests' answers per record."""
     client_cpu_s_per_request: CpuPerRequest | None = None
     """CPU-seconds of the Data Designer client per request to a deployed alias; None: not measured."""
     allocation_overhead_s: Seconds | None = None
@@ -180,7 +191,7 @@ class RecipeFact(Frozen, frozen=True, kw_only=True):
     measured it (empty: a fact from before samples were kept, resting on its own numbers)."""
 
     def runs(self, number: str, alias: str | None = None) -> int:
-        """How many runs its ``number`` (``requests_per_record`` of ``alias``, or one of :data:`RECIPE_NUMBERS`)
+        """How many runs its ``number`` (one of :data:`PER_ALIAS` of ``alias``, or of :data:`RECIPE_NUMBERS`)
         rests on."""
         return sum(1 for s in _recipe_samples(self) if _recipe_number(s, number, alias) is not None)
 
@@ -253,11 +264,10 @@ class Facts(Frozen, frozen=True, kw_only=True):
         cleanly, None, leaves the earlier runs' standing)."""
         earlier = self.recipe(fact.recipe_sha256)
         history = (*(_recipe_samples(earlier) if earlier is not None else ()), _recipe_sample(fact))[-HISTORY:]
-        aliases = sorted({a for s in history for a in s.requests_per_record})
-        per_record = {a: _median_of(history, "requests_per_record", a) for a in aliases}
+        per_alias = {name: _medians_by_alias(history, name) for name in PER_ALIAS}
         merged = msgspec.structs.replace(
             fact,
-            requests_per_record={a: v for a, v in per_record.items() if v is not None},
+            **per_alias,
             samples=history,
             **{name: _median_of(history, name) for name in RECIPE_NUMBERS},
         )
@@ -280,6 +290,8 @@ def _recipe_sample(fact: RecipeFact) -> RecipeSample:
     """What ``fact`` itself says one run measured."""
     return RecipeSample(
         requests_per_record=fact.requests_per_record,
+        input_tokens_per_record=fact.input_tokens_per_record,
+        output_tokens_per_record=fact.output_tokens_per_record,
         client_cpu_s_per_request=fact.client_cpu_s_per_request,
         allocation_overhead_s=fact.allocation_overhead_s,
         cpu_stage_records_per_s=fact.cpu_stage_records_per_s,
@@ -293,10 +305,18 @@ def _recipe_samples(fact: RecipeFact) -> tuple[RecipeSample, ...]:
 
 
 def _recipe_number(sample: RecipeSample, number: str, alias: str | None = None) -> float | None:
-    if number == "requests_per_record":
-        return sample.requests_per_record.get(alias or "")
+    if number in PER_ALIAS:
+        per_alias: dict[str, float] = getattr(sample, number)
+        return per_alias.get(alias or "")
     value: float | None = getattr(sample, number)
     return value
+
+
+def _medians_by_alias(samples: Sequence[RecipeSample], number: str) -> dict[str, float]:
+    """Per alias any sample measured ``number`` (one of :data:`PER_ALIAS`) of, the median of those samples'."""
+    aliases = sorted({a for s in samples for a in getattr(s, number)})
+    medians = {a: _median_of(samples, number, a) for a in aliases}
+    return {a: v for a, v in medians.items() if v is not None}
 
 
 def _median_of(samples: Sequence[RecipeSample], number: str, alias: str | None = None) -> float | None:

@@ -12,6 +12,7 @@ from ddslurm.config._prediction import Prediction
 from ddslurm.config._prices import Prices
 from ddslurm.config._records import FileEntry
 from ddslurm.config._runfile import Engine, HostedLimit, ResumeMode
+from ddslurm.config._spend import SpendForecast
 
 PLAN_VERSION = 2
 
@@ -304,6 +305,9 @@ class Plan(Frozen, frozen=True, kw_only=True):
     facts it used; None for hosted-only runs."""
     batching: Batching | None = None
     """How ``buffer_size`` was chosen; None: plans made before the planner chose it."""
+    spend: SpendForecast | None = None
+    """What the run is predicted to spend: hosted requests, tokens and money from the facts of earlier runs of the
+    recipe, the predicted GPU-hours' money (the bill's ``Spend`` section); None: plans made before it was kept."""
 
     def recipe_facts_key(self) -> str:
         """What the workspace's recipe facts of this run are keyed by: :attr:`recipe_key`, else (older plans) the

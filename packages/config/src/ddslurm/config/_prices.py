@@ -54,6 +54,15 @@ class Prices(Frozen, frozen=True, kw_only=True):
             return None
         return (input_tokens * price.input + output_tokens * price.output) / 1_000_000
 
+    def hours_cost(self, partition: str | None, gpu_hours: float, cpu_hours: float) -> float | None:
+        """What holding ``gpu_hours`` and ``cpu_hours`` of ``partition`` costs, each at its own price (a site that
+        charges GPU-hours only gives no ``cpu_hour``: the CPUs of a GPU job are then not charged); None when the
+        file prices neither for the partition."""
+        price = self.partitions.get(partition or "")
+        if price is None or (price.gpu_hour is None and price.cpu_hour is None):
+            return None
+        return gpu_hours * (price.gpu_hour or 0.0) + cpu_hours * (price.cpu_hour or 0.0)
+
 
 def load_prices(path: Path) -> Prices:
     """Read a price file; :class:`~ddslurm.config.ConfigFileError` at the file, line and field of a problem."""

@@ -21,8 +21,10 @@ from ddslurm.config import (
     Prediction,
     ProviderSnapshot,
     Resources,
+    SpendForecast,
     parallel_requests,
 )
+from ddslurm.launcher._bill_spend import limit_cost, money, spend_lines
 from ddslurm.planner import array_tasks, batch_text, wall_text
 from ddslurm.providers import AliasRow
 from ddslurm.runtime import RankPlace, StepSpec, server_command, server_step_name, srun_argv, unix_url
@@ -132,6 +134,11 @@ class Bill(msgspec.Struct, kw_only=True):
     """The run's hosted keys (:func:`bill_keys`)."""
     currency: str | None = None
     """The run's price file's currency; None: no price file."""
+    limit_cost: float | None = None
+    """What the jobs cost held to their time limits at their partitions' prices (automatic retries not counted);
+    None: no price file, or a partition it does not price."""
+    spend: SpendForecast | None = None
+    """What the run is predicted to spend (the plan's ``spend``): the ``predicted spend`` section."""
 
 
 def _hours(tasks: int, per_task: int, minutes: int) -> float:
@@ -353,6 +360,8 @@ def make_bill(
         batches=batch_text(plan),
         keys=bill_keys(plan, jobs, snapshot),
         currency=None if plan.prices is None else plan.prices.currency,
+        limit_cost=limit_cost(jobs, plan.prices),
+        spend=plan.spend,
     )
 
 
@@ -511,12 +520,20 @@ def bill_lines(bill: Bill) -> list[str]:
             for job in bill.jobs
             if job.gpus_per_task
         )
+        + _at_most(bill)
         + "; automatic retries not counted"
     )
     lines += key_lines(bill)
+    lines += spend_lines(bill.spend)
     if bill.prediction is not None:
         lines += layout_lines(bill.prediction)
     return lines
+
+
+def _at_most(bill: Bill) -> str:
+    if bill.limit_cost is None or bill.currency is None:
+        return ""
+    return f", at most {money(bill.limit_cost, bill.currency)} at the price file's partition prices"
 
 
 def _note(note: str) -> str:

@@ -30,6 +30,7 @@ from datetime import UTC, datetime
 import msgspec
 
 from ddslurm.config import (
+    PER_ALIAS,
     SERVING_READY,
     ClientUsage,
     ConfigError,
@@ -232,15 +233,16 @@ def _client_cpu(facts: RunFacts) -> float | None:
     return round(cpu / requests, 6) if written and requests > 0 else None
 
 
-def _requests_per_record(facts: RunFacts) -> dict[str, float]:
-    """Per alias, the requests of the attempts whose Data Designer summary says how many they sent, over the rows
-    those same attempts generated themselves (their rows less those resumed from an earlier attempt): a killed
-    attempt's rows, which a later one resumed, never count without its requests (issue 35: 0.70-0.85 where 1.0 is
-    true); in a two-stage run, over the rows of the stages the alias was used in. Empty when no attempt with a
-    summary generated a row."""
+def _per_record(facts: RunFacts) -> dict[str, dict[str, float]]:
+    """Per alias, the requests (``requests_per_record``) and the input and output tokens of their answers
+    (``input_tokens_per_record``, ``output_tokens_per_record``) of the attempts whose Data Designer summary says
+    how many they sent, over the rows those same attempts generated themselves (their rows less those resumed from
+    an earlier attempt): a killed attempt's rows, which a later one resumed, never count without its requests
+    (issue 35: 0.70-0.85 where 1.0 is true); in a two-stage run, over the rows of the stages the alias was used in.
+    Each empty when no attempt with a summary generated a row."""
     plan = facts.plan
     served = {d.served_model_name: d.alias for d in plan.serving.deployments} if plan.serving is not None else {}
-    requests: dict[str, int] = {}
+    counted: dict[str, list[int]] = {}  # alias -> requests, input tokens, output tokens
     rows: dict[int | None, int] = {}  # by stage: a two-stage run writes its rows once in each
     stages: dict[str, set[int | None]] = {}
     for item in facts.attempts:
@@ -251,19 +253,28 @@ def _requests_per_record(facts: RunFacts) -> dict[str, float]:
         rows[item.stage] = rows.get(item.stage, 0) + own
         for u in parsed.usage:
             alias = usage_alias(parsed, u.model, served)[0]
-            requests[alias] = requests.get(alias, 0) + u.requests
+            total = counted.setdefault(alias, [0, 0, 0])
+            total[0], total[1], total[2] = total[0] + u.requests, total[1] + u.input_tokens, total[2] + u.output_tokens
             stages.setdefault(alias, set()).add(item.stage)
-    return {alias: round(n / sum(rows[st] for st in stages[alias]), 4) for alias, n in requests.items()}
+    out: dict[str, dict[str, float]] = {name: {} for name in PER_ALIAS}
+    for alias, totals in counted.items():
+        alias_rows = sum(rows[st] for st in stages[alias])
+        for name, n in zip(PER_ALIAS, totals, strict=True):
+            out[name][alias] = round(n / alias_rows, 4)
+    return out
 
 
 def _recipe(facts: RunFacts, report: RunReport, loads: dict[str, list[float]], at: str) -> RecipeFact | None:
     plan = facts.plan
     if report.rows_generated <= 0 or not report.models:
         return None
+    per_record = _per_record(facts)
     return RecipeFact(
         recipe_sha256=plan.recipe_facts_key(),
-        requests_per_record=_requests_per_record(facts)
+        requests_per_record=per_record["requests_per_record"]
         or {m.alias: round(m.requests / report.rows_generated, 4) for m in report.models},
+        input_tokens_per_record=per_record["input_tokens_per_record"],
+        output_tokens_per_record=per_record["output_tokens_per_record"],
         client_cpu_s_per_request=_client_cpu(facts),
         allocation_overhead_s=_overhead(report, loads),
         cpu_stage_records_per_s=_cpu_stage_rate(report),

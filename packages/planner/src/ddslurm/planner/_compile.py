@@ -46,6 +46,7 @@ from ddslurm.planner._cost import (
 )
 from ddslurm.planner._cpu_stage import cpu_stage_workers
 from ddslurm.planner._shards import SeedPool, plan_shards
+from ddslurm.planner._spend import forecast_spend
 from ddslurm.planner._stages import plan_stages
 from ddslurm.planner.errors import PlanError
 
@@ -606,6 +607,15 @@ def compile_plan(inputs: PlanInputs) -> Plan:
         gpu_type=inputs.gpu_type,
         prediction=chosen.prediction,
         batching=batching,
+        spend=forecast_spend(
+            run.num_records,
+            inputs.snapshot,
+            inputs.facts.recipe(inputs.recipe_key or inputs.recipe_sha256),
+            inputs.prices,
+            prediction=chosen.prediction,
+            generation=generation,
+            gpus=serving.gpus if serving is not None else 0,
+        ),
     )
 
 
