@@ -2,8 +2,10 @@
 engine: the mixed example (its draws made deterministic, so every prompt and every stand-in reply is the same in
 every run) served by one replica over two nodes (a leader on n1 that serves the API, a headless follower on n2),
 by vLLM's data parallel on one node and over two, and by SGLang on one node and on two, each collecting exactly
-the rows of the same run served by one one-node vLLM replica; and a follower killed mid-run, which ends the
-attempt ``server_died`` at once, while the automatic retry completes the shard with no row lost or duplicated."""
+the rows of the same run served by one one-node vLLM replica; a follower killed mid-run, which ends the
+attempt ``server_died`` at once, while the automatic retry completes the shard with no row lost or duplicated; and
+another user (``nobody``) who joins a replica's rendezvous as rank 1, read off the leader's command line, which
+ends the attempt ``rendezvous_intruder`` before the replica serves."""
 
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from ddslurm.config import AttemptRecord, read_json, read_plan
-from tests.e2e import attempts, one_draw_recipe, processes, until, vllm_stand_in
+from fake_vllm.testing import impersonation, start_joiner
+from tests.e2e import NOBODY, SYSTEM_PYTHON, attempts, one_draw_recipe, processes, until, vllm_stand_in
 from tests.e2e import cli_json as _cli
 
 pytestmark = [pytest.mark.slurm, pytest.mark.dd]
@@ -221,3 +224,51 @@ def _seed_questions(tmp_path: Path, records: int) -> list[str]:
     with (tmp_path / "recipe" / "questions.csv").open() as f:
         rows = [row["question"] for row in csv.DictReader(f)]
     return [rows[i % len(rows)] for i in range(records)]
+
+
+def _leader_argv(model: str) -> list[str] | None:
+    """The command line of the running leader of ``model``'s replica, as ``ps`` shows it to every user (not the
+    ``srun`` that started it)."""
+    for _, argv in processes():
+        if model in argv and "--master-port" in argv and "--headless" not in argv and Path(argv[0]).name != "srun":
+            return argv
+    return None
+
+
+@pytest.mark.skipif(os.getuid() != 0 or not Path(SYSTEM_PYTHON).exists(), reason="nobody's joiner needs root")
+def test_another_user_who_joins_the_rendezvous_ends_the_attempt_before_the_replica_serves(
+    make_run_files: Any, tmp_path: Path
+) -> None:
+    """Issue 37, item 6: ``nobody`` reads the port, the sizes and the model off the leader's command line and joins
+    as rank 1 (before the real follower or after it: the engine counts the first, refuses the second and dies).
+    The controller sees nobody's socket on the rendezvous port and fails the attempt with that reason, before any
+    endpoint is published. The leader's model load (``FAKE_VLLM_STARTUP_DELAY``) bounds how long the joiner may
+    take; the attempt ends as soon as it is seen."""
+    model = f"e2e/join-{os.urandom(3).hex()}"
+    files = make_run_files(
+        "join",
+        num_records=RECORDS,
+        shards=1,
+        buffer_size=3,
+        recipe=one_draw_recipe(tmp_path),
+        extra_run=_deployment(model, "tensor_parallel: 4, pipeline_parallel: 2",
+                              env="{FAKE_VLLM_LATENCY: '0.02', FAKE_VLLM_STARTUP_DELAY: '300'}")
+        + "retries: 0\nstages: single\n",
+    )  # fmt: skip
+    submitted = _cli("submit", str(files.run_file), "--profile", str(files.profile), "--json", env=files.env)
+    run_dir = Path(submitted["run_dir"])
+    leader = until(lambda: _leader_argv(model), 240, "the replica's leader on the node")
+    address, port = leader[leader.index("--master-addr") + 1], leader[leader.index("--master-port") + 1]
+
+    def ended() -> AttemptRecord | None:
+        done = [a for a in attempts(run_dir, 0) if a.state != "running"]
+        return done[0] if done else None
+
+    with start_joiner(address, int(port), impersonation(leader), user=NOBODY, python=SYSTEM_PYTHON) as joiner:
+        assert "error" not in joiner.said, joiner.said  # it reached the rendezvous
+        first = until(ended, 120, "the attempt's end")  # a bound on the wait, not a measured time
+    assert (first.state, first.reason) == ("failed", "rendezvous_intruder"), first
+    message = first.message or ""
+    assert f"uid {NOBODY}" in message and f"rendezvous port {port}" in message, message
+    assert "was stopped before it served" in message, message
+    assert not list(run_dir.glob("shards/shard-00000/attempts/*/endpoints.json"))  # never served to the client

@@ -5,14 +5,18 @@ fails the attempt at once with that rank's log and stops the other ranks."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
+
+import pytest
 
 from ddslurm.config import AttemptRecord, DeploymentPlan, ReplicaPlan, RunLayout, ServingPlan, read_json
 from ddslurm.config.testing import make_plan
@@ -75,15 +79,19 @@ atomic_write(record_path, encode(msgspec.structs.replace(
 class RankLauncher:
     """Servers and proxies are real processes of their command lines (:class:`LocalLauncher`: the engine is the
     rank stand-in, the proxy ``ddslurm-runtime proxy``); clients are a script that waits for the endpoints, then
-    succeeds (``ok``) or runs until stopped (``hang``). Every step's spec is kept, to read its srun line."""
+    succeeds (``ok``) or runs until stopped (``hang``). Every step's spec is kept, to read its srun line.
+    ``before``: called with each spec before its step starts (what another user does meanwhile)."""
 
-    def __init__(self, outcome: str) -> None:
+    def __init__(self, outcome: str, before: Callable[[StepSpec], None] | None = None) -> None:
         self.outcome = outcome
+        self.before = before
         self.specs: list[StepSpec] = []
         self.steps: dict[str, Step] = {}
         self._local = LocalLauncher()
 
     def start(self, spec: StepSpec) -> Step:
+        if self.before is not None:
+            self.before(spec)
         self.specs.append(spec)
         if spec.name.startswith("client"):
             argv = spec.argv
@@ -108,6 +116,20 @@ def _engine(tmp_path: Path) -> Path:
     return exe
 
 
+def _stand_in(tmp_path: Path) -> Path:
+    """The engine stand-in itself (``python -m fake_vllm``, with its real rendezvous) as ``vllm_executable``; a
+    follower (``--headless``) first waits until ``$FAKE_RANKS/release`` exists: the real follower may come late."""
+    pytest.importorskip("fake_vllm")
+    exe = tmp_path / "stand-in" / "vllm"
+    exe.parent.mkdir()
+    exe.write_text(
+        '#!/bin/sh\ncase " $* " in *" --headless "*) while [ ! -e "$FAKE_RANKS/release" ]; do sleep 0.05; done;; '
+        f'esac\nexec "{sys.executable}" -m fake_vllm "$@"\n'
+    )
+    exe.chmod(0o755)
+    return exe
+
+
 def _controller(
     tmp_path: Path,
     launcher: RankLauncher,
@@ -115,9 +137,11 @@ def _controller(
     nodes_seen: str = "2",
     engine: Literal["vllm", "sglang"] = "vllm",
     listen: Literal["tcp", "unix"] = "tcp",
+    stand_in: bool = False,
 ) -> tuple[Controller, Inputs]:
     """A one-shard task whose one deployment is one replica over two nodes (one GPU each, pipeline parallel 2),
-    behind its proxy; the allocation says it has ``nodes_seen`` nodes."""
+    behind its proxy; the allocation says it has ``nodes_seen`` nodes. ``stand_in``: the engine is the stand-in
+    (:func:`_stand_in`), else the rank script."""
     rendezvous = tmp_path / "ranks"
     rendezvous.mkdir(exist_ok=True)
     replica = ReplicaPlan(index=0, gpus=1, cpus=1, nodes=2)
@@ -125,7 +149,7 @@ def _controller(
         alias="gen", model="m", served_model_name="served", engine=engine, tensor_parallel=1, pipeline_parallel=2,
         replicas=(replica,), startup_timeout=30, proxy=True, listen=listen, env={"FAKE_RANKS": str(rendezvous)},
     )  # fmt: skip
-    exe = _engine(tmp_path)
+    exe = _stand_in(tmp_path) if stand_in else _engine(tmp_path)
     serving = ServingPlan(deployments=(deployment,), gpus=1, nodes=2, vllm_executable=str(exe),
                           sglang_executable=str(exe))  # fmt: skip
     layout, inputs = write_plan(tmp_path / "run-1", make_plan("run-1", (4,), serving=serving))
@@ -260,3 +284,105 @@ def test_a_shape_no_engine_can_start_fails_the_attempt_before_any_server(tmp_pat
     assert code == 1 and record.state == "failed", record
     assert "server-gen-0 cannot be started: SGLang listens on a TCP port" in (record.message or "")
     assert not [spec for spec in launcher.specs if spec.name.startswith(("server", "proxy"))]
+
+
+NOBODY = 65534
+SYSTEM_PYTHON = "/usr/bin/python3"  # one another user can run (the project's venv may not be readable by it)
+
+
+def _attempt_dir(tmp_path: Path, job: str) -> Path:
+    return RunLayout(tmp_path / "run-1").shard(0).attempt(f"attempt-{job}").record.parent
+
+
+def test_the_stand_in_s_own_ranks_meet_and_serve_through_the_rendezvous_check(tmp_path: Path) -> None:
+    """The engine stand-in's real rendezvous (its follower connects to the leader's port) under the controller:
+    the ranks' own connections, this user's, are no intruders."""
+    (tmp_path / "ranks").mkdir()
+    (tmp_path / "ranks" / "release").write_text("")
+    code, record = _run(tmp_path, RankLauncher("ok"), "9507", stand_in=True)
+    assert (code, record.state) == (0, "succeeded"), (record.reason, record.message)
+    assert "node rank 1 joined (1/1 followers)" in (_attempt_dir(tmp_path, "9507") / "server-gen-0.log").read_text()
+
+
+@pytest.mark.skipif(
+    os.getuid() != 0 or not Path(SYSTEM_PYTHON).exists(), reason="a joiner of another uid needs root to start it"
+)
+def test_another_user_who_joins_the_rendezvous_first_is_caught_and_the_replica_never_serves(tmp_path: Path) -> None:
+    """Issue 37, item 6: ``nobody`` reads the leader's command line (the rendezvous port, the sizes, the model),
+    joins as rank 1 before the real follower (held back here: it comes late) and is counted by the engine, which
+    cannot tell it from a rank of its own; unchecked, the leader becomes healthy and serves the run with a stranger
+    as its second node. The controller sees the stranger's socket on the rendezvous port (the kernel's tables) and
+    fails the attempt ``rendezvous_intruder`` before any endpoint is published."""
+    from fake_vllm.testing import impersonation, start_joiner
+
+    joiners: list[Any] = []
+    with contextlib.ExitStack() as stack:
+
+        def join_first(spec: StepSpec) -> None:
+            if spec.name == "server-gen-0-rank1":  # the leader runs; its command line is what ps shows
+                leader = next(s for s in launcher.specs if s.name == "server-gen-0").argv
+                address, port = leader[leader.index("--master-addr") + 1], leader[leader.index("--master-port") + 1]
+                hello = impersonation(leader)
+                joiners.append(
+                    stack.enter_context(start_joiner(address, int(port), hello, user=NOBODY, python=SYSTEM_PYTHON))
+                )
+
+        launcher = RankLauncher("ok", before=join_first)
+        code, record = _run(tmp_path, launcher, "9508", stand_in=True)
+        (joiner,) = joiners
+        assert joiner.said.get("reply") == {"ok": True}, joiner.said  # the engine took it for rank 1
+    assert code == 1 and (record.state, record.reason) == ("failed", "rendezvous_intruder"), record
+    leader = launcher.steps["server-gen-0"].spec.argv
+    port = leader[leader.index("--master-port") + 1]
+    message = record.message or ""
+    assert f"uid {NOBODY}" in message and f"rendezvous port {port}" in message, message
+    assert not (_attempt_dir(tmp_path, "9508") / "endpoints.json").exists()  # never served to the client
+    assert all(step.poll() is not None for step in launcher.steps.values())
+
+
+@pytest.mark.skipif(
+    os.getuid() != 0 or not Path(SYSTEM_PYTHON).exists(), reason="a joiner of another uid needs root to start it"
+)
+def test_another_user_who_joins_during_generation_fails_the_attempt_as_an_intruder_not_a_death(tmp_path: Path) -> None:
+    """The ranks met and the client generates; then ``nobody`` connects to the rendezvous and holds the connection
+    without a word (as a real engine's store keeps a client that has not spoken, and the stand-in waits for its
+    hello): the attempt fails ``rendezvous_intruder`` during generation, the replica and the client stopped. (A
+    joiner whose hello makes the engine die at once may leave nothing for the controller to see: the attempt then
+    records the death, ``server_died``; docs/architecture.md lists such visits among what remains.)"""
+    from fake_vllm.testing import impersonation, start_joiner
+
+    (tmp_path / "ranks").mkdir()
+    (tmp_path / "ranks" / "release").write_text("")
+    launcher = RankLauncher("hang")
+    controller, inputs = _controller(tmp_path, launcher, stand_in=True)
+    joiners: list[Any] = []
+    with contextlib.ExitStack() as stack:
+
+        def join_while_generating() -> None:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not (
+                "client" in launcher.steps and any((tmp_path / "run-1").rglob("endpoints.json"))
+            ):
+                time.sleep(0.02)
+            leader = launcher.steps["server-gen-0"].spec.argv
+            address, port = leader[leader.index("--master-addr") + 1], leader[leader.index("--master-port") + 1]
+            joiners.append(
+                stack.enter_context(
+                    start_joiner(
+                        address, int(port), impersonation(leader), user=NOBODY, python=SYSTEM_PYTHON, silent=True
+                    )
+                )
+            )
+
+        joining = threading.Thread(target=join_while_generating, daemon=True)
+        joining.start()
+        code = controller.run(inputs, 0, "9509", "n1")
+        joining.join()
+        assert joiners, "nobody never joined"
+        assert "reply" in joiners[0].said and joiners[0].said["reply"] is None, joiners[0].said  # it connected
+    record = read_json(RunLayout(tmp_path / "run-1").shard(0).attempt("attempt-9509").record, AttemptRecord)
+    assert code == 1 and (record.state, record.reason) == ("failed", "rendezvous_intruder"), record
+    assert "was stopped during generation" in (record.message or "") and f"uid {NOBODY}" in (record.message or "")
+    client = launcher.steps["client"].poll()
+    assert client is not None and client < 0, client  # stopped, not left to hang
+    assert all(step.poll() is not None for step in launcher.steps.values())

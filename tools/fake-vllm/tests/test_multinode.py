@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import re
 import socket
 import subprocess
@@ -22,8 +23,10 @@ from fake_vllm.testing import (
     ServerStartError,
     child_environment,
     free_port,
+    impersonation,
     rank_args,
     start_follower,
+    start_joiner,
     start_replica,
     start_server,
 )
@@ -238,3 +241,30 @@ def test_capacity_is_per_data_parallel_rank(engine: EngineName, tmp_path: Path) 
     admitted = sorted(e["admitted"] for e in entries if e["path"] == "/v1/chat/completions")
     first_wave = [a for a in admitted if a - admitted[0] < latency / 2]
     assert len(first_wave) == per_rank * dp  # 4 ran at once, the other 2 queued
+
+
+NOBODY = 65534
+SYSTEM_PYTHON = "/usr/bin/python3"  # one another user can run (the project's venv may not be readable by it)
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_another_user_who_reads_the_command_line_joins_as_rank_1_before_the_real_follower(engine: EngineName) -> None:
+    """Issue 37, item 6, at the engine's level: the rendezvous has no secret, as the engines' own (torch's TCP store,
+    vLLM's data-parallel handshake) have none. Another user reads the leader's command line (``ps``), joins as rank
+    1 first and is counted: the leader serves with a stranger as its second node; the real follower is then
+    refused, and the replica dies. Run as ``nobody`` when the tests run as root."""
+    port = free_port()
+    flags = rank_args(engine, form="nodes", nodes=2, rank=0, port=port, tensor_parallel=2)
+    other = {"user": NOBODY, "python": SYSTEM_PYTHON} if os.getuid() == 0 and Path(SYSTEM_PYTHON).exists() else {}
+    with start_server(args=flags, wait="listening", engine=engine) as leader:
+        argv = Path(f"/proc/{leader.proc.pid}/cmdline").read_bytes().decode().split("\0")  # what ps shows
+        with start_joiner("127.0.0.1", port, impersonation(argv), **other) as joiner:  # type: ignore[arg-type]
+            assert joiner.said.get("reply") == {"ok": True}, joiner.said
+            _until(lambda: httpx.get(f"{leader.root_url}/health").status_code == 200, what="the leader to be healthy")
+            assert "node rank 1 joined (1/1 followers)" in leader.log_text()
+            assert httpx.post(f"{leader.root_url}/v1/chat/completions", json=CHAT).status_code == 200
+            with start_follower(args=rank_args(engine, form="nodes", nodes=2, rank=1, port=port, tensor_parallel=2),
+                                engine=engine) as follower:  # fmt: skip
+                assert follower.proc.wait(timeout=30) == 1
+                assert "refused" in follower.log_text() and "rank 1 joined twice" in follower.log_text()
+                assert leader.proc.wait(timeout=30) == 1

@@ -12,12 +12,19 @@ starts SGLang (``fake-sglang-python -c BOOT`` with a key, ``-m sglang.launch_ser
 A replica over several nodes, on loopback: ``start_replica(nodes=3, form="nodes")`` (or ``"data-parallel"``)
 starts the leader (node rank 0, which serves the API) and each follower (``start_follower``: headless, no HTTP)
 as separate processes with the flags ddslurm passes (``rank_args``), and waits until the leader is healthy.
+
+Another process joining a leader's rendezvous, as any user of the node can (the engines' rendezvous has no
+secret: the port, the sizes and the model are on the leader's command line, which ``ps`` shows):
+``impersonation(leader_argv)`` is the hello of rank 1 read off that command line, and ``start_joiner(host, port,
+hello)`` connects, sends it, and holds the connection until the context ends (``user=65534`` runs it as
+``nobody``, with a Python that user can read).
 """
 
 from __future__ import annotations
 
 import contextlib
 import http.client
+import json
 import os
 import shutil
 import socket
@@ -30,7 +37,7 @@ import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 WaitFor = Literal["healthy", "listening", "none"]
 EngineName = Literal["vllm", "sglang"]
@@ -349,3 +356,99 @@ def start_replica(
             status = leader.proc.returncode
             raise ServerStartError(f"the leader exited with status {status}:\n{leader.log_text()[-4000:]}")
         yield Replica(leader=leader, followers=followers, rendezvous_port=port)
+
+
+JOINER = r"""
+import json, socket, sys, time
+host, port, hello = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+deadline = time.monotonic() + 30
+while True:
+    try:
+        sock = socket.create_connection((host, port), timeout=2)
+        break
+    except OSError as exc:
+        if time.monotonic() > deadline:
+            print(json.dumps({"error": str(exc)}), flush=True)
+            sys.exit(1)
+        time.sleep(0.1)
+line = b""
+if sys.argv[4:] != ["silent"]:
+    sock.sendall(hello.encode() + b"\n")
+    sock.settimeout(10)
+    try:
+        while not line.endswith(b"\n"):
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            line += chunk
+    except OSError:
+        pass
+print(json.dumps({"reply": json.loads(line) if line.strip() else None, "port": sock.getsockname()[1]}), flush=True)
+sys.stdin.read()  # hold the connection (even once the leader closed it) until the test closes stdin
+"""
+"""A process that joins a leader's rendezvous: ``JOINER HOST PORT HELLO [silent]`` connects (retrying for 30 s),
+sends the one-line ``HELLO`` (``silent``: sends nothing and waits for no reply), prints ``{"reply": ..., "port": its
+own port}`` and keeps its socket until stdin closes. Only the standard library: another user's Python runs it."""
+
+
+def impersonation(argv: Sequence[str], *, rank: int = 1) -> dict[str, Any]:
+    """The hello a follower of node rank ``rank`` sends, read off a leader's command line as ``ps`` shows it
+    (``vllm serve MODEL ...``, or SGLang's ``... --model-path MODEL ...``): everything the engine's rendezvous
+    compares is there."""
+    from fake_vllm.cli import parse_serve_args, parse_sglang_args
+    from fake_vllm.rendezvous import identity
+
+    args = list(argv)
+    if args and not args[-1]:
+        args.pop()  # /proc/PID/cmdline ends with a NUL
+    if "serve" in args:
+        settings = parse_serve_args(args[args.index("serve") + 1 :], {})
+    else:
+        settings = parse_sglang_args(args[args.index("--model-path") :], {})
+    return {**identity(settings), "rank": rank}
+
+
+@dataclass
+class Joiner:
+    proc: subprocess.Popen[str]
+    said: dict[str, Any]
+    """What it printed once it sent its hello: ``reply`` (the leader's answer, None if it closed the connection
+    without one) and ``port`` (its own end's), or ``error``."""
+
+
+@contextlib.contextmanager
+def start_joiner(
+    host: str,
+    port: int,
+    hello: Mapping[str, Any],
+    *,
+    user: int | None = None,
+    python: str | None = None,
+    silent: bool = False,
+) -> Iterator[Joiner]:
+    """Run :data:`JOINER` against ``host:port`` with ``hello`` (as ``user`` if given: the caller must be root, and
+    ``python`` one that user can run; ``silent``: it connects and says nothing, as a store client that has not
+    spoken yet); its connection is held until the context ends."""
+    argv = [
+        python or sys.executable,
+        "-c",
+        JOINER,
+        host,
+        str(port),
+        json.dumps(dict(hello)),
+        *(["silent"] if silent else []),
+    ]
+    extra: dict[str, Any] = {"user": user, "group": user, "cwd": "/"} if user is not None else {}
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, **extra)
+    assert proc.stdout is not None and proc.stdin is not None
+    try:
+        line = proc.stdout.readline()
+        yield Joiner(proc, json.loads(line) if line else {"error": f"exited with status {proc.wait()}"})
+    finally:
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -15,8 +15,11 @@ server also the variables its deployment names in ``server.env_from``.
 
 A replica that spans nodes (``ReplicaPlan.nodes`` > 1, always the allocation's only replica) is one step per node:
 its leader (``server-<alias>-<i>``, node 0, where the proxies and clients run too) serves the API, its headless
-followers (``server-<alias>-<i>-rank<k>``, node k) join it at the leader node's address on a rendezvous port chosen
-on that node. The replica is ready when its leader is; any rank that exits is the replica's death.
+followers (``server-<alias>-<i>-rank<k>``, node k) join it at the leader node's address on a rendezvous port drawn
+at random on that node when the job starts. The replica is ready when its leader is; any rank that exits is the
+replica's death. The engines' rendezvous has no secret and its port is on the ranks' command lines: from launch to
+teardown the controller watches who is connected to it (``check_rendezvous``: another user on this node, or a host
+outside the allocation, fails the attempt ``rendezvous_intruder`` and the replica is never, or no longer, served).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +45,7 @@ from ddslurm.config import (
     prompts_file,
     read_tail,
 )
-from ddslurm.runtime._listeners import MAX_SOCKET_PATH, socket_path, unix_url
+from ddslurm.runtime._listeners import MAX_SOCKET_PATH, check_rendezvous, socket_path, unix_url
 from ddslurm.runtime._scratch import create_scratch, own_scratch_owner, remove_scratch, scratch_base
 from ddslurm.runtime._serving import (
     TOKEN_ENV,
@@ -52,13 +56,17 @@ from ddslurm.runtime._serving import (
     ProxyDiedError,
     RankPlace,
     ServerDiedError,
+    allocation_addresses,
     answers,
     check_gpus,
     check_nodes,
     choose_ports,
+    draw_port,
     engine_version,
     is_healthy,
     leader_address,
+    rendezvous_span,
+    resolved,
     server_command,
     server_step_name,
     token_environment,
@@ -85,6 +93,8 @@ class Replica:
     """Its leader's step (the only one of a replica on one node): the API, health, readiness."""
     followers: list[Step] = field(default_factory=list)
     """The headless steps of a replica that spans nodes, node rank 1 on."""
+    rendezvous: tuple[int, ...] = ()
+    """The ports its ranks meet at on this node (its leader's), watched from launch to teardown."""
 
     @property
     def port(self) -> int | None:
@@ -119,7 +129,8 @@ class ProxyStep:
 class Fleet:
     """The servers and proxies of one allocation. ``directory`` holds their logs and ``serving.json``; ``secrets``
     names the variables of ``env`` they never see; ``server_mb`` and ``proxy_mb`` are each step's memory share;
-    ``locate_leader`` says where the followers of a replica that spans nodes reach this node (its leaders')."""
+    ``locate_leader`` says where the followers of a replica that spans nodes reach this node (its leaders'),
+    ``locate_nodes`` the addresses of the allocation's nodes, whence they come."""
 
     def __init__(
         self,
@@ -139,6 +150,7 @@ class Fleet:
         grace: float,
         unhealthy_limit: int,
         locate_leader: Callable[[Mapping[str, str]], str] = leader_address,
+        locate_nodes: Callable[[Mapping[str, str]], frozenset[str]] = allocation_addresses,
         record_prompts: bool = False,
     ) -> None:
         self._launcher = launcher
@@ -163,8 +175,13 @@ class Fleet:
         """Where the followers of a replica that spans nodes reach this node (:func:`leader_address` of ``env``)."""
         self._node: int | None = None
         """The node of every step but the followers (``StepSpec.node``): 0 in an allocation of several nodes."""
+        self._locate_nodes = locate_nodes
         self._rendezvous: set[int] = set()
         """The rendezvous ports of the replicas that span nodes (on this node, the leaders')."""
+        self._nodes: frozenset[str] = frozenset()
+        """The allocation's nodes' addresses, where a replica's followers may connect to its rendezvous from."""
+        self._here: frozenset[str] = frozenset()
+        """This node's address as the followers reach it (the leader's), as IP addresses."""
         self._sockets: Path | None = None
         """The scratch directory (owner-only) of the replicas' Unix-domain sockets, made when one is needed."""
         self._replicas: dict[str, list[Replica]] = {}
@@ -199,8 +216,9 @@ class Fleet:
         proxy; serving.json records them. Returns each alias's endpoint: its proxy, or its one replica."""
         for dep in serving.deployments:
             for replica in self._replicas[dep.alias]:
+                watch = partial(self._check_rendezvous, replica, "before it served") if replica.rendezvous else None
                 took = self._wait_ready(
-                    replica.step, replica.url, dep.served_model_name, dep.startup_timeout, replica.followers
+                    replica.step, replica.url, dep.served_model_name, dep.startup_timeout, replica.followers, watch
                 )
                 self._log.info("server.ready", step=replica.step.name, seconds=round(took, 2))
             self._ready_at[dep.alias] = time.monotonic()
@@ -236,13 +254,22 @@ class Fleet:
                 raise RuntimeFailure(f"the plan puts {dep.alias!r} on Unix-domain sockets without its proxy")
         self._node = serving.home_node
         spanning = [(d, r) for d in serving.deployments for r in d.replicas if r.nodes > 1]
-        # The listeners' ports and the rendezvous ports of the replicas that span nodes, all distinct, all free here.
+        # The listeners' ports, then the rendezvous ports of the replicas that span nodes (drawn at random, each
+        # with the engine's next ones), all distinct, all claimed and free here.
         wanted = [r.port for d in serving.deployments if d.listen == "tcp" for r in d.replicas]
-        chosen = choose_ports([*wanted, *[None] * len(spanning)], self._job, self._claims.take)
-        ports = iter(chosen[: len(wanted)])
-        rendezvous = {(d.alias, r.index): p for (d, r), p in zip(spanning, chosen[len(wanted) :], strict=True)}
-        self._rendezvous = set(rendezvous.values())
+        ports = iter(choose_ports(wanted, self._job, self._claims.take))
+        rendezvous: dict[tuple[str, int], int] = {}
+        blocks: dict[tuple[str, int], tuple[int, ...]] = {}
+        for d, r in spanning:
+            span = rendezvous_span(d)
+            first = draw_port(partial(self._claim_block, span=span), span=span)
+            rendezvous[(d.alias, r.index)] = first
+            blocks[(d.alias, r.index)] = tuple(range(first, first + span))
+            self._rendezvous.update(blocks[(d.alias, r.index)])
         address = self._locate_leader(self._env) if spanning else None
+        if address is not None:
+            self._nodes = self._locate_nodes(self._env)
+            self._here = resolved(address)
         for dep in serving.deployments:
             self._deployments[dep.alias] = dep
             env = {
@@ -282,7 +309,9 @@ class Fleet:
                     steps.append(step)
                     extra = {} if place is None else {"node_rank": rank, "rendezvous": f"{address}:{meet}"}
                     self._log.info("server.started", step=spec.name, listen=url, argv=list(cmd.argv), **extra)
-                replica = Replica(dep.alias, rep.index, url, steps[0], steps[1:])
+                replica = Replica(
+                    dep.alias, rep.index, url, steps[0], steps[1:], blocks.get((dep.alias, rep.index), ())
+                )
                 self._replicas.setdefault(dep.alias, []).append(replica)
 
         def asked() -> dict[str, str]:
@@ -290,6 +319,29 @@ class Fleet:
             return {e: versions.get(e, f"unknown (asking {e} its version did not end)") for e in engines}
 
         return asked
+
+    def _claim_block(self, first: int, span: int) -> bool:
+        """Claim the ``span`` ports from ``first`` on (:class:`PortClaims`), all or none."""
+        taken: list[int] = []
+        for port in range(first, first + span):
+            if not self._claims.take(port):
+                for held in taken:
+                    self._claims.let_go(held)
+                return False
+            taken.append(port)
+        return True
+
+    def _check_rendezvous(self, replica: Replica, when: str) -> None:
+        """Nobody but this user's ranks is connected to ``replica``'s rendezvous (:func:`check_rendezvous`); else the
+        attempt fails, logged, with the replica named (its steps are stopped by the teardown)."""
+        try:
+            check_rendezvous(replica.rendezvous, self._nodes, here=self._here)
+        except RuntimeFailure as exc:
+            self._log.error("server.intruder", step=replica.step.name, ports=list(replica.rendezvous), why=exc.message)
+            raise type(exc)(
+                f"{replica.step.name} (replica {replica.index} of {replica.alias!r}) was stopped {when}: {exc.message}"
+                "; tell the cluster's administrators"
+            ) from None
 
     def _socket_url(self, name: str) -> str:
         """Where the replica ``name`` listens: a socket in this allocation's owner-only scratch directory (made
@@ -342,7 +394,13 @@ class Fleet:
         return proxy
 
     def _wait_ready(
-        self, step: Step, url: str, served: str | None, timeout: float, ranks: Sequence[Step] = ()
+        self,
+        step: Step,
+        url: str,
+        served: str | None,
+        timeout: float,
+        ranks: Sequence[Step] = (),
+        watch: Callable[[], None] | None = None,
     ) -> float:
         deadline = time.monotonic() + timeout
         return wait_ready(
@@ -355,6 +413,7 @@ class Fleet:
             token=self._token,
             interval=0.2,
             ranks=ranks,
+            watch=watch,
         )
 
     def _record(self, serving: ServingPlan, versions: Mapping[str, str]) -> None:
@@ -412,7 +471,12 @@ class Fleet:
         replica answers /health again (``server.restarted``), and a client that saw errors meanwhile resumes its
         batches. When no replica of the alias is left (a replica that spans nodes is the only one, or the restarts
         are spent) the attempts fail at once, with the log of the rank that died and its leader's, and the
-        teardown stops every step."""
+        teardown stops every step. First, another user's connection to a replica's rendezvous fails the attempts
+        (``rendezvous_intruder``), whether the engine is still running or died of it."""
+        for reps in self._replicas.values():
+            for r in reps:  # a rank dead or alive: an intruder at its rendezvous is the reason, not its death
+                if r.rendezvous and id(r.step) not in self._reported:
+                    self._check_rendezvous(r, "during generation")
         for alias, reps in self._replicas.items():
             dead = {r.index: r.dead() for r in reps}
             for r in reps:

@@ -10,6 +10,11 @@ a socket that the kernel attributes to this uid.
 A Unix-domain socket in a directory that only this uid can enter (0700) is out of every other user's reach: they
 can neither connect to it nor put a socket of their own in its place. Its check is that the file is a socket
 owned by this uid in such a directory.
+
+The rendezvous of a replica that spans nodes (the engine's own port on the leader's node, where its ranks meet) has
+no secret, and its port is on the leader's command line: another user can connect to it and claim a rank. The same
+tables show every connection to it: :func:`check_rendezvous` finds another user's socket on this node connected to
+it, and a peer that is not one of the allocation's nodes.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -26,6 +31,10 @@ from ddslurm.runtime.errors import RuntimeFailure
 
 PROC_NET = Path("/proc/net")
 _LISTEN = "0A"
+_GONE = frozenset({"06", "07"})
+"""``TIME_WAIT`` (the kernel's own, shown as uid 0 whoever had it) and ``CLOSE``: no process holds them."""
+TRUSTED_UIDS = frozenset({0})
+"""Besides this user: root, who can read every process's memory anyway (a monitoring agent's probe is no joiner)."""
 UNIX_SCHEME = "unix:"
 """``unix:/absolute/path.sock``: a listener on a Unix-domain socket (vLLM's ``--uds``)."""
 UNIX_HTTP_BASE = "http://localhost"
@@ -40,10 +49,30 @@ class ListenerNotOursError(RuntimeFailure):
     reason = "server_port_taken"
 
 
+class RendezvousIntruderError(RuntimeFailure):
+    """Another user's process is connected to the rendezvous of a replica that spans nodes (or a host outside the
+    allocation is): the engine could take it for one of its ranks. The replica is stopped, never served."""
+
+    reason = "rendezvous_intruder"
+
+
 @dataclass(frozen=True, slots=True)
 class Listener:
     address: str
     port: int
+    uid: int
+
+
+@dataclass(frozen=True, slots=True)
+class TcpSocket:
+    """One row of the kernel's TCP tables: its own end, the other end (``0.0.0.0:0`` for a listener), its state
+    (the kernel's hex code) and its owner."""
+
+    address: str
+    port: int
+    peer: str
+    peer_port: int
+    state: str
     uid: int
 
 
@@ -54,8 +83,8 @@ def _address(hex_address: str) -> str:
     return str(ipaddress.ip_address(words))
 
 
-def listeners(proc_net: Path = PROC_NET) -> Iterator[Listener]:
-    """Every listening TCP socket of this network namespace, IPv4 and IPv6."""
+def tcp_sockets(proc_net: Path = PROC_NET) -> Iterator[TcpSocket]:
+    """Every TCP socket of this network namespace, IPv4 and IPv6, in every state."""
     for table in ("tcp", "tcp6"):
         try:
             lines = (proc_net / table).read_text().splitlines()[1:]
@@ -63,10 +92,21 @@ def listeners(proc_net: Path = PROC_NET) -> Iterator[Listener]:
             continue
         for line in lines:
             fields = line.split()
-            if len(fields) < 8 or fields[3] != _LISTEN:
+            if len(fields) < 8:
                 continue
             hex_address, _, hex_port = fields[1].partition(":")
-            yield Listener(_address(hex_address), int(hex_port, 16), int(fields[7]))
+            hex_peer, _, hex_peer_port = fields[2].partition(":")
+            yield TcpSocket(
+                _address(hex_address), int(hex_port, 16), _address(hex_peer), int(hex_peer_port, 16), fields[3],
+                int(fields[7]),
+            )  # fmt: skip
+
+
+def listeners(proc_net: Path = PROC_NET) -> Iterator[Listener]:
+    """Every listening TCP socket of this network namespace, IPv4 and IPv6."""
+    for sock in tcp_sockets(proc_net):
+        if sock.state == _LISTEN:
+            yield Listener(sock.address, sock.port, sock.uid)
 
 
 def _covers(listener: Listener, host: str) -> bool:
@@ -143,3 +183,68 @@ def check_own_listener(url: str, *, uid: int | None = None, proc_net: Path = PRO
             f"{host}:{port} is held by uid {others[0]}, not by this job's server (uid {uid}): another user took the "
             "port; nothing was sent to it"
         )
+
+
+def _plain(address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """``address`` as an IP address, an IPv4-mapped IPv6 one as its IPv4 address; None if it is none."""
+    try:
+        ip = ipaddress.ip_address(address.partition("%")[0])
+    except ValueError:
+        return None
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return mapped if mapped is not None else ip
+
+
+def check_rendezvous(
+    ports: Collection[int],
+    nodes: Collection[str],
+    *,
+    here: Collection[str] = (),
+    uid: int | None = None,
+    proc_net: Path = PROC_NET,
+) -> None:
+    """Nobody but this user (``uid``, else this process's) and root meets at a replica's rendezvous ``ports`` on
+    this node, and no host but the allocation's ``nodes`` (addresses) connects to them. Raises
+    :class:`ListenerNotOursError` when another user listens on one of them, and :class:`RendezvousIntruderError`
+    when another user's socket on this node is connected to one of them (whatever the engine made of it), or this
+    user's end of a connection on one of them has a peer that is neither this node (its addresses in the tables,
+    loopback, ``here``) nor one of ``nodes``.
+
+    What it cannot see: another user on one of the allocation's other nodes (the peer is then that node's address,
+    the socket's owner is in that node's tables), a connection made and closed between two looks, and the
+    engines' other ports (NCCL's, Gloo's, which the ranks learn at the rendezvous)."""
+    uid = os.getuid() if uid is None else uid
+    trusted = TRUSTED_UIDS | {uid}
+    table = list(tcp_sockets(proc_net))
+    mine = {ip for a in (*(s.address for s in table), *here) if (ip := _plain(a)) is not None and not ip.is_unspecified}
+    allowed = mine | {ip for a in nodes if (ip := _plain(a)) is not None}
+
+    def on_this_node(address: str) -> bool:
+        ip = _plain(address)
+        return ip is not None and (ip.is_loopback or ip in mine)
+
+    for sock in table:
+        if sock.state == _LISTEN:
+            if sock.port in ports and sock.uid not in trusted:
+                raise ListenerNotOursError(
+                    f"the rendezvous port {sock.port} is held by uid {sock.uid}, not by this job's leader (uid {uid}): "
+                    "another user took the port"
+                )
+            continue
+        if sock.state in _GONE:
+            continue
+        if sock.peer_port in ports and sock.uid not in trusted and on_this_node(sock.peer):
+            raise RendezvousIntruderError(
+                f"uid {sock.uid} (not this job's user, uid {uid}) holds a connection to the rendezvous port "
+                f"{sock.peer_port} on this node (from {sock.address}:{sock.port}): another user joined or probed the "
+                "ranks' meeting point, where the engine could take it for one of its ranks"
+            )
+        if sock.port in ports and sock.uid in trusted and not on_this_node(sock.peer):
+            ip = _plain(sock.peer)
+            if ip is None or ip not in allowed:
+                known = ", ".join(sorted(str(a) for a in allowed if not a.is_loopback)) or "none"
+                raise RendezvousIntruderError(
+                    f"{sock.peer}:{sock.peer_port} is connected to the rendezvous port {sock.port} on this node, and "
+                    f"it is none of the allocation's nodes ({known}): a host outside the allocation joined or probed "
+                    "the ranks' meeting point, where the engine could take it for one of its ranks"
+                )

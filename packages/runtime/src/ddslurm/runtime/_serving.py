@@ -12,6 +12,7 @@ from a one-line boot program (:data:`SGLANG_BOOT`).
 
 from __future__ import annotations
 
+import secrets
 import socket
 import subprocess
 import time
@@ -93,7 +94,8 @@ def _where(listen: str) -> list[str]:
 class RankPlace:
     """Where one node's step of a replica that spans nodes stands: its node rank (0: the leader, which serves
     the API; the others headless) and where the ranks meet, the leader node's ``address`` and a ``port`` there
-    (strings, so that the dry-run bill can show ``<leader>`` and ``<port>``)."""
+    (strings, so that the dry-run bill can show ``<leader>`` and ``<port>``). The port is drawn at random when the
+    job starts (:func:`draw_port`): no one can know it before the leader's step is on the node's command lines."""
 
     node_rank: int
     nodes: int
@@ -196,6 +198,21 @@ def sglang_args(dep: DeploymentPlan, listen: str, place: RankPlace | None = None
             f"{place.address}:{place.port}",
         ]
     return [*args, *dep.extra_args]
+
+
+SGLANG_RENDEZVOUS_PORTS = 7
+"""The ports SGLang's ranks meet at on the leader's node, from ``--dist-init-addr``'s on (torch's store there, its
+ZeroMQ sockets at the next ones: ``PortArgs.init_new``, whose numbering varies between versions), before one more
+per data-parallel rank."""
+
+
+def rendezvous_span(dep: DeploymentPlan) -> int:
+    """How many ports from the rendezvous port on are the ranks' meeting point on the leader's node: vLLM's one
+    (``--master-port``, ``--data-parallel-rpc-port``), SGLang's :data:`SGLANG_RENDEZVOUS_PORTS` and one per
+    data-parallel rank."""
+    if dep.engine == "sglang":
+        return SGLANG_RENDEZVOUS_PORTS + dep.data_parallel
+    return 1
 
 
 def server_step_name(alias: str, replica: int, node_rank: int = 0) -> str:
@@ -346,6 +363,46 @@ def leader_address(
     return node
 
 
+def _node_addresses(name: str) -> set[str]:
+    """The IP addresses ``name`` (an address, or a host name the resolver knows) stands for; none if unknown."""
+    try:
+        return {str(info[4][0]).partition("%")[0] for info in socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)}
+    except (OSError, UnicodeError):
+        return set()
+
+
+def allocation_addresses(
+    env: Mapping[str, str], run: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run
+) -> frozenset[str]:
+    """The IP addresses of the allocation's nodes (``SLURM_JOB_NODELIST``): each node's ``NodeAddr`` and
+    ``NodeHostName`` as ``scontrol show node`` says, resolved; outside Slurm, loopback. A replica's followers reach
+    its leader's rendezvous from these (:func:`~ddslurm.runtime._listeners.check_rendezvous`)."""
+    nodelist = (env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "").strip()
+    if not nodelist:
+        return frozenset({LOOPBACK})
+    names: set[str] = set()
+    try:
+        out = run(["scontrol", "show", "node", nodelist, "-o"], capture_output=True, text=True, timeout=30, check=False)
+        if out.returncode == 0:
+            for field in out.stdout.split():
+                key, _, value = field.partition("=")
+                if key in ("NodeAddr", "NodeHostName") and value and value != "(null)":
+                    names.add(value)
+        if not names:
+            out = run(
+                ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30, check=False
+            )
+            names.update(out.stdout.split() if out.returncode == 0 else ())
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return frozenset(address for name in names for address in _node_addresses(name))
+
+
+def resolved(address: str) -> frozenset[str]:
+    """``address`` (the leader's, :func:`leader_address`) as IP addresses: itself if it is one, else resolved."""
+    return frozenset(_node_addresses(address))
+
+
 class ListenerClients:
     """The HTTP client for each listener URL: ``tcp`` for ``http://`` ones, and one of its own for each
     Unix-domain socket (``unix:/path``; httpx carries a socket in its transport). ``close`` closes those."""
@@ -426,6 +483,12 @@ class _PortSockets:
 
     def holds(self, port: int) -> bool:
         return port in self._held
+
+    def let_go(self, port: int) -> None:
+        """Release ``port`` alone (held or not)."""
+        sock = self._held.pop(port, None)
+        if sock is not None:
+            sock.close()
 
     def release(self) -> None:
         for sock in self._held.values():
@@ -540,6 +603,22 @@ def choose_ports(
     return out
 
 
+def draw_port(take: Callable[[int], bool], *, span: int = 1, ports: range | None = None) -> int:
+    """A port drawn at random from ``ports`` (:func:`listening_ports` unless given) such that ``take`` accepts it
+    (it claims the ``span`` ports from it on, :class:`PortClaims`): the first one ``take`` accepts from a random
+    place on, so that no one can tell it before the job starts (unlike :func:`choose_ports`, whose order follows
+    the job id). Raises :class:`PortUnavailableError` when ``take`` accepts none."""
+    ports = ports if ports is not None else listening_ports()
+    starts = range(ports.start, ports.stop - span + 1)
+    if len(starts) > 0:
+        offset = secrets.randbelow(len(starts))
+        for i in range(len(starts)):
+            candidate = starts[(offset + i) % len(starts)]
+            if take(candidate):
+                return candidate
+    raise PortUnavailableError(f"no free rendezvous port ({span} in a row) found on this node in {ports}")
+
+
 def wait_ready(
     step: Step,
     url: str,
@@ -552,9 +631,13 @@ def wait_ready(
     interval: float = 0.5,
     token: str | None = None,
     ranks: Sequence[Step] = (),
+    watch: Callable[[], None] | None = None,
 ) -> float:
     """Poll /health (then /v1/models for the served name) until ready; fail fast if the process exits, or any of
     ``ranks`` (the headless followers of a replica that spans nodes: its leader may wait for them for ever).
+    ``watch`` (a replica that spans nodes: its rendezvous, :func:`~ddslurm.runtime._listeners.check_rendezvous`)
+    is called before each poll, and again when a step exited, so that an intruder, not the death it caused, is
+    what the start fails with.
 
     ``url``: ``http://HOST:PORT`` or ``unix:/path`` (``client`` the one for it, :class:`ListenerClients`).
     ``/health`` is asked without the token (vLLM's needs none); before ``/v1/models``, which needs it, the
@@ -566,14 +649,20 @@ def wait_ready(
     start = clock()
     deadline = start + timeout
     while True:
+        if watch is not None:
+            watch()
         code = step.poll()
         if code is not None:
+            if watch is not None:
+                watch()
             raise ServerStartError(
                 f"{step.name} exited with status {code} before it was ready; last lines of {step.spec.log}:\n"
                 f"{read_tail(step.spec.log)}"
             )
         for rank in ranks:
             if (code := rank.poll()) is not None:
+                if watch is not None:
+                    watch()
                 raise ServerStartError(
                     f"{rank.name} exited with status {code} before {step.name} was ready; last lines of "
                     f"{rank.spec.log}:\n{read_tail(rank.spec.log)}"

@@ -16,7 +16,8 @@ BuilderFailure           a builder script could not be loaded, called or seriali
                          answers it; on the node it becomes a RecipeError)
 
 The serving errors (``server_*``, ``proxy_died``, ``gpu_mismatch``, ``node_mismatch``, ``port_unavailable``) live in
-``_serving.py``; ``server_port_taken`` (another user holds a server's port) in ``_listeners.py``.
+``_serving.py``; ``server_port_taken`` (another user holds a server's port) and ``rendezvous_intruder`` (another
+user connected to a replica's rendezvous) in ``_listeners.py``.
 """
 
 from __future__ import annotations
