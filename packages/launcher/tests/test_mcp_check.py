@@ -202,3 +202,35 @@ def test_a_literal_key_in_a_builder_scripts_mcp_provider_is_refused_unshown(tmp_
     assert f"{tmp_path / 'build.py'}" in message and "api_key" in message, message
     assert literal not in message
     assert not (tmp_path / "work").exists()
+
+
+def test_a_server_whose_command_line_would_hold_a_secret_is_never_started(tmp_path: Path) -> None:
+    """Issue 37: the tool listing starts no process whose command line holds the value of a secret of the shell
+    (every user of the submit host reads command lines): checked again where the servers are started, by the one
+    check of a captured string, whatever the snapshot."""
+    token = "correct-horse-battery-staple"
+    real, args = stdio_command("local_lookup", tmp_path / "local.jsonl")
+    started = tmp_path / "started"
+    command = tmp_path / "server.sh"  # the real server, after it marks that it was started
+    command.write_text(f'#!/bin/sh\ntouch {started}\nexec {real} "$@"\n')
+    command.chmod(0o755)
+    leaky = SnapshotMCPProvider(
+        name="leaky", provider_type="stdio", command=str(command), args=(*args, f"--auth={token}"),
+        env_from={"T": "DOCS_SESAME"},
+    )  # fmt: skip
+    snapshot = ProviderSnapshot(mcp_providers=(leaky,))
+    env = {**os.environ, "DOCS_SESAME": token}
+    recipe = _recipe({"tool_alias": "t", "providers": ["leaky"], "allow_tools": ["local_lookup"]})
+    problems = dd_check_tools(recipe, Origin(tmp_path / "r.yaml"), snapshot, env, tmp_path)
+    assert problems == [
+        f"{tmp_path / 'mcp_providers.yaml'}: MCP provider 'leaky': args[{len(args)}] holds the value of "
+        "$DOCS_SESAME, a secret (values are not shown); not started: its command line is seen by every user"
+    ]
+    assert not started.exists()
+    # The same server with its token in its environment only is started and listed.
+    safe = msgspec.structs.replace(leaky, args=tuple(args))
+    assert (
+        dd_check_tools(recipe, Origin(tmp_path / "r.yaml"), ProviderSnapshot(mcp_providers=(safe,)), env, tmp_path)
+        == []
+    )
+    assert started.exists()

@@ -173,3 +173,33 @@ def test_a_key_in_the_run_file_is_refused_at_its_line(tmp_path: Path) -> None:
     run, profile, env = write_unit_run(tmp_path, KEY, run_extra=f"# key for later: {KEY}\n")
     err = _refused(tmp_path, env, run, profile)
     assert f"{run}:5:{len('# key for later: ') + 1}: the run file {REFUSED}" in err
+
+
+# Issue 37: the secrets are every key variable Data Designer's settings name, an MCP server's too. This one's value is
+# plain words under a plain name: only its place in mcp_providers.yaml (a stdio server's ${VAR}) makes it a secret.
+MCP_VALUE = "correct-horse-battery-staple"
+MCP_PROVIDERS = "providers:\n- {name: docs, provider_type: stdio, command: docs-server, env: {T: '${DOCS_SESAME}'}}\n"
+
+
+def _mcp_run(tmp_path: Path, **kwargs: str) -> tuple[Path, Path, dict[str, str]]:
+    run, profile, env = write_unit_run(tmp_path, KEY, **kwargs)
+    (tmp_path / "dd" / "mcp_providers.yaml").write_text(MCP_PROVIDERS)
+    return run, profile, {**env, "DOCS_SESAME": MCP_VALUE}
+
+
+def test_a_run_file_string_that_holds_an_mcp_servers_key_is_refused_at_its_field(tmp_path: Path) -> None:
+    run, profile, env = _mcp_run(tmp_path, run_extra=f"submission:\n  account: {MCP_VALUE}\n")
+    code, out, err = _dry_run(tmp_path, env, run, profile)
+    assert code == 2 and MCP_VALUE not in out + err, out + err
+    assert not (tmp_path / "work").exists()
+    line = run.read_text().splitlines().index(f"  account: {MCP_VALUE}") + 1
+    assert f"{run}:{line}:3: submission.account: the run file holds the value of $DOCS_SESAME, a secret" in err
+
+
+def test_a_recipe_that_holds_an_mcp_servers_key_is_refused_at_its_field(tmp_path: Path) -> None:
+    recipe = RECIPE.replace('"Say {{ topic }}"', f'"Say {{{{ topic }}}} {MCP_VALUE}"')
+    run, profile, env = _mcp_run(tmp_path, recipe=recipe)
+    code, out, err = _dry_run(tmp_path, env, run, profile)
+    assert code == 2 and MCP_VALUE not in out + err, out + err
+    place = f"{tmp_path / 'recipe.yaml'}:{PROMPT_LINE}:{PROMPT_COL}: {FIELD}"
+    assert f"{place}: the recipe holds the value of $DOCS_SESAME, a secret (values are not shown)" in err

@@ -34,10 +34,12 @@ def digest(obj: Any) -> str:
     return sha256_bytes(_ENCODER.encode(obj))
 
 
-def read_json(path: Path, kind: type[T]) -> T:
-    """Read a record written by ddslurm; never follows a symbolic link."""
+def read_json(path: Path, kind: type[T], *, own: bool = False) -> T:
+    """Read a record written by ddslurm; never follows a symbolic link, never blocks on a FIFO (anything but a
+    regular file is an :class:`~ddslurm.config.UnsafePathError`). ``own``: only a file of this user's that no
+    other user can write (:func:`~ddslurm.config.read_regular`)."""
     try:
-        data = read_regular(path)
+        data = read_regular(path, own=own)
     except FileNotFoundError:
         raise
     except OSError as exc:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Annotated, Literal
@@ -44,12 +44,16 @@ def server_env_secret(name: str, value: str) -> str | None:
     ``TOKENIZERS_PARALLELISM`` or ``HF_TOKEN_PATH``) with a value of 8 characters or more that is not an absolute
     path, or a value that looks like a key whatever the name (:func:`value_secret`). The reason never repeats the value.
     """
-    if _named_credential(name, value):
+    if named_credential(name, value):
         return "the variable's name says it holds a credential"
     return value_secret(value)
 
 
-def _named_credential(name: str, value: str) -> bool:
+def named_credential(name: str, value: str) -> bool:
+    """Whether ``value``, given under ``name`` (a variable, a flag without its dashes, a header), is a credential by
+    that name: a word of the name says it holds one (``HF_TOKEN``, ``--db-password``, ``auth=``; not
+    ``TOKENIZERS_PARALLELISM`` or ``HF_TOKEN_PATH``) and the value has 8 characters or more and is not an absolute
+    path."""
     words = [w for w in re.split(r"[^A-Za-z0-9]+", name.upper()) if w]
     return bool(
         len(value) >= _MIN_NAMED_SECRET
@@ -78,6 +82,51 @@ RESERVED_SERVER_FLAGS = frozenset({"api-key"})
 :func:`server_flag_set_by_ddslurm`."""
 
 
+_ARG_NAME = re.compile(r"\A[A-Za-z_][A-Za-z0-9_.-]*\Z")
+
+
+@dataclass(frozen=True, slots=True)
+class ArgValue:
+    """One value a command line's arguments give (:func:`arg_values`)."""
+
+    index: int
+    """The item that names the value (``--flag=value``, ``--flag``, ``name=value``), or holds it alone."""
+    at: int
+    """The item that holds the value (``index``, or the one after a ``--flag`` written apart from its value)."""
+    flag: str
+    """The flag or name as written (``--hf-token``, ``token``); "" for a value on its own."""
+    value: str
+    inline: bool = False
+    """Written ``flag=value`` in one item."""
+
+    @property
+    def name(self) -> str:
+        """The flag's name without its dashes, lower case, ``_`` read as ``-`` (``hf-token``)."""
+        return self.flag.lstrip("-").replace("_", "-").lower()
+
+
+def arg_values(args: Sequence[str]) -> Iterator[ArgValue]:
+    """Every value the command-line arguments ``args`` give, with the flag or name it is given under: ``--flag=value``
+    and ``name=value`` are split at the first ``=``; ``--flag value`` gives ``value`` to ``--flag`` (a flag followed by
+    another flag or by nothing: the value ""), and ``value`` is also given on its own; any other item is a value on its
+    own. Both ``server.extra_args`` and an MCP server's ``args`` are judged from these."""
+    for index, item in enumerate(args):
+        head, eq, tail = item.partition("=")
+        if item.startswith("-"):
+            if eq:
+                yield ArgValue(index, index, head, tail, inline=True)
+                continue
+            following = args[index + 1] if index + 1 < len(args) else None
+            if following is None or following.startswith("-"):
+                yield ArgValue(index, index, item, "")
+            else:
+                yield ArgValue(index, index + 1, item, following)
+        elif eq and _ARG_NAME.match(head):
+            yield ArgValue(index, index, head, tail, inline=True)
+        else:
+            yield ArgValue(index, index, "", item)
+
+
 def server_args_secret(args: Sequence[str]) -> tuple[int, str] | None:
     """The index of the first item of ``server.extra_args`` that carries a credential, and why; or None.
 
@@ -92,31 +141,27 @@ def server_args_secret(args: Sequence[str]) -> tuple[int, str] | None:
     )
     advice = stored + "Pass it in a variable instead: export it in the shell you submit from and list it under "
     advice += "server.env_from (the server steps get it in their environment)"
-    for index, item in enumerate(args):
-        if not item.startswith("-"):
-            why = value_secret(item)
+    for arg in arg_values(args):
+        if not arg.flag:
+            why = value_secret(arg.value)
             if why is not None:
-                return index, f"looks like a secret ({why}){advice}"
+                return arg.index, f"looks like a secret ({why}){advice}"
             continue
-        flag, inline, value = item.partition("=")
-        name = flag.lstrip("-").replace("_", "-").lower()
-        if name in RESERVED_SERVER_FLAGS:
-            return index, (
+        flag, name = arg.flag, arg.name
+        if name in RESERVED_SERVER_FLAGS and flag.startswith("-"):
+            return arg.index, (
                 f"{flag} is set by ddslurm itself (each attempt's own token, given to the server without a command "
                 "line); remove it"
             )
-        at = index
-        if not inline:
-            following = args[index + 1] if index + 1 < len(args) else None
-            value, at = ("", index) if following is None or following.startswith("-") else (following, index + 1)
-        if _named_credential(name, value):
+        if named_credential(name, arg.value):
             named = f"the value of {flag} looks like a secret (the flag's name says it takes a credential)"
             if name == "hf-token":  # vLLM (huggingface_hub) reads HF_TOKEN from its environment
-                return at, f"{named}{stored}Export HF_TOKEN in the shell you submit from; list it under server.env_from"
-            return at, named + advice
-        why = value_secret(value) if inline else None
+                hf = "Export HF_TOKEN in the shell you submit from; list it under server.env_from"
+                return arg.at, f"{named}{stored}{hf}"
+            return arg.at, named + advice
+        why = value_secret(arg.value) if arg.inline else None
         if why is not None:
-            return index, f"the value of {flag} looks like a secret ({why}){advice}"
+            return arg.index, f"the value of {flag} looks like a secret ({why}){advice}"
     return None
 
 

@@ -6,6 +6,11 @@ ddslurm.launcher._mcp_check``), so the submitting process never imports Data Des
 submitting shell's environment (the providers' keys are resolved from their variables there, as on the node) with
 Data Designer's home in a scratch directory. Only tool configs with ``allow_tools`` are listed: a recipe whose
 tools are all allowed connects to no server at submit.
+
+No secret is ever on a command line the check starts (every user of the submit host reads them): the subprocess
+gets its request on its standard input, a stdio server's ``${VAR}`` values reach that server's environment only,
+and a server whose command or arguments would hold a secret's value is never started (``providers`` refuses it
+when the snapshot is captured; :func:`command_problems` checks it again with the one check of a captured string).
 """
 
 from __future__ import annotations
@@ -23,7 +28,14 @@ import msgspec
 
 from ddslurm.config import ProviderSnapshot, SnapshotMCPProvider, recipe_section
 from ddslurm.launcher._process import Stopped, ask_json
-from ddslurm.providers import MCP_PROVIDERS_FILE, Origin
+from ddslurm.providers import (
+    MCP_PROVIDERS_FILE,
+    Origin,
+    args_secrets,
+    captured_secret,
+    secret_names,
+    secret_values,
+)
 from ddslurm.runtime import engine_environment
 
 LIST_TIMEOUT_S = 30.0
@@ -33,13 +45,22 @@ LIST_TIMEOUT_S = 30.0
 def command_problems(snapshot: ProviderSnapshot, env: Mapping[str, str], settings: Path) -> list[str]:
     """A stdio provider whose ``command`` is neither an absolute path to an executable file nor found on the
     shell's ``PATH`` (the job gets that ``PATH``); a relative path is refused, the node's working directory being
-    another."""
+    another. One whose command line would hold the value of a secret of ``env`` (``providers.captured_secret``) is
+    refused without the value: it would be on the process list of the submit host and of the node."""
     problems = []
+    secrets = secret_values(secret_names(env, snapshot.secret_env_names()), env)
     for provider in snapshot.mcp_providers:
         command = provider.command or ""
         if provider.provider_type != "stdio":
             continue
-        subject = f"{settings / MCP_PROVIDERS_FILE}: MCP provider {provider.name!r}: command {command!r}"
+        named = f"{settings / MCP_PROVIDERS_FILE}: MCP provider {provider.name!r}"
+        held = [("command", why)] if (why := captured_secret(command, secrets, shaped=False)) else []
+        held += [(f"args[{index}]", why) for index, why in args_secrets(provider.args, secrets)]
+        for field, why in held:
+            problems.append(f"{named}: {field} {why}; not started: its command line is seen by every user")
+        if held:
+            continue
+        subject = f"{named}: command {command!r}"
         if os.sep in command and not Path(command).is_absolute():
             problems.append(f"{subject} is a relative path; write an absolute path or a command on PATH")
         elif os.sep in command and not (Path(command).is_file() and os.access(command, os.X_OK)):

@@ -16,9 +16,13 @@ plugins and packages the nodes run), never in the submitting process:
 - its working directory is the script's directory: Data Designer checks a relative seed path against the
   working directory, and the seed capture (``_seed.py``) resolves it against the script's directory, as it does
   against a YAML recipe's;
-- it has a timeout, and what it prints is captured and shown only when it fails (secret values redacted);
-- its environment has none of the run's secrets: the API-key variables of Data Designer's providers, the
-  deployments' ``server.env_from`` variables, and every variable whose name or value looks like a credential;
+- it has a timeout, and what it prints is captured and shown only when it fails, every secret value of the
+  submitting shell redacted (:func:`run_secrets`, ``providers.redact``);
+- its environment (:func:`script_environment`, the same for its second run in Data Designer's check,
+  ``_validate.py``) has none of the shell's secrets: the API-key variables of Data Designer's providers and MCP
+  providers (``${VAR}`` names included), the deployments' ``server.env_from`` variables, and every variable whose
+  name or value looks like a credential. That is hygiene, not a barrier: the script is the user's own code, run as
+  the user, and can read whatever the user's shell holds (``/proc/$PPID/environ``, the user's files);
 - Data Designer's home is the one ddslurm resolves providers from, telemetry is off; plugins are on, as on the
   nodes.
 
@@ -38,10 +42,9 @@ file and the seed files it names (``_seed.refuse_seed_secrets``), before anythin
 from __future__ import annotations
 
 import dataclasses
-import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path, PurePath
+from pathlib import Path
 from typing import Any
 
 from ddslurm.config import (
@@ -55,25 +58,25 @@ from ddslurm.config import (
     locate,
     parse_recipe_ref,
     read_yaml,
-    server_env_secret,
     sha256_bytes,
     to_builtins,
 )
 from ddslurm.launcher._process import Stopped, ask_json
-from ddslurm.launcher._seed import holds_secret, refuse_seed_secrets
+from ddslurm.launcher._seed import refuse_seed_secrets
 from ddslurm.launcher._slurm import NODE_ENV_ALLOWED
 from ddslurm.launcher.errors import BuilderError
 from ddslurm.providers import (
     Origin,
     ProvidersError,
-    is_credential_key,
-    is_env_var_name,
-    is_placeholder_secret,
+    holds_secret,
     load_recipe,
     load_settings,
-    looks_like_credential,
+    redact,
     secret_in_tree,
+    secret_values,
+    settings_secret_names,
 )
+from ddslurm.providers import secret_names as env_secret_names
 from ddslurm.providers.discovery import DD_HOME_ENV
 
 RECIPE_TIMEOUT_S = 300.0
@@ -82,7 +85,6 @@ OUTPUT_LINES = 30
 """Lines of a failed script's output shown in the error."""
 KEPT_ENV = (*NODE_ENV_ALLOWED, "PYTHONPATH", "VIRTUAL_ENV")
 """Variables the builder always gets as they are (never taken for credentials)."""
-_MIN_SECRET = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,14 +196,13 @@ def load_run_recipe(
     else:
         payload["module"] = ref.target
         cwd, shown = base, f"module {ref.target}"
-    hidden = secret_names(run, env, dd_home)
-    result = _run_builder(runtime, payload, cwd, builder_env(env, dd_home, hidden), timeout_s)
+    result = _run_builder(runtime, payload, cwd, builder_env(script_environment(run, env, dd_home), dd_home), timeout_s)
     if not result.get("ok"):
         where = result.get("file") or shown
         if result.get("line"):
             where = f"{where}:{result['line']}"
         message = f"{where}: {result.get('error', 'failed')}"
-        raise BuilderError(_redact(message + _output_tail(result.get("output", "")), secrets))
+        raise BuilderError(redact(message + _output_tail(result.get("output", "")), secrets))
     path = Path(str(result["file"]))
     text = str(result["yaml"])
     source = path.read_bytes()
@@ -235,14 +236,11 @@ def load_run_recipe(
     )
 
 
-def _is_secret(value: str) -> bool:
-    return len(value.strip()) >= _MIN_SECRET and not is_placeholder_secret(value)
-
-
-def run_secrets(run: RunFile, env: Mapping[str, str], dd_home: Path) -> dict[str, str]:
-    """The secret values (by variable name) that no recipe may hold: those of :func:`secret_names`, placeholders
+def run_secrets(run: RunFile | None, env: Mapping[str, str], dd_home: Path, also: Iterable[str] = ()) -> dict[str, str]:
+    """The secret values (by variable name) that no recipe may hold and that what a builder script prints is
+    redacted for: those of :func:`secret_names` and ``also`` (the snapshot's key variables), placeholders
     (``EMPTY``, ``none``, values under 8 characters) left out, as the node's scan leaves them out."""
-    return {name: env[name] for name in secret_names(run, env, dd_home) if _is_secret(env[name])}
+    return secret_values(secret_names(run, env, dd_home) | set(also), env)
 
 
 def refuse_secrets(
@@ -280,45 +278,38 @@ def refuse_secrets(
 
 def secret_names(run: RunFile | None, env: Mapping[str, str], dd_home: Path) -> set[str]:
     """The variables of ``env`` a process of the submit host must not see (a builder script, ``python_env`` asked
-    its versions): the API-key variables of Data Designer's providers (``dd_home``), the deployments'
-    ``server.env_from`` (``run``'s, when there is one), and any whose name or value looks like a credential. An
-    absolute path is never a credential by its variable's name (``PWD``, ``SSH_AUTH_SOCK``,
-    ``GOOGLE_APPLICATION_CREDENTIALS``): a recipe may name files under the working directory."""
+    its versions): the API-key variables of Data Designer's providers and MCP providers (``dd_home``; an MCP
+    stdio server's ``${VAR}`` names too), the deployments' ``server.env_from`` (``run``'s, when there is one), and
+    any whose name or value looks like a credential (``providers.secret_names``). An absolute path is never a
+    credential by its variable's name (``PWD``, ``SSH_AUTH_SOCK``, ``GOOGLE_APPLICATION_CREDENTIALS``): a recipe
+    may name files under the working directory."""
     names = {name for dep in (run.deployments if run is not None else ()) for name in dep.server.env_from}
     try:
         settings = load_settings(dd_home)
     except (ConfigError, ProvidersError):
-        settings = None  # submit reports it right after; the heuristics below still apply
+        settings = None  # submit reports it right after; the heuristics still apply
     if settings is not None:
-        names |= {p.api_key for p, _ in settings.providers if p.api_key and is_env_var_name(p.api_key)}
-    for name, value in env.items():
-        if name in KEPT_ENV:
-            continue
-        # A path is a place, not a key, whatever its variable is called (PWD, SSH_AUTH_SOCK, a key file's path)
-        place = PurePath(value.strip()).is_absolute()
-        by_name = is_credential_key(name) and len(value) >= _MIN_SECRET and not place
-        by_value = looks_like_credential(value) and os.sep not in value  # not paths that merely hold long names
-        if by_name or by_value or server_env_secret(name, value) is not None:
-            names.add(name)
-    return {name for name in names if name in env}
+        names |= settings_secret_names(settings)
+    return env_secret_names(env, names, kept=KEPT_ENV)
 
 
-def builder_env(env: Mapping[str, str], dd_home: Path, hidden: set[str]) -> dict[str, str]:
-    """The builder subprocess's environment: ``env`` without ``hidden``, Data Designer's home set to ``dd_home``
-    (where ddslurm reads the providers and Data Designer its default model configs), telemetry off."""
-    out = {name: value for name, value in env.items() if name not in hidden}
-    out |= {
-        DD_HOME_ENV: str(dd_home),
-        "NEMO_TELEMETRY_ENABLED": "false",
-        "PYTHONDONTWRITEBYTECODE": "1",
-    }
-    return out
+def script_environment(
+    run: RunFile | None, env: Mapping[str, str], dd_home: Path, also: Iterable[str] = ()
+) -> dict[str, str]:
+    """The environment every run of a builder script on the submit host starts from: the run that builds the
+    config (:func:`load_run_recipe`) and the one in Data Designer's check, which runs it again for the columns the
+    YAML does not carry (``_validate.dd_check_recipe``). ``env`` without :func:`secret_names` nor ``also`` (the
+    snapshot's key variables, known once the config is built), Python told to write no bytecode beside the
+    script; each run then points Data Designer at its home. This is hygiene, not a barrier: the script is the
+    user's own code, run as the user, and can read what the user's shell holds (``/proc/$PPID/environ``)."""
+    hidden = secret_names(run, env, dd_home) | set(also)
+    return {name: value for name, value in env.items() if name not in hidden} | {"PYTHONDONTWRITEBYTECODE": "1"}
 
 
-def _redact(text: str, secrets: Mapping[str, str]) -> str:
-    for name, value in secrets.items():
-        text = text.replace(value, f"<${name} redacted>")
-    return text
+def builder_env(base: Mapping[str, str], dd_home: Path) -> dict[str, str]:
+    """The builder subprocess's environment: ``base`` (:func:`script_environment`) with Data Designer's home set to
+    ``dd_home`` (where ddslurm reads the providers and Data Designer its default model configs), telemetry off."""
+    return {**base, DD_HOME_ENV: str(dd_home), "NEMO_TELEMETRY_ENABLED": "false"}
 
 
 def _output_tail(output: str) -> str:

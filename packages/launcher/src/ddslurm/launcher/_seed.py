@@ -23,6 +23,7 @@ from typing import Any
 from ddslurm.config import FileEntry, RunLayout, SeedKind, SeedPlan, encode_pretty, recipe_section, sha256_file
 from ddslurm.launcher._recipe_at import recipe_field_at
 from ddslurm.launcher.errors import SubmitError
+from ddslurm.providers import holds_secret
 from ddslurm.providers.discovery import is_home_relative
 from ddslurm.runtime import scan_for_secrets, seed_reader
 
@@ -166,11 +167,6 @@ def _seed_source(recipe: dict[str, Any], recipe_path: Path) -> tuple[dict[str, A
     if seed_type not in ("local", *FILESYSTEM_SOURCES):
         raise _field(recipe_path, "source.seed_type", f"{seed_type!r} cannot be captured into the run's inputs")
     return seed, source, seed_type
-
-
-def holds_secret(name: str) -> str:
-    """How every submit-time refusal of a secret's value says it (never the value)."""
-    return f"holds the value of ${name}, a secret (values are not shown)"
 
 
 def refuse_seed_secrets(recipe: dict[str, Any], recipe_path: Path, secrets: Mapping[str, str]) -> None:

@@ -8,7 +8,9 @@ Data Designer reads its home directory and telemetry settings at import time and
 into its home when constructed, so it gets a scratch home, telemetry off and the Hugging Face hub offline. It gets
 the recipe with the snapshot's model configs (as the node will run it), providers without endpoints or keys
 (validation sends no request), the builder script's record (whose ``rebuild`` columns it takes from the script,
-as the node does) and the recipe's directory as its working directory (relative seed paths).
+as the node does) and the recipe's directory as its working directory (relative seed paths). Running the script
+again, it starts from the environment its first run had (``_recipe.script_environment``: none of the shell's
+secrets); what it prints or raises reaches the submit's error only after ``submit`` redacts every secret value.
 
 Its answer also carries what the planner needs from Data Designer: the columns as it reads them and the plugins
 the recipe uses (the plan records their distributions and versions; each node checks it has the same).
@@ -38,6 +40,8 @@ from ddslurm.config import (
 )
 from ddslurm.launcher._engine_host import RUNTIME_PROCESS, EngineHost
 from ddslurm.launcher._process import Stopped
+from ddslurm.launcher._recipe import script_environment
+from ddslurm.providers.discovery import settings_dir
 from ddslurm.runtime import PLUGIN_GROUP, engine_environment
 
 VALIDATE_TIMEOUT_S = 300
@@ -68,10 +72,13 @@ def dd_check_recipe(
     source: RecipeSource | None,
     *,
     host: EngineHost = RUNTIME_PROCESS,
+    env: Mapping[str, str] | None = None,
 ) -> RecipeCheck:
     """Check ``recipe`` with ``runtime`` (``<python_env>/bin/ddslurm-runtime``, asked through ``host``) as the node
     will build it; ``serving``: the plan's deployments as a client sees them, which size the local aliases'
-    ``max_parallel_requests`` as on the node."""
+    ``max_parallel_requests`` as on the node. ``env``: the environment the check starts from, which a builder script
+    it runs again sees (``script_environment`` of the submitting shell, as the script's first run had); by default
+    this process's environment, scrubbed the same way."""
     payload: dict[str, Any] = {
         "action": "check",
         "recipe": recipe_with_models(recipe, snapshot, serving),  # the recipe exactly as the node builds it
@@ -83,7 +90,9 @@ def dd_check_recipe(
     key = None if seeded or source is not None else json.dumps([str(runtime), payload], sort_keys=True)
     if key is not None and key in _ACCEPTED:
         return _ACCEPTED[key]
-    check = _run_check(host, runtime, payload, recipe_path.parent, set(snapshot.secret_env_names()))
+    if env is None:
+        env = script_environment(None, os.environ, settings_dir(os.environ), also=snapshot.secret_env_names())
+    check = _run_check(host, runtime, payload, recipe_path.parent, env)
     if key is not None and not check.problems:
         _ACCEPTED[key] = check
     return check
@@ -113,9 +122,11 @@ def _unknown_lines(unknown: list[Mapping[str, str]], python_env: Path) -> list[s
     return lines
 
 
-def _run_check(host: EngineHost, runtime: Path, payload: dict[str, Any], cwd: Path, secrets: set[str]) -> RecipeCheck:
+def _run_check(
+    host: EngineHost, runtime: Path, payload: dict[str, Any], cwd: Path, base: Mapping[str, str]
+) -> RecipeCheck:
     with tempfile.TemporaryDirectory(prefix="ddslurm-validate-") as scratch:
-        env = {k: v for k, v in os.environ.items() if k not in secrets and not k.startswith("DATA_DESIGNER_")}
+        env = {k: v for k, v in base.items() if not k.startswith("DATA_DESIGNER_")}
         try:
             answer = host.ask(
                 runtime,

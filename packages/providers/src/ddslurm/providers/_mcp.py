@@ -1,24 +1,42 @@
 """MCP providers: the ones a recipe's ``tool_configs`` name, read from ``mcp_providers.yaml`` and checked for
-credentials as model providers are (keys by variable name only), captured into the snapshot."""
+credentials as model providers are (keys by variable name only), captured into the snapshot.
+
+Every string of a provider the snapshot keeps (its name, command, arguments, ``env`` names and values, endpoint and
+key variable's name) goes through the one check of a captured string (``captured_secret``): a secret's value in any
+of them is refused at its file, line, column and field, and an argument is judged by each value it gives (split at
+``=`` as ``server.extra_args`` is: ``--auth=VALUE``, ``token=VALUE``, ``--token VALUE``), since a stdio server's
+arguments are on command lines every user of the submit host and of the node can read."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
-from ddslurm.config import SnapshotMCPProvider, recipe_section, server_env_secret, value_secret
+from ddslurm.config import SnapshotMCPProvider, recipe_section
 from ddslurm.providers._native import (
     MCP_PROVIDERS_FILE,
     NativeMCPProvider,
     NativeSettings,
     Origin,
     Step,
+    field_text,
     first_definition,
 )
-from ddslurm.providers._secrets import endpoint_key_problems, missing_env
+from ddslurm.providers._secrets import (
+    ENV_REF,
+    args_secrets,
+    captured_secret,
+    endpoint_key_problems,
+    held_secret,
+    holds_secret,
+    is_env_var_name,
+    missing_env,
+    secret_names,
+    secret_values,
+    settings_secret_names,
+)
 
-_ENV_REF = re.compile(r"^\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)\}$")
+_SNAPSHOT_KEEPS = "; the run's snapshot would keep it"
 _REMOTE_ONLY = ("endpoint", "api_key")
 _STDIO_ONLY = ("command", "args", "env")
 
@@ -38,11 +56,19 @@ def tool_provider_uses(recipe: Mapping[str, Any]) -> dict[str, tuple[Step, ...]]
 
 
 def describe_mcp(
-    recipe: Mapping[str, Any], recipe_origin: Origin, settings: NativeSettings, env: Mapping[str, str]
+    recipe: Mapping[str, Any],
+    recipe_origin: Origin,
+    settings: NativeSettings,
+    env: Mapping[str, str],
+    secrets: Mapping[str, str] | None = None,
 ) -> tuple[tuple[SnapshotMCPProvider, ...], list[str]]:
     """The snapshot entries of the MCP providers the recipe's tools use, and every problem that stops a submission
-    (a provider not configured, a literal key, a credential in ``env`` or ``args``, a key variable unset). Providers
-    no tool config names are neither checked nor captured."""
+    (a provider not configured, a literal key, a credential in ``env`` or ``args``, the value of one of ``secrets``
+    (name to value: ``secret_values``; by default those of ``env`` the settings name or that look like
+    credentials) in any of its strings, a key variable unset). Providers no tool config names are neither checked
+    nor captured."""
+    if secrets is None:
+        secrets = secret_values(secret_names(env, settings_secret_names(settings)), env)
     defined: dict[str, list[tuple[NativeMCPProvider, Origin]]] = {}
     for provider, origin in settings.mcp_providers:
         defined.setdefault(provider.name, []).append((provider, origin))
@@ -56,19 +82,28 @@ def describe_mcp(
             )
             continue
         provider, origin = first_definition("MCP provider", name, defined[name], lambda a, b: a == b, problems)
-        snapshot = _checked(provider, origin, env, problems)
+        snapshot = _checked(provider, origin, env, secrets, problems)
         if snapshot is not None:
             captured.append(snapshot)
     return tuple(captured), problems
 
 
 def _checked(
-    provider: NativeMCPProvider, origin: Origin, env: Mapping[str, str], problems: list[str]
+    provider: NativeMCPProvider,
+    origin: Origin,
+    env: Mapping[str, str],
+    secrets: Mapping[str, str],
+    problems: list[str],
 ) -> SnapshotMCPProvider | None:
     """The provider as the snapshot keeps it, after its problems are added to ``problems`` (None if it has any)."""
     before = len(problems)
     subject = f"MCP provider {provider.name!r}"
     remote = provider.provider_type != "stdio"
+    key_literal = bool(provider.api_key) and not is_env_var_name(provider.api_key or "")  # refused below
+    for field in ("name", "endpoint", "command", *([] if key_literal else ["api_key"])):
+        text = getattr(provider, field)
+        if text and (held := held_secret(text, secrets)) is not None:
+            problems.append(f"{origin.at(field)}: {subject}: {holds_secret(held)}{_SNAPSHOT_KEEPS}")
     for field in _STDIO_ONLY if remote else _REMOTE_ONLY:
         if getattr(provider, field):
             problems.append(f"{origin.at(field)}: {subject}: not a field of a {provider.provider_type} provider")
@@ -82,14 +117,18 @@ def _checked(
     else:
         if not provider.command:
             problems.append(f"{origin.at('command')}: {subject}: a stdio provider needs one")
-        for index, arg in enumerate(provider.args):
-            if (why := value_secret(arg)) is not None:
-                problems.append(
-                    f"{origin.at('args', index)}: {subject}: {why} (not shown); a server's arguments are written "
-                    "to the run's snapshot and seen by every user of the node: give it through env as ${VAR}"
-                )
+        for index, why in args_secrets(provider.args, secrets):
+            problems.append(
+                f"{origin.at('args', index)}: {subject}: {why}; a server's arguments are written to the run's "
+                "snapshot and are on command lines every user of the submit host and of the node can read: give it "
+                "through env as ${VAR}"
+            )
         for key, value in (provider.env or {}).items():
-            if ref := _ENV_REF.match(value):
+            if (held := held_secret(key, secrets)) is not None:
+                shown = field_text((*origin.steps, "env")) + "[<redacted>]"
+                problems.append(f"{origin.at('env', shown=shown)}: {subject}: {holds_secret(held)}{_SNAPSHOT_KEEPS}")
+                continue
+            if ref := ENV_REF.match(value):
                 env_from[key] = ref.group("name")
                 if missing_env([ref.group("name")], env):
                     problems.append(
@@ -101,10 +140,10 @@ def _checked(
                     f"{origin.at('env', key)}: {subject}: a variable is named by the whole value, written "
                     "${VAR}; nothing else is expanded"
                 )
-            elif (why := server_env_secret(key, value)) is not None:
+            elif (reason := captured_secret(value, secrets, name=key)) is not None:
                 problems.append(
-                    f"{origin.at('env', key)}: {subject}: looks like a secret ({why}; not shown); env is written "
-                    "to the run's snapshot: put the value in an environment variable and write ${VAR} here"
+                    f"{origin.at('env', key)}: {subject}: {reason}; env is written to the run's snapshot: put the "
+                    "value in an environment variable and write ${VAR} here"
                 )
             else:
                 literal[key] = value

@@ -24,12 +24,18 @@ from ddslurm.providers._native import (
 )
 from ddslurm.providers._secrets import (
     body_credentials,
+    captured_secret,
     endpoint_key_problems,
+    holds_secret,
     is_credential_header,
     is_env_var_name,
     is_placeholder_secret,
     looks_like_credential,
     redact_url,
+    secret_in_tree,
+    secret_names,
+    secret_values,
+    settings_secret_names,
 )
 from ddslurm.providers.errors import ResolutionError
 
@@ -153,20 +159,55 @@ def _run_at(run_origin: Origin | None, *steps: Step) -> str:
     return run_origin.at(*steps) if run_origin is not None else f"the run file: {field_text(steps)}"
 
 
-def _check_provider(provider: NativeProvider, origin: Origin, env: Mapping[str, str], problems: list[str]) -> None:
-    """Every way a provider's settings could carry a credential into the snapshot; values are never repeated."""
+_HELD_ADVICE = (
+    "; the run's snapshot would keep a copy: remove it (a provider's api_key names the variable that holds the key)"
+)
+
+
+def _held_problem(
+    entry: Mapping[str, Any], origin: Origin, subject: str, secrets: Mapping[str, str], problems: list[str]
+) -> None:
+    """A problem for the first string of ``entry`` (a settings entry's fields, as the snapshot keeps them) that holds
+    the value of one of ``secrets``, at its file, line, column and field."""
+    hit = secret_in_tree(entry, secrets)
+    if hit is None:
+        return
+    shown = ".".join(part for part in (field_text(origin.steps), hit.field) if part)
+    problems.append(f"{origin.at(*hit.steps, shown=shown)}: {subject}: {holds_secret(hit.name)}{_HELD_ADVICE}")
+
+
+def _check_provider(
+    provider: NativeProvider,
+    origin: Origin,
+    env: Mapping[str, str],
+    problems: list[str],
+    secrets: Mapping[str, str] | None = None,
+) -> None:
+    """Every way a provider's settings could carry a credential into the snapshot (the value of one of
+    ``secrets`` in any of its strings: :func:`~ddslurm.providers._secrets.captured_secret`); values are never
+    repeated."""
     subject = f"provider {provider.name!r}"
+    secrets = secrets or {}
+    headers = provider.extra_headers or {}
+    literal = bool(provider.api_key) and not is_env_var_name(provider.api_key or "")  # refused below as a literal
+    skipped = {"extra_headers", *(["api_key"] if literal else [])}
+    others = {k: v for k, v in msgspec.to_builtins(provider).items() if k not in skipped}
+    _held_problem(others, origin, subject, secrets, problems)
     problems += endpoint_key_problems(
         origin.at, subject, provider.endpoint, provider.api_key, env, example="MY_PROVIDER_API_KEY"
     )
-    for header, value in (provider.extra_headers or {}).items():
-        hidden = looks_like_credential(header)
+    for header, value in headers.items():
+        in_name = captured_secret(header, secrets, shaped=False)
+        hidden = in_name is not None or looks_like_credential(header)
         shown = field_text((*origin.steps, "extra_headers")) + ("[<redacted>]" if hidden else f"[{header!r}]")
         where = origin.at("extra_headers", header, shown=shown)
-        if is_credential_header(header) or hidden:
+        held = in_name or captured_secret(value, secrets, shaped=False)
+        if is_credential_header(header) or (hidden and in_name is None):
             problems.append(
                 f"{where}: {subject}: carries a credential; use api_key with an environment-variable name instead"
             )
+        elif held is not None:
+            problems.append(f"{where}: {subject}: {held}{_HELD_ADVICE}")
         elif looks_like_credential(value):
             problems.append(
                 f"{where}: {subject}: the value looks like a credential (not shown); extra_headers are written to "
@@ -179,7 +220,10 @@ def _check_provider(provider: NativeProvider, origin: Origin, env: Mapping[str, 
         )
 
 
-def _check_model(model: NativeModelConfig, origin: Origin, problems: list[str]) -> None:
+def _check_model(
+    model: NativeModelConfig, origin: Origin, problems: list[str], secrets: Mapping[str, str] | None = None
+) -> None:
+    _held_problem(msgspec.to_builtins(model), origin, f"model alias {model.alias!r}", secrets or {}, problems)
     body = (model.inference_parameters or {}).get("extra_body")
     base = field_text((*origin.steps, "inference_parameters", "extra_body"))
     for path in body_credentials(body or {}, base):
@@ -202,7 +246,12 @@ def describe(
 ) -> Resolution:
     """Resolve every alias the recipe uses as far as possible: a row for each alias (unresolved ones marked) and
     every problem that would stop a submission. Only aliases the recipe uses, and their providers, are checked; so
-    are the MCP providers its ``tool_configs`` name (:func:`~ddslurm.providers._mcp.describe_mcp`)."""
+    are the MCP providers its ``tool_configs`` name (:func:`~ddslurm.providers._mcp.describe_mcp`). Every string
+    the snapshot would keep of them is refused when it holds the value of a secret of ``env``
+    (:func:`~ddslurm.providers._secrets.secret_names`: the settings' key variables, the deployments'
+    ``server.env_from`` and every variable that looks like a credential)."""
+    named = settings_secret_names(settings) | {name for dep in deployments for name in dep.server.env_from}
+    secrets = secret_values(secret_names(env, named), env)
     recipe_defs, problems, broken = _recipe_definitions(recipe, recipe_origin)
     from_recipe = {origin for _, origin in recipe_defs}
     model_defs: dict[str, list[tuple[NativeModelConfig, Origin]]] = {}
@@ -241,7 +290,7 @@ def describe(
         defs = model_defs.get(alias, [])
         model_entry = first_definition("model alias", alias, defs, same_models, problems) if defs else None
         if model_entry is not None:
-            _check_model(model_entry[0], model_entry[1], problems)
+            _check_model(model_entry[0], model_entry[1], problems, secrets)
         if alias in local:
             dep = local[alias][1]
             pname = f"{LOCAL_PROVIDER_PREFIX}{alias}"
@@ -282,7 +331,7 @@ def describe(
         provider, porigin = provider_defs[model.provider][0]
         if provider.name not in snap_providers:
             first_definition("provider", provider.name, provider_defs[provider.name], lambda a, b: a == b, problems)
-            _check_provider(provider, porigin, env, problems)
+            _check_provider(provider, porigin, env, problems, secrets)
             snap_providers[provider.name] = SnapshotProvider(
                 name=provider.name,
                 endpoint=provider.endpoint,
@@ -309,7 +358,7 @@ def describe(
                 f"{_run_at(run_origin, 'deployments', index, 'model_alias')}: no column of the recipe uses model "
                 f"alias {alias!r}{did_you_mean(alias, undeployed) or '; remove the deployment'}"
             )
-    mcp_providers, mcp_problems = describe_mcp(recipe, recipe_origin, settings, env)
+    mcp_providers, mcp_problems = describe_mcp(recipe, recipe_origin, settings, env, secrets)
     problems.extend(mcp_problems)
     snapshot = ProviderSnapshot(
         providers=tuple(snap_providers.values()), models=tuple(snap_models), mcp_providers=mcp_providers

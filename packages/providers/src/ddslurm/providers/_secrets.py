@@ -1,16 +1,30 @@
 """Secret policy: API keys travel as environment-variable names; credentials never sit in settings.
 
 Nothing here returns or formats a value that might be a key: callers get booleans, field paths and reasons.
+
+Every string ddslurm captures into a run (the snapshot's providers and MCP servers, the run file, the recipe, the
+seed) is judged by one check, :func:`captured_secret`: it must not hold the value of any secret of the
+submitting shell (:func:`secret_names`: the variables the providers' ``api_key``, the MCP servers' ``api_key`` and
+``${VAR}`` values and the deployments' ``server.env_from`` name, and every variable whose name or value looks like a
+credential), then, where a field has one, the key-shape rule of its kind. What a process the user's code runs in
+prints is shown through :func:`redact`, for the same secrets.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from pathlib import PurePath
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
+
+from ddslurm.config import arg_values, named_credential, server_env_secret, value_secret
+
+if TYPE_CHECKING:
+    from ddslurm.providers._native import NativeSettings
 
 _UPPER_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 _KEY_PREFIXES = ("sk-", "nvapi-", "ghp_", "gho_", "ghs_", "github_pat_", "AKIA", "ASIA", "xoxb-", "xoxp-", "hf_")
@@ -312,12 +326,12 @@ class SecretHit:
 
 def secret_in_tree(tree: Any, secrets: Mapping[str, str]) -> SecretHit | None:
     """The first string of ``tree`` (mapping keys and values at any depth, lists included) that contains the
-    value of one of ``secrets`` (name to value), or None. Values are searched as given: pass only real secrets
-    (not placeholders such as ``EMPTY``)."""
-    values = sorted((name, value) for name, value in secrets.items() if value)
+    value of one of ``secrets`` (name to value), or None (:func:`held_secret` of each string). Values are searched
+    as given: pass only real secrets (not placeholders such as ``EMPTY``)."""
+    values = {name: value for name, value in secrets.items() if value}
 
     def held(text: str) -> str | None:
-        return next((name for name, value in values if value in text), None)
+        return held_secret(text, values)
 
     def walk(node: Any, steps: tuple[str | int, ...]) -> SecretHit | None:
         if isinstance(node, str):
@@ -339,3 +353,102 @@ def secret_in_tree(tree: Any, secrets: Mapping[str, str]) -> SecretHit | None:
         return None
 
     return walk(tree, ()) if values else None
+
+
+ENV_REF = re.compile(r"^\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)\}$")
+"""A whole value written ``${VAR}``: it names the variable that holds it (an MCP stdio server's ``env``)."""
+
+
+def holds_secret(name: str) -> str:
+    """How every refusal of a secret's value says it (never the value)."""
+    return f"holds the value of ${name}, a secret (values are not shown)"
+
+
+def held_secret(text: str, secrets: Mapping[str, str]) -> str | None:
+    """The name of the first of ``secrets`` (name to value, by name) whose value ``text`` contains, or None."""
+    return next((name for name, value in sorted(secrets.items()) if value and value in text), None)
+
+
+def captured_secret(
+    value: str, secrets: Mapping[str, str], *, name: str | None = None, shaped: bool = True
+) -> str | None:
+    """Why ``value``, a string ddslurm would capture into a run (its snapshot, plan or inputs, or a command line
+    it starts), must not be captured, or None. The one check every captured string goes through:
+
+    - it holds the value of one of ``secrets`` (name to value: :func:`secret_values`), whatever its shape;
+    - given under ``name`` (a variable, a flag without its dashes, ``name=`` of an argument), a name that says it
+      holds a credential with a value of 8 characters or more, or a value that looks like a key
+      (``server_env_secret``);
+    - else, unless ``shaped`` is false (prose: a prompt, a comment), a value that looks like a key (``value_secret``).
+
+    The reason says which secret by its variable's name, or why it looks like one; never the value."""
+    held = held_secret(value, secrets)
+    if held is not None:
+        return holds_secret(held)
+    if name is not None:
+        why = "its name says it holds a credential" if named_credential(name, value) else value_secret(value)
+    else:
+        why = value_secret(value) if shaped else None
+    return None if why is None else f"looks like a secret ({why}; not shown)"
+
+
+def args_secrets(args: Sequence[str], secrets: Mapping[str, str]) -> list[tuple[int, str]]:
+    """Each item of the command-line arguments ``args`` that :func:`captured_secret` refuses, with why: the item
+    whole (a secret's value anywhere in it), then each value it gives under its flag or name, split at ``=`` as
+    ``server.extra_args`` is (``--auth=VALUE``, ``token=VALUE``, ``--token VALUE``: ``arg_values``). One reason
+    per item, in order."""
+    found: dict[int, str] = {}
+    for index, item in enumerate(args):
+        held = held_secret(item, secrets)
+        if held is not None:
+            found[index] = holds_secret(held)
+    for arg in arg_values(args):
+        why = captured_secret(arg.value, secrets, name=arg.name if arg.flag else None)
+        if why is not None and arg.at not in found:
+            found[arg.at] = why
+    return sorted(found.items())
+
+
+def secret_names(env: Mapping[str, str], named: Iterable[str] = (), *, kept: Collection[str] = ()) -> set[str]:
+    """The variables of ``env`` that hold secrets: those ``named`` (the API-key variables of the providers, the MCP
+    servers' key variables, the deployments' ``server.env_from``: :func:`settings_secret_names`) and every other,
+    but ``kept``, whose name or value looks like a credential. An absolute path is never a credential by its
+    variable's name (``PWD``, ``SSH_AUTH_SOCK``, ``GOOGLE_APPLICATION_CREDENTIALS``), nor a value with a path
+    separator by its shape."""
+    names = set(named)
+    for name, value in env.items():
+        if name in kept:
+            continue
+        place = PurePath(value.strip()).is_absolute()  # a place, not a key, whatever its variable is called
+        by_name = is_credential_key(name) and len(value) >= PLACEHOLDER_MIN_LENGTH and not place
+        by_value = looks_like_credential(value) and os.sep not in value  # not paths that merely hold long names
+        if by_name or by_value or server_env_secret(name, value) is not None:
+            names.add(name)
+    return {name for name in names if name in env}
+
+
+def secret_values(names: Iterable[str], env: Mapping[str, str]) -> dict[str, str]:
+    """The values of ``names`` in ``env`` that are secrets, by name: placeholders (``EMPTY``, ``none``, values under
+    8 characters: :func:`is_placeholder_secret`) left out, as the node's scan leaves them out."""
+    return {name: env[name] for name in names if env.get(name) and not is_placeholder_secret(env[name])}
+
+
+def settings_secret_names(settings: NativeSettings) -> set[str]:
+    """The variables Data Designer's settings name as holding keys: every model provider's ``api_key``, every MCP
+    provider's ``api_key`` and every variable a stdio server's ``env`` names (``${VAR}``); literal keys (refused
+    anyway) are not names."""
+    names = {p.api_key for p, _ in settings.providers if p.api_key and is_env_var_name(p.api_key)}
+    for mcp, _ in settings.mcp_providers:
+        if mcp.api_key and is_env_var_name(mcp.api_key):
+            names.add(mcp.api_key)
+        names |= {ref.group("name") for value in (mcp.env or {}).values() if (ref := ENV_REF.match(value))}
+    return names
+
+
+def redact(text: str, secrets: Mapping[str, str]) -> str:
+    """``text`` with the value of each of ``secrets`` (name to value; the longest first) replaced by
+    ``<$NAME redacted>``: what a process that runs the user's code printed, before it is shown or put in JSON."""
+    for name, value in sorted(secrets.items(), key=lambda item: (-len(item[1]), item[0])):
+        if value:
+            text = text.replace(value, f"<${name} redacted>")
+    return text
