@@ -4,6 +4,7 @@ overwrites without ``force`` or leaves anything behind when it fails."""
 
 from __future__ import annotations
 
+import os
 import runpy
 import shlex
 import socket
@@ -501,3 +502,110 @@ def test_the_starter_prepares_as_a_submission(example: Example, tmp_path: Path) 
         assert (generation.partition, generation.gres) == ("cpu", "none")
     assert prepared.plan.num_records == 20 and len(prepared.plan.shards) == 2
     assert prepared.recipe_source == (tmp_path / "s" / "build.py").read_bytes()
+
+
+NOBODY = 65534
+"""Another user's uid (``nobody``): a directory or link of theirs is what init must refuse."""
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root")
+
+
+def _nothing_written(target: Path, before: set[Path]) -> None:
+    assert set(target.rglob("*")) == before, "init wrote something"
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o775, 0o1777, 0o757])
+def test_a_dir_others_can_write_is_refused_before_anything(tmp_path: Path, mode: int) -> None:
+    """Another user who can write ``--dir`` (world- or group-writable, sticky or not) could plant a link where init
+    writes, or replace build.py later: refused before the cluster is asked, nothing written."""
+    target = tmp_path / "shared"
+    target.mkdir()
+    target.chmod(mode)
+    runner = CannedSlurm(LOCAL)
+    with pytest.raises(InitError) as refused:
+        init_command(target, slurm=Slurm(runner), python_env=VENV, example=Example.hosted)
+    assert str(refused.value).startswith(f"{target}: ") and f"(mode {mode:04o}) can write in this directory" in str(
+        refused.value
+    )
+    assert "nothing was written. Give --dir a directory of your own" in str(refused.value)
+    assert list(target.iterdir()) == [] and runner.calls == []
+
+
+@as_root
+def test_a_dir_of_another_user_is_refused(tmp_path: Path) -> None:
+    target = tmp_path / "theirs"
+    target.mkdir(mode=0o755)
+    os.chown(target, NOBODY, NOBODY)
+    with pytest.raises(InitError, match=rf"^{target}: its owner nobody \(uid {NOBODY}\) can write in this directory"):
+        init_command(target, slurm=Slurm(CannedSlurm(LOCAL)), python_env=VENV)
+    assert list(target.iterdir()) == []
+
+
+@pytest.mark.parametrize("sticky", [False, True])
+def test_a_new_dir_is_made_owner_only_under_a_parent_only_root_or_you_can_change(tmp_path: Path, sticky: bool) -> None:
+    """A parent writable by others lets them rename a new ``--dir`` aside and put theirs in its place: refused,
+    unless its sticky bit keeps them from renaming what is not theirs (``/tmp``). What init makes is 0700."""
+    parent = tmp_path / "project"
+    parent.mkdir()
+    parent.chmod(0o1777 if sticky else 0o777)
+    target = parent / "a" / "run"
+    if not sticky:
+        with pytest.raises(InitError, match=rf"^{target}: cannot be trusted: {parent}: every user \(mode 0777\) can "):
+            init_command(target, slurm=Slurm(CannedSlurm(LOCAL)), python_env=VENV, example=Example.hosted)
+        assert list(parent.iterdir()) == []
+        return
+    init_command(target, slurm=Slurm(CannedSlurm(LOCAL)), python_env=VENV, example=Example.hosted)
+    for made in (parent / "a", target, target / "dd-home"):
+        assert made.stat().st_mode & 0o7777 == 0o700, made
+
+
+@pytest.mark.parametrize("where", ["run.yaml", "build.py", "dd-home/model_providers.yaml", "dd-home"])
+@pytest.mark.parametrize("force", [False, True])
+def test_a_link_where_init_writes_is_refused_and_never_followed(tmp_path: Path, where: str, force: bool) -> None:
+    """A symbolic link in ``--dir`` where init writes a file (or the ``dd-home`` it writes into) is refused by name,
+    ``--force`` or not; nothing is written and what the link leads to is untouched."""
+    target, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    target.mkdir()
+    elsewhere.mkdir()
+    (elsewhere / "model_providers.yaml").write_text("mine\n")
+    if "/" in where:
+        (target / "dd-home").mkdir()
+    leads = elsewhere if where == "dd-home" else elsewhere / "model_providers.yaml"
+    (target / where).symlink_to(leads)
+    before = set(target.rglob("*"))
+    with pytest.raises(InitError) as refused:
+        init_command(target, slurm=Slurm(CannedSlurm(LOCAL)), python_env=VENV, example=Example.hosted, force=force)
+    assert str(refused.value).startswith(
+        f"{target / where}: is a symbolic link (to {leads}): init never writes through one; nothing was written."
+    )
+    _nothing_written(target, before)
+    assert [p.name for p in elsewhere.iterdir()] == ["model_providers.yaml"]
+    assert (elsewhere / "model_providers.yaml").read_text() == "mine\n"
+
+
+@as_root
+def test_a_file_of_another_user_where_init_writes_is_refused_even_with_force(tmp_path: Path) -> None:
+    target = tmp_path / "run"
+    target.mkdir()
+    (target / "build.py").write_text("theirs\n")
+    os.chown(target / "build.py", NOBODY, NOBODY)
+    with pytest.raises(InitError, match=rf"^{target / 'build.py'}: belongs to nobody \(uid {NOBODY}\), not to you"):
+        init_command(target, slurm=Slurm(CannedSlurm(LOCAL)), python_env=VENV, example=Example.hosted, force=True)
+    assert (target / "build.py").read_text() == "theirs\n" and not (target / "run.yaml").exists()
+
+
+@as_root
+def test_a_link_of_another_user_on_the_way_is_refused(tmp_path: Path) -> None:
+    """In a sticky directory a link's owner can point it elsewhere at any time: one on the way to ``--dir`` that is
+    not the user's (or root's) is refused; the same link made by the user is followed."""
+    sticky, mine = tmp_path / "tmp", tmp_path / "mine"
+    sticky.mkdir(mode=0o755)
+    sticky.chmod(0o1777)
+    mine.mkdir()
+    (sticky / "link").symlink_to(mine)
+    os.lchown(sticky / "link", NOBODY, NOBODY)
+    with pytest.raises(InitError, match=rf"{sticky / 'link'}: a symbolic link owned by nobody \(uid {NOBODY}\)"):
+        init_command(sticky / "link" / "run", slurm=Slurm(CannedSlurm(LOCAL)), python_env=VENV)
+    assert list(mine.iterdir()) == []
+    os.lchown(sticky / "link", 0, 0)
+    result = init_command(sticky / "link" / "run", slurm=Slurm(CannedSlurm(LOCAL)), python_env=VENV)
+    assert result.run_file == sticky / "link" / "run" / "run.yaml" and (mine / "run" / "run.yaml").is_file()

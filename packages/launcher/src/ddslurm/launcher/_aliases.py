@@ -16,6 +16,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from ddslurm.config import RunFile, load_profile, load_run_file
+from ddslurm.launcher._doctor_checks import field_place
+from ddslurm.launcher._python_env import python_env_problem
 from ddslurm.launcher._recipe import LoadedRecipe, load_run_recipe
 from ddslurm.launcher._validate import runtime_command
 from ddslurm.launcher.errors import SubmitError
@@ -58,7 +60,14 @@ def describe_aliases(
     resolves them. A recipe built by Python runs in the profile's ``python_env``, so it needs the profile; a config
     file does not."""
     run = load_run_file(run_path)
-    runtime = None if profile_path is None else runtime_command(load_profile(profile_path).python_env)
+    runtime = None
+    if profile_path is not None:
+        python_env = load_profile(profile_path).python_env
+        untrusted = python_env_problem(python_env)  # before a builder script runs in it
+        if untrusted is not None:
+            where, field = field_place("profile.python_env", None, profile_path)
+            raise SubmitError(f"{where}: {field}: {untrusted}")
+        runtime = runtime_command(python_env)
     return run_aliases(run, run_path, env, settings_dir(env, home), runtime=runtime)[1]
 
 

@@ -30,6 +30,8 @@ from ddslurm.config import (
     Plan,
     Resources,
     RunFile,
+    UnsafePathError,
+    check_workspace,
     load_profile,
     load_run_file,
     locate,
@@ -38,6 +40,7 @@ from ddslurm.config import (
 from ddslurm.launcher._cluster import ClusterInfo, NodeRow, read_cluster
 from ddslurm.launcher._engine_host import RUNTIME_PROCESS, EngineHost
 from ddslurm.launcher._process import Stopped
+from ddslurm.launcher._python_env import python_env_problem
 from ddslurm.launcher._recipe import secret_names
 from ddslurm.launcher._slurm import Association, ClusterConfig, Slurm
 from ddslurm.launcher._validate import runtime_command
@@ -297,6 +300,9 @@ def _qos_check(facts: ClusterFacts, res: Resources) -> Check:
 def _python_env_check(facts: ClusterFacts, profile: ClusterProfile, run: RunFile | None) -> Check:
     field = "profile.python_env"
     runtime = runtime_command(profile.python_env)
+    untrusted = python_env_problem(profile.python_env)  # before anything in it runs
+    if untrusted is not None:
+        return facts.check("python_env", "problem", untrusted, field)
     if not runtime.exists():
         return facts.check("python_env", "problem", f"{runtime} does not exist (the compute nodes run it)", field)
     try:
@@ -368,6 +374,19 @@ def _engine_check(facts: ClusterFacts, profile: ClusterProfile, engine: Engine, 
     return facts.check(engine, "problem", detail, field)
 
 
+def _workspace_check(facts: ClusterFacts, profile: ClusterProfile) -> Check:
+    """The workspace (and its ``runs/``) is the user's alone: another user who can write in it, sticky bit or not,
+    could plant the files ddslurm reads there (its facts, their lock) or replace runs."""
+    workspace = Path(profile.workspace)
+    try:
+        check_workspace(workspace)
+    except UnsafePathError as exc:
+        return facts.check("workspace", "problem", str(exc), "profile.workspace")
+    if not workspace.exists():
+        return facts.check("workspace", "ok", f"{workspace} does not exist yet (submit makes it, 0700)")
+    return facts.check("workspace", "ok", f"{workspace}: no other user can write in it")
+
+
 def profile_checks(facts: ClusterFacts, profile: ClusterProfile, run: RunFile | None = None) -> list[Check]:
     """Every check the profile alone allows; with ``run``, only the engines its deployments use."""
     engines = None if run is None else {d.engine for d in run.deployments}
@@ -376,6 +395,7 @@ def profile_checks(facts: ClusterFacts, profile: ClusterProfile, run: RunFile | 
         _partition_check(facts, "profile.cpu_partition", profile.cpu_partition),
         *_gpu_checks(facts, profile),
         _account_check(facts, profile.account, "profile.account"),
+        _workspace_check(facts, profile),
         _python_env_check(facts, profile, run),
         _engine_check(facts, profile, "vllm", None if engines is None else "vllm" in engines),
         _engine_check(facts, profile, "sglang", None if engines is None else "sglang" in engines),

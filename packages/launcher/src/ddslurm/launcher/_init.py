@@ -7,7 +7,8 @@ the GPUs of one of its nodes and the memory per GPU, and the partition for CPU-o
 nodes without GPUs), and writes the two YAML files as text with a comment on every field, so that a newcomer can
 read them, edit them and submit. The run is named after the directory. With ``--example`` a starter recipe
 (:mod:`~ddslurm.launcher._starter`) is written beside them, and the run file names it; on the embedded local
-cluster the profile serves deployments with the vLLM stand-in. Every text is loaded as ddslurm loads it before
+cluster the profile serves deployments with the vLLM stand-in. The directory must be the user's own, and nothing is
+written through a symbolic link (:mod:`~ddslurm.launcher._init_dir`). Every text is loaded as ddslurm loads it before
 anything is written; existing files are kept unless ``force``; and a failure writes nothing. The result lists the
 commands to run next (:mod:`~ddslurm.launcher._init_steps`).
 """
@@ -24,9 +25,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ddslurm.config import ConfigError, atomic_write, load_profile, load_run_file, path_problem, publish_once
+from ddslurm.config import (
+    ConfigError,
+    atomic_write,
+    load_profile,
+    load_run_file,
+    path_problem,
+    publish_once,
+    read_regular,
+)
 from ddslurm.launcher._cluster import ClusterInfo, Partition, read_cluster
 from ddslurm.launcher._example import Example
+from ddslurm.launcher._init_dir import check_target, make_dir
 from ddslurm.launcher._init_steps import Step, next_steps, shown, todo
 from ddslurm.launcher._slurm import Slurm
 from ddslurm.launcher._starter import (
@@ -515,29 +525,28 @@ def _check_loads(files: InitFiles) -> None:
             raise InitError(f"the files init wrote do not load (a bug in ddslurm init): {exc}") from exc
 
 
-def write_files(files: dict[Path, bytes], *, force: bool) -> tuple[Path, ...]:
-    """Write every file, or none: existing files are refused unless ``force`` (which replaces them), and a
+def write_files(target: Path, files: dict[str, bytes], *, force: bool) -> tuple[Path, ...]:
+    """Write every file (names relative to ``target``, the ``--dir``), or none: the directory is judged first
+    (:func:`~ddslurm.launcher._init_dir.check_target`: the user's own, nothing written through a link), existing
+    files are refused unless ``force`` (which replaces them), missing directories are made owner-only, and a
     failure part-way removes (or restores) what this call wrote. Returns the files that were replaced."""
-    existing = [p for p in files if p.exists() or p.is_symlink()]
-    if existing and not force:
-        names = ", ".join(str(p) for p in existing)
+    checked = check_target(target, list(files))
+    if checked.existing and not force:
+        names = ", ".join(str(target / p) for p in checked.existing)
         raise InitError(f"{names} already exist(s); nothing was written (--force replaces them)")
-    for path in existing:
-        if path.is_symlink() or not path.is_file():
-            raise InitError(f"{path} is not a regular file; nothing was written")
-    directories = {p.parent for p in files}
-    created = [d for p in files for d in (p.parent, *p.parent.parents) if not d.exists()]
-    created = list(dict.fromkeys(created))
-    for d in directories:
-        d.mkdir(parents=True, exist_ok=True)
+    created: list[Path] = []
     done: list[tuple[Path, bytes | None]] = []
     try:
-        for path, data in files.items():
-            old = path.read_bytes() if path in existing else None
+        for directory in checked.create:
+            make_dir(directory)
+            created.append(directory)
+        for relative, data in files.items():
+            path = checked.real / relative
+            old = read_regular(path) if relative in checked.existing else None
             if old is not None:
                 atomic_write(path, data, mode=FILE_MODE)
             elif not publish_once(path, data, mode=FILE_MODE):
-                raise InitError(f"{path} appeared while init was writing; nothing was written")
+                raise InitError(f"{target / relative} appeared while init was writing; nothing was written")
             done.append((path, old))
     except BaseException:
         for path, old in reversed(done):
@@ -546,11 +555,11 @@ def write_files(files: dict[Path, bytes], *, force: bool) -> tuple[Path, ...]:
                     path.unlink()
                 else:
                     atomic_write(path, old, mode=FILE_MODE)
-        for d in sorted(created, key=lambda d: len(d.parts), reverse=True):  # a directory after those inside it
+        for d in reversed(created):  # a directory after those inside it
             with contextlib.suppress(OSError):
                 d.rmdir()
         raise
-    return tuple(existing)
+    return tuple(target / p for p in checked.existing)
 
 
 def init_command(
@@ -569,8 +578,9 @@ def init_command(
     ``scontrol show config`` for its name and whether it is the embedded one), write ``D/run.yaml`` and
     ``D/profile.yaml`` (``python_env``: the environment running this, by default), and with ``example`` the
     starter's files (its stand-in, on the embedded cluster, on ``port``: a free one by default). Nothing is written
-    when the cluster cannot be read, a file exists (without ``force``) or the texts would not load. ``program`` and
-    ``cwd``: how the printed commands run ddslurm, and where they are run from."""
+    when ``D`` is not the user's own (another user can change it or a directory on the way to it, or a link stands
+    where a file goes), the cluster cannot be read, a file exists (without ``force``) or the texts would not load.
+    ``program`` and ``cwd``: how the printed commands run ddslurm, and where they are run from."""
     target = target_dir.absolute()
     here = (cwd if cwd is not None else Path.cwd()).absolute()
     env_dir = (python_env if python_env is not None else Path(sys.prefix)).absolute()
@@ -578,12 +588,11 @@ def init_command(
     if problem is not None:
         raise InitError(f"--dir {target}: the profile's workspace would be {target / WORKSPACE}: {problem}")
     run_path, profile_path = target / RUN_FILE, target / PROFILE_FILE
-    extra = [target / relative for relative in STARTER_FILES] if example is not None else []
-    if not force:
-        existing = [p for p in (run_path, profile_path, *extra) if p.exists() or p.is_symlink()]
-        if existing:  # before asking the cluster anything
-            names = ", ".join(str(p) for p in existing)
-            raise InitError(f"{names} already exist(s); nothing was written (--force replaces them)")
+    extra = list(STARTER_FILES) if example is not None else []
+    checked = check_target(target, [RUN_FILE, PROFILE_FILE, *extra])  # before asking the cluster anything
+    if checked.existing and not force:
+        names = ", ".join(str(target / p) for p in checked.existing)
+        raise InitError(f"{names} already exist(s); nothing was written (--force replaces them)")
     cluster = read_cluster(slurm)
     embedded = on_embedded_cluster(slurm)
     stand_in = stand_in_executable(env_dir) if embedded else None
@@ -594,9 +603,8 @@ def init_command(
         stand_in=str(stand_in) if stand_in is not None else None,
     )  # fmt: skip
     _check_loads(files)
-    texts = {run_path: files.run_yaml, profile_path: files.profile_yaml}
-    texts |= {target / relative: text for relative, text in files.starter_files.items()}
-    replaced = write_files({path: text.encode() for path, text in texts.items()}, force=force)
+    texts = {RUN_FILE: files.run_yaml, PROFILE_FILE: files.profile_yaml, **files.starter_files}
+    replaced = write_files(target, {relative: text.encode() for relative, text in texts.items()}, force=force)
     return InitResult(
         run_path,
         profile_path,
@@ -606,7 +614,7 @@ def init_command(
         name=name,
         starter=starter,
         embedded=embedded,
-        written=tuple(texts),
+        written=tuple(target / relative for relative in texts),
         steps=tuple(next_steps(run_path, profile_path, starter, program=program, cwd=here)),
         todo=todo(run_path, starter, program=program, cwd=here),
         cwd=here,
