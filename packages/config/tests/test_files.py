@@ -299,11 +299,13 @@ def test_a_run_tree_others_can_change_is_refused(tmp_path: Path) -> None:
         with pytest.raises(UnsafePathError, match=why):
             check_run_tree(run)
         path.chmod(0o700)
-    run.parent.chmod(0o1777)  # sticky: others cannot rename what they do not own
-    check_run_tree(run)
+    for path in (run.parent, run.parent.parent):  # sticky or not: others could still plant files of their own
+        path.chmod(0o1777)
+        with pytest.raises(UnsafePathError, match=r"mode 1777 lets other users write in it \(the sticky bit"):
+            check_run_tree(run)
+        path.chmod(0o700)
     with pytest.raises(UnsafePathError, match="belongs to uid"):
         check_run_tree(run, uid=os.getuid() + 4242)
-    run.parent.chmod(0o700)
     run.rename(tmp_path / "aside")
     run.symlink_to(tmp_path / "aside")
     with pytest.raises(UnsafePathError, match="not a directory"):

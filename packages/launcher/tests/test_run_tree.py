@@ -38,7 +38,11 @@ def test_a_run_directory_others_can_change_is_refused_by_every_lookup(tmp_path: 
         with pytest.raises(UnsafePathError):
             find_run(root.name, root.parent.parent)
         path.chmod(0o700)
-    root.parent.chmod(0o1777)  # a shared runs/ with the sticky bit: nobody renames what is not theirs
+    for path in (root.parent, root.parent.parent):  # the sticky bit does not stop others planting files there
+        path.chmod(0o1777)
+        with pytest.raises(UnsafePathError, match="lets other users write in it"):
+            find_run(root.name, root.parent.parent)
+        path.chmod(0o700)
     assert find_run(root.name, root.parent.parent).root == root
 
 

@@ -4,11 +4,8 @@ model reads them (``ddslurm.planner``); every finished run and every ``ddslurm t
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import os
 import statistics
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Literal, Protocol
 
@@ -16,8 +13,9 @@ import msgspec
 
 from ddslurm.config._base import Frozen
 from ddslurm.config._codec import encode_pretty, read_json
-from ddslurm.config._files import atomic_write
+from ddslurm.config._files import LOCK_WAIT_S, atomic_write, exclusive_lock
 from ddslurm.config._runfile import Engine
+from ddslurm.config.errors import UnsafePathError
 
 FACTS_VERSION = 1
 FACTS_FILE = "facts.json"
@@ -329,37 +327,49 @@ def facts_path(workspace: Path) -> Path:
 
 
 def read_facts(path: Path) -> Facts:
-    """The facts at ``path``; none (empty) when the file does not exist. A file that cannot be read as facts (not
-    JSON, another version, a value out of its range: a rate of 0 or less, a negative or week-long duration) is a
-    :class:`~ddslurm.config.ConfigError` naming it and the field."""
+    """The facts at ``path``; none (empty) when the file does not exist. Only the user's own file is read: one that
+    is not (a symbolic link, a FIFO or anything but a regular file, another user's, one others can write) is an
+    :class:`~ddslurm.config.UnsafePathError` saying why, never opened in a way that blocks (:func:`own_facts`
+    ignores it). A file that cannot be read as facts (not JSON, another version, a value out of its range: a rate
+    of 0 or less, a negative or week-long duration) is a :class:`~ddslurm.config.ConfigError` naming it and the
+    field."""
     try:
-        return read_json(path, Facts)
+        return read_json(path, Facts, own=True)
     except FileNotFoundError:
         return Facts()
 
 
+def own_facts(path: Path) -> tuple[Facts, str | None]:
+    """The facts at ``path`` a plan may rest on, and, when the file is not the user's own (:func:`read_facts`),
+    none and the warning that says so: another user could have planted it to steer the planner."""
+    try:
+        return read_facts(path), None
+    except UnsafePathError as exc:
+        return Facts(), (
+            f"{exc}: its measured facts are ignored (only your own facts file is trusted; another user could have "
+            f"planted this one); remove it (rm {path}) and your next run records facts of its own"
+        )
+
+
 def write_facts(path: Path, facts: Facts) -> None:
-    """Replace the facts at ``path`` atomically (private file)."""
+    """Replace the facts at ``path`` atomically: a new file of this user's (0600) renamed into place, never a write
+    into whatever is there."""
     atomic_write(path, encode_pretty(facts))
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """An exclusive lock on ``<path>.lock`` (waits for another writer of the same facts)."""
-    lock = path.with_name(path.name + ".lock")
-    fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
+def facts_lock(path: Path) -> Path:
+    """The lock file of the facts at ``path`` (``facts.json.lock``)."""
+    return path.with_name(path.name + ".lock")
 
 
-def update_facts(path: Path, change: Callable[[Facts], Facts]) -> Facts:
-    """Read, change and write the facts at ``path`` under a lock, so that two runs ending at once both land;
-    returns what was written (nothing is written when ``change`` returns the facts unchanged)."""
-    with _locked(path):
-        before = read_facts(path)
+def update_facts(path: Path, change: Callable[[Facts], Facts], *, wait_s: float = LOCK_WAIT_S) -> Facts:
+    """Read, change and write the facts at ``path`` under a lock (``facts.json.lock``, waited for at most
+    ``wait_s`` seconds: then a :class:`~ddslurm.config.ConfigError` naming it and its holder), so that two runs
+    ending at once both land; returns what was written (nothing is written when ``change`` returns the facts
+    unchanged). A facts file that is not the user's own is ignored (:func:`own_facts`): the change starts from no
+    facts, and what it adds is written as a new file of the user's own in its place."""
+    with exclusive_lock(facts_lock(path), wait_s=wait_s):
+        before, _ = own_facts(path)
         after = change(before)
         if after != before:
             write_facts(path, after)

@@ -7,15 +7,19 @@ written once.
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import hashlib
 import os
+import pwd
 import secrets
 import stat
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-from ddslurm.config.errors import UnsafePathError
+from ddslurm.config.errors import ConfigError, UnsafePathError
 
 PRIVATE_DIR = 0o700
 PRIVATE_FILE = 0o600
@@ -134,20 +138,51 @@ def check_private_dir(path: Path, *, uid: int | None = None) -> None:
         )
 
 
-def check_not_swappable(path: Path, *, uid: int | None = None) -> None:
-    """Nobody but ``uid`` (or root) can rename or replace what is inside directory ``path``: it is owned by them
-    and writable by no one else, unless its sticky bit is set (then others cannot rename what they do not own)."""
+OTHERS_WRITE = 0o022
+"""Group and other write bits: a directory or file with either is one another user can change."""
+
+
+def _user(uid: int) -> str:
+    """``uid``'s login name, ``$USER`` when it has none."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return "$USER"
+
+
+def check_not_swappable(path: Path, *, uid: int | None = None, workspace: bool = False) -> None:
+    """Nobody but ``uid`` (or root) can add, rename or replace anything inside directory ``path``: it is owned by
+    them and writable by no one else. The sticky bit is not enough: it stops others renaming what is not theirs,
+    not planting files of their own (a ``facts.json``, a FIFO, a lock) for ddslurm to read. ``workspace``: ``path``
+    is a profile's workspace (the refusal says to use a directory of the user's own instead)."""
     uid = os.getuid() if uid is None else uid
     st = _directory_stat(path)
     if st.st_uid not in (uid, 0):
         raise UnsafePathError(
             f"{path}: belongs to uid {st.st_uid}, who could replace the runs in it; use a workspace of your own"
         )
-    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
-        raise UnsafePathError(
-            f"{path}: mode {stat.S_IMODE(st.st_mode):04o} lets other users rename or replace the runs in it; "
-            f"make it owner-only (chmod 700 {path}) or set its sticky bit (chmod +t {path})"
+    if st.st_mode & OTHERS_WRITE:
+        sticky = " (the sticky bit stops them renaming what is yours, not adding files of their own)"
+        instead = (
+            f"use a directory of your own as the profile's workspace (mkdir -m 700 {path}/{_user(uid)}, and "
+            f"workspace: {path}/{_user(uid)}), or make this one yours alone (chmod 700 {path})"
+            if workspace
+            else f"make it owner-only (chmod 700 {path})"
         )
+        raise UnsafePathError(
+            f"{path}: mode {stat.S_IMODE(st.st_mode):04o} lets other users write in it"
+            f"{sticky if st.st_mode & stat.S_ISVTX else ''}: they could plant files ddslurm reads there, or rename "
+            f"or replace the runs in it; {instead}"
+        )
+
+
+def check_workspace(workspace: Path, *, uid: int | None = None) -> None:
+    """The workspace and its ``runs/`` are directories only ``uid`` (or root) can write (:func:`check_not_swappable`),
+    whatever their sticky bit; what does not exist yet is not judged (submit makes it owner-only). ``doctor``,
+    ``submit`` and its dry run check this before they read anything in the workspace."""
+    for path in (workspace, workspace / "runs"):
+        if os.path.lexists(path):
+            check_not_swappable(path, uid=uid, workspace=path == workspace)
 
 
 def check_run_tree(run_dir: Path, *, uid: int | None = None) -> None:
@@ -155,15 +190,120 @@ def check_run_tree(run_dir: Path, *, uid: int | None = None) -> None:
     owner-only and neither ``runs/`` nor the workspace lets another user rename it aside and put another in its
     place. Every launcher command and every runtime step checks this before it reads a plan."""
     check_private_dir(run_dir, uid=uid)
-    for parent in (run_dir.parent, run_dir.parent.parent):
-        check_not_swappable(parent, uid=uid)
+    check_not_swappable(run_dir.parent, uid=uid)
+    check_not_swappable(run_dir.parent.parent, uid=uid, workspace=True)
 
 
-def read_regular(path: Path) -> bytes:
-    """Read a regular file without following a symbolic link at ``path``."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+_KINDS = {
+    stat.S_IFDIR: "a directory",
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a device",
+    stat.S_IFBLK: "a device",
+}
+
+
+def file_problem(st: os.stat_result, *, own: bool = False, uid: int | None = None) -> str | None:
+    """What makes the entry ``st`` describes no file to read, in words; None when it is a regular file (with
+    ``own``: one that belongs to ``uid``, by default the effective uid, and that no other user can write)."""
+    if not stat.S_ISREG(st.st_mode):
+        return f"is {_KINDS.get(stat.S_IFMT(st.st_mode), 'not a regular file')}, not a regular file"
+    if own:
+        uid = os.geteuid() if uid is None else uid
+        if st.st_uid != uid:
+            return f"belongs to uid {st.st_uid}, not to this user (uid {uid})"
+        if st.st_mode & OTHERS_WRITE:
+            return f"mode {stat.S_IMODE(st.st_mode):04o} lets other users change it"
+    return None
+
+
+def open_regular(
+    path: Path, flags: int = os.O_RDONLY, *, own: bool = False, uid: int | None = None, mode: int = PRIVATE_FILE
+) -> int:
+    """A descriptor of the regular file at ``path`` (``flags``: how it is opened, ``O_CREAT`` with ``mode``),
+    opened without following a symbolic link and without blocking, so that a FIFO or a device in its place never
+    stalls the open; then judged by what it is (``fstat``, not the name): anything but a regular file is refused
+    (:class:`UnsafePathError`). ``own``: the file must also belong to ``uid`` (by default the effective uid) and be
+    writable by no other user, and a symbolic link in its place is an :class:`UnsafePathError` too (without
+    ``own`` it is ``OSError`` ``ELOOP``). A missing file is ``FileNotFoundError``."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
+    except OSError as exc:
+        if own and exc.errno == errno.ELOOP and path.is_symlink():
+            raise UnsafePathError(f"{path}: is a symbolic link, not a regular file") from None
+        raise
+    try:
+        problem = file_problem(os.fstat(fd), own=own, uid=uid)
+        if problem is not None:
+            raise UnsafePathError(f"{path}: {problem}")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_regular(path: Path, *, own: bool = False) -> bytes:
+    """Read a regular file without following a symbolic link at ``path`` and without blocking on a FIFO in its
+    place (:func:`open_regular`; ``own``: only a file of this user's that no other user can write)."""
+    fd = open_regular(path, own=own)
     with os.fdopen(fd, "rb") as fh:
         return fh.read()
+
+
+LOCK_WAIT_S = 30.0
+"""How long :func:`exclusive_lock` waits for another holder of a lock by default."""
+_LOCK_RETRY_S = 0.05
+
+
+def lock_holder(fd: int) -> str:
+    """Who holds a ``flock`` on the file of ``fd``, as ``/proc/locks`` tells it (``process 123 of uid 1000``); ""
+    when it does not say."""
+    st = os.fstat(fd)
+    inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        lines = Path("/proc/locks").read_text().splitlines()
+    except OSError:
+        return ""
+    for line in lines:
+        parts = line.split()
+        if len(parts) < 6 or parts[1] != "FLOCK" or parts[5] != inode:
+            continue
+        pid = parts[4]
+        try:
+            return f"process {pid} of uid {(Path('/proc') / pid).stat().st_uid}"
+        except OSError:
+            return f"process {pid}"
+    return ""
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: Path, *, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
+    """An exclusive ``flock`` on the lock file ``path`` (made owner-only if missing; one that is not this user's
+    own regular file is refused, never followed or trusted: :func:`open_regular`), waiting at most ``wait_s``
+    seconds for another holder: then a :class:`ConfigError` that names the file, who holds it when that can be
+    told, and what to do."""
+    fd = open_regular(path, os.O_RDONLY | os.O_CREAT, own=True)
+    try:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    holder = lock_holder(fd)
+                    by = f"{holder} holds it" if holder else "another process holds it"
+                    end = f" (kill {holder.split()[1]})" if holder else ""
+                    raise ConfigError(
+                        f"{path}: still locked after {wait_s:g} s: {by} (another ddslurm recording in the same "
+                        f"workspace, or one that hangs); wait for it to end, or end it{end}, and try again"
+                    ) from None
+                time.sleep(min(_LOCK_RETRY_S, left))
+        yield
+    finally:
+        os.close(fd)
 
 
 def read_tail(path: Path, lines: int = 20, max_bytes: int = 64 * 1024) -> str:

@@ -21,10 +21,13 @@ class ClusterProfile(Frozen, frozen=True, kw_only=True):
     workspace: str
     """Runs live in ``<workspace>/runs/<run_id>/``: a directory on a filesystem every node mounts. It goes into
     ``#SBATCH`` lines, so a path with whitespace, control characters, quotes, backslashes, ``#``, ``%``, ``$`` or a
-    backquote is refused."""
+    backquote is refused. ``doctor`` and ``submit`` refuse a workspace (or its ``runs/``) another user can write,
+    sticky bit or not: in a shared project directory make one of your own (``mkdir -m 700 /shared/project/$USER``)
+    and point ``workspace`` at it."""
     python_env: str
     """The virtual environment the compute nodes run (``<python_env>/bin/ddslurm-runtime``), at the same path on
-    every node. The characters ``workspace`` may not hold are refused here too."""
+    every node. The characters ``workspace`` may not hold are refused here too. ``doctor`` and ``submit`` refuse
+    an environment a user other than you and root can write (its directory, ``bin/``, ``site-packages``)."""
     account: str | None = None
     """Default ``--account`` of every job: a Slurm name (letters, digits, ``.``, ``_``, ``+``, ``-``)."""
     partition: str | None = None

@@ -43,7 +43,8 @@ class DryRun:
     """The batch script of the first array."""
     bill: Bill
     warnings: tuple[str, ...]
-    """Where the cluster would keep the run's secret values beyond the job itself."""
+    """A workspace facts file that is not the user's own (ignored), what the run file's ``buffer_size`` costs, where
+    the cluster would keep the run's secret values beyond the job itself."""
 
     @property
     def plan(self) -> Plan:
@@ -117,4 +118,5 @@ def dry_run(
     check_jobs(checked, plan, script)
     snapshot = msgspec.json.decode(prepared.snapshot_bytes, type=ProviderSnapshot)
     bill = make_bill(plan, planned.arrays, prepared.aliases, snapshot)
-    return DryRun(prepared, planned, script, bill, (*batch_warnings(plan), *secret_warnings(slurm, plan)))
+    warnings = (*prepared.warnings, *batch_warnings(plan), *secret_warnings(slurm, plan))
+    return DryRun(prepared, planned, script, bill, warnings)

@@ -3,7 +3,9 @@ the generation partition's GPU type from ``sinfo``), and updated with what a fin
 (:func:`record_facts`, after ``collect``, ``report`` and a ``wait`` that ends succeeded).
 
 The facts file (``<workspace>/facts.json``) holds numbers and names only (model paths, engine, parallel shape, GPU
-type, run ids, recipe digests): never a prompt, a record, an endpoint's credentials or an environment value."""
+type, run ids, recipe digests): never a prompt, a record, an endpoint's credentials or an environment value. Only the
+user's own facts file is trusted: one that is not (another user's, one others can write, a link, a FIFO) is ignored
+with a warning, never read in a way that blocks, and a run's facts replace it with a file of the user's own."""
 
 from __future__ import annotations
 
@@ -15,7 +17,16 @@ from typing import TextIO
 
 import msgspec
 
-from ddslurm.config import ConfigError, Facts, PartitionNodes, RunLayout, facts_path, read_facts, update_facts
+from ddslurm.config import (
+    LOCK_WAIT_S,
+    ConfigError,
+    Facts,
+    PartitionNodes,
+    RunLayout,
+    facts_path,
+    own_facts,
+    update_facts,
+)
 from ddslurm.launcher._cluster import SINFO_FORMAT, NodeRow, parse_sinfo
 from ddslurm.launcher._measure import Measured, measure, measured
 from ddslurm.launcher._slurm import Slurm
@@ -26,12 +37,13 @@ GpuTypeOf = Callable[[str | None], str]
 """(the generation partition, None: the cluster's default) -> the GPU type of its nodes, "" when unknown."""
 
 
-def workspace_facts(workspace: Path) -> Facts:
-    """The facts of ``workspace`` (none when it has no facts file); a damaged file is a :class:`SubmitError`
-    naming it (nothing is changed: the user moves or fixes it)."""
+def workspace_facts(workspace: Path) -> tuple[Facts, str | None]:
+    """The facts of ``workspace`` (none when it has no facts file) and, when its facts file is not the user's own,
+    none and the warning the bill shows (:func:`~ddslurm.config.own_facts`); a damaged file of the user's is a
+    :class:`SubmitError` naming it (nothing is changed: the user moves or fixes it)."""
     path = facts_path(workspace)
     try:
-        return read_facts(path)
+        return own_facts(path)
     except ConfigError as exc:
         raise SubmitError(
             f"{path}: the workspace's measured facts cannot be read ({exc}); fix or remove the file (the next run "
@@ -131,6 +143,8 @@ class Recorded:
     measured: Measured | None
     skipped: str | None = None
     """Why nothing was recorded (the run did not succeed, it was recorded already)."""
+    warnings: tuple[str, ...] = ()
+    """What the command says besides (a facts file that was not the user's own, ignored)."""
 
 
 def _stamp(now: datetime) -> str:
@@ -149,17 +163,21 @@ def record_facts(
     *,
     now: datetime | None = None,
     reading: Reading | None = None,
+    lock_wait_s: float = LOCK_WAIT_S,
 ) -> Recorded:
     """Measure the run (:func:`~ddslurm.launcher._measure.measured`, or of ``reading`` when given) and merge its
-    facts into the workspace's (locked read-modify-write), for a run that succeeded (every shard has its winner).
-    Idempotent: once any fact of this run is in the workspace, the run is not recorded again (not even its
-    ``measured_at``)."""
+    facts into the workspace's (locked read-modify-write, the lock waited for at most ``lock_wait_s`` seconds), for
+    a run that succeeded (every shard has its winner). Idempotent: once any fact of this run is in the workspace,
+    the run is not recorded again (not even its ``measured_at``). A facts file that is not the user's own is
+    ignored (a warning), and the run's facts replace it with one of the user's own."""
     run_id = layout.run_id
-    if _recorded(read_facts(facts_path(workspace)), run_id):
+    earlier, ignored = own_facts(facts_path(workspace))
+    warnings = () if ignored is None else (ignored,)
+    if _recorded(earlier, run_id):
         return Recorded(None, f"run {run_id} was recorded already (or measured nothing)")  # nothing read again
     found = measured(layout, slurm) if reading is None else measure(*reading)
     if not found.succeeded:
-        return Recorded(None, "the run has not succeeded (not every shard has a winner)")
+        return Recorded(None, "the run has not succeeded (not every shard has a winner)", warnings)
     at = _stamp(now or datetime.now(UTC))
     wrote = False
 
@@ -174,10 +192,10 @@ def record_facts(
         wrote = bool(found.models) or found.recipe is not None
         return facts
 
-    update_facts(facts_path(workspace), change)
+    update_facts(facts_path(workspace), change, wait_s=lock_wait_s)
     if not wrote:
-        return Recorded(None, f"run {run_id} was recorded already (or measured nothing)")
-    return Recorded(found)
+        return Recorded(None, f"run {run_id} was recorded already (or measured nothing)", warnings)
+    return Recorded(found, warnings=warnings)
 
 
 def _recorded(facts: Facts, run_id: str) -> bool:
@@ -185,15 +203,25 @@ def _recorded(facts: Facts, run_id: str) -> bool:
     return any(f.run_id == run_id for f in facts.models) or any(f.run_id == run_id for f in facts.recipes)
 
 
-def record_after(layout: RunLayout, slurm: Slurm | None, err: TextIO, *, reading: Reading | None = None) -> None:
-    """:func:`record_facts` for a command that saw the run end: never fails it (a warning line on ``err``)."""
+def record_after(
+    layout: RunLayout,
+    slurm: Slurm | None,
+    err: TextIO,
+    *,
+    reading: Reading | None = None,
+    lock_wait_s: float = LOCK_WAIT_S,
+) -> None:
+    """:func:`record_facts` for a command that saw the run end: never fails it, nor waits for ever on the facts'
+    lock (``lock_wait_s``): a warning line on ``err`` instead."""
     workspace = run_workspace(layout)
     if workspace is None:
         return
     try:
-        recorded = record_facts(workspace, layout, slurm, reading=reading)
+        recorded = record_facts(workspace, layout, slurm, reading=reading, lock_wait_s=lock_wait_s)
     except Exception as exc:  # measuring is a by-product: the command's own result stands
         err.write(f"warning: the run's facts were not recorded in {facts_path(workspace)}: {exc}\n")
         return
+    for warning in recorded.warnings:
+        err.write(f"warning: {warning}\n")
     if recorded.measured is not None and recorded.measured.unclean:
         err.write(f"note: {recorded.measured.unclean} ({facts_path(workspace)})\n")

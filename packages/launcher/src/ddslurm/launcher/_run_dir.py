@@ -34,6 +34,8 @@ class Prepared:
     seed: SeedCapture | None = None
     recipe_source: bytes | None = None
     """The builder script the recipe was made by (``recipe: build.py``), stored as ``inputs/recipe-source.py``."""
+    warnings: tuple[str, ...] = ()
+    """What the bill and ``submit`` say besides (a workspace facts file that is not the user's own, ignored)."""
 
 
 def copy_seed(seed: SeedCapture, layout: RunLayout, into: RunLayout) -> None:

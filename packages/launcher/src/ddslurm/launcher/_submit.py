@@ -38,7 +38,9 @@ from ddslurm.config import (
     ServingPlan,
     SubmissionKind,
     SubmissionRecord,
+    UnsafePathError,
     atomic_write,
+    check_workspace,
     compact_ranges,
     encode,
     encode_pretty,
@@ -62,6 +64,8 @@ from ddslurm.launcher._facts import (
     workspace_facts,
 )
 from ddslurm.launcher._mcp_check import dd_check_tools
+from ddslurm.launcher._python_env import python_env_problem
+from ddslurm.launcher._recipe import run_secrets, script_environment
 from ddslurm.launcher._recipe_at import place_refusal
 from ddslurm.launcher._render import render_generation
 from ddslurm.launcher._run_dir import NOTHING_LEFT, Prepared, write_run_dir
@@ -90,6 +94,7 @@ from ddslurm.providers import (
     ResolutionError,
     missing_env,
     placeholder_secrets,
+    redact,
 )
 from ddslurm.providers.discovery import settings_dir
 
@@ -166,6 +171,9 @@ def prepare(
         run = load_run_file(run_path)
         profile = load_profile(profile_path)
         runtime = runtime_command(profile.python_env)
+        untrusted = python_env_problem(profile.python_env)  # before anything in it runs
+        if untrusted is not None:
+            raise SubmitError(place_error(f"profile.python_env: {untrusted}", run_path, profile_path))
         if not runtime.exists():
             message = f"profile.python_env: {runtime} does not exist (the compute nodes run it)"
             raise SubmitError(place_error(message, run_path, profile_path))
@@ -176,6 +184,7 @@ def prepare(
             raise ResolutionError(list(resolution.problems))
         snapshot: ProviderSnapshot = resolution.snapshot
         snapshot_bytes = encode_pretty(snapshot)
+        refuse_shared_workspace(Path(profile.workspace), run_path, profile_path)
         layout = RunLayout.in_workspace(Path(profile.workspace), new_run_id(run.name, now))
         seed = capture_seed(recipe, recipe_path, layout, count_rows=count_seed_rows)
         if seed is not None:
@@ -183,7 +192,7 @@ def prepare(
         source = loaded.source_record(layout)
         # Nothing is written yet: the check runs the script itself where the node will run the run's copy of it.
         as_is = None if source is None else msgspec.structs.replace(source, file=source.origin)
-        facts = workspace_facts(Path(profile.workspace))
+        facts, ignored = workspace_facts(Path(profile.workspace))
         partition = run.submission.partition or profile.partition
         gpu_type = _gpu_type(gpu_type_of, partition) if run.deployments else ""
         nodes = _nodes(nodes_of, partition) if run.deployments else None
@@ -200,7 +209,9 @@ def prepare(
         if check_recipe is not None:
             check = check_recipe(recipe, recipe_path, snapshot, sized, runtime, as_is)
         else:
-            check = dd_check_recipe(recipe, recipe_path, snapshot, sized, runtime, as_is, host=host)
+            # A builder script run again by the check starts from the environment its first run had.
+            scrubbed = script_environment(run, env, settings_dir(env, home), also=snapshot.secret_env_names())
+            check = dd_check_recipe(recipe, recipe_path, snapshot, sized, runtime, as_is, host=host, env=scrubbed)
         seed_cols = seed_column_names(run, seed, seed_columns)
         plan = compile_plan(
             PlanInputs(
@@ -230,7 +241,9 @@ def prepare(
     except (ConfigError, ProvidersError) as exc:
         raise SubmitError(str(exc)) from exc
     if check.problems:
-        lines = "\n".join(f"  {place_refusal(p, recipe_path, recipe)}" for p in check.problems)
+        # What the check (and a builder script it ran again) said, with every secret value of the shell redacted
+        shown = run_secrets(run, env, settings_dir(env, home), also=snapshot.secret_env_names())
+        lines = "\n".join(f"  {redact(place_refusal(p, recipe_path, recipe), shown)}" for p in check.problems)
         raise SubmitError(f"{recipe_path}: Data Designer refuses the recipe:\n{lines}")
     if snapshot.mcp_providers:
         problems = check_tools(recipe, Origin(loaded.origin), snapshot, env, settings_dir(env, home))
@@ -247,7 +260,17 @@ def prepare(
         resolution.rows,
         seed,
         loaded.source,
+        () if ignored is None else (ignored,),
     )
+
+
+def refuse_shared_workspace(workspace: Path, run_path: Path, profile_path: Path) -> None:
+    """A workspace (or its ``runs/``) another user can write, sticky or not, refused at the profile's
+    ``workspace`` before anything in it is read (:func:`~ddslurm.config.check_workspace`)."""
+    try:
+        check_workspace(workspace)
+    except UnsafePathError as exc:
+        raise SubmitError(place_error(f"profile.workspace: {exc}", run_path, profile_path)) from None
 
 
 def run_prices(run: RunFile, run_path: Path) -> Prices | None:
@@ -648,5 +671,5 @@ def submit(
     except OSError as exc:  # the submit lock or the submission plan, before any sbatch
         shutil.rmtree(layout.root, ignore_errors=True)
         raise WriteError(f"the submission plan of run {layout.run_id}", exc, NOTHING_LEFT) from exc
-    warnings = (*batch_warnings(plan), *secret_warnings(slurm, plan))
+    warnings = (*prepared.warnings, *batch_warnings(plan), *secret_warnings(slurm, plan))
     return Submitted(layout, plan, job_ids[0], prepared.aliases, tuple(job_ids), planned.arrays, warnings)
