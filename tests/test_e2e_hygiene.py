@@ -8,6 +8,7 @@ assertion names this test's own job ids.
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import os
 import re
@@ -45,13 +46,13 @@ def _in_squeue(job: str) -> bool:
     return job in out.stdout.split()
 
 
-def _attempt(run_dir: Path, job: str | None = None) -> AttemptRecord:
-    """The shard's attempt (with ``job``: another one than that job's) once it recorded its job id."""
+def _attempt(run_dir: Path, *jobs: str) -> AttemptRecord:
+    """The shard's attempt (with ``jobs``: one of another job than those) once it recorded its job id."""
 
     def find() -> AttemptRecord | None:
         for path in run_dir.glob("shards/shard-00000/attempts/*/attempt.json"):
             record = read_json(path, AttemptRecord)
-            if record.job_id != job:
+            if record.job_id not in jobs:
                 return record
         return None
 
@@ -107,23 +108,54 @@ def test_scancel_of_a_running_attempt_leaves_no_scratch_directory(make_run_files
     assert _scratch_dirs(job) == []
 
 
-def test_a_scratch_directory_left_by_kill_9_is_swept_by_the_next_attempt_on_the_node(make_run_files: Any) -> None:
+def _controller_pid(run_dir: Path, job: str) -> int:
+    """The batch step of ``job`` (``ddslurm-runtime generate``, the allocation's controller)."""
+
+    def find() -> int | None:
+        for pid, argv in processes():
+            environ = Path(f"/proc/{pid}/environ")
+            if "generate" in argv and str(run_dir) in argv:
+                with contextlib.suppress(OSError):
+                    if f"SLURM_JOB_ID={job}\0".encode() in environ.read_bytes():
+                        return pid
+        return None
+
+    pid: int = _until(find, 120, f"job {job}'s controller")
+    return pid
+
+
+def test_a_scratch_directory_left_by_kill_9_is_swept_by_its_controller_or_the_next_attempt_on_the_node(
+    make_run_files: Any,
+) -> None:
+    """A client SIGKILLed (its own cleanup cannot run) leaves its scratch directory while its job runs; the job's
+    controller sweeps it when the job ends. When the controller is SIGKILLed too, the directory outlives the job,
+    and the next attempt's client on the node sweeps it."""
     from fake_vllm.testing import start_server
 
     key = "sk-hygiene-" + "4" * 16
     with start_server("demo", args=[*SERVED, "--fake-latency", "2"], api_key=key) as slow:
         # client_retries: 0, so that the job ends with its client instead of running it again
         run_dir, env = _slow_run(make_run_files, "killed", slow.base_url, key, extra_run="client_retries: 0\n")
-        killed = _attempt(run_dir).job_id
-        left = _until(lambda: _scratch_dirs(killed), 180, f"job {killed}'s scratch directory")
+        first = _attempt(run_dir).job_id
+        left = _until(lambda: _scratch_dirs(first), 180, f"job {first}'s scratch directory")
         pid = _client_pid(run_dir)
         os.kill(pid, signal.SIGKILL)
         _until(lambda: not _runs(pid), 30, "the client to die")
-        assert _scratch_dirs(killed) == left  # nothing runs after SIGKILL: left behind (its job still runs)
-        _until(lambda: not _in_squeue(killed), 120, f"job {killed} to end")
+        assert _scratch_dirs(first) == left  # nothing runs after SIGKILL: left behind (its job still runs)
+        _until(lambda: not _in_squeue(first), 120, f"job {first} to end")
+        assert _scratch_dirs(first) == []  # its controller swept it as the job ended
 
         assert _cli("retry", str(run_dir), "--json", env=env)["shards"] == [0]
-        job = _attempt(run_dir, killed).job_id
+        killed = _attempt(run_dir, first).job_id
+        left = _until(lambda: _scratch_dirs(killed), 180, f"job {killed}'s scratch directory")
+        controller, pid = _controller_pid(run_dir, killed), _client_pid(run_dir)
+        os.kill(controller, signal.SIGKILL)
+        os.kill(pid, signal.SIGKILL)
+        _until(lambda: not _in_squeue(killed), 120, f"job {killed} to end")
+        assert _scratch_dirs(killed) == left  # nobody of its job was left to sweep it
+
+        assert _cli("retry", str(run_dir), "--json", env=env)["shards"] == [0]
+        job = _attempt(run_dir, first, killed).job_id
         _until(lambda: _scratch_dirs(job), 180, f"job {job}'s scratch directory")  # made after the sweep
         # Swept by this attempt's client, or by any other client of this user that started on the node first.
         assert _scratch_dirs(killed) == []

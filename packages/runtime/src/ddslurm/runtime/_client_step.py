@@ -12,7 +12,6 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -24,14 +23,7 @@ from ddslurm.runtime._controller import controller_alive
 from ddslurm.runtime._engine import engine_environment, local_token_names, preload_engine, run_engine
 from ddslurm.runtime._inputs import Inputs, load_inputs, stage_inputs
 from ddslurm.runtime._log import logger_factory, new_logger
-from ddslurm.runtime._scratch import (
-    SqueueJobs,
-    Sweeper,
-    own_scratch_owner,
-    pid_alive,
-    scratch_base,
-    scratch_directory,
-)
+from ddslurm.runtime._scratch import own_scratch_owner, scratch_base, scratch_directory, sweep_stale
 from ddslurm.runtime.errors import RuntimeFailure
 
 
@@ -41,34 +33,11 @@ def _engine_scratch(attempt: str, env: Mapping[str, str], log: Any) -> Iterator[
     imports it and removed however the step ends but SIGKILL; this user's stale ones on the node are swept first
     (rules in ``ddslurm.runtime._scratch``)."""
     base = scratch_base(env)
-    _sweep_stale(base, env, uid=os.getuid(), host=socket.gethostname(), log=log)
+    sweep_stale(base, env, uid=os.getuid(), host=socket.gethostname(), log=log)
     with scratch_directory(base, own_scratch_owner(env, attempt)) as scratch:
         home = scratch / "dd-home"
         os.environ.update(engine_environment(home))
         yield home
-
-
-def _sweep_stale(base: Path, env: Mapping[str, str], *, uid: int, host: str, log: Any) -> None:
-    """Remove this user's scratch directories under ``base`` whose creator and job are gone; never fails."""
-    job = env.get("SLURM_JOB_ID", "")
-    sweeper = Sweeper(
-        uid=uid,
-        host=host,
-        job_id=job if job.isdigit() else None,
-        pid_alive=pid_alive,
-        jobs_running=SqueueJobs(),
-        clock=lambda: datetime.now(UTC),
-    )
-    try:
-        report = sweeper.sweep(base)
-    except Exception as exc:  # node hygiene never fails an attempt
-        log.warning("scratch.sweep_failed", base=str(base), error=repr(exc))
-        return
-    if report.error:
-        log.warning("scratch.sweep_skipped", base=str(base), why=report.error)
-    for entry in report.entries:
-        if entry.action == "removed" or entry.why.startswith("could not"):
-            log.info(f"scratch.{entry.action}", path=str(entry.path), why=entry.why)
 
 
 def await_endpoints(

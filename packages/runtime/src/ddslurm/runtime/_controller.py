@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -42,7 +43,7 @@ from ddslurm.runtime._engine import local_token_names
 from ddslurm.runtime._fleet import Fleet
 from ddslurm.runtime._inputs import Inputs
 from ddslurm.runtime._requeue import mark_requeued
-from ddslurm.runtime._scratch import pid_alive, process_start_time
+from ddslurm.runtime._scratch import pid_alive, process_start_time, scratch_base, sweep_stale
 from ddslurm.runtime._serving import leader_address
 from ddslurm.runtime._steps import StepLauncher, without
 from ddslurm.runtime._stop import StopSignal
@@ -207,6 +208,8 @@ class Controller:
             workers.fail_all(exc)
         finally:
             self._teardown(workers, fleet)
+            # a client SIGKILLed (its own cleanup never ran) leaves its scratch directory: its job's own, swept now
+            sweep_stale(scratch_base(self._env), self._env, uid=os.getuid(), host=socket.gethostname(), log=log)
         return workers.exit_code()
 
     def _calibrate(self, inputs: Inputs, workers: Workers, fleet: Fleet, directory: Path, token: str, log: Any) -> None:

@@ -10,8 +10,9 @@ The process that made it removes it on every exit path that runs code (:func:`sc
 return, an exception, and each signal that would otherwise end the process without running any code (TERM
 from ``scancel`` or the controller's teardown, HUP, USR1, USR2): the handler removes the directory, then the
 process dies of that same signal, as it would have without the handler. A SIGKILL (``kill -9``, the
-out-of-memory killer, the end of ``KillWait``) leaves it behind, and the next client starting on the node sweeps
-it (:class:`Sweeper`). A directory is swept only when every one of these holds:
+out-of-memory killer, the end of ``KillWait``) leaves it behind: the allocation's controller sweeps its own job's
+when it ends (its clients are gone then), and the next client starting on the node sweeps any other user job's
+that ended (:class:`Sweeper`, :func:`sweep_stale`). A directory is swept only when every one of these holds:
 
 - its name starts with ``ddslurm-scratch-`` and it is a directory, not a symbolic link (nothing is followed);
 - it belongs to this uid, and it holds a regular-file marker (not a link) that decodes and names this uid;
@@ -476,3 +477,27 @@ class Sweeper:
             return (self._clock() - datetime.fromisoformat(marker.created_at)).total_seconds()
         except (ValueError, TypeError):
             return None
+
+
+def sweep_stale(base: Path, env: Mapping[str, str], *, uid: int, host: str, log: Any) -> None:
+    """Remove this user's scratch directories under ``base`` whose creator and job are gone (those of this very
+    job, ``SLURM_JOB_ID`` of ``env``, on this host: whose creator is gone); never fails, logs what it removed."""
+    job = env.get("SLURM_JOB_ID", "")
+    sweeper = Sweeper(
+        uid=uid,
+        host=host,
+        job_id=job if job.isdigit() else None,
+        pid_alive=pid_alive,
+        jobs_running=SqueueJobs(),
+        clock=lambda: datetime.now(UTC),
+    )
+    try:
+        report = sweeper.sweep(base)
+    except Exception as exc:  # node hygiene never fails an attempt
+        log.warning("scratch.sweep_failed", base=str(base), error=repr(exc))
+        return
+    if report.error:
+        log.warning("scratch.sweep_skipped", base=str(base), why=report.error)
+    for entry in report.entries:
+        if entry.action == "removed" or entry.why.startswith("could not"):
+            log.info(f"scratch.{entry.action}", path=str(entry.path), why=entry.why)
