@@ -4,9 +4,12 @@ engine, each compared with a plain local ``DataDesigner.create`` of the same rec
 - a builder script using a real plugin package from the registry (``data-designer-lambda-column``, Python >= 3.12),
   with a ``python_env`` of Python 3.12 that has it: the plugin is found there, recorded in the plan, and used on
   the nodes; with a ``python_env`` that lacks it the run is refused at submit, naming the type;
-- a builder script whose seed is ``Path(__file__).parent / "seed.csv"``, with a custom column and a judge whose
-  option keys are integers: the node takes those columns from the run's copy of the script, so the custom
-  function runs and the scores stay integers.
+- a builder script whose seed is ``Path(__file__).parent / "seed.csv"``, with a custom column, a judge whose
+  option keys are integers, a structured column whose output schema (a pydantic model) lists its fields out of
+  alphabetical order, with descriptions, and an expression over it: the node takes the custom column and the judge
+  from the run's copy of the script, so the custom function runs and the scores stay integers, and the structured
+  column's schema reaches the node in the builder's field order (it is in the prompt Data Designer sends), so every
+  row is the local run's, column for column and in its column order.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import pytest
 
 from ddslurm.config import PluginRecord, RunLayout, read_plan
 from ddslurm.launcher import BuilderError, Slurm, SubmitError, collect_local, run_status, submit
+from ddslurm.launcher._console import plan_notes
 from tests.e2e import REPO, until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.dd]
@@ -63,8 +67,15 @@ BUILD = """\
 from pathlib import Path
 
 import data_designer.config as dd
+from pydantic import BaseModel, Field
 
 HERE = Path(__file__).parent
+
+
+class Verdict(BaseModel):  # fields out of alphabetical order: Data Designer's write_config sorts them by default
+    verdict: str = Field(description="yes or no")
+    reason: str = Field(description="why, in one sentence")
+    confidence: int = Field(description="from 0 to 9")
 
 
 @dd.custom_column_generator(required_columns=["topic"])
@@ -89,6 +100,12 @@ def load_config_builder() -> dd.DataDesignerConfigBuilder:
             scores=[dd.Score(name="quality", description="How good", options={1: "bad", 2: "fine", 3: "good"})],
         )
     )
+    builder.add_column(
+        dd.LLMStructuredColumnConfig(
+            name="answer", model_alias="judge", prompt="Is {{ loud }} loud? {{ grade }}", output_format=Verdict
+        )
+    )  # after the judge: siblings of Data Designer's DAG come in an order that varies between its processes
+    builder.add_column(dd.ExpressionColumnConfig(name="said", expr="{{ answer.verdict }} ({{ loud }})"))
     return builder
 """
 
@@ -239,15 +256,26 @@ def test_a_builder_script_with_a_custom_column_and_integer_judge_keys_matches_a_
     done = submit(files.run_file, files.profile, slurm=slurm, env=files.env)
     layout = RunLayout(done.layout.root)
     plan = read_plan(layout.plan)
+    # the structured column is carried by the YAML (written in the builder's key order), the others are not
     assert plan.recipe_source is not None and plan.recipe_source.rebuild == ("grade", "loud"), plan.recipe_source
+    [note] = [n for n in plan_notes(plan) if "run's copy of" in n]
+    assert "'grade': scores[0].options: keys 1, 2, 3 read back as '1', '2', '3'" in note, note
+    assert "'loud': Data Designer cannot read it back" in note and "'answer'" not in note, note
+    stored = json.loads(layout.recipe.read_text())["data_designer"]["columns"]
+    schema = next(c for c in stored if c["name"] == "answer")["output_format"]
+    assert list(schema["properties"]) == ["verdict", "reason", "confidence"], schema
     rows = _finish(layout, slurm)
 
     job = {"script": str(recipes / "build.py"), "endpoint": hosted_endpoint.base_url, "records": 7}
     oracle = _oracle(Path(sys.executable), job, files, tmp_path)
-    fields = ("topic", "loud", "grade")
-    mine = sorted(({f: r[f] for f in fields} for r in rows), key=lambda r: r["topic"])
-    theirs = sorted(({f: r[f] for f in fields} for r in oracle), key=lambda r: r["topic"])
+    assert [list(r) for r in rows] == [list(r) for r in oracle]  # the same columns, in the same order
+    assert list(rows[0]) == ["topic", "loud", "grade", "answer", "said"], list(rows[0])
+    mine = sorted(rows, key=lambda r: r["topic"])
+    theirs = sorted(oracle, key=lambda r: r["topic"])
+    for column in rows[0]:  # column by column first: a failure names the column that differs
+        assert [r[column] for r in mine] == [r[column] for r in theirs], column
     assert mine == theirs
     assert [r["loud"] for r in mine] == [t.upper() + "!" for t in sorted(TOPICS)]
     assert all(isinstance(r["grade"]["quality"]["score"], int) for r in mine), mine[0]
+    assert all(list(r["answer"]) == ["verdict", "reason", "confidence"] for r in mine), mine[0]
     assert scan_for_secret(layout.root, files.env["DEMO_HOSTED_API_KEY"]) == []

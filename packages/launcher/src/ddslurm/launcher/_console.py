@@ -394,9 +394,10 @@ def plan_notes(plan: Plan) -> list[str]:
     source = plan.recipe_source
     if source is not None and source.rebuild:
         names = ", ".join(repr(name) for name in source.rebuild)
+        why = "; ".join(source.reasons) or "a function, a field it leaves out, integer keys"
         notes.append(
-            f"Data Designer's YAML does not carry column(s) {names} of {source.builder} as the builder made them (a "
-            "function, a field it leaves out, integer keys): the nodes take them from the run's copy of the script"
+            f"the nodes take column(s) {names} from the run's copy of {source.builder}: Data Designer's YAML does not "
+            f"carry them as the builder made them ({why})"
         )
     for dep in plan.serving.deployments if plan.serving else ():
         if dep.engine == "sglang" and not any(

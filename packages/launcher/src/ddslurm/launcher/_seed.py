@@ -20,7 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ddslurm.config import FileEntry, RunLayout, SeedKind, SeedPlan, encode_pretty, recipe_section, sha256_file
+import msgspec
+
+from ddslurm.config import FileEntry, RunLayout, SeedKind, SeedPlan, recipe_section, sha256_file
 from ddslurm.launcher._recipe_at import recipe_field_at
 from ddslurm.launcher.errors import SubmitError
 from ddslurm.providers import holds_secret
@@ -240,5 +242,7 @@ def capture_seed(
         sampling="shuffle" if sampling == "shuffle" else "ordered",
         shuffle_seed=shuffle_seed(layout.run_id) if sampling == "shuffle" else None,
     )
-    # JSON is YAML too: the stored recipe stays loadable by Data Designer and by ddslurm's YAML reader.
-    return SeedCapture(plan=plan, sources=tuple(files), recipe_bytes=encode_pretty(stored), source=original)
+    # JSON is YAML too: the stored recipe stays loadable by Data Designer and by ddslurm's YAML reader. Its keys
+    # keep the recipe's order (an output schema's fields, a judge's options are in the requests Data Designer sends).
+    recipe_bytes = msgspec.json.format(msgspec.json.encode(stored), indent=2) + b"\n"
+    return SeedCapture(plan=plan, sources=tuple(files), recipe_bytes=recipe_bytes, source=original)

@@ -164,8 +164,12 @@ def _call(module: ModuleType, function: str, path: Path) -> tuple[Any, int | Non
 
 
 def _to_yaml(value: Any, function: str, path: Path, line: int | None) -> str:
-    """The config as Data Designer writes it: ``builder.write_config("recipe.yaml")``, or ``to_yaml`` of a config
-    object (after the check ``write_config`` makes: an in-memory DataFrame seed cannot be written)."""
+    """The config as Data Designer writes it, in the config's own key order: ``builder.write_config("recipe.yaml",
+    sort_keys=False)``, or ``to_yaml(sort_keys=False)`` of a config object (after the check ``write_config`` makes:
+    an in-memory DataFrame seed cannot be written). Data Designer's default sorts every mapping's keys (PyYAML's
+    ``sort_keys``): an output schema's fields, a judge's options, which are in the requests its columns send, would
+    reach the node in another order than the builder's (:func:`~ddslurm.runtime._node_recipe.round_trip_changes`
+    checks what the YAML still changes)."""
     import data_designer.config as dd
     from data_designer.config.config_builder import BuilderConfig
 
@@ -173,7 +177,7 @@ def _to_yaml(value: Any, function: str, path: Path, line: int | None) -> str:
         if isinstance(value, dd.DataDesignerConfigBuilder):
             with tempfile.TemporaryDirectory(prefix="ddslurm-recipe-") as scratch:
                 target = Path(scratch) / "recipe.yaml"
-                value.write_config(target)
+                value.write_config(target, sort_keys=False)
                 return target.read_text(encoding="utf-8")
         if isinstance(value, dd.DataDesignerConfig):
             value = BuilderConfig(data_designer=value)
@@ -184,7 +188,7 @@ def _to_yaml(value: Any, function: str, path: Path, line: int | None) -> str:
                     "the config has a DataFrame seed dataset, which cannot be written to a config file; save it "
                     "(LocalFileSeedSource.from_dataframe(df, 'seed.parquet')) and use that file"
                 )
-            return str(value.to_yaml(indent=2))  # no path: the YAML text
+            return str(value.to_yaml(indent=2, sort_keys=False))  # no path: the YAML text
     except Exception as exc:
         raise BuilderFailure(
             f"{function}() returned a config that Data Designer cannot write: {type(exc).__name__}: {exc}",
