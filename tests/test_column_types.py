@@ -343,8 +343,8 @@ def test_the_collected_dataset_is_the_oracles(runs: Any, name: str) -> None:
     drawn = [n for n in SAMPLERS if n in oracle.column_names]  # at random in every run
     assert _rows(dataset.drop_columns(drawn)) == _rows(oracle.drop_columns(drawn))
     assert {p.name for p in Path(result.dataset).iterdir()} == {"_manifest.json", "part-00000.parquet"}
-    if name == "staged":  # a run with deployments: in the plan's one column order
-        assert tuple(dataset.column_names) == prepared.plan.column_order
+    # hosted-only and two-stage alike: in the plan's one column order (every column type, samplers, processors)
+    assert prepared.plan.column_order is not None and tuple(dataset.column_names) == prepared.plan.column_order
 
 
 def _in_support(family: str, values: list[Any], row: list[dict[str, Any]]) -> bool:

@@ -19,7 +19,7 @@ import pytest
 
 from ddslurm.config import AttemptRecord, ClaimRecord, SubmissionRecord, WinnerRecord, read_json, read_plan
 from tests.e2e import cli_json as _cli
-from tests.e2e import generator, one_draw_recipe, processes, requests_waiting, until, vllm_stand_in
+from tests.e2e import generator, local_column_order, one_draw_recipe, processes, requests_waiting, until, vllm_stand_in
 
 pytestmark = [pytest.mark.slurm, pytest.mark.dd]
 
@@ -119,8 +119,9 @@ def test_two_stage_run_frees_the_gpus_and_collects_the_single_stage_dataset(
     assert single_plan.stages == () and (single_plan.stage_reason or "").startswith("single stage")
     assert not list(single_dir.glob("shards/*/stage-0"))
 
-    # The same columns in the same order, the same rows; the seed columns row by row.
-    assert staged.column_names == single.column_names == list(plan.column_order or ())
+    # The same columns in the same order (a local DataDesigner.create's), the same rows; the seed columns row by row.
+    oracle = local_column_order(recipe, RECORDS, tmp_path / "oracle")
+    assert staged.column_names == single.column_names == list(plan.column_order or ()) == oracle
     assert staged.num_rows == single.num_rows == RECORDS
     a, b = staged.to_pylist(), single.to_pylist()
     with (recipe.parent / "questions.csv").open(newline="") as fh:
@@ -209,6 +210,8 @@ def test_pulling_two_stages_and_a_killed_cpu_stage_client_pending_for_its_automa
     plan = read_plan(run_dir / "run.json")
     assert plan.cpu_stage_workers == 3
     assert table.num_rows == RECORDS and table.column_names == list(plan.column_order or ())
+    made = tmp_path / "recipe" / "recipe.yaml"  # one_draw_recipe's
+    assert table.column_names == local_column_order(made, RECORDS, tmp_path / "oracle")
     subs = sorted(
         (read_json(p, SubmissionRecord) for p in (run_dir / "submissions").glob("*.json")),
         key=lambda s: int(s.array_job_id),

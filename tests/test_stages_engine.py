@@ -203,9 +203,9 @@ def test_two_stages_make_the_single_stage_dataset(
         "tone",
         "sql",
         "sql__trace",
+        "sql_chars",  # one model call deep, as sql: Data Designer writes it before the deeper columns
         "notes__trace",
         "sql_quality",
-        "sql_chars",
         "verdict",
     )
 
@@ -213,6 +213,7 @@ def test_two_stages_make_the_single_stage_dataset(
     # stage 1 outputs the kept dropped column and the seed columns; the dropped column only it reads is gone
     assert "notes" in stage1_names and "context" not in stage1_names and set(seed_columns) <= set(stage1_names)
     # the same columns; Data Designer's own order changes from run to run, so both are put in final_columns' order
+    assert order is not None
     single_table, two_table = (pq.read_table(out[name] / "parquet-files") for name in ("single", "stage2"))
     assert set(single_table.column_names) == set(order) == set(two_table.column_names)
     single, two = (t.select(list(order)).to_pylist() for t in (single_table, two_table))

@@ -86,9 +86,10 @@ def test_stages_single_keeps_one_stage_and_says_why(tmp_path: Path) -> None:
     assert plan.column_order == ("topic", "draft", "q")  # collection orders single-stage runs alike
 
 
-def test_a_hosted_only_run_has_no_stages_and_no_column_order(tmp_path: Path) -> None:
+def test_a_hosted_only_run_has_no_stages_and_its_recipes_column_order(tmp_path: Path) -> None:
     plan = _prepare(tmp_path, "", UNIT_RECIPE)
-    assert (plan.stages, plan.stage_reason, plan.cpu_stage, plan.column_order) == ((), None, None, None)
+    assert (plan.stages, plan.stage_reason, plan.cpu_stage) == ((), None, None)
+    assert plan.column_order == ("topic", "q")  # collection orders hosted-only runs by the same rule
 
 
 def test_the_cpu_stage_script_asks_for_cpu_only_allocations_after_its_arrays(tmp_path: Path) -> None:

@@ -28,7 +28,7 @@ def dd_split(r: dict[str, Any], local: set[str]) -> StageSplit:
     return split_stages(r, recipe_columns(r), local)
 
 
-def dd_final_columns(r: dict[str, Any], seed_columns: Sequence[str]) -> tuple[str, ...]:
+def dd_final_columns(r: dict[str, Any], seed_columns: Sequence[str]) -> tuple[str, ...] | None:
     return final_columns(r, recipe_columns(r), seed_columns)
 
 
@@ -384,20 +384,49 @@ def test_data_designer_loads_both_stage_recipes(tmp_path: Path) -> None:
 # --- final_columns ---
 
 
-def test_final_columns_put_seed_columns_samplers_then_the_rest_in_dependency_order() -> None:
+def test_final_columns_put_seed_columns_samplers_then_columns_by_the_model_calls_before_them() -> None:
     r = recipe(
-        judge("score", "{{ draft }}"),  # listed before the column it reads
+        judge("score", "{{ draft }}"),  # listed before the column it reads; two model calls deep
         llm("draft", "{{ topic }}", with_trace="last_message", drop=True),  # dropped; its side effect stays
         sampler("topic"),
-        expr("length", "{{ draft | length }}"),
+        expr("length", "{{ draft | length }}"),  # one call deep: Data Designer writes it before the judge
         expr("scratch", "{{ length }}"),
         processors=[{"processor_type": "drop_columns", "name": "p", "column_names": ["tables", "scr*"]}],
     )
-    assert dd_final_columns(r, ["question", "tables"]) == ("question", "topic", "draft__trace", "score", "length")
-    assert dd_final_columns(r["data_designer"], ()) == ("topic", "draft__trace", "score", "length")
+    assert dd_final_columns(r, ["question", "tables"]) == ("question", "topic", "draft__trace", "length", "score")
+    assert dd_final_columns(r["data_designer"], ()) == ("topic", "draft__trace", "length", "score")
 
 
 def test_final_columns_of_the_mixed_example() -> None:
     mixed = yaml.safe_load(MIXED.read_text())
-    expected = ("question", "tables", "difficulty", "sql", "sql_quality", "sql_chars")
+    expected = ("question", "tables", "difficulty", "sql", "sql_chars", "sql_quality")
     assert dd_final_columns(mixed, ["question", "tables"]) == expected
+
+
+def test_final_columns_break_ties_in_data_designers_compile_order() -> None:
+    """Columns written at the same modelled time come in Data Designer's compile order: samplers first, then its
+    topological sort, breadth first (a column's dependents after every column that was ready before them)."""
+    r = recipe(
+        llm("a", "{{ question }}"),
+        expr("a_len", "{{ a | length }}"),  # one call deep, as b: after b, which was ready first
+        llm("b", "{{ question }}", alias="judge"),
+        expr("echo", "{{ question }}"),  # no call: before both
+        sampler("topic"),
+    )
+    assert dd_final_columns(r, ["question"]) == ("question", "topic", "echo", "a", "b", "a_len")
+
+
+def test_final_columns_reasoning_content_follows_its_column() -> None:
+    r = recipe(llm("draft", "{{ question }}", extract_reasoning_content=True), judge("score", "{{ draft }}"))
+    assert dd_final_columns(r, ["question"]) == ("question", "draft", "draft__reasoning_content", "score")
+
+
+def test_final_columns_are_unknown_where_a_plugins_processor_may_change_the_columns() -> None:
+    kept = recipe(
+        llm("draft", "{{ question }}"),
+        processors=[{"processor_type": "schema_transform", "name": "t", "template": {"d": "{{ draft }}"}}],
+    )
+    assert dd_final_columns(kept, ["question"]) == ("question", "draft")  # its output is written beside them
+    plugin = recipe(llm("draft", "{{ question }}"))
+    plugin["data_designer"]["processors"] = [{"processor_type": "regex-filter", "name": "f"}]
+    assert final_columns(plugin, recipe_columns(recipe(llm("draft", "{{ question }}"))), ["question"]) is None

@@ -4,18 +4,26 @@ one column order a dataset of the recipe is put in (:func:`final_columns`).
 
 The facts are read with Data Designer's own config types where Data Designer is installed (the runtime's
 ``recipe_columns``); everything here works on them without Data Designer. Data Designer facts this relies on
-(data-designer 0.9.7, ``data_designer.config`` and ``engine``):
+(data-designer 0.9.7, ``data_designer.config`` and ``engine``; the order of output columns alike in 0.8.0 and
+1.0.0rc1):
 
 - Dependencies are the column configs' own ``required_columns`` plus ``skip.when`` columns, resolved through
   ``side_effect_columns`` to the producing column: exactly the edges ``ExecutionGraph.create`` builds. Model
   use is ``get_model_aliases()`` (what DD's start-up health check pings: only aliases that columns use).
 - Seed columns are not in the recipe: DD appends one ``seed-dataset`` column per seed column at compile time.
   A reference that names no recipe column (nor a side effect of one) is a seed column.
-- The output column order is the order cells were first written, which depends on which task finished first:
-  seed columns and samplers swap places from run to run, and independent columns (an expression and a judge over
-  the same column) come in completion order. It is not derivable, so :func:`final_columns` defines one order,
-  Data Designer's compile order (seed columns, samplers, the other columns in dependency order, ties in recipe
-  order), for single- and two-stage datasets alike.
+- The output column order is the order in which the cells of a batch's first row were written (its rows are dicts
+  filled cell by cell; ``pd.DataFrame(rows)`` keeps that order, and ``load_dataset`` keeps the first file's). Every
+  task writes when it finishes: a row's cell after its inputs', a column's side-effect columns right after it, the
+  seed reader's columns together in the seed's order, the samplers' together in recipe order; tasks that do not
+  depend on each other land in the order they finish, which timing decides (seed columns and samplers swap places
+  between runs of one process; two model columns over the same input come in the order their replies arrive; an
+  expression waits for every row of its row group, so with row groups larger than the models'
+  ``max_parallel_requests`` the first row's later model columns overtake it). So no rule gives every run's order;
+  :func:`final_columns` gives the order Data Designer writes when a row group's model calls run at once and each
+  takes the same time, and nothing else takes any (:func:`write_order`): the order of every run that leaves no
+  such race. The planner records it for every run, and collection puts hosted-only, single- and two-stage
+  datasets alike in it.
 """
 
 from __future__ import annotations
@@ -116,34 +124,74 @@ class ColumnGraph:
         return tuple(sorted(names, key=self.order.__getitem__))
 
 
-def final_columns(
-    recipe: Mapping[str, Any], columns: Sequence[RecipeColumn], seed_columns: Sequence[str]
-) -> tuple[str, ...]:
-    """The columns of the recipe's dataset in one defined order: ``seed_columns`` (the seed dataset's columns in
-    its order, ``()`` without a seed), the samplers, then the other columns in dependency order (ties in recipe
-    order), each followed by its side-effect columns; minus what ``drop: true`` and ``drop_columns``
-    processors remove.
+KNOWN_PROCESSORS = frozenset({"drop_columns", "schema_transform"})
+"""Processor types whose effect on the dataset's columns is known: ``drop_columns`` removes the columns it names,
+``schema_transform`` writes its own output beside the dataset and leaves the dataset as it was."""
 
-    ``columns``: the recipe's columns (:class:`RecipeColumn`), in recipe order. Data Designer itself writes
-    columns in the order their cells were first written, which changes from run to run (see the module
-    docstring): reorder single- and two-stage datasets alike by this order.
-    """
+
+def dd_compile_order(columns: Sequence[RecipeColumn]) -> tuple[str, ...]:
+    """The recipe's columns in Data Designer's compile order (``compile_dataset_builder_column_configs``): the
+    samplers (recipe order), then the other columns in the order of its topological sort (Kahn's algorithm over
+    ``required_columns`` and ``skip.when`` edges between non-sampler columns, side effects resolved to their
+    producer). Data Designer takes a column's dependents from a set; here they come in recipe order."""
     graph = ColumnGraph(columns)
     samplers = [c.name for c in graph.columns.values() if c.column_type == "sampler"]
-    done: set[str] = set(samplers)
-    ordered: list[str] = []
-    pending = [n for n in graph.columns if n not in done]
-    while pending:  # stable topological order: the first pending column whose producers are all placed
-        name = next((n for n in pending if all(p in done for p in graph.upstream(n))), pending[0])
-        pending.remove(name)
-        done.add(name)
-        ordered.append(name)
+    dag = [n for n in graph.columns if graph.columns[n].column_type != "sampler"]
+    inside = set(dag)
+    upstream = {n: [p for p in graph.upstream(n) if p in inside] for n in dag}
+    downstream: dict[str, list[str]] = {n: [] for n in dag}
+    for name in dag:
+        for producer in upstream[name]:
+            downstream[producer].append(name)
+    waiting = {n: len(upstream[n]) for n in dag}
+    queue = [n for n in dag if not waiting[n]]
+    for name in queue:  # the queue grows while it is read: breadth first, as Data Designer's deque
+        for child in downstream[name]:
+            waiting[child] -= 1
+            if not waiting[child]:
+                queue.append(child)
+    placed = set(queue)
+    return (*samplers, *queue, *(n for n in dag if n not in placed))  # a cycle (refused by DD): recipe order
+
+
+def write_order(columns: Sequence[RecipeColumn]) -> tuple[str, ...]:
+    """The recipe's columns in the order Data Designer writes a row's cells when a row group's model calls run at
+    once and each takes the same time, and nothing else takes any: by the model calls on the longest dependency
+    chain that ends with the column (a sampler or seed column: none; a column that uses a model: one more than the
+    most of its inputs; any other column: the most of its inputs), ties in compile order
+    (:func:`dd_compile_order`). Seed columns, not recipe columns, go before all of these (:func:`final_columns`):
+    Data Designer dispatches the seed reader before the samplers."""
+    graph = ColumnGraph(columns)
+    compiled = dd_compile_order(columns)
+    calls: dict[str, int] = {}
+    for name in compiled:  # topological: a column's producers have their count before it
+        before = max((calls.get(p, 0) for p in graph.upstream(name)), default=0)
+        calls[name] = before + (1 if graph.columns[name].aliases else 0)
+    rank = {name: i for i, name in enumerate(compiled)}
+    return tuple(sorted(compiled, key=lambda n: (calls[n], rank[n])))
+
+
+def final_columns(
+    recipe: Mapping[str, Any], columns: Sequence[RecipeColumn], seed_columns: Sequence[str]
+) -> tuple[str, ...] | None:
+    """The columns of the recipe's dataset in the order Data Designer writes them (:func:`write_order`):
+    ``seed_columns`` (the seed dataset's columns in its order, ``()`` without a seed), then the recipe's columns,
+    each followed by its side-effect columns; minus what ``drop: true`` and ``drop_columns`` processors remove.
+    None when a processor of another type than :data:`KNOWN_PROCESSORS` (a plugin's) may change the columns.
+
+    ``columns``: the recipe's columns (:class:`RecipeColumn`), in recipe order. Collection puts single- and
+    two-stage datasets alike in this order (see the module docstring for why one rule, not each run's own order).
+    """
+    processors = recipe_processors(recipe)
+    if any(str(p.get("processor_type")) not in KNOWN_PROCESSORS for p in processors):
+        return None
+    graph = ColumnGraph(columns)
     names: list[str] = list(seed_columns)
-    for name in [*samplers, *ordered]:
+    for name in write_order(columns):
         names.append(name)
         names.extend(graph.columns[name].side_effects)
     dropped = {c.name for c in graph.columns.values() if c.drop}
-    for p in recipe_processors(recipe):
+    for p in processors:
         if is_drop_processor(p):
             for pattern in p.get("column_names") or []:
                 dropped.update(fnmatch.filter(names, pattern) if "*" in pattern else [pattern])

@@ -1,6 +1,6 @@
 """``stages: auto`` in the plan: the recipe's GPU and CPU stages and the dataset's final column order, from the
 recipe's columns as Data Designer reads them (the submit host gathers those; the split itself is
-``ddslurm.config.split_stages``)."""
+``ddslurm.config.split_stages``, the order ``ddslurm.config.final_columns``)."""
 
 from __future__ import annotations
 
@@ -28,13 +28,14 @@ def plan_stages(
     columns: Sequence[RecipeColumn] | None,
     seed_columns: Sequence[str] = (),
 ) -> Staging:
-    """For a run with deployments: the recipe's GPU and CPU stages (``split_stages`` over the deployed aliases;
-    none for ``stages: single``) and the dataset's final column order (``final_columns``, which collection applies
-    to single- and two-stage runs alike). Hosted-only runs, and recipes whose columns Data Designer did not read
-    (``columns`` None: its validation says why): nothing."""
-    if not run.deployments:
-        return Staging()
+    """The dataset's final column order, for every run (``final_columns``: the order Data Designer writes the
+    recipe's columns in, which collection applies to hosted-only, single- and two-stage runs alike), and for a run
+    with deployments the recipe's GPU and CPU stages (``split_stages`` over the deployed aliases; none for
+    ``stages: single``). A recipe whose columns Data Designer did not read (``columns`` None: its validation says
+    why): neither."""
     order = None if columns is None else final_columns(recipe, columns, seed_columns)
+    if not run.deployments:
+        return Staging(column_order=order)
     if run.stages == "single":
         return Staging(reason=SINGLE_BY_RUN_FILE, column_order=order)
     if columns is None:
