@@ -243,3 +243,37 @@ def test_a_provider_outage_at_start_is_waited_out_inside_the_attempt(
     else:
         assert (record.state, record.reason, record.retryable) == ("failed", "provider_unavailable", True), record
         assert "the run file's provider_wait is 2 s" in (record.message or "") and proc.returncode == 1
+
+
+def test_the_run_files_run_config_reaches_data_designer_on_the_node(make_run_files: Any) -> None:
+    """The run file's ``run_config`` is read back from the node's engine: the client log reports the values Data
+    Designer's ``RunConfig`` holds on the node for each field, and one of them visibly takes effect there
+    (``write_scheduler_events``: Data Designer writes its scheduler diagnostics beside the shard's batches)."""
+    extra = (
+        "run_config:\n"
+        "  write_scheduler_events: true\n"
+        "  shutdown_error_window: 7\n"
+        "  jinja_rendering_engine: native\n"
+        "  request_admission: {cooldown_seconds: 1.5}\n"
+    )
+    files = make_run_files("run-config", num_records=2, shards=1, buffer_size=2, extra_run=extra)
+    prepared = prepare(files.run_file, files.profile, files.env, datetime.now(UTC), host=HOST)
+    write_run_dir(prepared)
+    env = {k: v for k, v in files.env.items() if not k.startswith("SLURM")}
+    done = _runtime(prepared.layout.root, 0, "local-rc", env)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    shard = prepared.layout.shard(0)
+    events = [json.loads(line) for line in shard.attempt("attempt-local-rc").client_log.read_text().splitlines()]
+    applied = [e["applied"] for e in events if e["event"] == "engine.run_config"]
+    assert len(applied) == 1, events
+    assert {k: v for k, v in applied[0].items() if k != "request_admission"} == {
+        "write_scheduler_events": True,
+        "shutdown_error_window": 7,
+        "jinja_rendering_engine": "native",
+    }
+    assert applied[0]["request_admission"]["cooldown_seconds"] == 1.5  # with Data Designer's defaults for the rest
+    winner = read_json(shard.winner, WinnerRecord)
+    assert winner.rows == 2
+    scheduled = (Path(winner.dataset_dir) / "scheduler_events.jsonl").read_text().splitlines()
+    assert scheduled and all(json.loads(line) for line in scheduled)

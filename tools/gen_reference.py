@@ -101,6 +101,8 @@ def type_text(t: mi.Type) -> str:
         return "bool"
     if isinstance(t, mi.FloatType):
         return "number"
+    if isinstance(t, mi.AnyType):
+        return "any value"
     return type(t).__name__
 
 
