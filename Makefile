@@ -8,13 +8,15 @@ export UV_PYTHON_DOWNLOADS := never
 unexport PYTHONDONTWRITEBYTECODE
 PKGS := config providers planner launcher runtime collector
 UV ?= uv
-# The Data Designer versions ddslurm-runtime accepts (packages/runtime/pyproject.toml: data-designer>=OLDEST,<UPPER,
-# UPPER the minor release after NEWEST's: 1.0.x while NEWEST is 1.0.0rc1, which pip and uv install only when asked
-# for by its version); test-dd-range runs the node-side tests against both. tests/test_dd_cli.py checks that the
-# two places agree.
+# The Data Designer versions ddslurm supports (ddslurm.config.DATA_DESIGNER_VERSIONS, which the runtime's and the
+# launcher's data-designer>=OLDEST,<UPPER repeat, UPPER the minor release after NEWEST's: 1.0.x while NEWEST is
+# 1.0.0rc1, which pip and uv install only when asked for by its version); test-dd-range runs the node-side tests and
+# the launcher's checks (doctor, the dry run, the recipe check) against both, and the cluster test of other versions
+# on the nodes (tests/test_e2e_dd_versions.py, whose NEWEST run is in make test) with OLDEST on the nodes and beside
+# a launcher. tests/test_dd_cli.py checks that these places agree.
 DD_OLDEST := 0.8.0
 DD_NEWEST := 1.0.0rc1
-DD_RANGE_TESTS := packages/runtime/tests tests/test_runtime_engine.py tests/test_fixed_seed_resume.py packages/launcher/tests/test_validation.py
+DD_RANGE_TESTS := packages/runtime/tests tests/test_runtime_engine.py tests/test_fixed_seed_resume.py packages/launcher/tests/test_validation.py packages/launcher/tests/test_doctor.py
 
 bootstrap: ## install uv (pip) if missing and sync the workspace
 	@command -v $(UV) >/dev/null 2>&1 || python3 -m pip install --quiet 'uv==0.13.8'
@@ -78,12 +80,14 @@ check: bootstrap lint typecheck imports lock-check docs test-isolated test ## wh
 # Data Designer is three distributions of one version: say which ones the run imports, and stop unless all are V.
 DD_VERSIONS_PY := import sys, importlib.metadata as m; got = {d: m.version(d) for d in ("data-designer", "data-designer-config", "data-designer-engine")}; print(got); sys.exit(set(got.values()) != {sys.argv[1]})
 
-test-dd-range: ## the node-side tests against the oldest and the newest Data Designer the runtime accepts
+test-dd-range: ## the node-side tests and the launcher's checks under the oldest and newest supported Data Designer, then a cluster run with the oldest on the nodes
 	@for v in $(DD_OLDEST) $(DD_NEWEST); do \
 	  echo "== data-designer $$v"; \
 	  $(UV) run --with "data-designer==$$v" python -c '$(DD_VERSIONS_PY)' "$$v" && \
 	  $(UV) run --with "data-designer==$$v" pytest -n auto --dist worksteal -p no:cacheprovider $(DD_RANGE_TESTS) || exit 1; \
 	done
+	@echo "== data-designer $(DD_OLDEST) on the nodes and beside a launcher, this workspace's beside another"
+	DDSLURM_NODE_DD=$(DD_OLDEST) $(UV) run pytest -p no:cacheprovider tests/test_e2e_dd_versions.py
 
 # test-python: the workspace synced from uv.lock into a fresh environment with another interpreter (PY, found through
 # pyenv when it is installed, else as `uv --python PY` finds it; never downloaded), then the tests that can differ

@@ -264,3 +264,47 @@ def requests_waiting(root_url: str) -> int:
     from ddslurm.runtime._upstreams import parse_waiting
 
     return parse_waiting(httpx.get(f"{root_url}/metrics", timeout=10).text)
+
+
+LOCAL_ORDER = """
+import json, os, sys
+os.environ["NEMO_TELEMETRY_ENABLED"] = "false"
+import data_designer.config as dd
+from data_designer.interface import DataDesigner
+job = json.loads(sys.argv[1])
+provider = dd.ModelProvider(name="oracle", endpoint=job["endpoint"], provider_type="openai", api_key="ORACLE_KEY")
+designer = DataDesigner(artifact_path=job["out"], model_providers=[provider])
+result = designer.create(dd.DataDesignerConfigBuilder.from_config(job["recipe"]), num_records=job["records"])
+print(json.dumps(list(result.load_dataset().columns)))
+"""
+
+
+def local_column_order(recipe: Path, records: int, folder: Path) -> list[str]:
+    """The columns, in order, of a plain local ``DataDesigner.create`` of ``recipe`` (a YAML file beside its seed
+    data) with ``records`` records, in a process of its own (in ``folder``), every model of the recipe served by
+    one vLLM stand-in whose replies each take 0.1 s: the oracle of the collected dataset's column order (Data
+    Designer writes columns in the order their cells finish: docs/collection.md#column-order)."""
+    import yaml
+
+    from fake_vllm.testing import start_server
+
+    folder.mkdir(parents=True, exist_ok=True)
+    config = yaml.safe_load(recipe.read_text())
+    models = config["data_designer"]["model_configs"]
+    for model in models:
+        model["provider"] = "oracle"
+    for data in recipe.parent.iterdir():
+        if data.is_file() and data.suffix in {".csv", ".jsonl", ".parquet", ".json"}:
+            shutil.copyfile(data, folder / data.name)
+    served = ["--served-model-name", *sorted({m["model"] for m in models}), "--fake-latency", "0.1"]
+    env = {"PATH": os.environ["PATH"], "HOME": str(folder), "ORACLE_KEY": "oracle-key-of-the-stand-in"}
+    env["DATA_DESIGNER_HOME"] = str(folder / "dd-home")
+    with start_server("oracle", args=served, api_key=env["ORACLE_KEY"], log_path=folder / "stand-in.log") as server:
+        job = {"endpoint": server.base_url, "recipe": config, "records": records, "out": str(folder / "out")}
+        done = subprocess.run(
+            [sys.executable, "-c", LOCAL_ORDER, json.dumps(job)],
+            capture_output=True, text=True, env=env, cwd=folder, timeout=300, check=False,
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    order: list[str] = json.loads(done.stdout.strip().splitlines()[-1])
+    return order

@@ -43,14 +43,31 @@ def test_data_designers_cli_starts(args: list[str], tmp_path: Path) -> None:
     assert "Usage" in done.stdout and "Traceback" not in done.stdout + done.stderr
 
 
+def _requirement(package: str, distribution: str) -> str:
+    """The version specifiers with which ddslurm-``package`` requires ``distribution``."""
+    deps = tomllib.loads((REPO / "packages" / package / "pyproject.toml").read_text())["project"]["dependencies"]
+    spec = next(d for d in deps if re.match(rf"{distribution}(?![\w-])", d))
+    return spec.replace(" ", "").removeprefix(distribution)
+
+
+def test_one_data_designer_range_is_stated_and_every_package_requires_it() -> None:
+    """``ddslurm.config.DATA_DESIGNER_VERSIONS`` is the range: what ``doctor`` accepts in ``python_env``, and what
+    the runtime and the launcher require of ``data-designer`` and the providers of ``data-designer-config`` (the
+    launcher is not pinned: it installs beside any supported Data Designer)."""
+    from ddslurm.config import DATA_DESIGNER_VERSIONS
+
+    assert _requirement("runtime", "data-designer") == DATA_DESIGNER_VERSIONS
+    assert _requirement("launcher", "data-designer") == DATA_DESIGNER_VERSIONS
+    assert _requirement("providers", "data-designer-config") == DATA_DESIGNER_VERSIONS
+
+
 def test_the_supported_data_designer_range_is_the_one_ci_tests() -> None:
     """``ddslurm-runtime`` accepts ``data-designer>=OLDEST,<UPPER``; ``make test-dd-range`` runs the runtime's
     tests against OLDEST and NEWEST, the newest release below UPPER, which is NEWEST's next minor release (so
     widening the range means testing the new bound). NEWEST may be a pre-release: pip and uv take it only when
     asked for by its version, and take the final release of its series without a change here."""
-    deps = tomllib.loads((REPO / "packages" / "runtime" / "pyproject.toml").read_text())["project"]["dependencies"]
-    spec = next(d for d in deps if re.match(r"data-designer\b", d))
-    match = re.fullmatch(r"data-designer(>=[\d.]+,<[\d.]+)", spec.replace(" ", ""))
+    spec = _requirement("runtime", "data-designer")
+    match = re.fullmatch(r"(>=[\d.]+,<[\d.]+)", spec)
     assert match, f"expected data-designer>=OLDEST,<UPPER, got {spec!r}"
     accepted = SpecifierSet(match.group(1), prereleases=True)
     makefile = (REPO / "Makefile").read_text()

@@ -1,7 +1,8 @@
 """The profile's checks on the local Slurm cluster: each common profile mistake (a partition that does not exist,
 more GPUs or memory than the nodes have, a vLLM executable that is not there, a ``python_env`` that is missing or
-holds another Data Designer) is refused by ``submit --dry-run`` at the profile's line and column, before anything is
-submitted; the example profile passes ``doctor`` and the dry run (with ``sbatch --test-only`` of the first array).
+holds a Data Designer ddslurm does not support) is refused by ``submit --dry-run`` at the profile's line and
+column, before anything is submitted; the example profile passes ``doctor`` and the dry run (with ``sbatch
+--test-only`` of the first array).
 
 The nodes' GPUs and memory are read here from ``scontrol show node``, not from ddslurm's own ``sinfo`` parsing.
 """
@@ -68,15 +69,15 @@ def _env() -> dict[str, str]:
 
 
 def _other_data_designer(root: Path) -> Path:
-    """A ``python_env`` (a virtual environment) whose installed Data Designer is 0.8.0 as its package metadata
-    records it (what pip and uv read): its own site-packages, searched first, holds that distribution's record, and
-    a ``.pth`` file adds this environment's site-packages after it (their own ``.pth`` files, the workspace's
-    editable installs, included), so its ddslurm-runtime runs."""
+    """A ``python_env`` (a virtual environment) whose installed Data Designer is 0.7.2 (older than ddslurm supports)
+    as its package metadata records it (what pip and uv read): its own site-packages, searched first, holds that
+    distribution's record, and a ``.pth`` file adds this environment's site-packages after it (their own ``.pth``
+    files, the workspace's editable installs, included), so its ddslurm-runtime runs."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True, timeout=120)
     (site,) = (root / "lib").glob("python*/site-packages")
-    record = site / "data_designer-0.8.0.dist-info"
+    record = site / "data_designer-0.7.2.dist-info"
     record.mkdir()
-    (record / "METADATA").write_text("Metadata-Version: 2.1\nName: data-designer\nVersion: 0.8.0\n")
+    (record / "METADATA").write_text("Metadata-Version: 2.1\nName: data-designer\nVersion: 0.7.2\n")
     (site / "workspace.pth").write_text(f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})\n")
     runtime = root / "bin" / "ddslurm-runtime"
     runtime.write_text(
@@ -102,7 +103,7 @@ def _mistakes(tmp_path: Path) -> list[tuple[str, dict[str, str], str, str]]:
         ("python-env-missing", {"python_env": str(tmp_path / "no-env")}, "python_env",
          f"{tmp_path / 'no-env' / 'bin' / 'ddslurm-runtime'} does not exist"),
         ("python-env-other-dd", {"python_env": str(tmp_path / "old-dd")}, "python_env",
-         "has data-designer 0.8.0 where the submit host has "),
+         "has data-designer 0.7.2, which ddslurm does not support: install data-designer>=0.8.0,<1.1 there"),
     ]  # fmt: skip
 
 

@@ -47,6 +47,7 @@ PRICES = {"demo/writer-8b": (0.25, 1.5), "demo/judge-70b": (3.0, 9.0)}
 
 def _hosted_only_run(make_run_files: Any, scan_for_secret: Any, base_url: str, key: str, log: Path, gate: Path) -> None:
     extra = "retries: 1\nclient_retries: 0\nprices: prices.yaml\nhosted_limits:\n  demo-hosted: {in_flight: 4}\n"
+    extra += "run_config: {write_scheduler_events: true, max_in_flight_tasks: 512}\n"
     files = make_run_files("e2e", num_records=9, shards=3, buffer_size=1, extra_run=extra)  # 3 batches a shard
     (files.root / "prices.yaml").write_text(
         "version: 1\nmodels:\n" + "".join(f"  {m}: {{input: {i}, output: {o}}}\n" for m, (i, o) in PRICES.items())
@@ -78,6 +79,7 @@ def _hosted_only_run(make_run_files: Any, scan_for_secret: Any, base_url: str, k
     status = cli_json("status", str(run_dir), "--json", env=files.env, outputs=OUTPUTS)
     assert status["state"] == "succeeded"
     _ran_on_cpus_without_servers(run_dir, submitted["job_id"])
+    _run_config_reached_every_client(run_dir)
 
     # The collection job runs on the CPU partition without the key in its environment.
     env_without_key = {k: v for k, v in files.env.items() if k != "DEMO_HOSTED_API_KEY"}
@@ -199,6 +201,21 @@ def _accounting_is_the_keys_own(
         assert (row["kept_requests"], row["kept_cost"]) == (row["requests"], pytest.approx(row["cost"])), model
     assert report["cost"] == pytest.approx(sum(cost.values()), rel=1e-9) and report["kept_rows"] == 9
     assert report["cost_per_1000_kept_rows"] == pytest.approx(sum(cost.values()) / 9 * 1000, rel=1e-9)
+
+
+def _run_config_reached_every_client(run_dir: Path) -> None:
+    """The run file's ``run_config`` is what Data Designer's ``RunConfig`` held in every client step (the killed
+    one and its retry too), read back from the engine into the client log; ``write_scheduler_events`` took effect
+    (Data Designer's scheduler diagnostics beside each winner's batches)."""
+    clients = sorted(run_dir.glob("shards/*/attempts/*/client.log"))
+    assert len(clients) == 4  # three shards, shard 0 twice
+    for log in clients:
+        events = [json.loads(line) for line in log.read_text().splitlines()]
+        applied = [e["applied"] for e in events if e["event"] == "engine.run_config"]
+        assert applied == [{"write_scheduler_events": True, "max_in_flight_tasks": 512}], log
+    for winner in sorted(run_dir.glob("shards/*/winner.json")):
+        dataset = Path(json.loads(winner.read_text())["dataset_dir"])
+        assert (dataset / "scheduler_events.jsonl").stat().st_size > 0, dataset
 
 
 def _ran_on_cpus_without_servers(run_dir: Path, job_id: str) -> None:

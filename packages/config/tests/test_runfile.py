@@ -63,6 +63,7 @@ def test_minimal_run_file_fills_every_default(tmp_path: Path) -> None:
             "extra_sbatch": [],
         },
         "collection": {"partition": None, "memory": None, "time_limit": "00:30:00", "cpus": 1},
+        "run_config": {},
     }
 
 

@@ -166,6 +166,75 @@ def test_a_python_env_without_ddslurm_runtime_is_a_problem_at_its_line(tmp_path:
     )
 
 
+@pytest.mark.parametrize(
+    ("theirs", "status", "said"),
+    [
+        pytest.param(
+            {"data-designer": "1.0.0rc1"},
+            "ok",
+            "data-designer 1.0.0rc1 {side} (ddslurm supports "
+            "data-designer>=0.8.0,<1.1; each run records the nodes' version)",
+            id="newer-supported",
+        ),
+        pytest.param({"data-designer": "0.8.0"}, "ok", "data-designer 0.8.0 {side}", id="oldest"),
+        pytest.param(
+            {"data-designer": "0.7.2"},
+            "problem",
+            "venv has data-designer 0.7.2, which ddslurm does not support: install data-designer>=0.8.0,<1.1 there",
+            id="too-old",
+        ),
+        pytest.param(
+            {"data-designer": "1.1.0"},
+            "problem",
+            "has data-designer 1.1.0, which ddslurm does not support",
+            id="too-new",
+        ),
+        pytest.param({"data-designer": None}, "problem", "venv has no data-designer (the nodes run it)", id="none"),
+        pytest.param(
+            {"ddslurm-config": "0.0.9"},
+            "problem",
+            "venv has ddslurm-config 0.0.9 where the submit host has {config}",
+            id="other-ddslurm",
+        ),
+    ],
+)
+def test_python_env_may_hold_any_supported_data_designer_but_ddslurm_at_the_submit_hosts_versions(
+    tmp_path: Path, theirs: dict[str, str | None], status: str, said: str
+) -> None:
+    """Compatibility, not equality: the nodes' Data Designer is judged against the versions ddslurm supports, and
+    both sides' versions are said; ddslurm's own packages, which write and read the plan, must be the same."""
+    from importlib.metadata import version
+
+    from ddslurm.launcher.testing import OtherPythonEnv
+
+    profile, text = _profile(tmp_path, "partition: gpu\n")
+    report = doctor(profile, slurm=Slurm(Cluster(), user="alice"), host=OtherPythonEnv(theirs), env={"PATH": "/bin"})
+    check = next(c for c in report.checks if c.name == "python_env")
+    assert check.status == status, check.detail
+    ours, nodes = version("data-designer"), theirs.get("data-designer")
+    side = "on the nodes and the submit host" if nodes == ours else f"on the nodes, {ours} on the submit host"
+    assert said.format(side=side, config=version("ddslurm-config")) in check.detail
+    if status == "problem":
+        assert check.where == f"{profile}:{_line(text, 'python_env')}:1"
+
+
+def test_python_env_must_read_the_plan_format_the_submit_host_writes() -> None:
+    from ddslurm.config import LAYOUT_VERSION, PLAN_VERSION
+    from ddslurm.launcher._doctor_versions import judge_versions
+    from ddslurm.runtime import NODE_DISTRIBUTIONS, answer_inspect, installed_versions
+
+    ours = installed_versions(NODE_DISTRIBUTIONS)
+    answer = answer_inspect({"action": "versions"})
+    assert judge_versions(answer, ours, "/venv")[0]
+    older = {"versions": answer["versions"]}  # a runtime from before it said its plan format
+    ok, detail = judge_versions(older, ours, "/venv")
+    assert not ok and "its ddslurm-runtime does not say which plan format it reads" in detail
+    other = {**answer, "plan": {"version": PLAN_VERSION - 1, "layout": LAYOUT_VERSION}}
+    ok, detail = judge_versions(other, ours, "/venv")
+    expected = f"reads plan {PLAN_VERSION - 1}, layout {LAYOUT_VERSION}; the submit host writes plan {PLAN_VERSION}"
+    assert not ok and expected in detail
+
+
 def test_the_vllm_command_is_looked_up_on_path_and_a_default_one_missing_is_only_noted(tmp_path: Path) -> None:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

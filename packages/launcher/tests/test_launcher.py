@@ -559,6 +559,23 @@ def test_submit_asks_python_env_only_through_its_engine_host(tmp_path: Path) -> 
     assert host.asked == {"versions": 1, "check": 1}
 
 
+@pytest.mark.parametrize("nodes", ["1.0.0rc1", "0.8.0", None], ids=["newer", "oldest", "the-submit-hosts"])
+def test_a_python_env_with_any_supported_data_designer_is_submitted_and_its_version_recorded(
+    tmp_path: Path, nodes: str | None
+) -> None:
+    """The submit host keeps its Data Designer; python_env holds another supported one: doctor accepts it, and the
+    plan records the nodes' version (the one each node checks), not the submit host's."""
+    from importlib.metadata import version
+
+    from ddslurm.launcher.testing import OtherPythonEnv
+
+    run, profile, env = _files(tmp_path)
+    host = OtherPythonEnv({} if nodes is None else {"data-designer": nodes}, fallback=_Refusing())
+    done = submit(run, profile, slurm=Slurm(RecordingRunner()), host=host, env=env)
+    assert done.plan.data_designer_version == (nodes or version("data-designer"))
+    assert read_json(done.layout.plan, Plan).data_designer_version == done.plan.data_designer_version
+
+
 class _Refusing:
     def ask(self, runtime: Path, request: Mapping[str, object], **_: object) -> object:
         raise AssertionError(f"a {request.get('action')} question reached a runtime process: {runtime}")

@@ -59,12 +59,13 @@ def _use_recipe(run: Path, recipe: str) -> RunFile:
 
 
 def _dd_cli_yaml(script: Path) -> str:
-    """What Data Designer's own CLI loader gives for ``script``, written by ``write_config``."""
+    """What Data Designer's own CLI loader gives for ``script``, written by ``write_config`` in the config's own
+    key order (``sort_keys=False``: sorted, an output schema's fields would not be the builder's)."""
     from data_designer.cli.utils.config_loader import load_config_builder
 
     builder = load_config_builder(str(script))
     out = script.parent / "dd-cli-written.yaml"
-    builder.write_config(out)
+    builder.write_config(out, sort_keys=False)
     text = out.read_text()
     out.unlink()
     return text
@@ -188,6 +189,61 @@ def _dd_cli_yaml_in(script: Path) -> str:
         return _dd_cli_yaml(script)
     finally:
         os.chdir(here)
+
+
+STRUCTURED = """\
+from pydantic import BaseModel, Field
+
+
+class Verdict(BaseModel):  # out of alphabetical order: Data Designer's write_config sorts fields by default
+    verdict: str = Field(description="yes or no")
+    reason: str = Field(description="why, in one sentence")
+    confidence: int = Field(description="from 0 to 9")
+
+
+def with_answer():
+    builder = unit_builder()
+    builder.with_seed_dataset(dd.LocalFileSeedSource(path="seed.csv"))
+    builder.add_column(
+        dd.LLMStructuredColumnConfig(name="answer", model_alias="writer", prompt="{{ q }}?", output_format=Verdict)
+    )
+    builder.add_column(
+        dd.LLMJudgeColumnConfig(
+            name="grade",
+            model_alias="writer",
+            prompt="Grade {{ answer }}",
+            scores=[dd.Score(name="quality", description="How good", options={2: "fine", 1: "bad"})],
+        )
+    )
+    return builder
+"""
+
+
+def test_a_structured_columns_schema_reaches_the_run_in_the_builders_field_order(tmp_path: Path) -> None:
+    """The stored recipe (after the seed capture rewrites it) keeps the output schema's field order and
+    descriptions, which are in the prompt the column sends: the node reads the column from it; the judge, whose
+    integer keys the YAML cannot keep, is taken from the script, and the plan and submit's note say why."""
+    from ddslurm.launcher._console import plan_notes
+
+    run, profile, env = write_unit_run(tmp_path, KEY)
+    (tmp_path / "seed.csv").write_text("subject\nx\ny\n")
+    _script(tmp_path / "build.py", STRUCTURED)
+    _use_recipe(run, "build.py:with_answer")
+    prepared = prepare(run, profile, env, datetime.now(UTC), check_recipe=accept_recipe)
+    columns = {c["name"]: c for c in json.loads(prepared.recipe_bytes)["data_designer"]["columns"]}
+    schema = columns["answer"]["output_format"]
+    assert list(schema["properties"]) == ["verdict", "reason", "confidence"], schema
+    assert schema["properties"]["confidence"]["description"] == "from 0 to 9"
+    assert list(columns["grade"]["scores"][0]["options"]) == ["2", "1"]  # the builder's order; keys as strings
+    source = prepared.plan.recipe_source
+    assert source is not None and source.rebuild == ("grade",), source
+    assert source.reasons == ("'grade': scores[0].options: keys 2, 1 read back as '2', '1'",)
+    [note] = [n for n in plan_notes(prepared.plan) if "run's copy of" in n]
+    assert note == (
+        f"the nodes take column(s) 'grade' from the run's copy of {tmp_path / 'build.py'}:with_answer: Data "
+        "Designer's YAML does not carry them as the builder made them ('grade': scores[0].options: keys 2, 1 read "
+        "back as '2', '1')"
+    )
 
 
 def test_missing_script_or_module_is_an_error_at_the_run_files_recipe(tmp_path: Path) -> None:

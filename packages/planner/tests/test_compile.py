@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from pathlib import Path
@@ -763,6 +764,21 @@ def test_stages_single_and_hosted_only_runs_have_one_stage() -> None:
     assert plan.stage_reason == "single stage: the run file says stages: single"
     hosted = compile_plan(_staged_inputs(make_run(), _gpu_profile()))
     assert (hosted.stages, hosted.cpu_stage, hosted.stage_reason) == ((), None, None)
+
+
+def test_every_run_gets_the_one_column_order_of_its_recipe() -> None:
+    """Hosted-only, single- and two-stage runs of one recipe list its columns in one order (``final_columns``:
+    the seed's columns, then the recipe's as Data Designer writes them); none where Data Designer did not read the
+    columns, or a plugin's processor may change them."""
+    inputs = dataclasses.replace(_staged_inputs(make_run(), _gpu_profile()), seed_columns=("q",))
+    deployed = (Deployment(model_alias="gen", model="m"),)
+    runs = (make_run(), make_run(deployments=deployed, stages="single"), make_run(deployments=deployed))
+    plans = [compile_plan(dataclasses.replace(inputs, run=run)) for run in runs]
+    assert [len(p.stages) for p in plans] == [0, 0, 2]
+    assert {p.column_order for p in plans} == {("q", "gen", "judge")}
+    assert compile_plan(dataclasses.replace(inputs, columns=None)).column_order is None
+    plugin = {"columns": [], "processors": [{"processor_type": "my-plugin", "name": "p"}]}
+    assert compile_plan(dataclasses.replace(inputs, recipe=plugin)).column_order is None
 
 
 # --- buffer_size: the planner's batches where the run file sets none (test_batches.py: the rule) ---

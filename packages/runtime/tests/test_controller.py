@@ -458,6 +458,25 @@ def test_a_server_variable_unset_in_the_job_fails_before_any_server_starts(tmp_p
     assert launcher.servers == [] and launcher.clients == []
 
 
+def test_a_plan_of_another_data_designer_fails_before_any_server_starts(tmp_path: Path) -> None:
+    """The plan records the Data Designer of python_env at submit; this node's is another (reinstalled since):
+    the allocation's attempts fail ``recipe_invalid`` before a server or a client starts."""
+    import dataclasses
+    from importlib.metadata import version
+
+    import msgspec
+
+    launcher = ServingLauncher(["ok"])
+    controller, inputs = _serving_controller(tmp_path, launcher, 1)
+    planned = msgspec.structs.replace(inputs.plan, data_designer_version="0.8.1")
+    assert version("data-designer") != "0.8.1"
+    assert controller.run(dataclasses.replace(inputs, plan=planned), 0, "9204", "n1") == 1
+    record = read_json(RunLayout(tmp_path / "run-1").shard(0).attempt("attempt-9204").record, AttemptRecord)
+    assert (record.reason, record.retryable) == ("recipe_invalid", False)
+    assert "data-designer 0.8.1" in (record.message or "") and version("data-designer") in (record.message or "")
+    assert launcher.servers == [] and launcher.clients == []
+
+
 # --- pulling allocations: servers started once, shards claimed, client workers --------------------------------
 
 

@@ -20,6 +20,7 @@ from ddslurm.config._codec import (
     read_json,
     read_plan,
 )
+from ddslurm.config._dd_versions import DATA_DESIGNER, DATA_DESIGNER_VERSIONS
 from ddslurm.config._events import BATCH_COMPLETE, FILL_DONE, SERVING_READY
 from ddslurm.config._facts import (
     FACTS_FILE,
@@ -134,6 +135,7 @@ from ddslurm.config._records import (
     SubmitPlanRecord,
     WinnerRecord,
 )
+from ddslurm.config._run_config import RUN_CONFIG_SET_BY_DDSLURM, RunConfigProblem
 from ddslurm.config._runfile import (
     DD_BUILDER_FUNCTION,
     ArgValue,
@@ -228,6 +230,8 @@ __all__ = [
     "Frozen",
     "HostedLimit",
     "KEEP_PROCESSOR",
+    "DATA_DESIGNER",
+    "DATA_DESIGNER_VERSIONS",
     "LAYOUT_VERSION",
     "LLM_COLUMN_TYPES",
     "Limit",
@@ -248,6 +252,8 @@ __all__ = [
     "Resources",
     "ResumeMode",
     "RunFile",
+    "RunConfigProblem",
+    "RUN_CONFIG_SET_BY_DDSLURM",
     "RunLayout",
     "SERVING_READY",
     "SNAPSHOT_VERSION",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -181,8 +181,12 @@ class RecipeSource(Frozen, frozen=True, kw_only=True):
     copy (``file``)."""
     rebuild: tuple[str, ...] = ()
     """Columns whose config does not survive Data Designer's YAML round trip (a custom column's function, a
-    plugin's field left out of the YAML, a judge's integer option keys): the node runs the script (its copy) or
-    imports the module and takes these columns from the config it returns."""
+    plugin's field left out of the YAML, a judge's integer option keys; any field, compared as the requests the
+    column sends: a mapping's key order too): the node runs the script (its copy) or imports the module and takes
+    these columns from the config it returns."""
+    reasons: tuple[str, ...] = ()
+    """Why, one line a column of ``rebuild`` and in its order (``'grade': scores[0].options: keys 1, 2 read back
+    as '1', '2'``): what submit and its dry run say."""
 
 
 class PluginRecord(Frozen, frozen=True, kw_only=True):
@@ -249,6 +253,9 @@ class Plan(Frozen, frozen=True, kw_only=True):
     hosted_limits: dict[str, HostedLimit] = msgspec.field(default_factory=dict)
     """Per hosted provider, the run file's cap on what the run uses of its key (its clients' gates bound their
     shared budget by it)."""
+    run_config: dict[str, Any] = msgspec.field(default_factory=dict)
+    """The run file's ``run_config``: Data Designer ``RunConfig`` fields every client step sets (checked at submit by
+    the Data Designer of ``python_env``); empty in plans made before it (Data Designer's defaults)."""
     prices: Prices | None = None
     """The run file's price file as read at submit (``prices``); None: no dollars are shown."""
     recipe_file: str
@@ -261,6 +268,10 @@ class Plan(Frozen, frozen=True, kw_only=True):
     """For a recipe built by a Python script or function: that script, copied into the run's inputs."""
     plugins: tuple[PluginRecord, ...] = ()
     """The Data Designer plugins the recipe uses (sorted by name)."""
+    data_designer_version: str = ""
+    """The Data Designer version of the profile's ``python_env`` at submit (its ``ddslurm-runtime inspect`` said
+    so): each node refuses to run the run under another (``recipe_invalid``). Empty in plans made before it (not
+    checked)."""
     snapshot_file: str
     snapshot_sha256: str
     seed: SeedPlan | None = None
@@ -296,7 +307,9 @@ class Plan(Frozen, frozen=True, kw_only=True):
     (``submission.cpus``) allow at one CPU per hosted-only client, at most the shards; each gets
     ``submission.cpus // cpu_stage_workers`` CPUs."""
     column_order: tuple[str, ...] | None = None
-    """The dataset's columns in one defined order (``final_columns``): collection writes them in this order."""
+    """The dataset's columns in the order Data Designer writes them (``final_columns``), for every run and stage
+    split: collection writes them in this order. None: not known at submit (columns Data Designer did not read, a
+    plugin's processor): collection keeps the order of the batch files, first seen first."""
     gpu_type: str = ""
     """The GPU type of the generation partition's nodes when the run was planned (``sinfo``'s GRES; empty:
     untyped or unknown): the model shapes of the run's facts are keyed by it."""

@@ -6,12 +6,13 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import PurePath
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
 from ddslurm.config._base import Frozen
 from ddslurm.config._convert import refuse_all
+from ddslurm.config._run_config import run_config_refusals
 
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 # msgspec matches patterns with re.search: anchored with \A and \Z, as ^ and $ would let "inj\n" through.
@@ -695,6 +696,12 @@ class RunFile(Frozen, frozen=True, kw_only=True):
     """Scheduler settings of the generation jobs."""
     collection: Collection = msgspec.field(default_factory=Collection)
     """Scheduler settings of the collection job."""
+    run_config: dict[str, Any] = msgspec.field(default_factory=dict)
+    """Data Designer's own ``RunConfig`` fields (``shutdown_error_rate``, ``max_in_flight_tasks``,
+    ``jinja_rendering_engine``, ``request_admission``, ...), set on every client step of the run; checked at submit by
+    the Data Designer of ``python_env``, which the nodes run. The fields ddslurm sets itself (``buffer_size``: the run
+    file's own; ``display_tui``, ``otel_metrics_port``, ``preserve_dropped_columns``, ``async_trace``) are refused,
+    saying why (docs/run-files.md#data-designers-runconfig-run_config)."""
 
     def __post_init__(self) -> None:
         # Here rather than in Submission or ServerSpec: only the top level knows each field's path in the file.
@@ -724,4 +731,5 @@ class RunFile(Frozen, frozen=True, kw_only=True):
             set_here = server_flag_set_by_ddslurm(deployment.engine, deployment.server.extra_args)
             if set_here is not None and (found is None or found[0] != set_here[0]):
                 refusals.append((f"deployments[{index}].server.extra_args[{set_here[0]}]", set_here[1]))
+        refusals += run_config_refusals(self.run_config)
         refuse_all(refusals)

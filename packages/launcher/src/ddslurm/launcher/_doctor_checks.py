@@ -38,6 +38,7 @@ from ddslurm.config import (
     read_yaml,
 )
 from ddslurm.launcher._cluster import ClusterInfo, NodeRow, read_cluster
+from ddslurm.launcher._doctor_versions import judge_versions
 from ddslurm.launcher._engine_host import RUNTIME_PROCESS, EngineHost
 from ddslurm.launcher._process import Stopped
 from ddslurm.launcher._python_env import python_env_problem
@@ -318,17 +319,8 @@ def _python_env_check(facts: ClusterFacts, profile: ClusterProfile, run: RunFile
         said = (answer.value or {}).get("error") or answer.stderr.strip()[-300:] or f"exit {answer.returncode}"
         detail = f"{runtime} does not say its versions (an older ddslurm-runtime than the submit host's?): {said}"
         return facts.check("python_env", "problem", detail, field)
-    ours = installed_versions(NODE_DISTRIBUTIONS)
-    differ = [
-        f"{name} {theirs.get(name) or '(not installed)'} where the submit host has {ours[name] or '(not installed)'}"
-        for name in NODE_DISTRIBUTIONS
-        if theirs.get(name) != ours[name]
-    ]
-    if differ:
-        detail = f"{profile.python_env} has {'; '.join(differ)} (install the same versions in both)"
-        return facts.check("python_env", "problem", detail, field)
-    same = ", ".join(f"{name} {ours[name]}" for name in NODE_DISTRIBUTIONS)
-    return facts.check("python_env", "ok", f"{same}, as on the submit host")
+    ok, detail = judge_versions(answer.value or {}, installed_versions(NODE_DISTRIBUTIONS), profile.python_env)
+    return facts.check("python_env", "ok", detail) if ok else facts.check("python_env", "problem", detail, field)
 
 
 def _engine_check(facts: ClusterFacts, profile: ClusterProfile, engine: Engine, used: bool | None) -> Check:

@@ -27,12 +27,14 @@ plugins and packages the nodes run), never in the submitting process:
   nodes.
 
 Its result is serialised by Data Designer itself (``write_config``; ``BuilderConfig.to_yaml`` for a config
-object), so ``inputs/recipe.yaml`` holds exactly what ``builder.write_config("recipe.yaml")`` would, and the nodes
-run that config. The script is kept beside it as ``inputs/recipe-source.py``, its sha256 in the plan
-(``Plan.recipe_source``). Columns that the YAML does not carry as they are (a custom column's function, a plugin
-field left out of the YAML, a judge's integer option keys) are named in ``RecipeSource.rebuild``: the node takes
-them from running that copy of the script (``ddslurm.runtime._builder``), so their types survive; the submit says
-which and why (:attr:`LoadedRecipe.changes`).
+object) in the config's own key order, so ``inputs/recipe.yaml`` holds exactly what
+``builder.write_config("recipe.yaml", sort_keys=False)`` would (Data Designer's default sorts an output schema's
+fields, which are in the prompt it sends), and the nodes run that config. The script is kept beside it as
+``inputs/recipe-source.py``, its sha256 in the plan (``Plan.recipe_source``). Columns that the YAML does not
+carry as they are (a custom column's function, a plugin field left out of the YAML, a judge's integer option keys;
+every field is compared as the requests the column sends, an output schema's field order included) are named in
+``RecipeSource.rebuild``: the node takes them from running that copy of the script (``ddslurm.runtime._builder``),
+so their types survive; the submit says which and why (:attr:`LoadedRecipe.changes`, ``RecipeSource.reasons``).
 
 Whatever the recipe's kind, its text is checked for the run's secrets by one function (:func:`refuse_secrets`):
 a config file's text (YAML or JSON, comments included) and the config a builder returned alike, and so are the run
@@ -126,6 +128,7 @@ class LoadedRecipe:
             origin=str(self.path),
             module=self.ref.target if self.ref.kind == "module" else None,
             rebuild=tuple(sorted(self.changes)),
+            reasons=tuple(f"{name!r}: {self.changes[name]}" for name in sorted(self.changes)),
         )
 
 

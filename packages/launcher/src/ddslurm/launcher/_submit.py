@@ -211,8 +211,10 @@ def prepare(
         else:
             # A builder script run again by the check starts from the environment its first run had.
             scrubbed = script_environment(run, env, settings_dir(env, home), also=snapshot.secret_env_names())
-            check = dd_check_recipe(recipe, recipe_path, snapshot, sized, runtime, as_is, host=host, env=scrubbed)
-        seed_cols = seed_column_names(run, seed, seed_columns)
+            check = dd_check_recipe(
+                recipe, recipe_path, snapshot, sized, runtime, as_is, host=host, env=scrubbed, run_config=run.run_config
+            )
+        seed_cols = seed_column_names(seed, seed_columns)
         plan = compile_plan(
             PlanInputs(
                 run=run,
@@ -225,9 +227,10 @@ def prepare(
                 seed=None if seed is None else seed.plan,
                 recipe_source=source,
                 recipe=recipe,
-                columns=check.columns if run.deployments else None,
+                columns=check.columns,
                 seed_columns=seed_cols,
                 plugins=check.plugins,
+                data_designer_version=check.data_designer_version,
                 facts=facts,
                 gpu_type=gpu_type,
                 nodes=nodes,
@@ -240,6 +243,9 @@ def prepare(
         raise SubmitError(place_error(str(exc), run_path, profile_path)) from exc
     except (ConfigError, ProvidersError) as exc:
         raise SubmitError(str(exc)) from exc
+    if check.run_config:  # the run file's own field, at its place, in Data Designer's words
+        fields = [(".".join(("run_config", p.field)).rstrip("."), p.message) for p in check.run_config]
+        raise SubmitError("\n".join(place_error(f"{at}: {message}", run_path, profile_path) for at, message in fields))
     if check.problems:
         # What the check (and a builder script it ran again) said, with every secret value of the shell redacted
         shown = run_secrets(run, env, settings_dir(env, home), also=snapshot.secret_env_names())
@@ -301,10 +307,10 @@ def _gpu_type(gpu_type_of: GpuTypeOf, partition: str | None) -> str:
         return ""
 
 
-def seed_column_names(run: RunFile, seed: SeedCapture | None, seed_columns: SeedColumns) -> tuple[str, ...]:
-    """The seed dataset's columns as Data Designer reads them, for a run with deployments (the planner orders the
-    dataset's columns by them); hosted-only runs: none."""
-    if not run.deployments or seed is None or seed.source is None:
+def seed_column_names(seed: SeedCapture | None, seed_columns: SeedColumns) -> tuple[str, ...]:
+    """The seed dataset's columns as Data Designer reads them (the planner orders the dataset's columns by them);
+    none without a seed dataset."""
+    if seed is None or seed.source is None:
         return ()
     try:
         return tuple(seed_columns(seed.source))

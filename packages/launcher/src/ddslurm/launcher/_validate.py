@@ -13,7 +13,10 @@ again, it starts from the environment its first run had (``_recipe.script_enviro
 secrets); what it prints or raises reaches the submit's error only after ``submit`` redacts every secret value.
 
 Its answer also carries what the planner needs from Data Designer: the columns as it reads them and the plugins
-the recipe uses (the plan records their distributions and versions; each node checks it has the same).
+the recipe uses (the plan records their distributions and versions; each node checks it has the same), and that
+Data Designer's version (the plan records it; each node refuses another). The same
+request carries the run file's ``run_config``: Data Designer's ``RunConfig`` there judges its fields (their names,
+types and ranges are its own, version by version) and the recipe is validated with them applied, as on the node.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from ddslurm.config import (
     ProviderSnapshot,
     RecipeColumn,
     RecipeSource,
+    RunConfigProblem,
     ServingPlan,
     recipe_section,
     recipe_with_models,
@@ -56,6 +60,10 @@ class RecipeCheck:
     problems: tuple[str, ...] = ()
     columns: tuple[RecipeColumn, ...] | None = None
     plugins: tuple[PluginRecord, ...] = ()
+    data_designer_version: str = ""
+    """The version of that Data Designer, which the plan records ("" when the check did not say)."""
+    run_config: tuple[RunConfigProblem, ...] = ()
+    """What Data Designer's ``RunConfig`` refuses in the run file's ``run_config``, one field each."""
 
 
 def runtime_command(python_env: str | Path) -> Path:
@@ -73,18 +81,22 @@ def dd_check_recipe(
     *,
     host: EngineHost = RUNTIME_PROCESS,
     env: Mapping[str, str] | None = None,
+    run_config: Mapping[str, Any] | None = None,
 ) -> RecipeCheck:
     """Check ``recipe`` with ``runtime`` (``<python_env>/bin/ddslurm-runtime``, asked through ``host``) as the node
     will build it; ``serving``: the plan's deployments as a client sees them, which size the local aliases'
     ``max_parallel_requests`` as on the node. ``env``: the environment the check starts from, which a builder script
     it runs again sees (``script_environment`` of the submitting shell, as the script's first run had); by default
-    this process's environment, scrubbed the same way."""
+    this process's environment, scrubbed the same way. ``run_config``: the run file's, judged by Data Designer's
+    ``RunConfig`` there and applied to the recipe's validation."""
     payload: dict[str, Any] = {
         "action": "check",
         "recipe": recipe_with_models(recipe, snapshot, serving),  # the recipe exactly as the node builds it
         "providers": [{"name": p.name, "provider_type": p.provider_type} for p in snapshot.providers],
         "source": None if source is None else msgspec.to_builtins(source),
     }
+    if run_config:
+        payload["run_config"] = dict(run_config)
     # An accepted recipe without a seed dataset (whose files may change) is accepted again without asking.
     seeded = bool(recipe_section(payload["recipe"]).get("seed_config"))
     key = None if seeded or source is not None else json.dumps([str(runtime), payload], sort_keys=True)
@@ -93,7 +105,7 @@ def dd_check_recipe(
     if env is None:
         env = script_environment(None, os.environ, settings_dir(os.environ), also=snapshot.secret_env_names())
     check = _run_check(host, runtime, payload, recipe_path.parent, env)
-    if key is not None and not check.problems:
+    if key is not None and not check.problems and not check.run_config:
         _ACCEPTED[key] = check
     return check
 
@@ -152,6 +164,8 @@ def _run_check(
             problems=tuple(problems),
             columns=None if columns is None else msgspec.convert(columns, tuple[RecipeColumn, ...]),
             plugins=msgspec.convert(answer.value.get("plugins") or [], tuple[PluginRecord, ...]),
+            data_designer_version=str(answer.value.get("data_designer") or ""),
+            run_config=msgspec.convert(answer.value.get("run_config") or [], tuple[RunConfigProblem, ...]),
         )
     except (ValueError, KeyError, TypeError, msgspec.ValidationError):
         tail = "\n".join(answer.stderr.strip().splitlines()[-10:])

@@ -23,7 +23,7 @@ from ddslurm.launcher._engine_host import RUNTIME_PROCESS, EngineHost
 from ddslurm.launcher._process import Answer
 from ddslurm.launcher._slurm import Completed
 from ddslurm.launcher._validate import RecipeCheck
-from ddslurm.runtime import answer_inspect, pid_alive, recipe_columns
+from ddslurm.runtime import answer_inspect, installed_versions, pid_alive, recipe_columns
 from ddslurm.runtime.errors import RecipeError
 
 UNIT_RECIPE = """data_designer:
@@ -104,14 +104,43 @@ class InProcessHost:
         return Answer(value, 0, printed.getvalue())
 
 
+class OtherPythonEnv(InProcessHost):
+    """An :class:`InProcessHost` answering as a ``python_env`` that holds other versions of the node's distributions:
+    ``versions`` (``{"data-designer": "1.0.0rc1"}``; None: not installed) replace this environment's in the
+    ``versions`` answer and, for Data Designer, in the ``check`` answer (the version the plan records)."""
+
+    def __init__(self, versions: Mapping[str, str | None], fallback: EngineHost = RUNTIME_PROCESS) -> None:
+        super().__init__(fallback)
+        self.versions = dict(versions)
+
+    def ask(
+        self,
+        runtime: Path,
+        request: Mapping[str, Any],
+        *,
+        timeout_s: float,
+        env: Mapping[str, str],
+        cwd: Path | None = None,
+    ) -> Answer:
+        answer = super().ask(runtime, request, timeout_s=timeout_s, env=env, cwd=cwd)
+        value = dict(answer.value or {})
+        if request.get("action") == "versions":
+            value["versions"] = {**value["versions"], **self.versions}
+        elif request.get("action") == "check" and "data-designer" in self.versions:
+            value["data_designer"] = self.versions["data-designer"]
+        return Answer(value, answer.returncode, answer.stderr)
+
+
 def accept_recipe(recipe: Mapping[str, Any], *_: object) -> RecipeCheck:
     """A ``check_recipe`` for ``prepare`` that skips Data Designer's validation (a subprocess of seconds) but reads
-    the columns as it does (in this process; None when it refuses them), with no plugins."""
+    the columns as it does (in this process; None when it refuses them), with no plugins, and says this
+    environment's Data Designer version (as the check of a ``python_env`` that is this environment would)."""
+    dd = installed_versions(("data-designer",))["data-designer"] or ""
     try:
         columns = recipe_columns(recipe)
     except RecipeError:
-        return RecipeCheck()
-    return RecipeCheck(columns=columns)
+        return RecipeCheck(data_designer_version=dd)
+    return RecipeCheck(columns=columns, data_designer_version=dd)
 
 
 class FakeSlurm:

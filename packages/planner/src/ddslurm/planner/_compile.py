@@ -95,11 +95,13 @@ class PlanInputs:
     """The builder script the recipe was made from, when it was made by one."""
     plugins: tuple[PluginRecord, ...] = ()
     """The Data Designer plugins the recipe uses, as the profile's ``python_env`` has them."""
+    data_designer_version: str = ""
+    """The Data Designer version of the profile's ``python_env`` (``Plan.data_designer_version``)."""
     recipe: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     """The recipe as stored in the run's inputs (the stage split reads its processors and profilers)."""
     columns: tuple[RecipeColumn, ...] | None = None
     """The recipe's columns as Data Designer reads them, in recipe order (the stage split and the final column
-    order are planned from them); None: not read (a hosted-only run, or columns Data Designer refuses)."""
+    order are planned from them); None: not read (columns Data Designer refuses)."""
     seed_columns: tuple[str, ...] = ()
     """The seed dataset's columns, in its order (they lead the final column order)."""
     facts: Facts = dataclasses.field(default_factory=Facts)
@@ -583,12 +585,14 @@ def compile_plan(inputs: PlanInputs) -> Plan:
         client_retries=run.client_retries,
         provider_wait_s=run.provider_wait,
         hosted_limits=dict(run.hosted_limits),
+        run_config=dict(run.run_config),
         prices=inputs.prices,
         recipe_file=str(layout.recipe),
         recipe_sha256=inputs.recipe_sha256,
         recipe_key=inputs.recipe_key,
         recipe_source=inputs.recipe_source,
         plugins=tuple(sorted(inputs.plugins, key=lambda p: p.name)),
+        data_designer_version=inputs.data_designer_version,
         snapshot_file=str(layout.snapshot),
         snapshot_sha256=inputs.snapshot_sha256,
         secret_env=hosted_key_names(inputs.snapshot),

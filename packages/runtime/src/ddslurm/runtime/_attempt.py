@@ -41,6 +41,7 @@ from ddslurm.config import (
     sized_parallel_requests,
     stage_recipe,
 )
+from ddslurm.runtime._dd_version import check_data_designer
 from ddslurm.runtime._engine import EngineRequest, EngineResult, HostedCheck, read_seed_block
 from ddslurm.runtime._fill import (
     missing_numbered,
@@ -372,6 +373,7 @@ class AttemptRunner:
             )
             with recording_usage(began.layout.client_usage, log):
                 try:
+                    check_data_designer(inputs.plan.data_designer_version)  # before Data Designer runs
                     return self._outlasting_outages(inputs, began, endpoints, log, resume_own)
                 except RuntimeFailure as exc:
                     log.error("attempt.failed", reason=exc.reason, message=exc.message)
@@ -470,6 +472,8 @@ class AttemptRunner:
                 plugins=plan.plugins,
                 hosted_wait_s=gate_wait_s(inputs.snapshot, endpoints),
                 hosted_check=checked,
+                run_config=plan.run_config,
+                on_run_config=lambda applied: log.info("engine.run_config", applied=dict(applied)),
             )
         )
         if result.dataset_dir != target:
@@ -621,6 +625,7 @@ class AttemptRunner:
                     plugins=plan.plugins,
                     hosted_wait_s=gate_wait_s(inputs.snapshot, endpoints),
                     hosted_check=checked,
+                    run_config=plan.run_config,
                 )
             )
         except RuntimeFailure as exc:

@@ -39,6 +39,7 @@ import httpx
 from ddslurm.config import SERVING_READY, RunLayout, encode_pretty, make_private_dir
 from ddslurm.runtime._attempt import EXIT_OK, AttemptRunner
 from ddslurm.runtime._calibrate import CalibrationError, calibrate
+from ddslurm.runtime._dd_version import check_data_designer
 from ddslurm.runtime._engine import local_token_names
 from ddslurm.runtime._fleet import Fleet
 from ddslurm.runtime._inputs import Inputs
@@ -201,6 +202,7 @@ class Controller:
             record_prompts=bool(plan.calibrate),
         )
         try:
+            check_data_designer(plan.data_designer_version)  # before any server starts: the clients would refuse
             self._serve(inputs, workers, fleet, endpoints, log)
             if plan.calibrate and plan.serving is not None and workers.exit_code() == EXIT_OK:
                 self._calibrate(inputs, workers, fleet, endpoints.parent, token, log)

@@ -11,7 +11,7 @@ import os
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from ddslurm.runtime._builder import rebuilt_columns
 from ddslurm.runtime._columns import recipe_columns
 from ddslurm.runtime._node_recipe import node_builder
 from ddslurm.runtime._plugins import check_plugins
+from ddslurm.runtime._run_config import applied_run_config, engine_run_config
 from ddslurm.runtime._verify import rows_in
 from ddslurm.runtime.errors import EngineError, KeyRefusedError, ProviderUnavailableError, RecipeError
 
@@ -105,6 +106,12 @@ class EngineRequest:
     """Data Designer's start-up check of hosted models, made by the client's gate under the keys' budgets
     (:meth:`HostedGate.checker`): asked for the hosted models the recipe's columns use before Data Designer starts;
     the aliases that answered skip Data Designer's own check (:func:`checked_aliases`). None: Data Designer's own."""
+    run_config: Mapping[str, Any] = field(default_factory=dict)
+    """The run file's ``run_config`` (``Plan.run_config``): Data Designer ``RunConfig`` fields, under ddslurm's own
+    (``buffer_size``, ``otel_metrics_port``, ``preserve_dropped_columns``)."""
+    on_run_config: Callable[[Mapping[str, Any]], None] | None = None
+    """Called, before ``create()``, with the values the engine's ``RunConfig`` holds for the ``run_config`` fields
+    (:func:`~ddslurm.runtime._run_config.applied_run_config`); not called without any."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,12 +212,15 @@ def run_engine(request: EngineRequest) -> EngineResult:
         managed_assets_path=request.scratch_home / "managed-assets",
     )
     designer.set_run_config(
-        dd.RunConfig(
+        engine_run_config(
+            request.run_config,
             buffer_size=request.buffer_size,
             otel_metrics_port=None,
             preserve_dropped_columns=request.preserve_dropped_columns,
         )
     )
+    if request.on_run_config is not None and request.run_config:
+        request.on_run_config(applied_run_config(designer.run_config, request.run_config))
     violations: list[Any] = []
     try:
         with violations_reported(violations), _cells_reported(request.on_cell):

@@ -4,15 +4,22 @@ Data Designer or a builder script prints goes to stderr.
 
 ``{"action": "build", "script" | "module", "function", "run_dir"}``
     call a builder script (:mod:`ddslurm.runtime._builder`): its config as Data Designer writes it.
-``{"action": "check", "recipe", "providers", "scratch", "source"}``
+``{"action": "check", "recipe", "providers", "scratch", "source", "run_config"}``
     the recipe exactly as the node builds it (``source``: the plan's ``RecipeSource``, whose ``rebuild`` columns
-    come from running the script again, as on the node): ``{"problems", "unknown", "columns", "plugins"}``: what Data
-    Designer refuses (its own validation, sending no request), the types no plugin here provides (then nothing
+    come from running the script again, as on the node; ``run_config``: the run file's, optional):
+    ``{"problems", "unknown", "columns", "plugins", "run_config"}``: what Data
+    Designer refuses (its own validation, sending no request, with the run file's ``run_config`` applied as on the
+    node), the types no plugin here provides (then nothing
     else is checked), the columns' facts
-    (:class:`ddslurm.config.RecipeColumn`) and the plugins used (:class:`ddslurm.config.PluginRecord`).
+    (:class:`ddslurm.config.RecipeColumn`), the plugins used (:class:`ddslurm.config.PluginRecord`) and what Data
+    Designer's ``RunConfig`` refuses in ``run_config`` (:class:`ddslurm.config.RunConfigProblem`, one per field).
 ``{"action": "versions"}``
-    ``{"versions": {distribution: version or null}}`` of :data:`NODE_DISTRIBUTIONS` as this environment has them
-    (``ddslurm doctor`` compares them with the submit host's).
+    ``{"versions": {distribution: version or null}, "plan": {"version", "layout"}}``: :data:`NODE_DISTRIBUTIONS` as
+    this environment has them, and the plan format this runtime reads (:data:`ddslurm.config.PLAN_VERSION`,
+    :data:`ddslurm.config.LAYOUT_VERSION`). ``ddslurm doctor`` judges them: ddslurm's own and the plan format as
+    the submit host's, Data Designer any version ddslurm supports (:data:`ddslurm.config.DATA_DESIGNER_VERSIONS`).
+The ``check`` answer's ``"data_designer"`` is this environment's Data Designer version: the plan records it, and each
+node refuses another (:mod:`ddslurm.runtime._dd_version`).
 """
 
 from __future__ import annotations
@@ -27,15 +34,18 @@ from typing import IO, Any
 
 import msgspec
 
-from ddslurm.config import RecipeSource
+from ddslurm.config import LAYOUT_VERSION, PLAN_VERSION, RecipeSource
 from ddslurm.runtime._builder import build, rebuilt_columns
 from ddslurm.runtime._columns import column_facts
+from ddslurm.runtime._dd_version import installed_data_designer
 from ddslurm.runtime._node_recipe import node_builder
 from ddslurm.runtime._plugins import unknown_types, used_plugins
+from ddslurm.runtime._run_config import engine_run_config, run_config_problems
 from ddslurm.runtime.errors import RecipeError
 
 NODE_DISTRIBUTIONS = ("ddslurm-runtime", "ddslurm-config", "data-designer")
-"""What the compute nodes run of ddslurm and Data Designer: the submit host must have the same versions."""
+"""What the compute nodes run of ddslurm and Data Designer: ``ddslurm doctor`` wants ddslurm's own at the submit
+host's versions (they write and read the plan) and Data Designer at any version ddslurm supports."""
 
 
 def installed_versions(names: Sequence[str]) -> dict[str, str | None]:
@@ -51,10 +61,15 @@ def installed_versions(names: Sequence[str]) -> dict[str, str | None]:
 
 def versions() -> dict[str, Any]:
     """The ``versions`` action (see the module's docstring)."""
-    return {"versions": installed_versions(NODE_DISTRIBUTIONS)}
+    return {
+        "versions": installed_versions(NODE_DISTRIBUTIONS),
+        "plan": {"version": PLAN_VERSION, "layout": LAYOUT_VERSION},
+    }
 
 
-def _validate(builder: Any, providers: list[Mapping[str, Any]], scratch: Path) -> list[str]:
+def _validate(
+    builder: Any, providers: list[Mapping[str, Any]], scratch: Path, run_config: Mapping[str, Any] | None = None
+) -> list[str]:
     import data_designer.config as dd
     from data_designer.interface import DataDesigner
 
@@ -68,6 +83,8 @@ def _validate(builder: Any, providers: list[Mapping[str, Any]], scratch: Path) -
     designer = DataDesigner(
         artifact_path=scratch / "artifacts", model_providers=models, managed_assets_path=scratch / "managed-assets"
     )
+    if run_config:  # as the node sets it (the Jinja engine a template is checked with)
+        designer.set_run_config(engine_run_config(run_config, otel_metrics_port=None))
     recorded: list[Any] = []
     try:
         with violations_reported(recorded):
@@ -80,7 +97,16 @@ def _validate(builder: Any, providers: list[Mapping[str, Any]], scratch: Path) -
 def check(payload: Mapping[str, Any]) -> dict[str, Any]:
     """The ``check`` action (see the module's docstring)."""
     recipe = payload["recipe"]
-    answer: dict[str, Any] = {"problems": [], "unknown": unknown_types(recipe), "columns": None, "plugins": []}
+    run_config: Mapping[str, Any] = payload.get("run_config") or {}
+    refused = [msgspec.to_builtins(p) for p in run_config_problems(run_config)] if run_config else []
+    answer: dict[str, Any] = {
+        "problems": [],
+        "unknown": unknown_types(recipe),
+        "columns": None,
+        "plugins": [],
+        "run_config": refused,
+        "data_designer": installed_data_designer(),
+    }
     if answer["unknown"]:  # the submit host says which package would provide them
         return answer
     answer["plugins"] = [msgspec.to_builtins(p) for p in used_plugins(recipe)]
@@ -93,7 +119,8 @@ def check(payload: Mapping[str, Any]) -> dict[str, Any]:
         answer["problems"] = [exc.message]
         return answer
     answer["columns"] = [msgspec.to_builtins(c) for c in column_facts(builder.get_column_configs())]
-    answer["problems"] = _validate(builder, list(payload.get("providers") or []), Path(payload["scratch"]))
+    applied = None if refused else run_config
+    answer["problems"] = _validate(builder, list(payload.get("providers") or []), Path(payload["scratch"]), applied)
     return answer
 
 
