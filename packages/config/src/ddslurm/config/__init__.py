@@ -47,6 +47,7 @@ from ddslurm.config._facts import (
 )
 from ddslurm.config._files import (
     LOCK_WAIT_S,
+    OTHERS_WRITE,
     atomic_write,
     check_not_swappable,
     check_private_dir,
@@ -289,6 +290,7 @@ __all__ = [
     "exclusive_lock",
     "open_regular",
     "LOCK_WAIT_S",
+    "OTHERS_WRITE",
     "facts_lock",
     "own_facts",
     "check_private_dir",

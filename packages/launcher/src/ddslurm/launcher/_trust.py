@@ -26,11 +26,10 @@ import stat
 from collections import deque
 from pathlib import Path
 
-from ddslurm.config import UnsafePathError
+from ddslurm.config import OTHERS_WRITE, UnsafePathError
 
 MAX_LINKS = 40
 """Symbolic links followed in one path at most (the kernel's limit)."""
-OTHERS_WRITE = 0o022
 
 
 def user_name(uid: int) -> str:

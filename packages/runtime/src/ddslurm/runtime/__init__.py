@@ -12,6 +12,7 @@ from ddslurm.config import lazy_exports
 if TYPE_CHECKING:
     from ddslurm.runtime._attempt import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL, AttemptRunner
     from ddslurm.runtime._columns import recipe_columns
+    from ddslurm.runtime._dd_version import installed_versions
     from ddslurm.runtime._engine import (
         EngineRequest,
         EngineResult,
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
         seed_reader,
     )
     from ddslurm.runtime._inputs import Inputs, load_inputs
-    from ddslurm.runtime._inspect import NODE_DISTRIBUTIONS, answer_inspect, installed_versions
+    from ddslurm.runtime._inspect import NODE_DISTRIBUTIONS, answer_inspect
     from ddslurm.runtime._listeners import unix_url
     from ddslurm.runtime._plugins import PLUGIN_GROUP
     from ddslurm.runtime._scratch import pid_alive
@@ -50,7 +51,7 @@ _LAZY_IMPORTS: dict[str, str] = {
     "VerificationError": "ddslurm.runtime.errors",
     "answer_inspect": "ddslurm.runtime._inspect",
     "engine_environment": "ddslurm.runtime._engine",
-    "installed_versions": "ddslurm.runtime._inspect",
+    "installed_versions": "ddslurm.runtime._dd_version",
     "load_inputs": "ddslurm.runtime._inputs",
     "make_private": "ddslurm.runtime._verify",
     "mcp_providers": "ddslurm.runtime._engine",

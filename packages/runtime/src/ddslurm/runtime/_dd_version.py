@@ -1,4 +1,5 @@
-"""The Data Designer a run was planned with, and the node's refusal of another.
+"""What is installed here (the distributions' versions), the Data Designer a run was planned with, and the node's
+refusal of another.
 
 At submit, ``ddslurm-runtime inspect`` in the profile's ``python_env`` says which Data Designer it holds (its
 ``check`` answer); the plan records it (``Plan.data_designer_version``). A node whose ``python_env`` holds another
@@ -10,18 +11,27 @@ Data Designer, with ``recipe_invalid`` (never retried automatically: every attem
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 
 from ddslurm.config import DATA_DESIGNER
 from ddslurm.runtime.errors import RecipeError
 
 
+def installed_versions(names: Sequence[str]) -> dict[str, str | None]:
+    """The version of each distribution of ``names`` installed here, None for one that is not."""
+    found: dict[str, str | None] = {}
+    for name in names:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = None
+    return found
+
+
 def installed_data_designer() -> str | None:
     """The version of Data Designer installed in this environment; None when it has none."""
-    try:
-        return version(DATA_DESIGNER)
-    except PackageNotFoundError:
-        return None
+    return installed_versions((DATA_DESIGNER,))[DATA_DESIGNER]
 
 
 def check_data_designer(planned: str) -> None:

@@ -27,8 +27,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Mapping, Sequence
-from importlib.metadata import PackageNotFoundError, version
+from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -37,7 +36,7 @@ import msgspec
 from ddslurm.config import LAYOUT_VERSION, PLAN_VERSION, RecipeSource
 from ddslurm.runtime._builder import build, rebuilt_columns
 from ddslurm.runtime._columns import column_facts
-from ddslurm.runtime._dd_version import installed_data_designer
+from ddslurm.runtime._dd_version import installed_data_designer, installed_versions
 from ddslurm.runtime._node_recipe import node_builder
 from ddslurm.runtime._plugins import unknown_types, used_plugins
 from ddslurm.runtime._run_config import engine_run_config, run_config_problems
@@ -46,17 +45,6 @@ from ddslurm.runtime.errors import RecipeError
 NODE_DISTRIBUTIONS = ("ddslurm-runtime", "ddslurm-config", "data-designer")
 """What the compute nodes run of ddslurm and Data Designer: ``ddslurm doctor`` wants ddslurm's own at the submit
 host's versions (they write and read the plan) and Data Designer at any version ddslurm supports."""
-
-
-def installed_versions(names: Sequence[str]) -> dict[str, str | None]:
-    """The version of each distribution of ``names`` installed here, None for one that is not."""
-    found: dict[str, str | None] = {}
-    for name in names:
-        try:
-            found[name] = version(name)
-        except PackageNotFoundError:
-            found[name] = None
-    return found
 
 
 def versions() -> dict[str, Any]:
