@@ -17,7 +17,7 @@ plugins and packages the nodes run), never in the submitting process:
   working directory, and the seed capture (``_seed.py``) resolves it against the script's directory, as it does
   against a YAML recipe's;
 - it has a timeout, and what it prints is captured and shown only when it fails, every secret value of the
-  submitting shell redacted (:func:`run_secrets`, ``providers.redact``);
+  submitting shell redacted (the values of :func:`secret_names`, ``providers.redact``);
 - its environment (:func:`script_environment`, the same for its second run in Data Designer's check,
   ``_validate.py``) has none of the shell's secrets: the API-key variables of Data Designer's providers and MCP
   providers (``${VAR}`` names included), the deployments' ``server.env_from`` variables, and every variable whose
@@ -44,7 +44,7 @@ file and the seed files it names (``_seed.refuse_seed_secrets``), before anythin
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -158,14 +158,15 @@ def load_run_recipe(
 
     The run file, the recipe (a config file's text, or the config a script returned, and the script) and the seed
     files it names are refused (:class:`BuilderError`, :class:`SubmitError` for seed files) when they hold the value
-    of one of the run's secrets (:func:`run_secrets`), by one check for every kind of recipe
+    of one of the run's secrets (:func:`secret_names`' values), by one check for every kind of recipe
     (:func:`refuse_secrets`; the seed files: ``refuse_seed_secrets``)."""
     try:
         ref = parse_recipe_ref(run.recipe)
     except ValueError as exc:
         raise _at_recipe(run_path, str(exc)) from None
     base = run_path.parent.resolve()
-    secrets = run_secrets(run, env, dd_home)
+    hidden = secret_names(run, env, dd_home)  # read once: the builder's environment and the values refused
+    secrets = secret_values(hidden, env)
     refuse_secrets(
         run_path.read_text("utf-8", "replace"), read_yaml(run_path), secrets, origin=run_path, subject="the run file"
     )
@@ -199,7 +200,7 @@ def load_run_recipe(
     else:
         payload["module"] = ref.target
         cwd, shown = base, f"module {ref.target}"
-    result = _run_builder(runtime, payload, cwd, builder_env(script_environment(run, env, dd_home), dd_home), timeout_s)
+    result = _run_builder(runtime, payload, cwd, builder_env(script_environment(env, hidden), dd_home), timeout_s)
     if not result.get("ok"):
         where = result.get("file") or shown
         if result.get("line"):
@@ -237,13 +238,6 @@ def load_run_recipe(
         changes=changes,
         mcp_providers=given,
     )
-
-
-def run_secrets(run: RunFile | None, env: Mapping[str, str], dd_home: Path, also: Iterable[str] = ()) -> dict[str, str]:
-    """The secret values (by variable name) that no recipe may hold and that what a builder script prints is
-    redacted for: those of :func:`secret_names` and ``also`` (the snapshot's key variables), placeholders
-    (``EMPTY``, ``none``, values under 8 characters) left out, as the node's scan leaves them out."""
-    return secret_values(secret_names(run, env, dd_home) | set(also), env)
 
 
 def refuse_secrets(
@@ -296,16 +290,14 @@ def secret_names(run: RunFile | None, env: Mapping[str, str], dd_home: Path) -> 
     return env_secret_names(env, names, kept=KEPT_ENV)
 
 
-def script_environment(
-    run: RunFile | None, env: Mapping[str, str], dd_home: Path, also: Iterable[str] = ()
-) -> dict[str, str]:
+def script_environment(env: Mapping[str, str], hidden: Collection[str]) -> dict[str, str]:
     """The environment every run of a builder script on the submit host starts from: the run that builds the
     config (:func:`load_run_recipe`) and the one in Data Designer's check, which runs it again for the columns the
-    YAML does not carry (``_validate.dd_check_recipe``). ``env`` without :func:`secret_names` nor ``also`` (the
-    snapshot's key variables, known once the config is built), Python told to write no bytecode beside the
+    YAML does not carry (``_validate.dd_check_recipe``). ``env`` without the variables ``hidden`` names
+    (:func:`secret_names`, and for the second run the snapshot's key variables, known once the config is built),
+    Python told to write no bytecode beside the
     script; each run then points Data Designer at its home. This is hygiene, not a barrier: the script is the
     user's own code, run as the user, and can read what the user's shell holds (``/proc/$PPID/environ``)."""
-    hidden = secret_names(run, env, dd_home) | set(also)
     return {name: value for name, value in env.items() if name not in hidden} | {"PYTHONDONTWRITEBYTECODE": "1"}
 
 

@@ -65,7 +65,7 @@ from ddslurm.launcher._facts import (
 )
 from ddslurm.launcher._mcp_check import dd_check_tools
 from ddslurm.launcher._python_env import python_env_problem
-from ddslurm.launcher._recipe import run_secrets, script_environment
+from ddslurm.launcher._recipe import script_environment, secret_names
 from ddslurm.launcher._recipe_at import place_refusal
 from ddslurm.launcher._render import render_generation
 from ddslurm.launcher._run_dir import NOTHING_LEFT, Prepared, write_run_dir
@@ -95,6 +95,7 @@ from ddslurm.providers import (
     missing_env,
     placeholder_secrets,
     redact,
+    secret_values,
 )
 from ddslurm.providers.discovery import settings_dir
 
@@ -206,11 +207,13 @@ def prepare(
             seed=None if seed is None else seed.plan,
             nodes=nodes,
         )
+        # the shell's secrets (read once): hidden from a builder script's second run, redacted from what it says
+        hidden = secret_names(run, env, settings_dir(env, home)) | set(snapshot.secret_env_names())
         if check_recipe is not None:
             check = check_recipe(recipe, recipe_path, snapshot, sized, runtime, as_is)
         else:
             # A builder script run again by the check starts from the environment its first run had.
-            scrubbed = script_environment(run, env, settings_dir(env, home), also=snapshot.secret_env_names())
+            scrubbed = script_environment(env, hidden)
             check = dd_check_recipe(
                 recipe, recipe_path, snapshot, sized, runtime, as_is, host=host, env=scrubbed, run_config=run.run_config
             )
@@ -248,7 +251,7 @@ def prepare(
         raise SubmitError("\n".join(place_error(f"{at}: {message}", run_path, profile_path) for at, message in fields))
     if check.problems:
         # What the check (and a builder script it ran again) said, with every secret value of the shell redacted
-        shown = run_secrets(run, env, settings_dir(env, home), also=snapshot.secret_env_names())
+        shown = secret_values(hidden, env)
         lines = "\n".join(f"  {redact(place_refusal(p, recipe_path, recipe), shown)}" for p in check.problems)
         raise SubmitError(f"{recipe_path}: Data Designer refuses the recipe:\n{lines}")
     if snapshot.mcp_providers:

@@ -44,7 +44,7 @@ from ddslurm.config import (
 )
 from ddslurm.launcher._engine_host import RUNTIME_PROCESS, EngineHost
 from ddslurm.launcher._process import Stopped
-from ddslurm.launcher._recipe import script_environment
+from ddslurm.launcher._recipe import script_environment, secret_names
 from ddslurm.providers.discovery import settings_dir
 from ddslurm.runtime import PLUGIN_GROUP, engine_environment
 
@@ -103,7 +103,8 @@ def dd_check_recipe(
     if key is not None and key in _ACCEPTED:
         return _ACCEPTED[key]
     if env is None:
-        env = script_environment(None, os.environ, settings_dir(os.environ), also=snapshot.secret_env_names())
+        hidden = secret_names(None, os.environ, settings_dir(os.environ)) | set(snapshot.secret_env_names())
+        env = script_environment(os.environ, hidden)
     check = _run_check(host, runtime, payload, recipe_path.parent, env)
     if key is not None and not check.problems and not check.run_config:
         _ACCEPTED[key] = check
