@@ -36,6 +36,17 @@ data_designer:
 """
 
 
+def _write_mcp_providers(dd_home: Path, endpoint: str, command: str, args: list[str]) -> None:
+    """The Data Designer home's MCP providers: the remote server (its key by variable name) and the stdio one (its
+    token a ``${VAR}`` env value)."""
+    (dd_home / "mcp_providers.yaml").write_text(
+        "providers:\n"
+        f"- {{name: remote, provider_type: streamable_http, endpoint: '{endpoint}', api_key: MCP_KEY}}\n"
+        f"- {{name: local, provider_type: stdio, command: '{command}', args: {args},\n"
+        "   env: {DOCS_TOKEN: '${MCP_DOCS_TOKEN}', MODE: e2e}}\n"
+    )
+
+
 def test_tools_of_a_remote_and_a_stdio_mcp_server_reach_the_rows(make_run_files: Any, scan_for_secret: Any) -> None:
     files = make_run_files("mcp", num_records=4, shards=2, buffer_size=2)
     (files.root / "recipe.yaml").write_text(RECIPE)
@@ -43,12 +54,7 @@ def test_tools_of_a_remote_and_a_stdio_mcp_server_reach_the_rows(make_run_files:
     command, args = stdio_command("local_lookup", local_log, log_env=["DOCS_TOKEN"])
     assert Path(command).is_absolute() and command == sys.executable  # the nodes share this machine's files
     with start_remote("remote_lookup", remote_log, key_env="SERVER_KEY", env={"SERVER_KEY": REMOTE_KEY}) as remote:
-        (files.dd_home / "mcp_providers.yaml").write_text(
-            "providers:\n"
-            f"- {{name: remote, provider_type: streamable_http, endpoint: '{remote.endpoint}', api_key: MCP_KEY}}\n"
-            f"- {{name: local, provider_type: stdio, command: '{command}', args: {args},\n"
-            "   env: {DOCS_TOKEN: '${MCP_DOCS_TOKEN}', MODE: e2e}}\n"
-        )
+        _write_mcp_providers(files.dd_home, remote.endpoint, command, args)
         env = {**files.env, "MCP_KEY": REMOTE_KEY, "MCP_DOCS_TOKEN": DOCS_TOKEN}
         submitted = cli_json(
             "submit", str(files.run_file), "--profile", str(files.profile), "--json", env=env, outputs=OUTPUTS
@@ -57,8 +63,7 @@ def test_tools_of_a_remote_and_a_stdio_mcp_server_reach_the_rows(make_run_files:
         assert calls(remote_log) == []  # submit listed the remote tools, and called none
         final = cli_json("wait", str(run_dir), "--json", env=env, outputs=OUTPUTS)
         assert final["state"] == "succeeded", final
-    collected = cli_json("collect", str(run_dir), "--local", "--json", env=env, outputs=OUTPUTS)
-    rows = pq.read_table(collected["dataset"]).to_pylist()
+    rows = pq.read_table(_collected(run_dir, env)).to_pylist()
     assert len(rows) == 4
 
     for row in rows:
@@ -127,12 +132,7 @@ def test_a_mixed_run_with_mcp_tools_shows_no_key_to_another_user_on_any_command_
         remote_log, local_log = files.root / "remote.jsonl", files.root / "local.jsonl"
         command, args = stdio_command("local_lookup", local_log, log_env=["DOCS_TOKEN"])
         with start_remote("remote_lookup", remote_log, key_env="SERVER_KEY", env={"SERVER_KEY": REMOTE_KEY}) as remote:
-            (files.dd_home / "mcp_providers.yaml").write_text(
-                "providers:\n"
-                f"- {{name: remote, provider_type: streamable_http, endpoint: '{remote.endpoint}', api_key: MCP_KEY}}\n"
-                f"- {{name: local, provider_type: stdio, command: '{command}', args: {args},\n"
-                "   env: {DOCS_TOKEN: '${MCP_DOCS_TOKEN}', MODE: e2e}}\n"
-            )
+            _write_mcp_providers(files.dd_home, remote.endpoint, command, args)
             env = {**files.env, "DEMO_HOSTED_API_KEY": hosted.api_key, "MCP_KEY": REMOTE_KEY,
                    "MCP_DOCS_TOKEN": DOCS_TOKEN}  # fmt: skip
             submitted = cli_json("submit", str(files.run_file), "--profile", str(files.profile), "--json", env=env,
@@ -156,7 +156,7 @@ def test_a_mixed_run_with_mcp_tools_shows_no_key_to_another_user_on_any_command_
         assert scan_for_secret(run_dir, secret) == [], name
         assert scan_for_secret(files.root, secret) == [], name
         assert not any(secret in text for text in OUTPUTS), name
-    rows = pq.read_table(collected(run_dir, env)).to_pylist()
+    rows = pq.read_table(_collected(run_dir, env)).to_pylist()
     assert len(rows) == 4 and all(r["near"] == f"Tool result: local_lookup says: Seek {r['topic']}" for r in rows)
 
 
@@ -171,7 +171,8 @@ def _rows_on_disk(run_dir: Path) -> int:
     return rows
 
 
-def collected(run_dir: Path, env: dict[str, str]) -> Path:
+def _collected(run_dir: Path, env: dict[str, str]) -> Path:
+    """The run collected in this process (``collect --local``): its dataset."""
     return Path(cli_json("collect", str(run_dir), "--local", "--json", env=env, outputs=OUTPUTS)["dataset"])
 
 
@@ -183,11 +184,11 @@ def _server_tokens(run_dir: Path) -> dict[str, str]:
     from tests.e2e import processes
 
     found = {}
-    for pid, _argv in processes():
+    for pid, argv in processes():
         with contextlib.suppress(OSError):
             environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
             values = dict(e.decode(errors="replace").partition("=")[::2] for e in environ)
-            if not any(str(run_dir) in v for v in values.values()) and str(run_dir) not in " ".join(_argv):
+            if not any(str(run_dir) in v for v in values.values()) and str(run_dir) not in " ".join(argv):
                 continue
             for name in ("VLLM_API_KEY", "DDSLURM_LOCAL_TOKEN"):
                 if values.get(name):

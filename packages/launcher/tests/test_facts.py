@@ -22,7 +22,6 @@ from ddslurm.config import (
     ModelFact,
     ModelShape,
     PartitionNodes,
-    Plan,
     Prediction,
     ProviderSnapshot,
     RecipeFact,
@@ -35,7 +34,6 @@ from ddslurm.config import (
     read_plan,
     write_facts,
 )
-from ddslurm.launcher import _submit as submit_module
 from ddslurm.launcher._bill import bill_lines, make_bill
 from ddslurm.launcher._facts import PartitionGpuNodes, partition_gpu_type, partition_nodes, record_facts
 from ddslurm.launcher._measure import measure_run
@@ -203,20 +201,8 @@ def test_the_partitions_gpu_nodes_bound_the_layouts() -> None:
     assert partition_nodes(Slurm(SinfoSlurm("", rc=1)))("gpu") is None  # never fatal: nothing ruled out
 
 
-def _capture_inputs(monkeypatch: pytest.MonkeyPatch) -> list[PlanInputs]:
-    seen: list[PlanInputs] = []
-    compile_plan = submit_module.compile_plan
-
-    def spy(inputs: PlanInputs) -> Plan:
-        seen.append(inputs)
-        return compile_plan(inputs)
-
-    monkeypatch.setattr(submit_module, "compile_plan", spy)
-    return seen
-
-
 def test_prepare_gives_the_planner_the_workspace_facts_and_the_partitions_gpu_type(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, planner_inputs: list[PlanInputs]
 ) -> None:
     run, profile, env = stage_files(tmp_path)
     workspace = Path(load_profile(profile).workspace)
@@ -230,7 +216,7 @@ def test_prepare_gives_the_planner_the_workspace_facts_and_the_partitions_gpu_ty
         )
     )  # fmt: skip
     write_facts(facts_path(workspace), known)
-    seen = _capture_inputs(monkeypatch)
+    seen = planner_inputs
     asked: list[str | None] = []
 
     def gpu_type_of(partition: str | None) -> str:

@@ -25,7 +25,6 @@ from ddslurm.config import (
     Facts,
     ModelFact,
     ModelShape,
-    Plan,
     facts_lock,
     facts_path,
     load_profile,
@@ -34,7 +33,6 @@ from ddslurm.config import (
 )
 from ddslurm.launcher import Slurm, SubmitError, doctor, dry_run
 from ddslurm.launcher import _dry_run as dry_run_module
-from ddslurm.launcher import _submit as submit_module
 from ddslurm.launcher._facts import record_after, record_facts
 from ddslurm.launcher._submit import prepare
 from ddslurm.launcher.cli import main
@@ -85,23 +83,15 @@ def _plant(path: Path, facts: Facts = PLANTED) -> None:
 
 
 @pytest.fixture
-def compiled(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[PlanInputs]]:
+def compiled(monkeypatch: pytest.MonkeyPatch, planner_inputs: list[PlanInputs]) -> Iterator[list[PlanInputs]]:
     """What the planner is given (recipe checks answered here: Data Designer's own is tested elsewhere)."""
-    seen: list[PlanInputs] = []
-    compile_plan = submit_module.compile_plan
-
-    def spy(inputs: PlanInputs) -> Plan:
-        seen.append(inputs)
-        return compile_plan(inputs)
-
-    monkeypatch.setattr(submit_module, "compile_plan", spy)
     original = dry_run_module.prepare
 
     def accepting(*args: Any, **kwargs: Any) -> Any:
         return original(*args, **{**kwargs, "check_recipe": accept_recipe})
 
     monkeypatch.setattr(dry_run_module, "prepare", accepting)
-    yield seen
+    yield planner_inputs
 
 
 def _dry_run_json(run: Path, profile: Path, env: dict[str, str]) -> tuple[int, dict[str, Any]]:
