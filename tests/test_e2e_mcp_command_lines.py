@@ -112,6 +112,10 @@ def test_an_mcp_server_given_its_token_by_environment_is_listed_with_no_secret_o
     code, out, err, started, seen = _submit_and_look(files, ["--mode=fast"])
     assert started and code == 0, out + err
     assert any("held_server.py" in line and "--mode=fast" in line for line in seen)  # nobody saw the server
+    # Listed by the profile's python_env (issue 38), whose Data Designer the client step calls the tools with.
+    python_env = next(line for line in files.profile.read_text().splitlines() if line.startswith("python_env:"))
+    runtime = Path(python_env.split(":", 1)[1].strip()) / "bin" / "ddslurm-runtime"
+    assert any(f"{runtime} inspect" in line for line in seen), seen
     for name, secret in {"docs token": DOCS_TOKEN, "hosted key": files.env["DEMO_HOSTED_API_KEY"]}.items():
         assert not any(secret in line for line in seen), f"nobody saw the {name} on a command line"
         assert secret not in out + err, name

@@ -1,8 +1,9 @@
 """The recipe's MCP tools at submit: stdio commands found, and the tools ``allow_tools`` names listed from the real
-servers (Data Designer's MCP client, in a subprocess)."""
+servers by the profile's ``python_env`` (Data Designer's MCP client there, ``ddslurm-runtime inspect``)."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from datetime import UTC, datetime
@@ -15,7 +16,7 @@ import pytest
 from ddslurm.config import ProviderSnapshot, SnapshotMCPProvider
 from ddslurm.launcher import SubmitError, prepare
 from ddslurm.launcher._mcp_check import command_problems, dd_check_tools
-from ddslurm.launcher.testing import UNIT_RECIPE, accept_recipe, write_unit_run
+from ddslurm.launcher.testing import UNIT_RECIPE, accept_recipe, write_runtime_shim, write_unit_run
 from ddslurm.providers import Origin, load_recipe
 from fake_vllm.mcp_server import calls, start_remote, stdio_command
 
@@ -50,7 +51,8 @@ def test_a_stdio_command_not_found_is_refused(tmp_path: Path) -> None:
     ]
     # Checked before any server is asked for its tools.
     recipe = _recipe({"tool_alias": "t", "providers": ["gone"], "allow_tools": ["x"]})
-    assert dd_check_tools(recipe, Origin(tmp_path / "r.yaml"), snapshot, env, tmp_path) == problems
+    runtime = tmp_path / "no-python-env" / "bin" / "ddslurm-runtime"  # never asked
+    assert dd_check_tools(recipe, Origin(tmp_path / "r.yaml"), snapshot, env, tmp_path, runtime) == problems
 
 
 def test_allow_tools_are_checked_against_the_servers_tools(tmp_path: Path) -> None:
@@ -77,14 +79,17 @@ def test_allow_tools_are_checked_against_the_servers_tools(tmp_path: Path) -> No
             )
         )
         env = {**os.environ, "REMOTE_KEY": KEY}
-        problems = dd_check_tools(recipe, Origin(recipe_path), snapshot, env, tmp_path)
+        runtime = write_runtime_shim(tmp_path / "venv")
+        problems = dd_check_tools(recipe, Origin(recipe_path), snapshot, env, tmp_path, runtime)
         assert problems == [
             f"{recipe_path}:5:48: data_designer.tool_configs[0].allow_tools[2]: tool 'missing_tool' is not offered "
             "by MCP provider(s) 'local', 'remote' (they offer: local_lookup, remote_lookup)"
         ]
         # The key is the one the server wants, resolved from the variable; listing calls no tool.
         assert calls(tmp_path / "remote.jsonl") == []
-        wrong = dd_check_tools(recipe, Origin(recipe_path), snapshot, {**env, "REMOTE_KEY": "x" * 20}, tmp_path)
+        wrong = dd_check_tools(
+            recipe, Origin(recipe_path), snapshot, {**env, "REMOTE_KEY": "x" * 20}, tmp_path, runtime
+        )
     assert len(wrong) == 1 and "MCP provider 'remote': its tools could not be listed" in wrong[0]
     assert "tool_configs[0].providers" in wrong[0] and "x" * 20 not in wrong[0]
 
@@ -93,13 +98,15 @@ def test_a_recipe_whose_tools_are_all_allowed_connects_to_nothing(tmp_path: Path
     unreachable = SnapshotMCPProvider(name="r", provider_type="sse", endpoint="http://127.0.0.1:9/sse")
     recipe = _recipe({"tool_alias": "t", "providers": ["r"]})
     snapshot = ProviderSnapshot(mcp_providers=(unreachable,))
-    assert dd_check_tools(recipe, Origin(tmp_path / "r.yaml"), snapshot, dict(os.environ), tmp_path) == []
+    runtime = tmp_path / "no-python-env" / "bin" / "ddslurm-runtime"  # never asked
+    assert dd_check_tools(recipe, Origin(tmp_path / "r.yaml"), snapshot, dict(os.environ), tmp_path, runtime) == []
 
 
 def test_an_allowed_tool_that_is_offered_passes(tmp_path: Path) -> None:
     recipe = _recipe({"tool_alias": "t", "providers": ["local"], "allow_tools": ["local_lookup"], "timeout_sec": 60})
     snapshot = ProviderSnapshot(mcp_providers=(_stdio("local", tmp_path),))
-    assert dd_check_tools(recipe, Origin(tmp_path / "r.yaml"), snapshot, dict(os.environ), tmp_path) == []
+    runtime = write_runtime_shim(tmp_path / "venv")
+    assert dd_check_tools(recipe, Origin(tmp_path / "r.yaml"), snapshot, dict(os.environ), tmp_path, runtime) == []
 
 
 TOOL_RECIPE = (
@@ -221,16 +228,116 @@ def test_a_server_whose_command_line_would_hold_a_secret_is_never_started(tmp_pa
     snapshot = ProviderSnapshot(mcp_providers=(leaky,))
     env = {**os.environ, "DOCS_SESAME": token}
     recipe = _recipe({"tool_alias": "t", "providers": ["leaky"], "allow_tools": ["local_lookup"]})
-    problems = dd_check_tools(recipe, Origin(tmp_path / "r.yaml"), snapshot, env, tmp_path)
+    runtime = write_runtime_shim(tmp_path / "venv")
+    problems = dd_check_tools(recipe, Origin(tmp_path / "r.yaml"), snapshot, env, tmp_path, runtime)
     assert problems == [
         f"{tmp_path / 'mcp_providers.yaml'}: MCP provider 'leaky': args[{len(args)}] holds the value of "
         "$DOCS_SESAME, a secret (values are not shown); not started: its command line is seen by every user"
     ]
     assert not started.exists()
     # The same server with its token in its environment only is started and listed.
-    safe = msgspec.structs.replace(leaky, args=tuple(args))
-    assert (
-        dd_check_tools(recipe, Origin(tmp_path / "r.yaml"), ProviderSnapshot(mcp_providers=(safe,)), env, tmp_path)
-        == []
-    )
+    safe = ProviderSnapshot(mcp_providers=(msgspec.structs.replace(leaky, args=tuple(args)),))
+    assert dd_check_tools(recipe, Origin(tmp_path / "r.yaml"), safe, env, tmp_path, runtime) == []
     assert started.exists()
+
+
+def _python_env(tmp_path: Path, answer: str, code: int = 0) -> Path:
+    """A ``python_env`` whose ``ddslurm-runtime`` records how it was asked (arguments, working directory, Data
+    Designer's home, the request on its stdin) under ``tmp_path/asked`` and prints ``answer``."""
+    asked = tmp_path / "asked"
+    asked.mkdir()
+    (asked / "answer").write_text(answer)
+    command = tmp_path / "other-env" / "bin" / "ddslurm-runtime"
+    command.parent.mkdir(parents=True)
+    command.write_text(
+        "#!/bin/sh\n"
+        f"pwd > {asked}/cwd\n"
+        f'printf "%s" "$*" > {asked}/argv\n'
+        f'printf "%s" "$DATA_DESIGNER_HOME" > {asked}/home\n'
+        f"cat > {asked}/request.json\n"
+        f"cat {asked}/answer\n"
+        "echo 'said on stderr' >&2\n"
+        f"exit {code}\n"
+    )
+    command.chmod(0o755)
+    return command
+
+
+def test_the_tools_are_listed_by_the_python_envs_runtime(tmp_path: Path) -> None:
+    """Issue 38: the listing is ``python_env``'s (the Data Designer the client step calls the tools with), never the
+    launcher's: its ``ddslurm-runtime inspect`` gets the request on stdin, with Data Designer's home in a scratch
+    directory (its working directory) and the ``${VAR}`` variables' names only."""
+    token = "stdio-token-PLm02kfj2n4"
+    local = SnapshotMCPProvider(
+        name="local", provider_type="stdio", command=sys.executable, args=("-m", "server"), env_from={"T": "TOKEN"}
+    )
+    snapshot = ProviderSnapshot(mcp_providers=(local,))
+    env = {"PATH": os.environ["PATH"], "TOKEN": token, "DATA_DESIGNER_HOME": str(tmp_path / "users-home")}
+    runtime = _python_env(tmp_path, '{"tools": {"local": ["only_in_python_env"]}, "errors": {}}')
+    allowed = _recipe({"tool_alias": "t", "providers": ["local"], "allow_tools": ["only_in_python_env"]})
+    assert dd_check_tools(allowed, Origin(tmp_path / "r.yaml"), snapshot, env, tmp_path, runtime) == []
+    asked = tmp_path / "asked"
+    assert (asked / "argv").read_text() == "inspect"
+    home = (asked / "home").read_text()
+    assert Path(home).name.startswith("ddslurm-mcp-check-") and (asked / "cwd").read_text().strip() == home
+    assert not Path(home).exists()  # the scratch home is gone with the check
+    request = json.loads((asked / "request.json").read_text())
+    assert request.keys() == {"action", "snapshot", "timeout"} and request["action"] == "tools"
+    assert msgspec.convert(request["snapshot"], ProviderSnapshot) == snapshot and request["timeout"] == 30.0
+    assert token not in (asked / "request.json").read_text()
+    other = _recipe({"tool_alias": "t", "providers": ["local"], "allow_tools": ["local_lookup"]})
+    assert dd_check_tools(other, Origin(tmp_path / "r.yaml"), snapshot, env, tmp_path, runtime) == [
+        f"{tmp_path / 'r.yaml'}: data_designer.tool_configs[0].allow_tools[0]: tool 'local_lookup' is not offered by "
+        "MCP provider(s) 'local' (they offer: only_in_python_env)"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("answer", "code", "says"),
+    [
+        pytest.param(
+            '{"tools": {}, "errors": {"local": "ConnectError: refused"}}', 0,
+            "data_designer.tool_configs[0].providers: MCP provider 'local': its tools could not be listed "
+            "(ConnectError: refused); is the server up",
+            id="the-servers-failure",
+        ),
+        pytest.param(
+            '{"tools": {}, "errors": {}}', 0,
+            "MCP provider 'local': its tools could not be listed (python_env's answer does not name it)",
+            id="not-named",
+        ),
+        pytest.param(
+            '{"ok": false, "error": "inspecting the recipe failed: KeyError: x"}', 0,
+            "(the profile's python_env) could not list the MCP tools: inspecting the recipe failed: KeyError: x",
+            id="its-error",
+        ),
+        pytest.param(
+            "Traceback: no module named ddslurm", 3,
+            "could not run (exit code 3):\nsaid on stderr",
+            id="no-answer",
+        ),
+    ],
+)  # fmt: skip
+def test_what_the_python_env_could_not_list_is_said(tmp_path: Path, answer: str, code: int, says: str) -> None:
+    local = SnapshotMCPProvider(name="local", provider_type="stdio", command=sys.executable)
+    runtime = _python_env(tmp_path, answer, code)
+    recipe = _recipe({"tool_alias": "t", "providers": ["local"], "allow_tools": ["local_lookup"]})
+    env = {"PATH": os.environ["PATH"]}
+    problems = dd_check_tools(
+        recipe, Origin(tmp_path / "r.yaml"), ProviderSnapshot(mcp_providers=(local,)), env, tmp_path, runtime
+    )
+    assert len(problems) == 1 and says in problems[0], problems
+
+
+def test_a_python_env_that_cannot_be_run_is_said(tmp_path: Path) -> None:
+    local = SnapshotMCPProvider(name="local", provider_type="stdio", command=sys.executable)
+    recipe = _recipe({"tool_alias": "t", "providers": ["local"], "allow_tools": ["local_lookup"]})
+    runtime = tmp_path / "gone" / "bin" / "ddslurm-runtime"
+    problems = dd_check_tools(
+        recipe, Origin(tmp_path / "r.yaml"), ProviderSnapshot(mcp_providers=(local,)), dict(os.environ), tmp_path,
+        runtime,
+    )  # fmt: skip
+    assert problems == [
+        f"cannot run {runtime} (the profile's python_env) to list the MCP tools: "
+        f"[Errno 2] No such file or directory: '{runtime}'"
+    ]

@@ -1,24 +1,24 @@
 """The recipe's MCP tools, checked on the submit host before anything is written: every stdio server's command
 can be found, and every tool an ``allow_tools`` names is offered by the tool config's providers.
 
-The tools are listed by Data Designer's own MCP client (``list_tool_names``) in a subprocess (``python -m
-ddslurm.launcher._mcp_check``), so the submitting process never imports Data Designer; the subprocess gets the
-submitting shell's environment (the providers' keys are resolved from their variables there, as on the node) with
-Data Designer's home in a scratch directory. Only tool configs with ``allow_tools`` are listed: a recipe whose
-tools are all allowed connects to no server at submit.
+The tools are listed in the profile's ``python_env``, by the Data Designer the client step calls them with (its own
+MCP client, ``list_tool_names``): ``<python_env>/bin/ddslurm-runtime inspect``'s ``tools`` action
+(:mod:`ddslurm.runtime._mcp_tools`), as every check that needs Data Designer runs, so the launcher imports none of
+its engine. That process gets the submitting shell's environment (the providers' keys are resolved from their
+variables there, as on the node) with Data Designer's home in a scratch directory, its working directory. Only tool
+configs with ``allow_tools`` are listed: a recipe whose tools are all allowed connects to no server at submit.
 
-No secret is ever on a command line the check starts (every user of the submit host reads them): the subprocess
-gets its request on its standard input, a stdio server's ``${VAR}`` values reach that server's environment only,
-and a server whose command or arguments would hold a secret's value is never started (``providers`` refuses it
-when the snapshot is captured; :func:`command_problems` checks it again with the one check of a captured string).
+No secret is ever on a command line the check starts (every user of the submit host reads them): the listing gets
+its request on its standard input, a stdio server's ``${VAR}`` values reach that server's environment only, and a
+server whose command or arguments would hold a secret's value is never started (``providers`` refuses it when the
+snapshot is captured; :func:`command_problems` checks it again with the one check of a captured string, before
+``python_env`` is asked).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -27,7 +27,8 @@ from typing import Any
 import msgspec
 
 from ddslurm.config import ProviderSnapshot, SnapshotMCPProvider, recipe_section
-from ddslurm.launcher._process import Stopped, ask_json
+from ddslurm.launcher._engine_host import RUNTIME_PROCESS
+from ddslurm.launcher._process import Stopped
 from ddslurm.providers import (
     MCP_PROVIDERS_FILE,
     Origin,
@@ -71,9 +72,16 @@ def command_problems(snapshot: ProviderSnapshot, env: Mapping[str, str], setting
 
 
 def dd_check_tools(
-    recipe: Mapping[str, Any], origin: Origin, snapshot: ProviderSnapshot, env: Mapping[str, str], settings: Path
+    recipe: Mapping[str, Any],
+    origin: Origin,
+    snapshot: ProviderSnapshot,
+    env: Mapping[str, str],
+    settings: Path,
+    runtime: Path,
 ) -> list[str]:
-    """What is wrong with the recipe's tools (one line per problem, at the recipe's field), or []."""
+    """What is wrong with the recipe's tools (one line per problem, at the recipe's field), or []. ``env``: the
+    submitting shell's environment; ``settings``: Data Designer's settings directory (where the providers were
+    read); ``runtime``: ``<python_env>/bin/ddslurm-runtime``, which lists the tools."""
     problems = command_problems(snapshot, env, settings)
     if problems:
         return problems
@@ -87,20 +95,21 @@ def dd_check_tools(
             wanted.append((index, config, named))
     if not wanted:
         return []
-    listed = _list_tools([p for _, _, named in wanted for p in named], _timeout(wanted), env)
+    listed = _list_tools([p for _, _, named in wanted for p in named], _timeout(wanted), env, runtime)
+    if isinstance(listed, str):
+        return [listed]
     for index, config, named in wanted:
         offered: set[str] = set()
         for provider in named:
-            tools = listed.get(provider.name)
-            if isinstance(tools, str):
+            if provider.name in listed.errors:
                 problems.append(
                     f"{origin.at(*base, 'tool_configs', index, 'providers')}: MCP provider {provider.name!r}: its "
-                    f"tools could not be listed ({tools}); is the server up, and does it take the key its api_key "
-                    "variable holds?"
+                    f"tools could not be listed ({listed.errors[provider.name]}); is the server up, and does it take "
+                    "the key its api_key variable holds?"
                 )
             else:
-                offered.update(tools or [])
-        if any(isinstance(listed.get(p.name), str) for p in named):
+                offered.update(listed.tools.get(provider.name, ()))
+        if any(p.name in listed.errors for p in named):
             continue
         names = ", ".join(repr(p.name) for p in named)
         for k, tool in enumerate(config["allow_tools"]):
@@ -117,56 +126,40 @@ def _timeout(wanted: list[tuple[int, Mapping[str, Any], list[SnapshotMCPProvider
     return max([float(t) for t in given if isinstance(t, int | float)] or [LIST_TIMEOUT_S])
 
 
+class Listing(msgspec.Struct, frozen=True):
+    """``python_env``'s answer to the ``tools`` action: each provider's tool names, or why they could not be
+    listed."""
+
+    tools: dict[str, tuple[str, ...]]
+    errors: dict[str, str]
+
+
 def _list_tools(
-    providers: list[SnapshotMCPProvider], timeout: float, env: Mapping[str, str]
-) -> dict[str, list[str] | str]:
-    """Each provider's tool names, or why they could not be listed."""
+    providers: list[SnapshotMCPProvider], timeout: float, env: Mapping[str, str], runtime: Path
+) -> Listing | str:
+    """Each provider's tools as ``runtime`` (``<python_env>/bin/ddslurm-runtime``) lists them, or the one problem
+    line when it could not be asked."""
     unique = list({p.name: p for p in providers}.values())
-    payload = {"snapshot": msgspec.to_builtins(ProviderSnapshot(mcp_providers=tuple(unique))), "timeout": timeout}
+    request = {
+        "action": "tools",
+        "snapshot": msgspec.to_builtins(ProviderSnapshot(mcp_providers=tuple(unique))),
+        "timeout": timeout,
+    }
     budget = timeout * len(unique) + 60  # Data Designer's import and each server's start
     with tempfile.TemporaryDirectory(prefix="ddslurm-mcp-check-") as scratch:
         child = {k: v for k, v in env.items() if not k.startswith("DATA_DESIGNER_")} | engine_environment(Path(scratch))
-        argv = [sys.executable, "-m", "ddslurm.launcher._mcp_check"]
         try:
-            answer = ask_json(argv, payload, timeout_s=budget, env=child, cwd=Path(scratch))
+            answer = RUNTIME_PROCESS.ask(runtime, request, timeout_s=budget, env=child, cwd=Path(scratch))
         except Stopped:
-            return {p.name: f"no answer within {budget:.0f} s" for p in unique}
-    listed = None if answer.value is None else answer.value.get("tools")
-    if not isinstance(listed, dict):
+            return Listing(tools={}, errors={p.name: f"no answer within {budget:.0f} s" for p in unique})
+        except OSError as exc:
+            return f"cannot run {runtime} (the profile's python_env) to list the MCP tools: {exc}"
+    if answer.value is not None and "error" in answer.value:
+        return f"{runtime} (the profile's python_env) could not list the MCP tools: {answer.value['error']}"
+    try:
+        listing = msgspec.convert(answer.value, Listing)
+    except msgspec.ValidationError:
         tail = "\n".join(answer.stderr.strip().splitlines()[-10:])
-        return {p.name: f"the check could not run (exit code {answer.returncode}):\n{tail}" for p in unique}
-    return listed
-
-
-def _list(payload: dict[str, Any]) -> dict[str, list[str] | str]:
-    from data_designer.engine.mcp.io import list_tool_names
-    from data_designer.engine.secret_resolver import EnvironmentResolver
-
-    from ddslurm.runtime import mcp_providers
-
-    snapshot = msgspec.convert(payload["snapshot"], ProviderSnapshot)
-    resolver = EnvironmentResolver()
-    out: dict[str, list[str] | str] = {}
-    for provider in mcp_providers(snapshot, os.environ):
-        try:
-            key = getattr(provider, "api_key", None)
-            resolved = provider.model_copy(update={"api_key": resolver.resolve(key)}) if key else provider
-            out[provider.name] = list(list_tool_names(resolved, timeout_sec=payload["timeout"]))
-        except BaseException as exc:  # the server's own failure, whatever it is (a refused key: CancelledError)
-            out[provider.name] = f"{type(exc).__name__}: {exc}".rstrip(": ")
-    return out
-
-
-def main() -> int:
-    payload = json.load(sys.stdin)
-    result = os.dup(1)
-    os.dup2(2, 1)  # a stdio server or Data Designer may print: keep stdout for the result
-    tools = _list(payload)
-    with os.fdopen(result, "w") as out:
-        json.dump({"tools": tools}, out)
-        out.flush()
-    os._exit(0)  # Data Designer's MCP loop thread and the servers' sessions are not waited for
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        return f"the MCP tool listing of {runtime} could not run (exit code {answer.returncode}):\n{tail}"
+    unnamed = {p.name: "python_env's answer does not name it" for p in unique if p.name not in listing.tools}
+    return Listing(tools=listing.tools, errors=unnamed | listing.errors)
