@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import importlib.metadata
 import os
 import subprocess
 import sys
@@ -14,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.e2e import NODE_DD, dd_python_env
 
 REPO_ROOT = Path(__file__).resolve().parent
 
@@ -249,3 +252,24 @@ def scan_tree_for(root: Path, secret: str) -> list[Path]:
         if path.is_file() and not path.is_symlink() and needle in path.read_bytes():
             hits.append(path)
     return hits
+
+
+DD_HERE = importlib.metadata.version("data-designer")
+"""This workspace's Data Designer (its ``.venv``, the default ``python_env`` of the run files)."""
+
+
+@pytest.fixture(params=[DD_HERE, NODE_DD], ids=lambda version: f"dd-{version}")
+def builder_env(request: pytest.FixtureRequest) -> tuple[Path, str]:
+    """The ``python_env`` of a builder run and its Data Designer version: this workspace's, or (``NODE_DD``) one
+    holding that Data Designer and this checkout's ddslurm, built once for the module."""
+    version: str = request.param
+    if version == DD_HERE:
+        return REPO_ROOT / ".venv", version
+    env: Path = request.getfixturevalue("node_dd_env")
+    return env, version
+
+
+@pytest.fixture(scope="module")
+def node_dd_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A ``python_env`` of Data Designer ``NODE_DD`` and every ddslurm package of this checkout (editable)."""
+    return dd_python_env(tmp_path_factory, NODE_DD)

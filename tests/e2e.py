@@ -1,12 +1,15 @@
 """What the end-to-end tests share: the ``ddslurm`` CLI run as a user runs it (a subprocess of this environment's
 entry point), waiting, bounded, for what a run does next, a run's records and Slurm arrays, a run whose jobs Slurm
 holds and an ``sbatch`` that fails on cue, the node's processes and a script run as another, unprivileged user of
-the node, and the mixed example's local generator served by the vLLM stand-in."""
+the node, the mixed example's local generator served by the vLLM stand-in, and a ``python_env`` of another Data
+Designer version holding this checkout's ddslurm."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -30,6 +33,12 @@ FAKE_VLLM = Path(sys.executable).parent / "fake-vllm"
 REPO = Path(__file__).resolve().parents[1]
 MIXED_RECIPE = REPO / "examples" / "mixed" / "recipe.yaml"
 """The mixed example: a local generator (``generator``, served as ``qwen3-8b``) and a hosted judge."""
+_DD_BOUNDS = dict(re.findall(r"^(DD_OLDEST|DD_NEWEST)\s*:?=\s*(\S+)", (REPO / "Makefile").read_text(), re.MULTILINE))
+NODE_DD = os.environ.get("DDSLURM_NODE_DD") or _DD_BOUNDS["DD_NEWEST"]
+"""The Data Designer of the other version's ``python_env`` (:func:`dd_python_env`): the newest the runtime supports
+(the Makefile's ``DD_NEWEST``), or ``DDSLURM_NODE_DD`` where set (``make test-dd-range`` sets the oldest)."""
+DDSLURM_PACKAGES = ("config", "providers", "planner", "collector", "runtime", "launcher")
+"""Every ddslurm package of the workspace (``packages/<name>``)."""
 
 
 def run_cli(
@@ -308,3 +317,34 @@ def local_column_order(recipe: Path, records: int, folder: Path) -> list[str]:
     assert done.returncode == 0, done.stderr[-3000:]
     order: list[str] = json.loads(done.stdout.strip().splitlines()[-1])
     return order
+
+
+def dd_python_env(tmp_path_factory: pytest.TempPathFactory, version: str) -> Path:
+    """A new ``python_env`` of Data Designer ``version`` and every ddslurm package of this checkout (editable), as a
+    user installs them (``uv pip install``; about 3 s from uv's cache), with this environment's interpreter: a node's
+    environment, and a submit host's too (its ``bin/ddslurm``). ``typer<0.29``: as the workspace constrains it (Data
+    Designer's CLI, tests/test_dd_cli.py)."""
+    uv = shutil.which("uv")
+    assert uv is not None, "uv is needed to build the Data Designer environment"
+    env = tmp_path_factory.mktemp(f"dd-{version}") / "venv"
+    python = REPO / ".venv" / "bin" / "python"
+    subprocess.run([uv, "venv", "-q", "-p", str(python), str(env)], check=True, timeout=120)
+    editable = [arg for name in DDSLURM_PACKAGES for arg in ("-e", str(REPO / "packages" / name))]
+    subprocess.run(
+        [uv, "pip", "install", "-q", "--python", str(env / "bin" / "python"), *editable,
+         f"data-designer=={version}", "typer<0.29"],
+        check=True, timeout=600,
+    )  # fmt: skip
+    return env
+
+
+def shard_client(run_dir: Path, shard: int) -> int | None:
+    """The pid of the client step of the run's shard ``shard`` (its array task), if one runs now."""
+    from tools.chaos import cluster
+
+    for proc in cluster.run_processes(run_dir, [], set()):
+        environ = Path(f"/proc/{proc.pid}/environ")
+        with contextlib.suppress(OSError):
+            if proc.kind == "client" and f"SLURM_ARRAY_TASK_ID={shard}\0".encode() in environ.read_bytes():
+                return proc.pid
+    return None

@@ -13,9 +13,6 @@ submitted twice to those nodes at once: by the launcher installed beside ``NODE_
 from __future__ import annotations
 
 import json
-import os
-import re
-import shutil
 import subprocess
 from importlib.metadata import version
 from pathlib import Path
@@ -25,35 +22,18 @@ import pyarrow.parquet as pq
 import pytest
 
 from ddslurm.config import ProviderSnapshot, SnapshotProvider, read_json, read_plan
-from tests.e2e import REPO, generator, one_draw_recipe, vllm_stand_in
+from tests.e2e import NODE_DD, REPO, dd_python_env, generator, one_draw_recipe, vllm_stand_in
 from tests.e2e import cli_json as _cli
 
 pytestmark = [pytest.mark.slurm, pytest.mark.dd]
 
-_BOUNDS = dict(re.findall(r"^(DD_OLDEST|DD_NEWEST)\s*:?=\s*(\S+)", (REPO / "Makefile").read_text(), re.MULTILINE))
-NODE_DD = os.environ.get("DDSLURM_NODE_DD") or _BOUNDS["DD_NEWEST"]
-"""The Data Designer of the nodes' ``python_env`` (and of the second submit host)."""
 GENERATOR = generator(env={"FAKE_VLLM_LATENCY": "0.01", "FAKE_VLLM_STARTUP_DELAY": "1"})
-PACKAGES = ("config", "providers", "planner", "collector", "runtime", "launcher")
 
 
 @pytest.fixture(scope="module")
 def dd_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A ``python_env`` of Data Designer ``NODE_DD`` and every ddslurm package of this checkout (editable), as a
-    user installs them (``uv pip install``; about 3 s from uv's cache). ``typer<0.29``: as the workspace
-    constrains it (Data Designer's CLI, tests/test_dd_cli.py)."""
-    uv = shutil.which("uv")
-    assert uv is not None, "uv is needed to build the Data Designer environment"
-    env = tmp_path_factory.mktemp(f"dd-{NODE_DD}") / "venv"
-    python = REPO / ".venv" / "bin" / "python"
-    subprocess.run([uv, "venv", "-q", "-p", str(python), str(env)], check=True, timeout=120)
-    editable = [arg for name in PACKAGES for arg in ("-e", str(REPO / "packages" / name))]
-    subprocess.run(
-        [uv, "pip", "install", "-q", "--python", str(env / "bin" / "python"), *editable,
-         f"data-designer=={NODE_DD}", "typer<0.29"],
-        check=True, timeout=600,
-    )  # fmt: skip
-    return env
+    """A ``python_env`` of Data Designer ``NODE_DD`` and every ddslurm package of this checkout (editable)."""
+    return dd_python_env(tmp_path_factory, NODE_DD)
 
 
 # A plain local DataDesigner.create of the run's recipe (its model configs the snapshot's) over the same

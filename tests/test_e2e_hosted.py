@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from ddslurm.config import AttemptRecord, KeyBudgetState, read_json
-from tests.e2e import attempts, cli_json, run_cli, until
+from tests.e2e import attempts, cli_json, run_cli, shard_client, until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.dd]
 
@@ -141,8 +141,6 @@ def _kill_the_client_after_its_first_batch(run_dir: Path, gate: Path, *, shard: 
     there to kill (an event, not a race); the stand-in answers again once it is killed."""
     import signal
 
-    from tools.chaos import cluster
-
     def first_batch_done() -> bool:
         return any(
             json.loads(p.read_text()).get("rows", 0) > 0
@@ -151,16 +149,8 @@ def _kill_the_client_after_its_first_batch(run_dir: Path, gate: Path, *, shard: 
 
     until(first_batch_done, 300, f"shard {shard}'s first batch")
 
-    def client() -> int | None:
-        for proc in cluster.run_processes(run_dir, [], set()):
-            environ = Path(f"/proc/{proc.pid}/environ")
-            with contextlib.suppress(OSError):
-                if proc.kind == "client" and f"SLURM_ARRAY_TASK_ID={shard}\0".encode() in environ.read_bytes():
-                    return proc.pid
-        return None
-
     gate.write_text("hold")
-    os.kill(until(client, 60, f"shard {shard}'s client process"), signal.SIGKILL)
+    os.kill(until(lambda: shard_client(run_dir, shard), 60, f"shard {shard}'s client process"), signal.SIGKILL)
     gate.write_text("")
 
 

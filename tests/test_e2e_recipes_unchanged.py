@@ -9,7 +9,11 @@ engine, each compared with a plain local ``DataDesigner.create`` of the same rec
   alphabetical order, with descriptions, and an expression over it: the node takes the custom column and the judge
   from the run's copy of the script, so the custom function runs and the scores stay integers, and the structured
   column's schema reaches the node in the builder's field order (it is in the prompt Data Designer sends), so every
-  row is the local run's, column for column and in its column order.
+  row is the local run's, column for column and in its column order. Twice, each submitted by this workspace's
+  launcher (in process): with this workspace's ``python_env`` (Data Designer 0.9.7), and with one of Data Designer
+  ``NODE_DD`` (the newest supported, 1.0.0rc1; ``DDSLURM_NODE_DD`` chooses another) holding this checkout's ddslurm,
+  where the script runs, the nodes generate and the oracle runs: the plan records that version, and the columns
+  rebuilt from the script, the submit note and the rows are the same as under 0.9.7.
 """
 
 from __future__ import annotations
@@ -18,7 +22,6 @@ import importlib.metadata
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +36,7 @@ from tests.e2e import REPO, until
 pytestmark = [pytest.mark.slurm, pytest.mark.dd]
 
 PLUGIN = ("data-designer-lambda-column", "0.1.1")
+"""This workspace's Data Designer (``.venv``'s)."""
 TOPICS = ["rain", "bread", "glass", "moss", "salt", "wool", "tin"]  # 7 rows over 3 shards: 3, 2, 2
 
 PLUGIN_BUILD = """\
@@ -247,15 +251,22 @@ def test_a_plugin_recipe_runs_with_the_plugin_of_python_env_and_matches_a_local_
 
 
 def test_a_builder_script_with_a_custom_column_and_integer_judge_keys_matches_a_local_run(
-    make_run_files: Any, hosted_endpoint: Any, scan_for_secret: Any, tmp_path: Path
+    make_run_files: Any, hosted_endpoint: Any, scan_for_secret: Any, builder_env: tuple[Path, str], tmp_path: Path
 ) -> None:
+    """Submitted by this workspace's launcher (in process); the script run, and the rows made, by the Data Designer
+    of ``builder_env``; the oracle is that Data Designer's own ``create`` on the builder."""
+    python_env, dd_version = builder_env
     files = _builder_run(make_run_files, "custom", BUILD, "seed.csv")
     recipes = files.root / "recipes"
+    files.profile.write_text(
+        files.profile.read_text().replace(f"python_env: {REPO / '.venv'}", f"python_env: {python_env}")
+    )
 
     slurm = Slurm(env=files.env)
     done = submit(files.run_file, files.profile, slurm=slurm, env=files.env)
     layout = RunLayout(done.layout.root)
     plan = read_plan(layout.plan)
+    assert plan.data_designer_version == dd_version, plan.data_designer_version
     # the structured column is carried by the YAML (written in the builder's key order), the others are not
     assert plan.recipe_source is not None and plan.recipe_source.rebuild == ("grade", "loud"), plan.recipe_source
     [note] = [n for n in plan_notes(plan) if "run's copy of" in n]
@@ -267,7 +278,7 @@ def test_a_builder_script_with_a_custom_column_and_integer_judge_keys_matches_a_
     rows = _finish(layout, slurm)
 
     job = {"script": str(recipes / "build.py"), "endpoint": hosted_endpoint.base_url, "records": 7}
-    oracle = _oracle(Path(sys.executable), job, files, tmp_path)
+    oracle = _oracle(python_env / "bin" / "python", job, files, tmp_path)
     assert [list(r) for r in rows] == [list(r) for r in oracle]  # the same columns, in the same order
     assert list(rows[0]) == ["topic", "loud", "grade", "answer", "said"], list(rows[0])
     mine = sorted(rows, key=lambda r: r["topic"])

@@ -166,10 +166,15 @@ from ddslurm.config._snapshot import (
 )
 from ddslurm.config._spend import AliasSpend, SpendForecast
 from ddslurm.config._suggest import closest, did_you_mean
+from ddslurm.config._workflow import DD_DEFAULT_NUM_RECORDS, WorkflowNext, WorkflowPlace, WorkflowStage
 from ddslurm.config._yaml import load_struct, locate, read_yaml, to_builtins
 from ddslurm.config.errors import ConfigError, ConfigFileError, ConfigFileErrors, UnsafePathError
 
 __all__ = [
+    "WorkflowStage",
+    "WorkflowPlace",
+    "WorkflowNext",
+    "DD_DEFAULT_NUM_RECORDS",
     "BudgetMember",
     "HostedRequest",
     "ModelPrice",

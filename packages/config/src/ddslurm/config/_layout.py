@@ -9,6 +9,7 @@
     submit-plan.json              written once before the first sbatch: every array the submission makes
     submissions/<array_job_id>.json   one per array submitted (plan_index: which planned array)
     cancelled.json                written once by ``ddslurm cancel`` (whole run): no later attempt generates
+    workflow-next.json            a workflow stage's run: the run that took the next stage (written once)
     generate.sbatch               the rendered batch script
     generate-<stamp>-<NNNN>.sbatch    the script of each array submitted
     logs/slurm-<array>_<task>.out
@@ -194,6 +195,16 @@ class RunLayout:
     def cancelled(self) -> Path:
         """The whole run was cancelled: an attempt that begins after this exists ends at once."""
         return self.root / "cancelled.json"
+
+    @property
+    def workflow_next(self) -> Path:
+        """A workflow stage's run: the run that took the workflow's next stage (a ``WorkflowNext``, written once)."""
+        return self.root / "workflow-next.json"
+
+    @property
+    def workflow_lock(self) -> Path:
+        """Held while the workflow's next stage is being submitted from this run's dataset."""
+        return self.root / ".workflow.lock"
 
     def cleared_cancel(self, stamp: str) -> Path:
         """Where ``retry --resume-cancelled`` moves the cancel record (kept, so the history stays readable)."""

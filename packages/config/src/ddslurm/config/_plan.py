@@ -13,6 +13,7 @@ from ddslurm.config._prices import Prices
 from ddslurm.config._records import FileEntry
 from ddslurm.config._runfile import Engine, HostedLimit, ResumeMode
 from ddslurm.config._spend import SpendForecast
+from ddslurm.config._workflow import WorkflowPlace
 
 PLAN_VERSION = 2
 
@@ -187,6 +188,9 @@ class RecipeSource(Frozen, frozen=True, kw_only=True):
     reasons: tuple[str, ...] = ()
     """Why, one line a column of ``rebuild`` and in its order (``'grade': scores[0].options: keys 1, 2 read back
     as '1', '2'``): what submit and its dry run say."""
+    stage: int | None = None
+    """For a builder that returns a Data Designer workflow: the index of the workflow's stage this run is, whose
+    config the node takes the ``rebuild`` columns from; None: the builder returns a config."""
 
 
 class PluginRecord(Frozen, frozen=True, kw_only=True):
@@ -268,6 +272,9 @@ class Plan(Frozen, frozen=True, kw_only=True):
     """For a recipe built by a Python script or function: that script, copied into the run's inputs."""
     plugins: tuple[PluginRecord, ...] = ()
     """The Data Designer plugins the recipe uses (sorted by name)."""
+    workflow: WorkflowPlace | None = None
+    """For a stage of a Data Designer workflow (a builder that returns ``compose_workflow(...)``): which stage, of
+    which workflow, seeded by which run (docs/recipes.md#workflows); None: a run of its own."""
     data_designer_version: str = ""
     """The Data Designer version of the profile's ``python_env`` at submit (its ``ddslurm-runtime inspect`` said
     so): each node refuses to run the run under another (``recipe_invalid``). Empty in plans made before it (not

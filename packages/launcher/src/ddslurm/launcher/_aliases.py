@@ -18,7 +18,7 @@ from pathlib import Path
 from ddslurm.config import RunFile, load_profile, load_run_file
 from ddslurm.launcher._doctor_checks import field_place
 from ddslurm.launcher._python_env import python_env_problem
-from ddslurm.launcher._recipe import LoadedRecipe, load_run_recipe
+from ddslurm.launcher._recipe import LoadedRecipe, StageRequest, load_run_recipe
 from ddslurm.launcher._validate import runtime_command
 from ddslurm.launcher.errors import SubmitError
 from ddslurm.providers import (
@@ -40,12 +40,18 @@ NOT_CHECKED = "not checked"
 
 
 def run_aliases(
-    run: RunFile, run_path: Path, env: Mapping[str, str], dd_home: Path, *, runtime: Path | None
+    run: RunFile,
+    run_path: Path,
+    env: Mapping[str, str],
+    dd_home: Path,
+    *,
+    runtime: Path | None,
+    stage: StageRequest | None = None,
 ) -> tuple[LoadedRecipe, Resolution]:
     """The run's recipe, loaded as ``submit`` loads it (``runtime``: ``<python_env>/bin/ddslurm-runtime``, which runs
     a builder script), and every alias it uses resolved against Data Designer's settings in ``dd_home`` and the
     MCP providers the script gives; the problems that would stop a submission are in the resolution."""
-    loaded = load_run_recipe(run, run_path, env, dd_home, runtime=runtime)
+    loaded = load_run_recipe(run, run_path, env, dd_home, runtime=runtime, stage=stage)
     settings = with_given_mcp_providers(load_settings(dd_home), loaded.given_mcp_providers())
     resolution = describe(
         loaded.data, Origin(loaded.origin), settings, run.deployments, env, run_origin=Origin(run_path)

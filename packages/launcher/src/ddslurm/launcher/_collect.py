@@ -154,6 +154,13 @@ def _result(layout: RunLayout) -> CollectResult:
     )
 
 
+def collected(layout: RunLayout) -> CollectResult | None:
+    """The run's dataset when it has been collected (its manifest is there); None otherwise."""
+    if not (layout.dataset / MANIFEST).is_file():
+        return None
+    return _result(layout)
+
+
 def collect_with_slurm(layout: RunLayout, slurm: Slurm, *, overwrite: bool) -> CollectResult:
     job_id, final, log = _run_job(layout, slurm, overwrite=overwrite)
     if final.state != "COMPLETED":

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, TextIO
 
 import typer
 
-from ddslurm.config import compact_ranges
+from ddslurm.config import compact_ranges, read_plan
 from ddslurm.launcher._follow import SchedulerBusy, follow_run, release, wait_for_run
 from ddslurm.launcher._output import (
     ExitCode,
@@ -52,7 +52,7 @@ def _summary_line(st: RunStatus) -> str:
     return summary_line(st)
 
 
-def _say_busy(session: Session, busy: SchedulerBusy) -> None:
+def say_busy(session: Session, busy: SchedulerBusy) -> None:
     session.err.write(f"scheduler query failed ({busy.error}); retrying in {busy.retry_in:.0f} s\n")
     session.err.flush()
 
@@ -104,7 +104,7 @@ def cmd_status(
     with display if display is not None else nullcontext():
         for polled in follow_run(layout, session.slurm, sleep=session.sleep):
             if isinstance(polled, SchedulerBusy):
-                _say_busy(session, polled)
+                say_busy(session, polled)
                 continue
             st = polled
             if session.json:
@@ -140,7 +140,7 @@ def cmd_wait(
 
     def update(polled: RunStatus | SchedulerBusy) -> None:
         if isinstance(polled, SchedulerBusy):
-            _say_busy(session, polled)
+            say_busy(session, polled)
         elif display is not None:
             display.update(polled)
 
@@ -158,6 +158,11 @@ def cmd_wait(
         from ddslurm.launcher._facts import record_after
 
         record_after(layout, session.slurm, session.err)
+    place = read_plan(layout.plan).workflow
+    if place is not None and not place.last:
+        session.err.write(
+            f"note: run {layout.run_id} is {place.label()}: `ddslurm workflow {layout.root}` carries the workflow on\n"
+        )
     if session.json:
         write_json(st, session.out)
     else:

@@ -386,8 +386,8 @@ def placeholder_note(names: tuple[str, ...]) -> str:
 
 
 def plan_notes(plan: Plan) -> list[str]:
-    """What submit and the dry run note about a plan: placeholder keys, and the builder's columns the nodes take
-    from the run's copy of the script (Data Designer's YAML does not carry them as they are)."""
+    """What submit and the dry run note about a plan: placeholder keys, the builder's columns the nodes take
+    from the run's copy of the script (Data Designer's YAML does not carry them as they are), a workflow's stage."""
     from ddslurm.planner import VLLM_DEFAULT_MAX_NUM_SEQS
 
     notes = [placeholder_note(plan.secret_env_unscanned)]
@@ -399,6 +399,15 @@ def plan_notes(plan: Plan) -> list[str]:
             f"the nodes take column(s) {names} from the run's copy of {source.builder}: Data Designer's YAML does not "
             f"carry them as the builder made them ({why})"
         )
+    if plan.workflow is not None:
+        place = plan.workflow
+        seeded = "" if place.previous_run is None else f", seeded by the dataset of {place.previous_run}"
+        then = (
+            "its last stage"
+            if place.last
+            else "`ddslurm workflow RUN` waits for it, collects it and submits the next stage"
+        )
+        notes.append(f"this run is {place.label()} ({plan.num_records} records{seeded}): {then}")
     for dep in plan.serving.deployments if plan.serving else ():
         if dep.engine == "sglang" and not any(
             arg.partition("=")[0] == "--max-running-requests" for arg in dep.extra_args

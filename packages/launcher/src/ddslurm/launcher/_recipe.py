@@ -49,6 +49,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from ddslurm.config import (
     DD_BUILDER_FUNCTION,
     ConfigError,
@@ -57,6 +59,7 @@ from ddslurm.config import (
     RecipeSource,
     RunFile,
     RunLayout,
+    WorkflowStage,
     locate,
     parse_recipe_ref,
     read_yaml,
@@ -90,6 +93,27 @@ KEPT_ENV = (*NODE_ENV_ALLOWED, "PYTHONPATH", "VIRTUAL_ENV")
 
 
 @dataclass(frozen=True, slots=True)
+class StageRequest:
+    """Which stage of a workflow to load (``ddslurm workflow``): stage ``index`` (from 1: the first is what a plain
+    ``submit`` loads), seeded from the dataset of ``previous`` (the run of the stage before), which holds ``rows``."""
+
+    index: int
+    previous: RunLayout
+    rows: int
+    stages: tuple[str, ...]
+    """The workflow's stage names as its first stage's run recorded them: the builder must still return them."""
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedWorkflow:
+    """A builder returned a Data Designer workflow: its name, its stages, and which of them was loaded."""
+
+    name: str
+    stages: tuple[WorkflowStage, ...]
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
 class LoadedRecipe:
     """A run's recipe as plain data, and what the run's inputs store of it."""
 
@@ -112,6 +136,8 @@ class LoadedRecipe:
     mcp_providers: tuple[tuple[Mapping[str, Any], int | None], ...] = ()
     """The MCP providers the script gives ``DataDesigner(mcp_providers=...)`` (or holds at its top level), each
     with the script's line that does: Data Designer's fields, a key as the script wrote it."""
+    workflow: LoadedWorkflow | None = None
+    """The builder returned a Data Designer workflow: :attr:`data` is the config of its stage ``workflow.index``."""
 
     def given_mcp_providers(self) -> list[tuple[Mapping[str, Any], Origin]]:
         """:attr:`mcp_providers`, placed in the script (for ``providers.with_given_mcp_providers``)."""
@@ -129,6 +155,7 @@ class LoadedRecipe:
             module=self.ref.target if self.ref.kind == "module" else None,
             rebuild=tuple(sorted(self.changes)),
             reasons=tuple(f"{name!r}: {self.changes[name]}" for name in sorted(self.changes)),
+            stage=None if self.workflow is None else self.workflow.index,
         )
 
 
@@ -148,6 +175,7 @@ def load_run_recipe(
     *,
     runtime: Path | None,
     timeout_s: float = RECIPE_TIMEOUT_S,
+    stage: StageRequest | None = None,
 ) -> LoadedRecipe:
     """The recipe ``run`` names (relative to ``run_path``): a config file is read; a builder script or
     ``module:function`` is run by ``runtime`` (``<python_env>/bin/ddslurm-runtime``; see the module's docstring)
@@ -159,7 +187,10 @@ def load_run_recipe(
     The run file, the recipe (a config file's text, or the config a script returned, and the script) and the seed
     files it names are refused (:class:`BuilderError`, :class:`SubmitError` for seed files) when they hold the value
     of one of the run's secrets (:func:`secret_names`' values), by one check for every kind of recipe
-    (:func:`refuse_secrets`; the seed files: ``refuse_seed_secrets``)."""
+    (:func:`refuse_secrets`; the seed files: ``refuse_seed_secrets``).
+
+    A builder that returns a Data Designer workflow gives the config of its first stage, or of ``stage``'s, seeded
+    from the dataset of the stage before (:class:`LoadedRecipe.workflow`, ``ddslurm.runtime._workflow``)."""
     try:
         ref = parse_recipe_ref(run.recipe)
     except ValueError as exc:
@@ -191,6 +222,8 @@ def load_run_recipe(
         )
     function = ref.function or DD_BUILDER_FUNCTION
     payload: dict[str, Any] = {"function": function, "run_dir": str(base)}
+    if stage is not None:
+        payload |= {"stage": stage.index, "seed": str(stage.previous.dataset)}
     if ref.kind == "script":
         script = (base / ref.target).resolve()
         if not script.is_file():
@@ -227,6 +260,7 @@ def load_run_recipe(
     origin = Path(f"{path}:{function}()")  # names the recipe in errors about its content; never opened as YAML
     changes = {str(k): str(v) for k, v in dict(result.get("changes") or {}).items()}
     given = tuple((dict(p["provider"]), p.get("line")) for p in result.get("mcp_providers") or [])
+    workflow = _workflow(result.get("workflow"), stage, f"{path}:{result.get('line') or 1}: {function}()")
     return LoadedRecipe(
         ref=ref,
         path=path,
@@ -237,7 +271,24 @@ def load_run_recipe(
         builder=builder,
         changes=changes,
         mcp_providers=given,
+        workflow=workflow,
     )
+
+
+def _workflow(answer: Any, stage: StageRequest | None, where: str) -> LoadedWorkflow | None:
+    """The workflow a builder returned (``answer``: the build's ``workflow``), checked against ``stage``'s: the
+    stages a later stage is loaded from are those the first stage's run recorded."""
+    if not answer:
+        return None
+    stages = tuple(msgspec.convert(s, WorkflowStage) for s in answer["stages"])
+    names = tuple(s.name for s in stages)
+    if stage is not None and names != stage.stages:
+        raise BuilderError(
+            f"{where} now returns workflow {answer['name']!r} with stages {list(names)}, where its first stage's run "
+            f"was submitted with {list(stage.stages)}: a workflow's stages cannot change between its runs (submit "
+            "it again from its first stage)"
+        )
+    return LoadedWorkflow(name=str(answer["name"]), stages=stages, index=0 if stage is None else stage.index)
 
 
 def refuse_secrets(

@@ -65,7 +65,7 @@ from ddslurm.launcher._facts import (
 )
 from ddslurm.launcher._mcp_check import dd_check_tools
 from ddslurm.launcher._python_env import python_env_problem
-from ddslurm.launcher._recipe import script_environment, secret_names
+from ddslurm.launcher._recipe import StageRequest, script_environment, secret_names
 from ddslurm.launcher._recipe_at import place_refusal
 from ddslurm.launcher._render import render_generation
 from ddslurm.launcher._run_dir import NOTHING_LEFT, Prepared, write_run_dir
@@ -73,6 +73,7 @@ from ddslurm.launcher._seed import CountRows, SeedCapture, capture_seed, dd_seed
 from ddslurm.launcher._shardable import refuse_unshardable
 from ddslurm.launcher._slurm import Slurm, SlurmTimeoutError
 from ddslurm.launcher._validate import RecipeCheck, dd_check_recipe, runtime_command
+from ddslurm.launcher._workflow_stage import stage_run
 from ddslurm.launcher.errors import LauncherError, SlurmError, SubmitError, WriteError
 from ddslurm.planner import (
     LimitError,
@@ -109,9 +110,10 @@ CheckRecipe = Callable[
 the builder script's record) -> what Data Designer there refuses in it, the columns as it reads them and the
 plugins the recipe uses."""
 
-CheckTools = Callable[[dict[str, Any], Origin, ProviderSnapshot, Mapping[str, str], Path], list[str]]
-"""(recipe, where it came from, the snapshot, the shell's environment, Data Designer's settings directory) -> what
-is wrong with the recipe's MCP tools (a stdio command not found, an ``allow_tools`` entry no provider offers)."""
+CheckTools = Callable[[dict[str, Any], Origin, ProviderSnapshot, Mapping[str, str], Path, Path], list[str]]
+"""(recipe, where it came from, the snapshot, the shell's environment, Data Designer's settings directory,
+``<python_env>/bin/ddslurm-runtime``, which lists the tools) -> what is wrong with the recipe's MCP tools (a stdio
+command not found, an ``allow_tools`` entry no provider offers)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +159,7 @@ def prepare(
     check_endpoints: EndpointCheck | None = None,
     gpu_type_of: GpuTypeOf = no_gpu_type,
     nodes_of: NodesOf = no_nodes,
+    stage: StageRequest | None = None,
 ) -> Prepared:
     """Validate and compile everything; touch nothing on disk. The planner's cost model gets the workspace's
     facts (``<workspace>/facts.json``; a damaged file is refused, naming it) and, for a run with deployments, the
@@ -166,8 +169,11 @@ def prepare(
     checked (``check_recipe``, by default Data Designer's own validation asked of ``host``: a process of a few
     seconds) in the profile's ``python_env``; what Data Designer refuses would fail on the node, and is reported
     after the planner's refusals; then its MCP tools (``check_tools``: the stdio servers' commands, the tools
-    ``allow_tools`` names, listed in a subprocess); with ``check_endpoints`` (``submit --check-endpoints``), last,
-    what every hosted endpoint answers with the key (:func:`~ddslurm.launcher._aliases.refuse_failed_endpoints`)."""
+    ``allow_tools`` names, listed in the profile's ``python_env``); with ``check_endpoints``
+    (``submit --check-endpoints``), last, what every hosted endpoint answers with the key
+    (:func:`~ddslurm.launcher._aliases.refuse_failed_endpoints`).
+    A recipe that is a Data Designer workflow is prepared as its first stage's run, or ``stage``'s
+    (:func:`~ddslurm.launcher._workflow_stage.stage_run`)."""
     try:
         run = load_run_file(run_path)
         profile = load_profile(profile_path)
@@ -178,8 +184,11 @@ def prepare(
         if not runtime.exists():
             message = f"profile.python_env: {runtime} does not exist (the compute nodes run it)"
             raise SubmitError(place_error(message, run_path, profile_path))
-        loaded, resolution = run_aliases(run, run_path, env, settings_dir(env, home), runtime=runtime)  # a builder runs
+        loaded, resolution = run_aliases(run, run_path, env, settings_dir(env, home), runtime=runtime, stage=stage)
         recipe_path, recipe_bytes, recipe = loaded.path, loaded.stored, loaded.data
+        place = None
+        if loaded.workflow is not None:  # the run of one of its stages
+            run, place = stage_run(run, run_path, profile_path, loaded.workflow, stage)
         refuse_unshardable(recipe, loaded.origin)
         if resolution.problems:
             raise ResolutionError(list(resolution.problems))
@@ -238,6 +247,7 @@ def prepare(
                 gpu_type=gpu_type,
                 nodes=nodes,
                 prices=run_prices(run, run_path),
+                workflow=place,
             )
         )
         # Key values that are placeholders (EMPTY, none) are not secrets: the node does not scan output for them.
@@ -255,7 +265,7 @@ def prepare(
         lines = "\n".join(f"  {redact(place_refusal(p, recipe_path, recipe), shown)}" for p in check.problems)
         raise SubmitError(f"{recipe_path}: Data Designer refuses the recipe:\n{lines}")
     if snapshot.mcp_providers:
-        problems = check_tools(recipe, Origin(loaded.origin), snapshot, env, settings_dir(env, home))
+        problems = check_tools(recipe, Origin(loaded.origin), snapshot, env, settings_dir(env, home), runtime)
         if problems:
             raise SubmitError("the recipe's MCP tools cannot be used:\n" + "\n".join(f"  {p}" for p in problems))
     if check_endpoints is not None:  # last: it asks every hosted endpoint over the network
@@ -632,6 +642,7 @@ def submit(
     check_endpoints: EndpointCheck | None = None,
     change_plan: Callable[[Plan], Plan] | None = None,
     host: EngineHost = RUNTIME_PROCESS,
+    stage: StageRequest | None = None,
 ) -> Submitted:
     """Validate and compile, read the scheduler's limits and plan the arrays within them (refusing, with the
     numbers, what does not fit), all before anything is written; then write the run directory and the
@@ -639,7 +650,8 @@ def submit(
     directory again; a later one (or a timeout) raises :class:`PartialSubmitError` and leaves an incomplete run.
     ``check_endpoints``: ask the hosted endpoints first (``--check-endpoints``); ``change_plan``: what a command
     adds to the compiled plan before anything is written (``ddslurm tune``'s calibration levels); ``host``: how the
-    profile's ``python_env`` is asked about Data Designer (:mod:`ddslurm.launcher._engine_host`)."""
+    profile's ``python_env`` is asked about Data Designer (:mod:`ddslurm.launcher._engine_host`); ``stage``: a later
+    stage of a Data Designer workflow (``ddslurm workflow``)."""
     now = clock()
     checked = check_profile_first(run_path, profile_path, slurm, env, host)
     gpu_nodes = PartitionGpuNodes(slurm)  # one sinfo for the GPU type and the layouts' bounds
@@ -653,6 +665,7 @@ def submit(
         check_endpoints=check_endpoints,
         gpu_type_of=partition_gpu_type(gpu_nodes),
         nodes_of=partition_nodes(gpu_nodes),
+        stage=stage,
     )
     if change_plan is not None:
         prepared = dataclasses.replace(prepared, plan=change_plan(prepared.plan))

@@ -28,6 +28,7 @@ from ddslurm.launcher._commands_follow import cmd_logs, cmd_report, cmd_status, 
 from ddslurm.launcher._commands_start import cmd_doctor, cmd_init, cmd_list, cmd_providers, cmd_submit
 from ddslurm.launcher._commands_steer import cmd_accept_partial, cmd_cancel, cmd_collect, cmd_retry
 from ddslurm.launcher._commands_tune import cmd_tune
+from ddslurm.launcher._commands_workflow import cmd_workflow
 from ddslurm.launcher._output import (
     CommandFailed,
     ExitCode,
@@ -112,6 +113,7 @@ COMMANDS: tuple[tuple[str, Callable[..., Any]], ...] = (
     ("doctor", cmd_doctor),
     ("status", cmd_status),
     ("wait", cmd_wait),
+    ("workflow", cmd_workflow),
     ("cancel", cmd_cancel),
     ("retry", cmd_retry),
     ("accept-partial", cmd_accept_partial),

@@ -32,6 +32,7 @@ from ddslurm.config import (
     SeedPlan,
     ServingPlan,
     ShardSpec,
+    WorkflowPlace,
 )
 from ddslurm.planner._batches import plan_batches
 from ddslurm.planner._choose import choose
@@ -97,6 +98,8 @@ class PlanInputs:
     """The Data Designer plugins the recipe uses, as the profile's ``python_env`` has them."""
     data_designer_version: str = ""
     """The Data Designer version of the profile's ``python_env`` (``Plan.data_designer_version``)."""
+    workflow: WorkflowPlace | None = None
+    """For a stage of a Data Designer workflow: its place (``Plan.workflow``)."""
     recipe: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     """The recipe as stored in the run's inputs (the stage split reads its processors and profilers)."""
     columns: tuple[RecipeColumn, ...] | None = None
@@ -593,6 +596,7 @@ def compile_plan(inputs: PlanInputs) -> Plan:
         recipe_source=inputs.recipe_source,
         plugins=tuple(sorted(inputs.plugins, key=lambda p: p.name)),
         data_designer_version=inputs.data_designer_version,
+        workflow=inputs.workflow,
         snapshot_file=str(layout.snapshot),
         snapshot_sha256=inputs.snapshot_sha256,
         secret_env=hosted_key_names(inputs.snapshot),

@@ -3,7 +3,9 @@ loads a ``.py`` config source (``data_designer/cli/utils/config_loader.py``).
 
 It runs in the profile's ``python_env`` (with its plugins and the user's packages): at submit in
 ``ddslurm-runtime inspect`` (:mod:`ddslurm.runtime._inspect`), whose ``build`` answers
-``{"ok": true, "yaml", "file", "line", "rebuild", "changes"}`` or ``{"ok": false, "error", "file", "line"}``; and on
+``{"ok": true, "yaml", "file", "line", "rebuild", "changes", "workflow"}`` (for a builder that returns a Data
+Designer workflow, ``workflow`` is its shape and ``yaml`` the config of the stage ``stage`` of the request, seeded
+from its ``seed``: :mod:`ddslurm.runtime._workflow`) or ``{"ok": false, "error", "file", "line"}``; and on
 the node when the config it returns does not survive Data Designer's YAML round trip (``RecipeSource.rebuild``):
 then the client step runs the run's copy of the script (:func:`rebuilt_columns`).
 """
@@ -28,6 +30,7 @@ from typing import Any
 
 from ddslurm.config import DD_BUILDER_FUNCTION, RecipeSource
 from ddslurm.runtime._plugins import PLUGIN_GROUP
+from ddslurm.runtime._workflow import is_workflow, shape, stage_builder, stage_of
 from ddslurm.runtime.errors import BuilderFailure, RecipeError
 
 
@@ -235,9 +238,15 @@ def build(payload: Mapping[str, Any]) -> dict[str, Any]:
 
     function = str(payload["function"])
     given: list[dict[str, Any]] = []
+    workflow: dict[str, Any] | None = None
     try:
         with _mcp_providers_given(given, _may_create_data_designer(payload)):
             value, path, line = call_builder(payload)
+        if is_workflow(value):
+            workflow = shape(value)
+            value = _at(path, line, function, stage_builder, value, int(payload.get("stage") or 0), payload.get("seed"))
+        elif payload.get("stage"):
+            raise BuilderFailure(f"{function}() no longer returns a workflow (its stages run one after another)")
         text = _to_yaml(value, function, path, line)
     except BuilderFailure as failure:
         return {"ok": False, "error": failure.message, "file": failure.file, "line": failure.line}
@@ -252,7 +261,16 @@ def build(payload: Mapping[str, Any]) -> dict[str, Any]:
         "rebuild": sorted(changes),
         "changes": changes,
         "mcp_providers": given,
+        "workflow": workflow,
     }
+
+
+def _at(path: Path, line: int | None, function: str, call: Any, *args: Any) -> Any:
+    """``call(*args)``, its :class:`BuilderFailure` placed at the builder function (``function()`` returned...)."""
+    try:
+        return call(*args)
+    except BuilderFailure as failure:
+        raise BuilderFailure(f"{function}() {failure.message}", str(path), line) from None
 
 
 def _is_mcp_provider(value: Any) -> bool:
@@ -335,7 +353,9 @@ def rebuilt_columns(source: RecipeSource, names: Iterable[str]) -> dict[str, Any
             if origin.parent.is_dir():
                 os.chdir(origin.parent)
             module, path = _load_script(origin, Path(source.file)), origin
-        value, _ = _call(module, function, path)
+        value, line = _call(module, function, path)
+        if source.stage is not None:  # a workflow's stage: its columns are the stage builder's
+            value = _at(path, line, function, stage_of, value, source.stage).config_builder
         columns = {c.name: c for c in config_columns(value) if c.name in wanted}
     except BuilderFailure as failure:
         where = f"{failure.file}:{failure.line}" if failure.line else (failure.file or source.builder)

@@ -2,8 +2,10 @@
 and packages the nodes run) before anything is written. One JSON request on stdin, one JSON answer on stdout; what
 Data Designer or a builder script prints goes to stderr.
 
-``{"action": "build", "script" | "module", "function", "run_dir"}``
-    call a builder script (:mod:`ddslurm.runtime._builder`): its config as Data Designer writes it.
+``{"action": "build", "script" | "module", "function", "run_dir", "stage", "seed"}``
+    call a builder script (:mod:`ddslurm.runtime._builder`): its config as Data Designer writes it; for a builder
+    that returns a Data Designer workflow, the config of its stage ``stage`` (from 0, optional) seeded from
+    ``seed`` (the stage before's dataset directory) and the workflow's shape (:mod:`ddslurm.runtime._workflow`).
 ``{"action": "check", "recipe", "providers", "scratch", "source", "run_config"}``
     the recipe exactly as the node builds it (``source``: the plan's ``RecipeSource``, whose ``rebuild`` columns
     come from running the script again, as on the node; ``run_config``: the run file's, optional):
@@ -18,6 +20,11 @@ Data Designer or a builder script prints goes to stderr.
     this environment has them, and the plan format this runtime reads (:data:`ddslurm.config.PLAN_VERSION`,
     :data:`ddslurm.config.LAYOUT_VERSION`). ``ddslurm doctor`` judges them: ddslurm's own and the plan format as
     the submit host's, Data Designer any version ddslurm supports (:data:`ddslurm.config.DATA_DESIGNER_VERSIONS`).
+``{"action": "tools", "snapshot", "timeout"}``
+    the tools each MCP provider of ``snapshot`` offers, listed by Data Designer's own MCP client with this process's
+    environment (:mod:`ddslurm.runtime._mcp_tools`): ``{"tools": {provider: [name, ...]}, "errors": {provider:
+    why}}``. The process ends as soon as the answer is written: Data Designer's MCP loop thread and the servers'
+    sessions are not waited for.
 The ``check`` answer's ``"data_designer"`` is this environment's Data Designer version: the plan records it, and each
 node refuses another (:mod:`ddslurm.runtime._dd_version`).
 """
@@ -37,6 +44,7 @@ from ddslurm.config import LAYOUT_VERSION, PLAN_VERSION, RecipeSource
 from ddslurm.runtime._builder import build, rebuilt_columns
 from ddslurm.runtime._columns import column_facts
 from ddslurm.runtime._dd_version import installed_data_designer, installed_versions
+from ddslurm.runtime._mcp_tools import list_tools
 from ddslurm.runtime._node_recipe import node_builder
 from ddslurm.runtime._plugins import unknown_types, used_plugins
 from ddslurm.runtime._run_config import engine_run_config, run_config_problems
@@ -115,7 +123,13 @@ def check(payload: Mapping[str, Any]) -> dict[str, Any]:
 def answer_inspect(payload: Mapping[str, Any]) -> dict[str, Any]:
     """The answer to one request (see the module's docstring), in this process."""
     action = payload.get("action")
-    return build(payload) if action == "build" else versions() if action == "versions" else check(payload)
+    if action == "build":
+        return build(payload)
+    if action == "versions":
+        return versions()
+    if action == "tools":
+        return list_tools(payload)
+    return check(payload)
 
 
 def inspect_main(stdin: IO[str] = sys.stdin) -> int:
@@ -131,4 +145,6 @@ def inspect_main(stdin: IO[str] = sys.stdin) -> int:
     sys.stderr.flush()
     with os.fdopen(result, "w") as out:
         json.dump(answer, out)
+    if payload.get("action") == "tools":
+        os._exit(0)  # Data Designer's MCP loop thread and the servers' sessions are not waited for
     return 0
