@@ -254,19 +254,15 @@ def scan_tree_for(root: Path, secret: str) -> list[Path]:
     return hits
 
 
-DD_HERE = importlib.metadata.version("data-designer")
-"""This workspace's Data Designer (its ``.venv``, the default ``python_env`` of the run files)."""
-
-
-@pytest.fixture(params=[DD_HERE, NODE_DD], ids=lambda version: f"dd-{version}")
+@pytest.fixture(params=["workspace", NODE_DD], ids=lambda version: f"dd-{version}")
 def builder_env(request: pytest.FixtureRequest) -> tuple[Path, str]:
-    """The ``python_env`` of a builder run and its Data Designer version: this workspace's, or (``NODE_DD``) one
-    holding that Data Designer and this checkout's ddslurm, built once for the module."""
-    version: str = request.param
-    if version == DD_HERE:
-        return REPO_ROOT / ".venv", version
+    """The ``python_env`` of a builder run and its Data Designer version: this workspace's (its ``.venv``, the run
+    files' default), or (``NODE_DD``) one holding that Data Designer and this checkout's ddslurm, built once for the
+    module."""
+    if request.param == "workspace":
+        return REPO_ROOT / ".venv", importlib.metadata.version("data-designer")
     env: Path = request.getfixturevalue("node_dd_env")
-    return env, version
+    return env, str(request.param)
 
 
 @pytest.fixture(scope="module")
