@@ -94,8 +94,8 @@ def test_every_command_and_option_has_help_and_the_help_lists_it(capsys: pytest.
     group = get_command(app)
     commands = group.commands  # type: ignore[attr-defined]
     assert set(commands) == {
-        "submit", "providers", "status", "wait", "cancel", "retry", "accept-partial", "logs", "collect", "report",
-        "list", "init", "doctor", "tune",
+        "submit", "providers", "status", "wait", "workflow", "cancel", "retry", "accept-partial", "logs", "collect",
+        "report", "list", "init", "doctor", "tune",
     }  # fmt: skip
     for name, command in {"": group, **commands}.items():
         assert main([name, "--help"] if name else ["--help"]) == ExitCode.OK
