@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 from datetime import UTC, datetime
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -70,10 +71,11 @@ module.load_config_builder().run().load_dataset().to_parquet(sys.argv[2])
 
 
 def test_a_two_stage_workflow_runs_as_sharded_stages_and_resumes_its_second(
-    make_run_files: Any, scan_for_secret: Any, builder_env: tuple[Path, str], tmp_path: Path
+    make_run_files: Any, scan_for_secret: Any, tmp_path: Path
 ) -> None:
-    """Submitted by this workspace's launcher; the script, the stages and the oracle run by the Data Designer of
-    ``builder_env`` (this workspace's, and the newest ddslurm supports)."""
+    """In this workspace's ``python_env`` (Data Designer 0.9.7). With a ``python_env`` of 1.0.0rc1 (the
+    ``builder_env`` fixture) the scenario passed too when it was written; that variant is left out of ``make test``
+    for its cost (101 s and 25 CPU-s on the submit side)."""
     from fake_vllm.testing import start_server
 
     gate = tmp_path / "gate"
@@ -92,10 +94,7 @@ def test_a_two_stage_workflow_runs_as_sharded_stages_and_resumes_its_second(
             "providers:\n- {name: demo-hosted, endpoint: '" + endpoint.base_url + "', api_key: DEMO_HOSTED_API_KEY}\n"
         )
         env = {**files.env, "DEMO_HOSTED_API_KEY": KEY}
-        python_env, dd_version = builder_env
-        files.profile.write_text(
-            files.profile.read_text().replace(f"python_env: {REPO / '.venv'}", f"python_env: {python_env}")
-        )
+        python_env, dd_version = REPO / ".venv", version("data-designer")
 
         # the run file's num_records must be the first stage's: refused at its line, nothing written
         wrong = files.root / "wrong.yaml"
