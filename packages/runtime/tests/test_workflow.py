@@ -18,6 +18,8 @@ from ddslurm.runtime.errors import RecipeError
 
 pytestmark = pytest.mark.dd
 
+pytest.importorskip("data_designer.interface.composite_workflow", reason="this Data Designer has no workflows")
+
 SCRIPT = """\
 import data_designer.config as dd
 from data_designer.interface import DataDesigner
