@@ -84,6 +84,10 @@ def listening_port() -> int:
     return choose_ports([None], str(random.SystemRandom().randrange(1 << 30)))[0]
 
 
+FIRST_START_PORTS = 5
+"""Ports the hosted stand-in tries at its first start (a restart keeps its port: the run's snapshot names it)."""
+
+
 class Hosted:
     """The scenario's hosted provider: a fake-vllm on a fixed loopback port with the scenario's key, restarted
     with fault flags and without them (the stand-in has no runtime switch)."""
@@ -100,22 +104,30 @@ class Hosted:
         return f"http://127.0.0.1:{self.port}/v1"
 
     def start(self, *flags: str) -> None:
-        from fake_vllm.testing import start_server
+        from fake_vllm.testing import ServerStartError, start_server
 
         with self._lock:
             self._stop()
             self._starts += 1
             args = ["--served-model-name", *HOSTED_MODELS, "--fake-latency", str(self.latency), *flags]
-            cm = start_server(
-                "hosted",
-                args=args,
-                api_key=self.key,
-                port=self.port,
-                log_path=self.log_dir / f"hosted-{self._starts}.log",
-                timeout=HOSTED_START_TIMEOUT_S,
-            )
-            cm.__enter__()
-            self._cm = cm
+            for attempt in range(FIRST_START_PORTS if self._starts == 1 else 1):
+                cm = start_server(
+                    "hosted",
+                    args=args,
+                    api_key=self.key,
+                    port=self.port,
+                    log_path=self.log_dir / f"hosted-{self._starts}.log",
+                    timeout=HOSTED_START_TIMEOUT_S,
+                )
+                try:
+                    cm.__enter__()
+                except ServerStartError as exc:  # the port is another process's: before any run, take another
+                    if "address already in use" not in str(exc).lower() or attempt == FIRST_START_PORTS - 1:
+                        raise
+                    self.port = listening_port()
+                    continue
+                self._cm = cm
+                return
 
     def _stop(self) -> None:
         if self._cm is not None:

@@ -26,6 +26,7 @@ import contextlib
 import http.client
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -156,8 +157,14 @@ def _stop(proc: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
             proc.wait()
 
 
+_BOUND = re.compile(r"Starting (?:vLLM API|SGLang) server on ")
+"""What the server logs once its socket is bound: only then is an answer on its address its own."""
+
+
 def _wait(server: RunningServer, wait: WaitFor, deadline: float) -> bool:
-    """True when ready; False when the process exited (the caller inspects the log)."""
+    """True when ready; False when the process exited (the caller inspects the log). An answer counts only once the
+    process has bound its address (its log says so): another process already listening on a pinned port answers
+    too, while this one fails to bind and exits."""
     if wait == "none":
         return True
     url = f"{server.root_url}/health"
@@ -165,7 +172,8 @@ def _wait(server: RunningServer, wait: WaitFor, deadline: float) -> bool:
         if server.proc.poll() is not None:
             return False
         status = _unix_health_status(server.uds) if server.uds is not None else _health_status(url)
-        if status == 200 or (wait == "listening" and status is not None):
+        answered = status == 200 or (wait == "listening" and status is not None)
+        if answered and _BOUND.search(server.log_text()):
             return True
         time.sleep(_POLL_S)
     raise ServerStartError(f"fake-vllm not {wait} after the deadline:\n{server.log_text()[-4000:]}")
