@@ -45,7 +45,8 @@ HERE = Path(__file__).parent
 
 
 def load_config_builder():
-    params = dd.ChatCompletionInferenceParams(max_parallel_requests=4, max_tokens=48)
+    # timeout: a request the test holds at the stand-in's gate waits as long as the test steps, never a 504
+    params = dd.ChatCompletionInferenceParams(max_parallel_requests=4, max_tokens=48, timeout=900)
     models = [dd.ModelConfig(alias="judge", model="demo/judge-70b", provider="demo-hosted",
                              inference_parameters=params, skip_health_check=True)]
     draft = dd.DataDesignerConfigBuilder(model_configs=models)
@@ -174,13 +175,14 @@ def _chats(log: Path) -> list[dict[str, Any]]:
 
 
 def _answered(layout: RunLayout, shard: int) -> int:
-    """The hosted requests shard ``shard``'s attempts have on record as answered (their journals)."""
+    """The hosted requests shard ``shard``'s attempts have on record as answered by the provider (their journals;
+    not a gate's own 504)."""
     lines = [
         line
         for p in layout.shard(shard).attempts.glob("*/hosted-requests.jsonl")
         for line in p.read_text().splitlines()
     ]
-    return sum(json.loads(line).get("status") is not None for line in lines)
+    return sum(json.loads(line).get("status") == 200 for line in lines)
 
 
 def _let_shard_0_answer_once(layout: RunLayout, gate: Path, log: Path) -> None:
