@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, TextIO
 
 import typer
 
-from ddslurm.config import compact_ranges, read_plan
+from ddslurm.config import RunLayout, compact_ranges, read_plan
 from ddslurm.launcher._follow import SchedulerBusy, follow_run, release, wait_for_run
 from ddslurm.launcher._output import (
     ExitCode,
@@ -120,6 +120,34 @@ def cmd_status(
     return ExitCode.OK
 
 
+def wait_to_end(
+    session: Session, layout: RunLayout, *, timeout: float | None = None, display: RunDisplay | None = None
+) -> RunStatus:
+    """Follow the run until it ends (``display`` shown each refresh, a busy scheduler said), cancel what a succeeded
+    run left queued (saying so), and record a succeeded run's facts: ``wait``'s, and ``workflow``'s for each stage."""
+
+    def update(polled: RunStatus | SchedulerBusy) -> None:
+        if isinstance(polled, SchedulerBusy):
+            say_busy(session, polled)
+        elif display is not None:
+            display.update(polled)
+
+    st = wait_for_run(layout, session.slurm, timeout=timeout, sleep=session.sleep, on_update=update)
+    released = release(layout, session.slurm, st)
+    if released.error is not None:  # the run's result stands; the leftovers only cost job starts
+        session.err.write(f"note: the run's leftover queued tasks could not be cancelled ({released.error})\n")
+    if released.tasks:
+        session.err.write(
+            f"note: cancelled {len(released.tasks)} queued task(s) of the succeeded run that could only have "
+            f"recorded superseded: {', '.join(released.tasks)}\n"
+        )
+    if st.state == "succeeded":  # what the run measured, into the workspace's facts (never fails the command)
+        from ddslurm.launcher._facts import record_after
+
+        record_after(layout, session.slurm, session.err)
+    return st
+
+
 @guarded
 def cmd_wait(
     ctx: typer.Context,
@@ -138,26 +166,8 @@ def cmd_wait(
     layout = run_layout(session, run, profile)
     display = _display(session, table=False)
 
-    def update(polled: RunStatus | SchedulerBusy) -> None:
-        if isinstance(polled, SchedulerBusy):
-            say_busy(session, polled)
-        elif display is not None:
-            display.update(polled)
-
     with display if display is not None else nullcontext():
-        st = wait_for_run(layout, session.slurm, timeout=timeout, sleep=session.sleep, on_update=update)
-    released = release(layout, session.slurm, st)
-    if released.error is not None:  # the run's result stands; the leftovers only cost job starts
-        session.err.write(f"note: the run's leftover queued tasks could not be cancelled ({released.error})\n")
-    if released.tasks:
-        session.err.write(
-            f"note: cancelled {len(released.tasks)} queued task(s) of the succeeded run that could only have "
-            f"recorded superseded: {', '.join(released.tasks)}\n"
-        )
-    if st.state == "succeeded":  # what the run measured, into the workspace's facts (never fails the command)
-        from ddslurm.launcher._facts import record_after
-
-        record_after(layout, session.slurm, session.err)
+        st = wait_to_end(session, layout, timeout=timeout, display=display)
     place = read_plan(layout.plan).workflow
     if place is not None and not place.last:
         session.err.write(

@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ddslurm.launcher._commands_follow import say_busy
-from ddslurm.launcher._follow import SchedulerBusy, release, wait_for_run
+from ddslurm.launcher._commands_follow import wait_to_end
 from ddslurm.launcher._output import ExitCode, write_json
 from ddslurm.launcher._session import JsonOpt, ProfileOpt, RunArg, command_session, guarded, run_layout
-from ddslurm.launcher._status import RunStatus
+
+if TYPE_CHECKING:
+    from ddslurm.launcher._workflow import StageDone
 
 
-def _stage_json(stage: Any) -> dict[str, Any]:
+def _stage_json(stage: StageDone) -> dict[str, Any]:
     return {
         "stage": stage.place.index + 1,
         "name": stage.place.stage.name,
@@ -38,22 +39,10 @@ def cmd_workflow(
 
     Each step is taken once (a collected dataset is kept, the next stage's run is recorded in the run before), so
     the command can be run again after a failed stage is retried; it goes on from where the workflow stands."""
-    from ddslurm.launcher._facts import record_after
-    from ddslurm.launcher._workflow import StageDone, carry_on
+    from ddslurm.launcher._workflow import carry_on
 
     session = command_session(ctx, as_json)
     layout = run_layout(session, run, profile)
-
-    def wait(stage_layout: Any) -> RunStatus:
-        def update(polled: RunStatus | SchedulerBusy) -> None:
-            if isinstance(polled, SchedulerBusy):
-                say_busy(session, polled)
-
-        st = wait_for_run(stage_layout, session.slurm, sleep=session.sleep, on_update=update)
-        release(stage_layout, session.slurm, st)
-        if st.state == "succeeded":
-            record_after(stage_layout, session.slurm, session.err)
-        return st
 
     def said(stage: StageDone) -> None:
         if session.json:
@@ -62,8 +51,9 @@ def cmd_workflow(
         session.out.write(f"{stage.place.label()}: run {stage.layout.run_id} {stage.state}{rows}\n")
         session.out.flush()
 
-    result = carry_on(layout, session.slurm, session.env, wait=wait, local=local, on_stage=said)
-    ok = result.dataset is not None or (bool(result.stages) and result.stages[-1].state == "skipped")
+    result = carry_on(
+        layout, session.slurm, session.env, wait=lambda stage: wait_to_end(session, stage), local=local, on_stage=said
+    )
     if session.json:
         write_json(
             {
@@ -75,5 +65,5 @@ def cmd_workflow(
             session.out,
         )
     else:
-        (session.out if ok else session.err).write(f"{result.message}\n")
-    return ExitCode.OK if ok else ExitCode.FAILED
+        (session.out if result.complete else session.err).write(f"{result.message}\n")
+    return ExitCode.OK if result.complete else ExitCode.FAILED

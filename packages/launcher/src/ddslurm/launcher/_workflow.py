@@ -55,6 +55,12 @@ class WorkflowResult:
     """The last stage's dataset; None when the workflow did not get there."""
     message: str
 
+    @property
+    def complete(self) -> bool:
+        """The workflow ended as Data Designer's would: at its last stage's dataset, or at an empty stage that
+        allows it (the later stages skipped)."""
+        return self.dataset is not None or (bool(self.stages) and self.stages[-1].state == "skipped")
+
 
 def workflow_place(layout: RunLayout) -> WorkflowPlace:
     """The run's place in its workflow; :class:`LauncherError` for a run that is no workflow's stage."""

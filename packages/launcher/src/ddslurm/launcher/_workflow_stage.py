@@ -30,7 +30,7 @@ def stage_run(
     when the first stage would make other records than the run file says."""
     index = workflow.index
     own = workflow.stages[index]
-    if index == 0:
+    if stage is None:  # the first stage: what `ddslurm submit` submits
         records = own.num_records or DD_DEFAULT_NUM_RECORDS
         if run.num_records != records:
             where, _ = field_place("num_records", run_path, profile_path)
@@ -42,7 +42,7 @@ def stage_run(
             )
         name = run.name
     else:
-        records = own.num_records or (stage.rows if stage is not None else 0)
+        records = own.num_records or stage.rows
         suffix = f"-{index + 1}"
         name = run.name[: NAME_MAX - len(suffix)] + suffix
     place = WorkflowPlace(

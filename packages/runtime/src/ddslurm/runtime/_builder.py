@@ -244,7 +244,8 @@ def build(payload: Mapping[str, Any]) -> dict[str, Any]:
             value, path, line = call_builder(payload)
         if is_workflow(value):
             workflow = shape(value)
-            value = _at(path, line, function, stage_builder, value, int(payload.get("stage") or 0), payload.get("seed"))
+            with _placed(function, path, line):
+                value = stage_builder(value, int(payload.get("stage") or 0), payload.get("seed"))
         elif payload.get("stage"):
             raise BuilderFailure(f"{function}() no longer returns a workflow (its stages run one after another)")
         text = _to_yaml(value, function, path, line)
@@ -265,10 +266,12 @@ def build(payload: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _at(path: Path, line: int | None, function: str, call: Any, *args: Any) -> Any:
-    """``call(*args)``, its :class:`BuilderFailure` placed at the builder function (``function()`` returned...)."""
+@contextlib.contextmanager
+def _placed(function: str, path: Path, line: int | None) -> Iterator[None]:
+    """A :class:`BuilderFailure` about what the builder returned, placed at the builder function: ``function()
+    returned workflow ...`` at ``path``:``line``."""
     try:
-        return call(*args)
+        yield
     except BuilderFailure as failure:
         raise BuilderFailure(f"{function}() {failure.message}", str(path), line) from None
 
@@ -355,7 +358,8 @@ def rebuilt_columns(source: RecipeSource, names: Iterable[str]) -> dict[str, Any
             module, path = _load_script(origin, Path(source.file)), origin
         value, line = _call(module, function, path)
         if source.stage is not None:  # a workflow's stage: its columns are the stage builder's
-            value = _at(path, line, function, stage_of, value, source.stage).config_builder
+            with _placed(function, path, line):
+                value = stage_of(value, source.stage).config_builder
         columns = {c.name: c for c in config_columns(value) if c.name in wanted}
     except BuilderFailure as failure:
         where = f"{failure.file}:{failure.line}" if failure.line else (failure.file or source.builder)
