@@ -24,7 +24,8 @@ from ddslurm.config import (
     SpendForecast,
     parallel_requests,
 )
-from ddslurm.launcher._bill_spend import limit_cost, money, spend_lines
+from ddslurm.launcher._bill_spend import limit_cost, spend_lines
+from ddslurm.launcher._money import money
 from ddslurm.planner import array_tasks, batch_text, wall_text
 from ddslurm.providers import AliasRow
 from ddslurm.runtime import RankPlace, StepSpec, server_command, server_step_name, srun_argv, unix_url

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from ddslurm.config import Prices, Resources, SpendForecast
+from ddslurm.launcher._money import money
 
 
 class HeldJobs(Protocol):
@@ -28,11 +29,6 @@ def limit_cost(jobs: Sequence[HeldJobs], prices: Prices | None) -> float | None:
         return None
     costs = [prices.hours_cost(j.resources.partition, j.gpu_hours, j.cpu_hours) for j in jobs]
     return None if any(c is None for c in costs) else sum(c or 0.0 for c in costs)
-
-
-def money(value: float, currency: str) -> str:
-    """``0.1920 USD``: four decimals below one, two above."""
-    return f"{value:,.{4 if value < 1 else 2}f} {currency}"
 
 
 def spend_lines(spend: SpendForecast | None) -> list[str]:

@@ -14,6 +14,7 @@ import typer
 
 from ddslurm.config import RunLayout, compact_ranges, read_plan
 from ddslurm.launcher._follow import SchedulerBusy, follow_run, release, wait_for_run
+from ddslurm.launcher._money import money
 from ddslurm.launcher._output import (
     ExitCode,
     write_json,
@@ -276,8 +277,8 @@ def cmd_report(
     ]
     if gpu is not None and ((gpu.allocated_gpu_hours or 0) > 0 or gpu.generating_gpu_hours > 0):
         allocated = f"{gpu.allocated_gpu_hours:.3f}" if gpu.allocated_gpu_hours is not None else "unknown (no sacct)"
-        money = f" ({gpu.allocated_cost:,.2f} {gpu.currency})" if gpu.allocated_cost is not None else ""
-        lines.append(f"  GPU-hours: {allocated} allocated{money}, {gpu.generating_gpu_hours:.3f} generating")
+        cost = f" ({money(gpu.allocated_cost, str(gpu.currency), 2)})" if gpu.allocated_cost is not None else ""
+        lines.append(f"  GPU-hours: {allocated} allocated{cost}, {gpu.generating_gpu_hours:.3f} generating")
     lines += [
         f"  {m.alias} ({'local' if m.local else 'hosted'}): {m.requests} requests, {m.failed} failed, "
         f"{m.total_tokens} tokens"

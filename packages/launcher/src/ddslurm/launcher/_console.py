@@ -33,6 +33,7 @@ from rich.table import Column, Table
 from rich.text import Text
 
 from ddslurm.config import Plan, RunLayout, compact_ranges
+from ddslurm.launcher._money import money
 from ddslurm.launcher._runs import ListedRun
 from ddslurm.launcher._slurm import NODE_ENV_ALLOWED
 from ddslurm.launcher._status import KeyStatus, RunStatus, ShardStatus
@@ -120,18 +121,18 @@ def hosted_lines(hosted: HostedReport) -> list[str]:
     """The report's hosted keys as text: per model, spent and kept; then the money per 1,000 kept rows."""
     cur = hosted.currency
 
-    def money(value: float | None) -> str:
-        return "" if value is None or cur is None else f", {value:,.4f} {cur}"
+    def cost(value: float | None) -> str:
+        return "" if value is None or cur is None else ", " + money(value, cur, 4)
 
     lines = ["  hosted (spent: every attempt / kept: the winners' attempts):"]
     for m in hosted.models:
         lines.append(
             f"    {m.model} ({m.provider}, {m.key_env or 'no key'}): {m.requests:,} requests, {m.limited:,} answered "
-            f"429, {m.input_tokens + m.output_tokens:,} tokens{money(m.cost)} / {m.kept_requests:,} requests, "
-            f"{m.kept_input_tokens + m.kept_output_tokens:,} tokens{money(m.kept_cost)}"
+            f"429, {m.input_tokens + m.output_tokens:,} tokens{cost(m.cost)} / {m.kept_requests:,} requests, "
+            f"{m.kept_input_tokens + m.kept_output_tokens:,} tokens{cost(m.kept_cost)}"
         )
     if hosted.cost_per_1000_kept_rows is not None:
-        lines.append(f"    {hosted.cost_per_1000_kept_rows:,.4f} {cur} spent per 1,000 kept rows")
+        lines.append(f"    {money(hosted.cost_per_1000_kept_rows, str(cur), 4)} spent per 1,000 kept rows")
     if hosted.unpriced:
         lines.append(f"    no price for: {', '.join(hosted.unpriced)}")
     return lines
@@ -150,7 +151,7 @@ def key_line(k: KeyStatus) -> str:
         parts.append(f"{k.unreached:,} not delivered (connection refused or closed)")
     parts.append(f"{k.input_tokens + k.output_tokens:,} tokens")
     if k.cost is not None:
-        parts.append(f"{k.cost:,.2f} {k.currency}")
+        parts.append(money(k.cost, str(k.currency), 2))
     limits = [f"{k.requests_per_minute:,} a minute" if k.requests_per_minute else "",
               f"{k.in_flight:g} at once" if k.in_flight else ""]  # fmt: skip
     learned = ", ".join(x for x in limits if x)

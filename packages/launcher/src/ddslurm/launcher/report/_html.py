@@ -9,6 +9,7 @@ from typing import Any
 
 import msgspec
 
+from ddslurm.launcher._money import money
 from ddslurm.launcher.report._model import PHASES, HostedReport, RunReport, moment, seconds_between
 
 _PHASE_LABELS = {"waiting": "waiting for the GPU stage"}
@@ -202,7 +203,7 @@ def _chart(figures: dict[str, Any], name: str) -> str:
 
 
 def _money(value: float | None, currency: str | None) -> str:
-    return "-" if value is None or currency is None else f"{value:,.4f} {currency}"
+    return "-" if value is None or currency is None else money(value, currency, 4)
 
 
 def _hosted_section(hosted: HostedReport, figures: dict[str, Any]) -> list[str]:
