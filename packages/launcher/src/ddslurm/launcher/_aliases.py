@@ -17,9 +17,8 @@ from pathlib import Path
 
 from ddslurm.config import RunFile, load_profile, load_run_file
 from ddslurm.launcher._doctor_checks import field_place
-from ddslurm.launcher._python_env import python_env_problem
+from ddslurm.launcher._python_env import python_env_problem, runtime_command
 from ddslurm.launcher._recipe import LoadedRecipe, StageRequest, load_run_recipe
-from ddslurm.launcher._validate import runtime_command
 from ddslurm.launcher.errors import SubmitError
 from ddslurm.providers import (
     AliasRow,

@@ -41,10 +41,9 @@ from ddslurm.launcher._cluster import ClusterInfo, NodeRow, read_cluster
 from ddslurm.launcher._doctor_versions import judge_versions
 from ddslurm.launcher._engine_host import RUNTIME_PROCESS, EngineHost
 from ddslurm.launcher._process import Stopped
-from ddslurm.launcher._python_env import python_env_problem
-from ddslurm.launcher._recipe import secret_names
+from ddslurm.launcher._python_env import runtime_command, runtime_problem
+from ddslurm.launcher._recipe import script_environment, secret_names
 from ddslurm.launcher._slurm import Association, ClusterConfig, Slurm
-from ddslurm.launcher._validate import runtime_command
 from ddslurm.launcher.errors import SlurmError, SubmitError
 from ddslurm.planner import parse_memory_mb
 from ddslurm.providers.discovery import settings_dir
@@ -300,15 +299,13 @@ def _qos_check(facts: ClusterFacts, res: Resources) -> Check:
 
 def _python_env_check(facts: ClusterFacts, profile: ClusterProfile, run: RunFile | None) -> Check:
     field = "profile.python_env"
+    problem = runtime_problem(profile.python_env)  # before anything in it runs
+    if problem is not None:
+        return facts.check("python_env", "problem", problem, field)
     runtime = runtime_command(profile.python_env)
-    untrusted = python_env_problem(profile.python_env)  # before anything in it runs
-    if untrusted is not None:
-        return facts.check("python_env", "problem", untrusted, field)
-    if not runtime.exists():
-        return facts.check("python_env", "problem", f"{runtime} does not exist (the compute nodes run it)", field)
     try:
         hidden = secret_names(run, facts.env, settings_dir(facts.env))  # the shell's, without the run's keys
-        env = {name: value for name, value in facts.env.items() if name not in hidden}
+        env = script_environment(facts.env, hidden)
         answer = facts.host.ask(runtime, {"action": "versions"}, timeout_s=VERSIONS_TIMEOUT_S, env=env)
     except Stopped:
         return facts.check("python_env", "problem", f"{runtime} did not answer within {VERSIONS_TIMEOUT_S} s", field)

@@ -100,3 +100,18 @@ def python_env_problem(python_env: str | Path, *, uid: int | None = None) -> str
         "Use a Python environment only you (or root) can write: remove the others' write access (chmod go-w) if "
         "it is yours, or make your own (python3 -m venv, uv venv) and install ddslurm-runtime in it"
     )
+
+
+def runtime_command(python_env: str | Path) -> Path:
+    """``<python_env>/bin/ddslurm-runtime``: what the nodes run, and what the submit host asks about a recipe."""
+    return Path(python_env) / "bin" / RUNTIME
+
+
+def runtime_problem(python_env: str | Path) -> str | None:
+    """Why ``python_env``'s runtime must not be run or asked (:func:`python_env_problem`), or cannot be (it does
+    not exist); None when it may. Reads only: nothing in it runs."""
+    untrusted = python_env_problem(python_env)
+    if untrusted is not None:
+        return untrusted
+    runtime = runtime_command(python_env)
+    return None if runtime.exists() else f"{runtime} does not exist (the compute nodes run it)"

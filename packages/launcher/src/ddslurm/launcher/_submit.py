@@ -64,7 +64,7 @@ from ddslurm.launcher._facts import (
     workspace_facts,
 )
 from ddslurm.launcher._mcp_check import dd_check_tools
-from ddslurm.launcher._python_env import python_env_problem
+from ddslurm.launcher._python_env import runtime_command, runtime_problem
 from ddslurm.launcher._recipe import StageRequest, script_environment, secret_names
 from ddslurm.launcher._recipe_at import place_refusal
 from ddslurm.launcher._render import render_generation
@@ -72,7 +72,7 @@ from ddslurm.launcher._run_dir import NOTHING_LEFT, Prepared, write_run_dir
 from ddslurm.launcher._seed import CountRows, SeedCapture, capture_seed, dd_seed_columns, dd_seed_rows
 from ddslurm.launcher._shardable import refuse_unshardable
 from ddslurm.launcher._slurm import Slurm, SlurmTimeoutError
-from ddslurm.launcher._validate import RecipeCheck, dd_check_recipe, runtime_command
+from ddslurm.launcher._validate import RecipeCheck, dd_check_recipe
 from ddslurm.launcher._workflow_stage import stage_run
 from ddslurm.launcher.errors import LauncherError, SlurmError, SubmitError, WriteError
 from ddslurm.planner import (
@@ -177,13 +177,10 @@ def prepare(
     try:
         run = load_run_file(run_path)
         profile = load_profile(profile_path)
+        problem = runtime_problem(profile.python_env)  # before anything in it runs
+        if problem is not None:
+            raise SubmitError(place_error(f"profile.python_env: {problem}", run_path, profile_path))
         runtime = runtime_command(profile.python_env)
-        untrusted = python_env_problem(profile.python_env)  # before anything in it runs
-        if untrusted is not None:
-            raise SubmitError(place_error(f"profile.python_env: {untrusted}", run_path, profile_path))
-        if not runtime.exists():
-            message = f"profile.python_env: {runtime} does not exist (the compute nodes run it)"
-            raise SubmitError(place_error(message, run_path, profile_path))
         loaded, resolution = run_aliases(run, run_path, env, settings_dir(env, home), runtime=runtime, stage=stage)
         recipe_path, recipe_bytes, recipe = loaded.path, loaded.stored, loaded.data
         place = None

@@ -66,11 +66,6 @@ class RecipeCheck:
     """What Data Designer's ``RunConfig`` refuses in the run file's ``run_config``, one field each."""
 
 
-def runtime_command(python_env: str | Path) -> Path:
-    """``<python_env>/bin/ddslurm-runtime``: what the nodes run, and what the submit host asks about a recipe."""
-    return Path(python_env) / "bin" / "ddslurm-runtime"
-
-
 def dd_check_recipe(
     recipe: Mapping[str, Any],
     recipe_path: Path,
