@@ -181,6 +181,21 @@ def write_recipe(folder: Path, scenario: Scenario) -> Path:
     return path
 
 
+SERVER_RESTARTS = 3
+"""The runs' ``server.restarts`` (the run file's default): a replica has this many lives and one more per attempt."""
+
+
+def crash_after(scenario: Scenario, drawn: int) -> int:
+    """The requests each life of a crashing replica answers: the drawn number, or more where the run's lives could
+    not answer all its local requests in one attempt. Data Designer's async engine interleaves the requests of every
+    row group it has left, so lives that answer fewer than all of them may complete no batch at all, and every
+    attempt after them starts where the first did: a fault no retry outlasts (campaign seed 442764: 4 a life, 28
+    requests, no batch ever saved). The replica still dies whenever the run needs more than that."""
+    local = [c for c in recipe(scenario)["data_designer"]["columns"] if c.get("model_alias") == "writer"]
+    requests = scenario.records * len(local) if scenario.placement != "hosted" else 0
+    return max(drawn, -(-requests // SERVER_RESTARTS))  # one life of the attempt's spare
+
+
 def run_yaml(scenario: Scenario) -> str:
     """The run file (next to ``recipe.yaml``)."""
     s = scenario
@@ -199,7 +214,7 @@ def run_yaml(scenario: Scenario) -> str:
         env = {"FAKE_VLLM_LATENCY": str(s.latency), "FAKE_VLLM_STARTUP_DELAY": str(int(s.startup_delay))}
         crashing = next((f for f in s.faults if f.kind == "crashing_replica"), None)
         if crashing is not None:  # a replica that keeps dying: restarted in place (server.restarts), then retried
-            env["FAKE_VLLM_CRASH_AFTER"] = str(int(crashing.duration))
+            env["FAKE_VLLM_CRASH_AFTER"] = str(crash_after(s, int(crashing.duration)))
         lines += [
             f"stages: {s.stages}",
             "deployments:",

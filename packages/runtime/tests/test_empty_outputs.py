@@ -54,7 +54,8 @@ def _write_dataset(dataset: Path, rows: list[dict[str, Any]], batch: int = 2) ->
         pq.write_table(pa.Table.from_pylist(kept), dataset / "parquet-files" / f"batch_{i // batch:05d}.parquet")
         dropped = pa.Table.from_pylist([{"notes": r["notes"]} for r in chunk])
         pq.write_table(dropped, dataset / "dropped-columns-parquet-files" / f"batch_{i // batch:05d}.parquet")
-    (dataset / "metadata.json").write_text(json.dumps({"actual_num_records": len(rows)}))
+    meta = {"actual_num_records": len(rows), "target_num_records": len(rows), "buffer_size": batch}
+    (dataset / "metadata.json").write_text(json.dumps(meta))
 
 
 def test_llm_columns_are_read_from_the_recipe() -> None:
@@ -280,6 +281,36 @@ def test_continued_files_leave_out_batches_over_the_limit_and_then_every_fill(tm
     assert names(0) == ["parquet-files/batch_00000.parquet", "dropped-columns-parquet-files/batch_00000.parquet"]
     assert (strict.rows, strict.left_out) == (2, 2)  # batches 1 and 2 left out; the fill with them
     assert names(1) == names(None)  # one empty value per column is allowed: everything continues
+
+
+def test_fill_batches_are_not_continued_when_a_batch_of_the_run_is_missing(tmp_path: Path) -> None:
+    """A batch whose every record Data Designer dropped leaves no file, and resuming, Data Designer generates it
+    again: the fill that made up its records is then not continued, or the shard would hold them twice (chaos seed
+    442762: 10 rows in a shard of 9)."""
+    dataset = tmp_path / "shard-00000"
+    _write_dataset(dataset, [GOOD] * 6)  # batches 0, 1, 2 of 2 records
+    (dataset / "fill-files").mkdir()
+    pq.write_table(
+        pa.Table.from_pylist([{**GOOD, "topic": "t", "chars": 1}]), dataset / "fill-files" / "fill_0.parquet"
+    )
+    whole = continued_files(dataset, EmptyLimit(llm_columns(RECIPE), None))
+    assert ("fill-files", "fill_0.parquet") in whole.files and whole.rows == 7
+    for name in ("parquet-files", "dropped-columns-parquet-files"):
+        (dataset / name / "batch_00001.parquet").unlink()  # its records dropped: no file
+    holed = continued_files(dataset, EmptyLimit(llm_columns(RECIPE), None))
+    assert [name for folder, name in holed.files if folder == "parquet-files"] == [
+        "batch_00000.parquet",
+        "batch_00002.parquet",
+    ]
+    assert ("fill-files", "fill_0.parquet") not in holed.files and holed.rows == 4
+    meta = json.loads((dataset / "metadata.json").read_text())
+    (dataset / "metadata.json").write_text(json.dumps({**meta, "target_num_records": 4}))  # the run made 2 batches
+    for name in ("parquet-files", "dropped-columns-parquet-files"):
+        (dataset / name / "batch_00002.parquet").unlink()
+    (dataset / "parquet-files" / "batch_00001.parquet").write_bytes(
+        (dataset / "parquet-files" / "batch_00000.parquet").read_bytes()
+    )
+    assert ("fill-files", "fill_0.parquet") in continued_files(dataset, EmptyLimit(llm_columns(RECIPE), None)).files
 
 
 def test_a_batch_whose_values_cannot_be_read_is_not_continued(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ generates that batch again instead.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from dataclasses import dataclass
@@ -49,21 +50,43 @@ class ResumeSource:
     left_out: int
 
 
+def _row_groups(dataset: Path) -> int | None:
+    """How many batches Data Designer's run of ``dataset`` makes in all (its first target over its buffer size, as
+    its metadata says); None when the metadata does not say."""
+    try:
+        meta = json.loads((dataset / "metadata.json").read_text())
+        target = int(meta.get("original_target_num_records", meta["target_num_records"]))
+        return -(-target // int(meta["buffer_size"]))
+    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+        return None
+
+
+def _batch_id(name: str) -> int:
+    """``batch_00007.parquet`` → 7: the row group the batch file holds."""
+    return int(name.removeprefix("batch_").removesuffix(".parquet"))
+
+
 def continued_files(dataset: Path, empty: EmptyLimit) -> ResumeSource:
     """The files of ``dataset`` a new attempt may continue.
 
     Each readable batch in order, with its preserved columns, while the empty values it adds keep every column
     within ``empty.limit``; a batch over it (or unreadable) is left out, and Data Designer fills the hole. Fill
-    batches are continued only when every batch of Data Designer's is: they make up records missing from those
-    batches, which a batch generated again may hold itself.
+    batches are continued only when every batch of Data Designer's is, and none is missing (a batch whose every
+    record was dropped leaves no file; resuming, Data Designer generates every batch of its run that has none):
+    they make up records missing from those batches, which a batch generated again holds itself.
     """
     files: list[tuple[str, str]] = []
     used: dict[str, int] = {}
     rows = left_out = 0
     whole = True
+    groups = _row_groups(dataset)
     for folder, pattern, preserved_folder in _FOLDERS:
-        if folder == FILL_DIR and not whole:
-            break
+        if folder == FILL_DIR:
+            present = {_batch_id(name) for f, name in files if f == "parquet-files"}
+            if groups is not None and present != set(range(groups)):
+                whole = False  # Data Designer generates the missing batches again
+            if not whole:
+                break
         for batch in sorted((dataset / folder).glob(pattern)):
             preserved = dataset / preserved_folder / batch.name
             preserved_ok = preserved.is_file() and readable_rows([preserved])[1] == 1
