@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from ddslurm.config import AttemptRecord, KeyBudgetState, read_json
+from fake_vllm.testing import set_gate
 from tests.e2e import attempts, cli_json, run_cli, shard_client, until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.dd]
@@ -33,7 +34,7 @@ def test_hosted_only_run_end_to_end(make_run_files: Any, scan_for_secret: Any, t
 
     key = "sk-limited-" + "3" * 20
     log, gate = tmp_path / "key.jsonl", tmp_path / "gate"
-    gate.write_text("")  # open; the kill holds it
+    set_gate(gate, "")  # open; the kill holds it
     limited = ["--served-model-name", "demo/writer-8b", "demo/judge-70b", "--fake-latency", "0.3",
                "--fake-rate-limit-in-flight", "2", "--fake-request-log", str(log),
                "--fake-gate", str(gate)]  # fmt: skip
@@ -149,9 +150,9 @@ def _kill_the_client_after_its_first_batch(run_dir: Path, gate: Path, *, shard: 
 
     until(first_batch_done, 300, f"shard {shard}'s first batch")
 
-    gate.write_text("hold")
+    set_gate(gate, "hold")
     os.kill(until(lambda: shard_client(run_dir, shard), 60, f"shard {shard}'s client process"), signal.SIGKILL)
-    gate.write_text("")
+    set_gate(gate, "")
 
 
 def _accounting_is_the_keys_own(

@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from fake_vllm.mcp_server import calls, start_remote, stdio_command
+from fake_vllm.testing import set_gate
 from tests.e2e import cli_json
 
 pytestmark = [pytest.mark.slurm, pytest.mark.dd]
@@ -121,7 +122,7 @@ def test_a_mixed_run_with_mcp_tools_shows_no_key_to_another_user_on_any_command_
     from tests.e2e import as_nobody, generator, until
 
     gate = tmp_path / "gate"
-    gate.write_text("")
+    set_gate(gate, "")
     with hosted_stand_in(tmp_path, "--fake-gate", str(gate)) as hosted:
         files = make_run_files("mixed-mcp", num_records=4, shards=1, buffer_size=2,
                                extra_run=generator(replicas=1) + "stages: single\n")  # fmt: skip
@@ -140,13 +141,13 @@ def test_a_mixed_run_with_mcp_tools_shows_no_key_to_another_user_on_any_command_
             run_dir = Path(submitted["run_dir"])
             try:
                 until(lambda: _rows_on_disk(run_dir) > 0, 300, "the first batch on disk")
-                gate.write_text("hold")
+                set_gate(gate, "hold")
                 until(lambda: calls(local_log), 60, "the stdio MCP server's first call")
                 tokens = _server_tokens(run_dir)
                 assert any(k.startswith("VLLM_API_KEY@") for k in tokens), tokens.keys()  # the server's token
                 seen = json.loads(as_nobody(EVERY_COMMAND_LINE))
             finally:
-                gate.write_text("")
+                set_gate(gate, "")
             final = cli_json("wait", str(run_dir), "--json", env=env, outputs=OUTPUTS)
         assert final["state"] == "succeeded", final
     secrets = {"hosted": hosted.api_key, "remote": REMOTE_KEY, "docs": DOCS_TOKEN, **tokens}

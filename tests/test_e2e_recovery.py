@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from ddslurm.config import AttemptRecord, RunLayout, facts_path, read_facts, read_json
+from fake_vllm.testing import set_gate
 from tests.e2e import REPO, cli_json, requests_waiting, slurm, until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.dd]
@@ -49,7 +50,7 @@ def test_cancelled_shard_is_retried_and_resumes_without_losing_or_duplicating(
     # so one of them has its first batch's 3 writer answers, and its judge answers are not held: that batch lands.
     # That shard is cancelled once its batch is on disk: the moment is an event, never a latency.
     gate, requests = tmp_path / "gate", tmp_path / "requests.jsonl"
-    gate.write_text("12")
+    set_gate(gate, "12")
     args = ["--served-model-name", "demo/writer-8b", "demo/judge-70b", "--fake-request-log", str(requests)]
     args += ["--fake-gate", str(gate), "--fake-gate-model", "demo/writer-8b"]
     with start_server("demo", args=args, api_key=key) as held:
@@ -87,7 +88,7 @@ def test_cancelled_shard_is_retried_and_resumes_without_losing_or_duplicating(
         assert first.state == "failed" and first.reason == "cancelled", first
         done_before = _rows_done(run_dir, victim)
         assert 3 <= done_before < 12
-        gate.write_text("")  # open: every held request is answered, the other shard finishes
+        set_gate(gate, "")  # open: every held request is answered, the other shard finishes
 
         retried = cli_json("retry", str(run_dir), "--json", env=env)
         assert retried["shards"] == [victim]
@@ -186,7 +187,7 @@ def test_a_sixty_record_shard_without_buffer_size_cancelled_at_60_percent_redoes
     files = make_run_files("batches", num_records=60, shards=1, buffer_size=None, recipe=recipe)
     env = {**files.env, "DEMO_HOSTED_API_KEY": key}
     gate, first_log, retry_log = tmp_path / "gate", tmp_path / "first.jsonl", tmp_path / "retry.jsonl"
-    gate.write_text("39")  # the writer's health check, then the writer answers of 38 records: over 60 %
+    set_gate(gate, "39")  # the writer's health check, then the writer answers of 38 records: over 60 %
     served = ["--served-model-name", writer, judge]
     args = [*served, "--fake-request-log", str(first_log), "--fake-gate", str(gate), "--fake-gate-model", writer]
     with start_server("demo", args=args, api_key=key) as held:

@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from ddslurm.config import AttemptRecord, ClaimRecord, SubmissionRecord, WinnerRecord, read_json, read_plan
+from fake_vllm.testing import set_gate
 from tests.e2e import cli_json as _cli
 from tests.e2e import generator, local_column_order, one_draw_recipe, processes, requests_waiting, until, vllm_stand_in
 
@@ -169,7 +170,7 @@ def test_pulling_two_stages_and_a_killed_cpu_stage_client_pending_for_its_automa
     from conftest import hosted_stand_in, write_run_files
 
     gate = tmp_path / "judge-gate"
-    gate.write_text("0")  # the judge answers nothing yet; the writer is not asked (the generator is local)
+    set_gate(gate, "0")  # the judge answers nothing yet; the writer is not asked (the generator is local)
     with hosted_stand_in(tmp_path, "--fake-gate", str(gate), "--fake-gate-model", "demo/judge-70b") as endpoint:
         files = write_run_files(
             tmp_path / "killed", endpoint, num_records=RECORDS, shards=SHARDS, buffer_size=4,
@@ -193,12 +194,12 @@ def test_pulling_two_stages_and_a_killed_cpu_stage_client_pending_for_its_automa
             assert "automatic retry array" in (shard["message"] or ""), shard
             retried = _cli("retry", str(run_dir), "--json", env=files.env)
             assert retried["shards"] == [] and retried["job_ids"] == [], retried
-            gate.write_text("")
+            set_gate(gate, "")
             while frames[-1]["state"] not in {"succeeded", "failed", "cancelled", "incomplete"}:
                 time.sleep(1)
                 frames.append(_cli("status", str(run_dir), "--json", env=files.env))
         finally:
-            gate.write_text("")
+            set_gate(gate, "")
         final = _cli("wait", str(run_dir), "--json", env=files.env)
     assert final["state"] == "succeeded" and final["records_done"] == RECORDS, final
     assert all(f["state"] != "failed" and all(s["state"] != "failed" for s in f["shards"]) for f in frames), [

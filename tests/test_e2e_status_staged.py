@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from ddslurm.config import RunLayout
+from fake_vllm.testing import set_gate
 from tests.e2e import DDSLURM, MIXED_RECIPE, generator, run_cli, vllm_stand_in
 from tests.e2e import cli_json as _cli
 
@@ -77,7 +78,7 @@ def _check_series(samples: list[dict[str, Any]], what: str) -> None:
 
 def test_status_of_a_two_stage_run_never_goes_back(make_run_files: Any, tmp_path: Path) -> None:
     gate = tmp_path / "gate"  # every record is one generator request: one short, one shard cannot finish
-    gate.write_text(str(RECORDS - 1))
+    set_gate(gate, str(RECORDS - 1))
     stand_in = {"FAKE_VLLM_LATENCY": "0.2", "FAKE_VLLM_STARTUP_DELAY": "1", "FAKE_VLLM_GATE": str(gate)}
     files = make_run_files(
         "watched",
@@ -123,7 +124,7 @@ def test_status_of_a_two_stage_run_never_goes_back(make_run_files: Any, tmp_path
         sampled.append(_cli("status", run_dir, "--json", env=files.env))
         assert _waiting_for_cpu(sampled[-1]), sampled[-1]["shards"]
         assert watch_saw_it.wait(120), "status --watch never showed the first shard waiting for its CPU stage"
-        gate.write_text("")
+        set_gate(gate, "")
         while sampled[-1]["state"] not in {"succeeded", "failed", "cancelled", "incomplete"}:
             time.sleep(1)
             sampled.append(_cli("status", run_dir, "--json", env=files.env))
@@ -131,7 +132,7 @@ def test_status_of_a_two_stage_run_never_goes_back(make_run_files: Any, tmp_path
         reader.join(timeout=60)
         watch_err = watch.stderr.read() if watch.stderr is not None else ""
     finally:
-        gate.write_text("")
+        set_gate(gate, "")
         if watch.poll() is None:
             watch.kill()
             watch.communicate()

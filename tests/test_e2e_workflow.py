@@ -27,6 +27,7 @@ import pytest
 from ddslurm.config import AttemptRecord, RunLayout, read_json, read_plan
 from ddslurm.launcher import SubmitError, prepare
 from ddslurm.launcher.testing import InProcessHost
+from fake_vllm.testing import set_gate, start_server
 from tests.e2e import REPO, cli_json, shard_client, until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.dd]
@@ -77,10 +78,8 @@ def test_a_two_stage_workflow_runs_as_sharded_stages_and_resumes_its_second(
     """In this workspace's ``python_env`` (Data Designer 0.9.7). With a ``python_env`` of 1.0.0rc1 (the
     ``builder_env`` fixture) the scenario passed too when it was written; that variant is left out of ``make test``
     for its cost (101 s and 25 CPU-s on the submit side)."""
-    from fake_vllm.testing import start_server
-
     gate = tmp_path / "gate"
-    gate.write_text("")  # open; the kill holds it
+    set_gate(gate, "")  # open; the kill holds it
     log = tmp_path / "requests.jsonl"
     args = ["--served-model-name", "demo/judge-70b", "--fake-latency", "0.05", "--fake-gate", str(gate),
             "--fake-request-log", str(log)]  # fmt: skip
@@ -112,7 +111,7 @@ def test_a_two_stage_workflow_runs_as_sharded_stages_and_resumes_its_second(
         # stage 1 done, the gate shut: every chat request from here on waits until the test lets it through
         assert cli_json("wait", str(first.root), "--json", env=env)["state"] == "succeeded"
         assert len(_chats(log)) == len(TOPICS)  # one a row (no health check: the script skips it)
-        gate.write_text(str(len(TOPICS)))
+        set_gate(gate, len(TOPICS))
 
         # ddslurm workflow: stage 1 collected, stage 2 submitted; its shard 0 killed mid-way
         follow = subprocess.Popen(
@@ -123,7 +122,7 @@ def test_a_two_stage_workflow_runs_as_sharded_stages_and_resumes_its_second(
         second = RunLayout(Path(json.loads(first.workflow_next.read_text())["run_dir"]))
         _let_shard_0_answer_once(second, gate, log)
         killed_at = _kill_shard_0(second)
-        gate.write_text("")  # the other shards finish; shard 0's attempt has failed
+        set_gate(gate, "")  # the other shards finish; shard 0's attempt has failed
         out, _ = follow.communicate(timeout=600)
         assert follow.returncode != 0, out
         stopped = json.loads(out)
@@ -174,28 +173,27 @@ def _chats(log: Path) -> list[dict[str, Any]]:
     return [entry for line in lines if (entry := json.loads(line))["path"] == "/v1/chat/completions"]
 
 
-def _answered(layout: RunLayout, shard: int) -> int:
-    """The hosted requests shard ``shard``'s attempts have on record as answered by the provider (their journals;
-    not a gate's own 504)."""
-    lines = [
-        line
-        for p in layout.shard(shard).attempts.glob("*/hosted-requests.jsonl")
-        for line in p.read_text().splitlines()
-    ]
+def _answered(layout: RunLayout, shard: int | None = None) -> int:
+    """The hosted requests the attempts of shard ``shard`` (None: of every shard) have on record as answered by the
+    provider (their journals; not a gate's own 504)."""
+    shards = [shard] if shard is not None else [s.index for s in read_plan(layout.plan).shards]
+    journals = [p for i in shards for p in layout.shard(i).attempts.glob("*/hosted-requests.jsonl")]
+    lines = [line for journal in journals for line in journal.read_text().splitlines()]
     return sum(json.loads(line).get("status") == 200 for line in lines)
 
 
 def _let_shard_0_answer_once(layout: RunLayout, gate: Path, log: Path) -> None:
-    """Let the held chat requests through one at a time, each once the one before was answered, until shard 0 has
-    one answered: shard 0 (3 rows, one request a row) sends its next request only after the gate recorded that
-    answer, so at most one more of its requests can have passed, and it cannot finish while the gate stays shut."""
-    admitted = len(_chats(log))
-    while _answered(layout, 0) < 1:
-        until(lambda n=admitted: len(_chats(log)) == n, 300, f"the {admitted} requests let through to be answered")
+    """Let the held chat requests through one at a time, each once the one before is answered and on record in its
+    client's journal, until shard 0 has one answer: then its other requests (3 rows, one request a row) wait at the
+    gate, and it cannot finish while the gate stays shut."""
+    base = admitted = len(_chats(log))
+    while True:
+        until(lambda n=admitted: len(_chats(log)) >= n, 300, f"the {admitted} requests let through to be answered")
+        until(lambda n=admitted - base: _answered(layout) >= n, 60, "the answers on record in the clients' journals")
         if _answered(layout, 0) >= 1:
-            break
+            return
         admitted += 1
-        gate.write_text(str(admitted))
+        set_gate(gate, admitted)
 
 
 def _kill_shard_0(layout: RunLayout) -> int:

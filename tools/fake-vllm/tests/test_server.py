@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from fake_vllm.testing import ServerStartError, start_server
+from fake_vllm.testing import ServerStartError, set_gate, start_server
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
 
@@ -230,7 +230,7 @@ def test_tcp_port_in_use_fails_at_start() -> None:
 
 def test_the_gate_file_says_how_many_chat_requests_are_answered(tmp_path: Path) -> None:
     gate = tmp_path / "gate"
-    gate.write_text("2")
+    set_gate(gate, "2")
     with start_server(args=["--fake-gate", str(gate)]) as server, httpx.Client(timeout=60) as client:
         from concurrent.futures import ThreadPoolExecutor
 
@@ -246,9 +246,9 @@ def test_the_gate_file_says_how_many_chat_requests_are_answered(tmp_path: Path) 
         with ThreadPoolExecutor(4) as pool:
             answers = [pool.submit(client.post, f"{server.base_url}/chat/completions", json=CHAT) for _ in range(4)]
             until(lambda: sum(a.done() for a in answers) == 2 and waiting() == 2, "2 answered and 2 held")
-            gate.write_text("3")
+            set_gate(gate, "3")
             until(lambda: sum(a.done() for a in answers) == 3 and waiting() == 1, "a third answer")
-            gate.write_text("")  # open
+            set_gate(gate, "")  # open
             assert all(a.result(timeout=60).status_code == 200 for a in answers)
         assert waiting() == 0
 
@@ -272,7 +272,7 @@ def test_a_gate_reads_open_a_number_or_hold(tmp_path: Path) -> None:
 
 def test_a_gate_for_one_model_lets_the_others_pass(tmp_path: Path) -> None:
     gate = tmp_path / "gate"
-    gate.write_text("0")
+    set_gate(gate, "0")
     args = ["--served-model-name", "writer", "judge", "--fake-gate", str(gate), "--fake-gate-model", "writer"]
     with start_server(args=args) as server, httpx.Client(timeout=60) as client:
         from concurrent.futures import ThreadPoolExecutor
@@ -286,7 +286,7 @@ def test_a_gate_for_one_model_lets_the_others_pass(tmp_path: Path) -> None:
                 time.sleep(0.05)
             assert client.post(url, json={**CHAT, "model": "judge"}).status_code == 200  # not gated
             assert not held.done()
-            gate.write_text("")
+            set_gate(gate, "")
             assert held.result(timeout=60).status_code == 200
 
 

@@ -179,6 +179,15 @@ def _wait(server: RunningServer, wait: WaitFor, deadline: float) -> bool:
     raise ServerStartError(f"fake-vllm not {wait} after the deadline:\n{server.log_text()[-4000:]}")
 
 
+def set_gate(path: Path, value: str | int) -> None:
+    """Say what the server's gate (``--fake-gate PATH``, :mod:`fake_vllm.gate`) lets through: ``""`` (open), a number
+    of requests, or ``"hold"``. Written whole and renamed into place: the server reads the file while a request
+    waits, and a file being rewritten in place reads empty for a moment, which opens the gate."""
+    staged = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    staged.write_text(str(value))
+    staged.replace(path)
+
+
 @contextlib.contextmanager
 def start_server(
     model: str = "m",
