@@ -30,14 +30,15 @@ pytestmark = [pytest.mark.slurm, pytest.mark.dd]
 SERVED = ["--served-model-name", "demo/writer-8b", "demo/judge-70b"]
 
 
-def _scratch_dirs(job: str) -> list[Path]:
-    """The scratch directories of Slurm job ``job`` in the node's temporary directory: ddslurm's name
-    (``ddslurm-scratch-<user>-<job>-...``) and the one earlier versions used (``ddslurm-attempt-<job>-...``)."""
+def _scratch_dirs(job: str, base: Path | None = None) -> list[Path]:
+    """The scratch directories of Slurm job ``job`` in the node's temporary directory (or ``base``, the job's
+    ``TMPDIR``): ddslurm's name (``ddslurm-scratch-<user>-<job>-...``) and the one earlier versions used
+    (``ddslurm-attempt-<job>-...``)."""
     user = re.sub(r"[^A-Za-z0-9_.]", "_", getpass.getuser())
     names = re.compile(rf"ddslurm-scratch-{re.escape(user)}-{job}-.+|ddslurm-attempt-{job}(-r\d+)?-[^-]+")
     found: list[Path] = []
-    for base in sorted({Path(tempfile.gettempdir()), Path("/tmp")}):
-        found += [p for p in base.iterdir() if names.fullmatch(p.name)]
+    for where in [base] if base else sorted({Path(tempfile.gettempdir()), Path("/tmp")}):
+        found += [p for p in where.iterdir() if names.fullmatch(p.name)]
     return sorted(found)
 
 
@@ -82,12 +83,15 @@ def _client_pid(run_dir: Path) -> int:
     return pid
 
 
-def _slow_run(make_run_files: Any, name: str, base_url: str, key: str, extra_run: str = "") -> tuple[Path, dict]:
+def _slow_run(
+    make_run_files: Any, name: str, base_url: str, key: str, extra_run: str = "", tmpdir: Path | None = None
+) -> tuple[Path, dict]:
+    """A one-shard run against ``base_url``; with ``tmpdir``, its jobs' ``TMPDIR`` (their scratch base)."""
     files = make_run_files(name, num_records=12, shards=1, buffer_size=2, extra_run=extra_run)
     (files.dd_home / "model_providers.yaml").write_text(
         f"providers:\n- {{name: demo-hosted, endpoint: '{base_url}', api_key: DEMO_HOSTED_API_KEY}}\n"
     )
-    env = {**files.env, "DEMO_HOSTED_API_KEY": key}
+    env = {**files.env, "DEMO_HOSTED_API_KEY": key, **({"TMPDIR": str(tmpdir)} if tmpdir else {})}
     submitted = _cli("submit", str(files.run_file), "--profile", str(files.profile), "--json", env=env)
     return Path(submitted["run_dir"]), env
 
@@ -125,41 +129,53 @@ def _controller_pid(run_dir: Path, job: str) -> int:
 
 
 def test_a_scratch_directory_left_by_kill_9_is_swept_by_its_controller_or_the_next_attempt_on_the_node(
-    make_run_files: Any,
+    make_run_files: Any, tmp_path: Path
 ) -> None:
     """A client SIGKILLed (its own cleanup cannot run) leaves its scratch directory while its job runs; the job's
     controller sweeps it when the job ends. When the controller is SIGKILLed too, the directory outlives the job,
-    and the next attempt's client on the node sweeps it."""
+    and the next attempt's client on the node sweeps it.
+
+    The run's jobs get a temporary directory of their own (``TMPDIR``, which ddslurm passes on and takes as the
+    scratch base): every client of this user sweeps its own base, so in the node's shared /tmp another test's
+    client could sweep the directory this test needs left behind."""
     from fake_vllm.testing import start_server
 
     key = "sk-hygiene-" + "4" * 16
+    base = tmp_path / "node-tmp"
+    base.mkdir()
+
+    def _scratch(job: str) -> list[Path]:
+        return _scratch_dirs(job, base)
+
     with start_server("demo", args=[*SERVED, "--fake-latency", "2"], api_key=key) as slow:
         # client_retries: 0, so that the job ends with its client instead of running it again
-        run_dir, env = _slow_run(make_run_files, "killed", slow.base_url, key, extra_run="client_retries: 0\n")
+        run_dir, env = _slow_run(
+            make_run_files, "killed", slow.base_url, key, extra_run="client_retries: 0\n", tmpdir=base
+        )
         first = _attempt(run_dir).job_id
-        left = _until(lambda: _scratch_dirs(first), 180, f"job {first}'s scratch directory")
+        left = _until(lambda: _scratch(first), 180, f"job {first}'s scratch directory")
         pid = _client_pid(run_dir)
         os.kill(pid, signal.SIGKILL)
         _until(lambda: not _runs(pid), 30, "the client to die")
-        assert _scratch_dirs(first) == left  # nothing runs after SIGKILL: left behind (its job still runs)
+        assert _scratch(first) == left  # nothing runs after SIGKILL: left behind (its job still runs)
         _until(lambda: not _in_squeue(first), 120, f"job {first} to end")
-        assert _scratch_dirs(first) == []  # its controller swept it as the job ended
+        assert _scratch(first) == []  # its controller swept it as the job ended
 
         assert _cli("retry", str(run_dir), "--json", env=env)["shards"] == [0]
         killed = _attempt(run_dir, first).job_id
-        left = _until(lambda: _scratch_dirs(killed), 180, f"job {killed}'s scratch directory")
+        left = _until(lambda: _scratch(killed), 180, f"job {killed}'s scratch directory")
         controller, pid = _controller_pid(run_dir, killed), _client_pid(run_dir)
         os.kill(controller, signal.SIGKILL)
         os.kill(pid, signal.SIGKILL)
         _until(lambda: not _in_squeue(killed), 120, f"job {killed} to end")
-        assert _scratch_dirs(killed) == left  # nobody of its job was left to sweep it
+        assert _scratch(killed) == left  # nobody of its job was left to sweep it
 
         assert _cli("retry", str(run_dir), "--json", env=env)["shards"] == [0]
         job = _attempt(run_dir, first, killed).job_id
-        _until(lambda: _scratch_dirs(job), 180, f"job {job}'s scratch directory")  # made after the sweep
-        # Swept by this attempt's client, or by any other client of this user that started on the node first.
-        assert _scratch_dirs(killed) == []
+        _until(lambda: _scratch(job), 180, f"job {job}'s scratch directory")  # made after the sweep
+        # Swept by this attempt's client: nobody else has this base.
+        assert _scratch(killed) == []
 
         _cli("cancel", str(run_dir), "--json", env=env)
         _until(lambda: not _in_squeue(job), 120, f"job {job} to end")
-    assert _scratch_dirs(job) == []
+    assert _scratch(job) == []
