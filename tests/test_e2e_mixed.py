@@ -123,11 +123,9 @@ def test_failing_server_under_srun_fails_fast_with_reason_and_log_tail(
     record = read_json(_attempts(run_dir)[0] / "attempt.json", AttemptRecord)
     assert record.reason == reason and needle in (record.message or "")
     assert "server-generator-0.log" in (record.message or "")  # the log tail says where it came from
-    started, ended = record.started_at, record.ended_at
-    assert ended is not None
-    from datetime import datetime
-
-    assert (datetime.fromisoformat(ended) - datetime.fromisoformat(started)).total_seconds() < timeout + 30
+    # Fast: the fleet ended the attempt for the server's own reason, within `wait`'s bound, long before Slurm's
+    # time limit would have (no wall time asserted: docs/testing.md).
+    assert record.ended_at is not None
 
 
 # --- ddslurm report of a mixed run: the page is written and its numbers match the run (rows, attempts, the

@@ -2,7 +2,7 @@
 test_dd_engine.py, so that the hardening environment is in place before ``data_designer`` is imported).
 
 Usage: python dd_e2e_script.py ENDPOINT MODEL OUT_DIR NUM_RECORDS [API_KEY_ENV_VAR]
-Prints one JSON line: {"records": [...], "columns": [...], "seconds": ..., "remote_hosts": [...]}.
+Prints one JSON line: {"records": [...], "columns": [...], "remote_hosts": [...]}.
 
 ``remote_hosts`` lists every host other than loopback that the process tried to resolve or connect to (an
 audit hook). The dataset profiler's tiktoken ``cl100k_base`` download is avoided by replacing DD's tokenizer
@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -106,16 +105,10 @@ def main() -> int:
         managed_assets_path=home / "managed-assets",
     )
     designer.set_run_config(dd.RunConfig(otel_metrics_port=None))
-    started = time.monotonic()
     results = designer.create(builder, num_records=num_records, dataset_name="e2e")
-    seconds = time.monotonic() - started
     frame = results.load_dataset()
     records = json.loads(frame.to_json(orient="records"))
-    print(
-        json.dumps(
-            {"records": records, "columns": list(frame.columns), "seconds": seconds, "remote_hosts": sorted(remote)}
-        )
-    )
+    print(json.dumps({"records": records, "columns": list(frame.columns), "remote_hosts": sorted(remote)}))
     return 0
 
 

@@ -44,7 +44,6 @@ def test_data_designer_generates_all_records_with_valid_judge_scores(tmp_path: P
         assert record["quality"]["Tone"]["score"] in ("Poor", "Good")
         assert record["quality"]["Relevance"]["reasoning"]
     assert result["remote_hosts"] == []
-    assert result["seconds"] < 20
     entries = [json.loads(line) for line in request_log.read_text().splitlines()]
     chats = [e for e in entries if e["path"] == "/v1/chat/completions"]
     # One health-check probe plus a text and a judge call per record, all authorized, none failed.
