@@ -106,6 +106,14 @@ async def _wait_until(predicate: Callable[[], Awaitable[bool]], timeout: float =
         await asyncio.sleep(0.02)
 
 
+def _until(predicate: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    """Wait (generously) for a condition of another process; fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.05)
+
+
 async def _upstreams(session: aiohttp.ClientSession, url: str) -> dict[str, dict[str, Any]]:
     async with session.get(f"{url}/ddslurm/upstreams") as response:
         assert response.status == 200
@@ -177,33 +185,56 @@ def test_config_rejects_nonsense() -> None:
 # --- 1. balancing ----------------------------------------------------------------------------------
 
 
-def test_least_outstanding_sends_more_to_the_fast_replica() -> None:
+def test_least_outstanding_sends_more_to_the_fast_replica(tmp_path: Path) -> None:
+    """The slow replica answers nothing until the fast one has answered every other request (its gate holds: an
+    event, not a latency), so its outstanding requests only grow. Least outstanding sends a request there only while
+    it has no more in flight than the fast one: with 8 requests in flight at most, it gets fewer than 8 of the 120
+    (round-robin would send it every other one, 60)."""
     fake = _fake()
+    gate = tmp_path / "slow.gate"
+    fake.set_gate(gate, "hold")
     with (
-        fake.start_server("m", args=["--fake-latency", "0.25"]) as slow,
-        fake.start_server("m", args=["--fake-latency", "0.02"]) as fast,
+        fake.start_server("m", args=["--fake-gate", str(gate)]) as slow,
+        fake.start_server("m") as fast,
     ):
-        counts = asyncio.run(_balance(fake.free_port(), [slow.root_url, fast.root_url]))
-    assert counts[slow.root_url] >= 1, counts  # both replicas are used
+        counts = asyncio.run(_balance(fake.free_port(), [slow.root_url, fast.root_url], release=(slow.root_url, gate)))
     assert counts[slow.root_url] + counts[fast.root_url] == 120
-    # Round-robin would split 60/60; least outstanding follows the 12x speed difference.
-    assert counts[fast.root_url] > 4 * counts[slow.root_url], counts
+    assert 1 <= counts[slow.root_url] < 8, counts  # the first pick is the slow one (a tie), never as many as in flight
 
 
-async def _balance(port: int, upstreams: list[str]) -> dict[str, int]:
+async def _waiting(session: aiohttp.ClientSession, root_url: str) -> int:
+    """How many requests wait at the stand-in's gate (its ``/metrics``, as the proxy reads an engine's queue)."""
+    async with session.get(f"{root_url}/metrics") as response:
+        return parse_waiting(await response.text())
+
+
+async def _balance(port: int, upstreams: list[str], *, release: tuple[str, Path]) -> dict[str, int]:
+    """120 requests through a proxy over ``upstreams``, 8 at a time; the served count of each upstream. ``release``
+    (an upstream and its gate file) is opened once every request is either answered or waiting at that upstream."""
     config = ProxyConfig("127.0.0.1", port, tuple(upstreams), **FAST)
     started, stop = asyncio.Event(), asyncio.Event()
     task = asyncio.create_task(serve(config, new_logger(io.BytesIO()), started=started, stop=stop))
     await asyncio.wait_for(started.wait(), 10)
-    gate = asyncio.Semaphore(8)
+    slots = asyncio.Semaphore(8)
+    answered = 0
 
     async def one(session: aiohttp.ClientSession) -> int:
-        async with gate, session.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=CHAT) as response:
+        nonlocal answered
+        async with slots, session.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=CHAT) as response:
             await response.read()
+            answered += 1
             return response.status
 
+    async def opener(session: aiohttp.ClientSession) -> None:
+        root_url, gate = release
+        while answered + await _waiting(session, root_url) < 120:
+            await asyncio.sleep(0.05)
+        _fake().set_gate(gate, "")
+
     async with aiohttp.ClientSession() as session:
-        statuses = await asyncio.gather(*(one(session) for _ in range(120)))
+        opening = asyncio.create_task(opener(session))
+        statuses = await asyncio.wait_for(asyncio.gather(*(one(session) for _ in range(120))), 120)
+        await opening
     assert set(statuses) == {200}
     stop.set()
     return await asyncio.wait_for(task, 10)
@@ -625,7 +656,8 @@ async def _pass_through(upstreams: list[str], headers: dict[str, str]) -> None:
 def test_main_stops_gracefully_on_sigterm(tmp_path: Path, loop: str) -> None:
     fake = _fake()
     log = tmp_path / "proxy.log"
-    with fake.start_server("m", args=["--fake-latency", "0.4"]) as server:
+    gate = tmp_path / "gate"
+    with fake.start_server("m", args=["--fake-gate", str(gate)]) as server:
         port = fake.free_port()
         code = "import sys; from ddslurm.runtime._proxy import main; sys.exit(main(sys.argv[1:]))"
         command = [sys.executable, "-c", code, "--listen", f"127.0.0.1:{port}", "--upstream", server.base_url]
@@ -643,18 +675,22 @@ def test_main_stops_gracefully_on_sigterm(tmp_path: Path, loop: str) -> None:
                 time.sleep(0.05)
             assert httpx.post(f"{url}/v1/chat/completions", json=CHAT, timeout=10).status_code == 200
 
-            # A request in flight when SIGTERM arrives still completes.
+            # A request in flight when SIGTERM arrives still completes: it waits at the server's gate until the
+            # proxy has logged that it is stopping, then the gate opens (events, not latencies).
+            fake.set_gate(gate, "hold")
             outcome: dict[str, int] = {}
 
             def in_flight() -> None:
-                outcome["status"] = httpx.post(f"{url}/v1/chat/completions", json=CHAT, timeout=10).status_code
+                outcome["status"] = httpx.post(f"{url}/v1/chat/completions", json=CHAT, timeout=60).status_code
 
             thread = threading.Thread(target=in_flight)
             thread.start()
-            time.sleep(0.25)
+            _until(lambda: parse_waiting(httpx.get(f"{server.root_url}/metrics").text) == 1, "the request to wait")
             os.kill(proc.pid, signal.SIGTERM)
-            assert proc.wait(timeout=10) == 0
-            thread.join(timeout=10)
+            _until(lambda: "proxy.stopping" in log.read_text(), "the proxy to log that it is stopping")
+            fake.set_gate(gate, "")
+            assert proc.wait(timeout=60) == 0
+            thread.join(timeout=60)
             assert outcome == {"status": 200}
         finally:
             if proc.poll() is None:
