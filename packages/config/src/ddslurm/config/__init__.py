@@ -157,6 +157,13 @@ from ddslurm.config._runfile import (
     server_env_secret,
     value_secret,
 )
+from ddslurm.config._slurm_names import (
+    BATCH_OUTPUT_PATTERN,
+    ArrayTask,
+    attempt_job,
+    batch_output_task,
+    parse_array_task,
+)
 from ddslurm.config._snapshot import (
     SNAPSHOT_VERSION,
     ProviderSnapshot,
@@ -289,6 +296,11 @@ __all__ = [
     "atomic_write",
     "attempt_id_for",
     "attempt_restart",
+    "ArrayTask",
+    "BATCH_OUTPUT_PATTERN",
+    "attempt_job",
+    "batch_output_task",
+    "parse_array_task",
     "busy_log",
     "check_not_swappable",
     "check_workspace",

@@ -12,7 +12,7 @@
     workflow-next.json            a workflow stage's run: the run that took the next stage (written once)
     generate.sbatch               the rendered batch script
     generate-<stamp>-<NNNN>.sbatch    the script of each array submitted
-    logs/slurm-<array>_<task>.out
+    logs/slurm-<array>_<task>.out each array task's batch output (``_slurm_names``: made and read there only)
     shards/shard-<NNNNN>/
         winner.json               written once by the first verified attempt
         claims/<array_job_id>.json    the allocation of a pulling array that took the shard (once per array)
@@ -37,6 +37,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+
+from ddslurm.config._slurm_names import ArrayTask
 
 LAYOUT_VERSION = 1
 
@@ -221,6 +223,10 @@ class RunLayout:
     @property
     def logs(self) -> Path:
         return self.root / "logs"
+
+    def batch_output(self, task: ArrayTask) -> Path:
+        """Where Slurm writes array task ``task``'s batch output: ``logs/slurm-<array>_<task>.out``."""
+        return self.logs / task.batch_output
 
     @property
     def budgets(self) -> Path:

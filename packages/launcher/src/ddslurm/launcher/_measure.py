@@ -39,6 +39,7 @@ from ddslurm.config import (
     Plan,
     RecipeFact,
     RunLayout,
+    batch_output_task,
     engine_flags,
     read_json,
 )
@@ -103,13 +104,15 @@ an outage waited out): a ``superseded`` or ``partial`` attempt ended on its own.
 def allocation_loads(facts: RunFacts) -> dict[str, list[float]]:
     """Per GPU allocation (``<array>_<task>``, as its batch output is named), the seconds from the first
     ``server.started`` to the ``serving.ready`` after it, for each time it started its servers (a requeued
-    allocation's incarnations each once)."""
+    allocation's incarnations each once). Only array tasks' batch outputs are read
+    (:func:`~ddslurm.config.batch_output_task`)."""
     cpu_arrays = {s.array_job_id for s in facts.submissions if s.stage == 1}
     loads: dict[str, list[float]] = {}
     for log in sorted(facts.layout.logs.glob("slurm-*.out")):
-        name = log.name.removeprefix("slurm-").removesuffix(".out")
-        if name.split("_", 1)[0] in cpu_arrays:
+        task = batch_output_task(log)
+        if task is None or task.array_job_id in cpu_arrays:
             continue
+        name = str(task)
         first: datetime | None = None
         for event in json_lines(log):
             when = moment(event.get("timestamp"))

@@ -12,7 +12,7 @@ import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
-from ddslurm.config import Plan, Resources, RunLayout, compact_ranges, digest
+from ddslurm.config import BATCH_OUTPUT_PATTERN, Plan, Resources, RunLayout, compact_ranges, digest
 from ddslurm.launcher.errors import SubmitError
 from ddslurm.planner import array_spec
 
@@ -108,7 +108,7 @@ def render_generation(
     resources = plan.cpu_stage if stage == 1 and plan.cpu_stage is not None else plan.generation
     directives = [
         f"--array={array_spec(len(shards) if tasks is None else tasks, plan.max_concurrent)}",
-        f"--output={_log_dir(layout)}/slurm-%A_%a.out",
+        f"--output={_log_dir(layout)}/{BATCH_OUTPUT_PATTERN}",
         "--open-mode=append",
         f"--chdir={layout.root}",
         # A warning before the time limit, so the runtime stops its steps and records why it ended.

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from ddslurm.config import Limit, QueuedJob, SchedulerLimits, expand_ranges
+from ddslurm.config import Limit, QueuedJob, SchedulerLimits, expand_ranges, parse_array_task
 from ddslurm.launcher._process import Stopped, run_in_group
 from ddslurm.launcher.errors import LauncherError, SlurmError
 
@@ -136,10 +136,8 @@ def parse_job_key(key: str) -> list[tuple[str, int | None]]:
     """``12_3`` → [("12", 3)]; ``12_[0-2]`` → three tasks; ``12`` → [("12", None)]."""
     if m := _RANGE.match(key):
         return [(m.group("array"), t) for t in expand_task_spec(m.group("spec"))]
-    if "_" in key:
-        array, task = key.split("_", 1)
-        if task.isdigit():
-            return [(array, int(task))]
+    if (task := parse_array_task(key)) is not None:
+        return [(task.array_job_id, task.task)]
     return [(key, None)]
 
 

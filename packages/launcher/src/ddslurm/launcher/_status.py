@@ -13,6 +13,7 @@ from typing import Literal
 import msgspec
 
 from ddslurm.config import (
+    ArrayTask,
     AttemptRecord,
     ConfigError,
     Plan,
@@ -21,7 +22,10 @@ from ddslurm.config import (
     RunLayout,
     SubmissionRecord,
     WinnerRecord,
+    attempt_job,
     attempt_restart,
+    batch_output_task,
+    parse_array_task,
     read_json,
     read_plan,
     read_tail,
@@ -259,7 +263,7 @@ def _scheduler_view(
             job = f"{sub.array_job_id}_[0-{(sub.tasks or 1) - 1}]"
         else:
             state = sched.state_of(sub.array_job_id, task)
-            job = f"{sub.array_job_id}_{task}"
+            job = str(ArrayTask(sub.array_job_id, task))
         if state is None:
             if newest == (None, None):
                 newest = (job, None)
@@ -333,24 +337,17 @@ def slurm_reason(state: TaskState, tail: str = "") -> tuple[str, str]:
 
 
 def _ran_as(attempt: AttemptRecord | None, job: str) -> bool:
-    """Whether ``attempt`` was begun by array task ``job`` (``<array>_<task>``), per its batch output path."""
-    return attempt is not None and _array_task(attempt) == job
-
-
-def _array_task(attempt: AttemptRecord) -> str | None:
-    """The array task (``<array>_<task>``) that began ``attempt``, from its batch output path
-    (``logs/slurm-<array>_<task>.out``); None for an attempt that ran outside a Slurm array."""
-    if attempt.slurm_log is None:
-        return None
-    name = Path(attempt.slurm_log).name
-    return name.removeprefix("slurm-").removesuffix(".out") if name.startswith("slurm-") else None
+    """Whether ``attempt`` was begun by array task ``job`` (``<array>_<task>``), per its batch output path
+    (:func:`~ddslurm.config.batch_output_task`: an attempt that ran outside a Slurm array was begun by none)."""
+    task = None if attempt is None else batch_output_task(attempt.slurm_log)
+    return task is not None and str(task) == job
 
 
 def _requeued(job: str, live: TaskState, sched: Scheduler, latest: AttemptRecord | None) -> str | None:
     """Why a pending task is pending again (Slurm requeued it), or None if it has not run yet."""
-    array, _, task = job.partition("_")
-    before = sched.accounting_of(array, int(task)) if task.isdigit() else None
-    runs = [*sched.ran_before(array, int(task)), *([before] if before else [])] if task.isdigit() else []
+    ran = parse_array_task(job)
+    before = sched.accounting_of(ran.array_job_id, ran.task) if ran is not None else None
+    runs = [*sched.ran_before(ran.array_job_id, ran.task), *([before] if before else [])] if ran is not None else []
     if runs and any(r.state == "NODE_FAIL" for r in runs):
         return "requeued (node failure)"
     if (before is not None and before.state in _REQUEUED) or live.state in _REQUEUED or _ran_as(latest, job):
@@ -383,10 +380,12 @@ def _ended_in_allocation(
         return None
     if latest.reason in _ALLOCATION_STOPPED:
         return None  # the allocation itself was stopped: the one running now is its next incarnation
-    array, _, task = job.partition("_")
-    if task.isdigit() and attempt_restart(latest.attempt) < len(sched.ran_before(array, int(task))):
+    ran = parse_array_task(job)
+    if ran is not None and attempt_restart(latest.attempt) < len(sched.ran_before(ran.array_job_id, ran.task)):
         return None
-    if not any(sub.tasks is not None and f"{sub.array_job_id}_{task}" == job for sub, task in covering if task != POOL):
+    if not any(
+        sub.tasks is not None and ArrayTask(sub.array_job_id, task) == ran for sub, task in covering if task != POOL
+    ):
         return None  # a task of an ordinary array runs this shard alone: it is over when Slurm says so
     if latest.state == "failed" and latest.retryable and latest.client_runs <= plan.client_retries:
         return None  # the controller runs the generation step again (servers kept, same attempt)
@@ -403,7 +402,7 @@ def _retry_to_come(covering: list[tuple[SubmissionRecord, int]], job: str, sched
             state = pool_state(sub, sched) if task == POOL else sched.state_of(sub.array_job_id, task)
             if state is not None and state.state in PENDING:
                 return sub
-        later = later or (task != POOL and f"{sub.array_job_id}_{task}" == job)
+        later = later or (task != POOL and str(ArrayTask(sub.array_job_id, task)) == job)
     return None
 
 
@@ -465,7 +464,7 @@ def _shard_status(
     if winner is not None:
         status.state, status.rows, status.attempt = "succeeded", winner.rows, winner.attempt
         won = next((a for a in attempts if a.attempt == winner.attempt), None)
-        status.job_id = None if won is None else _array_task(won) or won.job_id
+        status.job_id = None if won is None else attempt_job(won)
         status.reason = status.message = None
         if (problem := winner_problem(layout, index, winner)) is not None:
             status.state, status.reason, status.message = "corrupt", "winner_corrupt", problem
@@ -525,8 +524,9 @@ def _shard_status(
         own = latest is not None and latest.state != "running" and status.reason is not None
         if not own or (status.reason == "cancelled" and state.state in _FAILED - {"FAILED"}):
             # The attempt could not record why it ended (or saw only the SIGTERM): Slurm's record says.
-            log = layout.logs / f"slurm-{job}.out"
-            tail = read_tail(log, 8, 16384).strip()
+            ran = parse_array_task(job)  # a task's own batch output; a pulling array's range has none
+            log = layout.batch_output(ran) if ran is not None else None
+            tail = read_tail(log, 8, 16384).strip() if log is not None else ""
             status.reason, said = slurm_reason(state, tail)
             stuck = f"; {latest.attempt} still says running" if latest is not None and latest.state == "running" else ""
             status.message = f"{said}{stuck}" + (f"\nlast lines of {log}:\n{tail}" if tail else "")

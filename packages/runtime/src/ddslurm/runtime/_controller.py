@@ -36,7 +36,7 @@ from typing import Any
 
 import httpx
 
-from ddslurm.config import SERVING_READY, RunLayout, encode_pretty, make_private_dir
+from ddslurm.config import SERVING_READY, RunLayout, encode_pretty, make_private_dir, parse_array_task
 from ddslurm.runtime._attempt import EXIT_OK, AttemptRunner
 from ddslurm.runtime._calibrate import CalibrationError, calibrate
 from ddslurm.runtime._dd_version import check_data_designer
@@ -260,6 +260,7 @@ class Controller:
         and the token in the variables of the local providers."""
         plan = inputs.plan
         array, task = self._env.get("SLURM_ARRAY_JOB_ID"), self._env.get("SLURM_ARRAY_TASK_ID")
+        array_task = parse_array_task(f"{array}_{task}") if array and task else None  # None: not a Slurm array task
         # The serving state (logs, serving.json, endpoints.json) of a pulling allocation belongs to this incarnation
         # of the job: one that Slurm requeued (same job id, SLURM_RESTART_COUNT + 1) serves from a new directory, as
         # a one-shard task does from its new attempt directory.
@@ -277,7 +278,7 @@ class Controller:
             job_id=job_id,
             node=node,
             restart=restart,
-            slurm_log=str(self._run_dir / "logs" / f"slurm-{array}_{task}.out") if array and task else None,
+            slurm_log=str(RunLayout(self._run_dir).batch_output(array_task)) if array_task is not None else None,
             client_mb=client_mb,
             identity=self._identity,
             logger=self._log,

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from ddslurm.config import Plan, Prediction, RunLayout, ServingPlan, SubmissionRecord
+from ddslurm.config import Plan, Prediction, RunLayout, ServingPlan, SubmissionRecord, attempt_job
 from ddslurm.launcher._hosted_spend import HostedSpend
 from ddslurm.launcher._slurm import Accounting, Slurm
 from ddslurm.launcher.report._client_out import ClientOut
@@ -221,9 +221,8 @@ def _phase(name: PhaseName, start: datetime | None, end: datetime | None) -> Pha
 def _submission_of(item: AttemptFacts, subs: list[SubmissionRecord]) -> SubmissionRecord | None:
     record = item.record
     if item.array_task is not None:
-        array = item.array_task.split("_", 1)[0]
         for sub in subs:
-            if sub.array_job_id == array:
+            if sub.array_job_id == item.array_task.array_job_id:
                 return sub
     started = moment(record.started_at)
     covering = [
@@ -285,7 +284,7 @@ def _timeline(facts: RunFacts) -> list[AttemptSpan]:
             AttemptSpan(
                 shard=record.shard,
                 attempt=record.attempt,
-                job=item.array_task or record.job_id,
+                job=attempt_job(record),
                 node=record.node,
                 state=record.state,
                 reason=record.reason,
@@ -431,7 +430,7 @@ def _models(facts: RunFacts, active: dict[Key, Span]) -> tuple[list[ModelUsage],
 
 def _allocation(item: AttemptFacts) -> str:
     """The allocation an attempt ran in, named as sacct names it (``<array>_<task>``), else its job id."""
-    return item.array_task or item.record.job_id
+    return attempt_job(item.record)
 
 
 def _replicas(serving: ServingPlan, logged: dict[tuple[str, int], list[Span]]) -> list[ReplicaGpu]:

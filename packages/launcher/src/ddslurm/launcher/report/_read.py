@@ -6,7 +6,6 @@ Nothing here is summed or judged: :mod:`._numbers` makes the report's numbers of
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -20,6 +19,7 @@ from ddslurm.config import (
     BATCH_COMPLETE,
     FILL_DONE,
     SERVING_READY,
+    ArrayTask,
     AttemptRecord,
     BusySpan,
     ConfigError,
@@ -29,6 +29,7 @@ from ddslurm.config import (
     RunLayout,
     SubmissionRecord,
     WinnerRecord,
+    batch_output_task,
     busy_log,
     read_json,
     read_plan,
@@ -49,8 +50,9 @@ class AttemptFacts:
     stage: int | None = None
     """0: the GPU stage of a two-stage run (its rows are generated again by the CPU stage); None: the run's last
     (or only) stage."""
-    array_task: str | None = None
-    """The array task (``<array>_<task>``) that began the attempt, from its batch output's name."""
+    array_task: ArrayTask | None = None
+    """The array task that began the attempt, from its batch output's name (:func:`~ddslurm.config.batch_output_task`:
+    None for an attempt that ran outside a Slurm array)."""
     serving_ready: tuple[datetime, ...] = ()
     """When the controller's ``serving.ready`` events in the attempt's batch output say the servers were ready
     (the events of every attempt that output holds: a pulling allocation runs many)."""
@@ -144,14 +146,6 @@ def _winners(layout: RunLayout, plan: Plan, stage: int | None) -> dict[int, Winn
     }
 
 
-def _array_task(record: AttemptRecord) -> str | None:
-    if record.slurm_log:
-        m = re.fullmatch(r"slurm-(\d+_\d+)\.out", Path(record.slurm_log).name)
-        if m:
-            return m.group(1)
-    return None
-
-
 def _batches(client_log: Path, resumed: int) -> list[tuple[datetime, int]]:
     """(when, rows added) of each ``batch.complete`` (which says the attempt's rows so far, resumed rows included)
     and each ``fill.done`` (rows a fill added) of a client log, in order."""
@@ -206,7 +200,7 @@ def _attempts(layout: RunLayout, plan: Plan) -> list[AttemptFacts]:
                     record=record,
                     batches=batches,
                     stage=stage,
-                    array_task=_array_task(record),
+                    array_task=batch_output_task(record.slurm_log),
                     serving_ready=ready[record.slurm_log] if record.slurm_log else (),
                     client_out=_client_out(attempt_dir),
                     serving_dir=record.allocation or str(attempt_dir),
