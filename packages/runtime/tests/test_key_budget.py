@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from ddslurm.config import KeyBudgetState, budget_key
+from ddslurm.config import KeyBudgetState, budget_key, exclusive_lock
+from ddslurm.config.testing import wait_for_lock_waiter
 from ddslurm.runtime._key_budget import (
     CHECK_FRESH_S,
     DECREASE,
@@ -129,6 +131,33 @@ def test_settling_through_the_file(tmp_path: Path) -> None:
         == fallback_share(Caps(60))
         == Share(in_flight=1, requests_per_minute=None, paused_until=0.0)
     )
+
+
+def test_a_client_settling_waits_for_another_clients_lock_however_long_it_holds_it(tmp_path: Path) -> None:
+    """The key's file is settled under a blocking lock (:func:`ddslurm.config.exclusive_lock` without a bound): a
+    client whose neighbour holds it waits, and then settles its real share, never the small safe one."""
+    path = tmp_path / f"{KEY}.json"
+    lock = tmp_path / f"{KEY}.json.lock"
+    shares: list[Share] = []
+    thread = threading.Thread(
+        target=lambda: shares.append(settle_file(path, KEY, Report("a", demand=4, in_flight=0), Caps(60), now=1.0)),
+        daemon=True,
+    )
+    with exclusive_lock(lock, wait_s=0):  # another client settling
+        thread.start()
+        wait_for_lock_waiter(lock)
+        assert shares == [] and not path.exists()  # waiting, not settled with the fallback
+    thread.join(60)
+    assert shares and shares[0] != fallback_share(Caps(60)), shares
+    assert set(json.loads(path.read_text())["members"]) == {"a"}
+
+
+def test_a_lock_file_that_is_not_the_clients_own_gives_the_small_safe_share(tmp_path: Path) -> None:
+    path = tmp_path / f"{KEY}.json"
+    target = tmp_path / "elsewhere"
+    (tmp_path / f"{KEY}.json.lock").symlink_to(target)
+    assert settle_file(path, KEY, Report("a", demand=4, in_flight=0), Caps(60), now=1.0) == fallback_share(Caps(60))
+    assert not target.exists() and not path.exists()  # never followed, nothing written
 
 
 # --- a simulated key shared by 40 clients: a fake clock in steps of 0.1 s ---

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import fcntl
 import functools
-import os
 import secrets
 import shutil
 from collections.abc import Callable, Iterator, Sequence
@@ -34,12 +32,14 @@ from ddslurm.config import (
     ConfigFileError,
     FileEntry,
     Frozen,
+    LockHeldError,
     Plan,
     RunLayout,
     WinnerRecord,
     atomic_write,
     digest,
     encode_pretty,
+    exclusive_lock,
     make_private_dir,
     read_json,
     read_plan,
@@ -219,16 +219,14 @@ def collect(
 
 @contextlib.contextmanager
 def _exclusive(lock_path: Path) -> Iterator[None]:
-    """One collection of a run at a time (so leftovers of a killed one can be removed safely)."""
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    try:
+    """One collection of a run at a time (so leftovers of a killed one can be removed safely): the lock tried once
+    (:func:`~ddslurm.config.exclusive_lock`)."""
+    with contextlib.ExitStack() as held:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+            held.enter_context(exclusive_lock(lock_path, wait_s=0))
+        except LockHeldError:
             raise CollectError(f"another collection of this run is in progress ({lock_path})") from None
         yield
-    finally:
-        os.close(fd)
 
 
 def _remove_stale_staging(destination: Path) -> None:

@@ -175,7 +175,7 @@ from ddslurm.config._spend import AliasSpend, SpendForecast
 from ddslurm.config._suggest import closest, did_you_mean
 from ddslurm.config._workflow import DD_DEFAULT_NUM_RECORDS, WorkflowNext, WorkflowPlace, WorkflowStage
 from ddslurm.config._yaml import load_struct, locate, read_yaml, to_builtins
-from ddslurm.config.errors import ConfigError, ConfigFileError, ConfigFileErrors, UnsafePathError
+from ddslurm.config.errors import ConfigError, ConfigFileError, ConfigFileErrors, LockHeldError, UnsafePathError
 
 __all__ = [
     "WorkflowStage",
@@ -292,6 +292,7 @@ __all__ = [
     "SubmissionRecord",
     "SubmitPlanRecord",
     "UnsafePathError",
+    "LockHeldError",
     "WinnerRecord",
     "atomic_write",
     "attempt_id_for",

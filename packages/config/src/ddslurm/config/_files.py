@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-from ddslurm.config.errors import ConfigError, UnsafePathError
+from ddslurm.config.errors import LockHeldError, UnsafePathError
 
 PRIVATE_DIR = 0o700
 PRIVATE_FILE = 0o600
@@ -256,18 +256,24 @@ LOCK_WAIT_S = 30.0
 _LOCK_RETRY_S = 0.05
 
 
-def lock_holder(fd: int) -> str:
-    """Who holds a ``flock`` on the file of ``fd``, as ``/proc/locks`` tells it (``process 123 of uid 1000``); ""
-    when it does not say."""
-    st = os.fstat(fd)
+def proc_locks(st: os.stat_result) -> list[list[str]]:
+    """The lines of ``/proc/locks`` about the file ``st`` describes, split into fields (a lock held:
+    ``1: FLOCK ADVISORY WRITE <pid> <dev:inode> 0 EOF``; a request waiting for it: ``1: -> FLOCK ...``); none when
+    it cannot be read."""
     inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
     try:
         lines = Path("/proc/locks").read_text().splitlines()
     except OSError:
-        return ""
-    for line in lines:
-        parts = line.split()
-        if len(parts) < 6 or parts[1] != "FLOCK" or parts[5] != inode:
+        return []
+    found = [line.split() for line in lines]
+    return [p for p in found if len(p) > 6 and (p[5] == inode if p[1] != "->" else p[6] == inode)]
+
+
+def lock_holder(fd: int) -> str:
+    """Who holds a ``flock`` on the file of ``fd``, as ``/proc/locks`` tells it (``process 123 of uid 1000``); ""
+    when it does not say."""
+    for parts in proc_locks(os.fstat(fd)):
+        if parts[1] != "FLOCK":
             continue
         pid = parts[4]
         try:
@@ -278,32 +284,47 @@ def lock_holder(fd: int) -> str:
 
 
 @contextlib.contextmanager
-def exclusive_lock(path: Path, *, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
-    """An exclusive ``flock`` on the lock file ``path`` (made owner-only if missing; one that is not this user's
-    own regular file is refused, never followed or trusted: :func:`open_regular`), waiting at most ``wait_s``
-    seconds for another holder: then a :class:`ConfigError` that names the file, who holds it when that can be
-    told, and what to do."""
-    fd = open_regular(path, os.O_RDONLY | os.O_CREAT, own=True)
+def exclusive_lock(path: Path, *, wait_s: float | None = LOCK_WAIT_S) -> Iterator[None]:
+    """An exclusive ``flock`` on the lock file ``path``, held until the block ends: the one lock helper of every
+    package. The file is made owner-only if missing; one that is not this user's own regular file is refused, never
+    followed or trusted (:func:`open_regular`). It is opened for writing: over NFS ``flock`` is a byte-range lock on
+    the whole file, which an exclusive lock takes only on a descriptor open for writing (flock(2), NFS details).
+
+    ``wait_s``: how long another holder is waited for. A number: at most that many seconds, then a
+    :class:`LockHeldError` that names the file, who holds it when that can be told, and what to do; 0 tries once
+    (a caller that refuses a second one at once, a second submitter of a run, turns the error into its own
+    message). None: as long as it takes (the hosted key budget, whose every client must settle its share)."""
+    fd = open_regular(path, os.O_RDWR | os.O_CREAT, own=True)
     try:
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    holder = lock_holder(fd)
-                    by = f"{holder} holds it" if holder else "another process holds it"
-                    end = f" (kill {holder.split()[1]})" if holder else ""
-                    raise ConfigError(
-                        f"{path}: still locked after {wait_s:g} s: {by} (another ddslurm recording in the same "
-                        f"workspace, or one that hangs); wait for it to end, or end it{end}, and try again"
-                    ) from None
-                time.sleep(min(_LOCK_RETRY_S, left))
+        if wait_s is None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        else:
+            _lock_within(fd, path, wait_s)
         yield
     finally:
         os.close(fd)
+
+
+def _lock_within(fd: int, path: Path, wait_s: float) -> None:
+    """Take the lock of ``fd`` within ``wait_s`` seconds (one try at 0), or raise :class:`LockHeldError`."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                holder = lock_holder(fd)
+                by = f"{holder} holds it" if holder else "another process holds it"
+                end = f" (kill {holder.split()[1]})" if holder else ""
+                raise LockHeldError(
+                    path,
+                    holder,
+                    f"{path}: still locked after {wait_s:g} s: {by} (another ddslurm recording in the same "
+                    f"workspace, or one that hangs); wait for it to end, or end it{end}, and try again",
+                ) from None
+            time.sleep(min(_LOCK_RETRY_S, left))
 
 
 def read_tail(path: Path, lines: int = 20, max_bytes: int = 64 * 1024) -> str:

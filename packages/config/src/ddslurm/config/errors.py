@@ -3,7 +3,8 @@
 ConfigError                    root of every error this package raises
 ├── ConfigFileError            a file could not be read or parsed (names file:line:col and field)
 │   └── ConfigFileErrors       several problems of one file, each a ConfigFileError
-└── UnsafePathError            a path is a symbolic link, not owned as expected, or already exists
+├── UnsafePathError            a path is a symbolic link, not owned as expected, or already exists
+└── LockHeldError              another process holds a lock past the wait (``exclusive_lock``)
 """
 
 from __future__ import annotations
@@ -64,3 +65,14 @@ class ConfigFileErrors(ConfigFileError):
 
 class UnsafePathError(ConfigError):
     """A path that must be created or written safely is a symlink or already exists."""
+
+
+class LockHeldError(ConfigError):
+    """Another process held a lock file past the wait (:func:`~ddslurm.config.exclusive_lock`): ``path`` the file,
+    ``holder`` who holds it as ``/proc/locks`` tells it (``process 123 of uid 1000``; "" when it does not say). A
+    caller that tries once turns it into its own refusal."""
+
+    def __init__(self, path: Path, holder: str, message: str) -> None:
+        super().__init__(message)
+        self.path = path
+        self.holder = holder

@@ -5,10 +5,13 @@ Not used by production code; importing it has no side effects.
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
 from typing import Any
 
 import msgspec
 
+from ddslurm.config._files import proc_locks
 from ddslurm.config._plan import Plan, Resources, ShardSpec
 
 
@@ -36,3 +39,19 @@ def make_plan(run_id: str = "run-1", shard_rows: tuple[int, ...] = (2,), **overr
         collection=resources,
     )
     return msgspec.structs.replace(plan, **overrides) if overrides else plan
+
+
+def lock_waiters(path: Path) -> int:
+    """How many ``flock`` requests wait for the lock file ``path`` now (``->`` lines of ``/proc/locks``)."""
+    return sum(parts[1] == "->" for parts in proc_locks(path.stat()))
+
+
+def wait_for_lock_waiter(path: Path, bound_s: float = 60.0) -> None:
+    """Return once a request waits for the lock file ``path``: the event that proves a blocking lock is waiting for
+    its holder, not done and not refused. The bound only keeps a waiter that never came from hanging the test
+    (an ``AssertionError`` then); nothing asserts how long it took."""
+    deadline = time.monotonic() + bound_s
+    while lock_waiters(path) == 0:
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"no request waited for the lock {path} within {bound_s:g} s")
+        time.sleep(0.01)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import os
 import re
 import secrets
@@ -26,6 +25,7 @@ import msgspec
 
 from ddslurm.config import (
     ConfigError,
+    LockHeldError,
     PartitionNodes,
     Plan,
     PlannedArray,
@@ -44,6 +44,7 @@ from ddslurm.config import (
     compact_ranges,
     encode,
     encode_pretty,
+    exclusive_lock,
     load_prices,
     load_profile,
     load_run_file,
@@ -453,19 +454,16 @@ class SubmitLockedError(LauncherError):
 @contextlib.contextmanager
 def submit_lock(layout: RunLayout) -> Iterator[None]:
     """Held while arrays of the run are submitted: a second submitter of the same run is refused
-    (:class:`SubmitLockedError`)."""
-    fd = os.open(layout.submit_lock, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
+    (:class:`SubmitLockedError`; :func:`~ddslurm.config.exclusive_lock`, tried once)."""
+    with contextlib.ExitStack() as held:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+            held.enter_context(exclusive_lock(layout.submit_lock, wait_s=0))
+        except LockHeldError:
             raise SubmitLockedError(
                 f"another ddslurm is submitting arrays of run {layout.run_id} now ({layout.submit_lock}); "
                 "wait for it to finish, then look at ddslurm status"
             ) from None
         yield
-    finally:
-        os.close(fd)
 
 
 def submit_arrays(

@@ -12,16 +12,21 @@ request. :func:`settle` is pure (the state, the report and the clock in); :func:
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import math
-import os
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ddslurm.config import BudgetMember, ConfigError, KeyBudgetState, atomic_write, encode, read_json
+from ddslurm.config import (
+    BudgetMember,
+    ConfigError,
+    KeyBudgetState,
+    UnsafePathError,
+    atomic_write,
+    encode,
+    exclusive_lock,
+    read_json,
+)
 from ddslurm.runtime._rate_headers import RateSignal
 
 INTERVAL_S = 2.0
@@ -228,21 +233,11 @@ class Pacer:
         self.next_at = max(self.next_at, now + wait + self._phase * max(1.0, self._spacing()))
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
-
-
 def settle_file(path: Path, key: str, report: Report, caps: Caps, now: float) -> Share:
     """:func:`settle` through the key's file (read, settle, write, under its lock); :func:`fallback_share` when
     the file cannot be used (never an error: the client's rows matter more than its share)."""
     try:
-        with _locked(path):
+        with exclusive_lock(path.with_name(path.name + ".lock"), wait_s=None):  # as long as another client settles
             try:
                 state: KeyBudgetState | None = read_json(path, KeyBudgetState)
             except (FileNotFoundError, ConfigError):  # none yet, or damaged: the clients learn again
@@ -252,5 +247,5 @@ def settle_file(path: Path, key: str, report: Report, caps: Caps, now: float) ->
             state, share = settle(state, key, report, caps, now)
             atomic_write(path, encode(state))
             return share
-    except OSError:
+    except (OSError, UnsafePathError):  # the folder or the file unusable, or a lock file not this user's own
         return fallback_share(caps)
