@@ -1,6 +1,6 @@
 """Errors of the collector.
 
-CollectError                root: the dataset cannot be collected; nothing was published
+CollectError                root (a DdslurmError): the dataset cannot be collected; nothing was published
 ├── MissingWinnersError     some shards have no published winner yet
 ├── WinnerUnreadableError   a shard's ``winner.json`` cannot be read or does not describe that shard
 ├── BatchChangedError       a winner's batch file is missing or differs from what was published (size, sha256)
@@ -14,8 +14,10 @@ from __future__ import annotations
 import errno
 from pathlib import Path
 
+from ddslurm.config import DdslurmError
 
-class CollectError(Exception):
+
+class CollectError(DdslurmError):
     """Root of the errors raised by ddslurm.collector."""
 
 

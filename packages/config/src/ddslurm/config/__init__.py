@@ -175,7 +175,14 @@ from ddslurm.config._spend import AliasSpend, SpendForecast
 from ddslurm.config._suggest import closest, did_you_mean
 from ddslurm.config._workflow import DD_DEFAULT_NUM_RECORDS, WorkflowNext, WorkflowPlace, WorkflowStage
 from ddslurm.config._yaml import load_struct, locate, read_yaml, to_builtins
-from ddslurm.config.errors import ConfigError, ConfigFileError, ConfigFileErrors, LockHeldError, UnsafePathError
+from ddslurm.config.errors import (
+    ConfigError,
+    ConfigFileError,
+    ConfigFileErrors,
+    DdslurmError,
+    LockHeldError,
+    UnsafePathError,
+)
 
 __all__ = [
     "WorkflowStage",
@@ -231,6 +238,7 @@ __all__ = [
     "ConfigError",
     "ConfigFileError",
     "ConfigFileErrors",
+    "DdslurmError",
     "DD_BUILDER_FUNCTION",
     "DD_DEFAULT_MAX_PARALLEL_REQUESTS",
     "DD_DEFAULT_REQUEST_TIMEOUT_S",

@@ -1,10 +1,11 @@
-"""Errors of the contracts layer.
+"""Errors of the contracts layer, and the root of every ddslurm error.
 
-ConfigError                    root of every error this package raises
-├── ConfigFileError            a file could not be read or parsed (names file:line:col and field)
-│   └── ConfigFileErrors       several problems of one file, each a ConfigFileError
-├── UnsafePathError            a path is a symbolic link, not owned as expected, or already exists
-└── LockHeldError              another process holds a lock past the wait (``exclusive_lock``)
+DdslurmError                   root of every error any ddslurm package raises (each package's errors derive from it)
+└── ConfigError                root of every error this package raises
+    ├── ConfigFileError        a file could not be read or parsed (names file:line:col and field)
+    │   └── ConfigFileErrors   several problems of one file, each a ConfigFileError
+    ├── UnsafePathError        a path is a symbolic link, not owned as expected, or already exists
+    └── LockHeldError          another process holds a lock past the wait (``exclusive_lock``)
 """
 
 from __future__ import annotations
@@ -13,7 +14,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 
-class ConfigError(Exception):
+class DdslurmError(Exception):
+    """Root of the errors raised by every ddslurm package: ``except DdslurmError`` catches any of them (anything
+    else is a bug). The command lines map it to their exit codes (``ddslurm``: ``ddslurm.launcher._output``)."""
+
+
+class ConfigError(DdslurmError):
     """Root of the errors raised by ddslurm.config."""
 
 

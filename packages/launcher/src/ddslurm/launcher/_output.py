@@ -2,7 +2,9 @@
 
 Every exit code is one :class:`ExitCode` (``docs/cli.md`` lists them; a test compares the two). An error is
 reported as one ``error: ...`` line (or more) on stderr and, with ``--json``, also as one JSON object on stdout:
-``{"error": {"code": "<snake_case>", "message": "...", "exit_code": N, ...details}}``.
+``{"error": {"code": "<snake_case>", "message": "...", "exit_code": N, ...details}}``. Which errors are reported
+(every :class:`~ddslurm.config.DdslurmError`, whichever package raised it: :func:`reported`) and the code and exit
+code of each (:func:`error_report`) are decided here and nowhere else.
 """
 
 from __future__ import annotations
@@ -17,10 +19,10 @@ from typing import TYPE_CHECKING, Any, TextIO
 import msgspec
 import typer
 
-from ddslurm.config import ConfigError, ConfigFileError, PlannedArray, compact_ranges
+from ddslurm.config import ConfigError, ConfigFileError, DdslurmError, PlannedArray, compact_ranges
 from ddslurm.launcher._follow import WaitTimeout
 from ddslurm.launcher._slurm import SlurmTimeoutError
-from ddslurm.launcher.errors import LauncherError, RunNotFoundError, SlurmError, SubmitError, UsageError, WriteError
+from ddslurm.launcher.errors import RunNotFoundError, SlurmError, SubmitError, UsageError, WriteError
 
 if TYPE_CHECKING:
     from ddslurm.launcher._submit import PartialSubmitError
@@ -102,15 +104,12 @@ def _submit_exit(command: str | None) -> ExitCode:
 
 def _loaded_error(module: str, name: str) -> type[BaseException] | None:
     """The error class ``name`` of ``module`` if that module was imported, else None (an error of a module that was
-    never imported cannot have been raised). The errors of the planner, the providers and the collector are checked
-    so, without importing those packages (the collector's loads pyarrow) for commands that never use them."""
+    never imported cannot have been raised). The providers' and the collector's roots, which have codes of their
+    own, are found so, without importing those packages (the collector's loads pyarrow) for commands that never use
+    them."""
     loaded = sys.modules.get(module)
     found = getattr(loaded, name, None) if loaded is not None else None
     return found if isinstance(found, type) and issubclass(found, BaseException) else None
-
-
-def _plan_error() -> type[BaseException] | None:
-    return _loaded_error("ddslurm.planner.errors", "PlanError")
 
 
 def _providers_error() -> type[BaseException] | None:
@@ -131,7 +130,8 @@ def _partial_submit(exc: BaseException) -> PartialSubmitError | None:
 
 
 def error_report(exc: BaseException, command: str | None) -> ErrorReport:
-    """The code, message and exit code of an error that ended ``command``."""
+    """The code, message and exit code of an error that ended ``command`` (one :func:`reported` says ddslurm
+    reports): the one mapping of errors to ``docs/cli.md``'s tables "Error codes" and "Exit codes"."""
     message = str(exc)
     if isinstance(exc, CommandFailed):
         return exc.report
@@ -158,9 +158,7 @@ def error_report(exc: BaseException, command: str | None) -> ErrorReport:
         return ErrorReport(ErrorCode.SLURM_TIMEOUT, message, _submit_exit(command))
     if isinstance(exc, SlurmError):
         return ErrorReport(ErrorCode.SLURM, message, _submit_exit(command))
-    plan_error = _plan_error()
-    if isinstance(exc, LauncherError) or (plan_error is not None and isinstance(exc, plan_error)):
-        # a plan the planner cannot submit (a follower it lacks)
+    if isinstance(exc, DdslurmError):  # any other ddslurm error: the launcher's, the planner's, the runtime's
         return ErrorReport(
             ErrorCode.SUBMIT_REFUSED if command == "submit" else ErrorCode.FAILED, message, _submit_exit(command)
         )
@@ -180,15 +178,14 @@ def problems_json(exc: BaseException) -> dict[str, Any]:
     return {"problems": problems}
 
 
-REPORTED: tuple[type[BaseException], ...] = (CommandFailed, typer.TyperException, LauncherError, ConfigError)
-"""The errors of the launcher and below that ``main`` reports as ``error: ...``; :func:`reported` adds those of the
-planner, the providers and the collector."""
+REPORTED: tuple[type[BaseException], ...] = (CommandFailed, typer.TyperException, DdslurmError)
+"""The errors that ``main`` reports as ``error: ...``: every package's (their roots derive from
+:class:`~ddslurm.config.DdslurmError`), a command's own report, and a command line Typer cannot parse."""
 
 
 def reported(exc: BaseException) -> bool:
     """Whether ``main`` reports ``exc`` as ``error: ...`` (anything else is a bug and keeps its traceback)."""
-    loaded = (kind for kind in (_plan_error(), _providers_error(), _collect_error()) if kind is not None)
-    return isinstance(exc, (*REPORTED, *loaded))
+    return isinstance(exc, REPORTED)
 
 
 def collect_report(code: int, errors: str) -> ErrorReport:

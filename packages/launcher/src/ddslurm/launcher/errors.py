@@ -1,6 +1,6 @@
 """Errors of the launcher.
 
-LauncherError            root of every error the ddslurm CLI reports
+LauncherError            root of the launcher's own errors (a DdslurmError, as every package's root is)
 ├── SlurmError           a scheduler command failed; carries the command and its stderr
 ├── RunNotFoundError     RUN names no run directory
 ├── InitError            ddslurm init wrote nothing (its files exist, or the cluster could not be read)
@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import errno
 
+from ddslurm.config import DdslurmError
+
 DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 """The errors of a full file system or quota."""
 
 
-class LauncherError(Exception):
+class LauncherError(DdslurmError):
     """Root of the errors raised by ddslurm.launcher."""
 
 

@@ -1,6 +1,6 @@
 """Errors of the providers layer.
 
-ProvidersError               root of every error this package raises
+ProvidersError               root of every error this package raises (a DdslurmError)
 ├── SettingsError            a native settings file is malformed (wraps ConfigFileError text)
 ├── ResolutionError          aliases, providers or secrets do not resolve; lists every problem found
 └── RedirectedError          an endpoint answered ``providers --check`` with a redirect (never followed)
@@ -8,8 +8,10 @@ ProvidersError               root of every error this package raises
 
 from __future__ import annotations
 
+from ddslurm.config import DdslurmError
 
-class ProvidersError(Exception):
+
+class ProvidersError(DdslurmError):
     """Root of the errors raised by ddslurm.providers."""
 
 

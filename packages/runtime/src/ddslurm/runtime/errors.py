@@ -1,6 +1,6 @@
 """Errors of the runtime.
 
-RuntimeFailure           root: the attempt failed; ``reason`` is a stable code for status and retry
+RuntimeFailure           root (a DdslurmError): the attempt failed; ``reason`` is a stable code for status and retry
 ├── InputsError          plan, recipe or snapshot missing or not matching its recorded sha256
 ├── SecretMissingError   an API-key variable the snapshot names is unset in the job's environment
 ├── EngineError          Data Designer failed (``retryable`` says whether a new attempt may help)
@@ -12,8 +12,8 @@ RuntimeFailure           root: the attempt failed; ``reason`` is a stable code f
 └── VerificationError    the candidate dataset is unreadable, short, or leaks a secret
     └── EmptyOutputsError  LLM columns hold more empty or null values than ``max_empty_outputs`` (retryable)
 
-BuilderFailure           a builder script could not be loaded, called or serialised (at submit, ``inspect``
-                         answers it; on the node it becomes a RecipeError)
+BuilderFailure           (a DdslurmError too) a builder script could not be loaded, called or serialised (at
+                         submit, ``inspect`` answers it; on the node it becomes a RecipeError)
 
 The serving errors (``server_*``, ``proxy_died``, ``gpu_mismatch``, ``node_mismatch``, ``port_unavailable``) live in
 ``_serving.py``; ``server_port_taken`` (another user holds a server's port) and ``rendezvous_intruder`` (another
@@ -24,8 +24,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from ddslurm.config import DdslurmError
 
-class RuntimeFailure(Exception):
+
+class RuntimeFailure(DdslurmError):
     """Root of the errors raised by ddslurm.runtime."""
 
     reason = "internal"
@@ -110,7 +112,7 @@ class EmptyOutputsError(VerificationError):
         self.counts = dict(counts)
 
 
-class BuilderFailure(Exception):
+class BuilderFailure(DdslurmError):
     """The builder could not be loaded, called or serialised: ``message``, at ``file``:``line``."""
 
     def __init__(self, message: str, file: str | None = None, line: int | None = None) -> None:
