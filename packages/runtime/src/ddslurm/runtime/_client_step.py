@@ -18,13 +18,12 @@ from typing import Any
 import msgspec
 
 from ddslurm.config import RunLayout
-from ddslurm.runtime._attempt import EXIT_FAILED, EXIT_USAGE, AttemptRunner
+from ddslurm.runtime._attempt import EXIT_USAGE, AttemptRunner
 from ddslurm.runtime._controller import controller_alive
 from ddslurm.runtime._engine import engine_environment, local_token_names, preload_engine, run_engine
 from ddslurm.runtime._inputs import Inputs, load_inputs, stage_inputs
 from ddslurm.runtime._log import logger_factory, new_logger
 from ddslurm.runtime._scratch import own_scratch_owner, scratch_base, scratch_directory, sweep_stale
-from ddslurm.runtime.errors import RuntimeFailure
 
 
 @contextmanager
@@ -85,11 +84,11 @@ def cmd_client(args: argparse.Namespace) -> int:
             except ValueError as exc:
                 print(f"ddslurm-runtime: --wait-endpoints: {exc}", file=sys.stderr)
                 return EXIT_USAGE
-        try:  # before the endpoints: reading and checking the inputs overlaps the model load or the drain
-            inputs = client_inputs(stage_inputs(load_inputs(layout, plan_sha256=args.plan_sha256), args.stage))
-        except RuntimeFailure as exc:
-            print(f"ddslurm-runtime: {exc.reason}: {exc.message}", file=sys.stderr)
-            return EXIT_FAILED
+        # before the endpoints: reading and checking the inputs overlaps the model load or the drain (an
+        # InputsError ends the step: ``cli.failed``)
+        loaded = load_inputs(layout, plan_sha256=args.plan_sha256)
+        try:
+            inputs = client_inputs(stage_inputs(loaded, args.stage))
         except ValueError as exc:
             print(f"ddslurm-runtime: --stage: {exc}", file=sys.stderr)
             return EXIT_USAGE

@@ -18,7 +18,7 @@ from types import FrameType
 import httpx
 
 from ddslurm.config import RunLayout, expand_ranges, read_plan
-from ddslurm.runtime._attempt import EXIT_FAILED, EXIT_USAGE, AttemptRunner
+from ddslurm.runtime._attempt import EXIT_USAGE, AttemptRunner
 from ddslurm.runtime._controller import Controller
 from ddslurm.runtime._engine import run_engine
 from ddslurm.runtime._inputs import load_inputs, stage_inputs
@@ -26,7 +26,6 @@ from ddslurm.runtime._log import logger_factory, new_logger
 from ddslurm.runtime._steps import LocalLauncher, SrunLauncher, StepLauncher
 from ddslurm.runtime._stop import StopSignal
 from ddslurm.runtime._workers import ClaimPool, ShardSource
-from ddslurm.runtime.errors import RuntimeFailure
 
 
 def _int_from(value: str | None, what: str) -> int:
@@ -61,11 +60,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
         signal.signal(sig, on_signal)
-    try:
-        inputs = load_inputs(layout, plan_sha256=args.plan_sha256)
-    except RuntimeFailure as exc:
-        print(f"ddslurm-runtime: {exc.reason}: {exc.message}", file=sys.stderr)
-        return EXIT_FAILED
+    inputs = load_inputs(layout, plan_sha256=args.plan_sha256)  # an InputsError: ``cli.failed``
     try:
         inputs = stage_inputs(inputs, args.stage)
     except ValueError as exc:

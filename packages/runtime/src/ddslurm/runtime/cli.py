@@ -18,6 +18,11 @@
         stdout (ddslurm.runtime._inspect)
 
 Inside a Slurm array task the shard and job id come from ``SLURM_ARRAY_TASK_ID`` and ``SLURM_JOB_ID``.
+
+Exit codes of generate and client: 0 every shard succeeded (or was superseded); 1 one failed (its attempt record
+says why), or an error of ddslurm ended the step before it had an attempt (one line on stderr,
+``ddslurm-runtime: REASON: MESSAGE``); 3 a shard ended with a partial result; 64 a command line the step cannot
+run (no shard or job id, a stage the run does not have).
 """
 
 from __future__ import annotations
@@ -25,7 +30,11 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import sys
 from pathlib import Path
+
+from ddslurm.config import DdslurmError
+from ddslurm.runtime.errors import RuntimeFailure
 
 
 def raise_open_files_limit() -> int:
@@ -40,7 +49,23 @@ def raise_open_files_limit() -> int:
     return hard
 
 
+def failed(exc: DdslurmError) -> int:
+    """What ``ddslurm-runtime`` does with an error of ddslurm that ends a command (the inputs of a step that cannot
+    be read, before it has an attempt to record a failure in): one line on stderr, ``ddslurm-runtime: REASON:
+    MESSAGE`` (REASON: a runtime failure's stable code) or ``ddslurm-runtime: MESSAGE`` (another package's error),
+    and exit 1 (``EXIT_FAILED``). The only place the runtime's errors become an exit code; an attempt's own failures
+    are recorded in its attempt record and give theirs through it (``_attempt.exit_code_for``)."""
+    from ddslurm.runtime._attempt import EXIT_FAILED  # loaded already by the commands that raise one
+
+    if isinstance(exc, RuntimeFailure):
+        print(f"ddslurm-runtime: {exc.reason}: {exc.message}", file=sys.stderr, flush=True)
+    else:
+        print(f"ddslurm-runtime: {exc}", file=sys.stderr, flush=True)
+    return EXIT_FAILED
+
+
 def main(argv: list[str] | None = None) -> int:
+    """``ddslurm-runtime ARGV``; returns the exit code (an error of ddslurm: :func:`failed`)."""
     raise_open_files_limit()
     parser = argparse.ArgumentParser(
         prog="ddslurm-runtime", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -76,6 +101,13 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("proxy", help="balancing endpoint in front of several replicas", add_help=False)
     sub.add_parser("inspect", help="answer the submit host's questions about a recipe (JSON on stdin and stdout)")
     args, rest = parser.parse_known_args(argv)
+    try:
+        return _command(parser, args, rest)
+    except DdslurmError as exc:
+        return failed(exc)
+
+
+def _command(parser: argparse.ArgumentParser, args: argparse.Namespace, rest: list[str]) -> int:
     # each command imports what it runs, no more: a proxy or an inspect step does not load the engine or pyarrow
     if args.command == "inspect" and not rest:
         from ddslurm.runtime._inspect import inspect_main
