@@ -6,12 +6,14 @@ names the file, line, column and field, and the variable, never the value."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ddslurm.config import ProviderSnapshot
+from ddslurm.config import ProviderSnapshot, credential_shape
+from ddslurm.config.testing import ID_LIKE_CREDENTIALS, LITERAL_CREDENTIALS, NOT_CREDENTIALS
 from ddslurm.providers import (
     MCP_PROVIDERS_FILE,
     PROVIDERS_FILE,
@@ -162,3 +164,56 @@ def test_the_one_check_and_the_names_it_compares_with() -> None:
     ]
     shown = redact(f"printed {TOKEN} and plainvalue1234", secrets)
     assert shown == "printed <$DOCS_SESAME redacted> and <$CI_JOB_TOKEN redacted>"
+
+
+# --- places: an MCP server's env and arguments, and the shell's variables, agree with the one secret policy ---
+
+
+def _mcp_fields(value: str) -> dict[str, str]:
+    """An stdio MCP provider with ``value`` in its ``env`` and in its arguments, by the field a problem names."""
+    return {
+        "env.SETTING": MCP.replace("args: [ARGS]", "args: []").replace(
+            "LOG_LEVEL: info", f"SETTING: {json.dumps(value)}"
+        ),
+        "args[0]": MCP.replace("args: [ARGS]", f"args: [{json.dumps(value)}]"),
+    }
+
+
+@pytest.mark.parametrize("value", [pytest.param(v, id=k) for k, v in LITERAL_CREDENTIALS.items()])
+def test_an_mcp_server_refuses_what_the_policy_refuses(tmp_path: Path, value: str) -> None:
+    """An ``ASIA`` key id (the run file's rule had no ``ASIA``), ``bearer ...`` in lower case, a key after a
+    separator: refused in a stdio server's ``env`` and arguments, as in ``server.env``, the value never shown."""
+    assert credential_shape(value, ids_ordinary=True) is not None
+    for field, mcp in _mcp_fields(value).items():
+        (tmp_path / field).mkdir()
+        (problem,) = _problems(tmp_path / field, mcp=mcp)
+        assert f": providers[0].{field}: MCP provider 'docs': looks like a secret (the value " in problem, problem
+        assert value not in problem
+
+
+@pytest.mark.parametrize(
+    "value", [pytest.param(v, id=k) for k, v in (*ID_LIKE_CREDENTIALS.items(), *NOT_CREDENTIALS.items())]
+)
+def test_an_mcp_server_keeps_what_the_policy_keeps_where_ids_are_ordinary(tmp_path: Path, value: str) -> None:
+    """A git revision or a path holding ``hf_`` on a server's command line or in its environment is kept, as in
+    ``server.extra_args`` and ``server.env``."""
+    assert credential_shape(value, ids_ordinary=True) is None
+    for field, mcp in _mcp_fields(value).items():
+        (tmp_path / field).mkdir()
+        (provider,) = _resolve(tmp_path / field, mcp=mcp).mcp_providers
+        assert value in (*provider.args, *provider.env.values()), field
+
+
+@pytest.mark.parametrize(
+    "value", [pytest.param(v, id=k) for k, v in (*LITERAL_CREDENTIALS.items(), *ID_LIKE_CREDENTIALS.items())]
+)
+def test_a_shell_variable_the_policy_sees_as_a_key_is_a_secret(value: str) -> None:
+    """Whatever its name, a variable of the submitting shell whose value the policy takes for a key is one of the
+    run's secrets (kept from a builder script, compared with every captured string, scanned for on the node)."""
+    assert credential_shape(value) is not None
+    assert secret_names({"SETTING": value, "PATH": "/usr/bin:/bin"}) == {"SETTING"}
+
+
+@pytest.mark.parametrize("value", [pytest.param(v, id=k) for k, v in NOT_CREDENTIALS.items()])
+def test_a_shell_variable_the_policy_keeps_is_no_secret(value: str) -> None:
+    assert secret_names({"SETTING": value}) == set()

@@ -20,7 +20,6 @@ from ddslurm.providers import (
     Origin,
     ResolutionError,
     is_credential_header,
-    is_env_var_name,
     load_recipe,
     load_settings,
     missing_env,
@@ -495,32 +494,6 @@ def test_a_provider_shared_by_many_aliases_is_reported_once(recipe: dict[str, An
 
 
 # --- secret policy ---
-
-
-@pytest.mark.parametrize(
-    ("value", "want"),
-    [
-        pytest.param("NVIDIA_API_KEY", True, id="upper-snake"),
-        pytest.param("OPENAI_API_KEY", True, id="openai"),
-        pytest.param("_PRIVATE", True, id="leading-underscore"),
-        pytest.param("KEY2", True, id="digits"),
-        pytest.param("X", True, id="single-letter"),
-        pytest.param("nvidia_api_key", False, id="lower-case"),
-        pytest.param("Nvidia_Api_Key", False, id="mixed-case"),
-        pytest.param("sk-abc123def456", False, id="openai-literal"),
-        pytest.param("nvapi-AbCdEf0123", False, id="nvapi-literal"),
-        pytest.param("hf_abcdefABCDEF", False, id="hugging-face-literal"),
-        pytest.param("AKIAIOSFODNN7EXAMPLE", False, id="aws-literal-upper-case"),
-        pytest.param("ghp_0123456789abcdef", False, id="github-literal"),
-        pytest.param("${MCP_API_KEY}", False, id="shell-interpolation-is-literal"),
-        pytest.param("2FAST", False, id="starts-with-digit"),
-        pytest.param("MY KEY", False, id="space"),
-        pytest.param("MY-KEY", False, id="hyphen"),
-        pytest.param("", False, id="empty"),
-    ],
-)
-def test_is_env_var_name(value: str, want: bool) -> None:
-    assert is_env_var_name(value) is want
 
 
 @pytest.mark.parametrize(

@@ -1,23 +1,26 @@
 """Credentials that must never reach the snapshot: literal keys that look like names, credentials in endpoint
 URLs, credential-like header values and names, credential keys inside ``extra_body``; and key values that are
-placeholders rather than secrets."""
+placeholders rather than secrets. Which values look like a key is config's one secret policy
+(``ddslurm.config.credential_shape``, tested there); a provider's fields refuse exactly what it refuses."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 
+from ddslurm.config import credential_shape
+from ddslurm.config.testing import ID_LIKE_CREDENTIALS, LITERAL_CREDENTIALS, NOT_CREDENTIALS
 from ddslurm.providers import (
     PROVIDERS_FILE,
     ResolutionError,
     body_credentials,
     is_credential_header,
-    is_env_var_name,
     is_placeholder_secret,
     load_settings,
-    looks_like_credential,
     placeholder_secrets,
     redact_url,
     resolve,
@@ -42,49 +45,6 @@ def _resolve_problems(tmp_path: Path, provider_yaml: str, env: dict[str, str] | 
     return info.value.problems
 
 
-# --- is_env_var_name: names vs literal keys ---
-
-
-@pytest.mark.parametrize(
-    "value",
-    [
-        "NVIDIA_API_KEY",
-        "OPENAI_API_KEY",
-        "DEMO_HOSTED_API_KEY",
-        "GPT4_API_KEY",
-        "K8S_TOKEN",
-        "H2O_KEY",
-        "AWS_2024_KEY",
-        "KEY2",
-        "X",
-        "_PRIVATE",
-        "MY_V2_KEY_3",
-    ],
-)
-def test_variable_names(value: str) -> None:
-    assert is_env_var_name(value)
-
-
-@pytest.mark.parametrize(
-    "value",
-    [
-        pytest.param(PLANTED, id="issue-example-hex-run"),
-        pytest.param("A1B2C3D4E5F6", id="alternating-letters-and-digits"),
-        pytest.param("KEY123456789", id="long-digit-run"),
-        pytest.param("DEADBEEF0123CAFE", id="hex-run"),
-        pytest.param("QWERTYUIOPASDFGHJKLZXCVBNMQWERTYUIOP", id="very-long-word"),
-        pytest.param("X9Y8Z7", id="digit-heavy"),
-        pytest.param("AKIAIOSFODNN7EXAMPLE", id="aws-access-key"),
-        pytest.param("SK-ABC", id="hyphen"),
-        pytest.param("sk-abc", id="openai-prefix"),
-        pytest.param("my_key", id="lower-case"),
-        pytest.param("", id="empty"),
-    ],
-)
-def test_literal_keys_are_not_variable_names(value: str) -> None:
-    assert not is_env_var_name(value)
-
-
 # --- header names ---
 
 
@@ -99,45 +59,6 @@ def test_more_credential_header_names(name: str) -> None:
 @pytest.mark.parametrize("name", ["X-Title", "HTTP-Referer", "X-Compass", "X-Passenger-Count", "OpenAI-Beta"])
 def test_innocent_header_names(name: str) -> None:
     assert not is_credential_header(name)
-
-
-# --- credential-like values ---
-
-
-@pytest.mark.parametrize(
-    "value",
-    [
-        pytest.param(f"Bearer {SK}", id="bearer"),
-        pytest.param("bearer abc", id="bearer-lower-case-short"),
-        pytest.param("Basic dXNlcjpwYXNzd29yZA==", id="basic"),
-        pytest.param(SK, id="openai-key"),
-        pytest.param("nvapi-Abc123Def456", id="nvapi"),
-        pytest.param("upstream=sk-abc123def456", id="prefix-inside"),
-        pytest.param("eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.c2lnbmF0dXJl", id="jwt"),
-        pytest.param("a8f5f167f44f4964e6c998dee827110c0a8f5f16", id="long-hex"),
-        pytest.param("Zk9xR2tLc3VwZXJzZWNyZXRrZXkxMjM0NTY3ODkw", id="long-random-token"),
-        pytest.param(PLANTED, id="all-caps-literal"),
-    ],
-)
-def test_credential_like_values(value: str) -> None:
-    assert looks_like_credential(value)
-
-
-@pytest.mark.parametrize(
-    "value",
-    [
-        "ddslurm",
-        "application/json",
-        "https://example.org/my-app",
-        "2024-06-01",
-        "assistants=v2",
-        "550e8400-e29b-41d4-a716-446655440000",
-        "NeMo Data Designer",
-        "",
-    ],
-)
-def test_innocent_values(value: str) -> None:
-    assert not looks_like_credential(value)
 
 
 # --- endpoint URLs ---
@@ -320,3 +241,55 @@ def test_real_values(value: str) -> None:
 def test_placeholder_secrets_names_only_the_placeholders() -> None:
     env = {"LOCAL_KEY": "EMPTY", "REAL_KEY": SK, "NONE_KEY": "none"}
     assert placeholder_secrets(("LOCAL_KEY", "NONE_KEY", "REAL_KEY", "UNSET_KEY"), env) == ("LOCAL_KEY", "NONE_KEY")
+
+
+# --- place: a model provider's fields agree with the one secret policy (issue 39) ---
+
+
+def _provider_problems(tmp_path: Path, provider: dict[str, Any]) -> list[str]:
+    home = tmp_path / "dd"
+    home.mkdir(parents=True)
+    (home / PROVIDERS_FILE).write_text(json.dumps({"providers": [provider]}), encoding="utf-8")
+    recipe = {
+        "columns": [{"column_type": "llm-text", "name": "q", "model_alias": "gen", "prompt": "p"}],
+        "model_configs": [{"alias": "gen", "model": "m", "provider": "hosted"}],
+    }
+    try:
+        resolve(recipe, _Origin(tmp_path / "recipe.yaml"), load_settings(home), (), {"K": "v" * 20})
+    except ResolutionError as error:
+        return error.problems
+    return []
+
+
+def _judged_fields(value: str) -> dict[str, dict[str, Any]]:
+    """Each field of a provider whose value is judged by its shape, by the field a problem names, holding ``value``."""
+    base = {"name": "hosted", "endpoint": "http://h/v1", "api_key": "K"}
+    return {
+        "extra_headers['X-Upstream']": {**base, "extra_headers": {"X-Upstream": value}},
+        "extra_body.note": {**base, "extra_body": {"note": value}},
+        "endpoint": {**base, "endpoint": f"http://h/v1?q={quote(value, safe='')}"},
+    }
+
+
+@pytest.mark.parametrize(
+    "value", [pytest.param(v, id=k) for k, v in (*LITERAL_CREDENTIALS.items(), *ID_LIKE_CREDENTIALS.items())]
+)
+def test_a_provider_refuses_what_the_policy_refuses(tmp_path: Path, value: str) -> None:
+    """A ``glpat-`` key (config refused it in ``server.env``, no provider field did), a ``ghu_`` token, a JWT's
+    header, credentials in a URL, a generated key: refused as a provider's ``api_key`` and in its headers, its
+    ``extra_body`` and its endpoint's query, the value never shown."""
+    assert credential_shape(value) is not None
+    fields = {"api_key": {"name": "hosted", "endpoint": "http://h/v1", "api_key": value}, **_judged_fields(value)}
+    for field, provider in fields.items():
+        problems = _provider_problems(tmp_path / field, provider)
+        assert len(problems) == 1, (field, problems)
+        assert f": providers[0].{field}: provider 'hosted': " in problems[0]
+        assert value not in problems[0] and quote(value, safe="") not in problems[0]
+
+
+@pytest.mark.parametrize("value", [pytest.param(v, id=k) for k, v in NOT_CREDENTIALS.items()])
+def test_a_provider_keeps_what_the_policy_keeps(tmp_path: Path, value: str) -> None:
+    """A path holding ``hf_`` (a place, not a key), a model's name, a UUID: kept in headers, body and query."""
+    assert credential_shape(value) is None
+    for field, provider in _judged_fields(value).items():
+        assert _provider_problems(tmp_path / field, provider) == [], field

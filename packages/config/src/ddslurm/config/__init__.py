@@ -155,8 +155,8 @@ from ddslurm.config._runfile import (
     parse_recipe_ref,
     path_problem,
     server_env_secret,
-    value_secret,
 )
+from ddslurm.config._secret_policy import AUTH_SCHEMES, KEY_PREFIXES, credential_shape, is_env_var_name
 from ddslurm.config._slurm_names import (
     BATCH_OUTPUT_PATTERN,
     ArrayTask,
@@ -355,7 +355,10 @@ __all__ = [
     "recipe_with_models",
     "request_timeout_s",
     "server_env_secret",
-    "value_secret",
+    "AUTH_SCHEMES",
+    "KEY_PREFIXES",
+    "credential_shape",
+    "is_env_var_name",
     "ArgValue",
     "arg_values",
     "named_credential",

@@ -13,6 +13,7 @@ import msgspec
 from ddslurm.config._base import Frozen
 from ddslurm.config._convert import refuse_all
 from ddslurm.config._run_config import run_config_refusals
+from ddslurm.config._secret_policy import credential_shape
 
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 # msgspec matches patterns with re.search: anchored with \A and \Z, as ^ and $ would let "inj\n" through.
@@ -29,12 +30,6 @@ _CREDENTIAL_WORDS = frozenset(
      "AUTH", "AUTHORIZATION", "BEARER", "JWT", "COOKIE", "PAT"}
 )  # fmt: skip
 _NOT_A_CREDENTIAL_SUFFIXES = frozenset({"PATH", "FILE", "DIR"})
-_KEY_PREFIXES = (
-    "sk-", "hf_", "nvapi-", "ghp_", "gho_", "ghu_", "ghs_", "github_pat_", "glpat-", "xoxb-", "xoxp-", "AKIA",
-    "eyJ", "Bearer ", "Basic ",
-)  # fmt: skip
-_URL_CREDENTIALS = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/@\s]+:[^/@\s]+@")
-_RANDOM_TOKEN = re.compile(r"^[A-Za-z0-9_-]{24,}$")
 _MIN_NAMED_SECRET = 8
 
 
@@ -43,11 +38,12 @@ def server_env_secret(name: str, value: str) -> str | None:
 
     A name whose words say it holds one (``HF_TOKEN``, ``OPENAI_API_KEY``, ``DB_PASSWORD``; not
     ``TOKENIZERS_PARALLELISM`` or ``HF_TOKEN_PATH``) with a value of 8 characters or more that is not an absolute
-    path, or a value that looks like a key whatever the name (:func:`value_secret`). The reason never repeats the value.
+    path, or a value that looks like a key whatever the name (the secret policy's
+    :func:`~ddslurm.config.credential_shape`). The reason never repeats the value.
     """
     if named_credential(name, value):
         return "the variable's name says it holds a credential"
-    return value_secret(value)
+    return credential_shape(value, ids_ordinary=True)
 
 
 def named_credential(name: str, value: str) -> bool:
@@ -62,19 +58,6 @@ def named_credential(name: str, value: str) -> bool:
         and _CREDENTIAL_WORDS.intersection(words)
         and words[-1] not in _NOT_A_CREDENTIAL_SUFFIXES
     )
-
-
-def value_secret(value: str) -> str | None:
-    """Why ``value`` looks like a key whatever names it, or None: a known key prefix (``hf_``, ``sk-``, ``nvapi-``,
-    a JWT, ...), credentials in a URL, or a long random-looking string. The reason never repeats the value."""
-    stripped = value.strip()
-    if stripped.startswith(_KEY_PREFIXES):
-        return "the value starts like an API key or token"
-    if _URL_CREDENTIALS.match(stripped):
-        return "the value is a URL with credentials in it"
-    if _RANDOM_TOKEN.match(stripped) and _looks_random(stripped):
-        return "the value looks like a generated key"
-    return None
 
 
 RESERVED_SERVER_FLAGS = frozenset({"api-key"})
@@ -134,8 +117,8 @@ def server_args_secret(args: Sequence[str]) -> tuple[int, str] | None:
     ``--api-key`` in any form (:data:`RESERVED_SERVER_FLAGS`); a flag whose name says it takes a credential
     (``--hf-token``, ``--token``, ``--db-password``; the words of :func:`server_env_secret`) with a value of 8
     characters or more, inline (``--hf-token=...``) or as the next item; any value that looks like a key
-    (:func:`value_secret`). A bare ``--hf-token`` (vLLM then reads ``HF_TOKEN`` or the node's login) is kept. The
-    index is the item that holds the value, and the reason never repeats it."""
+    (:func:`~ddslurm.config.credential_shape`). A bare ``--hf-token`` (vLLM then reads ``HF_TOKEN`` or the node's
+    login) is kept. The index is the item that holds the value, and the reason never repeats it."""
     stored = (
         "; server.extra_args is written to the run's inputs and plan, the server logs and the command lines every "
         "user of the node can read. "
@@ -144,7 +127,7 @@ def server_args_secret(args: Sequence[str]) -> tuple[int, str] | None:
     advice += "server.env_from (the server steps get it in their environment)"
     for arg in arg_values(args):
         if not arg.flag:
-            why = value_secret(arg.value)
+            why = credential_shape(arg.value, ids_ordinary=True)
             if why is not None:
                 return arg.index, f"looks like a secret ({why}){advice}"
             continue
@@ -160,7 +143,7 @@ def server_args_secret(args: Sequence[str]) -> tuple[int, str] | None:
                 hf = "Export HF_TOKEN in the shell you submit from; list it under server.env_from"
                 return arg.at, f"{named}{stored}{hf}"
             return arg.at, named + advice
-        why = value_secret(arg.value) if arg.inline else None
+        why = credential_shape(arg.value, ids_ordinary=True) if arg.inline else None
         if why is not None:
             return arg.index, f"the value of {flag} looks like a secret ({why}){advice}"
     return None
@@ -239,17 +222,6 @@ def server_flag_set_by_ddslurm(engine: str, args: Sequence[str]) -> tuple[int, s
                 f"set {instead} instead",
             )
     return None
-
-
-def _looks_random(value: str) -> bool:
-    """Mixed case and digits with few separators: a generated key rather than a name (``Llama-3-70B-Instruct``)."""
-    separators = sum(ch in "-_" for ch in value)
-    return (
-        any(ch.isdigit() for ch in value)
-        and any(ch.islower() for ch in value)
-        and any(ch.isupper() for ch in value)
-        and separators * 8 <= len(value)
-    )
 
 
 # --- values that reach Slurm and the batch script ---------------------------------------------------------------
@@ -501,11 +473,13 @@ class ServerSpec(Frozen, frozen=True, kw_only=True):
     """Passed to the engine (``vllm serve``, ``sglang.launch_server``) verbatim, after the arguments ddslurm sets;
     the flags ddslurm sets itself (parallel sizes, multi-node rendezvous, where it listens, the model and its
     served name) are refused, naming the field to set instead. Stored in the run's inputs and plan and
-    on command lines, so credentials are refused (:func:`server_args_secret`: ``--api-key``, which ddslurm sets, and
-    ``--hf-token VALUE`` and the like): name them in ``env_from`` instead."""
+    on command lines, so credentials are refused (:func:`server_args_secret`: ``--api-key``, which ddslurm sets,
+    ``--hf-token VALUE`` and the like, and any value the secret policy, ``credential_shape``, takes for a key):
+    name them in ``env_from`` instead."""
     env: dict[str, str] = msgspec.field(default_factory=dict)
     """Extra environment for the server steps. Stored in the run's inputs and plan, so secrets are refused
-    (:func:`server_env_secret`): name them in ``env_from`` instead."""
+    (:func:`server_env_secret`: a name that says it holds one, or a value the secret policy, ``credential_shape``,
+    takes for a key): name them in ``env_from`` instead."""
     env_from: tuple[EnvName, ...] = ()
     """Variables of the submitting shell given to the server steps only (a gated model's ``HF_TOKEN``), by name:
     checked set at submit, exported to the job by name like API keys, never written to any file, never given to

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ddslurm.config import SnapshotMCPProvider, recipe_section
+from ddslurm.config import SnapshotMCPProvider, is_env_var_name, recipe_section
 from ddslurm.providers._native import (
     MCP_PROVIDERS_FILE,
     NativeMCPProvider,
@@ -29,7 +29,6 @@ from ddslurm.providers._secrets import (
     endpoint_key_problems,
     held_secret,
     holds_secret,
-    is_env_var_name,
     missing_env,
     secret_names,
     secret_values,

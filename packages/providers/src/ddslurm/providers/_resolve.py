@@ -9,7 +9,16 @@ from typing import Any, Literal
 
 import msgspec
 
-from ddslurm.config import Deployment, ProviderSnapshot, SnapshotModel, SnapshotProvider, did_you_mean, recipe_section
+from ddslurm.config import (
+    Deployment,
+    ProviderSnapshot,
+    SnapshotModel,
+    SnapshotProvider,
+    credential_shape,
+    did_you_mean,
+    is_env_var_name,
+    recipe_section,
+)
 from ddslurm.providers._compare import same_model_config
 from ddslurm.providers._mcp import describe_mcp
 from ddslurm.providers._native import (
@@ -28,9 +37,7 @@ from ddslurm.providers._secrets import (
     endpoint_key_problems,
     holds_secret,
     is_credential_header,
-    is_env_var_name,
     is_placeholder_secret,
-    looks_like_credential,
     redact_url,
     secret_in_tree,
     secret_names,
@@ -198,7 +205,7 @@ def _check_provider(
     )
     for header, value in headers.items():
         in_name = captured_secret(header, secrets, shaped=False)
-        hidden = in_name is not None or looks_like_credential(header)
+        hidden = in_name is not None or credential_shape(header) is not None
         shown = field_text((*origin.steps, "extra_headers")) + ("[<redacted>]" if hidden else f"[{header!r}]")
         where = origin.at("extra_headers", header, shown=shown)
         held = in_name or captured_secret(value, secrets, shaped=False)
@@ -208,7 +215,7 @@ def _check_provider(
             )
         elif held is not None:
             problems.append(f"{where}: {subject}: {held}{_HELD_ADVICE}")
-        elif looks_like_credential(value):
+        elif credential_shape(value) is not None:
             problems.append(
                 f"{where}: {subject}: the value looks like a credential (not shown); extra_headers are written to "
                 "the run's snapshot: use api_key with an environment-variable name instead"

@@ -1,6 +1,9 @@
-"""Secret policy: API keys travel as environment-variable names; credentials never sit in settings.
+"""Secrets of a run: API keys travel as environment-variable names; credentials never sit in settings.
 
-Nothing here returns or formats a value that might be a key: callers get booleans, field paths and reasons.
+Nothing here returns or formats a value that might be a key: callers get booleans, field paths and reasons. Which
+values look like a literal key, and which are a variable's name, is decided by config's one secret policy
+(:func:`ddslurm.config.credential_shape`, :func:`ddslurm.config.is_env_var_name`); this module keeps no rule of
+shape of its own.
 
 Every string ddslurm captures into a run (the snapshot's providers and MCP servers, the run file, the recipe, the
 seed) is judged by one check, :func:`captured_secret`: it must not hold the value of any secret of the
@@ -12,7 +15,6 @@ prints is shown through :func:`redact`, for the same secrets.
 
 from __future__ import annotations
 
-import itertools
 import os
 import re
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -21,16 +23,10 @@ from pathlib import PurePath
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
-from ddslurm.config import arg_values, named_credential, server_env_secret, value_secret
+from ddslurm.config import arg_values, credential_shape, is_env_var_name, named_credential
 
 if TYPE_CHECKING:
     from ddslurm.providers._native import NativeSettings
-
-_UPPER_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
-_KEY_PREFIXES = ("sk-", "nvapi-", "ghp_", "gho_", "ghs_", "github_pat_", "AKIA", "ASIA", "xoxb-", "xoxp-", "hf_")
-_DIGIT_RUN = re.compile(r"[0-9]{5,}")
-_HEX_RUN = re.compile(r"[0-9A-F]{8,}")
-_LONGEST_WORD = 32
 
 _CREDENTIAL_HEADERS = {"authorization", "proxy-authorization", "cookie", "set-cookie", "x-api-key", "api-key"}
 _CREDENTIAL_HEADER_WORDS = re.compile(
@@ -62,15 +58,6 @@ _CREDENTIAL_KEY_WORDS = {
 _KEY_QUALIFIERS = {"api", "secret", "private", "access", "auth", "client", "session", "subscription", "x"}
 _NOT_A_CREDENTIAL_TOKEN = {"max", "min", "budget", "stop", "special", "bos", "eos", "pad", "unk", "sep", "cls", "mask"}
 _QUERY_CREDENTIAL_NAMES = {"key", "keys", "token", "code", "sig"}
-
-_AUTH_SCHEME = re.compile(r"^\s*(bearer|basic|token|digest|apikey|api-key|key)\s+\S", re.I)
-_PREFIX_INSIDE = re.compile(
-    r"(^|[^A-Za-z0-9])(sk-[A-Za-z0-9_-]{3,}|nvapi-[A-Za-z0-9_-]{3,}|gh[pos]_[A-Za-z0-9]{3,}|github_pat_\w{3,}"
-    r"|(AKIA|ASIA)[A-Z0-9]{12,}|xox[bp]-[A-Za-z0-9-]{3,}|hf_[A-Za-z0-9]{3,})"
-)
-_JWT = re.compile(r"eyJ[A-Za-z0-9_-]{4,}\.eyJ[A-Za-z0-9_-]{4,}\.")
-_TOKEN_RUN = re.compile(r"[A-Za-z0-9+/_=]{32,}")
-_HEX_TOKEN = re.compile(r"(?<![0-9A-Fa-f])[0-9A-Fa-f]{32,}(?![0-9A-Fa-f])")
 
 PLACEHOLDER_MIN_LENGTH = 8
 """Key values shorter than this are placeholders (``none``, ``EMPTY``, ``dummy``), not secrets to scan for."""
@@ -120,32 +107,6 @@ PLACEHOLDER_VALUES = frozenset(
 )
 
 
-def is_env_var_name(value: str) -> bool:
-    """True if ``value`` can be taken for an environment-variable name rather than a literal key.
-
-    A name is upper case, digits and underscores (``NVIDIA_API_KEY``, ``GPT4_API_KEY``) and reads like words:
-    no known key prefix, no run of five digits or of eight hex characters with digits among them, no word of
-    more than 32 characters, no word alternating letters and digits (``A1B2C3``), and at most a third digits.
-    Anything else is a literal key, and must never be echoed.
-    """
-    if not _UPPER_NAME.match(value) or value.startswith(_KEY_PREFIXES):
-        return False
-    if _DIGIT_RUN.search(value):
-        return False
-    if any(sum(c.isdigit() for c in run) >= 2 for run in _HEX_RUN.findall(value)):
-        return False
-    digits = sum(c.isdigit() for c in value)
-    if digits >= 3 and digits * 3 > len(value):
-        return False
-    for word in value.split("_"):
-        if len(word) > _LONGEST_WORD:
-            return False
-        switches = sum(1 for a, b in itertools.pairwise(word) if a.isdigit() != b.isdigit())
-        if switches >= 4:
-            return False
-    return True
-
-
 def is_credential_header(name: str) -> bool:
     """A header name that carries a credential (``Authorization``, ``X-API-Keys``, ``X-JWT-Assertion``, ...)."""
     lowered = name.strip().lower()
@@ -174,27 +135,9 @@ def is_credential_key(name: str) -> bool:
     return any(w.endswith("password") or w.endswith("secret") or w.endswith("apikey") for w in words)
 
 
-def _strong_credential(text: str) -> bool:
-    return bool(_AUTH_SCHEME.match(text) or _PREFIX_INSIDE.search(text) or _JWT.search(text))
-
-
-def looks_like_credential(value: str) -> bool:
-    """A string that looks like a key or token: an auth scheme (``Bearer ...``), a known key prefix anywhere
-    (``sk-``, ``nvapi-``, ...), a JWT, a run of 32 or more hex characters, a run of 32 or more letters and
-    digits mixed, or an all-capitals literal key (``LIVEKEY7F3A9C0D1E2B55``)."""
-    text = value.strip()
-    if not text:
-        return False
-    if _strong_credential(text) or _HEX_TOKEN.search(text):
-        return True
-    for run in _TOKEN_RUN.findall(text):
-        if any(c.isdigit() for c in run) and any(c.isalpha() for c in run) and not run.startswith("/"):
-            return True
-    return bool(_UPPER_NAME.match(text)) and len(text) >= 12 and not is_env_var_name(text)
-
-
 def _path_holds_key(path: str) -> bool:
-    return any(_strong_credential(segment) for segment in path.split("/"))
+    """A segment of a URL's path (or fragment) that looks like a key; ids are ordinary there."""
+    return any(credential_shape(segment, ids_ordinary=True) is not None for segment in path.split("/"))
 
 
 def url_credentials(url: str) -> str | None:
@@ -209,9 +152,9 @@ def url_credentials(url: str) -> str | None:
     for name, value in parse_qsl(parts.query, keep_blank_values=True):
         if is_credential_key(name) or (_words(name) or [""])[-1] in _QUERY_CREDENTIAL_NAMES:
             return f"query parameter {_safe_key(name)} carries a credential"
-        if looks_like_credential(value):
+        if credential_shape(value) is not None:
             return f"query parameter {_safe_key(name)} holds a value that looks like a credential"
-    if _path_holds_key(parts.path) or _strong_credential(parts.fragment):
+    if _path_holds_key(parts.path) or _path_holds_key(parts.fragment):
         return "the URL's path looks like it holds a key"
     return None
 
@@ -230,11 +173,11 @@ def redact_url(url: str) -> str:
 
 
 def _safe_key(name: str) -> str:
-    return "<redacted>" if looks_like_credential(name) else repr(name)
+    return "<redacted>" if credential_shape(name) is not None else repr(name)
 
 
 def _child(path: str, key: str) -> str:
-    if looks_like_credential(key):
+    if credential_shape(key) is not None:
         return f"{path}[<redacted>]"
     return f"{path}.{key}" if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key) else f"{path}[{key!r}]"
 
@@ -246,14 +189,14 @@ def body_credentials(tree: Any, path: str) -> list[str]:
     if isinstance(tree, Mapping):
         for key, value in tree.items():
             where = _child(path, str(key))
-            if is_credential_key(str(key)) or looks_like_credential(str(key)):
+            if is_credential_key(str(key)) or credential_shape(str(key)) is not None:
                 found.append(where)
             else:
                 found.extend(body_credentials(value, where))
     elif isinstance(tree, list | tuple):
         for index, item in enumerate(tree):
             found.extend(body_credentials(item, f"{path}[{index}]"))
-    elif isinstance(tree, str) and looks_like_credential(tree):
+    elif isinstance(tree, str) and credential_shape(tree) is not None:
         found.append(path)
     return found
 
@@ -377,19 +320,26 @@ def captured_secret(
 
     - it holds the value of one of ``secrets`` (name to value: :func:`secret_values`), whatever its shape;
     - given under ``name`` (a variable, a flag without its dashes, ``name=`` of an argument), a name that says it
-      holds a credential with a value of 8 characters or more, or a value that looks like a key
-      (``server_env_secret``);
-    - else, unless ``shaped`` is false (prose: a prompt, a comment), a value that looks like a key (``value_secret``).
+      holds a credential with a value of 8 characters or more, or a value that looks like a key (as
+      ``server_env_secret`` judges ``server.env``);
+    - else, unless ``shaped`` is false (prose: a prompt, a comment), a value that looks like a key
+      (``credential_shape`` where ids are ordinary, as in ``server.env``).
 
     The reason says which secret by its variable's name, or why it looks like one; never the value."""
     held = held_secret(value, secrets)
     if held is not None:
         return holds_secret(held)
     if name is not None:
-        why = "its name says it holds a credential" if named_credential(name, value) else value_secret(value)
+        why = "its name says it holds a credential" if named_credential(name, value) else _shape(value)
     else:
-        why = value_secret(value) if shaped else None
+        why = _shape(value) if shaped else None
     return None if why is None else f"looks like a secret ({why}; not shown)"
+
+
+def _shape(value: str) -> str | None:
+    """The secret policy's judgment of a captured value: a command line's or an environment's, where ids such as a
+    git revision are ordinary (as in ``server.extra_args`` and ``server.env``)."""
+    return credential_shape(value, ids_ordinary=True)
 
 
 def args_secrets(args: Sequence[str], secrets: Mapping[str, str]) -> list[tuple[int, str]]:
@@ -413,16 +363,17 @@ def secret_names(env: Mapping[str, str], named: Iterable[str] = (), *, kept: Col
     """The variables of ``env`` that hold secrets: those ``named`` (the API-key variables of the providers, the MCP
     servers' key variables, the deployments' ``server.env_from``: :func:`settings_secret_names`) and every other,
     but ``kept``, whose name or value looks like a credential. An absolute path is never a credential by its
-    variable's name (``PWD``, ``SSH_AUTH_SOCK``, ``GOOGLE_APPLICATION_CREDENTIALS``), nor a value with a path
-    separator by its shape."""
+    variable's name (``PWD``, ``SSH_AUTH_SOCK``, ``GOOGLE_APPLICATION_CREDENTIALS``), and a value with a path
+    separator is judged as one where ids are ordinary (``credential_shape(..., ids_ordinary=True)``): paths merely
+    hold long names."""
     names = set(named)
     for name, value in env.items():
         if name in kept:
             continue
         place = PurePath(value.strip()).is_absolute()  # a place, not a key, whatever its variable is called
         by_name = is_credential_key(name) and len(value) >= PLACEHOLDER_MIN_LENGTH and not place
-        by_value = looks_like_credential(value) and os.sep not in value  # not paths that merely hold long names
-        if by_name or by_value or server_env_secret(name, value) is not None:
+        by_value = credential_shape(value, ids_ordinary=os.sep in value) is not None
+        if by_name or by_value or named_credential(name, value):
             names.add(name)
     return {name for name in names if name in env}
 
