@@ -13,7 +13,18 @@ from typing import Any
 import msgspec
 import pytest
 
-from ddslurm.config import ConfigFileError, RunFile, load_run_file, read_json, sha256_bytes, sha256_file
+from ddslurm.config import (
+    ConfigFileError,
+    ProviderSnapshot,
+    RunFile,
+    load_run_file,
+    read_json,
+    read_yaml,
+    recipe_with_models,
+    sha256_bytes,
+    sha256_file,
+    to_builtins,
+)
 from ddslurm.config import Plan as PlanRecord
 from ddslurm.launcher import BuilderError, LoadedRecipe, SubmitError, load_run_recipe, prepare, write_run_dir
 from ddslurm.launcher.testing import accept_recipe, write_unit_run
@@ -180,6 +191,42 @@ def test_prepare_from_a_builder_script_plans_what_the_equivalent_yaml_recipe_pla
     assert stored["data_designer"]["seed_config"]["source"]["path"] == str(layout.seed_dir / "seed.csv")
 
 
+@pytest.mark.parametrize(
+    ("params", "runs_with"),
+    [
+        pytest.param("temperature=0.3", 12, id="unset-sized"),
+        pytest.param("temperature=0.3, max_parallel_requests=4", 4, id="explicit-4-kept"),
+    ],
+)
+def test_a_builders_max_parallel_requests_is_kept_only_when_the_script_sets_it(
+    tmp_path: Path, params: str, runs_with: int
+) -> None:
+    """Data Designer writes every field of a model config, its default ``max_parallel_requests: 4`` included: the
+    stored recipe keeps the field only when the script set it, so a deployed alias whose script left it out runs
+    with the plan's replicas x capacity and one whose script chose 4 keeps 4, at submit and on the node."""
+    deployment = (
+        "client_workers: 1\n"
+        "deployments:\n"
+        "- {model_alias: writer, model: org/writer, replicas: 2, server: {extra_args: ['--max-num-seqs=6']}}\n"
+    )
+    run, profile, env = write_unit_run(tmp_path, KEY, run_extra=deployment)
+    profile.write_text(profile.read_text() + "gpus_per_node: 4\n")
+    body = BUILDER.replace("temperature=0.3, max_parallel_requests=8", params)
+    assert body != BUILDER
+    _script(tmp_path / "build.py", body=body)
+    _use_recipe(run, "build.py")
+    prepared = prepare(run, profile, env, datetime.now(UTC), check_recipe=accept_recipe)
+    stored = to_builtins(read_yaml(tmp_path / "recipe.yaml", text=prepared.recipe_bytes.decode()))["data_designer"][
+        "model_configs"
+    ][0]["inference_parameters"]
+    assert stored.get("max_parallel_requests") == (4 if runs_with == 4 else None)
+    assert stored["temperature"] == 0.3  # every other field as Data Designer wrote it
+    snapshot = msgspec.json.decode(prepared.snapshot_bytes, type=ProviderSnapshot)
+    assert prepared.plan.serving is not None and prepared.plan.serving.deployments[0].max_parallel_requests == 12
+    node = recipe_with_models({}, snapshot, prepared.plan.serving)  # the node's model configs
+    assert node["model_configs"][0]["inference_parameters"]["max_parallel_requests"] == runs_with
+
+
 def _dd_cli_yaml_in(script: Path) -> str:
     import os
 
@@ -230,7 +277,12 @@ def test_a_structured_columns_schema_reaches_the_run_in_the_builders_field_order
     _script(tmp_path / "build.py", STRUCTURED)
     _use_recipe(run, "build.py:with_answer")
     prepared = prepare(run, profile, env, datetime.now(UTC), check_recipe=accept_recipe)
-    columns = {c["name"]: c for c in json.loads(prepared.recipe_bytes)["data_designer"]["columns"]}
+    columns = {
+        c["name"]: c
+        for c in to_builtins(read_yaml(tmp_path / "recipe.yaml", text=prepared.recipe_bytes.decode()))["data_designer"][
+            "columns"
+        ]
+    }
     schema = columns["answer"]["output_format"]
     assert list(schema["properties"]) == ["verdict", "reason", "confidence"], schema
     assert schema["properties"]["confidence"]["description"] == "from 0 to 9"

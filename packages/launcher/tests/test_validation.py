@@ -11,9 +11,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
-from ddslurm.config import AttemptRecord, read_json
+from ddslurm.config import AttemptRecord, ProviderSnapshot, parallel_requests, read_json, recipe_with_models
 from ddslurm.launcher import Slurm, SubmitError, prepare, run_status, submit, write_run_dir
 from ddslurm.launcher._process import Answer
 from ddslurm.launcher.testing import (
@@ -136,10 +137,20 @@ def test_a_recipe_without_model_columns_is_validated_too(tmp_path: Path) -> None
     assert check.problems == () and [c.name for c in check.columns or ()] == ["n", "e"], check
 
 
-def test_submit_validates_the_recipe_with_the_max_parallel_requests_the_node_uses(tmp_path: Path) -> None:
-    """A local alias whose recipe leaves ``max_parallel_requests`` at Data Designer's default is validated with the
-    plan's replicas x capacity, the value the node runs it with."""
-    recipe = RECIPE.replace("{{ no_such_column }}", "something").replace("max_parallel_requests: 8", "timeout: 30")
+@pytest.mark.parametrize(
+    ("own", "runs_with"),
+    [
+        pytest.param("timeout: 30", 12, id="absent-sized"),
+        pytest.param("max_parallel_requests: 4, timeout: 30", 4, id="explicit-4-kept"),
+    ],
+)
+def test_submit_validates_the_recipe_with_the_max_parallel_requests_the_node_uses(
+    tmp_path: Path, own: str, runs_with: int
+) -> None:
+    """A local alias whose model config leaves ``max_parallel_requests`` out is validated with the plan's replicas x
+    capacity, the value the node runs it with; one that sets it, to Data Designer's default of 4 as much as to any
+    other value, keeps its own, at submit and on the node alike."""
+    recipe = RECIPE.replace("{{ no_such_column }}", "something").replace("max_parallel_requests: 8", own)
     deployment = (
         "client_workers: 1\n"  # one client: it alone keeps the replicas' capacity in flight
         "deployments:\n"
@@ -157,7 +168,12 @@ def test_submit_validates_the_recipe_with_the_max_parallel_requests_the_node_use
 
     prepared = prepare(run, profile, env, datetime.now(UTC), host=Recording())
     assert prepared.plan.serving is not None
-    assert prepared.plan.serving.deployments[0].max_parallel_requests == 12
+    assert prepared.plan.serving.deployments[0].max_parallel_requests == 12  # what the replicas run at once
     [model] = seen[0]["recipe"]["data_designer"]["model_configs"]
     assert model["alias"] == "writer"
-    assert model["inference_parameters"] == {"temperature": 0.3, "timeout": 30, "max_parallel_requests": 12}
+    assert model["inference_parameters"] == {"temperature": 0.3, "timeout": 30, "max_parallel_requests": runs_with}
+    # the node builds its model configs with the same function, from the run's snapshot and plan
+    snapshot = msgspec.json.decode(prepared.snapshot_bytes, type=ProviderSnapshot)
+    node = recipe_with_models({}, snapshot, prepared.plan.serving)
+    assert node["model_configs"][0]["inference_parameters"]["max_parallel_requests"] == runs_with
+    assert parallel_requests(snapshot, prepared.plan.serving) == {"writer": runs_with}

@@ -1,5 +1,6 @@
-"""max_parallel_requests of local aliases: sized from the plan's replicas x capacity, unless the recipe sets its own;
-hosted aliases exactly as the recipe says."""
+"""max_parallel_requests of local aliases: sized from the plan's replicas x capacity, unless the model config sets its
+own (any value, Data Designer's default of 4 included: "chosen" means present); hosted aliases exactly as the recipe
+says."""
 
 from __future__ import annotations
 
@@ -26,16 +27,16 @@ SNAPSHOT = ProviderSnapshot(
         SnapshotProvider(name="hosted", endpoint="https://h/v1", api_key_env="H_KEY"),
         *(
             SnapshotProvider(name=f"ddslurm-local-{a}", endpoint="", api_key_env="DDSLURM_LOCAL_TOKEN", local=True)
-            for a in ("gen", "judge", "fixed")
+            for a in ("gen", "judge", "fixed", "four")
         ),
     ),
     models=(
-        # Written by Data Designer: it always carries max_parallel_requests, here at its default.
+        # Inference parameters without max_parallel_requests: not chosen.
         SnapshotModel(
             alias="gen",
             model="g",
             provider="ddslurm-local-gen",
-            inference_parameters={"temperature": 0.5, "max_parallel_requests": DD_DEFAULT_MAX_PARALLEL_REQUESTS},
+            inference_parameters={"temperature": 0.5},
             source="deployment",
         ),
         SnapshotModel(alias="judge", model="j", provider="ddslurm-local-judge", source="deployment"),
@@ -44,6 +45,14 @@ SNAPSHOT = ProviderSnapshot(
             model="f",
             provider="ddslurm-local-fixed",
             inference_parameters={"max_parallel_requests": 16},
+            source="deployment",
+        ),
+        # A deliberate 4, Data Designer's default: chosen, so kept.
+        SnapshotModel(
+            alias="four",
+            model="4",
+            provider="ddslurm-local-four",
+            inference_parameters={"max_parallel_requests": DD_DEFAULT_MAX_PARALLEL_REQUESTS},
             source="deployment",
         ),
         SnapshotModel(
@@ -73,7 +82,13 @@ def _deployment(alias: str, replicas: int, capacity: int | None) -> DeploymentPl
 
 
 SERVING = ServingPlan(
-    deployments=(_deployment("gen", 3, 8), _deployment("judge", 1, 256), _deployment("fixed", 2, 8)), gpus=6
+    deployments=(
+        _deployment("gen", 3, 8),
+        _deployment("judge", 1, 256),
+        _deployment("fixed", 2, 8),
+        _deployment("four", 2, 8),
+    ),
+    gpus=8,
 )
 
 
@@ -86,12 +101,15 @@ def test_local_aliases_get_replicas_times_capacity_unless_the_recipe_sets_its_ow
     assert models["gen"]["inference_parameters"] == {"temperature": 0.5, "max_parallel_requests": 24}
     assert models["judge"]["inference_parameters"] == {"max_parallel_requests": 256}
     assert models["fixed"]["inference_parameters"] == {"max_parallel_requests": 16}  # the recipe's own value
+    assert models["four"]["inference_parameters"] == {"max_parallel_requests": 4}  # a deliberate 4 is the recipe's too
     # Hosted aliases exactly as the recipe says, the default included.
     assert models["writer"]["inference_parameters"] == {"max_parallel_requests": 4, "top_p": 0.9}
     assert "inference_parameters" not in models["plain"]
-    assert SNAPSHOT.models[0].inference_parameters == {"temperature": 0.5, "max_parallel_requests": 4}  # untouched
+    assert SNAPSHOT.models[0].inference_parameters == {"temperature": 0.5}  # untouched
     assert sized_parallel_requests(SNAPSHOT, SERVING) == {"gen": 24, "judge": 256}
-    assert parallel_requests(SNAPSHOT, SERVING) == {"gen": 24, "judge": 256, "fixed": 16, "writer": 4, "plain": 4}
+    assert parallel_requests(SNAPSHOT, SERVING) == {
+        "gen": 24, "judge": 256, "fixed": 16, "four": 4, "writer": 4, "plain": 4,
+    }  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -136,7 +154,7 @@ def test_data_designer_reads_the_sized_recipe_and_its_default_is_ours() -> None:
     }
     builder = dd.DataDesignerConfigBuilder.from_config(recipe_with_models(recipe, SNAPSHOT, SERVING))
     got = {m.alias: m.inference_parameters.max_parallel_requests for m in builder.model_configs}
-    assert got == {"gen": 24, "judge": 256, "fixed": 16, "writer": 4, "plain": 4}
+    assert got == {"gen": 24, "judge": 256, "fixed": 16, "four": 4, "writer": 4, "plain": 4}
 
 
 def test_deployed_aliases_skip_data_designers_health_check_and_hosted_ones_keep_it() -> None:
@@ -144,7 +162,7 @@ def test_deployed_aliases_skip_data_designers_health_check_and_hosted_ones_keep_
     check (a request per model before generating) would only cost seconds per shard."""
     models = _models(recipe_with_models(RECIPE, SNAPSHOT, SERVING))
     assert {a: m["skip_health_check"] for a, m in models.items()} == {
-        "gen": True, "judge": True, "fixed": True, "writer": False, "plain": False,
+        "gen": True, "judge": True, "fixed": True, "four": True, "writer": False, "plain": False,
     }  # fmt: skip
     hosted_only = _models(recipe_with_models(RECIPE, SNAPSHOT, None))
     assert not any(m["skip_health_check"] for m in hosted_only.values())

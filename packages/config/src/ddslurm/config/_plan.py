@@ -83,9 +83,9 @@ class DeploymentPlan(Frozen, frozen=True, kw_only=True):
     max_parallel_requests: int | None = None
     """Requests each Data Designer client keeps in flight to this alias: replicas x ``capacity``, divided among the
     allocation's ``client_workers`` (rounded up), so that the clients together never send more than the replicas
-    run at once. The node puts it in the alias's model config unless the recipe sets its own
-    ``max_parallel_requests`` (anything but Data Designer's default); None (older plans): the recipe's value
-    stands."""
+    run at once. The node puts it in the alias's model config unless that sets its own
+    ``max_parallel_requests`` (any value, Data Designer's default of 4 included); None (older plans): the recipe's
+    value stands."""
 
     engine: Engine = "vllm"
     pipeline_parallel: int = 1

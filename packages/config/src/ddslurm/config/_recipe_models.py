@@ -17,38 +17,42 @@ DD_DEFAULT_REQUEST_TIMEOUT_S = 60
 client's ``timeout_s``, 60 s, in 0.9.x and 1.0)."""
 DD_DEFAULT_MAX_PARALLEL_REQUESTS = 4
 """Data Designer's default ``inference_parameters.max_parallel_requests`` (``BaseInferenceParams`` in
-``data_designer/config/models.py``: ``Field(default=4, ge=1)``, 0.9.7). A recipe that Data Designer wrote always
-carries the field, so a model config with this value has not chosen one (``tests`` check it against the installed
-Data Designer, which this module does not import on the submit host)."""
+``data_designer/config/models.py``: ``Field(default=4, ge=1)``, 0.9.7): what an alias whose model config does not
+set the field runs with (``tests`` check it against the installed Data Designer, which this module does not import
+on the submit host)."""
+
+
+def chosen_parallel_requests(params: Mapping[str, Any] | None) -> Any:
+    """The ``max_parallel_requests`` a model config's ``inference_parameters`` chose: the field's value when it is
+    there, Data Designer's default of 4 included; None when the model config leaves it out (a builder script's YAML
+    carries only the fields the script set: ``ddslurm.runtime._builder``)."""
+    return (params or {}).get("max_parallel_requests")
 
 
 def sized_parallel_requests(snapshot: ProviderSnapshot, serving: ServingPlan | None) -> dict[str, int]:
     """The aliases whose ``max_parallel_requests`` ddslurm chooses, with the value: every locally deployed alias
-    whose model config leaves it unset (absent, or Data Designer's default) gets its deployment's replicas x
-    capacity from the plan. Hosted aliases, and a recipe's own value, are never changed."""
+    whose model config chose none (:func:`chosen_parallel_requests`) gets its deployment's replicas x capacity from
+    the plan. Hosted aliases, and a recipe's own value (4 as much as any other), are never changed."""
     if serving is None:
         return {}
     local = {p.name for p in snapshot.providers if p.local}
     planned = {d.alias: d.max_parallel_requests for d in serving.deployments if d.max_parallel_requests is not None}
-    sized: dict[str, int] = {}
-    for m in snapshot.models:
-        if m.provider not in local or m.alias not in planned:
-            continue
-        own = (m.inference_parameters or {}).get("max_parallel_requests", DD_DEFAULT_MAX_PARALLEL_REQUESTS)
-        if own == DD_DEFAULT_MAX_PARALLEL_REQUESTS:
-            sized[m.alias] = planned[m.alias]
-    return sized
+    return {
+        m.alias: planned[m.alias]
+        for m in snapshot.models
+        if m.provider in local and m.alias in planned and chosen_parallel_requests(m.inference_parameters) is None
+    }
 
 
 def parallel_requests(snapshot: ProviderSnapshot, serving: ServingPlan | None) -> dict[str, Any]:
     """The ``max_parallel_requests`` Data Designer runs each alias with (what the client logs): the plan's value
     for sized local aliases, else the model config's own, else Data Designer's default."""
     sized = sized_parallel_requests(snapshot, serving)
-    return {
-        m.alias: sized.get(m.alias)
-        or (m.inference_parameters or {}).get("max_parallel_requests", DD_DEFAULT_MAX_PARALLEL_REQUESTS)
-        for m in snapshot.models
-    }
+    out: dict[str, Any] = {}
+    for m in snapshot.models:
+        chosen = chosen_parallel_requests(m.inference_parameters)
+        out[m.alias] = sized.get(m.alias, DD_DEFAULT_MAX_PARALLEL_REQUESTS if chosen is None else chosen)
+    return out
 
 
 def request_timeout_s(params: Mapping[str, Any] | None) -> int:
@@ -65,7 +69,7 @@ def recipe_with_models(
     checked: Collection[str] = (),
 ) -> dict[str, Any]:
     """The recipe with its model configs replaced by the snapshot's (hosted ones kept exactly), and each local
-    alias's ``max_parallel_requests`` sized from the plan's deployments unless the recipe sets its own
+    alias's ``max_parallel_requests`` sized from the plan's deployments unless its model config chose one
     (:func:`sized_parallel_requests`). A deployed alias skips Data Designer's health check (a request to the model
     before generating, seconds per shard): the controller has already checked that each replica answers and serves
     the model's name before any client may run. ``hosted_wait_s``: how long the client's gate may hold a hosted

@@ -206,6 +206,37 @@ def _to_yaml(value: Any, function: str, path: Path, line: int | None) -> str:
     )
 
 
+PARALLEL_REQUESTS = "max_parallel_requests"
+
+
+def only_chosen_parallel_requests(value: Any, text: str) -> str:
+    """``text`` (the YAML Data Designer wrote for ``value``, a config a builder returned) without the
+    ``max_parallel_requests`` of each model config whose script did not set it: Data Designer writes every field,
+    its default of 4 included, and ddslurm sizes a deployed alias whose model config chose none
+    (``ddslurm.config.sized_parallel_requests``), so that only a value the script gave, 4 as much as any other, is
+    kept. Data Designer reads the config the same without it (the default). Data Designer's YAML is
+    ``yaml.dump(config.to_dict(), sort_keys=False)`` in every supported version; the config written again the same
+    way differs from it by those fields alone."""
+    import yaml
+    from data_designer.config.config_builder import BuilderConfig
+
+    config = value.data_designer if isinstance(value, BuilderConfig) else value
+    unset = set()
+    for model in getattr(config, "model_configs", None) or []:
+        chosen = getattr(model.inference_parameters, "model_fields_set", None)
+        if chosen is not None and PARALLEL_REQUESTS not in chosen:
+            unset.add(model.alias)
+    if not unset:
+        return text
+    tree = yaml.safe_load(text)
+    section = tree.get("data_designer", tree) if isinstance(tree, dict) else {}
+    for entry in section.get("model_configs") or []:
+        params = entry.get("inference_parameters")
+        if entry.get("alias") in unset and isinstance(params, dict):
+            params.pop(PARALLEL_REQUESTS, None)
+    return str(yaml.dump(tree, indent=2, sort_keys=False))
+
+
 def _as_data_designers_cli() -> None:
     """Import Data Designer's interface before the script, as its CLI has when it loads a config source, where a
     plugin is installed: a plugin whose module imports the engine loads then (in the other order Data Designer 0.9
@@ -248,7 +279,7 @@ def build(payload: Mapping[str, Any]) -> dict[str, Any]:
                 value = stage_builder(value, int(payload.get("stage") or 0), payload.get("seed"))
         elif payload.get("stage"):
             raise BuilderFailure(f"{function}() no longer returns a workflow (its stages run one after another)")
-        text = _to_yaml(value, function, path, line)
+        text = only_chosen_parallel_requests(value, _to_yaml(value, function, path, line))
     except BuilderFailure as failure:
         return {"ok": False, "error": failure.message, "file": failure.file, "line": failure.line}
     changes = round_trip_changes(value, text)
