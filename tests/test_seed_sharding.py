@@ -22,7 +22,7 @@ import pytest
 
 from ddslurm.config import RunLayout, partition_seed
 from ddslurm.launcher._seed import capture_seed
-from ddslurm.planner import SeedPool, plan_shards
+from ddslurm.planner import plan_shards
 
 pytestmark = pytest.mark.dd
 
@@ -103,7 +103,7 @@ def engine_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[Case, list[tup
                 recipe = _recipe(seed, sampling, selection)
                 captured = capture_seed(recipe, folder / "recipe.yaml", RunLayout(folder / "run"))
                 assert captured is not None and captured.plan.rows == rows
-                specs = plan_shards(records, shards, SeedPool(captured.plan.pool_start, captured.plan.pool_size))
+                specs = plan_shards(records, shards, captured.plan.pool)
                 case.append((len(jobs), len(specs)))
                 jobs.append({"recipe": recipe, "records": records})  # the oracle: one plain run
                 jobs += [{"recipe": partition_seed(recipe, spec), "records": spec.num_records} for spec in specs]

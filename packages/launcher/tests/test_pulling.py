@@ -176,10 +176,10 @@ def test_the_bill_says_why_shard_sizes_and_task_counts_are_what_they_are(
 
 
 def test_the_bill_says_seeded_shards_follow_the_passes_over_the_seed(tmp_path: Path) -> None:
-    from ddslurm.config import SeedPlan
-    from ddslurm.planner import SeedPool, plan_shards
+    from ddslurm.config import SeedPlan, SeedRows
+    from ddslurm.planner import plan_shards
 
-    specs = plan_shards(30, 4, SeedPool(0, 25))  # one pass of 25 rows, then 5 records of the next
+    specs = plan_shards(30, 4, SeedRows.of(0, 25))  # one pass of 25 rows, then 5 records of the next
     seed = SeedPlan(seed_type="local", kind="file", root="seed", path="s.csv", files=(), rows=25, pool_size=25)
     plan = msgspec.structs.replace(make_plan("run-1", tuple(s.num_records for s in specs)), seed=seed)
     bill = make_bill(plan, [], [], ProviderSnapshot())

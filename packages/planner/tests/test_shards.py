@@ -12,12 +12,12 @@ from collections import Counter
 
 import pytest
 
-from ddslurm.config import ShardSpec
-from ddslurm.planner import PlanError, SeedPool, plan_shards
+from ddslurm.config import SeedRows, ShardSpec
+from ddslurm.planner import PlanError, plan_shards
 
 
-def _ordered_unsharded(records: int, pool: SeedPool) -> list[int]:
-    return [pool.start + j % pool.size for j in range(records)]
+def _ordered_unsharded(records: int, pool: SeedRows) -> list[int]:
+    return [pool.start + j % pool.rows for j in range(records)]
 
 
 def _ordered_sharded(specs: tuple[ShardSpec, ...]) -> list[int]:
@@ -55,7 +55,7 @@ GRID = [
 def test_ordered_shards_use_exactly_the_rows_of_an_unsharded_run(
     rows: int, records: int, shards: int, start: int
 ) -> None:
-    pool = SeedPool(start=start, size=rows)
+    pool = SeedRows.of(start, rows)
     specs = plan_shards(records, shards, pool)
     _check_contiguous(specs, records, shards)
     assert _ordered_sharded(specs) == _ordered_unsharded(records, pool)
@@ -68,7 +68,7 @@ def test_ordered_shards_use_exactly_the_rows_of_an_unsharded_run(
 def test_shuffled_shards_use_every_row_as_often_as_an_unsharded_run(rows: int, records: int, shards: int) -> None:
     """SHUFFLE reads a fresh permutation of a shard's block per cycle: the rows every shard surely uses (its
     whole cycles) plus at most one random remainder must give each row floor or ceil of records/rows uses."""
-    specs = plan_shards(records, shards, SeedPool(start=0, size=rows))
+    specs = plan_shards(records, shards, SeedRows.of(0, rows))
     certain: Counter[int] = Counter()
     random_parts = 0
     for spec in specs:
@@ -89,18 +89,18 @@ def test_shuffled_shards_use_every_row_as_often_as_an_unsharded_run(rows: int, r
 
 @pytest.mark.parametrize(("records", "shards"), [(60, 7), (20, 3), (10, 10), (1000, 7)])
 def test_records_within_one_cycle_split_evenly(records: int, shards: int) -> None:
-    sizes = [s.num_records for s in plan_shards(records, shards, SeedPool(0, records))]
+    sizes = [s.num_records for s in plan_shards(records, shards, SeedRows.of(0, records))]
     assert max(sizes) - min(sizes) <= 1
     assert [s.num_records for s in plan_shards(records, shards)] == sizes
 
 
 def test_the_reported_cases_now_match_data_designers_blocks() -> None:
-    specs = plan_shards(60, 7, SeedPool(0, 60))
+    specs = plan_shards(60, 7, SeedRows.of(0, 60))
     assert [(s.first_record, s.num_records, s.seed_start, s.seed_end) for s in specs][:2] == [
         (0, 9, 0, 8),
         (9, 9, 9, 17),
     ]
-    specs = plan_shards(20, 3, SeedPool(0, 20))
+    specs = plan_shards(20, 3, SeedRows.of(0, 20))
     assert [(s.seed_start, s.seed_end) for s in specs] == [(0, 6), (7, 13), (14, 19)]
 
 
@@ -110,8 +110,8 @@ def test_no_seed_means_no_block() -> None:
 
 @pytest.mark.parametrize(
     ("records", "shards", "pool", "message"),
-    [(5, 0, None, "at least 1"), (3, 4, None, "exceeds num_records"), (5, 2, SeedPool(0, 0), "at least one")],
+    [(5, 0, None, "at least 1"), (3, 4, None, "exceeds num_records"), (5, 2, SeedRows.of(0, 0), "at least one")],
 )
-def test_plan_shards_refuses(records: int, shards: int, pool: SeedPool | None, message: str) -> None:
+def test_plan_shards_refuses(records: int, shards: int, pool: SeedRows | None, message: str) -> None:
     with pytest.raises(PlanError, match=message):
         plan_shards(records, shards, pool)

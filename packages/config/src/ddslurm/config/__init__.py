@@ -164,6 +164,7 @@ from ddslurm.config._slurm_names import (
     batch_output_task,
     parse_array_task,
 )
+from ddslurm.config._seed_rows import SeedRows, shard_seed_rows
 from ddslurm.config._snapshot import (
     SNAPSHOT_VERSION,
     ProviderSnapshot,
@@ -282,6 +283,7 @@ __all__ = [
     "SchedulerLimits",
     "SeedKind",
     "SeedPlan",
+    "SeedRows",
     "ServerSpec",
     "ServingPlan",
     "ShardCancelRecord",
@@ -364,6 +366,7 @@ __all__ = [
     "named_credential",
     "sha256_bytes",
     "sha256_file",
+    "shard_seed_rows",
     "sized_parallel_requests",
     "split_stages",
     "stage_recipe",

@@ -12,6 +12,7 @@ from ddslurm.config._prediction import Prediction
 from ddslurm.config._prices import Prices
 from ddslurm.config._records import FileEntry
 from ddslurm.config._runfile import Engine, HostedLimit, ResumeMode
+from ddslurm.config._seed_rows import SeedRows
 from ddslurm.config._spend import SpendForecast
 from ddslurm.config._workflow import WorkflowPlace
 
@@ -137,6 +138,11 @@ class ShardSpec(Frozen, frozen=True, kw_only=True):
     seed_end: int | None = None
     """Last seed row (inclusive) of the shard's block."""
 
+    @property
+    def seed_rows(self) -> SeedRows | None:
+        """The shard's block of seed rows (:func:`~ddslurm.config.shard_seed_rows` chose it); None without a seed."""
+        return None if self.seed_start is None or self.seed_end is None else SeedRows(self.seed_start, self.seed_end)
+
 
 SeedKind = Literal["file", "files", "directory"]
 
@@ -164,6 +170,11 @@ class SeedPlan(Frozen, frozen=True, kw_only=True):
     shuffle_seed: int | None = None
     """With ``sampling: shuffle``: the seed of every shard's fixed permutation of its seed block (chosen once at
     submit), so that each attempt, resume, rerun and fill of a shard reads its rows in the same random order."""
+
+    @property
+    def pool(self) -> SeedRows:
+        """The recipe's own selection of seed rows, which the shards' blocks divide."""
+        return SeedRows.of(self.pool_start, self.pool_size)
 
 
 class RecipeSource(Frozen, frozen=True, kw_only=True):

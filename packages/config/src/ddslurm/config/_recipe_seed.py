@@ -14,11 +14,12 @@ def partition_seed(recipe: Mapping[str, Any], spec: ShardSpec) -> Mapping[str, A
     """The recipe reading exactly the shard's block of the seed dataset (``IndexRange`` from the plan).
 
     The planner chose the block so that the shard uses the seed rows an unsharded run would use for the same
-    records (see ``ddslurm.planner._shards``); a shard without a block (no seed dataset) is left as it is.
+    records (:func:`~ddslurm.config.shard_seed_rows`); a shard without a block (no seed dataset) is left as it is.
     """
     seed = recipe_section(recipe).get("seed_config")
-    if spec.seed_start is None or spec.seed_end is None or not isinstance(seed, dict):
+    rows = spec.seed_rows
+    if rows is None or not isinstance(seed, dict):
         return recipe
     out = copy.deepcopy(dict(recipe))
-    recipe_section(out)["seed_config"]["selection_strategy"] = {"start": spec.seed_start, "end": spec.seed_end}
+    recipe_section(out)["seed_config"]["selection_strategy"] = rows.selection()
     return out

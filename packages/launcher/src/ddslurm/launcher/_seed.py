@@ -22,7 +22,7 @@ from typing import Any
 
 import msgspec
 
-from ddslurm.config import FileEntry, RunLayout, SeedKind, SeedPlan, recipe_section, sha256_file
+from ddslurm.config import FileEntry, RunLayout, SeedKind, SeedPlan, SeedRows, recipe_section, sha256_file
 from ddslurm.launcher._recipe_at import recipe_field_at
 from ddslurm.launcher.errors import SubmitError
 from ddslurm.providers import holds_secret
@@ -118,20 +118,20 @@ def _files(recipe_path: Path, seed_type: str, source: dict[str, Any]) -> tuple[S
     return "directory", root, files, "."
 
 
-def _pool(recipe_path: Path, seed: dict[str, Any], rows: int) -> tuple[int, int]:
-    """The recipe's own selection of seed rows as (first row, rows), checked the way Data Designer checks it."""
+def _pool(recipe_path: Path, seed: dict[str, Any], rows: int) -> SeedRows:
+    """The recipe's own selection of seed rows, checked the way Data Designer checks it."""
     selection = seed.get("selection_strategy")
     if selection is None:
-        return 0, rows
+        return SeedRows.of(0, rows)
     if not isinstance(selection, dict):
         raise _field(recipe_path, "selection_strategy", "must be an index range {start, end} or a partition block")
     if "start" in selection or "end" in selection:
-        start, end = int(selection.get("start", 0)), int(selection.get("end", -1))
-        if not 0 <= start <= end:
-            raise _field(recipe_path, "selection_strategy", f"start {start} and end {end} are not a range")
-        if end >= rows:
-            raise _field(recipe_path, "selection_strategy.end", f"{end} is past the seed dataset's {rows} rows")
-        return start, end - start + 1
+        pool = SeedRows(int(selection.get("start", 0)), int(selection.get("end", -1)))
+        if not 0 <= pool.start <= pool.end:
+            raise _field(recipe_path, "selection_strategy", f"start {pool.start} and end {pool.end} are not a range")
+        if pool.end >= rows:
+            raise _field(recipe_path, "selection_strategy.end", f"{pool.end} is past the seed dataset's {rows} rows")
+        return pool
     index, parts = int(selection.get("index", 0)), int(selection.get("num_partitions", 1))
     if not 0 <= index < parts:
         raise _field(recipe_path, "selection_strategy.index", f"{index} is not a partition of {parts}")
@@ -140,7 +140,7 @@ def _pool(recipe_path: Path, seed: dict[str, Any], rows: int) -> tuple[int, int]
     from data_designer.config.seed import PartitionBlock
 
     block = PartitionBlock(index=index, num_partitions=parts).to_index_range(rows)  # DD's own arithmetic
-    return block.start, block.size
+    return SeedRows(block.start, block.end)
 
 
 def shuffle_seed(run_id: str) -> int:
@@ -222,7 +222,7 @@ def capture_seed(
         raise _field(recipe_path, "source", f"Data Designer cannot read the seed dataset: {exc}") from exc
     if rows < 1:
         raise _field(recipe_path, "source", "the seed dataset has no rows")
-    pool_start, pool_size = _pool(recipe_path, seed, rows)
+    pool = _pool(recipe_path, seed, rows)
     root = layout.seed_dir if kind == "file" else layout.seed_dir / (src_root.name or "seed")
     entries = tuple(
         FileEntry(path=str(f.relative_to(src_root)), size=f.stat().st_size, sha256=sha256_file(f)) for f in files
@@ -237,8 +237,8 @@ def capture_seed(
         path=stored_path,
         files=entries,
         rows=rows,
-        pool_start=pool_start,
-        pool_size=pool_size,
+        pool_start=pool.start,
+        pool_size=pool.rows,
         sampling="shuffle" if sampling == "shuffle" else "ordered",
         shuffle_seed=shuffle_seed(layout.run_id) if sampling == "shuffle" else None,
     )

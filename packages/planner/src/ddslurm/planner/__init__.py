@@ -34,7 +34,7 @@ from ddslurm.planner._limits import (
     plural,
     refuse_if_over,
 )
-from ddslurm.planner._shards import SeedPool, plan_shards
+from ddslurm.planner._shards import plan_shards
 from ddslurm.planner._stages import Staging, plan_stages
 from ddslurm.planner.errors import LimitError, PlanError
 
@@ -49,7 +49,6 @@ __all__ = [
     "LimitError",
     "PlanError",
     "PlanInputs",
-    "SeedPool",
     "Staging",
     "SubmissionPlan",
     "array_spec",

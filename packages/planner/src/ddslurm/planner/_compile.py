@@ -46,7 +46,7 @@ from ddslurm.planner._cost import (
     proxies_cpus,
 )
 from ddslurm.planner._cpu_stage import cpu_stage_workers
-from ddslurm.planner._shards import SeedPool, plan_shards
+from ddslurm.planner._shards import plan_shards
 from ddslurm.planner._spend import forecast_spend
 from ddslurm.planner._stages import plan_stages
 from ddslurm.planner.errors import PlanError
@@ -499,7 +499,7 @@ def _shards(run: RunFile, seed: SeedPlan | None) -> tuple[ShardSpec, ...]:
         raise PlanError(
             f"shards: {run.shards} shards for {run.num_records} records; every shard needs at least one record"
         )
-    return plan_shards(run.num_records, run.shards, None if seed is None else SeedPool(seed.pool_start, seed.pool_size))
+    return plan_shards(run.num_records, run.shards, None if seed is None else seed.pool)
 
 
 def client_serving(

@@ -1,37 +1,21 @@
-"""The one function that decides every shard's records and, with a seed dataset, its block of seed rows.
+"""The one function that decides every shard's records and, with a seed dataset, places the shard boundaries so
+that each shard has a block of seed rows.
 
-Data Designer reads a seed dataset through a selection ``[start, end]`` (the whole dataset by default) of
-``M`` rows. Record ``j`` of an unsharded run uses seed row ``start + j % M`` with ORDERED sampling; with
-SHUFFLE, every ``M`` consecutive records use each row of the selection once (in random order) and the last
-``R % M`` records a subset. A shard is given ``IndexRange(seed_start, seed_end)`` and Data Designer cycles
-through that range from its first row, so a shard of records ``[a, b)`` reproduces the unsharded run exactly
-when either
-
-* it stays inside one cycle of the selection (``a % M + (b - a) <= M``): its range is the rows
-  ``a % M .. a % M + (b - a) - 1``, or
-* it starts where a cycle starts (``a % M == 0``): its range is the whole selection, cycled.
-
-:func:`plan_shards` places the shard boundaries so that every shard satisfies one of the two, keeping the
-sizes as even as those rules allow: sizes differ by at most one whenever the records fit in one cycle
-(``num_records <= M``); otherwise shards hold whole cycles or parts of one cycle.
+Which rows a shard of records ``[a, b)`` reads is config's rule (:func:`ddslurm.config.shard_seed_rows`): a shard
+reproduces the unsharded run exactly when it stays inside one cycle of the recipe's selection of ``M`` rows
+(``a % M + (b - a) <= M``) or starts where a cycle starts (``a % M == 0``). :func:`plan_shards` places the
+boundaries so that every shard satisfies one of the two, keeping the sizes as even as those rules allow: sizes
+differ by at most one whenever the records fit in one cycle (``num_records <= M``); otherwise shards hold whole
+cycles or parts of one cycle.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-from dataclasses import dataclass
 
-from ddslurm.config import ShardSpec
+from ddslurm.config import SeedRows, ShardSpec, shard_seed_rows
 from ddslurm.planner.errors import PlanError
-
-
-@dataclass(frozen=True, slots=True)
-class SeedPool:
-    """The seed rows Data Designer samples from: ``size`` rows starting at row ``start``."""
-
-    start: int
-    size: int
 
 
 def _even(first: int, count: int, shards: int) -> list[tuple[int, int]]:
@@ -73,8 +57,9 @@ def _ranges(num_records: int, shards: int, cycle: int) -> list[tuple[int, int]]:
     return out
 
 
-def plan_shards(num_records: int, shards: int, seed: SeedPool | None = None) -> tuple[ShardSpec, ...]:
-    """Every shard's records and seed block. Without a seed: contiguous ranges whose sizes differ by at most one."""
+def plan_shards(num_records: int, shards: int, seed: SeedRows | None = None) -> tuple[ShardSpec, ...]:
+    """Every shard's records and its block of ``seed`` (the recipe's selection of seed rows). Without a seed:
+    contiguous ranges whose sizes differ by at most one."""
     if shards < 1:
         raise PlanError(f"shards must be at least 1, got {shards}")
     if shards > num_records:
@@ -84,21 +69,15 @@ def plan_shards(num_records: int, shards: int, seed: SeedPool | None = None) -> 
             ShardSpec(index=i, first_record=first, num_records=size)
             for i, (first, size) in enumerate(_even(0, num_records, shards))
         )
-    if seed.size < 1 or seed.start < 0:
-        raise PlanError(f"the seed dataset's selection has {seed.size} rows; Data Designer needs at least one")
+    if seed.rows < 1 or seed.start < 0:
+        raise PlanError(f"the seed dataset's selection has {seed.rows} rows; Data Designer needs at least one")
     specs: list[ShardSpec] = []
-    for index, (first, size) in enumerate(_ranges(num_records, shards, seed.size)):
-        offset = first % seed.size
-        rows = seed.size if offset == 0 and size >= seed.size else size
-        if offset + rows > seed.size:  # _ranges never does this; refuse rather than read the wrong rows
-            raise PlanError(f"shard {index} would cross a cycle of the seed dataset ({first}+{size} of {seed.size})")
+    for index, (first, size) in enumerate(_ranges(num_records, shards, seed.rows)):
+        try:  # _ranges never places a shard without a block; refuse rather than read the wrong rows
+            rows = shard_seed_rows(seed, first, size)
+        except ValueError as exc:
+            raise PlanError(f"shard {index}: {exc}") from None
         specs.append(
-            ShardSpec(
-                index=index,
-                first_record=first,
-                num_records=size,
-                seed_start=seed.start + offset,
-                seed_end=seed.start + offset + rows - 1,
-            )
+            ShardSpec(index=index, first_record=first, num_records=size, seed_start=rows.start, seed_end=rows.end)
         )
     return tuple(specs)

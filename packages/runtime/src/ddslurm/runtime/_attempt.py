@@ -25,6 +25,7 @@ from ddslurm.config import (
     AttemptState,
     Plan,
     RunLayout,
+    SeedRows,
     ShardLayout,
     SubmissionRecord,
     WinnerRecord,
@@ -81,8 +82,8 @@ from ddslurm.runtime.errors import (
 
 Engine = Callable[[EngineRequest], EngineResult]
 Clock = Callable[[], datetime]
-SeedReader = Callable[[Mapping[str, Any], int, int], Any]
-"""Reads seed rows ``start..end`` of a recipe's seed dataset as a ``pyarrow.Table`` (``read_seed_block``)."""
+SeedReader = Callable[[Mapping[str, Any], SeedRows], Any]
+"""Reads a block of seed rows of a recipe's seed dataset as a ``pyarrow.Table`` (``read_seed_block``)."""
 
 OUTAGE_PAUSE_CAP_S = 30.0
 """The longest pause between two tries of a provider that is unavailable."""
@@ -549,16 +550,16 @@ class AttemptRunner:
             return StageRun(staged, lambda: read_seed_file(seed_path), numbered=True, partial_input=first.partial)
         base = inputs.recipe if self._stage is None else stage_recipe(inputs.recipe, plan_split(plan.stages), 0)
         recipe = partition_seed(base, spec)
-        start, end = spec.seed_start, spec.seed_end
-        if plan.seed is None or start is None or end is None:
+        block = spec.seed_rows
+        if plan.seed is None or block is None:
             return StageRun(recipe, None)
         if plan.seed.sampling == "shuffle" and plan.seed.shuffle_seed is not None:
             seed = plan.seed.shuffle_seed
             ordered = fixed_seed_file(
-                shard.seed_order, lambda: shuffled_block(self._read_seed(recipe, start, end), seed, began.shard)
+                shard.seed_order, lambda: shuffled_block(self._read_seed(recipe, block), seed, began.shard)
             )
             return StageRun(recipe_reading(recipe, ordered), lambda: read_seed_file(ordered))
-        return StageRun(recipe, lambda: self._read_seed(recipe, start, end), plan.seed.sampling)
+        return StageRun(recipe, lambda: self._read_seed(recipe, block), plan.seed.sampling)
 
     def _fill(
         self,

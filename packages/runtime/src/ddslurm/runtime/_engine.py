@@ -19,6 +19,7 @@ from ddslurm.config import (
     PluginRecord,
     ProviderSnapshot,
     RecipeSource,
+    SeedRows,
     ServingPlan,
     SnapshotModel,
     SnapshotProvider,
@@ -487,9 +488,10 @@ def seed_reader(source: Mapping[str, Any]) -> Any:
     return SeedReaderRegistry(readers).get_reader(config.source, EnvironmentResolver())
 
 
-def read_seed_block(recipe: Mapping[str, Any], start: int, end: int) -> Any:
-    """Seed rows ``start..end`` (inclusive) of the recipe's seed dataset, in order, as Data Designer's own seed
-    reader produces them (hydrated rows for directory sources), as a ``pyarrow.Table``."""
+def read_seed_block(recipe: Mapping[str, Any], block: SeedRows) -> Any:
+    """The seed rows ``block`` (a shard's: :func:`~ddslurm.config.shard_seed_rows`) of the recipe's seed dataset,
+    in order, as Data Designer's own seed reader produces them (hydrated rows for directory sources), as a
+    ``pyarrow.Table``."""
     import pyarrow as pa
     from data_designer.config.seed import IndexRange
 
@@ -498,7 +500,7 @@ def read_seed_block(recipe: Mapping[str, Any], start: int, end: int) -> Any:
         raise EngineError("the recipe has no seed dataset", retryable=False)
     reader = seed_reader(seed["source"])
     batches = reader.create_batch_reader(
-        batch_size=end - start + 1, index_range=IndexRange(start=start, end=end), shuffle=False
+        batch_size=block.rows, index_range=IndexRange(start=block.start, end=block.end), shuffle=False
     )
     tables = []
     while True:
@@ -511,7 +513,7 @@ def read_seed_block(recipe: Mapping[str, Any], start: int, end: int) -> Any:
         else:
             tables.append(pa.Table.from_pandas(batch.to_pandas(), preserve_index=False))
     if not tables:
-        raise EngineError(f"the seed dataset has no rows {start}..{end}", retryable=False)
+        raise EngineError(f"the seed dataset has no rows {block.start}..{block.end}", retryable=False)
     return pa.concat_tables(tables, promote_options="default")
 
 
