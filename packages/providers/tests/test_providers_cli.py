@@ -10,8 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from ddslurm.providers import AliasRow, Resolution, check_endpoints, describe_run, load_recipe, resolve_run
+from ddslurm.config import load_run_file
+from ddslurm.providers import (
+    AliasRow,
+    Resolution,
+    check_endpoints,
+    describe_run,
+    describe_run_recipe,
+    load_recipe,
+    resolve_run,
+)
 from ddslurm.providers.cli import exit_code, format_table, main
+from ddslurm.providers.discovery import settings_dir
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "hosted-only"
 SECRET = "s3cr3t-VALUE-never-printed-9876543210"
@@ -297,5 +307,7 @@ def test_a_recipe_built_by_python_is_not_run_here_but_may_be_given_loaded(
     assert str(info.value).startswith(f"{run_file}:{line}:1: recipe: build.py:load_config_builder is built by Python")
     assert main([str(run_file)]) == 2 and "ddslurm providers RUN_FILE --profile" in capsys.readouterr().err
 
-    resolution = describe_run(run_file, os.environ, recipe=(recipe, run_file.parent / "build.py:load_config_builder()"))
+    run = load_run_file(run_file)
+    origin = run_file.parent / "build.py:load_config_builder()"
+    resolution = describe_run_recipe(run, run_file, recipe, origin, os.environ, settings_dir(os.environ))
     assert [row.alias for row in resolution.rows] == ["writer", "judge"] and not resolution.problems

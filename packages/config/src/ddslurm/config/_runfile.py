@@ -545,6 +545,12 @@ class Deployment(Frozen, frozen=True, kw_only=True):
     server: ServerSpec = msgspec.field(default_factory=ServerSpec)
     """How each replica is started (below)."""
 
+    @property
+    def served_name(self) -> str:
+        """The model name the servers answer to and the alias's requests name: ``served_model_name``, else
+        ``model`` (the plan's ``served_model_name``, the snapshot's model of the alias)."""
+        return self.served_model_name or self.model
+
 
 class Submission(Frozen, frozen=True, kw_only=True):
     """Scheduler settings of the generation jobs. ``None`` means "take the profile's default"."""

@@ -1,9 +1,11 @@
 """The run's model aliases as ``submit`` resolves them, and what their hosted endpoints answer.
 
 One path for ``submit`` (and its dry run) and ``ddslurm providers``: the recipe is loaded by
-:func:`~ddslurm.launcher._recipe.load_run_recipe` (a builder script runs in the profile's ``python_env``), Data
-Designer's settings get the MCP providers the script gives, and every alias the recipe uses is resolved, its
-problems listed rather than raised (``providers`` shows them in its table; ``submit`` refuses them).
+:func:`~ddslurm.launcher._recipe.load_run_recipe` (a builder script runs in the profile's ``python_env``), and
+every alias it uses is resolved by the providers' one resolution of a run
+(:func:`ddslurm.providers.describe_run_recipe`, which ``ddslurm-providers`` uses too, with the MCP providers the
+script gives), its problems listed rather than raised (``providers`` shows them in its table; ``submit`` refuses
+them).
 
 ``submit --check-endpoints`` asks each hosted provider's ``/models`` with the key
 (:func:`ddslurm.providers.check_endpoints`, as ``providers --check`` does) before anything is written, and refuses
@@ -20,14 +22,7 @@ from ddslurm.launcher._doctor_checks import field_place
 from ddslurm.launcher._python_env import python_env_problem, runtime_command
 from ddslurm.launcher._recipe import LoadedRecipe, StageRequest, load_run_recipe
 from ddslurm.launcher.errors import SubmitError
-from ddslurm.providers import (
-    AliasRow,
-    Origin,
-    Resolution,
-    describe,
-    load_settings,
-    with_given_mcp_providers,
-)
+from ddslurm.providers import AliasRow, Resolution, describe_run_recipe
 from ddslurm.providers.discovery import settings_dir
 
 EndpointCheck = Callable[[Resolution, Mapping[str, str]], Resolution]
@@ -51,9 +46,8 @@ def run_aliases(
     a builder script), and every alias it uses resolved against Data Designer's settings in ``dd_home`` and the
     MCP providers the script gives; the problems that would stop a submission are in the resolution."""
     loaded = load_run_recipe(run, run_path, env, dd_home, runtime=runtime, stage=stage)
-    settings = with_given_mcp_providers(load_settings(dd_home), loaded.given_mcp_providers())
-    resolution = describe(
-        loaded.data, Origin(loaded.origin), settings, run.deployments, env, run_origin=Origin(run_path)
+    resolution = describe_run_recipe(
+        run, run_path, loaded.data, loaded.origin, env, dd_home, given_mcp_providers=loaded.given_mcp_providers()
     )
     return loaded, resolution
 

@@ -298,7 +298,7 @@ def plan_serving(
             DeploymentPlan(
                 alias=dep.model_alias,
                 model=dep.model,
-                served_model_name=dep.served_model_name or dep.model,
+                served_model_name=dep.served_name,
                 tensor_parallel=dep.tensor_parallel,
                 replicas=replicas,
                 startup_timeout=dep.server.startup_timeout,

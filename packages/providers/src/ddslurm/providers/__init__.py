@@ -4,7 +4,7 @@ Only :mod:`ddslurm.providers.discovery` looks at the home directory; everything 
 and an explicit environment mapping.
 """
 
-from ddslurm.providers._capture import describe_run, load_recipe, resolve_run
+from ddslurm.providers._capture import describe_run, describe_run_recipe, load_recipe, resolve_run
 from ddslurm.providers._check import EndpointChecker, Fetch, check_endpoints, urllib_fetch
 from ddslurm.providers._compare import same_model_config
 from ddslurm.providers._mcp import describe_mcp, tool_provider_uses
@@ -82,6 +82,7 @@ __all__ = [
     "describe",
     "describe_mcp",
     "describe_run",
+    "describe_run_recipe",
     "held_secret",
     "holds_secret",
     "is_credential_header",

@@ -1,13 +1,15 @@
-"""Capture: load a run's recipe and Data Designer's settings and resolve them into a snapshot."""
+"""Capture: a run's recipe and Data Designer's settings resolved into a snapshot, by one function for every
+command that resolves a run's aliases (:func:`describe_run_recipe`: ``ddslurm-providers``, ``ddslurm providers``,
+``submit`` and its dry run)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ddslurm.config import ConfigFileError, load_run_file, locate, parse_recipe_ref, read_yaml, to_builtins
-from ddslurm.providers._native import Origin, load_settings
+from ddslurm.config import ConfigFileError, RunFile, load_run_file, locate, parse_recipe_ref, read_yaml, to_builtins
+from ddslurm.providers._native import Origin, load_settings, with_given_mcp_providers
 from ddslurm.providers._resolve import Resolution, describe
 from ddslurm.providers.discovery import settings_dir
 from ddslurm.providers.errors import ResolutionError
@@ -30,17 +32,29 @@ def resolve_run(run_path: Path, env: Mapping[str, str]) -> Resolution:
     return resolution
 
 
-def describe_run(
-    run_path: Path, env: Mapping[str, str], *, recipe: tuple[Mapping[str, Any], Path] | None = None
+def describe_run_recipe(
+    run: RunFile,
+    run_path: Path,
+    recipe: Mapping[str, Any],
+    recipe_origin: Path,
+    env: Mapping[str, str],
+    dd_home: Path,
+    *,
+    given_mcp_providers: Sequence[tuple[Mapping[str, Any], Origin]] = (),
 ) -> Resolution:
+    """Every alias of ``run``'s recipe (``recipe``, already loaded; ``recipe_origin`` names it in problems)
+    resolved against ``run``'s deployments and Data Designer's settings in ``dd_home``, with the MCP providers a
+    builder script gives Data Designer (``given_mcp_providers``) first: the one resolution of a run, whichever
+    command asks. Problems are in the resolution, not raised (files that cannot be read still raise)."""
+    settings = with_given_mcp_providers(load_settings(dd_home), given_mcp_providers)
+    return describe(recipe, Origin(recipe_origin), settings, run.deployments, env, run_origin=Origin(run_path))
+
+
+def describe_run(run_path: Path, env: Mapping[str, str]) -> Resolution:
     """Like :func:`resolve_run`, but problems are returned with the rows rather than raised (files that cannot
-    be read still raise). ``recipe``: the run's recipe already loaded, and how errors name it (a recipe built by
-    a Python script is loaded by the launcher, which runs the script); otherwise the run file's config file."""
+    be read still raise). A recipe built by a Python script is refused: the launcher runs the script and resolves
+    what it returns with :func:`describe_run_recipe` (``ddslurm providers --profile``)."""
     run = load_run_file(run_path)
-    if recipe is not None:
-        data, origin = recipe
-        settings = load_settings(settings_dir(env))
-        return describe(data, Origin(origin), settings, run.deployments, env, run_origin=Origin(run_path))
     ref = parse_recipe_ref(run.recipe)
     if ref.kind != "config":
         line, col = locate(read_yaml(run_path), ["recipe"])
@@ -52,7 +66,5 @@ def describe_run(
             col=col,
             field="recipe",
         )
-    recipe_path = (run_path.parent / run.recipe).resolve()
-    loaded = load_recipe(recipe_path)
-    settings = load_settings(settings_dir(env))
-    return describe(loaded, Origin(recipe_path), settings, run.deployments, env, run_origin=Origin(run_path))
+    recipe_path = (run_path.parent / ref.target).resolve()
+    return describe_run_recipe(run, run_path, load_recipe(recipe_path), recipe_path, env, settings_dir(env))

@@ -301,7 +301,7 @@ def describe(
         if alias in local:
             dep = local[alias][1]
             pname = f"{LOCAL_PROVIDER_PREFIX}{alias}"
-            served = dep.served_model_name or dep.model
+            served = dep.served_name
             params = model_entry[0].inference_parameters if model_entry else None
             snap_providers[pname] = SnapshotProvider(name=pname, endpoint="", api_key_env=LOCAL_TOKEN_ENV, local=True)
             snap_models.append(
