@@ -19,11 +19,9 @@ from ddslurm.config import (
     RunFile,
     load_run_file,
     read_json,
-    read_yaml,
     recipe_with_models,
     sha256_bytes,
     sha256_file,
-    to_builtins,
 )
 from ddslurm.config import Plan as PlanRecord
 from ddslurm.launcher import BuilderError, LoadedRecipe, SubmitError, load_run_recipe, prepare, write_run_dir
@@ -213,14 +211,13 @@ def test_a_builders_max_parallel_requests_is_kept_only_when_the_script_sets_it(
     profile.write_text(profile.read_text() + "gpus_per_node: 4\n")
     body = BUILDER.replace("temperature=0.3, max_parallel_requests=8", params)
     assert body != BUILDER
-    _script(tmp_path / "build.py", body=body)
+    script = _script(tmp_path / "build.py", body=body)
     _use_recipe(run, "build.py")
     prepared = prepare(run, profile, env, datetime.now(UTC), check_recipe=accept_recipe)
-    stored = to_builtins(read_yaml(tmp_path / "recipe.yaml", text=prepared.recipe_bytes.decode()))["data_designer"][
-        "model_configs"
-    ][0]["inference_parameters"]
-    assert stored.get("max_parallel_requests") == (4 if runs_with == 4 else None)
-    assert stored["temperature"] == 0.3  # every other field as Data Designer wrote it
+    written = _dd_cli_yaml(script)  # Data Designer's own text, which always has the field
+    assert "      max_parallel_requests: 4\n" in written
+    dropped = "" if runs_with == 4 else "      max_parallel_requests: 4\n"
+    assert prepared.recipe_bytes.decode() == written.replace(dropped, "", 1)  # all else as Data Designer wrote it
     snapshot = msgspec.json.decode(prepared.snapshot_bytes, type=ProviderSnapshot)
     assert prepared.plan.serving is not None and prepared.plan.serving.deployments[0].max_parallel_requests == 12
     node = recipe_with_models({}, snapshot, prepared.plan.serving)  # the node's model configs
@@ -277,12 +274,7 @@ def test_a_structured_columns_schema_reaches_the_run_in_the_builders_field_order
     _script(tmp_path / "build.py", STRUCTURED)
     _use_recipe(run, "build.py:with_answer")
     prepared = prepare(run, profile, env, datetime.now(UTC), check_recipe=accept_recipe)
-    columns = {
-        c["name"]: c
-        for c in to_builtins(read_yaml(tmp_path / "recipe.yaml", text=prepared.recipe_bytes.decode()))["data_designer"][
-            "columns"
-        ]
-    }
+    columns = {c["name"]: c for c in json.loads(prepared.recipe_bytes)["data_designer"]["columns"]}
     schema = columns["answer"]["output_format"]
     assert list(schema["properties"]) == ["verdict", "reason", "confidence"], schema
     assert schema["properties"]["confidence"]["description"] == "from 0 to 9"
