@@ -157,6 +157,7 @@ from ddslurm.config._runfile import (
     server_env_secret,
 )
 from ddslurm.config._secret_policy import AUTH_SCHEMES, KEY_PREFIXES, credential_shape, is_env_var_name
+from ddslurm.config._seed_rows import SeedRows, shard_seed_rows
 from ddslurm.config._slurm_names import (
     BATCH_OUTPUT_PATTERN,
     ArrayTask,
@@ -164,7 +165,6 @@ from ddslurm.config._slurm_names import (
     batch_output_task,
     parse_array_task,
 )
-from ddslurm.config._seed_rows import SeedRows, shard_seed_rows
 from ddslurm.config._snapshot import (
     SNAPSHOT_VERSION,
     ProviderSnapshot,
