@@ -5,7 +5,8 @@ DdslurmError                   root of every error any ddslurm package raises (e
     ├── ConfigFileError        a file could not be read or parsed (names file:line:col and field)
     │   └── ConfigFileErrors   several problems of one file, each a ConfigFileError
     ├── UnsafePathError        a path is a symbolic link, not owned as expected, or already exists
-    └── LockHeldError          another process holds a lock past the wait (``exclusive_lock``)
+    ├── LockHeldError          another process holds a lock past the wait (``exclusive_lock``)
+    └── InspectProtocolError   a ``ddslurm-runtime inspect`` message of another protocol version, or unreadable
 """
 
 from __future__ import annotations
@@ -82,3 +83,13 @@ class LockHeldError(ConfigError):
         super().__init__(message)
         self.path = path
         self.holder = holder
+
+
+class InspectProtocolError(ConfigError):
+    """A ``ddslurm-runtime inspect`` request or answer this side cannot read (``ddslurm.config.decode_request``,
+    ``decode_answer``): of another protocol version (``theirs``: the one it says; None when it says none, or is no
+    JSON object), or not of the shape this version gives it. The message names both versions."""
+
+    def __init__(self, message: str, *, theirs: int | None) -> None:
+        super().__init__(message)
+        self.theirs = theirs
