@@ -219,17 +219,18 @@ def test_python_env_may_hold_any_supported_data_designer_but_ddslurm_at_the_subm
 
 
 def test_python_env_must_read_the_plan_format_the_submit_host_writes() -> None:
-    from ddslurm.config import LAYOUT_VERSION, PLAN_VERSION
+    """(A runtime from before it said its plan format answers in no inspect protocol version: ``doctor`` says so,
+    ``test_engine_host.py``.)"""
+    import msgspec
+
+    from ddslurm.config import LAYOUT_VERSION, PLAN_VERSION, PlanFormat, VersionsAnswer, VersionsRequest
     from ddslurm.launcher._doctor_versions import judge_versions
     from ddslurm.runtime import NODE_DISTRIBUTIONS, answer_inspect, installed_versions
 
     ours = installed_versions(NODE_DISTRIBUTIONS)
-    answer = answer_inspect({"action": "versions"})
-    assert judge_versions(answer, ours, "/venv")[0]
-    older = {"versions": answer["versions"]}  # a runtime from before it said its plan format
-    ok, detail = judge_versions(older, ours, "/venv")
-    assert not ok and "its ddslurm-runtime does not say which plan format it reads" in detail
-    other = {**answer, "plan": {"version": PLAN_VERSION - 1, "layout": LAYOUT_VERSION}}
+    answer = answer_inspect(VersionsRequest())
+    assert isinstance(answer, VersionsAnswer) and judge_versions(answer, ours, "/venv")[0]
+    other = msgspec.structs.replace(answer, plan=PlanFormat(version=PLAN_VERSION - 1, layout=LAYOUT_VERSION))
     ok, detail = judge_versions(other, ours, "/venv")
     expected = f"reads plan {PLAN_VERSION - 1}, layout {LAYOUT_VERSION}; the submit host writes plan {PLAN_VERSION}"
     assert not ok and expected in detail

@@ -20,6 +20,8 @@ from ddslurm.launcher import (
     run_status,
     submit,
 )
+from ddslurm.launcher._engine_host import EngineHost
+from ddslurm.launcher._process import Finished
 from ddslurm.launcher.testing import FakeSlurm, InProcessHost, write_unit_run
 
 HOST = InProcessHost()
@@ -576,6 +578,6 @@ def test_a_python_env_with_any_supported_data_designer_is_submitted_and_its_vers
     assert read_json(done.layout.plan, Plan).data_designer_version == done.plan.data_designer_version
 
 
-class _Refusing:
-    def ask(self, runtime: Path, request: Mapping[str, object], **_: object) -> object:
-        raise AssertionError(f"a {request.get('action')} question reached a runtime process: {runtime}")
+class _Refusing(EngineHost):
+    def exchange(self, runtime: Path, request: str, **_: object) -> Finished:
+        raise AssertionError(f"a {request} question reached a runtime process: {runtime}")

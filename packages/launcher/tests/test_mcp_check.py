@@ -3,17 +3,26 @@ servers by the profile's ``python_env`` (Data Designer's MCP client there, ``dds
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from datetime import UTC, datetime
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
 
-from ddslurm.config import ProviderSnapshot, SnapshotMCPProvider
+from ddslurm.config import (
+    INSPECT_VERSION,
+    ErrorAnswer,
+    ProviderSnapshot,
+    SnapshotMCPProvider,
+    ToolsAnswer,
+    ToolsRequest,
+    decode_request,
+    encode_message,
+)
 from ddslurm.launcher import SubmitError, prepare
 from ddslurm.launcher._mcp_check import command_problems, dd_check_tools
 from ddslurm.launcher.testing import UNIT_RECIPE, accept_recipe, write_runtime_shim, write_unit_run
@@ -21,6 +30,7 @@ from ddslurm.providers import Origin, load_recipe
 from fake_vllm.mcp_server import calls, start_remote, stdio_command
 
 KEY = "remote-mcp-key-Zq81nVw0aa93Lkq"
+OURS = version("ddslurm-runtime")
 
 
 def _recipe(*configs: dict[str, Any]) -> dict[str, Any]:
@@ -273,7 +283,7 @@ def test_the_tools_are_listed_by_the_python_envs_runtime(tmp_path: Path) -> None
     )
     snapshot = ProviderSnapshot(mcp_providers=(local,))
     env = {"PATH": os.environ["PATH"], "TOKEN": token, "DATA_DESIGNER_HOME": str(tmp_path / "users-home")}
-    runtime = _python_env(tmp_path, '{"tools": {"local": ["only_in_python_env"]}, "errors": {}}')
+    runtime = _python_env(tmp_path, encode_message(ToolsAnswer(tools={"local": ("only_in_python_env",)})))
     allowed = _recipe({"tool_alias": "t", "providers": ["local"], "allow_tools": ["only_in_python_env"]})
     assert dd_check_tools(allowed, Origin(tmp_path / "r.yaml"), snapshot, env, tmp_path, runtime) == []
     asked = tmp_path / "asked"
@@ -281,9 +291,8 @@ def test_the_tools_are_listed_by_the_python_envs_runtime(tmp_path: Path) -> None
     home = (asked / "home").read_text()
     assert Path(home).name.startswith("ddslurm-mcp-check-") and (asked / "cwd").read_text().strip() == home
     assert not Path(home).exists()  # the scratch home is gone with the check
-    request = json.loads((asked / "request.json").read_text())
-    assert request.keys() == {"action", "snapshot", "timeout"} and request["action"] == "tools"
-    assert msgspec.convert(request["snapshot"], ProviderSnapshot) == snapshot and request["timeout"] == 30.0
+    request = decode_request((asked / "request.json").read_text())
+    assert request == ToolsRequest(snapshot=snapshot, timeout=30.0)
     assert token not in (asked / "request.json").read_text()
     other = _recipe({"tool_alias": "t", "providers": ["local"], "allow_tools": ["local_lookup"]})
     assert dd_check_tools(other, Origin(tmp_path / "r.yaml"), snapshot, env, tmp_path, runtime) == [
@@ -296,20 +305,30 @@ def test_the_tools_are_listed_by_the_python_envs_runtime(tmp_path: Path) -> None
     ("answer", "code", "says"),
     [
         pytest.param(
-            '{"tools": {}, "errors": {"local": "ConnectError: refused"}}', 0,
+            encode_message(ToolsAnswer(tools={}, errors={"local": "ConnectError: refused"})), 0,
             "data_designer.tool_configs[0].providers: MCP provider 'local': its tools could not be listed "
             "(ConnectError: refused); is the server up",
             id="the-servers-failure",
         ),
         pytest.param(
-            '{"tools": {}, "errors": {}}', 0,
+            encode_message(ToolsAnswer(tools={})), 0,
             "MCP provider 'local': its tools could not be listed (python_env's answer does not name it)",
             id="not-named",
         ),
         pytest.param(
-            '{"ok": false, "error": "inspecting the recipe failed: KeyError: x"}', 0,
+            encode_message(ErrorAnswer(error="inspecting the recipe failed: KeyError: x")), 0,
             "(the profile's python_env) could not list the MCP tools: inspecting the recipe failed: KeyError: x",
             id="its-error",
+        ),
+        pytest.param(
+            '{"tools": {"local": ["local_lookup"]}, "errors": {}}', 0,
+            "(the profile's python_env) could not list the MCP tools: "
+            f"{{python_env}}/bin/ddslurm-runtime (the profile's python_env {{python_env}}) answers in a form the "
+            "submit host cannot read: the answer says no inspect protocol version (it is older than the versioned "
+            f"protocol); this side speaks inspect protocol {INSPECT_VERSION}. The submit host has ddslurm-runtime "
+            f"{OURS} (inspect protocol {INSPECT_VERSION}): install the same ddslurm in python_env "
+            f"(ddslurm-runtime=={OURS})",
+            id="an-older-ddslurm",
         ),
         pytest.param(
             "Traceback: no module named ddslurm", 3,
@@ -321,6 +340,7 @@ def test_the_tools_are_listed_by_the_python_envs_runtime(tmp_path: Path) -> None
 def test_what_the_python_env_could_not_list_is_said(tmp_path: Path, answer: str, code: int, says: str) -> None:
     local = SnapshotMCPProvider(name="local", provider_type="stdio", command=sys.executable)
     runtime = _python_env(tmp_path, answer, code)
+    says = says.format(python_env=runtime.parent.parent)
     recipe = _recipe({"tool_alias": "t", "providers": ["local"], "allow_tools": ["local_lookup"]})
     env = {"PATH": os.environ["PATH"]}
     problems = dd_check_tools(

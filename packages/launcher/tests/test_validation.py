@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -14,9 +13,18 @@ from typing import Any
 import msgspec
 import pytest
 
-from ddslurm.config import AttemptRecord, ProviderSnapshot, parallel_requests, read_json, recipe_with_models
+from ddslurm.config import (
+    AttemptRecord,
+    CheckRequest,
+    ErrorAnswer,
+    InspectAnswer,
+    InspectRequest,
+    ProviderSnapshot,
+    parallel_requests,
+    read_json,
+    recipe_with_models,
+)
 from ddslurm.launcher import Slurm, SubmitError, prepare, run_status, submit, write_run_dir
-from ddslurm.launcher._process import Answer
 from ddslurm.launcher.testing import (
     UNIT_RECIPE,
     FakeSlurm,
@@ -158,18 +166,18 @@ def test_submit_validates_the_recipe_with_the_max_parallel_requests_the_node_use
     )
     run, profile, env = write_unit_run(tmp_path, "sk-validation-test-0123456789", recipe=recipe, run_extra=deployment)
     profile.write_text(profile.read_text() + "gpus_per_node: 4\n")
-    seen: list[dict[str, Any]] = []
+    seen: list[CheckRequest] = []
 
     class Recording(InProcessHost):  # the check's request, as the engine host receives it
-        def ask(self, runtime: Path, request: Mapping[str, Any], **kwargs: Any) -> Answer:
-            if request.get("action") == "check":
-                seen.append(dict(request))
-            return super().ask(runtime, request, **kwargs)
+        def answer(self, request: InspectRequest | ErrorAnswer) -> InspectAnswer:
+            if isinstance(request, CheckRequest):
+                seen.append(request)
+            return super().answer(request)
 
     prepared = prepare(run, profile, env, datetime.now(UTC), host=Recording())
     assert prepared.plan.serving is not None
     assert prepared.plan.serving.deployments[0].max_parallel_requests == 12  # what the replicas run at once
-    [model] = seen[0]["recipe"]["data_designer"]["model_configs"]
+    [model] = seen[0].recipe["data_designer"]["model_configs"]
     assert model["alias"] == "writer"
     assert model["inference_parameters"] == {"temperature": 0.3, "timeout": 30, "max_parallel_requests": runs_with}
     # the node builds its model configs with the same function, from the run's snapshot and plan

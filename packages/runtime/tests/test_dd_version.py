@@ -13,7 +13,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from ddslurm.config import AttemptRecord, Plan, encode, read_json
+from ddslurm.config import (
+    AttemptRecord,
+    CheckAnswer,
+    CheckRequest,
+    Plan,
+    VersionsAnswer,
+    VersionsRequest,
+    encode,
+    read_json,
+)
 from ddslurm.config.testing import make_plan
 from ddslurm.runtime import EXIT_FAILED, EXIT_OK, EngineRequest, EngineResult, answer_inspect, load_inputs
 from ddslurm.runtime._dd_version import check_data_designer
@@ -61,10 +70,11 @@ def test_another_version_is_refused_naming_both_and_what_to_do() -> None:
 
 def test_the_check_answer_says_which_data_designer_the_plan_records(tmp_path: Path) -> None:
     recipe = {"columns": [{"name": "x", "column_type": "sampler", "sampler_type": "uuid", "params": {}}]}
-    answer = answer_inspect({"action": "check", "recipe": recipe, "providers": [], "scratch": str(tmp_path)})
-    assert answer["problems"] == [], answer
-    assert answer["data_designer"] == INSTALLED
-    assert answer_inspect({"action": "versions"})["versions"]["data-designer"] == INSTALLED
+    answer = answer_inspect(CheckRequest(recipe=recipe, providers=(), scratch=str(tmp_path)))
+    assert isinstance(answer, CheckAnswer) and answer.problems == (), answer
+    assert answer.data_designer == INSTALLED
+    versions = answer_inspect(VersionsRequest())
+    assert isinstance(versions, VersionsAnswer) and versions.versions["data-designer"] == INSTALLED
 
 
 @pytest.mark.parametrize(

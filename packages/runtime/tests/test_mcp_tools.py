@@ -5,7 +5,6 @@ offers, listed by this environment's Data Designer (its own MCP client) from rea
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import subprocess
 import sys
@@ -14,7 +13,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from ddslurm.config import ProviderSnapshot, SnapshotMCPProvider
+from ddslurm.config import ProviderSnapshot, SnapshotMCPProvider, ToolsAnswer, ToolsRequest, encode_message
 from ddslurm.runtime import engine_environment
 from fake_vllm.mcp_server import calls, start_remote, stdio_command
 
@@ -24,15 +23,14 @@ REMOTE_KEY = "remote-mcp-key-Q81nVw0aa93Lkq77"
 STDIO_TOKEN = "stdio-token-PLm02kfj2n4vB61x"
 
 
-def _inspect(request: dict[str, object], env: dict[str, str], cwd: Path) -> dict[str, object]:
+def _inspect(request: ToolsRequest, env: dict[str, str], cwd: Path) -> ToolsAnswer:
     runtime = Path(sys.executable).parent / "ddslurm-runtime"
     done = subprocess.run(
-        [str(runtime), "inspect"], input=json.dumps(request), capture_output=True, text=True, env=env, cwd=cwd,
+        [str(runtime), "inspect"], input=encode_message(request), capture_output=True, text=True, env=env, cwd=cwd,
         timeout=300, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]
-    answer: dict[str, object] = json.loads(done.stdout)
-    return answer
+    return msgspec.json.decode(done.stdout, type=ToolsAnswer)
 
 
 def test_the_tools_action_lists_each_providers_tools_with_this_environments_keys(tmp_path: Path) -> None:
@@ -57,7 +55,7 @@ def test_the_tools_action_lists_each_providers_tools_with_this_environments_keys
                 ),
             )
         )  # fmt: skip
-        request = {"action": "tools", "snapshot": msgspec.to_builtins(snapshot), "timeout": 30}
+        request = ToolsRequest(snapshot=snapshot, timeout=30)
         env = {
             "PATH": os.environ["PATH"],
             "REMOTE_KEY": REMOTE_KEY,
@@ -66,10 +64,9 @@ def test_the_tools_action_lists_each_providers_tools_with_this_environments_keys
             **engine_environment(tmp_path / "home"),
         }
         answer = _inspect(request, env, tmp_path)
-    assert answer["tools"] == {"local": ["local_lookup"], "remote": ["remote_lookup"]}
-    errors = answer["errors"]
-    assert isinstance(errors, dict) and list(errors) == ["wrong-key"]
-    assert REMOTE_KEY not in json.dumps(answer) and "not-the-servers-key" not in json.dumps(answer)
+    assert answer.tools == {"local": ("local_lookup",), "remote": ("remote_lookup",)}
+    assert list(answer.errors) == ["wrong-key"]
+    assert REMOTE_KEY not in encode_message(answer) and "not-the-servers-key" not in encode_message(answer)
     # The stdio server got its ${VAR} value in its environment; listing called no tool.
     assert seen.read_text().strip() == hashlib.sha256(STDIO_TOKEN.encode()).hexdigest()
     assert calls(tmp_path / "local.jsonl") == [] and calls(tmp_path / "remote.jsonl") == []
@@ -84,10 +81,10 @@ def test_a_server_that_cannot_be_reached_is_said_and_the_others_still_listed(tmp
             SnapshotMCPProvider(name="local", provider_type="stdio", command=command, args=tuple(args)),
         )
     )
-    request = {"action": "tools", "snapshot": msgspec.to_builtins(snapshot), "timeout": 30}
+    request = ToolsRequest(snapshot=snapshot, timeout=30)
     env = {"PATH": os.environ["PATH"], **engine_environment(tmp_path / "home")}
     answer = _inspect(request, env, tmp_path)
-    assert answer["tools"] == {"local": ["local_lookup"]}
-    errors = answer["errors"]
-    assert isinstance(errors, dict) and sorted(errors) == ["broken", "down"] and errors["broken"]
+    assert answer.tools == {"local": ("local_lookup",)}
+    errors = answer.errors
+    assert sorted(errors) == ["broken", "down"] and errors["broken"]
     assert errors["down"] == "ConnectError: All connection attempts failed"  # the error, not the client's task group

@@ -11,7 +11,7 @@ import data_designer.config as dd
 import pytest
 from pydantic import BaseModel, Field
 
-from ddslurm.config import PluginRecord, RecipeSource, read_yaml, to_builtins
+from ddslurm.config import BuildRequest, PluginRecord, RecipeSource, UnknownType, read_yaml, to_builtins
 from ddslurm.runtime._builder import build, rebuilt_columns
 from ddslurm.runtime._node_recipe import node_builder, request_difference, round_trip_changes
 from ddslurm.runtime._plugins import check_plugins, unknown_types, used_plugins
@@ -201,11 +201,11 @@ def test_the_builder_writes_the_configs_own_key_order(tmp_path: Path, monkeypatc
     script = tmp_path / "build.py"
     script.write_text(STRUCTURED_SCRIPT)
     monkeypatch.chdir(tmp_path)
-    answer = build({"script": str(script), "function": "load_config_builder", "run_dir": str(tmp_path)})
-    assert answer["ok"], answer
-    columns = _as_the_node_reads(answer["yaml"])["data_designer"]["columns"]
+    answer = build(BuildRequest(script=str(script), function="load_config_builder", run_dir=str(tmp_path)))
+    assert answer.ok, answer
+    columns = _as_the_node_reads(answer.yaml)["data_designer"]["columns"]
     assert list(columns[-1]["output_format"]["properties"]) == ORDER
-    assert answer["rebuild"] == ["loud"] and "cannot read it back" in answer["changes"]["loud"], answer
+    assert answer.rebuild == ("loud",) and "cannot read it back" in answer.changes["loud"], answer
 
 
 def test_the_node_builder_puts_the_builders_columns_back_with_the_stored_drop(tmp_path: Path) -> None:
@@ -248,10 +248,10 @@ def test_types_no_plugin_provides_are_named_with_where_they_are() -> None:
         "processors": [{"name": "p", "processor_type": "no-such-processor", "column_names": ["a"]}],
         "seed_config": {"source": {"seed_type": "local", "path": "x.csv"}},
     }
-    assert unknown_types(recipe) == [
-        {"where": "column 'b'", "field": "column_type", "type": "no-such-column"},
-        {"where": "processor 'p'", "field": "processor_type", "type": "no-such-processor"},
-    ]
+    assert unknown_types(recipe) == (
+        UnknownType(where="column 'b'", field="column_type", type="no-such-column"),
+        UnknownType(where="processor 'p'", field="processor_type", type="no-such-processor"),
+    )
     assert used_plugins(recipe) == ()
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from ddslurm.config import CheckAnswer, CheckRequest, RunConfigProblem
 from ddslurm.runtime import answer_inspect
 from ddslurm.runtime._run_config import applied_run_config, engine_run_config, run_config_problems
 from ddslurm.runtime.errors import RecipeError
@@ -46,13 +47,14 @@ def test_a_run_config_the_data_designer_here_refuses_is_recipe_invalid_naming_th
 
 def test_the_inspect_check_answers_what_runconfig_refuses_beside_the_recipes_check(tmp_path: Path) -> None:
     answer = answer_inspect(
-        {"action": "check", "recipe": RECIPE, "providers": [], "scratch": str(tmp_path),
-         "run_config": {"max_in_flight_tasks": 0, "disable_early_shutdown": True}}
+        CheckRequest(recipe=RECIPE, providers=(), scratch=str(tmp_path),
+                     run_config={"max_in_flight_tasks": 0, "disable_early_shutdown": True})
     )  # fmt: skip
-    assert answer["run_config"] == [
-        {"field": "max_in_flight_tasks", "message": "Input should be greater than or equal to 1 (got 0)"}
-    ]
-    assert answer["columns"] is not None and answer["problems"] == []  # the recipe was still checked
+    assert isinstance(answer, CheckAnswer), answer
+    assert answer.run_config == (
+        RunConfigProblem(field="max_in_flight_tasks", message="Input should be greater than or equal to 1 (got 0)"),
+    )
+    assert answer.columns is not None and answer.problems == ()  # the recipe was still checked
     assert run_config_problems({"disable_early_shutdown": True}) == []
     both = run_config_problems({"throttle": {}, "request_admission": {}})  # a check of two fields together
     assert [p.field for p in both] == [""] and "not both" in both[0].message

@@ -6,13 +6,14 @@ what a stage adds that no sharded run can do as Data Designer does is refused wi
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from ddslurm.config import RecipeSource
+from ddslurm.config import BuildAnswer, BuildRequest, RecipeSource, WorkflowShape, WorkflowStage
 from ddslurm.runtime._builder import build, rebuilt_columns
 from ddslurm.runtime.errors import RecipeError
 
@@ -45,28 +46,28 @@ def load_config_builder():
 """
 
 
-def _build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra: str = "", **request: object) -> dict:
+def _build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra: str = "", **request: Any) -> BuildAnswer:
     script = tmp_path / "build.py"
     script.write_text(SCRIPT.replace("{extra}", extra))
     monkeypatch.chdir(tmp_path)
-    return build({"script": str(script), "function": "load_config_builder", "run_dir": str(tmp_path), **request})
+    return build(BuildRequest(script=str(script), function="load_config_builder", run_dir=str(tmp_path), **request))
 
 
 def test_the_first_stage_is_what_a_plain_build_answers_with_the_workflows_shape(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     answer = _build(tmp_path, monkeypatch)
-    assert answer["ok"], answer
-    assert answer["workflow"] == {
-        "name": "chain",
-        "stages": [
-            {"name": "topics", "num_records": 5, "allow_empty": False},
-            {"name": "shout", "num_records": None, "allow_empty": False},
-        ],
-    }
-    config = yaml.safe_load(answer["yaml"])["data_designer"]
+    assert answer.ok, answer
+    assert answer.workflow == WorkflowShape(
+        name="chain",
+        stages=(
+            WorkflowStage(name="topics", num_records=5, allow_empty=False),
+            WorkflowStage(name="shout", num_records=None, allow_empty=False),
+        ),
+    )
+    config = yaml.safe_load(answer.yaml)["data_designer"]
     assert [c["name"] for c in config["columns"]] == ["topic"] and config["seed_config"] is None
-    assert answer["rebuild"] == []
+    assert answer.rebuild == ()
 
 
 def test_a_later_stage_is_seeded_from_the_stage_befores_dataset_as_data_designer_seeds_it(
@@ -76,14 +77,14 @@ def test_a_later_stage_is_seeded_from_the_stage_befores_dataset_as_data_designer
     dataset.mkdir()
     pq.write_table(pa.table({"topic": ["a", "a"]}), dataset / "part-00000.parquet")
     answer = _build(tmp_path, monkeypatch, stage=1, seed=str(dataset))
-    assert answer["ok"], answer
-    config = yaml.safe_load(answer["yaml"])["data_designer"]
+    assert answer.ok, answer
+    config = yaml.safe_load(answer.yaml)["data_designer"]
     assert config["seed_config"] == {
         "source": {"seed_type": "local", "path": f"{dataset}/*.parquet"},
         "sampling_strategy": "shuffle",
         "selection_strategy": None,
     }
-    assert answer["rebuild"] == ["loud"]  # the stage's custom column: the node takes it from that stage's builder
+    assert answer.rebuild == ("loud",)  # the stage's custom column: the node takes it from that stage's builder
 
 
 @pytest.mark.parametrize(
@@ -100,9 +101,9 @@ def test_a_stage_no_sharded_run_can_make_as_data_designer_does_is_refused_with_w
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra: str, refusal: str
 ) -> None:
     answer = _build(tmp_path, monkeypatch, extra=extra)
-    assert not answer["ok"]
-    assert answer["error"].startswith("load_config_builder() workflow 'chain', stage 2 'shout': " + refusal), answer
-    assert answer["file"] == str(tmp_path / "build.py") and answer["line"] == 11, answer
+    assert not answer.ok
+    assert answer.error.startswith("load_config_builder() workflow 'chain', stage 2 'shout': " + refusal), answer
+    assert answer.file == str(tmp_path / "build.py") and answer.line == 11, answer
 
 
 def test_a_builder_that_no_longer_returns_a_workflow_is_refused_for_a_later_stage(
@@ -113,8 +114,8 @@ def test_a_builder_that_no_longer_returns_a_workflow_is_refused_for_a_later_stag
         "import data_designer.config as dd\n\ndef load_config_builder():\n    return dd.DataDesignerConfigBuilder()\n"
     )
     monkeypatch.chdir(tmp_path)
-    answer = build({"script": str(script), "function": "load_config_builder", "run_dir": str(tmp_path), "stage": 1})
-    assert not answer["ok"] and "no longer returns a workflow" in answer["error"], answer
+    answer = build(BuildRequest(script=str(script), function="load_config_builder", run_dir=str(tmp_path), stage=1))
+    assert not answer.ok and "no longer returns a workflow" in answer.error, answer
 
 
 def test_the_node_takes_a_stages_columns_from_that_stages_builder(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ddslurm.config import RunFile, load_profile, load_run_file
 from ddslurm.launcher._doctor_checks import field_place
+from ddslurm.launcher._engine_host import RUNTIME_PROCESS, EngineHost
 from ddslurm.launcher._python_env import python_env_problem, runtime_command
 from ddslurm.launcher._recipe import LoadedRecipe, StageRequest, load_run_recipe
 from ddslurm.launcher.errors import SubmitError
@@ -40,12 +41,14 @@ def run_aliases(
     dd_home: Path,
     *,
     runtime: Path | None,
+    host: EngineHost = RUNTIME_PROCESS,
     stage: StageRequest | None = None,
 ) -> tuple[LoadedRecipe, Resolution]:
     """The run's recipe, loaded as ``submit`` loads it (``runtime``: ``<python_env>/bin/ddslurm-runtime``, which runs
-    a builder script), and every alias it uses resolved against Data Designer's settings in ``dd_home`` and the
-    MCP providers the script gives; the problems that would stop a submission are in the resolution."""
-    loaded = load_run_recipe(run, run_path, env, dd_home, runtime=runtime, stage=stage)
+    a builder script, asked through ``host``), and every alias it uses resolved against Data Designer's settings in
+    ``dd_home`` and the MCP providers the script gives; the problems that would stop a submission are in the
+    resolution."""
+    loaded = load_run_recipe(run, run_path, env, dd_home, runtime=runtime, host=host, stage=stage)
     resolution = describe_run_recipe(
         run, run_path, loaded.data, loaded.origin, env, dd_home, given_mcp_providers=loaded.given_mcp_providers()
     )

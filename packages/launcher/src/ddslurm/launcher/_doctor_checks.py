@@ -31,6 +31,7 @@ from ddslurm.config import (
     Resources,
     RunFile,
     UnsafePathError,
+    VersionsRequest,
     check_workspace,
     load_profile,
     load_run_file,
@@ -44,7 +45,7 @@ from ddslurm.launcher._process import Stopped
 from ddslurm.launcher._python_env import runtime_command, runtime_problem
 from ddslurm.launcher._recipe import script_environment, secret_names
 from ddslurm.launcher._slurm import Association, ClusterConfig, Slurm
-from ddslurm.launcher.errors import SlurmError, SubmitError
+from ddslurm.launcher.errors import InspectAnswerError, SlurmError, SubmitError
 from ddslurm.planner import parse_memory_mb
 from ddslurm.providers.discovery import settings_dir
 from ddslurm.runtime import NODE_DISTRIBUTIONS, installed_versions
@@ -306,17 +307,16 @@ def _python_env_check(facts: ClusterFacts, profile: ClusterProfile, run: RunFile
     try:
         hidden = secret_names(run, facts.env, settings_dir(facts.env))  # the shell's, without the run's keys
         env = script_environment(facts.env, hidden)
-        answer = facts.host.ask(runtime, {"action": "versions"}, timeout_s=VERSIONS_TIMEOUT_S, env=env)
+        answer = facts.host.ask(runtime, VersionsRequest(), timeout_s=VERSIONS_TIMEOUT_S, env=env).answer
     except Stopped:
         return facts.check("python_env", "problem", f"{runtime} did not answer within {VERSIONS_TIMEOUT_S} s", field)
     except OSError as exc:
         return facts.check("python_env", "problem", f"cannot run {runtime}: {exc}", field)
-    theirs = (answer.value or {}).get("versions")
-    if not isinstance(theirs, dict):
-        said = (answer.value or {}).get("error") or answer.stderr.strip()[-300:] or f"exit {answer.returncode}"
-        detail = f"{runtime} does not say its versions (an older ddslurm-runtime than the submit host's?): {said}"
-        return facts.check("python_env", "problem", detail, field)
-    ok, detail = judge_versions(answer.value or {}, installed_versions(NODE_DISTRIBUTIONS), profile.python_env)
+    except InspectAnswerError as exc:
+        said = str(exc) if exc.answered else exc.stderr.strip()[-300:] or f"exit {exc.returncode}"
+        older = "" if exc.answered else " (an older ddslurm-runtime than the submit host's?)"
+        return facts.check("python_env", "problem", f"{runtime} does not say its versions{older}: {said}", field)
+    ok, detail = judge_versions(answer, installed_versions(NODE_DISTRIBUTIONS), profile.python_env)
     return facts.check("python_env", "ok", detail) if ok else facts.check("python_env", "problem", detail, field)
 
 

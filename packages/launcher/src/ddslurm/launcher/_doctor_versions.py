@@ -1,6 +1,7 @@
 """Whether the profile's ``python_env`` can run what this submit host plans: ``doctor``'s ``python_env`` check judges
-what ``<python_env>/bin/ddslurm-runtime inspect`` answers to ``{"action": "versions"}``
-(:func:`ddslurm.runtime._inspect.versions`) by compatibility, not equality:
+what ``<python_env>/bin/ddslurm-runtime inspect`` answers to a :class:`~ddslurm.config.VersionsRequest`
+(:func:`ddslurm.runtime._inspect.versions`) by compatibility, not equality (a ``python_env`` whose ddslurm speaks
+another inspect protocol gets no further: ``doctor`` says so, :mod:`ddslurm.launcher._engine_host`):
 
 - ddslurm's own distributions (``ddslurm-runtime``, ``ddslurm-config``) at the submit host's versions, reading the
   plan format the submit host writes (:data:`~ddslurm.config.PLAN_VERSION`, :data:`~ddslurm.config.LAYOUT_VERSION`):
@@ -14,12 +15,11 @@ what ``<python_env>/bin/ddslurm-runtime inspect`` answers to ``{"action": "versi
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from ddslurm.config import DATA_DESIGNER, DATA_DESIGNER_VERSIONS, LAYOUT_VERSION, PLAN_VERSION
+from ddslurm.config import DATA_DESIGNER, DATA_DESIGNER_VERSIONS, LAYOUT_VERSION, PLAN_VERSION, VersionsAnswer
 
 DDSLURM_DISTRIBUTIONS = ("ddslurm-runtime", "ddslurm-config")
 """What writes (on the submit host) and reads (on the nodes) the plan: the same versions on both."""
@@ -33,11 +33,11 @@ def supported_data_designer(version: str) -> bool:
         return False
 
 
-def judge_versions(answer: Mapping[str, Any], ours: Mapping[str, str | None], python_env: str) -> tuple[bool, str]:
+def judge_versions(answer: VersionsAnswer, ours: Mapping[str, str | None], python_env: str) -> tuple[bool, str]:
     """``(ok, detail)`` for the ``versions`` answer of ``python_env``'s runtime, against this host's versions
     ``ours`` (of :data:`ddslurm.runtime.NODE_DISTRIBUTIONS`): what each side has when it is ok, every problem (and
     what to install) when not."""
-    theirs: Mapping[str, Any] = answer.get("versions") or {}
+    theirs = answer.versions
     problems: list[str] = []
     none = "(not installed)"
     differ = [
@@ -50,15 +50,10 @@ def judge_versions(answer: Mapping[str, Any], ours: Mapping[str, str | None], py
             f"{python_env} has {'; '.join(differ)} (ddslurm's own packages write and read the plan: install the "
             "submit host's versions there)"
         )
-    plan = answer.get("plan")
-    if not isinstance(plan, Mapping):
+    plan = answer.plan
+    if (plan.version, plan.layout) != (PLAN_VERSION, LAYOUT_VERSION):
         problems.append(
-            f"its ddslurm-runtime does not say which plan format it reads (older than the submit host's?): install "
-            f"the submit host's ddslurm-runtime {ours.get('ddslurm-runtime')} there"
-        )
-    elif (plan.get("version"), plan.get("layout")) != (PLAN_VERSION, LAYOUT_VERSION):
-        problems.append(
-            f"its ddslurm-runtime reads plan {plan.get('version')}, layout {plan.get('layout')}; the submit host "
+            f"its ddslurm-runtime reads plan {plan.version}, layout {plan.layout}; the submit host "
             f"writes plan {PLAN_VERSION}, layout {LAYOUT_VERSION}"
         )
     nodes, here = theirs.get(DATA_DESIGNER), ours.get(DATA_DESIGNER)

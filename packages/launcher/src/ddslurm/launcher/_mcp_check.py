@@ -3,10 +3,11 @@ can be found, and every tool an ``allow_tools`` names is offered by the tool con
 
 The tools are listed in the profile's ``python_env``, by the Data Designer the client step calls them with (its own
 MCP client, ``list_tool_names``): ``<python_env>/bin/ddslurm-runtime inspect``'s ``tools`` action
-(:mod:`ddslurm.runtime._mcp_tools`), as every check that needs Data Designer runs, so the launcher imports none of
-its engine. That process gets the submitting shell's environment (the providers' keys are resolved from their
-variables there, as on the node) with Data Designer's home in a scratch directory, its working directory. Only tool
-configs with ``allow_tools`` are listed: a recipe whose tools are all allowed connects to no server at submit.
+(:mod:`ddslurm.runtime._mcp_tools`), asked through the engine host (:mod:`ddslurm.launcher._engine_host`) as every
+check that needs Data Designer is, so the launcher imports none of its engine. That process gets the submitting
+shell's environment (the providers' keys are resolved from their variables there, as on the node) with Data
+Designer's home in a scratch directory, its working directory. Only tool configs with ``allow_tools`` are listed: a
+recipe whose tools are all allowed connects to no server at submit.
 
 No secret is ever on a command line the check starts (every user of the submit host reads them): the listing gets
 its request on its standard input, a stdio server's ``${VAR}`` values reach that server's environment only, and a
@@ -24,11 +25,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
-from ddslurm.config import ProviderSnapshot, SnapshotMCPProvider, recipe_section
-from ddslurm.launcher._engine_host import RUNTIME_PROCESS
+from ddslurm.config import ProviderSnapshot, SnapshotMCPProvider, ToolsAnswer, ToolsRequest, recipe_section
+from ddslurm.launcher._engine_host import RUNTIME_PROCESS, EngineHost
 from ddslurm.launcher._process import Stopped
+from ddslurm.launcher.errors import InspectAnswerError
 from ddslurm.providers import (
     MCP_PROVIDERS_FILE,
     Origin,
@@ -78,10 +78,11 @@ def dd_check_tools(
     env: Mapping[str, str],
     settings: Path,
     runtime: Path,
+    host: EngineHost = RUNTIME_PROCESS,
 ) -> list[str]:
     """What is wrong with the recipe's tools (one line per problem, at the recipe's field), or []. ``env``: the
     submitting shell's environment; ``settings``: Data Designer's settings directory (where the providers were
-    read); ``runtime``: ``<python_env>/bin/ddslurm-runtime``, which lists the tools."""
+    read); ``runtime``: ``<python_env>/bin/ddslurm-runtime``, which lists the tools, asked through ``host``."""
     problems = command_problems(snapshot, env, settings)
     if problems:
         return problems
@@ -95,7 +96,7 @@ def dd_check_tools(
             wanted.append((index, config, named))
     if not wanted:
         return []
-    listed = _list_tools([p for _, _, named in wanted for p in named], _timeout(wanted), env, runtime)
+    listed = _list_tools([p for _, _, named in wanted for p in named], _timeout(wanted), env, runtime, host)
     if isinstance(listed, str):
         return [listed]
     for index, config, named in wanted:
@@ -126,40 +127,25 @@ def _timeout(wanted: list[tuple[int, Mapping[str, Any], list[SnapshotMCPProvider
     return max([float(t) for t in given if isinstance(t, int | float)] or [LIST_TIMEOUT_S])
 
 
-class Listing(msgspec.Struct, frozen=True):
-    """``python_env``'s answer to the ``tools`` action: each provider's tool names, or why they could not be
-    listed."""
-
-    tools: dict[str, tuple[str, ...]]
-    errors: dict[str, str]
-
-
 def _list_tools(
-    providers: list[SnapshotMCPProvider], timeout: float, env: Mapping[str, str], runtime: Path
-) -> Listing | str:
-    """Each provider's tools as ``runtime`` (``<python_env>/bin/ddslurm-runtime``) lists them, or the one problem
-    line when it could not be asked."""
+    providers: list[SnapshotMCPProvider], timeout: float, env: Mapping[str, str], runtime: Path, host: EngineHost
+) -> ToolsAnswer | str:
+    """Each provider's tools as ``runtime`` (``<python_env>/bin/ddslurm-runtime``, asked through ``host``) lists
+    them, or the one problem line when it could not be asked."""
     unique = list({p.name: p for p in providers}.values())
-    request = {
-        "action": "tools",
-        "snapshot": msgspec.to_builtins(ProviderSnapshot(mcp_providers=tuple(unique))),
-        "timeout": timeout,
-    }
+    request = ToolsRequest(snapshot=ProviderSnapshot(mcp_providers=tuple(unique)), timeout=timeout)
     budget = timeout * len(unique) + 60  # Data Designer's import and each server's start
     with tempfile.TemporaryDirectory(prefix="ddslurm-mcp-check-") as scratch:
         child = {k: v for k, v in env.items() if not k.startswith("DATA_DESIGNER_")} | engine_environment(Path(scratch))
         try:
-            answer = RUNTIME_PROCESS.ask(runtime, request, timeout_s=budget, env=child, cwd=Path(scratch))
+            listing = host.ask(runtime, request, timeout_s=budget, env=child, cwd=Path(scratch)).answer
         except Stopped:
-            return Listing(tools={}, errors={p.name: f"no answer within {budget:.0f} s" for p in unique})
+            return ToolsAnswer(tools={}, errors={p.name: f"no answer within {budget:.0f} s" for p in unique})
         except OSError as exc:
             return f"cannot run {runtime} (the profile's python_env) to list the MCP tools: {exc}"
-    if answer.value is not None and "error" in answer.value:
-        return f"{runtime} (the profile's python_env) could not list the MCP tools: {answer.value['error']}"
-    try:
-        listing = msgspec.convert(answer.value, Listing)
-    except msgspec.ValidationError:
-        tail = "\n".join(answer.stderr.strip().splitlines()[-10:])
-        return f"the MCP tool listing of {runtime} could not run (exit code {answer.returncode}):\n{tail}"
+        except InspectAnswerError as exc:
+            if exc.answered:
+                return f"{runtime} (the profile's python_env) could not list the MCP tools: {exc}"
+            return f"the MCP tool listing of {runtime} could not run (exit code {exc.returncode}):\n{exc.tail()}"
     unnamed = {p.name: "python_env's answer does not name it" for p in unique if p.name not in listing.tools}
-    return Listing(tools=listing.tools, errors=unnamed | listing.errors)
+    return ToolsAnswer(tools=listing.tools, errors=unnamed | listing.errors)

@@ -6,14 +6,12 @@ the command is in its own session, so it is stopped here)."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 
 class Stopped(Exception):
@@ -26,6 +24,8 @@ class Stopped(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Finished:
+    """What a command printed on stdout and stderr, and its exit code."""
+
     returncode: int
     stdout: str
     stderr: str
@@ -61,29 +61,6 @@ def run_in_group(
         stop_group(proc)
         raise
     return Finished(proc.returncode, out, err)
-
-
-@dataclass(frozen=True, slots=True)
-class Answer:
-    """What a command asked with JSON answered: the JSON object it printed on stdout (None when it printed none),
-    its exit code and what it printed on stderr."""
-
-    value: dict[str, Any] | None
-    returncode: int
-    stderr: str
-
-
-def ask_json(
-    argv: Sequence[str], request: Any, *, timeout_s: float, env: Mapping[str, str], cwd: Path | None = None
-) -> Answer:
-    """Run ``argv`` as :func:`run_in_group` does, with ``request`` as JSON on its stdin, and read the JSON object it
-    prints. :class:`Stopped` at the timeout; ``OSError`` when ``argv`` cannot be run."""
-    done = run_in_group(argv, timeout_s=timeout_s, input=json.dumps(request), env=env, cwd=cwd)
-    try:
-        value = json.loads(done.stdout)
-    except ValueError:
-        value = None
-    return Answer(value if isinstance(value, dict) else None, done.returncode, done.stderr)
 
 
 def stop_group(proc: subprocess.Popen[str]) -> str:

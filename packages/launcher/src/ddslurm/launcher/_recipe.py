@@ -10,8 +10,9 @@ ddslurm loads the script the same way, so a script that works with Data Designer
 (or one beside the run file); such a function may also return a Data Designer config object
 (``DataDesignerConfig`` or ``BuilderConfig``).
 
-The Python runs in the profile's ``python_env`` (``<python_env>/bin/ddslurm-runtime inspect``, the Data Designer,
-plugins and packages the nodes run), never in the submitting process:
+The Python runs in the profile's ``python_env`` (``<python_env>/bin/ddslurm-runtime inspect``'s ``build``, asked
+through the engine host, :mod:`ddslurm.launcher._engine_host`: the Data Designer, plugins and packages the nodes
+run), never in the submitting process:
 
 - its working directory is the script's directory: Data Designer checks a relative seed path against the
   working directory, and the seed capture (``_seed.py``) resolves it against the script's directory, as it does
@@ -53,12 +54,15 @@ import msgspec
 
 from ddslurm.config import (
     DD_BUILDER_FUNCTION,
+    BuildAnswer,
+    BuildRequest,
     ConfigError,
     ConfigFileError,
     RecipeRef,
     RecipeSource,
     RunFile,
     RunLayout,
+    WorkflowShape,
     WorkflowStage,
     locate,
     parse_recipe_ref,
@@ -66,10 +70,11 @@ from ddslurm.config import (
     sha256_bytes,
     to_builtins,
 )
-from ddslurm.launcher._process import Stopped, ask_json
+from ddslurm.launcher._engine_host import RUNTIME_PROCESS, EngineHost
+from ddslurm.launcher._process import Stopped
 from ddslurm.launcher._seed import refuse_seed_secrets
 from ddslurm.launcher._slurm import NODE_ENV_ALLOWED
-from ddslurm.launcher.errors import BuilderError
+from ddslurm.launcher.errors import BuilderError, InspectAnswerError
 from ddslurm.providers import (
     Origin,
     ProvidersError,
@@ -174,15 +179,16 @@ def load_run_recipe(
     dd_home: Path,
     *,
     runtime: Path | None,
+    host: EngineHost = RUNTIME_PROCESS,
     timeout_s: float = RECIPE_TIMEOUT_S,
     stage: StageRequest | None = None,
 ) -> LoadedRecipe:
     """The recipe ``run`` names (relative to ``run_path``): a config file is read; a builder script or
-    ``module:function`` is run by ``runtime`` (``<python_env>/bin/ddslurm-runtime``; see the module's docstring)
-    with Data Designer's home ``dd_home`` and the secrets of ``env`` left out (``runtime`` None: no profile
-    names a ``python_env``, and a recipe built by Python is refused at the run file's ``recipe``). Missing files are
-    :class:`ConfigFileError` at the run file's ``recipe``; a script that fails, raises or returns something else is
-    :class:`BuilderError` naming the script and line.
+    ``module:function`` is run by ``runtime`` (``<python_env>/bin/ddslurm-runtime``, asked through ``host``; see
+    the module's docstring) with Data Designer's home ``dd_home`` and the secrets of ``env`` left out (``runtime``
+    None: no profile names a ``python_env``, and a recipe built by Python is refused at the run file's
+    ``recipe``). Missing files are :class:`ConfigFileError` at the run file's ``recipe``; a script that fails,
+    raises or returns something else is :class:`BuilderError` naming the script and line.
 
     The run file, the recipe (a config file's text, or the config a script returned, and the script) and the seed
     files it names are refused (:class:`BuilderError`, :class:`SubmitError` for seed files) when they hold the value
@@ -221,27 +227,31 @@ def load_run_recipe(
             "--profile PROFILE.yaml (or DDSLURM_PROFILE naming it)",
         )
     function = ref.function or DD_BUILDER_FUNCTION
-    payload: dict[str, Any] = {"function": function, "run_dir": str(base)}
-    if stage is not None:
-        payload |= {"stage": stage.index, "seed": str(stage.previous.dataset)}
+    request = BuildRequest(
+        function=function,
+        run_dir=str(base),
+        stage=None if stage is None else stage.index,
+        seed=None if stage is None else str(stage.previous.dataset),
+    )
     if ref.kind == "script":
         script = (base / ref.target).resolve()
         if not script.is_file():
             raise _at_recipe(run_path, f"{script} does not exist (a builder script, relative to the run file)")
-        payload["script"] = str(script)
+        request = msgspec.structs.replace(request, script=str(script))
         cwd, shown = script.parent, str(script)
     else:
-        payload["module"] = ref.target
+        request = msgspec.structs.replace(request, module=ref.target)
         cwd, shown = base, f"module {ref.target}"
-    result = _run_builder(runtime, payload, cwd, builder_env(script_environment(env, hidden), dd_home), timeout_s)
-    if not result.get("ok"):
-        where = result.get("file") or shown
-        if result.get("line"):
-            where = f"{where}:{result['line']}"
-        message = f"{where}: {result.get('error', 'failed')}"
-        raise BuilderError(redact(message + _output_tail(result.get("output", "")), secrets))
-    path = Path(str(result["file"]))
-    text = str(result["yaml"])
+    scrubbed = builder_env(script_environment(env, hidden), dd_home)
+    result, output = _run_builder(host, runtime, request, cwd, scrubbed, timeout_s)
+    if not result.ok:
+        where = result.file or shown
+        if result.line:
+            where = f"{where}:{result.line}"
+        message = f"{where}: {result.error or 'failed'}"
+        raise BuilderError(redact(message + _output_tail(output), secrets))
+    path = Path(str(result.file))
+    text = result.yaml
     source = path.read_bytes()
     builder = f"{path}:{function}" if ref.kind == "script" else str(ref)
     tree = read_yaml(path, text=text)  # the same limits as any YAML a user gives
@@ -258,9 +268,8 @@ def load_run_recipe(
         raise BuilderError(f"{path}: {function}() did not produce a Data Designer config (not a mapping)")
     refuse_seed_secrets(data, path, secrets)
     origin = Path(f"{path}:{function}()")  # names the recipe in errors about its content; never opened as YAML
-    changes = {str(k): str(v) for k, v in dict(result.get("changes") or {}).items()}
-    given = tuple((dict(p["provider"]), p.get("line")) for p in result.get("mcp_providers") or [])
-    workflow = _workflow(result.get("workflow"), stage, f"{path}:{result.get('line') or 1}: {function}()")
+    given = tuple((p.provider, p.line) for p in result.mcp_providers)
+    workflow = _workflow(result.workflow, stage, f"{path}:{result.line or 1}: {function}()")
     return LoadedRecipe(
         ref=ref,
         path=path,
@@ -269,26 +278,25 @@ def load_run_recipe(
         stored=text.encode(),
         source=source,
         builder=builder,
-        changes=changes,
+        changes=result.changes,
         mcp_providers=given,
         workflow=workflow,
     )
 
 
-def _workflow(answer: Any, stage: StageRequest | None, where: str) -> LoadedWorkflow | None:
-    """The workflow a builder returned (``answer``: the build's ``workflow``), checked against ``stage``'s: the
+def _workflow(shape: WorkflowShape | None, stage: StageRequest | None, where: str) -> LoadedWorkflow | None:
+    """The workflow a builder returned (``shape``: the build's ``workflow``), checked against ``stage``'s: the
     stages a later stage is loaded from are those the first stage's run recorded."""
-    if not answer:
+    if shape is None:
         return None
-    stages = tuple(msgspec.convert(s, WorkflowStage) for s in answer["stages"])
-    names = tuple(s.name for s in stages)
+    names = tuple(s.name for s in shape.stages)
     if stage is not None and names != stage.stages:
         raise BuilderError(
-            f"{where} now returns workflow {answer['name']!r} with stages {list(names)}, where its first stage's run "
+            f"{where} now returns workflow {shape.name!r} with stages {list(names)}, where its first stage's run "
             f"was submitted with {list(stage.stages)}: a workflow's stages cannot change between its runs (submit "
             "it again from its first stage)"
         )
-    return LoadedWorkflow(name=str(answer["name"]), stages=stages, index=0 if stage is None else stage.index)
+    return LoadedWorkflow(name=shape.name, stages=shape.stages, index=0 if stage is None else stage.index)
 
 
 def refuse_secrets(
@@ -368,25 +376,19 @@ def _output_tail(output: str) -> str:
 
 
 def _run_builder(
-    runtime: Path, payload: dict[str, Any], cwd: Path, env: dict[str, str], timeout_s: float
-) -> dict[str, Any]:
+    host: EngineHost, runtime: Path, request: BuildRequest, cwd: Path, env: dict[str, str], timeout_s: float
+) -> tuple[BuildAnswer, str]:
+    """What the builder answered (a failure to ask it is a failed build too), and what it printed."""
     try:
-        request = {"action": "build", **payload}
-        answer = ask_json([str(runtime), "inspect"], request, timeout_s=timeout_s, env=env, cwd=cwd)
+        answered = host.ask(runtime, request, timeout_s=timeout_s, env=env, cwd=cwd)
     except Stopped as stopped:
-        return {
-            "ok": False,
-            "error": f"{payload['function']}() did not return a config within {timeout_s:g} s and was stopped",
-            "output": stopped.stderr,
-        }
+        error = f"{request.function}() did not return a config within {timeout_s:g} s and was stopped"
+        return BuildAnswer(ok=False, error=error), stopped.stderr
     except OSError as exc:
-        return {"ok": False, "error": f"cannot run {runtime} (the profile's python_env): {exc}"}
-    if answer.value is None:
-        return {
-            "ok": False,
-            "error": f"running {payload['function']}() ended without a result (exit code {answer.returncode}); "
-            "see its output",
-            "file": payload.get("script"),
-            "output": answer.stderr,
-        }
-    return {**answer.value, "output": answer.stderr}
+        return BuildAnswer(ok=False, error=f"cannot run {runtime} (the profile's python_env): {exc}"), ""
+    except InspectAnswerError as exc:
+        if exc.answered:
+            return BuildAnswer(ok=False, error=str(exc)), exc.stderr
+        error = f"running {request.function}() ended without a result (exit code {exc.returncode}); see its output"
+        return BuildAnswer(ok=False, error=error, file=request.script), exc.stderr
+    return answered.answer, answered.stderr

@@ -111,10 +111,10 @@ CheckRecipe = Callable[
 the builder script's record) -> what Data Designer there refuses in it, the columns as it reads them and the
 plugins the recipe uses."""
 
-CheckTools = Callable[[dict[str, Any], Origin, ProviderSnapshot, Mapping[str, str], Path, Path], list[str]]
+CheckTools = Callable[[dict[str, Any], Origin, ProviderSnapshot, Mapping[str, str], Path, Path, EngineHost], list[str]]
 """(recipe, where it came from, the snapshot, the shell's environment, Data Designer's settings directory,
-``<python_env>/bin/ddslurm-runtime``, which lists the tools) -> what is wrong with the recipe's MCP tools (a stdio
-command not found, an ``allow_tools`` entry no provider offers)."""
+``<python_env>/bin/ddslurm-runtime``, which lists the tools, the engine host it is asked through) -> what is wrong
+with the recipe's MCP tools (a stdio command not found, an ``allow_tools`` entry no provider offers)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,7 +182,9 @@ def prepare(
         if problem is not None:
             raise SubmitError(place_error(f"profile.python_env: {problem}", run_path, profile_path))
         runtime = runtime_command(profile.python_env)
-        loaded, resolution = run_aliases(run, run_path, env, settings_dir(env, home), runtime=runtime, stage=stage)
+        loaded, resolution = run_aliases(
+            run, run_path, env, settings_dir(env, home), runtime=runtime, host=host, stage=stage
+        )
         recipe_path, recipe_bytes, recipe = loaded.path, loaded.stored, loaded.data
         place = None
         if loaded.workflow is not None:  # the run of one of its stages
@@ -263,7 +265,7 @@ def prepare(
         lines = "\n".join(f"  {redact(place_refusal(p, recipe_path, recipe), shown)}" for p in check.problems)
         raise SubmitError(f"{recipe_path}: Data Designer refuses the recipe:\n{lines}")
     if snapshot.mcp_providers:
-        problems = check_tools(recipe, Origin(loaded.origin), snapshot, env, settings_dir(env, home), runtime)
+        problems = check_tools(recipe, Origin(loaded.origin), snapshot, env, settings_dir(env, home), runtime, host)
         if problems:
             raise SubmitError("the recipe's MCP tools cannot be used:\n" + "\n".join(f"  {p}" for p in problems))
     if check_endpoints is not None:  # last: it asks every hosted endpoint over the network

@@ -22,7 +22,6 @@ types and ranges are its own, version by version) and the recipe is validated wi
 from __future__ import annotations
 
 import importlib.metadata
-import json
 import os
 import tempfile
 from collections.abc import Mapping
@@ -33,23 +32,27 @@ from typing import Any
 import msgspec
 
 from ddslurm.config import (
+    CheckProvider,
+    CheckRequest,
     PluginRecord,
     ProviderSnapshot,
     RecipeColumn,
     RecipeSource,
     RunConfigProblem,
     ServingPlan,
+    UnknownType,
     recipe_section,
     recipe_with_models,
 )
 from ddslurm.launcher._engine_host import RUNTIME_PROCESS, EngineHost
 from ddslurm.launcher._process import Stopped
 from ddslurm.launcher._recipe import script_environment, secret_names
+from ddslurm.launcher.errors import InspectAnswerError
 from ddslurm.providers.discovery import settings_dir
 from ddslurm.runtime import PLUGIN_GROUP, engine_environment
 
 VALIDATE_TIMEOUT_S = 300
-_ACCEPTED: dict[str, RecipeCheck] = {}
+_ACCEPTED: dict[bytes, RecipeCheck] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,23 +87,22 @@ def dd_check_recipe(
     it runs again sees (``script_environment`` of the submitting shell, as the script's first run had); by default
     this process's environment, scrubbed the same way. ``run_config``: the run file's, judged by Data Designer's
     ``RunConfig`` there and applied to the recipe's validation."""
-    payload: dict[str, Any] = {
-        "action": "check",
-        "recipe": recipe_with_models(recipe, snapshot, serving),  # the recipe exactly as the node builds it
-        "providers": [{"name": p.name, "provider_type": p.provider_type} for p in snapshot.providers],
-        "source": None if source is None else msgspec.to_builtins(source),
-    }
-    if run_config:
-        payload["run_config"] = dict(run_config)
+    request = CheckRequest(
+        recipe=recipe_with_models(recipe, snapshot, serving),  # the recipe exactly as the node builds it
+        providers=tuple(CheckProvider(name=p.name, provider_type=p.provider_type) for p in snapshot.providers),
+        scratch="",  # each check's own, made when it is asked
+        source=source,
+        run_config=dict(run_config) if run_config else None,
+    )
     # An accepted recipe without a seed dataset (whose files may change) is accepted again without asking.
-    seeded = bool(recipe_section(payload["recipe"]).get("seed_config"))
-    key = None if seeded or source is not None else json.dumps([str(runtime), payload], sort_keys=True)
+    seeded = bool(recipe_section(request.recipe).get("seed_config"))
+    key = None if seeded or source is not None else msgspec.json.encode([str(runtime), request], order="sorted")
     if key is not None and key in _ACCEPTED:
         return _ACCEPTED[key]
     if env is None:
         hidden = secret_names(None, os.environ, settings_dir(os.environ)) | set(snapshot.secret_env_names())
         env = script_environment(os.environ, hidden)
-    check = _run_check(host, runtime, payload, recipe_path.parent, env)
+    check = _run_check(host, runtime, request, recipe_path.parent, env)
     if key is not None and not check.problems and not check.run_config:
         _ACCEPTED[key] = check
     return check
@@ -115,55 +117,48 @@ def _submit_host_plugins() -> dict[str, str]:
     return found
 
 
-def _unknown_lines(unknown: list[Mapping[str, str]], python_env: Path) -> list[str]:
+def _unknown_lines(unknown: tuple[UnknownType, ...], python_env: Path) -> list[str]:
     here = _submit_host_plugins()
     lines = []
     for u in unknown:
         line = (
-            f"{u['where']}: {u['field']} {u['type']!r} is neither built into the Data Designer of python_env "
+            f"{u.where}: {u.field} {u.type!r} is neither built into the Data Designer of python_env "
             f"({python_env}) nor provided by a plugin installed there"
         )
-        if u["type"] in here:
-            dist, version = here[u["type"]].split(" ", 1)
+        if u.type in here:
+            dist, version = here[u.type].split(" ", 1)
             line += f"; the submit host has it from {dist} {version}: install {dist}=={version} in python_env"
         lines.append(line)
     return lines
 
 
 def _run_check(
-    host: EngineHost, runtime: Path, payload: dict[str, Any], cwd: Path, base: Mapping[str, str]
+    host: EngineHost, runtime: Path, request: CheckRequest, cwd: Path, base: Mapping[str, str]
 ) -> RecipeCheck:
     with tempfile.TemporaryDirectory(prefix="ddslurm-validate-") as scratch:
         env = {k: v for k, v in base.items() if not k.startswith("DATA_DESIGNER_")}
         try:
             answer = host.ask(
                 runtime,
-                {**payload, "scratch": scratch},
+                msgspec.structs.replace(request, scratch=scratch),
                 timeout_s=VALIDATE_TIMEOUT_S,
                 env=env | engine_environment(Path(scratch)),
                 cwd=cwd,
-            )
+            ).answer
         except Stopped:
             return RecipeCheck(problems=(f"Data Designer's validation did not finish within {VALIDATE_TIMEOUT_S} s",))
         except OSError as exc:
             return RecipeCheck(problems=(f"cannot run {runtime} (the profile's python_env): {exc}",))
-    try:
-        if answer.value is None:
-            raise ValueError("no answer")
-        if "error" in answer.value:
-            return RecipeCheck(problems=(str(answer.value["error"]),))
-        problems = [str(p) for p in answer.value["problems"]]
-        if answer.value.get("unknown"):
-            problems = _unknown_lines(answer.value["unknown"], runtime.parent.parent)
-        columns = answer.value.get("columns")
-        return RecipeCheck(
-            problems=tuple(problems),
-            columns=None if columns is None else msgspec.convert(columns, tuple[RecipeColumn, ...]),
-            plugins=msgspec.convert(answer.value.get("plugins") or [], tuple[PluginRecord, ...]),
-            data_designer_version=str(answer.value.get("data_designer") or ""),
-            run_config=msgspec.convert(answer.value.get("run_config") or [], tuple[RunConfigProblem, ...]),
-        )
-    except (ValueError, KeyError, TypeError, msgspec.ValidationError):
-        tail = "\n".join(answer.stderr.strip().splitlines()[-10:])
-        problem = f"Data Designer's validation could not run (exit code {answer.returncode}):\n{tail}"
-        return RecipeCheck(problems=(problem,))
+        except InspectAnswerError as exc:
+            if exc.answered:
+                return RecipeCheck(problems=(str(exc),))
+            problem = f"Data Designer's validation could not run (exit code {exc.returncode}):\n{exc.tail()}"
+            return RecipeCheck(problems=(problem,))
+    problems = _unknown_lines(answer.unknown, runtime.parent.parent) if answer.unknown else list(answer.problems)
+    return RecipeCheck(
+        problems=tuple(problems),
+        columns=answer.columns,
+        plugins=answer.plugins,
+        data_designer_version=answer.data_designer or "",
+        run_config=answer.run_config,
+    )

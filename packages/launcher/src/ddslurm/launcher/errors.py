@@ -7,6 +7,7 @@ LauncherError            root of the launcher's own errors (a DdslurmError, as e
 ├── UsageError           a command-line value the run does not have (a shard, an attempt) or cannot take
 ├── WriteError           a file could not be written (a full disk or quota, an I/O error); what was half-written
 │                        was removed
+├── InspectAnswerError   the profile's python_env gave no answer the submit host can use to its question
 └── SubmitError          the run cannot be submitted (inputs invalid); nothing was left behind
     └── BuilderError     a builder script (recipe: build.py, module:function) failed or returned no config
 """
@@ -63,3 +64,20 @@ class BuilderError(SubmitError):
 
 class InitError(LauncherError):
     """``ddslurm init`` wrote nothing: its files exist (without ``--force``), or the cluster could not be read."""
+
+
+class InspectAnswerError(LauncherError):
+    """``<python_env>/bin/ddslurm-runtime inspect`` gave no answer the submit host can use
+    (:mod:`ddslurm.launcher._engine_host`). ``answered``: it printed one, and the message says why it is of no use
+    (its error answer, or an answer of another protocol version, naming both and what to install); else it printed
+    none (``returncode``, and ``stderr``: what it printed there, the way to see why)."""
+
+    def __init__(self, message: str, *, answered: bool, returncode: int, stderr: str) -> None:
+        super().__init__(message)
+        self.answered = answered
+        self.returncode = returncode
+        self.stderr = stderr
+
+    def tail(self, lines: int = 10) -> str:
+        """The last ``lines`` lines it printed on stderr."""
+        return "\n".join(self.stderr.strip().splitlines()[-lines:])

@@ -18,12 +18,29 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ddslurm.config import AttemptRecord, AttemptState, Progress, RunLayout, atomic_write, encode
+import msgspec
+
+from ddslurm.config import (
+    AttemptRecord,
+    AttemptState,
+    BuildRequest,
+    CheckAnswer,
+    ErrorAnswer,
+    InspectAnswer,
+    InspectRequest,
+    Progress,
+    RunLayout,
+    ToolsRequest,
+    VersionsAnswer,
+    atomic_write,
+    encode,
+    encode_message,
+)
 from ddslurm.launcher._engine_host import RUNTIME_PROCESS, EngineHost
-from ddslurm.launcher._process import Answer
+from ddslurm.launcher._process import Finished
 from ddslurm.launcher._slurm import Completed
 from ddslurm.launcher._validate import RecipeCheck
-from ddslurm.runtime import answer_inspect, installed_versions, pid_alive, recipe_columns
+from ddslurm.runtime import answer_inspect, installed_versions, pid_alive, read_request, recipe_columns
 from ddslurm.runtime.errors import RecipeError
 
 UNIT_RECIPE = """data_designer:
@@ -73,35 +90,35 @@ def write_runtime_shim(python_env: Path) -> Path:
     return command
 
 
-class InProcessHost:
+class InProcessHost(EngineHost):
     """An :class:`~ddslurm.launcher._engine_host.EngineHost` for tests of the launcher's own logic: it answers
-    ``versions`` and ``check`` in this process with the runtime's own code (:func:`ddslurm.runtime.answer_inspect`,
-    the Data Designer installed here, imported once per test process), where the real host starts a process and
-    imports Data Designer for every question. A builder script (``build``) is the user's code and still runs in
-    its own process (``fallback``). ``asked`` counts the questions by action. Answers as a stand-in ``python_env``
-    (:func:`write_runtime_shim`) would; a test of what a different ``python_env`` answers uses the real host."""
+    ``versions`` and ``check`` in this process with the runtime's own code (:func:`ddslurm.runtime.read_request`,
+    :func:`ddslurm.runtime.answer_inspect`, the Data Designer installed here, imported once per test process), where
+    the real host starts a process and imports Data Designer for every question; the request and answer still cross
+    as the JSON text the process would read and write. A builder script (``build``) is the user's code and an MCP
+    tool listing (``tools``) starts the user's servers: both still run in their own process (``fallback``).
+    ``asked`` counts the questions by action. Answers as a stand-in ``python_env`` (:func:`write_runtime_shim`)
+    would; a test of what a different ``python_env`` answers uses :class:`OtherPythonEnv`, or the real host."""
 
     def __init__(self, fallback: EngineHost = RUNTIME_PROCESS) -> None:
         self.fallback = fallback
         self.asked: Counter[str] = Counter()
 
-    def ask(
-        self,
-        runtime: Path,
-        request: Mapping[str, Any],
-        *,
-        timeout_s: float,
-        env: Mapping[str, str],
-        cwd: Path | None = None,
-    ) -> Answer:
-        action = str(request.get("action"))
-        self.asked[action] += 1
-        if action == "build":
-            return self.fallback.ask(runtime, request, timeout_s=timeout_s, env=env, cwd=cwd)
+    def exchange(
+        self, runtime: Path, request: str, *, timeout_s: float, env: Mapping[str, str], cwd: Path | None = None
+    ) -> Finished:
+        read = read_request(request)
+        self.asked[str(read.__struct_config__.tag)] += 1
+        if isinstance(read, BuildRequest | ToolsRequest):
+            return self.fallback.exchange(runtime, request, timeout_s=timeout_s, env=env, cwd=cwd)
         printed = io.StringIO()  # what Data Designer prints goes to the answer's stderr, as in the process
         with contextlib.chdir(cwd or Path.cwd()), contextlib.redirect_stdout(printed):
-            value = answer_inspect(request)
-        return Answer(value, 0, printed.getvalue())
+            answer = self.answer(read)
+        return Finished(0, encode_message(answer), printed.getvalue())
+
+    def answer(self, request: InspectRequest | ErrorAnswer) -> InspectAnswer:
+        """The answer to ``request``, as ``ddslurm-runtime inspect`` in this environment gives it."""
+        return answer_inspect(request)
 
 
 class OtherPythonEnv(InProcessHost):
@@ -113,22 +130,13 @@ class OtherPythonEnv(InProcessHost):
         super().__init__(fallback)
         self.versions = dict(versions)
 
-    def ask(
-        self,
-        runtime: Path,
-        request: Mapping[str, Any],
-        *,
-        timeout_s: float,
-        env: Mapping[str, str],
-        cwd: Path | None = None,
-    ) -> Answer:
-        answer = super().ask(runtime, request, timeout_s=timeout_s, env=env, cwd=cwd)
-        value = dict(answer.value or {})
-        if request.get("action") == "versions":
-            value["versions"] = {**value["versions"], **self.versions}
-        elif request.get("action") == "check" and "data-designer" in self.versions:
-            value["data_designer"] = self.versions["data-designer"]
-        return Answer(value, answer.returncode, answer.stderr)
+    def answer(self, request: InspectRequest | ErrorAnswer) -> InspectAnswer:
+        answer = super().answer(request)
+        if isinstance(answer, VersionsAnswer):
+            return msgspec.structs.replace(answer, versions={**answer.versions, **self.versions})
+        if isinstance(answer, CheckAnswer) and "data-designer" in self.versions:
+            return msgspec.structs.replace(answer, data_designer=self.versions["data-designer"])
+        return answer
 
 
 def accept_recipe(recipe: Mapping[str, Any], *_: object) -> RecipeCheck:

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
         seed_reader,
     )
     from ddslurm.runtime._inputs import Inputs, load_inputs
-    from ddslurm.runtime._inspect import NODE_DISTRIBUTIONS, answer_inspect
+    from ddslurm.runtime._inspect import NODE_DISTRIBUTIONS, answer_inspect, read_request
     from ddslurm.runtime._listeners import unix_url
     from ddslurm.runtime._plugins import PLUGIN_GROUP
     from ddslurm.runtime._scratch import pid_alive
@@ -56,6 +56,7 @@ _LAZY_IMPORTS: dict[str, str] = {
     "make_private": "ddslurm.runtime._verify",
     "mcp_providers": "ddslurm.runtime._engine",
     "pid_alive": "ddslurm.runtime._scratch",
+    "read_request": "ddslurm.runtime._inspect",
     "recipe_columns": "ddslurm.runtime._columns",
     "run_engine": "ddslurm.runtime._engine",
     "scan_for_secrets": "ddslurm.runtime._verify",
@@ -93,6 +94,7 @@ __all__ = [
     "make_private",
     "mcp_providers",
     "pid_alive",
+    "read_request",
     "recipe_columns",
     "run_engine",
     "scan_for_secrets",

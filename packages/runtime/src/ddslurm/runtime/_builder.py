@@ -2,10 +2,10 @@
 loads a ``.py`` config source (``data_designer/cli/utils/config_loader.py``).
 
 It runs in the profile's ``python_env`` (with its plugins and the user's packages): at submit in
-``ddslurm-runtime inspect`` (:mod:`ddslurm.runtime._inspect`), whose ``build`` answers
-``{"ok": true, "yaml", "file", "line", "rebuild", "changes", "workflow"}`` (for a builder that returns a Data
-Designer workflow, ``workflow`` is its shape and ``yaml`` the config of the stage ``stage`` of the request, seeded
-from its ``seed``: :mod:`ddslurm.runtime._workflow`) or ``{"ok": false, "error", "file", "line"}``; and on
+``ddslurm-runtime inspect`` (:mod:`ddslurm.runtime._inspect`), whose ``build`` answers a
+:class:`~ddslurm.config.BuildRequest` with a :class:`~ddslurm.config.BuildAnswer` (for a builder that returns a
+Data Designer workflow, ``workflow`` is its shape and ``yaml`` the config of the stage ``stage`` of the request,
+seeded from its ``seed``: :mod:`ddslurm.runtime._workflow`; not ``ok``, ``error`` at ``file``:``line``); and on
 the node when the config it returns does not survive Data Designer's YAML round trip (``RecipeSource.rebuild``):
 then the client step runs the run's copy of the script (:func:`rebuilt_columns`).
 """
@@ -23,12 +23,12 @@ import re
 import sys
 import tempfile
 import traceback
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from ddslurm.config import DD_BUILDER_FUNCTION, RecipeSource
+from ddslurm.config import DD_BUILDER_FUNCTION, BuildAnswer, BuildRequest, GivenMCPProvider, RecipeSource, WorkflowShape
 from ddslurm.runtime._plugins import PLUGIN_GROUP
 from ddslurm.runtime._workflow import is_workflow, shape, stage_builder, stage_of
 from ddslurm.runtime.errors import BuilderFailure, RecipeError
@@ -246,55 +246,54 @@ def _as_data_designers_cli() -> None:
         from data_designer.interface import DataDesigner  # noqa: F401
 
 
-def call_builder(payload: Mapping[str, Any]) -> tuple[Any, Path, int | None]:
+def call_builder(request: BuildRequest) -> tuple[Any, Path, int | None]:
     """Load the script (``script``) or module (``module``, looked for beside ``run_dir`` too) and call its
     ``function``: what it returned, the file and the function's line. :class:`BuilderFailure` says what went wrong,
     where. The working directory becomes the script's (module's) directory, as for Data Designer's CLI."""
-    function = str(payload["function"])
     _as_data_designers_cli()
-    if "script" in payload:
-        path = Path(str(payload["script"]))
+    if request.script is not None:
+        path = Path(request.script)
         os.chdir(path.parent)
         module = _load_script(path)
     else:
-        module, path = _import_module(str(payload["module"]), str(payload["run_dir"]))
-    value, line = _call(module, function, path)
+        module, path = _import_module(str(request.module), request.run_dir)
+    value, line = _call(module, request.function, path)
     return value, path, line
 
 
-def build(payload: Mapping[str, Any]) -> dict[str, Any]:
+def build(request: BuildRequest) -> BuildAnswer:
     """Call the builder and serialise the config it returns as Data Designer does; ``rebuild`` names the columns
     whose config the YAML does not carry as it is, ``changes`` says what it changes in each."""
     from ddslurm.runtime._node_recipe import round_trip_changes
 
-    function = str(payload["function"])
-    given: list[dict[str, Any]] = []
-    workflow: dict[str, Any] | None = None
+    function = request.function
+    given: list[GivenMCPProvider] = []
+    workflow: WorkflowShape | None = None
     try:
-        with _mcp_providers_given(given, _may_create_data_designer(payload)):
-            value, path, line = call_builder(payload)
+        with _mcp_providers_given(given, _may_create_data_designer(request)):
+            value, path, line = call_builder(request)
         if is_workflow(value):
             workflow = shape(value)
             with _placed(function, path, line):
-                value = stage_builder(value, int(payload.get("stage") or 0), payload.get("seed"))
-        elif payload.get("stage"):
+                value = stage_builder(value, request.stage or 0, request.seed)
+        elif request.stage:
             raise BuilderFailure(f"{function}() no longer returns a workflow (its stages run one after another)")
         text = only_chosen_parallel_requests(value, _to_yaml(value, function, path, line))
     except BuilderFailure as failure:
-        return {"ok": False, "error": failure.message, "file": failure.file, "line": failure.line}
+        return BuildAnswer(ok=False, error=failure.message, file=failure.file, line=failure.line)
     changes = round_trip_changes(value, text)
-    module = sys.modules.get(_module_name(path)) or sys.modules.get(str(payload.get("module")))
+    module = sys.modules.get(_module_name(path)) or sys.modules.get(str(request.module))
     given += _module_mcp_providers(module, given)
-    return {
-        "ok": True,
-        "yaml": text,
-        "file": str(path),
-        "line": line,
-        "rebuild": sorted(changes),
-        "changes": changes,
-        "mcp_providers": given,
-        "workflow": workflow,
-    }
+    return BuildAnswer(
+        ok=True,
+        yaml=text,
+        file=str(path),
+        line=line,
+        rebuild=tuple(sorted(changes)),
+        changes=changes,
+        mcp_providers=tuple(given),
+        workflow=workflow,
+    )
 
 
 @contextlib.contextmanager
@@ -316,22 +315,22 @@ def _is_mcp_provider(value: Any) -> bool:
 _DATA_DESIGNER = re.compile(rb"\bDataDesigner\b")
 
 
-def _may_create_data_designer(payload: Mapping[str, Any]) -> bool:
+def _may_create_data_designer(request: BuildRequest) -> bool:
     """Whether the script names ``DataDesigner`` (a module: always assumed)."""
-    if "script" not in payload:
+    if request.script is None:
         return True
     try:
-        return _DATA_DESIGNER.search(Path(str(payload["script"])).read_bytes()) is not None
+        return _DATA_DESIGNER.search(Path(request.script).read_bytes()) is not None
     except OSError:
         return True
 
 
 @contextlib.contextmanager
-def _mcp_providers_given(given: list[dict[str, Any]], watch: bool = True) -> Iterator[None]:
+def _mcp_providers_given(given: list[GivenMCPProvider], watch: bool = True) -> Iterator[None]:
     """Record in ``given`` the MCP providers the script passes to ``DataDesigner(mcp_providers=...)`` while it is
-    loaded and called (``{"provider": its fields, "line": where, in the user's code}``); Data Designer reads no
-    ``mcp_providers.yaml`` then, so these are the ones its tools use. Not ``watch``: a script that never names
-    ``DataDesigner`` is spared importing its interface (seconds)."""
+    loaded and called (:class:`~ddslurm.config.GivenMCPProvider`: its fields, where in the user's code); Data
+    Designer reads no ``mcp_providers.yaml`` then, so these are the ones its tools use. Not ``watch``: a script
+    that never names ``DataDesigner`` is spared importing its interface (seconds)."""
     if not watch:
         yield
         return
@@ -343,7 +342,7 @@ def _mcp_providers_given(given: list[dict[str, Any]], watch: bool = True) -> Ite
         frames = _own(traceback.extract_stack())
         line = frames[-1].lineno if frames else None
         for provider in kwargs.get("mcp_providers") or ():
-            given.append({"provider": provider.model_dump(mode="json"), "line": line})
+            given.append(GivenMCPProvider(provider=provider.model_dump(mode="json"), line=line))
         original(designer, *args, **kwargs)
 
     DataDesigner.__init__ = recording
@@ -353,19 +352,19 @@ def _mcp_providers_given(given: list[dict[str, Any]], watch: bool = True) -> Ite
         DataDesigner.__init__ = original
 
 
-def _module_mcp_providers(module: ModuleType | None, given: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _module_mcp_providers(module: ModuleType | None, given: list[GivenMCPProvider]) -> list[GivenMCPProvider]:
     """The MCP providers the script's module holds at its top level (alone, or in a list or tuple), for the
     ``DataDesigner(mcp_providers=...)`` of its ``if __name__ == "__main__":`` block, which loading does not run;
     those already given to a ``DataDesigner`` are left out."""
     if module is None:
         return []
-    seen = {p["provider"]["name"] for p in given}
+    seen = {p.provider["name"] for p in given}
     found = []
     for value in list(vars(module).values()):
         for item in value if isinstance(value, list | tuple) else (value,):
             if _is_mcp_provider(item) and item.name not in seen:
                 seen.add(item.name)
-                found.append({"provider": item.model_dump(mode="json"), "line": None})
+                found.append(GivenMCPProvider(provider=item.model_dump(mode="json")))
     return found
 
 

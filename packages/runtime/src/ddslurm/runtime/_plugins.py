@@ -13,7 +13,7 @@ import importlib.metadata
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, get_args
 
-from ddslurm.config import PluginRecord, recipe_processors, recipe_section
+from ddslurm.config import PluginRecord, UnknownType, recipe_processors, recipe_section
 from ddslurm.runtime.errors import RecipeError
 
 PLUGIN_GROUP = "data_designer.plugins"
@@ -59,15 +59,14 @@ def known_types() -> dict[str, set[str]]:
     }
 
 
-def unknown_types(recipe: Mapping[str, Any]) -> list[dict[str, str]]:
-    """The recipe's types that neither this Data Designer nor any of its plugins provides: ``{"where", "field",
-    "type"}`` each."""
+def unknown_types(recipe: Mapping[str, Any]) -> tuple[UnknownType, ...]:
+    """The recipe's types that neither this Data Designer nor any of its plugins provides."""
     known = known_types()
-    return [
-        {"where": where, "field": field, "type": kind}
+    return tuple(
+        UnknownType(where=where, field=field, type=kind)
         for where, field, kind in recipe_types(recipe)
         if kind not in known[field]
-    ]
+    )
 
 
 def _plugins() -> dict[str, tuple[str, str, str]]:

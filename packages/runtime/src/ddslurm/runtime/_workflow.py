@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ddslurm.config import WorkflowShape, WorkflowStage
 from ddslurm.runtime.errors import BuilderFailure
 
 
@@ -53,15 +54,15 @@ def unshardable(stage: Any) -> str | None:
     return None
 
 
-def shape(workflow: Any) -> dict[str, Any]:
-    """The workflow as the submit host needs it: ``{"name", "stages": [{"name", "num_records", "allow_empty"}]}``."""
-    return {
-        "name": str(workflow.name),
-        "stages": [
-            {"name": s.name, "num_records": s.num_records, "allow_empty": bool(s.allow_empty)}
+def shape(workflow: Any) -> WorkflowShape:
+    """The workflow as the submit host needs it: its name, and each stage's name, records and ``allow_empty``."""
+    return WorkflowShape(
+        name=str(workflow.name),
+        stages=tuple(
+            WorkflowStage(name=s.name, num_records=s.num_records, allow_empty=bool(s.allow_empty))
             for s in _stages(workflow)
-        ],
-    }
+        ),
+    )
 
 
 def stage_of(workflow: Any, index: int) -> Any:
