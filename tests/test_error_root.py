@@ -16,8 +16,7 @@ import pytest
 
 from ddslurm.collector.errors import MissingWinnersError
 from ddslurm.config import ConfigFileError, DdslurmError
-from ddslurm.launcher import Slurm
-from ddslurm.launcher import _commands_follow as follow_commands
+from ddslurm.launcher import Slurm, api
 from ddslurm.launcher.cli import main
 from ddslurm.launcher.errors import SlurmError
 from ddslurm.launcher.testing import FakeSlurm
@@ -86,7 +85,7 @@ def test_an_error_of_each_package_reaches_main_as_its_documented_error(
     def raises(*_: Any, **__: Any) -> Any:
         raise make()
 
-    monkeypatch.setattr(follow_commands, "run_layout", raises)
+    monkeypatch.setattr(api, "open_run", raises)  # where `status` finds the run
     expected = _documented_exit(code)
     message = str(make())
 

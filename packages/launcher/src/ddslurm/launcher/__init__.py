@@ -1,18 +1,18 @@
-"""ddslurm.launcher: the ``ddslurm`` CLI, and the operations behind its commands as a library.
+"""ddslurm.launcher: the ``ddslurm`` CLI, its Python API, and the operations behind both.
 
-Every command of ``ddslurm`` (``ddslurm.launcher.cli``) reads its options, calls one of the functions below and
-renders what it returns (``--json`` or text); a program gets the same operations, the same typed results and the
-same errors (:class:`LauncherError` and its subclasses) without the command line:
+A program uses :mod:`ddslurm.launcher.api` (``docs/python-api.md``): its :class:`~ddslurm.launcher.api.Client`
+submits, follows, steers and collects runs with typed results, and its names and their fields are what ddslurm
+keeps stable (a test pins them). The commands of ``ddslurm`` (``ddslurm.launcher.cli``) read their options, call
+that client (or, for what the API does not offer, one of the functions below) and render what it returns.
 
-- ``init``: :func:`init_command` (:class:`InitResult`); ``submit``: :func:`submit` (:class:`Submitted`),
-  ``submit --dry-run``: :func:`dry_run` (:class:`DryRun`), ``submit --continue``: :func:`continue_submission`;
-- finding runs: :func:`open_run` (a directory, or a run id with the profile), :func:`list_runs` (``list``);
-- ``status``: :func:`run_status`, ``status --watch``: :func:`follow_run`; ``wait``: :func:`wait_for_run`, then
-  :func:`release`;
-- steering: :func:`cancel`, :func:`retry` (also ``retry --dry-run``), :func:`accept_partial`;
-- ``collect``: :func:`collect_local`, :func:`collect_with_slurm`.
+The names below are the launcher's operations as the API and the commands call them; they are internal (they may
+change with any release): ``init``: :func:`init_command`; ``submit``: :func:`submit`, its dry run :func:`dry_run`,
+``submit --continue``: :func:`continue_submission`; finding runs: :func:`open_run`, :func:`list_runs`; ``status``:
+:func:`run_status`, :func:`follow_run`; ``wait``: :func:`wait_for_run`, :func:`release`; steering: :func:`cancel`,
+:func:`retry`, :func:`accept_partial`; ``collect``: :func:`collect_run` (by a Slurm job or in this process),
+:func:`collect_local` (the collector's merge, in this process, without the run's checks).
 
-The names below are imported when first used (as ``ddslurm.runtime`` and Data Designer's own packages do):
+They are imported when first used (as ``ddslurm.runtime`` and Data Designer's own packages do):
 ``import ddslurm.launcher`` (and so every ``ddslurm`` command) loads none of them, and a command pays only for the
 modules its work needs (``status`` never loads the planner, ``ddslurm.collector`` and pyarrow only where it
 verifies a winner).
@@ -26,7 +26,7 @@ from ddslurm.config import lazy_exports
 
 if TYPE_CHECKING:
     from ddslurm.launcher._cluster import ClusterInfo, parse_sinfo, read_cluster
-    from ddslurm.launcher._collect import collect_local, collect_with_slurm, wait_for_job
+    from ddslurm.launcher._collect import collect_local, collect_run, wait_for_job
     from ddslurm.launcher._doctor import DoctorReport, doctor
     from ddslurm.launcher._doctor_checks import Check
     from ddslurm.launcher._dry_run import DryRun, dry_run
@@ -110,7 +110,7 @@ _LAZY_IMPORTS: dict[str, str] = {
     "accept_partial": "ddslurm.launcher._steer",
     "cancel": "ddslurm.launcher._steer",
     "collect_local": "ddslurm.launcher._collect",
-    "collect_with_slurm": "ddslurm.launcher._collect",
+    "collect_run": "ddslurm.launcher._collect",
     "continue_submission": "ddslurm.launcher._steer",
     "doctor": "ddslurm.launcher._doctor",
     "dry_run": "ddslurm.launcher._dry_run",
@@ -182,7 +182,7 @@ __all__ = [
     "accept_partial",
     "cancel",
     "collect_local",
-    "collect_with_slurm",
+    "collect_run",
     "continue_submission",
     "doctor",
     "dry_run",

@@ -1,12 +1,14 @@
-"""Collection as a CPU Slurm job (no secrets travel with it), or in-process.
+"""Collection as a CPU Slurm job (no secrets travel with it), or in-process: :func:`collect_run`, the work of
+``ddslurm collect`` (and ``--local``), of :meth:`ddslurm.launcher.api.Client.collect` and of ``ddslurm workflow``.
 
 Both ways check the run first (every shard has a winner, every batch file is there with its published size, no
-dataset unless overwriting) and exit with the collector's codes (``ddslurm.collector.collect_command``): the
+dataset unless overwriting) and fail with the collector's codes (``ddslurm.collector.collect_command``): the
 job's exit code is passed on, so ``ddslurm collect`` and ``ddslurm collect --local`` fail alike.
 """
 
 from __future__ import annotations
 
+import io
 import signal
 import time
 from collections.abc import Callable
@@ -25,14 +27,13 @@ from ddslurm.collector import (
     collect,
     collect_command,
     preflight,
-    print_result,
     read_manifest,
 )
 from ddslurm.config import RunLayout, atomic_write, make_private_dir, read_plan, read_tail
 from ddslurm.launcher._render import render_collection
 from ddslurm.launcher._slurm import Slurm, TaskState
 from ddslurm.launcher._status import TERMINAL, run_status
-from ddslurm.launcher.errors import LauncherError, SlurmError
+from ddslurm.launcher.errors import CollectFailedError, LauncherError, SlurmError
 
 _LIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "SUSPENDED"}
 _TERMINATED = {"CANCELLED", "TIMEOUT", "PREEMPTED", "DEADLINE"}  # Slurm sends SIGTERM (then SIGKILL)
@@ -74,25 +75,6 @@ def _ready(layout: RunLayout, slurm: Slurm, *, overwrite: bool, err: TextIO) -> 
         print(f"error: {exc}", file=err, flush=True)
         return False
     return True
-
-
-def collect_local_command(
-    layout: RunLayout,
-    slurm: Slurm,
-    *,
-    overwrite: bool,
-    as_json: bool,
-    out: TextIO,
-    err: TextIO,
-    progress: Callable[[int, int], None] | None = None,
-) -> int:
-    """``ddslurm collect --local``: the collector's :func:`collect_command` in this process, where a write that
-    fails (a full disk or quota) is an ``error:`` line and exit 1 like any failed collection, not a traceback (the
-    collection has removed its staging directory by then; an existing dataset is untouched). Shards without a
-    result say what to do (``slurm``: the run's state, :func:`next_step`)."""
-    if not _ready(layout, slurm, overwrite=overwrite, err=err):
-        return EXIT_FAILED
-    return collect_command(layout, overwrite=overwrite, as_json=as_json, out=out, err=err, progress=progress)
 
 
 def _final(
@@ -161,25 +143,30 @@ def collected(layout: RunLayout) -> CollectResult | None:
     return _result(layout)
 
 
-def collect_with_slurm(layout: RunLayout, slurm: Slurm, *, overwrite: bool) -> CollectResult:
-    job_id, final, log = _run_job(layout, slurm, overwrite=overwrite)
-    if final.state != "COMPLETED":
-        tail = read_tail(log, 15) if log.is_file() else "(no log)"
-        raise LauncherError(f"collection job {job_id} ended {final.state}; last lines of {log}:\n{tail}")
-    return _result(layout)
+class Recording(io.StringIO):
+    """A text stream that keeps what is written to it (a collection's error lines) and writes it through to
+    ``target``."""
+
+    def __init__(self, target: TextIO) -> None:
+        super().__init__()
+        self._target = target
+
+    def write(self, text: str) -> int:
+        super().write(text)
+        return self._target.write(text)
+
+    def flush(self) -> None:
+        self._target.flush()
+
+    def isatty(self) -> bool:
+        return self._target.isatty()
 
 
-def collect_job_command(
-    layout: RunLayout, slurm: Slurm, *, overwrite: bool, as_json: bool, out: TextIO, err: TextIO
-) -> int:
-    """``ddslurm collect`` with a Slurm job: print the result, or the job's own error lines, and return the
-    exit code ``ddslurm collect --local`` returns for the same error (a job that would fail at once, shards without
-    a result among them, is never submitted)."""
-    if not _ready(layout, slurm, overwrite=overwrite, err=err):
-        return EXIT_FAILED
+def _by_job(layout: RunLayout, slurm: Slurm, *, overwrite: bool, err: TextIO) -> int:
+    """The collection as a Slurm job: 0 once it completed, else the job's own error lines (or its log's last lines)
+    on ``err`` and :func:`job_exit_code`."""
     job_id, final, log = _run_job(layout, slurm, overwrite=overwrite)
     if final.state == "COMPLETED":
-        print_result(_result(layout), as_json=as_json, out=out)
         return EXIT_OK
     tail = read_tail(log, 200)
     errors = [line for line in tail.splitlines() if line.startswith("error: ")]
@@ -191,3 +178,31 @@ def collect_job_command(
         flush=True,
     )
     return job_exit_code(final)
+
+
+def collect_run(
+    layout: RunLayout,
+    slurm: Slurm,
+    *,
+    local: bool = False,
+    overwrite: bool = False,
+    err: TextIO,
+    progress: Callable[[int, int], None] | None = None,
+) -> CollectResult:
+    """Collect the run into its dataset, by a CPU Slurm job or (``local``) with the collector's
+    :func:`collect_command` in this process, and return the dataset. What it says on the way goes to ``err``: the
+    collector's progress lines with ``local`` and no ``progress`` (called with (batch files done, total)), and its
+    ``error: ...`` lines. Checked first (:func:`_ready`): shards without a result say what to do (the run's
+    state, :func:`next_step`), and a job that would fail at once is never submitted. A collection that published
+    nothing raises :class:`CollectFailedError` with the exit code ``ddslurm collect`` exits with: ``--local`` and
+    the job fail alike, a write that fails (a full disk or quota) included."""
+    said = Recording(err)
+    code = EXIT_FAILED
+    if _ready(layout, slurm, overwrite=overwrite, err=said):
+        if local:
+            code = collect_command(layout, overwrite=overwrite, out=io.StringIO(), err=said, progress=progress)
+        else:
+            code = _by_job(layout, slurm, overwrite=overwrite, err=said)
+    if code != EXIT_OK:
+        raise CollectFailedError(code, said.getvalue())
+    return _result(layout)

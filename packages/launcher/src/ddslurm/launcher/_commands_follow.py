@@ -13,13 +13,11 @@ from typing import TYPE_CHECKING, Annotated, TextIO
 import typer
 
 from ddslurm.config import RunLayout, compact_ranges, read_plan
-from ddslurm.launcher._follow import SchedulerBusy, follow_run, release, wait_for_run
 from ddslurm.launcher._money import money
 from ddslurm.launcher._output import (
     ExitCode,
     write_json,
 )
-from ddslurm.launcher._runs import save_report
 from ddslurm.launcher._session import (
     JsonOpt,
     ProfileOpt,
@@ -28,8 +26,9 @@ from ddslurm.launcher._session import (
     command_session,
     guarded,
     run_layout,
+    session_client,
 )
-from ddslurm.launcher._status import RunStatus, run_status
+from ddslurm.launcher._status import RunStatus
 
 if TYPE_CHECKING:
     from ddslurm.launcher._console import RunDisplay
@@ -51,11 +50,6 @@ def _summary_line(st: RunStatus) -> str:
     from ddslurm.launcher._console import summary_line
 
     return summary_line(st)
-
-
-def say_busy(session: Session, busy: SchedulerBusy) -> None:
-    session.err.write(f"scheduler query failed ({busy.error}); retrying in {busy.retry_in:.0f} s\n")
-    session.err.flush()
 
 
 def _display(session: Session, *, table: bool) -> RunDisplay | None:
@@ -92,22 +86,19 @@ def cmd_status(
     """Show the run and every shard: its stage (two-stage runs), state, rows, rate, attempt number, array task,
     Slurm's state and why it failed."""
     session = command_session(ctx, as_json)
-    layout = run_layout(session, run, profile)
+    client = session_client(session, profile)
     if not watch:
-        st = run_status(layout, session.slurm)
+        st = client.status(run)
         if session.json:
             write_json(st, session.out)
         else:
             _show_status(session.out, st)
         return ExitCode.OK
+    found = client.open(run)  # before the live view takes the terminal
     display = _display(session, table=True)
     last = ""
     with display if display is not None else nullcontext():
-        for polled in follow_run(layout, session.slurm, sleep=session.sleep):
-            if isinstance(polled, SchedulerBusy):
-                say_busy(session, polled)
-                continue
-            st = polled
+        for st in client.follow(found):  # a busy scheduler is said on stderr
             if session.json:
                 write_json(st, session.out)
             elif display is not None:
@@ -119,34 +110,6 @@ def cmd_status(
     if not session.json:
         _show_status(session.out, st)
     return ExitCode.OK
-
-
-def wait_to_end(
-    session: Session, layout: RunLayout, *, timeout: float | None = None, display: RunDisplay | None = None
-) -> RunStatus:
-    """Follow the run until it ends (``display`` shown each refresh, a busy scheduler said), cancel what a succeeded
-    run left queued (saying so), and record a succeeded run's facts: ``wait``'s, and ``workflow``'s for each stage."""
-
-    def update(polled: RunStatus | SchedulerBusy) -> None:
-        if isinstance(polled, SchedulerBusy):
-            say_busy(session, polled)
-        elif display is not None:
-            display.update(polled)
-
-    st = wait_for_run(layout, session.slurm, timeout=timeout, sleep=session.sleep, on_update=update)
-    released = release(layout, session.slurm, st)
-    if released.error is not None:  # the run's result stands; the leftovers only cost job starts
-        session.err.write(f"note: the run's leftover queued tasks could not be cancelled ({released.error})\n")
-    if released.tasks:
-        session.err.write(
-            f"note: cancelled {len(released.tasks)} queued task(s) of the succeeded run that could only have "
-            f"recorded superseded: {', '.join(released.tasks)}\n"
-        )
-    if st.state == "succeeded":  # what the run measured, into the workspace's facts (never fails the command)
-        from ddslurm.launcher._facts import record_after
-
-        record_after(layout, session.slurm, session.err)
-    return st
 
 
 @guarded
@@ -164,15 +127,15 @@ def cmd_wait(
 ) -> int:
     """Wait until the run ends, then show it; exit 0 only if it succeeded (progress on a terminal)."""
     session = command_session(ctx, as_json)
-    layout = run_layout(session, run, profile)
+    client = session_client(session, profile)
+    found = client.open(run)  # before the live view takes the terminal
     display = _display(session, table=False)
-
     with display if display is not None else nullcontext():
-        st = wait_to_end(session, layout, timeout=timeout, display=display)
-    place = read_plan(layout.plan).workflow
+        st = client.wait(found, timeout, on_update=None if display is None else display.update)
+    place = read_plan(RunLayout(found.run_dir).plan).workflow
     if place is not None and not place.last:
         session.err.write(
-            f"note: run {layout.run_id} is {place.label()}: `ddslurm workflow {layout.root}` carries the workflow on\n"
+            f"note: run {found.run_id} is {place.label()}: `ddslurm workflow {found.run_dir}` carries the workflow on\n"
         )
     if session.json:
         write_json(st, session.out)
@@ -254,17 +217,12 @@ def cmd_report(
     requests and tokens per model alias, GPU-hours allocated and spent generating, failures by reason, and the
     dataset's column statistics. With --json, also print its numbers."""
     from ddslurm.launcher._console import hosted_lines
-    from ddslurm.launcher._fact_check import fact_line, with_fact_check
-    from ddslurm.launcher._facts import record_after
-    from ddslurm.launcher.report import numbers, read_run, render_html, report_json
+    from ddslurm.launcher._fact_check import fact_line
+    from ddslurm.launcher.report import report_json
 
     session = command_session(ctx, as_json)
-    layout = run_layout(session, run, profile)
-    facts = read_run(layout, session.slurm)  # the run and its accounting, read once for the page and the facts
-    report = with_fact_check(facts, numbers(facts))
-    target = save_report(layout, render_html(report), output)
-    # a run that succeeded: its facts (never fails the command)
-    record_after(layout, session.slurm, session.err, reading=(facts, report))
+    done = session_client(session, profile).report(run, output)  # a succeeded run's facts recorded too
+    report, target = done.report, done.page
     if session.json:
         write_json({"report": str(target), **report_json(report)}, session.out)
         return ExitCode.OK

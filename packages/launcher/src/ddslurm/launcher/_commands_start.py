@@ -12,7 +12,7 @@ import typer
 from ddslurm.config import compact_ranges
 from ddslurm.launcher._example import Example
 from ddslurm.launcher._output import ExitCode, array_json, limits_json, write_json
-from ddslurm.launcher._runs import list_runs, resolve_profile, workspace_of
+from ddslurm.launcher._runs import list_runs, required_profile, resolve_profile, workspace_of
 from ddslurm.launcher._session import (
     JsonOpt,
     ProfileOpt,
@@ -20,6 +20,7 @@ from ddslurm.launcher._session import (
     command_session,
     guarded,
     run_layout,
+    session_client,
     write_lines,
 )
 from ddslurm.launcher.errors import UsageError
@@ -66,47 +67,40 @@ def cmd_submit(
     as_json: JsonOpt = False,
 ) -> int:
     """Capture the inputs, compile the plan and submit the run's job arrays."""
-    from ddslurm.launcher._console import plan_notes
-    from ddslurm.launcher._dry_run import dry_run as plan_dry_run
-    from ddslurm.launcher._submit import submit
-    from ddslurm.providers import check_endpoints
-
     session = command_session(ctx, as_json)
     if continue_run:
         return _continue(session, str(run_file), profile)
-    profile_path = resolve_profile(profile, session.env)
-    if profile_path is None:
-        raise UsageError("submit needs --profile PROFILE.yaml (the cluster profile), or DDSLURM_PROFILE naming it")
-    endpoints = check_endpoints if check else None
-    if dry_run:
+    if dry_run:  # shown whole (the plan, the arrays and their limits, the bill): more than the API's Planned
+        from ddslurm.launcher._dry_run import dry_run as plan_dry_run
+        from ddslurm.providers import check_endpoints
+
+        profile_path = required_profile(profile, session.env, "submit")
+        endpoints = check_endpoints if check else None
         done_dry = plan_dry_run(run_file, profile_path, slurm=session.slurm, env=session.env, check_endpoints=endpoints)
         return _show_dry_run(session, done_dry)
-    done = submit(run_file, profile_path, slurm=session.slurm, env=session.env, check_endpoints=endpoints)
-    out = session.out
+    done = session_client(session, profile).submit(run_file, check_endpoints=check)
+    run, out = done.run, session.out
     if session.json:
         write_json(
             {
-                "run_id": done.layout.run_id,
-                "run_dir": str(done.layout.root),
-                "job_id": done.job_id,
+                "run_id": run.run_id,
+                "run_dir": str(run.run_dir),
+                "job_id": done.job_ids[0],
                 "job_ids": list(done.job_ids),
-                "shards": len(done.plan.shards),
-                "secret_env_unscanned": list(done.plan.secret_env_unscanned),
+                "shards": done.shards,
+                "secret_env_unscanned": list(done.secret_env_unscanned),
                 "warnings": list(done.warnings),
             },
             out,
         )
         return ExitCode.OK
-    jobs = f"array job {done.job_id}" if len(done.job_ids) <= 1 else f"array jobs {', '.join(done.job_ids)}"
+    jobs = f"array job {done.job_ids[0]}" if len(done.job_ids) <= 1 else f"array jobs {', '.join(done.job_ids)}"
     out.write(
-        f"submitted run {done.layout.run_id}: {jobs}, {len(done.plan.shards)} shard(s), "
-        f"{done.plan.num_records} records\n  run dir: {done.layout.root}\n"
-        f"  next: ddslurm wait {done.layout.root}\n"
+        f"submitted run {run.run_id}: {jobs}, {done.shards} shard(s), {done.records} records\n"
+        f"  run dir: {run.run_dir}\n  next: ddslurm wait {run.run_dir}\n"
     )
-    for note in plan_notes(done.plan):
-        out.write(f"  note: {note}\n")
-    for warning in done.warnings:
-        out.write(f"  warning: {warning}\n")
+    write_lines(out, (f"  note: {note}" for note in done.notes))
+    write_lines(out, (f"  warning: {warning}" for warning in done.warnings))
     return ExitCode.OK
 
 
@@ -218,9 +212,7 @@ def cmd_doctor(
     from ddslurm.launcher._doctor import doctor
 
     session = command_session(ctx, as_json)
-    profile_path = resolve_profile(profile, session.env)
-    if profile_path is None:
-        raise UsageError("doctor needs --profile PROFILE.yaml (the cluster profile), or DDSLURM_PROFILE naming it")
+    profile_path = required_profile(profile, session.env, "doctor")
     report = doctor(profile_path, run_file, slurm=session.slurm, env=session.env)
     if session.json:
         write_json(report.as_dict(), session.out)

@@ -11,11 +11,10 @@ from typing import Annotated
 
 import typer
 
-from ddslurm.config import compact_ranges
+from ddslurm.config import RunLayout, compact_ranges
 from ddslurm.launcher._output import (
     CommandFailed,
     ExitCode,
-    Recording,
     array_json,
     collect_report,
     limits_json,
@@ -29,16 +28,11 @@ from ddslurm.launcher._session import (
     command_session,
     guarded,
     parse_shards,
-    run_layout,
+    session_client,
     write_lines,
 )
-from ddslurm.launcher._steer import (
-    Cancelled,
-    accept_partial,
-    cancel,
-    retry,
-    shards_named,
-)
+from ddslurm.launcher._steer import Cancelled, shards_named
+from ddslurm.launcher.errors import CollectFailedError
 
 # --- steering: cancel, retry, accept-partial ---
 
@@ -56,10 +50,11 @@ def cmd_cancel(
 ) -> int:
     """Cancel the whole run (every array, pending retries included) or the queued and running tasks of shards."""
     session = command_session(ctx, as_json)
-    layout = run_layout(session, run, profile)
-    done = cancel(layout, session.slurm, parse_shards(shards, layout))
+    client = session_client(session, profile)
+    found = client.open(run)
+    done = client.cancel(found, parse_shards(shards, RunLayout(found.run_dir)))
     out = session.out
-    found = (
+    adopted = (
         f" (found in the queue by its batch script, its sbatch having been stopped, and recorded: "
         f"{', '.join(done.adopted)})"
         if done.adopted
@@ -72,12 +67,12 @@ def cmd_cancel(
         )
     elif done.run:
         out.write(
-            f"cancelled run {layout.run_id}: array job(s) {', '.join(done.ids) or '(none)'}, pending retries "
-            f"included{found}; no later attempt will generate and no unsubmitted array will be submitted "
+            f"cancelled run {found.run_id}: array job(s) {', '.join(done.ids) or '(none)'}, pending retries "
+            f"included{adopted}; no later attempt will generate and no unsubmitted array will be submitted "
             "(ddslurm retry --resume-cancelled to continue it)\n"
         )
     else:
-        write_lines(out, _shards_cancelled(done, layout.run_id, found))
+        write_lines(out, _shards_cancelled(done, found.run_id, adopted))
     return ExitCode.OK
 
 
@@ -129,12 +124,11 @@ def cmd_retry(
 ) -> int:
     """Submit new attempts, as one array, for shards without a winner (resuming their batches)."""
     session = command_session(ctx, as_json)
-    layout = run_layout(session, run, profile)
-    done = retry(
-        layout,
-        session.slurm,
-        session.env,
-        parse_shards(shards, layout),
+    client = session_client(session, profile)
+    found = client.open(run)
+    done = client.retry(
+        found,
+        parse_shards(shards, RunLayout(found.run_dir)),
         resume_cancelled=resume_cancelled,
         fresh=fresh,
         dry_run=dry_run,
@@ -162,7 +156,7 @@ def cmd_retry(
         return ExitCode.OK
     if not done.shards:
         out.write(
-            f"nothing to retry: every shard of {layout.run_id} has a winner, is still running, or waits for an "
+            f"nothing to retry: every shard of {found.run_id} has a winner, is still running, or waits for an "
             "automatic retry (ddslurm status says which)\n"
         )
     else:
@@ -185,8 +179,9 @@ def cmd_accept_partial(
     """Publish the best short result of each shard as its winner (marked partial); a two-stage shard whose GPU
     stage ended short: as its GPU-stage result, then its CPU stage is submitted (as retry does)."""
     session = command_session(ctx, as_json)
-    layout = run_layout(session, run, profile)
-    done = accept_partial(layout, parse_shards(shards, layout) or [], session.slurm, session.env)
+    client = session_client(session, profile)
+    found = client.open(run)
+    done = client.accept_partial(found, parse_shards(shards, RunLayout(found.run_dir)) or [])
     if session.json:
         write_json(
             {
@@ -232,37 +227,26 @@ def cmd_collect(
     """Merge the shards' results into one Parquet dataset (RUN/dataset); the collector's exit codes.
 
     Progress on a terminal: a bar over the batch files with --local, the job's elapsed time otherwise."""
-    from ddslurm.launcher._collect import collect_job_command, collect_local_command
+    from ddslurm.collector import print_result
     from ddslurm.launcher._console import FileProgress, job_spinner
-    from ddslurm.launcher._facts import record_after
 
     session = command_session(ctx, as_json)
-    layout = run_layout(session, run, profile)
     live = not session.json and session.out.isatty()
-    held_out, held_err = io.StringIO(), io.StringIO()  # printed once the live display lets go of the terminal
-    out = held_out if live else session.out
-    err = Recording(held_err if live else session.err)
-    if local:
-        progress = FileProgress(session.out) if live else None
-        with progress.progress if progress is not None else nullcontext():
-            code = collect_local_command(
-                layout,
-                session.slurm,
-                overwrite=overwrite,
-                as_json=session.json,
-                out=out,
-                err=err,
-                progress=progress,  # None: the collector's own lines on stderr, as in the job's log
-            )
-    else:
-        with job_spinner(session.out, "collecting in a Slurm job") if live else nullcontext():
-            code = collect_job_command(
-                layout, session.slurm, overwrite=overwrite, as_json=session.json, out=out, err=err
-            )
+    held_err = io.StringIO()  # printed once the live display lets go of the terminal
+    client = session_client(session, profile, notes=held_err if live else None)
+    found = client.open(run)  # before the live display takes the terminal
+    try:
+        if local:
+            progress = FileProgress(session.out) if live else None
+            with progress.progress if progress is not None else nullcontext():
+                # no progress: the collector's own lines on stderr, as in the job's log
+                result = client.collect(found, local=True, overwrite=overwrite, progress=progress)
+        else:
+            with job_spinner(session.out, "collecting in a Slurm job") if live else nullcontext():
+                result = client.collect(found, overwrite=overwrite)
+    except CollectFailedError as exc:  # its error lines are said already; the exit code is the collection's
+        session.err.write(held_err.getvalue())
+        raise CommandFailed(collect_report(exc), said=True) from None
     session.err.write(held_err.getvalue())
-    session.out.write(held_out.getvalue())
-    if code == ExitCode.OK:  # a run that succeeded: its facts (never fails the command)
-        record_after(layout, session.slurm, session.err)
-    if code != ExitCode.OK and session.json:
-        raise CommandFailed(collect_report(code, err.getvalue()), said=True)
-    return code
+    print_result(result, as_json=session.json, out=session.out)
+    return ExitCode.OK

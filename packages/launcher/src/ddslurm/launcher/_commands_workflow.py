@@ -6,9 +6,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ddslurm.launcher._commands_follow import wait_to_end
+from ddslurm.config import RunLayout
 from ddslurm.launcher._output import ExitCode, write_json
-from ddslurm.launcher._session import JsonOpt, ProfileOpt, RunArg, command_session, guarded, run_layout
+from ddslurm.launcher._session import JsonOpt, ProfileOpt, RunArg, command_session, guarded, session_client
 
 if TYPE_CHECKING:
     from ddslurm.launcher._workflow import StageDone
@@ -42,7 +42,8 @@ def cmd_workflow(
     from ddslurm.launcher._workflow import carry_on
 
     session = command_session(ctx, as_json)
-    layout = run_layout(session, run, profile)
+    client = session_client(session, profile)
+    layout = RunLayout(client.open(run).run_dir)
 
     def said(stage: StageDone) -> None:
         if session.json:
@@ -52,7 +53,7 @@ def cmd_workflow(
         session.out.flush()
 
     result = carry_on(
-        layout, session.slurm, session.env, wait=lambda stage: wait_to_end(session, stage), local=local, on_stage=said
+        layout, session.slurm, session.env, wait=lambda stage: client.wait(stage.root), local=local, on_stage=said
     )
     if session.json:
         write_json(

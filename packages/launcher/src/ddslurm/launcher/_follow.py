@@ -4,8 +4,9 @@ the run has ended.
 :func:`follow_run` yields the run's status again and again (a scheduler query that fails is yielded as
 :class:`SchedulerBusy` and retried with a growing back-off) and stops after the first status in
 :data:`~ddslurm.launcher._status.TERMINAL`; with a ``timeout`` it raises :class:`WaitTimeout` instead of going on.
-:func:`wait_for_run` is ``ddslurm wait`` without the terminal: it follows the run to its end; :func:`release` then
-cancels what the queue still holds of a succeeded run.
+:func:`wait_for_run` follows the run to its end; :func:`release` then cancels what the queue still holds of a
+succeeded run; :func:`wait_to_end` is ``ddslurm wait`` without the terminal (both, then the run's facts), for the
+command, for ``ddslurm workflow`` and for :meth:`ddslurm.launcher.api.Client.wait`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TextIO
 
 from ddslurm.config import RunLayout
 from ddslurm.launcher._slurm import Slurm
@@ -35,6 +37,10 @@ class SchedulerBusy:
 
     error: SlurmError
     retry_in: float
+
+    def note(self) -> str:
+        """What ``status --watch`` and ``wait`` say of it."""
+        return f"scheduler query failed ({self.error}); retrying in {self.retry_in:.0f} s"
 
 
 class WaitTimeout(LauncherError):
@@ -117,3 +123,40 @@ def release(layout: RunLayout, slurm: Slurm, status: RunStatus) -> Released:
         return Released(release_leftovers(layout, slurm, status))
     except SlurmError as exc:
         return Released(error=exc)
+
+
+def wait_to_end(
+    layout: RunLayout,
+    slurm: Slurm,
+    *,
+    notes: TextIO,
+    timeout: float | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    on_update: Callable[[RunStatus], None] | None = None,
+) -> RunStatus:
+    """``ddslurm wait``: follow the run until it ends (each status to ``on_update``, a busy scheduler said on
+    ``notes``) and return its terminal status; then cancel what a succeeded run left queued and record a succeeded
+    run's facts (what either could not do, or did, is a line on ``notes``: the run's result stands).
+    :class:`WaitTimeout` after ``timeout`` seconds."""
+
+    def update(polled: RunStatus | SchedulerBusy) -> None:
+        if isinstance(polled, SchedulerBusy):
+            notes.write(f"{polled.note()}\n")
+            notes.flush()
+        elif on_update is not None:
+            on_update(polled)
+
+    st = wait_for_run(layout, slurm, timeout=timeout, sleep=sleep, on_update=update)
+    released = release(layout, slurm, st)
+    if released.error is not None:  # the run's result stands; the leftovers only cost job starts
+        notes.write(f"note: the run's leftover queued tasks could not be cancelled ({released.error})\n")
+    if released.tasks:
+        notes.write(
+            f"note: cancelled {len(released.tasks)} queued task(s) of the succeeded run that could only have "
+            f"recorded superseded: {', '.join(released.tasks)}\n"
+        )
+    if st.state == "succeeded":  # what the run measured, into the workspace's facts (never fails the wait)
+        from ddslurm.launcher._facts import record_after
+
+        record_after(layout, slurm, notes)
+    return st

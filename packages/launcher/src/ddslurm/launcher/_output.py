@@ -9,7 +9,6 @@ code of each (:func:`error_report`) are decided here and nowhere else.
 
 from __future__ import annotations
 
-import io
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -22,7 +21,14 @@ import typer
 from ddslurm.config import ConfigError, ConfigFileError, DdslurmError, PlannedArray, compact_ranges
 from ddslurm.launcher._follow import WaitTimeout
 from ddslurm.launcher._slurm import SlurmTimeoutError
-from ddslurm.launcher.errors import RunNotFoundError, SlurmError, SubmitError, UsageError, WriteError
+from ddslurm.launcher.errors import (
+    CollectFailedError,
+    RunNotFoundError,
+    SlurmError,
+    SubmitError,
+    UsageError,
+    WriteError,
+)
 
 if TYPE_CHECKING:
     from ddslurm.launcher._submit import PartialSubmitError
@@ -188,11 +194,10 @@ def reported(exc: BaseException) -> bool:
     return isinstance(exc, REPORTED)
 
 
-def collect_report(code: int, errors: str) -> ErrorReport:
-    """The error of a collection that ended with exit ``code`` (``ddslurm.collector.collect_command``'s codes),
-    from the ``error: ...`` lines it printed."""
-    lines = [line.removeprefix("error: ") for line in errors.splitlines() if line.startswith("error: ")]
-    message = "\n".join(lines) or f"the collection ended with exit code {code}"
+def collect_report(exc: CollectFailedError) -> ErrorReport:
+    """The error of a collection that published nothing: its message (the ``error: ...`` lines it said) and the
+    exit code it ended with (``ddslurm.collector.collect_command``'s codes)."""
+    code = exc.exit_code
     if code == ExitCode.USAGE:
         kind = ErrorCode.RUN_UNREADABLE
     elif code == ExitCode.INTERRUPTED:
@@ -201,26 +206,7 @@ def collect_report(code: int, errors: str) -> ErrorReport:
         kind = ErrorCode.TERMINATED
     else:
         kind = ErrorCode.COLLECT_FAILED
-    return ErrorReport(kind, message, code)
-
-
-class Recording(io.StringIO):
-    """A text stream that keeps what is written to it (a command's error lines) and writes it through to
-    ``target``."""
-
-    def __init__(self, target: TextIO) -> None:
-        super().__init__()
-        self._target = target
-
-    def write(self, text: str) -> int:
-        super().write(text)
-        return self._target.write(text)
-
-    def flush(self) -> None:
-        self._target.flush()
-
-    def isatty(self) -> bool:
-        return self._target.isatty()
+    return ErrorReport(kind, str(exc), code)
 
 
 def array_json(array: PlannedArray, job_id: str | None = None, *, plan: Sequence[PlannedArray] = ()) -> dict[str, Any]:

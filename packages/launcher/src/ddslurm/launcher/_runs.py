@@ -13,7 +13,7 @@ from ddslurm.config import RunLayout, atomic_write, load_profile
 from ddslurm.launcher._run_records import find_run
 from ddslurm.launcher._slurm import Slurm
 from ddslurm.launcher._status import RunStatus, Unreadable, run_statuses
-from ddslurm.launcher.errors import LauncherError
+from ddslurm.launcher.errors import LauncherError, UsageError
 
 PROFILE_ENV = "DDSLURM_PROFILE"
 """The variable that names the cluster profile when a command is given none."""
@@ -27,6 +27,15 @@ def resolve_profile(profile: Path | None, env: Mapping[str, str]) -> Path | None
         return profile
     named = env.get(PROFILE_ENV)
     return Path(named) if named else None
+
+
+def required_profile(profile: Path | None, env: Mapping[str, str], command: str) -> Path:
+    """The profile :func:`resolve_profile` finds, which ``command`` (``submit``, ``doctor``) cannot do without: a
+    :class:`UsageError` when neither names one."""
+    path = resolve_profile(profile, env)
+    if path is None:
+        raise UsageError(f"{command} needs --profile PROFILE.yaml (the cluster profile), or {PROFILE_ENV} naming it")
+    return path
 
 
 def workspace_of(profile: Path | None, env: Mapping[str, str]) -> Path | None:

@@ -1,6 +1,6 @@
 """What every command of the ``ddslurm`` app works with: its :class:`Session` (environment, scheduler, streams,
-clock), the guard that turns a closed stdout and Ctrl-C into what ``main`` reports, and the options and arguments
-several commands share."""
+clock) and the :class:`~ddslurm.launcher.api.Client` made of it, the guard that turns a closed stdout and Ctrl-C
+into what ``main`` reports, and the options and arguments several commands share."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from ddslurm.launcher._output import (
 )
 from ddslurm.launcher._runs import open_run
 from ddslurm.launcher._slurm import Slurm
+from ddslurm.launcher.api import Client
 from ddslurm.launcher.errors import UsageError
 
 
@@ -46,6 +47,18 @@ def command_session(ctx: typer.Context, as_json: bool) -> Session:
     session.command = ctx.info_name
     session.json = session.json or as_json
     return session
+
+
+def session_client(session: Session, profile: Path | None, *, notes: TextIO | None = None) -> Client:
+    """The API's client of a command: its environment, scheduler and clock, ``--profile`` (else
+    ``DDSLURM_PROFILE``), and notes on stderr (or ``notes``)."""
+    return Client(
+        profile=profile,
+        env=session.env,
+        slurm=session.slurm,
+        notes=notes if notes is not None else session.err,
+        sleep=session.sleep,
+    )
 
 
 class PipeClosed(Exception):

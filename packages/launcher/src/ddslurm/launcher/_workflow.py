@@ -10,6 +10,7 @@ to retry it and go on.
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -28,7 +29,7 @@ from ddslurm.config import (
     read_json,
     read_plan,
 )
-from ddslurm.launcher._collect import collect_local, collect_with_slurm, collected
+from ddslurm.launcher._collect import collect_run, collected
 from ddslurm.launcher._recipe import StageRequest
 from ddslurm.launcher._slurm import Slurm
 from ddslurm.launcher._status import RunStatus
@@ -97,7 +98,8 @@ def _dataset(layout: RunLayout, slurm: Slurm, local: bool) -> CollectResult:
     done = collected(layout)
     if done is not None:
         return done
-    return collect_local(layout, overwrite=False) if local else collect_with_slurm(layout, slurm, overwrite=False)
+    # what the collection says on the way is not the command's output; its error (CollectFailedError) is
+    return collect_run(layout, slurm, local=local, err=io.StringIO())
 
 
 def carry_on(

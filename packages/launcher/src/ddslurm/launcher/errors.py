@@ -8,6 +8,7 @@ LauncherError            root of the launcher's own errors (a DdslurmError, as e
 ├── WriteError           a file could not be written (a full disk or quota, an I/O error); what was half-written
 │                        was removed
 ├── InspectAnswerError   the profile's python_env gave no answer the submit host can use to its question
+├── CollectFailedError   a collection published no dataset; carries the exit code ``ddslurm collect`` exits with
 └── SubmitError          the run cannot be submitted (inputs invalid); nothing was left behind
     └── BuilderError     a builder script (recipe: build.py, module:function) failed or returned no config
 """
@@ -81,3 +82,14 @@ class InspectAnswerError(LauncherError):
     def tail(self, lines: int = 10) -> str:
         """The last ``lines`` lines it printed on stderr."""
         return "\n".join(self.stderr.strip().splitlines()[-lines:])
+
+
+class CollectFailedError(LauncherError):
+    """A collection that published no dataset (``ddslurm collect``'s work, by a Slurm job or in this process):
+    ``exit_code`` is the collector's code that ``ddslurm collect`` exits with (1 failed, 2 the run directory
+    unreadable, 128 + N ended by signal N), ``errors`` the ``error: ...`` lines it said."""
+
+    def __init__(self, exit_code: int, errors: str) -> None:
+        self.exit_code, self.errors = exit_code, errors
+        lines = [line.removeprefix("error: ") for line in errors.splitlines() if line.startswith("error: ")]
+        super().__init__("\n".join(lines) or f"the collection ended with exit code {exit_code}")
