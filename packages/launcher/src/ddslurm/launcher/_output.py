@@ -147,6 +147,8 @@ def error_report(exc: BaseException, command: str | None) -> ErrorReport:
         return ErrorReport(ErrorCode.SUBMISSION_INCOMPLETE, message, ExitCode.FAILED, partial_json(partial))
     if isinstance(exc, WaitTimeout):  # ``wait --timeout``: the run's last status comes with the error
         return ErrorReport(ErrorCode.TIMEOUT, message, ExitCode.TIMEOUT, {"status": exc.status})
+    if isinstance(exc, CollectFailedError):  # ``workflow``'s collection: the exit code ``collect`` would give
+        return collect_report(exc)
     fixed: list[tuple[type[BaseException] | None, ErrorCode, ExitCode]] = [
         (UsageError, ErrorCode.USAGE, ExitCode.USAGE),
         (RunNotFoundError, ErrorCode.RUN_NOT_FOUND, ExitCode.USAGE),
