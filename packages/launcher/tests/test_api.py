@@ -33,8 +33,9 @@ KEY = "sk-api-test-0000"
 
 NAMES = [
     "Accepted", "AcceptedShard", "Cancelled", "Client", "CollectFailedError", "CollectResult", "DdslurmError",
-    "KeyStatus", "LauncherError", "Planned", "Reported", "Retried", "Run", "RunNotFoundError", "RunRef", "RunStatus",
-    "ShardStatus", "SlurmError", "StageProgress", "Submission", "SubmitError", "UsageError", "WaitTimeout",
+    "KeyStatus", "LauncherError", "PartialSubmitError", "Planned", "Reported", "Retried", "Run", "RunNotFoundError",
+    "RunRef", "RunStatus", "ShardStatus", "SlurmError", "StageProgress", "Submission", "SubmitError", "UsageError",
+    "WaitTimeout",
 ]  # fmt: skip
 """``ddslurm.launcher.api.__all__``: a name added or removed is a change of the stable API (docs/python-api.md)."""
 
@@ -144,7 +145,7 @@ def test_the_client_has_the_pinned_methods_and_parameters() -> None:
 def test_every_error_the_api_exports_is_a_ddslurm_error() -> None:
     errors = [getattr(api, n) for n in api.__all__ if isinstance(getattr(api, n), type)]
     raised = [e for e in errors if issubclass(e, BaseException)]
-    assert len(raised) == 8 and all(issubclass(e, DdslurmError) for e in raised)
+    assert len(raised) == 9 and all(issubclass(e, DdslurmError) for e in raised)
 
 
 def test_importing_the_api_loads_no_heavy_module() -> None:

@@ -17,9 +17,10 @@ typed results and ddslurm's errors (every one a :class:`~ddslurm.config.DdslurmE
 
 The commands of ``ddslurm`` (``submit``, ``status``, ``wait``, ``cancel``, ``retry``, ``accept-partial``,
 ``collect``, ``report``, ``workflow``) call these methods and render what they return. Stable: the names in
-``__all__`` and the public fields of the result types (``tests/test_python_api.py`` pins both); every other name of
-``ddslurm.launcher`` is internal. Importing this module loads neither the planner, the collector (pyarrow) nor Data
-Designer: an operation imports what its work needs.
+``__all__``, the public fields of the result types and the client's methods and parameters
+(``packages/launcher/tests/test_api.py`` pins them); every other name of ``ddslurm.launcher`` is internal.
+Importing this module loads neither the planner, the collector (pyarrow) nor Data Designer: an operation imports
+what its work needs (``CollectResult`` and ``PartialSubmitError`` are imported when first used).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from ddslurm.launcher.errors import (
 if TYPE_CHECKING:
     from ddslurm.collector import CollectResult
     from ddslurm.launcher._aliases import EndpointCheck
+    from ddslurm.launcher._submit import PartialSubmitError
     from ddslurm.launcher.report import RunReport
 
 
@@ -61,10 +63,6 @@ class Run:
 
     run_id: str
     run_dir: Path
-
-    @classmethod
-    def at(cls, layout: RunLayout) -> Run:
-        return cls(layout.run_id, layout.root)
 
 
 RunRef: TypeAlias = Run | str | os.PathLike[str]
@@ -161,7 +159,7 @@ class Client:
     def open(self, run: RunRef) -> Run:
         """The run ``run`` names (:class:`RunNotFoundError` when none; a run directory another user could change is
         refused)."""
-        return Run.at(self._layout(run))
+        return _run_at(self._layout(run))
 
     # --- submitting ---
 
@@ -198,7 +196,8 @@ class Client:
         client's). ``dry_run``: everything up to the first ``sbatch``, nothing written (:class:`Planned`).
         ``check_endpoints``: first ask each hosted endpoint with the key. Refused inputs raise
         :class:`SubmitError` (or the configuration's, the providers' or the planner's errors) with nothing left
-        behind; a submission that stopped part-way raises ``PartialSubmitError`` (``ddslurm submit --continue``)."""
+        behind; a submission that stopped part-way raises :class:`PartialSubmitError` (``ddslurm submit --continue``
+        submits the rest)."""
         from ddslurm.launcher._console import plan_notes
 
         profile_path = required_profile(self.profile if profile is None else Path(profile), self.env, "submit")
@@ -215,7 +214,7 @@ class Client:
                 host=self.engine_host,
             )
             return Planned(
-                run=Run.at(planned.layout),
+                run=_run_at(planned.layout),
                 shards=len(planned.plan.shards),
                 records=planned.plan.num_records,
                 arrays=len(planned.planned.arrays),
@@ -235,7 +234,7 @@ class Client:
             host=self.engine_host,
         )
         return Submission(
-            run=Run.at(done.layout),
+            run=_run_at(done.layout),
             job_ids=done.job_ids,
             shards=len(done.plan.shards),
             records=done.plan.num_records,
@@ -344,6 +343,10 @@ class Client:
         return Reported(page, made)
 
 
+def _run_at(layout: RunLayout) -> Run:
+    return Run(layout.run_id, layout.root)
+
+
 def _endpoint_check() -> EndpointCheck:
     """``--check-endpoints``: each hosted endpoint asked with the key (the providers' check, imported for it)."""
     from ddslurm.providers import check_endpoints
@@ -351,8 +354,11 @@ def _endpoint_check() -> EndpointCheck:
     return check_endpoints
 
 
-_LAZY_IMPORTS: dict[str, str] = {"CollectResult": "ddslurm.collector"}
-"""The result types whose modules load what only their operation needs (the collector: pyarrow)."""
+_LAZY_IMPORTS: dict[str, str] = {
+    "CollectResult": "ddslurm.collector",
+    "PartialSubmitError": "ddslurm.launcher._submit",
+}
+"""The names whose modules load what only their operation needs (the collector: pyarrow; submit: the planner)."""
 
 __all__ = [
     "Accepted",
@@ -364,6 +370,7 @@ __all__ = [
     "DdslurmError",
     "KeyStatus",
     "LauncherError",
+    "PartialSubmitError",
     "Planned",
     "Reported",
     "Retried",
