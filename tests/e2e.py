@@ -338,6 +338,21 @@ def dd_python_env(tmp_path_factory: pytest.TempPathFactory, version: str) -> Pat
     return env
 
 
+def resumable_rows(run_dir: Path, shard: int) -> int:
+    """The most rows an attempt of ``shard`` has on disk that a later attempt can continue: its progress (the rows
+    of the batches written) once its dataset has Data Designer's ``metadata.json``. Data Designer calls the batch
+    callback (which writes ``progress.json``) before it writes ``metadata.json`` after the first batch, and resumes
+    nothing without it: a kill between the two leaves rows no attempt continues. The event a test kills a client on
+    when the next attempt must resume."""
+    best = 0
+    for attempt in (run_dir / "shards" / f"shard-{shard:05d}" / "attempts").glob("*"):
+        if not any(attempt.glob("output/shard-*/metadata.json")):
+            continue
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            best = max(best, int(json.loads((attempt / "progress.json").read_text())["rows"]))
+    return best
+
+
 def shard_client(run_dir: Path, shard: int) -> int | None:
     """The pid of the client step of the run's shard ``shard`` (its array task), if one runs now."""
     from tools.chaos import cluster

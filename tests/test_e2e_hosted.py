@@ -16,7 +16,7 @@ import pytest
 
 from ddslurm.config import AttemptRecord, KeyBudgetState, read_json
 from fake_vllm.testing import set_gate
-from tests.e2e import attempts, cli_json, run_cli, shard_client, until
+from tests.e2e import attempts, cli_json, resumable_rows, run_cli, shard_client, until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.dd]
 
@@ -142,13 +142,7 @@ def _kill_the_client_after_its_first_batch(run_dir: Path, gate: Path, *, shard: 
     there to kill (an event, not a race); the stand-in answers again once it is killed."""
     import signal
 
-    def first_batch_done() -> bool:
-        return any(
-            json.loads(p.read_text()).get("rows", 0) > 0
-            for p in (run_dir / "shards" / f"shard-{shard:05d}" / "attempts").glob("*/progress.json")
-        )
-
-    until(first_batch_done, 300, f"shard {shard}'s first batch")
+    until(lambda: resumable_rows(run_dir, shard) > 0, 300, f"shard {shard}'s first batch, resumable")
 
     set_gate(gate, "hold")
     os.kill(until(lambda: shard_client(run_dir, shard), 60, f"shard {shard}'s client process"), signal.SIGKILL)

@@ -13,7 +13,7 @@ import pytest
 
 from ddslurm.config import AttemptRecord, RunLayout, facts_path, read_facts, read_json
 from fake_vllm.testing import set_gate
-from tests.e2e import REPO, cli_json, requests_waiting, slurm, until
+from tests.e2e import REPO, cli_json, requests_waiting, resumable_rows, slurm, until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.dd]
 
@@ -26,16 +26,6 @@ def _recipe_with_ids(tmp_path: Path) -> Path:
     recipe.parent.mkdir()
     recipe.write_text(text.replace("  columns:\n", "  columns:\n" + RECORD_ID, 1))
     return recipe
-
-
-def _rows_done(run_dir: Path, shard: int) -> int:
-    best = 0
-    for progress in run_dir.glob(f"shards/shard-{shard:05d}/attempts/*/progress.json"):
-        try:
-            best = max(best, json.loads(progress.read_text())["rows"])
-        except (ValueError, KeyError):
-            continue
-    return best
 
 
 def test_cancelled_shard_is_retried_and_resumes_without_losing_or_duplicating(
@@ -68,10 +58,10 @@ def test_cancelled_shard_is_retried_and_resumes_without_losing_or_duplicating(
 
         until(lambda: writer_answers() >= 12, 300, "the 12 writer answers the gate allows", writer_answers)
         victim = until(
-            lambda: [shard for shard in (0, 1) if _rows_done(run_dir, shard) >= 3],
+            lambda: [shard for shard in (0, 1) if resumable_rows(run_dir, shard) >= 3],
             120,
             "a shard's first batch on disk, 12 writer answers in",
-            lambda: [_rows_done(run_dir, shard) for shard in (0, 1)],
+            lambda: [resumable_rows(run_dir, shard) for shard in (0, 1)],
         )[0]
         other = 1 - victim
         cancelled = cli_json("cancel", str(run_dir), "--shards", str(victim), "--json", env=env)["cancelled"]
@@ -86,7 +76,7 @@ def test_cancelled_shard_is_retried_and_resumes_without_losing_or_duplicating(
         )
         first = read_json(next(run_dir.glob(f"shards/shard-{victim:05d}/attempts/*/attempt.json")), AttemptRecord)
         assert first.state == "failed" and first.reason == "cancelled", first
-        done_before = _rows_done(run_dir, victim)
+        done_before = resumable_rows(run_dir, victim)
         assert 3 <= done_before < 12
         set_gate(gate, "")  # open: every held request is answered, the other shard finishes
 
@@ -199,10 +189,10 @@ def test_a_sixty_record_shard_without_buffer_size_cancelled_at_60_percent_redoes
         plan = json.loads(RunLayout(run_dir).plan.read_text())
         assert (plan["buffer_size"], plan["batching"]["by"], plan["batching"]["batches"]) == (12, "planner", 5)
         until(
-            lambda: _chat_requests(first_log, writer) >= 39 and _rows_done(run_dir, 0) >= 36,
+            lambda: _chat_requests(first_log, writer) >= 39 and resumable_rows(run_dir, 0) >= 36,
             300,
             "38 records' writer answers and three batches on disk",
-            lambda: (_chat_requests(first_log, writer), _rows_done(run_dir, 0)),
+            lambda: (_chat_requests(first_log, writer), resumable_rows(run_dir, 0)),
         )
         until(
             lambda: requests_waiting(held.base_url.removesuffix("/v1")) >= 4,
@@ -215,7 +205,7 @@ def test_a_sixty_record_shard_without_buffer_size_cancelled_at_60_percent_redoes
             120,
             "shard 0 to be cancelled",
         )
-        saved = _rows_done(run_dir, 0)
+        saved = resumable_rows(run_dir, 0)
         sent = {m: _chat_requests(first_log, m) for m in (writer, judge)}
         sent[writer] += requests_waiting(held.base_url.removesuffix("/v1"))  # held, never answered
     assert saved == 36, saved  # three whole batches; the fourth, cut at 2 of 12 records, is lost

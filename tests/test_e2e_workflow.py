@@ -28,7 +28,7 @@ from ddslurm.config import AttemptRecord, RunLayout, read_json, read_plan
 from ddslurm.launcher import SubmitError, prepare
 from ddslurm.launcher.testing import InProcessHost
 from fake_vllm.testing import set_gate, start_server
-from tests.e2e import REPO, cli_json, shard_client, until
+from tests.e2e import REPO, cli_json, resumable_rows, shard_client, until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.dd]
 
@@ -199,11 +199,7 @@ def _let_shard_0_answer_once(layout: RunLayout, gate: Path, log: Path) -> None:
 def _kill_shard_0(layout: RunLayout) -> int:
     """SIGKILL shard 0's client once a batch of it is on disk; the rows it had saved."""
 
-    def saved() -> int:
-        progress = [json.loads(p.read_text()).get("rows", 0) for p in layout.shard(0).attempts.glob("*/progress.json")]
-        return max(progress, default=0)
-
-    rows = until(saved, 300, "shard 0's first batch on disk")
+    rows = until(lambda: resumable_rows(layout.root, 0), 300, "shard 0's first batch on disk, resumable")
     assert rows < 3, rows  # mid-way: the gate holds its last request
     os.kill(until(lambda: shard_client(layout.root, 0), 60, "shard 0's client process"), signal.SIGKILL)
     return int(rows)
