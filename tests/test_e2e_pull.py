@@ -16,21 +16,24 @@ import pyarrow.parquet as pq
 import pytest
 
 from ddslurm.config import AttemptRecord, ClaimRecord, WinnerRecord, read_json
+from fake_vllm.testing import set_gate
 from tests.e2e import MIXED_RECIPE, generator, run_cli
 from tests.e2e import cli_json as _cli
 
 pytestmark = [pytest.mark.slurm, pytest.mark.dd]
 
 RECORDS, SHARDS = 21, 5
-GENERATOR = (
-    generator(replicas=2, tensor_parallel=1, env={"FAKE_VLLM_LATENCY": "0.3", "FAKE_VLLM_STARTUP_DELAY": "3"})
-    + "stages: single\n"  # the pulling allocations run every column (tests/test_e2e_stages.py: two stages)
-)
+STAND_IN = {"FAKE_VLLM_LATENCY": "0.3", "FAKE_VLLM_STARTUP_DELAY": "3"}
 
 
-def _submit(make_run_files: Any, name: str, extra: str) -> tuple[Any, Path, dict[str, Any]]:
+def _submit(
+    make_run_files: Any, name: str, extra: str, stand_in: dict[str, str] | None = None
+) -> tuple[Any, Path, dict[str, Any]]:
+    deployment = (
+        generator(replicas=2, tensor_parallel=1, env={**STAND_IN, **(stand_in or {})}) + "stages: single\n"
+    )  # the pulling allocations run every column (tests/test_e2e_stages.py: two stages)
     files = make_run_files(
-        name, num_records=RECORDS, shards=SHARDS, buffer_size=3, recipe=MIXED_RECIPE, extra_run=GENERATOR + extra
+        name, num_records=RECORDS, shards=SHARDS, buffer_size=3, recipe=MIXED_RECIPE, extra_run=deployment + extra
     )
     # Two client workers need two client CPUs (submission.cpus is shared among them).
     files.run_file.write_text(files.run_file.read_text().replace("  cpus: 1\n", "  cpus: 2\n", 1))
@@ -51,26 +54,37 @@ def _collect(run_dir: Path, env: dict[str, str]) -> Any:
 
 
 def test_pulling_allocations_keep_servers_warm_run_every_shard_once_and_lose_none_of_a_killed_one(
-    make_run_files: Any, scan_for_secret: Any
+    make_run_files: Any, scan_for_secret: Any, tmp_path: Path
 ) -> None:
     """One run proves both: the servers of a pulling allocation start once for every shard it claims, each shard is
     claimed once per array and generated once; and allocation 0, killed (SIGKILL to its batch step: the controller
     dies at once) as soon as it has begun an attempt, loses no shard and duplicates none: the automatic retry's
-    allocations finish its shards, and the dataset is exactly the unsharded run's rows."""
-    files, run_dir, submitted = _submit(make_run_files, "pull", "allocations: 2\nclient_workers: 2\nretries: 1\n")
-    assert "--pool 0-4" in (run_dir / "generate.sbatch").read_text()
-    array = submitted["job_id"]
-    victim = f"{array}_0"
-    deadline = time.monotonic() + 120
-    claimed: list[int] = []
-    while time.monotonic() < deadline and not claimed:  # task 0 has claimed a shard and begun its attempt
-        for path in run_dir.glob("shards/shard-*/attempts/attempt-*/attempt.json"):
-            record = read_json(path, AttemptRecord)
-            if record.slurm_log and record.slurm_log.endswith(f"slurm-{victim}.out") and record.state == "running":
-                claimed.append(record.shard)
-        time.sleep(0.2)
-    assert claimed, "allocation 0 never began an attempt"
-    subprocess.run(["scancel", "--signal=KILL", "--batch", victim], check=True)
+    allocations finish its shards, and the dataset is exactly the unsharded run's rows.
+
+    The servers' gate holds every generator request until then: however late Slurm starts allocation 0, allocation
+    1 (two workers) cannot finish a shard and claim them all first."""
+    gate = tmp_path / "gate"
+    set_gate(gate, "hold")
+    files, run_dir, submitted = _submit(
+        make_run_files, "pull", "allocations: 2\nclient_workers: 2\nretries: 1\n", {"FAKE_VLLM_GATE": str(gate)}
+    )
+    try:
+        assert "--pool 0-4" in (run_dir / "generate.sbatch").read_text()
+        array = submitted["job_id"]
+        victim = f"{array}_0"
+        deadline = time.monotonic() + 600  # a bound on the wait, not a measured time: nothing finishes meanwhile
+        claimed: list[int] = []
+        while not claimed:  # task 0 has claimed a shard and begun its attempt
+            assert time.monotonic() < deadline, "allocation 0 never began an attempt"
+            for path in run_dir.glob("shards/shard-*/attempts/attempt-*/attempt.json"):
+                record = read_json(path, AttemptRecord)
+                if record.slurm_log and record.slurm_log.endswith(f"slurm-{victim}.out") and record.state == "running":
+                    claimed.append(record.shard)
+            time.sleep(0.2)
+        assert not list(run_dir.glob("shards/shard-*/winner.json"))  # the gate held: no shard has finished yet
+        subprocess.run(["scancel", "--signal=KILL", "--batch", victim], check=True)
+    finally:
+        set_gate(gate, "")
     final = _cli("wait", str(run_dir), "--json", env=files.env, timeout=600)
     assert final["state"] == "succeeded", json.dumps(final)[-3000:]
     assert final["records_done"] == RECORDS
