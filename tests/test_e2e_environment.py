@@ -125,7 +125,7 @@ def _sbatch_wrap(command: str, output: Path, *, export: str, env: dict[str, str]
         env=env,
         check=True,
     ).stdout.strip()
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 180
     while subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True).stdout.strip():
         assert time.monotonic() < deadline, f"job {job} did not end"
         time.sleep(0.3)

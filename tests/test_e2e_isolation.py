@@ -225,7 +225,7 @@ def test_a_mixed_run_serves_only_requests_with_the_attempts_token(
     assert sum(r["authorized"] for r in chats) >= 12
     assert all(r["status"] == 401 for r in chats if not r["authorized"])  # only this test's own probes
     # Once the allocation is torn down, no file the run left holds the token or the server-only value.
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 180
     while "proxy.stopped" not in (attempt / "proxy-generator.log").read_text() and time.monotonic() < deadline:
         time.sleep(0.2)
     for secret in (token, hf_value):

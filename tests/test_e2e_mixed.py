@@ -78,7 +78,7 @@ def test_mixed_run_local_generator_two_replicas_and_hosted_judge(
     assert generator and all(r["authorized"] for r in generator if r["path"].startswith("/v1/"))
     # The proxy balanced and stopped cleanly; the judge went to the hosted stand-in with the key.
     # `wait` returns on the attempt's record; the allocation's teardown (TERM to the proxy) follows it.
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 180
     while True:
         proxy_log = [json.loads(line) for line in (attempt / "proxy-generator.log").read_text().splitlines()]
         if proxy_log[-1]["event"] == "proxy.stopped" or time.monotonic() > deadline:
@@ -159,7 +159,7 @@ def test_report_of_a_mixed_run(make_run_files: Any, hosted_endpoint: Any, tmp_pa
     _cli("collect", str(run_dir), "--json", "--local", env=files.env)
     # `wait` returns on the attempts' records; the allocations' teardown follows: report once Slurm has ended them.
     arrays = [p.stem for p in (run_dir / "submissions").glob("*.json")]
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         states = subprocess.run(
             ["sacct", "-X", "-n", "-P", "-j", ",".join(arrays), "--format=State"],

@@ -132,7 +132,8 @@ owner = scratch_owner({}, "attempt-sig", uid=os.getuid(), user="u", pid=1, pid_s
 with scratch_directory(Path(sys.argv[1]), owner) as path:
     (path / "dd-home").mkdir()
     print(path, flush=True)
-    time.sleep(60)
+    for _ in range(600):  # short sleeps: a signal delivered to another thread than the main one (an import may
+        time.sleep(0.1)   # start one) runs its Python handler only once the main thread wakes
 """
 
 
