@@ -20,12 +20,16 @@ import pytest
 from ddslurm.collector.testing import make_published_run
 from ddslurm.config import DdslurmError, RunLayout
 from ddslurm.launcher import Slurm, api
-from ddslurm.launcher import _dry_run as dry_run_module
-from ddslurm.launcher import _submit as submit_module
 from ddslurm.launcher.api import Client, CollectFailedError, Run, Submission, WaitTimeout
 from ddslurm.launcher.cli import main
 from ddslurm.launcher.errors import LauncherError, RunNotFoundError, SubmitError, UsageError
-from ddslurm.launcher.testing import FakeSlurm, InProcessHost, accept_recipe, write_attempt, write_unit_run
+from ddslurm.launcher.testing import (
+    FakeSlurm,
+    InProcessHost,
+    accept_every_recipe,
+    write_attempt,
+    write_unit_run,
+)
 
 KEY = "sk-api-test-0000"
 
@@ -170,13 +174,7 @@ def test_importing_the_api_loads_no_heavy_module() -> None:
 @pytest.fixture
 def _no_recipe_check(monkeypatch: pytest.MonkeyPatch) -> None:
     """Data Designer's own validation of the recipe (a subprocess of seconds) is tested elsewhere."""
-    original = submit_module.prepare
-
-    def prepare(*args: Any, **kwargs: Any) -> Any:
-        return original(*args, **{**kwargs, "check_recipe": accept_recipe})
-
-    monkeypatch.setattr(submit_module, "prepare", prepare)
-    monkeypatch.setattr(dry_run_module, "prepare", prepare)
+    accept_every_recipe(monkeypatch)
 
 
 def _client(profile: Path | None, env: dict[str, str], runner: FakeSlurm, **kwargs: Any) -> Client:

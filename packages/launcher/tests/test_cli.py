@@ -32,11 +32,9 @@ from ddslurm.config import (
     sha256_file,
 )
 from ddslurm.launcher import Completed, Slurm, prepare, submit_shards, write_run_dir
-from ddslurm.launcher import _dry_run as dry_run_module
-from ddslurm.launcher import _submit as submit_module
 from ddslurm.launcher._output import ExitCode
 from ddslurm.launcher.cli import DISTRIBUTIONS, app, main
-from ddslurm.launcher.testing import FakeSlurm, accept_recipe, write_attempt, write_unit_run
+from ddslurm.launcher.testing import FakeSlurm, accept_every_recipe, accept_recipe, write_attempt, write_unit_run
 
 KEY = "sk-cli-test-value-123456"
 DDSLURM = Path(sys.executable).parent / "ddslurm"
@@ -68,9 +66,7 @@ def _cli(argv: list[str], env: dict[str, str], runner: FakeSlurm | None = None) 
 @pytest.fixture
 def _no_recipe_check(monkeypatch: pytest.MonkeyPatch) -> None:
     """Data Designer's own validation of the recipe (a subprocess of seconds) is tested elsewhere."""
-    original = submit_module.prepare
-    monkeypatch.setattr(submit_module, "prepare", lambda *a, **k: original(*a, **{**k, "check_recipe": accept_recipe}))
-    monkeypatch.setattr(dry_run_module, "prepare", submit_module.prepare)
+    accept_every_recipe(monkeypatch)
 
 
 # --- help, version, completion ---
@@ -331,9 +327,8 @@ def test_a_submission_that_stopped_part_way_says_what_was_submitted_in_its_error
                 return Completed(1, "", "sbatch: error: injected")
             return super().__call__(argv, env=env)
 
-    original = submit_module.prepare
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(submit_module, "prepare", lambda *a, **k: original(*a, **{**k, "check_recipe": accept_recipe}))
+        accept_every_recipe(patch)
         code, error = _error(["submit", str(run), "--profile", str(profile)], env, SecondSbatchFails())
     assert (code, error["code"], error["state"]) == (ExitCode.FAILED, "submission_incomplete", "incomplete")
     assert [a["job_id"] for a in error["submitted"]] == ["4242"] and len(error["not_submitted"]) == 1

@@ -17,8 +17,13 @@ import pytest
 
 from ddslurm.config import FileEntry, WinnerRecord, encode, publish_once, sha256_file
 from ddslurm.launcher import Slurm, submit
-from ddslurm.launcher import _submit as submit_module
-from ddslurm.launcher.testing import FakeSlurm, InProcessHost, accept_recipe, write_attempt, write_unit_run
+from ddslurm.launcher.testing import (
+    FakeSlurm,
+    InProcessHost,
+    accept_every_recipe,
+    write_attempt,
+    write_unit_run,
+)
 
 HEAVY = ("pyarrow", "numpy", "data_designer", "ddslurm.planner")
 """What a command that only reads a run must not load (each a tenth of a second or more of CPU, or the planner)."""
@@ -53,8 +58,7 @@ def test_the_package_exports_lazily() -> None:
 def run_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A run of 3 shards submitted through a fake ``sbatch``, shard 0's attempt running, shard 1's published (its
     winner's files are checked by ``status``)."""
-    original = submit_module.prepare
-    monkeypatch.setattr(submit_module, "prepare", lambda *a, **k: original(*a, **{**k, "check_recipe": accept_recipe}))
+    accept_every_recipe(monkeypatch)
     run, profile, env = write_unit_run(tmp_path, "sk-imports-test-0000", shards=3)
     done = submit(run, profile, slurm=Slurm(FakeSlurm(), user="alice"), host=InProcessHost(), env=env)
     layout = done.layout

@@ -25,7 +25,7 @@ from ddslurm.launcher import Slurm
 from ddslurm.launcher import _run_dir as run_dir_module
 from ddslurm.launcher import _submit as submit_module
 from ddslurm.launcher.cli import main
-from ddslurm.launcher.testing import FakeSlurm, accept_recipe, write_unit_run
+from ddslurm.launcher.testing import FakeSlurm, accept_every_recipe, write_unit_run
 
 KEY = "sk-disk-full-test-value-123456"
 
@@ -84,8 +84,7 @@ def _cli(argv: list[str], env: dict[str, str], runner: FakeSlurm) -> tuple[int, 
 
 @pytest.fixture
 def _no_recipe_check(monkeypatch: pytest.MonkeyPatch) -> None:
-    original = submit_module.prepare
-    monkeypatch.setattr(submit_module, "prepare", lambda *a, **k: original(*a, **{**k, "check_recipe": accept_recipe}))
+    accept_every_recipe(monkeypatch)
 
 
 def _unit_run(root: Path, workspace: Path) -> tuple[Path, Path, dict[str, str]]:

@@ -13,10 +13,14 @@ from typing import Any
 import pytest
 
 from ddslurm.launcher import Slurm, SubmitError, doctor, dry_run
-from ddslurm.launcher import _dry_run as dry_run_module
 from ddslurm.launcher._slurm import Completed
 from ddslurm.launcher.cli import main
-from ddslurm.launcher.testing import InProcessHost, accept_recipe, write_runtime_shim, write_unit_run
+from ddslurm.launcher.testing import (
+    InProcessHost,
+    accept_every_recipe,
+    write_runtime_shim,
+    write_unit_run,
+)
 
 HOST = InProcessHost()
 """Data Designer's answers in this process (the real host's process is the cluster tests')."""
@@ -262,12 +266,7 @@ def test_without_nodes_from_sinfo_the_cluster_checks_are_skipped_and_nothing_is_
 @pytest.fixture
 def _no_data_designer_subprocess(monkeypatch: pytest.MonkeyPatch) -> None:
     """Data Designer's own validation of the recipe (a subprocess of seconds) is tested elsewhere."""
-    original = dry_run_module.prepare
-
-    def prepare(*args: Any, **kwargs: Any) -> Any:
-        return original(*args, **{**kwargs, "check_recipe": accept_recipe})
-
-    monkeypatch.setattr(dry_run_module, "prepare", prepare)
+    accept_every_recipe(monkeypatch)
 
 
 @pytest.mark.usefixtures("_no_data_designer_subprocess")

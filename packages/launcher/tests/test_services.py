@@ -32,10 +32,15 @@ from ddslurm.launcher import (
 )
 from ddslurm.launcher import _dry_run as dry_run_module
 from ddslurm.launcher import _follow as follow_module
-from ddslurm.launcher import _submit as submit_module
 from ddslurm.launcher._process import Stopped, run_in_group
 from ddslurm.launcher._runs import save_report
-from ddslurm.launcher.testing import FakeSlurm, InProcessHost, accept_recipe, wait_ended, write_unit_run
+from ddslurm.launcher.testing import (
+    FakeSlurm,
+    InProcessHost,
+    accept_every_recipe,
+    wait_ended,
+    write_unit_run,
+)
 
 HOST = InProcessHost()
 """Data Designer's answers in this process (the real host's process is the cluster tests')."""
@@ -46,13 +51,7 @@ KEY = "sk-services-test-0000"
 @pytest.fixture
 def _no_recipe_check(monkeypatch: pytest.MonkeyPatch) -> None:
     """Data Designer's own validation of the recipe (a subprocess of seconds) is tested elsewhere."""
-    original = submit_module.prepare
-
-    def prepare(*args: Any, **kwargs: Any) -> Any:
-        return original(*args, **{**kwargs, "check_recipe": accept_recipe})
-
-    monkeypatch.setattr(submit_module, "prepare", prepare)
-    monkeypatch.setattr(dry_run_module, "prepare", prepare)
+    accept_every_recipe(monkeypatch)
 
 
 def test_every_name_the_package_exports_is_there() -> None:

@@ -29,12 +29,19 @@ from ddslurm.config import (
     read_plan,
 )
 from ddslurm.launcher import RunStatus, Slurm, run_status, submit
-from ddslurm.launcher import _submit as submit_module
 from ddslurm.launcher._console import status_text
 from ddslurm.launcher._render import render_generation
 from ddslurm.launcher._steer import log_files, pick_attempt, retry
 from ddslurm.launcher._submit import prepare
-from ddslurm.launcher.testing import UNIT_RECIPE, FakeSlurm, InProcessHost, accept_recipe, write_attempt, write_unit_run
+from ddslurm.launcher.testing import (
+    UNIT_RECIPE,
+    FakeSlurm,
+    InProcessHost,
+    accept_every_recipe,
+    accept_recipe,
+    write_attempt,
+    write_unit_run,
+)
 
 HOST = InProcessHost()
 """Data Designer's answers in this process (the real host's process is the cluster tests')."""
@@ -107,8 +114,7 @@ def test_the_cpu_stage_script_asks_for_cpu_only_allocations_after_its_arrays(tmp
 
 @pytest.fixture
 def _no_dd_subprocess(monkeypatch: pytest.MonkeyPatch) -> None:
-    original = submit_module.prepare
-    monkeypatch.setattr(submit_module, "prepare", lambda *a, **k: original(*a, **{**k, "check_recipe": accept_recipe}))
+    accept_every_recipe(monkeypatch)
 
 
 def _winner(layout: RunLayout, shard: int, stage: int | None) -> None:

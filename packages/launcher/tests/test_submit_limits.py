@@ -10,7 +10,6 @@ import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -27,12 +26,10 @@ from ddslurm.config import (
     read_json,
 )
 from ddslurm.launcher import Completed, LauncherError, Slurm, SlurmError, SubmitError, cli, run_status, submit
-from ddslurm.launcher import _dry_run as dry_run_module
-from ddslurm.launcher import _submit as submit_module
 from ddslurm.launcher._slurm import SlurmTimeoutError, SubprocessRunner, parse_limit
 from ddslurm.launcher._steer import continue_submission, retry
 from ddslurm.launcher._submit import PartialSubmitError, submit_lock
-from ddslurm.launcher.testing import InProcessHost, accept_recipe, wait_ended, write_unit_run
+from ddslurm.launcher.testing import InProcessHost, accept_every_recipe, wait_ended, write_unit_run
 
 HOST = InProcessHost()
 """Data Designer's answers in this process (the real host's process is the cluster tests')."""
@@ -126,13 +123,7 @@ def _files(tmp_path: Path, *, shards: int = 3, run_extra: str = "") -> tuple[Pat
 @pytest.fixture(autouse=True)
 def _no_data_designer_subprocess(monkeypatch: pytest.MonkeyPatch) -> None:
     """Data Designer's own validation of the recipe (a subprocess of seconds) is tested elsewhere."""
-    original = submit_module.prepare
-
-    def prepare(*args: Any, **kwargs: Any) -> Any:
-        return original(*args, **{**kwargs, "check_recipe": accept_recipe})
-
-    monkeypatch.setattr(submit_module, "prepare", prepare)
-    monkeypatch.setattr(dry_run_module, "prepare", prepare)
+    accept_every_recipe(monkeypatch)
 
 
 def _cli(argv: list[str], cluster: FakeCluster, env: dict[str, str]) -> tuple[int, str, str]:

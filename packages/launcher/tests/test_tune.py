@@ -29,9 +29,10 @@ from ddslurm.config import (
     read_json,
 )
 from ddslurm.launcher._commands_tune import tune_lines
-from ddslurm.launcher._tune import DEFAULT_RECORDS, tune_run_file, with_calibration
+from ddslurm.launcher._tune import DEFAULT_RECORDS, tune_run_file
 from ddslurm.launcher._tune_facts import TuneFailedError, tune_result
 from ddslurm.launcher.errors import UsageError
+from ddslurm.planner import calibration_levels_of
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "mixed" / "run.yaml"
 
@@ -67,8 +68,8 @@ def _plan(*deployments: DeploymentPlan) -> Plan:
 
 
 def test_the_levels_are_the_powers_of_two_up_to_each_capacity_and_the_capacities() -> None:
-    assert with_calibration(_plan(_deployment("gen", 6), _deployment("big", 8))).calibrate == (1, 2, 4, 6, 8)
-    assert with_calibration(_plan(_deployment("gen", 1))).calibrate == (1,)
+    assert calibration_levels_of(_plan(_deployment("gen", 6), _deployment("big", 8)).serving) == (1, 2, 4, 6, 8)
+    assert calibration_levels_of(_plan(_deployment("gen", 1)).serving) == (1,)
 
 
 CLIENT_OUT = """\

@@ -32,11 +32,10 @@ from ddslurm.config import (
     write_facts,
 )
 from ddslurm.launcher import Slurm, SubmitError, doctor, dry_run
-from ddslurm.launcher import _dry_run as dry_run_module
 from ddslurm.launcher._facts import record_after, record_facts
 from ddslurm.launcher._submit import prepare
 from ddslurm.launcher.cli import main
-from ddslurm.launcher.testing import FakeSlurm, accept_recipe, write_unit_run
+from ddslurm.launcher.testing import FakeSlurm, accept_every_recipe, accept_recipe, write_unit_run
 from ddslurm.planner import PlanInputs
 
 ROOT = os.geteuid() == 0
@@ -85,12 +84,7 @@ def _plant(path: Path, facts: Facts = PLANTED) -> None:
 @pytest.fixture
 def compiled(monkeypatch: pytest.MonkeyPatch, planner_inputs: list[PlanInputs]) -> Iterator[list[PlanInputs]]:
     """What the planner is given (recipe checks answered here: Data Designer's own is tested elsewhere)."""
-    original = dry_run_module.prepare
-
-    def accepting(*args: Any, **kwargs: Any) -> Any:
-        return original(*args, **{**kwargs, "check_recipe": accept_recipe})
-
-    monkeypatch.setattr(dry_run_module, "prepare", accepting)
+    accept_every_recipe(monkeypatch)
     yield planner_inputs
 
 

@@ -198,7 +198,7 @@ from ddslurm.config._snapshot import (
 from ddslurm.config._spend import AliasSpend, SpendForecast
 from ddslurm.config._suggest import closest, did_you_mean
 from ddslurm.config._workflow import DD_DEFAULT_NUM_RECORDS, WorkflowNext, WorkflowPlace, WorkflowStage
-from ddslurm.config._yaml import load_struct, locate, read_yaml, to_builtins
+from ddslurm.config._yaml import MAX_YAML_BYTES, load_struct, locate, read_text_file, read_yaml, to_builtins
 from ddslurm.config.errors import (
     ConfigError,
     ConfigFileError,
@@ -210,6 +210,7 @@ from ddslurm.config.errors import (
 )
 
 __all__ = [
+    "MAX_YAML_BYTES",
     "ANSWER_TYPES",
     "INSPECT_VERSION",
     "BuildAnswer",
@@ -397,6 +398,7 @@ __all__ = [
     "read_plan",
     "read_regular",
     "read_tail",
+    "read_text_file",
     "read_yaml",
     "recipe_processors",
     "recipe_section",

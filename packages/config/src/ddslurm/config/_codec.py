@@ -62,15 +62,16 @@ def read_plan(path: Path) -> Plan:
     return plan
 
 
-def load_run_file(path: Path) -> RunFile:
+def load_run_file(path: Path, *, text: str | None = None) -> RunFile:
     """Load a run file strictly (unknown keys, wrong types and bad values name file:line:col and field; every
-    problem of the file at once)."""
-    return load_struct(path, RunFile, max_bytes=MAX_INPUT_BYTES, aliases=False)
+    problem of the file at once). ``text``: the file's text, already read (:func:`read_text_file`)."""
+    return load_struct(path, RunFile, max_bytes=MAX_INPUT_BYTES, aliases=False, text=text)
 
 
-def load_profile(path: Path) -> ClusterProfile:
-    """Load a cluster profile; relative paths in it are made absolute against the profile's directory."""
-    profile = load_struct(path, ClusterProfile, max_bytes=MAX_INPUT_BYTES, aliases=False)
+def load_profile(path: Path, *, text: str | None = None) -> ClusterProfile:
+    """Load a cluster profile; relative paths in it are made absolute against the profile's directory. ``text``:
+    the file's text, already read."""
+    profile = load_struct(path, ClusterProfile, max_bytes=MAX_INPUT_BYTES, aliases=False, text=text)
     base = path.resolve().parent
 
     def absolute(value: str) -> str:

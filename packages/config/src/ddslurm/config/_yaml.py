@@ -129,8 +129,10 @@ class _StrictComposer(_BoundedComposer):
     aliases = False
 
 
-def _read_text(path: Path, max_bytes: int) -> str:
-    """The file's text, read up to ``max_bytes`` (a larger file is refused where it passes the limit)."""
+def read_text_file(path: Path, max_bytes: int = MAX_INPUT_BYTES) -> str:
+    """The file's text, read once up to ``max_bytes`` (by default a run file's or profile's limit; a larger file is
+    refused where it passes the limit, a file that is not UTF-8 where it stops being so): what :func:`read_yaml`
+    parses, for a caller that keeps the text (``submit`` reads each input once)."""
     try:
         with path.open("rb") as fh:
             data = fh.read(max_bytes + 1)
@@ -158,7 +160,7 @@ def read_yaml(path: Path, *, text: str | None = None, max_bytes: int = MAX_YAML_
     """Parse a YAML (or JSON) file into a round-trip tree that keeps line and column marks. ``text``: parse this
     instead of reading ``path`` (which errors then name). The limits: see the module's docstring."""
     if text is None:
-        text = _read_text(path, max_bytes)
+        text = read_text_file(path, max_bytes)
     elif len(text) > max_bytes:
         raise ConfigFileError(path, f"larger than {_size(max_bytes)}, the most ddslurm parses")
     yaml = YAML(typ="rt")
@@ -288,11 +290,12 @@ def load_struct(
     dec_hook: Any = None,
     max_bytes: int = MAX_YAML_BYTES,
     aliases: bool = True,
+    text: str | None = None,
 ) -> T:
     """Load ``path`` strictly into ``kind``, every problem of the file reported at once (:func:`file_errors`).
-    ``prepare`` may normalise the plain tree before conversion; ``max_bytes`` and ``aliases`` as for
-    :func:`read_yaml`."""
-    tree = read_yaml(path, max_bytes=max_bytes, aliases=aliases)
+    ``prepare`` may normalise the plain tree before conversion; ``max_bytes``, ``aliases`` and ``text`` (the
+    file's text, already read) as for :func:`read_yaml`."""
+    tree = read_yaml(path, text=text, max_bytes=max_bytes, aliases=aliases)
     if tree is None:
         raise ConfigFileError(path, "file is empty", line=1, col=1)
     if not isinstance(tree, CommentedMap):

@@ -43,12 +43,13 @@ def run_aliases(
     runtime: Path | None,
     host: EngineHost = RUNTIME_PROCESS,
     stage: StageRequest | None = None,
+    run_text: str | None = None,
 ) -> tuple[LoadedRecipe, Resolution]:
     """The run's recipe, loaded as ``submit`` loads it (``runtime``: ``<python_env>/bin/ddslurm-runtime``, which runs
     a builder script, asked through ``host``), and every alias it uses resolved against Data Designer's settings in
     ``dd_home`` and the MCP providers the script gives; the problems that would stop a submission are in the
-    resolution."""
-    loaded = load_run_recipe(run, run_path, env, dd_home, runtime=runtime, host=host, stage=stage)
+    resolution. ``run_text``: the run file's text as read (``submit`` reads it once), else read here."""
+    loaded = load_run_recipe(run, run_path, env, dd_home, runtime=runtime, host=host, stage=stage, run_text=run_text)
     resolution = describe_run_recipe(
         run, run_path, loaded.data, loaded.origin, env, dd_home, given_mcp_providers=loaded.given_mcp_providers()
     )

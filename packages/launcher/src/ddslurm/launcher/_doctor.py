@@ -11,10 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ddslurm.launcher._doctor_checks import Check, ClusterFacts, job_checks, loaded, profile_checks
+from ddslurm.launcher._doctor_checks import Check, ClusterFacts, job_checks, profile_checks
 from ddslurm.launcher._dry_run import compile_dry_run
 from ddslurm.launcher._engine_host import RUNTIME_PROCESS, EngineHost
 from ddslurm.launcher._slurm import Slurm
+from ddslurm.launcher._submit_inputs import read_inputs, read_profile
 from ddslurm.launcher.errors import LauncherError
 
 
@@ -56,16 +57,19 @@ def doctor(
     report (nothing is refused: the caller says what to do with the problems). The run is compiled as ``submit
     --dry-run`` compiles it (a builder script runs in ``python_env``); what refuses it is one problem of the
     report."""
-    run, profile = loaded(run_path, profile_path)
-    facts = ClusterFacts(slurm, env, run_path, profile_path, host)
+    if run_path is None:
+        text, profile = read_profile(profile_path)
+        facts = ClusterFacts(slurm, env, None, profile_path, host, text)
+        return DoctorReport(profile_path, None, tuple(profile_checks(facts, profile, None)))
+    inputs = read_inputs(run_path, profile_path)  # read once: the checks and the compilation see the same files
+    run, profile = inputs.run, inputs.profile
+    facts = ClusterFacts(slurm, env, run_path, profile_path, host, inputs.profile_text)
     checks = profile_checks(facts, profile, run)
-    if run is None or run_path is None:
-        return DoctorReport(profile_path, run_path, tuple(checks))
     if any(c.status == "problem" for c in checks):
         checks.append(Check("run file", "skipped", "the profile's problems come first (above)"))
         return DoctorReport(profile_path, run_path, tuple(checks))
     try:
-        prepared, _, script = compile_dry_run(run_path, profile_path, slurm=slurm, env=env, host=host)
+        prepared, _, script = compile_dry_run(inputs, slurm=slurm, env=env, host=host)
     except LauncherError as exc:
         checks.append(Check("run file", "problem", str(exc)))
         return DoctorReport(profile_path, run_path, tuple(checks))

@@ -33,8 +33,6 @@ from ddslurm.config import (
     UnsafePathError,
     VersionsRequest,
     check_workspace,
-    load_profile,
-    load_run_file,
     locate,
     read_yaml,
 )
@@ -45,6 +43,7 @@ from ddslurm.launcher._process import Stopped
 from ddslurm.launcher._python_env import runtime_command, runtime_problem
 from ddslurm.launcher._recipe import script_environment, secret_names
 from ddslurm.launcher._slurm import Association, ClusterConfig, Slurm
+from ddslurm.launcher._submit_inputs import SubmitInputs
 from ddslurm.launcher.errors import InspectAnswerError, SlurmError, SubmitError
 from ddslurm.planner import parse_memory_mb
 from ddslurm.providers.discovery import settings_dir
@@ -101,13 +100,24 @@ class ClusterFacts:
         run_path: Path | None,
         profile_path: Path,
         host: EngineHost = RUNTIME_PROCESS,
+        profile_text: str | None = None,
     ) -> None:
         self.slurm, self.env, self.run_path, self.profile_path = slurm, env, run_path, profile_path
         self.host = host
+        self._profile_text = profile_text
+        self._profile_fields: frozenset[str] | None = None
         self._cluster: ClusterInfo | None = None
         self._config: ClusterConfig | None = None
         self._assoc: list[Association] | None = None
         self.cluster_error = self.config_error = self.assoc_error = ""
+
+    def profile_fields(self) -> frozenset[str]:
+        """The fields the profile file sets itself (not left to their defaults): from its text as the caller read
+        it (``profile_text``), else read here once."""
+        if self._profile_fields is None:
+            tree = read_yaml(self.profile_path, text=self._profile_text) or {}
+            self._profile_fields = frozenset(str(k) for k in tree)
+        return self._profile_fields
 
     def check(self, name: str, status: CheckStatus, detail: str, field: str = "") -> Check:
         """A check of ``field`` (``profile.partition``, ``submission.cpus``), placed at it when it is a problem."""
@@ -325,7 +335,7 @@ def _engine_check(facts: ClusterFacts, profile: ClusterProfile, engine: Engine, 
     ``vllm_executable``/``vllm_image`` or ``sglang_executable``/``sglang_image``. ``used``: whether the run's
     deployments use ``engine`` (None: no run file; vLLM is then checked as the usual engine, SGLang only when the
     profile sets its fields)."""
-    set_in_file = read_yaml(facts.profile_path) or {}
+    set_in_file = facts.profile_fields()
     exe, image = (
         (profile.vllm_executable, profile.vllm_image)
         if engine == "vllm"
@@ -484,14 +494,6 @@ def _test_only_check(facts: ClusterFacts, plan: Plan, script: str, *, clean: boo
     return facts.check(name, "ok", said.removeprefix("sbatch: ") or "Slurm would accept the first array")
 
 
-def loaded(run_path: Path | None, profile_path: Path) -> tuple[RunFile | None, ClusterProfile]:
-    """The run file and profile, or the launcher's error that names the file, line and column."""
-    try:
-        return (None if run_path is None else load_run_file(run_path)), load_profile(profile_path)
-    except ConfigError as exc:
-        raise SubmitError(str(exc)) from exc
-
-
 @dataclass(frozen=True, slots=True)
 class ProfileChecked:
     """What :func:`check_profile_first` read, for :func:`check_jobs`: the scheduler's answers and the two files."""
@@ -502,25 +504,18 @@ class ProfileChecked:
 
 
 def check_profile_first(
-    run_path: Path, profile_path: Path, slurm: Slurm, env: Mapping[str, str], host: EngineHost = RUNTIME_PROCESS
-) -> ProfileChecked | None:
+    inputs: SubmitInputs, slurm: Slurm, env: Mapping[str, str], host: EngineHost = RUNTIME_PROCESS
+) -> ProfileChecked:
     """``submit``'s checks of the profile before its inputs are prepared (a builder script run, Data Designer's
-    check): refused with every problem at once. Returns what was read (for :func:`check_jobs`); None when the
-    files do not load (``prepare`` then refuses them as it does)."""
-    try:
-        run, profile = loaded(run_path, profile_path)
-    except SubmitError:
-        return None
-    assert run is not None
-    facts = ClusterFacts(slurm, env, run_path, profile_path, host)
-    refuse_problems(profile_checks(facts, profile, run))
-    return ProfileChecked(facts, run, profile)
+    check), on the run file and profile as ``submit`` read them: refused with every problem at once. Returns what
+    was read (for :func:`check_jobs`)."""
+    facts = ClusterFacts(slurm, env, inputs.run_path, inputs.profile_path, host, inputs.profile_text)
+    refuse_problems(profile_checks(facts, inputs.profile, inputs.run))
+    return ProfileChecked(facts, inputs.run, inputs.profile)
 
 
-def check_jobs(checked: ProfileChecked | None, plan: Plan, script: str) -> None:
+def check_jobs(checked: ProfileChecked, plan: Plan, script: str) -> None:
     """``submit``'s checks of the compiled jobs (they fit on their partitions' nodes, the QOS, ``sbatch
     --test-only`` of the first array ``script``), refused with every problem at once."""
-    if checked is None:
-        return
     problems = job_checks(checked.facts, checked.run, checked.profile, plan, script)
     refuse_problems(problems, "the run's jobs do not fit this cluster")

@@ -23,7 +23,8 @@ from ddslurm.launcher._engine_host import RUNTIME_PROCESS, EngineHost
 from ddslurm.launcher._facts import PartitionGpuNodes, partition_gpu_type, partition_nodes
 from ddslurm.launcher._run_dir import Prepared
 from ddslurm.launcher._slurm import Slurm
-from ddslurm.launcher._submit import first_script, new_stamp, prepare, read_limits, refusals, secret_warnings
+from ddslurm.launcher._submit import first_script, new_stamp, prepare_inputs, read_limits, refusals, secret_warnings
+from ddslurm.launcher._submit_inputs import SubmitInputs, read_inputs
 from ddslurm.launcher.errors import SlurmError
 from ddslurm.planner import SubmissionPlan, batch_warnings, plan_submission
 
@@ -66,8 +67,7 @@ def scheduler_limits(slurm: Slurm, plan: Plan) -> SchedulerLimits:
 
 
 def compile_dry_run(
-    run_file: Path,
-    profile: Path,
+    inputs: SubmitInputs,
     *,
     slurm: Slurm,
     env: Mapping[str, str],
@@ -75,14 +75,14 @@ def compile_dry_run(
     check_endpoints: EndpointCheck | None = None,
     host: EngineHost = RUNTIME_PROCESS,
 ) -> tuple[Prepared, SubmissionPlan, str]:
-    """The run validated and compiled as ``submit`` does (``check_endpoints`` included), its arrays planned within
+    """The run (``inputs``: its run file and profile as read once) validated and compiled as ``submit`` does
+    (``check_endpoints`` included), its arrays planned within
     the scheduler's limits, and the first array's batch script; nothing written, and the cluster's checks of the
     profile not run."""
     moment = now or datetime.now(UTC)
     gpu_nodes = PartitionGpuNodes(slurm)  # one sinfo for the GPU type and the layouts' bounds
-    prepared = prepare(
-        run_file,
-        profile,
+    prepared = prepare_inputs(
+        inputs,
         env,
         moment,
         host=host,
@@ -110,9 +110,10 @@ def dry_run(
     """Validate and compile ``run_file`` for the cluster of ``profile``, check the profile and the jobs against the
     cluster (``ddslurm doctor``'s checks, every problem at once), and plan its submission; write nothing, submit
     nothing. Raises what ``submit`` would raise for the same inputs (``check_endpoints`` included)."""
-    checked = check_profile_first(run_file, profile, slurm, env, host)
+    inputs = read_inputs(run_file, profile)
+    checked = check_profile_first(inputs, slurm, env, host)
     prepared, planned, script = compile_dry_run(
-        run_file, profile, slurm=slurm, env=env, now=now, check_endpoints=check_endpoints, host=host
+        inputs, slurm=slurm, env=env, now=now, check_endpoints=check_endpoints, host=host
     )
     plan = prepared.plan
     check_jobs(checked, plan, script)

@@ -54,6 +54,7 @@ import msgspec
 
 from ddslurm.config import (
     DD_BUILDER_FUNCTION,
+    MAX_YAML_BYTES,
     BuildAnswer,
     BuildRequest,
     ConfigError,
@@ -66,6 +67,7 @@ from ddslurm.config import (
     WorkflowStage,
     locate,
     parse_recipe_ref,
+    read_text_file,
     read_yaml,
     sha256_bytes,
     to_builtins,
@@ -182,6 +184,7 @@ def load_run_recipe(
     host: EngineHost = RUNTIME_PROCESS,
     timeout_s: float = RECIPE_TIMEOUT_S,
     stage: StageRequest | None = None,
+    run_text: str | None = None,
 ) -> LoadedRecipe:
     """The recipe ``run`` names (relative to ``run_path``): a config file is read; a builder script or
     ``module:function`` is run by ``runtime`` (``<python_env>/bin/ddslurm-runtime``, asked through ``host``; see
@@ -196,7 +199,8 @@ def load_run_recipe(
     (:func:`refuse_secrets`; the seed files: ``refuse_seed_secrets``).
 
     A builder that returns a Data Designer workflow gives the config of its first stage, or of ``stage``'s, seeded
-    from the dataset of the stage before (:class:`LoadedRecipe.workflow`, ``ddslurm.runtime._workflow``)."""
+    from the dataset of the stage before (:class:`LoadedRecipe.workflow`, ``ddslurm.runtime._workflow``).
+    ``run_text``: the run file's text as ``submit`` read it (read here when not given)."""
     try:
         ref = parse_recipe_ref(run.recipe)
     except ValueError as exc:
@@ -204,9 +208,9 @@ def load_run_recipe(
     base = run_path.parent.resolve()
     hidden = secret_names(run, env, dd_home)  # read once: the builder's environment and the values refused
     secrets = secret_values(hidden, env)
-    refuse_secrets(
-        run_path.read_text("utf-8", "replace"), read_yaml(run_path), secrets, origin=run_path, subject="the run file"
-    )
+    if run_text is None:
+        run_text = read_text_file(run_path)
+    refuse_secrets(run_text, read_yaml(run_path, text=run_text), secrets, origin=run_path, subject="the run file")
     if ref.kind == "config":
         path = (base / ref.target).resolve()
         if not path.is_file():
@@ -215,11 +219,11 @@ def load_run_recipe(
             if dotted and Path(ref.target).suffix.lower() not in (".yaml", ".yml", ".json"):
                 hint = f" (a module's function is written {ref.target}:function)"
             raise _at_recipe(run_path, f"{path} does not exist{hint}")
-        stored = path.read_bytes()
-        data = load_recipe(path)
-        refuse_secrets(stored.decode("utf-8", "replace"), read_yaml(path), secrets, origin=path, subject="the recipe")
+        text = read_text_file(path, MAX_YAML_BYTES)  # read once: what is checked is what the run stores
+        data = load_recipe(path, text=text)
+        refuse_secrets(text, read_yaml(path, text=text), secrets, origin=path, subject="the recipe")
         refuse_seed_secrets(data, path, secrets)
-        return LoadedRecipe(ref=ref, path=path, origin=path, data=data, stored=stored)
+        return LoadedRecipe(ref=ref, path=path, origin=path, data=data, stored=text.encode("utf-8"))
     if runtime is None:
         raise _at_recipe(
             run_path,

@@ -10,7 +10,6 @@ stops part-way is an explicit state of the run (``ddslurm submit --continue`` fi
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import re
 import secrets
@@ -46,8 +45,6 @@ from ddslurm.config import (
     encode_pretty,
     exclusive_lock,
     load_prices,
-    load_profile,
-    load_run_file,
     publish_once,
     sha256_bytes,
 )
@@ -73,6 +70,7 @@ from ddslurm.launcher._run_dir import NOTHING_LEFT, Prepared, write_run_dir
 from ddslurm.launcher._seed import CountRows, SeedCapture, capture_seed, dd_seed_columns, dd_seed_rows
 from ddslurm.launcher._shardable import refuse_unshardable
 from ddslurm.launcher._slurm import Slurm, SlurmTimeoutError
+from ddslurm.launcher._submit_inputs import SubmitInputs, read_inputs
 from ddslurm.launcher._validate import RecipeCheck, dd_check_recipe
 from ddslurm.launcher._workflow_stage import stage_run
 from ddslurm.launcher.errors import LauncherError, SlurmError, SubmitError, WriteError
@@ -151,6 +149,18 @@ def prepare(
     env: Mapping[str, str],
     now: datetime,
     home: Path | None = None,
+    **stages: Any,
+) -> Prepared:
+    """:func:`prepare_inputs` of the run file and profile read once (:func:`read_inputs`); ``stages``: its
+    keyword arguments."""
+    return prepare_inputs(read_inputs(run_path, profile_path), env, now, home, **stages)
+
+
+def prepare_inputs(
+    inputs: SubmitInputs,
+    env: Mapping[str, str],
+    now: datetime,
+    home: Path | None = None,
     *,
     count_seed_rows: CountRows = dd_seed_rows,
     host: EngineHost = RUNTIME_PROCESS,
@@ -161,29 +171,39 @@ def prepare(
     gpu_type_of: GpuTypeOf = no_gpu_type,
     nodes_of: NodesOf = no_nodes,
     stage: StageRequest | None = None,
+    calibration: bool = False,
 ) -> Prepared:
-    """Validate and compile everything; touch nothing on disk. The planner's cost model gets the workspace's
+    """Validate and compile everything from ``inputs`` (the run file and profile as read once); touch nothing on
+    disk. The planner's cost model gets the workspace's
     facts (``<workspace>/facts.json``; a damaged file is refused, naming it) and, for a run with deployments, the
     GPU type of the generation partition's nodes (``gpu_type_of``: ``sinfo`` for ``submit`` and its dry run; ""
     by default, and whenever it cannot be told) and those nodes (``nodes_of``: the layouts it considers are only
     those they hold). The recipe is loaded (a builder script runs) and
     checked (``check_recipe``, by default Data Designer's own validation asked of ``host``: a process of a few
-    seconds) in the profile's ``python_env``; what Data Designer refuses would fail on the node, and is reported
-    after the planner's refusals; then its MCP tools (``check_tools``: the stdio servers' commands, the tools
-    ``allow_tools`` names, listed in the profile's ``python_env``); with ``check_endpoints``
+    seconds) in the profile's ``python_env``, with the local aliases sized as the planner sizes a client
+    (:func:`~ddslurm.planner.client_serving`: the node's values); what Data Designer refuses would fail on the
+    node, and is reported after the planner's refusals; then its MCP tools (``check_tools``: the stdio servers'
+    commands, the tools ``allow_tools`` names, listed in the profile's ``python_env``); with ``check_endpoints``
     (``submit --check-endpoints``), last, what every hosted endpoint answers with the key
-    (:func:`~ddslurm.launcher._aliases.refuse_failed_endpoints`).
+    (:func:`~ddslurm.launcher._aliases.refuse_failed_endpoints`). The planner compiles the plan once, whole
+    (``calibration``: ``ddslurm tune``'s run, with its calibration levels); nothing amends it afterwards.
     A recipe that is a Data Designer workflow is prepared as its first stage's run, or ``stage``'s
     (:func:`~ddslurm.launcher._workflow_stage.stage_run`)."""
+    run, run_path, profile, profile_path = inputs.run, inputs.run_path, inputs.profile, inputs.profile_path
     try:
-        run = load_run_file(run_path)
-        profile = load_profile(profile_path)
         problem = runtime_problem(profile.python_env)  # before anything in it runs
         if problem is not None:
             raise SubmitError(place_error(f"profile.python_env: {problem}", run_path, profile_path))
         runtime = runtime_command(profile.python_env)
         loaded, resolution = run_aliases(
-            run, run_path, env, settings_dir(env, home), runtime=runtime, host=host, stage=stage
+            run,
+            run_path,
+            env,
+            settings_dir(env, home),
+            runtime=runtime,
+            host=host,
+            stage=stage,
+            run_text=inputs.run_text,
         )
         recipe_path, recipe_bytes, recipe = loaded.path, loaded.stored, loaded.data
         place = None
@@ -248,10 +268,11 @@ def prepare(
                 nodes=nodes,
                 prices=run_prices(run, run_path),
                 workflow=place,
+                # Key values that are placeholders (EMPTY, none) are not secrets: the node does not scan for them.
+                placeholder_secret_env=frozenset(placeholder_secrets(snapshot.secret_env_names(), env)),
+                calibration=calibration,
             )
         )
-        # Key values that are placeholders (EMPTY, none) are not secrets: the node does not scan output for them.
-        plan = msgspec.structs.replace(plan, secret_env_unscanned=placeholder_secrets(plan.secret_env, env))
     except PlanError as exc:
         raise SubmitError(place_error(str(exc), run_path, profile_path)) from exc
     except (ConfigError, ProvidersError) as exc:
@@ -273,7 +294,7 @@ def prepare(
     return Prepared(
         layout,
         plan,
-        run_path.read_bytes(),
+        inputs.run_bytes,
         recipe_bytes,
         snapshot_bytes,
         resolution.rows,
@@ -637,7 +658,7 @@ def submit(
     clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     home: Path | None = None,
     check_endpoints: EndpointCheck | None = None,
-    change_plan: Callable[[Plan], Plan] | None = None,
+    calibration: bool = False,
     host: EngineHost = RUNTIME_PROCESS,
     stage: StageRequest | None = None,
 ) -> Submitted:
@@ -645,16 +666,19 @@ def submit(
     numbers, what does not fit), all before anything is written; then write the run directory and the
     submission plan, and submit the arrays. A failure before the first array was submitted removes the run
     directory again; a later one (or a timeout) raises :class:`PartialSubmitError` and leaves an incomplete run.
-    ``check_endpoints``: ask the hosted endpoints first (``--check-endpoints``); ``change_plan``: what a command
-    adds to the compiled plan before anything is written (``ddslurm tune``'s calibration levels); ``host``: how the
+    The stages, each once: the run file and profile read (:func:`read_inputs`), the profile checked against the
+    cluster, the inputs validated and the plan compiled (:func:`prepare_inputs`), the arrays planned within the
+    scheduler's limits and the jobs checked, the run directory written, the arrays submitted.
+    ``check_endpoints``: ask the hosted endpoints first (``--check-endpoints``); ``calibration``: ``ddslurm
+    tune``'s run, planned with its calibration levels; ``host``: how the
     profile's ``python_env`` is asked about Data Designer (:mod:`ddslurm.launcher._engine_host`); ``stage``: a later
     stage of a Data Designer workflow (``ddslurm workflow``)."""
     now = clock()
-    checked = check_profile_first(run_path, profile_path, slurm, env, host)
+    inputs = read_inputs(run_path, profile_path)
+    checked = check_profile_first(inputs, slurm, env, host)
     gpu_nodes = PartitionGpuNodes(slurm)  # one sinfo for the GPU type and the layouts' bounds
-    prepared = prepare(
-        run_path,
-        profile_path,
+    prepared = prepare_inputs(
+        inputs,
         env,
         now,
         home,
@@ -663,9 +687,8 @@ def submit(
         gpu_type_of=partition_gpu_type(gpu_nodes),
         nodes_of=partition_nodes(gpu_nodes),
         stage=stage,
+        calibration=calibration,
     )
-    if change_plan is not None:
-        prepared = dataclasses.replace(prepared, plan=change_plan(prepared.plan))
     layout, plan = prepared.layout, prepared.plan
     check_environment(plan, env)
     with refusals():

@@ -22,11 +22,9 @@ import msgspec
 from ddslurm.config import (
     Facts,
     ModelFact,
-    Plan,
     RunFile,
     RunLayout,
     calibration_file,
-    calibration_levels,
     facts_path,
     load_run_file,
     update_facts,
@@ -84,15 +82,6 @@ def tune_run_file(run: RunFile, run_path: Path, records: int | None) -> RunFile:
     )
 
 
-def with_calibration(plan: Plan) -> Plan:
-    """The plan with its calibration levels: 1, 2, 4 ... up to each deployment's capacity, every capacity too."""
-    serving = plan.serving
-    assert serving is not None  # tune_run_file refused a run without deployments
-    capacities = {d.capacity or 1 for d in serving.deployments}
-    levels = sorted({level for c in capacities for level in calibration_levels(c)})
-    return msgspec.structs.replace(plan, calibrate=tuple(levels))
-
-
 def await_calibration(
     layout: RunLayout,
     slurm: Slurm,
@@ -135,7 +124,7 @@ def tune(
     try:
         tune_path = scratch / run_path.name
         tune_path.write_bytes(msgspec.json.encode(derived))  # JSON is YAML: the run file loader reads it
-        done = submit(tune_path, profile_path, slurm=slurm, env=env, clock=clock, change_plan=with_calibration)
+        done = submit(tune_path, profile_path, slurm=slurm, env=env, clock=clock, calibration=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     if on_submitted is not None:

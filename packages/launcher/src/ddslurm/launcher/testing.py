@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
@@ -149,6 +149,26 @@ def accept_recipe(recipe: Mapping[str, Any], *_: object) -> RecipeCheck:
     except RecipeError:
         return RecipeCheck(data_designer_version=dd)
     return RecipeCheck(columns=columns, data_designer_version=dd)
+
+
+class Patcher(Protocol):
+    """What :func:`accept_every_recipe` patches with (pytest's ``monkeypatch``)."""
+
+    def setattr(self, target: object, name: str, value: object) -> None: ...
+
+
+def accept_every_recipe(monkeypatch: Patcher) -> None:
+    """Every ``submit`` and dry run (the commands and the API alike) checks recipes with :func:`accept_recipe`:
+    the seam for tests whose subject is not Data Designer's validation (a subprocess of seconds)."""
+    from ddslurm.launcher import _dry_run, _submit
+
+    original = _submit.prepare_inputs
+
+    def prepare(*args: Any, **kwargs: Any) -> Any:
+        return original(*args, **{**kwargs, "check_recipe": accept_recipe})
+
+    monkeypatch.setattr(_submit, "prepare_inputs", prepare)
+    monkeypatch.setattr(_dry_run, "prepare_inputs", prepare)
 
 
 class FakeSlurm:

@@ -33,6 +33,7 @@ from ddslurm.config import (
     ServingPlan,
     ShardSpec,
     WorkflowPlace,
+    calibration_levels,
 )
 from ddslurm.planner._batches import plan_batches
 from ddslurm.planner._choose import choose
@@ -118,6 +119,12 @@ class PlanInputs:
     CPUs, their number at once); None: unknown."""
     prices: Prices | None = None
     """The run file's price file, read (``Plan.prices``)."""
+    placeholder_secret_env: frozenset[str] = frozenset()
+    """Secret variables whose value in the submitting shell is a placeholder (``EMPTY``, ``none``): not secrets,
+    so the node does not scan its output for them (``Plan.secret_env_unscanned``)."""
+    calibration: bool = False
+    """A calibration run (``ddslurm tune``): the plan's ``calibrate`` levels, 1, 2, 4 ... up to each deployment's
+    capacity, every capacity too."""
 
 
 _MEM = re.compile(r"^(?P<n>\d+(?:\.\d+)?)(?P<unit>[KMGT]?)B?$", re.IGNORECASE)
@@ -553,6 +560,7 @@ def compile_plan(inputs: PlanInputs) -> Plan:
         if value is not None:
             parse_memory_mb(value, field)
     check_hosted_limits(run, inputs.snapshot)
+    secret_env = hosted_key_names(inputs.snapshot)
     staging = plan_stages(run, inputs.recipe, inputs.columns, inputs.seed_columns)
     stages = staging.stages
     shards = _shards(run, inputs.seed)
@@ -599,7 +607,8 @@ def compile_plan(inputs: PlanInputs) -> Plan:
         workflow=inputs.workflow,
         snapshot_file=str(layout.snapshot),
         snapshot_sha256=inputs.snapshot_sha256,
-        secret_env=hosted_key_names(inputs.snapshot),
+        secret_env=secret_env,
+        secret_env_unscanned=tuple(n for n in secret_env if n in inputs.placeholder_secret_env),
         python_env=profile.python_env,
         generation=generation,
         collection=collection,
@@ -612,6 +621,7 @@ def compile_plan(inputs: PlanInputs) -> Plan:
         cpu_stage=_cpu_resources(run, profile, cpu_partition_only=True) if stages else None,
         cpu_stage_workers=cpu_stage_workers(run, stages),
         column_order=staging.column_order,
+        calibrate=calibration_levels_of(serving) if inputs.calibration else (),
         gpu_type=inputs.gpu_type,
         prediction=chosen.prediction,
         batching=batching,
@@ -625,6 +635,15 @@ def compile_plan(inputs: PlanInputs) -> Plan:
             gpus=serving.gpus if serving is not None else 0,
         ),
     )
+
+
+def calibration_levels_of(serving: ServingPlan | None) -> tuple[int, ...]:
+    """A calibration run's levels (``Plan.calibrate``): 1, 2, 4 ... up to each deployment's capacity, every
+    capacity too; :class:`PlanError` for a run without deployments, which has nothing to calibrate."""
+    if serving is None:
+        raise PlanError("deployments: a calibration run needs a deployment to measure")
+    capacities = {d.capacity or 1 for d in serving.deployments}
+    return tuple(sorted({level for c in capacities for level in calibration_levels(c)}))
 
 
 def node_memory(run: RunFile, profile: ClusterProfile) -> NodeMemory:

@@ -15,9 +15,9 @@ from ddslurm.providers.discovery import settings_dir
 from ddslurm.providers.errors import ResolutionError
 
 
-def load_recipe(path: Path) -> dict[str, Any]:
-    """A recipe as plain data (DD's own YAML or JSON config format)."""
-    tree = to_builtins(read_yaml(path))
+def load_recipe(path: Path, *, text: str | None = None) -> dict[str, Any]:
+    """A recipe as plain data (DD's own YAML or JSON config format); ``text``: the file's text, already read."""
+    tree = to_builtins(read_yaml(path, text=text))
     if not isinstance(tree, dict):
         raise ConfigFileError(path, "the recipe must be a mapping (a Data Designer config)", line=1, col=1)
     return tree
