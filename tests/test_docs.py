@@ -142,7 +142,8 @@ def written_reasons() -> set[str]:
     code: ``reason`` class attributes and assignments, ``reason=`` keywords, the values of ``*_REASONS`` tables
     and what ``slurm_reason`` / ``_requeued`` return."""
     found: set[str] = set()
-    files = [*sorted(RUNTIME_SRC.glob("*.py")), LAUNCHER_SRC / "_status.py", LAUNCHER_SRC / "_steer.py"]
+    status = [LAUNCHER_SRC / name for name in ("_status.py", "_status_scheduler.py", "_status_shards.py")]
+    files = [*sorted(RUNTIME_SRC.glob("*.py")), *status, LAUNCHER_SRC / "_steer.py"]
     for path in files:
         if path.name in NOT_ATTEMPT_REASONS:
             continue
@@ -177,9 +178,9 @@ def written_reasons() -> set[str]:
                         value = ret.value.elts[0] if isinstance(ret.value, ast.Tuple) else ret.value
                         found.update(_text(value))
     # ``slurm_reason`` also returns ``state.state.lower()`` for Slurm's other failed end states.
-    from ddslurm.launcher import _status
+    from ddslurm.launcher import _status_scheduler, _status_shards
 
-    found.update(s.lower() for s in _status._FAILED - {"FAILED"} - _status._SLURM_REASONS.keys())
+    found.update(s.lower() for s in _status_scheduler.FAILED - {"FAILED"} - _status_shards._SLURM_REASONS.keys())
     # Every RuntimeFailure's class-level reason, imported (the AST pass above sees the same, by name).
     from ddslurm.runtime import _controller, _serving, errors  # noqa: F401 (their classes register as subclasses)
 

@@ -31,7 +31,8 @@ from ddslurm.launcher import Slurm
 from ddslurm.launcher._console import plan_lines
 from ddslurm.launcher._output import array_json
 from ddslurm.launcher._slurm import Completed, SlurmTimeoutError
-from ddslurm.launcher._status import TERMINAL, run_status
+from ddslurm.launcher._status import run_status
+from ddslurm.launcher._status_model import TERMINAL
 from ddslurm.launcher._steer import accept_partial, cancel, continue_submission, retry
 from ddslurm.launcher._submit import (
     PartialSubmitError,

@@ -47,7 +47,8 @@ if TYPE_CHECKING:
         parse_job_key,
         subprocess_runner,
     )
-    from ddslurm.launcher._status import RunStatus, ShardStatus, StageProgress, run_state, run_status
+    from ddslurm.launcher._status import run_state, run_status
+    from ddslurm.launcher._status_model import RunStatus, ShardStatus, StageProgress
     from ddslurm.launcher._steer import (
         Accepted,
         AcceptedShard,
@@ -93,14 +94,14 @@ _LAZY_IMPORTS: dict[str, str] = {
     "Released": "ddslurm.launcher._follow",
     "Retried": "ddslurm.launcher._steer",
     "RunNotFoundError": "ddslurm.launcher.errors",
-    "RunStatus": "ddslurm.launcher._status",
+    "RunStatus": "ddslurm.launcher._status_model",
     "Runner": "ddslurm.launcher._slurm",
     "SchedulerBusy": "ddslurm.launcher._follow",
-    "ShardStatus": "ddslurm.launcher._status",
+    "ShardStatus": "ddslurm.launcher._status_model",
     "Slurm": "ddslurm.launcher._slurm",
     "SlurmError": "ddslurm.launcher.errors",
     "SlurmTimeoutError": "ddslurm.launcher._slurm",
-    "StageProgress": "ddslurm.launcher._status",
+    "StageProgress": "ddslurm.launcher._status_model",
     "SubmitError": "ddslurm.launcher.errors",
     "Submitted": "ddslurm.launcher._submit",
     "TaskState": "ddslurm.launcher._slurm",

@@ -32,7 +32,8 @@ from ddslurm.collector import (
 from ddslurm.config import RunLayout, atomic_write, make_private_dir, read_plan, read_tail
 from ddslurm.launcher._render import render_collection
 from ddslurm.launcher._slurm import Slurm, TaskState
-from ddslurm.launcher._status import TERMINAL, run_status
+from ddslurm.launcher._status import run_status
+from ddslurm.launcher._status_model import TERMINAL
 from ddslurm.launcher.errors import CollectFailedError, LauncherError, SlurmError
 
 _LIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "SUSPENDED"}

@@ -28,7 +28,7 @@ from ddslurm.launcher._session import (
     run_layout,
     session_client,
 )
-from ddslurm.launcher._status import RunStatus
+from ddslurm.launcher._status_model import RunStatus
 
 if TYPE_CHECKING:
     from ddslurm.launcher._console import RunDisplay

@@ -11,7 +11,7 @@ from ddslurm.launcher._follow import SchedulerBusy
 from ddslurm.launcher._output import ExitCode, write_json
 from ddslurm.launcher._runs import resolve_profile
 from ddslurm.launcher._session import JsonOpt, ProfileOpt, command_session, guarded
-from ddslurm.launcher._status import RunStatus
+from ddslurm.launcher._status_model import RunStatus
 from ddslurm.launcher.errors import UsageError
 
 if TYPE_CHECKING:

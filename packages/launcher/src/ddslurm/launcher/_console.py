@@ -36,7 +36,7 @@ from ddslurm.config import Plan, RunLayout, compact_ranges
 from ddslurm.launcher._money import money
 from ddslurm.launcher._runs import ListedRun
 from ddslurm.launcher._slurm import NODE_ENV_ALLOWED
-from ddslurm.launcher._status import KeyStatus, RunStatus, ShardStatus
+from ddslurm.launcher._status_model import KeyStatus, RunStatus, ShardStatus
 
 if TYPE_CHECKING:
     from ddslurm.launcher._doctor_checks import Check

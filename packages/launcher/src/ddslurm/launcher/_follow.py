@@ -3,7 +3,7 @@ the run has ended.
 
 :func:`follow_run` yields the run's status again and again (a scheduler query that fails is yielded as
 :class:`SchedulerBusy` and retried with a growing back-off) and stops after the first status in
-:data:`~ddslurm.launcher._status.TERMINAL`; with a ``timeout`` it raises :class:`WaitTimeout` instead of going on.
+:data:`~ddslurm.launcher._status_model.TERMINAL`; with a ``timeout`` it raises :class:`WaitTimeout` instead of going on.
 :func:`wait_for_run` follows the run to its end; :func:`release` then cancels what the queue still holds of a
 succeeded run; :func:`wait_to_end` is ``ddslurm wait`` without the terminal (both, then the run's facts), for the
 command, for ``ddslurm workflow`` and for :meth:`ddslurm.launcher.api.Client.wait`.
@@ -18,7 +18,8 @@ from typing import TextIO
 
 from ddslurm.config import RunLayout
 from ddslurm.launcher._slurm import Slurm
-from ddslurm.launcher._status import TERMINAL, RunStatus, run_status
+from ddslurm.launcher._status import run_status
+from ddslurm.launcher._status_model import TERMINAL, RunStatus
 from ddslurm.launcher._steer import release_leftovers
 from ddslurm.launcher.errors import LauncherError, SlurmError
 

@@ -12,7 +12,8 @@ from ddslurm.config import AttemptRecord, RunLayout, read_plan
 from ddslurm.launcher._console import LogWriter, decode_record
 from ddslurm.launcher._output import write_json
 from ddslurm.launcher._slurm import Slurm
-from ddslurm.launcher._status import TERMINAL, RunStatus, run_status
+from ddslurm.launcher._status import run_status
+from ddslurm.launcher._status_model import TERMINAL, RunStatus
 from ddslurm.launcher._steer import check_shard, log_files, pick_attempt
 from ddslurm.launcher.errors import LauncherError, SlurmError
 

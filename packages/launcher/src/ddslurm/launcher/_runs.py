@@ -12,7 +12,8 @@ import msgspec
 from ddslurm.config import RunLayout, atomic_write, load_profile
 from ddslurm.launcher._run_records import find_run
 from ddslurm.launcher._slurm import Slurm
-from ddslurm.launcher._status import RunStatus, Unreadable, run_statuses
+from ddslurm.launcher._status import run_statuses
+from ddslurm.launcher._status_model import RunStatus, Unreadable
 from ddslurm.launcher.errors import LauncherError, UsageError
 
 PROFILE_ENV = "DDSLURM_PROFILE"
@@ -55,7 +56,7 @@ class ListedRun(msgspec.Struct, kw_only=True):
     run_id: str
     name: str
     state: str
-    """The run's state (:data:`~ddslurm.launcher._status.RunState`); ``unreadable`` for a run whose records this
+    """The run's state (:data:`~ddslurm.launcher._status_model.RunState`); ``unreadable`` for a run whose records this
     ddslurm cannot read."""
     records: int
     records_done: int

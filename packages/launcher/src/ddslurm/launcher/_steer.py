@@ -35,7 +35,9 @@ from ddslurm.config import (
 )
 from ddslurm.launcher._run_records import attempt_records, cancel_record, submission_progress, submissions
 from ddslurm.launcher._slurm import Slurm
-from ddslurm.launcher._status import PENDING, RunStatus, query, run_status
+from ddslurm.launcher._status import run_status
+from ddslurm.launcher._status_model import RunStatus
+from ddslurm.launcher._status_scheduler import PENDING, query
 from ddslurm.launcher.errors import LauncherError, SlurmError, UsageError
 
 if TYPE_CHECKING:

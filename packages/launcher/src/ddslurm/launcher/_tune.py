@@ -32,7 +32,7 @@ from ddslurm.config import (
 from ddslurm.launcher._fact_check import beside
 from ddslurm.launcher._follow import SchedulerBusy, wait_for_run
 from ddslurm.launcher._slurm import Slurm
-from ddslurm.launcher._status import RunStatus
+from ddslurm.launcher._status_model import RunStatus
 from ddslurm.launcher._submit import submit
 from ddslurm.launcher._tune_facts import TuneFailedError, TuneResult, calibration_attempt, tune_result
 from ddslurm.launcher.errors import UsageError

@@ -32,7 +32,7 @@ from ddslurm.config import (
 from ddslurm.launcher._collect import collect_run, collected
 from ddslurm.launcher._recipe import StageRequest
 from ddslurm.launcher._slurm import Slurm
-from ddslurm.launcher._status import RunStatus
+from ddslurm.launcher._status_model import RunStatus
 from ddslurm.launcher._submit import submit
 from ddslurm.launcher.errors import LauncherError
 

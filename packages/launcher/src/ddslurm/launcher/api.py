@@ -38,7 +38,8 @@ from ddslurm.launcher._engine_host import RUNTIME_PROCESS, EngineHost
 from ddslurm.launcher._follow import SchedulerBusy, WaitTimeout, follow_run, wait_to_end
 from ddslurm.launcher._runs import open_run, required_profile, resolve_profile, save_report
 from ddslurm.launcher._slurm import Slurm
-from ddslurm.launcher._status import KeyStatus, RunStatus, ShardStatus, StageProgress, run_status
+from ddslurm.launcher._status import run_status
+from ddslurm.launcher._status_model import KeyStatus, RunStatus, ShardStatus, StageProgress
 from ddslurm.launcher._steer import Accepted, AcceptedShard, Cancelled, Retried, accept_partial, cancel, retry
 from ddslurm.launcher.errors import (
     CollectFailedError,
