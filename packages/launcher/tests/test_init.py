@@ -30,7 +30,8 @@ from ddslurm.launcher import (
 )
 from ddslurm.launcher._cluster import SINFO_FORMAT, cluster_from_rows, parse_gres
 from ddslurm.launcher._example import Example
-from ddslurm.launcher._init import render_init, run_name, yaml_str
+from ddslurm.launcher._init import run_name
+from ddslurm.launcher._init_render import render_init, yaml_str
 from ddslurm.launcher._starter import on_embedded_cluster
 from ddslurm.launcher.testing import accept_recipe
 

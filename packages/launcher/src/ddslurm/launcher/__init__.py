@@ -32,7 +32,8 @@ if TYPE_CHECKING:
     from ddslurm.launcher._dry_run import DryRun, dry_run
     from ddslurm.launcher._facts import Recorded, record_facts
     from ddslurm.launcher._follow import Released, SchedulerBusy, WaitTimeout, follow_run, release, wait_for_run
-    from ddslurm.launcher._init import InitResult, init_command, render_init
+    from ddslurm.launcher._init import InitResult, init_command
+    from ddslurm.launcher._init_render import render_init
     from ddslurm.launcher._recipe import LoadedRecipe, load_run_recipe
     from ddslurm.launcher._render import render_collection, render_generation
     from ddslurm.launcher._run_dir import Prepared, write_run_dir
@@ -129,7 +130,7 @@ _LAZY_IMPORTS: dict[str, str] = {
     "release": "ddslurm.launcher._follow",
     "render_collection": "ddslurm.launcher._render",
     "render_generation": "ddslurm.launcher._render",
-    "render_init": "ddslurm.launcher._init",
+    "render_init": "ddslurm.launcher._init_render",
     "resolve_profile": "ddslurm.launcher._runs",
     "retry": "ddslurm.launcher._steer",
     "run_state": "ddslurm.launcher._status",
