@@ -123,12 +123,12 @@ def test_the_reports_gpu_hours_cost_what_the_price_file_says_of_the_generation_p
     from ddslurm.config import PartitionPrice, Resources
     from ddslurm.config.testing import make_plan
     from ddslurm.launcher.report._model import GpuUsage
-    from ddslurm.launcher.report._numbers import _priced
+    from ddslurm.launcher.report._usage import priced
 
     gpu = GpuUsage(allocated_gpu_hours=1.5, generating_gpu_hours=1.2)
     prices = Prices(version=1, currency="EUR", partitions={"gpu": PartitionPrice(gpu_hour=2.4)})
     plan = make_plan("run-1", (5,), generation=Resources(partition="gpu", time_minutes=60, gres="gpu:1"), prices=prices)
-    priced = _priced(gpu, plan)
-    assert (priced.allocated_cost, priced.currency) == (pytest.approx(1.5 * 2.4), "EUR")
+    gpu_priced = priced(gpu, plan)
+    assert (gpu_priced.allocated_cost, gpu_priced.currency) == (pytest.approx(1.5 * 2.4), "EUR")
     other = make_plan("run-1", (5,), generation=Resources(partition="a100", time_minutes=60), prices=prices)
-    assert _priced(gpu, other).allocated_cost is None  # no price for that partition: no money
+    assert priced(gpu, other).allocated_cost is None  # no price for that partition: no money

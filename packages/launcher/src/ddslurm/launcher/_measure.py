@@ -45,8 +45,10 @@ from ddslurm.config import (
 )
 from ddslurm.launcher._slurm import Slurm
 from ddslurm.launcher.report._model import AttemptSpan, RunReport, moment
-from ddslurm.launcher.report._numbers import Span, length, numbers, usage_alias
+from ddslurm.launcher.report._numbers import numbers
 from ddslurm.launcher.report._read import AttemptFacts, RunFacts, json_lines, read_run
+from ddslurm.launcher.report._timeline import Span, length
+from ddslurm.launcher.report._usage import usage_alias
 
 SERVER_STARTED = "server.started"
 """The controller's event when it starts a server step (``logs/slurm-*.out``); ``timestamp``."""

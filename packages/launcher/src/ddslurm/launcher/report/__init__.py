@@ -4,7 +4,9 @@ by plotly with its JavaScript inlined, so the page opens offline on a login node
 
 Modules, one job each: ``_read`` (the run directory, the logs and ``sacct`` read into raw facts),
 ``_client_out`` (Data Designer's output of an attempt scraped for model usage), ``_numbers`` (the numbers made of
-the facts), ``_model`` (the numbers as typed structs) and ``_html`` (the page; the only importer of plotly).
+the facts: the run's totals, predicted beside measured, failures), ``_timeline`` (the attempts' phases and records
+over time), ``_usage`` (usage per model, GPU time and its money, hosted keys), ``_columns`` (the dataset and its
+columns), ``_model`` (the numbers as typed structs) and ``_html`` (the page; the only importer of plotly).
 
 Where each number comes from:
 
