@@ -30,7 +30,7 @@ class CountingRunner:
     """The real scheduler client, counting each command it runs."""
 
     def __init__(self, env: Mapping[str, str]) -> None:
-        from ddslurm.launcher._slurm import SubprocessRunner
+        from ddslurm.launcher.cluster._slurm import SubprocessRunner
 
         self._inner = SubprocessRunner.from_env(env)
         self.calls: Counter[str] = Counter()
@@ -60,12 +60,13 @@ def _files(root: Path, shards: int) -> tuple[Path, Path, dict[str, str]]:
 
 
 def _measure(shards: int, *, dry: bool) -> dict[str, Any]:
-    """The phases of ``ddslurm submit`` (``launcher._submit.submit``), each timed; then one status refresh."""
+    """The phases of ``ddslurm submit`` (``launcher.submission._submit.submit``), each timed; then one status
+    refresh."""
     from ddslurm.config import encode_pretty, publish_once
     from ddslurm.launcher import Slurm, prepare, run_status, write_run_dir
-    from ddslurm.launcher._render import render_generation
-    from ddslurm.launcher._steer import cancel
-    from ddslurm.launcher._submit import new_stamp, read_limits, submit_arrays, submit_lock
+    from ddslurm.launcher.runs._steer import cancel
+    from ddslurm.launcher.submission._arrays import new_stamp, read_limits, submit_arrays, submit_lock
+    from ddslurm.launcher.submission._render import render_generation
     from ddslurm.planner import plan_submission
 
     root = Path(tempfile.mkdtemp(prefix=f"ddslurm-bench-submit-{shards}-"))

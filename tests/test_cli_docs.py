@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ddslurm.launcher._output import ErrorCode, ExitCode
+from ddslurm.launcher.commands._output import ErrorCode, ExitCode
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI_DOC = ROOT / "docs" / "cli.md"

@@ -142,8 +142,8 @@ def written_reasons() -> set[str]:
     code: ``reason`` class attributes and assignments, ``reason=`` keywords, the values of ``*_REASONS`` tables
     and what ``slurm_reason`` / ``_requeued`` return."""
     found: set[str] = set()
-    status = [LAUNCHER_SRC / name for name in ("_status.py", "_status_scheduler.py", "_status_shards.py")]
-    files = [*sorted(RUNTIME_SRC.glob("*.py")), *status, LAUNCHER_SRC / "_steer.py"]
+    status = [LAUNCHER_SRC / "runs" / name for name in ("_status.py", "_status_scheduler.py", "_status_shards.py")]
+    files = [*sorted(RUNTIME_SRC.glob("*.py")), *status, LAUNCHER_SRC / "runs" / "_steer.py"]
     for path in files:
         if path.name in NOT_ATTEMPT_REASONS:
             continue
@@ -178,7 +178,7 @@ def written_reasons() -> set[str]:
                         value = ret.value.elts[0] if isinstance(ret.value, ast.Tuple) else ret.value
                         found.update(_text(value))
     # ``slurm_reason`` also returns ``state.state.lower()`` for Slurm's other failed end states.
-    from ddslurm.launcher import _status_scheduler, _status_shards
+    from ddslurm.launcher.runs import _status_scheduler, _status_shards
 
     found.update(s.lower() for s in _status_scheduler.FAILED - {"FAILED"} - _status_shards._SLURM_REASONS.keys())
     # Every RuntimeFailure's class-level reason, imported (the AST pass above sees the same, by name).
@@ -296,7 +296,7 @@ def test_the_floor_plan_draws_every_package_its_entry_point_and_its_rooms_on_its
 
 
 def test_the_status_tables_shown_in_the_docs_have_the_real_columns() -> None:
-    from ddslurm.launcher._console import shard_table
+    from ddslurm.launcher.commands._console import shard_table
 
     tables = [[str(c.header) for c in shard_table([], boxed=False, staged=staged).columns] for staged in (False, True)]
     shown = [

@@ -27,9 +27,9 @@ import pytest
 
 from ddslurm.config import Plan, RunLayout, SchedulerLimits, read_json
 from ddslurm.launcher import prepare, write_run_dir
-from ddslurm.launcher._slurm import Slurm
-from ddslurm.launcher._submit import submit_shards
+from ddslurm.launcher.cluster._slurm import Slurm
 from ddslurm.launcher.errors import SubmitError
+from ddslurm.launcher.submission._arrays import submit_shards
 from ddslurm.launcher.testing import InProcessHost
 from tests.e2e import MIXED_RECIPE, as_nobody, processes, run_cli, vllm_stand_in
 

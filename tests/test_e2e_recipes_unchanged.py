@@ -30,7 +30,7 @@ import pytest
 
 from ddslurm.config import PluginRecord, RunLayout, read_plan
 from ddslurm.launcher import BuilderError, Slurm, SubmitError, collect_local, run_status, submit
-from ddslurm.launcher._console import plan_notes
+from ddslurm.launcher.commands._console import plan_notes
 from tests.e2e import REPO, until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.dd]

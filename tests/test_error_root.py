@@ -1,6 +1,6 @@
 """One error root: every error class of every package's ``errors`` module derives from ``DdslurmError``, and an
 error of each package reaches ``ddslurm``'s ``main`` as ``error: ...`` with the exit code and ``--json`` code that
-docs/cli.md documents for it (``ddslurm.launcher._output`` decides both, for every package)."""
+docs/cli.md documents for it (``ddslurm.launcher.commands._output`` decides both, for every package)."""
 
 from __future__ import annotations
 

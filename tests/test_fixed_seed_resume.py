@@ -160,7 +160,7 @@ def test_a_resumed_shuffled_shard_uses_every_seed_row_exactly_once(make_run_file
     # Issue 35, item 2: the facts this run teaches count the requests of the rows the winner generated itself
     # (the killed attempt left no Data Designer summary: its rows and requests are both left out), so the rate is
     # the recipe's own: one writer request a record, as a fault-free run measures it.
-    from ddslurm.launcher._measure import measure_run
+    from ddslurm.launcher.facts._measure import measure_run
 
     _models, recipe = measure_run(layout, None)
     assert recipe is not None and recipe.requests_per_record == {"writer": 1.0}, recipe

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from ddslurm.config import RunLayout, partition_seed, recipe_section
-from ddslurm.launcher._seed import capture_seed
+from ddslurm.launcher.submission._seed import capture_seed
 from ddslurm.planner import plan_shards
 from ddslurm.runtime._engine import read_seed_block
 

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from ddslurm.config import RunLayout, partition_seed
-from ddslurm.launcher._seed import capture_seed
+from ddslurm.launcher.submission._seed import capture_seed
 from ddslurm.planner import plan_shards
 
 pytestmark = pytest.mark.dd

@@ -16,7 +16,7 @@ import pytest
 
 from ddslurm.config import ProviderSnapshot
 from ddslurm.launcher import SubmitError, prepare
-from ddslurm.launcher._aliases import describe_aliases
+from ddslurm.launcher.submission._aliases import describe_aliases
 from ddslurm.launcher.testing import HOSTED_PROVIDER, accept_recipe, write_unit_run
 from ddslurm.providers import Resolution, ResolutionError, describe_run
 

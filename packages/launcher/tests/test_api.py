@@ -360,7 +360,7 @@ def test_a_refused_submission_raises_the_package_error_and_leaves_nothing(tmp_pa
 def test_a_failed_collection_that_reaches_main_keeps_its_code_and_exit_code() -> None:
     """``ddslurm workflow`` collects through the API's collection: a failure it does not handle is reported as
     ``collect`` reports it (the run directory unreadable: exit 2), not as a generic failure."""
-    from ddslurm.launcher._output import error_report
+    from ddslurm.launcher.commands._output import error_report
 
     failed = CollectFailedError(2, "collected 1/2 batch files\nerror: plan.json: unreadable\n")
     report = error_report(failed, "workflow")

@@ -11,9 +11,9 @@ import pyarrow as pa
 
 from ddslurm.collector.testing import make_published_run
 from ddslurm.config import AttemptRecord, SubmissionRecord, atomic_write, encode, publish_once
-from ddslurm.launcher._slurm import Slurm
-from ddslurm.launcher._status import run_status
+from ddslurm.launcher.cluster._slurm import Slurm
 from ddslurm.launcher.report import run_report
+from ddslurm.launcher.runs._status import run_status
 from ddslurm.launcher.testing import FakeSlurm
 
 # (the name of the winning attempt's batch output, its job id, the job both must name)

@@ -10,8 +10,8 @@ from pathlib import Path
 import msgspec
 
 from ddslurm.config import ProviderSnapshot, RecipeFact, facts_path, load_profile, update_facts
-from ddslurm.launcher._bill import bill_lines, make_bill
-from ddslurm.launcher._submit import prepare
+from ddslurm.launcher.submission._bill import bill_lines, make_bill
+from ddslurm.launcher.submission._prepare import prepare
 from ddslurm.launcher.testing import accept_recipe, write_unit_run
 from ddslurm.planner import plan_arrays
 

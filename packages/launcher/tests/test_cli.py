@@ -32,8 +32,8 @@ from ddslurm.config import (
     sha256_file,
 )
 from ddslurm.launcher import Completed, Slurm, prepare, submit_shards, write_run_dir
-from ddslurm.launcher._output import ExitCode
 from ddslurm.launcher.cli import DISTRIBUTIONS, app, main
+from ddslurm.launcher.commands._output import ExitCode
 from ddslurm.launcher.testing import FakeSlurm, accept_every_recipe, accept_recipe, write_attempt, write_unit_run
 
 KEY = "sk-cli-test-value-123456"

@@ -49,7 +49,7 @@ def test_the_package_exports_lazily() -> None:
         "import json, sys\nimport ddslurm.launcher as launcher\n"
         "before = sorted(m for m in sys.modules if m.startswith('ddslurm.launcher.'))\n"
         "launcher.run_status\n"
-        "print(json.dumps([before, 'ddslurm.launcher._status' in sys.modules, 'run_status' in dir(launcher)]))"
+        "print(json.dumps([before, 'ddslurm.launcher.runs._status' in sys.modules, 'run_status' in dir(launcher)]))"
     )
     assert _fresh(code) == [[], True, True]
 
@@ -82,7 +82,7 @@ def test_commands_that_read_a_run_load_no_heavy_module(run_dir: Path) -> None:
     no job: each ends as it should and none loads a heavy module."""
     code = f"""
 import io, json, sys
-from ddslurm.launcher._slurm import Completed, Slurm
+from ddslurm.launcher.cluster._slurm import Completed, Slurm
 from ddslurm.launcher.cli import main
 
 def nothing(argv, *, env=None):

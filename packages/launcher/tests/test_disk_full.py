@@ -22,9 +22,10 @@ import pytest
 
 from ddslurm.collector.testing import make_published_run
 from ddslurm.launcher import Slurm
-from ddslurm.launcher import _run_dir as run_dir_module
-from ddslurm.launcher import _submit as submit_module
 from ddslurm.launcher.cli import main
+from ddslurm.launcher.submission import _arrays as arrays_module
+from ddslurm.launcher.submission import _run_dir as run_dir_module
+from ddslurm.launcher.submission import _submit as submit_module
 from ddslurm.launcher.testing import FakeSlurm, accept_every_recipe, write_unit_run
 
 KEY = "sk-disk-full-test-value-123456"
@@ -165,7 +166,8 @@ def test_submit_that_fails_at_any_write_leaves_nothing(
 
     for module, name in (
         (run_dir_module, "atomic_write"),
-        (submit_module, "atomic_write"),
+        (arrays_module, "atomic_write"),
+        (arrays_module, "publish_once"),
         (submit_module, "publish_once"),
     ):
         monkeypatch.setattr(module, name, failing(getattr(module, name)))

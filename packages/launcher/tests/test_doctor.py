@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from ddslurm.launcher import Slurm, SubmitError, doctor, dry_run
-from ddslurm.launcher._slurm import Completed
 from ddslurm.launcher.cli import main
+from ddslurm.launcher.cluster._slurm import Completed
 from ddslurm.launcher.testing import (
     InProcessHost,
     accept_every_recipe,
@@ -228,7 +228,7 @@ def test_python_env_must_read_the_plan_format_the_submit_host_writes() -> None:
     import msgspec
 
     from ddslurm.config import LAYOUT_VERSION, PLAN_VERSION, PlanFormat, VersionsAnswer, VersionsRequest
-    from ddslurm.launcher._doctor_versions import judge_versions
+    from ddslurm.launcher.cluster._doctor_versions import judge_versions
     from ddslurm.runtime import NODE_DISTRIBUTIONS, answer_inspect, installed_versions
 
     ours = installed_versions(NODE_DISTRIBUTIONS)

@@ -11,8 +11,8 @@ import pytest
 
 from ddslurm.config import ClusterProfile, Deployment, ProviderSnapshot, RunFile, RunLayout, load_profile
 from ddslurm.launcher import Slurm
-from ddslurm.launcher._doctor_checks import Check, ClusterFacts, job_checks, profile_checks
-from ddslurm.launcher._slurm import Completed
+from ddslurm.launcher.cluster._doctor_checks import Check, ClusterFacts, job_checks, profile_checks
+from ddslurm.launcher.cluster._slurm import Completed
 from ddslurm.planner import PlanInputs, compile_plan
 
 SINFO = (

@@ -1,5 +1,5 @@
-"""The engine host (``ddslurm.launcher._engine_host``), the one way from the submit host to ``python_env``'s Data
-Designer: it sends typed requests and reads typed answers; an answer of another ddslurm (another inspect protocol
+"""The engine host (``ddslurm.launcher.cluster._engine_host``), the one way from the submit host to ``python_env``'s
+Data Designer: it sends typed requests and reads typed answers; an answer of another ddslurm (another inspect protocol
 version, or none) becomes one clear error naming ``python_env``, both versions and what to install, which every
 question's caller (doctor's versions, the recipe check, a builder script's run, the MCP tool listing) passes on.
 The real ``ddslurm-runtime inspect`` process answers the same typed questions."""
@@ -25,8 +25,8 @@ from ddslurm.config import (
     decode_request,
 )
 from ddslurm.launcher import Slurm, SubmitError, doctor, prepare
-from ddslurm.launcher._engine_host import RUNTIME_PROCESS, EngineHost
-from ddslurm.launcher._process import Finished
+from ddslurm.launcher.cluster._engine_host import RUNTIME_PROCESS, EngineHost
+from ddslurm.launcher.cluster._process import Finished
 from ddslurm.launcher.errors import BuilderError, InspectAnswerError
 from ddslurm.launcher.testing import FakeSlurm, InProcessHost, write_runtime_shim, write_unit_run
 from ddslurm.runtime import NODE_DISTRIBUTIONS, installed_versions

@@ -28,20 +28,16 @@ from ddslurm.config import (
     read_json,
 )
 from ddslurm.launcher import Slurm
-from ddslurm.launcher._console import plan_lines
-from ddslurm.launcher._output import array_json
-from ddslurm.launcher._slurm import Completed, SlurmTimeoutError
-from ddslurm.launcher._status import run_status
-from ddslurm.launcher._status_model import TERMINAL
-from ddslurm.launcher._steer import accept_partial, cancel, continue_submission, retry
-from ddslurm.launcher._submit import (
-    PartialSubmitError,
-    prepare,
-    read_limits,
-    submit_shards,
-    write_run_dir,
-)
+from ddslurm.launcher.cluster._slurm import Completed, SlurmTimeoutError
+from ddslurm.launcher.commands._console import plan_lines
+from ddslurm.launcher.commands._output import array_json
 from ddslurm.launcher.errors import LauncherError
+from ddslurm.launcher.runs._status import run_status
+from ddslurm.launcher.runs._status_model import TERMINAL
+from ddslurm.launcher.runs._steer import accept_partial, cancel, continue_submission, retry
+from ddslurm.launcher.submission._arrays import PartialSubmitError, read_limits, submit_shards
+from ddslurm.launcher.submission._prepare import prepare
+from ddslurm.launcher.submission._submit import write_run_dir
 from ddslurm.launcher.testing import FakeSlurm, accept_recipe, write_attempt, write_unit_run
 from ddslurm.planner import plan_submission
 

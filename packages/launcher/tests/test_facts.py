@@ -34,14 +34,14 @@ from ddslurm.config import (
     read_plan,
     write_facts,
 )
-from ddslurm.launcher._bill import bill_lines, make_bill
-from ddslurm.launcher._facts import PartitionGpuNodes, partition_gpu_type, partition_nodes, record_facts
-from ddslurm.launcher._measure import measure_run
-from ddslurm.launcher._slurm import Completed, Slurm
-from ddslurm.launcher._submit import prepare
 from ddslurm.launcher.cli import main
+from ddslurm.launcher.cluster._slurm import Completed, Slurm
 from ddslurm.launcher.errors import SubmitError
+from ddslurm.launcher.facts._measure import measure_run
+from ddslurm.launcher.facts._workspace import PartitionGpuNodes, partition_gpu_type, partition_nodes, record_facts
 from ddslurm.launcher.report import render_html, report_json, run_report
+from ddslurm.launcher.submission._bill import bill_lines, make_bill
+from ddslurm.launcher.submission._prepare import prepare
 from ddslurm.launcher.testing import FakeSlurm, accept_recipe
 from ddslurm.planner import PlanInputs
 

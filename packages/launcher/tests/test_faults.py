@@ -35,8 +35,8 @@ from ddslurm.launcher import (
     run_status,
     submit,
 )
-from ddslurm.launcher._render import warning_seconds
-from ddslurm.launcher._steer import cancel, retry
+from ddslurm.launcher.runs._steer import cancel, retry
+from ddslurm.launcher.submission._render import warning_seconds
 from ddslurm.launcher.testing import FakeSlurm, InProcessHost, write_attempt, write_unit_run
 
 HOST = InProcessHost()
@@ -286,8 +286,8 @@ def test_winner_with_a_missing_file_or_an_unreadable_record_is_corrupt(tmp_path:
 def test_wait_treats_a_corrupt_winner_as_a_failed_run(tmp_path: Path) -> None:
     import io
 
-    from ddslurm.launcher._output import ExitCode
     from ddslurm.launcher.cli import main
+    from ddslurm.launcher.commands._output import ExitCode
 
     layout, env = _run(tmp_path, shards=1)
     batch = _winner(layout, 0)

@@ -23,7 +23,7 @@ from ddslurm.config import (
     budget_key,
     encode,
 )
-from ddslurm.launcher._hosted_spend import Tally, hosted_spend, read_requests, tally
+from ddslurm.launcher.runs._hosted_spend import Tally, hosted_spend, read_requests, tally
 from ddslurm.planner import PlanInputs, compile_plan
 
 PROVIDER = SnapshotProvider(name="api", endpoint="https://api.example.com/v1", api_key_env="API_KEY")

@@ -28,11 +28,11 @@ from ddslurm.launcher import (
     parse_sinfo,
     prepare,
 )
-from ddslurm.launcher._cluster import SINFO_FORMAT, cluster_from_rows, parse_gres
-from ddslurm.launcher._example import Example
-from ddslurm.launcher._init import run_name
-from ddslurm.launcher._init_render import render_init, yaml_str
-from ddslurm.launcher._starter import on_embedded_cluster
+from ddslurm.launcher.cluster._cluster import SINFO_FORMAT, cluster_from_rows, parse_gres
+from ddslurm.launcher.init._command import run_name
+from ddslurm.launcher.init._example import Example
+from ddslurm.launcher.init._render import render_init, yaml_str
+from ddslurm.launcher.init._starter import on_embedded_cluster
 from ddslurm.launcher.testing import accept_recipe
 
 VENV = Path("/opt/envs/ddslurm")
@@ -193,7 +193,7 @@ def test_existing_files_are_kept_unless_forced(tmp_path: Path) -> None:
 
 def _disk_full_at(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """init's first write of a file called ``name`` fails as on a full disk."""
-    import ddslurm.launcher._init as init_module
+    import ddslurm.launcher.init._command as init_module
 
     real = init_module.publish_once
 

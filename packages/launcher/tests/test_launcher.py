@@ -20,8 +20,8 @@ from ddslurm.launcher import (
     run_status,
     submit,
 )
-from ddslurm.launcher._engine_host import EngineHost
-from ddslurm.launcher._process import Finished
+from ddslurm.launcher.cluster._engine_host import EngineHost
+from ddslurm.launcher.cluster._process import Finished
 from ddslurm.launcher.testing import FakeSlurm, InProcessHost, write_unit_run
 
 HOST = InProcessHost()
@@ -439,7 +439,7 @@ def _attempt(layout: RunLayout, shard: int, job: str, state: str, rows: int = 0)
 def test_retry_resubmits_only_shards_without_winner_or_live_task_and_rechecks_keys(tmp_path: Path) -> None:
     from ddslurm.config import WinnerRecord, encode, publish_once
     from ddslurm.launcher import LauncherError
-    from ddslurm.launcher._steer import retry
+    from ddslurm.launcher.runs._steer import retry
 
     run, profile, env = _files(tmp_path)
     done = submit(run, profile, slurm=Slurm(RecordingRunner()), host=HOST, env=env)
@@ -466,7 +466,7 @@ def test_retry_resubmits_only_shards_without_winner_or_live_task_and_rechecks_ke
 
 def test_retry_fresh_excludes_every_earlier_attempt_from_resume(tmp_path: Path) -> None:
     from ddslurm.config import FreshRecord
-    from ddslurm.launcher._steer import retry
+    from ddslurm.launcher.runs._steer import retry
 
     run, profile, env = _files(tmp_path)
     done = submit(run, profile, slurm=Slurm(RecordingRunner()), host=HOST, env=env)
@@ -483,7 +483,7 @@ def test_retry_fresh_excludes_every_earlier_attempt_from_resume(tmp_path: Path) 
 
 
 def test_cancel_targets_the_live_tasks_of_the_chosen_shards(tmp_path: Path) -> None:
-    from ddslurm.launcher._steer import cancel
+    from ddslurm.launcher.runs._steer import cancel
 
     run, profile, env = _files(tmp_path)
     done = submit(run, profile, slurm=Slurm(RecordingRunner()), host=HOST, env=env)
@@ -495,7 +495,7 @@ def test_cancel_targets_the_live_tasks_of_the_chosen_shards(tmp_path: Path) -> N
 def test_accept_partial_publishes_the_best_candidate_once(tmp_path: Path) -> None:
     from ddslurm.config import WinnerRecord, atomic_write, encode
     from ddslurm.launcher import LauncherError
-    from ddslurm.launcher._steer import accept_partial
+    from ddslurm.launcher.runs._steer import accept_partial
 
     run, profile, env = _files(tmp_path)
     done = submit(run, profile, slurm=Slurm(RecordingRunner()), host=HOST, env=env)
@@ -541,7 +541,7 @@ def test_jobs_get_exactly_the_environment_ddslurm_builds(tmp_path: Path) -> None
 
 
 def test_collection_job_gets_only_the_allow_list() -> None:
-    from ddslurm.launcher._slurm import job_environment
+    from ddslurm.launcher.cluster._slurm import job_environment
 
     runner = RecordingRunner()
     env = {"PATH": "/usr/bin", "TZ": "UTC", "HOSTED_KEY": KEY, "HF_TOKEN": "hf_x", "HOME": "/root", "EMPTY": ""}

@@ -24,7 +24,7 @@ from ddslurm.config import (
     encode_message,
 )
 from ddslurm.launcher import SubmitError, prepare
-from ddslurm.launcher._mcp_check import command_problems, dd_check_tools
+from ddslurm.launcher.submission._mcp_check import command_problems, dd_check_tools
 from ddslurm.launcher.testing import UNIT_RECIPE, accept_recipe, write_runtime_shim, write_unit_run
 from ddslurm.providers import Origin, load_recipe
 from fake_vllm.mcp_server import calls, start_remote, stdio_command

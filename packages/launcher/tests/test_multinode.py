@@ -18,9 +18,9 @@ from ddslurm.config import (
     ServerSpec,
     Submission,
 )
-from ddslurm.launcher._bill import bill_lines, make_bill
-from ddslurm.launcher._console import plan_notes
-from ddslurm.launcher._render import render_generation
+from ddslurm.launcher.commands._console import plan_notes
+from ddslurm.launcher.submission._bill import bill_lines, make_bill
+from ddslurm.launcher.submission._render import render_generation
 from ddslurm.planner import PlanInputs, compile_plan, plan_arrays
 from ddslurm.providers import AliasRow
 

@@ -13,11 +13,12 @@ import pytest
 from ddslurm.config import ClaimRecord, ProviderSnapshot, RunLayout, SubmissionRecord, encode, read_json
 from ddslurm.config.testing import make_plan
 from ddslurm.launcher import Slurm, write_run_dir
-from ddslurm.launcher._bill import bill_lines, make_bill
-from ddslurm.launcher._status import run_status
-from ddslurm.launcher._steer import cancel, retry
-from ddslurm.launcher._submit import prepare, submit_shards
 from ddslurm.launcher.cli import main
+from ddslurm.launcher.runs._status import run_status
+from ddslurm.launcher.runs._steer import cancel, retry
+from ddslurm.launcher.submission._arrays import submit_shards
+from ddslurm.launcher.submission._bill import bill_lines, make_bill
+from ddslurm.launcher.submission._prepare import prepare
 from ddslurm.launcher.testing import FakeSlurm, accept_recipe, write_attempt, write_unit_run
 from ddslurm.planner import plan_arrays
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from ddslurm.launcher import Slurm, SubmitError, doctor, dry_run
-from ddslurm.launcher._aliases import describe_aliases
-from ddslurm.launcher._python_env import python_env_problem
-from ddslurm.launcher._slurm import Completed
+from ddslurm.launcher.cluster._python_env import python_env_problem
+from ddslurm.launcher.cluster._slurm import Completed
+from ddslurm.launcher.submission._aliases import describe_aliases
 from ddslurm.launcher.testing import write_runtime_shim, write_unit_run
 
 NOBODY = 65534

@@ -267,7 +267,7 @@ def test_a_structured_columns_schema_reaches_the_run_in_the_builders_field_order
     """The stored recipe (after the seed capture rewrites it) keeps the output schema's field order and
     descriptions, which are in the prompt the column sends: the node reads the column from it; the judge, whose
     integer keys the YAML cannot keep, is taken from the script, and the plan and submit's note say why."""
-    from ddslurm.launcher._console import plan_notes
+    from ddslurm.launcher.commands._console import plan_notes
 
     run, profile, env = write_unit_run(tmp_path, KEY)
     (tmp_path / "seed.csv").write_text("subject\nx\ny\n")

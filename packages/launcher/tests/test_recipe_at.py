@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from ddslurm.config import RunLayout
-from ddslurm.launcher._recipe_at import place_refusal
-from ddslurm.launcher._seed import capture_seed
 from ddslurm.launcher.errors import SubmitError
+from ddslurm.launcher.submission._recipe_at import place_refusal
+from ddslurm.launcher.submission._seed import capture_seed
 from ddslurm.providers import load_recipe
 
 RECIPE = """\

@@ -31,8 +31,8 @@ from ddslurm.config import (
     read_json,
 )
 from ddslurm.config.testing import make_plan
-from ddslurm.launcher._slurm import Slurm, tres_gpus
 from ddslurm.launcher.cli import main
+from ddslurm.launcher.cluster._slurm import Slurm, tres_gpus
 from ddslurm.launcher.report import parse_client_out, render_html, report_json, run_report
 from ddslurm.launcher.testing import FakeSlurm, console_lines, find_chromium, page_layout, pixel_variance, run_chromium
 
@@ -279,7 +279,7 @@ def test_accounting_falls_back_to_attempt_records_when_sacct_fails(tmp_path: Pat
     layout = make_report_run(tmp_path)
 
     def broken(argv: Any, *, env: Any = None) -> Any:
-        from ddslurm.launcher._slurm import Completed
+        from ddslurm.launcher.cluster._slurm import Completed
 
         return Completed(1, "", "sacct: error: Problem talking to the database")
 
@@ -444,7 +444,7 @@ def test_two_workers_sharing_an_allocations_gpus_count_its_time_once(tmp_path: P
 def test_an_allocation_whose_replicas_served_nothing_generated_nothing(tmp_path: Path) -> None:
     """Issue 35, item 1: behind a proxy, no busy log means no request was ever in flight (a hosted judge hung until
     the time limit): the allocation's GPU time generating is 0, not its attempts' spans, and no fact is made of it."""
-    from ddslurm.launcher._measure import measure_run
+    from ddslurm.launcher.facts._measure import measure_run
 
     layout = make_staged_run(tmp_path, None, proxy=True)
     report = run_report(layout, Slurm(FakeSlurm(sacct=STAGED_SACCT)))

@@ -14,8 +14,8 @@ import pytest
 
 from ddslurm.config import UnsafePathError
 from ddslurm.launcher import find_run, prepare, write_run_dir
-from ddslurm.launcher._slurm import SubprocessRunner
 from ddslurm.launcher.cli import main
+from ddslurm.launcher.cluster._slurm import SubprocessRunner
 from ddslurm.launcher.testing import accept_recipe, write_unit_run
 
 pytestmark = pytest.mark.smoke  # make test-isolated runs these with only the package's dependencies

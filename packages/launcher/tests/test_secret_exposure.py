@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from ddslurm.launcher import Slurm, submit
-from ddslurm.launcher._slurm import Completed
 from ddslurm.launcher.cli import main
+from ddslurm.launcher.cluster._slurm import Completed
 from ddslurm.launcher.testing import FakeSlurm, InProcessHost, write_unit_run
 
 HOST = InProcessHost()

@@ -30,10 +30,10 @@ from ddslurm.launcher import (
     submit,
     wait_for_run,
 )
-from ddslurm.launcher import _dry_run as dry_run_module
-from ddslurm.launcher import _follow as follow_module
-from ddslurm.launcher._process import Stopped, run_in_group
-from ddslurm.launcher._runs import save_report
+from ddslurm.launcher.cluster._process import Stopped, run_in_group
+from ddslurm.launcher.runs import _follow as follow_module
+from ddslurm.launcher.runs._find import save_report
+from ddslurm.launcher.submission import _dry_run as dry_run_module
 from ddslurm.launcher.testing import (
     FakeSlurm,
     InProcessHost,

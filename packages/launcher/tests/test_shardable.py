@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from ddslurm.launcher._shardable import refuse_unshardable
 from ddslurm.launcher.errors import SubmitError
+from ddslurm.launcher.submission._shardable import refuse_unshardable
 
 SHORTHAND = """\
 columns:

@@ -29,10 +29,10 @@ from ddslurm.config import (
     read_plan,
 )
 from ddslurm.launcher import RunStatus, Slurm, run_status, submit
-from ddslurm.launcher._console import status_text
-from ddslurm.launcher._render import render_generation
-from ddslurm.launcher._steer import log_files, pick_attempt, retry
-from ddslurm.launcher._submit import prepare
+from ddslurm.launcher.commands._console import status_text
+from ddslurm.launcher.runs._steer import log_files, pick_attempt, retry
+from ddslurm.launcher.submission._prepare import prepare
+from ddslurm.launcher.submission._render import render_generation
 from ddslurm.launcher.testing import (
     UNIT_RECIPE,
     FakeSlurm,

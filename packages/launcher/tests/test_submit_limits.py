@@ -26,9 +26,9 @@ from ddslurm.config import (
     read_json,
 )
 from ddslurm.launcher import Completed, LauncherError, Slurm, SlurmError, SubmitError, cli, run_status, submit
-from ddslurm.launcher._slurm import SlurmTimeoutError, SubprocessRunner, parse_limit
-from ddslurm.launcher._steer import continue_submission, retry
-from ddslurm.launcher._submit import PartialSubmitError, submit_lock
+from ddslurm.launcher.cluster._slurm import SlurmTimeoutError, SubprocessRunner, parse_limit
+from ddslurm.launcher.runs._steer import continue_submission, retry
+from ddslurm.launcher.submission._arrays import PartialSubmitError, submit_lock
 from ddslurm.launcher.testing import InProcessHost, accept_every_recipe, wait_ended, write_unit_run
 
 HOST = InProcessHost()

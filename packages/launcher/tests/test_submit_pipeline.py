@@ -18,10 +18,10 @@ import pytest
 
 from ddslurm.config import Plan, RunLayout, read_plan
 from ddslurm.launcher import Slurm
-from ddslurm.launcher import _dry_run as dry_run_module
-from ddslurm.launcher import _submit as submit_module
-from ddslurm.launcher._doctor import doctor
-from ddslurm.launcher._submit import submit
+from ddslurm.launcher.cluster._doctor import doctor
+from ddslurm.launcher.submission import _dry_run as dry_run_module
+from ddslurm.launcher.submission import _prepare as prepare_module
+from ddslurm.launcher.submission._submit import submit
 from ddslurm.launcher.testing import FakeSlurm, InProcessHost, write_unit_run
 
 KEY = "sk-pipeline-test-0000"
@@ -50,13 +50,13 @@ def planner_calls(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
     """How often ``submit`` (and the dry run, which share its stages) asked the planner to size and to compile."""
     calls: Counter[str] = Counter()
     for name in ("client_serving", "compile_plan"):
-        real = getattr(submit_module, name)
+        real = getattr(prepare_module, name)
 
         def counted(*args: Any, _real: Any = real, _name: str = name, **kwargs: Any) -> Any:
             calls[_name] += 1
             return _real(*args, **kwargs)
 
-        monkeypatch.setattr(submit_module, name, counted)
+        monkeypatch.setattr(prepare_module, name, counted)
     return calls
 
 
@@ -81,13 +81,13 @@ def test_submit_reads_each_input_once_and_compiles_the_plan_once_which_nothing_a
 ) -> None:
     run, profile, env = _unit_run(tmp_path)
     compiled: list[Plan] = []
-    compile_plan = submit_module.compile_plan
+    compile_plan = prepare_module.compile_plan
 
     def keep(*args: Any, **kwargs: Any) -> Plan:
         compiled.append(compile_plan(*args, **kwargs))
         return compiled[-1]
 
-    monkeypatch.setattr(submit_module, "compile_plan", keep)
+    monkeypatch.setattr(prepare_module, "compile_plan", keep)
     opened.clear()  # what writing the files counted
     done = submit(run, profile, slurm=Slurm(FakeSlurm(), user="alice"), env=env, host=InProcessHost())
     for path in (run, profile, tmp_path / "recipe.yaml"):
@@ -136,13 +136,13 @@ def test_a_run_file_that_changes_while_submit_runs_is_stored_as_it_was_read(
     """The run's copy of the run file is the text the plan was compiled from, not what the file holds later."""
     run, profile, env = _unit_run(tmp_path)
     as_read = run.read_bytes()
-    compile_plan = submit_module.compile_plan
+    compile_plan = prepare_module.compile_plan
 
     def edit_then_compile(*args: Any, **kwargs: Any) -> Plan:
         run.write_text(run.read_text().replace("num_records: 10", "num_records: 99"))
         return compile_plan(*args, **kwargs)
 
-    monkeypatch.setattr(submit_module, "compile_plan", edit_then_compile)
+    monkeypatch.setattr(prepare_module, "compile_plan", edit_then_compile)
     done = submit(run, profile, slurm=Slurm(FakeSlurm(), user="alice"), env=env, host=InProcessHost())
     assert (done.layout.inputs / "run.yaml").read_bytes() == as_read
     assert done.plan.num_records == 10

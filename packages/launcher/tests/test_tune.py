@@ -28,10 +28,10 @@ from ddslurm.config import (
     load_run_file,
     read_json,
 )
-from ddslurm.launcher._commands_tune import tune_lines
-from ddslurm.launcher._tune import DEFAULT_RECORDS, tune_run_file
-from ddslurm.launcher._tune_facts import TuneFailedError, tune_result
+from ddslurm.launcher.commands._tune import tune_lines
 from ddslurm.launcher.errors import UsageError
+from ddslurm.launcher.facts._tune import DEFAULT_RECORDS, tune_run_file
+from ddslurm.launcher.facts._tune_facts import TuneFailedError, tune_result
 from ddslurm.planner import calibration_levels_of
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "mixed" / "run.yaml"
@@ -148,7 +148,7 @@ class _Queue:
 
 
 def test_tune_waits_for_the_sweep_after_the_attempt_ended_until_the_job_is_gone(tmp_path: Path) -> None:
-    from ddslurm.launcher._tune import await_calibration
+    from ddslurm.launcher.facts._tune import await_calibration
 
     layout, _ = _finished_tune_run(tmp_path, calibrated=False)
     attempt = layout.shard(0).attempt("attempt-7")
@@ -169,7 +169,7 @@ def test_tune_shows_what_the_planner_would_have_used_beside_what_it_measured(tmp
     """Issue 35: before a calibration, the planner used the defaults (no fact) or the workspace's fact (a run's,
     the median of its runs, read at the calibration's capacity); ``tune`` prints it beside the measure."""
     from ddslurm.config import ModelFact, ModelSample
-    from ddslurm.launcher._tune import planned_beside
+    from ddslurm.launcher.facts._tune import planned_beside
 
     layout, plan = _finished_tune_run(tmp_path, calibrated=True)
     ((alias, model),) = tune_result(layout, plan, "2026-01-01T01:00:00+00:00").models

@@ -118,7 +118,7 @@ def test_a_recipe_refused_on_the_node_fails_once_not_retryable_with_data_designe
     assert (record.state, record.retryable, record.client_runs) == ("failed", False, 1), record
     assert record.message is not None and DD_DETAIL in record.message, record.message
     assert "Please address the indicated issues" not in record.message
-    from ddslurm.launcher._console import status_text
+    from ddslurm.launcher.commands._console import status_text
 
     status = run_status(prepared.layout, Slurm(FakeSlurm(), env=dict(os.environ)))  # (no Slurm job: ran outside it)
     shard = status.shards[0]
@@ -128,7 +128,7 @@ def test_a_recipe_refused_on_the_node_fails_once_not_retryable_with_data_designe
 
 def test_a_recipe_without_model_columns_is_validated_too(tmp_path: Path) -> None:
     from ddslurm.config import ProviderSnapshot
-    from ddslurm.launcher._validate import dd_check_recipe
+    from ddslurm.launcher.submission._validate import dd_check_recipe
     from ddslurm.providers import load_recipe
 
     (tmp_path / "recipe.yaml").write_text(

@@ -10,10 +10,10 @@ import pytest
 
 from ddslurm.config import RunLayout, WorkflowStage, load_run_file, read_json
 from ddslurm.config import WorkflowNext as Next
-from ddslurm.launcher._recipe import LoadedWorkflow, StageRequest
-from ddslurm.launcher._workflow import next_stage
-from ddslurm.launcher._workflow_stage import stage_run
 from ddslurm.launcher.errors import SubmitError
+from ddslurm.launcher.runs._workflow import next_stage
+from ddslurm.launcher.submission._recipe import LoadedWorkflow, StageRequest
+from ddslurm.launcher.submission._workflow_stage import stage_run
 
 STAGES = (WorkflowStage(name="draft", num_records=7), WorkflowStage(name="improve"), WorkflowStage(name="more"))
 

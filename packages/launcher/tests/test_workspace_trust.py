@@ -32,9 +32,9 @@ from ddslurm.config import (
     write_facts,
 )
 from ddslurm.launcher import Slurm, SubmitError, doctor, dry_run
-from ddslurm.launcher._facts import record_after, record_facts
-from ddslurm.launcher._submit import prepare
 from ddslurm.launcher.cli import main
+from ddslurm.launcher.facts._workspace import record_after, record_facts
+from ddslurm.launcher.submission._prepare import prepare
 from ddslurm.launcher.testing import FakeSlurm, accept_every_recipe, accept_recipe, write_unit_run
 from ddslurm.planner import PlanInputs
 

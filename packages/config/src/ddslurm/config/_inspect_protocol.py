@@ -6,7 +6,8 @@ both are typed here and versioned: every request and every answer carries :data:
 the other's message only at its own version (:func:`decode_request`, :func:`decode_answer`), else it says both
 versions (:class:`InspectProtocolError`; the runtime answers :class:`ErrorAnswer`). A request is tagged by its
 ``action`` (``build``, ``check``, ``versions``, ``tools``), an answer by ``answer`` (the action it answers, or
-``error``). What each action does is ``ddslurm.runtime._inspect``'s; who asks, ``ddslurm.launcher._engine_host``.
+``error``). What each action does is ``ddslurm.runtime._inspect``'s; who asks,
+``ddslurm.launcher.cluster._engine_host``.
 
 Change a field of any struct here and :data:`INSPECT_VERSION` goes up: a ``python_env`` with another ddslurm is then
 told so in both versions' words rather than misread.

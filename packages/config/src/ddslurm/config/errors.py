@@ -17,7 +17,8 @@ from pathlib import Path
 
 class DdslurmError(Exception):
     """Root of the errors raised by every ddslurm package: ``except DdslurmError`` catches any of them (anything
-    else is a bug). The command lines map it to their exit codes (``ddslurm``: ``ddslurm.launcher._output``)."""
+    else is a bug). The command lines map it to their exit codes (``ddslurm``:
+    ``ddslurm.launcher.commands._output``)."""
 
 
 class ConfigError(DdslurmError):

@@ -25,21 +25,10 @@ from typing import TYPE_CHECKING
 from ddslurm.config import lazy_exports
 
 if TYPE_CHECKING:
-    from ddslurm.launcher._cluster import ClusterInfo, parse_sinfo, read_cluster
-    from ddslurm.launcher._collect import collect_local, collect_run, wait_for_job
-    from ddslurm.launcher._doctor import DoctorReport, doctor
-    from ddslurm.launcher._doctor_checks import Check
-    from ddslurm.launcher._dry_run import DryRun, dry_run
-    from ddslurm.launcher._facts import Recorded, record_facts
-    from ddslurm.launcher._follow import Released, SchedulerBusy, WaitTimeout, follow_run, release, wait_for_run
-    from ddslurm.launcher._init import InitResult, init_command
-    from ddslurm.launcher._init_render import render_init
-    from ddslurm.launcher._recipe import LoadedRecipe, load_run_recipe
-    from ddslurm.launcher._render import render_collection, render_generation
-    from ddslurm.launcher._run_dir import Prepared, write_run_dir
-    from ddslurm.launcher._run_records import find_run
-    from ddslurm.launcher._runs import ListedRun, list_runs, open_run, resolve_profile, workspace_of
-    from ddslurm.launcher._slurm import (
+    from ddslurm.launcher.cluster._cluster import ClusterInfo, parse_sinfo, read_cluster
+    from ddslurm.launcher.cluster._doctor import DoctorReport, doctor
+    from ddslurm.launcher.cluster._doctor_checks import Check
+    from ddslurm.launcher.cluster._slurm import (
         Completed,
         Runner,
         Slurm,
@@ -48,20 +37,6 @@ if TYPE_CHECKING:
         parse_job_key,
         subprocess_runner,
     )
-    from ddslurm.launcher._status import run_state, run_status
-    from ddslurm.launcher._status_model import RunStatus, ShardStatus, StageProgress
-    from ddslurm.launcher._steer import (
-        Accepted,
-        AcceptedShard,
-        Cancelled,
-        Continued,
-        Retried,
-        accept_partial,
-        cancel,
-        continue_submission,
-        retry,
-    )
-    from ddslurm.launcher._submit import PartialSubmitError, Submitted, prepare, submit, submit_shards
     from ddslurm.launcher.errors import (
         BuilderError,
         InitError,
@@ -72,76 +47,103 @@ if TYPE_CHECKING:
         UsageError,
         WriteError,
     )
+    from ddslurm.launcher.facts._workspace import Recorded, record_facts
+    from ddslurm.launcher.init._command import InitResult, init_command
+    from ddslurm.launcher.init._render import render_init
+    from ddslurm.launcher.runs._collect import collect_local, collect_run, wait_for_job
+    from ddslurm.launcher.runs._find import ListedRun, list_runs, open_run, resolve_profile, workspace_of
+    from ddslurm.launcher.runs._follow import Released, SchedulerBusy, WaitTimeout, follow_run, release, wait_for_run
+    from ddslurm.launcher.runs._records import find_run
+    from ddslurm.launcher.runs._status import run_state, run_status
+    from ddslurm.launcher.runs._status_model import RunStatus, ShardStatus, StageProgress
+    from ddslurm.launcher.runs._steer import (
+        Accepted,
+        AcceptedShard,
+        Cancelled,
+        Continued,
+        Retried,
+        accept_partial,
+        cancel,
+        continue_submission,
+        retry,
+    )
+    from ddslurm.launcher.submission._arrays import PartialSubmitError, submit_shards
+    from ddslurm.launcher.submission._dry_run import DryRun, dry_run
+    from ddslurm.launcher.submission._prepare import prepare
+    from ddslurm.launcher.submission._recipe import LoadedRecipe, load_run_recipe
+    from ddslurm.launcher.submission._render import render_collection, render_generation
+    from ddslurm.launcher.submission._run_dir import Prepared, write_run_dir
+    from ddslurm.launcher.submission._submit import Submitted, submit
 
 _LAZY_IMPORTS: dict[str, str] = {
-    "Accepted": "ddslurm.launcher._steer",
-    "AcceptedShard": "ddslurm.launcher._steer",
+    "Accepted": "ddslurm.launcher.runs._steer",
+    "AcceptedShard": "ddslurm.launcher.runs._steer",
     "BuilderError": "ddslurm.launcher.errors",
-    "Cancelled": "ddslurm.launcher._steer",
-    "Check": "ddslurm.launcher._doctor_checks",
-    "ClusterInfo": "ddslurm.launcher._cluster",
-    "Completed": "ddslurm.launcher._slurm",
-    "Continued": "ddslurm.launcher._steer",
-    "DoctorReport": "ddslurm.launcher._doctor",
-    "DryRun": "ddslurm.launcher._dry_run",
+    "Cancelled": "ddslurm.launcher.runs._steer",
+    "Check": "ddslurm.launcher.cluster._doctor_checks",
+    "ClusterInfo": "ddslurm.launcher.cluster._cluster",
+    "Completed": "ddslurm.launcher.cluster._slurm",
+    "Continued": "ddslurm.launcher.runs._steer",
+    "DoctorReport": "ddslurm.launcher.cluster._doctor",
+    "DryRun": "ddslurm.launcher.submission._dry_run",
     "InitError": "ddslurm.launcher.errors",
-    "InitResult": "ddslurm.launcher._init",
+    "InitResult": "ddslurm.launcher.init._command",
     "LauncherError": "ddslurm.launcher.errors",
-    "ListedRun": "ddslurm.launcher._runs",
-    "LoadedRecipe": "ddslurm.launcher._recipe",
-    "PartialSubmitError": "ddslurm.launcher._submit",
-    "Prepared": "ddslurm.launcher._run_dir",
-    "Recorded": "ddslurm.launcher._facts",
-    "Released": "ddslurm.launcher._follow",
-    "Retried": "ddslurm.launcher._steer",
+    "ListedRun": "ddslurm.launcher.runs._find",
+    "LoadedRecipe": "ddslurm.launcher.submission._recipe",
+    "PartialSubmitError": "ddslurm.launcher.submission._arrays",
+    "Prepared": "ddslurm.launcher.submission._run_dir",
+    "Recorded": "ddslurm.launcher.facts._workspace",
+    "Released": "ddslurm.launcher.runs._follow",
+    "Retried": "ddslurm.launcher.runs._steer",
     "RunNotFoundError": "ddslurm.launcher.errors",
-    "RunStatus": "ddslurm.launcher._status_model",
-    "Runner": "ddslurm.launcher._slurm",
-    "SchedulerBusy": "ddslurm.launcher._follow",
-    "ShardStatus": "ddslurm.launcher._status_model",
-    "Slurm": "ddslurm.launcher._slurm",
+    "RunStatus": "ddslurm.launcher.runs._status_model",
+    "Runner": "ddslurm.launcher.cluster._slurm",
+    "SchedulerBusy": "ddslurm.launcher.runs._follow",
+    "ShardStatus": "ddslurm.launcher.runs._status_model",
+    "Slurm": "ddslurm.launcher.cluster._slurm",
     "SlurmError": "ddslurm.launcher.errors",
-    "SlurmTimeoutError": "ddslurm.launcher._slurm",
-    "StageProgress": "ddslurm.launcher._status_model",
+    "SlurmTimeoutError": "ddslurm.launcher.cluster._slurm",
+    "StageProgress": "ddslurm.launcher.runs._status_model",
     "SubmitError": "ddslurm.launcher.errors",
-    "Submitted": "ddslurm.launcher._submit",
-    "TaskState": "ddslurm.launcher._slurm",
+    "Submitted": "ddslurm.launcher.submission._submit",
+    "TaskState": "ddslurm.launcher.cluster._slurm",
     "UsageError": "ddslurm.launcher.errors",
-    "WaitTimeout": "ddslurm.launcher._follow",
+    "WaitTimeout": "ddslurm.launcher.runs._follow",
     "WriteError": "ddslurm.launcher.errors",
-    "accept_partial": "ddslurm.launcher._steer",
-    "cancel": "ddslurm.launcher._steer",
-    "collect_local": "ddslurm.launcher._collect",
-    "collect_run": "ddslurm.launcher._collect",
-    "continue_submission": "ddslurm.launcher._steer",
-    "doctor": "ddslurm.launcher._doctor",
-    "dry_run": "ddslurm.launcher._dry_run",
-    "find_run": "ddslurm.launcher._run_records",
-    "follow_run": "ddslurm.launcher._follow",
-    "init_command": "ddslurm.launcher._init",
-    "list_runs": "ddslurm.launcher._runs",
-    "load_run_recipe": "ddslurm.launcher._recipe",
-    "open_run": "ddslurm.launcher._runs",
-    "parse_job_key": "ddslurm.launcher._slurm",
-    "parse_sinfo": "ddslurm.launcher._cluster",
-    "prepare": "ddslurm.launcher._submit",
-    "read_cluster": "ddslurm.launcher._cluster",
-    "record_facts": "ddslurm.launcher._facts",
-    "release": "ddslurm.launcher._follow",
-    "render_collection": "ddslurm.launcher._render",
-    "render_generation": "ddslurm.launcher._render",
-    "render_init": "ddslurm.launcher._init_render",
-    "resolve_profile": "ddslurm.launcher._runs",
-    "retry": "ddslurm.launcher._steer",
-    "run_state": "ddslurm.launcher._status",
-    "run_status": "ddslurm.launcher._status",
-    "submit": "ddslurm.launcher._submit",
-    "submit_shards": "ddslurm.launcher._submit",
-    "subprocess_runner": "ddslurm.launcher._slurm",
-    "wait_for_job": "ddslurm.launcher._collect",
-    "wait_for_run": "ddslurm.launcher._follow",
-    "workspace_of": "ddslurm.launcher._runs",
-    "write_run_dir": "ddslurm.launcher._run_dir",
+    "accept_partial": "ddslurm.launcher.runs._steer",
+    "cancel": "ddslurm.launcher.runs._steer",
+    "collect_local": "ddslurm.launcher.runs._collect",
+    "collect_run": "ddslurm.launcher.runs._collect",
+    "continue_submission": "ddslurm.launcher.runs._steer",
+    "doctor": "ddslurm.launcher.cluster._doctor",
+    "dry_run": "ddslurm.launcher.submission._dry_run",
+    "find_run": "ddslurm.launcher.runs._records",
+    "follow_run": "ddslurm.launcher.runs._follow",
+    "init_command": "ddslurm.launcher.init._command",
+    "list_runs": "ddslurm.launcher.runs._find",
+    "load_run_recipe": "ddslurm.launcher.submission._recipe",
+    "open_run": "ddslurm.launcher.runs._find",
+    "parse_job_key": "ddslurm.launcher.cluster._slurm",
+    "parse_sinfo": "ddslurm.launcher.cluster._cluster",
+    "prepare": "ddslurm.launcher.submission._prepare",
+    "read_cluster": "ddslurm.launcher.cluster._cluster",
+    "record_facts": "ddslurm.launcher.facts._workspace",
+    "release": "ddslurm.launcher.runs._follow",
+    "render_collection": "ddslurm.launcher.submission._render",
+    "render_generation": "ddslurm.launcher.submission._render",
+    "render_init": "ddslurm.launcher.init._render",
+    "resolve_profile": "ddslurm.launcher.runs._find",
+    "retry": "ddslurm.launcher.runs._steer",
+    "run_state": "ddslurm.launcher.runs._status",
+    "run_status": "ddslurm.launcher.runs._status",
+    "submit": "ddslurm.launcher.submission._submit",
+    "submit_shards": "ddslurm.launcher.submission._arrays",
+    "subprocess_runner": "ddslurm.launcher.cluster._slurm",
+    "wait_for_job": "ddslurm.launcher.runs._collect",
+    "wait_for_run": "ddslurm.launcher.runs._follow",
+    "workspace_of": "ddslurm.launcher.runs._find",
+    "write_run_dir": "ddslurm.launcher.submission._run_dir",
 }
 """Each exported name and the module that defines it."""
 

@@ -34,13 +34,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal, TextIO, TypeAlias, overload
 
 from ddslurm.config import DdslurmError, RunLayout, lazy_exports
-from ddslurm.launcher._engine_host import RUNTIME_PROCESS, EngineHost
-from ddslurm.launcher._follow import SchedulerBusy, WaitTimeout, follow_run, wait_to_end
-from ddslurm.launcher._runs import open_run, required_profile, resolve_profile, save_report
-from ddslurm.launcher._slurm import Slurm
-from ddslurm.launcher._status import run_status
-from ddslurm.launcher._status_model import KeyStatus, RunStatus, ShardStatus, StageProgress
-from ddslurm.launcher._steer import Accepted, AcceptedShard, Cancelled, Retried, accept_partial, cancel, retry
+from ddslurm.launcher.cluster._engine_host import RUNTIME_PROCESS, EngineHost
+from ddslurm.launcher.cluster._slurm import Slurm
 from ddslurm.launcher.errors import (
     CollectFailedError,
     LauncherError,
@@ -49,12 +44,17 @@ from ddslurm.launcher.errors import (
     SubmitError,
     UsageError,
 )
+from ddslurm.launcher.runs._find import open_run, required_profile, resolve_profile, save_report
+from ddslurm.launcher.runs._follow import SchedulerBusy, WaitTimeout, follow_run, wait_to_end
+from ddslurm.launcher.runs._status import run_status
+from ddslurm.launcher.runs._status_model import KeyStatus, RunStatus, ShardStatus, StageProgress
+from ddslurm.launcher.runs._steer import Accepted, AcceptedShard, Cancelled, Retried, accept_partial, cancel, retry
 
 if TYPE_CHECKING:
     from ddslurm.collector import CollectResult
-    from ddslurm.launcher._aliases import EndpointCheck
-    from ddslurm.launcher._submit import PartialSubmitError
     from ddslurm.launcher.report import RunReport
+    from ddslurm.launcher.submission._aliases import EndpointCheck
+    from ddslurm.launcher.submission._arrays import PartialSubmitError
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,12 +199,12 @@ class Client:
         :class:`SubmitError` (or the configuration's, the providers' or the planner's errors) with nothing left
         behind; a submission that stopped part-way raises :class:`PartialSubmitError` (``ddslurm submit --continue``
         submits the rest)."""
-        from ddslurm.launcher._console import plan_notes
+        from ddslurm.launcher.commands._console import plan_notes
 
         profile_path = required_profile(self.profile if profile is None else Path(profile), self.env, "submit")
         endpoints = _endpoint_check() if check_endpoints else None
         if dry_run:
-            from ddslurm.launcher._dry_run import dry_run as plan_dry_run
+            from ddslurm.launcher.submission._dry_run import dry_run as plan_dry_run
 
             planned = plan_dry_run(
                 Path(run_file),
@@ -224,7 +224,7 @@ class Client:
                 warnings=planned.warnings,
                 notes=tuple(plan_notes(planned.plan)),
             )
-        from ddslurm.launcher._submit import submit
+        from ddslurm.launcher.submission._submit import submit
 
         done = submit(
             Path(run_file),
@@ -321,8 +321,8 @@ class Client:
         done, total); without it, the collector's lines go to the notes); then record a succeeded run's facts.
         A collection that published nothing raises :class:`CollectFailedError` (its ``exit_code`` is
         ``ddslurm collect``'s)."""
-        from ddslurm.launcher._collect import collect_run
-        from ddslurm.launcher._facts import record_after
+        from ddslurm.launcher.facts._workspace import record_after
+        from ddslurm.launcher.runs._collect import collect_run
 
         layout = self._layout(run)
         result = collect_run(layout, self.slurm, local=local, overwrite=overwrite, err=self.notes, progress=progress)
@@ -332,8 +332,8 @@ class Client:
     def report(self, run: RunRef, output: str | os.PathLike[str] | None = None) -> Reported:
         """``ddslurm report RUN``: write the run's self-contained HTML page (default: ``RUN/report.html``) and
         return it with its numbers; record a succeeded run's facts."""
-        from ddslurm.launcher._fact_check import with_fact_check
-        from ddslurm.launcher._facts import record_after
+        from ddslurm.launcher.facts._fact_check import with_fact_check
+        from ddslurm.launcher.facts._workspace import record_after
         from ddslurm.launcher.report import numbers, read_run, render_html
 
         layout = self._layout(run)
@@ -357,7 +357,7 @@ def _endpoint_check() -> EndpointCheck:
 
 _LAZY_IMPORTS: dict[str, str] = {
     "CollectResult": "ddslurm.collector",
-    "PartialSubmitError": "ddslurm.launcher._submit",
+    "PartialSubmitError": "ddslurm.launcher.submission._arrays",
 }
 """The names whose modules load what only their operation needs (the collector: pyarrow; submit: the planner)."""
 

@@ -3,12 +3,13 @@
 Commands: init (--dir, --force), submit (--dry-run, --continue), tune (--records), providers, doctor, status
 (--watch), wait (--timeout), cancel (--shards), retry (--shards, --fresh, --resume-cancelled, --dry-run),
 accept-partial, logs, collect (--local, --overwrite), report (--output), list. Every command takes --json (errors
-included); exit codes are :class:`ddslurm.launcher._output.ExitCode`. Rendering for people lives in ``_console``,
-JSON and errors in ``_output``. This module holds the app, registers its commands (:data:`COMMANDS`) and runs it
-(:func:`main`); the commands live in ``_commands_start`` (submit, providers, init, list), ``_commands_follow``
-(status, wait, logs, report), ``_commands_steer`` (cancel, retry, accept-partial, collect) and ``_commands_tune``
-(tune), with what they share in ``_session``. A
-command only reads its options, takes the :class:`Session`, calls one service of the launcher (the functions
+included); exit codes are :class:`ddslurm.launcher.commands._output.ExitCode`. Rendering for people lives in
+``commands._console``, JSON and errors in ``commands._output``. This module holds the app, registers its commands
+(:data:`COMMANDS`) and runs it (:func:`main`); the commands live in ``commands._start`` (submit, providers, doctor,
+init, list), ``commands._follow`` (status, wait, logs, report), ``commands._steer`` (cancel, retry, accept-partial,
+collect), ``commands._tune`` (tune) and ``commands._workflow`` (workflow), with what they share in
+``commands._session``. A command only reads its options, takes the :class:`Session`, calls one service of the
+launcher (the functions
 ``ddslurm.launcher`` exports: ``dry_run``, ``follow_run``, ``retry``, ``list_runs``, ...), renders what it returns
 and gives the exit code; what the command does lives in the service.
 """
@@ -24,12 +25,9 @@ from typing import Annotated, Any, TextIO
 import typer
 from typer.main import get_command
 
-from ddslurm.launcher._commands_follow import cmd_logs, cmd_report, cmd_status, cmd_wait
-from ddslurm.launcher._commands_start import cmd_doctor, cmd_init, cmd_list, cmd_providers, cmd_submit
-from ddslurm.launcher._commands_steer import cmd_accept_partial, cmd_cancel, cmd_collect, cmd_retry
-from ddslurm.launcher._commands_tune import cmd_tune
-from ddslurm.launcher._commands_workflow import cmd_workflow
-from ddslurm.launcher._output import (
+from ddslurm.launcher.cluster._slurm import Slurm
+from ddslurm.launcher.commands._follow import cmd_logs, cmd_report, cmd_status, cmd_wait
+from ddslurm.launcher.commands._output import (
     CommandFailed,
     ExitCode,
     emit_error,
@@ -37,8 +35,11 @@ from ddslurm.launcher._output import (
     reported,
     write_json,
 )
-from ddslurm.launcher._session import PipeClosed, Session
-from ddslurm.launcher._slurm import Slurm
+from ddslurm.launcher.commands._session import PipeClosed, Session
+from ddslurm.launcher.commands._start import cmd_doctor, cmd_init, cmd_list, cmd_providers, cmd_submit
+from ddslurm.launcher.commands._steer import cmd_accept_partial, cmd_cancel, cmd_collect, cmd_retry
+from ddslurm.launcher.commands._tune import cmd_tune
+from ddslurm.launcher.commands._workflow import cmd_workflow
 from ddslurm.launcher.errors import DISK_FULL, WriteError
 
 DISTRIBUTIONS = (

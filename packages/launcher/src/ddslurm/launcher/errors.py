@@ -69,8 +69,8 @@ class InitError(LauncherError):
 
 class InspectAnswerError(LauncherError):
     """``<python_env>/bin/ddslurm-runtime inspect`` gave no answer the submit host can use
-    (:mod:`ddslurm.launcher._engine_host`). ``answered``: it printed one, and the message says why it is of no use
-    (its error answer, or an answer of another protocol version, naming both and what to install); else it printed
+    (:mod:`ddslurm.launcher.cluster._engine_host`). ``answered``: it printed one, and the message says why it is of no
+    use (its error answer, or an answer of another protocol version, naming both and what to install); else it printed
     none (``returncode``, and ``stderr``: what it printed there, the way to see why)."""
 
     def __init__(self, message: str, *, answered: bool, returncode: int, stderr: str) -> None:

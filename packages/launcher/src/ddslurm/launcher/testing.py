@@ -36,10 +36,10 @@ from ddslurm.config import (
     encode,
     encode_message,
 )
-from ddslurm.launcher._engine_host import RUNTIME_PROCESS, EngineHost
-from ddslurm.launcher._process import Finished
-from ddslurm.launcher._slurm import Completed
-from ddslurm.launcher._validate import RecipeCheck
+from ddslurm.launcher.cluster._engine_host import RUNTIME_PROCESS, EngineHost
+from ddslurm.launcher.cluster._process import Finished
+from ddslurm.launcher.cluster._slurm import Completed
+from ddslurm.launcher.submission._validate import RecipeCheck
 from ddslurm.runtime import answer_inspect, installed_versions, pid_alive, read_request, recipe_columns
 from ddslurm.runtime.errors import RecipeError
 
@@ -91,7 +91,7 @@ def write_runtime_shim(python_env: Path) -> Path:
 
 
 class InProcessHost(EngineHost):
-    """An :class:`~ddslurm.launcher._engine_host.EngineHost` for tests of the launcher's own logic: it answers
+    """An :class:`~ddslurm.launcher.cluster._engine_host.EngineHost` for tests of the launcher's own logic: it answers
     ``versions`` and ``check`` in this process with the runtime's own code (:func:`ddslurm.runtime.read_request`,
     :func:`ddslurm.runtime.answer_inspect`, the Data Designer installed here, imported once per test process), where
     the real host starts a process and imports Data Designer for every question; the request and answer still cross
@@ -160,9 +160,9 @@ class Patcher(Protocol):
 def accept_every_recipe(monkeypatch: Patcher) -> None:
     """Every ``submit`` and dry run (the commands and the API alike) checks recipes with :func:`accept_recipe`:
     the seam for tests whose subject is not Data Designer's validation (a subprocess of seconds)."""
-    from ddslurm.launcher import _dry_run, _submit
+    from ddslurm.launcher.submission import _dry_run, _prepare, _submit
 
-    original = _submit.prepare_inputs
+    original = _prepare.prepare_inputs
 
     def prepare(*args: Any, **kwargs: Any) -> Any:
         return original(*args, **{**kwargs, "check_recipe": accept_recipe})

@@ -1,6 +1,7 @@
 """``ddslurm-runtime inspect``'s ``tools`` action: the tools each MCP provider of a snapshot offers, listed at submit
 by the Data Designer of the profile's ``python_env`` (its own MCP client, ``list_tool_names``), the one the client
-step will call them with. The launcher judges the names (``launcher._mcp_check``); this imports Data Designer.
+step will call them with. The launcher judges the names (``launcher.submission._mcp_check``); this imports Data
+Designer.
 
 The request comes on standard input (a :class:`~ddslurm.config.ToolsRequest`: the providers to list, as the
 snapshot keeps them, and each one's time limit in seconds); the process runs with the submitting shell's environment

@@ -9,8 +9,8 @@ from typing import Any
 
 import msgspec
 
-from ddslurm.launcher._money import money
 from ddslurm.launcher.report._model import PHASES, HostedReport, RunReport, moment, seconds_between
+from ddslurm.launcher.runs._money import money
 
 _PHASE_LABELS = {"waiting": "waiting for the GPU stage"}
 """A phase's name on the page where it is not its name in the numbers."""

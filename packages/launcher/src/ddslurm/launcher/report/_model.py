@@ -335,7 +335,7 @@ class RunReport(msgspec.Struct, kw_only=True):
     predicted: PredictedMeasured | None = None
     """The plan's prediction beside the measurement; None when the plan has none (hosted-only runs)."""
     facts: list[FactMeasured] = msgspec.field(default_factory=list)
-    """Each fact the prediction used beside this run's measure of it (``ddslurm.launcher._measure.fact_check``;
+    """Each fact the prediction used beside this run's measure of it (``ddslurm.launcher.facts._measure.fact_check``;
     the command that writes the report fills it); empty without a prediction."""
     hosted: HostedReport | None = None
     """The run's hosted keys; None: the run uses none."""

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ddslurm.config import Prediction, RunLayout
-from ddslurm.launcher._slurm import Slurm
+from ddslurm.launcher.cluster._slurm import Slurm
 from ddslurm.launcher.report._columns import column_reports, dataset_report
 from ddslurm.launcher.report._model import (
     AttemptSpan,

@@ -34,12 +34,12 @@ from ddslurm.config import (
     read_json,
     read_plan,
 )
-from ddslurm.launcher._hosted_spend import HostedSpend, hosted_spend
-from ddslurm.launcher._run_records import attempt_records, submissions
-from ddslurm.launcher._slurm import Accounting, Slurm
+from ddslurm.launcher.cluster._slurm import Accounting, Slurm
 from ddslurm.launcher.errors import SlurmError
 from ddslurm.launcher.report._client_out import ClientOut, parse_client_out
 from ddslurm.launcher.report._model import moment
+from ddslurm.launcher.runs._hosted_spend import HostedSpend, hosted_spend
+from ddslurm.launcher.runs._records import attempt_records, submissions
 
 
 @dataclass(frozen=True, slots=True)

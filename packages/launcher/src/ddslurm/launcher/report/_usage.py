@@ -10,8 +10,7 @@ from typing import Literal
 import msgspec
 
 from ddslurm.config import Plan, ServingPlan, attempt_job
-from ddslurm.launcher._hosted_spend import HostedSpend
-from ddslurm.launcher._slurm import Accounting
+from ddslurm.launcher.cluster._slurm import Accounting
 from ddslurm.launcher.report._client_out import ClientOut
 from ddslurm.launcher.report._model import (
     AllocationGpu,
@@ -27,6 +26,7 @@ from ddslurm.launcher.report._model import (
 )
 from ddslurm.launcher.report._read import AttemptFacts, RunFacts
 from ddslurm.launcher.report._timeline import Key, Span, attempt_key, length
+from ddslurm.launcher.runs._hosted_spend import HostedSpend
 
 # --- models ---
 

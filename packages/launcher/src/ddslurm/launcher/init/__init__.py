@@ -1,0 +1,1 @@
+"""``ddslurm init``: what it chooses from the cluster, the files it writes and where, the starter recipes."""
