@@ -79,7 +79,7 @@ HOSTED_START_TIMEOUT_S = 90.0
 def listening_port() -> int:
     """A free port outside the kernel's ephemeral range, which the hosted stand-in keeps across its restarts: one
     inside it could be held, at a restart, by any connection's source port (as the runtime chooses its own)."""
-    from ddslurm.runtime._serving import choose_ports
+    from ddslurm.runtime._ports import choose_ports
 
     return choose_ports([None], str(random.SystemRandom().randrange(1 << 30)))[0]
 

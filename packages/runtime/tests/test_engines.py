@@ -16,14 +16,9 @@ import pytest
 
 from ddslurm.config import DeploymentPlan, ReplicaPlan, ServingPlan
 from ddslurm.runtime import RankPlace, server_command
-from ddslurm.runtime._serving import (
-    SGLANG_BOOT,
-    NodeMismatchError,
-    check_nodes,
-    engine_version,
-    leader_address,
-    token_environment,
-)
+from ddslurm.runtime._node_discovery import check_nodes, leader_address
+from ddslurm.runtime._server_command import SGLANG_BOOT, engine_version, token_environment
+from ddslurm.runtime._serving import NodeMismatchError
 
 URL = "http://127.0.0.1:8100"
 EXTRA = ("--max-num-seqs", "64")

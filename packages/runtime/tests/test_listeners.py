@@ -275,7 +275,7 @@ def test_a_unix_socket_is_ours_only_as_a_socket_of_this_uid_in_a_directory_no_on
 def test_a_held_port_cannot_be_taken_by_another_user_before_during_or_after_the_proxy_listens() -> None:
     """Before: a proxy's port was free for anyone between the check and the proxy's bind, and again once the proxy
     died, while the clients kept sending the token to it. The controller's hold keeps it for the allocation."""
-    from ddslurm.runtime._serving import PortHolds, listening_ports, port_is_free
+    from ddslurm.runtime._ports import PortHolds, listening_ports, port_is_free
 
     holds = PortHolds()
     port = next(p for p in listening_ports()[5000:] if holds.take(p))
@@ -361,7 +361,7 @@ def test_the_proxy_serves_replicas_on_unix_sockets_and_requires_the_token_on_eve
 def test_a_port_where_a_stale_proxy_of_this_user_listens_is_not_held() -> None:
     """A proxy left by an earlier job of the same user, bound with SO_REUSEPORT, would share the port's connections
     with the new proxy (the kernel balances a reuseport group): such a port counts as taken."""
-    from ddslurm.runtime._serving import PortHolds
+    from ddslurm.runtime._ports import PortHolds
 
     with socket.socket() as stale:
         stale.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)

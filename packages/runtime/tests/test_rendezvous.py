@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 
 from ddslurm.runtime._listeners import ListenerNotOursError, RendezvousIntruderError, check_rendezvous
-from ddslurm.runtime._serving import PortUnavailableError, allocation_addresses, draw_port
+from ddslurm.runtime._node_discovery import allocation_addresses
+from ddslurm.runtime._ports import draw_port
+from ddslurm.runtime._serving import PortUnavailableError
 
 ME = 1000
 NOBODY = 65534

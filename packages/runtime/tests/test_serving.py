@@ -10,16 +10,10 @@ import pytest
 
 from ddslurm.config import DeploymentPlan, ReplicaPlan, ServingPlan
 from ddslurm.runtime._controller import split_memory
-from ddslurm.runtime._serving import (
-    GpuMismatchError,
-    PortClaims,
-    PortUnavailableError,
-    check_gpus,
-    choose_ports,
-    listening_ports,
-    server_command,
-    token_environment,
-)
+from ddslurm.runtime._node_discovery import check_gpus
+from ddslurm.runtime._ports import PortClaims, choose_ports, listening_ports
+from ddslurm.runtime._server_command import server_command, token_environment
+from ddslurm.runtime._serving import GpuMismatchError, PortUnavailableError
 from ddslurm.runtime._steps import StepSpec, srun_argv, without
 
 pytestmark = pytest.mark.smoke  # make test-isolated runs these with only the package's dependencies
@@ -180,7 +174,7 @@ def test_two_controllers_choosing_at_once_never_choose_the_same_port() -> None:
     finally:
         first.release()
         second.release()
-    holder = "from ddslurm.runtime._serving import PortClaims; import sys; c = PortClaims(); "
+    holder = "from ddslurm.runtime._ports import PortClaims; import sys; c = PortClaims(); "
     holder += "assert c.take(24100, lambda _: True); print('held', flush=True); sys.stdin.read()"
     child = subprocess.Popen([sys.executable, "-c", holder], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert child.stdout is not None and child.stdout.readline() == "held\n"

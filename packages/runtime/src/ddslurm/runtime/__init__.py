@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from ddslurm.runtime._listeners import unix_url
     from ddslurm.runtime._plugins import PLUGIN_GROUP
     from ddslurm.runtime._scratch import pid_alive
-    from ddslurm.runtime._serving import RankPlace, ServerCommand, server_command, server_step_name
+    from ddslurm.runtime._server_command import RankPlace, ServerCommand, server_command, server_step_name
     from ddslurm.runtime._steps import StepSpec, srun_argv
     from ddslurm.runtime._verify import make_private, scan_for_secrets, verify_dataset
     from ddslurm.runtime.errors import EngineError, InputsError, RuntimeFailure, SecretMissingError, VerificationError
@@ -43,10 +43,10 @@ _LAZY_IMPORTS: dict[str, str] = {
     "InputsError": "ddslurm.runtime.errors",
     "NODE_DISTRIBUTIONS": "ddslurm.runtime._inspect",
     "PLUGIN_GROUP": "ddslurm.runtime._plugins",
-    "RankPlace": "ddslurm.runtime._serving",
+    "RankPlace": "ddslurm.runtime._server_command",
     "RuntimeFailure": "ddslurm.runtime.errors",
     "SecretMissingError": "ddslurm.runtime.errors",
-    "ServerCommand": "ddslurm.runtime._serving",
+    "ServerCommand": "ddslurm.runtime._server_command",
     "StepSpec": "ddslurm.runtime._steps",
     "VerificationError": "ddslurm.runtime.errors",
     "answer_inspect": "ddslurm.runtime._inspect",
@@ -61,8 +61,8 @@ _LAZY_IMPORTS: dict[str, str] = {
     "run_engine": "ddslurm.runtime._engine",
     "scan_for_secrets": "ddslurm.runtime._verify",
     "seed_reader": "ddslurm.runtime._engine",
-    "server_command": "ddslurm.runtime._serving",
-    "server_step_name": "ddslurm.runtime._serving",
+    "server_command": "ddslurm.runtime._server_command",
+    "server_step_name": "ddslurm.runtime._server_command",
     "srun_argv": "ddslurm.runtime._steps",
     "unix_url": "ddslurm.runtime._listeners",
     "verify_dataset": "ddslurm.runtime._verify",

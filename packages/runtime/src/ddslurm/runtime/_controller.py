@@ -43,9 +43,9 @@ from ddslurm.runtime._dd_version import check_data_designer
 from ddslurm.runtime._engine import local_token_names
 from ddslurm.runtime._fleet import Fleet
 from ddslurm.runtime._inputs import Inputs
+from ddslurm.runtime._node_discovery import leader_address
 from ddslurm.runtime._requeue import mark_requeued
 from ddslurm.runtime._scratch import pid_alive, process_start_time, scratch_base, sweep_stale
-from ddslurm.runtime._serving import leader_address
 from ddslurm.runtime._steps import StepLauncher, without
 from ddslurm.runtime._stop import StopSignal
 from ddslurm.runtime._workers import OneShard, ShardSource, Workers

@@ -6,10 +6,10 @@
     the attempts, a dead proxy fails the clients' runs and is started again before a client runs again ─► teardown
 
 Every deployment's endpoint is its proxy, on a loopback port held for the whole allocation
-(:class:`~ddslurm.runtime._serving.PortHolds`: no other user can bind it, even while the proxy restarts); the
+(:class:`~ddslurm.runtime._ports.PortHolds`: no other user can bind it, even while the proxy restarts); the
 replicas listen on Unix-domain sockets in a scratch directory only this user can enter (``listen: unix``), or on
 loopback ports proved to be this user's before the token reaches them (``listen: tcp``; each claimed node-wide
-from its choice, :class:`~ddslurm.runtime._serving.PortClaims`, so that no other job chooses it too). Servers and
+from its choice, :class:`~ddslurm.runtime._ports.PortClaims`, so that no other job chooses it too). Servers and
 proxies get the job's environment without any of the run's secrets, and the attempt's token (``VLLM_API_KEY``); a
 server also the variables its deployment names in ``server.env_from``.
 
@@ -46,30 +46,25 @@ from ddslurm.config import (
     read_tail,
 )
 from ddslurm.runtime._listeners import MAX_SOCKET_PATH, check_rendezvous, socket_path, unix_url
+from ddslurm.runtime._node_discovery import allocation_addresses, check_gpus, check_nodes, leader_address, resolved
+from ddslurm.runtime._ports import PortClaims, PortHolds, choose_ports, draw_port
 from ddslurm.runtime._scratch import create_scratch, own_scratch_owner, remove_scratch, scratch_base
-from ddslurm.runtime._serving import (
+from ddslurm.runtime._server_command import (
     TOKEN_ENV,
-    ListenerClients,
-    PortClaims,
-    PortHolds,
-    PortUnavailableError,
-    ProxyDiedError,
     RankPlace,
-    ServerDiedError,
-    allocation_addresses,
-    answers,
-    check_gpus,
-    check_nodes,
-    choose_ports,
-    draw_port,
     engine_version,
-    is_healthy,
-    leader_address,
     rendezvous_span,
-    resolved,
     server_command,
     server_step_name,
     token_environment,
+)
+from ddslurm.runtime._serving import (
+    ListenerClients,
+    PortUnavailableError,
+    ProxyDiedError,
+    ServerDiedError,
+    answers,
+    is_healthy,
     wait_ready,
 )
 from ddslurm.runtime._steps import Step, StepLauncher, StepSpec, stop_running, without

@@ -5,7 +5,7 @@
 
 An upstream is ``http://HOST:PORT`` or ``unix:/path.sock`` (a replica on a Unix-domain socket, vLLM's ``--uds``).
 ``--reuse-port`` binds the listening socket with ``SO_REUSEPORT``, beside the hold the controller keeps on the
-port (``ddslurm.runtime._serving.PortHolds``), so that no other user can take the port while the proxy restarts.
+port (``ddslurm.runtime._ports.PortHolds``), so that no other user can take the port while the proxy restarts.
 
 Any method and path is forwarded to one upstream (``/v1/chat/completions``, ``/v1/models``, ...): the body and
 headers are copied (minus hop-by-hop headers and Host) and status codes pass through unchanged. A response body
@@ -75,7 +75,8 @@ from ddslurm.runtime._busy import BusyLog
 from ddslurm.runtime._listeners import socket_path
 from ddslurm.runtime._log import new_logger
 from ddslurm.runtime._prompts import PromptRecorder
-from ddslurm.runtime._serving import TOKEN_ENV, auth_headers
+from ddslurm.runtime._server_command import TOKEN_ENV
+from ddslurm.runtime._serving import auth_headers
 from ddslurm.runtime._upstreams import Upstream, Upstreams
 
 _HOP_BY_HOP: Final = frozenset(
