@@ -14,7 +14,8 @@ from ddslurm.config import ProviderSnapshot, RunLayout, digest
 from ddslurm.config.testing import make_plan
 from ddslurm.runtime import AttemptRunner, Inputs
 from ddslurm.runtime._controller import Controller
-from ddslurm.runtime._fleet import Fleet, ProxyStep
+from ddslurm.runtime._fleet import Fleet
+from ddslurm.runtime._fleet_start import ProxyStep
 from ddslurm.runtime._log import new_logger
 from ddslurm.runtime._steps import stop_together
 from ddslurm.runtime._stop import StopSignal

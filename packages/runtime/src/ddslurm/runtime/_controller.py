@@ -15,7 +15,7 @@ the server steps of that deployment.
 
 Where servers listen (docs/architecture.md, "Threat model"): every deployment's endpoint is its proxy, on a
 loopback port this controller holds for the whole allocation; the replicas on Unix-domain sockets in an
-owner-only scratch directory, or on loopback ports proved to be this user's (see ``_fleet``).
+owner-only scratch directory, or on loopback ports proved to be this user's (see ``_fleet_start``).
 
 A retryable failure of the client run (``client_retries``) reruns the client with the servers kept; a proxy
 that died is started again first. Teardown always runs: on success, failure, cancellation (SIGTERM) or the
