@@ -22,7 +22,7 @@ import pytest
 from ddslurm.config import AttemptRecord, RunLayout, WinnerRecord, read_json
 from ddslurm.launcher import prepare, write_run_dir
 from ddslurm.launcher.testing import InProcessHost
-from ddslurm.runtime._attempt import EXIT_PARTIAL
+from ddslurm.runtime._attempt_record import EXIT_PARTIAL
 from ddslurm.runtime._verify import FILL_DIR, rows_in
 
 HOST = InProcessHost()

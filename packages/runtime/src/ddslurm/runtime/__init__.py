@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 from ddslurm.config import lazy_exports
 
 if TYPE_CHECKING:
-    from ddslurm.runtime._attempt import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL, AttemptRunner
+    from ddslurm.runtime._attempt import AttemptRunner
+    from ddslurm.runtime._attempt_record import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL
     from ddslurm.runtime._columns import recipe_columns
     from ddslurm.runtime._dd_version import installed_versions
     from ddslurm.runtime._engine import (
@@ -33,9 +34,9 @@ if TYPE_CHECKING:
 
 _LAZY_IMPORTS: dict[str, str] = {
     "AttemptRunner": "ddslurm.runtime._attempt",
-    "EXIT_FAILED": "ddslurm.runtime._attempt",
-    "EXIT_OK": "ddslurm.runtime._attempt",
-    "EXIT_PARTIAL": "ddslurm.runtime._attempt",
+    "EXIT_FAILED": "ddslurm.runtime._attempt_record",
+    "EXIT_OK": "ddslurm.runtime._attempt_record",
+    "EXIT_PARTIAL": "ddslurm.runtime._attempt_record",
     "EngineError": "ddslurm.runtime.errors",
     "EngineRequest": "ddslurm.runtime._engine",
     "EngineResult": "ddslurm.runtime._engine",

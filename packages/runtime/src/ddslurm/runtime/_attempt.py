@@ -3,37 +3,24 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 import random
 import secrets
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import IO, Any
 
 import msgspec
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from ddslurm.config import (
-    FILL_DONE,
-    STAGE_ROW,
-    AttemptLayout,
     AttemptRecord,
-    AttemptState,
     Plan,
     RunLayout,
     SeedRows,
-    ShardLayout,
-    SubmissionRecord,
     WinnerRecord,
     atomic_write,
-    attempt_id_for,
     encode,
     llm_columns,
-    make_private_dir,
     parallel_requests,
     partition_seed,
     plan_split,
@@ -42,16 +29,10 @@ from ddslurm.config import (
     sized_parallel_requests,
     stage_recipe,
 )
+from ddslurm.runtime._attempt_record import EXIT_OK, EXIT_PARTIAL, AttemptRecords, Began, Clock, StageRun, utc_now
 from ddslurm.runtime._dd_version import check_data_designer
-from ddslurm.runtime._engine import EngineRequest, EngineResult, HostedCheck, read_seed_block
-from ddslurm.runtime._fill import (
-    missing_numbered,
-    missing_rows,
-    numbered_rows,
-    observed_keys,
-    recipe_reading,
-    row_keys,
-)
+from ddslurm.runtime._engine import EngineRequest, EngineResult, read_seed_block
+from ddslurm.runtime._fill import fill_missing, recipe_reading
 from ddslurm.runtime._hosted_gate import HostedGate, gate_wait_s
 from ddslurm.runtime._inputs import Inputs
 from ddslurm.runtime._key_budget import Caps
@@ -60,18 +41,14 @@ from ddslurm.runtime._resume import EmptyLimit, continued_files, resume_source, 
 from ddslurm.runtime._shard_seed import fixed_seed_file, read_seed_file, shuffled_block, stage_seed_table
 from ddslurm.runtime._usage import recording_usage
 from ddslurm.runtime._verify import (
-    DD_DROPPED_DIR,
     FILL_DIR,
-    FILL_DROPPED_DIR,
     make_private,
-    parquet_files,
     reject_empty_outputs,
     rows_in,
     scan_for_secrets,
     verify_dataset,
 )
 from ddslurm.runtime.errors import (
-    PERMANENT_REASONS,
     InputsError,
     OutputExistsError,
     ProviderUnavailableError,
@@ -81,7 +58,6 @@ from ddslurm.runtime.errors import (
 )
 
 Engine = Callable[[EngineRequest], EngineResult]
-Clock = Callable[[], datetime]
 SeedReader = Callable[[Mapping[str, Any], SeedRows], Any]
 """Reads a block of seed rows of a recipe's seed dataset as a ``pyarrow.Table`` (``read_seed_block``)."""
 
@@ -96,48 +72,7 @@ def outage_pause(tries: int, jitter: float) -> float:
     return min(OUTAGE_PAUSE_CAP_S, 2.0 ** min(tries, 8)) * (0.5 + jitter)
 
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_PARTIAL = 3
-EXIT_USAGE = 64
-"""A command line the step cannot run (a missing shard or job id, a stage the run does not have)."""
-
-
-def utc_now() -> datetime:
-    return datetime.now(UTC)
-
-
-@dataclass(frozen=True, slots=True)
-class Began:
-    """An attempt that has its directory and a ``running`` record."""
-
-    shard: int
-    num_records: int
-    layout: AttemptLayout
-    record: AttemptRecord
-
-
-@dataclass(frozen=True, slots=True)
-class StageRun:
-    """What one attempt's Data Designer runs: the stage's recipe for the shard, and where a fill finds the shard's
-    seed rows (None: the recipe has no seed dataset)."""
-
-    recipe: Mapping[str, Any]
-    seed_block: Callable[[], pa.Table] | None
-    sampling: Literal["ordered", "shuffle"] = "ordered"
-    numbered: bool = False
-    """The seed rows carry their numbers (:data:`STAGE_ROW`, the CPU stage): Data Designer preserves them for
-    the rows it keeps, and a fill regenerates exactly the numbers that are missing."""
-    partial_input: bool = False
-    """The rows this stage reads are an accepted partial result (``ddslurm accept-partial`` of the GPU stage), so
-    the shard's result is partial however complete this stage is."""
-
-
-def exit_code_for(record: AttemptRecord) -> int:
-    return {"succeeded": EXIT_OK, "superseded": EXIT_OK, "partial": EXIT_PARTIAL}.get(record.state, EXIT_FAILED)
-
-
-class AttemptRunner:
+class AttemptRunner(AttemptRecords):
     """One attempt of one shard: begin it, run the engine, verify, publish once, or record the failure.
 
     Dependencies (engine, environment, scratch home, logger factory, clock) are passed in.
@@ -157,200 +92,18 @@ class AttemptRunner:
         sleep: Callable[[float], None] = time.sleep,
         jitter: Callable[[], float] = random.random,
     ) -> None:
-        self._layout = layout
+        super().__init__(layout, env=env, clock=clock, stage=stage)
         self._sleep = sleep
         self._jitter = jitter
-        self._stage = stage
         self._engine = engine
         self._read_seed = read_seed
-        self._env = env
         self._scratch_home = scratch_home
         self._make_logger = make_logger
-        self._clock = clock
-
-    def _now(self) -> str:
-        return self._clock().isoformat()
-
-    @property
-    def stage(self) -> int | None:
-        """The stage of a two-stage run this runner generates (0: the GPU stage, 1: the CPU stage); None: the
-        run has one stage."""
-        return self._stage
-
-    def _shard(self, index: int) -> ShardLayout:
-        """Where this runner's attempts, claims and winner of shard ``index`` live: the GPU stage's in the shard's
-        ``stage-0/``, the last (or only) stage's in the shard's own directory."""
-        return self._layout.stage_shard(index, self._stage)
 
     def _require_scratch(self) -> Path:
         if self._scratch_home is None:
             raise RuntimeFailure("this runner has no scratch home for Data Designer (it only begins attempts)")
         return self._scratch_home
-
-    def _write(self, attempt: AttemptLayout, record: AttemptRecord) -> None:
-        atomic_write(attempt.record, encode(record))
-
-    def begin(
-        self,
-        inputs: Inputs,
-        shard_index: int,
-        job_id: str,
-        node: str,
-        restart: int = 0,
-        slurm_log: str | None = None,
-        allocation: str | None = None,
-    ) -> Began | None:
-        """Create the attempt directory and its ``running`` record; None if the attempt must not generate:
-        recorded ``cancelled`` (reason ``run_cancelled``) when the whole run was cancelled, ``superseded`` when
-        the shard already has a winner."""
-        plan = inputs.plan
-        if not 0 <= shard_index < len(plan.shards):
-            raise InputsError(f"shard {shard_index} does not exist; the plan has {len(plan.shards)} shard(s)")
-        spec = plan.shards[shard_index]
-        shard = self._shard(shard_index)
-        attempt_id = attempt_id_for(job_id, restart)
-        make_private_dir(shard.attempts, exist_ok=True)
-        attempt = shard.attempt(attempt_id)
-        make_private_dir(attempt.dir)
-        record = AttemptRecord(
-            shard=shard_index,
-            attempt=attempt_id,
-            job_id=job_id,
-            node=node,
-            state="running",
-            started_at=self._now(),
-            requested_rows=spec.num_records,
-            slurm_log=slurm_log,
-            allocation=allocation,
-        )
-        first: WinnerRecord | None = None
-        if self._stage == 1:
-            first = self._stage_winner(shard_index)
-            if first is not None:
-                record = msgspec.structs.replace(record, requested_rows=first.rows)
-        if os.path.lexists(self._layout.cancelled):
-            # `ddslurm cancel` writes this before it asks Slurm to cancel the run's arrays: an array that starts
-            # anyway (a dependency met by the cancelled tasks, a race with scancel) does no work.
-            message = f"the run was cancelled (ddslurm cancel; {self._layout.cancelled}); nothing generated"
-            return self._not_begun(attempt, record, "cancelled", reason="run_cancelled", message=message)
-        if shard.winner.exists() or (self._stage == 0 and self._layout.shard(shard_index).winner.exists()):
-            return self._not_begun(attempt, record, "superseded", reason="winner_exists")
-        if self._stage == 1 and first is None:
-            message = "the shard's GPU stage has no result (shards/shard-N/stage-0/winner.json); nothing generated"
-            return self._not_begun(attempt, record, "failed", reason="stage_missing", message=message)
-        repeated = self._repeated_failure(shard_index, attempt_id)
-        if repeated is not None:
-            message = (
-                f"{repeated.attempt} failed with {repeated.reason}, which every attempt of this run "
-                f"would repeat; nothing generated ({repeated.message or ''})"
-            )
-            return self._not_begun(attempt, record, "failed", reason="not_retried", message=message)
-        self._write(attempt, record)
-        return Began(shard_index, record.requested_rows or spec.num_records, attempt, record)
-
-    def _not_begun(
-        self,
-        attempt: AttemptLayout,
-        record: AttemptRecord,
-        state: AttemptState,
-        *,
-        reason: str,
-        message: str | None = None,
-    ) -> Began | None:
-        """Record an attempt that ends before it generates anything (None: nothing to run)."""
-        ended = msgspec.structs.replace(record, state=state, ended_at=self._now(), reason=reason, message=message)
-        self._write(attempt, ended)
-        return None
-
-    def _stage_winner(self, shard_index: int) -> WinnerRecord | None:
-        """The shard's GPU-stage winner (``stage-0/winner.json``), or None while it has none."""
-        path = self._layout.shard(shard_index).stage(0).winner
-        if not path.is_file():
-            return None
-        return read_json(path, WinnerRecord)
-
-    def _repeated_failure(self, shard_index: int, attempt_id: str) -> AttemptRecord | None:
-        """For a task of an automatic retry array: the shard's latest ended attempt, when it failed in a way
-        that a new attempt of the same run repeats (the recipe refused, the run's inputs modified)."""
-        array = self._env.get("SLURM_ARRAY_JOB_ID")
-        submission = self._layout.submissions / f"{array}.json"
-        if not array or not submission.is_file():
-            return None
-        try:
-            if read_json(submission, SubmissionRecord).kind != "auto-retry":
-                return None
-        except Exception:
-            return None
-        ended: list[AttemptRecord] = []
-        for path in self._shard(shard_index).attempts.glob("attempt-*/attempt.json"):
-            if path.parent.name == attempt_id:
-                continue
-            try:
-                earlier = read_json(path, AttemptRecord)
-            except Exception:
-                continue
-            if earlier.ended_at is not None:
-                ended.append(earlier)
-        if not ended:
-            return None
-        latest = max(ended, key=lambda r: r.ended_at or "")
-        return latest if latest.state == "failed" and latest.reason in PERMANENT_REASONS else None
-
-    def resume(self, shard_index: int, attempt_id: str) -> Began:
-        """The attempt a controller began, for the client step that runs the engine."""
-        attempt = self._shard(shard_index).attempt(attempt_id)
-        record = read_json(attempt.record, AttemptRecord)
-        return Began(shard_index, record.requested_rows or 0, attempt, record)
-
-    def fail(self, began: Began, failure: RuntimeFailure) -> int:
-        current = read_json(began.layout.record, AttemptRecord)
-        if current.state != "running":
-            return exit_code_for(current)
-        self._write(
-            began.layout,
-            msgspec.structs.replace(
-                current,
-                state="failed",
-                ended_at=self._now(),
-                reason=failure.reason,
-                message=failure.message,
-                retryable=failure.retryable,
-            ),
-        )
-        return EXIT_FAILED
-
-    def fail_ended(self, record: AttemptRecord, failure: RuntimeFailure) -> AttemptRecord:
-        """Fail an attempt whose generation ended (a tune run whose calibration sweep then failed: the run is its
-        measurement, not its records); the winner it may have published stays. Returns the record written."""
-        layout = self._shard(record.shard).attempt(record.attempt)
-        failed = msgspec.structs.replace(
-            read_json(layout.record, AttemptRecord),
-            state="failed",
-            reason=failure.reason,
-            message=failure.message,
-            retryable=False,
-        )
-        self._write(layout, failed)
-        return failed
-
-    def cancel(self, began: Began, message: str) -> AttemptRecord:
-        """End a running attempt as ``cancelled`` (``ddslurm cancel --shards`` of a pulling allocation's shard)."""
-        current = read_json(began.layout.record, AttemptRecord)
-        if current.state == "running":
-            current = msgspec.structs.replace(
-                current, state="cancelled", ended_at=self._now(), reason="shard_cancelled", message=message
-            )
-            self._write(began.layout, current)
-        return current
-
-    def rerun(self, began: Began) -> AttemptRecord:
-        """Mark a failed attempt running again for another generation step inside the same allocation."""
-        current = read_json(began.layout.record, AttemptRecord)
-        again = msgspec.structs.replace(
-            current, state="running", ended_at=None, reason=None, message=None, retryable=False
-        )
-        self._write(began.layout, again)
-        return again
 
     def run(
         self, inputs: Inputs, shard_index: int, job_id: str, node: str, endpoints: Mapping[str, str] | None = None
@@ -480,7 +233,19 @@ class AttemptRunner:
         if result.dataset_dir != target:
             raise VerificationError(f"Data Designer wrote {result.dataset_dir}, not the attempt's {target}")
         if not result.stopped_early:  # a provider that tripped the early-shutdown gate is not asked again now
-            self._fill(inputs, began, stage, target, result.rows, endpoints, progress, log, checked)
+            fill_missing(
+                self._engine,
+                self._require_scratch,
+                inputs,
+                began,
+                stage,
+                target,
+                result.rows,
+                endpoints,
+                progress,
+                log,
+                checked,
+            )
         rows, files = verify_dataset(result.dataset_dir, result.rows + rows_in(target / FILL_DIR))
         reject_empty_outputs(result.dataset_dir, stage.recipe, plan.max_empty_outputs, rows)
         scanned = (n for n in plan.secret_env if n not in plan.secret_env_unscanned)  # placeholders: not secrets
@@ -560,94 +325,6 @@ class AttemptRunner:
             )
             return StageRun(recipe_reading(recipe, ordered), lambda: read_seed_file(ordered))
         return StageRun(recipe, lambda: self._read_seed(recipe, block), plan.seed.sampling)
-
-    def _fill(
-        self,
-        inputs: Inputs,
-        began: Began,
-        stage: StageRun,
-        target: Path,
-        dd_rows: int,
-        endpoints: Mapping[str, str],
-        progress: ProgressFile,
-        log: Any,
-        checked: HostedCheck,
-    ) -> int:
-        """Generate again exactly the records the shard's dataset is missing (Data Designer dropped them and
-        counts the dataset complete); the new batches go to ``fill-files/``. Returns the rows added.
-
-        Once per generation step: what is still missing afterwards leaves the attempt partial, and the next
-        rerun or ``ddslurm retry`` (which resumes from this dataset) fills again.
-        """
-        plan = inputs.plan
-        fill_dir = target / FILL_DIR
-        missing = began.num_records - dd_rows - rows_in(fill_dir)
-        if missing <= 0:
-            return 0
-        number = len(list(fill_dir.glob("fill_*.parquet"))) if fill_dir.is_dir() else 0
-        name = f"fill-{number:05d}-{secrets.token_hex(3)}"
-        recipe = stage.recipe
-        seed_file: Path | None = None
-        if stage.seed_block is not None:
-            try:
-                block = stage.seed_block()
-            except Exception as exc:
-                log.warning("fill.skipped", why=f"cannot read the shard's seed rows: {exc}", missing=missing)
-                return 0
-            chosen: list[int] | None = None
-            if stage.numbered:  # each record names its seed row: exactly the rows no record holds
-                numbered = numbered_rows(target, STAGE_ROW)
-                chosen = None if numbered is None else missing_numbered(block, numbered, STAGE_ROW)
-            else:
-                columns = list(block.column_names)
-                observed = observed_keys(parquet_files(target), columns)
-                if observed is not None:
-                    chosen = missing_rows(row_keys(block, columns), observed, began.num_records, stage.sampling)
-            if chosen is None or len(chosen) != missing:
-                log.warning("fill.skipped", why="cannot tell which seed rows the dropped records used", missing=missing)
-                return 0
-            seed_file = began.layout.dir / f"{name}-seed.parquet"
-            pq.write_table(block.take(chosen), seed_file)
-        log.info("fill.start", missing=missing, seeded=seed_file is not None)
-        try:
-            result = self._engine(
-                EngineRequest(
-                    recipe=recipe_reading(recipe, seed_file),
-                    snapshot=inputs.snapshot,
-                    endpoints=endpoints,
-                    artifact_path=began.layout.output,
-                    scratch_home=self._require_scratch(),
-                    dataset_name=name,
-                    num_records=missing,
-                    buffer_size=missing,
-                    serving=plan.serving,
-                    preserve_dropped_columns=stage.numbered,
-                    source=plan.recipe_source,
-                    plugins=plan.plugins,
-                    hosted_wait_s=gate_wait_s(inputs.snapshot, endpoints),
-                    hosted_check=checked,
-                    run_config=plan.run_config,
-                )
-            )
-        except RuntimeFailure as exc:
-            log.warning("fill.failed", reason=exc.reason, message=exc.message, missing=missing)
-            return 0
-        batches = sorted((result.dataset_dir / "parquet-files").glob("batch_*.parquet"))
-        added = rows_in(result.dataset_dir / "parquet-files")
-        if added > missing:
-            log.warning("fill.discarded", why=f"{added} rows for {missing} missing records", dataset=str(name))
-            return 0
-        make_private_dir(fill_dir, exist_ok=True)
-        for index, batch in enumerate(batches):
-            name = f"fill_{number:05d}_{index:05d}.parquet"
-            preserved = result.dataset_dir / DD_DROPPED_DIR / batch.name
-            if preserved.is_file():  # first, so that every fill batch in place has its row numbers beside it
-                make_private_dir(target / FILL_DROPPED_DIR, exist_ok=True)
-                preserved.rename(target / FILL_DROPPED_DIR / name)
-            batch.rename(fill_dir / name)
-        progress.write(target)
-        log.info(FILL_DONE, added=added, missing=missing - added)
-        return added
 
     def _prepare_output(
         self, plan: Plan, shard_index: int, began: Began, target: Path, resume_own: bool, empty: EmptyLimit, log: Any

@@ -18,7 +18,8 @@ from typing import Any
 import msgspec
 
 from ddslurm.config import RunLayout
-from ddslurm.runtime._attempt import EXIT_USAGE, AttemptRunner
+from ddslurm.runtime._attempt import AttemptRunner
+from ddslurm.runtime._attempt_record import EXIT_USAGE
 from ddslurm.runtime._controller import controller_alive
 from ddslurm.runtime._engine import engine_environment, local_token_names, preload_engine, run_engine
 from ddslurm.runtime._inputs import Inputs, load_inputs, stage_inputs

@@ -37,7 +37,8 @@ from typing import Any
 import httpx
 
 from ddslurm.config import SERVING_READY, RunLayout, encode_pretty, make_private_dir, parse_array_task
-from ddslurm.runtime._attempt import EXIT_OK, AttemptRunner
+from ddslurm.runtime._attempt import AttemptRunner
+from ddslurm.runtime._attempt_record import EXIT_OK
 from ddslurm.runtime._calibrate import CalibrationError, calibrate
 from ddslurm.runtime._dd_version import check_data_designer
 from ddslurm.runtime._engine import local_token_names

@@ -4,23 +4,30 @@ Data Designer drops a record whose cells failed after its retries and salvage ro
 dataset complete: resuming it generates nothing. Without a seed dataset any new record takes a dropped one's
 place. With a seed, each record belongs to a seed row; the missing ones are the seed rows of the shard's block
 that the dataset uses fewer times than an unsharded run would (matched by the values of the seed columns,
-which Data Designer copies into every record).
+which Data Designer copies into every record). :func:`fill_missing` generates them again.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import secrets
 from collections import Counter, defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ddslurm.config import recipe_section
-from ddslurm.runtime._verify import DD_DROPPED_DIR, FILL_DIR, FILL_DROPPED_DIR
+from ddslurm.config import FILL_DONE, STAGE_ROW, make_private_dir, recipe_section
+from ddslurm.runtime._attempt_record import Began, StageRun
+from ddslurm.runtime._engine import EngineRequest, EngineResult, HostedCheck
+from ddslurm.runtime._hosted_gate import gate_wait_s
+from ddslurm.runtime._inputs import Inputs
+from ddslurm.runtime._progress import ProgressFile
+from ddslurm.runtime._verify import DD_DROPPED_DIR, FILL_DIR, FILL_DROPPED_DIR, parquet_files, rows_in
+from ddslurm.runtime.errors import RuntimeFailure
 
 
 def row_keys(table: pa.Table, columns: Sequence[str]) -> list[str]:
@@ -122,3 +129,94 @@ def missing_numbered(block: pa.Table, present: Counter[int], column: str) -> lis
     if any(n > 1 for n in present.values()) or set(present) - set(numbers):
         return None
     return [i for i, n in enumerate(numbers) if n not in present]
+
+
+def fill_missing(
+    engine: Callable[[EngineRequest], EngineResult],
+    scratch_home: Callable[[], Path],
+    inputs: Inputs,
+    began: Began,
+    stage: StageRun,
+    target: Path,
+    dd_rows: int,
+    endpoints: Mapping[str, str],
+    progress: ProgressFile,
+    log: Any,
+    checked: HostedCheck,
+) -> int:
+    """Generate again exactly the records the shard's dataset is missing (Data Designer dropped them and
+    counts the dataset complete); the new batches go to ``fill-files/``. Returns the rows added.
+
+    Once per generation step: what is still missing afterwards leaves the attempt partial, and the next
+    rerun or ``ddslurm retry`` (which resumes from this dataset) fills again. ``engine`` runs Data Designer,
+    ``scratch_home`` says where (the attempt runner's).
+    """
+    plan = inputs.plan
+    fill_dir = target / FILL_DIR
+    missing = began.num_records - dd_rows - rows_in(fill_dir)
+    if missing <= 0:
+        return 0
+    number = len(list(fill_dir.glob("fill_*.parquet"))) if fill_dir.is_dir() else 0
+    name = f"fill-{number:05d}-{secrets.token_hex(3)}"
+    recipe = stage.recipe
+    seed_file: Path | None = None
+    if stage.seed_block is not None:
+        try:
+            block = stage.seed_block()
+        except Exception as exc:
+            log.warning("fill.skipped", why=f"cannot read the shard's seed rows: {exc}", missing=missing)
+            return 0
+        chosen: list[int] | None = None
+        if stage.numbered:  # each record names its seed row: exactly the rows no record holds
+            numbered = numbered_rows(target, STAGE_ROW)
+            chosen = None if numbered is None else missing_numbered(block, numbered, STAGE_ROW)
+        else:
+            columns = list(block.column_names)
+            observed = observed_keys(parquet_files(target), columns)
+            if observed is not None:
+                chosen = missing_rows(row_keys(block, columns), observed, began.num_records, stage.sampling)
+        if chosen is None or len(chosen) != missing:
+            log.warning("fill.skipped", why="cannot tell which seed rows the dropped records used", missing=missing)
+            return 0
+        seed_file = began.layout.dir / f"{name}-seed.parquet"
+        pq.write_table(block.take(chosen), seed_file)
+    log.info("fill.start", missing=missing, seeded=seed_file is not None)
+    try:
+        result = engine(
+            EngineRequest(
+                recipe=recipe_reading(recipe, seed_file),
+                snapshot=inputs.snapshot,
+                endpoints=endpoints,
+                artifact_path=began.layout.output,
+                scratch_home=scratch_home(),
+                dataset_name=name,
+                num_records=missing,
+                buffer_size=missing,
+                serving=plan.serving,
+                preserve_dropped_columns=stage.numbered,
+                source=plan.recipe_source,
+                plugins=plan.plugins,
+                hosted_wait_s=gate_wait_s(inputs.snapshot, endpoints),
+                hosted_check=checked,
+                run_config=plan.run_config,
+            )
+        )
+    except RuntimeFailure as exc:
+        log.warning("fill.failed", reason=exc.reason, message=exc.message, missing=missing)
+        return 0
+    batches = sorted((result.dataset_dir / "parquet-files").glob("batch_*.parquet"))
+    added = rows_in(result.dataset_dir / "parquet-files")
+    if added > missing:
+        log.warning("fill.discarded", why=f"{added} rows for {missing} missing records", dataset=str(name))
+        return 0
+    make_private_dir(fill_dir, exist_ok=True)
+    for index, batch in enumerate(batches):
+        name = f"fill_{number:05d}_{index:05d}.parquet"
+        preserved = result.dataset_dir / DD_DROPPED_DIR / batch.name
+        if preserved.is_file():  # first, so that every fill batch in place has its row numbers beside it
+            make_private_dir(target / FILL_DROPPED_DIR, exist_ok=True)
+            preserved.rename(target / FILL_DROPPED_DIR / name)
+        batch.rename(fill_dir / name)
+    progress.write(target)
+    log.info(FILL_DONE, added=added, missing=missing - added)
+    return added

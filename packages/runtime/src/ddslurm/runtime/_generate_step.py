@@ -18,7 +18,8 @@ from types import FrameType
 import httpx
 
 from ddslurm.config import RunLayout, expand_ranges, read_plan
-from ddslurm.runtime._attempt import EXIT_USAGE, AttemptRunner
+from ddslurm.runtime._attempt import AttemptRunner
+from ddslurm.runtime._attempt_record import EXIT_USAGE
 from ddslurm.runtime._controller import Controller
 from ddslurm.runtime._engine import run_engine
 from ddslurm.runtime._inputs import load_inputs, stage_inputs

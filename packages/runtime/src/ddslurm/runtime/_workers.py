@@ -34,7 +34,8 @@ from ddslurm.config import (
     read_json,
     read_tail,
 )
-from ddslurm.runtime._attempt import EXIT_FAILED, EXIT_OK, AttemptRunner, Began, exit_code_for
+from ddslurm.runtime._attempt import AttemptRunner
+from ddslurm.runtime._attempt_record import EXIT_FAILED, EXIT_OK, Began, exit_code_for
 from ddslurm.runtime._inputs import Inputs
 from ddslurm.runtime._siblings import NoSiblings, Siblings, SlotBoard
 from ddslurm.runtime._steps import Step, StepLauncher, StepSpec, stop_running

@@ -54,8 +54,8 @@ def failed(exc: DdslurmError) -> int:
     be read, before it has an attempt to record a failure in): one line on stderr, ``ddslurm-runtime: REASON:
     MESSAGE`` (REASON: a runtime failure's stable code) or ``ddslurm-runtime: MESSAGE`` (another package's error),
     and exit 1 (``EXIT_FAILED``). The only place the runtime's errors become an exit code; an attempt's own failures
-    are recorded in its attempt record and give theirs through it (``_attempt.exit_code_for``)."""
-    from ddslurm.runtime._attempt import EXIT_FAILED  # loaded already by the commands that raise one
+    are recorded in its attempt record and give theirs through it (``_attempt_record.exit_code_for``)."""
+    from ddslurm.runtime._attempt_record import EXIT_FAILED  # loaded already by the commands that raise one
 
     if isinstance(exc, RuntimeFailure):
         print(f"ddslurm-runtime: {exc.reason}: {exc.message}", file=sys.stderr, flush=True)
