@@ -25,8 +25,8 @@ from ddslurm.config import (
     Submission,
 )
 from ddslurm.planner import PlanInputs, compile_plan, parse_memory_mb, plan_serving
+from ddslurm.planner._allocations import node_memory
 from ddslurm.planner._choose import candidates
-from ddslurm.planner._compile import node_memory
 from ddslurm.planner._cost import CostSources, allocation_cpus, allocation_gpus, cost_inputs
 
 NODES = PartitionNodes(partition="gpu", nodes=2, cpus=16, gpus=4, memory_mb=32000)

@@ -1,6 +1,7 @@
 """ddslurm.planner: a pure compiler from run file, recipe, snapshot and profile to an immutable plan, and from a plan
 and the scheduler's limits to the arrays that submit it."""
 
+from ddslurm.planner._allocations import Allocations, Layout, plan_allocations, plan_layout
 from ddslurm.planner._arrays import array_spec, array_tasks, failure_chain, plan_arrays, pulling_tasks
 from ddslurm.planner._batches import (
     CHECKPOINT_S,
@@ -10,21 +11,7 @@ from ddslurm.planner._batches import (
     plan_batches,
     wall_text,
 )
-from ddslurm.planner._compile import (
-    VLLM_DEFAULT_MAX_NUM_SEQS,
-    Allocations,
-    Layout,
-    PlanInputs,
-    calibration_levels_of,
-    client_serving,
-    compile_plan,
-    parse_memory_mb,
-    parse_time_limit,
-    plan_allocations,
-    plan_layout,
-    plan_serving,
-    server_capacity,
-)
+from ddslurm.planner._compile import PlanInputs, calibration_levels_of, client_serving, compile_plan
 from ddslurm.planner._cost import CostSources, model_uses
 from ddslurm.planner._limits import (
     HEADROOM,
@@ -35,7 +22,9 @@ from ddslurm.planner._limits import (
     plural,
     refuse_if_over,
 )
+from ddslurm.planner._serving_plan import VLLM_DEFAULT_MAX_NUM_SEQS, plan_serving, server_capacity
 from ddslurm.planner._shards import plan_shards
+from ddslurm.planner._slurm_units import parse_memory_mb, parse_time_limit
 from ddslurm.planner._stages import Staging, plan_stages
 from ddslurm.planner.errors import LimitError, PlanError
 
