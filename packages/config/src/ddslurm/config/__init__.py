@@ -130,6 +130,7 @@ from ddslurm.config._recipe_models import (
     request_timeout_s,
     sized_parallel_requests,
 )
+from ddslurm.config._recipe_ref import DD_BUILDER_FUNCTION, RecipeKind, RecipeRef, parse_recipe_ref
 from ddslurm.config._recipe_seed import partition_seed
 from ddslurm.config._recipe_stages import (
     KEEP_PROCESSOR,
@@ -161,26 +162,19 @@ from ddslurm.config._records import (
 )
 from ddslurm.config._run_config import RUN_CONFIG_SET_BY_DDSLURM, RunConfigProblem
 from ddslurm.config._runfile import (
-    DD_BUILDER_FUNCTION,
-    ArgValue,
     Collection,
     Deployment,
     Engine,
     HostedLimit,
-    RecipeKind,
-    RecipeRef,
     ResumeMode,
     RunFile,
     ServerSpec,
     Submission,
-    arg_values,
-    named_credential,
-    parse_recipe_ref,
-    path_problem,
-    server_env_secret,
 )
+from ddslurm.config._sbatch_values import path_problem
 from ddslurm.config._secret_policy import AUTH_SCHEMES, KEY_PREFIXES, credential_shape, is_env_var_name
 from ddslurm.config._seed_rows import SeedRows, shard_seed_rows
+from ddslurm.config._server_args import ArgValue, arg_values, named_credential, server_env_secret
 from ddslurm.config._slurm_names import (
     BATCH_OUTPUT_PATTERN,
     ArrayTask,

@@ -8,7 +8,7 @@ import msgspec
 
 from ddslurm.config._base import Frozen
 from ddslurm.config._convert import refuse_all
-from ddslurm.config._runfile import extra_sbatch_refusals, path_problem, scheduler_refusals
+from ddslurm.config._sbatch_values import extra_sbatch_refusals, path_problem, scheduler_refusals
 
 NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
 
@@ -59,7 +59,7 @@ class ClusterProfile(Frozen, frozen=True, kw_only=True):
     ``submission.extra_sbatch``, with the same options refused)."""
 
     def __post_init__(self) -> None:
-        # Every value that reaches an #SBATCH line, checked as the value it is (ddslurm.config._runfile); every
+        # Every value that reaches an #SBATCH line, checked as the value it is (ddslurm.config._sbatch_values); every
         # field refused at once (_convert.Refusals), each at its line and column.
         refusals = [
             (field, problem)
