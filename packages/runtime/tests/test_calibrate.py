@@ -56,7 +56,7 @@ def test_the_sweep_grows_to_the_capacity_then_flattens(server, tmp_path: Path) -
     assert (entry.alias, entry.load_s, entry.prompts) == ("gen", 12.5, 5)
     rates = {p.in_flight: p.requests_per_s for p in entry.sweep}
     assert list(rates) == [1, 2, 4, 8]
-    # The stand-in's model (fake_vllm.app): a request admitted with k others running takes LATENCY x (1 + k / C),
+    # The stand-in's model (fake_vllm.handlers): a request admitted with k others running takes LATENCY x (1 + k / C),
     # so the ideal rates are 5, 8, 11.4 a second at 1, 2, 4 in flight, and at 8 (twice C, half of them queued)
     # C / (2 x LATENCY) = 10: growing up to the capacity, then flat. The shape, not the numbers (shared CPUs slow any
     # level, so a slowed 4 may measure below 8; no level can beat the ceiling the capacity sets, 11.4 a second, where
