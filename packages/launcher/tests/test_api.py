@@ -37,7 +37,8 @@ KEY = "sk-api-test-0000"
 
 NAMES = [
     "Accepted", "AcceptedShard", "Cancelled", "Client", "CollectFailedError", "CollectResult", "DdslurmError",
-    "KeyStatus", "LauncherError", "PartialSubmitError", "Planned", "Reported", "Retried", "Run", "RunNotFoundError",
+    "KeyStatus", "LauncherError", "PartialSubmitError", "Planned", "Reported", "Retried", "RetryPreview",
+    "RetryRefusedError", "Run", "RunNotFoundError",
     "RunRef", "RunStatus", "ShardStatus", "SlurmError", "StageProgress", "Submission", "SubmitError", "UsageError",
     "WaitTimeout",
 ]  # fmt: skip
@@ -99,7 +100,8 @@ FIELDS: dict[str, tuple[str, ...]] = {
         "in_flight",
     ),
     "Cancelled": ("ids", "run", "adopted", "shards", "finished", "pulled"),
-    "Retried": ("shards", "job_ids", "planned", "kept"),
+    "Retried": ("shards", "job_ids", "planned", "kept", "warnings", "preview"),
+    "RetryPreview": ("shard", "attempt", "stage", "resume", "resume_rows", "resume_from", "repeats"),
     "Accepted": ("accepted", "cpu_stage", "job_ids", "queued"),
     "AcceptedShard": ("shard", "rows", "stage"),
     "CollectResult": ("dataset", "rows", "files", "manifest"),
@@ -114,7 +116,7 @@ METHODS: dict[str, tuple[str, ...]] = {
     "follow": ("run",),
     "wait": ("run", "timeout", "on_update"),
     "cancel": ("run", "shards"),
-    "retry": ("run", "shards", "fresh", "resume_cancelled", "dry_run"),
+    "retry": ("run", "shards", "fresh", "resume_cancelled", "dry_run", "force"),
     "accept_partial": ("run", "shards"),
     "collect": ("run", "local", "overwrite", "progress"),
     "report": ("run", "output"),
@@ -149,7 +151,7 @@ def test_the_client_has_the_pinned_methods_and_parameters() -> None:
 def test_every_error_the_api_exports_is_a_ddslurm_error() -> None:
     errors = [getattr(api, n) for n in api.__all__ if isinstance(getattr(api, n), type)]
     raised = [e for e in errors if issubclass(e, BaseException)]
-    assert len(raised) == 9 and all(issubclass(e, DdslurmError) for e in raised)
+    assert len(raised) == 10 and all(issubclass(e, DdslurmError) for e in raised)
 
 
 def test_importing_the_api_loads_no_heavy_module() -> None:

@@ -10,8 +10,8 @@ typed results and ddslurm's errors (every one a :class:`~ddslurm.config.DdslurmE
   (:class:`Run`);
 - :meth:`Client.status`, :meth:`Client.follow`, :meth:`Client.wait` (:class:`RunStatus`, raising
   :class:`WaitTimeout`);
-- :meth:`Client.cancel` (:class:`Cancelled`), :meth:`Client.retry` (:class:`Retried`), :meth:`Client.accept_partial`
-  (:class:`Accepted`);
+- :meth:`Client.cancel` (:class:`Cancelled`), :meth:`Client.retry` (:class:`Retried`, :class:`RetryPreview`; raising
+  :class:`RetryRefusedError`), :meth:`Client.accept_partial` (:class:`Accepted`);
 - :meth:`Client.collect` (:class:`CollectResult`, raising :class:`CollectFailedError`), :meth:`Client.report`
   (:class:`Reported`).
 
@@ -39,6 +39,7 @@ from ddslurm.launcher.cluster._slurm import Slurm
 from ddslurm.launcher.errors import (
     CollectFailedError,
     LauncherError,
+    RetryRefusedError,
     RunNotFoundError,
     SlurmError,
     SubmitError,
@@ -46,6 +47,7 @@ from ddslurm.launcher.errors import (
 )
 from ddslurm.launcher.runs._find import open_run, required_profile, resolve_profile, save_report
 from ddslurm.launcher.runs._follow import SchedulerBusy, WaitTimeout, follow_run, wait_to_end
+from ddslurm.launcher.runs._retry_why import RetryPreview
 from ddslurm.launcher.runs._status import run_status
 from ddslurm.launcher.runs._status_model import KeyStatus, RunStatus, ShardStatus, StageProgress
 from ddslurm.launcher.runs._steer import Accepted, AcceptedShard, Cancelled, Retried, accept_partial, cancel, retry
@@ -286,11 +288,16 @@ class Client:
         fresh: bool = False,
         resume_cancelled: bool = False,
         dry_run: bool = False,
+        force: bool = False,
     ) -> Retried:
         """``ddslurm retry RUN``: new attempts, as one array, for ``shards`` (default: every shard without a result
         and without a task), resuming their saved batches unless ``fresh``; a run cancelled as a whole only with
-        ``resume_cancelled``. ``dry_run``: the shards and the arrays a retry would submit (``Retried.planned``),
-        nothing changed."""
+        ``resume_cancelled``. ``dry_run``: the shards, each one's attempt and the rows it would resume
+        (``Retried.preview``) and the arrays a retry would submit (``Retried.planned``), nothing changed.
+
+        After ``key_refused`` each hosted provider is asked with the client's key first: :class:`RetryRefusedError`
+        while one still refuses it. Shards whose failure the frozen plan would repeat (``server_start_failed``, ...)
+        are refused when they are all there is to retry, unless ``force``; named in ``Retried.warnings`` otherwise."""
         return retry(
             self._layout(run),
             self.slurm,
@@ -299,6 +306,8 @@ class Client:
             resume_cancelled=resume_cancelled,
             fresh=fresh,
             dry_run=dry_run,
+            force=force,
+            check_keys=_endpoint_check(),
         )
 
     def accept_partial(self, run: RunRef, shards: Sequence[int]) -> Accepted:
@@ -375,6 +384,8 @@ __all__ = [
     "Planned",
     "Reported",
     "Retried",
+    "RetryPreview",
+    "RetryRefusedError",
     "Run",
     "RunNotFoundError",
     "RunRef",

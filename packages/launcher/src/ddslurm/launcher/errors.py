@@ -5,6 +5,7 @@ LauncherError            root of the launcher's own errors (a DdslurmError, as e
 ├── RunNotFoundError     RUN names no run directory
 ├── InitError            ddslurm init wrote nothing (its files exist, or the cluster could not be read)
 ├── UsageError           a command-line value the run does not have (a shard, an attempt) or cannot take
+├── RetryRefusedError    retry submitted nothing: a key the provider still refuses, a failure the plan repeats
 ├── WriteError           a file could not be written (a full disk or quota, an I/O error); what was half-written
 │                        was removed
 ├── InspectAnswerError   the profile's python_env gave no answer the submit host can use to its question
@@ -41,6 +42,11 @@ class RunNotFoundError(LauncherError):
 
 class UsageError(LauncherError):
     pass
+
+
+class RetryRefusedError(LauncherError):
+    """``retry`` submitted nothing: the shards failed in a way a new attempt would repeat (a key their provider still
+    refuses; a failure the run's frozen plan repeats, unless forced). The message says what to do instead."""
 
 
 class WriteError(LauncherError):

@@ -207,10 +207,12 @@ def write_attempt(
     started: str | None = None,
     progress: int | None = None,
     stage: int | None = None,
+    ended: str | None = None,
 ) -> AttemptRecord:
     """The record of attempt ``attempt-<job>`` of ``shard`` as array task ``task`` (``<array>_<i>``; None: not a
-    Slurm array) wrote it, begun at ``started`` (default: now); with ``progress``, its progress file too;
-    ``stage``: of that stage of a two-stage run (0: the GPU stage's, under the shard's ``stage-0/``)."""
+    Slurm array) wrote it, begun at ``started`` (default: now) and ended at ``ended`` (default: not recorded); with
+    ``progress``, its progress file too; ``stage``: of that stage of a two-stage run (0: the GPU stage's, under the
+    shard's ``stage-0/``)."""
     began = started or datetime.now(UTC).isoformat()
     record = AttemptRecord(
         shard=shard,
@@ -219,6 +221,7 @@ def write_attempt(
         node="n1",
         state=state,
         started_at=began,
+        ended_at=ended,
         reason=reason,
         slurm_log=str(layout.logs / f"slurm-{task}.out") if task else None,
     )

@@ -5,7 +5,7 @@ and an explicit environment mapping.
 """
 
 from ddslurm.providers._capture import describe_run, describe_run_recipe, load_recipe, resolve_run
-from ddslurm.providers._check import EndpointChecker, Fetch, check_endpoints, urllib_fetch
+from ddslurm.providers._check import EndpointChecker, Fetch, check_endpoints, snapshot_resolution, urllib_fetch
 from ddslurm.providers._compare import same_model_config
 from ddslurm.providers._mcp import describe_mcp, tool_provider_uses
 from ddslurm.providers._native import (
@@ -102,6 +102,7 @@ __all__ = [
     "secret_names",
     "secret_values",
     "settings_secret_names",
+    "snapshot_resolution",
     "tool_provider_uses",
     "url_credentials",
     "urllib_fetch",

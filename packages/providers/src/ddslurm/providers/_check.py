@@ -20,8 +20,9 @@ from email.message import Message
 from typing import IO, Any
 from urllib.parse import urljoin, urlsplit
 
-from ddslurm.config import SnapshotProvider
+from ddslurm.config import ProviderSnapshot, SnapshotProvider
 from ddslurm.providers._resolve import AliasRow, Resolution
+from ddslurm.providers._secrets import redact_url
 from ddslurm.providers.errors import RedirectedError
 
 Fetch = Callable[[str, Mapping[str, str], float], tuple[int, bytes]]
@@ -156,3 +157,24 @@ def check_endpoints(
         for row in resolution.rows
     )
     return dataclasses.replace(resolution, rows=rows)
+
+
+def snapshot_resolution(snapshot: ProviderSnapshot, env: Mapping[str, str]) -> Resolution:
+    """The hosted aliases of a run's frozen provider snapshot (the providers and models its attempts use) as rows
+    :func:`check_endpoints` checks, each key read from ``env``: ``ddslurm retry`` asks them again after an attempt
+    ended ``key_refused``. Local aliases are left out (their key is the attempt's own token)."""
+    providers = {p.name: p for p in snapshot.providers if not p.local}
+    rows = tuple(
+        AliasRow(
+            m.alias,
+            "hosted",
+            p.name,
+            redact_url(p.endpoint),
+            m.model,
+            p.api_key_env,
+            bool(env.get(p.api_key_env)) if p.api_key_env else None,
+        )
+        for m in snapshot.models
+        if (p := providers.get(m.provider)) is not None
+    )
+    return Resolution(snapshot=snapshot, rows=rows)

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from ddslurm.runtime._inspect import NODE_DISTRIBUTIONS, answer_inspect, read_request
     from ddslurm.runtime._listeners import unix_url
     from ddslurm.runtime._plugins import PLUGIN_GROUP
+    from ddslurm.runtime._resume import ResumeSource, next_resume
     from ddslurm.runtime._scratch import pid_alive
     from ddslurm.runtime._server_command import RankPlace, ServerCommand, server_command, server_step_name
     from ddslurm.runtime._steps import StepSpec, srun_argv
@@ -45,6 +46,7 @@ _LAZY_IMPORTS: dict[str, str] = {
     "NODE_DISTRIBUTIONS": "ddslurm.runtime._inspect",
     "PLUGIN_GROUP": "ddslurm.runtime._plugins",
     "RankPlace": "ddslurm.runtime._server_command",
+    "ResumeSource": "ddslurm.runtime._resume",
     "RuntimeFailure": "ddslurm.runtime.errors",
     "SecretMissingError": "ddslurm.runtime.errors",
     "ServerCommand": "ddslurm.runtime._server_command",
@@ -56,6 +58,7 @@ _LAZY_IMPORTS: dict[str, str] = {
     "load_inputs": "ddslurm.runtime._inputs",
     "make_private": "ddslurm.runtime._verify",
     "mcp_providers": "ddslurm.runtime._engine",
+    "next_resume": "ddslurm.runtime._resume",
     "pid_alive": "ddslurm.runtime._scratch",
     "read_request": "ddslurm.runtime._inspect",
     "recipe_columns": "ddslurm.runtime._columns",
@@ -83,6 +86,7 @@ __all__ = [
     "NODE_DISTRIBUTIONS",
     "PLUGIN_GROUP",
     "RankPlace",
+    "ResumeSource",
     "RuntimeFailure",
     "SecretMissingError",
     "ServerCommand",
@@ -94,6 +98,7 @@ __all__ = [
     "load_inputs",
     "make_private",
     "mcp_providers",
+    "next_resume",
     "pid_alive",
     "read_request",
     "recipe_columns",

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from ddslurm.config import FreshRecord, ShardLayout, read_json
+from ddslurm.config import FreshRecord, Plan, RunLayout, ShardLayout, llm_columns, read_json, read_yaml, to_builtins
 from ddslurm.runtime._verify import DD_DROPPED_DIR, FILL_DIR, FILL_DROPPED_DIR, empty_outputs_in, readable_rows
 
 _FOLDERS = (
@@ -127,6 +127,21 @@ def resume_source(shard: ShardLayout, attempt_id: str, empty: EmptyLimit) -> Res
         if source.rows and (best is None or source.rows > best.rows):
             best = source
     return best
+
+
+def next_resume(layout: RunLayout, plan: Plan, shard: int, stage: int | None = None) -> ResumeSource | None:
+    """What the next attempt of ``shard`` (``stage``: of that stage of a two-stage run, 0 the GPU stage's) would
+    continue if it began now, as an attempt seeds its dataset (:func:`resume_source`, with the stage's LLM columns and
+    the plan's ``max_empty_outputs``): None when the plan's ``resume`` is ``never`` or no earlier attempt has a batch
+    it may continue. ``ddslurm retry --dry-run`` previews it, and ``retry`` asks it whether a shard that ran out of time
+    would start from nothing again. The recipe is read from the run directory unchecked: a preview, not an attempt."""
+    if plan.resume == "never":
+        return None
+    recipe = to_builtins(read_yaml(Path(plan.recipe_file)))
+    columns = llm_columns(recipe)
+    if stage is not None and plan.stages:  # the columns stage_recipe keeps, in the recipe's order
+        columns = tuple(c for c in columns if c in plan.stages[stage].columns)
+    return resume_source(layout.stage_shard(shard, stage), "", EmptyLimit(columns, plan.max_empty_outputs))
 
 
 def seed_from(source: ResumeSource, target: Path) -> int:

@@ -252,9 +252,13 @@ def shard_table(shards: list[ShardStatus], *, boxed: bool, staged: bool | None =
 
 
 def status_view(st: RunStatus, *, boxed: bool) -> Group:
-    """The header, the shard table, and under it one line per hosted key the run has sent to."""
+    """The header, the shard table, and under it one line per hosted key the run has sent to, and one per failure a
+    retry would repeat (``_retry_why.frozen_hints``: what to do instead)."""
+    from ddslurm.launcher.runs._retry_why import frozen_hints
+
     keys = [Text(key_line(k)) for k in st.hosted if k.requests]
-    return Group(status_header(st), shard_table(st.shards, boxed=boxed), *keys)
+    hints = [Text(hint, style="yellow") for hint in frozen_hints(st)]
+    return Group(status_header(st), shard_table(st.shards, boxed=boxed), *keys, *hints)
 
 
 def show_status(out: TextIO, st: RunStatus) -> None:

@@ -5,6 +5,7 @@ The collector (and its pyarrow), the planner and the text rendering are imported
 
 from __future__ import annotations
 
+import dataclasses
 import io
 from contextlib import nullcontext
 from typing import Annotated
@@ -118,11 +119,25 @@ def cmd_retry(
     ] = False,
     dry_run: Annotated[
         bool,
-        typer.Option("--dry-run", help="Show the shards and the arrays a retry would submit; change nothing."),
+        typer.Option(
+            "--dry-run",
+            help="Show each shard's attempt, the rows it would resume and how, and the arrays a retry would submit; "
+            "change nothing.",
+        ),
+    ] = False,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Retry shards whose failure the run's frozen plan would repeat (server_start_failed, ...) anyway.",
+        ),
     ] = False,
     as_json: JsonOpt = False,
 ) -> int:
-    """Submit new attempts, as one array, for shards without a winner (resuming their batches)."""
+    """Submit new attempts, as one array, for shards without a winner (resuming their batches).
+
+    After key_refused the provider is asked with this shell's key first, and nothing is submitted while it still
+    refuses it; a retry of only shards whose failure the frozen plan would repeat is refused without --force."""
     session = command_session(ctx, as_json)
     client = session_client(session, profile)
     found = client.open(run)
@@ -132,6 +147,7 @@ def cmd_retry(
         resume_cancelled=resume_cancelled,
         fresh=fresh,
         dry_run=dry_run,
+        force=force,
     )
     out = session.out
     if done.planned is not None:
@@ -139,20 +155,32 @@ def cmd_retry(
             write_json(
                 {
                     "shards": list(done.shards),
+                    "preview": [dataclasses.asdict(p) for p in done.preview],
                     "arrays": [array_json(a, plan=done.planned.arrays) for a in done.planned.arrays],
                     "tasks": done.planned.tasks,
                     "limits": limits_json(done.planned),
+                    "warnings": list(done.warnings),
                 },
                 out,
             )
         else:
             from ddslurm.launcher.commands._console import plan_lines
+            from ddslurm.launcher.runs._retry_why import preview_lines
 
             head = f"dry run: a retry would submit {len(done.shards)} shard(s): {compact_ranges(done.shards)}"
-            write_lines(out, [head, *plan_lines(done.planned)])
+            write_lines(out, [head, *preview_lines(done.preview), *plan_lines(done.planned)])
+            write_lines(out, (f"warning: {warning}" for warning in done.warnings))
         return ExitCode.OK
     if session.json:
-        write_json({"shards": list(done.shards), "job_ids": list(done.job_ids), "kept": list(done.kept)}, out)
+        write_json(
+            {
+                "shards": list(done.shards),
+                "job_ids": list(done.job_ids),
+                "kept": list(done.kept),
+                "warnings": list(done.warnings),
+            },
+            out,
+        )
         return ExitCode.OK
     if not done.shards:
         out.write(
@@ -161,6 +189,7 @@ def cmd_retry(
         )
     else:
         out.write(f"retrying {len(done.shards)} shard(s) as array job(s) {', '.join(done.job_ids)}\n")
+    write_lines(out, (f"warning: {warning}" for warning in done.warnings))
     if done.kept:
         out.write(f"not retried: {shards_named(done.kept)} already had a result, which is never replaced\n")
     return ExitCode.OK

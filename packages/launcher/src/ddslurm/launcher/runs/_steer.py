@@ -37,10 +37,12 @@ from ddslurm.launcher.cluster._slurm import Slurm
 from ddslurm.launcher.errors import LauncherError, SlurmError, UsageError
 from ddslurm.launcher.runs._records import attempt_records, cancel_record, submission_progress, submissions
 from ddslurm.launcher.runs._status import run_status
-from ddslurm.launcher.runs._status_model import RunStatus
+from ddslurm.launcher.runs._status_model import RunStatus, ShardStatus
 from ddslurm.launcher.runs._status_scheduler import PENDING, query
 
 if TYPE_CHECKING:
+    from ddslurm.launcher.runs._retry_why import Repeated, RetryPreview
+    from ddslurm.launcher.submission._aliases import EndpointCheck
     from ddslurm.planner import SubmissionPlan
 
 ACTIVE = {"running", "pending", "unknown"}
@@ -63,6 +65,11 @@ class Retried:
     """For ``dry_run``: the arrays the retry would submit and the limits they were checked against."""
     kept: tuple[int, ...] = ()
     """Shards asked for (``--shards``) that already have a result: a winner is never replaced, so not retried."""
+    warnings: tuple[str, ...] = ()
+    """What the retry should know of (``retry`` prints them as ``warning:``): shards it retries that would fail the
+    same way, a provider it could not ask whether it takes the key now."""
+    preview: tuple[RetryPreview, ...] = ()
+    """For ``dry_run``: each shard's attempt, the rows it would resume and how it starts."""
 
 
 def check_shard(shard: int, plan: Plan) -> int:
@@ -92,6 +99,8 @@ def retry(
     fresh: bool = False,
     dry_run: bool = False,
     skip_busy: bool = False,
+    force: bool = False,
+    check_keys: EndpointCheck | None = None,
 ) -> Retried:
     """Submit new attempts, as one array, for shards that have no winner and nothing running or queued.
 
@@ -102,6 +111,12 @@ def retry(
     ``fresh``: the new attempts start from nothing; no later attempt continues the shards' earlier batches.
     ``dry_run``: decide the shards and plan the arrays (checked against the scheduler's limits), change nothing.
     ``skip_busy``: of ``shards``, those still running or queued are left out instead of refused.
+
+    Before anything is submitted (a dry run too), why the shards failed is weighed (``_retry_why``): after
+    ``key_refused`` each hosted provider of the run is asked with this shell's key (``check_keys``, default the
+    providers' endpoint check), and a key still refused is a :class:`RetryRefusedError`; shards that failed in a way
+    the frozen plan repeats (``FROZEN_PLAN``) are refused when they are all there is to retry, unless ``force``, and
+    named in ``warnings`` otherwise.
     """
     from ddslurm.launcher.submission._arrays import check_environment, new_stamp, read_limits, refusals, submit_shards
     from ddslurm.planner import plan_submission, plural
@@ -145,13 +160,19 @@ def retry(
     if not todo:
         return Retried((), (), kept=kept)
     moment = now or datetime.now(UTC)
+    check_environment(plan, env)
+    warnings, repeated = _weigh_failures(
+        layout, plan, env, [by_index[s] for s in todo], fresh=fresh, force=force, check=check_keys
+    )
     if dry_run:
-        check_environment(plan, env)
+        from ddslurm.launcher.runs._retry_why import preview
+
         with refusals():
             planned = plan_submission(
                 plan, layout, todo, read_limits(slurm, plan), kind="retry", stamp=new_stamp(moment)
             )
-        return Retried(tuple(todo), (), planned, kept)
+        shown = preview(layout, plan, todo, repeated, fresh=fresh)
+        return Retried(tuple(todo), (), planned, kept, warnings, shown)
     if mark is not None:
         layout.cancelled.rename(layout.cleared_cancel(moment.strftime("%Y%m%dT%H%M%S%f")))
     for index in todo:
@@ -165,7 +186,40 @@ def retry(
                 _start_fresh(layout.shard(index).stage(0), moment)
     gpu_done = [i for i in todo if plan.stages and layout.shard(i).stage(0).winner.exists()]
     job_ids = submit_shards(layout, plan, todo, slurm, env, moment, kind="retry", gpu_done=gpu_done)
-    return Retried(tuple(todo), tuple(job_ids), kept=kept)
+    return Retried(tuple(todo), tuple(job_ids), kept=kept, warnings=warnings)
+
+
+def _weigh_failures(
+    layout: RunLayout,
+    plan: Plan,
+    env: Mapping[str, str],
+    todo: list[ShardStatus],
+    *,
+    fresh: bool,
+    force: bool,
+    check: EndpointCheck | None,
+) -> tuple[tuple[str, ...], list[Repeated]]:
+    """Why the shards of ``todo`` failed, before a retry submits them: a key their provider still refuses and a
+    failure the frozen plan repeats (of every shard, unless ``force``) are a :class:`RetryRefusedError`; else what a
+    user should know (warnings) and the shards that would fail the same way."""
+    from ddslurm.launcher.runs._retry_why import (
+        check_refused_keys,
+        key_refused_shards,
+        refuse_repeated,
+        repeated_failures,
+    )
+
+    warnings: list[str] = []
+    refused = key_refused_shards(layout, plan, todo)
+    if refused:
+        if check is None:
+            from ddslurm.providers import check_endpoints
+
+            check = check_endpoints
+        warnings += check_refused_keys(layout, env, refused, check)
+    repeated = repeated_failures(layout, plan, todo, fresh=fresh)
+    warnings += refuse_repeated(layout, repeated, [s.shard for s in todo], force=force)
+    return tuple(warnings), repeated
 
 
 def shards_named(shards: Sequence[int]) -> str:
