@@ -13,6 +13,7 @@ from ddslurm.planner._batches import (
 )
 from ddslurm.planner._compile import PlanInputs, calibration_levels_of, client_serving, compile_plan
 from ddslurm.planner._cost import CostSources, model_uses
+from ddslurm.planner._fit import Overrun, allocation_start_s, overruns, plan_warnings
 from ddslurm.planner._limits import (
     HEADROOM,
     SubmissionPlan,
@@ -36,11 +37,13 @@ __all__ = [
     "Allocations",
     "CostSources",
     "Layout",
+    "Overrun",
     "LimitError",
     "PlanError",
     "PlanInputs",
     "Staging",
     "SubmissionPlan",
+    "allocation_start_s",
     "array_spec",
     "array_tasks",
     "batch_text",
@@ -52,6 +55,7 @@ __all__ = [
     "failure_chain",
     "limit_checks",
     "model_uses",
+    "overruns",
     "parse_memory_mb",
     "parse_time_limit",
     "plan_allocations",
@@ -62,6 +66,7 @@ __all__ = [
     "plan_shards",
     "plan_stages",
     "plan_submission",
+    "plan_warnings",
     "plural",
     "pulling_tasks",
     "refuse_if_over",

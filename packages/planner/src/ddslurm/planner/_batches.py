@@ -63,7 +63,7 @@ def _batching(
         rule=rule,
         shard_records=largest,
         batches=math.ceil(largest / min(size, largest)),
-        batch_s=None if record_s is None else size * record_s,
+        batch_s=None if record_s is None else min(size, largest) * record_s,  # a batch never outgrows its shard
     )
 
 
@@ -97,23 +97,16 @@ def _about(duration: str) -> str:
 
 
 def batch_warnings(plan: Plan) -> tuple[str, ...]:
-    """What the run file's own ``buffer_size`` costs when a shard cannot save its work: a batch predicted to outlast
-    the time limit (a shard then saves nothing before the limit ends it, and every retry fails the same way), or
-    shards of several batches' worth of records that are one batch each."""
+    """What the run file's own ``buffer_size`` costs: shards of several batches' worth of records that are one batch
+    each save nothing until they end. (A batch predicted to be saved only after the time limit is an overrun:
+    :func:`ddslurm.planner._fit.overruns`.)"""
     batching = plan.batching
     if batching is None or batching.by != "run file":
         return ()
-    limit_s = plan.generation.time_minutes * 60
-    leave = "leave buffer_size out and the planner chooses batches a shard saves its work in (docs/run-files.md)"
-    if batching.batch_s is not None and batching.batch_s >= limit_s:
-        return (
-            f"buffer_size {plan.buffer_size}: a batch of a shard is predicted to take {wall_text(batching.batch_s)}, "
-            f"longer than submission.time_limit ({plan.generation.time_minutes} min): a shard saves nothing before "
-            f"its time limit ends it, and each retry ends the same way; {leave}",
-        )
     if batching.batches == 1 and batching.shard_records > CHECKPOINTS_PER_SHARD:
         return (
             f"buffer_size {plan.buffer_size}: each shard ({batching.shard_records} records) is one batch, so it saves "
-            f"nothing until it ends: a cancel, a crash or its time limit loses all its work; {leave}",
+            "nothing until it ends: a cancel, a crash or its time limit loses all its work; leave buffer_size out "
+            "and the planner chooses batches a shard saves its work in (docs/run-files.md)",
         )
     return ()
