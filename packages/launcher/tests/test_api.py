@@ -111,7 +111,7 @@ FIELDS: dict[str, tuple[str, ...]] = {
 METHODS: dict[str, tuple[str, ...]] = {
     "__init__": ("profile", "env", "data_designer_home", "slurm", "notes", "sleep", "engine_host"),
     "open": ("run",),
-    "submit": ("run_file", "profile", "dry_run", "check_endpoints"),
+    "submit": ("run_file", "profile", "dry_run", "check_endpoints", "accept_overrun"),
     "status": ("run",),
     "follow": ("run",),
     "wait": ("run", "timeout", "on_update"),

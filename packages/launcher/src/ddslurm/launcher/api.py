@@ -174,6 +174,7 @@ class Client:
         *,
         dry_run: Literal[False] = False,
         check_endpoints: bool = False,
+        accept_overrun: bool = False,
     ) -> Submission: ...
 
     @overload
@@ -184,6 +185,7 @@ class Client:
         *,
         dry_run: Literal[True],
         check_endpoints: bool = False,
+        accept_overrun: bool = False,
     ) -> Planned: ...
 
     def submit(
@@ -193,14 +195,16 @@ class Client:
         *,
         dry_run: bool = False,
         check_endpoints: bool = False,
+        accept_overrun: bool = False,
     ) -> Submission | Planned:
         """``ddslurm submit RUN_FILE --profile PROFILE``: validate and compile the run, check it against the
         cluster, write its run directory and submit its arrays. ``profile``: the cluster profile (default: the
         client's). ``dry_run``: everything up to the first ``sbatch``, nothing written (:class:`Planned`).
-        ``check_endpoints``: first ask each hosted endpoint with the key. Refused inputs raise
-        :class:`SubmitError` (or the configuration's, the providers' or the planner's errors) with nothing left
-        behind; a submission that stopped part-way raises :class:`PartialSubmitError` (``ddslurm submit --continue``
-        submits the rest)."""
+        ``check_endpoints``: first ask each hosted endpoint with the key. ``accept_overrun``: submit a run whose
+        prediction says it will not fit its time limit (``Planned.warnings`` says how), which is otherwise refused
+        (``--accept-overrun``). Refused inputs raise :class:`SubmitError` (or the configuration's, the providers' or
+        the planner's errors) with nothing left behind; a submission that stopped part-way raises
+        :class:`PartialSubmitError` (``ddslurm submit --continue`` submits the rest)."""
         from ddslurm.launcher.commands._console import plan_notes
 
         profile_path = required_profile(self.profile if profile is None else Path(profile), self.env, "submit")
@@ -235,6 +239,7 @@ class Client:
             env=self.env,
             check_endpoints=endpoints,
             host=self.engine_host,
+            accept_overrun=accept_overrun,
         )
         return Submission(
             run=_run_at(done.layout),

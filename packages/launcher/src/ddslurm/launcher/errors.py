@@ -11,14 +11,20 @@ LauncherError            root of the launcher's own errors (a DdslurmError, as e
 ├── InspectAnswerError   the profile's python_env gave no answer the submit host can use to its question
 ├── CollectFailedError   a collection published no dataset; carries the exit code ``ddslurm collect`` exits with
 └── SubmitError          the run cannot be submitted (inputs invalid); nothing was left behind
-    └── BuilderError     a builder script (recipe: build.py, module:function) failed or returned no config
+    ├── BuilderError     a builder script (recipe: build.py, module:function) failed or returned no config
+    └── OverrunError     the run is predicted not to fit its time limit, and the user did not confirm it
 """
 
 from __future__ import annotations
 
 import errno
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from ddslurm.config import DdslurmError
+
+if TYPE_CHECKING:
+    from ddslurm.planner import Overrun
 
 DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 """The errors of a full file system or quota."""
@@ -67,6 +73,22 @@ class SubmitError(LauncherError):
 
 class BuilderError(SubmitError):
     """The Python that builds the recipe failed, raised or returned no config; names the script and line."""
+
+
+class OverrunError(SubmitError):
+    """The plan's prediction says the run will not fit its time limit (``overruns``: each way, the run file's field
+    and what fits, :func:`ddslurm.planner.overruns`) and ``submit`` was not told to run it anyway
+    (``--accept-overrun``); nothing was written or submitted."""
+
+    def __init__(self, overruns: Sequence[Overrun]) -> None:
+        self.overruns = tuple(overruns)
+        lines = [f"  {o.message}" for o in self.overruns]
+        super().__init__(
+            "the run is predicted not to fit its time limit; nothing was written or submitted:\n"
+            + "\n".join(lines)
+            + "\nchange the run file as said (ddslurm submit --dry-run shows the prediction), or submit with "
+            "--accept-overrun to run it as it is"
+        )
 
 
 class InitError(LauncherError):

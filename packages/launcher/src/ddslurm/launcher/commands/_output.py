@@ -22,6 +22,7 @@ from ddslurm.config import ConfigError, ConfigFileError, DdslurmError, PlannedAr
 from ddslurm.launcher.cluster._slurm import SlurmTimeoutError
 from ddslurm.launcher.errors import (
     CollectFailedError,
+    OverrunError,
     RunNotFoundError,
     SlurmError,
     SubmitError,
@@ -149,6 +150,9 @@ def error_report(exc: BaseException, command: str | None) -> ErrorReport:
         return ErrorReport(ErrorCode.TIMEOUT, message, ExitCode.TIMEOUT, {"status": exc.status})
     if isinstance(exc, CollectFailedError):  # ``workflow``'s collection: the exit code ``collect`` would give
         return collect_report(exc)
+    if isinstance(exc, OverrunError):  # each overrun's field and what fits come with the refusal
+        overruns = [msgspec.to_builtins(o) for o in exc.overruns]
+        return ErrorReport(ErrorCode.SUBMIT_REFUSED, message, ExitCode.USAGE, {"overruns": overruns})
     fixed: list[tuple[type[BaseException] | None, ErrorCode, ExitCode]] = [
         (UsageError, ErrorCode.USAGE, ExitCode.USAGE),
         (RunNotFoundError, ErrorCode.RUN_NOT_FOUND, ExitCode.USAGE),

@@ -64,6 +64,14 @@ def cmd_submit(
             "or submitted, when one refuses the key or does not list the model.",
         ),
     ] = False,
+    accept_overrun: Annotated[
+        bool,
+        typer.Option(
+            "--accept-overrun",
+            help="Submit the run even where its prediction says it will not fit submission.time_limit (the dry "
+            "run's warning: lines), which is otherwise refused.",
+        ),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> int:
     """Capture the inputs, compile the plan and submit the run's job arrays."""
@@ -78,7 +86,7 @@ def cmd_submit(
         endpoints = check_endpoints if check else None
         done_dry = plan_dry_run(run_file, profile_path, slurm=session.slurm, env=session.env, check_endpoints=endpoints)
         return _show_dry_run(session, done_dry)
-    done = session_client(session, profile).submit(run_file, check_endpoints=check)
+    done = session_client(session, profile).submit(run_file, check_endpoints=check, accept_overrun=accept_overrun)
     run, out = done.run, session.out
     if session.json:
         write_json(

@@ -26,7 +26,7 @@ from ddslurm.config import (
 )
 from ddslurm.launcher.runs._money import money
 from ddslurm.launcher.submission._bill_spend import limit_cost, spend_lines
-from ddslurm.planner import array_tasks, batch_text, wall_text
+from ddslurm.planner import Overrun, array_tasks, batch_text, overruns, wall_text
 from ddslurm.providers import AliasRow
 from ddslurm.runtime import RankPlace, StepSpec, server_command, server_step_name, srun_argv, unix_url
 
@@ -140,6 +140,10 @@ class Bill(msgspec.Struct, kw_only=True):
     None: no price file, or a partition it does not price."""
     spend: SpendForecast | None = None
     """What the run is predicted to spend (the plan's ``spend``): the ``predicted spend`` section."""
+    overruns: list[Overrun] = msgspec.field(default_factory=list)
+    """How the prediction says the run will not fit its time limit, each with the run file's field and what fits
+    (:func:`ddslurm.planner.overruns`): the dry run's ``warning:`` lines, and what ``submit`` refuses without
+    ``--accept-overrun``."""
 
 
 def _hours(tasks: int, per_task: int, minutes: int) -> float:
@@ -363,6 +367,7 @@ def make_bill(
         currency=None if plan.prices is None else plan.prices.currency,
         limit_cost=limit_cost(jobs, plan.prices),
         spend=plan.spend,
+        overruns=list(overruns(plan)),
     )
 
 

@@ -27,7 +27,7 @@ from ddslurm.launcher.submission._bill import Bill, make_bill
 from ddslurm.launcher.submission._inputs import SubmitInputs, read_inputs
 from ddslurm.launcher.submission._prepare import prepare_inputs
 from ddslurm.launcher.submission._run_dir import Prepared
-from ddslurm.planner import SubmissionPlan, batch_warnings, plan_submission
+from ddslurm.planner import SubmissionPlan, plan_submission, plan_warnings
 
 DEFAULT_MAX_ARRAY_SIZE = 1001
 """Slurm's default ``MaxArraySize``: what the arrays assume when the scheduler's limits cannot be read."""
@@ -45,8 +45,9 @@ class DryRun:
     """The batch script of the first array."""
     bill: Bill
     warnings: tuple[str, ...]
-    """A workspace facts file that is not the user's own (ignored), what the run file's ``buffer_size`` costs, where
-    the cluster would keep the run's secret values beyond the job itself."""
+    """A workspace facts file that is not the user's own (ignored), how the run is predicted not to fit its time
+    limit (``submit`` refuses it without ``--accept-overrun``: the bill's ``overruns``), what the run file's
+    ``buffer_size`` costs, where the cluster would keep the run's secret values beyond the job itself."""
 
     @property
     def plan(self) -> Plan:
@@ -120,5 +121,5 @@ def dry_run(
     check_jobs(checked, plan, script)
     snapshot = msgspec.json.decode(prepared.snapshot_bytes, type=ProviderSnapshot)
     bill = make_bill(plan, planned.arrays, prepared.aliases, snapshot)
-    warnings = (*prepared.warnings, *batch_warnings(plan), *secret_warnings(slurm, plan))
+    warnings = (*prepared.warnings, *plan_warnings(plan), *secret_warnings(slurm, plan))
     return DryRun(prepared, planned, script, bill, warnings)

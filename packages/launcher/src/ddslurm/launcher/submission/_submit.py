@@ -25,7 +25,7 @@ from ddslurm.config import (
 from ddslurm.launcher.cluster._doctor_checks import check_jobs, check_profile_first
 from ddslurm.launcher.cluster._engine_host import RUNTIME_PROCESS, EngineHost
 from ddslurm.launcher.cluster._slurm import Slurm
-from ddslurm.launcher.errors import LauncherError, SubmitError, WriteError
+from ddslurm.launcher.errors import LauncherError, OverrunError, SubmitError, WriteError
 from ddslurm.launcher.facts._workspace import (
     PartitionGpuNodes,
     partition_gpu_type,
@@ -48,8 +48,9 @@ from ddslurm.launcher.submission._prepare import prepare_inputs
 from ddslurm.launcher.submission._recipe import StageRequest
 from ddslurm.launcher.submission._run_dir import NOTHING_LEFT, write_run_dir
 from ddslurm.planner import (
-    batch_warnings,
+    overruns,
     plan_submission,
+    plan_warnings,
 )
 from ddslurm.providers import (
     AliasRow,
@@ -79,6 +80,7 @@ def submit(
     calibration: bool = False,
     host: EngineHost = RUNTIME_PROCESS,
     stage: StageRequest | None = None,
+    accept_overrun: bool = False,
 ) -> Submitted:
     """Validate and compile, read the scheduler's limits and plan the arrays within them (refusing, with the
     numbers, what does not fit), all before anything is written; then write the run directory and the
@@ -90,7 +92,9 @@ def submit(
     ``check_endpoints``: ask the hosted endpoints first (``--check-endpoints``); ``calibration``: ``ddslurm
     tune``'s run, planned with its calibration levels; ``host``: how the profile's ``python_env`` is asked about
     Data Designer (:mod:`ddslurm.launcher.cluster._engine_host`); ``stage``: a later stage of a Data Designer
-    workflow (``ddslurm workflow``)."""
+    workflow (``ddslurm workflow``); ``accept_overrun``: submit a run the plan's prediction says will not fit its
+    time limit (:func:`ddslurm.planner.overruns`), which is otherwise refused (:class:`OverrunError`) after every
+    other check and before anything is written."""
     now = clock()
     inputs = read_inputs(run_path, profile_path)
     checked = check_profile_first(inputs, slurm, env, host)
@@ -114,6 +118,8 @@ def submit(
             plan, layout, [s.index for s in plan.shards], read_limits(slurm, plan), stamp=new_stamp(now)
         )
     check_jobs(checked, plan, first_script(plan, layout, planned))
+    if not accept_overrun and (found := overruns(plan)):
+        raise OverrunError(found)
     write_run_dir(prepared)
     try:
         with submit_lock(layout):
@@ -131,5 +137,5 @@ def submit(
     except OSError as exc:  # the submit lock or the submission plan, before any sbatch
         shutil.rmtree(layout.root, ignore_errors=True)
         raise WriteError(f"the submission plan of run {layout.run_id}", exc, NOTHING_LEFT) from exc
-    warnings = (*prepared.warnings, *batch_warnings(plan), *secret_warnings(slurm, plan))
+    warnings = (*prepared.warnings, *plan_warnings(plan), *secret_warnings(slurm, plan))
     return Submitted(layout, plan, job_ids[0], prepared.aliases, tuple(job_ids), planned.arrays, warnings)
