@@ -11,7 +11,8 @@ import pytest
 from ddslurm.config import RunLayout, WorkflowStage, load_run_file, read_json
 from ddslurm.config import WorkflowNext as Next
 from ddslurm.launcher.errors import SubmitError
-from ddslurm.launcher.runs._workflow import next_stage
+from ddslurm.launcher.runs import _workflow
+from ddslurm.launcher.runs._workflow import next_stage, stage_submitter
 from ddslurm.launcher.submission._recipe import LoadedWorkflow, StageRequest
 from ddslurm.launcher.submission._workflow_stage import stage_run
 
@@ -79,3 +80,25 @@ def test_the_next_stage_is_submitted_once_and_then_followed(tmp_path: Path) -> N
         (1, layout.root, 7, ("draft", "improve", "more"))
     ]
     assert read_json(layout.workflow_next, Next).run_dir == str(first.root)
+
+
+@pytest.mark.parametrize("accept", [False, True])
+def test_a_later_stage_is_submitted_with_the_workflows_overrun_confirmation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, accept: bool
+) -> None:
+    """``ddslurm workflow --accept-overrun`` confirms a later stage's overrun as ``submit --accept-overrun`` does;
+    without it the stage's submit refuses an overrun as any submit does."""
+    seen: list[dict[str, object]] = []
+
+    class Done:
+        layout = RunLayout(tmp_path / "runs" / "next")
+
+    def submit(*args: object, **kwargs: object) -> Done:
+        seen.append(kwargs)
+        return Done()
+
+    monkeypatch.setattr(_workflow, "submit", submit)
+    request = _request(tmp_path, 1, 7)
+    submitted = stage_submitter(object(), {}, accept_overrun=accept)  # type: ignore[arg-type]
+    assert submitted(tmp_path / "run.yaml", tmp_path / "profile.yaml", request).root == Done.layout.root
+    assert [(k["accept_overrun"], k["stage"]) for k in seen] == [(accept, request)]

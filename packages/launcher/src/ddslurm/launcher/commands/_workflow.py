@@ -32,6 +32,13 @@ def cmd_workflow(
     local: Annotated[
         bool, typer.Option("--local", help="Collect each stage in this process instead of a CPU Slurm job.")
     ] = False,
+    accept_overrun: Annotated[
+        bool,
+        typer.Option(
+            "--accept-overrun",
+            help="Submit a later stage even where its bill predicts it will not fit its time limit (as submit's).",
+        ),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> int:
     """Carry a Data Designer workflow on from the run of one of its stages: wait for each stage's run, collect its
@@ -53,7 +60,13 @@ def cmd_workflow(
         session.out.flush()
 
     result = carry_on(
-        layout, session.slurm, session.env, wait=lambda stage: client.wait(stage.root), local=local, on_stage=said
+        layout,
+        session.slurm,
+        session.env,
+        wait=lambda stage: client.wait(stage.root),
+        local=local,
+        on_stage=said,
+        accept_overrun=accept_overrun,
     )
     if session.json:
         write_json(

@@ -102,6 +102,19 @@ def _dataset(layout: RunLayout, slurm: Slurm, local: bool) -> CollectResult:
     return collect_run(layout, slurm, local=local, err=io.StringIO())
 
 
+def stage_submitter(
+    slurm: Slurm, env: Mapping[str, str], *, accept_overrun: bool = False
+) -> Callable[[Path, Path, StageRequest], RunLayout]:
+    """How ``carry_on`` submits a later stage: ``submit`` of the workflow's run file with the stage's request;
+    ``accept_overrun`` as ``submit --accept-overrun``."""
+
+    def submitted(run_file: Path, profile: Path, request: StageRequest) -> RunLayout:
+        done = submit(run_file, profile, slurm=slurm, env=env, stage=request, accept_overrun=accept_overrun)
+        return RunLayout(done.layout.root)
+
+    return submitted
+
+
 def carry_on(
     layout: RunLayout,
     slurm: Slurm,
@@ -111,13 +124,12 @@ def carry_on(
     local: bool = False,
     on_stage: Callable[[StageDone], None] | None = None,
     submit_stage: Callable[[Path, Path, StageRequest], RunLayout] | None = None,
+    accept_overrun: bool = False,
 ) -> WorkflowResult:
     """Follow the workflow from ``layout``'s stage to its end (module docstring): ``wait`` follows one run to its
     end (``ddslurm wait``'s), ``local`` collects in this process rather than in a Slurm job; ``on_stage`` is told
-    of each stage as it is done."""
-
-    def submitted(run_file: Path, profile: Path, request: StageRequest) -> RunLayout:
-        return RunLayout(submit(run_file, profile, slurm=slurm, env=env, stage=request).layout.root)
+    of each stage as it is done; ``accept_overrun``: a later stage predicted not to fit its time limit is submitted
+    all the same (``submit --accept-overrun``), else refused as ``submit`` refuses it."""
 
     stages: list[StageDone] = []
 
@@ -150,4 +162,5 @@ def carry_on(
                 done(StageDone(skipped, layout, "skipped"))
             message = f"{place.label()} is empty (allow_empty): the later stages are skipped, as Data Designer does"
             return WorkflowResult(tuple(stages), None, message)
-        layout = next_stage(layout, place, result.rows, submit_stage or submitted)
+        submitted = submit_stage or stage_submitter(slurm, env, accept_overrun=accept_overrun)
+        layout = next_stage(layout, place, result.rows, submitted)
