@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import itertools
 import math
 from pathlib import Path
@@ -230,6 +231,7 @@ def test_hosted_only_plan() -> None:
         recipe_sha256="1" * 64,
         snapshot_file="/ws/runs/run-1/inputs/snapshot.json",
         snapshot_sha256="2" * 64,
+        ddslurm_version=importlib.metadata.version("ddslurm-planner"),  # recorded for the report
         secret_env=("ALPHA_API_KEY", "ZETA_API_KEY"),
         python_env="/venv",
         generation=Resources(

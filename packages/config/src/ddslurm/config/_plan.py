@@ -290,6 +290,9 @@ class Plan(Frozen, frozen=True, kw_only=True):
     """The Data Designer version of the profile's ``python_env`` at submit (its ``ddslurm-runtime inspect`` said
     so): each node refuses to run the run under another (``recipe_invalid``). Empty in plans made before it (not
     checked)."""
+    ddslurm_version: str = ""
+    """The version of ddslurm that planned the run (its ``ddslurm-planner`` distribution; recorded, never gated).
+    Empty in plans made before it."""
     snapshot_file: str
     snapshot_sha256: str
     seed: SeedPlan | None = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +36,15 @@ from ddslurm.planner._slurm_units import check_time_limit, parse_memory_mb, pars
 from ddslurm.planner._spend import forecast_spend
 from ddslurm.planner._stages import plan_stages
 from ddslurm.planner.errors import PlanError
+
+
+def ddslurm_version() -> str:
+    """The installed ddslurm's version (its planner's distribution, the same in every package of the workspace);
+    empty when it is not installed as a distribution."""
+    try:
+        return importlib.metadata.version("ddslurm-planner")
+    except importlib.metadata.PackageNotFoundError:
+        return ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +214,7 @@ def compile_plan(inputs: PlanInputs) -> Plan:
         recipe_source=inputs.recipe_source,
         plugins=tuple(sorted(inputs.plugins, key=lambda p: p.name)),
         data_designer_version=inputs.data_designer_version,
+        ddslurm_version=ddslurm_version(),
         workflow=inputs.workflow,
         snapshot_file=str(layout.snapshot),
         snapshot_sha256=inputs.snapshot_sha256,
