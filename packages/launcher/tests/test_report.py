@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import re
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -227,7 +228,7 @@ def test_the_numbers_of_a_synthetic_run(tmp_path: Path) -> None:
 
     # batches: +2 (shard 0) and +1 (shard 1) at 51:00, +1 at 52:00, +1 (a fill; the resumed row not again) at 54:00
     assert [(b.rows, b.total) for b in report.batches] == [(2, 2), (1, 3), (1, 4), (1, 5)]
-    assert report.rows_generated == 5 and sum(b.rows for b in report.rate) == 5
+    assert report.rows_generated == 5 and sum(b.rows for b in report.rate) == pytest.approx(5, abs=0.01)
     # over the union of the generating spans (50:30-52:00 holds shard 1's first 50:40-51:30; then 53:50-54:00)
     assert report.records_per_second == round(5 / (90 + 10), 3)
     assert [(r.stage, r.rows, r.active_s) for r in report.stages] == [(None, 5, 100.0)]
@@ -273,6 +274,55 @@ def test_the_numbers_of_a_synthetic_run(tmp_path: Path) -> None:
     )
     assert columns["s"].top_values == [("p", 1), ("x", 1), ("y", 1), ("z", 1)]
     assert columns["q"].output_tokens_mean == round((10.0 * 2 + 11.0 * 3) / 5, 3)
+
+
+def _at(at: str) -> datetime:
+    return datetime.fromisoformat(f"{T}{at}+00:00")
+
+
+def _overlap(start: datetime, end: datetime, lo: datetime, hi: datetime) -> float:
+    return max(0.0, (min(end, hi) - max(start, lo)).total_seconds())
+
+
+def test_every_chart_agrees_with_the_headline(tmp_path: Path) -> None:
+    """Issue 40: the records/s bars were 5-50x the headline (a batch's rows all in the bin it ended in, over the
+    bin's width). Recomputed here from what make_report_run wrote: the headline, each bar, the records line."""
+    from ddslurm.launcher.report._html import _figures
+
+    report = run_report(make_report_run(tmp_path), Slurm(FakeSlurm(sacct=SACCT)))
+    # generating spans (serving ready to the last batch; the failed attempt to its end), already without overlap
+    generating = [(_at("50:30"), _at("52:00")), (_at("53:50"), _at("54:00"))]  # + 50:40-51:30, inside the first
+    # each batch: the rows it added, from the attempt's previous batch (or its serving ready) to the batch
+    made = [("50:30", "51:00", 2), ("51:00", "52:00", 1), ("50:40", "51:00", 1), ("53:50", "54:00", 1)]
+    rows, seconds = sum(n for *_, n in made), sum((e - s).total_seconds() for s, e in generating)
+    assert (rows, seconds) == (5, 100.0)
+    assert report.records_per_second == round(rows / seconds, 3) == 0.05
+    assert re.search(r'data-card="records/s">records/s<b>0.05</b>', render_html(report))
+
+    # bins of 10 s (230 s from the first start, 50:10, to the last batch, 54:00, in at most 24: 9.6 s, rounded up)
+    edges = [(_at("50:10") + timedelta(seconds=10 * i)).isoformat() for i in range(24)]
+    assert [(b.start, b.end) for b in report.rate] == list(itertools.pairwise(edges))
+    for b in report.rate:
+        lo, hi = datetime.fromisoformat(b.start), datetime.fromisoformat(b.end)
+        expected = sum(n * _overlap(_at(s), _at(e), lo, hi) / (_at(e) - _at(s)).total_seconds() for s, e, n in made)
+        busy = sum(_overlap(s, e, lo, hi) for s, e in generating)
+        assert (b.rows, b.generating_s) == (pytest.approx(expected, abs=1e-3), pytest.approx(busy)), b
+        assert b.rate == (pytest.approx(expected / busy, abs=1e-3) if busy else None), b
+    # the bars, weighted by the seconds they were generating, average to the headline; none is far above it
+    known = [b for b in report.rate if b.rate is not None]
+    assert sum(b.rate * b.generating_s for b in known) / sum(b.generating_s for b in known) == pytest.approx(
+        report.records_per_second, abs=1e-3
+    )
+    assert max(b.rate for b in known) <= 3 * report.records_per_second
+
+    # what the chart draws is those numbers: the bars, the headline as a line, the running total up to the records
+    figure = _figures(report)["throughput"]
+    traces = {t.name: t for t in figure.data}
+    assert list(traces["records/s"].y) == [b.rate for b in report.rate]
+    assert set(traces["records/s over the run"].y) == {report.records_per_second}
+    assert list(traces["records generated"].y) == [2, 3, 4, 5] and report.records_done == 5
+    assert figure.layout.yaxis2.dtick == 1 and figure.layout.yaxis2.tickformat == ",d"  # whole records
+    assert figure.layout.xaxis.title.text == "time (UTC) from 2025-12-31 23:50:10"
 
 
 def test_accounting_falls_back_to_attempt_records_when_sacct_fails(tmp_path: Path) -> None:
@@ -394,6 +444,10 @@ def _epoch(at: str) -> float:
     return datetime.fromisoformat(f"{T}{at}+00:00").timestamp()
 
 
+def _epoch_of(at: str) -> float:
+    return datetime.fromisoformat(at).timestamp()
+
+
 def test_two_workers_sharing_an_allocations_gpus_count_its_time_once(tmp_path: Path) -> None:
     report = run_report(make_staged_run(tmp_path, None), Slurm(FakeSlurm(sacct=STAGED_SACCT)))
     gpu = report.gpu
@@ -417,13 +471,14 @@ def test_two_workers_sharing_an_allocations_gpus_count_its_time_once(tmp_path: P
     assert (models["writer"].active_s, models["writer"].tokens_per_second) == (55.0, round(500 / 55, 1))
     assert (models["judge"].active_s, models["judge"].tokens_per_second) == (20.0, round(100 / 20, 1))
 
-    # records over time: both stages, bins of one width over the whole run (50:10 to 52:00), each stage's rows
+    # records over time: both stages, bins of one round width over the whole run (50:10 to 52:00: 110 s in 24
+    # bins of at least 4.6 s, so 5 s from 50:10), each stage's rows and the seconds it was generating in each
     assert {b.stage for b in report.rate} == {"gpu", "cpu"} == {b.stage for b in report.batches}
-    width = 110 / 24
-    for stage in ("gpu", "cpu"):
+    for stage, rate in zip(("gpu", "cpu"), report.stages, strict=True):
         bins = [b for b in report.rate if b.stage == stage]
-        assert len(bins) == 24 and sum(b.rows for b in bins) == 8
-        assert abs(sum(b.rate * width for b in bins) - 8) < 0.01
+        assert len(bins) == 22 and {_epoch_of(b.end) - _epoch_of(b.start) for b in bins} == {5.0}
+        assert bins[0].start == f"{T}50:10+00:00" and sum(b.rows for b in bins) == pytest.approx(8, abs=0.01)
+        assert sum(b.generating_s for b in bins) == pytest.approx(rate.active_s)
         assert max(b.total for b in report.batches if b.stage == stage) == 8
 
     # the CPU stage waited for the GPU stage (to 51:20, the last GPU-stage attempt's end), then was queued
@@ -619,10 +674,15 @@ def test_the_layout_check_sees_a_label_cut_off(tmp_path: Path) -> None:
     page.write_text(
         '<html><body><div class="js-plotly-plot" id="chart-x" style="width:100px;height:50px;overflow:hidden">'
         '<svg width="400" height="50"><text x="150" y="20">far right</text></svg></div>'
-        '<div class="card" style="width:40px;overflow:hidden">a very long card value</div></body></html>'
+        '<div class="card" style="width:40px;overflow:hidden">a very long card value</div>'
+        '<div class="js-plotly-plot" id="chart-y" style="width:400px;height:100px"><svg width="400" height="100">'
+        '<text x="10" y="50">Dec 31, 2025</text><g class="legend"><rect x="0" y="30" width="200" height="30"></rect>'
+        '<text x="120" y="50">queued</text></g></svg></div></body></html>'
     )
     problems = page_layout(page, tmp_path)["problems"]
     assert any("far right" in p for p in problems) and any("card" in p for p in problems), problems
+    assert 'chart-y: "Dec 31, 2025" is covered by the legend' in problems, problems
+    assert not any("queued" in p for p in problems), problems
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (tools/install-browser)")

@@ -336,10 +336,16 @@ window.addEventListener("load", () => setTimeout(() => {
     const box = plot.getBoundingClientRect();
     if (box.right > width + 1) problems.push(`${plot.id}: wider than the page`);
     legends[plot.id] = [...plot.querySelectorAll(".legendtext")].map(t => t.textContent);
+    const legend = plot.querySelector("g.legend");
+    const key = legend ? legend.getBoundingClientRect() : null;
+    const meets = (a, b) => a.left < b.right - 1 && b.left < a.right - 1
+      && a.top < b.bottom - 1 && b.top < a.bottom - 1;
     for (const text of plot.querySelectorAll("text")) {
       const r = text.getBoundingClientRect();
       if (!text.textContent.trim() || r.width === 0) continue;
       if (!inside(r, box)) problems.push(`${plot.id}: "${text.textContent}" is cut off by its chart`);
+      else if (key && !text.closest("g.legend") && meets(r, key))
+        problems.push(`${plot.id}: "${text.textContent}" is covered by the legend`);
     }
   }
   for (const card of document.querySelectorAll(".card")) {
@@ -355,8 +361,8 @@ window.addEventListener("load", () => setTimeout(() => {
 
 def page_layout(page: Path, cwd: Path) -> dict[str, Any]:
     """How a report page lays out in headless chromium (1400 px wide): ``problems`` (text of a chart drawn outside
-    it, a chart wider than the page, a card whose text overflows it) and ``legends`` (each chart's legend
-    entries), measured by a script added to a copy of the page in ``cwd``."""
+    it or under its legend, a chart wider than the page, a card whose text overflows it) and ``legends`` (each
+    chart's legend entries), measured by a script added to a copy of the page in ``cwd``."""
     import html
     import json
     import re

@@ -110,6 +110,8 @@ class Accounting:
     """GPUs of the allocation (``gres/gpu`` of its AllocTRES); 0 when it had none."""
     start: str | None = None
     end: str | None = None
+    cpus: int = 0
+    """CPUs of the allocation (``cpu`` of its AllocTRES); 0 when sacct does not say."""
 
 
 _TYPED_GPU_TRES = re.compile(r"(?:^|,)gres/gpu:[^=,]+=(\d+)")
@@ -313,8 +315,10 @@ class Slurm:
             elapsed = int(parts[2]) if parts[2].isdigit() else 0
             start = parts[4] if len(parts) > 4 and parts[4][:1].isdigit() else None
             end = parts[5] if len(parts) > 5 and parts[5][:1].isdigit() else None
+            cpus = re.search(r"(?:^|,)cpu=(\d+)", parts[3])
             for job, task in parse_job_key(parts[0]):
-                found.append(Accounting(job, task, parts[1], elapsed, tres_gpus(parts[3]), start, end))
+                gpus = tres_gpus(parts[3])
+                found.append(Accounting(job, task, parts[1], elapsed, gpus, start, end, int(cpus[1]) if cpus else 0))
         return found
 
     def scancel(self, job_ids: Sequence[str]) -> None:

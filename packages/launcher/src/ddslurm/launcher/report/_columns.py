@@ -1,11 +1,13 @@
-"""The dataset's section of the report: its files and rows (:func:`dataset_report`) and its columns from the
-Parquet statistics and Data Designer's per-shard analysis (:func:`column_reports`)."""
+"""The dataset's section of the report: its files and rows (:func:`dataset_report`), its columns from the
+Parquet statistics and Data Designer's per-shard analysis (:func:`column_reports`), and a few of its rows
+(:func:`sample_rows`)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from ddslurm.launcher.report._model import ColumnReport, DatasetReport
+from ddslurm.launcher.report._model import SAMPLE_CHARS, ColumnReport, DatasetReport, SampleRows
 from ddslurm.launcher.report._read import ParquetColumnFacts, RunFacts
 
 
@@ -20,6 +22,31 @@ def dataset_report(facts: RunFacts) -> DatasetReport | None:
         bytes=sum(f.size for f in manifest.files),
         partial_shards=[s.shard for s in manifest.shards if s.partial],
     )
+
+
+def sample_rows(facts: RunFacts) -> SampleRows | None:
+    """The first rows of the collected dataset, each value as text (nested values as JSON) cut to
+    :data:`~._model.SAMPLE_CHARS` characters; None before ``collect``. The rows are the user's data, verified
+    free of the run's secrets when each shard was published."""
+    if facts.sample is None:
+        return None
+    columns = list(dict.fromkeys(name for row in facts.sample for name in row))
+    truncated = False
+
+    def text(value: Any) -> str | None:
+        nonlocal truncated
+        if value is None:
+            return None
+        if isinstance(value, bytes):
+            value = value.decode("utf-8", errors="replace")
+        shown = value if isinstance(value, str) else json.dumps(value, default=str, ensure_ascii=False)
+        if len(shown) <= SAMPLE_CHARS:
+            return shown
+        truncated = True
+        return shown[: SAMPLE_CHARS - 1] + "…"
+
+    rows = [[text(row.get(name)) for name in columns] for row in facts.sample]
+    return SampleRows(columns=columns, rows=rows, truncated=truncated)
 
 
 def _stat_text(value: Any) -> str:

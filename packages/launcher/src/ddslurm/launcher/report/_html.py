@@ -9,13 +9,27 @@ from typing import Any
 
 import msgspec
 
-from ddslurm.launcher.report._model import PHASES, HostedReport, RunReport, moment, seconds_between
+from ddslurm.launcher.report._model import (
+    PHASES,
+    SAMPLE_CHARS,
+    HostedReport,
+    RunConfiguration,
+    RunReport,
+    SampleRows,
+    moment,
+    seconds_between,
+)
 from ddslurm.launcher.runs._money import money
 
 _PHASE_LABELS = {"waiting": "waiting for the GPU stage"}
 """A phase's name on the page where it is not its name in the numbers."""
 _STAGE_LABELS = {"gpu": "GPU stage", "cpu": "CPU stage"}
 _STAGE_COLOURS = {None: ("#3d7be8", "#1d2733"), "gpu": ("#3d7be8", "#1d4fa8"), "cpu": ("#3dbf6e", "#1f7a43")}
+_ENDINGS = {"failed": ("#d9534f", "x"), "cancelled": ("#5f6b7a", "square"), "partial": ("#b8860b", "diamond")}
+"""How an attempt that did not succeed is marked at its end on the timeline: colour and marker symbol."""
+
+_LEGEND = {"orientation": "h", "x": 0, "xanchor": "left", "y": 1.02, "yanchor": "bottom"}
+"""Every chart's legend: one row above the plot, where it covers no axis label (plotly widens the top margin)."""
 
 
 def _stage(stage: str | None) -> str:
@@ -41,7 +55,10 @@ h1{font-size:22px;margin:0 0 4px} h2{font-size:17px;margin:28px 0 8px;border-bot
 .card b{display:block;font-size:20px}
 table{border-collapse:collapse;font-size:13px;margin:6px 0} td,th{border:1px solid #dde3ea;padding:4px 8px}
 th{background:#f3f6f9;text-align:left} td.n{text-align:right;font-variant-numeric:tabular-nums}
-.chart{min-height:320px}
+.chart{min-height:320px} h3{font-size:15px;margin:18px 0 6px}
+.wide{overflow-x:auto} .wide td{max-width:420px;white-space:pre-wrap;overflow-wrap:anywhere;vertical-align:top}
+pre{background:#f3f6f9;border:1px solid #dde3ea;border-radius:6px;padding:10px;font-size:12px;
+white-space:pre-wrap;overflow-wrap:anywhere}
 """
 
 
@@ -67,6 +84,36 @@ def _table(headers: list[str], rows: list[list[Any]], numeric: set[int] | None =
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+def _time_axis(times: list[str]) -> dict[str, Any]:
+    """A date axis in UTC with ticks of the time of day only (plotly's own ticks add the date under the first one,
+    where the legend or the page cut it off): the date is in the title, the first moment charted."""
+    known = sorted(t for t in (moment(x) for x in times) if t is not None)
+    title = f"time (UTC) from {known[0]:%Y-%m-%d %H:%M:%S}" if known else "time (UTC)"
+    stops = [
+        {"dtickrange": [None, 1000], "value": "%H:%M:%S.%L"},
+        {"dtickrange": [1000, 60000], "value": "%H:%M:%S"},
+        {"dtickrange": [60000, 86400000], "value": "%H:%M"},
+        {"dtickrange": [86400000, None], "value": "%b %d"},
+    ]
+    return {"type": "date", "title": title, "tickformatstops": stops, "automargin": True}
+
+
+def _step(top: float) -> int:
+    """A round step (1, 2 or 5 x 10^n) that divides 0..``top`` into at most 5 intervals: an axis of counts."""
+    scale = 1
+    while True:
+        for step in (scale, 2 * scale, 5 * scale):
+            if top <= 5 * step:
+                return step
+        scale *= 10
+
+
+def _count_axis(title: str, top: float) -> dict[str, Any]:
+    """An axis of whole counts from 0: ticks a round step apart, never a fraction."""
+    return {"title": title, "rangemode": "tozero", "tickmode": "linear", "tick0": 0, "dtick": _step(top),
+            "tickformat": ",d", "automargin": True}  # fmt: skip
+
+
 def _figures(report: RunReport) -> dict[str, Any]:
     import plotly.graph_objects as go
 
@@ -74,12 +121,17 @@ def _figures(report: RunReport) -> dict[str, Any]:
     if report.timeline:
         fig = go.Figure()
         labels = {
-            id(s): " · ".join(x for x in (f"shard {s.shard}", _stage(s.stage), s.attempt) if x) for s in report.timeline
+            id(s): " · ".join(
+                x for x in (f"shard {s.shard}", _stage(s.stage), s.attempt, s.state if s.state in _ENDINGS else "") if x
+            )
+            for s in report.timeline
         }
+        times: list[str] = []
         for name in PHASES:
             spans = [(s, p) for s in report.timeline for p in s.phases if p.name == name]
             if not spans:
                 continue
+            times += [p.start for _, p in spans]
             fig.add_trace(
                 go.Bar(
                     name=_PHASE_LABELS.get(name, name),
@@ -95,18 +147,36 @@ def _figures(report: RunReport) -> dict[str, Any]:
                     "<extra></extra>",
                 )
             )
+        for state, (colour, symbol) in _ENDINGS.items():
+            ended = [(s, at) for s in report.timeline if s.state == state if (at := _ended(s)) is not None]
+            if not ended:
+                continue
+            fig.add_trace(
+                go.Scatter(
+                    name=f"ended {state}",
+                    x=[at for _, at in ended],
+                    y=[labels[id(s)] for s, _ in ended],
+                    mode="markers",
+                    marker={"color": colour, "symbol": symbol, "size": 12, "line": {"color": "#ffffff", "width": 1}},
+                    customdata=[[s.reason or state, s.job] for s, _ in ended],
+                    hovertemplate="%{y}<br>ended "
+                    + state
+                    + ": %{customdata[0]}<br>job %{customdata[1]}<extra></extra>",
+                )
+            )
         fig.update_layout(
             barmode="overlay",
-            xaxis={"type": "date", "title": "time (UTC)"},
-            yaxis={"autorange": "reversed", "type": "category"},
-            height=max(260, 60 + 26 * len(report.timeline)),
+            xaxis=_time_axis(times),
+            yaxis={"autorange": "reversed", "type": "category", "automargin": True},
+            height=max(260, 90 + 26 * len(report.timeline)),
             margin={"l": 10, "r": 10, "t": 30, "b": 40},
-            legend={"orientation": "h"},
+            legend=_LEGEND,
         )
         figures["timeline"] = fig
     if report.batches:
         fig = go.Figure()
         stages = list(dict.fromkeys(b.stage for b in report.batches))
+        headline = {r.stage: r.records_per_second for r in report.stages}
         for stage in stages:
             bar, line = _STAGE_COLOURS.get(stage, _STAGE_COLOURS[None])
             suffix = f" · {_stage(stage)}" if stage else ""
@@ -120,8 +190,21 @@ def _figures(report: RunReport) -> dict[str, Any]:
                     offset=0,
                     marker_color=bar,
                     opacity=0.6,
+                    customdata=[[b.rows, b.generating_s] for b in bins],
+                    hovertemplate="%{y} records/s: %{customdata[0]} rows in %{customdata[1]} s generating"
+                    "<extra></extra>",
                 )
             )
+            if (rate := headline.get(stage)) is not None and bins:
+                fig.add_trace(
+                    go.Scatter(
+                        name=f"records/s over the run{suffix}",
+                        x=[bins[0].start, bins[-1].end],
+                        y=[rate, rate],
+                        mode="lines",
+                        line={"dash": "dash", "color": line, "width": 1.5},
+                    )
+                )
             points = [b for b in report.batches if b.stage == stage]
             fig.add_trace(
                 go.Scatter(
@@ -133,15 +216,16 @@ def _figures(report: RunReport) -> dict[str, Any]:
                     yaxis="y2",
                 )
             )
+        most = max(b.total for b in report.batches)
         fig.update_layout(
             barmode="overlay",
-            xaxis={"type": "date", "title": "time (UTC)"},
-            yaxis={"title": "records/s"},
-            yaxis2={"title": "records", "overlaying": "y", "side": "right", "rangemode": "tozero"},
-            height=340,
+            xaxis=_time_axis([b.start for b in report.rate] + [b.at for b in report.batches]),
+            yaxis={"title": "records/s", "rangemode": "tozero", "automargin": True},
+            yaxis2={**_count_axis("records", most), "overlaying": "y", "side": "right", "showgrid": False},
+            height=360,
             margin={"l": 10, "r": 10, "t": 30, "b": 40},
-            legend={"orientation": "h"},
-        )
+            legend=_LEGEND,
+        )  # fmt: skip
         figures["throughput"] = fig
     if report.models:
         fig = go.Figure()
@@ -150,7 +234,12 @@ def _figures(report: RunReport) -> dict[str, Any]:
             go.Bar(name="successful", x=names, y=[m.successful for m in report.models], marker_color="#3dbf6e")
         )
         fig.add_trace(go.Bar(name="failed", x=names, y=[m.failed for m in report.models], marker_color="#d9534f"))
-        fig.update_layout(barmode="stack", yaxis={"title": "requests"}, height=300, margin={"t": 30, "b": 40})
+        fig.update_layout(
+            barmode="stack",
+            yaxis=_count_axis("requests", max(m.successful + m.failed for m in report.models)),
+            height=300,
+            margin={"t": 30, "b": 40},
+        )
         figures["models"] = fig
     gpu = report.gpu
     if gpu is not None and ((gpu.allocated_gpu_hours or 0) > 0 or gpu.generating_gpu_hours > 0):
@@ -176,16 +265,24 @@ def _figures(report: RunReport) -> dict[str, Any]:
             if limit:
                 fig.add_trace(go.Scatter(name=f"{key.provider}: limit a minute", x=x, y=[limit] * len(x),
                                          mode="lines", line={"dash": "dash"}))  # fmt: skip
-        fig.update_layout(barmode="stack", yaxis={"title": "requests a minute"}, height=300,
-                          margin={"t": 30, "b": 40}, legend={"orientation": "h"})  # fmt: skip
+        fig.update_layout(barmode="stack", xaxis=_time_axis([m.start for m in hosted.minutes]),
+                          yaxis={"title": "requests a minute"}, height=300, margin={"t": 30, "b": 40},
+                          legend=_LEGEND)  # fmt: skip
         figures["hosted"] = fig
     if report.failures:
         fig = go.Figure(
             go.Bar(x=[f.reason for f in report.failures], y=[f.count for f in report.failures], marker_color="#d9534f")
         )
-        fig.update_layout(yaxis={"title": "attempts"}, height=280, margin={"t": 30, "b": 40})
+        fig.update_layout(
+            yaxis=_count_axis("attempts", max(f.count for f in report.failures)), height=280, margin={"t": 30, "b": 40}
+        )
         figures["failures"] = fig
     return figures
+
+
+def _ended(span: Any) -> str | None:
+    """When an attempt ended, as the timeline shows it: its record's end, else the end of its last phase."""
+    return span.ended_at or (span.phases[-1].end if span.phases else None)
 
 
 def _ms(start: str, end: str) -> float:
@@ -244,6 +341,66 @@ def _hosted_section(hosted: HostedReport, figures: dict[str, Any]) -> list[str]:
     ]
 
 
+def _cpu_section(report: RunReport) -> list[str]:
+    cpu = report.cpu
+    if cpu is None:
+        return []
+    held = (
+        f"Allocated {_num(cpu.allocated_cpu_hours, 3)} CPU-hours (sacct: elapsed x CPUs of every allocation)"
+        if cpu.allocated_cpu_hours is not None
+        else "CPU-hours allocated unknown (sacct could not be read)"
+    )
+    cost = f" ({_money(cpu.allocated_cost, cpu.currency)})" if cpu.allocated_cost is not None else ""
+    return [
+        "<h2>CPU time</h2>",
+        f"<p>{held}{_esc(cost)}; the client steps (Data Designer's processes) used {_num(cpu.client_cpu_hours, 3)} "
+        f"CPU-hours ({cpu.client_steps} of {cpu.attempts} attempt(s) recorded theirs).</p>",
+    ]
+
+
+def _sample_section(sample: SampleRows) -> list[str]:
+    cut = f", values cut to {SAMPLE_CHARS} characters" if sample.truncated else ""
+    return [
+        "<h3>Sample rows</h3>",
+        f"<p class=muted>The dataset's first {len(sample.rows)} row(s){cut}.</p>",
+        f'<div class="wide" data-section="sample">{_table(sample.columns, sample.rows)}</div>'
+        if sample.rows
+        else "<p>The dataset has no rows.</p>",
+    ]
+
+
+def _configuration_section(config: RunConfiguration) -> list[str]:
+    layout = [
+        ["records", _num(config.records)],
+        ["shards", _num(config.shards)],
+        ["allocations", _num(config.allocations) if config.allocations is not None else "one array task a shard"],
+        ["client workers per allocation", _num(config.client_workers)],
+        ["records a batch (buffer_size)", _num(config.buffer_size)],
+        ["partition", config.partition or "-"],
+        ["time limit (min)", _num(config.time_minutes)],
+        ["CPUs per allocation", _num(config.cpus_per_task)],
+        ["GPUs per allocation", _num(config.gpus)],
+    ]
+    if config.stages:
+        layout.append(["stages", " then ".join(config.stages)])
+        layout.append(["CPU-stage client workers", _num(config.cpu_stage_workers)])
+    layout += [
+        [f"deployment {d.alias}", f"{d.model}: {d.replicas} replica(s) of {d.gpus_per_replica} GPU(s)"]
+        for d in config.deployments
+    ]
+    layout += [
+        ["recipe", config.recipe],
+        ["ddslurm", config.ddslurm_version or "not recorded"],
+        ["Data Designer", config.data_designer_version or "not recorded"],
+    ]
+    run_file = (
+        f"<details open><summary>Run file as submitted</summary><pre>{_esc(config.run_file)}</pre></details>"
+        if config.run_file is not None
+        else "<p>The run file is not in the run directory.</p>"
+    )
+    return ["<h2>Configuration</h2>", f'<div data-section="configuration">{_table(["", ""], layout)}</div>', run_file]
+
+
 def render_html(report: RunReport) -> str:
     """A self-contained page: plotly's JavaScript inlined (no network), the numbers as JSON in
     ``<script type="application/json" id="report-data">``, and tables for what is not charted."""
@@ -264,6 +421,15 @@ def render_html(report: RunReport) -> str:
         cards.append(("GPU-hours generating", _num(report.gpu.generating_gpu_hours, 3)))
         if report.gpu.allocated_cost is not None:
             cards.append(("GPU-hours cost", _money(report.gpu.allocated_cost, report.gpu.currency)))
+    elif report.cpu is not None:  # a run without GPUs: its CPU time instead
+        cpu = report.cpu
+        allocated_cpu = cpu.allocated_cpu_hours
+        cards.append(
+            ("CPU-hours allocated", _num(allocated_cpu, 3) if allocated_cpu is not None else "unknown (no sacct)")
+        )
+        cards.append(("CPU-hours client steps", _num(cpu.client_cpu_hours, 3)))
+        if cpu.allocated_cost is not None:
+            cards.append(("CPU-hours cost", _money(cpu.allocated_cost, cpu.currency)))
     if report.hosted is not None and report.hosted.cost is not None:
         cards.append(("hosted cost", _money(report.hosted.cost, report.hosted.currency)))
     parts = [
@@ -289,8 +455,10 @@ def render_html(report: RunReport) -> str:
         )
         if report.stages
         else "",
-        "<p class=muted>records/s: rows over the union of the attempts' generating spans (overlaps counted once); "
-        "each bar: its stage's rows in the bin over the bin's width.</p>",
+        "<p class=muted>records/s: rows over the union of the attempts' generating spans (overlaps counted once), "
+        "the dashed line; each bar the same over its bin: the rows its stage generated in the bin (a batch's rows "
+        "spread over the time its attempt spent on it) over the seconds of the bin in which the stage was "
+        "generating, so the bars, weighted by those seconds, average to the line.</p>",
         "<h2>Models</h2>",
         _chart(figures, "models"),
         _table(
@@ -307,10 +475,10 @@ def render_html(report: RunReport) -> str:
         )
         if report.models
         else "<p>No model usage recorded.</p>",
-        "<h2>GPU time</h2>",
     ]  # fmt: skip
     if report.gpu is not None:
         gpu = report.gpu
+        parts.append("<h2>GPU time</h2>")
         share = f"{gpu.utilisation:.1%}" if gpu.utilisation is not None else "-"
         held = (
             f"Allocated {_num(gpu.allocated_gpu_hours, 3)} GPU-hours (sacct)"
@@ -346,6 +514,8 @@ def render_html(report: RunReport) -> str:
                     {2, 3},
                 )
             )
+    if report.cpu is not None:
+        parts += _cpu_section(report)
     if report.predicted is not None:
         parts.append("<h2>Predicted and measured</h2>")
         parts.append(
@@ -423,6 +593,10 @@ def render_html(report: RunReport) -> str:
                 {2, 3, 8, 10},
             )
         )  # fmt: skip
+    if report.sample is not None:
+        parts += _sample_section(report.sample)
+    if report.configuration is not None:
+        parts += _configuration_section(report.configuration)
     if report.notes:
         parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{_esc(n)}</li>" for n in report.notes) + "</ul>")
     parts.append(f'<script type="application/json" id="report-data">{data}</script></body></html>')

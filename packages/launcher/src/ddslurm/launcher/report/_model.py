@@ -58,12 +58,21 @@ class BatchPoint(msgspec.Struct, kw_only=True):
 
 
 class RateBin(msgspec.Struct, kw_only=True):
+    """One bin of records over time (every bin of every stage has the same width, a round number of seconds, from
+    the first attempt's start to the run's last batch)."""
+
     start: str
     end: str
-    rows: int
-    rate: float
-    """Records per second in the bin: its stage's rows over the bin's width (every bin of every stage has the
-    same width, from the first attempt's start to the last batch of the run)."""
+    rows: float
+    """Rows its stage generated in the bin: each batch's rows spread evenly over the time the attempt spent on it
+    (from its previous batch, or the start of its generating span, to the batch), 3 decimals."""
+    generating_s: float
+    """Seconds of the bin in which its stage was generating (the union of its attempts' generating spans, clipped
+    to the bin)."""
+    rate: float | None
+    """``rows / generating_s``: the headline's definition of records per second, over the bin; None when its stage
+    was not generating in the bin. Weighted by ``generating_s``, a stage's bins average to its
+    ``StageRate.records_per_second``."""
     stage: str | None = None
 
 
@@ -162,6 +171,24 @@ class GpuUsage(msgspec.Struct, kw_only=True):
     allocated_cost: float | None = None
     """``allocated_gpu_hours`` x the price file's ``gpu_hour`` of the generation partition, in ``currency``; None
     without a price file, a price for the partition, or the accounting."""
+    currency: str | None = None
+
+
+class CpuUsage(msgspec.Struct, kw_only=True):
+    """CPU time of the run: what its allocations held (sacct) and what its client steps used (each attempt's
+    ``client-usage.json``)."""
+
+    allocated_cpu_hours: float | None
+    """Elapsed time x CPUs (sacct's AllocTRES ``cpu``) of every allocation of every array of the run (requeued runs
+    included); None: the accounting could not be read."""
+    client_cpu_hours: float
+    """User + system CPU time of the client steps (Data Designer's processes) that wrote their usage, summed."""
+    client_steps: int
+    """Attempts whose client step wrote its usage (one killed before it ended wrote none)."""
+    attempts: int
+    """Attempts of the run that ran a client step (``client_runs``)."""
+    allocated_cost: float | None = None
+    """``allocated_cpu_hours`` x the price file's ``cpu_hour`` of the run's partition; None without one."""
     currency: str | None = None
 
 
@@ -306,6 +333,61 @@ class HostedReport(msgspec.Struct, kw_only=True):
     """Models with requests and no price in the run's price file."""
 
 
+class Deployment(msgspec.Struct, kw_only=True):
+    """One model deployment of the run's layout."""
+
+    alias: str
+    model: str
+    replicas: int
+    gpus_per_replica: int
+
+
+class RunConfiguration(msgspec.Struct, kw_only=True):
+    """How the run was set up: its run file as submitted, the layout the planner chose and the versions."""
+
+    run_file: str | None
+    """The run file as submitted (``inputs/run.yaml``); None: the run directory has none."""
+    recipe: str
+    """The recipe file of the run (its copy in the run directory)."""
+    records: int
+    shards: int
+    allocations: int | None
+    """Pulling allocations of the initial submission; None: one array task per shard."""
+    client_workers: int
+    """Client steps an allocation runs at once (each on its own shard)."""
+    buffer_size: int
+    """Records of one batch (what a shard saves at a time)."""
+    partition: str | None
+    time_minutes: int
+    cpus_per_task: int
+    gpus: int
+    """GPUs of each allocation (0: a hosted-only run)."""
+    stages: list[str] = msgspec.field(default_factory=list)
+    """``gpu`` and ``cpu`` for a two-stage run; empty for one stage."""
+    cpu_stage_workers: int | None = None
+    """Client steps a CPU-stage allocation runs at once (two-stage runs); None otherwise."""
+    deployments: list[Deployment] = msgspec.field(default_factory=list)
+    ddslurm_version: str
+    """ddslurm's version that planned the run (``Plan.ddslurm_version``); empty for plans made before it."""
+    data_designer_version: str
+    """Data Designer's version of the profile's ``python_env`` at submit; empty when not recorded."""
+
+
+class SampleRows(msgspec.Struct, kw_only=True):
+    """The first rows of the collected dataset (its first file), each value as text cut to
+    :data:`SAMPLE_CHARS` characters."""
+
+    columns: list[str]
+    rows: list[list[str | None]]
+    """At most :data:`SAMPLE_ROWS` rows, a value per column (None: null)."""
+    truncated: bool = False
+    """Some value was longer than :data:`SAMPLE_CHARS` characters and was cut."""
+
+
+SAMPLE_ROWS = 5
+SAMPLE_CHARS = 200
+
+
 class RunReport(msgspec.Struct, kw_only=True):
     run_id: str
     run_name: str
@@ -332,6 +414,9 @@ class RunReport(msgspec.Struct, kw_only=True):
     rate: list[RateBin] = msgspec.field(default_factory=list)
     models: list[ModelUsage] = msgspec.field(default_factory=list)
     gpu: GpuUsage | None = None
+    """GPU time; None for a run without GPUs (hosted-only: see ``cpu``)."""
+    cpu: CpuUsage | None = None
+    """CPU time: allocations (sacct) and client steps (``client-usage.json``)."""
     predicted: PredictedMeasured | None = None
     """The plan's prediction beside the measurement; None when the plan has none (hosted-only runs)."""
     facts: list[FactMeasured] = msgspec.field(default_factory=list)
@@ -342,6 +427,9 @@ class RunReport(msgspec.Struct, kw_only=True):
     failures: list[FailureGroup] = msgspec.field(default_factory=list)
     dataset: DatasetReport | None = None
     columns: list[ColumnReport] = msgspec.field(default_factory=list)
+    sample: SampleRows | None = None
+    """A few rows of the collected dataset; None before ``collect``."""
+    configuration: RunConfiguration | None = None
     notes: list[str] = msgspec.field(default_factory=list)
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from ddslurm.config import Prediction, RunLayout
 from ddslurm.launcher.cluster._slurm import Slurm
-from ddslurm.launcher.report._columns import column_reports, dataset_report
+from ddslurm.launcher.report._columns import column_reports, dataset_report, sample_rows
 from ddslurm.launcher.report._model import (
     AttemptSpan,
     Compared,
@@ -25,8 +25,9 @@ from ddslurm.launcher.report._model import (
     seconds_between,
 )
 from ddslurm.launcher.report._read import AttemptFacts, RunFacts, read_run
+from ddslurm.launcher.report._setup import configuration
 from ddslurm.launcher.report._timeline import generating_spans, length, throughput, timeline
-from ddslurm.launcher.report._usage import gpu_usage, hosted_report, model_usage, priced
+from ddslurm.launcher.report._usage import cpu_usage, gpu_usage, hosted_report, model_usage, priced
 
 
 def run_report(
@@ -53,9 +54,13 @@ def numbers(facts: RunFacts, *, now: datetime | None = None, bins: int = 24) -> 
     last = max(times) if times else None
     busy = length(active.values())
     per_second = round(generated / busy, 3) if generated and busy > 0 else None
-    gpu, gpu_notes = gpu_usage(facts, active)
-    notes += gpu_notes
-    gpu = priced(gpu, plan)
+    gpu: GpuUsage | None = None
+    if plan.serving is not None:  # a hosted-only run holds no GPU: its CPU time instead (``cpu``)
+        gpu, gpu_notes = gpu_usage(facts, active)
+        notes += gpu_notes
+        gpu = priced(gpu, plan)
+    cpu, cpu_notes = cpu_usage(facts)
+    notes += cpu_notes
     return RunReport(
         run_id=plan.run_id,
         run_name=plan.run_name,
@@ -77,11 +82,14 @@ def numbers(facts: RunFacts, *, now: datetime | None = None, bins: int = 24) -> 
         rate=rate,
         models=models,
         gpu=gpu,
-        predicted=predicted_measured(plan.prediction, spans, gpu) if plan.serving is not None else None,
+        cpu=cpu,
+        predicted=predicted_measured(plan.prediction, spans, gpu) if gpu is not None else None,
         hosted=None if facts.hosted is None else hosted_report(facts.hosted),
         failures=_failures(data),
         dataset=dataset_report(facts),
         columns=column_reports(facts),
+        sample=sample_rows(facts),
+        configuration=configuration(facts),
         notes=notes,
     )
 

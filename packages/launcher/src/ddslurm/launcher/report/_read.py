@@ -22,6 +22,7 @@ from ddslurm.config import (
     ArrayTask,
     AttemptRecord,
     BusySpan,
+    ClientUsage,
     ConfigError,
     Plan,
     Progress,
@@ -37,7 +38,7 @@ from ddslurm.config import (
 from ddslurm.launcher.cluster._slurm import Accounting, Slurm
 from ddslurm.launcher.errors import SlurmError
 from ddslurm.launcher.report._client_out import ClientOut, parse_client_out
-from ddslurm.launcher.report._model import moment
+from ddslurm.launcher.report._model import SAMPLE_ROWS, moment
 from ddslurm.launcher.runs._hosted_spend import HostedSpend, hosted_spend
 from ddslurm.launcher.runs._records import attempt_records, submissions
 
@@ -60,6 +61,8 @@ class AttemptFacts:
     """What the attempt's ``client.out`` says about models; None: it has none (or it could not be read)."""
     serving_dir: str | None = None
     """Where its model servers' and proxies' logs are: its pulling allocation's directory, else its own."""
+    client_usage: ClientUsage | None = None
+    """What its client step used (``client-usage.json``); None: it wrote none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +115,11 @@ class RunFacts:
     hosted: HostedSpend | None = None
     """What the run's clients asked of its hosted keys (every attempt's ``hosted-requests.jsonl``); None: the run
     uses no hosted provider, or its snapshot cannot be read."""
+    run_file: str | None = None
+    """The run file as submitted (``inputs/run.yaml``); None: absent or unreadable."""
+    sample: list[dict[str, Any]] | None = None
+    """The first rows of the collected dataset's first file (at most ``SAMPLE_ROWS``), as pyarrow gives them;
+    None before ``collect``."""
 
 
 def json_lines(path: Path) -> Iterator[dict[str, Any]]:
@@ -204,6 +212,7 @@ def _attempts(layout: RunLayout, plan: Plan) -> list[AttemptFacts]:
                     serving_ready=ready[record.slurm_log] if record.slurm_log else (),
                     client_out=_client_out(attempt_dir),
                     serving_dir=record.allocation or str(attempt_dir),
+                    client_usage=_record(attempt_dir / "client-usage.json", ClientUsage),
                 )
             )
     return found
@@ -313,7 +322,29 @@ def read_run(layout: RunLayout, slurm: Slurm | None) -> RunFacts:
         busy=_busy(plan, (a.serving_dir for a in attempts if a.serving_dir is not None)),
         accounting=_accounting(slurm, subs),
         hosted=_hosted(layout, plan),
+        run_file=_text(layout.run_file),
+        sample=_sample(layout.dataset, [f.path for f in manifest.files]) if manifest is not None else None,
     )
+
+
+def _text(path: Path) -> str | None:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return None
+
+
+def _sample(dataset: Path, files: list[str]) -> list[dict[str, Any]]:
+    """The first rows of the dataset (of its first file that has any), at most ``SAMPLE_ROWS``."""
+    import pyarrow.parquet as pq
+
+    for name in files:
+        parquet = pq.ParquetFile(dataset / name)  # type: ignore[no-untyped-call]
+        for batch in parquet.iter_batches(batch_size=SAMPLE_ROWS):  # type: ignore[no-untyped-call]
+            if batch.num_rows:
+                rows: list[dict[str, Any]] = batch.to_pylist()
+                return rows[:SAMPLE_ROWS]
+    return []
 
 
 def _hosted(layout: RunLayout, plan: Plan) -> HostedSpend | None:

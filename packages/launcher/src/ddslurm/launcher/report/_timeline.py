@@ -4,8 +4,10 @@ they overlap (:func:`union`, :func:`length`)."""
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from ddslurm.config import SubmissionRecord, attempt_job
 from ddslurm.launcher.report._model import (
@@ -157,13 +159,60 @@ def timeline(facts: RunFacts) -> list[AttemptSpan]:
 
 # --- records over time ---
 
+_ROUND_S = (1, 2, 5, 10, 15, 20, 30, 60, 120, 300, 600, 900, 1200, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
+"""Bin widths the records-over-time chart may take: round numbers of seconds, so its bars line up with the time
+axis' ticks."""
+
+
+def bin_width(span_s: float, bins: int) -> int:
+    """The smallest round width (:data:`_ROUND_S`, else whole days) that covers ``span_s`` in at most ``bins``
+    bins (one more when the first is aligned earlier)."""
+    wanted = span_s / max(bins, 1)
+    for width in _ROUND_S:
+        if width >= wanted:
+            return width
+    return 86400 * math.ceil(wanted / 86400)
+
+
+def _clipped(spans: list[Span], start: datetime, end: datetime) -> float:
+    """Seconds of ``spans`` (a union: no overlaps) within ``start``..``end``."""
+    return sum(max(0.0, (min(e, end) - max(s, start)).total_seconds()) for s, e in spans)
+
+
+def _spread(data: list[AttemptFacts], active: dict[Key, Span], staged: bool) -> list[tuple[datetime, datetime, int]]:
+    """Each batch as (from, to, rows): the rows it added, made from the attempt's previous batch (its first: from
+    the start of its generating span) to the batch."""
+    out: list[tuple[datetime, datetime, int]] = []
+    for item in data:
+        span = active.get(attempt_key(item, staged))
+        previous = span[0] if span is not None else None
+        for at, rows in item.batches:
+            begun = previous if previous is not None and previous < at else at
+            out.append((begun, at, rows))
+            previous = at
+    return out
+
+
+def _bin_rows(pieces: list[tuple[datetime, datetime, int]], start: datetime, end: datetime, first: bool) -> float:
+    """Rows of ``pieces`` made within ``start``..``end`` (a piece of no length counts in the bin it ends in, the
+    end included; ``first``: the first bin, which holds its start too)."""
+    rows = 0.0
+    for begun, at, n in pieces:
+        seconds = (at - begun).total_seconds()
+        if seconds <= 0:
+            rows += n if start < at <= end or (first and at == start) else 0
+        else:
+            rows += n * max(0.0, (min(at, end) - max(begun, start)).total_seconds()) / seconds
+    return rows
+
 
 def throughput(
     facts: RunFacts, active: dict[Key, Span], bins: int = 24
 ) -> tuple[list[BatchPoint], list[RateBin], list[StageRate]]:
-    """Every batch of every stage (its stage's running total), the records per second of each stage in ``bins``
-    bins of one width from the first attempt's start to the run's last batch, and each stage's rows over the union
-    of its attempts' generating spans."""
+    """Every batch of every stage (its stage's running total), each stage's rows over the union of its attempts'
+    generating spans, and the same over time: at most about ``bins`` bins of one round width (:func:`bin_width`)
+    from the first attempt's start to the run's last batch, each its stage's rows made in it over the time of it
+    its stage was generating, so that the bars agree with the stage's rate."""
     staged = len(facts.plan.stages) > 1
     groups: list[tuple[str | None, list[AttemptFacts]]] = (
         [("gpu", [d for d in facts.attempts if d.stage == 0]), ("cpu", [d for d in facts.attempts if d.stage is None])]
@@ -172,40 +221,41 @@ def throughput(
     )
     points: list[BatchPoint] = []
     stages: list[StageRate] = []
-    steps_of: list[tuple[str | None, list[tuple[datetime, int, str, int]]]] = []
+    pieces_of: list[tuple[str | None, list[tuple[datetime, datetime, int]], list[Span]]] = []
     for stage, data in groups:
         steps = sorted((at, d.record.shard, d.record.attempt, rows) for d in data for at, rows in d.batches)
         total = 0
         for at, shard, attempt, rows in steps:
             total += rows
             points.append(BatchPoint(at=iso(at), shard=shard, attempt=attempt, rows=rows, total=total, stage=stage))
-        spans = [a for d in data if (a := active.get(attempt_key(d, staged))) is not None]
+        spans = union(a for d in data if (a := active.get(attempt_key(d, staged))) is not None)
         busy = length(spans)
         rate = round(total / busy, 3) if total and busy > 0 else None
         stages.append(StageRate(stage=stage, rows=total, active_s=round(busy, 3), records_per_second=rate))
-        steps_of.append((stage, steps))
+        if steps:
+            pieces_of.append((stage, _spread(data, active, staged), spans))
     points.sort(key=lambda p: (p.at, p.stage or ""))
-    every = [at for _, steps in steps_of for at, *_ in steps]
+    every = [at for _, pieces, _ in pieces_of for _, at, _ in pieces]
     if not every:
         return points, [], stages
     starts = [t for d in facts.attempts if (t := moment(d.record.started_at)) is not None]
     first, last = min([*starts, *every]), max(every)
-    width = max((last - first).total_seconds(), 1e-3) / bins
+    width = bin_width((last - first).total_seconds(), bins)
+    origin = datetime.fromtimestamp(math.floor(first.timestamp() / width) * width, first.tzinfo)
+    count = max(1, math.ceil((last - origin).total_seconds() / width))
+    edges = [origin + timedelta(seconds=width * i) for i in range(count + 1)]
     rate_bins: list[RateBin] = []
-    for stage, steps in steps_of:
-        if not steps:
-            continue
-        counts = [0] * bins
-        for at, _, _, rows in steps:
-            counts[min(bins - 1, int((at - first).total_seconds() / width))] += rows
-        rate_bins += [
-            RateBin(
-                start=iso(first + (last - first) * (i / bins)),
-                end=iso(first + (last - first) * ((i + 1) / bins)),
-                rows=n,
-                rate=round(n / width, 3),
-                stage=stage,
+    for stage, pieces, spans in pieces_of:
+        for start, end in itertools.pairwise(edges):
+            made, generating = _bin_rows(pieces, start, end, start == origin), _clipped(spans, start, end)
+            rate_bins.append(
+                RateBin(
+                    start=iso(start),
+                    end=iso(end),
+                    rows=round(made, 3),
+                    generating_s=round(generating, 3),
+                    rate=round(made / generating, 3) if generating > 0 else None,
+                    stage=stage,
+                )
             )
-            for i, n in enumerate(counts)
-        ]
     return points, rate_bins, stages

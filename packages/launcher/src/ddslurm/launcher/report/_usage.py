@@ -14,6 +14,7 @@ from ddslurm.launcher.cluster._slurm import Accounting
 from ddslurm.launcher.report._client_out import ClientOut
 from ddslurm.launcher.report._model import (
     AllocationGpu,
+    CpuUsage,
     GpuUsage,
     HostedKeyReport,
     HostedMinute,
@@ -199,6 +200,38 @@ def gpu_usage(facts: RunFacts, active: dict[Key, Span]) -> tuple[GpuUsage, list[
         allocations=allocations,
     )
     return usage, notes
+
+
+# --- CPU time ---
+
+
+def cpu_usage(facts: RunFacts) -> tuple[CpuUsage, list[str]]:
+    """CPU-hours allocated (sacct: elapsed x CPUs of every run of every allocation of the run) and used by the
+    client steps (their ``client-usage.json``), priced at the run's partition's ``cpu_hour`` in a run without
+    GPUs (a GPU run's allocations are priced by the GPU-hour)."""
+    plan = facts.plan
+    rows = facts.accounting
+    allocated = sum(r.elapsed_s * r.cpus for r in rows) / 3600 if rows is not None else None
+    used = [d.client_usage for d in facts.attempts if d.client_usage is not None]
+    ran = sum(1 for d in facts.attempts if d.record.client_runs)
+    cpu = CpuUsage(
+        allocated_cpu_hours=round(allocated, 6) if allocated is not None else None,
+        client_cpu_hours=round(sum(u.cpu_s for u in used) / 3600, 6),
+        client_steps=len(used),
+        attempts=ran,
+    )
+    notes: list[str] = []
+    if len(used) < ran:
+        notes.append(
+            f"{ran - len(used)} of {ran} attempt(s) that ran a client step wrote no client-usage.json (killed before "
+            "it ended): their CPU time is not in the client steps' CPU-hours"
+        )
+    prices, partition = plan.prices, plan.generation.partition
+    price = prices.partitions.get(partition) if prices is not None and partition is not None else None
+    held = cpu.allocated_cpu_hours
+    if plan.serving is None and prices is not None and price is not None and price.cpu_hour is not None and held:
+        cpu.allocated_cost, cpu.currency = held * price.cpu_hour, prices.currency
+    return cpu, notes
 
 
 def priced(gpu: GpuUsage, plan: Plan) -> GpuUsage:
