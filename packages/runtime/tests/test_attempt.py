@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -635,3 +636,28 @@ def test_outage_pauses_double_to_a_cap_and_spread_by_half_either_way() -> None:
         OUTAGE_PAUSE_CAP_S,
     ]
     assert outage_pause(0, 0.0) == 0.5 and outage_pause(20, 0.999) < OUTAGE_PAUSE_CAP_S * 1.5
+
+
+def test_a_spares_attempt_says_when_its_wait_ended_and_a_rerun_keeps_that_moment(tmp_path: Path) -> None:
+    """Issue 40: a spare client's attempt is begun ``spare`` without ``generating_at`` (``status`` shows its shard
+    ``waiting``, the report its wait); its client's first run records when it began generating, a rerun inside the
+    allocation keeps that moment, and an ordinary worker's attempt is no spare."""
+    layout = _run(tmp_path)
+    inputs = load_inputs(layout)
+    ticks = iter(datetime(2026, 1, 1, 0, 0, second, tzinfo=UTC) for second in range(60))
+    runner = _runner(layout, FakeEngine(fail=EngineError("boom", retryable=True)), clock=lambda: next(ticks))
+    began = runner.begin(inputs, 0, "8", "n", spare=True)
+    worker = runner.begin(inputs, 1, "8", "n")
+    assert began is not None and worker is not None
+    waiting = read_json(began.layout.record, AttemptRecord)
+    assert (waiting.spare, waiting.generating_at, waiting.state) == (True, None, "running")
+    assert not read_json(worker.layout.record, AttemptRecord).spare
+    assert runner.generate(inputs, began, {}) == EXIT_FAILED
+    first = read_json(began.layout.record, AttemptRecord)
+    assert first.spare and first.client_runs == 1 and first.generating_at is not None
+    assert first.started_at < first.generating_at < (first.ended_at or "")
+    runner.rerun(began)
+    again = _runner(layout, FakeEngine(), clock=lambda: next(ticks))
+    assert again.generate(inputs, began, {}, resume_own=True) == EXIT_OK
+    done = read_json(began.layout.record, AttemptRecord)
+    assert (done.state, done.client_runs, done.generating_at) == ("succeeded", 2, first.generating_at)

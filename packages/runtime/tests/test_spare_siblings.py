@@ -374,6 +374,40 @@ def test_a_shard_whose_result_is_recorded_frees_its_slot_before_its_process_has_
     assert _states(layout, 3) == ["succeeded"] * 3
 
 
+def test_a_spare_whose_shard_is_cancelled_is_recorded_cancelled_at_once_not_when_promoted(tmp_path: Path) -> None:
+    """Issue 40: a spare's attempt says it is one (``status`` shows its shard ``waiting``); ``cancel --shards`` of
+    its shard stops its client and records the attempt ``cancelled`` in the allocation's next round, while the
+    worker's shard still generates (it said ``running`` until that shard ended), and the next shard's spare takes
+    its place."""
+    layout, inputs = write_plan(tmp_path / "run-1", make_plan("run-1", (2,) * 3, allocations=1, client_workers=1))
+    launcher = GatedLauncher()
+    workers = _workers(layout, inputs, launcher, _pool(layout, 3, ScriptedSiblings(False)))
+
+    def record(shard: int) -> AttemptRecord:
+        return read_json(layout.shard(shard).attempt(f"attempt-{JOB}").record, AttemptRecord)
+
+    try:
+        workers.start_first()
+        workers.top_up(NoProxies())
+        assert launcher.running() == [0, 1] and launcher.spares() == [1]
+        assert (record(1).spare, record(1).generating_at, record(1).state) == (True, None, "running")
+        assert not record(0).spare
+        layout.shard(1).cancelled.write_text("{}")
+        workers.collect(NoProxies())
+        assert (record(1).state, record(1).reason) == ("cancelled", "shard_cancelled")
+        assert launcher.running() == [0]  # the spare's client is stopped; the worker's shard goes on
+        workers.top_up(NoProxies())
+        assert launcher.running() == [0, 2] and launcher.spares() == [1, 2] and record(2).spare
+        for shard in (0, 2):
+            launcher.finish(shard)
+            workers.collect(NoProxies())
+            workers.top_up(NoProxies())
+        assert workers.idle() and workers.exit_code() == 0
+    finally:
+        workers.stop()
+    assert _states(layout, 3) == ["succeeded", "cancelled", "succeeded"]
+
+
 def _states(layout: RunLayout, shards: int) -> list[str]:
     """The state of each shard's attempt in this allocation."""
     return [read_json(layout.shard(i).attempt(f"attempt-{JOB}").record, AttemptRecord).state for i in range(shards)]

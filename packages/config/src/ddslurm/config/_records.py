@@ -124,6 +124,12 @@ class AttemptRecord(Frozen, frozen=True, kw_only=True):
     allocation: str | None = None
     """For an attempt of a pulling allocation: the allocation's directory (``allocations/<job_id>``), which holds
     the model servers' and proxies' logs shared by every shard the allocation ran."""
+    spare: bool = False
+    """Begun for a pulling allocation's spare client: its client waited for its endpoints (a worker's slot, when a
+    worker's shard drained or ended) without generating, until :attr:`generating_at`."""
+    generating_at: str | None = None
+    """When the attempt's client began generating (its endpoints there, its first client run counted); None
+    before. A spare without it is still waiting: ``status`` shows its shard ``waiting``, the report its wait."""
 
 
 class BusySpan(Frozen, frozen=True, kw_only=True):

@@ -198,8 +198,10 @@ class AttemptRunner(AttemptRecords):
         empty = EmptyLimit(llm_columns(stage.recipe), plan.max_empty_outputs)
         resume = self._prepare_output(plan, shard_index, began, target, resume_own, empty, log)
         record = read_json(attempt.record, AttemptRecord)
-        if counted:
-            record = msgspec.structs.replace(record, client_runs=record.client_runs + 1)
+        if counted:  # its endpoints are there: a spare's wait is over (the first run says when it began generating)
+            record = msgspec.structs.replace(
+                record, client_runs=record.client_runs + 1, generating_at=record.generating_at or self._now()
+            )
             self._write(attempt, record)
         checked = gate.checker(self._env)
 

@@ -110,10 +110,13 @@ class AttemptRecords:
         restart: int = 0,
         slurm_log: str | None = None,
         allocation: str | None = None,
+        *,
+        spare: bool = False,
     ) -> Began | None:
         """Create the attempt directory and its ``running`` record; None if the attempt must not generate:
         recorded ``cancelled`` (reason ``run_cancelled``) when the whole run was cancelled, ``superseded`` when
-        the shard already has a winner."""
+        the shard already has a winner. ``spare``: begun for a pulling allocation's spare client, which waits for a
+        worker's slot (the record says so until its client begins generating)."""
         plan = inputs.plan
         if not 0 <= shard_index < len(plan.shards):
             raise InputsError(f"shard {shard_index} does not exist; the plan has {len(plan.shards)} shard(s)")
@@ -133,6 +136,7 @@ class AttemptRecords:
             requested_rows=spec.num_records,
             slurm_log=slurm_log,
             allocation=allocation,
+            spare=spare,
         )
         first: WinnerRecord | None = None
         if self._stage == 1:

@@ -267,12 +267,13 @@ class Workers:
         atomic_write(path, data)
         self._endpoints_written.add(path)
 
-    def begin_next(self) -> Began | None:
-        """Begin the attempt of the source's next shard that may generate (None when no shard is left)."""
+    def begin_next(self, *, spare: bool = False) -> Began | None:
+        """Begin the attempt of the source's next shard that may generate (None when no shard is left); ``spare``:
+        for a spare client (its record says so until the client begins generating)."""
         while (shard := self._source.next()) is not None:
             allocation = None if self._allocation is None else str(self._allocation)
             began = self._runner.begin(
-                self._inputs, shard, self._job, self._node, self._restart, self._slurm_log, allocation
+                self._inputs, shard, self._job, self._node, self._restart, self._slurm_log, allocation, spare=spare
             )
             if began is not None:
                 self._log.info(
@@ -379,7 +380,7 @@ class Workers:
             self._spare_held = True
             return False
         self._spare_held = False
-        began = self.begin_next()
+        began = self.begin_next(spare=True)
         if began is None:
             self._exhausted = True
             return False
@@ -402,6 +403,7 @@ class Workers:
         """Record every attempt whose client has ended; rerun the client of a retryable failure (``client_retries``:
         servers kept, its batches resumed, its endpoints up again first)."""
         self._exiting = [step for step in self._exiting if step.poll() is None]  # reaped: exited since
+        self._cancel_spares()
         for work in list(self._works):
             record = self._ended(work)
             if record is None:
@@ -464,6 +466,19 @@ class Workers:
         }
         return EXIT_FAILED if EXIT_FAILED in codes else max(codes)
 
+    def _cancel_spares(self) -> None:
+        """Stop every spare client whose shard was cancelled (``cancel --shards``) and record its attempt
+        ``cancelled`` now, not when it would have been promoted (its record said ``running`` until then)."""
+        for spare in list(self._spares):
+            if self._shard_cancelled(spare.began.shard):
+                self._spares.remove(spare)
+                self._cancel_spare(spare)
+
+    def _cancel_spare(self, spare: Work) -> None:
+        status = spare.client.stop(self._grace)
+        spare.log.info("step.stopped", step=spare.client.name, status=status, why="ddslurm cancel --shards")
+        self._outcomes.append(self._runner.cancel(spare.began, "cancelled by ddslurm cancel --shards before it ran"))
+
     def _promote(self) -> bool:
         """Give the first spare client its endpoints: it becomes a worker. False when its shard was cancelled meanwhile
         (``cancel --shards``): it is stopped and its attempt recorded ``cancelled``. A spare that ended while it
@@ -471,10 +486,7 @@ class Workers:
         as the shard's first client run: it used none of the shard's reruns (``client_retries``)."""
         spare = self._spares.pop(0)
         if self._shard_cancelled(spare.began.shard):
-            spare.client.stop(self._grace)
-            self._outcomes.append(
-                self._runner.cancel(spare.began, "cancelled by ddslurm cancel --shards before it ran")
-            )
+            self._cancel_spare(spare)
             return False
         own = spare.began.layout.dir / "endpoints.json"
         self.publish_endpoints(own, self.endpoints_file(spare.began).read_bytes())
