@@ -4,16 +4,31 @@ allocation has claimed yet, cancel and retry of single shards, and the dry run's
 from __future__ import annotations
 
 import io
+import json
+import re
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
 
-from ddslurm.config import ClaimRecord, ProviderSnapshot, RunLayout, SubmissionRecord, encode, read_json
+from ddslurm.config import (
+    AttemptRecord,
+    ClaimRecord,
+    Progress,
+    ProviderSnapshot,
+    RunLayout,
+    SubmissionRecord,
+    atomic_write,
+    encode,
+    read_json,
+)
 from ddslurm.config.testing import make_plan
 from ddslurm.launcher import Slurm, write_run_dir
 from ddslurm.launcher.cli import main
+from ddslurm.launcher.commands._console import STATE_STYLES, status_text
+from ddslurm.launcher.errors import LauncherError
 from ddslurm.launcher.runs._status import run_status
 from ddslurm.launcher.runs._steer import cancel, retry
 from ddslurm.launcher.submission._arrays import submit_shards
@@ -275,3 +290,63 @@ def test_the_bill_warns_when_the_clients_ask_a_key_for_more_than_it_is_stated_to
     assert f"warning: {clients * 10} requests at once against a key stated to admit 16" in text
     assert "about 2 client(s) at once keep it busy" in text  # 16 over 10 a client, rounded up
     assert "no price in the price file for: mj" in text
+
+
+def _attempt_of(layout: RunLayout, shard: int, **fields: Any) -> None:
+    """Allocation 4242_0's attempt of ``shard`` as the runtime writes it (a worker's, or a spare's: ``spare``)."""
+    record = write_attempt(layout, shard, "500", "running", task="4242_0", started=f"{T0}:00:00+00:00")
+    atomic_write(layout.shard(shard).attempt(record.attempt).record, encode(msgspec.structs.replace(record, **fields)))
+
+
+T0 = "2026-01-01T00"
+
+
+def test_a_spares_shard_is_waiting_a_cancelled_one_cancelled_and_only_the_workers_are_running(tmp_path: Path) -> None:
+    """Issue 40: one allocation of two client workers pulls five shards. Shards 0 and 1 are its workers' (1 has no
+    progress file yet: 0 rows, not "-"), 2 its spare that waits for a worker's slot, 3 a spare whose shard was cancelled
+    (its record still says running: the allocation stops it in its next round), 4 a spare promoted (its client began
+    generating). Status shows 2 waiting, never running; 3 cancelled at once; running only what generates, each
+    rate over the time since its client began generating; retry leaves 2 and 3 alone."""
+    layout, env = _pulling_run(tmp_path, shards=5, extra="allocations: 1\nclient_workers: 2\n")
+    for shard in range(5):
+        _claim(layout, shard, 0)
+    _attempt_of(layout, 0, generating_at=f"{T0}:00:20+00:00")
+    _attempt_of(layout, 1, generating_at=f"{T0}:00:20+00:00")
+    _attempt_of(layout, 2, spare=True)
+    _attempt_of(layout, 3, spare=True)
+    layout.shard(3).cancelled.write_text("{}")
+    _attempt_of(layout, 4, spare=True, generating_at=f"{T0}:00:40+00:00")
+    for shard, rows, in_batch in ((0, 3, 1), (4, 0, 2)):
+        progress = Progress(rows=rows, batches=1, updated_at="-", in_batch=in_batch)
+        atomic_write(layout.shard(shard).attempt("attempt-500").progress, encode(progress))
+    runner = FakeSlurm(squeue="4242_0|RUNNING|None\n")
+    now = datetime.fromisoformat(f"{T0}:01:00+00:00")
+    status = run_status(layout, Slurm(runner), now=now)
+    shown = [(s.state, s.rows, s.rate, s.reason) for s in status.shards]
+    assert shown == [
+        ("running", 3 + 1, round(4 / 40, 2), None),  # 4 rows in the 40 s since its client began generating
+        ("running", 0, None, None),
+        ("waiting", None, None, None),
+        ("cancelled", None, None, "shard_cancelled"),
+        ("running", 2, round(2 / 20, 2), None),
+    ]
+    assert status.state == "running" and status.counts == {"running": 3, "waiting": 1, "cancelled": 1}
+    assert status.records_done == 4 + 0 + 2
+    # the console: its own state and colour; --json the same states
+    text = status_text(status).splitlines()
+    assert re.match(r"\s*1\s+running\s+0/10\s", text[4]) and re.match(r"\s*2\s+waiting\s+-/10\s", text[5]), text
+    assert STATE_STYLES["waiting"] not in {STATE_STYLES["running"], STATE_STYLES["pending"]}
+    out = io.StringIO()
+    code = main(["status", str(layout.root), "--json"], env=env, slurm=Slurm(runner), stdout=out, stderr=io.StringIO())
+    assert code == 0 and [s["state"] for s in json.loads(out.getvalue())["shards"]][2:4] == ["waiting", "cancelled"]
+    # retry: the spare is busy, and so is the cancelled shard until its allocation has recorded it stopped
+    for busy in (2, 3):
+        with pytest.raises(LauncherError, match=rf"shard\(s\) {busy} are still running or queued"):
+            retry(layout, Slurm(runner), env, [busy])
+    stopped = read_json(layout.shard(3).attempt("attempt-500").record, AttemptRecord)
+    atomic_write(
+        layout.shard(3).attempt("attempt-500").record,
+        encode(msgspec.structs.replace(stopped, state="cancelled", reason="shard_cancelled")),
+    )
+    runner.next_id = 7000
+    assert retry(layout, Slurm(runner), env, [3]).shards == (3,)

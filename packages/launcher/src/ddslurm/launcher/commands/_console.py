@@ -50,6 +50,7 @@ CHECK_STYLES = {"ok": "green", "problem": "bold red", "skipped": "dim"}
 STATE_STYLES = {
     "succeeded": "green",
     "running": "cyan",
+    "waiting": "blue",
     "pending": "yellow",
     "unknown": "yellow",
     "unsubmitted": "yellow",

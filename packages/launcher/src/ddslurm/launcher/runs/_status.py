@@ -34,7 +34,7 @@ def run_state(
         return "succeeded"
     if incomplete and not cancelled:
         return "incomplete"
-    if "running" in states:
+    if states & {"running", "waiting"}:
         return "running"
     if states & {"pending", "unknown"}:
         ended = states & {"succeeded", "failed", "partial", "cancelled", "corrupt"}

@@ -17,9 +17,20 @@ TERMINAL: frozenset[RunState] = frozenset({"succeeded", "failed", "cancelled", "
 """The run states that change only when someone acts (``retry``, ``submit --continue``, ``accept-partial``):
 ``wait`` and ``status --watch`` stop at them."""
 ShardState = Literal[
-    "pending", "running", "succeeded", "partial", "failed", "cancelled", "corrupt", "unknown", "unsubmitted"
+    "pending",
+    "waiting",
+    "running",
+    "succeeded",
+    "partial",
+    "failed",
+    "cancelled",
+    "corrupt",
+    "unknown",
+    "unsubmitted",
 ]
-"""``corrupt``: the shard has a winner whose files no longer verify; it counts as failed, never as succeeded.
+"""``waiting``: a running pulling allocation began the shard's attempt for a spare client, which waits for one of
+the allocation's worker slots (``client_workers``) and generates nothing until then.
+``corrupt``: the shard has a winner whose files no longer verify; it counts as failed, never as succeeded.
 ``unsubmitted``: no array of the run covers the shard (its submission stopped before it)."""
 StageName = Literal["gpu", "cpu"]
 STAGE_NAMES: tuple[StageName, StageName] = ("gpu", "cpu")

@@ -53,12 +53,35 @@ def _progress(
     layout: RunLayout, shard: int, attempt: AttemptRecord, now: datetime, stage: int | None = None
 ) -> tuple[int | None, float | None]:
     progress = _read_progress(layout, shard, attempt, stage)
-    if progress is None:
-        return None, None
-    elapsed = (now - datetime.fromisoformat(attempt.started_at)).total_seconds()
+    if progress is None:  # no record finished yet: the rows it resumed (none for a fresh attempt), not "-"
+        return attempt.resumed_rows, None
+    # from when its client began generating (a spare's wait and a client's start-up make no rows); older
+    # records say only when the attempt began
+    elapsed = (now - datetime.fromisoformat(attempt.generating_at or attempt.started_at)).total_seconds()
     rows = progress.rows + progress.in_batch  # the batch being generated moves too, record by record
     new_rows = rows - attempt.resumed_rows
     return rows, round(new_rows / elapsed, 2) if elapsed > 0 else None
+
+
+def waiting_spare(attempt: AttemptRecord) -> bool:
+    """Whether ``attempt`` is a pulling allocation's spare that waits for a worker's slot: begun for a spare client
+    (``spare``), still running, and its client has not begun generating (no ``generating_at``)."""
+    return attempt.spare and attempt.state == "running" and attempt.generating_at is None
+
+
+def stopping(layout: RunLayout, status: ShardStatus) -> bool:
+    """Whether a shard shown ``cancelled`` (its cancel record, ``cancel --shards``) is still being stopped: its
+    allocation runs and its attempt's record still says ``running`` (the allocation records ``cancelled`` within a
+    round). ``retry`` leaves it alone until then: clearing the cancel record first, the allocation would never see it
+    and the attempt would go on beside the retry's."""
+    if status.state != "cancelled" or status.slurm_state not in RUNNING or status.attempt is None:
+        return False
+    stage = 0 if status.stage == "gpu" else None
+    try:
+        record = read_json(layout.stage_shard(status.shard, stage).attempt(status.attempt).record, AttemptRecord)
+    except (OSError, ConfigError):
+        return False
+    return record.state == "running"
 
 
 def _changed_since_published(layout: RunLayout, index: int, winner: WinnerRecord) -> bool:
@@ -258,6 +281,15 @@ def _shard_status(
         )
     elif ended is not None:
         status.state = ended  # the allocation runs other shards: this one's own record says it is over
+    elif state.state in RUNNING and os.path.lexists(layout.shard(index).cancelled):
+        # cancel --shards of a shard a running allocation pulls: it stops the client within a second, or never
+        # claims the shard; a spare waiting for a worker's slot is never shown running meanwhile
+        status.state = "cancelled"
+        if latest is None or latest.state == "running":
+            status.reason = "shard_cancelled"
+            status.message = "cancelled by ddslurm cancel --shards; its allocation stops it and takes it no more"
+    elif state.state in RUNNING and latest is not None and waiting_spare(latest):
+        status.state = "waiting"  # its client waits for a worker's slot: it generates nothing yet
     elif state.state in RUNNING:
         status.state = "running"
         if latest is not None and latest.state == "running":

@@ -39,13 +39,14 @@ from ddslurm.launcher.runs._records import attempt_records, cancel_record, submi
 from ddslurm.launcher.runs._status import run_status
 from ddslurm.launcher.runs._status_model import RunStatus, ShardStatus
 from ddslurm.launcher.runs._status_scheduler import PENDING, query
+from ddslurm.launcher.runs._status_shards import stopping
 
 if TYPE_CHECKING:
     from ddslurm.launcher.runs._retry_why import Repeated, RetryPreview
     from ddslurm.launcher.submission._aliases import EndpointCheck
     from ddslurm.planner import SubmissionPlan
 
-ACTIVE = {"running", "pending", "unknown"}
+ACTIVE = {"running", "waiting", "pending", "unknown"}
 _LIVE = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "RESIZING", "SUSPENDED", "RUNNING", "COMPLETING"}
 
 
@@ -138,9 +139,12 @@ def retry(
     status = run_status(layout, slurm)
     by_index = {s.shard: s for s in status.shards}
     chosen = _pick(status, shards, plan)
-    busy = [s for s in chosen if by_index[s].state in ACTIVE]
+    busy = [s for s in chosen if by_index[s].state in ACTIVE or stopping(layout, by_index[s])]
     if shards is not None and busy and not skip_busy:
-        raise LauncherError(f"shard(s) {', '.join(map(str, busy))} are still running or queued; cancel them first")
+        raise LauncherError(
+            f"shard(s) {', '.join(map(str, busy))} are still running or queued; cancel them first (a shard cancelled "
+            "with cancel --shards: retry it once its allocation has stopped it, within seconds)"
+        )
     corrupt = [s for s in chosen if by_index[s].state == "corrupt"]
     if shards is not None and corrupt:
         raise LauncherError(
@@ -156,7 +160,7 @@ def retry(
             f"{shards_named(kept)} {have} a result already: a published winner is never replaced, so there is "
             f"nothing to retry{why}; `ddslurm collect {layout.root}` uses it"
         )
-    todo = [s for s in chosen if by_index[s].state not in ACTIVE | {"succeeded", "corrupt"}]
+    todo = [s for s in chosen if by_index[s].state not in ACTIVE | {"succeeded", "corrupt"} and s not in busy]
     if not todo:
         return Retried((), (), kept=kept)
     moment = now or datetime.now(UTC)
