@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pyarrow as pa
 import pytest
 
@@ -323,6 +324,27 @@ def test_every_chart_agrees_with_the_headline(tmp_path: Path) -> None:
     assert list(traces["records generated"].y) == [2, 3, 4, 5] and report.records_done == 5
     assert figure.layout.yaxis2.dtick == 1 and figure.layout.yaxis2.tickformat == ",d"  # whole records
     assert figure.layout.xaxis.title.text == "time (UTC) from 2025-12-31 23:50:10"
+
+
+def test_a_spares_wait_is_drawn_as_its_own_phase_not_as_generating(tmp_path: Path) -> None:
+    """Issue 40: shard 0's attempt was a pulling allocation's spare (begun 50:10 while the workers were busy), whose
+    client began generating at 51:00: the timeline draws 50:10-51:00 as the spare's wait, not as serving start-up and
+    generating, and the generating span (the run's records/s, its GPU time) starts at 51:00."""
+    layout = make_report_run(tmp_path)
+    path = layout.shard(0).attempt("attempt-1").record
+    record = read_json(path, AttemptRecord)
+    atomic_write(path, encode(msgspec.structs.replace(record, spare=True, generating_at=f"{T}51:00+00:00")))
+    report = run_report(layout, Slurm(FakeSlurm(sacct=SACCT)))
+    [span] = [s for s in report.timeline if (s.shard, s.attempt) == (0, "attempt-1")]
+    assert [(p.name, p.start, p.seconds) for p in span.phases] == [
+        ("spare", f"{T}50:10+00:00", 50.0),  # to generating_at
+        ("generating", f"{T}51:00+00:00", 60.0),  # to its last batch, 52:00
+        ("publishing", f"{T}52:00+00:00", 480.0),
+    ]
+    # the union of the generating spans: 50:40-52:00 (shard 1's first attempt from 50:40), then 53:50-54:00
+    assert [(r.rows, r.active_s) for r in report.stages] == [(5, 80 + 10)]
+    names = {json.loads(m) for m in re.findall(r'"name":("(?:[^"\\]|\\.)*")', render_html(report))}
+    assert "spare: waiting for a worker" in names, names
 
 
 def test_accounting_falls_back_to_attempt_records_when_sacct_fails(tmp_path: Path) -> None:

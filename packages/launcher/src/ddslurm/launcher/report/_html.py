@@ -21,7 +21,7 @@ from ddslurm.launcher.report._model import (
 )
 from ddslurm.launcher.runs._money import money
 
-_PHASE_LABELS = {"waiting": "waiting for the GPU stage"}
+_PHASE_LABELS = {"waiting": "waiting for the GPU stage", "spare": "spare: waiting for a worker"}
 """A phase's name on the page where it is not its name in the numbers."""
 _STAGE_LABELS = {"gpu": "GPU stage", "cpu": "CPU stage"}
 _STAGE_COLOURS = {None: ("#3d7be8", "#1d2733"), "gpu": ("#3d7be8", "#1d4fa8"), "cpu": ("#3dbf6e", "#1f7a43")}
@@ -40,6 +40,7 @@ _COLOURS = {
     "waiting": "#d5dbe1",
     "queued": "#9aa5b1",
     "startup": "#e8a33d",
+    "spare": "#b9c8e8",
     "generating": "#3d7be8",
     "publishing": "#3dbf6e",
 }
@@ -442,8 +443,9 @@ def render_html(report: RunReport) -> str:
         "</div>",
         "<h2>Timeline of every attempt</h2>",
         "<p class=muted>waiting for the GPU stage (a CPU-stage array's submission to the end of the GPU-stage "
-        "attempts before it), queued (to its start), serving start-up (start to serving ready), generating (to the "
-        "last batch), publishing (to the winner's publication).</p>",
+        "attempts before it), queued (to its start), serving start-up (start to serving ready), spare: waiting for a "
+        "worker (a spare client's wait for a worker's slot), generating (to the last batch), publishing (to the "
+        "winner's publication).</p>",
         _chart(figures, "timeline") or "<p>No attempt has started.</p>",
         "<h2>Records over time</h2>",
         _chart(figures, "throughput") or "<p>No batch has completed.</p>",

@@ -9,10 +9,12 @@ from typing import Any, Literal
 
 import msgspec
 
-PhaseName = Literal["waiting", "queued", "startup", "generating", "publishing"]
-PHASES: tuple[PhaseName, ...] = ("waiting", "queued", "startup", "generating", "publishing")
+PhaseName = Literal["waiting", "queued", "startup", "spare", "generating", "publishing"]
+PHASES: tuple[PhaseName, ...] = ("waiting", "queued", "startup", "spare", "generating", "publishing")
 """``waiting``: a CPU-stage attempt's array waited for the GPU stage it depends on (submission to the end of the
-last GPU-stage attempt before it started); ``queued``: then in Slurm's queue until it started."""
+last GPU-stage attempt before it started); ``queued``: then in Slurm's queue until it started; ``spare``: a pulling
+allocation's spare client waited for a worker's slot (the attempt's start to its client's first generation,
+``generating_at``, or its end), generating nothing."""
 
 
 class Phase(msgspec.Struct, kw_only=True):

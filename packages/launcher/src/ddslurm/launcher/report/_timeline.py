@@ -134,6 +134,13 @@ def timeline(facts: RunFacts) -> list[AttemptSpan]:
             _phase("generating", generating_from, generating_to),
             _phase("publishing", last_batch, published) if won else None,
         ]
+        if record.spare:  # begun in a running allocation, its client waited for a worker's slot, then generated
+            generating_at = moment(record.generating_at)
+            phases = [
+                _phase("spare", started, generating_at or ended),
+                _phase("generating", generating_at, generating_to),
+                _phase("publishing", last_batch, published) if won else None,
+            ]
         spans.append(
             AttemptSpan(
                 shard=record.shard,
