@@ -15,9 +15,9 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from ddslurm.config import AttemptRecord, ClaimRecord, WinnerRecord, read_json
+from ddslurm.config import AttemptRecord, ClaimRecord, RunLayout, WinnerRecord, read_json, read_plan
 from fake_vllm.testing import set_gate
-from tests.e2e import MIXED_RECIPE, generator, run_cli
+from tests.e2e import MIXED_RECIPE, attempts, generator, run_cli, slurm, until
 from tests.e2e import cli_json as _cli
 
 pytestmark = [pytest.mark.slurm, pytest.mark.dd]
@@ -48,6 +48,19 @@ def _unsharded_questions(records: int = RECORDS) -> Counter[str]:
     return Counter(rows[k % len(rows)] for k in range(records))
 
 
+def _frame(run_dir: Path, env: dict[str, str], most_running: int, frames: list[dict[str, Any]]) -> dict[str, Any]:
+    """One ``status --json`` frame, kept in ``frames``: it never shows more shards ``running`` than the plan's client
+    workers of all its allocations (a spare's shard is ``waiting``: it generates nothing yet)."""
+    frame = _cli("status", str(run_dir), "--json", env=env)
+    frames.append(frame)
+    running = [s["shard"] for s in frame["shards"] if s["state"] == "running"]
+    assert len(running) <= most_running, (running, frame["shards"])
+    for shard in frame["shards"]:
+        if shard["state"] == "waiting":  # nothing generated yet, nothing counted
+            assert shard["rate"] is None and not shard["rows"], shard
+    return frame
+
+
 def _collect(run_dir: Path, env: dict[str, str]) -> Any:
     dataset = _cli("collect", str(run_dir), "--local", "--json", env=env)["dataset"]
     return pq.read_table(dataset)
@@ -62,7 +75,10 @@ def test_pulling_allocations_keep_servers_warm_run_every_shard_once_and_lose_non
     allocations finish its shards, and the dataset is exactly the unsharded run's rows.
 
     The servers' gate holds every generator request until then: however late Slurm starts allocation 0, allocation
-    1 (two workers) cannot finish a shard and claim them all first."""
+    1 (two workers) cannot finish a shard and claim them all first. Five shards over two allocations of two workers:
+    while the gate holds, some allocation has begun a spare client's attempt (issue 40), whose shard ``status``
+    shows ``waiting``; no ``status --json`` frame sampled from then to the end shows more shards ``running`` than
+    the four workers (the allocation killed counts until Slurm has seen it end: the gate opens only then)."""
     gate = tmp_path / "gate"
     set_gate(gate, "hold")
     files, run_dir, submitted = _submit(
@@ -81,10 +97,29 @@ def test_pulling_allocations_keep_servers_warm_run_every_shard_once_and_lose_non
                 if record.slurm_log and record.slurm_log.endswith(f"slurm-{victim}.out") and record.state == "running":
                     claimed.append(record.shard)
             time.sleep(0.2)
+        plan = read_plan(RunLayout(run_dir).plan)
+        most_running = plan.client_workers * (plan.allocations or 0)
+        assert most_running == 4, (plan.client_workers, plan.allocations)
+        frames: list[dict[str, Any]] = []
+        # the gate holds: no shard drains or ends, so a spare begun waits until the gate opens
+        spare = until(
+            lambda: next((a for a in attempts(run_dir) if a.spare and a.state == "running"), None),
+            300,
+            "a spare client's attempt",
+            lambda: [(a.shard, a.attempt, a.state, a.spare) for a in attempts(run_dir)],
+        )
+        held = _frame(run_dir, files.env, most_running, frames)
+        assert spare.generating_at is None and held["shards"][spare.shard]["state"] == "waiting", held["shards"]
         assert not list(run_dir.glob("shards/shard-*/winner.json"))  # the gate held: no shard has finished yet
         subprocess.run(["scancel", "--signal=KILL", "--batch", victim], check=True)
+        # its attempts' records still say running: status counts them running until Slurm has seen the task end
+        live = {"RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING"}  # what status counts as a task that runs
+        until(lambda: not live & set(slurm("squeue", "-h", "-j", victim, "-o", "%T").split()), 120, f"{victim} ended")
     finally:
         set_gate(gate, "")
+    while frames[-1]["state"] not in ("succeeded", "failed", "cancelled", "incomplete"):
+        time.sleep(1)  # a sampling rate, not a condition: every frame is checked
+        _frame(run_dir, files.env, most_running, frames)
     final = _cli("wait", str(run_dir), "--json", env=files.env, timeout=600)
     assert final["state"] == "succeeded", json.dumps(final)[-3000:]
     assert final["records_done"] == RECORDS
