@@ -25,11 +25,15 @@ bootstrap: ## install uv (pip) if missing and sync the workspace
 cluster: ## start the embedded local Slurm cluster (idempotent)
 	tools/local-slurm start
 
-demo: bootstrap cluster ## end to end: local Slurm + local hosted endpoint + hosted-only example + collection
-	tools/demo
+# PORT=N (make demo PORT=8123): the port of the demo's local endpoint, for a host whose rules allow only some; a free
+# one by default. Only a PORT given on make's command line counts (a PORT in the environment is some other server's).
+DEMO_PORT := $(if $(filter command line,$(origin PORT)),$(PORT))
 
-demo-mixed: bootstrap cluster ## the mixed example: local generator (2 replicas on fake GPUs) + hosted judge
-	tools/demo mixed
+demo: bootstrap cluster ## end to end: local Slurm + local hosted endpoint + hosted-only example + collection (PORT=N: the endpoint's port)
+	DEMO_PORT='$(DEMO_PORT)' tools/demo
+
+demo-mixed: bootstrap cluster ## the mixed example: local generator (2 replicas on fake GPUs) + hosted judge (PORT=N as for demo)
+	DEMO_PORT='$(DEMO_PORT)' tools/demo mixed
 
 # make test: the whole suite on TEST_WORKERS pytest-xdist workers, the long tests (Slurm, then Data Designer) handed
 # out first (tools/pytest_order.py), a few at a time as workers come free (--dist loadgroup: no worker is left alone

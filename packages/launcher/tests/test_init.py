@@ -4,12 +4,13 @@ overwrites without ``force`` or leaves anything behind when it fails."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import runpy
 import shlex
 import socket
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
@@ -395,12 +396,23 @@ def test_example_hosted_elsewhere_asks_for_the_key_without_echo(tmp_path: Path) 
     assert not any("fake-vllm" in c for c in commands) and result.as_dict()["hosted"]["port"] is None
 
 
+@contextlib.contextmanager
+def _held_port() -> Iterator[int]:
+    """A loopback port bound (``SO_REUSEADDR``, not listening) while the block runs: no other process is given it,
+    and a server that reuses addresses, as the stand-in does, can still listen on it (init's check binds it so)."""
+    with socket.socket() as held:
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        held.bind(("127.0.0.1", 0))
+        yield held.getsockname()[1]
+
+
 def test_example_mixed_on_the_embedded_cluster_starts_the_stand_in_on_the_chosen_port(tmp_path: Path) -> None:
     runner = CannedSlurm(LOCAL, slurm_conf=_embedded_conf(tmp_path))
-    result = init_command(
-        tmp_path / "first(hour)", slurm=Slurm(runner), python_env=THIS_ENV, now=NOW, example=Example.mixed,
-        port=45678, cwd=tmp_path, program="uv run ddslurm",
-    )  # fmt: skip
+    with _held_port() as port:
+        result = init_command(
+            tmp_path / "first(hour)", slurm=Slurm(runner), python_env=THIS_ENV, now=NOW, example=Example.mixed,
+            port=port, cwd=tmp_path, program="uv run ddslurm",
+        )  # fmt: skip
     run, profile = load_run_file(result.run_file), load_profile(result.profile)
     assert run.name == "first-hour" and run.recipe == "build.py"
     [dep] = run.deployments
@@ -412,14 +424,14 @@ def test_example_mixed_on_the_embedded_cluster_starts_the_stand_in_on_the_chosen
     )
     assert profile.vllm_executable == str(THIS_ENV / "bin" / "fake-vllm")
     providers = (tmp_path / "first(hour)" / "dd-home" / "model_providers.yaml").read_text()
-    assert "endpoint: http://127.0.0.1:45678/v1" in providers and "api_key: STAND_IN_API_KEY" in providers
+    assert f"endpoint: http://127.0.0.1:{port}/v1" in providers and "api_key: STAND_IN_API_KEY" in providers
 
     commands = [step.command for step in result.steps]
     assert commands[0] == "export DATA_DESIGNER_HOME=\"$PWD\"/'first(hour)/dd-home'"
     assert commands[1] == "export STAND_IN_API_KEY=\"$(python3 -c 'import secrets; print(secrets.token_hex(16))')\""
     stand_in = shlex.split(commands[2])
     assert stand_in[0] == "VLLM_API_KEY=$STAND_IN_API_KEY" and stand_in[1:5] == ["uv", "run", "fake-vllm", "serve"]
-    assert stand_in[stand_in.index("--port") + 1] == "45678" and stand_in[-1] == "&"
+    assert stand_in[stand_in.index("--port") + 1] == str(port) and stand_in[-1] == "&"
     assert "--api-key" not in stand_in  # the key is in the stand-in's environment, never on its command line
     assert commands[3:5] == [
         "export DDSLURM_PROFILE=\"$PWD\"/'first(hour)/profile.yaml'",
@@ -430,13 +442,76 @@ def test_example_mixed_on_the_embedded_cluster_starts_the_stand_in_on_the_chosen
     shown = result.as_dict()
     assert shown["next"] == [{"command": s.command, "comment": s.comment} for s in result.steps]
     assert shown["hosted"] == {
-        "endpoint": "http://127.0.0.1:45678/v1",
+        "endpoint": f"http://127.0.0.1:{port}/v1",
         "api_key_env": "STAND_IN_API_KEY",
-        "port": 45678,
+        "port": port,
     }
     assert (shown["name"], shown["example"], shown["todo"]) == ("first-hour", "mixed", None)
     lines = result.lines()
     assert all(f"  {c}" in lines for c in commands)
+
+
+def test_init_port_is_the_port_every_written_file_and_step_uses(tmp_path: Path) -> None:
+    """``init --example hosted --port N`` (a host that allows only some ports): the Data Designer home's endpoint
+    and the printed stand-in command use N, and say it was chosen by --port."""
+    import io
+    import json
+
+    from ddslurm.launcher.cli import main
+
+    runner = CannedSlurm(LOCAL, slurm_conf=_embedded_conf(tmp_path))
+    target, out = tmp_path / "ported", io.StringIO()
+    with _held_port() as port:
+        code = main(["init", "--dir", str(target), "--example", "hosted", "--port", str(port), "--json"],
+                    env={}, slurm=Slurm(runner), stdout=out, stderr=io.StringIO())  # fmt: skip
+    shown = json.loads(out.getvalue())
+    assert code == 0 and shown["hosted"] == {
+        "endpoint": f"http://127.0.0.1:{port}/v1",
+        "api_key_env": "STAND_IN_API_KEY",
+        "port": port,
+    }
+    providers = YAML(typ="safe").load((target / "dd-home" / "model_providers.yaml").read_text())
+    assert [p["endpoint"] for p in providers["providers"]] == [f"http://127.0.0.1:{port}/v1"]
+    [stand_in] = [step for step in shown["next"] if "fake-vllm" in step["command"]]
+    argv = shlex.split(stand_in["command"])
+    assert argv[argv.index("--port") + 1] == str(port)
+    assert stand_in["comment"].startswith(f"the hosted provider: the vLLM stand-in on port {port} (--port),")
+
+
+@pytest.mark.parametrize(
+    ("port", "example", "embedded", "said"),
+    [
+        (0, "hosted", True, "--port 0: 0 is not a TCP port (1 to 65535); choose another, or leave --port out"),
+        (65536, "hosted", True, "--port 65536: 65536 is not a TCP port (1 to 65535)"),
+        ("taken", "hosted", True, "--port {port}: port {port} of 127.0.0.1 is taken (something listens on it)"),
+        ("held", None, True, "--port {port} is the port of the starter's stand-in: give --example too"),
+        ("held", "mixed", False, "--port {port}: this is not the embedded cluster (tools/local-slurm), where init "
+                                 "starts no stand-in"),
+    ],
+)  # fmt: skip
+def test_a_port_init_cannot_use_is_refused_and_nothing_is_written(
+    tmp_path: Path, port: int | str, example: str | None, embedded: bool, said: str
+) -> None:
+    import io
+
+    from ddslurm.launcher.cli import main
+
+    runner = CannedSlurm(LOCAL, slurm_conf=_embedded_conf(tmp_path) if embedded else None)
+    with contextlib.ExitStack() as stack:
+        if port == "taken":  # something listens there
+            listening = stack.enter_context(socket.socket())
+            listening.bind(("127.0.0.1", 0))
+            listening.listen()
+            port = listening.getsockname()[1]
+        elif port == "held":
+            port = stack.enter_context(_held_port())
+        argv = ["init", "--dir", str(tmp_path / "x"), "--port", str(port), *(["--example", example] if example else [])]
+        err = io.StringIO()
+        code = main(argv, env={}, slurm=Slurm(runner), stdout=io.StringIO(), stderr=err)
+    assert code == 1 and f"error: {said.format(port=port)}" in err.getvalue()
+    assert not (tmp_path / "x").exists()
+    if embedded:  # refused before the cluster was asked anything
+        assert runner.calls == []
 
 
 def test_a_directory_sbatch_cannot_take_is_refused_before_anything(tmp_path: Path) -> None:

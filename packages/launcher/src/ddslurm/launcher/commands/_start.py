@@ -248,6 +248,15 @@ def cmd_init(
             show_default=False,
         ),
     ] = None,
+    port: Annotated[
+        int | None,
+        typer.Option(
+            "--port",
+            help="With --example on the embedded cluster: the port the starter's stand-in (its hosted provider) "
+            "listens on, for a host that allows only some; a free one by default. Refused if taken or out of range.",
+            show_default=False,
+        ),
+    ] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace the files init writes if they exist.")] = False,
     as_json: JsonOpt = False,
 ) -> int:
@@ -257,7 +266,7 @@ def cmd_init(
 
     session = command_session(ctx, as_json)
     program = "uv run ddslurm" if session.env.get("UV") else "ddslurm"  # `uv run` sets UV for what it runs
-    result = init_command(directory, slurm=session.slurm, force=force, example=example, program=program)
+    result = init_command(directory, slurm=session.slurm, force=force, example=example, port=port, program=program)
     if session.json:
         write_json(result.as_dict(), session.out)
     else:

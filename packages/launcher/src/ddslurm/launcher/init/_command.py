@@ -45,6 +45,7 @@ from ddslurm.launcher.init._starter import (
     Starter,
     hosted_provider,
     on_embedded_cluster,
+    port_problem,
     stand_in_executable,
 )
 from ddslurm.launcher.init._steps import Step, next_steps, shown, todo
@@ -220,7 +221,9 @@ def init_command(
     ``D/profile.yaml`` (``python_env``: the environment running this, by default), and with ``example`` the
     starter's files (its stand-in, on the embedded cluster, on ``port``: a free one by default). Nothing is written
     when ``D`` is not the user's own (another user can change it or a directory on the way to it, or a link stands
-    where a file goes), the cluster cannot be read, a file exists (without ``force``) or the texts would not load.
+    where a file goes), the cluster cannot be read, a file exists (without ``force``) or the texts would not load;
+    nor when ``port`` is given without ``example``, is not one the stand-in could listen on now (out of range,
+    taken, privileged: :func:`port_problem`) or the cluster is not the embedded one (no stand-in to place).
     ``program`` and ``cwd``: how the printed commands run ddslurm, and where they are run from."""
     target = target_dir.absolute()
     here = (cwd if cwd is not None else Path.cwd()).absolute()
@@ -228,6 +231,11 @@ def init_command(
     problem = path_problem(str(target / WORKSPACE))
     if problem is not None:
         raise InitError(f"--dir {target}: the profile's workspace would be {target / WORKSPACE}: {problem}")
+    if port is not None and example is None:
+        raise InitError(f"--port {port} is the port of the starter's stand-in: give --example too")
+    problem = port_problem(port) if port is not None else None  # before the cluster is asked anything
+    if problem is not None:
+        raise InitError(f"--port {port}: {problem}; choose another, or leave --port out for a free one")
     run_path, profile_path = target / RUN_FILE, target / PROFILE_FILE
     extra = list(STARTER_FILES) if example is not None else []
     checked = check_target(target, [RUN_FILE, PROFILE_FILE, *extra])  # before asking the cluster anything

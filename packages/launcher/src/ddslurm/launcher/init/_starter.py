@@ -14,12 +14,13 @@ key's environment variable, never a key.
 from __future__ import annotations
 
 import contextlib
+import errno
 import socket
 from dataclasses import dataclass
 from pathlib import Path
 
 from ddslurm.launcher.cluster._slurm import Slurm
-from ddslurm.launcher.errors import SlurmError
+from ddslurm.launcher.errors import InitError, SlurmError
 from ddslurm.launcher.init._example import Example
 from ddslurm.providers import PROVIDERS_FILE
 
@@ -72,13 +73,34 @@ def free_port(host: str = "127.0.0.1") -> int:
         return port
 
 
+def port_problem(port: int, host: str = "127.0.0.1") -> str | None:
+    """Why a server could not listen on ``port`` of ``host`` now (not a TCP port, taken, or below 1024 for a user
+    without the privilege), None when it could: the port is bound once, as the stand-in binds it
+    (``SO_REUSEADDR``: a port whose last connections are closing is not taken), and let go."""
+    if not 1 <= port <= 65535:
+        return f"{port} is not a TCP port (1 to 65535)"
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return f"port {port} of {host} is taken (something listens on it)"
+            if exc.errno == errno.EACCES:
+                return f"port {port} of {host} needs privileges this user lacks (a port below 1024)"
+            return f"port {port} of {host} cannot be listened on: {exc.strerror or exc}"
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class HostedProvider:
-    """The provider of the starter's hosted alias: the stand-in on ``port`` (embedded cluster), else NVIDIA's."""
+    """The provider of the starter's hosted alias: the stand-in on ``port`` (embedded cluster; ``given``: the
+    user's ``--port``, else a free one), else NVIDIA's."""
 
     endpoint: str
     api_key_env: str
     port: int | None = None
+    given: bool = False
 
     @property
     def stand_in(self) -> bool:
@@ -86,9 +108,16 @@ class HostedProvider:
 
 
 def hosted_provider(embedded: bool, port: int | None) -> HostedProvider:
+    """The starter's provider: on the embedded cluster the stand-in on ``port`` (a free one when None); elsewhere
+    NVIDIA's API catalogue, which has no port to choose (:class:`InitError` when one is given)."""
     if embedded:
         chosen = port if port is not None else free_port()
-        return HostedProvider(f"http://127.0.0.1:{chosen}/v1", STAND_IN_KEY_ENV, chosen)
+        return HostedProvider(f"http://127.0.0.1:{chosen}/v1", STAND_IN_KEY_ENV, chosen, given=port is not None)
+    if port is not None:
+        raise InitError(
+            f"--port {port}: this is not the embedded cluster (tools/local-slurm), where init starts no stand-in: the "
+            f"starter's hosted provider is NVIDIA's API catalogue ({NVIDIA_ENDPOINT}); leave --port out"
+        )
     return HostedProvider(NVIDIA_ENDPOINT, NVIDIA_KEY_ENV)
 
 

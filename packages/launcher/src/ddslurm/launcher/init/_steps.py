@@ -63,6 +63,7 @@ def next_steps(run_file: Path, profile: Path, starter: Starter | None, *, progra
         if hosted.stand_in:
             runner = program.removesuffix("ddslurm")
             log = shown(run_file.parent / STAND_IN_LOG, cwd)
+            where = f"port {hosted.port} (--port)" if hosted.given else "a free port"
             steps += [
                 Step(
                     f'export {key}="$({MADE_UP_KEY})"',
@@ -71,7 +72,7 @@ def next_steps(run_file: Path, profile: Path, starter: Starter | None, *, progra
                 Step(
                     f'VLLM_API_KEY="${key}" {runner}{STAND_IN} serve stand-in --host 127.0.0.1 --port {hosted.port} '
                     f"--served-model-name {HOSTED_MODEL} > {log} 2>&1 &",
-                    "the hosted provider: the vLLM stand-in on a free port, requiring the key (stop it: kill %1)",
+                    f"the hosted provider: the vLLM stand-in on {where}, requiring the key (stop it: kill %1)",
                 ),
             ]
         else:
