@@ -64,6 +64,29 @@ def test_a_builder_script_s_refusal_names_the_script_and_the_column(tmp_path: Pa
 
     assert place_refusal(MISSING, script, recipe) == f"{script}: {MISSING}"
     assert place_refusal(SYNTAX, script, recipe) == f"{script}: column 'e' (expr): {SYNTAX}"
+    made = {"q": f"{script}:12", "e": f"{tmp_path / 'helpers.py'}:3"}  # where the build saw each made
+    assert place_refusal(MISSING, script, recipe, columns_at=made) == f"{script}:12: {MISSING}"
+    assert (
+        place_refusal(SYNTAX, script, recipe, columns_at=made)
+        == f"{tmp_path / 'helpers.py'}:3: column 'e' (expr): {SYNTAX}"
+    )
+
+
+def test_a_variable_no_column_provides_gets_a_did_you_mean_among_the_columns_and_the_seed_s(tmp_path: Path) -> None:
+    path = tmp_path / "recipe.yaml"
+    path.write_text(RECIPE)
+    recipe = load_recipe(path)
+    one = "column 'q': The prompt template for 'q' references a column that does not exist: 'topc'."
+    two = "column 'q': The prompt template for 'q' references 2 columns that do not exist: 'topc', 'custmer'."
+    expression = "column 'e': Expression column 'e' references missing column 'tpic'."
+
+    assert place_refusal(one, tmp_path / "build.py", recipe).endswith(": 'topc'; did you mean 'topic'?")
+    assert place_refusal(two, tmp_path / "build.py", recipe, names=("customer",)).endswith(
+        ": 'topc', 'custmer'; did you mean 'topic' for 'topc', 'customer' for 'custmer'?"
+    )  # the seed dataset's columns are names a template can use
+    assert place_refusal(expression, path, recipe).endswith(" column 'tpic'; did you mean 'topic'?")
+    far = one.replace("topc", "zzz")
+    assert place_refusal(far, tmp_path / "build.py", recipe) == f"{tmp_path / 'build.py'}: {far}"  # nothing close
 
 
 def test_a_refusal_about_no_template_is_left_as_it_is(tmp_path: Path) -> None:

@@ -208,6 +208,37 @@ def test_the_builder_writes_the_configs_own_key_order(tmp_path: Path, monkeypatc
     assert answer.rebuild == ("loud",) and "cannot read it back" in answer.changes["loud"], answer
 
 
+def test_the_build_records_the_line_that_made_each_column_and_model_and_leaves_data_designer_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``inspect``'s build answers where the script made each column (its ``add_column`` line) and each model config
+    (its ``ModelConfig(...)`` line), the lines counted here from the script; Data Designer's classes are restored."""
+    script = tmp_path / "build.py"
+    text = STRUCTURED_SCRIPT.replace(
+        "dd.DataDesignerConfigBuilder()",
+        "dd.DataDesignerConfigBuilder(\n"
+        '        model_configs=[dd.ModelConfig(alias="m", model="x", provider="p")]\n'
+        "    )",
+    )
+    script.write_text(text)
+    monkeypatch.chdir(tmp_path)
+    add_column, init = dd.DataDesignerConfigBuilder.add_column, dd.ModelConfig.__dict__.get("__init__")
+    answer = build(BuildRequest(script=str(script), function="load_config_builder", run_dir=str(tmp_path)))
+    lines = text.splitlines()
+
+    def line(needle: str) -> int:
+        return next(i for i, t in enumerate(lines, 1) if needle in t)
+
+    assert answer.ok, answer
+    assert {at.file for at in answer.columns_at.values()} == {str(script)}
+    made = {name: at.line for name, at in answer.columns_at.items()}
+    assert made["loud"] == line('name="loud"') and set(made) == {"topic", "loud", "answer"}
+    for name in ("topic", "answer"):  # a call over two lines: its first (the interpreter's choice), or its config's
+        assert made[name] in (line(f'name="{name}"') - 1, line(f'name="{name}"')), (name, made)
+    assert {a: (at.file, at.line) for a, at in answer.models_at.items()} == {"m": (str(script), line('alias="m"'))}
+    assert dd.DataDesignerConfigBuilder.add_column is add_column and dd.ModelConfig.__dict__.get("__init__") is init
+
+
 def test_the_node_builder_puts_the_builders_columns_back_with_the_stored_drop(tmp_path: Path) -> None:
     import yaml
 

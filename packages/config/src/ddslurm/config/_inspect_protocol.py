@@ -27,7 +27,7 @@ from ddslurm.config._snapshot import ProviderSnapshot
 from ddslurm.config._workflow import WorkflowStage
 from ddslurm.config.errors import InspectProtocolError
 
-INSPECT_VERSION = 1
+INSPECT_VERSION = 2
 """The version of this protocol, carried in every request and answer (``inspect_version``)."""
 
 
@@ -95,6 +95,17 @@ class GivenMCPProvider(Frozen, frozen=True, kw_only=True):
     line: int | None = None
 
 
+class CodeLine(Frozen, frozen=True, kw_only=True):
+    """A line of the user's code (a builder script, or a module of theirs it calls): where a column or a model
+    config of the config it returned was made."""
+
+    file: str
+    line: int
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}"
+
+
 class WorkflowShape(Frozen, frozen=True, kw_only=True):
     """A Data Designer workflow a builder returned, as the submit host needs it."""
 
@@ -105,8 +116,10 @@ class WorkflowShape(Frozen, frozen=True, kw_only=True):
 class BuildAnswer(_Answer, frozen=True, kw_only=True, tag="build"):
     """What the builder gave: its config as Data Designer writes it (``yaml``), the file and line of the function,
     the columns whose config that YAML does not carry as it is (``rebuild``; ``changes``: what it changes in each),
-    the MCP providers it gave and, for a workflow, its shape. Not ``ok``: the builder failed; ``error`` says why,
-    at ``file``:``line`` where known."""
+    the MCP providers it gave and, for a workflow, its shape; where the user's code made each column (``columns_at``,
+    by name: its ``add_column`` call) and each model config (``models_at``, by alias: its ``ModelConfig(...)``), so
+    that a refusal of one names that line. Not ``ok``: the builder failed; ``error`` says why, at ``file``:``line``
+    where known."""
 
     ok: bool
     error: str = ""
@@ -117,6 +130,8 @@ class BuildAnswer(_Answer, frozen=True, kw_only=True, tag="build"):
     changes: dict[str, str] = msgspec.field(default_factory=dict)
     mcp_providers: tuple[GivenMCPProvider, ...] = ()
     workflow: WorkflowShape | None = None
+    columns_at: dict[str, CodeLine] = msgspec.field(default_factory=dict)
+    models_at: dict[str, CodeLine] = msgspec.field(default_factory=dict)
 
 
 class UnknownType(Frozen, frozen=True, kw_only=True):

@@ -36,18 +36,20 @@ def describe_run_recipe(
     run: RunFile,
     run_path: Path,
     recipe: Mapping[str, Any],
-    recipe_origin: Path,
+    recipe_origin: Path | Origin,
     env: Mapping[str, str],
     dd_home: Path,
     *,
     given_mcp_providers: Sequence[tuple[Mapping[str, Any], Origin]] = (),
 ) -> Resolution:
-    """Every alias of ``run``'s recipe (``recipe``, already loaded; ``recipe_origin`` names it in problems)
+    """Every alias of ``run``'s recipe (``recipe``, already loaded; ``recipe_origin`` names it in problems: its
+    file, or an :class:`Origin` that places its entries in a builder script)
     resolved against ``run``'s deployments and Data Designer's settings in ``dd_home``, with the MCP providers a
     builder script gives Data Designer (``given_mcp_providers``) first: the one resolution of a run, whichever
     command asks. Problems are in the resolution, not raised (files that cannot be read still raise)."""
     settings = with_given_mcp_providers(load_settings(dd_home), given_mcp_providers)
-    return describe(recipe, Origin(recipe_origin), settings, run.deployments, env, run_origin=Origin(run_path))
+    origin = recipe_origin if isinstance(recipe_origin, Origin) else Origin(recipe_origin)
+    return describe(recipe, origin, settings, run.deployments, env, run_origin=Origin(run_path))
 
 
 def describe_run(run_path: Path, env: Mapping[str, str]) -> Resolution:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -86,17 +86,32 @@ def field_text(steps: tuple[Step, ...] | list[Step]) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Origin:
-    """Where a definition came from, for error messages: a file and the field path of the entry in it."""
+    """Where a definition came from, for error messages: a file and the field path of the entry in it.
+
+    ``placed``: for a recipe that is no file of fields (the config a builder script returned), the place in the
+    user's code (``build.py:27``) where the entry at each field path was made (``("data_designer", "columns", 1)``:
+    the script's ``add_column`` line); a field under one is named at that place."""
 
     path: Path
     line: int | None = None
     steps: tuple[Step, ...] = ()
+    placed: tuple[tuple[tuple[Step, ...], str], ...] = ()
 
     def __str__(self) -> str:
         return f"{self.path}:{self.line}" if self.line is not None else str(self.path)
 
+    def under(self, *more: Step) -> Origin:
+        """The entry at ``more`` under this one, in the same file (its places kept)."""
+        return replace(self, steps=(*self.steps, *more))
+
+    def _made(self, steps: tuple[Step, ...]) -> str | None:
+        """The place that made the deepest entry of :attr:`placed` holding the field at ``steps``."""
+        held = [(len(prefix), where) for prefix, where in self.placed if steps[: len(prefix)] == prefix]
+        return max(held)[1] if held else None
+
     def at(self, *more: Step, shown: str | None = None) -> str:
-        """``file:line:col: field`` of a field under this entry (line and column looked up in the file).
+        """``file:line:col: field`` of a field under this entry (line and column looked up in the file; in a
+        builder's config, the line of the user's code that made its entry, :attr:`placed`).
 
         ``more`` is the path used to find the line; ``shown`` replaces its text when the deepest part is not a
         plain key (a nested ``extra_body`` path)."""
@@ -109,7 +124,8 @@ class Origin:
                 found = (None, None)
             if found[0] is not None:
                 line, col = found
-        where = str(self.path)
+        made = self._made(steps) if line is None else None
+        where = made if made is not None else str(self.path)
         if line is not None:
             where += f":{line}" + (f":{col}" if col is not None else "")
         text = shown if shown is not None else field_text(steps)

@@ -142,7 +142,7 @@ def _recipe_definitions(
 ) -> tuple[tuple[tuple[NativeModelConfig, Origin], ...], list[str], set[str]]:
     """The recipe's model configs that can be read, the problems of those that cannot, and their aliases."""
     raw = recipe_section(recipe).get("model_configs") or []
-    base = Origin(origin.path, origin.line, (*origin.steps, *_section_steps(recipe), "model_configs"))
+    base = origin.under(*_section_steps(recipe), "model_configs")
     if not isinstance(raw, list):
         try:
             msgspec.convert(raw, tuple[NativeModelConfig, ...])
@@ -152,7 +152,7 @@ def _recipe_definitions(
     problems: list[str] = []
     broken: set[str] = set()
     for index, entry in enumerate(raw):
-        entry_origin = Origin(base.path, base.line, (*base.steps, index))
+        entry_origin = base.under(index)
         try:
             found.append((msgspec.convert(entry, NativeModelConfig), entry_origin))
         except msgspec.ValidationError as exc:
@@ -239,6 +239,15 @@ def _check_model(
             "credential (not shown); extra_body is written to the run's snapshot: use the provider's api_key with "
             "an environment-variable name instead"
         )
+
+
+def _existing_providers(name: str, settings: NativeSettings) -> str:
+    """What a model config naming provider ``name``, which the settings do not define, is told: the providers they
+    define (or that they define none, or that there is no file) and the closest one's name."""
+    names = sorted({provider.name for provider, _ in settings.providers})
+    if names:
+        return f" (its providers: {', '.join(map(repr, names))}){did_you_mean(name, names)}"
+    return " (it defines none)" if (settings.directory / PROVIDERS_FILE).is_file() else " (there is no such file)"
 
 
 def describe(
@@ -331,7 +340,7 @@ def describe(
             else:
                 problems.append(
                     f"{origin.at('provider')}: model alias {alias!r}: provider {model.provider!r} does not exist in "
-                    f"{settings.directory / PROVIDERS_FILE}"
+                    f"{settings.directory / PROVIDERS_FILE}{_existing_providers(model.provider, settings)}"
                 )
             rows.append(AliasRow(alias, "unresolved", model.provider or "-", "-", model.model, None, None))
             continue

@@ -28,7 +28,15 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from ddslurm.config import DD_BUILDER_FUNCTION, BuildAnswer, BuildRequest, GivenMCPProvider, RecipeSource, WorkflowShape
+from ddslurm.config import (
+    DD_BUILDER_FUNCTION,
+    BuildAnswer,
+    BuildRequest,
+    CodeLine,
+    GivenMCPProvider,
+    RecipeSource,
+    WorkflowShape,
+)
 from ddslurm.runtime._plugins import PLUGIN_GROUP
 from ddslurm.runtime._workflow import is_workflow, shape, stage_builder, stage_of
 from ddslurm.runtime.errors import BuilderFailure, RecipeError
@@ -263,14 +271,17 @@ def call_builder(request: BuildRequest) -> tuple[Any, Path, int | None]:
 
 def build(request: BuildRequest) -> BuildAnswer:
     """Call the builder and serialise the config it returns as Data Designer does; ``rebuild`` names the columns
-    whose config the YAML does not carry as it is, ``changes`` says what it changes in each."""
+    whose config the YAML does not carry as it is, ``changes`` says what it changes in each; ``columns_at`` and
+    ``models_at`` where the user's code made each column and model config (:func:`_made_at`)."""
     from ddslurm.runtime._node_recipe import round_trip_changes
 
     function = request.function
     given: list[GivenMCPProvider] = []
+    columns_at: dict[str, CodeLine] = {}
+    models_at: dict[str, CodeLine] = {}
     workflow: WorkflowShape | None = None
     try:
-        with _mcp_providers_given(given, _may_create_data_designer(request)):
+        with _mcp_providers_given(given, _may_create_data_designer(request)), _made_at(columns_at, models_at):
             value, path, line = call_builder(request)
         if is_workflow(value):
             workflow = shape(value)
@@ -293,6 +304,8 @@ def build(request: BuildRequest) -> BuildAnswer:
         changes=changes,
         mcp_providers=tuple(given),
         workflow=workflow,
+        columns_at=columns_at,
+        models_at=models_at,
     )
 
 
@@ -304,6 +317,53 @@ def _placed(function: str, path: Path, line: int | None) -> Iterator[None]:
         yield
     except BuilderFailure as failure:
         raise BuilderFailure(f"{function}() {failure.message}", str(path), line) from None
+
+
+def _user_line() -> CodeLine | None:
+    """The deepest line of the user's own code on the stack now (the call being recorded), None when there is
+    none."""
+    frames = _own(traceback.extract_stack())
+    return CodeLine(file=frames[-1].filename, line=frames[-1].lineno) if frames and frames[-1].lineno else None
+
+
+@contextlib.contextmanager
+def _made_at(columns: dict[str, CodeLine], models: dict[str, CodeLine]) -> Iterator[None]:
+    """Record, while the builder is loaded and called, the line of the user's code that made each column (its
+    ``DataDesignerConfigBuilder.add_column`` call, by the column's name) and each model config (its
+    ``ModelConfig(...)``, by alias): a refusal of one can then name that line. A name made twice keeps the last
+    (as the builder keeps the last column of a name). Data Designer's classes are as they were afterwards."""
+    import data_designer.config as dd
+
+    builder, model = dd.DataDesignerConfigBuilder, dd.ModelConfig
+    add_column = builder.add_column
+    own_init = model.__dict__.get("__init__")  # pydantic's inherited one unless ModelConfig defines its own
+    model_init = model.__init__
+
+    def recording_add_column(self: Any, *args: Any, **kwargs: Any) -> Any:
+        added = add_column(self, *args, **kwargs)
+        config = args[0] if args else kwargs.get("column_config")
+        name = getattr(config, "name", None) if config is not None else kwargs.get("name")
+        place = _user_line()
+        if isinstance(name, str) and place is not None:
+            columns[name] = place
+        return added
+
+    def recording_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        model_init(self, *args, **kwargs)
+        alias, place = getattr(self, "alias", None), _user_line()
+        if isinstance(alias, str) and place is not None:
+            models[alias] = place
+
+    builder.add_column = recording_add_column
+    model.__init__ = recording_init
+    try:
+        yield
+    finally:
+        builder.add_column = add_column
+        if own_init is None:
+            del model.__init__
+        else:
+            model.__init__ = own_init
 
 
 def _is_mcp_provider(value: Any) -> bool:

@@ -51,7 +51,13 @@ def run_aliases(
     resolution. ``run_text``: the run file's text as read (``submit`` reads it once), else read here."""
     loaded = load_run_recipe(run, run_path, env, dd_home, runtime=runtime, host=host, stage=stage, run_text=run_text)
     resolution = describe_run_recipe(
-        run, run_path, loaded.data, loaded.origin, env, dd_home, given_mcp_providers=loaded.given_mcp_providers()
+        run,
+        run_path,
+        loaded.data,
+        loaded.content_origin(),
+        env,
+        dd_home,
+        given_mcp_providers=loaded.given_mcp_providers(),
     )
     return loaded, resolution
 

@@ -166,7 +166,7 @@ def prepare_inputs(
         place = None
         if loaded.workflow is not None:  # the run of one of its stages
             run, place = stage_run(run, run_path, profile_path, loaded.workflow, stage)
-        refuse_unshardable(recipe, loaded.origin)
+        refuse_unshardable(recipe, loaded.content_origin())
         if resolution.problems:
             raise ResolutionError(list(resolution.problems))
         snapshot: ProviderSnapshot = resolution.snapshot
@@ -240,10 +240,14 @@ def prepare_inputs(
     if check.problems:
         # What the check (and a builder script it ran again) said, with every secret value of the shell redacted
         shown = secret_values(hidden, env)
-        lines = "\n".join(f"  {redact(place_refusal(p, recipe_path, recipe), shown)}" for p in check.problems)
+        names = seed_cols  # with the recipe's columns, what a template can name
+        lines = "\n".join(
+            f"  {redact(place_refusal(p, recipe_path, recipe, columns_at=loaded.columns_at, names=names), shown)}"
+            for p in check.problems
+        )
         raise SubmitError(f"{recipe_path}: Data Designer refuses the recipe:\n{lines}")
     if snapshot.mcp_providers:
-        problems = check_tools(recipe, Origin(loaded.origin), snapshot, env, settings_dir(env, home), runtime, host)
+        problems = check_tools(recipe, loaded.content_origin(), snapshot, env, settings_dir(env, home), runtime, host)
         if problems:
             raise SubmitError("the recipe's MCP tools cannot be used:\n" + "\n".join(f"  {p}" for p in problems))
     if check_endpoints is not None:  # last: it asks every hosted endpoint over the network

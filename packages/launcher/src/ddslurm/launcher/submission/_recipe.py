@@ -69,6 +69,7 @@ from ddslurm.config import (
     parse_recipe_ref,
     read_text_file,
     read_yaml,
+    recipe_section,
     sha256_bytes,
     to_builtins,
 )
@@ -145,6 +146,25 @@ class LoadedRecipe:
     with the script's line that does: Data Designer's fields, a key as the script wrote it."""
     workflow: LoadedWorkflow | None = None
     """The builder returned a Data Designer workflow: :attr:`data` is the config of its stage ``workflow.index``."""
+    columns_at: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """Where the builder's code made each column, by name (``/abs/build.py:27``: its ``add_column`` call)."""
+    models_at: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """Where the builder's code made each model config, by alias (its ``ModelConfig(...)``)."""
+
+    def content_origin(self) -> Origin:
+        """How errors about the recipe's content name it (:attr:`origin`), each column and model config of a
+        builder's config placed at the line that made it (``Origin.placed``)."""
+        section = recipe_section(self.data)
+        steps: tuple[str, ...] = ("data_designer",) if section is not self.data else ()
+        placed: list[tuple[tuple[str | int, ...], str]] = []
+        for key, field, made in (("columns", "name", self.columns_at), ("model_configs", "alias", self.models_at)):
+            entries = section.get(key)
+            for index, entry in enumerate(entries if isinstance(entries, list) else []):
+                name = entry.get(field) if isinstance(entry, Mapping) else None
+                where = made.get(name) if isinstance(name, str) else None
+                if where is not None:
+                    placed.append(((*steps, key, index), where))
+        return Origin(self.origin, placed=tuple(placed))
 
     def given_mcp_providers(self) -> list[tuple[Mapping[str, Any], Origin]]:
         """:attr:`mcp_providers`, placed in the script (for ``providers.with_given_mcp_providers``)."""
@@ -285,6 +305,8 @@ def load_run_recipe(
         changes=result.changes,
         mcp_providers=given,
         workflow=workflow,
+        columns_at={name: str(at) for name, at in result.columns_at.items()},
+        models_at={alias: str(at) for alias, at in result.models_at.items()},
     )
 
 

@@ -52,10 +52,10 @@ REFUSED_PROCESSORS: Mapping[str, str] = {
 """Processor types refused at submit, with the reason."""
 
 
-def refuse_unshardable(recipe: Mapping[str, Any], origin: Path) -> None:
+def refuse_unshardable(recipe: Mapping[str, Any], origin: Path | Origin) -> None:
     """Refuse (:class:`SubmitError`) the first column or processor of ``recipe`` whose type cannot be sharded
     exactly, at ``origin``'s line and column of its type (``origin``: the recipe file, or the builder's
-    ``build.py:function()``, which has none)."""
+    ``build.py:function()``, which has none: its line that made the column, where the build recorded it)."""
     section = recipe_section(recipe)
     prefix: list[str | int] = ["data_designer"] if section is not recipe else []
     for key, field, refused in (
@@ -68,5 +68,6 @@ def refuse_unshardable(recipe: Mapping[str, Any], origin: Path) -> None:
             if kind in refused:
                 steps = [*prefix, key, i, field]
                 name = entry.get("name")
-                where = Origin(origin).at(*steps, shown=f"{key}[{i}].{field}")
+                placed = origin if isinstance(origin, Origin) else Origin(origin)
+                where = placed.at(*steps, shown=f"{key}[{i}].{field}")
                 raise SubmitError(f"{where} ({name!r}): {refused[kind]}")
