@@ -33,7 +33,8 @@ from ddslurm.launcher.commands._session import (
     write_lines,
 )
 from ddslurm.launcher.errors import CollectFailedError
-from ddslurm.launcher.runs._steer import Cancelled, shards_named
+from ddslurm.launcher.runs._records import shards_named
+from ddslurm.launcher.runs._steer import Cancelled
 
 # --- steering: cancel, retry, accept-partial ---
 

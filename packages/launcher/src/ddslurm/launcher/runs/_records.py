@@ -1,10 +1,12 @@
 """What a run directory records, read as every command reads it: the submissions and how far the submission plan
 got, the attempts of each shard (and its stage), the claims of pulling arrays and the cancel record; and finding a
-run directory by path or run id. No scheduler is asked (``_status`` adds what Slurm says)."""
+run directory by path or run id; shards as messages name them. No scheduler is asked (``_status`` adds what Slurm
+says)."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +21,7 @@ from ddslurm.config import (
     SubmissionRecord,
     SubmitPlanRecord,
     check_run_tree,
+    compact_ranges,
     read_json,
 )
 from ddslurm.launcher.errors import RunNotFoundError
@@ -119,3 +122,8 @@ def find_run(ref: str, workspace: Path | None) -> RunLayout:
         return found
     where = f" or in {workspace / 'runs'}" if workspace else " (pass a run directory, or --profile to look up ids)"
     raise RunNotFoundError(f"no run {ref!r} found as a directory{where}")
+
+
+def shards_named(shards: Sequence[int]) -> str:
+    """``shard 2``, ``shards 1-3,5``: shards as messages name them."""
+    return f"shard {shards[0]}" if len(shards) == 1 else f"shards {compact_ranges(shards)}"

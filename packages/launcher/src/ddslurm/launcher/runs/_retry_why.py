@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Literal
 
 from ddslurm.config import AttemptRecord, ConfigError, Plan, ProviderSnapshot, RunLayout, read_json, read_plan
 from ddslurm.launcher.errors import RetryRefusedError
-from ddslurm.launcher.runs._records import attempt_records
+from ddslurm.launcher.runs._records import attempt_records, shards_named
 from ddslurm.launcher.runs._status_model import RunStatus, ShardStatus
 
 if TYPE_CHECKING:
@@ -129,8 +129,6 @@ class Repeated:
 
     def text(self, layout: RunLayout) -> str:
         """One sentence a user acts on: the shards, why a retry would fail the same way, and the way out."""
-        from ddslurm.launcher.runs._steer import shards_named
-
         way_out = self.why.way_out.format(run_file=layout.run_file, run=layout.root)
         return (
             f"{shards_named(self.shards)} failed with {self.reason}, and a retry would fail the same way: "
@@ -236,8 +234,6 @@ def check_refused_keys(
     """After shards ``refused`` ended ``key_refused``: a :class:`RetryRefusedError` while a provider of the run still
     refuses the key this shell holds (naming the variable and the provider, never the value); else warnings for the
     providers that could not be asked (the retry goes on, as before)."""
-    from ddslurm.launcher.runs._steer import shards_named
-
     answers = ask_keys(read_json(layout.snapshot, ProviderSnapshot), env, check)
     still = [a for a in answers if a.refused]
     if still:

@@ -26,7 +26,6 @@ from ddslurm.config import (
     SubmissionRecord,
     WinnerRecord,
     atomic_write,
-    compact_ranges,
     encode,
     publish_once,
     read_json,
@@ -35,7 +34,13 @@ from ddslurm.config import (
 )
 from ddslurm.launcher.cluster._slurm import Slurm
 from ddslurm.launcher.errors import LauncherError, SlurmError, UsageError
-from ddslurm.launcher.runs._records import attempt_records, cancel_record, submission_progress, submissions
+from ddslurm.launcher.runs._records import (
+    attempt_records,
+    cancel_record,
+    shards_named,
+    submission_progress,
+    submissions,
+)
 from ddslurm.launcher.runs._status import run_status
 from ddslurm.launcher.runs._status_model import RunStatus, ShardStatus
 from ddslurm.launcher.runs._status_scheduler import PENDING, query
@@ -224,11 +229,6 @@ def _weigh_failures(
     repeated = repeated_failures(layout, plan, todo, fresh=fresh)
     warnings += refuse_repeated(layout, repeated, [s.shard for s in todo], force=force)
     return tuple(warnings), repeated
-
-
-def shards_named(shards: Sequence[int]) -> str:
-    """``shard 2``, ``shards 1-3,5``: shards as messages name them."""
-    return f"shard {shards[0]}" if len(shards) == 1 else f"shards {compact_ranges(shards)}"
 
 
 @dataclass(frozen=True, slots=True)
