@@ -305,8 +305,9 @@ def test_a_spares_shard_is_waiting_a_cancelled_one_cancelled_and_only_the_worker
     """Issue 40: one allocation of two client workers pulls five shards. Shards 0 and 1 are its workers' (1 has no
     progress file yet: 0 rows, not "-"), 2 its spare that waits for a worker's slot, 3 a spare whose shard was cancelled
     (its record still says running: the allocation stops it in its next round), 4 a spare promoted (its client began
-    generating). Status shows 2 waiting, never running; 3 cancelled at once; running only what generates, each
-    rate over the time since its client began generating; retry leaves 2 and 3 alone."""
+    generating) in the slot of shard 0, whose last records are in flight (its controller marked it draining). Status
+    shows 2 waiting, never running; 3 cancelled at once; 0 draining; running only the workers' slots (no more than
+    client_workers), each rate over the time since its client began generating; retry leaves 2 and 3 alone."""
     layout, env = _pulling_run(tmp_path, shards=5, extra="allocations: 1\nclient_workers: 2\n")
     for shard in range(5):
         _claim(layout, shard, 0)
@@ -316,6 +317,7 @@ def test_a_spares_shard_is_waiting_a_cancelled_one_cancelled_and_only_the_worker
     _attempt_of(layout, 3, spare=True)
     layout.shard(3).cancelled.write_text("{}")
     _attempt_of(layout, 4, spare=True, generating_at=f"{T0}:00:40+00:00")
+    layout.shard(0).attempt("attempt-500").draining.touch()  # the controller's mark: its slot is the spare's
     for shard, rows, in_batch in ((0, 3, 1), (4, 0, 2)):
         progress = Progress(rows=rows, batches=1, updated_at="-", in_batch=in_batch)
         atomic_write(layout.shard(shard).attempt("attempt-500").progress, encode(progress))
@@ -324,18 +326,22 @@ def test_a_spares_shard_is_waiting_a_cancelled_one_cancelled_and_only_the_worker
     status = run_status(layout, Slurm(runner), now=now)
     shown = [(s.state, s.rows, s.rate, s.reason) for s in status.shards]
     assert shown == [
-        ("running", 3 + 1, round(4 / 40, 2), None),  # 4 rows in the 40 s since its client began generating
+        ("draining", 3 + 1, round(4 / 40, 2), None),  # 4 rows in the 40 s since its client began generating
         ("running", 0, None, None),
         ("waiting", None, None, None),
         ("cancelled", None, None, "shard_cancelled"),
         ("running", 2, round(2 / 20, 2), None),
     ]
-    assert status.state == "running" and status.counts == {"running": 3, "waiting": 1, "cancelled": 1}
-    assert status.records_done == 4 + 0 + 2
+    assert status.state == "running"
+    assert status.counts == {"draining": 1, "running": 2, "waiting": 1, "cancelled": 1}
+    assert status.counts["running"] <= 2  # the allocation's client_workers
+    assert status.records_done == 4 + 0 + 2  # a draining shard's rows are made rows
     # the console: its own state and colour; --json the same states
     text = status_text(status).splitlines()
     assert re.match(r"\s*1\s+running\s+0/10\s", text[4]) and re.match(r"\s*2\s+waiting\s+-/10\s", text[5]), text
-    assert STATE_STYLES["waiting"] not in {STATE_STYLES["running"], STATE_STYLES["pending"]}
+    assert re.match(r"\s*0\s+draining\s+4/10\s", text[3]), text
+    styles = [STATE_STYLES[state] for state in ("waiting", "draining", "running", "pending")]
+    assert len(set(styles)) == len(styles)
     out = io.StringIO()
     code = main(["status", str(layout.root), "--json"], env=env, slurm=Slurm(runner), stdout=out, stderr=io.StringIO())
     assert code == 0 and [s["state"] for s in json.loads(out.getvalue())["shards"]][2:4] == ["waiting", "cancelled"]

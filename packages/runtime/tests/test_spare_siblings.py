@@ -475,13 +475,18 @@ def test_workers_that_share_the_replicas_each_have_a_spare_and_drain_together(tm
     start cold, after a process start and Data Designer's import, with its share of the replicas idle)."""
     with _serving_started(tmp_path, 6, 10, capacity=8, workers=2) as (layout, launcher, workers):
         assert launcher.running() == [0, 1, 2, 3] and launcher.spares() == [2, 3]
+        marker = [layout.shard(shard).attempt(f"attempt-{JOB}").draining for shard in range(6)]
+        assert not any(m.exists() for m in marker)  # nothing drains yet
         _progress(layout, 0, rows=5, in_batch=2)  # both drain: 3 left each, all in flight
         _progress(layout, 1, rows=6, in_batch=1)
         workers.top_up(NoProxies())
         assert launcher.running() == [0, 1, 2, 3, 4, 5] and launcher.spares() == [2, 3, 4, 5]
+        # the controller marks the draining shards (status shows them draining, their slots the spares')
+        assert [m.exists() for m in marker] == [True, True, False, False, False, False]
         assert workers.idle() is False
         _finish_each(workers, launcher, 6)
     assert workers.idle() and workers.exit_code() == 0 and _states(layout, 6) == ["succeeded"] * 6
+    assert not any(m.exists() for m in marker)  # an ended attempt keeps no mark
 
 
 def test_a_cpu_stage_allocation_keeps_one_spare_whatever_its_workers(tmp_path: Path) -> None:

@@ -74,6 +74,13 @@ class AttemptLayout:
         return self.dir / "client-usage.json"
 
     @property
+    def draining(self) -> Path:
+        """Present while the attempt's shard drains in a pulling allocation (its last records in flight, its worker
+        slot given to a spare): written and removed by the allocation's controller only, never by the client, so no
+        writer of ``attempt.json`` races it. ``status`` shows such a shard ``draining``, not ``running``."""
+        return self.dir / "draining"
+
+    @property
     def hosted_requests(self) -> Path:
         """Every hosted request of the attempt's client runs, as sent and answered
         (:class:`~ddslurm.config.HostedRequest` lines)."""

@@ -182,6 +182,20 @@ class Work:
     """When its progress first showed records done, and how many (its rate is measured from there)."""
 
 
+def _mark(work: Work, *, draining: bool) -> None:
+    """Say on disk whether ``work``'s shard drains (``AttemptLayout.draining``: ``status`` shows it ``draining``,
+    its slot a spare's); a file the controller alone writes, so the client's writes of its record never race it.
+    Best effort: a marker that cannot be written changes only what ``status`` shows."""
+    marker = work.began.layout.draining
+    try:
+        if draining:
+            marker.touch(mode=0o600)
+        else:
+            marker.unlink(missing_ok=True)
+    except OSError as exc:
+        work.log.warning("client.draining_marker", error=str(exc))
+
+
 class Workers:
     """The client workers of one allocation and the shards they take from ``source``.
 
@@ -344,6 +358,7 @@ class Workers:
                 return
             if not work.draining and self._drains(work):
                 work.draining = True
+                _mark(work, draining=True)
                 free -= 1
 
     def _occupied(self) -> int:
@@ -417,8 +432,11 @@ class Workers:
                 work.client = self._start_client(work.began, self.endpoints_file(work.began), resume=True)
                 work.runs += 1
                 work.draining = False  # generating again: it takes a slot
+                _mark(work, draining=False)
                 continue
             work.log.info("attempt.ended", state=record.state, rows=record.rows, client_runs=work.runs)
+            if work.draining:
+                _mark(work, draining=False)  # its record says how it ended now
             self._works.remove(work)
             self._outcomes.append(record)
         self._publish_free()

@@ -51,6 +51,7 @@ STATE_STYLES = {
     "succeeded": "green",
     "running": "cyan",
     "waiting": "blue",
+    "draining": "italic cyan",
     "pending": "yellow",
     "unknown": "yellow",
     "unsubmitted": "yellow",
@@ -281,7 +282,7 @@ def summary_line(st: RunStatus) -> str:
 
 def run_rate(st: RunStatus) -> float | None:
     """Rows per second of the run now: the sum of its running attempts' rates."""
-    rates = [s.rate for s in st.shards if s.state == "running" and s.rate]
+    rates = [s.rate for s in st.shards if s.state in ("running", "draining") and s.rate]
     return sum(rates) if rates else None
 
 

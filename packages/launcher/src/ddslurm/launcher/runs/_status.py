@@ -34,7 +34,7 @@ def run_state(
         return "succeeded"
     if incomplete and not cancelled:
         return "incomplete"
-    if states & {"running", "waiting"}:
+    if states & {"running", "waiting", "draining"}:
         return "running"
     if states & {"pending", "unknown"}:
         ended = states & {"succeeded", "failed", "partial", "cancelled", "corrupt"}
@@ -48,7 +48,7 @@ def run_state(
 
 def _rows_done(s: ShardStatus) -> int:
     """The rows a shard's status counts as done: its result's, or its running attempt's progress."""
-    return (s.rows or 0) if s.state in {"succeeded", "running"} else 0
+    return (s.rows or 0) if s.state in {"succeeded", "running", "draining"} else 0
 
 
 def _stage_rows(layout: RunLayout, s: ShardStatus, stage: int) -> list[int]:

@@ -20,6 +20,7 @@ ShardState = Literal[
     "pending",
     "waiting",
     "running",
+    "draining",
     "succeeded",
     "partial",
     "failed",
@@ -30,6 +31,8 @@ ShardState = Literal[
 ]
 """``waiting``: a running pulling allocation began the shard's attempt for a spare client, which waits for one of
 the allocation's worker slots (``client_workers``) and generates nothing until then.
+``draining``: the shard's last records are in flight in a pulling allocation, which gave its worker slot to a spare
+(the spare sets up meanwhile); it still generates, outside the allocation's ``client_workers``.
 ``corrupt``: the shard has a winner whose files no longer verify; it counts as failed, never as succeeded.
 ``unsubmitted``: no array of the run covers the shard (its submission stopped before it)."""
 StageName = Literal["gpu", "cpu"]

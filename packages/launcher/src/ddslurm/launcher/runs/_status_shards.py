@@ -69,6 +69,14 @@ def waiting_spare(attempt: AttemptRecord) -> bool:
     return attempt.spare and attempt.state == "running" and attempt.generating_at is None
 
 
+def draining(layout: RunLayout, shard: int, attempt: AttemptRecord, stage: int | None = None) -> bool:
+    """Whether ``attempt`` (of ``stage``'s shard, two-stage runs) drains: still running, and its allocation's
+    controller has marked it (``AttemptLayout.draining``: its last records in flight, its worker slot a spare's)."""
+    if attempt.state != "running":
+        return False
+    return os.path.lexists(layout.stage_shard(shard, stage).attempt(attempt.attempt).draining)
+
+
 def stopping(layout: RunLayout, status: ShardStatus) -> bool:
     """Whether a shard shown ``cancelled`` (its cancel record, ``cancel --shards``) is still being stopped: its
     allocation runs and its attempt's record still says ``running`` (the allocation records ``cancelled`` within a
@@ -291,7 +299,9 @@ def _shard_status(
     elif state.state in RUNNING and latest is not None and waiting_spare(latest):
         status.state = "waiting"  # its client waits for a worker's slot: it generates nothing yet
     elif state.state in RUNNING:
-        status.state = "running"
+        # its last records in flight, its worker slot a spare's: it still makes rows, outside client_workers
+        drains = latest is not None and draining(layout, index, latest, stage)
+        status.state = "draining" if drains else "running"
         if latest is not None and latest.state == "running":
             status.rows, status.rate = _progress(layout, index, latest, now, stage)
     elif state.state in PENDING:

@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from ddslurm.launcher.submission._aliases import EndpointCheck
     from ddslurm.planner import SubmissionPlan
 
-ACTIVE = {"running", "waiting", "pending", "unknown"}
+ACTIVE = {"running", "waiting", "draining", "pending", "unknown"}
 _LIVE = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "RESIZING", "SUSPENDED", "RUNNING", "COMPLETING"}
 
 
