@@ -154,6 +154,21 @@ def test_a_retry_of_only_server_start_failed_shards_is_refused_unless_forced_and
     assert len(slurm.commands("sbatch")) == 1
 
 
+def test_a_server_killed_before_it_was_ready_is_retried_without_a_word(tmp_path: Path, provider: RunningServer) -> None:
+    """A server killed by a signal before it was ready (``server_killed``: kill -9, the OOM killer) is not the plan's
+    doing: retry submits it as any failure, and status gives no "would fail the same way" (the fault campaign's seed
+    461692 killed a starting server and its retries were refused)."""
+    layout, env = _submitted(tmp_path, provider.base_url, RIGHT, shards=2)
+    for shard in (0, 1):
+        _failed(layout, shard, "server_killed")
+    slurm = _ended(2)
+    code, out, _ = _cli(["status", str(layout.root)], env, slurm)
+    assert code == ExitCode.OK and "would fail the same way" not in out
+    code, out, err = _cli(["retry", str(layout.root)], env, slurm)
+    assert code == ExitCode.OK, err
+    assert out == "retrying 2 shard(s) as array job(s) 5000\n" and len(slurm.commands("sbatch")) == 1
+
+
 def test_a_mix_retries_every_shard_and_names_those_that_would_fail_the_same_way(
     tmp_path: Path, provider: RunningServer
 ) -> None:

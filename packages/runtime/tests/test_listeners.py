@@ -23,7 +23,7 @@ import pytest
 from ddslurm.runtime._listeners import ListenerNotOursError, check_own_listener, listeners
 from ddslurm.runtime._log import new_logger
 from ddslurm.runtime._proxy import Proxy, ProxyConfig
-from ddslurm.runtime._serving import ServerStartError, wait_ready
+from ddslurm.runtime._serving import ServerKilledError, ServerStartError, wait_ready
 from ddslurm.runtime._steps import StepSpec
 
 TOKEN = "attempt-token-listeners-0123456789"
@@ -146,6 +146,32 @@ def test_a_server_that_dies_before_it_is_ready_still_fails_fast(tmp_path: Path) 
     (tmp_path / "server.log").write_text("address already in use\n")
     with httpx.Client() as client, pytest.raises(ServerStartError, match="address already in use"):
         wait_ready(Exited(tmp_path / "server.log"), f"http://127.0.0.1:{_free_port()}", "served", 5.0, client=client)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("code", "reason", "said"),
+    [
+        (3, "server_start_failed", "exited with status 3"),
+        (137, "server_killed", "was killed (status 137, signal 9)"),  # srun's 128 + SIGKILL
+        (-15, "server_killed", "was killed (status -15, signal 15)"),  # a step run outside Slurm
+    ],
+)
+def test_a_server_killed_before_it_is_ready_is_told_from_one_that_exited(
+    tmp_path: Path, code: int, reason: str, said: str
+) -> None:
+    """Issue 40: a server killed by a signal (kill -9, the OOM killer) is ``server_killed``, which ``retry`` runs;
+    one that exited by itself (a bad flag, a model it cannot load) is ``server_start_failed``, which the frozen
+    plan repeats. Both keep the log's tail."""
+
+    class Ended(_LiveStep):
+        def poll(self) -> int | None:
+            return code
+
+    (tmp_path / "server.log").write_text("last words\n")
+    with httpx.Client() as client, pytest.raises(ServerStartError) as raised:
+        wait_ready(Ended(tmp_path / "server.log"), f"http://127.0.0.1:{_free_port()}", "served", 5.0, client=client)  # type: ignore[arg-type]
+    assert raised.value.reason == reason and isinstance(raised.value, ServerKilledError) == (reason == "server_killed")
+    assert said in str(raised.value) and "last words" in str(raised.value)
 
 
 def _proxy(upstreams: list[str]) -> Proxy:

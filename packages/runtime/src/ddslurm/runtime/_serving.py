@@ -32,7 +32,26 @@ class ServerError(RuntimeFailure):
 
 
 class ServerStartError(ServerError):
+    """A server (or a rank of one) exited by itself before it was ready: its command line, image or model, which
+    the plan freezes, is the first suspect (``ddslurm retry`` says so)."""
+
     reason = "server_start_failed"
+
+
+class ServerKilledError(ServerStartError):
+    """A server (or a rank of one) was killed by a signal before it was ready (``kill``, the kernel's OOM killer, a
+    node being drained): something outside its command line ended it, and a new attempt may well start it."""
+
+    reason = "server_killed"
+
+
+def start_failure(name: str, code: int, before: str) -> ServerStartError:
+    """The error of a step ``name`` that exited with ``code`` before ``before`` was ready: killed by a signal (a
+    negative code, or 128 + the signal as srun reports it) or exited by itself."""
+    if code < 0 or code > 128:
+        signal = -code if code < 0 else code - 128
+        return ServerKilledError(f"{name} was killed (status {code}, signal {signal}) before {before} was ready")
+    return ServerStartError(f"{name} exited with status {code} before {before} was ready")
 
 
 class ServerNotReadyError(ServerError):
@@ -170,18 +189,14 @@ def wait_ready(
         if code is not None:
             if watch is not None:
                 watch()
-            raise ServerStartError(
-                f"{step.name} exited with status {code} before it was ready; last lines of {step.spec.log}:\n"
-                f"{read_tail(step.spec.log)}"
-            )
+            failure = start_failure(step.name, code, "it")
+            raise type(failure)(f"{failure}; last lines of {step.spec.log}:\n{read_tail(step.spec.log)}")
         for rank in ranks:
             if (code := rank.poll()) is not None:
                 if watch is not None:
                     watch()
-                raise ServerStartError(
-                    f"{rank.name} exited with status {code} before {step.name} was ready; last lines of "
-                    f"{rank.spec.log}:\n{read_tail(rank.spec.log)}"
-                )
+                failure = start_failure(rank.name, code, step.name)
+                raise type(failure)(f"{failure}; last lines of {rank.spec.log}:\n{read_tail(rank.spec.log)}")
         if is_healthy(client, url):
             check_own_listener(url)
             if served_name is None or _serves(client, url, served_name, token):

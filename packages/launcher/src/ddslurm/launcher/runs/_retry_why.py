@@ -78,7 +78,8 @@ instead. ``retry`` refuses a retry of only such shards unless forced (``--force`
 the plan, a node's disk, another user's port, a ``python_env`` fixed since) and names the ones of a mix; ``status``
 and ``wait`` say so under the shard table. ``key_refused`` is not here: the key is read from the retrying shell, so
 ``retry`` asks the provider whether it still refuses it instead. ``inputs_invalid`` is not either: restoring the
-file the message names is the way out, and a retry then runs."""
+file the message names is the way out, and a retry then runs. Nor ``server_killed``: a server killed by a signal
+before it was ready (``kill``, the OOM killer) was ended from outside its command line."""
 
 
 def _cause(layout: RunLayout, plan: Plan, status: ShardStatus) -> tuple[str | None, AttemptRecord | None]:
