@@ -68,6 +68,11 @@ def test_home_access_check_fires(snippet: str) -> None:
     assert home_access(snippet, "bad.py")
 
 
+def _printed(code: str) -> str:
+    """What ``code`` prints, run by a fresh interpreter (nothing imported before it)."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+
+
 def test_runtime_and_collector_do_not_load_higher_layers() -> None:
     code = (
         "import sys, ddslurm.runtime, ddslurm.runtime.cli, ddslurm.collector, ddslurm.collector.cli\n"
@@ -75,8 +80,7 @@ def test_runtime_and_collector_do_not_load_higher_layers() -> None:
         "'ddslurm.providers')))\n"
         "print(','.join(bad))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == ""
+    assert _printed(code) == ""
 
 
 def test_importing_packages_has_no_heavy_side_effects() -> None:
@@ -90,11 +94,27 @@ def test_importing_packages_has_no_heavy_side_effects() -> None:
     assert out.stdout.strip() == "[]"
 
 
+def test_only_the_config_command_line_loads_typer_of_the_node_side_packages() -> None:
+    """``ddslurm.config.cli`` (``ddslurm-config``) is a Typer app; every other module of the config, and the runtime
+    and the collector the nodes run, load neither Typer nor Rich (the ``cli-libraries`` import contract checks the
+    direct imports, this what importing them loads)."""
+    code = (
+        "import importlib, pkgutil, sys, ddslurm.config\n"
+        "for m in pkgutil.iter_modules(ddslurm.config.__path__):\n"
+        "    if m.name != 'cli': importlib.import_module('ddslurm.config.' + m.name)\n"
+        "import ddslurm.runtime, ddslurm.runtime.cli, ddslurm.collector, ddslurm.collector.cli\n"
+        "before = sorted(m for m in ('typer', 'rich') if m in sys.modules)\n"
+        "import ddslurm.config.cli\n"
+        "print(before, 'typer' in sys.modules)"
+    )
+    assert _printed(code) == "[] True"
+
+
 def test_import_contracts_hold() -> None:
     lint = Path(sys.executable).parent / "lint-imports"
     out = subprocess.run([str(lint)], capture_output=True, text=True, cwd=REPO, check=False)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "Contracts: 5 kept, 0 broken." in out.stdout
+    assert "Contracts: 6 kept, 0 broken." in out.stdout
 
 
 def test_the_private_modules_contract_finds_an_import_of_another_packages_private_module(tmp_path: Path) -> None:

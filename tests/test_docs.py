@@ -452,6 +452,7 @@ def test_config_check_of_the_examples() -> None:
             text=True,
         )
         assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.startswith("name: ") or "\nname: " in proc.stdout, proc.stdout  # the file, resolved
 
 
 @pytest.mark.slurm

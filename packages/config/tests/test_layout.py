@@ -1,14 +1,12 @@
-"""The run-directory layout and the ``ddslurm-config check`` command."""
+"""The run-directory layout."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 from ddslurm.config import LAYOUT_VERSION, AttemptLayout, RunLayout, ShardLayout, attempt_id_for
-from ddslurm.config.cli import main
 
 pytestmark = pytest.mark.smoke  # make test-isolated runs these with only the package's dependencies
 
@@ -89,40 +87,6 @@ def test_every_run_path_is_inside_the_run_root() -> None:
     paths += [RUN.shard(1).attempt("attempt-1").output]
     assert all(p.is_relative_to(RUN.root) and p != RUN.root for p in paths)
     assert len(set(paths)) == len(paths)
-
-
-# --- ddslurm-config check ---
-
-
-def test_cli_check_prints_the_run_file_with_defaults(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = tmp_path / "run.yaml"
-    path.write_text("name: demo\nrecipe: r.yaml\nnum_records: 4\n", encoding="utf-8")
-
-    assert main(["check", str(path)]) == 0
-
-    out = json.loads(capsys.readouterr().out)
-    assert out["shards"] == 1
-    assert out["submission"]["time_limit"] == "01:00:00"
-
-
-def test_cli_check_profile_resolves_paths(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = tmp_path / "profile.yaml"
-    path.write_text("workspace: ws\npython_env: /env\n", encoding="utf-8")
-
-    assert main(["check", "--kind", "profile", str(path)]) == 0
-
-    assert json.loads(capsys.readouterr().out)["workspace"] == str(tmp_path.resolve() / "ws")
-
-
-def test_cli_check_reports_an_error_with_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = tmp_path / "run.yaml"
-    path.write_text("name: demo\nrecipe: r.yaml\nnum_records: 0\n", encoding="utf-8")
-
-    assert main(["check", str(path)]) == 2
-
-    captured = capsys.readouterr()
-    assert captured.out == ""
-    assert captured.err == f"error: {path}:3:1: num_records: expected int >= 1\n"
 
 
 def test_a_shards_gpu_stage_has_the_shards_own_layout_under_stage_0(tmp_path: Path) -> None:

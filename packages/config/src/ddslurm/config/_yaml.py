@@ -189,6 +189,20 @@ def read_yaml(path: Path, *, text: str | None = None, max_bytes: int = MAX_YAML_
         raise ConfigFileError(path, f"invalid YAML: {exc}") from exc
 
 
+def dump_yaml(obj: Any) -> str:
+    """``obj`` (a Struct, or plain data) as block-style YAML 1.2, fields in their declared order and ``null`` for
+    what is unset: what :func:`read_yaml` reads back to the same values."""
+    import io
+
+    yaml = YAML(typ="safe", pure=True)
+    yaml.default_flow_style = False
+    yaml.width = 1 << 16  # a long path or command stays on its line
+    yaml.sort_base_mapping_type_on_output = False  # type: ignore[assignment]
+    out = io.StringIO()
+    yaml.dump(msgspec.to_builtins(obj), out)
+    return out.getvalue()
+
+
 def to_builtins(node: Any) -> Any:
     """Turn a ruamel round-trip tree into plain dicts, lists and scalars (msgspec rejects ruamel subclasses)."""
     if isinstance(node, dict):

@@ -55,6 +55,12 @@ class ConfigFileError(ConfigError):
         """Every problem this error reports, each at its file:line:col (this one alone, here)."""
         return (self,)
 
+    def as_dict(self) -> dict[str, str | int | None]:
+        """This problem as the ``--json`` of ``ddslurm`` and ``ddslurm-config`` shows it: file, line, col, field,
+        message."""
+        where = {"file": str(self.path), "line": self.line, "col": self.col}
+        return {**where, "field": self.field, "message": self.message}
+
 
 class ConfigFileErrors(ConfigFileError):
     """Several problems of one file, each a :class:`ConfigFileError`, one line each in the message. ``path``,

@@ -98,3 +98,13 @@ NOT_CREDENTIALS: dict[str, str] = {
     "plain words": "a-story-about-three-llamas",
 }
 """Values the secret policy keeps: every place that judges a value by its shape accepts each of them."""
+
+
+def parse_only(app: Any, argv: list[str], *, prog: str) -> None:
+    """Parse ``argv`` as the command line of ``app`` (a Typer app's click group: ``typer.main.get_command``) and
+    its command, run nothing: every option and argument checked, every value converted; raises the app's usage
+    error (``typer.TyperException``) where the line does not parse. What a documented example is tested with."""
+    with app.make_context(prog, list(argv)) as ctx:
+        name, command, rest = app.resolve_command(ctx, [*ctx._protected_args, *ctx.args])
+        with command.make_context(name, rest, parent=ctx):
+            pass

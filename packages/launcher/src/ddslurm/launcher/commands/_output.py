@@ -183,11 +183,7 @@ def problems_json(exc: BaseException) -> dict[str, Any]:
     found = exc if isinstance(exc, ConfigFileError) else exc.__cause__
     if not isinstance(found, ConfigFileError):
         return {}
-    problems = [
-        {"file": str(p.path), "line": p.line, "col": p.col, "field": p.field, "message": p.message}
-        for p in found.problems
-    ]
-    return {"problems": problems}
+    return {"problems": [problem.as_dict() for problem in found.problems]}
 
 
 REPORTED: tuple[type[BaseException], ...] = (CommandFailed, typer.TyperException, DdslurmError)
