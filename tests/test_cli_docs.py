@@ -1,10 +1,12 @@
-"""docs/cli.md documents exactly the exit codes and the JSON error codes ``ddslurm`` has, and is linked."""
+"""docs/cli.md documents exactly the exit codes and the JSON error codes ``ddslurm`` has, the panels of its
+``--help``, and is linked."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
+from ddslurm.launcher.cli import PANELS
 from ddslurm.launcher.commands._output import ErrorCode, ExitCode
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,3 +37,13 @@ def test_the_error_code_table_is_the_error_code_enum() -> None:
 def test_the_cli_document_is_linked() -> None:
     for doc in (ROOT / "README.md", ROOT / "docs" / "architecture.md"):
         assert re.search(r"\]\((docs/)?cli\.md\)", doc.read_text()), f"{doc} does not link docs/cli.md"
+
+
+def test_the_panels_the_page_names_are_the_apps() -> None:
+    """The page's "groups the commands by job: **Panel** (`a`, `b`), ..." is ``ddslurm --help``'s panels."""
+    text = " ".join(CLI_DOC.read_text().split())
+    start = text.index("groups the commands by job:")
+    named = re.findall(r"\*\*([^*]+)\*\* \(([^)]*)\)", text[start : text.index(";", start)])
+    assert [(title, [c.strip(" `") for c in names.split(",")]) for title, names in named] == [
+        (title, [name for name, _ in commands]) for title, commands in PANELS
+    ]

@@ -5,13 +5,14 @@ Commands: init (--dir, --force), submit (--dry-run, --continue), tune (--records
 accept-partial, logs, collect (--local, --overwrite), report (--output), list. Every command takes --json (errors
 included); exit codes are :class:`ddslurm.launcher.commands._output.ExitCode`. Rendering for people lives in
 ``commands._console``, JSON and errors in ``commands._output``. This module holds the app, registers its commands
-(:data:`COMMANDS`) and runs it (:func:`main`); the commands live in ``commands._start`` (submit, providers, doctor,
-init, list), ``commands._follow`` (status, wait, logs, report), ``commands._steer`` (cancel, retry, accept-partial,
-collect), ``commands._tune`` (tune) and ``commands._workflow`` (workflow), with what they share in
-``commands._session``. A command only reads its options, takes the :class:`Session`, calls one service of the
-launcher (the functions
-``ddslurm.launcher`` exports: ``dry_run``, ``follow_run``, ``retry``, ``list_runs``, ...), renders what it returns
-and gives the exit code; what the command does lives in the service.
+in panels by job (:data:`PANELS`; each command's help is its docstring, ending with Examples that a test parses
+against the app: ``ddslurm.config.cli.help_text``) and runs it (:func:`main`); the commands live in
+``commands._start`` (submit, providers, doctor, init, list), ``commands._follow`` (status, wait, logs, report),
+``commands._steer`` (cancel, retry, accept-partial, collect), ``commands._tune`` (tune) and ``commands._workflow``
+(workflow), with what they share in ``commands._session``. A command only reads its options, takes the
+:class:`Session`, calls one service of the launcher (the functions ``ddslurm.launcher`` exports: ``dry_run``,
+``follow_run``, ``retry``, ``list_runs``, ...), renders what it returns and gives the exit code; what the command
+does lives in the service.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Annotated, Any, TextIO
 import typer
 from typer.main import get_command
 
+from ddslurm.config.cli import help_text, short_help, styled_app
 from ddslurm.launcher.cluster._slurm import Slurm
 from ddslurm.launcher.commands._follow import cmd_logs, cmd_report, cmd_status, cmd_wait
 from ddslurm.launcher.commands._output import (
@@ -74,16 +76,12 @@ def _show_version(ctx: typer.Context, value: bool) -> None:
     raise typer.Exit(int(ExitCode.OK))
 
 
-app = typer.Typer(
-    name="ddslurm",
-    help="Run NVIDIA Data Designer recipes on Slurm: submit a run as job arrays, follow it, steer its shards, "
-    "and collect one Parquet dataset. RUN is a run directory, or a run id with --profile or DDSLURM_PROFILE. "
-    "Exit codes and the JSON of every command: docs/cli.md.",
-    no_args_is_help=True,
-    add_completion=True,
-    pretty_exceptions_enable=False,
-    rich_markup_mode="rich",
-    context_settings={"help_option_names": ["-h", "--help"]},
+app = styled_app(
+    "ddslurm",
+    "Run NVIDIA Data Designer recipes on Slurm: submit a run as job arrays, follow it, steer its shards, and collect "
+    "one Parquet dataset. RUN is a run directory, or a run id with --profile or DDSLURM_PROFILE. Exit codes and "
+    "the JSON of every command: docs/cli.md.",
+    completion=True,
 )
 
 
@@ -107,27 +105,34 @@ def _top(
         session.json = session.json or as_json
 
 
-COMMANDS: tuple[tuple[str, Callable[..., Any]], ...] = (
-    ("submit", cmd_submit),
-    ("tune", cmd_tune),
-    ("providers", cmd_providers),
-    ("doctor", cmd_doctor),
-    ("status", cmd_status),
-    ("wait", cmd_wait),
-    ("workflow", cmd_workflow),
-    ("cancel", cmd_cancel),
-    ("retry", cmd_retry),
-    ("accept-partial", cmd_accept_partial),
-    ("logs", cmd_logs),
-    ("collect", cmd_collect),
-    ("report", cmd_report),
-    ("init", cmd_init),
-    ("list", cmd_list),
-)
+PANELS: tuple[tuple[str, tuple[tuple[str, Callable[..., Any]], ...]], ...] = (
+    (
+        "Start a run",
+        (("init", cmd_init), ("doctor", cmd_doctor), ("providers", cmd_providers), ("tune", cmd_tune),
+         ("submit", cmd_submit)),
+    ),
+    (
+        "Follow a run",
+        (("status", cmd_status), ("wait", cmd_wait), ("logs", cmd_logs), ("report", cmd_report), ("list", cmd_list)),
+    ),
+    (
+        "Steer and collect",
+        (("cancel", cmd_cancel), ("retry", cmd_retry), ("accept-partial", cmd_accept_partial),
+         ("collect", cmd_collect), ("workflow", cmd_workflow)),
+    ),
+)  # fmt: skip
+"""The commands by job, each job a panel of ``ddslurm --help`` (as Data Designer's CLI groups its commands), in the
+order a newcomer meets them."""
+
+COMMANDS: tuple[tuple[str, Callable[..., Any]], ...] = tuple(c for _, commands in PANELS for c in commands)
 """Every command of the app, in the order ``ddslurm --help`` lists them."""
 
-for _name, _command in COMMANDS:
-    app.command(_name)(_command)
+for _panel, _commands in PANELS:
+    for _name, _command in _commands:
+        # the help as the docstring says it, prose reflowed to the terminal, its Examples kept as written
+        app.command(
+            _name, help=help_text(_command.__doc__), short_help=short_help(_command.__doc__), rich_help_panel=_panel
+        )(_command)
 
 
 # --- the entry point ---

@@ -84,7 +84,18 @@ def cmd_status(
     as_json: JsonOpt = False,
 ) -> int:
     """Show the run and every shard: its stage (two-stage runs), state, rows, rate, attempt number, array task,
-    Slurm's state and why it failed."""
+    Slurm's state and why it failed.
+
+    Examples:
+        # The run and every shard, by its directory
+        ddslurm status ddslurm-work/runs/my-run-20260102-030405-a1b2c3
+
+        # By its run id in the profile's workspace, refreshed until it ends
+        ddslurm status my-run-20260102-030405-a1b2c3 --profile profile.yaml --watch
+
+        # For a script
+        ddslurm status ddslurm-work/runs/my-run-20260102-030405-a1b2c3 --json
+    """
     session = command_session(ctx, as_json)
     client = session_client(session, profile)
     if not watch:
@@ -125,7 +136,15 @@ def cmd_wait(
     ] = None,
     as_json: JsonOpt = False,
 ) -> int:
-    """Wait until the run ends, then show it; exit 0 only if it succeeded (progress on a terminal)."""
+    """Wait until the run ends, then show it; exit 0 only if it succeeded (progress on a terminal).
+
+    Examples:
+        # Wait for the run (exit 0 only if it succeeded)
+        ddslurm wait ddslurm-work/runs/my-run-20260102-030405-a1b2c3
+
+        # Give up after an hour (exit 3)
+        ddslurm wait ddslurm-work/runs/my-run-20260102-030405-a1b2c3 --timeout 3600
+    """
     session = command_session(ctx, as_json)
     client = session_client(session, profile)
     found = client.open(run)  # before the live view takes the terminal
@@ -185,7 +204,18 @@ def cmd_logs(
     ] = False,
     as_json: JsonOpt = False,
 ) -> int:
-    """Print a step's log of a shard's attempt; structured log lines as time, level, event and key=value."""
+    """Print a step's log of a shard's attempt; structured log lines as time, level, event and key=value.
+
+    Examples:
+        # The log of the first shard that failed (its server's if that failed)
+        ddslurm logs ddslurm-work/runs/my-run-20260102-030405-a1b2c3
+
+        # The last 200 lines of shard 3's vLLM server
+        ddslurm logs ddslurm-work/runs/my-run-20260102-030405-a1b2c3 --shard 3 --step server -n 200
+
+        # Follow shard 0's generation until the run ends
+        ddslurm logs ddslurm-work/runs/my-run-20260102-030405-a1b2c3 --shard 0 -f
+    """
     from ddslurm.launcher.runs._logs import LogFollower
 
     session = command_session(ctx, as_json)
@@ -215,7 +245,15 @@ def cmd_report(
 ) -> int:
     """Write a self-contained HTML report of the run (opens offline): every attempt's timeline, records/s,
     requests and tokens per model alias, GPU-hours allocated and spent generating, failures by reason, and the
-    dataset's column statistics. With --json, also print its numbers."""
+    dataset's column statistics. With --json, also print its numbers.
+
+    Examples:
+        # The HTML report, written to RUN/report.html
+        ddslurm report ddslurm-work/runs/my-run-20260102-030405-a1b2c3
+
+        # Written elsewhere, its numbers printed as JSON
+        ddslurm report ddslurm-work/runs/my-run-20260102-030405-a1b2c3 -o demo-report.html --json
+    """
     from ddslurm.launcher.commands._console import hosted_lines
     from ddslurm.launcher.facts._fact_check import fact_line
     from ddslurm.launcher.report import report_json

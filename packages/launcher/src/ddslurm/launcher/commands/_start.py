@@ -74,7 +74,18 @@ def cmd_submit(
     ] = False,
     as_json: JsonOpt = False,
 ) -> int:
-    """Capture the inputs, compile the plan and submit the run's job arrays."""
+    """Capture the inputs, compile the plan and submit the run's job arrays.
+
+    Examples:
+        # The plan, the arrays, the bill, the first batch script; nothing submitted
+        ddslurm submit run.yaml --profile profile.yaml --dry-run
+
+        # Submit the run, once each hosted endpoint has accepted the key
+        ddslurm submit run.yaml --profile profile.yaml --check-endpoints
+
+        # Submit the arrays that a submission stopped part-way did not submit
+        ddslurm submit --continue ddslurm-work/runs/my-run-20260102-030405-a1b2c3
+    """
     session = command_session(ctx, as_json)
     if continue_run:
         return _continue(session, str(run_file), profile)
@@ -186,7 +197,15 @@ def cmd_providers(
 ) -> int:
     """Show how the run's model aliases resolve, and what would stop a submit (never a key's value).
 
-    Exit 0 when submit would accept the providers (and every --check passed), 1 when the table shows problems."""
+    Exit 0 when submit would accept the providers (and every --check passed), 1 when the table shows problems.
+
+    Examples:
+        # How each model alias of the run resolves, and whether its key is set
+        ddslurm providers run.yaml
+
+        # Also ask each hosted endpoint: does it list the model, take the key?
+        ddslurm providers run.yaml --check --timeout 5
+    """
     from ddslurm.launcher.submission._aliases import describe_aliases
     from ddslurm.providers import check_endpoints
     from ddslurm.providers.cli import print_resolution
@@ -215,7 +234,15 @@ def cmd_doctor(
     """Check the cluster profile against this cluster: partitions, GPUs, memory, account, python_env, vLLM.
 
     Every check is shown (ok, problem at the profile's file:line:col, or skipped and why); exit 1 when any found a
-    problem. submit and submit --dry-run refuse the same problems."""
+    problem. submit and submit --dry-run refuse the same problems.
+
+    Examples:
+        # Check the cluster profile against this cluster
+        ddslurm doctor --profile profile.yaml
+
+        # Also the jobs of a run file, as submit --dry-run compiles them
+        ddslurm doctor --profile profile.yaml run.yaml
+    """
     from ddslurm.launcher.cluster._doctor import doctor
     from ddslurm.launcher.commands._console import check_table, show
 
@@ -261,7 +288,18 @@ def cmd_init(
     as_json: JsonOpt = False,
 ) -> int:
     """Write a run file and a cluster profile filled from this cluster (one sinfo), every field explained, and
-    print the commands to run next."""
+    print the commands to run next.
+
+    Examples:
+        # A run file and a cluster profile here, filled from this cluster
+        ddslurm init
+
+        # Also a starter recipe with one hosted model, in a new directory
+        ddslurm init --dir first-run --example hosted
+
+        # A model on the run's GPUs and a hosted judge, its stand-in on port 8123
+        ddslurm init --example mixed --port 8123
+    """
     from ddslurm.launcher.init._command import init_command
 
     session = command_session(ctx, as_json)
@@ -276,7 +314,15 @@ def cmd_init(
 
 @guarded
 def cmd_list(ctx: typer.Context, profile: ProfileOpt = None, as_json: JsonOpt = False) -> int:
-    """List the runs in the workspace, newest first: state, rows produced of those requested, age."""
+    """List the runs in the workspace, newest first: state, rows produced of those requested, age.
+
+    Examples:
+        # The runs of the profile's workspace, newest first
+        ddslurm list --profile profile.yaml
+
+        # For a script
+        ddslurm list --profile profile.yaml --json
+    """
     from ddslurm.launcher.commands._console import run_table, show
 
     session = command_session(ctx, as_json)

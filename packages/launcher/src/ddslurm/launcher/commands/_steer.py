@@ -50,7 +50,15 @@ def cmd_cancel(
     ] = None,
     as_json: JsonOpt = False,
 ) -> int:
-    """Cancel the whole run (every array, pending retries included) or the queued and running tasks of shards."""
+    """Cancel the whole run (every array, pending retries included) or the queued and running tasks of shards.
+
+    Examples:
+        # Cancel the whole run
+        ddslurm cancel ddslurm-work/runs/my-run-20260102-030405-a1b2c3
+
+        # Cancel shards 3 and 5 to 7 only
+        ddslurm cancel ddslurm-work/runs/my-run-20260102-030405-a1b2c3 --shards 3,5-7
+    """
     session = command_session(ctx, as_json)
     client = session_client(session, profile)
     found = client.open(run)
@@ -138,7 +146,21 @@ def cmd_retry(
     """Submit new attempts, as one array, for shards without a winner (resuming their batches).
 
     After key_refused the provider is asked with this shell's key first, and nothing is submitted while it still
-    refuses it; a retry of only shards whose failure the frozen plan would repeat is refused without --force."""
+    refuses it; a retry of only shards whose failure the frozen plan would repeat is refused without --force.
+
+    Examples:
+        # What a retry would submit and the rows each shard resumes; nothing changed
+        ddslurm retry ddslurm-work/runs/my-run-20260102-030405-a1b2c3 --dry-run
+
+        # Retry every shard without a result
+        ddslurm retry ddslurm-work/runs/my-run-20260102-030405-a1b2c3
+
+        # Shards 2 and 4 from nothing, not resuming their batches
+        ddslurm retry ddslurm-work/runs/my-run-20260102-030405-a1b2c3 --shards 2,4 --fresh
+
+        # Go on with a run cancelled as a whole
+        ddslurm retry ddslurm-work/runs/my-run-20260102-030405-a1b2c3 --resume-cancelled
+    """
     session = command_session(ctx, as_json)
     client = session_client(session, profile)
     found = client.open(run)
@@ -207,7 +229,12 @@ def cmd_accept_partial(
     as_json: JsonOpt = False,
 ) -> int:
     """Publish the best short result of each shard as its winner (marked partial); a two-stage shard whose GPU
-    stage ended short: as its GPU-stage result, then its CPU stage is submitted (as retry does)."""
+    stage ended short: as its GPU-stage result, then its CPU stage is submitted (as retry does).
+
+    Examples:
+        # Keep the rows shards 3 and 8 produced as their results
+        ddslurm accept-partial ddslurm-work/runs/my-run-20260102-030405-a1b2c3 --shards 3,8
+    """
     session = command_session(ctx, as_json)
     client = session_client(session, profile)
     found = client.open(run)
@@ -256,7 +283,15 @@ def cmd_collect(
 ) -> int:
     """Merge the shards' results into one Parquet dataset (RUN/dataset); the collector's exit codes.
 
-    Progress on a terminal: a bar over the batch files with --local, the job's elapsed time otherwise."""
+    Progress on a terminal: a bar over the batch files with --local, the job's elapsed time otherwise.
+
+    Examples:
+        # Merge the shards' results in a CPU Slurm job
+        ddslurm collect ddslurm-work/runs/my-run-20260102-030405-a1b2c3
+
+        # In this process, replacing an existing dataset
+        ddslurm collect ddslurm-work/runs/my-run-20260102-030405-a1b2c3 --local --overwrite
+    """
     from ddslurm.collector import print_result
     from ddslurm.launcher.commands._console import FileProgress, job_spinner
 

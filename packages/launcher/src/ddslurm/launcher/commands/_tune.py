@@ -95,7 +95,15 @@ def cmd_tune(
     ] = None,
     as_json: JsonOpt = False,
 ) -> int:
-    """Measure the run's model shapes and recipe in a short calibration run; record them in the workspace's facts."""
+    """Measure the run's model shapes and recipe in a short calibration run; record them in the workspace's facts.
+
+    Examples:
+        # Calibrate the run's models and recipe with a short run (64 records)
+        ddslurm tune run.yaml --profile profile.yaml
+
+        # A shorter calibration run, its measurements as JSON
+        ddslurm tune run.yaml --profile profile.yaml --records 16 --json
+    """
     from ddslurm.launcher.facts._tune import tune
 
     session = command_session(ctx, as_json)

@@ -45,7 +45,15 @@ def cmd_workflow(
     dataset, submit the next stage seeded from it; exit 0 with the last stage's dataset.
 
     Each step is taken once (a collected dataset is kept, the next stage's run is recorded in the run before), so
-    the command can be run again after a failed stage is retried; it goes on from where the workflow stands."""
+    the command can be run again after a failed stage is retried; it goes on from where the workflow stands.
+
+    Examples:
+        # Carry the workflow on from its first stage's run
+        ddslurm workflow ddslurm-work/runs/my-run-20260102-030405-a1b2c3
+
+        # Collect each stage in this process
+        ddslurm workflow ddslurm-work/runs/my-run-20260102-030405-a1b2c3 --local
+    """
     from ddslurm.launcher.runs._workflow import carry_on
 
     session = command_session(ctx, as_json)
