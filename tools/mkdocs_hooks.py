@@ -5,8 +5,13 @@ The site copies each such file to ``repo/<path>`` and points the link there, so 
 that the file exists instead of refusing every link that leaves ``docs/``.
 
 Code blocks that draw (box-drawing characters) are marked ``diagram``, with their longest line as ``--cols``: the
-site's stylesheet (docs/stylesheets/extra.css) keeps their lines and fits their font to the page, where every other
-code block wraps.
+site's stylesheet (docs/stylesheets/extra.css) fits their font to the page, where every other code block keeps its
+lines and scrolls.
+
+Inline code breaks between its words, never inside one: each word (a run without white space) of a code span up to
+``TOKEN_CHARS`` long is put in a ``<span class="tok">`` that the stylesheet keeps on one line (a reason code, an
+option, a field name), so a table's column is at least as wide as its longest code word; a longer word (a path) may
+still break where a phone's line ends.
 """
 
 from __future__ import annotations
@@ -23,6 +28,11 @@ DOCS = ROOT / "docs"
 _LINK = re.compile(r"\]\((\.\./[^)#\s]+)(#[^)\s]*)?\)")
 _CODE = re.compile(r"<pre>(<span></span><code>(.*?)</code></pre>)", re.S)
 _DRAWING = frozenset("┌┐└┘├┤┬┴┼─│═║╔╗╚╝")
+_PRE = re.compile(r"<pre\b.*?</pre>", re.S)
+_INLINE_CODE = re.compile(r"<code>([^<]*)</code>")
+_WORD = re.compile(r"\S+")
+TOKEN_CHARS = 32
+"""The longest code word kept on one line: about 270 CSS pixels of the site's code font, within a phone's line."""
 
 
 def _outside(page: Path, target: str) -> Path | None:
@@ -66,5 +76,24 @@ def _mark_drawing(match: re.Match[str]) -> str:
     return f'<pre class="diagram" style="--cols: {cols}">{match.group(1)}'
 
 
+def _keep_words(match: re.Match[str]) -> str:
+    """An inline code span with each of its words up to TOKEN_CHARS long in a ``tok`` span."""
+
+    def word(found: re.Match[str]) -> str:
+        text = found.group(0)
+        return f'<span class="tok">{text}</span>' if len(html.unescape(text)) <= TOKEN_CHARS else text
+
+    return f"<code>{_WORD.sub(word, match.group(1))}</code>"
+
+
+def _inline_code_words(html_text: str) -> str:
+    """``_keep_words`` on every inline code span (outside ``<pre>``: a code block keeps its lines anyway)."""
+    parts, at = [], 0
+    for block in _PRE.finditer(html_text):
+        parts += [_INLINE_CODE.sub(_keep_words, html_text[at : block.start()]), block.group(0)]
+        at = block.end()
+    return "".join([*parts, _INLINE_CODE.sub(_keep_words, html_text[at:])])
+
+
 def on_page_content(html_text: str, page: Any, config: Any, files: Files) -> str:
-    return _CODE.sub(_mark_drawing, html_text)
+    return _inline_code_words(_CODE.sub(_mark_drawing, html_text))
