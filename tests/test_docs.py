@@ -316,11 +316,27 @@ _FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 _PREFIX = re.compile(r"^\s*(?:\$\s+)?(?:uv run (?:--frozen )?)?ddslurm(?=\s|$)")
 
 
+def table_cells(row: str) -> list[str]:
+    """The cells of a Markdown table row, as Python-Markdown splits it: at each ``|`` outside a code span."""
+    cells, cell, code = [], "", False
+    for char in row.strip().removeprefix("|").removesuffix("|"):
+        if char == "`":
+            code = not code
+        if char == "|" and not code:
+            cells.append(cell.strip())
+            cell = ""
+        else:
+            cell += char
+    return [*cells, cell.strip()]
+
+
 def documented_command_lines() -> Iterator[tuple[str, str]]:
     """(page, line) for every line of a code block that runs ``ddslurm``, as written (comments, descriptions
-    after a wide gap, pipes and redirections cut off)."""
+    after a wide gap, pipes and redirections cut off), and every table cell that is one such command line in
+    backticks (docs/cli.md's command table)."""
     for page in PAGES:
-        for match in _FENCE.finditer(page.read_text()):
+        text = page.read_text()
+        for match in _FENCE.finditer(text):
             if match.group(1) not in {"", "bash", "sh", "console", "shell"}:
                 continue
             for raw in match.group(2).splitlines():
@@ -328,6 +344,11 @@ def documented_command_lines() -> Iterator[tuple[str, str]]:
                     continue
                 line = re.split(r"\s#\s|\s{3,}|\s\|\s|\s&\s*$|\s>", raw)[0].strip()
                 yield page.relative_to(ROOT).as_posix(), line
+        for row in re.findall(r"^\|.*\|$", _FENCE.sub("", text), re.M):
+            for cell in table_cells(row):
+                code = re.fullmatch(r"`([^`]+)`", cell)
+                if code is not None and _PREFIX.match(code.group(1)):
+                    yield page.relative_to(ROOT).as_posix(), code.group(1)
 
 
 def as_argv(line: str) -> list[str]:
