@@ -62,12 +62,14 @@ def attribute_docs(cls: type) -> dict[str, str]:
 
 
 def markdown(text: str) -> str:
-    """A docstring as one Markdown table cell: RST literals and roles as code, one line, pipes escaped."""
+    """A docstring as one Markdown table cell: RST literals and roles as code, one line, pipes escaped outside code
+    (inside a code span, Python-Markdown's tables take a pipe as it is and would show the backslash)."""
     text = re.sub(r":(?:func|class|data|meth|attr):`~?([^`]+)`", r"`\1`", text)
     text = text.replace("``", "`")
     text = re.sub(r"\bNone\b", "`null`", text)
     text = " ".join(text.split())
-    return text.replace("|", "\\|")
+    parts = text.split("`")
+    return "`".join(part if i % 2 else part.replace("|", "\\|") for i, part in enumerate(parts))
 
 
 def type_text(t: mi.Type) -> str:
