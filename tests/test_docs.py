@@ -414,6 +414,20 @@ def test_the_readme_set_up_commands_are_make_targets() -> None:
     assert {"demo", "test"} <= make_targets()
 
 
+def test_the_docs_name_the_sync_make_bootstrap_runs() -> None:
+    """Every ``uv sync`` the README and the docs show is the one ``make bootstrap`` runs (the README said
+    ``uv sync --locked``, which leaves the workspace's other packages out)."""
+    recipe = re.search(r"^bootstrap:.*\n(?:\t.*\n)*", (ROOT / "Makefile").read_text(), re.M)
+    assert recipe is not None
+    ran = re.findall(r"\$\(UV\) (sync[^\n]*)", recipe.group(0))
+    assert len(ran) == 1, recipe.group(0)
+    shown = {
+        (page.name, m.group(1).strip()) for page in PAGES for m in re.finditer(r"\buv (sync[^`#\n]*)", page.read_text())
+    }
+    assert {name for name, _ in shown} >= {"README.md"}
+    assert {(name, sync) for name, sync in shown if sync != ran[0].strip()} == set()
+
+
 def test_every_make_target_the_docs_name_exists() -> None:
     targets = make_targets()
     named = {m.group(1) for page in PAGES for m in re.finditer(r"(?:`|^)make ([a-z][a-z-]*)", page.read_text(), re.M)}
