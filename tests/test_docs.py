@@ -441,6 +441,36 @@ def test_make_help_lists_docs() -> None:
     assert re.search(r"^\s+docs\s", out, re.M)
 
 
+# --- the examples ------------------------------------------------------------------------------------------------
+
+
+def comment_blocks(text: str) -> list[list[str]]:
+    """The runs of whole-line ``#`` comments of a YAML file, each line without its ``#``."""
+    blocks: list[list[str]] = [[]]
+    for line in text.splitlines():
+        comment = re.match(r"\s*#\s?(.*)", line)
+        if comment is not None:
+            blocks[-1].append(comment.group(1))
+        elif blocks[-1]:
+            blocks.append([])
+    return [block for block in blocks if block]
+
+
+def test_the_examples_comments_are_whole_sentences() -> None:
+    """Each comment of the example files (which the docs link and users copy) begins a sentence and closes every
+    parenthesis it opens: the mixed example's header once began its second line in the middle of a sentence whose
+    start had been replaced."""
+    files = sorted((ROOT / "examples").rglob("*.yaml"))
+    assert len(files) > 5
+    cut = [
+        f"{path.relative_to(ROOT)}: {block[0]!r}"
+        for path in files
+        for block in comment_blocks(path.read_text())
+        if not re.match(r"[A-Z\"`]", block[0]) or " ".join(block).count("(") != " ".join(block).count(")")
+    ]
+    assert cut == [], cut
+
+
 # --- commands run as the README shows them -----------------------------------------------------------------------
 
 HOSTED_RUN = "examples/hosted-only/run.yaml"
