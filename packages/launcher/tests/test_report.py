@@ -323,7 +323,7 @@ def test_every_chart_agrees_with_the_headline(tmp_path: Path) -> None:
     assert set(traces["records/s over the run"].y) == {report.records_per_second}
     assert list(traces["records generated"].y) == [2, 3, 4, 5] and report.records_done == 5
     assert figure.layout.yaxis2.dtick == 1 and figure.layout.yaxis2.tickformat == ",d"  # whole records
-    assert figure.layout.xaxis.title.text == "time (UTC) from 2025-12-31 23:50:10"
+    assert figure.layout.xaxis.title.text == "time (UTC)<br>from 2025-12-31 23:50:10"
 
 
 def test_a_spares_wait_is_drawn_as_its_own_phase_not_as_generating(tmp_path: Path) -> None:
@@ -691,6 +691,19 @@ def test_a_two_stage_page_charts_both_stages_with_nothing_cut_off(tmp_path: Path
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (tools/install-browser)")
+def test_the_page_fits_a_phone(tmp_path: Path) -> None:
+    """At 390 CSS pixels (a phone) every chart and card fits the window, no label is cut off or under a legend, and
+    the page is no wider than the window (a wide table scrolls in its own box)."""
+    layout = make_report_run(tmp_path)
+    assert main(["report", str(layout.root)], slurm=Slurm(FakeSlurm(sacct=SACCT)), stdout=io.StringIO()) == 0
+    measured = page_layout(layout.root / "report.html", tmp_path, width=390)
+    assert measured["problems"] == []
+    assert {"timeline", "throughput", "models", "gpu", "failures"} <= {
+        k.removeprefix("chart-") for k in measured["legends"]
+    }
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (tools/install-browser)")
 def test_the_layout_check_sees_a_label_cut_off(tmp_path: Path) -> None:
     page = tmp_path / "cut.html"
     page.write_text(
@@ -699,10 +712,12 @@ def test_the_layout_check_sees_a_label_cut_off(tmp_path: Path) -> None:
         '<div class="card" style="width:40px;overflow:hidden">a very long card value</div>'
         '<div class="js-plotly-plot" id="chart-y" style="width:400px;height:100px"><svg width="400" height="100">'
         '<text x="10" y="50">Dec 31, 2025</text><g class="legend"><rect x="0" y="30" width="200" height="30"></rect>'
-        '<text x="120" y="50">queued</text></g></svg></div></body></html>'
+        '<text x="120" y="50">queued</text></g></svg></div><table id="long"><tr><td style="white-space:nowrap">'
+        f"{'a long cell ' * 200}</td></tr></table></body></html>"
     )
     problems = page_layout(page, tmp_path)["problems"]
     assert any("far right" in p for p in problems) and any("card" in p for p in problems), problems
+    assert any(p.startswith("the page is") and "table#long" in p for p in problems), problems
     assert 'chart-y: "Dec 31, 2025" is covered by the legend' in problems, problems
     assert not any("queued" in p for p in problems), problems
 

@@ -351,6 +351,11 @@ window.addEventListener("load", () => setTimeout(() => {
   for (const card of document.querySelectorAll(".card")) {
     if (card.scrollWidth > card.clientWidth + 1) problems.push(`card "${card.textContent}" overflows`);
   }
+  if (document.documentElement.scrollWidth > width + 1) {
+    const wider = [...document.body.querySelectorAll("*")].filter(e => e.getBoundingClientRect().right > width + 1
+      && !e.closest(".wide") && e.closest("svg") === null).map(e => e.tagName.toLowerCase() + (e.id ? "#" + e.id : ""));
+    problems.push(`the page is ${document.documentElement.scrollWidth} px wide in a ${width} px window: ${wider.slice(0, 5)}`);
+  }
   const out = document.createElement("pre");
   out.id = "layout-check";
   out.textContent = JSON.stringify({problems, legends});
@@ -359,19 +364,40 @@ window.addEventListener("load", () => setTimeout(() => {
 </script>"""
 
 
-def page_layout(page: Path, cwd: Path) -> dict[str, Any]:
-    """How a report page lays out in headless chromium (1400 px wide): ``problems`` (text of a chart drawn outside
-    it or under its legend, a chart wider than the page, a card whose text overflows it) and ``legends`` (each
-    chart's legend entries), measured by a script added to a copy of the page in ``cwd``."""
+_LAYOUT_FRAME = """<!doctype html><html><body style="margin:0"><iframe id="page" src="%(src)s"
+style="width:%(width)dpx;height:2000px;border:0"></iframe><script>
+const frame = document.getElementById("page");
+const copy = setInterval(() => {
+  const out = frame.contentDocument && frame.contentDocument.getElementById("layout-check");
+  if (!out) return;
+  clearInterval(copy);
+  const mine = document.createElement("pre");
+  mine.id = "layout-check";
+  mine.textContent = out.textContent;
+  document.body.appendChild(mine);
+}, 100);
+</script></body></html>"""
+"""The page in a frame ``width`` pixels wide (a headless window is never narrower than 500 px), and the frame's
+layout check copied out, where ``--dump-dom`` shows it."""
+
+
+def page_layout(page: Path, cwd: Path, width: int = 1400) -> dict[str, Any]:
+    """How a report page lays out in headless chromium ``width`` CSS pixels wide (1400: a desktop; 390: a phone):
+    ``problems`` (text of a chart drawn outside it or under its legend, a chart wider than the page, a card whose
+    text overflows it, a page wider than the window, naming what sticks out beyond a box that scrolls) and
+    ``legends`` (each chart's legend entries), measured by a script added to a copy of the page in ``cwd``."""
     import html
     import json
     import re
 
     checked = cwd / f"checked-{page.name}"
     checked.write_text(page.read_text().replace("</body>", _LAYOUT_CHECK + "</body>"))
+    framed = cwd / f"framed-{width}-{page.name}"
+    framed.write_text(_LAYOUT_FRAME % {"src": html.escape(checked.name), "width": width})
     done = run_chromium(
-        "--virtual-time-budget=15000", "--window-size=1400,2000", "--dump-dom", checked.as_uri(), cwd=cwd
-    )
+        "--virtual-time-budget=15000", f"--window-size={max(width, 500) + 40},2100", "--allow-file-access-from-files",
+        "--dump-dom", framed.as_uri(), cwd=cwd,
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     found = re.search(r'<pre id="layout-check">(.*?)</pre>', done.stdout, re.S)
     assert found is not None, "the layout check did not run"

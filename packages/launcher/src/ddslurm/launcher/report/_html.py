@@ -45,7 +45,8 @@ _COLOURS = {
     "publishing": "#3dbf6e",
 }
 
-# The scroll bar is there from the start: a chart is drawn at its container's width when its script runs, and a
+# A table wider than the window (a phone's) scrolls in its own box, so the page never does; a narrow window gets
+# narrower margins and no plotly toolbar, which would stand over the legend there (touch still zooms and pans). The scroll bar is there from the start: a chart is drawn at its container's width when its script runs, and a
 # scroll bar that appeared later, once the page had grown, would cut off the right edge of every chart drawn before.
 _CSS = """
 html{overflow-y:scroll}
@@ -54,12 +55,15 @@ h1{font-size:22px;margin:0 0 4px} h2{font-size:17px;margin:28px 0 8px;border-bot
 .muted{color:#5f6b7a} .cards{display:flex;flex-wrap:wrap;gap:12px;margin:16px 0}
 .card{border:1px solid #dde3ea;border-radius:6px;padding:10px 14px;min-width:130px}
 .card b{display:block;font-size:20px}
-table{border-collapse:collapse;font-size:13px;margin:6px 0} td,th{border:1px solid #dde3ea;padding:4px 8px}
+table{border-collapse:collapse;font-size:13px;margin:6px 0;display:block;max-width:100%;overflow-x:auto}
+td,th{border:1px solid #dde3ea;padding:4px 8px}
 th{background:#f3f6f9;text-align:left} td.n{text-align:right;font-variant-numeric:tabular-nums}
 .chart{min-height:320px} h3{font-size:15px;margin:18px 0 6px}
 .wide{overflow-x:auto} .wide td{max-width:420px;white-space:pre-wrap;overflow-wrap:anywhere;vertical-align:top}
 pre{background:#f3f6f9;border:1px solid #dde3ea;border-radius:6px;padding:10px;font-size:12px;
 white-space:pre-wrap;overflow-wrap:anywhere}
+@media (max-width:600px){body{margin:10px} .cards{gap:8px} .card{min-width:0;padding:8px 10px}
+.modebar-container{display:none}}
 """
 
 
@@ -89,7 +93,7 @@ def _time_axis(times: list[str]) -> dict[str, Any]:
     """A date axis in UTC with ticks of the time of day only (plotly's own ticks add the date under the first one,
     where the legend or the page cut it off): the date is in the title, the first moment charted."""
     known = sorted(t for t in (moment(x) for x in times) if t is not None)
-    title = f"time (UTC) from {known[0]:%Y-%m-%d %H:%M:%S}" if known else "time (UTC)"
+    title = f"time (UTC)<br>from {known[0]:%Y-%m-%d %H:%M:%S}" if known else "time (UTC)"  # fits a phone's chart
     stops = [
         {"dtickrange": [None, 1000], "value": "%H:%M:%S.%L"},
         {"dtickrange": [1000, 60000], "value": "%H:%M:%S"},
@@ -435,6 +439,7 @@ def render_html(report: RunReport) -> str:
         cards.append(("hosted cost", _money(report.hosted.cost, report.hosted.currency)))
     parts = [
         "<!DOCTYPE html><html lang=en><head><meta charset=utf-8>",
+        '<meta name=viewport content="width=device-width, initial-scale=1">',  # a phone lays it out at its width
         f"<title>ddslurm report {_esc(report.run_id)}</title><style>{_CSS}</style>",
         f"<script>{get_plotlyjs()}</script></head><body>",
         f"<h1>Run {_esc(report.run_id)}</h1>",
