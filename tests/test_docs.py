@@ -441,6 +441,45 @@ def test_make_help_lists_docs() -> None:
     assert re.search(r"^\s+docs\s", out, re.M)
 
 
+# --- user pages and the tests -------------------------------------------------------------------------------------
+
+DEVELOPER_PAGES = {"architecture.md", "testing.md"}
+"""The pages for people who change ddslurm; every other page of docs/ is for people who use it."""
+EVIDENCE_COLUMNS = {"Test", "Reproduced by"}
+"""Table columns that name the test behind each row (docs/recipes.md's types, docs/reliability.md's faults)."""
+_TEST_FILE = re.compile(r"(?<![\w.-])(?:[\w.-]+/)*tests/[\w./-]*|\btest_\w+\.py\b")
+
+
+def user_text(page: Path) -> Iterator[str]:
+    """The lines of a user page as its reader sees them: no HTML comment, and a table's evidence columns left out."""
+    header: list[str] | None = None
+    for line in re.sub(r"<!--.*?-->", "", page.read_text(), flags=re.S).splitlines():
+        if not line.startswith("|"):
+            header = None
+            yield line
+            continue
+        cells = table_cells(line)
+        if header is None:
+            header = cells
+        yield " | ".join(c for c, h in zip(cells, header, strict=False) if h not in EVIDENCE_COLUMNS)
+
+
+def test_the_user_pages_send_no_one_to_a_test_file() -> None:
+    """A page for users says what was tested, not which test file did it (``packages/launcher/tests/...`` means
+    nothing to someone running ddslurm); the test behind a row may stand in a table's evidence column."""
+    pages = [page for page in DOCS.glob("*.md") if page.name not in DEVELOPER_PAGES]
+    assert len(pages) > 10
+    named = [
+        f"{page.name}: {found.group(0)}"
+        for page in sorted(pages)
+        for line in user_text(page)
+        for found in _TEST_FILE.finditer(line)
+    ]
+    assert named == [], named
+    evidence = [line for page in pages for line in (page.read_text().splitlines()) if "`tests/test_" in line]
+    assert evidence, "the evidence columns name no test: the check would see none"
+
+
 # --- the examples ------------------------------------------------------------------------------------------------
 
 
