@@ -31,8 +31,9 @@ _DRAWING = frozenset("┌┐└┘├┤┬┴┼─│═║╔╗╚╝")
 _PRE = re.compile(r"<pre\b.*?</pre>", re.S)
 _INLINE_CODE = re.compile(r"<code>([^<]*)</code>")
 _WORD = re.compile(r"\S+")
-TOKEN_CHARS = 32
-"""The longest code word kept on one line: about 270 CSS pixels of the site's code font, within a phone's line."""
+TOKEN_CHARS = 24
+"""The longest code word kept on one line (every reason code, option and field name): about 200 CSS pixels of the
+site's code font, so that a table of them still fits a desktop's page and a cell a phone's line."""
 
 
 def _outside(page: Path, target: str) -> Path | None:
