@@ -352,9 +352,11 @@ window.addEventListener("load", () => setTimeout(() => {
     if (card.scrollWidth > card.clientWidth + 1) problems.push(`card "${card.textContent}" overflows`);
   }
   if (document.documentElement.scrollWidth > width + 1) {
-    const wider = [...document.body.querySelectorAll("*")].filter(e => e.getBoundingClientRect().right > width + 1
-      && !e.closest(".wide") && e.closest("svg") === null).map(e => e.tagName.toLowerCase() + (e.id ? "#" + e.id : ""));
-    problems.push(`the page is ${document.documentElement.scrollWidth} px wide in a ${width} px window: ${wider.slice(0, 5)}`);
+    const wider = [...document.body.querySelectorAll("*")]
+      .filter(e => e.getBoundingClientRect().right > width + 1 && !e.closest(".wide") && e.closest("svg") === null)
+      .map(e => e.tagName.toLowerCase() + (e.id ? "#" + e.id : ""));
+    const wide = document.documentElement.scrollWidth;
+    problems.push(`the page is ${wide} px wide in a ${width} px window: ${wider.slice(0, 5)}`);
   }
   const out = document.createElement("pre");
   out.id = "layout-check";

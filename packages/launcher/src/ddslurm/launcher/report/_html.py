@@ -46,7 +46,8 @@ _COLOURS = {
 }
 
 # A table wider than the window (a phone's) scrolls in its own box, so the page never does; a narrow window gets
-# narrower margins and no plotly toolbar, which would stand over the legend there (touch still zooms and pans). The scroll bar is there from the start: a chart is drawn at its container's width when its script runs, and a
+# narrower margins and no plotly toolbar, which would stand over the legend there (touch still zooms and pans).
+# The scroll bar is there from the start: a chart is drawn at its container's width when its script runs, and a
 # scroll bar that appeared later, once the page had grown, would cut off the right edge of every chart drawn before.
 _CSS = """
 html{overflow-y:scroll}

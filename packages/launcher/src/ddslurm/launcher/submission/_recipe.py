@@ -32,11 +32,12 @@ object) in the config's own key order, as ``builder.write_config("recipe.yaml", 
 (Data Designer's default sorts an output schema's fields, which are in the prompt it sends), less each model config's
 ``max_parallel_requests`` that the script did not set (``only_chosen_parallel_requests``); the seed capture
 (``_seed.py``) then points its seed at the run's copy, as for a config file, and the nodes run that config. The
-script is kept beside it as ``inputs/recipe-source.py``, its sha256 in the plan (``Plan.recipe_source``). Columns that the YAML does not
-carry as they are (a custom column's function, a plugin field left out of the YAML, a judge's integer option keys;
-every field is compared as the requests the column sends, an output schema's field order included) are named in
-``RecipeSource.rebuild``: the node takes them from running that copy of the script (``ddslurm.runtime._builder``),
-so their types survive; the submit says which and why (:attr:`LoadedRecipe.changes`, ``RecipeSource.reasons``).
+script is kept beside it as ``inputs/recipe-source.py``, its sha256 in the plan (``Plan.recipe_source``). Columns
+that the YAML does not carry as they are (a custom column's function, a plugin field left out of the YAML, a judge's
+integer option keys; every field is compared as the requests the column sends, an output schema's field order
+included) are named in ``RecipeSource.rebuild``: the node takes them from running that copy of the script
+(``ddslurm.runtime._builder``), so their types survive; the submit says which and why (:attr:`LoadedRecipe.changes`,
+``RecipeSource.reasons``).
 
 Whatever the recipe's kind, its text is checked for the run's secrets by one function (:func:`refuse_secrets`):
 a config file's text (YAML or JSON, comments included) and the config a builder returned alike, and so are the run
