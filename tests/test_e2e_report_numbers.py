@@ -83,8 +83,9 @@ def _events(path: Path, name: str) -> list[float]:
 
 
 def _generating(run_dir: Path) -> dict[str, list[tuple[str, Span]]]:
-    """Each stage's attempts: (their array task, from serving ready, or their start, to their last batch), read
-    from the attempt records, the client logs and the array tasks' batch output."""
+    """Each stage's attempts: (their array task, from serving ready, or their start, to their last batch; a spare
+    client's from when it began generating, ``generating_at``: it waited for a worker's slot before), read from the
+    attempt records, the client logs and the array tasks' batch output."""
     out: dict[str, list[tuple[str, Span]]] = {"gpu": [], "cpu": []}
     for stage, pattern in (
         ("gpu", "shards/*/stage-0/attempts/*/attempt.json"),
@@ -99,7 +100,8 @@ def _generating(run_dir: Path) -> dict[str, list[tuple[str, Span]]]:
             ready = [t for t in _events(Path(record.slurm_log), "serving.ready") if started <= t <= ended]
             last = max(_events(path.parent / "client.log", "batch.complete"))
             task = Path(record.slurm_log).stem.removeprefix("slurm-")
-            out[stage].append((task, (ready[0] if ready else started, last)))
+            began = _when(record.generating_at) if record.spare and record.generating_at else None
+            out[stage].append((task, (began or (ready[0] if ready else started), last)))
     return out
 
 
