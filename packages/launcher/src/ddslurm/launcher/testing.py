@@ -162,13 +162,13 @@ def accept_every_recipe(monkeypatch: Patcher) -> None:
     the seam for tests whose subject is not Data Designer's validation (a subprocess of seconds)."""
     from ddslurm.launcher.submission import _dry_run, _prepare, _submit
 
-    original = _prepare.prepare_inputs
+    original = _prepare.prepare_on_cluster
 
     def prepare(*args: Any, **kwargs: Any) -> Any:
         return original(*args, **{**kwargs, "check_recipe": accept_recipe})
 
-    monkeypatch.setattr(_submit, "prepare_inputs", prepare)
-    monkeypatch.setattr(_dry_run, "prepare_inputs", prepare)
+    monkeypatch.setattr(_submit, "prepare_on_cluster", prepare)
+    monkeypatch.setattr(_dry_run, "prepare_on_cluster", prepare)
 
 
 class FakeSlurm:

@@ -20,12 +20,11 @@ from ddslurm.launcher.cluster._doctor_checks import check_jobs, check_profile_fi
 from ddslurm.launcher.cluster._engine_host import RUNTIME_PROCESS, EngineHost
 from ddslurm.launcher.cluster._slurm import Slurm
 from ddslurm.launcher.errors import SlurmError
-from ddslurm.launcher.facts._workspace import PartitionGpuNodes, partition_gpu_type, partition_nodes
 from ddslurm.launcher.submission._aliases import EndpointCheck
 from ddslurm.launcher.submission._arrays import first_script, new_stamp, read_limits, refusals, secret_warnings
 from ddslurm.launcher.submission._bill import Bill, make_bill
 from ddslurm.launcher.submission._inputs import SubmitInputs, read_inputs
-from ddslurm.launcher.submission._prepare import prepare_inputs
+from ddslurm.launcher.submission._prepare import prepare_on_cluster
 from ddslurm.launcher.submission._run_dir import Prepared
 from ddslurm.planner import SubmissionPlan, plan_submission, plan_warnings
 
@@ -82,16 +81,7 @@ def compile_dry_run(
     the scheduler's limits, and the first array's batch script; nothing written, and the cluster's checks of the
     profile not run."""
     moment = now or datetime.now(UTC)
-    gpu_nodes = PartitionGpuNodes(slurm)  # one sinfo for the GPU type and the layouts' bounds
-    prepared = prepare_inputs(
-        inputs,
-        env,
-        moment,
-        host=host,
-        check_endpoints=check_endpoints,
-        gpu_type_of=partition_gpu_type(gpu_nodes),
-        nodes_of=partition_nodes(gpu_nodes),
-    )
+    prepared = prepare_on_cluster(inputs, slurm, env, moment, host=host, check_endpoints=check_endpoints)
     plan, layout = prepared.plan, prepared.layout
     limits = scheduler_limits(slurm, plan)
     with refusals():

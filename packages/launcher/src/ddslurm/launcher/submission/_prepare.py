@@ -33,12 +33,16 @@ from ddslurm.config import (
 from ddslurm.launcher.cluster._doctor_checks import field_place
 from ddslurm.launcher.cluster._engine_host import RUNTIME_PROCESS, EngineHost
 from ddslurm.launcher.cluster._python_env import runtime_command, runtime_problem
+from ddslurm.launcher.cluster._slurm import Slurm
 from ddslurm.launcher.errors import SubmitError
 from ddslurm.launcher.facts._workspace import (
     GpuTypeOf,
     NodesOf,
+    PartitionGpuNodes,
     no_gpu_type,
     no_nodes,
+    partition_gpu_type,
+    partition_nodes,
     workspace_facts,
 )
 from ddslurm.launcher.submission._aliases import EndpointCheck, refuse_failed_endpoints, run_aliases
@@ -111,6 +115,28 @@ def prepare(
     """:func:`prepare_inputs` of the run file and profile read once (:func:`read_inputs`); ``stages``: its
     keyword arguments."""
     return prepare_inputs(read_inputs(run_path, profile_path), env, now, home, **stages)
+
+
+def prepare_on_cluster(
+    inputs: SubmitInputs,
+    slurm: Slurm,
+    env: Mapping[str, str],
+    now: datetime,
+    home: Path | None = None,
+    **stages: Any,
+) -> Prepared:
+    """:func:`prepare_inputs` as ``submit`` and its dry run call it: with the GPU type and the nodes of the
+    generation partition, both from one ``sinfo``; ``stages``: its other keyword arguments."""
+    gpu_nodes = PartitionGpuNodes(slurm)
+    return prepare_inputs(
+        inputs,
+        env,
+        now,
+        home,
+        gpu_type_of=partition_gpu_type(gpu_nodes),
+        nodes_of=partition_nodes(gpu_nodes),
+        **stages,
+    )
 
 
 def prepare_inputs(

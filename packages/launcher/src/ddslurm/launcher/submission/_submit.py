@@ -26,11 +26,6 @@ from ddslurm.launcher.cluster._doctor_checks import check_jobs, check_profile_fi
 from ddslurm.launcher.cluster._engine_host import RUNTIME_PROCESS, EngineHost
 from ddslurm.launcher.cluster._slurm import Slurm
 from ddslurm.launcher.errors import LauncherError, OverrunError, SubmitError, WriteError
-from ddslurm.launcher.facts._workspace import (
-    PartitionGpuNodes,
-    partition_gpu_type,
-    partition_nodes,
-)
 from ddslurm.launcher.submission._aliases import EndpointCheck
 from ddslurm.launcher.submission._arrays import (
     PartialSubmitError,
@@ -44,7 +39,7 @@ from ddslurm.launcher.submission._arrays import (
     submit_lock,
 )
 from ddslurm.launcher.submission._inputs import read_inputs
-from ddslurm.launcher.submission._prepare import prepare_inputs
+from ddslurm.launcher.submission._prepare import prepare_on_cluster
 from ddslurm.launcher.submission._recipe import StageRequest
 from ddslurm.launcher.submission._run_dir import NOTHING_LEFT, write_run_dir
 from ddslurm.planner import (
@@ -87,7 +82,7 @@ def submit(
     submission plan, and submit the arrays. A failure before the first array was submitted removes the run
     directory again; a later one (or a timeout) raises :class:`PartialSubmitError` and leaves an incomplete run.
     The stages, each once: the run file and profile read (:func:`read_inputs`), the profile checked against the
-    cluster, the inputs validated and the plan compiled (:func:`prepare_inputs`), the arrays planned within the
+    cluster, the inputs validated and the plan compiled (:func:`prepare_on_cluster`), the arrays planned within the
     scheduler's limits and the jobs checked, the run directory written, the arrays submitted.
     ``check_endpoints``: ask the hosted endpoints first (``--check-endpoints``); ``calibration``: ``ddslurm
     tune``'s run, planned with its calibration levels; ``host``: how the profile's ``python_env`` is asked about
@@ -98,16 +93,14 @@ def submit(
     now = clock()
     inputs = read_inputs(run_path, profile_path)
     checked = check_profile_first(inputs, slurm, env, host)
-    gpu_nodes = PartitionGpuNodes(slurm)  # one sinfo for the GPU type and the layouts' bounds
-    prepared = prepare_inputs(
+    prepared = prepare_on_cluster(
         inputs,
+        slurm,
         env,
         now,
         home,
         host=host,
         check_endpoints=check_endpoints,
-        gpu_type_of=partition_gpu_type(gpu_nodes),
-        nodes_of=partition_nodes(gpu_nodes),
         stage=stage,
         calibration=calibration,
     )
