@@ -304,6 +304,36 @@ def test_the_stand_in_s_own_ranks_meet_and_serve_through_the_rendezvous_check(tm
     assert "node rank 1 joined (1/1 followers)" in (_attempt_dir(tmp_path, "9507") / "server-gen-0.log").read_text()
 
 
+def test_a_vllm_older_than_multi_node_pipeline_parallel_fails_engine_too_old_before_any_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 41, point 2: the stand-in acts as vLLM 0.11.0 (``FAKE_VLLM_AS_VLLM``), which has no ``--nnodes``,
+    ``--node-rank``, ``--master-addr``, ``--master-port`` (vllm-project/vllm#23691, 0.11.1). Its servers would exit
+    with "unrecognized arguments" (before the check the attempt failed ``server_start_failed`` after starting
+    them); the server step asks the version first and fails the attempt ``engine_too_old``, naming each flag, the
+    version found and the version needed, without starting any server or proxy. Never retried automatically."""
+    monkeypatch.setenv("FAKE_VLLM_AS_VLLM", "0.11.0")
+    launcher = RankLauncher("ok")
+    code, record = _run(tmp_path, launcher, "9509", stand_in=True)
+    assert code == 1 and (record.state, record.reason, record.retryable) == ("failed", "engine_too_old", False)
+    message = record.message or ""
+    assert "is vLLM 0.11.0, too old for the run's command lines" in message, message
+    for flag in ("--nnodes", "--node-rank", "--master-addr", "--master-port"):
+        assert f"{flag} (tensor x pipeline parallel over nodes) needs vLLM >= 0.11.1 (vllm-project/vllm#23691)" in (
+            message
+        )
+    assert message.endswith("install vLLM >= 0.11.1 there")
+    assert not [spec for spec in launcher.specs if spec.name.startswith(("server", "proxy"))]
+    monkeypatch.setenv("FAKE_VLLM_AS_VLLM", "0.11.1")  # the release that has them: the same run serves
+    again = tmp_path / "again"
+    (again / "ranks").mkdir(parents=True)
+    (again / "ranks" / "release").write_text("")
+    code, record = _run(again, RankLauncher("ok"), "9510", stand_in=True)
+    assert (code, record.state) == (0, "succeeded"), (record.reason, record.message)
+    serving = json.loads((_attempt_dir(again, "9510") / "serving.json").read_text())
+    assert serving["vllm_version"] == "0.11.1"
+
+
 @pytest.mark.skipif(
     os.getuid() != 0 or not Path(SYSTEM_PYTHON).exists(), reason="a joiner of another uid needs root to start it"
 )

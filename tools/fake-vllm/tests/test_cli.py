@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -167,9 +168,11 @@ def test_bad_values_are_usage_errors(args: list[str], env: dict[str, str]) -> No
         parse_serve_args(args, env)
 
 
-def test_main_version_and_usage(capsys: pytest.CaptureFixture[str]) -> None:
+def test_main_version_and_usage(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FAKE_VLLM_AS_VLLM", raising=False)
     assert main(["--version"]) == 0
-    assert capsys.readouterr().out.startswith("fake-vllm ")
+    # as `vllm --version`: the release alone (the one whose flags the stand-in has), marked as the stand-in's
+    assert re.fullmatch(r"0\.11\.1\+fakevllm\.\S+\n", capsys.readouterr().out)
     assert main(["launch"]) == 2
     assert main(["serve", "m", "--fake-capacity", "x"]) == 2
     assert "fake-capacity" in capsys.readouterr().err
@@ -253,3 +256,43 @@ def test_multi_node_flags_become_a_group() -> None:
     assert dp.gpus_per_node == 4
     follower = parse_serve_args(["m", "-tp", "2", "-dp", "4", "-dpl", "2", "--headless", "-dpr", "2"], {})
     assert follower.group is not None and follower.group.rank == 1
+
+
+def _serve(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "fake_vllm", *args], env=child_environment(env), capture_output=True, text=True,
+        timeout=60, check=False,
+    )  # fmt: skip
+
+
+def test_acting_as_an_older_vllm_it_says_that_version_and_refuses_newer_flags_as_argparse_does(
+    tmp_path: Path,
+) -> None:
+    """``FAKE_VLLM_AS_VLLM=0.10.0``: ``--version`` says 0.10.0, and ``--uds`` (vLLM 0.10.1) and the multi-node
+    flags (0.11.1) are unknown to it, exactly as to the real 0.10.0: usage, ``error: unrecognized arguments``,
+    exit status 2, nothing served. Flags 0.10.0 has are still read."""
+    old = {"FAKE_VLLM_AS_VLLM": "0.10.0"}
+    said = _serve(["--version"], old)
+    assert (said.returncode, said.stdout) == (0, "0.10.0\n")
+    sock = tmp_path / "s.sock"
+    refused = _serve(["serve", "m", "--uds", str(sock)], old)
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert refused.stderr.endswith(f"vllm serve: error: unrecognized arguments: --uds {sock}\n"), refused.stderr
+    assert refused.stderr.startswith("usage: vllm serve")
+    assert not sock.exists()
+    multi = _serve(["serve", "m", "--nnodes", "2", "--node-rank", "1", "--headless"], old)
+    assert multi.returncode == 2
+    assert "error: unrecognized arguments: --nnodes 2 --node-rank 1" in multi.stderr
+    settings = parse_serve_args(["m", "--data-parallel-size", "2", "--data-parallel-start-rank", "0"], old)
+    assert settings.data_parallel_size == 2 and settings.uds is None and settings.group is None
+
+
+def test_by_default_it_has_every_flag_ddslurm_renders(tmp_path: Path) -> None:
+    args = ["m", "--uds", str(tmp_path / "s.sock"), "--nnodes", "1", "--node-rank", "0", "--master-addr", "h",
+            "--master-port", "1", "--data-parallel-size-local", "1", "--data-parallel-address", "h",
+            "--data-parallel-rpc-port", "2", "--data-parallel-start-rank", "0"]  # fmt: skip
+    assert parse_serve_args(args, {}).uds == tmp_path / "s.sock"
+    assert parse_serve_args(args, {"FAKE_VLLM_AS_VLLM": "0.11.1"}).uds == tmp_path / "s.sock"
+    with pytest.raises(SystemExit) as refused:
+        parse_serve_args(args, {"FAKE_VLLM_AS_VLLM": "0.11.0"})
+    assert refused.value.code == 2

@@ -33,6 +33,22 @@ def test_the_version_question_and_no_sglang_in_the_venv() -> None:
     assert (Path(sys.executable).parent / "fake-sglang-python").is_file()
 
 
+def test_acting_as_an_older_sglang_it_says_that_version_and_refuses_newer_flags() -> None:
+    """``FAKE_VLLM_AS_SGLANG=0.4.6.post1``: ``sglang.__version__`` says so, and ``--pp-size`` (0.4.6.post2) is
+    refused as that release's argparse refuses it (exit status 2); 0.4.6.post2 takes it."""
+    old = {"FAKE_VLLM_AS_SGLANG": "0.4.6.post1"}
+    asked = _python("-c", "import sglang; print(sglang.__version__)", env=old)
+    assert asked.stdout == "0.4.6.post1\n"
+    refused = _python("-m", "sglang.launch_server", "--model-path", "m", "--pp-size", "2", env=old)
+    assert refused.returncode == 2 and refused.stderr.endswith(
+        "launch_server.py: error: unrecognized arguments: --pp-size 2\n"
+    ), refused.stderr
+    with pytest.raises(SystemExit):
+        parse_sglang_args(["--model-path", "m", "--enable-metrics"], {"FAKE_VLLM_AS_SGLANG": "0.3.5"})
+    taken = parse_sglang_args(["--model-path", "m", "--pp-size", "2"], {"FAKE_VLLM_AS_SGLANG": "0.4.6.post2"})
+    assert taken.pipeline_parallel_size == 2
+
+
 def test_dash_c_sets_argv_as_python_does() -> None:
     shown = _python("-c", "import sys; print(sys.argv, __name__)", "--a", "b")
     assert shown.stdout.strip() == "['-c', '--a', 'b'] __main__"

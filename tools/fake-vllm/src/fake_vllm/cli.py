@@ -7,6 +7,8 @@ engine does not have is refused as the engine refuses it (``error: unrecognized 
 parser takes ``--flag_name`` for ``--flag-name`` and no abbreviations (its ``FlexibleArgumentParser``);
 SGLang's, a plain ``argparse.ArgumentParser``, takes unambiguous prefixes (``--tp``, ``--dp``). Every
 ``--fake-*`` flag can also be set by its ``FAKE_VLLM_*`` environment variable; the flag wins over the variable.
+``FAKE_VLLM_AS_VLLM``/``FAKE_VLLM_AS_SGLANG`` make it an older release, without the flags that came later
+(``fake_vllm.settings.ACT_AS_ENV``).
 """
 
 from __future__ import annotations
@@ -21,9 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fake_vllm.flags import BOOL, SGLANG_FLAGS, VLLM_SERVE_FLAGS, Arity
-from fake_vllm.settings import Engine, Group, Settings
-from fake_vllm.version import version_string
+from fake_vllm.flags import BOOL, SGLANG_FLAGS, VLLM_SERVE_FLAGS, Arity, has_flag
+from fake_vllm.settings import Engine, Group, Settings, engine_version
 
 
 @dataclass(frozen=True)
@@ -219,10 +220,19 @@ def _add_engine_flags(
     parser: argparse.ArgumentParser,
     table: Sequence[tuple[tuple[str, ...], Arity]],
     modeled: Mapping[str, dict[str, Any]],
+    has: Callable[[str], bool] = lambda flag: True,
 ) -> None:
-    """Every flag of ``table``: the ``modeled`` ones (by first option string) with their own argparse keywords,
-    the others recorded as ignored."""
+    """Every flag of ``table`` the release ``has``: the ``modeled`` ones (by first option string) with their own
+    argparse keywords, the others recorded as ignored. A modeled flag the release lacks keeps its default, so that
+    the rest of the stand-in reads it as unset (and argparse refuses it on a command line)."""
     for names, arity in table:
+        if not has(names[0]):
+            keywords = modeled.get(names[0])
+            if keywords is not None:
+                dest = keywords.get("dest") or names[0][2:].replace("-", "_")
+                unset = False if keywords.get("action") == "store_true" else None
+                parser.set_defaults(**{dest: keywords.get("default", unset)})
+            continue
         if names[0] in modeled:
             parser.add_argument(*names, **modeled[names[0]])
             continue
@@ -300,12 +310,17 @@ _SGLANG_MODELED: dict[str, dict[str, Any]] = {
 }
 
 
-def build_parser(engine: Engine = "vllm") -> argparse.ArgumentParser:
+def build_parser(engine: Engine = "vllm", version: str | None = None) -> argparse.ArgumentParser:
     """The parser of ``vllm serve`` (the arguments after ``serve``) or of SGLang's ``launch_server``: every real
-    flag of the engine (``fake_vllm.flags``) plus the ``--fake-*`` ones."""
+    flag of the engine (``fake_vllm.flags``) that its release ``version`` has (None: every one) plus the
+    ``--fake-*`` ones."""
+
+    def has(flag: str) -> bool:
+        return version is None or has_flag(engine, flag, version)
+
     if engine == "sglang":
         parser = argparse.ArgumentParser(prog="launch_server.py", description="An SGLang stand-in (fake-vllm).")
-        _add_engine_flags(parser, SGLANG_FLAGS, _SGLANG_MODELED)
+        _add_engine_flags(parser, SGLANG_FLAGS, _SGLANG_MODELED, has)
     else:
         parser = argparse.ArgumentParser(
             prog="vllm serve",
@@ -314,7 +329,7 @@ def build_parser(engine: Engine = "vllm") -> argparse.ArgumentParser:
             allow_abbrev=False,
         )
         parser.add_argument("model_tag", nargs="?", metavar="MODEL", help="model name or path, as for vllm serve")
-        _add_engine_flags(parser, VLLM_SERVE_FLAGS, _VLLM_MODELED)
+        _add_engine_flags(parser, VLLM_SERVE_FLAGS, _VLLM_MODELED, has)
     _add_fake_flags(parser)
     return parser
 
@@ -443,7 +458,7 @@ def parse_serve_args(args: Sequence[str], environ: Mapping[str, str]) -> Setting
     """Build the settings from the arguments after ``serve`` and the environment (for ``FAKE_VLLM_*`` and
     ``VLLM_API_KEY``). Raises ``UsageError`` and ``EngineError``; ``-h``, an unknown flag and argparse's own errors
     raise ``SystemExit`` (status 2), as with ``vllm serve``."""
-    ns = build_parser("vllm").parse_args(_vllm_spelling(args))
+    ns = build_parser("vllm", engine_version("vllm", environ)).parse_args(_vllm_spelling(args))
     model = ns.model_flag or ns.model_tag
     if not model:
         raise UsageError("a MODEL is required: fake-vllm serve MODEL [options]")
@@ -515,7 +530,7 @@ def _sglang_group(ns: argparse.Namespace) -> tuple[Group | None, int]:
 def parse_sglang_args(args: Sequence[str], environ: Mapping[str, str]) -> Settings:
     """Build the settings from SGLang's ``launch_server`` arguments (and ``FAKE_VLLM_*``; SGLang reads no key from
     the environment: ``--api-key`` only). Raises like ``parse_serve_args``."""
-    ns = build_parser("sglang").parse_args(list(args))
+    ns = build_parser("sglang", engine_version("sglang", environ)).parse_args(list(args))
     if not 0 < ns.port < 65536:
         raise UsageError(f"--port: {ns.port} is not a valid port")
     _at_least_one(tp_size=ns.tp_size, pp_size=ns.pp_size, dp_size=ns.dp_size, ep_size=ns.ep_size)
@@ -573,7 +588,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``fake-vllm`` console script."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] in ("--version", "-v", "version"):
-        print(version_string())
+        print(engine_version("vllm", os.environ))  # as `vllm --version`: the release alone
         return 0
     if not args or args[0] in ("-h", "--help"):
         sys.stdout.write(_USAGE)

@@ -423,3 +423,56 @@ SGLANG_FLAGS: Final[tuple[tuple[tuple[str, ...], Arity], ...]] = (
     (("--custom-weight-loader",), "*"),
     (("--weight-loader-disable-mmap",), 0),
 )
+
+VLLM_VERSION: Final = "0.11.1"
+"""The vLLM release the flags above are (the first with ``--nnodes``, ``--master-addr``): what the stand-in says it
+is (``fake-vllm --version``) unless ``FAKE_VLLM_AS_VLLM`` names another."""
+
+SGLANG_VERSION: Final = "0.4.7"
+"""The SGLang release the flags above are: what the stand-in's ``sglang.__version__`` says unless
+``FAKE_VLLM_AS_SGLANG`` names another."""
+
+INTRODUCED: Final[dict[str, dict[str, str]]] = {
+    # First release whose source has the flag (the releases' source distributions on PyPI: vLLM's
+    # vllm/engine/arg_utils.py, vllm/entrypoints/openai/cli_args.py and vllm/entrypoints/cli/serve.py;
+    # SGLang's python/sglang/srt/server_args.py).
+    "vllm": {
+        "--headless": "0.9.0",
+        "--data-parallel-size-local": "0.9.0",
+        "--data-parallel-address": "0.9.0",
+        "--data-parallel-rpc-port": "0.9.0",
+        "--api-server-count": "0.9.1",
+        "--data-parallel-start-rank": "0.10.0",
+        "--uds": "0.10.1",
+        "--master-addr": "0.11.1",
+        "--master-port": "0.11.1",
+        "--nnodes": "0.11.1",
+        "--node-rank": "0.11.1",
+    },
+    "sglang": {
+        "--dist-init-addr": "0.3.3",
+        "--enable-metrics": "0.3.5.post1",
+        "--expert-parallel-size": "0.4.0.post1",
+        "--pipeline-parallel-size": "0.4.6.post2",
+    },
+}
+"""By engine and first option string: the release that brought a flag the oldest supported one lacks. A stand-in
+acting as an older release (``FAKE_VLLM_AS_VLLM``, ``FAKE_VLLM_AS_SGLANG``) has no such flag: argparse refuses it
+as that release would (``error: unrecognized arguments: ...``, exit status 2)."""
+
+
+def release_key(version: str) -> tuple[tuple[int, ...], int]:
+    """A release's order, enough for the versions above and the ones a test acts as (``0.10.1``, ``0.4.6.post1``,
+    ``0.11.1+fakevllm.0.1.0``): its numbers without trailing zeros, then its post-release (-1: none)."""
+    public = version.strip().lstrip("v").partition("+")[0]
+    head, sep, post = public.partition(".post")
+    numbers = [int(n) for n in head.split(".")]
+    while len(numbers) > 1 and numbers[-1] == 0:
+        numbers.pop()
+    return tuple(numbers), (int(post or 0) if sep else -1)
+
+
+def has_flag(engine: str, flag: str, version: str) -> bool:
+    """Whether the ``engine`` release ``version`` has ``flag`` (its first option string)."""
+    since = INTRODUCED.get(engine, {}).get(flag)
+    return since is None or release_key(version) >= release_key(since)

@@ -2,12 +2,29 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from fake_vllm.flags import SGLANG_VERSION, VLLM_VERSION
+from fake_vllm.version import version
+
 Engine = Literal["vllm", "sglang"]
 GroupForm = Literal["nodes", "data-parallel"]
+
+
+ACT_AS_ENV: dict[Engine, str] = {"vllm": "FAKE_VLLM_AS_VLLM", "sglang": "FAKE_VLLM_AS_SGLANG"}
+"""The variable that makes the stand-in act as another release of the engine (``0.10.1``, ``0.4.6.post1``): it says
+that version (``fake-vllm --version``, ``sglang.__version__``) and refuses every flag newer than it as that release's
+argparse does (``fake_vllm.flags.INTRODUCED``). Unset: the release its flag lists are, which has every flag."""
+
+
+def engine_version(engine: Engine, environ: Mapping[str, str]) -> str:
+    """The release of ``engine`` the stand-in acts as: ``FAKE_VLLM_AS_VLLM``/``FAKE_VLLM_AS_SGLANG``, else the
+    release of its flag lists marked as the stand-in's (``0.11.1+fakevllm.<its version>``)."""
+    acted = environ.get(ACT_AS_ENV[engine], "").strip()
+    return acted or f"{VLLM_VERSION if engine == 'vllm' else SGLANG_VERSION}+fakevllm.{version()}"
 
 
 @dataclass(frozen=True, kw_only=True)

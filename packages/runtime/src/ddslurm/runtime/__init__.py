@@ -22,13 +22,20 @@ if TYPE_CHECKING:
         run_engine,
         seed_reader,
     )
+    from ddslurm.runtime._engine_flags import FLAG_VERSIONS, check_serving, data_parallel_cpus, refusal_text
     from ddslurm.runtime._inputs import Inputs, load_inputs
     from ddslurm.runtime._inspect import NODE_DISTRIBUTIONS, answer_inspect, read_request
     from ddslurm.runtime._listeners import unix_url
     from ddslurm.runtime._plugins import PLUGIN_GROUP
     from ddslurm.runtime._resume import ResumeSource, next_resume
     from ddslurm.runtime._scratch import pid_alive
-    from ddslurm.runtime._server_command import RankPlace, ServerCommand, server_command, server_step_name
+    from ddslurm.runtime._server_command import (
+        RankPlace,
+        ServerCommand,
+        engine_version,
+        server_command,
+        server_step_name,
+    )
     from ddslurm.runtime._steps import StepSpec, srun_argv
     from ddslurm.runtime._verify import make_private, scan_for_secrets, verify_dataset
     from ddslurm.runtime.errors import EngineError, InputsError, RuntimeFailure, SecretMissingError, VerificationError
@@ -39,6 +46,7 @@ _LAZY_IMPORTS: dict[str, str] = {
     "EXIT_OK": "ddslurm.runtime._attempt_record",
     "EXIT_PARTIAL": "ddslurm.runtime._attempt_record",
     "EngineError": "ddslurm.runtime.errors",
+    "FLAG_VERSIONS": "ddslurm.runtime._engine_flags",
     "EngineRequest": "ddslurm.runtime._engine",
     "EngineResult": "ddslurm.runtime._engine",
     "Inputs": "ddslurm.runtime._inputs",
@@ -53,7 +61,10 @@ _LAZY_IMPORTS: dict[str, str] = {
     "StepSpec": "ddslurm.runtime._steps",
     "VerificationError": "ddslurm.runtime.errors",
     "answer_inspect": "ddslurm.runtime._inspect",
+    "check_serving": "ddslurm.runtime._engine_flags",
+    "data_parallel_cpus": "ddslurm.runtime._engine_flags",
     "engine_environment": "ddslurm.runtime._engine",
+    "engine_version": "ddslurm.runtime._server_command",
     "installed_versions": "ddslurm.runtime._dd_version",
     "load_inputs": "ddslurm.runtime._inputs",
     "make_private": "ddslurm.runtime._verify",
@@ -62,6 +73,7 @@ _LAZY_IMPORTS: dict[str, str] = {
     "pid_alive": "ddslurm.runtime._scratch",
     "read_request": "ddslurm.runtime._inspect",
     "recipe_columns": "ddslurm.runtime._columns",
+    "refusal_text": "ddslurm.runtime._engine_flags",
     "run_engine": "ddslurm.runtime._engine",
     "scan_for_secrets": "ddslurm.runtime._verify",
     "seed_reader": "ddslurm.runtime._engine",
@@ -81,6 +93,7 @@ __all__ = [
     "EngineError",
     "EngineRequest",
     "EngineResult",
+    "FLAG_VERSIONS",
     "Inputs",
     "InputsError",
     "NODE_DISTRIBUTIONS",
@@ -93,7 +106,10 @@ __all__ = [
     "StepSpec",
     "VerificationError",
     "answer_inspect",
+    "check_serving",
+    "data_parallel_cpus",
     "engine_environment",
+    "engine_version",
     "installed_versions",
     "load_inputs",
     "make_private",
@@ -102,6 +118,7 @@ __all__ = [
     "pid_alive",
     "read_request",
     "recipe_columns",
+    "refusal_text",
     "run_engine",
     "scan_for_secrets",
     "seed_reader",

@@ -21,7 +21,6 @@ outside the allocation, fails the attempt ``rendezvous_intruder`` and the replic
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from typing import Any
 import httpx
 
 from ddslurm.config import DeploymentPlan, Engine, ServingPlan, atomic_write, busy_log, encode_pretty, prompts_file
+from ddslurm.runtime._engine_flags import check_serving, refusal_text
 from ddslurm.runtime._listeners import MAX_SOCKET_PATH, check_rendezvous, socket_path, unix_url
 from ddslurm.runtime._node_discovery import allocation_addresses, check_gpus, check_nodes, leader_address, resolved
 from ddslurm.runtime._ports import PortClaims, PortHolds, choose_ports, draw_port
@@ -45,7 +45,7 @@ from ddslurm.runtime._server_command import (
     server_step_name,
     token_environment,
 )
-from ddslurm.runtime._serving import ListenerClients, PortUnavailableError, wait_ready
+from ddslurm.runtime._serving import EngineTooOldError, ListenerClients, PortUnavailableError, wait_ready
 from ddslurm.runtime._steps import Step, StepLauncher, StepSpec, without
 from ddslurm.runtime._stop import StopSignal
 from ddslurm.runtime.errors import RuntimeFailure, SecretMissingError
@@ -178,7 +178,8 @@ class FleetStart:
 
     def launch(self, serving: ServingPlan) -> Callable[[], dict[str, str]]:
         """Start every replica's steps, then every deployment's proxy (it answers once one replica does), not
-        waiting for them; returns each engine's version, asked meanwhile."""
+        waiting for them; returns each engine's version (asked, and the command lines checked against it, before
+        the first server starts)."""
         version = self._launch_servers(serving)
         self._launch_proxies(serving)
         return version
@@ -211,15 +212,7 @@ class FleetStart:
             raise SecretMissingError(
                 f"variable(s) {', '.join(missing)} named by server.env_from are unset in the job's environment"
             )
-        engines: list[Engine] = list(dict.fromkeys(d.engine for d in serving.deployments))
-        versions: dict[str, str] = {}
-
-        def ask() -> None:
-            for engine in engines:
-                versions[engine] = engine_version(serving, engine, self._plain_env)
-
-        asking = threading.Thread(target=ask, daemon=True)
-        asking.start()
+        versions = self._check_versions(serving)
         self._log.info("serving.start", gpus=len(gpus), nodes=serving.nodes)
         for dep in serving.deployments:
             if dep.listen == "unix" and not dep.proxy:
@@ -286,11 +279,22 @@ class FleetStart:
                 )
                 self._replicas.setdefault(dep.alias, []).append(replica)
 
-        def asked() -> dict[str, str]:
-            asking.join(timeout=60)
-            return {e: versions.get(e, f"unknown (asking {e} its version did not end)") for e in engines}
+        return lambda: dict(versions)
 
-        return asked
+    def _check_versions(self, serving: ServingPlan) -> dict[str, str]:
+        """Each engine's version, asked before any server starts, and every flag of the servers' command lines
+        checked against it (:func:`check_serving`): a too-old engine fails the attempt ``engine_too_old`` here,
+        naming each flag and the version it needs; a version that cannot be read is logged, not refused."""
+        engines: list[Engine] = list(dict.fromkeys(d.engine for d in serving.deployments))
+        versions: dict[Engine, str] = {e: engine_version(serving, e, self._plain_env) for e in engines}
+        for check in check_serving(serving, versions):
+            if check.refusals:
+                exe = serving.sglang_executable if check.engine == "sglang" else serving.vllm_executable
+                self._log.error("serving.engine_too_old", engine=check.engine, version=check.version)
+                raise EngineTooOldError(refusal_text(check, exe))
+            if check.note:
+                self._log.warning("serving.engine_version", engine=check.engine, note=check.note)
+        return dict(versions)
 
     def _claim_block(self, first: int, span: int) -> bool:
         """Claim the ``span`` ports from ``first`` on (:class:`PortClaims`), all or none."""

@@ -45,6 +45,14 @@ class ServerKilledError(ServerStartError):
     reason = "server_killed"
 
 
+class EngineTooOldError(ServerError):
+    """The engine's version (``vllm --version``, SGLang's ``__version__``) is older than a flag of the servers'
+    command lines needs (:mod:`~ddslurm.runtime._engine_flags`): no server was started, and none would start (it
+    would exit with ``unrecognized arguments``) until a newer engine is installed. Never retried automatically."""
+
+    reason = "engine_too_old"
+
+
 def start_failure(name: str, code: int, before: str) -> ServerStartError:
     """The error of a step ``name`` that exited with ``code`` before ``before`` was ready: killed by a signal (a
     negative code, or 128 + the signal as srun reports it) or exited by itself."""

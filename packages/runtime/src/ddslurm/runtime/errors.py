@@ -15,7 +15,8 @@ RuntimeFailure           root (a DdslurmError): the attempt failed; ``reason`` i
 BuilderFailure           (a DdslurmError too) a builder script could not be loaded, called or serialised (at
                          submit, ``inspect`` answers it; on the node it becomes a RecipeError)
 
-The serving errors (``server_*``, ``proxy_died``, ``gpu_mismatch``, ``node_mismatch``, ``port_unavailable``) live in
+The serving errors (``server_*``, ``proxy_died``, ``gpu_mismatch``, ``node_mismatch``, ``port_unavailable``,
+``engine_too_old``) live in
 ``_serving.py``; ``server_port_taken`` (another user holds a server's port) and ``rendezvous_intruder`` (another
 user connected to a replica's rendezvous) in ``_listeners.py``.
 """
@@ -82,7 +83,7 @@ class KeyRefusedError(EngineError):
         super().__init__(message, retryable=False)
 
 
-PERMANENT_REASONS = frozenset({"recipe_invalid", "inputs_invalid", "key_refused"})
+PERMANENT_REASONS = frozenset({"recipe_invalid", "inputs_invalid", "key_refused", "engine_too_old"})
 """Failures that a new attempt of the same run repeats: automatic retry arrays do not start work after them."""
 
 
