@@ -4,12 +4,21 @@ a deployment uses them."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
 
-from ddslurm.config import ClusterProfile, Deployment, ProviderSnapshot, RunFile, RunLayout, load_profile
+from ddslurm.config import (
+    ClusterProfile,
+    Deployment,
+    ProviderSnapshot,
+    RunFile,
+    RunLayout,
+    ServerSpec,
+    load_profile,
+)
 from ddslurm.launcher import Slurm
 from ddslurm.launcher.cluster._doctor_checks import Check, ClusterFacts, job_checks, profile_checks
 from ddslurm.launcher.cluster._slurm import Completed
@@ -147,3 +156,78 @@ def test_without_a_run_sglang_is_checked_only_when_the_profile_sets_it(tmp_path:
     assert unset.status == "skipped"
     set_here = _engine_checks(tmp_path, f"sglang_executable: {sglang_python}\n", None)["sglang"]
     assert set_here.status == "ok"
+
+
+def _version_checks(tmp_path: Path, deployment: Deployment, env: Mapping[str, str]) -> dict[str, Check]:
+    """``job_checks`` of a run whose vLLM is the stand-in (``python -m fake_vllm``) as a bare executable."""
+    pytest.importorskip("fake_vllm")
+    exe = tmp_path / "venv" / "vllm"
+    exe.parent.mkdir(parents=True)
+    exe.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m fake_vllm "$@"\n')
+    exe.chmod(0o755)
+    profile_path, run_path = _files(tmp_path, f"vllm_executable: {exe}\n", "deployments:\n  - model_alias: big\n")
+    profile = load_profile(profile_path)
+    run = RunFile(name="demo", recipe="recipe.yaml", num_records=10, deployments=(deployment,))
+    inputs = PlanInputs(
+        run=run, profile=profile, snapshot=ProviderSnapshot(), layout=RunLayout.in_workspace(Path("/ws"), "run-1"),
+        recipe_sha256="1" * 64, snapshot_sha256="2" * 64,
+    )  # fmt: skip
+    facts = ClusterFacts(Slurm(_runner, user="alice"), {"PATH": "/usr/bin", **env}, run_path, profile_path)
+    return {c.name: c for c in job_checks(facts, run, profile, compile_plan(inputs), "#!/bin/bash\n")}
+
+
+def test_doctor_reads_the_engine_version_and_names_the_version_the_run_needs(tmp_path: Path) -> None:
+    """Issue 41, point 2: a replica over two nodes (tensor x pipeline parallel) needs vLLM 0.11.1's ``--nnodes``,
+    ``--node-rank``, ``--master-addr``, ``--master-port``; doctor (and submit, which refuses its problems) asks the
+    profile's vLLM its version on the submit host and says so before any allocation is paid for."""
+    two_nodes = Deployment(model_alias="big", model="m", tensor_parallel=4, pipeline_parallel=2)
+    check = _version_checks(tmp_path / "old", two_nodes, {"FAKE_VLLM_AS_VLLM": "0.11.0"})["vllm version"]
+    assert check.status == "problem" and check.field == "vllm_executable"
+    assert check.where == f"{tmp_path / 'old' / 'profile.yaml'}:5:1"
+    exe = tmp_path / "old" / "venv" / "vllm"
+    assert check.detail.startswith(f"{exe} is vLLM 0.11.0, too old for the run's command lines (--nnodes ")
+    assert "--master-port (tensor x pipeline parallel over nodes) needs vLLM >= 0.11.1 (vllm-project/vllm#23691)" in (
+        check.detail
+    )
+    assert check.detail.endswith("install vLLM >= 0.11.1 there")
+    ok = _version_checks(tmp_path / "new", two_nodes, {"FAKE_VLLM_AS_VLLM": "0.11.1"})["vllm version"]
+    assert ok.status == "ok" and "0.11.1, which has every flag the run's servers use (--uds, --nnodes," in ok.detail
+    nightly = _version_checks(tmp_path / "dev", two_nodes, {"FAKE_VLLM_AS_VLLM": "0.11.1rc2.dev12+g1234"})
+    assert nightly["vllm version"].status == "skipped"
+    assert "pre-release of the version that brought --nnodes" in nightly["vllm version"].detail
+
+
+def test_data_parallel_with_fewer_server_cpus_than_its_busy_processes_is_warned_at_the_field(tmp_path: Path) -> None:
+    """Issue 41, point 6: vLLM runs one API-server process per data-parallel rank (``--api-server-count``'s default
+    since 0.16.0) and an engine core per rank, all inside the server step's ``server.cpus``: a submit (and its dry
+    run) warns at that field of the run file when they are more; ``--api-server-count 1`` counts."""
+    from ddslurm.launcher.submission._prepare import data_parallel_warnings
+
+    profile_path, run_path = _files(
+        tmp_path,
+        "",
+        "deployments:\n  - model_alias: big\n    model: m\n    server:\n      cpus: 4\n",
+    )
+    profile = load_profile(profile_path)
+
+    def warnings(*deployments: Deployment) -> tuple[str, ...]:
+        run = RunFile(name="demo", recipe="recipe.yaml", num_records=10, deployments=deployments)
+        inputs = PlanInputs(
+            run=run, profile=profile, snapshot=ProviderSnapshot(),
+            layout=RunLayout.in_workspace(Path("/ws"), "run-1"), recipe_sha256="1" * 64, snapshot_sha256="2" * 64,
+        )  # fmt: skip
+        return data_parallel_warnings(compile_plan(inputs), run, run_path, profile_path)
+
+    small = Deployment(model_alias="big", model="m", data_parallel=2)
+    dp4 = Deployment(model_alias="big", model="m", data_parallel=4)
+    assert warnings(small) == ()  # 2 + 2 on 4 CPUs
+    (said,) = warnings(dp4)
+    assert said == (
+        f"{run_path}:8:7: deployments[0].server.cpus: 4 CPUs for 'big', whose vLLM runs 8 busy processes on its "
+        "first node with data_parallel 4 (an API server per data-parallel rank unless server.extra_args sets "
+        "--api-server-count, and an engine core per rank there); raise server.cpus to 8, or pass --api-server-count 1"
+    )
+    one = Deployment(
+        model_alias="big", model="m", data_parallel=4, server=ServerSpec(extra_args=("--api-server-count", "1"))
+    )
+    assert "runs 5 busy processes" in warnings(one)[0]

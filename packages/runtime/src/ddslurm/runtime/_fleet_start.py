@@ -294,7 +294,7 @@ class FleetStart:
                 raise EngineTooOldError(refusal_text(check, exe))
             if check.note:
                 self._log.warning("serving.engine_version", engine=check.engine, note=check.note)
-        return dict(versions)
+        return {str(engine): version for engine, version in versions.items()}
 
     def _claim_block(self, first: int, span: int) -> bool:
         """Claim the ``span`` ports from ``first`` on (:class:`PortClaims`), all or none."""

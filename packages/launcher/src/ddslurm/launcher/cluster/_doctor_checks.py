@@ -5,7 +5,8 @@ skipped with the reason.
 What the cluster says is asked once per command (:class:`ClusterFacts`: one ``sinfo``, one ``scontrol show
 config``, one ``sacctmgr show assoc``); :func:`profile_checks` needs only the profile (partitions, GPUs and memory
 of their nodes, how jobs ask for GPUs, the account, ``python_env``'s versions, the vLLM executable or image);
-:func:`job_checks` the compiled plan (every job fits on a node of its partition, the QOS, and ``sbatch
+:func:`job_checks` the compiled plan (every job fits on a node of its partition, the engines' versions against the
+flags of the servers' command lines, the QOS, and ``sbatch
 --test-only`` of the first array). :func:`refuse_problems` refuses all problems at once: ``submit`` and its dry
 run call :func:`check_profile_first` before they prepare the inputs and :func:`check_jobs` once the arrays are
 planned.
@@ -47,7 +48,7 @@ from ddslurm.launcher.submission._inputs import SubmitInputs
 from ddslurm.launcher.submission._recipe import script_environment, secret_names
 from ddslurm.planner import parse_memory_mb
 from ddslurm.providers.discovery import settings_dir
-from ddslurm.runtime import NODE_DISTRIBUTIONS, installed_versions
+from ddslurm.runtime import NODE_DISTRIBUTIONS, check_serving, engine_version, installed_versions, refusal_text
 
 CheckStatus = Literal["ok", "problem", "skipped"]
 VERSIONS_TIMEOUT_S = 60
@@ -471,8 +472,45 @@ def job_checks(facts: ClusterFacts, run: RunFile, profile: ClusterProfile, plan:
         )
     if plan.generation.nodes > 1:
         checks.append(_nodes_check(facts, plan.generation, profile))
+    checks += _engine_version_checks(facts, run, plan)
     checks.append(_qos_check(facts, plan.generation))
     checks.append(_test_only_check(facts, plan, script, clean=not any(c.status == "problem" for c in checks)))
+    return checks
+
+
+def _engine_version_checks(facts: ClusterFacts, run: RunFile, plan: Plan) -> list[Check]:
+    """Each engine the run's servers use, asked its version on the submit host (``vllm --version``, SGLang's
+    ``__version__``; the nodes run the same path), and every flag of their command lines checked against it
+    (:func:`ddslurm.runtime.check_serving`): a problem names each flag and the version it needs. An image, or a
+    version that cannot be read, is not judged here (the server step asks the nodes' engine again)."""
+    serving = plan.serving
+    if serving is None:
+        return []
+    hidden = secret_names(run, facts.env, settings_dir(facts.env))
+    env = script_environment(facts.env, hidden)
+    checks: list[Check] = []
+    for engine in dict.fromkeys(d.engine for d in serving.deployments):
+        name, field = f"{engine} version", f"profile.{engine}_executable"
+        exe = serving.sglang_executable if engine == "sglang" else serving.vllm_executable
+        if serving.container_runtime != "none":
+            why = f"the {serving.container_runtime} image's engine is asked on the node, before its servers start"
+            checks.append(facts.check(name, "skipped", why))
+            continue
+        if ("/" in exe and not Path(exe).is_file()) or (
+            "/" not in exe and shutil.which(exe, path=facts.env.get("PATH", os.defpath)) is None
+        ):
+            checks.append(facts.check(name, "skipped", f"{exe} is not on the submit host (above)"))
+            continue
+        (check,) = check_serving(serving, {engine: engine_version(serving, engine, env)})
+        if check.refusals:
+            checks.append(facts.check(name, "problem", refusal_text(check, exe), field))
+        elif check.note:
+            checks.append(facts.check(name, "skipped", f"{check.note}; the server step checks it again on the node"))
+        else:
+            flags = ", ".join(check.checked) or "none newer than the oldest release"
+            checks.append(
+                facts.check(name, "ok", f"{exe}: {check.version}, which has every flag the run's servers use ({flags})")
+            )
     return checks
 
 

@@ -18,6 +18,7 @@ import msgspec
 from ddslurm.config import (
     ConfigError,
     PartitionNodes,
+    Plan,
     Prices,
     ProviderSnapshot,
     RecipeSource,
@@ -70,6 +71,7 @@ from ddslurm.providers import (
     secret_values,
 )
 from ddslurm.providers.discovery import settings_dir
+from ddslurm.runtime import data_parallel_cpus
 
 SeedColumns = Callable[[dict[str, Any]], list[str]]
 """(a seed source on the submit host) -> its column names as Data Designer reads them."""
@@ -287,8 +289,30 @@ def prepare_inputs(
         resolution.rows,
         seed,
         loaded.source,
-        () if ignored is None else (ignored,),
+        (*(() if ignored is None else (ignored,)), *data_parallel_warnings(plan, run, run_path, profile_path)),
     )
+
+
+def data_parallel_warnings(plan: Plan, run: RunFile, run_path: Path, profile_path: Path) -> tuple[str, ...]:
+    """A vLLM deployment with data parallel whose ``server.cpus`` is below the processes it keeps busy on its
+    leader's node (one API server per data-parallel rank by default, and an engine core per rank there:
+    :func:`ddslurm.runtime.data_parallel_cpus`), placed at that field: the engine runs, slower, on too few CPUs."""
+    if plan.serving is None:
+        return ()
+    warnings: list[str] = []
+    for dep in plan.serving.deployments:
+        busy = data_parallel_cpus(dep)
+        index = next((i for i, d in enumerate(run.deployments) if d.model_alias == dep.alias), None)
+        if busy is None or index is None:
+            continue
+        where, field = field_place(f"deployments[{index}].server.cpus", run_path, profile_path)
+        warnings.append(
+            f"{where}: {field}: {dep.replicas[0].cpus} CPUs for {dep.alias!r}, whose vLLM runs {busy} busy "
+            f"processes on its first node with data_parallel {dep.data_parallel} (an API server per data-parallel "
+            "rank unless server.extra_args sets --api-server-count, and an engine core per rank there); raise "
+            f"server.cpus to {busy}, or pass --api-server-count 1"
+        )
+    return tuple(warnings)
 
 
 def refuse_shared_workspace(workspace: Path, run_path: Path, profile_path: Path) -> None:
