@@ -57,6 +57,25 @@ PROXY_READY_S = 60.0
 """How long a proxy may take to answer, once started (it answers as soon as one of its replicas does)."""
 
 
+def proxy_argv(
+    runtime_exe: Path | str,
+    port: int,
+    upstreams: Sequence[tuple[str, Path]],
+    log: Path,
+    record_prompts: Path | None = None,
+) -> list[str]:
+    """How a deployment's proxy step is started: ``ddslurm-runtime proxy`` on ``HOST:port`` with
+    ``--reuse-port`` (beside the controller's hold on the port), each upstream (its URL and its busy log), the
+    prompts file of a tune allocation and its structured log. Its token is ``VLLM_API_KEY`` in its environment,
+    never here. (``tools/gpu_smoke`` starts the proxy in front of a real vLLM the same way.)"""
+    argv = [str(runtime_exe), "proxy", "--listen", f"{HOST}:{port}", "--reuse-port"]
+    for url, busy in upstreams:
+        argv += ["--upstream", url, "--busy-log", str(busy)]
+    if record_prompts is not None:
+        argv += ["--record-prompts", str(record_prompts)]
+    return [*argv, "--log", str(log)]
+
+
 @dataclass(slots=True)
 class Replica:
     alias: str
@@ -350,15 +369,18 @@ class FleetStart:
             self._log.info("proxy.started", alias=dep.alias, port=proxy.port, upstreams=[r.url for r in upstreams])
 
     def _start_proxy(self, alias: str, port: int, upstreams: list[Replica], cpus: int) -> ProxyStep:
-        argv = [str(self._runtime_exe), "proxy", "--listen", f"{HOST}:{port}", "--reuse-port"]
-        for replica in upstreams:  # each replica's busy log named by its index, whichever replicas are left
-            argv += ["--upstream", replica.url, "--busy-log", str(busy_log(self._dir, alias, replica.index))]
-        if self._record_prompts:
-            argv += ["--record-prompts", str(prompts_file(self._dir, alias))]
         log_path = self._dir / f"proxy-{alias}.log"
+        argv = proxy_argv(
+            self._runtime_exe,
+            port,
+            # each replica's busy log named by its index, whichever replicas are left
+            [(r.url, busy_log(self._dir, alias, r.index)) for r in upstreams],
+            log_path,
+            prompts_file(self._dir, alias) if self._record_prompts else None,
+        )
         spec = StepSpec(
             name=f"proxy-{alias}",
-            argv=(*argv, "--log", str(log_path)),
+            argv=tuple(argv),
             env={**self._plain_env, TOKEN_ENV: self._token},
             log=self._dir / f"proxy-{alias}.out",
             cpus=cpus,
