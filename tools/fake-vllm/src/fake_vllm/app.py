@@ -17,6 +17,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.routing import Route
 
+from fake_vllm.engine_process import engine_process
 from fake_vllm.extras import BUILDERS, V1_BUILDERS
 from fake_vllm.handlers import Handlers
 from fake_vllm.log import log
@@ -56,7 +57,7 @@ def create_app(
         if settings.never_healthy:
             log("--fake-never-healthy: the model will never finish loading; /health stays 503", "WARNING")
             return
-        state.ready = True
+        state.ready = not state.engine_dead
         log(f"Model loading took {time.monotonic() - started:.2f} seconds; ready (GET /health -> 200)")
 
     @contextlib.asynccontextmanager
@@ -68,8 +69,10 @@ def create_app(
         elif settings.startup_delay <= 0 and not settings.never_healthy:
             state.ready = True
         task = asyncio.create_task(become_ready(leader))
+        engine = engine_process(state, crash) if settings.engine_process else contextlib.nullcontext()
         try:
-            yield
+            async with engine:
+                yield
         finally:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -126,6 +126,11 @@ FAKE_OPTIONS: tuple[FakeOption, ...] = (
         "--fake-join-timeout", "FAKE_VLLM_JOIN_TIMEOUT", "join_timeout", "seconds", 120.0,
         "a follower rank retries reaching its leader's rendezvous address this long, then exits with status 1",
     ),
+    FakeOption(
+        "--fake-engine-process", "FAKE_VLLM_ENGINE_PROCESS", "engine_process", "bool", False,
+        "run the engine as a child process titled VLLM::EngineCore, as vLLM does: once it dies, /health "
+        "answers 503 and the server exits with status 1",
+    ),
 )  # fmt: skip
 
 

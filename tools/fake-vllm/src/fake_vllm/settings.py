@@ -107,6 +107,9 @@ class Settings:
     outage: Path | None = None
     """``--fake-outage``: the file that says whether the provider is down (``500``) or rate limited (``429``)."""
     join_timeout: float = 120.0
+    engine_process: bool = False
+    """``--fake-engine-process``: the engine as a child process whose death the server notices
+    (``engine_process.py``)."""
     rate_limit_rpm: int | None = None
     """``--fake-rate-limit-rpm``: the key's requests a minute (``ratelimit.py``); None: no limit."""
     rate_limit_tpm: int | None = None

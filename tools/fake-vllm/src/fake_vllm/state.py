@@ -26,6 +26,7 @@ class ServerState:
         self.settings = settings
         self.crash = crash
         self.ready = False
+        self.engine_dead = False  # ``--fake-engine-process``: the engine's process has died (/health 503 for good)
         self.metrics = Metrics(model_name=settings.primary_name, capacity=settings.capacity, engine=settings.engine)
         self.faults = FaultInjector(settings)
         self.request_log = RequestLog(settings.request_log) if settings.request_log else None
