@@ -63,7 +63,7 @@ lint: ## ruff lint + format check
 	$(UV) run ruff format --check .
 
 TOOLS_PY := tools/gen_reference.py tools/mkdocs_hooks.py tools/import_contracts.py tests/test_docs.py \
-  tools/suite_times.py tools/pytest_times.py tools/pytest_order.py tools/import_all.py
+  tools/suite_times.py tools/pytest_times.py tools/pytest_order.py tools/import_all.py tools/gpu_smoke
 
 typecheck: ## mypy --strict over the packages (and the docs and import-contract tooling)
 	$(UV) run mypy
@@ -123,6 +123,18 @@ test-isolated-%: ## one package with ONLY its declared dependencies installed: i
 	UV_PROJECT_ENVIRONMENT=$$V $(UV) run --no-sync --with pytest \
 	  pytest -q -p no:cacheprovider -m smoke packages/$*/tests
 
+# gpu-smoke: ddslurm against a real vLLM on this machine's one GPU, in at most 8 minutes (tools/gpu_smoke; docs/serving.md,
+# "GPU smoke test"). VLLM=path: the vLLM executable (default: vllm on PATH); MODEL=name: what it serves (default: a
+# tiny random model made here, which needs transformers); GPU_SMOKE_ARGS: more options (--json, --keep DIR). Exit 0
+# when every check passed, or when the machine has no GPU or no vLLM (it says "skipped"); 1 a check failed;
+# 3 incomplete (checks skipped on a machine that could run them).
+# Only values given on make's command line count (as PORT for demo): a MODEL in the environment is some other tool's.
+SMOKE_VLLM := $(if $(filter command line,$(origin VLLM)),--vllm '$(VLLM)')
+SMOKE_MODEL := $(if $(filter command line,$(origin MODEL)),--model '$(MODEL)')
+
+gpu-smoke: ## the GPU smoke test against a real vLLM (VLLM=path MODEL=name); skips cleanly on a machine without a GPU
+	$(UV) run python -m tools.gpu_smoke $(SMOKE_VLLM) $(SMOKE_MODEL) $(GPU_SMOKE_ARGS)
+
 chaos: bootstrap cluster ## randomized, seeded fault campaign on the local cluster: make chaos [SEED=S] [N=10] [PARALLEL=3] [BUDGET=secs] [PROFILE=full|compact]
 	@seed="$(SEED)"; seed="$${seed:-$$(( $$(date +%s) % 1000000 ))}"; profile="$(or $(PROFILE),full)"; \
 	echo "chaos: SEED=$$seed (rerun the campaign: make chaos SEED=$$seed N=$(or $(N),10) PROFILE=$$profile; one scenario: uv run python -m tools.chaos --only SEED --profile $$profile)"; \
@@ -137,4 +149,4 @@ clean-work: ## remove the local workspace of runs
 help:
 	@awk -F':.*## ' '/^[a-zA-Z%_-]+:.*## /{printf "  %-18s %s\n",$$1,$$2}' $(MAKEFILE_LIST)
 
-.PHONY: bootstrap cluster browser demo demo-mixed test test-times test-isolated test-python chaos test-dd-range lint typecheck imports lock-check docs check bench clean-work help
+.PHONY: bootstrap cluster browser demo demo-mixed test test-times test-isolated test-python chaos gpu-smoke test-dd-range lint typecheck imports lock-check docs check bench clean-work help

@@ -61,17 +61,18 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="gpu-smoke", description="ddslurm against a real vLLM on one GPU (docs/serving.md, GPU smoke test)"
     )
-    p.add_argument("--vllm", default=os.environ.get("VLLM") or "vllm", help="vLLM's executable (default: vllm)")
+    p.add_argument("--vllm", default="vllm", help="vLLM's executable, a path or a name on PATH (default: vllm)")
     p.add_argument(
-        "--model",
-        default=os.environ.get("MODEL") or None,
-        help="what vllm serve loads (a path or a hub id); default: a tiny random model made here",
+        "--model", default=None, help="what vllm serve loads (a path or a hub id); default: a tiny random model made here"
     )
     p.add_argument("--json", action="store_true", help="print one JSON document instead of lines")
     p.add_argument("--keep", type=Path, default=None, help="work in this directory and keep it (logs, run)")
     p.add_argument("--total", type=float, default=TOTAL_S, help=f"the whole run's deadline, seconds ({TOTAL_S:.0f})")
     p.add_argument(
         "--runtime", type=Path, default=Path(sys.executable).parent / "ddslurm-runtime", help=argparse.SUPPRESS
+    )
+    p.add_argument(
+        "--skip", action="append", default=[], choices=[name for name, _ in CHECKS], help="do not run this check"
     )
     p.add_argument("--no-gpu-check", action="store_true", help="do not look for a GPU (tests with the stand-in)")
     return p
@@ -91,14 +92,14 @@ def main(argv: list[str], env: Mapping[str, str] | None = None) -> int:
     assert vllm is not None
     budget = Budget(args.total)
     with scratch(args.keep) as work:
-        skip: dict[str, str] = {}
+        skip = {name: "skipped by --skip" for name in args.skip}
         model = args.model
         if model is None:
             try:
                 model = str(make_tiny_model(work / "tiny-model"))
             except ModelUnavailable as exc:
                 reason = f"no model: MODEL= not given and a tiny one cannot be made here: {exc}"
-                skip = {name: reason for name, _ in CHECKS if name != "flags"}
+                skip = {name: reason for name, _ in CHECKS if name != "flags"} | skip
         smoke = Smoke(vllm=vllm, model=model or "", work=work, runtime_exe=args.runtime, env=environ)
         results = run_checks(smoke, budget, skip, emit)
     failed = [r for r in results if r.status == "FAIL"]

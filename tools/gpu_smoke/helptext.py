@@ -11,7 +11,7 @@
   above (``"Use `--help=all` to show all available flags at once"``, ``vllm/entrypoints/cli/serve.py``).
 
 So :func:`collect_help` asks for both and :func:`help_flags` takes the union of the options each answer lists:
-an option line is one indented by fewer than :data:`_MAX_OPTION_INDENT` spaces that starts with ``-``; its
+an option line is one indented by two (or four) spaces that starts with ``-`` (:data:`_LINE`); its
 invocations are separated by ``", "`` (a ``{a,b}`` choice list has no space after its commas) before the help
 text, which starts after two spaces or on the next line.
 """
@@ -23,10 +23,10 @@ import subprocess
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-_MAX_OPTION_INDENT = 8
-"""argparse indents option invocations by 2 (4 in a nested section), their help text by 24 or more."""
 _OPTION = re.compile(r"-{1,2}[A-Za-z0-9][A-Za-z0-9_.+-]*")
-_LINE = re.compile(rf"^( {{1,{_MAX_OPTION_INDENT - 1}}})(-.*)$")
+_LINE = re.compile(r"^(  |    )(-\S.*)$")
+"""An option's line: argparse indents invocations by 2 in a section (4 in a nested one), help text by 24 or more;
+vLLM's epilog (the JSON tip, ``   --json-arg '{...}'``) by 3."""
 
 
 def help_flags(text: str) -> set[str]:
