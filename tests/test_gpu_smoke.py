@@ -346,3 +346,16 @@ def test_all_six_checks_pass_against_the_stand_in_the_run_end_to_end_included(tm
     assert done.returncode == 0 and doc["summary"] == "all 6 checks passed", doc
     e2e = doc["checks"][-1]
     assert e2e["name"] == "e2e" and "4 records generated" in e2e["detail"]
+
+
+def test_without_a_model_or_transformers_the_server_checks_are_skipped_and_the_run_is_incomplete(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No ``MODEL`` and no ``transformers`` to make a tiny one: only the flag check runs, the rest say why not, and
+    the run is no pass (exit 3), since this machine could have run them."""
+    monkeypatch.setitem(sys.modules, "transformers", None)  # an import of it fails, as where it is not installed
+    code = main(["--no-gpu-check", "--vllm", str(FAKE_VLLM), "--keep", str(tmp_path / "work")], env=dict(os.environ))
+    out = capsys.readouterr().out.splitlines()
+    assert code == 3 and out[-1] == "gpu-smoke: incomplete: skipped server, proxy, engine-death, token, e2e"
+    assert out[0].startswith("PASS 1 flags")
+    assert all(line.startswith("SKIP") and "transformers is not importable" in line for line in out[1:6]), out

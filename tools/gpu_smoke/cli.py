@@ -63,7 +63,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--vllm", default="vllm", help="vLLM's executable, a path or a name on PATH (default: vllm)")
     p.add_argument(
-        "--model", default=None, help="what vllm serve loads (a path or a hub id); default: a tiny random model made here"
+        "--model", default=None, help="what vllm serve loads (a path or a hub id; default: a tiny model made here)"
     )
     p.add_argument("--json", action="store_true", help="print one JSON document instead of lines")
     p.add_argument("--keep", type=Path, default=None, help="work in this directory and keep it (logs, run)")
