@@ -478,8 +478,10 @@ data_designer:
   - alias: generator
     model: smoke
     provider: local
-    inference_parameters: {max_tokens: 32, temperature: 0.5}
+    inference_parameters: {max_tokens: 32, temperature: 0.5, extra_body: {min_tokens: 4}}
 """
+"""Four rows of one sentence each. ``min_tokens`` (vLLM's sampling parameter): a random model's first token may be
+its end of sequence, and an empty answer is no row."""
 
 
 def check_e2e(smoke: Smoke, deadline: Deadline) -> tuple[Status, str]:
