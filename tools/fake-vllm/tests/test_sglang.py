@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from fake_vllm.cli import EngineError, parse_sglang_args
-from fake_vllm.testing import SGLANG_BOOT, child_environment, free_port, start_server
+from fake_vllm.testing import SGLANG_BOOT, child_environment, free_port, set_gate, start_server
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "tell me about ferns"}], "max_tokens": 64}
 PYTHON = [sys.executable, "-m", "fake_vllm.sglang_python"]
@@ -150,3 +150,37 @@ def test_too_few_gpus_is_refused_like_cuda() -> None:
     )  # fmt: skip
     assert refused.returncode == 1
     assert "invalid device ordinal" in refused.stderr and "need 2 GPU(s)" in refused.stderr
+
+
+def test_health_generates_one_token_and_fails_while_generation_is_held(tmp_path: Path) -> None:
+    """SGLang's /health is a one-token generation: while the gate holds every generation it gets no output and
+    answers 503 (after SGLANG_HEALTH_CHECK_TIMEOUT: the hold, not the timeout, decides it), as /health_generate
+    does; /v1/models and /model_info, which do not generate, answer at once. With the gate open it is 200 again,
+    and with SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=false /health answers without generating."""
+    gate = tmp_path / "gate"
+    key = "k"
+    env = {"SGLANG_HEALTH_CHECK_TIMEOUT": "0.2"}
+    with start_server(engine="sglang", api_key=key, args=["--fake-gate", str(gate)], env=env) as server:
+        root = server.root_url
+        set_gate(gate, "hold")
+        assert httpx.get(f"{root}/health", timeout=30).status_code == 503
+        assert httpx.get(f"{root}/health_generate", timeout=30).status_code == 503
+        assert "Health check failed" in server.log_text()
+        for path in ("/v1/models", "/model_info", "/get_model_info"):
+            assert httpx.get(f"{root}{path}", headers=server.headers, timeout=30).status_code == 200
+        set_gate(gate, "")
+        assert httpx.get(f"{root}/health", timeout=30).status_code == 200
+    off = {**env, "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "false"}
+    with start_server(engine="sglang", api_key=key, args=["--fake-gate", str(gate)], env=off) as server:
+        set_gate(gate, "hold")
+        assert httpx.get(f"{server.root_url}/health", timeout=30).status_code == 200
+        assert httpx.get(f"{server.root_url}/health_generate", timeout=30).status_code == 503
+
+
+def test_metrics_behind_the_key_on_request() -> None:
+    """``--fake-metrics-auth``: /metrics wants the key (a proposed vLLM change), 401 without it."""
+    with start_server(api_key="k", args=["--fake-metrics-auth"]) as server:
+        assert httpx.get(f"{server.root_url}/metrics").status_code == 401
+        assert httpx.get(f"{server.root_url}/metrics", headers=server.headers).status_code == 200
+    with start_server(api_key="k") as server:
+        assert httpx.get(f"{server.root_url}/metrics").status_code == 200

@@ -82,9 +82,10 @@ def create_app(
 
     if settings.engine == "sglang":
         routes = [
-            Route("/health", handlers.health, methods=["GET"]),
-            Route("/health_generate", handlers.health, methods=["GET"]),
+            Route("/health", handlers.sglang_health, methods=["GET"]),
+            Route("/health_generate", handlers.sglang_health, methods=["GET"]),
             Route("/get_model_info", handlers.get_model_info, methods=["GET"]),
+            Route("/model_info", handlers.get_model_info, methods=["GET"]),
             Route("/v1/models", handlers.models, methods=["GET"]),
             Route("/v1/chat/completions", handlers.chat_completions, methods=["POST"]),
             # SGLang mounts its Prometheus app only with --enable-metrics.

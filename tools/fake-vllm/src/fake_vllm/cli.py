@@ -131,6 +131,10 @@ FAKE_OPTIONS: tuple[FakeOption, ...] = (
         "run the engine as a child process titled VLLM::EngineCore, as vLLM does: once it dies, /health "
         "answers 503 and the server exits with status 1",
     ),
+    FakeOption(
+        "--fake-metrics-auth", "FAKE_VLLM_METRICS_AUTH", "metrics_auth", "bool", False,
+        "/metrics wants the API key too (401 without it), as a proposed vLLM change would have it",
+    ),
 )  # fmt: skip
 
 
@@ -532,6 +536,18 @@ def _sglang_group(ns: argparse.Namespace) -> tuple[Group | None, int]:
     return group, per_replica // ns.nnodes
 
 
+def _sglang_health(environ: Mapping[str, str]) -> dict[str, Any]:
+    """SGLang's own variables for its generating /health (``fake_vllm.sglang_health``): whether ``/health``
+    generates (``SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION``, default true) and how long it waits for output
+    (``SGLANG_HEALTH_CHECK_TIMEOUT``, default 20 s)."""
+    generates = environ.get("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "true").strip().lower()
+    try:
+        timeout = float(environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", "20"))
+    except ValueError:
+        raise UsageError("SGLANG_HEALTH_CHECK_TIMEOUT: expected seconds") from None
+    return {"health_generates": generates not in ("0", "false", "no", "off"), "health_check_timeout": timeout}
+
+
 def parse_sglang_args(args: Sequence[str], environ: Mapping[str, str]) -> Settings:
     """Build the settings from SGLang's ``launch_server`` arguments (and ``FAKE_VLLM_*``; SGLang reads no key from
     the environment: ``--api-key`` only). Raises like ``parse_serve_args``."""
@@ -559,6 +575,7 @@ def parse_sglang_args(args: Sequence[str], environ: Mapping[str, str]) -> Settin
         headless=group is not None and not group.leader,
         gpus_per_node=gpus,
         enable_metrics=ns.enable_metrics,
+        **_sglang_health(environ),
         max_num_seqs=running,
         ignored_args=tuple(ns.ignored_args or ()),
         **fake,

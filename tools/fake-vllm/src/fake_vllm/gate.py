@@ -53,3 +53,11 @@ class Gate:
                     self.passed += 1
                     return
                 await asyncio.sleep(POLL_S)
+
+    async def wait_open(self) -> None:
+        """Return once one more request would pass, behind those already waiting, without passing one: how a
+        generation that is not a chat request (SGLang's generating ``/health``, :mod:`fake_vllm.sglang_health`)
+        queues behind the held work. It takes none of the file's count."""
+        async with self._queue:
+            while (limit := self._limit()) is not None and self.passed >= limit:
+                await asyncio.sleep(POLL_S)

@@ -25,6 +25,7 @@ from fake_vllm.extras import MAX_MODEL_LEN, BadRequest, Builder
 from fake_vllm.faults import Fault
 from fake_vllm.metrics import CONTENT_TYPE
 from fake_vllm.request_log import RequestLogEntry, now
+from fake_vllm.sglang_health import health_generate
 from fake_vllm.state import ServerState
 from fake_vllm.version import version
 from fake_vllm.wire import bad_request, error_body, read_json, sse, usage_of, validate_chat
@@ -114,6 +115,11 @@ class Handlers:
     async def health(self, request: Request) -> Response:
         return self._finish(request, Response(status_code=200 if self.state.ready else 503))
 
+    async def sglang_health(self, request: Request) -> Response:
+        """SGLang's ``/health`` and ``/health_generate``: a one-token generation (:mod:`fake_vllm.sglang_health`)."""
+        status = await health_generate(self.state, request.url.path)
+        return self._finish(request, Response(status_code=status))
+
     async def version(self, request: Request) -> Response:
         return self._finish(request, JSONResponse({"version": version()}))
 
@@ -126,6 +132,8 @@ class Handlers:
         return self._finish(request, JSONResponse(info))
 
     async def metrics(self, request: Request) -> Response:
+        if self.settings.metrics_auth and self.settings.requires_key and not self._auth(request)[1]:
+            return self._finish(request, JSONResponse({"error": "Unauthorized"}, status_code=401))
         body = self.state.metrics.render()
         return self._finish(request, PlainTextResponse(body, media_type=CONTENT_TYPE))
 
@@ -309,6 +317,7 @@ class Handlers:
             return self._finish(request, response, model=model, n_messages=n_messages)
 
         replies, seconds, admitted = await self._process({**body, "model": model})
+        self.state.produced()
         if fault is Fault.NO_CHOICES:
             replies = []  # a 200 answer whose body has no `choices` (a broken gateway or server)
         n_prompt = prompt_tokens(body["messages"])

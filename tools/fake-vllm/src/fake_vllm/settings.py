@@ -81,6 +81,11 @@ class Settings:
     gpus_per_node: int = 1
     """GPUs this node's ranks need (checked against ``CUDA_VISIBLE_DEVICES`` when it is set)."""
     enable_metrics: bool = True
+    health_generates: bool = False
+    """SGLang's ``/health`` runs a one-token generation (``SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION``, true by
+    default in SGLang): :mod:`fake_vllm.sglang_health`. vLLM's never does."""
+    health_check_timeout: float = 20.0
+    """SGLang's ``SGLANG_HEALTH_CHECK_TIMEOUT``: seconds a generating /health waits for output before its 503."""
     """vLLM always serves ``/metrics``; SGLang only with ``--enable-metrics``."""
     max_model_len: int = 4096
     max_num_seqs: int | None = None
@@ -110,6 +115,8 @@ class Settings:
     engine_process: bool = False
     """``--fake-engine-process``: the engine as a child process whose death the server notices
     (``engine_process.py``)."""
+    metrics_auth: bool = False
+    """``--fake-metrics-auth``: /metrics behind the API key (a proposed vLLM change; today neither engine does)."""
     rate_limit_rpm: int | None = None
     """``--fake-rate-limit-rpm``: the key's requests a minute (``ratelimit.py``); None: no limit."""
     rate_limit_tpm: int | None = None

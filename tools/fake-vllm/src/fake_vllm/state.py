@@ -45,6 +45,13 @@ class ServerState:
         )
         self.answered = 0  # of the first ``crash_after`` chat requests: how many have their answer
         self.doomed = asyncio.Event()  # never set: a request after the ``crash_after``-th waits for the crash
+        self.output = asyncio.Event()
+        """Set (and replaced) whenever a generation produces output: what SGLang's generating /health waits for."""
+
+    def produced(self) -> None:
+        """A generation produced output (a chat answer, or a health probe's own token)."""
+        self.output.set()
+        self.output = asyncio.Event()
 
     def answer_counted(self, response: Response | None) -> None:
         """One of the first ``crash_after`` chat requests has its answer (``None``: it ended without one). The
