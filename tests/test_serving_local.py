@@ -108,12 +108,14 @@ def test_local_generator_and_hosted_judge(
     assert all("DEMO_HOSTED_API_KEY" not in d.read_text() for d in dumps)
     assert (attempt / "serving.json").is_file() and (attempt / "endpoints.json").is_file()
     # The server required the attempt's token (given in its environment), and every /v1 request carried it;
-    # the health and metrics probes never do (whatever answers on a port may be another user's).
+    # the health probes never do (whatever answers on a port may be another user's); the metrics scrape does, to a
+    # listener proved this user's (an engine may guard /metrics).
     [token] = {line.partition("=")[2] for d in dumps for line in d.read_text().splitlines() if "VLLM_API_KEY=" in line}
     assert len(token) >= 32
     requests = [json.loads(line) for line in served]
     assert all(r["authorized"] for r in requests if r["path"].startswith("/v1/"))
-    assert not any(r["auth_present"] for r in requests if not r["path"].startswith("/v1/"))
+    assert not any(r["auth_present"] for r in requests if r["path"] == "/health")
+    assert all(r["authorized"] for r in requests if r["path"] == "/metrics")
     assert scan_tree_for(run_dir, token) == []
     _no_processes_left(run_dir)
 

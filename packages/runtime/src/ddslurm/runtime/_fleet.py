@@ -18,7 +18,14 @@ from ddslurm.config import read_tail
 from ddslurm.runtime._fleet_start import PROXY_READY_S, FleetStart, ProxyStep, Replica
 from ddslurm.runtime._listeners import socket_path
 from ddslurm.runtime._scratch import remove_scratch
-from ddslurm.runtime._serving import ProxyDiedError, ServerDiedError, answers, is_healthy
+from ddslurm.runtime._serving import (
+    HEALTH_TIMEOUT_S,
+    ProxyDiedError,
+    ServerDiedError,
+    alive,
+    answers,
+    auth_headers,
+)
 from ddslurm.runtime._steps import Step, stop_running
 
 
@@ -94,7 +101,7 @@ class Fleet(FleetStart):
         began = self._restarting.get(key)
         if began is None:
             return
-        if is_healthy(self._clients.get(replica.url), replica.url):
+        if self._alive(alias, replica):
             del self._restarting[key]
             load_s = round(time.monotonic() - began, 2)
             self._log.info("server.restarted", step=replica.step.name, restart=self._restarts[key], load_s=load_s)
@@ -103,9 +110,12 @@ class Fleet(FleetStart):
             replica.step.stop(self._grace)
 
     def check_health(self) -> None:
-        """A live replica that stops answering /health (hung, holding its port) is stopped after
-        ``unhealthy_limit`` checks in a row, so it leaves the proxy's rotation and counts as dead. A proxy that
-        stops answering at all is stopped the same way (and then counts as a dead proxy)."""
+        """A live replica that stops answering its liveness probe (hung, holding its port) is stopped after
+        ``unhealthy_limit`` checks in a row, so it leaves the proxy's rotation and counts as dead; the probe never
+        generates (:func:`~ddslurm.runtime._serving.alive`: SGLang's ``/health`` does), and a failed one is no
+        strike while the replica is making progress: its proxy got answers from it since the last check (a
+        loaded engine can be slow to answer a probe, never for long to the requests it runs). A proxy that stops
+        answering at all is stopped the same way (and then counts as a dead proxy)."""
         for proxy in self._proxies.values():
             if proxy.step.poll() is not None:
                 continue
@@ -113,10 +123,39 @@ class Fleet(FleetStart):
             if self._strike(proxy.step, answered, "proxy.unresponsive", "proxy.hung", "no answer"):
                 proxy.hung = True
         for alias, reps in self._replicas.items():
+            progress = self._progress(alias)
             for r in reps:
                 if r.step.poll() is None and (alias, r.index) not in self._restarting:  # a reload: not hung
-                    healthy = is_healthy(self._clients.get(r.url), r.url)
+                    healthy = self._alive(alias, r)
+                    before, now = self._answered.get(r.url), progress.get(r.url)
+                    self._answered[r.url] = now
+                    if not healthy and before is not None and now is not None and now > before:
+                        self._log.info("server.busy", step=r.step.name, why="probe failed, but it answered requests")
+                        healthy = True
                     self._strike(r.step, healthy, "server.unhealthy", "server.hung", "no healthy answer")
+
+    def _alive(self, alias: str, replica: Replica) -> bool:
+        dep = self._deployments[alias]
+        client = self._clients.get(replica.url)
+        return alive(client, replica.url, dep.engine, dep.served_model_name, self._token)
+
+    def _progress(self, alias: str) -> dict[str, int]:
+        """How many answers the proxy of ``alias`` got from each replica so far (``GET /ddslurm/upstreams``, with
+        the token: the proxy's port is this allocation's, :class:`~ddslurm.runtime._ports.PortHolds`); empty
+        without a proxy or an answer."""
+        import httpx
+
+        proxy = self._proxies.get(alias)
+        if proxy is None or proxy.step.poll() is not None:
+            return {}
+        try:
+            answer = self._clients.get(proxy.url).get(
+                f"{proxy.url}/ddslurm/upstreams", headers=auth_headers(self._token), timeout=HEALTH_TIMEOUT_S
+            )
+            upstreams = answer.json()["upstreams"] if answer.status_code == 200 else []
+            return {str(u["url"]): int(u["served"]) for u in upstreams}
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            return {}
 
     def _strike(self, step: Step, healthy: bool, warning: str, hung: str, why: str) -> bool:
         """Count a failed health check of ``step`` (a success clears its count); stop it after

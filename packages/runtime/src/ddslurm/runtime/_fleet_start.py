@@ -63,16 +63,20 @@ def proxy_argv(
     upstreams: Sequence[tuple[str, Path]],
     log: Path,
     record_prompts: Path | None = None,
+    engine: str = "vllm",
 ) -> list[str]:
     """How a deployment's proxy step is started: ``ddslurm-runtime proxy`` on ``HOST:port`` with
     ``--reuse-port`` (beside the controller's hold on the port), each upstream (its URL and its busy log), the
-    prompts file of a tune allocation and its structured log. Its token is ``VLLM_API_KEY`` in its environment,
+    prompts file of a tune allocation, ``--engine sglang`` for SGLang's replicas (whose probe must not generate:
+    ``_upstreams``) and its structured log. Its token is ``VLLM_API_KEY`` in its environment,
     never here. (``tools/gpu_smoke`` starts the proxy in front of a real vLLM the same way.)"""
     argv = [str(runtime_exe), "proxy", "--listen", f"{HOST}:{port}", "--reuse-port"]
     for url, busy in upstreams:
         argv += ["--upstream", url, "--busy-log", str(busy)]
     if record_prompts is not None:
         argv += ["--record-prompts", str(record_prompts)]
+    if engine == "sglang":
+        argv += ["--engine", "sglang"]
     return [*argv, "--log", str(log)]
 
 
@@ -183,6 +187,8 @@ class FleetStart:
         """Every server step started, in order."""
         self._failures: dict[str, int] = {}
         """Failed health checks in a row, by step name."""
+        self._answered: dict[str, int | None] = {}
+        """Answers each replica (by URL) had given through its proxy at the last health check."""
         self._reported: set[int] = set()
         """The replica lives (their leader step's ``id``) whose death was logged."""
         self._deployments: dict[str, DeploymentPlan] = {}
@@ -210,7 +216,13 @@ class FleetStart:
             for replica in self._replicas[dep.alias]:
                 watch = partial(self._check_rendezvous, replica, "before it served") if replica.rendezvous else None
                 took = self._wait_ready(
-                    replica.step, replica.url, dep.served_model_name, dep.startup_timeout, replica.followers, watch
+                    replica.step,
+                    replica.url,
+                    dep.served_model_name,
+                    dep.startup_timeout,
+                    replica.followers,
+                    watch,
+                    dep.engine,
                 )
                 self._log.info("server.ready", step=replica.step.name, seconds=round(took, 2))
             self._ready_at[dep.alias] = time.monotonic()
@@ -377,6 +389,7 @@ class FleetStart:
             [(r.url, busy_log(self._dir, alias, r.index)) for r in upstreams],
             log_path,
             prompts_file(self._dir, alias) if self._record_prompts else None,
+            self._deployments[alias].engine,
         )
         spec = StepSpec(
             name=f"proxy-{alias}",
@@ -399,6 +412,7 @@ class FleetStart:
         timeout: float,
         ranks: Sequence[Step] = (),
         watch: Callable[[], None] | None = None,
+        engine: Engine = "vllm",
     ) -> float:
         deadline = time.monotonic() + timeout
         return wait_ready(
@@ -412,6 +426,7 @@ class FleetStart:
             interval=0.2,
             ranks=ranks,
             watch=watch,
+            engine=engine,
         )
 
     def _record(self, serving: ServingPlan, versions: Mapping[str, str]) -> None:

@@ -49,6 +49,10 @@ class ListenerNotOursError(RuntimeFailure):
     reason = "server_port_taken"
 
 
+class NothingListensError(ListenerNotOursError):
+    """Nothing listens where a server's URL points (yet: still loading; or any more: it died)."""
+
+
 class RendezvousIntruderError(RuntimeFailure):
     """Another user's process is connected to the rendezvous of a replica that spans nodes (or a host outside the
     allocation is): the engine could take it for one of its ranks. The replica is stopped, never served."""
@@ -142,7 +146,7 @@ def check_own_socket(path: Path, *, uid: int | None = None) -> None:
         parent = os.lstat(path.parent)
         info = os.lstat(path)
     except FileNotFoundError:
-        raise ListenerNotOursError(f"nothing listens at {path} (the server there has gone)") from None
+        raise NothingListensError(f"nothing listens at {path} (the server there has gone)") from None
     except OSError as exc:
         raise ListenerNotOursError(f"cannot inspect {path}: {exc.strerror}") from None
     if not stat.S_ISDIR(parent.st_mode) or parent.st_uid != uid or parent.st_mode & 0o077:
@@ -176,7 +180,7 @@ def check_own_listener(url: str, *, uid: int | None = None, proc_net: Path = PRO
     uid = os.getuid() if uid is None else uid
     owners = {listener.uid for listener in listeners(proc_net) if listener.port == port and _covers(listener, host)}
     if not owners:
-        raise ListenerNotOursError(f"nothing listens on {host}:{port} (the server there has gone)")
+        raise NothingListensError(f"nothing listens on {host}:{port} (the server there has gone)")
     others = sorted(owners - {uid})
     if others:
         raise ListenerNotOursError(

@@ -129,6 +129,7 @@ class ProxyConfig:
     reuse_port: bool = False  # bind with SO_REUSEPORT (beside the controller's hold on the port)
     busy_logs: tuple[Path, ...] = ()  # per upstream (same order): its spans with a request in flight; (): none
     record_prompts: Path | None = None  # a tune allocation's: append chat completion bodies here (_prompts.py)
+    engine: str = "vllm"  # the replicas' engine: SGLang's are probed on /v1/models (its /health generates)
 
     def __post_init__(self) -> None:
         if not self.upstreams:
@@ -176,6 +177,8 @@ class Proxy:
             unavailable_grace=config.unavailable_grace,
             connect_timeout=config.connect_timeout,
             probe_timeout=config.probe_timeout,
+            engine=config.engine,
+            token=config.token,
         )
         self._runner: web.ServerRunner | None = None
         logs = config.busy_logs or (None,) * len(config.upstreams)
@@ -458,6 +461,12 @@ def _parser() -> argparse.ArgumentParser:
         help="a tune allocation's: append the bodies of the chat completion requests forwarded (at most 256) here",
     )
     parser.add_argument(
+        "--engine",
+        choices=("vllm", "sglang"),
+        default="vllm",
+        help="the replicas' engine: SGLang's are probed on /v1/models with the token (its /health generates)",
+    )
+    parser.add_argument(
         "--reuse-port",
         action="store_true",
         help="bind with SO_REUSEPORT, beside the controller's hold on the port (no other user can take it)",
@@ -542,6 +551,7 @@ def main(argv: list[str], environ: Mapping[str, str] | None = None) -> int:
             reuse_port=args.reuse_port,
             busy_logs=tuple(args.busy_log),
             record_prompts=args.record_prompts,
+            engine=args.engine,
         )
     except ValueError as exc:
         print(f"ddslurm-runtime proxy: {exc}", file=sys.stderr)

@@ -16,8 +16,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ddslurm.config import read_tail
-from ddslurm.runtime._listeners import check_own_listener, http_base, socket_path
+from ddslurm.config import Engine, read_tail
+from ddslurm.runtime._listeners import (
+    ListenerNotOursError,
+    NothingListensError,
+    check_own_listener,
+    http_base,
+    socket_path,
+)
 from ddslurm.runtime._steps import Step
 from ddslurm.runtime.errors import RuntimeFailure
 
@@ -150,7 +156,7 @@ def answers(client: httpx.Client, url: str) -> bool:
     return True
 
 
-def _serves(client: httpx.Client, url: str, served_name: str, token: str | None) -> bool:
+def serves(client: httpx.Client, url: str, served_name: str, token: str | None) -> bool:
     """Whether ``/v1/models`` lists the served model name (it needs the token, unlike ``/health``)."""
     import httpx
 
@@ -158,6 +164,43 @@ def _serves(client: httpx.Client, url: str, served_name: str, token: str | None)
         models = client.get(f"{http_base(url)}/v1/models", headers=auth_headers(token), timeout=HEALTH_TIMEOUT_S)
         return models.status_code == 200 and served_name in {m.get("id") for m in models.json().get("data", [])}
     except (httpx.HTTPError, ValueError):
+        return False
+
+
+def ready(client: httpx.Client, url: str, engine: Engine, served_name: str | None, token: str | None) -> bool:
+    """Whether a replica (``served_name``; None: a proxy) is ready, asked without generating anything.
+
+    vLLM's ``/health`` does not generate (it asks the engine client whether it has errored,
+    ``vllm/entrypoints/openai/api_server.py``), so it is asked first, without the token. SGLang's ``/health`` is a
+    one-token generation (``health_generate`` answers both ``/health`` and ``/health_generate``,
+    ``python/sglang/srt/entrypoints/http_server.py``, sgl-project/sglang; ``SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION``
+    defaults to true): at least a second a probe, and 503 when the engine produces no output for
+    ``SGLANG_HEALTH_CHECK_TIMEOUT`` (20 s), which a busy healthy engine may not. Every route of SGLang's that
+    answers without generating (``/v1/models``, ``/model_info``) wants the key, so an SGLang replica is asked
+    ``/v1/models`` with the token, once its listener is proved this user's (nothing listening yet: not ready).
+    Then, for either, ``/v1/models`` must list the served name. Raises ListenerNotOursError when another user
+    listens there."""
+    if engine == "sglang" and served_name is not None:
+        try:
+            check_own_listener(url)
+        except NothingListensError:
+            return False
+        return serves(client, url, served_name, token)
+    if not is_healthy(client, url):
+        return False
+    check_own_listener(url)
+    return served_name is None or serves(client, url, served_name, token)
+
+
+def alive(client: httpx.Client, url: str, engine: Engine, served_name: str, token: str | None) -> bool:
+    """The liveness probe of a running replica, which never generates: :func:`ready`'s question for SGLang, whose
+    ``/health`` generates; ``GET /health`` without the token for vLLM. A listener that is not this user's any
+    more is not alive (and gets no token)."""
+    if engine != "sglang":
+        return is_healthy(client, url)
+    try:
+        return ready(client, url, engine, served_name, token)
+    except ListenerNotOursError:
         return False
 
 
@@ -174,9 +217,11 @@ def wait_ready(
     token: str | None = None,
     ranks: Sequence[Step] = (),
     watch: Callable[[], None] | None = None,
+    engine: Engine = "vllm",
 ) -> float:
-    """Poll /health (then /v1/models for the served name) until ready; fail fast if the process exits, or any of
-    ``ranks`` (the headless followers of a replica that spans nodes: its leader may wait for them for ever).
+    """Poll until ready (:func:`ready`, by ``engine``: never a probe that generates); fail fast if the process
+    exits, or any of ``ranks`` (the headless followers of a replica that spans nodes: its leader may wait for them
+    for ever).
     ``watch`` (a replica that spans nodes: its rendezvous, :func:`~ddslurm.runtime._listeners.check_rendezvous`)
     is called before each poll, and again when a step exited, so that an intruder, not the death it caused, is
     what the start fails with.
@@ -205,10 +250,8 @@ def wait_ready(
                     watch()
                 failure = start_failure(rank.name, code, step.name)
                 raise type(failure)(f"{failure}; last lines of {rank.spec.log}:\n{read_tail(rank.spec.log)}")
-        if is_healthy(client, url):
-            check_own_listener(url)
-            if served_name is None or _serves(client, url, served_name, token):
-                return clock() - start
+        if ready(client, url, engine, served_name, token):
+            return clock() - start
         if clock() >= deadline:
             raise ServerNotReadyError(
                 f"{step.name} was not ready after {timeout:.0f} s (server.startup_timeout); last lines of "

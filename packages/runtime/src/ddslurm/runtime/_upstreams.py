@@ -20,7 +20,13 @@ from typing import Any, Final
 
 import aiohttp
 
-from ddslurm.runtime._listeners import ListenerNotOursError, check_own_listener, http_base, socket_path
+from ddslurm.runtime._listeners import (
+    ListenerNotOursError,
+    NothingListensError,
+    check_own_listener,
+    http_base,
+    socket_path,
+)
 
 _WAITING_METRICS: Final = ("vllm:num_requests_waiting", "sglang:num_queue_reqs")
 """The gauge of requests waiting in the engine's queue: vLLM's, SGLang's (a replica exposes its engine's)."""
@@ -57,6 +63,7 @@ class Upstream:
         "failed",
         "healthy",
         "in_flight",
+        "metrics_refused",
         "probe_interval_s",
         "probes",
         "recheck",
@@ -81,6 +88,7 @@ class Upstream:
         self.failed = 0
         self.recheck = asyncio.Event()  # set to probe /health now instead of after the interval
         self.probe_interval_s = 0.0  # how long its health loop waits before the next probe (0: not started)
+        self.metrics_refused: int | None = None  # the status (401, 403) of its last /metrics scrape, if refused
 
     def describe(self, max_waiting: int) -> dict[str, Any]:
         return {
@@ -93,6 +101,7 @@ class Upstream:
             "served": self.served,
             "failed": self.failed,
             "probe_interval_s": self.probe_interval_s,
+            "metrics_refused": self.metrics_refused,
         }
 
 
@@ -125,8 +134,15 @@ class Upstreams:
         unavailable_grace: float,
         connect_timeout: float,
         probe_timeout: float,
+        engine: str = "vllm",
+        token: str | None = None,
     ) -> None:
         self._all = [Upstream(url) for url in urls]
+        self._engine = engine
+        """Whose replicas: SGLang's ``/health`` generates, so an SGLang upstream is probed on ``/v1/models``."""
+        self._auth = {"Authorization": f"Bearer {token}"} if token else {}
+        """Sent only to a listener proved this user's: SGLang's ``/v1/models``, and ``/metrics`` (in case the
+        engine guards it)."""
         self._log = logger
         self._max_waiting = max_waiting
         self._health_interval = health_interval
@@ -161,7 +177,7 @@ class Upstreams:
                 connector=_connector(up.url, limit=0, force_close=True),
                 timeout=aiohttp.ClientTimeout(total=self._probe_timeout),
                 cookie_jar=aiohttp.DummyCookieJar(),
-                trust_env=False,  # no token: /health and /metrics need none, and the listener may be another user's
+                trust_env=False,  # the token only per request, once the listener is proved this user's
             )
 
     async def probe(self) -> None:
@@ -248,10 +264,16 @@ class Upstreams:
 
     async def _probe_health(self, up: Upstream, *, announce: bool = True) -> None:
         """``GET /health`` without the token; an answer counts only from a listener proved to be this user's
-        (:func:`~ddslurm.runtime._listeners.check_own_listener`): another user's is out for good."""
+        (:func:`~ddslurm.runtime._listeners.check_own_listener`): another user's is out for good. An SGLang
+        upstream, whose ``/health`` is a one-token generation (slow, and 503 under load), is asked ``/v1/models``
+        instead, which does not generate but wants the token: its listener is proved first."""
         if up.dead:
             return
         assert up.probes is not None
+        if self._engine == "sglang":
+            healthy, reason = await self._ask_models(up)
+            self._set_health(up, healthy, reason, announce=announce)
+            return
         try:
             async with up.probes.get(up.base + "/health") as response:
                 healthy, reason = response.status == 200, f"/health answered {response.status}"
@@ -260,22 +282,66 @@ class Upstreams:
                 self._gone(up)
             healthy, reason = False, f"/health failed: {type(exc).__name__}: {exc}"
         if healthy:
-            try:
-                check_own_listener(up.url)
-            except ListenerNotOursError as exc:
-                up.dead, healthy, reason = True, False, exc.message
-                self._log.warning("proxy.upstream_dead", upstream=up.url, reason=reason)
-            else:
-                up.verified = True
+            healthy, reason = self._prove(up, reason)
         self._set_health(up, healthy, reason, announce=announce)
 
-    async def _scrape(self, up: Upstream) -> None:
-        assert up.probes is not None
+    def _prove(self, up: Upstream, reason: str) -> tuple[bool, str]:
+        """Whether the upstream's listener is this user's (then it is ``verified``); another user's is dead for
+        good, nothing listening is merely not healthy (gone)."""
         try:
-            async with up.probes.get(up.base + "/metrics") as response:
-                waiting = parse_waiting(await response.text()) if response.status == 200 else 0
+            check_own_listener(up.url)
+        except NothingListensError as exc:
+            self._gone(up)
+            return False, exc.message
+        except ListenerNotOursError as exc:
+            up.dead = True
+            self._log.warning("proxy.upstream_dead", upstream=up.url, reason=exc.message)
+            return False, exc.message
+        up.verified = True
+        return True, reason
+
+    async def _ask_models(self, up: Upstream) -> tuple[bool, str]:
+        """An SGLang upstream's probe: its listener proved this user's, then ``GET /v1/models`` with the token."""
+        assert up.probes is not None
+        proved, reason = self._prove(up, "")
+        if not proved:
+            return False, reason
+        try:
+            async with up.probes.get(up.base + "/v1/models", headers=self._auth) as response:
+                return response.status == 200, f"/v1/models answered {response.status}"
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            if _refused(exc):
+                self._gone(up)
+            return False, f"/v1/models failed: {type(exc).__name__}: {exc}"
+
+    async def _scrape(self, up: Upstream) -> None:
+        """The upstream's waiting queue from ``GET /metrics``, with the token (its listener proved this user's
+        first): neither engine guards ``/metrics`` today, but a proposed vLLM change would put it behind the key,
+        and a refused scrape would read as an empty queue, backpressure silently off. A 401 or 403 is logged
+        once (``proxy.metrics_refused``) and shown in ``describe()`` (``metrics_refused``)."""
+        assert up.probes is not None
+        headers = self._auth
+        if headers:
+            try:
+                check_own_listener(up.url)
+            except ListenerNotOursError:
+                headers = {}  # the health probe deals with it; the token goes nowhere unproved
+        status = None
+        try:
+            async with up.probes.get(up.base + "/metrics", headers=headers) as response:
+                status = response.status
+                waiting = parse_waiting(await response.text()) if status == 200 else 0
         except (aiohttp.ClientError, OSError, TimeoutError, UnicodeDecodeError):
             waiting = 0  # advisory only: an unreadable queue never blocks admission
+        refused = status if status in (401, 403) else None
+        if refused is not None and up.metrics_refused is None:
+            self._log.warning(
+                "proxy.metrics_refused",
+                upstream=up.url,
+                status=refused,
+                why="the replica's /metrics refused the scrape: its waiting queue is unknown, no backpressure",
+            )
+        up.metrics_refused = refused
         limit = self._max_waiting
         was_saturated = up.waiting > limit
         up.waiting = waiting
