@@ -893,3 +893,100 @@ async def _busy_spans(logs: tuple[Path, Path]) -> tuple[tuple[Held, Held], list[
         await _wait_until(lambda: arrived(3))
         await three
     return (first, second), sent
+
+
+# --- probes that never generate, and metrics behind the key (issue 41) ---------------------------------------
+
+
+async def _guarded_upstreams(session: aiohttp.ClientSession, url: str) -> dict[str, dict[str, Any]]:
+    async with session.get(f"{url}/ddslurm/upstreams", headers={"Authorization": f"Bearer {TOKEN}"}) as response:
+        assert response.status == 200
+        data = await response.json()
+    return {entry["url"]: entry for entry in data["upstreams"]}
+
+
+def test_backpressure_holds_when_metrics_want_the_key_and_a_refused_scrape_is_shown(tmp_path: Path) -> None:
+    """A replica whose /metrics wants the key (``--fake-metrics-auth``, a proposed vLLM change) still gives the
+    proxy its waiting queue: the scrape carries the token. A scrape refused all the same (401) is shown
+    (``metrics_refused``) and logged once, never read as an empty queue in silence."""
+    fake = _fake()
+    gate = tmp_path / "gate"
+    fake.set_gate(gate, "hold")
+    args = ["--fake-metrics-auth", "--fake-gate", str(gate)]
+    with fake.start_server("m", api_key=TOKEN, args=args) as server:
+        asyncio.run(_metrics_with_the_key(server.root_url, gate, fake))
+    log, scrapes = io.BytesIO(), tmp_path / "scrapes.jsonl"
+    refusing = [*args, "--fake-request-log", str(scrapes)]
+    with fake.start_server("m", api_key="another-key", args=refusing) as server:
+        asyncio.run(_metrics_refused(server.root_url, log, scrapes))
+    events = [json.loads(line) for line in log.getvalue().decode().splitlines()]
+    refused = [e for e in events if e["event"] == "proxy.metrics_refused"]
+    assert [e["status"] for e in refused] == [401]
+
+
+async def _metrics_with_the_key(upstream: str, gate: Path, fake: ModuleType) -> None:
+    async with (
+        running_proxy([upstream], token=TOKEN) as (_, url),
+        aiohttp.ClientSession(headers={"Authorization": f"Bearer {TOKEN}"}) as session,
+    ):
+        held = [asyncio.create_task(session.post(f"{url}/v1/chat/completions", json=CHAT)) for _ in range(3)]
+
+        async def three_waiting() -> bool:
+            return (await _guarded_upstreams(session, url))[upstream]["waiting"] == 3
+
+        await _wait_until(three_waiting, timeout=60)
+        assert (await _guarded_upstreams(session, url))[upstream]["metrics_refused"] is None
+        fake.set_gate(gate, "")
+        for response in await asyncio.gather(*held):
+            assert response.status == 200
+            response.release()
+
+
+async def _metrics_refused(upstream: str, log: io.BytesIO, scrapes: Path) -> None:
+    config = ProxyConfig("127.0.0.1", 0, (upstream,), token=TOKEN, **FAST)
+    proxy = Proxy(config, new_logger(log))
+    port = await proxy.start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {TOKEN}"}) as session:
+
+            async def five_refused_scrapes() -> bool:
+                lines = scrapes.read_text().splitlines() if scrapes.exists() else []
+                logged = [json.loads(line) for line in lines]
+                return sum(r["path"] == "/metrics" and r["status"] == 401 for r in logged) >= 5
+
+            await _wait_until(five_refused_scrapes, timeout=60)
+            assert (await _guarded_upstreams(session, url))[upstream]["metrics_refused"] == 401
+    finally:
+        await proxy.stop()
+
+
+def test_an_sglang_upstream_is_probed_without_generating(tmp_path: Path) -> None:
+    """The proxy probes an SGLang replica on /v1/models with the token (``--engine sglang``), never on its /health,
+    a one-token generation: a replica whose generation is held (its /health 503) stays in rotation."""
+    fake = _fake()
+    gate, requests = tmp_path / "gate", tmp_path / "requests.jsonl"
+    args = ["--fake-gate", str(gate), "--fake-request-log", str(requests)]
+    env = {"SGLANG_HEALTH_CHECK_TIMEOUT": "0.1"}
+    with fake.start_server("m", engine="sglang", api_key=TOKEN, args=args, env=env) as server:
+        fake.set_gate(gate, "hold")
+        asyncio.run(_sglang_probed(server.root_url, requests))
+
+
+async def _sglang_probed(upstream: str, requests: Path) -> None:
+    async with (
+        running_proxy([upstream], token=TOKEN, engine="sglang") as (_, url),
+        aiohttp.ClientSession(headers={"Authorization": f"Bearer {TOKEN}"}) as session,
+    ):
+
+        async def probed() -> bool:
+            lines = requests.read_text().splitlines() if requests.exists() else []
+            return sum('"/v1/models"' in line for line in lines) >= 5
+
+        await _wait_until(probed, timeout=60)
+        assert (await _guarded_upstreams(session, url))[upstream]["healthy"]
+        async with aiohttp.ClientSession() as plain, plain.get(f"{upstream}/health") as response:
+            assert response.status == 503  # what a /health probe would have seen meanwhile
+    probes = [json.loads(line) for line in requests.read_text().splitlines()]
+    assert all(p["authorized"] for p in probes if p["path"] == "/v1/models")
+    assert [p for p in probes if p["path"] == "/health" and p["auth_present"]] == []
