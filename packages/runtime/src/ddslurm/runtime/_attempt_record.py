@@ -8,10 +8,9 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
-import pyarrow as pa
 
 from ddslurm.config import (
     AttemptLayout,
@@ -29,6 +28,9 @@ from ddslurm.config import (
 )
 from ddslurm.runtime._inputs import Inputs
 from ddslurm.runtime.errors import PERMANENT_REASONS, InputsError, RuntimeFailure
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 Clock = Callable[[], datetime]
 EXIT_OK = 0

@@ -15,10 +15,7 @@ import secrets
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
-
-import pyarrow as pa
-import pyarrow.parquet as pq
+from typing import TYPE_CHECKING, Any, Literal
 
 from ddslurm.config import FILL_DONE, STAGE_ROW, make_private_dir, recipe_section
 from ddslurm.runtime._attempt_record import Began, StageRun
@@ -27,6 +24,9 @@ from ddslurm.runtime._hosted_gate import gate_wait_s
 from ddslurm.runtime._inputs import Inputs
 from ddslurm.runtime._progress import ProgressFile
 from ddslurm.runtime._verify import DD_DROPPED_DIR, FILL_DIR, FILL_DROPPED_DIR, parquet_files, rows_in
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 from ddslurm.runtime.errors import RuntimeFailure
 
 
@@ -37,6 +37,8 @@ def row_keys(table: pa.Table, columns: Sequence[str]) -> list[str]:
 
 def observed_keys(files: Sequence[Path], columns: Sequence[str]) -> Counter[str] | None:
     """How often each seed row (by its key) occurs in ``files``; None when a seed column is missing from one."""
+    import pyarrow.parquet as pq
+
     seen: Counter[str] = Counter()
     for f in files:
         names = set(pq.read_schema(f).names)
@@ -103,6 +105,8 @@ def numbered_rows(dataset_dir: Path, column: str) -> Counter[int] | None:
     occurs in the records of ``dataset_dir``: Data Designer's batches and the fill batches, each
     read from its namesake preserved-columns file. None when a batch has no such file, the file lacks the column
     or holds another number of rows: the records cannot be told apart then."""
+    import pyarrow.parquet as pq
+
     seen: Counter[int] = Counter()
     pairs = [
         (f, dataset_dir / DD_DROPPED_DIR / f.name) for f in sorted((dataset_dir / "parquet-files").glob("*.parquet"))
@@ -151,6 +155,8 @@ def fill_missing(
     rerun or ``ddslurm retry`` (which resumes from this dataset) fills again. ``engine`` runs Data Designer,
     ``scratch_home`` says where (the attempt runner's).
     """
+    import pyarrow.parquet as pq
+
     plan = inputs.plan
     fill_dir = target / FILL_DIR
     missing = began.num_records - dd_rows - rows_in(fill_dir)

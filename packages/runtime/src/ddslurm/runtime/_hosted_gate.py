@@ -31,11 +31,9 @@ import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-import aiohttp
 import msgspec
-from aiohttp import web
 
 from ddslurm.config import (
     DD_DEFAULT_REQUEST_TIMEOUT_S,
@@ -52,6 +50,10 @@ from ddslurm.runtime._engine import CHECK_FAILS
 from ddslurm.runtime._key_budget import INTERVAL_S, Caps, Pacer, Report, settle_file
 from ddslurm.runtime._rate_headers import RateSignal, rate_signal
 
+if TYPE_CHECKING:
+    import aiohttp
+    from aiohttp import web
+
 DEFAULT_TIMEOUT_S: Final = float(DD_DEFAULT_REQUEST_TIMEOUT_S)
 _DROP: Final = frozenset(
     {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection", "te",
@@ -65,7 +67,6 @@ alias's own timeout to the provider's answer (504 when it passes)."""
 
 MAX_RECONNECTS = 2
 """How often one request is sent again at once when its connection turned out closed before any answer."""
-_STALE = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
 """Errors of a connection the provider closed (a kept-alive one it timed out): the request is sent again on a new
 connection rather than answered 502."""
 
@@ -176,6 +177,9 @@ class HostedGate:
             loop.close()
 
     async def _main(self, started: dict[str, Any], ready: threading.Event) -> None:
+        import aiohttp
+        from aiohttp import web
+
         self._stopping = asyncio.Event()
         for provider in self._providers:
             name = budget_key(provider.endpoint, provider.api_key_env)
@@ -271,6 +275,8 @@ class HostedGate:
         key.changed.set()
 
     async def _relay(self, request: web.Request) -> web.StreamResponse:
+        from aiohttp import web
+
         if request.match_info["secret"] != self._secret:
             return web.json_response({"error": {"message": "not found", "type": "NotFound", "code": 404}}, status=404)
         try:
@@ -288,6 +294,8 @@ class HostedGate:
         """One request to ``provider`` under its key's budget: admitted by the key's share, sent, its 429s waited
         out and sent again until ``max_wait_s`` has passed; what the provider (or the gate, for a budget that
         never admitted it, a timeout or an unreachable provider) answered."""
+        import aiohttp
+
         key = self._keys[budget_key(provider.endpoint, provider.api_key_env)]
         url = provider.endpoint.rstrip("/") + "/" + tail
         model = _model_of(body)
@@ -324,7 +332,10 @@ class HostedGate:
                 return _Answer.error(504, late, "GatewayTimeout")
             except aiohttp.ClientError as exc:
                 self._journal(msgspec.structs.replace(sent, at=self._clock(), status=502, gate=True))
-                if isinstance(exc, _STALE) and reconnects < MAX_RECONNECTS:
+                if (
+                    isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError))
+                    and reconnects < MAX_RECONNECTS
+                ):
                     reconnects += 1  # a kept-alive connection the provider had closed: again, on a new one
                     continue
                 return _Answer.error(502, f"the provider could not be reached: {type(exc).__name__}", "BadGateway")

@@ -19,8 +19,6 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-import pyarrow.parquet as pq
-
 from ddslurm.config import FreshRecord, Plan, RunLayout, ShardLayout, llm_columns, read_json, read_yaml, to_builtins
 from ddslurm.runtime._verify import DD_DROPPED_DIR, FILL_DIR, FILL_DROPPED_DIR, empty_outputs_in, readable_rows
 
@@ -75,6 +73,8 @@ def continued_files(dataset: Path, empty: EmptyLimit) -> ResumeSource:
     record was dropped leaves no file; resuming, Data Designer generates every batch of its run that has none):
     they make up records missing from those batches, which a batch generated again holds itself.
     """
+    import pyarrow.parquet as pq
+
     files: list[tuple[str, str]] = []
     used: dict[str, int] = {}
     rows = left_out = 0

@@ -15,12 +15,13 @@ import hashlib
 import random
 from collections.abc import Callable
 from pathlib import Path
-
-import pyarrow as pa
-import pyarrow.parquet as pq
+from typing import TYPE_CHECKING
 
 from ddslurm.config import STAGE_ROW, WinnerRecord, publish_once, read_regular
 from ddslurm.runtime.errors import InputsError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 def shard_permutation(seed: int, shard: int, rows: int) -> list[int]:
@@ -35,6 +36,9 @@ def shard_permutation(seed: int, shard: int, rows: int) -> list[int]:
 def fixed_seed_file(path: Path, build: Callable[[], pa.Table]) -> Path:
     """``path``, holding the table ``build`` makes: written (as Parquet, complete before its name appears, never
     replacing) by the first caller; every later caller, whatever the races, reads what that one wrote."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     if not path.is_file():
         sink = pa.BufferOutputStream()
         pq.write_table(build(), sink)
@@ -46,6 +50,9 @@ def fixed_seed_file(path: Path, build: Callable[[], pa.Table]) -> Path:
 
 def read_seed_file(path: Path) -> pa.Table:
     """The rows of a shard's fixed seed file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     try:
         return pq.read_table(pa.BufferReader(read_regular(path)))
     except (OSError, pa.ArrowInvalid) as exc:
@@ -61,6 +68,9 @@ def read_stage_winner(winner: WinnerRecord) -> pa.Table:
     """The rows of an earlier stage's winner, in its files' order, every file checked against the size and sha256
     the winner recorded (from the very bytes that are parsed); columns unified by name, so that a column that is
     all null in one batch does not make its type differ between batches."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     root = Path(winner.dataset_dir)
     tables: list[pa.Table] = []
     for entry in winner.files:
@@ -85,6 +95,8 @@ def read_stage_winner(winner: WinnerRecord) -> pa.Table:
 
 def numbered(table: pa.Table) -> pa.Table:
     """``table`` with its rows numbered (0..n-1) in :data:`STAGE_ROW`: a CPU stage's seed rows."""
+    import pyarrow as pa
+
     if STAGE_ROW in table.column_names:
         raise InputsError(f"the GPU stage's output has a column named {STAGE_ROW!r}")
     return table.append_column(STAGE_ROW, pa.array(range(table.num_rows), type=pa.int64()))

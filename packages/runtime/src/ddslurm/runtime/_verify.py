@@ -1,4 +1,8 @@
-"""Verification of a candidate dataset before it may be published."""
+"""Verification of a candidate dataset before it may be published.
+
+pyarrow is imported by the functions that read Parquet, when first called (and its compute kernels from
+``pyarrow._compute``: ``pyarrow.compute`` generates its functions at import time): a step that only scans logs
+for secrets, or a controller that begins and watches attempts, never loads it."""
 
 from __future__ import annotations
 
@@ -8,20 +12,13 @@ import secrets
 import stat
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
-
-import pyarrow as pa
-import pyarrow.parquet as pq
-from pyarrow._compute import (  # pyarrow.compute generates its functions at import time
-    CastOptions,
-    MatchSubstringOptions,
-    call_function,
-)
+from typing import TYPE_CHECKING, Any
 
 from ddslurm.config import FileEntry, llm_columns, sha256_file
 from ddslurm.runtime.errors import EmptyOutputsError, VerificationError
 
-"""Data Designer column types whose values an LLM wrote (``column_type`` in the recipe)."""
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 FILL_DIR = "fill-files"
@@ -45,6 +42,8 @@ def parquet_files(dataset_dir: Path) -> list[Path]:
 def readable_rows(files: Iterable[Path]) -> tuple[int, int]:
     """(rows, files) of the readable Parquet ``files``: a file being written or damaged is not progress
     (verification reports it)."""
+    import pyarrow.parquet as pq
+
     rows = readable = 0
     for f in files:
         try:
@@ -70,6 +69,8 @@ def rows_on_disk(directory: Path) -> tuple[int, int]:
 
 def verify_dataset(dataset_dir: Path, expected_rows: int) -> tuple[int, tuple[FileEntry, ...]]:
     """Every batch file readable, rows as Data Designer reported; returns (rows, file list with sha256)."""
+    import pyarrow.parquet as pq
+
     if dataset_dir.is_symlink() or not dataset_dir.is_dir():
         raise VerificationError(f"{dataset_dir}: dataset directory missing or a symbolic link")
     files = parquet_files(dataset_dir)
@@ -98,6 +99,9 @@ def verify_dataset(dataset_dir: Path, expected_rows: int) -> tuple[int, tuple[Fi
 
 
 def _count_equal(values: Any, value: object) -> int:
+    import pyarrow as pa
+    from pyarrow._compute import call_function
+
     mask = call_function("equal", [values, pa.scalar(value)])
     return int(call_function("sum", [mask]).as_py() or 0)
 
@@ -105,6 +109,9 @@ def _count_equal(values: Any, value: object) -> int:
 def _empty_values(values: pa.Array) -> int:
     """Null values, plus blank strings (what Data Designer stores for an answer without content) and empty
     lists or maps."""
+    import pyarrow as pa
+    from pyarrow._compute import call_function
+
     empty = int(values.null_count)
     if pa.types.is_dictionary(values.type):
         values = values.dictionary_decode()
@@ -129,6 +136,8 @@ def count_empty_outputs(dataset_dir: Path, columns: Sequence[str]) -> dict[str, 
 def empty_outputs_in(files: Iterable[Path], columns: Sequence[str]) -> dict[str, int]:
     """Empty or null values of each of ``columns`` over the Parquet ``files``, in the order of ``columns``
     (columns found in no file are left out)."""
+    import pyarrow.parquet as pq
+
     counts: dict[str, int] = {}
     for f in files:
         parquet = pq.ParquetFile(f)
@@ -171,7 +180,8 @@ def reject_empty_outputs(dataset_dir: Path, recipe: Mapping[str, Any], limit: in
 _CHUNK = 8 << 20
 """Bytes the secret scan reads at a time (plus the overlap that finds a value split across two reads)."""
 _PARQUET_MAGIC = b"PAR1"
-_CAST_FOR_MATCH = {"string_view": pa.string(), "binary_view": pa.binary()}
+_CAST_FOR_MATCH = ("string_view", "binary_view")
+"""View types the substring match casts first (to ``string`` and ``binary``)."""
 
 
 def _files(root: Path) -> Iterator[Path]:
@@ -207,6 +217,9 @@ def _bytes_hold(fd: int, needles: Sequence[bytes]) -> tuple[bool, bool]:
 def _array_holds(values: pa.Array, patterns: Sequence[str]) -> bool:
     """Whether any string or binary value in ``values`` (walking lists, maps, structs, unions, dictionaries,
     run-end encoded and extension arrays) contains one of ``patterns``."""
+    import pyarrow as pa
+    from pyarrow._compute import CastOptions, MatchSubstringOptions, call_function
+
     kind = values.type
     if isinstance(values, pa.ExtensionArray):
         return _array_holds(values.storage, patterns)
@@ -229,7 +242,8 @@ def _array_holds(values: pa.Array, patterns: Sequence[str]) -> bool:
     if pa.types.is_fixed_size_binary(kind):
         values = call_function("cast", [values], CastOptions.safe(pa.binary()))
     elif str(kind) in _CAST_FOR_MATCH:
-        values = call_function("cast", [values], CastOptions.safe(_CAST_FOR_MATCH[str(kind)]))
+        target = pa.string() if str(kind) == "string_view" else pa.binary()
+        values = call_function("cast", [values], CastOptions.safe(target))
     elif not (
         pa.types.is_string(kind)
         or pa.types.is_large_string(kind)
@@ -247,6 +261,9 @@ def _parquet_holds(fd: int, patterns: Sequence[str]) -> bool:
     """Whether a decoded value of the Parquet file open at ``fd`` contains one of ``patterns`` (compressed or
     encoded pages hide the bytes), read one row group at a time. A file that cannot be decoded (torn, damaged)
     holds none: its bytes were read like any other file's."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     os.lseek(fd, 0, os.SEEK_SET)
     with os.fdopen(os.dup(fd), "rb") as fh:
         try:
