@@ -231,3 +231,14 @@ def test_no_package_has_an_import_cycle_not_even_through_a_function_level_import
         cycles += _cycles(edges)
     assert cycles == []
     assert _cycles({"a": {"b"}, "b": {"a"}}) == [["a", "b", "a"]]  # the walk itself finds one
+
+
+def test_the_controller_loads_neither_pyarrow_nor_aiohttp() -> None:
+    """The controller (``ddslurm-runtime generate``: one for every allocation, alive all its life) begins and watches
+    attempts; pyarrow and aiohttp are the client's and the proxy's, imported by the functions that use them, so the
+    controller does not pay their import (about half of its CPU before)."""
+    code = (
+        "import sys, ddslurm.runtime._generate_step\n"
+        "print(sorted(m for m in ('pyarrow', 'aiohttp', 'data_designer') if m in sys.modules))"
+    )
+    assert _printed(code) == "[]"
