@@ -25,15 +25,22 @@ REPO = Path(__file__).resolve().parents[1]
 MIXED_RECIPE = REPO / "examples" / "mixed" / "recipe.yaml"
 RUNTIME = Path(sys.executable).parent / "ddslurm-runtime"
 FAKE_VLLM = Path(sys.executable).parent / "fake-vllm"
+FAKE_SGLANG_PYTHON = Path(sys.executable).parent / "fake-sglang-python"
 
 
 def _deployment(
-    replicas: int = 1, tp: int = 1, timeout: int = 60, env: dict[str, str] | None = None, restarts: int = 0
+    replicas: int = 1,
+    tp: int = 1,
+    timeout: int = 60,
+    env: dict[str, str] | None = None,
+    restarts: int = 0,
+    engine: str = "vllm",
 ) -> str:
     """The generator's deployment; ``restarts``: ``server.restarts``, none unless a test asks (a replica that dies
     then fails the attempt at once)."""
     text = (
         "deployments:\n  - model_alias: generator\n    model: org/generator\n    served_model_name: qwen3-8b\n"
+        f"    engine: {engine}\n"
         f"    replicas: {replicas}\n    tensor_parallel: {tp}\n    server:\n      startup_timeout: {timeout}\n"
         f"      cpus: 1\n      restarts: {restarts}\n"
     )
@@ -116,6 +123,37 @@ def test_local_generator_and_hosted_judge(
     assert all(r["authorized"] for r in requests if r["path"].startswith("/v1/"))
     assert not any(r["auth_present"] for r in requests if r["path"] == "/health")
     assert all(r["authorized"] for r in requests if r["path"] == "/metrics")
+    assert scan_tree_for(run_dir, token) == []
+    _no_processes_left(run_dir)
+
+
+def test_sglang_logs_its_key_and_the_server_log_keeps_none_of_it(
+    make_run_files: Any, tmp_path: Path, local_attempt: Any
+) -> None:
+    """SGLang logs its arguments at INFO when it starts, ``api_key='…'`` among them (the stand-in as the real
+    engine, sgl-project/sglang#37457): its output reaches the server log through the runtime, the token taken out,
+    so the log keeps the line but not the token, and the secret scan publishes the shard instead of rejecting it."""
+    wrapper = tmp_path / "sglang-python"
+    wrapper.write_text(f'#!/bin/sh\nenv > "{tmp_path}/server-env-$$.txt"\nexec "{FAKE_SGLANG_PYTHON}" "$@"\n')
+    wrapper.chmod(0o755)
+    files = make_run_files(
+        "sglang",
+        num_records=6,
+        shards=1,
+        recipe=MIXED_RECIPE,
+        extra_run=_deployment(engine="sglang"),
+        extra_profile=f"sglang_executable: {wrapper}\n",
+    )
+    run_dir, code = _run(local_attempt, files, "12")
+    attempt = run_dir / "shards" / "shard-00000" / "attempts" / "attempt-12"
+    logs = {str(p): p.read_text() for p in run_dir.rglob("server-generator-0.log")}
+    assert code == 0, ((attempt / "client.out").read_text()[-3000:], _record(run_dir, "12").message, logs)
+    assert read_json(run_dir / "shards" / "shard-00000" / "winner.json", WinnerRecord).rows == 6
+    dumps = [d.read_text() for d in tmp_path.glob("server-env-*.txt")]
+    [token] = {line.partition("=")[2] for d in dumps for line in d.splitlines() if line.startswith("VLLM_API_KEY=")}
+    [log] = logs.values()
+    assert "server_args=ServerArgs(model_path='org/generator', " in log and "api_key='[redacted]'" in log
+    assert token not in log
     assert scan_tree_for(run_dir, token) == []
     _no_processes_left(run_dir)
 

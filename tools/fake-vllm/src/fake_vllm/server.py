@@ -25,6 +25,7 @@ from fake_vllm.cli import FAKE_OPTIONS
 from fake_vllm.log import log
 from fake_vllm.rendezvous import bind_rendezvous, run_follower
 from fake_vllm.settings import Settings
+from fake_vllm.sglang_args import server_args_line
 from fake_vllm.version import version_string
 
 GRACEFUL_SHUTDOWN_S = 2
@@ -112,7 +113,10 @@ def bind_socket(settings: Settings) -> socket.socket:
 
 
 def serve(settings: Settings) -> int:
-    """Serve until SIGINT/SIGTERM; returns the process exit status."""
+    """Serve until SIGINT/SIGTERM; returns the process exit status. SGLang's first line is its arguments, the key
+    among them (:mod:`fake_vllm.sglang_args`), as the real one logs them."""
+    if settings.engine == "sglang":
+        log(server_args_line(settings))
     for line in describe(settings):
         log(line)
     problem = gpu_problem(settings, os.environ)

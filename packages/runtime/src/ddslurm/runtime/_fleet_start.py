@@ -7,7 +7,8 @@ replicas listen on Unix-domain sockets in a scratch directory only this user can
 loopback ports proved to be this user's before the token reaches them (``listen: tcp``; each claimed node-wide
 from its choice, :class:`~ddslurm.runtime._ports.PortClaims`, so that no other job chooses it too). Servers and
 proxies get the job's environment without any of the run's secrets, and the attempt's token (``VLLM_API_KEY``); a
-server also the variables its deployment names in ``server.env_from``.
+server also the variables its deployment names in ``server.env_from``. Their output reaches their logs through the
+runtime, the token taken out (:mod:`~ddslurm.runtime._redact`: SGLang logs its arguments, the key among them).
 
 A replica that spans nodes (``ReplicaPlan.nodes`` > 1, always the allocation's only replica) is one step per node:
 its leader (``server-<alias>-<i>``, node 0, where the proxies and clients run too) serves the API, its headless
@@ -297,6 +298,7 @@ class FleetStart:
                         gpu_request=serving.gpu_request,
                         srun_extra=cmd.srun_extra,
                         node=self._node if rank == 0 else rank,
+                        redact=(self._token,),
                     )
                     step = self._launcher.start(spec)
                     if self._launched_at is None:
@@ -399,6 +401,7 @@ class FleetStart:
             cpus=cpus,
             mem_mb=self._proxy_mb,
             node=self._node,
+            redact=(self._token,),
         )
         proxy = ProxyStep(alias, port, self._launcher.start(spec), log_path)
         self._proxies[alias] = proxy

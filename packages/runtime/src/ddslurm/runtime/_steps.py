@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from ddslurm.runtime._redact import RedactedPopen
+
 GpuRequest = Literal["gres", "gpus"]
 
 
@@ -35,6 +37,10 @@ class StepSpec:
     node: int | None = None
     """The allocation's node to run on, by its index in the job's node list (``srun --relative``); None: where
     srun places it (an allocation of one node)."""
+    redact: tuple[str, ...] = field(default=(), repr=False)
+    """Secrets the step holds that must never reach its log: its output goes through the runtime, which writes
+    each occurrence as ``[redacted]`` (:mod:`ddslurm.runtime._redact`; the allocation's token for servers and
+    proxies). Empty: the step writes its log file itself."""
 
 
 @dataclass(slots=True)
@@ -124,6 +130,15 @@ def srun_argv(spec: StepSpec, job_name: str | None = None) -> list[str]:
 
 def _popen(argv: Sequence[str], spec: StepSpec) -> subprocess.Popen[bytes]:
     spec.log.parent.mkdir(parents=True, exist_ok=True)
+    if spec.redact:
+        return RedactedPopen(
+            argv,
+            log=spec.log,
+            secrets=spec.redact,
+            stdin=subprocess.DEVNULL,
+            env=dict(spec.env),
+            start_new_session=True,
+        )
     with spec.log.open("ab") as log:
         return subprocess.Popen(
             list(argv),
