@@ -34,7 +34,7 @@ class FakeOption:
     flag: str
     env: str
     dest: str
-    kind: str  # "seconds", "count", "rate", "int", "bool", "path", "regex", "text", "headers"
+    kind: str  # "seconds", "count", "rate", "int", "bool", "path", "regex", "text", "headers", "compile-cache"
     default: Any
     help: str
 
@@ -123,6 +123,11 @@ FAKE_OPTIONS: tuple[FakeOption, ...] = (
         "(anthropic-ratelimit-*) or none (not even Retry-After on a 429)",
     ),
     FakeOption(
+        "--fake-compile-cache", "FAKE_VLLM_COMPILE_CACHE", "compile_cache", "compile-cache", "off",
+        "vLLM mode: keep a torch.compile cache under VLLM_CACHE_ROOT (fake_vllm.compile_cache): off (none), old "
+        "(a vLLM before vllm-project/vllm#52523: VLLM_API_KEY is one of its hashed factors) or fixed",
+    ),
+    FakeOption(
         "--fake-join-timeout", "FAKE_VLLM_JOIN_TIMEOUT", "join_timeout", "seconds", 120.0,
         "a follower rank retries reaching its leader's rendezvous address this long, then exits with status 1",
     ),
@@ -181,6 +186,12 @@ def _headers(text: str) -> str:
     return text
 
 
+def _compile_cache(text: str) -> str:
+    if text not in ("off", "old", "fixed"):
+        raise ValueError(f"expected off, old or fixed, got {text!r}")
+    return text
+
+
 def _boolean(text: str) -> bool:
     lowered = text.strip().lower()
     if lowered in ("1", "true", "yes", "on"):
@@ -200,6 +211,7 @@ _CONVERTERS: dict[str, Callable[[str], Any]] = {
     "regex": _regex,
     "text": str,
     "headers": _headers,
+    "compile-cache": _compile_cache,
 }
 
 

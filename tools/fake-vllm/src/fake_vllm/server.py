@@ -22,6 +22,7 @@ import uvicorn
 
 from fake_vllm.app import create_app
 from fake_vllm.cli import FAKE_OPTIONS
+from fake_vllm.compile_cache import compile_model
 from fake_vllm.log import log
 from fake_vllm.rendezvous import bind_rendezvous, run_follower
 from fake_vllm.settings import Settings
@@ -123,6 +124,8 @@ def serve(settings: Settings) -> int:
     if problem is not None:
         log(problem, level="ERROR")
         return 1
+    if settings.engine == "vllm":
+        compile_model(settings, os.environ)  # every rank's workers compile (or load) the model
     group = settings.group
     if group is not None and not group.leader:
         return run_follower(settings)  # headless: no HTTP

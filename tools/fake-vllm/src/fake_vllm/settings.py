@@ -117,6 +117,8 @@ class Settings:
     (``engine_process.py``)."""
     metrics_auth: bool = False
     """``--fake-metrics-auth``: /metrics behind the API key (a proposed vLLM change; today neither engine does)."""
+    compile_cache: str = "off"
+    """``--fake-compile-cache``: ``off``, ``old`` or ``fixed`` (``compile_cache.py``)."""
     rate_limit_rpm: int | None = None
     """``--fake-rate-limit-rpm``: the key's requests a minute (``ratelimit.py``); None: no limit."""
     rate_limit_tpm: int | None = None
