@@ -119,6 +119,9 @@ class ServingPlan(Frozen, frozen=True, kw_only=True):
     """Nodes of each allocation (``--nodes``). Plans compiled before multi-node replicas: 1."""
     sglang_executable: str = "python3"
     sglang_image: str | None = None
+    engine_cache: str | None = None
+    """The profile's ``engine_cache``: where the servers download models and keep their caches on each node
+    (None: ``ddslurm-engine-cache-<uid>`` in the node's temporary directory)."""
 
     @property
     def home_node(self) -> int | None:

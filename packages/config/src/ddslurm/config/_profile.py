@@ -54,6 +54,17 @@ class ClusterProfile(Frozen, frozen=True, kw_only=True):
     deployments with ``engine: sglang`` when no container is used."""
     sglang_image: str | None = None
     """The SGLang image for Pyxis or Apptainer (its ``python3`` runs the server)."""
+    engine_cache: str | None = None
+    """The directory, at the same path on every node, where the model servers download models and keep their
+    caches (``HF_HOME``, ``VLLM_CACHE_ROOT``, ``XDG_CACHE_HOME``, Triton's, torch inductor's, FlashInfer's and
+    CUDA's): each variable the job's environment does not set already points into it, and Pyxis and Apptainer
+    mount it at the same path (a container without the home directory would write them to its own root
+    filesystem). Default (null): ``ddslurm-engine-cache-<uid>`` in the node's temporary directory (``TMPDIR``,
+    else ``/tmp``), node-local scratch that outlives the job, so a later allocation on the node reuses what an
+    earlier one downloaded and compiled; a directory on a shared filesystem shares them between nodes. An
+    absolute path, without whitespace, ``,`` or ``:`` (container mount lists split on them). The runtime creates
+    it owner-only and refuses one that is not this user's own (a link, another user's, writable by others):
+    compiled kernels from there run in the servers."""
     extra_sbatch: tuple[str, ...] = ()
     """``#SBATCH`` lines added to every job of this cluster, one long option each (as the run file's
     ``submission.extra_sbatch``, with the same options refused)."""
@@ -75,4 +86,16 @@ class ClusterProfile(Frozen, frozen=True, kw_only=True):
             )
         )
         refusals += extra_sbatch_refusals("extra_sbatch", self.extra_sbatch)
+        if self.engine_cache is not None and (problem := engine_cache_problem(self.engine_cache)) is not None:
+            refusals.append(("engine_cache", problem))
         refuse_all(refusals)
+
+
+def engine_cache_problem(path: str) -> str | None:
+    """Why ``path`` cannot be the profile's ``engine_cache`` (None: it can): a node's absolute path that a
+    container mount list (``SRC:DST,...``) and an environment variable carry as it is."""
+    if not path.startswith("/"):
+        return f"engine_cache must be an absolute path on the nodes, got {path!r}"
+    if any(c in path for c in ",:") or any(c.isspace() or not c.isprintable() for c in path):
+        return f"engine_cache {path!r} holds whitespace, ',' or ':' (container mount lists split on them)"
+    return None

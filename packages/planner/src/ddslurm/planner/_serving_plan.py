@@ -210,4 +210,5 @@ def plan_serving(
         nodes=nodes,
         sglang_executable=profile.sglang_executable,
         sglang_image=profile.sglang_image,
+        engine_cache=profile.engine_cache,
     )

@@ -32,6 +32,7 @@ from typing import Any
 import httpx
 
 from ddslurm.config import DeploymentPlan, Engine, ServingPlan, atomic_write, busy_log, encode_pretty, prompts_file
+from ddslurm.runtime._engine_cache import cache_environment, engine_cache_dir, ensure_engine_cache
 from ddslurm.runtime._engine_flags import check_serving, refusal_text
 from ddslurm.runtime._listeners import MAX_SOCKET_PATH, check_rendezvous, socket_path, unix_url
 from ddslurm.runtime._node_discovery import allocation_addresses, check_gpus, check_nodes, leader_address, resolved
@@ -267,10 +268,14 @@ class FleetStart:
         if address is not None:
             self._nodes = self._locate_nodes(self._env)
             self._here = resolved(address)
+        cache = engine_cache_dir(serving, self._env)
+        ensure_engine_cache(cache)
+        self._log.info("serving.engine_cache", directory=str(cache))
         for dep in serving.deployments:
             self._deployments[dep.alias] = dep
             env = {
                 **self._plain_env,
+                **cache_environment(cache, {**self._plain_env, **dep.env}),
                 **dep.env,
                 **{name: self._env[name] for name in dep.env_from},
                 **token_environment(serving, self._token),
@@ -284,7 +289,7 @@ class FleetStart:
                     place = None if meet is None else RankPlace(rank, rep.nodes, str(address), str(meet))
                     step_name = server_step_name(dep.alias, rep.index, rank)
                     try:
-                        cmd = server_command(serving, dep, url, place)
+                        cmd = server_command(serving, dep, url, place, cache)
                     except ValueError as exc:  # a shape the planner refuses: never retried into the same wall
                         raise RuntimeFailure(f"{step_name} cannot be started: {exc}") from exc
                     spec = StepSpec(

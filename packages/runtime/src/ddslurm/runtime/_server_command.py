@@ -11,6 +11,7 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from ddslurm.config import DeploymentPlan, Engine, ServingPlan
@@ -171,13 +172,18 @@ class ServerCommand:
 
 
 def server_command(
-    serving: ServingPlan, dep: DeploymentPlan, listen: str, place: RankPlace | None = None
+    serving: ServingPlan,
+    dep: DeploymentPlan,
+    listen: str,
+    place: RankPlace | None = None,
+    cache: Path | None = None,
 ) -> ServerCommand:
     """How one step of a replica is started: ``vllm serve`` or SGLang (:func:`sglang_args`, by the deployment's
     ``engine``), as a bare executable, in a Pyxis container (srun options) or with Apptainer, in the engine's own
     image. ``place``: the step's node rank of a replica that spans nodes (None: a replica on one node). A
     replica on a Unix-domain socket gets the socket's directory mounted at the same path inside a container
-    (not a headless follower's: it serves no API, and the directory is on the leader's node)."""
+    (not a headless follower's: it serves no API, and the directory is on the leader's node). ``cache``: the
+    engine cache (:mod:`~ddslurm.runtime._engine_cache`), mounted at the same path inside a container."""
     headless = place is not None and place.node_rank > 0
     if dep.engine == "sglang":
         args, exe, image, inner = (
@@ -195,6 +201,7 @@ def server_command(
         )
     path = None if headless else socket_path(listen)
     mounts = [*serving.container_mounts, *([f"{path.parent}:{path.parent}"] if path is not None else [])]
+    mounts += [f"{cache}:{cache}"] if cache is not None else []
     if serving.container_runtime == "pyxis":
         extra = [f"--container-image={image}", "--no-container-mount-home"]
         if mounts:

@@ -3,6 +3,7 @@
 RuntimeFailure           root (a DdslurmError): the attempt failed; ``reason`` is a stable code for status and retry
 ├── InputsError          plan, recipe or snapshot missing or not matching its recorded sha256
 ├── SecretMissingError   an API-key variable the snapshot names is unset in the job's environment
+├── EngineCacheError     the servers' engine cache (the profile's ``engine_cache``) is not this user's own
 ├── EngineError          Data Designer failed (``retryable`` says whether a new attempt may help)
 │   ├── ProviderUnavailableError  a provider answered 429 or 5xx, refused or timed out for longer than the
 │   │                    attempt waits it out (``provider_wait``; retryable)
@@ -45,6 +46,13 @@ class InputsError(RuntimeFailure):
 
 class SecretMissingError(RuntimeFailure):
     reason = "secret_missing"
+
+
+class EngineCacheError(RuntimeFailure):
+    """The directory the servers download models to and keep compiled kernels in cannot be created, or is not
+    this user's own (a link, another user's, writable by others): no server starts with it."""
+
+    reason = "engine_cache_refused"
 
 
 class EngineError(RuntimeFailure):
