@@ -6,6 +6,7 @@ The same code paths run under srun in tests/test_e2e_mixed.py.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -156,6 +157,49 @@ def test_sglang_logs_its_key_and_the_server_log_keeps_none_of_it(
     assert token not in log
     assert scan_tree_for(run_dir, token) == []
     _no_processes_left(run_dir)
+
+
+def test_two_allocations_reuse_one_compile_cache_in_the_engine_cache_and_it_holds_no_token(
+    make_run_files: Any, tmp_path: Path, local_attempt: Any
+) -> None:
+    """The stand-in as a vLLM before vllm-project/vllm#52523 (its compile cache hashes every ``VLLM_*`` variable,
+    ``VLLM_API_KEY`` included): two runs, two allocations, two tokens. vLLM gets its key in its arguments (the
+    boot program), never in its environment, so both servers name the same cache directory and the second loads
+    what the first compiled; the cache is where the profile's ``engine_cache`` says (``VLLM_CACHE_ROOT`` inside
+    it), and no byte of either token is under it or in a server log."""
+    cache = tmp_path / "engine-cache"
+    vllm = tmp_path / "bin" / "vllm"  # a Python script, as pip writes one: it records the key it was given
+    vllm.parent.mkdir()
+    vllm.write_text(
+        f"#!{sys.executable}\nimport os, sys\nfrom fake_vllm.cli import main\n"
+        "key = [a.partition('=')[2] for a in sys.argv if a.startswith('--api-key=')]\n"
+        f"open(f'{tmp_path}/key-{{os.getpid()}}.txt', 'w').write(repr((key, os.environ.get('VLLM_API_KEY'))))\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    vllm.chmod(0o755)
+    logs = []
+    for name, job in (("first", "21"), ("second", "22")):
+        files = make_run_files(
+            name,
+            num_records=3,
+            shards=1,
+            recipe=MIXED_RECIPE,
+            extra_run=_deployment(env={"FAKE_VLLM_COMPILE_CACHE": "old"}),
+            vllm_executable=vllm,
+            extra_profile=f"engine_cache: {cache}\n",
+        )
+        run_dir, code = _run(local_attempt, files, job)
+        assert code == 0, _record(run_dir, job).message
+        [log] = [p.read_text() for p in run_dir.rglob("server-generator-0.log")]
+        logs.append(log)
+    given = [ast.literal_eval(p.read_text()) for p in tmp_path.glob("key-*.txt")]
+    tokens = {key[0] for key, env in given if key}
+    assert len(tokens) == 2 and all(env is None for _, env in given), given  # in its arguments, never its env
+    compiled = list((cache / "vllm" / "torch_compile_cache").iterdir())
+    assert len(compiled) == 1, compiled
+    assert f"Using cache directory: {compiled[0]}/rank_0_0/backbone" in logs[0]
+    assert "Compiling a graph" in logs[0] and "Directly load the compiled graph(s)" in logs[1]
+    assert all(not scan_tree_for(cache, t) and not any(t in log for log in logs) for t in tokens)
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,7 @@ from ddslurm.runtime import RankPlace, server_command
 from ddslurm.runtime._node_discovery import check_nodes, leader_address
 from ddslurm.runtime._server_command import SGLANG_BOOT, engine_version, token_environment
 from ddslurm.runtime._serving import NodeMismatchError
+from ddslurm.runtime._vllm_boot import VLLM_BOOT
 
 URL = "http://127.0.0.1:8100"
 EXTRA = ("--max-num-seqs", "64")
@@ -105,8 +106,15 @@ def test_vllm_data_parallel_that_does_not_divide_over_the_nodes_is_refused() -> 
 @pytest.mark.parametrize(
     ("runtime", "head", "srun_extra"),
     [
-        pytest.param("pyxis", ("vllm",), ("--container-image=vimg", "--no-container-mount-home"), id="pyxis"),
-        pytest.param("apptainer", ("apptainer", "exec", "--nv", "vimg", "vllm"), (), id="apptainer"),
+        pytest.param(
+            "pyxis",
+            ("python3", "-c", VLLM_BOOT, "vllm"),
+            ("--container-image=vimg", "--no-container-mount-home"),
+            id="pyxis",
+        ),
+        pytest.param(
+            "apptainer", ("apptainer", "exec", "--nv", "vimg", "python3", "-c", VLLM_BOOT, "vllm"), (), id="apptainer"
+        ),
     ],
 )
 def test_vllm_follower_in_a_container_mounts_no_socket_directory(

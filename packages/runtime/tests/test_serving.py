@@ -15,6 +15,7 @@ from ddslurm.runtime._ports import PortClaims, choose_ports, listening_ports
 from ddslurm.runtime._server_command import server_command, token_environment
 from ddslurm.runtime._serving import GpuMismatchError, PortUnavailableError
 from ddslurm.runtime._steps import StepSpec, srun_argv, without
+from ddslurm.runtime._vllm_boot import VLLM_BOOT
 
 pytestmark = pytest.mark.smoke  # make test-isolated runs these with only the package's dependencies
 
@@ -42,6 +43,9 @@ SERVE = (
     "8192",
 )
 
+BOOTED = ("python3", "-c", VLLM_BOOT, "vllm")
+"""vLLM in a container: the image's Python runs its ``vllm`` with the key moved into its arguments."""
+
 
 def _serving(**kw: object) -> ServingPlan:
     return ServingPlan(deployments=(DEP,), gpus=2, **kw)  # type: ignore[arg-type]
@@ -53,13 +57,13 @@ def _serving(**kw: object) -> ServingPlan:
         pytest.param(_serving(vllm_executable="/opt/venv/bin/vllm"), ("/opt/venv/bin/vllm", *SERVE), (), id="bare"),
         pytest.param(
             _serving(container_runtime="pyxis", vllm_image="nvcr.io#vllm:0.9", container_mounts=("/models:/models",)),
-            ("vllm", *SERVE),
+            (*BOOTED, *SERVE),
             ("--container-image=nvcr.io#vllm:0.9", "--no-container-mount-home", "--container-mounts=/models:/models"),
             id="pyxis",
         ),
         pytest.param(
             _serving(container_runtime="apptainer", vllm_image="/images/vllm.sif", container_mounts=("/models",)),
-            ("apptainer", "exec", "--nv", "--bind=/models", "/images/vllm.sif", "vllm", *SERVE),
+            ("apptainer", "exec", "--nv", "--bind=/models", "/images/vllm.sif", *BOOTED, *SERVE),
             (),
             id="apptainer",
         ),
@@ -77,13 +81,13 @@ def test_server_command_lines(serving: ServingPlan, argv: tuple[str, ...], srun_
         pytest.param("none", ("/opt/venv/bin/vllm",), (), id="bare"),
         pytest.param(
             "pyxis",
-            ("vllm",),
+            BOOTED,
             ("--container-image=img", "--no-container-mount-home", "--container-mounts=/models:/models,/s/x:/s/x"),
             id="pyxis",
         ),
         pytest.param(
             "apptainer",
-            ("apptainer", "exec", "--nv", "--bind=/models", "--bind=/s/x:/s/x", "img", "vllm"),
+            ("apptainer", "exec", "--nv", "--bind=/models", "--bind=/s/x:/s/x", "img", *BOOTED),
             (),
             id="apptainer",
         ),
@@ -108,12 +112,15 @@ def test_a_replica_on_a_unix_socket_gets_uds_and_its_directory_inside_a_containe
 
 @pytest.mark.parametrize("runtime", ["none", "pyxis", "apptainer"])
 def test_the_token_reaches_vllm_by_environment_not_on_the_command_line(runtime: str) -> None:
-    """vLLM reads VLLM_API_KEY as it reads --api-key; on a command line ``ps`` would show the token to everyone.
-    Apptainer also gets APPTAINERENV_VLLM_API_KEY, which reaches the container even with --cleanenv."""
+    """vLLM reads VLLM_API_KEY as it reads --api-key (the boot program moves it into its arguments inside the
+    process); on a command line ``ps`` would show the token to everyone. Apptainer also gets
+    APPTAINERENV_VLLM_API_KEY, which reaches the container even with --cleanenv."""
     serving = _serving(container_runtime=runtime, vllm_image="img")
     token = "tok-" + "x" * 40
-    cmd = server_command(serving, DEP, "http://127.0.0.1:8100")
-    assert not any(token in arg or "--api-key" in arg for arg in (*cmd.argv, *cmd.srun_extra))
+    for python in (None, "/opt/venv/bin/python"):
+        cmd = server_command(serving, DEP, "http://127.0.0.1:8100", vllm_python=python)
+        words = [arg for arg in (*cmd.argv, *cmd.srun_extra) if arg != VLLM_BOOT]
+        assert not any(token in arg or "--api-key" in arg for arg in words)
     env = token_environment(serving, token)
     assert env["VLLM_API_KEY"] == token
     assert (env.get("APPTAINERENV_VLLM_API_KEY") == token) == (runtime == "apptainer")

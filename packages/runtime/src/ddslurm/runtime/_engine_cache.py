@@ -52,11 +52,7 @@ def engine_cache_dir(serving: ServingPlan, env: Mapping[str, str], uid: int | No
 
 def cache_environment(directory: Path, env: Mapping[str, str]) -> dict[str, str]:
     """The cache variables (:data:`CACHE_VARIABLES`) that ``env`` does not set, each pointing into ``directory``."""
-    return {
-        name: str(directory / sub) if sub else str(directory)
-        for name, sub in CACHE_VARIABLES
-        if not env.get(name)
-    }
+    return {name: str(directory / sub) if sub else str(directory) for name, sub in CACHE_VARIABLES if not env.get(name)}
 
 
 def ensure_engine_cache(directory: Path) -> None:

@@ -50,6 +50,7 @@ from ddslurm.runtime._server_command import (
 from ddslurm.runtime._serving import EngineTooOldError, ListenerClients, PortUnavailableError, wait_ready
 from ddslurm.runtime._steps import Step, StepLauncher, StepSpec, without
 from ddslurm.runtime._stop import StopSignal
+from ddslurm.runtime._vllm_boot import script_python
 from ddslurm.runtime.errors import RuntimeFailure, SecretMissingError
 
 HOST = "127.0.0.1"
@@ -268,6 +269,7 @@ class FleetStart:
         if address is not None:
             self._nodes = self._locate_nodes(self._env)
             self._here = resolved(address)
+        vllm_python = script_python(serving.vllm_executable, self._plain_env)  # its key by VLLM_BOOT
         cache = engine_cache_dir(serving, self._env)
         ensure_engine_cache(cache)
         self._log.info("serving.engine_cache", directory=str(cache))
@@ -289,7 +291,7 @@ class FleetStart:
                     place = None if meet is None else RankPlace(rank, rep.nodes, str(address), str(meet))
                     step_name = server_step_name(dep.alias, rep.index, rank)
                     try:
-                        cmd = server_command(serving, dep, url, place, cache)
+                        cmd = server_command(serving, dep, url, place, cache, vllm_python)
                     except ValueError as exc:  # a shape the planner refuses: never retried into the same wall
                         raise RuntimeFailure(f"{step_name} cannot be started: {exc}") from exc
                     spec = StepSpec(

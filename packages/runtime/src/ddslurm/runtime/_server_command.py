@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 from ddslurm.config import DeploymentPlan, Engine, ServingPlan
 from ddslurm.runtime._listeners import socket_path
+from ddslurm.runtime._vllm_boot import VLLM_BOOT
 
 TOKEN_ENV = "VLLM_API_KEY"
 """The variable vLLM (and the proxy) read the required API key from: ``--api-key`` without a command line."""
@@ -177,13 +178,17 @@ def server_command(
     listen: str,
     place: RankPlace | None = None,
     cache: Path | None = None,
+    vllm_python: str | None = None,
 ) -> ServerCommand:
     """How one step of a replica is started: ``vllm serve`` or SGLang (:func:`sglang_args`, by the deployment's
     ``engine``), as a bare executable, in a Pyxis container (srun options) or with Apptainer, in the engine's own
     image. ``place``: the step's node rank of a replica that spans nodes (None: a replica on one node). A
     replica on a Unix-domain socket gets the socket's directory mounted at the same path inside a container
     (not a headless follower's: it serves no API, and the directory is on the leader's node). ``cache``: the
-    engine cache (:mod:`~ddslurm.runtime._engine_cache`), mounted at the same path inside a container."""
+    engine cache (:mod:`~ddslurm.runtime._engine_cache`), mounted at the same path inside a container.
+    ``vllm_python``: the Python of a bare ``vllm`` script (:func:`~ddslurm.runtime._vllm_boot.script_python`); with
+    it, or in a container, vLLM starts through :data:`~ddslurm.runtime._vllm_boot.VLLM_BOOT` (its key in its
+    arguments, never in its environment); None for a bare ``vllm`` that is no Python script: as before."""
     headless = place is not None and place.node_rank > 0
     if dep.engine == "sglang":
         args, exe, image, inner = (
@@ -199,6 +204,10 @@ def server_command(
             serving.vllm_image,
             "vllm",
         )
+        if serving.container_runtime != "none":
+            args, inner = ["-c", VLLM_BOOT, "vllm", *args], "python3"
+        elif vllm_python is not None:
+            args, exe = ["-c", VLLM_BOOT, exe, *args], vllm_python
     path = None if headless else socket_path(listen)
     mounts = [*serving.container_mounts, *([f"{path.parent}:{path.parent}"] if path is not None else [])]
     mounts += [f"{cache}:{cache}"] if cache is not None else []
