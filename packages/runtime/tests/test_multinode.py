@@ -32,7 +32,8 @@ args = sys.argv[1:]
 def opt(name):
     return args[args.index(name) + 1] if name in args else None
 rendezvous = os.environ["FAKE_RANKS"]
-token = os.environ.get("VLLM_API_KEY") or opt("--api-key")
+given = [a.partition("=")[2] for a in args if a.startswith("--api-key=")]  # vLLM's boot program appends it
+token = os.environ.get("VLLM_API_KEY") or opt("--api-key") or (given[0] if given else None)
 follower = "--headless" in args or opt("--node-rank") not in (None, "0")
 if follower:
     print("rank 1 starts, joining", opt("--master-addr") or opt("--dist-init-addr"), flush=True)
