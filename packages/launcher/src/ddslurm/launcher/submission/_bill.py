@@ -37,6 +37,9 @@ SOCKETS = Path("/<sockets>")
 """Stands for the allocation's owner-only socket directory, made on the node (shown as ``<sockets>``)."""
 _NOWHERE = Path("/dev/null")
 """The steps' log (the bill starts nothing)."""
+ENGINE_CACHE = "/<engine_cache>"
+"""Stands for the default engine cache, made on the node (``ddslurm.runtime._engine_cache``), in a container's
+mounts."""
 LEADER, RENDEZVOUS = "<leader>", "<port>"
 """Stand for the first node's address and the rendezvous port the job plans there, in a spanning replica's rank
 arguments (:class:`ddslurm.runtime.RankPlace`)."""
@@ -279,7 +282,7 @@ def _steps(plan: Plan) -> list[tuple[int, str]]:
                 listen = unix_url(SOCKETS / f"{dep.alias}-{rep.index}.sock") if dep.listen == "unix" else TCP
                 for node in range(rep.nodes):
                     place = RankPlace(node, rep.nodes, LEADER, RENDEZVOUS) if rep.nodes > 1 else None
-                    cmd = server_command(serving, dep, listen, place)
+                    cmd = server_command(serving, dep, listen, place, Path(serving.engine_cache or ENGINE_CACHE))
                     spec = StepSpec(
                         name=server_step_name(dep.alias, rep.index, node),
                         argv=cmd.argv,
