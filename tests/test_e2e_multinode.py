@@ -159,6 +159,9 @@ def test_every_shape_and_engine_collects_the_rows_of_one_node_vllm(make_run_file
     for name in ("sglang", "sglang-tp4-pp2"):
         started = _args(runs[name], "sglang-args")  # -c BOOT, then SGLang's own arguments: no key among them
         assert started and all(a[0] == "-c" and not any(w.startswith("--api-key") for w in a[2:]) for a in started)
+        # SGLang logs its arguments, the key among them, on every rank: its log reached the file without it.
+        logs = [p.read_text() for p in runs[name].run_dir.glob("**/server-*.log")]
+        assert logs and all("api_key='[redacted]'" in log for log in logs), name
     sglang_two = sorted(_args(runs["sglang-tp4-pp2"], "sglang-args"), key=lambda a: _flag(a, "--node-rank") or "")
     assert [_flag(a, "--node-rank") for a in sglang_two] == ["0", "1"]
     assert _flag(sglang_two[0], "--dist-init-addr") == _flag(sglang_two[1], "--dist-init-addr") is not None
