@@ -70,6 +70,15 @@ def test_the_default_is_node_local_scratch_and_the_profile_wins(tmp_path: Path) 
     assert engine_cache_dir(chosen, {"TMPDIR": str(tmp_path)}) == CACHE
 
 
+def test_a_bare_engine_keeps_its_home_caches_unless_the_profile_names_one(tmp_path: Path) -> None:
+    """Bare executables see the user's home (models downloaded to a shared home, a saved hub token): no default
+    engine cache for them; the profile's ``engine_cache`` still applies."""
+    bare, _ = _serving("vllm", "none")
+    assert engine_cache_dir(bare, {"TMPDIR": str(tmp_path)}, uid=1234) is None
+    chosen, _ = _serving("vllm", "none", engine_cache=str(CACHE))
+    assert engine_cache_dir(chosen, {"TMPDIR": str(tmp_path)}) == CACHE
+
+
 @pytest.mark.parametrize("value", ["relative/cache", "/a:b", "/a,b", "/a b"])
 def test_the_profile_refuses_a_path_a_mount_list_cannot_carry(value: str) -> None:
     with pytest.raises(Refusals, match="engine_cache"):

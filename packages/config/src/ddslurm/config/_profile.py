@@ -59,9 +59,10 @@ class ClusterProfile(Frozen, frozen=True, kw_only=True):
     caches (``HF_HOME``, ``VLLM_CACHE_ROOT``, ``XDG_CACHE_HOME``, Triton's, torch inductor's, FlashInfer's and
     CUDA's): each variable the job's environment does not set already points into it, and Pyxis and Apptainer
     mount it at the same path (a container without the home directory would write them to its own root
-    filesystem). Default (null): ``ddslurm-engine-cache-<uid>`` in the node's temporary directory (``TMPDIR``,
-    else ``/tmp``), node-local scratch that outlives the job, so a later allocation on the node reuses what an
-    earlier one downloaded and compiled; a directory on a shared filesystem shares them between nodes. An
+    filesystem). Default (null): for servers in containers, ``ddslurm-engine-cache-<uid>`` in the node's temporary
+    directory (``TMPDIR``, else ``/tmp``), node-local scratch that outlives the job, so a later allocation on the
+    node reuses what an earlier one downloaded and compiled; bare executables keep the engines' own caches in the
+    home directory. A directory on a shared filesystem shares them between nodes. An
     absolute path, without whitespace, ``,`` or ``:`` (container mount lists split on them). The runtime creates
     it owner-only and refuses one that is not this user's own (a link, another user's, writable by others):
     compiled kernels from there run in the servers."""

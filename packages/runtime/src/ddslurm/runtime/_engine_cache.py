@@ -1,5 +1,5 @@
-"""Where the model servers download models and keep their caches: the profile's ``engine_cache``, node-local
-scratch by default, the same path inside Pyxis and Apptainer containers.
+"""Where the model servers download models and keep their caches: the profile's ``engine_cache``; for servers in
+Pyxis and Apptainer containers node-local scratch by default, mounted at the same path inside them.
 
 An engine writes to its user's home by default: the Hugging Face hub (``~/.cache/huggingface``, ``HF_HOME``),
 vLLM's compile cache (``~/.cache/vllm``, ``VLLM_CACHE_ROOT``, else ``$XDG_CACHE_HOME/vllm``), Triton's kernels
@@ -10,7 +10,10 @@ vLLM's compile cache (``~/.cache/vllm``, ``VLLM_CACHE_ROOT``, else ``$XDG_CACHE_
 gigabytes included, lands on the container's root filesystem, read-only or in memory on many sites. So each server
 step gets every one of these variables that its environment does not set already (a variable the job or the
 deployment's ``server.env`` sets is the user's choice and kept), each pointing into one directory, and a
-container gets that directory mounted at the same path.
+container gets that directory mounted at the same path. A bare executable sees its user's home: unless the
+profile names an ``engine_cache``, it keeps the engines' own places there (models a user downloaded to a shared
+home, the token ``huggingface-cli login`` saved), where a node-local default would download a model again on
+every node.
 
 Compiled kernels from that directory run inside the servers, on the GPUs: the directory must be the user's own.
 The controller creates it owner-only on its node and refuses one that is a link, another user's, or writable by
@@ -40,11 +43,14 @@ CACHE_VARIABLES: tuple[tuple[str, str], ...] = (
 engine cache ("": the directory itself). ``XDG_CACHE_HOME`` makes the rest of ``~/.cache`` follow."""
 
 
-def engine_cache_dir(serving: ServingPlan, env: Mapping[str, str], uid: int | None = None) -> Path:
-    """The profile's ``engine_cache``, or ``ddslurm-engine-cache-<uid>`` in the node's temporary directory
-    (``TMPDIR`` of the job's environment when it is a directory, else ``/tmp``)."""
+def engine_cache_dir(serving: ServingPlan, env: Mapping[str, str], uid: int | None = None) -> Path | None:
+    """The profile's ``engine_cache``; else, for servers in containers, ``ddslurm-engine-cache-<uid>`` in the
+    node's temporary directory (``TMPDIR`` of the job's environment when it is a directory, else ``/tmp``); else
+    None: bare executables keep the engines' own caches in the user's home."""
     if serving.engine_cache:
         return Path(serving.engine_cache)
+    if serving.container_runtime == "none":
+        return None
     tmp = env.get("TMPDIR", "")
     base = Path(tmp) if tmp.startswith("/") and Path(tmp).is_dir() else Path("/tmp")
     return base / f"ddslurm-engine-cache-{os.getuid() if uid is None else uid}"

@@ -271,13 +271,14 @@ class FleetStart:
             self._here = resolved(address)
         vllm_python = script_python(serving.vllm_executable, self._plain_env)  # its key by VLLM_BOOT
         cache = engine_cache_dir(serving, self._env)
-        ensure_engine_cache(cache)
-        self._log.info("serving.engine_cache", directory=str(cache))
+        if cache is not None:
+            ensure_engine_cache(cache)
+            self._log.info("serving.engine_cache", directory=str(cache))
         for dep in serving.deployments:
             self._deployments[dep.alias] = dep
             env = {
                 **self._plain_env,
-                **cache_environment(cache, {**self._plain_env, **dep.env}),
+                **({} if cache is None else cache_environment(cache, {**self._plain_env, **dep.env})),
                 **dep.env,
                 **{name: self._env[name] for name in dep.env_from},
                 **token_environment(serving, self._token),
