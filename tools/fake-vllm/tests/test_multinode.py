@@ -268,3 +268,42 @@ def test_another_user_who_reads_the_command_line_joins_as_rank_1_before_the_real
                 assert follower.proc.wait(timeout=30) == 1
                 assert "refused" in follower.log_text() and "rank 1 joined twice" in follower.log_text()
                 assert leader.proc.wait(timeout=30) == 1
+
+
+def _sglang_follower(port: int, api: int) -> list[str]:
+    """An SGLang follower's arguments (node rank 1 of 2) with the leader's ``--host``/``--port`` ``api``."""
+    return ["--host", "127.0.0.1", "--port", str(api), *rank_args("sglang", form="nodes", nodes=2, rank=1, port=port,
+                                                                     tensor_parallel=2)]  # fmt: skip
+
+
+def test_an_sglang_follower_serves_a_dummy_health_on_the_leader_port_of_its_own_host() -> None:
+    """``--fake-follower-health``: once it joined, an SGLang follower serves ``/health`` on the leader's
+    ``--host --port`` on its own host, as SGLang's followers do (``launch_dummy_health_check_server``)."""
+    port, api = free_port(), free_port()
+    leader_args = rank_args("sglang", form="nodes", nodes=2, rank=0, port=port, tensor_parallel=2)
+    with start_server(args=leader_args, wait="listening", engine="sglang") as leader:
+        follower_args = _sglang_follower(port, api)
+        with start_follower(args=follower_args, engine="sglang", env={"FAKE_VLLM_FOLLOWER_HEALTH": "1"}) as follower:
+            _until(lambda: "Dummy health server" in follower.log_text(), what="the follower's health server")
+            assert httpx.get(f"http://127.0.0.1:{api}/health").status_code == 200
+            assert follower.proc.poll() is None and leader.proc.poll() is None
+
+
+def test_an_sglang_follower_whose_health_port_is_taken_on_its_host_dies_after_joining() -> None:
+    """The collision nobody checked: the port is in use on the follower's host (here the leader's own listener,
+    the local cluster's nodes sharing one host), and the follower dies once it joined, as uvicorn's bind failure
+    ends SGLang's; without the setting (the default) it never binds it."""
+    port = free_port()
+    leader_args = rank_args("sglang", form="nodes", nodes=2, rank=0, port=port, tensor_parallel=2)
+    with start_server(args=leader_args, wait="listening", engine="sglang") as leader:
+        follower_args = _sglang_follower(port, leader.port)
+        with start_follower(args=follower_args, engine="sglang", env={"FAKE_VLLM_FOLLOWER_HEALTH": "1"}) as follower:
+            assert follower.proc.wait(timeout=30) == 1
+            log = follower.log_text()
+    assert "joined the leader" in log
+    assert f"error while attempting to bind on address ('127.0.0.1', {leader.port}): address already in use" in log
+    with start_server(args=leader_args, wait="listening", engine="sglang") as leader:
+        follower_args = _sglang_follower(port, leader.port)
+        with start_follower(args=follower_args, engine="sglang") as follower:
+            _until(lambda: "joined the leader" in follower.log_text(), what="the follower to join")
+            assert follower.proc.poll() is None and "Dummy health server" not in follower.log_text()

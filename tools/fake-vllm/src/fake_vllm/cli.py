@@ -140,6 +140,11 @@ FAKE_OPTIONS: tuple[FakeOption, ...] = (
         "--fake-metrics-auth", "FAKE_VLLM_METRICS_AUTH", "metrics_auth", "bool", False,
         "/metrics wants the API key too (401 without it), as a proposed vLLM change would have it",
     ),
+    FakeOption(
+        "--fake-follower-health", "FAKE_VLLM_FOLLOWER_HEALTH", "follower_health", "bool", False,
+        "an SGLang follower (--node-rank > 0) serves a dummy /health on --host --port once it joined, as SGLang's "
+        "do; a port in use there ends it with status 1 (off: the local cluster's nodes share one host)",
+    ),
 )  # fmt: skip
 
 

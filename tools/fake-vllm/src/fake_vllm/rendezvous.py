@@ -7,7 +7,10 @@ is not ready (``/health`` 503) until every follower rank has joined. A follower 
 back (accepted or refused), and stays connected. A follower whose identity disagrees with the leader's, or a
 rank that joins twice, is refused: both exit 1. Afterwards either side's death ends the other: the leader exits
 at once when a follower's connection closes (``os._exit(1)``, like an engine whose worker died), and a follower
-exits 1 when the leader's closes. Headless ranks serve no HTTP.
+exits 1 when the leader's closes. Headless ranks serve no API; an SGLang follower with ``--fake-follower-health``
+serves a dummy ``/health`` on the leader's ``--host``/``--port`` once it joined, as SGLang's followers do on their
+own node (sgl-project/sglang ``engine.py`` ``_launch_subprocesses``: ``launch_dummy_health_check_server``); a
+port in use there ends it as uvicorn's bind failure does (status 1).
 """
 
 from __future__ import annotations
@@ -16,8 +19,10 @@ import asyncio
 import contextlib
 import json
 import socket
+import threading
 import time
 from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, NoReturn
 
 from fake_vllm.log import log
@@ -147,6 +152,29 @@ def _read_line(sock: socket.socket, deadline: float) -> bytes:
     return data
 
 
+class _Health(BaseHTTPRequestHandler):
+    """SGLang's dummy health server: ``/health`` and ``/health_generate`` answer 200, nothing else exists."""
+
+    def do_GET(self) -> None:
+        self.send_response(200 if self.path in ("/health", "/health_generate") else 404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def dummy_health(host: str, port: int) -> ThreadingHTTPServer:
+    """A follower's dummy ``/health`` server on ``host:port``, serving in a thread of its own (bound as uvicorn
+    binds, ``SO_REUSEADDR``). Raises ``OSError`` (``Address already in use``)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    server_class = type("HealthServer", (ThreadingHTTPServer,), {"address_family": family, "daemon_threads": True})
+    server: ThreadingHTTPServer = server_class((host, port), _Health)
+    threading.Thread(target=server.serve_forever, name="dummy-health", daemon=True).start()
+    log(f"Dummy health server of a follower on http://{host}:{port}")
+    return server
+
+
 def run_follower(settings: Settings) -> int:
     """A follower rank's whole life: join the leader, then wait until its connection closes. Returns the exit
     status (1: never joined, refused, or the leader went away)."""
@@ -184,9 +212,22 @@ def run_follower(settings: Settings) -> int:
             log(f"RuntimeError: the leader at {group.rendezvous} refused {who}: {error}", level="ERROR")
             return 1
         log(f"{who} joined the leader at {group.rendezvous}")
+        health = None
+        if settings.engine == "sglang" and settings.follower_health:
+            try:
+                health = dummy_health(settings.host, settings.port)
+            except OSError as exc:
+                log(
+                    f"[Errno {exc.errno}] error while attempting to bind on address ({settings.host!r}, "
+                    f"{settings.port}): {(exc.strerror or str(exc)).lower()}",
+                    level="ERROR",
+                )
+                return 1
         sock.settimeout(None)
         with contextlib.suppress(OSError):
             while sock.recv(4096):
                 pass
+        if health is not None:
+            health.shutdown()
     log(f"RuntimeError: the leader at {group.rendezvous} closed the connection (it exited); {who} shuts down", "ERROR")
     return 1

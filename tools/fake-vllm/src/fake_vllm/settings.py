@@ -119,6 +119,10 @@ class Settings:
     """``--fake-metrics-auth``: /metrics behind the API key (a proposed vLLM change; today neither engine does)."""
     compile_cache: str = "off"
     """``--fake-compile-cache``: ``off``, ``old`` or ``fixed`` (``compile_cache.py``)."""
+    follower_health: bool = False
+    """``--fake-follower-health``: an SGLang follower serves a dummy ``/health`` on ``host:port`` once it joined, as
+    SGLang's followers do on their own node (off: the local test cluster's nodes share one host, where it would be
+    the leader's port)."""
     rate_limit_rpm: int | None = None
     """``--fake-rate-limit-rpm``: the key's requests a minute (``ratelimit.py``); None: no limit."""
     rate_limit_tpm: int | None = None
