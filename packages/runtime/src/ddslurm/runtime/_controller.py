@@ -44,6 +44,7 @@ from ddslurm.runtime._dd_version import check_data_designer
 from ddslurm.runtime._engine import local_token_names
 from ddslurm.runtime._fleet import Fleet
 from ddslurm.runtime._inputs import Inputs
+from ddslurm.runtime._leader_address import LeaderAddress, leader_ip
 from ddslurm.runtime._node_discovery import leader_address
 from ddslurm.runtime._requeue import mark_requeued
 from ddslurm.runtime._scratch import pid_alive, process_start_time, scratch_base, sweep_stale
@@ -139,6 +140,7 @@ class Controller:
         unhealthy_limit: int = 6,
         sleep: Callable[[float], None] = time.sleep,
         locate_leader: Callable[[Mapping[str, str]], str] = leader_address,
+        place_leader: Callable[[str, frozenset[str]], LeaderAddress] = leader_ip,
     ) -> None:
         self._runner = runner
         self._launcher = launcher
@@ -154,6 +156,7 @@ class Controller:
         self._health_interval = health_interval
         self._unhealthy_limit = unhealthy_limit
         self._locate_leader = locate_leader
+        self._place_leader = place_leader
         self._identity = controller_identity()
         """What a client waiting for its endpoints waits for: as long as this process lives (no deadline)."""
 
@@ -200,6 +203,7 @@ class Controller:
             grace=self._grace,
             unhealthy_limit=self._unhealthy_limit,
             locate_leader=self._locate_leader,
+            place_leader=self._place_leader,
             record_prompts=bool(plan.calibrate),
         )
         try:

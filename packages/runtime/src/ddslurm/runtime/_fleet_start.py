@@ -34,8 +34,9 @@ import httpx
 from ddslurm.config import DeploymentPlan, Engine, ServingPlan, atomic_write, busy_log, encode_pretty, prompts_file
 from ddslurm.runtime._engine_cache import cache_environment, engine_cache_dir, ensure_engine_cache
 from ddslurm.runtime._engine_flags import check_serving, refusal_text
+from ddslurm.runtime._leader_address import LeaderAddress, leader_ip
 from ddslurm.runtime._listeners import MAX_SOCKET_PATH, check_rendezvous, socket_path, unix_url
-from ddslurm.runtime._node_discovery import allocation_addresses, check_gpus, check_nodes, leader_address, resolved
+from ddslurm.runtime._node_discovery import allocation_addresses, check_gpus, check_nodes, leader_address
 from ddslurm.runtime._ports import PortClaims, PortHolds, choose_ports, draw_port
 from ddslurm.runtime._scratch import create_scratch, own_scratch_owner, scratch_base
 from ddslurm.runtime._server_command import (
@@ -130,7 +131,8 @@ class FleetStart:
     """The servers and proxies of one allocation. ``directory`` holds their logs and ``serving.json``; ``secrets``
     names the variables of ``env`` they never see; ``server_mb`` and ``proxy_mb`` are each step's memory share;
     ``locate_leader`` says where the followers of a replica that spans nodes reach this node (its leaders'),
-    ``locate_nodes`` the addresses of the allocation's nodes, whence they come."""
+    ``locate_nodes`` the addresses of the allocation's nodes, whence they come; ``place_leader`` turns the
+    leader's address and the nodes' into the IP address the ranks meet at (:func:`leader_ip`)."""
 
     def __init__(
         self,
@@ -151,6 +153,7 @@ class FleetStart:
         unhealthy_limit: int,
         locate_leader: Callable[[Mapping[str, str]], str] = leader_address,
         locate_nodes: Callable[[Mapping[str, str]], frozenset[str]] = allocation_addresses,
+        place_leader: Callable[[str, frozenset[str]], LeaderAddress] = leader_ip,
         record_prompts: bool = False,
     ) -> None:
         self._launcher = launcher
@@ -176,12 +179,13 @@ class FleetStart:
         self._node: int | None = None
         """The node of every step but the followers (``StepSpec.node``): 0 in an allocation of several nodes."""
         self._locate_nodes = locate_nodes
+        self._place_leader = place_leader
         self._rendezvous: set[int] = set()
         """The rendezvous ports of the replicas that span nodes (on this node, the leaders')."""
         self._nodes: frozenset[str] = frozenset()
         """The allocation's nodes' addresses, where a replica's followers may connect to its rendezvous from."""
         self._here: frozenset[str] = frozenset()
-        """This node's address as the followers reach it (the leader's), as IP addresses."""
+        """This node's addresses: the one the followers reach it at (the leader's) and its interfaces'."""
         self._sockets: Path | None = None
         """The scratch directory (owner-only) of the replicas' Unix-domain sockets, made when one is needed."""
         self._replicas: dict[str, list[Replica]] = {}
@@ -265,10 +269,18 @@ class FleetStart:
             rendezvous[(d.alias, r.index)] = first
             blocks[(d.alias, r.index)] = tuple(range(first, first + span))
             self._rendezvous.update(blocks[(d.alias, r.index)])
-        address = self._locate_leader(self._env) if spanning else None
-        if address is not None:
+        address: str | None = None
+        if spanning:
+            # The leader's address as an IP address of this host, before any rank is rendered with it.
             self._nodes = self._locate_nodes(self._env)
-            self._here = resolved(address)
+            name = self._locate_leader(self._env)
+            try:
+                leader = self._place_leader(name, self._nodes)
+            except RuntimeFailure as exc:
+                self._log.error("serving.leader_address", name=name, why=exc.message)
+                raise
+            address, self._here = leader.ip, leader.local | {leader.ip}
+            self._log.info("serving.leader_address", name=name, address=address)
         vllm_python = script_python(serving.vllm_executable, self._plain_env)  # its key by VLLM_BOOT
         cache = engine_cache_dir(serving, self._env)
         if cache is not None:

@@ -1,13 +1,14 @@
 """Where the allocation's servers run: the GPUs and nodes Slurm gave it, checked against the plan, the address its
-leader is reached at and the addresses of its nodes."""
+leader is reached at (as Slurm names it: :mod:`~ddslurm.runtime._leader_address` makes it an IP address of the
+leader's host) and the addresses of its nodes."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 from collections.abc import Callable, Mapping
 
 from ddslurm.config import ServingPlan
+from ddslurm.runtime._leader_address import LOOPBACK, resolve_name
 from ddslurm.runtime._serving import GpuMismatchError, NodeMismatchError
 
 
@@ -46,9 +47,6 @@ def check_nodes(serving: ServingPlan, env: Mapping[str, str]) -> None:
             return
 
 
-LOOPBACK = "127.0.0.1"
-
-
 def leader_address(
     env: Mapping[str, str], run: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run
 ) -> str:
@@ -68,14 +66,6 @@ def leader_address(
             if key == "NodeAddr" and value and value != "(null)":
                 return value
     return node
-
-
-def _node_addresses(name: str) -> set[str]:
-    """The IP addresses ``name`` (an address, or a host name the resolver knows) stands for; none if unknown."""
-    try:
-        return {str(info[4][0]).partition("%")[0] for info in socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)}
-    except (OSError, UnicodeError):
-        return set()
 
 
 def allocation_addresses(
@@ -102,9 +92,4 @@ def allocation_addresses(
             names.update(out.stdout.split() if out.returncode == 0 else ())
     except (OSError, subprocess.TimeoutExpired):
         pass
-    return frozenset(address for name in names for address in _node_addresses(name))
-
-
-def resolved(address: str) -> frozenset[str]:
-    """``address`` (the leader's, :func:`leader_address`) as IP addresses: itself if it is one, else resolved."""
-    return frozenset(_node_addresses(address))
+    return frozenset(address for name in names for address in resolve_name(name))

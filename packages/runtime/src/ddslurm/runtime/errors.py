@@ -19,7 +19,8 @@ BuilderFailure           (a DdslurmError too) a builder script could not be load
 The serving errors (``server_*``, ``proxy_died``, ``gpu_mismatch``, ``node_mismatch``, ``port_unavailable``,
 ``engine_too_old``) live in
 ``_serving.py``; ``server_port_taken`` (another user holds a server's port) and ``rendezvous_intruder`` (another
-user connected to a replica's rendezvous) in ``_listeners.py``.
+user connected to a replica's rendezvous) in ``_listeners.py``; ``leader_address_unresolved`` (no address of the
+leader's node its followers reach) in ``_leader_address.py``.
 """
 
 from __future__ import annotations
