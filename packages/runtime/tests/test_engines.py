@@ -16,6 +16,7 @@ import pytest
 
 from ddslurm.config import DeploymentPlan, ReplicaPlan, ServingPlan
 from ddslurm.runtime import RankPlace, server_command
+from ddslurm.runtime._follower_port import SGLANG_FOLLOWER_CHECK
 from ddslurm.runtime._node_discovery import check_nodes, leader_address
 from ddslurm.runtime._server_command import SGLANG_BOOT, engine_version, token_environment
 from ddslurm.runtime._serving import NodeMismatchError
@@ -147,12 +148,19 @@ def test_sglang_on_one_node() -> None:
     assert server_command(_serving(plain), plain, URL).argv == ("python3", *SGL, "--enable-metrics", *EXTRA)
 
 
-def test_sglang_over_two_nodes_every_rank_the_same_command_but_its_rank() -> None:
+def _sgl(place: RankPlace | None) -> tuple[str, ...]:
+    """:data:`SGL`, a follower's program first checking the port of its dummy /health (issue 41, point 6)."""
+    if place is None or place.node_rank == 0:
+        return SGL
+    return ("-c", SGLANG_FOLLOWER_CHECK + SGLANG_BOOT, *SGL[2:])
+
+
+def test_sglang_over_two_nodes_every_rank_the_same_arguments_but_its_rank() -> None:
     dep = _dep(engine="sglang", pipeline_parallel=2, replicas=(ReplicaPlan(index=0, gpus=2, cpus=4, nodes=2),))
     serving = _serving(dep, nodes=2)
     for place in (LEADER, FOLLOWER):
         assert server_command(serving, dep, URL, place).argv == (
-            "python3", *SGL, "--pp-size", "2", "--enable-metrics", "--nnodes", "2", "--node-rank",
+            "python3", *_sgl(place), "--pp-size", "2", "--enable-metrics", "--nnodes", "2", "--node-rank",
             str(place.node_rank), "--dist-init-addr", "10.0.0.1:29500", *EXTRA,
         )  # fmt: skip
 
@@ -181,7 +189,7 @@ def test_sglang_in_a_container_runs_the_images_python(
     )
     cmd = server_command(serving, dep, URL, place)
     assert cmd.argv[: len(head)] == head
-    assert cmd.argv[len(head) : len(head) + len(SGL)] == SGL
+    assert cmd.argv[len(head) : len(head) + len(SGL)] == _sgl(place)
     assert cmd.srun_extra == srun_extra
 
 

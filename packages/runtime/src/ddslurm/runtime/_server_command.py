@@ -15,6 +15,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from ddslurm.config import DeploymentPlan, Engine, ServingPlan
+from ddslurm.runtime._follower_port import SGLANG_FOLLOWER_CHECK
 from ddslurm.runtime._listeners import socket_path
 from ddslurm.runtime._vllm_boot import VLLM_BOOT
 
@@ -119,11 +120,14 @@ def sglang_args(dep: DeploymentPlan, listen: str, place: RankPlace | None = None
     --port``: SGLang has no Unix-domain socket), the served name, ``--tp-size`` and the pipeline and data parallel
     sizes above 1, ``--ep-size`` (the tensor-parallel size) with expert parallel, ``--enable-metrics`` (the
     proxy's backpressure reads ``sglang:num_queue_reqs``); for a replica that spans nodes ``--nnodes --node-rank
-    --dist-init-addr ADDRESS:PORT`` (every rank the same command, SGLang's followers serve no API); then the
-    user's extra args."""
+    --dist-init-addr ADDRESS:PORT`` (every rank the same arguments, SGLang's followers serve no API but a dummy
+    ``/health`` on the leader's ``--host --port``, which a follower's program checks first:
+    :data:`~ddslurm.runtime._follower_port.SGLANG_FOLLOWER_CHECK`); then the user's extra args."""
     if socket_path(listen) is not None:
         raise ValueError(f"SGLang listens on a TCP port, not on a Unix-domain socket ({listen!r}): listen: tcp")
-    args = ["-c", SGLANG_BOOT, "--model-path", dep.model, *_where(listen)]
+    follower = place is not None and place.node_rank > 0
+    boot = SGLANG_FOLLOWER_CHECK + SGLANG_BOOT if follower else SGLANG_BOOT
+    args = ["-c", boot, "--model-path", dep.model, *_where(listen)]
     args += ["--served-model-name", dep.served_model_name, "--tp-size", str(dep.tensor_parallel)]
     if dep.pipeline_parallel > 1:
         args += ["--pp-size", str(dep.pipeline_parallel)]
@@ -133,14 +137,9 @@ def sglang_args(dep: DeploymentPlan, listen: str, place: RankPlace | None = None
         args += ["--ep-size", str(dep.tensor_parallel)]
     args.append("--enable-metrics")
     if place is not None:
-        args += [
-            "--nnodes",
-            str(place.nodes),
-            "--node-rank",
-            str(place.node_rank),
-            "--dist-init-addr",
-            f"{place.address}:{place.port}",
-        ]
+        host = f"[{place.address}]" if ":" in place.address else place.address  # SGLang's [IPv6]:PORT
+        args += ["--nnodes", str(place.nodes), "--node-rank", str(place.node_rank), "--dist-init-addr"]
+        args.append(f"{host}:{place.port}")
     return [*args, *dep.extra_args]
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ddslurm.config import Engine, read_tail
+from ddslurm.runtime._follower_port import FOLLOWER_PORT_TAKEN
 from ddslurm.runtime._listeners import (
     ListenerNotOursError,
     NothingListensError,
@@ -98,6 +99,11 @@ class NodeMismatchError(RuntimeFailure):
 
 class PortUnavailableError(RuntimeFailure):
     reason = "port_unavailable"
+
+
+class FollowerPortTakenError(PortUnavailableError):
+    """An SGLang follower found the port of its dummy ``/health`` (the leader's ``--port``) taken on its own node,
+    and exited before SGLang started (:mod:`~ddslurm.runtime._follower_port`)."""
 
 
 def auth_headers(token: str | None) -> dict[str, str]:
@@ -230,8 +236,9 @@ def wait_ready(
     ``/health`` is asked without the token (vLLM's needs none); before ``/v1/models``, which needs it, the
     listener on the port must be this user's (:func:`~ddslurm.runtime._listeners.check_own_listener`): another
     user who took the port first, and answers like vLLM, gets no token and is never called ready.
-    Returns the seconds it took. Raises ServerStartError (process died), ServerNotReadyError (deadline), each
-    with the tail of the step's log, or ListenerNotOursError (the port is another user's).
+    Returns the seconds it took. Raises ServerStartError (process died), ServerNotReadyError (deadline),
+    FollowerPortTakenError (an SGLang follower's health port taken on its node), each with the tail of the step's
+    log, or ListenerNotOursError (the port is another user's).
     """
     start = clock()
     deadline = start + timeout
@@ -242,13 +249,17 @@ def wait_ready(
         if code is not None:
             if watch is not None:
                 watch()
-            failure = start_failure(step.name, code, "it")
-            raise type(failure)(f"{failure}; last lines of {step.spec.log}:\n{read_tail(step.spec.log)}")
+            died = start_failure(step.name, code, "it")
+            raise type(died)(f"{died}; last lines of {step.spec.log}:\n{read_tail(step.spec.log)}")
         for rank in ranks:
             if (code := rank.poll()) is not None:
                 if watch is not None:
                     watch()
-                failure = start_failure(rank.name, code, step.name)
+                failure: RuntimeFailure = start_failure(rank.name, code, step.name)
+                if engine == "sglang" and code == FOLLOWER_PORT_TAKEN:  # its dummy /health's port, on its node
+                    failure = FollowerPortTakenError(
+                        f"{rank.name} found the port of its /health taken on its node before SGLang started"
+                    )
                 raise type(failure)(f"{failure}; last lines of {rank.spec.log}:\n{read_tail(rank.spec.log)}")
         if ready(client, url, engine, served_name, token):
             return clock() - start
