@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -22,6 +23,7 @@ from ddslurm.config import AttemptRecord, DeploymentPlan, ReplicaPlan, RunLayout
 from ddslurm.config.testing import make_plan
 from ddslurm.runtime import Inputs
 from ddslurm.runtime._controller import Controller
+from ddslurm.runtime._leader_address import LeaderAddress, leader_ip
 from ddslurm.runtime._steps import LocalLauncher, Step, StepSpec, srun_argv
 from ddslurm.runtime.testing import make_controller, write_plan
 
@@ -131,6 +133,17 @@ def _stand_in(tmp_path: Path) -> Path:
     return exe
 
 
+def _sglang_stand_in(tmp_path: Path) -> Path:
+    """The stand-in's SGLang Python (``python -m fake_vllm.sglang_python``) as ``sglang_executable``: it runs the
+    ``-c`` program ddslurm gives each rank (a follower's port check, then SGLang's boot) as Python would."""
+    pytest.importorskip("fake_vllm")
+    exe = tmp_path / "stand-in" / "python3"
+    exe.parent.mkdir(exist_ok=True)
+    exe.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m fake_vllm.sglang_python "$@"\n')
+    exe.chmod(0o755)
+    return exe
+
+
 def _controller(
     tmp_path: Path,
     launcher: RankLauncher,
@@ -139,24 +152,30 @@ def _controller(
     engine: Literal["vllm", "sglang"] = "vllm",
     listen: Literal["tcp", "unix"] = "tcp",
     stand_in: bool = False,
+    data_parallel: int = 1,
+    **options: Any,
 ) -> tuple[Controller, Inputs]:
-    """A one-shard task whose one deployment is one replica over two nodes (one GPU each, pipeline parallel 2),
-    behind its proxy; the allocation says it has ``nodes_seen`` nodes. ``stand_in``: the engine is the stand-in
-    (:func:`_stand_in`), else the rank script."""
+    """A one-shard task whose one deployment is one replica over two nodes (one GPU each, pipeline parallel 2, or
+    data parallel ``data_parallel``), behind its proxy; the allocation says it has ``nodes_seen`` nodes.
+    ``stand_in``: the engine is the stand-in (:func:`_stand_in`, :func:`_sglang_stand_in`), else the rank script.
+    ``options``: the controller's (``locate_leader``, ``place_leader``...)."""
     rendezvous = tmp_path / "ranks"
     rendezvous.mkdir(exist_ok=True)
     replica = ReplicaPlan(index=0, gpus=1, cpus=1, nodes=2)
+    pipeline = 1 if data_parallel > 1 else 2
     deployment = DeploymentPlan(
-        alias="gen", model="m", served_model_name="served", engine=engine, tensor_parallel=1, pipeline_parallel=2,
-        replicas=(replica,), startup_timeout=30, proxy=True, listen=listen, env={"FAKE_RANKS": str(rendezvous)},
+        alias="gen", model="m", served_model_name="served", engine=engine, tensor_parallel=1,
+        pipeline_parallel=pipeline, data_parallel=data_parallel, replicas=(replica,), startup_timeout=30, proxy=True,
+        listen=listen, env={"FAKE_RANKS": str(rendezvous)},
     )  # fmt: skip
     exe = _stand_in(tmp_path) if stand_in else _engine(tmp_path)
+    sglang = _sglang_stand_in(tmp_path) if stand_in and engine == "sglang" else exe
     serving = ServingPlan(deployments=(deployment,), gpus=1, nodes=2, vllm_executable=str(exe),
-                          sglang_executable=str(exe))  # fmt: skip
+                          sglang_executable=str(sglang))  # fmt: skip
     layout, inputs = write_plan(tmp_path / "run-1", make_plan("run-1", (4,), serving=serving))
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "0", "SLURM_JOB_NUM_NODES": nodes_seen}
     env.pop("SLURMD_NODENAME", None)
-    controller = make_controller(layout, launcher, env=env, grace=2.0, poll=0.05)
+    controller = make_controller(layout, launcher, env=env, grace=2.0, poll=0.05, **options)
     controller._runtime_exe = Path(sys.executable).with_name("ddslurm-runtime")  # the real proxy
     return controller, inputs
 
@@ -417,3 +436,82 @@ def test_another_user_who_joins_during_generation_fails_the_attempt_as_an_intrud
     client = launcher.steps["client"].poll()
     assert client is not None and client < 0, client  # stopped, not left to hang
     assert all(step.poll() is not None for step in launcher.steps.values())
+
+
+LEADER_FORMS = [
+    pytest.param("vllm", 1, "--master-addr", id="vllm-pipeline-parallel"),
+    pytest.param("vllm", 2, "--data-parallel-address", id="vllm-data-parallel"),
+    pytest.param("sglang", 1, "--dist-init-addr", id="sglang"),
+]
+
+
+@pytest.mark.parametrize(("engine", "data_parallel", "flag"), LEADER_FORMS)
+def test_the_ranks_meet_at_the_leader_s_resolved_ip_never_at_its_name(
+    tmp_path: Path, engine: Literal["vllm", "sglang"], data_parallel: int, flag: str
+) -> None:
+    """Issue 41, point 5: Slurm names the leader ``gpu-07``, which resolves to ``127.0.1.1`` (Debian's line for the
+    host's own name) and to ``10.1.0.7``, this host's address on the cluster network. Every rank's command line
+    carries ``10.1.0.7`` where the ranks meet; before, the name itself, which the leader may fail to bind and a
+    follower resolves to a loopback address of its own host."""
+    place = partial(
+        leader_ip, resolve=lambda name: {"gpu-07": ["127.0.1.1", "10.1.0.7"]}.get(name, [name]),
+        interfaces=lambda: {"127.0.0.1", "10.1.0.7"}, route=lambda address: None,
+    )  # fmt: skip
+    launcher = RankLauncher("ok")
+    code, record = _run(tmp_path, launcher, "9511", engine=engine, data_parallel=data_parallel,
+                        locate_leader=lambda env: "gpu-07", place_leader=place)  # fmt: skip
+    assert (code, record.state) == (0, "succeeded"), (record.reason, record.message)
+    for name in ("server-gen-0", "server-gen-0-rank1"):
+        argv = launcher.steps[name].spec.argv
+        assert argv[argv.index(flag) + 1].partition(":")[0] == "10.1.0.7", argv
+        assert not [arg for arg in argv if "gpu-07" in arg]
+
+
+def test_a_leader_address_no_follower_could_reach_fails_before_any_server(tmp_path: Path) -> None:
+    """The name resolves only to loopback, the other node is on another host, and no route to it leaves from an
+    address of this host: the attempt fails ``leader_address_unresolved`` at once, naming the name, what it
+    resolved to and this host's addresses, and no server or proxy is started (the ranks would never meet)."""
+    place = partial(
+        leader_ip, resolve=lambda name: {"gpu-07": ["127.0.1.1"], "127.0.0.1": ["10.1.0.8"]}.get(name, []),
+        interfaces=lambda: {"127.0.0.1", "10.1.0.7"}, route=lambda address: None,
+    )  # fmt: skip
+    launcher = RankLauncher("ok")
+    code, record = _run(tmp_path, launcher, "9512", locate_leader=lambda env: "gpu-07", place_leader=place)
+    assert code == 1 and (record.state, record.reason) == ("failed", "leader_address_unresolved"), record
+    message = record.message or ""
+    assert "'gpu-07' resolves to 127.0.1.1" in message and "this host (10.1.0.7)" in message, message
+    assert not [spec for spec in launcher.specs if spec.name.startswith(("server", "proxy"))]
+
+
+def test_an_sglang_replica_over_two_nodes_of_one_host_skips_the_follower_port_check_and_serves(
+    tmp_path: Path,
+) -> None:
+    """The stand-in's own SGLang ranks, started with ddslurm's ``-c`` programs: the follower's port check runs
+    first, finds the leader's address (loopback) is this host's own (the local cluster's nodes share one host,
+    where the health port is the leader's own listener) and checks nothing; the ranks meet and the replica
+    serves."""
+    code, record = _run(tmp_path, RankLauncher("ok"), "9513", engine="sglang", stand_in=True)
+    assert (code, record.state) == (0, "succeeded"), (record.reason, record.message)
+    assert "node rank 1 joined (1/1 followers)" in (_attempt_dir(tmp_path, "9513") / "server-gen-0.log").read_text()
+
+
+def test_an_sglang_follower_whose_health_port_is_taken_on_its_node_fails_port_unavailable(tmp_path: Path) -> None:
+    """Issue 41, point 6: SGLang's follower serves a dummy ``/health`` on the leader's ``--host --port`` on its
+    own node, which nothing checked. Here the leader's address is another host's (``198.51.100.7``), so the
+    follower's ``-c`` program checks its node's port before SGLang starts: this host's is claimed (by the
+    controller, for the leader's listener), so the follower exits at once and the attempt fails
+    ``port_unavailable`` naming the follower and the port, instead of dying once its model is loaded."""
+    from ddslurm.runtime._leader_address import interface_addresses
+
+    if "198.51.100.7" in interface_addresses():
+        pytest.skip("198.51.100.7 (TEST-NET-2) is an address of this machine")
+    launcher = RankLauncher("ok")
+    placed = LeaderAddress("198.51.100.7", frozenset({"127.0.0.1"}))
+    code, record = _run(tmp_path, launcher, "9514", engine="sglang", stand_in=True,
+                        place_leader=lambda name, nodes: placed)  # fmt: skip
+    assert code == 1 and (record.state, record.reason) == ("failed", "port_unavailable"), record
+    leader = launcher.steps["server-gen-0"].spec.argv
+    port = leader[leader.index("--port") + 1]
+    message = record.message or ""
+    assert "server-gen-0-rank1 found the port of its /health taken on its node" in message, message
+    assert f"port {port} on 127.0.0.1 of this node" in message and "claimed by another ddslurm job" in message
