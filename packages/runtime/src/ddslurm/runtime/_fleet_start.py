@@ -12,7 +12,8 @@ runtime, the token taken out (:mod:`~ddslurm.runtime._redact`: SGLang logs its a
 
 A replica that spans nodes (``ReplicaPlan.nodes`` > 1, always the allocation's only replica) is one step per node:
 its leader (``server-<alias>-<i>``, node 0, where the proxies and clients run too) serves the API, its headless
-followers (``server-<alias>-<i>-rank<k>``, node k) join it at the leader node's address on a rendezvous port drawn
+followers (``server-<alias>-<i>-rank<k>``, node k) join it at the leader node's address (an IP address of that node,
+resolved before any rank is rendered: :func:`~ddslurm.runtime._leader_address.leader_ip`) on a rendezvous port drawn
 at random on that node when the job starts. The replica is ready when its leader is; any rank that exits is the
 replica's death. The engines' rendezvous has no secret and its port is on the ranks' command lines: from launch to
 teardown the controller watches who is connected to it (``check_rendezvous``: another user on this node, or a host
