@@ -261,6 +261,33 @@ def test_engine_versions(tmp_path: Path) -> None:
     assert engine_version(_serving(dep, vllm_executable=str(tmp_path / "none")), "vllm", env).startswith("unknown (")
 
 
+def _installed(site: Path, name: str, version: str) -> Path:
+    """A distribution's metadata alone (``NAME-VERSION.dist-info/METADATA``) in ``site``: installed, not importable."""
+    info = site / f"{name}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    return site
+
+
+def test_an_installed_engine_s_version_is_read_from_its_metadata_without_importing_it(tmp_path: Path) -> None:
+    """``vllm --version`` and ``import sglang`` import the engine and torch (seconds, with the GPUs idle): the version
+    comes from the distribution's metadata, read by the engine's own Python (``vllm``'s ``#!`` line). The engines
+    here are metadata alone: importing either, or running a ``vllm --version`` that fails, would not give it."""
+    site = _installed(_installed(tmp_path / "site", "vllm", "0.10.1.1"), "sglang", "0.4.6.post2")
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    vllm = tmp_path / "vllm"
+    vllm.write_text(f"#!{sys.executable}\nimport sys\nsys.exit('not vllm: --version must not be asked')\n")
+    vllm.chmod(0o755)
+    assert engine_version(_serving(_dep(), vllm_executable=str(vllm)), "vllm", env) == "0.10.1.1"
+    assert engine_version(_serving(_dep(engine="sglang"), sglang_executable=sys.executable), "sglang", env) == (
+        "0.4.6.post2"
+    )
+    shell = tmp_path / "vllm-wrapper"  # no Python script: asked --version
+    shell.write_text("#!/bin/sh\necho 0.11.1\n")
+    shell.chmod(0o755)
+    assert engine_version(_serving(_dep(), vllm_executable=str(shell)), "vllm", env) == "0.11.1"
+
+
 # --- the allocation's nodes and the leader's address -----------------------------------------------------------
 
 

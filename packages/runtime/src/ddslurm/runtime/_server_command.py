@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 from ddslurm.config import DeploymentPlan, Engine, ServingPlan
 from ddslurm.runtime._follower_port import SGLANG_FOLLOWER_CHECK
 from ddslurm.runtime._listeners import socket_path
-from ddslurm.runtime._vllm_boot import VLLM_BOOT
+from ddslurm.runtime._vllm_boot import VLLM_BOOT, script_python
 
 TOKEN_ENV = "VLLM_API_KEY"
 """The variable vLLM (and the proxy) read the required API key from: ``--api-key`` without a command line."""
@@ -230,17 +230,42 @@ def token_environment(serving: ServingPlan, token: str) -> dict[str, str]:
     return env
 
 
+_METADATA_VERSION = (
+    "import importlib.metadata as m, sys\n"
+    "try: print(m.version(sys.argv[1]))\n"
+    "except m.PackageNotFoundError: sys.exit(3)"
+)
+"""Prints an installed distribution's version from its metadata (``dist-info``) without importing it; exit 3:
+not installed as a distribution (a source checkout on ``PYTHONPATH``)."""
+
+
 def engine_version(serving: ServingPlan, engine: Engine, env: Mapping[str, str]) -> str:
-    """The version of ``engine`` (recorded, never gated): ``vllm --version``, or SGLang's ``sglang.__version__``
-    asked of its Python. Only a bare executable can be asked cheaply; in a container, the image is named."""
+    """The version of ``engine``, asked before any server starts (and by ``doctor`` on the submit host): the
+    installed distribution's metadata, read by the engine's own Python (``sglang_executable``; the Python on
+    ``vllm``'s ``#!`` line), which imports neither the engine nor torch (``vllm --version`` and ``import sglang``
+    import both: seconds to tens of seconds on a cluster's shared filesystem, with the GPUs idle); where there is
+    none (a ``vllm`` that is no Python script, an engine run from a source checkout), ``vllm --version`` or
+    SGLang's ``sglang.__version__``. Only a bare executable can be asked cheaply; in a container, the image is
+    named."""
     if engine == "sglang":
         exe, image = serving.sglang_executable, serving.sglang_image
-        argv = [exe, "-c", "import sglang; print(sglang.__version__)"]
+        python: str | None = exe
+        asked = [exe, "-c", "import sglang; print(sglang.__version__)"]
     else:
         exe, image = serving.vllm_executable, serving.vllm_image
-        argv = [exe, "--version"]
+        python = script_python(exe, env) if serving.container_runtime == "none" else None
+        asked = [exe, "--version"]
     if serving.container_runtime != "none":
         return f"unknown ({serving.container_runtime} image {image})"
+    if python is not None:
+        found = _printed([python, "-c", _METADATA_VERSION, engine], env)
+        if not found.startswith("unknown"):
+            return found
+    return _printed(asked, env)
+
+
+def _printed(argv: list[str], env: Mapping[str, str]) -> str:
+    """The last line ``argv`` printed (stdout, else stderr), or ``unknown`` (with why, where it could not run)."""
     try:
         out = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=dict(env), check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
