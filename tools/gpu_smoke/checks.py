@@ -3,10 +3,11 @@
 
 1. ``flags``: every flag ddslurm renders (:mod:`tools.gpu_smoke.rendered`) is one ``vllm serve`` lists
    (:mod:`tools.gpu_smoke.helptext`).
-2. ``server``: ``vllm serve`` started exactly as the runtime starts it (``server_command``, ``token_environment``)
-   on ``--uds`` with a fresh token in its environment: while it loads every probe is refused or answered 503 (or
-   waits), then ``/health`` and ``/metrics`` answer, ``/v1/models`` refuses a request without the token and
-   answers one with it.
+2. ``server``: ``vllm serve`` started exactly as the runtime starts it (``server_command`` with the boot program
+   that gives vLLM its key in its arguments, ``script_python``; ``token_environment``; its output through the
+   runtime's redaction, ``RedactedPopen``) on ``--uds`` with a fresh token: while it loads every probe is
+   refused or answered 503 (or waits), then ``/health`` and ``/metrics`` answer, ``/v1/models`` refuses a
+   request without the token and answers one with it.
 3. ``proxy``: ``ddslurm-runtime proxy`` started as the runtime starts it (``proxy_argv``) in front of the server;
    under more concurrent requests than the server runs at once (``--max-num-seqs 2``) the proxy's view
    (``GET /ddslurm/upstreams``) shows requests waiting, read from the server's ``/metrics``.
@@ -40,7 +41,9 @@ import httpx
 from ddslurm.config import ServingPlan
 from ddslurm.runtime._fleet_start import proxy_argv
 from ddslurm.runtime._listeners import unix_url
+from ddslurm.runtime._redact import RedactedPopen
 from ddslurm.runtime._server_command import TOKEN_ENV, server_command, token_environment
+from ddslurm.runtime._vllm_boot import script_python
 from tools.gpu_smoke.helptext import collect_help, flags_of, missing
 from tools.gpu_smoke.rendered import deployment, rendered
 from tools.gpu_smoke.scan import scan
@@ -213,13 +216,16 @@ def check_server(smoke: Smoke, deadline: Deadline) -> tuple[Status, str]:
     sockets.mkdir(mode=0o700, exist_ok=True)
     smoke.socket = sockets / "generator-0.sock"
     smoke.server_log = smoke.work / "server-generator-0.log"
-    command = server_command(smoke.serving, smoke.serving.deployments[0], unix_url(smoke.socket))
+    # as the runtime starts it: vLLM's key through its boot program, its output through the runtime's redaction
+    vllm_python = script_python(smoke.serving.vllm_executable, smoke.plain_env())
+    command = server_command(
+        smoke.serving, smoke.serving.deployments[0], unix_url(smoke.socket), vllm_python=vllm_python
+    )
     env = {**smoke.plain_env(), **token_environment(smoke.serving, smoke.token)}
     smoke.started_at = time.time()
-    with smoke.server_log.open("ab") as log:
-        smoke.server = subprocess.Popen(
-            list(command.argv), env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
+    smoke.server = RedactedPopen(
+        list(command.argv), log=smoke.server_log, secrets=(smoke.token,), env=env, start_new_session=True
+    )
     refused = loading = 0
     odd: list[str] = []
     began = time.monotonic()
