@@ -458,7 +458,7 @@ def test_the_ranks_meet_at_the_leader_s_resolved_ip_never_at_its_name(
         interfaces=lambda: {"127.0.0.1", "10.1.0.7"}, route=lambda address: None,
     )  # fmt: skip
     launcher = RankLauncher("ok")
-    code, record = _run(tmp_path, launcher, "9511", engine=engine, data_parallel=data_parallel,
+    code, record = _run(tmp_path, launcher, "9541", engine=engine, data_parallel=data_parallel,
                         locate_leader=lambda env: "gpu-07", place_leader=place)  # fmt: skip
     assert (code, record.state) == (0, "succeeded"), (record.reason, record.message)
     for name in ("server-gen-0", "server-gen-0-rank1"):
@@ -476,7 +476,7 @@ def test_a_leader_address_no_follower_could_reach_fails_before_any_server(tmp_pa
         interfaces=lambda: {"127.0.0.1", "10.1.0.7"}, route=lambda address: None,
     )  # fmt: skip
     launcher = RankLauncher("ok")
-    code, record = _run(tmp_path, launcher, "9512", locate_leader=lambda env: "gpu-07", place_leader=place)
+    code, record = _run(tmp_path, launcher, "9542", locate_leader=lambda env: "gpu-07", place_leader=place)
     assert code == 1 and (record.state, record.reason) == ("failed", "leader_address_unresolved"), record
     message = record.message or ""
     assert "'gpu-07' resolves to 127.0.1.1" in message and "this host (10.1.0.7)" in message, message
@@ -490,9 +490,9 @@ def test_an_sglang_replica_over_two_nodes_of_one_host_skips_the_follower_port_ch
     first, finds the leader's address (loopback) is this host's own (the local cluster's nodes share one host,
     where the health port is the leader's own listener) and checks nothing; the ranks meet and the replica
     serves."""
-    code, record = _run(tmp_path, RankLauncher("ok"), "9513", engine="sglang", stand_in=True)
+    code, record = _run(tmp_path, RankLauncher("ok"), "9543", engine="sglang", stand_in=True)
     assert (code, record.state) == (0, "succeeded"), (record.reason, record.message)
-    assert "node rank 1 joined (1/1 followers)" in (_attempt_dir(tmp_path, "9513") / "server-gen-0.log").read_text()
+    assert "node rank 1 joined (1/1 followers)" in (_attempt_dir(tmp_path, "9543") / "server-gen-0.log").read_text()
 
 
 def test_an_sglang_follower_whose_health_port_is_taken_on_its_node_fails_port_unavailable(tmp_path: Path) -> None:
@@ -507,7 +507,7 @@ def test_an_sglang_follower_whose_health_port_is_taken_on_its_node_fails_port_un
         pytest.skip("198.51.100.7 (TEST-NET-2) is an address of this machine")
     launcher = RankLauncher("ok")
     placed = LeaderAddress("198.51.100.7", frozenset({"127.0.0.1"}))
-    code, record = _run(tmp_path, launcher, "9514", engine="sglang", stand_in=True,
+    code, record = _run(tmp_path, launcher, "9544", engine="sglang", stand_in=True,
                         place_leader=lambda name, nodes: placed)  # fmt: skip
     assert code == 1 and (record.state, record.reason) == ("failed", "port_unavailable"), record
     leader = launcher.steps["server-gen-0"].spec.argv
