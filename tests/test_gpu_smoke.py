@@ -320,14 +320,26 @@ def test_checks_one_to_five_pass_against_the_stand_in(tmp_path: Path) -> None:
     assert "Starting vLLM API server on unix:" in log and "api_key_required=yes" in log
 
 
-def test_a_server_that_logs_its_token_fails_the_token_check_naming_its_log(tmp_path: Path) -> None:
+def test_a_server_that_writes_its_token_into_its_cache_fails_the_token_check_naming_the_file(tmp_path: Path) -> None:
+    """As vLLM before vllm-project/vllm#52523 did with the key in its environment: the token in
+    ``~/.cache/vllm/.../cache_key_factors.json``. The token it prints on its output is another matter: the smoke test
+    starts the server as the runtime does, its output through the runtime's redaction, so the log holds
+    ``[redacted]`` and only the cache file fails the check."""
+    factors = tmp_path / "home" / ".cache" / "vllm" / "torch_compile_cache" / "cache_key_factors.json"
     leaky = _fake_vllm(
-        tmp_path, {"--help": FLAT_HELP}, prelude='[ "$1" = serve ] && echo "args: api_key=$VLLM_API_KEY"\n'
+        tmp_path,
+        {"--help": FLAT_HELP},
+        prelude=(
+            'if [ "$1" = serve ]; then echo "args: api_key=$VLLM_API_KEY"; '
+            f'mkdir -p "{factors.parent}"; echo "{{\\"VLLM_API_KEY\\": \\"$VLLM_API_KEY\\"}}" > "{factors}"; fi\n'
+        ),
     )
     done = _smoke(tmp_path, leaky, "--skip", "e2e")
     doc = json.loads(done.stdout)
     token = next(c for c in doc["checks"] if c["name"] == "token")
-    assert token["status"] == "FAIL" and str(tmp_path / "work" / "server-generator-0.log") in token["detail"]
+    assert token["status"] == "FAIL" and str(factors) in token["detail"], token
+    assert str(tmp_path / "work" / "server-generator-0.log") not in token["detail"]
+    assert "args: api_key=[redacted]" in (tmp_path / "work" / "server-generator-0.log").read_text()
     assert done.returncode == 1 and doc["summary"] == "FAILED: token"
 
 
