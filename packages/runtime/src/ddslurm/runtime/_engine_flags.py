@@ -8,18 +8,20 @@ Each minimum is the first release whose source has the flag, read in the release
 SGLang's ``python/sglang/srt/server_args.py``), with the change that brought it where it is known. An engine without
 the flag exits at once with argparse's ``error: unrecognized arguments: ...`` (status 2).
 
-Versions are compared by a small parser of what the engines print (``0.11.1``, ``0.10.1.1``,
-``0.11.1rc2.dev12+g1234``, SGLang's ``0.4.6.post2``): a version that cannot be read (``unknown``, an image's), or a
-pre-release or development build of the very release that brought a flag (it may or may not have the change), is
+Versions are read as PEP 440 (``packaging``, as ``doctor`` reads Data Designer's) from what the engines print
+(``0.11.1``, ``0.10.1.1``, ``0.11.1rc2.dev12+g1234``, SGLang's ``0.4.6.post2``): a version that cannot be read
+(``unknown``, an image's), or a pre-release or development build of the very release that brought a flag (it may
+or may not have the change), is
 never refused; the check says so instead.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from packaging.version import InvalidVersion, Version
 
 from ddslurm.config import DeploymentPlan, Engine, ServingPlan
 from ddslurm.runtime._listeners import unix_url
@@ -70,15 +72,6 @@ SGLang, are in every release since 0.8.5 (vLLM) and 0.2.15 (SGLang), the oldest 
 
 ENGINE_NAMES: Mapping[Engine, str] = {"vllm": "vLLM", "sglang": "SGLang"}
 
-_VERSION = re.compile(
-    r"v?(?P<release>\d+(?:\.\d+)*)"
-    r"(?:[._-]?(?P<pre>a|b|c|rc|alpha|beta|pre|preview)[._-]?\d*)?"
-    r"(?:[._-]?post[._-]?(?P<post>\d*))?"
-    r"(?:[._-]?(?P<dev>dev)[._-]?\d*)?"
-    r"(?:\+[0-9a-z.]+)?",
-    re.IGNORECASE,
-)
-
 
 @dataclass(frozen=True, slots=True)
 class EngineVersion:
@@ -106,19 +99,16 @@ class EngineVersion:
 
 def parse_version(text: str) -> EngineVersion | None:
     """The version in ``text`` (``0.11.1``, ``0.10.1.1``, ``0.11.1rc2.dev12+g1234``, ``0.4.6.post2``,
-    ``v0.9.0``), or None when it is none (``unknown``, ``unknown (pyxis image ...)``)."""
-    match = _VERSION.fullmatch(text.strip())
-    if match is None:
+    ``v0.9.0``), read as PEP 440 (``packaging``), or None when it is none (``unknown``, ``unknown (pyxis image
+    ...)``)."""
+    try:
+        version = Version(text.strip())
+    except InvalidVersion:
         return None
-    numbers = [int(n) for n in match["release"].split(".")]
+    numbers = list(version.release)
     while len(numbers) > 1 and numbers[-1] == 0:
         numbers.pop()
-    post = match["post"]
-    return EngineVersion(
-        release=tuple(numbers),
-        post=None if post is None else int(post or 0),
-        unreleased=match["pre"] is not None or match["dev"] is not None,
-    )
+    return EngineVersion(release=tuple(numbers), post=version.post, unreleased=version.is_prerelease)
 
 
 @dataclass(frozen=True, slots=True)
