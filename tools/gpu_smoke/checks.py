@@ -81,34 +81,31 @@ class Result:
         return f"{self.status} {self.number} {self.name} ({self.seconds:.1f} s): {self.detail}"
 
 
-class Budget:
-    """The whole run's deadline and each check's share of what is left of it."""
+class Deadline:
+    """A deadline ``seconds`` from now on ``clock`` (the monotonic clock)."""
 
-    def __init__(self, total_s: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.total_s = total_s
+    def __init__(self, seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.seconds = seconds
         self._clock = clock
-        self._end = clock() + total_s
+        self._end = clock() + seconds
 
     def left(self) -> float:
         return max(0.0, self._end - self._clock())
 
+    def passed(self) -> bool:
+        return self._clock() >= self._end
+
+
+class Budget(Deadline):
+    """The whole run's deadline, and each check's share of what is left of it."""
+
+    @property
+    def total_s(self) -> float:
+        return self.seconds
+
     def for_check(self, name: str) -> float:
         """Seconds ``name`` may take: its own limit, or what is left of the run's if that is less."""
         return min(LIMITS_S[name], self.left())
-
-
-class Deadline:
-    """One check's deadline (a point on the monotonic clock)."""
-
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-        self._end = time.monotonic() + seconds
-
-    def left(self) -> float:
-        return max(0.0, self._end - time.monotonic())
-
-    def passed(self) -> bool:
-        return time.monotonic() >= self._end
 
 
 @dataclass(slots=True)
