@@ -14,6 +14,8 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+import httpx
+
 from ddslurm.config import read_tail
 from ddslurm.runtime._fleet_start import PROXY_READY_S, FleetStart, ProxyStep, Replica
 from ddslurm.runtime._listeners import socket_path
@@ -143,8 +145,6 @@ class Fleet(FleetStart):
         """How many answers the proxy of ``alias`` got from each replica so far (``GET /ddslurm/upstreams``, with
         the token: the proxy's port is this allocation's, :class:`~ddslurm.runtime._ports.PortHolds`); empty
         without a proxy or an answer."""
-        import httpx
-
         proxy = self._proxies.get(alias)
         if proxy is None or proxy.step.poll() is not None:
             return {}
