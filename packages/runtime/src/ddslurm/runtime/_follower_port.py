@@ -21,6 +21,8 @@ command line.
 
 from __future__ import annotations
 
+from ddslurm.runtime._listeners import PORT_CLAIM
+
 FOLLOWER_PORT_TAKEN = 98
 """The exit status of a follower whose health port is taken on its node (98: Linux's ``EADDRINUSE``); the
 controller fails the attempt ``port_unavailable`` (:class:`~ddslurm.runtime._serving.FollowerPortTakenError`)."""
@@ -40,7 +42,7 @@ def _ddslurm_follower_port():
     why+=' serves its /health, is '
     claim=socket.socket(socket.AF_UNIX,socket.SOCK_STREAM)
     try:
-        claim.bind('\\0ddslurm-port-%s-%d'%(host,port))
+        claim.bind({PORT_CLAIM!r}%(host,port))
     except OSError:
         claim.close()
         print(why+'claimed by another ddslurm job on this node',file=sys.stderr,flush=True)

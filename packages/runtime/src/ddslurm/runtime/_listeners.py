@@ -29,6 +29,11 @@ from urllib.parse import urlsplit
 
 from ddslurm.runtime.errors import RuntimeFailure
 
+PORT_CLAIM = "\0ddslurm-port-%s-%d"
+"""The abstract Unix-domain name that claims a port node-wide (``PORT_CLAIM % (host, port)``): every claimant of a
+port uses it, the controller's :class:`~ddslurm.runtime._ports.PortClaims` and an SGLang follower's program
+(:data:`~ddslurm.runtime._follower_port.SGLANG_FOLLOWER_CHECK`), so the two see each other's claims."""
+
 PROC_NET = Path("/proc/net")
 _LISTEN = "0A"
 _GONE = frozenset({"06", "07"})

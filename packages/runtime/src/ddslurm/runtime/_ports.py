@@ -9,7 +9,7 @@ import socket
 from collections.abc import Callable
 from pathlib import Path
 
-from ddslurm.runtime._listeners import listeners
+from ddslurm.runtime._listeners import PORT_CLAIM, listeners
 from ddslurm.runtime._serving import PortUnavailableError
 
 PORT_BASE = 20000
@@ -96,7 +96,7 @@ class PortClaims(_PortSockets):
             return False
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            sock.bind(f"\0ddslurm-port-{self._host}-{port}")
+            sock.bind(PORT_CLAIM % (self._host, port))
         except OSError:
             sock.close()
             return False
