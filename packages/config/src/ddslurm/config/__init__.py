@@ -64,6 +64,7 @@ from ddslurm.config._files import (
     sha256_bytes,
     sha256_file,
 )
+from ddslurm.config._frozen_imports import frozen_imports
 from ddslurm.config._inspect_protocol import (
     ANSWER_TYPES,
     INSPECT_VERSION,
@@ -372,6 +373,7 @@ __all__ = [
     "encode_pretty",
     "expand_ranges",
     "final_columns",
+    "frozen_imports",
     "fsync_dir",
     "is_drop_processor",
     "lazy_exports",
