@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 BENCHES = [
+    "client_cpu.py",
     "client_path.py",
     "collect.py",
     "gpu_busy.py",

@@ -18,14 +18,20 @@ def test_preload_imports_the_engine_modules_create_needs() -> None:
         "import json, sys\n"
         "from ddslurm.runtime._engine import PRELOAD_MODULES, preload_engine\n"
         "before = len(sys.modules)\n"
+        "import gc\n"
         "skipped = preload_engine()\n"
+        "from data_designer.config.config_builder import DataDesignerConfigBuilder as cls\n"
         "print(json.dumps({'skipped': skipped, 'missing': [m for m in PRELOAD_MODULES if m not in sys.modules],"
-        " 'added': len(sys.modules) - before}))\n"
+        " 'added': len(sys.modules) - before, 'gc': gc.isenabled(), 'frozen': gc.get_freeze_count(),"
+        " 'builder_frozen': not any(o is cls for o in gc.get_objects())}))\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     got = json.loads(done.stdout.splitlines()[-1])
     assert got["skipped"] == [] and got["missing"] == []
     assert got["added"] > 500  # the engine itself (pandas, duckdb, the builders), not just lazy packages
+    # what the imports built is frozen, out of every later collection's walk; the collector itself is on
+    assert got["gc"] is True and got["builder_frozen"] is True
+    assert got["frozen"] > 100_000  # Data Designer's classes and schemas, not a handful of objects
 
 
 def test_preload_skips_a_module_another_data_designer_version_lacks() -> None:

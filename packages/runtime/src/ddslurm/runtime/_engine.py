@@ -23,6 +23,7 @@ from ddslurm.config import (
     ServingPlan,
     SnapshotModel,
     SnapshotProvider,
+    frozen_imports,
     recipe_section,
     recipe_with_models,
 )
@@ -540,13 +541,16 @@ alone loads almost nothing: the seconds of imports came after the servers were r
 def preload_engine(modules: tuple[str, ...] = PRELOAD_MODULES) -> list[str]:
     """Import Data Designer ahead of the run (seconds of imports), so that a client step started while the model
     servers load is ready to send its first request as soon as they are. A module another Data Designer version
-    does not have is skipped (it imports what it needs when used); returns the ones skipped."""
+    does not have is skipped (it imports what it needs when used); returns the ones skipped. The imports run
+    with the cyclic garbage collector off, and what they built is frozen (:func:`ddslurm.config.frozen_imports`):
+    the run's collections, and the exit's, no longer walk Data Designer's classes."""
     import importlib
 
     skipped = []
-    for name in modules:
-        try:
-            importlib.import_module(name)
-        except ImportError:
-            skipped.append(name)
+    with frozen_imports():
+        for name in modules:
+            try:
+                importlib.import_module(name)
+            except ImportError:
+                skipped.append(name)
     return skipped

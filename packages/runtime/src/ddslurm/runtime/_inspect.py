@@ -58,6 +58,7 @@ from ddslurm.config import (
     VersionsRequest,
     decode_request,
     encode_message,
+    frozen_imports,
 )
 from ddslurm.runtime._builder import build, rebuilt_columns
 from ddslurm.runtime._columns import column_facts
@@ -169,7 +170,8 @@ def inspect_main(stdin: IO[str] = sys.stdin) -> int:
     request = read_request(stdin.read())
     result = os.dup(1)
     os.dup2(2, 1)  # Data Designer and builder scripts print to stdout: keep it for the answer
-    answer = answer_inspect(request)
+    with frozen_imports():  # answering is mostly importing Data Designer (and a script's imports); exiting is cheap
+        answer = answer_inspect(request)
     sys.stdout.flush()
     sys.stderr.flush()
     with os.fdopen(result, "w") as out:
