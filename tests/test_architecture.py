@@ -242,3 +242,16 @@ def test_the_controller_loads_neither_pyarrow_nor_aiohttp() -> None:
         "print(sorted(m for m in ('pyarrow', 'aiohttp', 'data_designer') if m in sys.modules))"
     )
     assert _printed(code) == "[]"
+
+
+def test_submit_and_the_manifest_reader_load_no_pyarrow() -> None:
+    """``ddslurm submit`` (and its dry run) reads the workspace's facts, whose module reads collected manifests:
+    the manifest is JSON (``collector._manifest``), so neither submit nor a manifest reader loads pyarrow and numpy
+    (0.2 CPU-s of every submit before); the collector's merge, which writes Parquet, still does."""
+    code = (
+        "import sys, ddslurm.launcher.submission._submit\n"
+        "from ddslurm.collector import Manifest, read_manifest\n"
+        "print(sorted(m for m in ('pyarrow', 'numpy', 'pandas', 'data_designer') if m in sys.modules))"
+    )
+    assert _printed(code) == "[]"
+    assert _printed("import sys\nfrom ddslurm.collector import collect\nprint('pyarrow' in sys.modules)") == "True"

@@ -20,18 +20,20 @@ if TYPE_CHECKING:
         result_json,
         sigterm_unwinds,
     )
-    from ddslurm.collector._merge import (
+    from ddslurm.collector._manifest import (
         MANIFEST,
         MANIFEST_VERSION,
-        CollectResult,
         Manifest,
         SchemaField,
         ShardEntry,
+        read_manifest,
+    )
+    from ddslurm.collector._merge import (
+        CollectResult,
         collect,
         manifest_schema,
         preflight,
         progress_reporter,
-        read_manifest,
     )
     from ddslurm.collector._schema import unified_schema
     from ddslurm.collector._verify import verify_winner
@@ -54,15 +56,15 @@ _LAZY_IMPORTS: dict[str, str] = {
     "EXIT_OK": "ddslurm.collector._command",
     "EXIT_SIGNAL_BASE": "ddslurm.collector._command",
     "EXIT_UNREADABLE": "ddslurm.collector._command",
-    "MANIFEST": "ddslurm.collector._merge",
-    "MANIFEST_VERSION": "ddslurm.collector._merge",
-    "Manifest": "ddslurm.collector._merge",
+    "MANIFEST": "ddslurm.collector._manifest",
+    "MANIFEST_VERSION": "ddslurm.collector._manifest",
+    "Manifest": "ddslurm.collector._manifest",
     "MissingWinnersError": "ddslurm.collector.errors",
     "ROW_GROUP_BYTES": "ddslurm.collector._writer",
     "ROW_GROUP_ROWS": "ddslurm.collector._writer",
     "SchemaConflictError": "ddslurm.collector.errors",
-    "SchemaField": "ddslurm.collector._merge",
-    "ShardEntry": "ddslurm.collector._merge",
+    "SchemaField": "ddslurm.collector._manifest",
+    "ShardEntry": "ddslurm.collector._manifest",
     "TARGET_FILE_BYTES": "ddslurm.collector._writer",
     "WinnerUnreadableError": "ddslurm.collector.errors",
     "collect": "ddslurm.collector._merge",
@@ -71,7 +73,7 @@ _LAZY_IMPORTS: dict[str, str] = {
     "preflight": "ddslurm.collector._merge",
     "print_result": "ddslurm.collector._command",
     "progress_reporter": "ddslurm.collector._merge",
-    "read_manifest": "ddslurm.collector._merge",
+    "read_manifest": "ddslurm.collector._manifest",
     "result_json": "ddslurm.collector._command",
     "sigterm_unwinds": "ddslurm.collector._command",
     "unified_schema": "ddslurm.collector._schema",

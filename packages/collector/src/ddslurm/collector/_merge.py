@@ -13,10 +13,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO
 
-import msgspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ddslurm.collector._manifest import MANIFEST, MANIFEST_VERSION, Manifest, SchemaField, ShardEntry
 from ddslurm.collector._schema import conform, in_order, unified_schema
 from ddslurm.collector._verify import Batch, batches_of, check_present, read_verified
 from ddslurm.collector._writer import ROW_GROUP_BYTES, ROW_GROUP_ROWS, TARGET_FILE_BYTES, PartWriter
@@ -30,8 +30,6 @@ from ddslurm.collector.errors import (
 from ddslurm.config import (
     ConfigError,
     ConfigFileError,
-    FileEntry,
-    Frozen,
     LockHeldError,
     Plan,
     RunLayout,
@@ -44,46 +42,6 @@ from ddslurm.config import (
     read_json,
     read_plan,
 )
-
-MANIFEST = "_manifest.json"  # leading underscore: pyarrow and pandas skip it when reading the directory
-
-
-MANIFEST_VERSION = 2
-"""2: ``schema`` is a list of fields (1: pyarrow's text, possibly truncated); ``arrow_schema``; shards' ``partial``."""
-
-
-class ShardEntry(Frozen, frozen=True, kw_only=True):
-    shard: int
-    attempt: str
-    rows: int
-    partial: bool = False
-    """A short shard accepted with ``ddslurm accept-partial`` (its winner is marked partial)."""
-
-
-class SchemaField(Frozen, frozen=True, kw_only=True):
-    """One column (or, in ``fields``, one child of a struct, list or map column) of the dataset."""
-
-    name: str
-    type: str
-    """Arrow's name of the type (``int64``, ``large_string``, ``struct<a: int64>``, ...)."""
-    nullable: bool = True
-    fields: tuple[SchemaField, ...] = ()
-    """The children of a nested type: a struct's fields, a list's item, a map's entries."""
-
-
-class Manifest(Frozen, frozen=True, kw_only=True):
-    version: int = 1
-    """Absent in (and so 1 for) manifests written before version 2."""
-    run_id: str
-    plan_sha256: str
-    rows: int
-    shards: tuple[ShardEntry, ...]
-    schema: tuple[SchemaField, ...] | str
-    """The unified schema, one entry per column; a string (pyarrow's text) in version 1 manifests."""
-    arrow_schema: str | None = None
-    """The same schema exactly, as Arrow IPC bytes in base64 (:func:`manifest_schema` reads it); None in version 1."""
-    files: tuple[FileEntry, ...]
-    collected_at: str
 
 
 def schema_fields(schema: pa.Schema) -> tuple[SchemaField, ...]:
@@ -324,7 +282,3 @@ def progress_reporter(stream: TextIO) -> Callable[[int, int], None]:
             print(f"collected {done}/{total} batch files", file=stream, flush=True)
 
     return report
-
-
-def read_manifest(dataset: Path) -> Manifest:
-    return msgspec.json.decode((dataset / MANIFEST).read_bytes(), type=Manifest)
