@@ -33,7 +33,7 @@ import resource
 import sys
 from pathlib import Path
 
-from ddslurm.config import DdslurmError
+from ddslurm.config import DdslurmError, frozen_imports
 from ddslurm.runtime.errors import RuntimeFailure
 
 
@@ -108,21 +108,26 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _command(parser: argparse.ArgumentParser, args: argparse.Namespace, rest: list[str]) -> int:
-    # each command imports what it runs, no more: a proxy or an inspect step does not load the engine or pyarrow
+    # each command imports what it runs, no more: a proxy or an inspect step does not load the engine or pyarrow;
+    # what it imports is frozen (config.frozen_imports): the process's collections never walk it again
     if args.command == "inspect" and not rest:
-        from ddslurm.runtime._inspect import inspect_main
+        with frozen_imports():
+            from ddslurm.runtime._inspect import inspect_main
 
         return inspect_main()
     if args.command == "proxy":
-        from ddslurm.runtime._proxy import main as proxy_main
+        with frozen_imports():
+            from ddslurm.runtime._proxy import main as proxy_main
 
         return proxy_main(rest, os.environ)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "generate":
-        from ddslurm.runtime._generate_step import cmd_generate
+        with frozen_imports():
+            from ddslurm.runtime._generate_step import cmd_generate
 
         return cmd_generate(args)
-    from ddslurm.runtime._client_step import cmd_client
+    with frozen_imports():
+        from ddslurm.runtime._client_step import cmd_client
 
     return cmd_client(args)
