@@ -278,6 +278,8 @@ def requests_waiting(root_url: str) -> int:
 LOCAL_ORDER = """
 import json, os, sys
 os.environ["NEMO_TELEMETRY_ENABLED"] = "false"
+from ddslurm.runtime._engine import preload_engine
+preload_engine()  # as the client step imports it (frozen)
 import data_designer.config as dd
 from data_designer.interface import DataDesigner
 job = json.loads(sys.argv[1])

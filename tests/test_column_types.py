@@ -48,6 +48,8 @@ from pathlib import Path
 from ddslurm.runtime._engine import engine_environment, _estimate_tokens_offline
 home = Path(tempfile.mkdtemp()) / "dd-home"
 os.environ.update(engine_environment(home))
+from ddslurm.runtime._engine import preload_engine
+preload_engine()  # as the client step imports it (frozen): no collection of the runs walks its classes
 import data_designer.config as dd
 from data_designer.interface import DataDesigner
 from ddslurm.config import RunLayout, recipe_with_models

@@ -32,6 +32,8 @@ import json, os, sys, tempfile
 home = tempfile.mkdtemp(); os.makedirs(home + "/managed-assets")
 os.environ.update(DATA_DESIGNER_HOME=home, NEMO_TELEMETRY_ENABLED="false", HF_HUB_OFFLINE="1",
                   DISABLE_DATA_DESIGNER_PLUGINS="true")
+from ddslurm.runtime._engine import preload_engine
+preload_engine()  # as the client step imports it (frozen): no collection of the many runs walks its classes
 import data_designer.config as dd
 from data_designer.interface import DataDesigner
 out = []

@@ -37,10 +37,11 @@ import json, os, sys, tempfile
 home = tempfile.mkdtemp(); os.makedirs(home + "/managed-assets")
 os.environ.update(DATA_DESIGNER_HOME=home, NEMO_TELEMETRY_ENABLED="false", HF_HUB_OFFLINE="1",
                   DISABLE_DATA_DESIGNER_PLUGINS="true")
+from ddslurm.runtime._engine import _estimate_tokens_offline, preload_engine
+preload_engine()  # as the client step imports it (frozen): no collection of the runs walks its classes
 import numpy as np
 import data_designer.config as dd
 from data_designer.interface import DataDesigner
-from ddslurm.runtime._engine import _estimate_tokens_offline
 _estimate_tokens_offline()
 artifacts, jobs = sys.argv[1], json.load(sys.stdin)
 out, rows = {}, 0
