@@ -41,19 +41,22 @@ demo-mixed: bootstrap cluster ## the mixed example: local generator (2 replicas 
 # fixture (a shared cluster run) on one worker, so that run happens once (--share-module-fixtures); the cluster
 # tests mostly wait on Slurm, so three workers a core keep the CPUs busy (537 s at 6 against 578 s at 4, the same day). It ends by printing its wall time and
 # CPU-seconds (tools/suite_times.py) and keeps every test's seconds in TEST_TIMES (tools/pytest_times.py):
-# `make test-times` lists the slowest.
+# `make test-times` lists the slowest, and what its Slurm jobs spent (sacct, over the window make test records).
 # docs/testing.md says how it is measured.
 TEST_WORKERS ?= 6
 TEST_TIMES ?= .test-times/durations.jsonl
+TEST_WINDOW ?= .test-times/window.json
 PYTEST_ARGS ?=
 
 test: bootstrap cluster browser ## the whole suite, in parallel; prints its wall time and CPU-seconds at the end
-	@python3 tools/suite_times.py run --label "make test" -- \
+	@python3 tools/suite_times.py run --label "make test" --window-file $(TEST_WINDOW) -- \
 	  $(UV) run pytest -n $(TEST_WORKERS) --dist loadgroup -p tools.pytest_order --long-first --share-module-fixtures \
 	  -p tools.pytest_times --times-file $(TEST_TIMES) $(PYTEST_ARGS)
 
-test-times: ## the 30 slowest tests of the last make test, and its seconds by marker and by file
+test-times: ## the 30 slowest tests of the last make test, its seconds by marker and by file, its Slurm jobs' CPU
 	@python3 tools/suite_times.py report --file $(TEST_TIMES) --top 30
+	@echo
+	@python3 tools/suite_times.py slurm --window-file $(TEST_WINDOW) --top 15 || echo "(no split of the Slurm jobs' CPU: see above)"
 
 browser: ## Chromium and a font for the tests that render pages (Debian packages, installed as root when missing)
 	tools/install-browser

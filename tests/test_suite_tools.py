@@ -11,9 +11,12 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from tools.import_all import import_every_module
 from tools.pytest_times import plain_nodeid
-from tools.suite_times import report
+from tools.suite_times import main as suite_times_main
+from tools.suite_times import parse_sacct, report, sacct_seconds, slurm_report, step_kind, step_test
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -212,3 +215,57 @@ def test_no_two_runtime_test_files_serve_under_the_same_job_id() -> None:
     shared = {job: sorted(names) for job, names in files.items() if len(names) > 1}
     assert shared == {}, shared
     assert len(files) > 10  # the scan found the job ids
+
+
+# Recorded from `sacct -a -S ... -E ... -P --noheader --format=JobID,JobName,State,TotalCPU,WorkDir%400` on the local
+# cluster after a make test (a collection job, a pulling allocation whose steps were cancelled, one minute-long step).
+SACCT = """\
+14265|ddslurm-collect-t|COMPLETED|00:00.211|/tmp/pytest-of-root/pytest-955/popen-gw2/test_hosted_only_run_end_to_en0/e2e/work/runs/t-20261205-145023-f57e03
+14265.batch|batch|COMPLETED|00:00.211|
+14294_0|ddslurm-t|FAILED|00:04.235|/tmp/pytest-of-root/pytest-955/popen-gw5/test_pulling_allocations_keep_0/pull/work/runs/t-20261205-145126-c34603
+14294_0.batch|batch|CANCELLED|00:00.484|
+14294_0.0|server-generator-0|CANCELLED|00:00.183|
+14294_0.1|server-generator-1|CANCELLED|00:00.175|
+14294_0.2|proxy-generator|COMPLETED|00:00.297|
+14294_0.3|client-0|CANCELLED by 0|00:01.221|
+14294_0.4|client-2|CANCELLED|01:01.213|
+14300|ddslurm-demo|COMPLETED|1-00:00:02|/work/main/.ddslurm-work/runs/demo-20261205-145200-abcdef
+14300.0|client|COMPLETED|1-00:00:02|
+"""  # fmt: skip
+
+
+def test_sacct_times_read_as_seconds() -> None:
+    assert sacct_seconds("00:00.211") == pytest.approx(0.211)
+    assert sacct_seconds("01:01.213") == pytest.approx(61.213)
+    assert sacct_seconds("02:01:01") == 7261
+    assert sacct_seconds("1-00:00:02") == 86402
+
+
+def test_the_slurm_split_gives_each_step_its_kind_and_its_jobs_test() -> None:
+    steps = parse_sacct(SACCT)
+    assert [s.name for s in steps] == ["batch", "batch", "server-generator-0", "server-generator-1",
+                                       "proxy-generator", "client-0", "client-2", "client"]  # fmt: skip
+    assert [step_kind(s) for s in steps] == ["collections", "controllers (batch steps)", "model servers",
+                                             "model servers", "proxies", "clients", "clients", "clients"]  # fmt: skip
+    assert steps[5].state == "CANCELLED" and steps[5].job_name == "ddslurm-t"
+    assert {step_test(s.workdir) for s in steps} == {
+        "test_hosted_only_run_end_to_en0", "test_pulling_allocations_keep_0",
+        "/work/main/.ddslurm-work/runs/demo-20261205-145200-abcdef",
+    }  # fmt: skip
+    out = io.StringIO()
+    slurm_report(steps, {"label": "make test", "start": "S", "end": "E"}, 5, out)
+    text = out.getvalue()
+    total = 0.211 + 0.484 + 0.183 + 0.175 + 0.297 + 1.221 + 61.213 + 86402
+    assert f"8 steps of 3 jobs spent {total:.0f} CPU-seconds" in text
+    clients = 1.221 + 61.213 + 86402
+    assert f"{clients:8.1f} CPU-s      3 steps  {clients / 3:5.2f} each  clients" in text
+    pulling = 0.484 + 0.183 + 0.175 + 0.297 + 1.221 + 61.213
+    assert f"{pulling:8.1f} CPU-s    2 clients     6 steps  test_pulling_allocations_keep_0" in text
+
+
+def test_the_run_records_its_window_for_the_slurm_split(tmp_path: Path) -> None:
+    window = tmp_path / "times" / "window.json"
+    assert suite_times_main(["run", "--label", "t", "--window-file", str(window), "--", sys.executable, "-c", ""]) == 0
+    recorded = json.loads(window.read_text())
+    assert recorded["label"] == "t" and recorded["start"] <= recorded["end"]
+    assert len(recorded["start"]) == len("2026-12-05T14:50:00")

@@ -7,8 +7,14 @@ Slurm jobs that slurmd starts are not CMD's children, so only this counts them).
 
 ``tools/suite_times.py report [--file F] [--top N]`` reads the durations that ``tools/pytest_times.py`` wrote
 (``.test-times/durations.jsonl`` by default) and prints the N slowest tests, the N costliest in CPU-seconds (the
-submit side's: the test's process and what it waited for), then the seconds by marker and by file. Standard library
-only: it runs before and without the workspace's environment."""
+submit side's: the test's process and what it waited for), then the seconds by marker and by file.
+
+``tools/suite_times.py slurm [--window-file F] [--top N]`` splits what the Slurm jobs spent during the last ``run``
+(its start and end, which ``run`` writes to ``.test-times/window.json``), from Slurm's own accounting (``sacct``'s
+``TotalCPU`` of every step): the CPU-seconds by kind of step (the clients, the controllers' batch steps, the model
+servers, the proxies, the collections) and the N tests whose jobs spent the most (a job's working directory names its
+test: ``/tmp/pytest-of-*/pytest-*/popen-gw*/<test>/``). Standard library only: it runs before and without the
+workspace's environment."""
 
 from __future__ import annotations
 
@@ -26,6 +32,8 @@ from pathlib import Path
 from typing import TextIO
 
 DEFAULT_FILE = Path(".test-times/durations.jsonl")
+DEFAULT_WINDOW = Path(".test-times/window.json")
+SACCT_FORMAT = "JobID,JobName,State,TotalCPU,WorkDir%400"
 NO_MARKER = "(no marker)"
 
 
@@ -36,10 +44,13 @@ def machine_cpu_s() -> float:
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
-def run(argv: Sequence[str], label: str) -> int:
-    start_wall, start_machine = time.monotonic(), machine_cpu_s()
+def run(argv: Sequence[str], label: str, window: Path | None = None) -> int:
+    start_wall, start_machine, started = time.monotonic(), machine_cpu_s(), _now()
     code = subprocess.call(list(argv))
     wall = time.monotonic() - start_wall
+    if window is not None:  # for ``slurm``: what the jobs of this window spent
+        window.parent.mkdir(parents=True, exist_ok=True)
+        window.write_text(json.dumps({"label": label, "start": started, "end": _now()}) + "\n")
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     machine = machine_cpu_s() - start_machine
     print(
@@ -48,6 +59,102 @@ def run(argv: Sequence[str], label: str) -> int:
         flush=True,
     )
     return code
+
+
+def _now() -> str:
+    """The local time to the second, as ``sacct -S``/``-E`` read it."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S")
+
+
+@dataclass(frozen=True)
+class SlurmStep:
+    job: str
+    name: str
+    state: str
+    cpu_s: float
+    workdir: str
+    job_name: str = ""
+
+
+def sacct_seconds(text: str) -> float:
+    """``TotalCPU`` as sacct prints it (``[D-][HH:]MM:SS[.mmm]``) in seconds."""
+    days = 0
+    if "-" in text:
+        head, text = text.split("-", 1)
+        days = int(head)
+    parts = [float(p) for p in text.split(":")] if text else [0.0]
+    while len(parts) < 3:
+        parts.insert(0, 0.0)
+    hours, minutes, seconds = parts[-3:]
+    return days * 86400 + hours * 3600 + minutes * 60 + seconds
+
+
+def parse_sacct(text: str) -> list[SlurmStep]:
+    """The steps (``JOB.STEP``, ``JOB.batch``) of ``sacct -P --noheader --format=SACCT_FORMAT`` output, each with its
+    job's working directory (a step's own is empty)."""
+    jobs: dict[str, tuple[str, str]] = {}  # job id: its name and working directory
+    steps = []
+    for line in text.splitlines():
+        fields = line.split("|")
+        if len(fields) != 5:
+            continue
+        job_id, name, state, cpu, workdir = fields
+        job, _, step = job_id.partition(".")
+        if not step:
+            jobs[job] = (name, workdir)
+        elif step != "extern":
+            steps.append(SlurmStep(job, name, state.split()[0] if state else "", sacct_seconds(cpu), workdir))
+    return [
+        SlurmStep(s.job, s.name, s.state, s.cpu_s, jobs.get(s.job, ("", s.workdir))[1], jobs.get(s.job, ("", ""))[0])
+        for s in steps
+    ]
+
+
+STEP_KINDS = (("client", "clients"), ("batch", "controllers (batch steps)"), ("server-", "model servers"),
+              ("proxy-", "proxies"))  # fmt: skip
+
+
+def step_kind(step: SlurmStep) -> str:
+    """What a step of ddslurm's is, by its name (``client``, ``client-3``, ``batch``, ``server-m-0``, ...); a
+    collection job's (``ddslurm-collect-*``) are the collections."""
+    if step.job_name.startswith("ddslurm-collect"):
+        return "collections"
+    return next((kind for prefix, kind in STEP_KINDS if step.name.startswith(prefix)), "other steps")
+
+
+def step_test(workdir: str) -> str:
+    """The test a job ran for, from its working directory (``.../popen-gw3/<test>/...``); else the directory."""
+    parts = Path(workdir).parts
+    for i, part in enumerate(parts[:-1]):
+        if part.startswith("popen-gw"):
+            return parts[i + 1]
+    return workdir or "(no working directory)"
+
+
+def slurm_report(steps: list[SlurmStep], window: dict[str, str], top: int, out: TextIO) -> None:
+    total = sum(s.cpu_s for s in steps)
+    jobs = len({s.job for s in steps})
+    print(
+        f"{len(steps)} steps of {jobs} jobs spent {total:.0f} CPU-seconds (sacct's TotalCPU) during "
+        f"{window.get('label', 'the run')}, {window['start']} to {window['end']}",
+        file=out,
+    )
+    by_kind: dict[str, list[SlurmStep]] = defaultdict(list)
+    by_test: dict[str, list[SlurmStep]] = defaultdict(list)
+    for step in steps:
+        by_kind[step_kind(step)].append(step)
+        by_test[step_test(step.workdir)].append(step)
+    print("\nCPU-seconds by kind of step:", file=out)
+    for kind, group in sorted(by_kind.items(), key=lambda kv: -sum(s.cpu_s for s in kv[1])):
+        cpu = sum(s.cpu_s for s in group)
+        print(f"  {cpu:8.1f} CPU-s  {len(group):5d} steps  {cpu / len(group):5.2f} each  {kind}", file=out)
+    print(f"\nthe {min(top, len(by_test))} tests whose jobs spent the most:", file=out)
+    for test, group in sorted(by_test.items(), key=lambda kv: -sum(s.cpu_s for s in kv[1]))[:top]:
+        clients = [s for s in group if step_kind(s) == "clients"]
+        print(
+            f"  {sum(s.cpu_s for s in group):8.1f} CPU-s  {len(clients):3d} clients  {len(group):4d} steps  {test}",
+            file=out,
+        )
 
 
 @dataclass(frozen=True)
@@ -109,16 +216,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     run_p = sub.add_parser("run", help="run a command and print its wall time and CPU-seconds")
     run_p.add_argument("--label", default="make test")
+    run_p.add_argument("--window-file", type=Path, default=None, help="write the run's start and end here")
     run_p.add_argument("argv", nargs=argparse.REMAINDER)
     rep = sub.add_parser("report", help="the slowest tests, seconds by marker and by file")
     rep.add_argument("--file", type=Path, default=DEFAULT_FILE)
     rep.add_argument("--top", type=int, default=30)
+    slurm = sub.add_parser("slurm", help="what the Slurm jobs of the last run spent, by kind of step and by test")
+    slurm.add_argument("--window-file", type=Path, default=DEFAULT_WINDOW)
+    slurm.add_argument("--top", type=int, default=15)
     args = parser.parse_args(argv)
     if args.command == "run":
         command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
         if not command:
             parser.error("run: no command given (tools/suite_times.py run -- CMD ...)")
-        return run(command, args.label)
+        return run(command, args.label, args.window_file)
+    if args.command == "slurm":
+        return _slurm(args.window_file, args.top)
     if not args.file.exists():
         print(f"{args.file}: no durations recorded yet (make test writes them)", file=sys.stderr)
         return 1
@@ -126,6 +239,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         report(args.file, args.top, sys.stdout)
     except BrokenPipeError:  # a reader that closed the pipe (| head): end quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
+
+
+def _slurm(window_file: Path, top: int) -> int:
+    if not window_file.exists():
+        print(f"{window_file}: no run recorded yet (make test writes it)", file=sys.stderr)
+        return 1
+    window = json.loads(window_file.read_text())
+    command = ["sacct", "-a", "-S", window["start"], "-E", window["end"], "-P", "--noheader"]
+    command.append(f"--format={SACCT_FORMAT}")
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        print(f"sacct could not be asked: {exc}", file=sys.stderr)
+        return 1
+    if done.returncode != 0:
+        print(f"sacct failed (exit {done.returncode}): {done.stderr.strip()}", file=sys.stderr)
+        return 1
+    slurm_report(parse_sacct(done.stdout), window, top, sys.stdout)
     return 0
 
 
