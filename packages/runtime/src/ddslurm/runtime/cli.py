@@ -31,6 +31,7 @@ import argparse
 import os
 import resource
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from ddslurm.config import DdslurmError, frozen_imports
@@ -108,26 +109,28 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _command(parser: argparse.ArgumentParser, args: argparse.Namespace, rest: list[str]) -> int:
-    # each command imports what it runs, no more: a proxy or an inspect step does not load the engine or pyarrow;
-    # what it imports is frozen (config.frozen_imports): the process's collections never walk it again
-    if args.command == "inspect" and not rest:
-        with frozen_imports():
-            from ddslurm.runtime._inspect import inspect_main
-
-        return inspect_main()
-    if args.command == "proxy":
-        with frozen_imports():
-            from ddslurm.runtime._proxy import main as proxy_main
-
-        return proxy_main(rest, os.environ)
-    if rest:
+    if rest and args.command != "proxy":  # the proxy parses its own arguments
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
-    if args.command == "generate":
-        with frozen_imports():
-            from ddslurm.runtime._generate_step import cmd_generate
+    with frozen_imports():  # what the command imports, its collections (and its exit) never walk again
+        run = _entry(args.command)
+    return run(args, rest)
 
-        return cmd_generate(args)
-    with frozen_imports():
-        from ddslurm.runtime._client_step import cmd_client
 
-    return cmd_client(args)
+def _entry(command: str) -> Callable[[argparse.Namespace, list[str]], int]:
+    """``command``'s function; each command imports what it runs, no more: a proxy or an inspect step does not load
+    the engine or pyarrow."""
+    if command == "inspect":
+        from ddslurm.runtime._inspect import inspect_main
+
+        return lambda _args, _rest: inspect_main()
+    if command == "proxy":
+        from ddslurm.runtime._proxy import main as proxy_main
+
+        return lambda _args, rest: proxy_main(rest, os.environ)
+    if command == "generate":
+        from ddslurm.runtime._generate_step import cmd_generate
+
+        return lambda args, _rest: cmd_generate(args)
+    from ddslurm.runtime._client_step import cmd_client
+
+    return lambda args, _rest: cmd_client(args)
