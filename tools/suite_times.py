@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -91,9 +91,9 @@ def sacct_seconds(text: str) -> float:
 
 def parse_sacct(text: str) -> list[SlurmStep]:
     """The steps (``JOB.STEP``, ``JOB.batch``) of ``sacct -P --noheader --format=SACCT_FORMAT`` output, each with its
-    job's working directory (a step's own is empty)."""
+    job's name and working directory (a step has none of its own)."""
     jobs: dict[str, tuple[str, str]] = {}  # job id: its name and working directory
-    steps = []
+    rows: list[tuple[str, str, str, str]] = []
     for line in text.splitlines():
         fields = line.split("|")
         if len(fields) != 5:
@@ -103,11 +103,12 @@ def parse_sacct(text: str) -> list[SlurmStep]:
         if not step:
             jobs[job] = (name, workdir)
         elif step != "extern":
-            steps.append(SlurmStep(job, name, state.split()[0] if state else "", sacct_seconds(cpu), workdir))
-    return [
-        SlurmStep(s.job, s.name, s.state, s.cpu_s, jobs.get(s.job, ("", s.workdir))[1], jobs.get(s.job, ("", ""))[0])
-        for s in steps
-    ]
+            rows.append((job, name, state, cpu))
+    steps = []
+    for job, name, state, cpu in rows:
+        job_name, workdir = jobs.get(job, ("", ""))
+        steps.append(SlurmStep(job, name, state.split()[0] if state else "", sacct_seconds(cpu), workdir, job_name))
+    return steps
 
 
 STEP_KINDS = (("client", "clients"), ("batch", "controllers (batch steps)"), ("server-", "model servers"),
@@ -235,9 +236,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.file.exists():
         print(f"{args.file}: no durations recorded yet (make test writes them)", file=sys.stderr)
         return 1
+    return _printed(lambda: report(args.file, args.top, sys.stdout))
+
+
+def _printed(write: Callable[[], None]) -> int:
+    """Run ``write`` (it prints to stdout); a reader that closed the pipe (``| head``) ends it quietly."""
     try:
-        report(args.file, args.top, sys.stdout)
-    except BrokenPipeError:  # a reader that closed the pipe (| head): end quietly
+        write()
+    except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
@@ -257,8 +263,7 @@ def _slurm(window_file: Path, top: int) -> int:
     if done.returncode != 0:
         print(f"sacct failed (exit {done.returncode}): {done.stderr.strip()}", file=sys.stderr)
         return 1
-    slurm_report(parse_sacct(done.stdout), window, top, sys.stdout)
-    return 0
+    return _printed(lambda: slurm_report(parse_sacct(done.stdout), window, top, sys.stdout))
 
 
 if __name__ == "__main__":
