@@ -99,10 +99,6 @@ class Deadline:
 class Budget(Deadline):
     """The whole run's deadline, and each check's share of what is left of it."""
 
-    @property
-    def total_s(self) -> float:
-        return self.seconds
-
     def for_check(self, name: str) -> float:
         """Seconds ``name`` may take: its own limit, or what is left of the run's if that is less."""
         return min(LIMITS_S[name], self.left())
@@ -574,7 +570,7 @@ def run_checks(
             elif (needed := NEEDS.get(name)) is not None and needed not in passed:
                 result = Result(number, name, "SKIP", f"check {needed!r} did not pass")
             elif (seconds := budget.for_check(name)) < 5:
-                result = Result(number, name, "FAIL", f"the run's {budget.total_s:.0f} s were spent before it")
+                result = Result(number, name, "FAIL", f"the run's {budget.seconds:.0f} s were spent before it")
             else:
                 try:
                     status, detail = check(smoke, Deadline(seconds))
