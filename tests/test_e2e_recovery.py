@@ -74,7 +74,15 @@ def test_cancelled_shard_is_retried_and_resumes_without_losing_or_duplicating(
             120,
             f"shard {victim} to be cancelled",
         )
-        first = read_json(next(run_dir.glob(f"shards/shard-{victim:05d}/attempts/*/attempt.json")), AttemptRecord)
+        # status says cancelled from the cancellation itself; the attempt's own record follows once its controller
+        # has stopped the client: wait for that event, then judge it
+        record = next(run_dir.glob(f"shards/shard-{victim:05d}/attempts/*/attempt.json"))
+        first = until(
+            lambda: (r := read_json(record, AttemptRecord)).state != "running" and r,
+            120,
+            f"shard {victim}'s attempt record to settle",
+            lambda: read_json(record, AttemptRecord).state,
+        )
         assert first.state == "failed" and first.reason == "cancelled", first
         done_before = resumable_rows(run_dir, victim)
         assert 3 <= done_before < 12
