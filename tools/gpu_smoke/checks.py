@@ -229,6 +229,10 @@ def check_server(smoke: Smoke, deadline: Deadline) -> tuple[Status, str]:
                 return "FAIL", f"vllm serve exited {code} before it was ready: {tail(smoke.server_log)}"
             if deadline.passed():
                 return "FAIL", f"not ready within {deadline.seconds:.0f} s ({refused} probes refused, {loading} 503)"
+            # /v1/models first: a server is loading, then ready, never back, so when /health is not 200 after it,
+            # the server was loading when /v1/models answered too (asked second, a load ending between the two
+            # probes read as an answer given while loading)
+            models = _status(client, "GET", "/v1/models", smoke.auth)
             status = _status(client, "GET", "/health")
             if status == 200:
                 break
@@ -238,7 +242,6 @@ def check_server(smoke: Smoke, deadline: Deadline) -> tuple[Status, str]:
                 loading += 1
             else:
                 odd.append(f"/health {status}")
-            models = _status(client, "GET", "/v1/models", smoke.auth)
             if models not in (None, 503):
                 odd.append(f"/v1/models {models} while loading")
             time.sleep(0.5)
