@@ -323,6 +323,7 @@ class Controller:
                 workers.fail_running(failure)
             self._sleep(self._poll)
             workers.collect(fleet)  # just before top_up: a worker slot freed is filled in the same round
+        fleet.settle_restarts()
 
 
 def _provider_endpoints(inputs: Inputs, alias_urls: Mapping[str, str]) -> dict[str, str]:

@@ -111,6 +111,20 @@ class Fleet(FleetStart):
             self._log.error("server.hung", step=replica.step.name, why="not healthy within startup_timeout")
             replica.step.stop(self._grace)
 
+    def settle_restarts(self) -> None:
+        """At the end of generation, say how each restart still in progress ended: a replica that answers /health
+        now is logged back (``server.restarted``), one still loading ``server.restart_unfinished``. The watch loop
+        probes a restarted replica once a round, and the proxy sooner: the shard may end on the replica's answers
+        before the loop's next round saw it healthy, and the log would not say it came back."""
+        for alias, reps in self._replicas.items():
+            for r in reps:
+                key = (alias, r.index)
+                if key not in self._restarting or r.step.poll() is not None:
+                    continue
+                self._check_restarted(alias, r)
+                if key in self._restarting:
+                    self._log.info("server.restart_unfinished", step=r.step.name, restart=self._restarts[key])
+
     def check_health(self) -> None:
         """A live replica that stops answering its liveness probe (hung, holding its port) is stopped after
         ``unhealthy_limit`` checks in a row, so it leaves the proxy's rotation and counts as dead; the probe never
