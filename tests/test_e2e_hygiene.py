@@ -165,8 +165,13 @@ def test_a_scratch_directory_left_by_kill_9_is_swept_by_its_controller_or_the_ne
         killed = _attempt(run_dir, first).job_id
         left = _until(lambda: _scratch(killed), 180, f"job {killed}'s scratch directory")
         controller, pid = _controller_pid(run_dir, killed), _client_pid(run_dir)
-        os.kill(controller, signal.SIGKILL)
+        # The controller is stopped first, so that neither can clean up after the other: killed first, its job's end
+        # would send the client a SIGTERM, whose cleanup sweeps the directory before the client's SIGKILL arrives (a
+        # busy machine ran that in between once); the client killed first, the controller would see it end and sweep.
+        os.kill(controller, signal.SIGSTOP)
         os.kill(pid, signal.SIGKILL)
+        _until(lambda: not _runs(pid), 30, "the client to die")
+        os.kill(controller, signal.SIGKILL)
         _until(lambda: not _in_squeue(killed), 120, f"job {killed} to end")
         assert _scratch(killed) == left  # nobody of its job was left to sweep it
 
