@@ -204,7 +204,7 @@ def test_node_failure_is_shown_requeued_node_failure(make_run_files: Any) -> Non
                 )
             finally:
                 slurm("scontrol", "update", f"nodename={node}", "state=resume")
-                until(lambda: _node_state(node) in {"idle", "mix", "alloc"}, 60, f"{node} to be back")
+                until(lambda: _node_state(node) in {"idle", "mix", "alloc", "plnd"}, 60, f"{node} to be back")
         finally:
             _cancel_quietly(run_dir, env)
     assert shard["reason"] == "requeued (node failure)", shard
