@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -143,3 +144,28 @@ def test_start_again_is_a_noop_and_status_reports_running(slurm_cluster) -> None
     assert status["running"] is True
     assert set(status["nodes"]) == set(slurm_cluster.nodes)
     assert all(info["alive"] for info in status["daemons"].values()), status["daemons"]
+
+
+def _local_slurm_module() -> Any:
+    """``tools/local-slurm`` (a script without a suffix) loaded as a module, for its pure functions."""
+    from importlib.machinery import SourceFileLoader
+    from importlib.util import module_from_spec, spec_from_loader
+
+    loader = SourceFileLoader("local_slurm_tool", str(LOCAL_SLURM))
+    spec = spec_from_loader(loader.name, loader)
+    assert spec is not None
+    module = module_from_spec(spec)
+    sys.modules[loader.name] = module  # its dataclasses look their module up while it runs
+    loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    ("state", "up"),
+    [("idle", True), ("mix", True), ("alloc", True), ("comp", True), ("plnd", True), ("mix-", True), ("idle@", True),
+     ("down", False), ("drain", False), ("drng", False), ("idle*", False), ("down*", False), ("fail", False)],
+)  # fmt: skip
+def test_a_node_planned_for_a_pending_job_is_up(state: str, up: bool) -> None:
+    """``sinfo`` shows ``plnd`` for a node the backfill scheduler planned a pending job on; ``status`` said a busy
+    cluster was not running then. A node not responding (``*``), down or drained is not up."""
+    assert _local_slurm_module().node_ok(state) is up
