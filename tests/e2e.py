@@ -7,6 +7,7 @@ Designer version holding this checkout's ddslurm."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -365,3 +366,19 @@ def shard_client(run_dir: Path, shard: int) -> int | None:
             if proc.kind == "client" and f"SLURM_ARRAY_TASK_ID={shard}\0".encode() in environ.read_bytes():
                 return proc.pid
     return None
+
+
+@functools.cache
+def local_slurm_tool() -> Any:
+    """``tools/local-slurm`` (a script without a suffix) loaded once as a module, for its pure functions: what it
+    calls a node that is up (``node_ok``) is what the tests call so."""
+    from importlib.machinery import SourceFileLoader
+    from importlib.util import module_from_spec, spec_from_loader
+
+    loader = SourceFileLoader("local_slurm_tool", str(REPO / "tools" / "local-slurm"))
+    spec = spec_from_loader(loader.name, loader)
+    assert spec is not None
+    module = module_from_spec(spec)
+    sys.modules[loader.name] = module  # its dataclasses look their module up while it runs
+    loader.exec_module(module)
+    return module

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from ddslurm.config import WinnerRecord, read_json
-from tests.e2e import array_jobs, attempts, cli_json, processes, run_cli, slurm, until
+from tests.e2e import array_jobs, attempts, cli_json, local_slurm_tool, processes, run_cli, slurm, until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.dd]
 
@@ -204,7 +204,7 @@ def test_node_failure_is_shown_requeued_node_failure(make_run_files: Any) -> Non
                 )
             finally:
                 slurm("scontrol", "update", f"nodename={node}", "state=resume")
-                until(lambda: _node_state(node) in {"idle", "mix", "alloc", "plnd"}, 60, f"{node} to be back")
+                until(lambda: local_slurm_tool().node_ok(_node_state(node)), 60, f"{node} to be back")
         finally:
             _cancel_quietly(run_dir, env)
     assert shard["reason"] == "requeued (node failure)", shard

@@ -12,9 +12,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
+
+from tests.e2e import local_slurm_tool
 
 pytestmark = pytest.mark.slurm
 
@@ -67,14 +68,14 @@ def test_all_nodes_up(slurm_cluster) -> None:
     proc = _run(["sinfo", "-h", "-N", "-o", "%N %P %t"])
     assert proc.returncode == 0, proc.stderr
     rows = [line.split() for line in proc.stdout.splitlines()]
-    states = {node: state.rstrip("$@^-") for node, _, state in rows}
+    states = {node: state for node, _, state in rows}
     partitions: dict[str, set[str]] = {}
     for node, partition, _ in rows:
         partitions.setdefault(partition.rstrip("*"), set()).add(node)
     assert set(states) == set(slurm_cluster.nodes)
-    # up: idle or mix; alloc/comp when other tests' jobs fill a node right now, plnd when the backfill scheduler has
-    # planned another test's pending job on it (a node down, drained or not responding is none of these)
-    assert all(state in {"idle", "mix", "alloc", "comp", "plnd"} for state in states.values()), states
+    # up as the tool calls it (test_a_node_planned_for_a_pending_job_is_up): idle or mix; alloc/comp when other tests'
+    # jobs fill a node right now, plnd when the backfill scheduler has planned another test's pending job on it
+    assert all(local_slurm_tool().node_ok(state) for state in states.values()), states
     assert partitions[slurm_cluster.gpu_partition] == set(slurm_cluster.gpu_nodes)
     assert partitions[slurm_cluster.cpu_partition] == set(slurm_cluster.nodes)
 
@@ -146,20 +147,6 @@ def test_start_again_is_a_noop_and_status_reports_running(slurm_cluster) -> None
     assert all(info["alive"] for info in status["daemons"].values()), status["daemons"]
 
 
-def _local_slurm_module() -> Any:
-    """``tools/local-slurm`` (a script without a suffix) loaded as a module, for its pure functions."""
-    from importlib.machinery import SourceFileLoader
-    from importlib.util import module_from_spec, spec_from_loader
-
-    loader = SourceFileLoader("local_slurm_tool", str(LOCAL_SLURM))
-    spec = spec_from_loader(loader.name, loader)
-    assert spec is not None
-    module = module_from_spec(spec)
-    sys.modules[loader.name] = module  # its dataclasses look their module up while it runs
-    loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize(
     ("state", "up"),
     [("idle", True), ("mix", True), ("alloc", True), ("comp", True), ("plnd", True), ("mix-", True), ("idle@", True),
@@ -168,4 +155,4 @@ def _local_slurm_module() -> Any:
 def test_a_node_planned_for_a_pending_job_is_up(state: str, up: bool) -> None:
     """``sinfo`` shows ``plnd`` for a node the backfill scheduler planned a pending job on; ``status`` said a busy
     cluster was not running then. A node not responding (``*``), down or drained is not up."""
-    assert _local_slurm_module().node_ok(state) is up
+    assert local_slurm_tool().node_ok(state) is up

@@ -292,11 +292,12 @@ def test_a_replica_that_keeps_crashing_is_restarted_in_place_and_the_attempt_get
     crashes = (attempt / "server-generator-0.log").read_text().count("injected crash after answering 5 chat requests")
     restarting = [e for e in events if e.get("event") == "server.restarting"]
     assert 1 <= crashes == len(died) == len(restarting), [(e["event"], e.get("status")) for e in events]
-    outcomes = []
-    for i, e in enumerate(events):
-        if e.get("event") == "server.restarting":
-            ends = ("server.restarted", "server.died", "server.restart_unfinished")
-            outcomes.append(next((x["event"] for x in events[i + 1 :] if x.get("event") in ends), None))
+    ends = ("server.restarted", "server.died", "server.restart_unfinished")
+    outcomes = [
+        next((x["event"] for x in events[i + 1 :] if x.get("event") in ends), None)
+        for i, e in enumerate(events)
+        if e.get("event") == "server.restarting"
+    ]
     assert None not in outcomes and "server.restart_unfinished" not in outcomes[:-1], outcomes
     # the last restart answered the rows left after the last crash (12 rows, a crash after every 5 answers), so the
     # controller saw it healthy, at the latest when the shard ended
