@@ -174,6 +174,8 @@ data_designer:
   - {name: draft, column_type: llm-text, model_alias: generator, prompt: 'Draft {{ item }}.', drop: true}
   - {name: kind, column_type: expression, expr: '{{ item_id | int % 2 }}', drop: false}
   - {name: blurb, column_type: llm-text, model_alias: writer, prompt: 'Improve {{ draft }} ({{ kind }}).'}
+  # dropped by the CPU stage itself: its row numbers must still reach the preserved files (chaos seed 500106)
+  - {name: blurb_chars, column_type: expression, expr: '{{ blurb | length }}', drop: true}
   model_configs:
   - alias: generator
     model: qwen3-8b

@@ -317,8 +317,12 @@ def test_stage_recipes_keep_and_then_drop_what_the_cpu_stage_reads() -> None:
         ("score", None),
         ("scratch", True),  # Data Designer drops the CPU stage's own dropped columns
     ]
-    assert second["data_designer"]["processors"] == [
-        {"processor_type": "drop_columns", "name": "ddslurm-stage-dropped", "column_names": ["draft", STAGE_ROW]}
+    assert second["data_designer"]["processors"] == [  # one processor: Data Designer adds none of its own
+        {
+            "processor_type": "drop_columns",
+            "name": "ddslurm-stage-dropped",
+            "column_names": ["scratch", "draft", STAGE_ROW],
+        }
     ]
 
 
@@ -336,10 +340,14 @@ def test_drop_processors_move_to_the_cpu_stage_without_the_columns_the_gpu_stage
     )
     split = dd_split(r, LOCAL)
     assert stage_recipe(r, split, 0)["data_designer"]["processors"] is None  # the seed columns reach stage 2
+    # one processor: Data Designer writes each drop_columns processor's columns over the last one's in the batch's
+    # preserved file, and the row numbers a fill reads must survive
     assert stage_recipe(r, split, 1, seed_path="/s/a.parquet")["data_designer"]["processors"] == [
-        {"processor_type": "drop_columns", "name": "tidy", "column_names": ["tables", "draft", "x*"]},
-        {"processor_type": "drop_columns", "name": "ddslurm-stage-dropped", "column_names": ["question"]},
-        {"processor_type": "drop_columns", "name": "ddslurm-stage-dropped_", "column_names": ["draft", STAGE_ROW]},
+        {
+            "processor_type": "drop_columns",
+            "name": "ddslurm-stage-dropped",
+            "column_names": ["tables", "draft", "x*", "question", STAGE_ROW],
+        },
     ]
 
 

@@ -34,8 +34,8 @@ from ddslurm.config._recipe_graph import ColumnGraph, RecipeColumn
 StageKind = Literal["gpu", "cpu"]
 
 KEEP_PROCESSOR = "ddslurm-stage-dropped"
-"""Name of the ``drop_columns`` processor stage 2 gets for the columns stage 1 kept only for it (and
-:data:`STAGE_ROW`)."""
+"""Name of stage 2's one ``drop_columns`` processor: every column it drops, the columns stage 1 kept only for it
+and :data:`STAGE_ROW` among them."""
 
 STAGE_ROW = "_ddslurm_stage_row"
 """The column of a CPU-stage seed file that numbers its rows (the GPU stage's winner rows, 0..n-1). Stage 2 drops
@@ -188,10 +188,10 @@ def stage_recipe(
     Stage 0 of a split: only the GPU stage's columns, the original seed config, no processors (they move to
     stage 1), ``drop`` cleared for the stage's ``keep`` columns. Stage 1: only the CPU stage's columns, reading
     ``seed_path`` (stage 0's rows, numbered in :data:`STAGE_ROW`) in order with no selection, so seed row i
-    becomes output row i and, with ``num_records`` equal to stage 0's rows, every row is used once; a
-    ``drop_columns`` processor drops the kept columns and the row numbers. Model configs are left as
-    they are (stage 1 uses only hosted aliases; DD checks only the aliases its columns use). A single-stage split
-    has only stage 0: the recipe unchanged.
+    becomes output row i and, with ``num_records`` equal to stage 0's rows, every row is used once; one
+    ``drop_columns`` processor drops all the stage drops, the kept columns and the row numbers too. Model configs
+    are left as they are (stage 1 uses only hosted aliases; DD checks only the aliases its columns use). A
+    single-stage split has only stage 0: the recipe unchanged.
     """
     if not 0 <= index < len(split.stages):
         raise IndexError(f"stage {index} does not exist: the split has {len(split.stages)} stage(s)")
@@ -224,23 +224,23 @@ def stage_recipe(
 
 
 def _stage_processors(recipe: Mapping[str, Any], split: StageSplit) -> list[dict[str, Any]]:
-    """Stage 1's processors: the recipe's ``drop_columns`` processors without the columns stage 0 already dropped
-    (Data Designer refuses to drop a column that does not exist), then one that drops stage 0's ``keep`` and the
-    seed file's row numbers (:data:`STAGE_ROW`)."""
-    first = split.stages[0]
+    """Stage 1's one ``drop_columns`` processor: the columns the recipe's ``drop_columns`` processors name, less
+    those stage 0 already dropped (Data Designer refuses to drop a column that does not exist), the stage's own
+    ``drop: true`` columns, stage 0's ``keep`` and the seed file's row numbers (:data:`STAGE_ROW`).
+
+    One processor, because Data Designer writes what each ``drop_columns`` processor drops to the batch's one
+    preserved file (``dropped-columns-parquet-files/batch_N.parquet``), each over the last: a second one (the
+    recipe's own, or the default one Data Designer adds for ``drop: true`` columns no processor names) would
+    leave the file without the row numbers a fill reads. Naming every dropped column leaves it nothing to add."""
+    first, second = split.stages[0], split.stages[1]
     by_name = {c.get("name"): c for c in recipe_section(recipe).get("columns") or []}
     gone = {n for n in first.columns if by_name[n].get("drop") and n not in first.keep}
-    out = []
+    names: dict[str, None] = {}
     for p in recipe_processors(recipe):
-        names = [n for n in p.get("column_names") or [] if n not in gone]
-        if names:
-            out.append({**p, "column_names": names})
-    taken = {str(p.get("name")) for p in out}
-    name = KEEP_PROCESSOR
-    while name in taken:
-        name += "_"
-    out.append({"processor_type": "drop_columns", "name": name, "column_names": [*first.keep, STAGE_ROW]})
-    return out
+        names.update((str(n), None) for n in p.get("column_names") or [] if n not in gone)
+    names.update((n, None) for n in second.columns if by_name[n].get("drop"))
+    names.update((n, None) for n in (*first.keep, STAGE_ROW))
+    return [{"processor_type": "drop_columns", "name": KEEP_PROCESSOR, "column_names": list(names)}]
 
 
 def plan_split(stages: Sequence[Any], reason: str | None = None) -> StageSplit:
