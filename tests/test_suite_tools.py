@@ -269,3 +269,15 @@ def test_the_run_records_its_window_for_the_slurm_split(tmp_path: Path) -> None:
     recorded = json.loads(window.read_text())
     assert recorded["label"] == "t" and recorded["start"] <= recorded["end"]
     assert len(recorded["start"]) == len("2026-12-05T14:50:00")
+
+
+def test_last_prints_again_the_line_the_run_ended_with(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    window = tmp_path / "window.json"
+    argv = ["--label", "t", "--window-file", str(window), "--", sys.executable, "-c", "raise SystemExit(3)"]
+    assert suite_times_main(["run", *argv]) == 3
+    ended = capsys.readouterr().out.strip().splitlines()[-1]
+    assert ended.startswith("t: ") and ended.endswith("; exit 3"), ended
+    assert suite_times_main(["last", "--window-file", str(window)]) == 0
+    assert capsys.readouterr().out.strip() == ended
+    assert suite_times_main(["last", "--window-file", str(tmp_path / "none.json")]) == 1
+    assert "no run recorded yet" in capsys.readouterr().err

@@ -13,7 +13,10 @@ submit side's: the test's process and what it waited for), then the seconds by m
 (its start and end, which ``run`` writes to ``.test-times/window.json``), from Slurm's own accounting (``sacct``'s
 ``TotalCPU`` of every step): the CPU-seconds by kind of step (the clients, the controllers' batch steps, the model
 servers, the proxies, the collections) and the N tests whose jobs spent the most (a job's working directory names its
-test: ``/tmp/pytest-of-*/pytest-*/popen-gw*/<test>/``). Standard library only: it runs before and without the
+test: ``/tmp/pytest-of-*/pytest-*/popen-gw*/<test>/``).
+
+``tools/suite_times.py last [--window-file F]`` prints again the line the last ``run`` printed at its end (CI's
+summary ends with it). Standard library only: it runs before and without the
 workspace's environment."""
 
 from __future__ import annotations
@@ -48,16 +51,16 @@ def run(argv: Sequence[str], label: str, window: Path | None = None) -> int:
     start_wall, start_machine, started = time.monotonic(), machine_cpu_s(), _now()
     code = subprocess.call(list(argv))
     wall = time.monotonic() - start_wall
-    if window is not None:  # for ``slurm``: what the jobs of this window spent
-        window.parent.mkdir(parents=True, exist_ok=True)
-        window.write_text(json.dumps({"label": label, "start": started, "end": _now()}) + "\n")
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     machine = machine_cpu_s() - start_machine
-    print(
+    line = (
         f"{label}: {wall:.0f} s wall, {usage.ru_utime + usage.ru_stime:.0f} CPU-s in its processes, "
-        f"{machine:.0f} CPU-s on the machine (Slurm's jobs included), {os.cpu_count()} cores; exit {code}",
-        flush=True,
+        f"{machine:.0f} CPU-s on the machine (Slurm's jobs included), {os.cpu_count()} cores; exit {code}"
     )
+    if window is not None:  # for ``slurm`` (what the jobs of this window spent) and ``last``
+        window.parent.mkdir(parents=True, exist_ok=True)
+        window.write_text(json.dumps({"label": label, "start": started, "end": _now(), "summary": line}) + "\n")
+    print(line, flush=True)
     return code
 
 
@@ -225,6 +228,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     slurm = sub.add_parser("slurm", help="what the Slurm jobs of the last run spent, by kind of step and by test")
     slurm.add_argument("--window-file", type=Path, default=DEFAULT_WINDOW)
     slurm.add_argument("--top", type=int, default=15)
+    last = sub.add_parser("last", help="the line the last run printed at its end (CI prints it in its summary)")
+    last.add_argument("--window-file", type=Path, default=DEFAULT_WINDOW)
     args = parser.parse_args(argv)
     if args.command == "run":
         command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
@@ -233,6 +238,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run(command, args.label, args.window_file)
     if args.command == "slurm":
         return _slurm(args.window_file, args.top)
+    if args.command == "last":
+        return _last(args.window_file)
     if not args.file.exists():
         print(f"{args.file}: no durations recorded yet (make test writes them)", file=sys.stderr)
         return 1
@@ -245,6 +252,15 @@ def _printed(write: Callable[[], None]) -> int:
         write()
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
+
+
+def _last(window_file: Path) -> int:
+    if not window_file.exists():
+        print(f"{window_file}: no run recorded yet (make test writes it)", file=sys.stderr)
+        return 1
+    window = json.loads(window_file.read_text())
+    print(window.get("summary") or f"{window.get('label', 'the run')}: ended at {window['end']} (no summary kept)")
     return 0
 
 
