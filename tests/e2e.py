@@ -18,11 +18,14 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from ddslurm.config import AttemptRecord, SubmissionRecord, read_json
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 NOBODY = 65534
 """The other user of the shared-node tests (``nobody``); starting its processes needs root."""
@@ -276,7 +279,7 @@ def requests_waiting(root_url: str) -> int:
     return parse_waiting(httpx.get(f"{root_url}/metrics", timeout=10).text)
 
 
-LOCAL_ORDER = """
+LOCAL_CREATE = """
 import json, os, sys
 os.environ["NEMO_TELEMETRY_ENABLED"] = "false"
 from ddslurm.runtime._engine import preload_engine
@@ -287,15 +290,17 @@ job = json.loads(sys.argv[1])
 provider = dd.ModelProvider(name="oracle", endpoint=job["endpoint"], provider_type="openai", api_key="ORACLE_KEY")
 designer = DataDesigner(artifact_path=job["out"], model_providers=[provider])
 result = designer.create(dd.DataDesignerConfigBuilder.from_config(job["recipe"]), num_records=job["records"])
-print(json.dumps(list(result.load_dataset().columns)))
+print(json.dumps(str(result.artifact_storage.base_dataset_path)))
 """
 
 
-def local_column_order(recipe: Path, records: int, folder: Path) -> list[str]:
-    """The columns, in order, of a plain local ``DataDesigner.create`` of ``recipe`` (a YAML file beside its seed
-    data) with ``records`` records, in a process of its own (in ``folder``), every model of the recipe served by
-    one vLLM stand-in whose replies each take 0.1 s: the oracle of the collected dataset's column order (Data
-    Designer writes columns in the order their cells finish: docs/collection.md#column-order)."""
+def local_dataset(recipe: Path, records: int, folder: Path) -> pa.Table:
+    """The dataset of a plain local ``DataDesigner.create`` of ``recipe`` (a YAML file beside its seed data) with
+    ``records`` records, as Data Designer wrote it (its Parquet files), in a process of its own (in ``folder``),
+    every model of the recipe served by one vLLM stand-in whose replies each take 0.1 s: the oracle of a collected
+    dataset's rows (the stand-in's replies are a function of the request) and of its column order (Data Designer
+    writes columns in the order their cells finish: docs/collection.md#column-order)."""
+    import pyarrow.parquet as pq
     import yaml
 
     from fake_vllm.testing import start_server
@@ -314,12 +319,12 @@ def local_column_order(recipe: Path, records: int, folder: Path) -> list[str]:
     with start_server("oracle", args=served, api_key=env["ORACLE_KEY"], log_path=folder / "stand-in.log") as server:
         job = {"endpoint": server.base_url, "recipe": config, "records": records, "out": str(folder / "out")}
         done = subprocess.run(
-            [sys.executable, "-c", LOCAL_ORDER, json.dumps(job)],
+            [sys.executable, "-c", LOCAL_CREATE, json.dumps(job)],
             capture_output=True, text=True, env=env, cwd=folder, timeout=300, check=False,
         )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    order: list[str] = json.loads(done.stdout.strip().splitlines()[-1])
-    return order
+    dataset = Path(json.loads(done.stdout.strip().splitlines()[-1]))
+    return pq.read_table(dataset / "parquet-files")
 
 
 def dd_python_env(tmp_path_factory: pytest.TempPathFactory, version: str) -> Path:

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from ddslurm.config import AttemptRecord, read_json
-from tests.e2e import MIXED_RECIPE, generator, local_column_order, run_cli, vllm_stand_in
+from tests.e2e import MIXED_RECIPE, generator, local_dataset, run_cli, vllm_stand_in
 from tests.e2e import cli_json as _cli
 
 pytestmark = [pytest.mark.slurm, pytest.mark.dd]
@@ -58,7 +58,7 @@ def test_mixed_run_local_generator_two_replicas_and_hosted_judge(
     table = pq.read_table(_cli("collect", str(run_dir), "--json", "--local", env=files.env)["dataset"])
     assert table.num_rows == 12 and {"question", "sql", "sql_quality", "sql_chars"} <= set(table.column_names)
     # The columns in the order a local DataDesigner.create of the recipe lists them (docs/collection.md#column-order).
-    assert table.column_names == local_column_order(MIXED_RECIPE, 12, tmp_path / "oracle")
+    assert table.column_names == local_dataset(MIXED_RECIPE, 12, tmp_path / "oracle").column_names
 
     # Both replicas served the generator: each stand-in process kept its own request log.
     served = [

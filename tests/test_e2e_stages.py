@@ -1,6 +1,7 @@
 """``stages: auto`` on the real local Slurm cluster: the mixed example (local generator ``sql``, hosted judge
 ``sql_quality``, expression ``sql_chars``) runs its GPU stage in GPU allocations and its CPU stage in CPU-only
-allocations after them, and collects the dataset a single-stage run of the same run file collects."""
+allocations after them, and collects the dataset a plain local ``DataDesigner.create`` of the recipe makes (the
+laptop's: the stand-ins' replies are a function of the request)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import pytest
 from ddslurm.config import AttemptRecord, ClaimRecord, SubmissionRecord, WinnerRecord, read_json, read_plan
 from fake_vllm.testing import set_gate
 from tests.e2e import cli_json as _cli
-from tests.e2e import generator, local_column_order, one_draw_recipe, processes, requests_waiting, until, vllm_stand_in
+from tests.e2e import generator, local_dataset, one_draw_recipe, processes, requests_waiting, until, vllm_stand_in
 
 pytestmark = [pytest.mark.slurm, pytest.mark.dd]
 
@@ -46,7 +47,7 @@ def _sacct(job: str, fields: str) -> list[list[str]]:
     return [line.split("|") for line in out.splitlines() if line]
 
 
-def test_two_stage_run_frees_the_gpus_and_collects_the_single_stage_dataset(
+def test_two_stage_run_frees_the_gpus_and_collects_the_laptops_dataset(
     make_run_files: Any, hosted_endpoint: Any, tmp_path: Path
 ) -> None:
     recipe = one_draw_recipe(tmp_path)
@@ -112,19 +113,20 @@ def test_two_stage_run_frees_the_gpus_and_collects_the_single_stage_dataset(
     ]
     assert len(generated) >= RECORDS and max(r["time"] for r in generated) <= min(r["time"] for r in judge)
 
+    # `stages: single` keeps the recipe whole (the dry run's plan: tests/test_e2e_mixed.py runs one on the cluster).
     single_files = make_run_files(
         "single", extra_run=GENERATOR + "stages: single\n", vllm_executable=vllm_stand_in(tmp_path, "single"), **common
     )
-    single_dir, single = _run(single_files)
-    single_plan = read_plan(single_dir / "run.json")
-    assert single_plan.stages == () and (single_plan.stage_reason or "").startswith("single stage")
-    assert not list(single_dir.glob("shards/*/stage-0"))
+    dry = _cli("submit", str(single_files.run_file), "--profile", str(single_files.profile), "--dry-run", "--json",
+               env=single_files.env)  # fmt: skip
+    assert dry["plan"]["stages"] == [] and dry["plan"]["stage_reason"].startswith("single stage"), dry["plan"]
 
-    # The same columns in the same order (a local DataDesigner.create's), the same rows; the seed columns row by row.
-    oracle = local_column_order(recipe, RECORDS, tmp_path / "oracle")
-    assert staged.column_names == single.column_names == list(plan.column_order or ()) == oracle
-    assert staged.num_rows == single.num_rows == RECORDS
-    a, b = staged.to_pylist(), single.to_pylist()
+    # The laptop's dataset: a plain local DataDesigner.create of the whole recipe, against one stand-in serving both
+    # models (its replies are a function of the request). The same columns in the same order, the same rows.
+    oracle = local_dataset(recipe, RECORDS, tmp_path / "oracle")
+    assert staged.column_names == list(plan.column_order or ()) == oracle.column_names
+    assert staged.num_rows == oracle.num_rows == RECORDS
+    a, b = staged.to_pylist(), oracle.to_pylist()
     with (recipe.parent / "questions.csv").open(newline="") as fh:
         seed = list(csv.DictReader(fh))
     for i, (x, y) in enumerate(zip(a, b, strict=True)):
@@ -212,7 +214,8 @@ def test_pulling_two_stages_and_a_killed_cpu_stage_client_pending_for_its_automa
     assert plan.cpu_stage_workers == 3
     assert table.num_rows == RECORDS and table.column_names == list(plan.column_order or ())
     made = tmp_path / "recipe" / "recipe.yaml"  # one_draw_recipe's
-    assert table.column_names == local_column_order(made, RECORDS, tmp_path / "oracle")
+    oracle = local_dataset(made, RECORDS, tmp_path / "oracle")  # the laptop's: every row, the killed shard's too
+    assert table.column_names == oracle.column_names and table.to_pylist() == oracle.to_pylist()
     subs = sorted(
         (read_json(p, SubmissionRecord) for p in (run_dir / "submissions").glob("*.json")),
         key=lambda s: int(s.array_job_id),
