@@ -2,7 +2,7 @@
 engine: the mixed example (its draws made deterministic, so every prompt and every stand-in reply is the same in
 every run) served by one replica over two nodes (a leader on n1 that serves the API, a headless follower on n2),
 by vLLM's data parallel on one node and over two, and by SGLang on one node and on two, each collecting exactly
-the rows of the same run served by one one-node vLLM replica; a follower killed mid-run, which ends the
+the rows of a plain local ``DataDesigner.create`` of the recipe; a follower killed mid-run, which ends the
 attempt ``server_died`` at once, while the automatic retry completes the shard with no row lost or duplicated; and
 another user (``nobody``) who joins a replica's rendezvous as rank 1, read off the leader's command line, which
 ends the attempt ``rendezvous_intruder`` before the replica serves."""
@@ -23,7 +23,7 @@ import pytest
 
 from ddslurm.config import AttemptRecord, read_json, read_plan
 from fake_vllm.testing import impersonation, start_joiner
-from tests.e2e import NOBODY, SYSTEM_PYTHON, attempts, one_draw_recipe, processes, until, vllm_stand_in
+from tests.e2e import NOBODY, SYSTEM_PYTHON, attempts, local_dataset, one_draw_recipe, processes, until, vllm_stand_in
 from tests.e2e import cli_json as _cli
 
 pytestmark = [pytest.mark.slurm, pytest.mark.dd]
@@ -112,10 +112,9 @@ def _generation_job(run: Submitted) -> str:
     return read_json(records[0], AttemptRecord).job_id.partition(".")[0]
 
 
-def test_every_shape_and_engine_collects_the_rows_of_one_node_vllm(make_run_files: Any, tmp_path: Path) -> None:
+def test_every_shape_and_engine_collects_the_laptops_rows(make_run_files: Any, tmp_path: Path) -> None:
     recipe = one_draw_recipe(tmp_path)
     shapes = {
-        "one-node": ("tensor_parallel: 4", "vllm"),
         "tp4-pp2": ("tensor_parallel: 4, pipeline_parallel: 2", "vllm"),
         "dp2-ep": ("data_parallel: 2, expert_parallel: true", "vllm"),
         "dp8": ("data_parallel: 8", "vllm"),
@@ -127,10 +126,13 @@ def test_every_shape_and_engine_collects_the_rows_of_one_node_vllm(make_run_file
         for name, (shape, engine) in shapes.items()
     }
     tables = {name: _collected(run) for name, run in runs.items()}
-    reference = tables.pop("one-node").to_pylist()
+    # The laptop's rows: a local DataDesigner.create against one stand-in (its replies are a function of the request).
+    laptop = local_dataset(recipe, RECORDS, tmp_path / "oracle")
+    reference = laptop.to_pylist()
     assert len(reference) == RECORDS
     for name, table in tables.items():
-        assert table.to_pylist() == reference, f"{name} collected other rows than one one-node vLLM replica"
+        assert table.column_names == laptop.column_names, name
+        assert table.to_pylist() == reference, f"{name} collected other rows than a local DataDesigner.create"
 
     # One replica over two nodes: a 2-node allocation (sacct), its leader on n1, its headless follower on n2.
     two = runs["tp4-pp2"]
