@@ -255,20 +255,27 @@ def _printed(write: Callable[[], None]) -> int:
     return 0
 
 
-def _last(window_file: Path) -> int:
+def _recorded_window(window_file: Path) -> dict[str, str] | None:
+    """What the last ``run`` recorded (its label, start, end and last line); None, said on stderr, before any."""
     if not window_file.exists():
         print(f"{window_file}: no run recorded yet (make test writes it)", file=sys.stderr)
+        return None
+    window: dict[str, str] = json.loads(window_file.read_text())
+    return window
+
+
+def _last(window_file: Path) -> int:
+    window = _recorded_window(window_file)
+    if window is None:
         return 1
-    window = json.loads(window_file.read_text())
     print(window.get("summary") or f"{window.get('label', 'the run')}: ended at {window['end']} (no summary kept)")
     return 0
 
 
 def _slurm(window_file: Path, top: int) -> int:
-    if not window_file.exists():
-        print(f"{window_file}: no run recorded yet (make test writes it)", file=sys.stderr)
+    window = _recorded_window(window_file)
+    if window is None:
         return 1
-    window = json.loads(window_file.read_text())
     command = ["sacct", "-a", "-S", window["start"], "-E", window["end"], "-P", "--noheader"]
     command.append(f"--format={SACCT_FORMAT}")
     try:
