@@ -44,7 +44,7 @@ SET_ON_THE_NODE = {
     "ENVIRONMENT", "HOSTNAME", "PWD", "OLDPWD", "SHLVL", "_", "PYTHONNOUSERSITE",
     "CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "ROCR_VISIBLE_DEVICES", "ZE_AFFINITY_MASK",
 }  # fmt: skip
-ALLOWED = {"PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "SLURM_CONF"}
+ALLOWED = {"PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "SLURM_CONF", "SSL_CERT_FILE", "SSL_CERT_DIR"}
 
 ENV_DUMP = """
 import json, os
@@ -184,6 +184,7 @@ def test_no_login_file_and_nothing_else_of_the_submitting_shell_reaches_any_step
         assert "DDSLURM_SUBMITTER_ONLY" not in seen, f"{name} carries the submitting shell's environment"
         assert "SLURM_GET_USER_ENV" not in seen and "HOME" not in seen and "USER" not in seen, name
         assert seen.get("PATH") == env["PATH"], name
+        assert seen.get("SSL_CERT_FILE") == env["SSL_CERT_FILE"], f"{name}: not the CA bundle the submitter trusts"
         holds_key = name.startswith(("ddslurm-runtime-generate", "ddslurm-runtime-client"))
         assert (seen.get("DEMO_HOSTED_API_KEY") == key) is holds_key, f"{name}: the key where it does not belong"
         assert holds_key or key not in text, name

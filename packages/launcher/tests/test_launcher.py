@@ -284,7 +284,8 @@ def test_dry_run_prints_plan_and_script_and_writes_nothing(
     assert main(["submit", str(run), "--profile", str(profile), "--dry-run"]) == 0
     text = capsys.readouterr().out
     assert "#SBATCH --gres=none" in text
-    assert "# sbatch --export=ALL from an environment of PATH, LANG, LC_ALL, LC_CTYPE, TZ, TMPDIR, SLURM_CONF, " in text
+    allowed = "PATH, LANG, LC_ALL, LC_CTYPE, TZ, TMPDIR, SLURM_CONF, SSL_CERT_FILE, SSL_CERT_DIR, "
+    assert f"# sbatch --export=ALL from an environment of {allowed}" in text
     assert "HOSTED_KEY only" in text
     assert main(["submit", str(run), "--profile", str(profile), "--dry-run", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)

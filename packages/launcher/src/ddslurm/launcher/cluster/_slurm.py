@@ -143,9 +143,13 @@ def parse_job_key(key: str) -> list[tuple[str, int | None]]:
     return [(key, None)]
 
 
-NODE_ENV_ALLOWED = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "SLURM_CONF")
+NODE_ENV_ALLOWED = (
+    "PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "SLURM_CONF", "SSL_CERT_FILE", "SSL_CERT_DIR",
+)  # fmt: skip
 """The submitting environment's variables a job gets besides the ones its submission names: where programs are,
-the locale and time zone, the temporary directory, and where Slurm's configuration is. Nothing else."""
+the locale and time zone, the temporary directory, where Slurm's configuration is, and which certificate
+authorities TLS trusts (OpenSSL's ``SSL_CERT_FILE`` and ``SSL_CERT_DIR``, which httpx reads too: a site's own CA
+bundle, so the nodes' hosted calls trust what ``--check-endpoints`` trusted on the submit host). Nothing else."""
 
 
 def job_environment(env: Mapping[str, str], names: Sequence[str] = ()) -> dict[str, str]:
