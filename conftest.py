@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e import NODE_DD, dd_python_env
+from tests.e2e import NODE_DD, dd_python_env, one_ca_bundle
 
 REPO_ROOT = Path(__file__).resolve().parent
 
@@ -189,6 +189,7 @@ def write_run_files(
         f"gpus_per_node: 4\nvllm_executable: {vllm_executable}\n{extra_profile}"
     )
     env = {**os.environ, "DATA_DESIGNER_HOME": str(dd_home), HOSTED_KEY_ENV: endpoint.api_key}
+    env["SSL_CERT_FILE"] = str(one_ca_bundle(root))  # reaches the jobs' steps (tests.e2e.one_ca_bundle)
     return RunFiles(root, run_file, profile, dd_home, workspace, env)
 
 

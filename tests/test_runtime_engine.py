@@ -76,6 +76,7 @@ def test_runtime_generates_and_publishes_without_a_home_directory(
         HOME_AUDIT_REPORT=str(report),
         PYTHONPATH=str(hook_dir),
         DEMO_HOSTED_API_KEY=hosted_endpoint.api_key,
+        SSL_CERT_FILE=run_files.env["SSL_CERT_FILE"],
     )
     log = hosted_endpoint.request_log
     before = len(log.read_text().splitlines()) if log.exists() else 0  # the endpoint serves this worker's tests
