@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from ddslurm.runtime._listeners import ListenerNotOursError, check_own_listener, listeners
+from ddslurm.runtime._listeners import ListenerNotOursError, check_own_listener, check_own_peer, listeners
 from ddslurm.runtime._log import new_logger
 from ddslurm.runtime._proxy import Proxy, ProxyConfig
 from ddslurm.runtime._serving import ServerKilledError, ServerStartError, wait_ready
@@ -105,6 +105,22 @@ def test_the_kernel_tables_tell_whose_listener_a_port_has() -> None:
     with squatting() as squatter, pytest.raises(ListenerNotOursError, match=f"held by uid {NOBODY}"):
         check_own_listener(f"http://127.0.0.1:{squatter.port}/v1")
     check_own_listener("https://api.example.com/v1")  # a hosted endpoint by name: not a local listener
+
+
+def test_the_kernel_tables_tell_whose_listener_accepted_a_connection() -> None:
+    with socket.socket() as own:
+        own.bind(("127.0.0.1", 0))
+        own.listen()
+        with socket.create_connection(own.getsockname()) as conn:
+            check_own_peer(conn.getsockname(), conn.getpeername())
+    with (
+        squatting() as squatter,
+        socket.create_connection(("127.0.0.1", squatter.port)) as conn,
+        pytest.raises(ListenerNotOursError, match=f"accepted by uid {NOBODY}"),
+    ):
+        check_own_peer(conn.getsockname(), conn.getpeername())
+    with pytest.raises(ListenerNotOursError, match="no socket of this node accepted"):
+        check_own_peer(("127.0.0.1", 1), ("127.0.0.1", 2))
 
 
 class _LiveStep:
@@ -226,6 +242,40 @@ def test_the_proxy_never_sends_the_token_or_a_request_to_a_squatter_before_or_af
     assert all(s != 200 for s in statuses[6:])  # no upstream left: nothing served by the impostor
     assert all(r["auth"] is None for r in early + late), early + late
     assert all(r["path"] == "/health" for r in early) and not any(r["path"].startswith("/v1") for r in late)
+
+
+def test_a_port_that_changed_hands_after_its_listener_was_proved_gets_no_connection_used(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The look at a port's listener and the connection are two moments: a replica that dies between them leaves its
+    port to whoever binds it next (a busy machine widened the window enough for the /metrics scrape to carry the
+    token to a squatter). Here the look is stale by construction (it says the port is ours; another user holds
+    it): every connection the proxy makes there is proved by its accepting end, closed unused, and the upstream is
+    out for good."""
+    import ddslurm.runtime._upstreams as upstreams
+
+    monkeypatch.setattr(upstreams, "check_own_listener", lambda url: None)  # the look before the port changed hands
+
+    async def scenario(url: str) -> tuple[int, dict[str, Any]]:
+        proxy = _proxy([url])
+        port = await proxy.start()
+        try:
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+                body = {"model": "served", "messages": [{"role": "user", "content": "hi"}]}
+                answer = await client.post(
+                    "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {TOKEN}"}
+                )
+            return answer.status_code, proxy.describe()
+        finally:
+            await proxy.stop()
+
+    with squatting() as squatter:
+        status, described = asyncio.run(scenario(f"http://127.0.0.1:{squatter.port}"))
+        requests = list(squatter.requests)
+    assert requests == []  # not one request, with or without the token, went on a connection it accepted
+    assert status == 503, described
+    [upstream] = described["upstreams"]
+    assert upstream["dead"] and not upstream["healthy"], upstream
 
 
 # --- Unix-domain sockets and held ports -------------------------------------------------------------------------

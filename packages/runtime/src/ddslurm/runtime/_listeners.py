@@ -194,6 +194,38 @@ def check_own_listener(url: str, *, uid: int | None = None, proc_net: Path = PRO
         )
 
 
+def check_own_peer(
+    local: tuple[str, int], peer: tuple[str, int], *, uid: int | None = None, proc_net: Path = PROC_NET
+) -> None:
+    """The process that accepted a connection this process made (its own end ``local``, the other ``peer``, as
+    the connected socket names them) is this user's (``uid``, else this process's); raises
+    :class:`ListenerNotOursError` otherwise, before anything is sent on the connection.
+
+    :func:`check_own_listener` looks at the port before connecting: a server that dies between that look and the
+    connection leaves its port to whoever binds it next, and the connection goes there. This looks at the
+    connection itself: the kernel's tables list the accepting end (its own address ``peer``, its other end
+    ``local``) with the owner of the listener that accepted it, from the moment the handshake completes."""
+    uid = os.getuid() if uid is None else uid
+    want = (_plain(peer[0]), peer[1], _plain(local[0]), local[1])
+    owners = {
+        sock.uid
+        for sock in tcp_sockets(proc_net)
+        if sock.state not in _GONE and sock.state != _LISTEN
+        and (_plain(sock.address), sock.port, _plain(sock.peer), sock.peer_port) == want
+    }  # fmt: skip
+    if not owners:
+        raise NothingListensError(
+            f"no socket of this node accepted the connection to {peer[0]}:{peer[1]} (the server there has gone, or it "
+            "is on another host); nothing was sent on it"
+        )
+    others = sorted(owners - {uid})
+    if others:
+        raise ListenerNotOursError(
+            f"the connection to {peer[0]}:{peer[1]} was accepted by uid {others[0]}, not by this job's server (uid "
+            f"{uid}): another user took the port; nothing was sent on it"
+        )
+
+
 def _plain(address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     """``address`` as an IP address, an IPv4-mapped IPv6 one as its IPv4 address; None if it is none."""
     try:

@@ -27,6 +27,7 @@ from ddslurm.runtime._listeners import (
     http_base,
     socket_path,
 )
+from ddslurm.runtime._peer_connector import OwnPeerConnector, disowned
 
 _WAITING_METRICS: Final = ("vllm:num_requests_waiting", "sglang:num_queue_reqs")
 """The gauge of requests waiting in the engine's queue: vLLM's, SGLang's (a replica exposes its engine's)."""
@@ -111,11 +112,13 @@ def _refused(exc: BaseException) -> bool:
 
 
 def _connector(url: str, **options: Any) -> aiohttp.BaseConnector:
-    """A connection pool to one upstream: over its Unix-domain socket, or TCP."""
+    """A connection pool to one upstream: over its Unix-domain socket (in a directory only this user can enter), or
+    TCP, each new connection proved accepted by this user's listener before it carries anything
+    (:class:`~ddslurm.runtime._peer_connector.OwnPeerConnector`)."""
     path = socket_path(url)
     if path is not None:
         return aiohttp.UnixConnector(path=str(path), **options)
-    return aiohttp.TCPConnector(**options)
+    return OwnPeerConnector(**options)
 
 
 class Upstreams:
@@ -249,6 +252,8 @@ class Upstreams:
         up.failed += 1
         if _refused(exc):
             self._gone(up)
+        if (failure := disowned(exc)) is not None:
+            self._disown(up, failure)
         self._set_health(up, False, f"{where}: {type(exc).__name__}: {exc}")
         up.recheck.set()
 
@@ -280,6 +285,8 @@ class Upstreams:
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             if _refused(exc):
                 self._gone(up)
+            if (failure := disowned(exc)) is not None:
+                self._disown(up, failure)
             healthy, reason = False, f"/health failed: {type(exc).__name__}: {exc}"
         if healthy:
             healthy, reason = self._prove(up, reason)
@@ -290,15 +297,21 @@ class Upstreams:
         good, nothing listening is merely not healthy (gone)."""
         try:
             check_own_listener(up.url)
-        except NothingListensError as exc:
-            self._gone(up)
-            return False, exc.message
         except ListenerNotOursError as exc:
-            up.dead = True
-            self._log.warning("proxy.upstream_dead", upstream=up.url, reason=exc.message)
+            self._disown(up, exc)
             return False, exc.message
         up.verified = True
         return True, reason
+
+    def _disown(self, up: Upstream, failure: ListenerNotOursError) -> None:
+        """What listens on the upstream's port, or what accepted a connection to it, is not this user's: nothing
+        (gone: its replica died), or another user's (dead for good)."""
+        if isinstance(failure, NothingListensError):
+            self._gone(up)
+            return
+        if not up.dead:
+            up.dead = True
+            self._log.warning("proxy.upstream_dead", upstream=up.url, reason=failure.message)
 
     async def _ask_models(self, up: Upstream) -> tuple[bool, str]:
         """An SGLang upstream's probe: its listener proved this user's, then ``GET /v1/models`` with the token."""
@@ -312,6 +325,8 @@ class Upstreams:
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             if _refused(exc):
                 self._gone(up)
+            if (failure := disowned(exc)) is not None:
+                self._disown(up, failure)
             return False, f"/v1/models failed: {type(exc).__name__}: {exc}"
 
     async def _scrape(self, up: Upstream) -> None:
@@ -331,8 +346,10 @@ class Upstreams:
             async with up.probes.get(up.base + "/metrics", headers=headers) as response:
                 status = response.status
                 waiting = parse_waiting(await response.text()) if status == 200 else 0
-        except (aiohttp.ClientError, OSError, TimeoutError, UnicodeDecodeError):
+        except (aiohttp.ClientError, OSError, TimeoutError, UnicodeDecodeError) as exc:
             waiting = 0  # advisory only: an unreadable queue never blocks admission
+            if (failure := disowned(exc)) is not None:
+                self._disown(up, failure)
         refused = status if status in (401, 403) else None
         if refused is not None and up.metrics_refused is None:
             self._log.warning(
