@@ -206,12 +206,13 @@ def check_own_peer(
     connection itself: the kernel's tables list the accepting end (its own address ``peer``, its other end
     ``local``) with the owner of the listener that accepted it, from the moment the handshake completes."""
     uid = os.getuid() if uid is None else uid
-    want = (_plain(peer[0]), peer[1], _plain(local[0]), local[1])
+    ends = (_plain(peer[0]), _plain(local[0]))
     owners = {
         sock.uid
         for sock in tcp_sockets(proc_net)
-        if sock.state not in _GONE and sock.state != _LISTEN
-        and (_plain(sock.address), sock.port, _plain(sock.peer), sock.peer_port) == want
+        if sock.port == peer[1] and sock.peer_port == local[1]  # the ports first: addresses are parsed for few rows
+        and sock.state not in _GONE and sock.state != _LISTEN
+        and (_plain(sock.address), _plain(sock.peer)) == ends
     }  # fmt: skip
     if not owners:
         raise NothingListensError(

@@ -18,7 +18,7 @@ from aiohttp.client_proto import ResponseHandler
 from aiohttp.client_reqrep import ClientRequest
 from aiohttp.tracing import Trace
 
-from ddslurm.runtime._listeners import ListenerNotOursError, check_own_peer
+from ddslurm.runtime._listeners import ListenerNotOursError, NothingListensError, check_own_peer
 
 
 class _NotOurs(OSError):
@@ -49,7 +49,7 @@ class OwnPeerConnector(aiohttp.TCPConnector):
         transport = handler.transport
         try:
             if transport is None:
-                raise ListenerNotOursError("the connection closed as it was made; nothing was sent on it")
+                raise NothingListensError("the connection closed as it was made; nothing was sent on it")
             local = transport.get_extra_info("sockname")
             peer = transport.get_extra_info("peername")
             check_own_peer((local[0], local[1]), (peer[0], peer[1]))

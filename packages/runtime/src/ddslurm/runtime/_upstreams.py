@@ -250,10 +250,7 @@ class Upstreams:
         """A request to ``up`` failed ``where``: it is unhealthy until a probe says otherwise (and proves its
         listener this user's again if it refused the connection), and is probed again at once."""
         up.failed += 1
-        if _refused(exc):
-            self._gone(up)
-        if (failure := disowned(exc)) is not None:
-            self._disown(up, failure)
+        self._connection_failed(up, exc)
         self._set_health(up, False, f"{where}: {type(exc).__name__}: {exc}")
         up.recheck.set()
 
@@ -283,10 +280,7 @@ class Upstreams:
             async with up.probes.get(up.base + "/health") as response:
                 healthy, reason = response.status == 200, f"/health answered {response.status}"
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            if _refused(exc):
-                self._gone(up)
-            if (failure := disowned(exc)) is not None:
-                self._disown(up, failure)
+            self._connection_failed(up, exc)
             healthy, reason = False, f"/health failed: {type(exc).__name__}: {exc}"
         if healthy:
             healthy, reason = self._prove(up, reason)
@@ -302,6 +296,14 @@ class Upstreams:
             return False, exc.message
         up.verified = True
         return True, reason
+
+    def _connection_failed(self, up: Upstream, exc: BaseException) -> None:
+        """What a request's or a probe's failure ``exc`` says of the upstream: refused (gone), or a new connection
+        that another user's listener (or none) accepted (:meth:`_disown`)."""
+        if _refused(exc):
+            self._gone(up)
+        if (failure := disowned(exc)) is not None:
+            self._disown(up, failure)
 
     def _disown(self, up: Upstream, failure: ListenerNotOursError) -> None:
         """What listens on the upstream's port, or what accepted a connection to it, is not this user's: nothing
@@ -323,10 +325,7 @@ class Upstreams:
             async with up.probes.get(up.base + "/v1/models", headers=self._auth) as response:
                 return response.status == 200, f"/v1/models answered {response.status}"
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            if _refused(exc):
-                self._gone(up)
-            if (failure := disowned(exc)) is not None:
-                self._disown(up, failure)
+            self._connection_failed(up, exc)
             return False, f"/v1/models failed: {type(exc).__name__}: {exc}"
 
     async def _scrape(self, up: Upstream) -> None:
