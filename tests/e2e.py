@@ -50,13 +50,19 @@ def one_ca_bundle(folder: Path) -> Path:
     runs and oracles. No test speaks TLS, yet each model of a Data Designer run makes up to 16 httpx transports,
     each loading its CA bundle into an SSL context of its own: about 20 ms with certifi's 117 certificates, under
     1 ms with one, so a client step of the examples' two models spends about 0.7 CPU-seconds less (docs/testing.md)."""
+    path = folder / "ca.pem"
+    path.write_text(_first_certificate())
+    return path
+
+
+@functools.cache
+def _first_certificate() -> str:
+    """The first certificate of certifi's bundle, as PEM (read once per process)."""
     import certifi
 
     bundle = Path(certifi.where()).read_text()
     end = "-----END CERTIFICATE-----\n"
-    path = folder / "ca.pem"
-    path.write_text(bundle[bundle.index("-----BEGIN CERTIFICATE-----") : bundle.index(end) + len(end)])
-    return path
+    return bundle[bundle.index("-----BEGIN CERTIFICATE-----") : bundle.index(end) + len(end)]
 
 
 def run_cli(
