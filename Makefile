@@ -11,7 +11,8 @@ UV ?= uv
 # The Data Designer versions ddslurm supports (ddslurm.config.DATA_DESIGNER_VERSIONS, which the runtime's and the
 # launcher's data-designer>=OLDEST,<UPPER repeat, UPPER the minor release after NEWEST's: 1.0.x while NEWEST is
 # 1.0.0rc1, which pip and uv install only when asked for by its version); test-dd-range runs the node-side tests and
-# the launcher's checks (doctor, the dry run, the recipe check) against both, and the cluster test of other versions
+# the launcher's checks (doctor, the dry run, the recipe check) that use Data Designer (marked dd: the others, the
+# proxy's, the gate's, the controller's, cannot tell its versions apart) against both, and the cluster test of other versions
 # on the nodes (tests/test_e2e_dd_versions.py, whose NEWEST run is in make test) with OLDEST on the nodes and beside
 # a launcher. tests/test_dd_cli.py checks that these places agree.
 DD_OLDEST := 0.8.0
@@ -66,7 +67,7 @@ lint: ## ruff lint + format check
 	$(UV) run ruff format --check .
 
 TOOLS_PY := tools/gen_reference.py tools/mkdocs_hooks.py tools/import_contracts.py tests/test_docs.py \
-  tools/suite_times.py tools/pytest_times.py tools/pytest_order.py tools/import_all.py tools/gpu_smoke
+  tools/suite_times.py tools/pytest_times.py tools/pytest_order.py tools/pytest_dd_audit.py tools/import_all.py tools/gpu_smoke
 
 typecheck: ## mypy --strict over the packages (and the docs and import-contract tooling)
 	$(UV) run mypy
@@ -91,7 +92,7 @@ test-dd-range: ## the node-side tests and the launcher's checks under the oldest
 	@for v in $(DD_OLDEST) $(DD_NEWEST); do \
 	  echo "== data-designer $$v"; \
 	  $(UV) run --with "data-designer==$$v" python -c '$(DD_VERSIONS_PY)' "$$v" && \
-	  $(UV) run --with "data-designer==$$v" pytest -n auto --dist worksteal -p no:cacheprovider $(DD_RANGE_TESTS) || exit 1; \
+	  $(UV) run --with "data-designer==$$v" pytest -n auto --dist worksteal -p no:cacheprovider -m dd $(DD_RANGE_TESTS) || exit 1; \
 	done
 	@echo "== data-designer $(DD_OLDEST) on the nodes and beside a launcher, this workspace's beside another"
 	DDSLURM_NODE_DD=$(DD_OLDEST) $(UV) run pytest -p no:cacheprovider tests/test_e2e_dd_versions.py

@@ -202,6 +202,60 @@ def test_the_import_check_names_a_module_that_does_not_import(tmp_path: Path) ->
     assert len(failed) == 1 and failed[0].startswith("pkg_under_test.bad: ModuleNotFoundError")
 
 
+AUDITED = textwrap.dedent(
+    """
+    import threading
+
+    import pytest
+    from data_designer.fake import compile_columns
+
+    def test_calls_data_designer_unmarked():
+        assert compile_columns() == 1
+
+    def test_calls_it_from_a_thread_unmarked():
+        worker = threading.Thread(target=compile_columns)
+        worker.start()
+        worker.join()
+
+    @pytest.mark.dd
+    def test_calls_data_designer_marked():
+        assert compile_columns() == 1
+
+    def test_never_calls_it():
+        assert compile_columns is not None
+    """
+)
+
+
+def test_the_dd_audit_names_each_unmarked_test_that_calls_data_designer_and_fails_the_session(tmp_path: Path) -> None:
+    site = tmp_path / "site" / "data_designer"  # a module whose path holds data_designer/, as the real ones do
+    site.mkdir(parents=True)
+    (site / "__init__.py").write_text("")
+    (site / "fake.py").write_text("def compile_columns():\n    return 1\n")
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "test_audited.py").write_text(AUDITED)
+    (suite / "pytest.ini").write_text("[pytest]\nmarkers =\n    dd: engine\n")
+    args = ["-p", "no:cacheprovider", "-p", "no:xdist", "-p", "tools.pytest_dd_audit", "-q", str(suite)]
+    env = {"PYTHONPATH": f"{REPO}:{tmp_path / 'site'}", "PATH": "/usr/bin:/bin"}
+    audited = subprocess.run(
+        [sys.executable, "-m", "pytest", *args, "--dd-audit"],
+        cwd=suite, capture_output=True, text=True, timeout=120, check=False, env=env,
+    )  # fmt: skip
+    assert audited.returncode == 1, audited.stdout  # every test passed; the audit failed the session
+    assert "4 passed" in audited.stdout
+    named = [line.strip() for line in audited.stdout.splitlines() if line.startswith("  test_audited.py::")]
+    assert named == [
+        "test_audited.py::test_calls_data_designer_unmarked",
+        "test_audited.py::test_calls_it_from_a_thread_unmarked",
+    ]
+    plain = subprocess.run(
+        [sys.executable, "-m", "pytest", *args], cwd=suite, capture_output=True, text=True, timeout=120, check=False,
+        env=env,
+    )  # fmt: skip
+    assert plain.returncode == 0 and "dd-audit" not in plain.stdout  # off unless asked for
+
+
 def test_no_two_runtime_test_files_serve_under_the_same_job_id() -> None:
     """Servers' ports derive from the job id: two test files using one id on two workers at once pick the same free
     port and one of them fails to bind ("Address already in use": seen in a full run)."""

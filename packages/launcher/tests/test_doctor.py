@@ -22,6 +22,8 @@ from ddslurm.launcher.testing import (
     write_unit_run,
 )
 
+pytestmark = pytest.mark.dd  # judged against the Data Designer installed here (make test-dd-range: each version)
+
 HOST = InProcessHost()
 """Data Designer's answers in this process (the real host's process is the cluster tests')."""
 

@@ -29,6 +29,8 @@ from ddslurm.runtime._dd_version import check_data_designer
 from ddslurm.runtime.errors import RecipeError
 from ddslurm.runtime.testing import attempt_runner, write_run
 
+pytestmark = pytest.mark.dd  # the Data Designer installed here (make test-dd-range: each supported version)
+
 INSTALLED = version("data-designer")
 OTHER = "0.8.1" if INSTALLED != "0.8.1" else "0.9.7"
 

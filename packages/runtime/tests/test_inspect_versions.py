@@ -25,6 +25,8 @@ from ddslurm.config import (
 )
 from ddslurm.runtime import answer_inspect, read_request
 
+pytestmark = pytest.mark.dd  # the Data Designer installed here (make test-dd-range: each supported version)
+
 RUNTIME = Path(sys.executable).parent / "ddslurm-runtime"
 
 

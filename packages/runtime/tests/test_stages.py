@@ -17,7 +17,9 @@ from ddslurm.config import STAGE_ROW, Stage, StageSplit, final_columns, split_st
 from ddslurm.runtime import recipe_columns
 from ddslurm.runtime.errors import RecipeError
 
-pytestmark = pytest.mark.smoke  # make test-isolated runs these with only the package's dependencies
+# smoke: make test-isolated runs these with only the package's dependencies; dd: the split orders columns as Data
+# Designer compiles them (make test-dd-range runs it under each supported version)
+pytestmark = [pytest.mark.smoke, pytest.mark.dd]
 
 MIXED = Path(__file__).resolve().parents[3] / "examples" / "mixed" / "recipe.yaml"
 LOCAL = {"gen"}
