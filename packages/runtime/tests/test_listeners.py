@@ -20,10 +20,12 @@ from typing import Any
 import httpx
 import pytest
 
+from ddslurm.config import Engine
 from ddslurm.runtime._listeners import ListenerNotOursError, check_own_listener, check_own_peer, listeners
 from ddslurm.runtime._log import new_logger
+from ddslurm.runtime._peer_transport import own_peer_transport
 from ddslurm.runtime._proxy import Proxy, ProxyConfig
-from ddslurm.runtime._serving import ServerKilledError, ServerStartError, wait_ready
+from ddslurm.runtime._serving import ServerKilledError, ServerStartError, alive, answers, ready, wait_ready
 from ddslurm.runtime._steps import StepSpec
 
 TOKEN = "attempt-token-listeners-0123456789"
@@ -276,6 +278,53 @@ def test_a_port_that_changed_hands_after_its_listener_was_proved_gets_no_connect
     assert status == 503, described
     [upstream] = described["upstreams"]
     assert upstream["dead"] and not upstream["healthy"], upstream
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_a_port_that_changed_hands_after_the_look_gets_no_probe_with_the_token(
+    monkeypatch: pytest.MonkeyPatch, engine: Engine
+) -> None:
+    """The controller's readiness probe looked at the port's listener, then connected: between the two, a replica
+    that died left its port to the next binder, and ``/v1/models`` carried the token there. The look is stale by
+    construction here (it says ours; another user holds the port). A plain client sends the token to the squatter;
+    the controller's (``own_peer_transport``) sends nothing on a connection it accepted, and the replica is
+    another user's, not merely unready; the liveness probe calls it dead."""
+    import ddslurm.runtime._serving as serving
+
+    monkeypatch.setattr(serving, "check_own_listener", lambda url: None)  # the look before the port changed hands
+    with squatting() as squatter:
+        url = f"http://127.0.0.1:{squatter.port}"
+        with httpx.Client(timeout=5.0) as plain:
+            assert serving.ready(plain, url, engine, "served", TOKEN)  # the hole: the squatter is called ready
+        with httpx.Client(timeout=5.0, transport=own_peer_transport(), trust_env=False) as probes:
+            with pytest.raises(ListenerNotOursError, match=f"accepted by uid {NOBODY}"):
+                serving.ready(probes, url, engine, "served", TOKEN)
+            assert not serving.alive(probes, url, engine, "served", TOKEN)
+            assert not serving.answers(probes, url)
+        requests = list(squatter.requests)
+    # Every request the squatter got is the plain client's (the checked one sent none), and its last one carried
+    # the token: the look was stale for real.
+    assert [r["path"] for r in requests] == (["/v1/models"] if engine == "sglang" else ["/health", "/v1/models"])
+    assert requests[-1]["auth"] == f"Bearer {TOKEN}", requests
+
+
+def test_the_controllers_probes_reach_this_users_own_server_through_the_checked_transport() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    stand_in = subprocess.Popen(  # this user's: the same answers as the squatter's
+        [sys.executable, "-c", SQUATTER, str(port)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert stand_in.stdout is not None and json.loads(stand_in.stdout.readline())["listening"] == port
+        with httpx.Client(timeout=5.0, transport=own_peer_transport(), trust_env=False) as probes:
+            url = f"http://127.0.0.1:{port}"
+            assert ready(probes, url, "vllm", "served", TOKEN)
+            assert ready(probes, url, "sglang", "served", TOKEN)
+            assert alive(probes, url, "vllm", "served", TOKEN) and answers(probes, url)
+    finally:
+        stand_in.kill()
+        stand_in.wait()
 
 
 # --- Unix-domain sockets and held ports -------------------------------------------------------------------------

@@ -18,7 +18,7 @@ import httpx
 
 from ddslurm.config import read_tail
 from ddslurm.runtime._fleet_start import PROXY_READY_S, FleetStart, ProxyStep, Replica
-from ddslurm.runtime._listeners import socket_path
+from ddslurm.runtime._listeners import ListenerNotOursError, socket_path
 from ddslurm.runtime._scratch import remove_scratch
 from ddslurm.runtime._serving import (
     HEALTH_TIMEOUT_S,
@@ -168,7 +168,7 @@ class Fleet(FleetStart):
             )
             upstreams = answer.json()["upstreams"] if answer.status_code == 200 else []
             return {str(u["url"]): int(u["served"]) for u in upstreams}
-        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        except (httpx.HTTPError, ListenerNotOursError, ValueError, KeyError, TypeError):
             return {}
 
     def _strike(self, step: Step, healthy: bool, warning: str, hung: str, why: str) -> bool:

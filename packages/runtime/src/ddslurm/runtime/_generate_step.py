@@ -24,6 +24,7 @@ from ddslurm.runtime._controller import Controller
 from ddslurm.runtime._engine import run_engine
 from ddslurm.runtime._inputs import load_inputs, stage_inputs
 from ddslurm.runtime._log import logger_factory, new_logger
+from ddslurm.runtime._peer_transport import own_peer_transport
 from ddslurm.runtime._steps import LocalLauncher, SrunLauncher, StepLauncher
 from ddslurm.runtime._stop import StopSignal
 from ddslurm.runtime._workers import ClaimPool, ShardSource
@@ -72,7 +73,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     make_logger = logger_factory(layout.run_id, "controller")
     runner = AttemptRunner(layout, engine=run_engine, env=env, make_logger=make_logger, stage=args.stage)
-    with httpx.Client(timeout=5.0) as http:
+    # The probes' client: each new connection proved this user's listener's; only this allocation's listeners,
+    # never through a proxy the environment names.
+    with httpx.Client(timeout=5.0, transport=own_peer_transport(), trust_env=False) as http:
         controller = Controller(
             runner,
             launcher=_launcher(args.launcher, env),

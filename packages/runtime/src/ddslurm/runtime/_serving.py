@@ -140,7 +140,9 @@ class ListenerClients:
 def is_healthy(client: httpx.Client, url: str) -> bool:
     """``GET /health`` answers 200. Never with the token: vLLM's ``/health`` and the proxy's need none, and
     whatever answers on a port may be another user's (:mod:`ddslurm.runtime._listeners`). ``client``: the one
-    for ``url`` (:class:`ListenerClients`)."""
+    for ``url`` (:class:`ListenerClients`); the controller's proves each new connection this user's
+    (:func:`~ddslurm.runtime._peer_transport.own_peer_transport`), and one that is not raises
+    ListenerNotOursError from here, before anything is sent on it."""
     import httpx
 
     try:
@@ -152,12 +154,12 @@ def is_healthy(client: httpx.Client, url: str) -> bool:
 def answers(client: httpx.Client, url: str) -> bool:
     """Whether anything answers ``GET /health`` at all (any status): the process is alive and serving, even
     if it reports itself unhealthy (a proxy says 503 while none of its replicas is healthy). Without the token,
-    as :func:`is_healthy`."""
+    as :func:`is_healthy`; another user's listener (a connection the client proved not ours) answers nothing."""
     import httpx
 
     try:
         client.get(f"{http_base(url)}/health", timeout=HEALTH_TIMEOUT_S)
-    except httpx.HTTPError:
+    except (httpx.HTTPError, ListenerNotOursError):
         return False
     return True
 
@@ -185,7 +187,8 @@ def ready(client: httpx.Client, url: str, engine: Engine, served_name: str | Non
     answers without generating (``/v1/models``, ``/model_info``) wants the key, so an SGLang replica is asked
     ``/v1/models`` with the token, once its listener is proved this user's (nothing listening yet: not ready).
     Then, for either, ``/v1/models`` must list the served name. Raises ListenerNotOursError when another user
-    listens there."""
+    listens there: found by the look, or by the connection itself when the port changed hands after the look
+    (``client``'s transport, :func:`~ddslurm.runtime._peer_transport.own_peer_transport`)."""
     if engine == "sglang" and served_name is not None:
         try:
             check_own_listener(url)
@@ -203,7 +206,10 @@ def alive(client: httpx.Client, url: str, engine: Engine, served_name: str, toke
     ``/health`` generates; ``GET /health`` without the token for vLLM. A listener that is not this user's any
     more is not alive (and gets no token)."""
     if engine != "sglang":
-        return is_healthy(client, url)
+        try:
+            return is_healthy(client, url)
+        except ListenerNotOursError:
+            return False
     try:
         return ready(client, url, engine, served_name, token)
     except ListenerNotOursError:
