@@ -16,7 +16,7 @@ from collections.abc import Iterable
 import httpcore
 import httpx
 
-from ddslurm.runtime._listeners import ListenerNotOursError, NothingListensError, check_own_peer
+from ddslurm.runtime._listeners import NothingListensError, check_own_peer
 
 
 class OwnPeerBackend(httpcore.SyncBackend):
@@ -38,14 +38,15 @@ class OwnPeerBackend(httpcore.SyncBackend):
         try:
             sock = stream.get_extra_info("socket")
             local, peer = sock.getsockname(), sock.getpeername()
+        except OSError as exc:  # not connected any more: nothing was sent on it
+            stream.close()
+            raise httpcore.ConnectError(str(exc)) from None
+        try:
             check_own_peer((local[0], local[1]), (peer[0], peer[1]))
         except NothingListensError as exc:
             stream.close()
             raise httpcore.ConnectError(exc.message) from None
-        except OSError as exc:  # not connected any more: nothing was sent on it
-            stream.close()
-            raise httpcore.ConnectError(str(exc)) from None
-        except ListenerNotOursError:
+        except BaseException:  # another user's (ListenerNotOursError), or the kernel's tables unreadable: unused
             stream.close()
             raise
         return stream
