@@ -22,9 +22,10 @@ from __future__ import annotations
 import ipaddress
 import os
 import stat
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from ddslurm.runtime.errors import RuntimeFailure
@@ -195,11 +196,12 @@ def check_own_listener(url: str, *, uid: int | None = None, proc_net: Path = PRO
 
 
 def check_own_peer(
-    local: tuple[str, int], peer: tuple[str, int], *, uid: int | None = None, proc_net: Path = PROC_NET
+    local: Sequence[Any], peer: Sequence[Any], *, uid: int | None = None, proc_net: Path = PROC_NET
 ) -> None:
     """The process that accepted a connection this process made (its own end ``local``, the other ``peer``, as
-    the connected socket names them) is this user's (``uid``, else this process's); raises
-    :class:`ListenerNotOursError` otherwise, before anything is sent on the connection.
+    the connected socket names them: address and port, then an IPv6 socket's flow and scope, not read) is this
+    user's (``uid``, else this process's); raises :class:`ListenerNotOursError` otherwise, before anything is sent
+    on the connection.
 
     :func:`check_own_listener` looks at the port before connecting: a server that dies between that look and the
     connection leaves its port to whoever binds it next, and the connection goes there. This looks at the

@@ -50,9 +50,7 @@ class OwnPeerConnector(aiohttp.TCPConnector):
         try:
             if transport is None:
                 raise NothingListensError("the connection closed as it was made; nothing was sent on it")
-            local = transport.get_extra_info("sockname")
-            peer = transport.get_extra_info("peername")
-            check_own_peer((local[0], local[1]), (peer[0], peer[1]))
+            check_own_peer(transport.get_extra_info("sockname"), transport.get_extra_info("peername"))
         except ListenerNotOursError as exc:
             handler.close()
             raise aiohttp.ClientConnectorError(req.connection_key, _NotOurs(exc)) from None

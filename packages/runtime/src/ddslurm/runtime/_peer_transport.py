@@ -42,7 +42,7 @@ class OwnPeerBackend(httpcore.SyncBackend):
             stream.close()
             raise httpcore.ConnectError(str(exc)) from None
         try:
-            check_own_peer((local[0], local[1]), (peer[0], peer[1]))
+            check_own_peer(local, peer)
         except NothingListensError as exc:
             stream.close()
             raise httpcore.ConnectError(exc.message) from None
@@ -59,11 +59,7 @@ def own_peer_transport() -> httpx.HTTPTransport:
     pool is replaced by one with httpx's default limits and :class:`OwnPeerBackend` (``_pool``, httpx 0.28's; the
     stale-look test of ``test_listeners`` fails if a release stops using it)."""
     transport = httpx.HTTPTransport()
-    limits = httpx.Limits(max_connections=100, max_keepalive_connections=20, keepalive_expiry=5.0)  # httpx's default
-    transport._pool = httpcore.ConnectionPool(
-        max_connections=limits.max_connections,
-        max_keepalive_connections=limits.max_keepalive_connections,
-        keepalive_expiry=limits.keepalive_expiry,
-        network_backend=OwnPeerBackend(),
+    transport._pool = httpcore.ConnectionPool(  # httpx's default limits
+        max_connections=100, max_keepalive_connections=20, keepalive_expiry=5.0, network_backend=OwnPeerBackend()
     )
     return transport
