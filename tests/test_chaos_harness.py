@@ -232,3 +232,32 @@ def test_the_secret_scan_reads_compressed_parquet_values_too(tmp_path: Path) -> 
     pq.write_table(table, tmp_path / "batch.parquet", compression="zstd", use_dictionary=False, write_statistics=False)
     assert secret.encode() not in (tmp_path / "batch.parquet").read_bytes()  # the raw bytes do not show it
     assert files_holding(tmp_path, secret) == ["batch.parquet", "logs/client.out"]
+
+
+def test_a_sigkilled_processs_scratch_is_found_by_its_creator_and_removed_by_the_products_sweep(tmp_path: Path) -> None:
+    """The campaign's leftover check: a scratch directory whose creator it SIGKILLed is handed to the sweep a ddslurm
+    step runs on the node; the sweep removes one whose creator is gone and keeps, saying why, one whose creator runs."""
+    import os
+    import subprocess
+    from datetime import UTC, datetime
+
+    from ddslurm.runtime._scratch import create_scratch, process_start_time, scratch_owner
+
+    def made_by(pid: int) -> Path:
+        owner = scratch_owner(
+            {}, "attempt-1", uid=os.getuid(), user="u", pid=pid, pid_start=process_start_time(pid),
+            host=__import__("socket").gethostname(), now=datetime.now(UTC),
+        )  # fmt: skip
+        return create_scratch(tmp_path, owner)
+
+    gone = subprocess.Popen(["sleep", "60"])
+    dead = made_by(gone.pid)
+    gone.kill()
+    gone.wait()
+    alive = made_by(os.getpid())
+    assert cluster.scratch_creator(dead) == gone.pid and cluster.scratch_creator(alive) == os.getpid()
+    assert cluster.scratch_creator(tmp_path) is None  # no marker
+
+    note = cluster.sweep_scratch([dead, alive])
+    assert not dead.exists() and alive.is_dir()
+    assert alive.name in note and "kept" in note and dead.name not in note

@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import tempfile
 import threading
@@ -140,6 +141,38 @@ def scratch_dirs(jobs: set[str]) -> list[Path]:
                 if job in jobs or (job is None and any(f"-{j}-" in entry.name for j in jobs)):
                     left.append(entry)
     return left
+
+
+def scratch_creator(path: Path) -> int | None:
+    """The pid that made a ``ddslurm-scratch-*`` directory (its marker's), None if unreadable."""
+    with contextlib.suppress(OSError, ValueError, TypeError):
+        return int(json.loads((path / "ddslurm-scratch.json").read_text())["pid"])
+    return None
+
+
+def sweep_scratch(paths: list[Path]) -> str:
+    """The sweep a ddslurm step runs when it starts on a node (``ddslurm.runtime._scratch.Sweeper``: this user's
+    directories whose creator and Slurm job are gone) over the directories holding ``paths``; why it kept any of
+    ``paths``, for the scenario's line."""
+    from datetime import UTC, datetime
+
+    from ddslurm.runtime._scratch import SqueueJobs, Sweeper, pid_alive
+
+    sweeper = Sweeper(
+        uid=os.getuid(),
+        host=socket.gethostname(),
+        job_id=None,
+        pid_alive=pid_alive,
+        jobs_running=SqueueJobs(),
+        clock=lambda: datetime.now(UTC),
+    )
+    notes = []
+    for base in sorted({p.parent for p in paths}):
+        report = sweeper.sweep(base)
+        if report.error:
+            notes.append(f"sweep of {base} skipped: {report.error}")
+        notes += [f"{e.path.name} kept: {e.why}" for e in report.kept if e.path in paths]
+    return f" ({'; '.join(notes[:3])})" if notes else ""
 
 
 def other_jobs_on(node: str, ours: set[str]) -> set[str]:

@@ -159,6 +159,10 @@ def main(argv: list[str] | None = None) -> int:
     failed = [o.seed for o in outcomes if o.verdict != "ok"]
     if failed:
         say("  failed seeds: " + " ".join(map(str, failed)))
+        # again at the end, whole: a log kept only by its tail (CI's) still says why each failed
+        for o in outcomes:
+            if o.verdict != "ok":
+                say(f"  {o.line()}" + (f"\n    kept: {o.run_dir}" if o.run_dir else ""))
     if args.json:
         print(json.dumps({"summary": report, "seed": seed}), flush=True)
     return 1 if any(o.verdict != "ok" for o in outcomes) else 0

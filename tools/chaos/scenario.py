@@ -160,6 +160,8 @@ class ScenarioRun:
         self.run_cancelled = False
         self.accepted: dict[int, int] = {}
         self.jobs: set[str] = set()
+        self.killed: set[int] = set()
+        """Pids this harness SIGKILLed: their scratch directories stay until the next sweep (docs/reliability.md)."""
         self.downed: str | None = None
         self._injector_error: str | None = None
 
@@ -303,6 +305,7 @@ class ScenarioRun:
             if procs:
                 victim = self.rng.choice(sorted(procs, key=lambda p: p.pid))
                 if cluster.kill(victim.pid):
+                    self.killed.add(victim.pid)
                     self.event(f"kill -9 {label} pid {victim.pid} (job {victim.job})")
                     return
             time.sleep(0.5)
@@ -528,6 +531,14 @@ class ScenarioRun:
             time.sleep(1)
         if procs:
             problems.append(f"processes left: {[(p.pid, p.kind, p.job) for p in procs][:4]}")
+        scratch = cluster.scratch_dirs(self.jobs)
+        # a process SIGKILLed cannot remove its own: documented to stay until the next ddslurm step of this user on
+        # the node sweeps it; proven here by that sweep (the product's own), which must remove exactly those
+        killed = [p for p in scratch if cluster.scratch_creator(p) in self.killed]
+        if killed:
+            kept = cluster.sweep_scratch(killed)
+            gone = [p for p in killed if not p.exists()]
+            self.event(f"scratch of a SIGKILLed process: {len(gone)} of {len(killed)} removed by the sweep" + kept)
         scratch = cluster.scratch_dirs(self.jobs)
         if scratch:
             problems.append(f"scratch directories left: {[p.name for p in scratch][:3]}")
