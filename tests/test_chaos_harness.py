@@ -238,6 +238,7 @@ def test_a_sigkilled_processs_scratch_is_found_by_its_creator_and_removed_by_the
     """The campaign's leftover check: a scratch directory whose creator it SIGKILLed is handed to the sweep a ddslurm
     step runs on the node; the sweep removes one whose creator is gone and keeps, saying why, one whose creator runs."""
     import os
+    import socket
     import subprocess
     from datetime import UTC, datetime
 
@@ -246,7 +247,7 @@ def test_a_sigkilled_processs_scratch_is_found_by_its_creator_and_removed_by_the
     def made_by(pid: int) -> Path:
         owner = scratch_owner(
             {}, "attempt-1", uid=os.getuid(), user="u", pid=pid, pid_start=process_start_time(pid),
-            host=__import__("socket").gethostname(), now=datetime.now(UTC),
+            host=socket.gethostname(), now=datetime.now(UTC),
         )  # fmt: skip
         return create_scratch(tmp_path, owner)
 

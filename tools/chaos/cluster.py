@@ -151,21 +151,12 @@ def scratch_creator(path: Path) -> int | None:
 
 
 def sweep_scratch(paths: list[Path]) -> str:
-    """The sweep a ddslurm step runs when it starts on a node (``ddslurm.runtime._scratch.Sweeper``: this user's
+    """The sweep a ddslurm step runs when it starts on a node (``ddslurm.runtime._scratch.node_sweeper``: this user's
     directories whose creator and Slurm job are gone) over the directories holding ``paths``; why it kept any of
     ``paths``, for the scenario's line."""
-    from datetime import UTC, datetime
+    from ddslurm.runtime._scratch import node_sweeper
 
-    from ddslurm.runtime._scratch import SqueueJobs, Sweeper, pid_alive
-
-    sweeper = Sweeper(
-        uid=os.getuid(),
-        host=socket.gethostname(),
-        job_id=None,
-        pid_alive=pid_alive,
-        jobs_running=SqueueJobs(),
-        clock=lambda: datetime.now(UTC),
-    )
+    sweeper = node_sweeper({}, uid=os.getuid(), host=socket.gethostname())  # outside any job, as the harness is
     notes = []
     for base in sorted({p.parent for p in paths}):
         report = sweeper.sweep(base)

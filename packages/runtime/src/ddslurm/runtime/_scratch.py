@@ -479,11 +479,11 @@ class Sweeper:
             return None
 
 
-def sweep_stale(base: Path, env: Mapping[str, str], *, uid: int, host: str, log: Any) -> None:
-    """Remove this user's scratch directories under ``base`` whose creator and job are gone (those of this very
-    job, ``SLURM_JOB_ID`` of ``env``, on this host: whose creator is gone); never fails, logs what it removed."""
+def node_sweeper(env: Mapping[str, str], *, uid: int, host: str) -> Sweeper:
+    """The :class:`Sweeper` a ddslurm step runs on its node: this process table, ``squeue`` and the clock; this very
+    job is ``SLURM_JOB_ID`` of ``env`` (none outside Slurm)."""
     job = env.get("SLURM_JOB_ID", "")
-    sweeper = Sweeper(
+    return Sweeper(
         uid=uid,
         host=host,
         job_id=job if job.isdigit() else None,
@@ -491,8 +491,13 @@ def sweep_stale(base: Path, env: Mapping[str, str], *, uid: int, host: str, log:
         jobs_running=SqueueJobs(),
         clock=lambda: datetime.now(UTC),
     )
+
+
+def sweep_stale(base: Path, env: Mapping[str, str], *, uid: int, host: str, log: Any) -> None:
+    """Remove this user's scratch directories under ``base`` whose creator and job are gone (those of this very
+    job, ``SLURM_JOB_ID`` of ``env``, on this host: whose creator is gone); never fails, logs what it removed."""
     try:
-        report = sweeper.sweep(base)
+        report = node_sweeper(env, uid=uid, host=host).sweep(base)
     except Exception as exc:  # node hygiene never fails an attempt
         log.warning("scratch.sweep_failed", base=str(base), error=repr(exc))
         return
