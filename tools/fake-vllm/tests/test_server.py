@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from fake_vllm.testing import ServerStartError, set_gate, start_server
+from fake_vllm.testing import ServerStartError, free_port, set_gate, start_server
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
 
@@ -226,6 +226,16 @@ def test_tcp_port_in_use_fails_at_start() -> None:
         busy = start_server(port=port, timeout=10)
         with pytest.raises(ServerStartError, match="Address already in use"), busy:
             pass
+
+
+def test_a_free_port_is_below_the_kernels_ephemeral_range_and_free() -> None:
+    low, _ = (int(v) for v in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    if low <= 20000:
+        pytest.skip(f"the kernel's ephemeral range starts at {low}: no room below it (free_port takes the kernel's)")
+    ports = [free_port() for _ in range(8)]
+    assert all(20000 <= port < low for port in ports), (ports, low)  # no outgoing connection's source port
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", ports[0]))  # nothing held it
 
 
 def test_the_gate_file_says_how_many_chat_requests_are_answered(tmp_path: Path) -> None:

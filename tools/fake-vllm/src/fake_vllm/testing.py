@@ -26,6 +26,7 @@ import contextlib
 import http.client
 import json
 import os
+import random
 import re
 import shutil
 import socket
@@ -49,6 +50,9 @@ SGLANG_BOOT = (
 )
 """The one-line program ddslurm runs SGLang's Python with: the key comes from the environment, never argv."""
 _PORT_ATTEMPTS = 3
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LISTEN_FROM = 20000
+"""Where :func:`free_port` draws from, up to the start of the kernel's ephemeral range."""
 _POLL_S = 0.05
 
 
@@ -87,11 +91,26 @@ class RunningServer:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port that was free a moment ago (the caller retries if it is taken before use)."""
+    """A port that was free a moment ago, drawn at random below the kernel's ephemeral range (from 20000, where
+    ddslurm's servers listen too): a port of that range (a bind to port 0's choice) can become the source port of
+    any outgoing connection on the host before the server binds it, and the suite's runs open thousands. The
+    kernel's choice where the range leaves no room below it; the caller retries if it is taken before use."""
+    try:
+        low = int(EPHEMERAL_RANGE_FILE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 0
+    below = range(LISTEN_FROM, low)
+    for port in random.sample(below, k=min(len(below), 64)):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
+        chosen: int = sock.getsockname()[1]
+        return chosen
 
 
 def child_environment(env: Mapping[str, str] | None) -> dict[str, str]:

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from ddslurm.runtime._inspect import NODE_DISTRIBUTIONS, answer_inspect, read_request
     from ddslurm.runtime._listeners import unix_url
     from ddslurm.runtime._plugins import PLUGIN_GROUP
+    from ddslurm.runtime._ports import draw_port, listening_ports
     from ddslurm.runtime._resume import ResumeSource, next_resume
     from ddslurm.runtime._scratch import pid_alive
     from ddslurm.runtime._server_command import (
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
         server_command,
         server_step_name,
     )
+    from ddslurm.runtime._serving import PortUnavailableError
     from ddslurm.runtime._steps import StepSpec, srun_argv
     from ddslurm.runtime._verify import make_private, scan_for_secrets, verify_dataset
     from ddslurm.runtime.errors import EngineError, InputsError, RuntimeFailure, SecretMissingError, VerificationError
@@ -53,6 +55,7 @@ _LAZY_IMPORTS: dict[str, str] = {
     "InputsError": "ddslurm.runtime.errors",
     "NODE_DISTRIBUTIONS": "ddslurm.runtime._inspect",
     "PLUGIN_GROUP": "ddslurm.runtime._plugins",
+    "PortUnavailableError": "ddslurm.runtime._serving",
     "RankPlace": "ddslurm.runtime._server_command",
     "ResumeSource": "ddslurm.runtime._resume",
     "RuntimeFailure": "ddslurm.runtime.errors",
@@ -63,9 +66,11 @@ _LAZY_IMPORTS: dict[str, str] = {
     "answer_inspect": "ddslurm.runtime._inspect",
     "check_serving": "ddslurm.runtime._engine_flags",
     "data_parallel_cpus": "ddslurm.runtime._engine_flags",
+    "draw_port": "ddslurm.runtime._ports",
     "engine_environment": "ddslurm.runtime._engine",
     "engine_version": "ddslurm.runtime._server_command",
     "installed_versions": "ddslurm.runtime._dd_version",
+    "listening_ports": "ddslurm.runtime._ports",
     "load_inputs": "ddslurm.runtime._inputs",
     "make_private": "ddslurm.runtime._verify",
     "mcp_providers": "ddslurm.runtime._engine",
@@ -98,6 +103,7 @@ __all__ = [
     "InputsError",
     "NODE_DISTRIBUTIONS",
     "PLUGIN_GROUP",
+    "PortUnavailableError",
     "RankPlace",
     "ResumeSource",
     "RuntimeFailure",
@@ -108,9 +114,11 @@ __all__ = [
     "answer_inspect",
     "check_serving",
     "data_parallel_cpus",
+    "draw_port",
     "engine_environment",
     "engine_version",
     "installed_versions",
+    "listening_ports",
     "load_inputs",
     "make_private",
     "mcp_providers",

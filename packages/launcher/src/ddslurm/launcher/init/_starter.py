@@ -23,6 +23,7 @@ from ddslurm.launcher.cluster._slurm import Slurm
 from ddslurm.launcher.errors import InitError, SlurmError
 from ddslurm.launcher.init._example import Example
 from ddslurm.providers import PROVIDERS_FILE
+from ddslurm.runtime import PortUnavailableError, draw_port
 
 LOCAL_SLURM_MARK = "# Written by tools/local-slurm"
 """The first line of the slurm.conf ``tools/local-slurm`` writes."""
@@ -66,11 +67,15 @@ def stand_in_executable(python_env: Path) -> Path | None:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nothing listens on now (the kernel's choice)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((host, 0))
-        port: int = probe.getsockname()[1]
-        return port
+    """A TCP port of ``host`` nothing listens on now, drawn at random where ddslurm's own servers listen
+    (:func:`ddslurm.runtime.listening_ports`: outside the kernel's ephemeral range). The kernel's choice (a bind to
+    port 0) comes from the range every outgoing connection takes its source port from: by the time the user starts
+    the stand-in there, one of them can hold it, the stand-in cannot listen, and the run's hosted requests reach
+    whatever does (a test saw a run fail on HTTP 502 that way). :class:`InitError` when none is free."""
+    try:
+        return draw_port(lambda port: port_problem(port, host) is None)
+    except PortUnavailableError as exc:
+        raise InitError(f"no free port for the stand-in: {exc}; give one with --port") from None
 
 
 def port_problem(port: int, host: str = "127.0.0.1") -> str | None:
