@@ -30,6 +30,7 @@ from ddslurm.launcher import (
     prepare,
 )
 from ddslurm.launcher.cluster._cluster import SINFO_FORMAT, cluster_from_rows, parse_gres
+from ddslurm.launcher.init import _starter
 from ddslurm.launcher.init._command import run_name
 from ddslurm.launcher.init._example import Example
 from ddslurm.launcher.init._render import render_init, yaml_str
@@ -532,6 +533,20 @@ def test_a_free_port_is_chosen_when_none_is_given(tmp_path: Path) -> None:
     # them could hold by the time the user starts the stand-in there.
     low, high = (int(v) for v in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
     assert not low <= port <= high, (port, low, high)
+
+
+def test_no_free_port_for_the_stand_in_is_refused_before_anything_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        monkeypatch.setattr(_starter, "listening_ports", lambda: range(port, port + 1))  # its one port taken
+        runner = CannedSlurm(LOCAL, slurm_conf=_embedded_conf(tmp_path))
+        with pytest.raises(InitError, match=rf"every port of 127.0.0.1 from {port} to {port} .* give one with --port"):
+            init_command(tmp_path / "x", slurm=Slurm(runner), python_env=THIS_ENV, example=Example.hosted)
+    assert not (tmp_path / "x").exists()
 
 
 def test_example_mixed_needs_gpus_and_writes_nothing_without_them(tmp_path: Path) -> None:

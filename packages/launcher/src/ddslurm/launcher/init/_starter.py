@@ -23,7 +23,7 @@ from ddslurm.launcher.cluster._slurm import Slurm
 from ddslurm.launcher.errors import InitError, SlurmError
 from ddslurm.launcher.init._example import Example
 from ddslurm.providers import PROVIDERS_FILE
-from ddslurm.runtime import PortUnavailableError, draw_port
+from ddslurm.runtime import PortUnavailableError, draw_port, listening_ports
 
 LOCAL_SLURM_MARK = "# Written by tools/local-slurm"
 """The first line of the slurm.conf ``tools/local-slurm`` writes."""
@@ -72,10 +72,14 @@ def free_port(host: str = "127.0.0.1") -> int:
     port 0) comes from the range every outgoing connection takes its source port from: by the time the user starts
     the stand-in there, one of them can hold it, the stand-in cannot listen, and the run's hosted requests reach
     whatever does (a test saw a run fail on HTTP 502 that way). :class:`InitError` when none is free."""
+    ports = listening_ports()
     try:
-        return draw_port(lambda port: port_problem(port, host) is None)
-    except PortUnavailableError as exc:
-        raise InitError(f"no free port for the stand-in: {exc}; give one with --port") from None
+        return draw_port(lambda port: port_problem(port, host) is None, ports=ports)
+    except PortUnavailableError:
+        raise InitError(
+            f"no free port for the stand-in: every port of {host} from {ports.start} to {ports.stop - 1} (outside "
+            "the kernel's ephemeral range) is taken; give one with --port"
+        ) from None
 
 
 def port_problem(port: int, host: str = "127.0.0.1") -> str | None:
