@@ -13,6 +13,12 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+import msgspec
+
+if TYPE_CHECKING:
+    from ddslurm.runtime._scratch import ScratchMarker
 
 NODE_LOCK = threading.Lock()
 """One node down at a time across the campaign's scenarios."""
@@ -134,20 +140,26 @@ def scratch_dirs(jobs: set[str]) -> list[Path]:
             for entry in base.iterdir():
                 if not entry.name.startswith("ddslurm-scratch-") or entry.is_symlink() or not entry.is_dir():
                     continue
-                marker = entry / "ddslurm-scratch.json"
-                job = None
-                with contextlib.suppress(OSError, ValueError):
-                    job = str(json.loads(marker.read_text()).get("job_id"))
+                marker = scratch_marker(entry)
+                job = None if marker is None else str(marker.job_id)
                 if job in jobs or (job is None and any(f"-{j}-" in entry.name for j in jobs)):
                     left.append(entry)
     return left
 
 
+def scratch_marker(path: Path) -> ScratchMarker | None:
+    """The marker of a ``ddslurm-scratch-*`` directory, as the runtime writes it; None if unreadable."""
+    from ddslurm.runtime._scratch import MARKER, ScratchMarker
+
+    with contextlib.suppress(OSError, msgspec.DecodeError):
+        return msgspec.json.decode((path / MARKER).read_bytes(), type=ScratchMarker)
+    return None
+
+
 def scratch_creator(path: Path) -> int | None:
     """The pid that made a ``ddslurm-scratch-*`` directory (its marker's), None if unreadable."""
-    with contextlib.suppress(OSError, ValueError, TypeError):
-        return int(json.loads((path / "ddslurm-scratch.json").read_text())["pid"])
-    return None
+    marker = scratch_marker(path)
+    return None if marker is None else marker.pid
 
 
 def sweep_scratch(paths: list[Path]) -> str:

@@ -79,9 +79,10 @@ HOSTED_START_TIMEOUT_S = 90.0
 def listening_port() -> int:
     """A free port outside the kernel's ephemeral range, which the hosted stand-in keeps across its restarts: one
     inside it could be held, at a restart, by any connection's source port (as the runtime chooses its own)."""
-    from ddslurm.runtime._ports import choose_ports
+    from ddslurm.runtime import draw_port
+    from ddslurm.runtime._ports import port_is_free
 
-    return choose_ports([None], str(random.SystemRandom().randrange(1 << 30)))[0]
+    return draw_port(port_is_free)
 
 
 FIRST_START_PORTS = 5
@@ -539,7 +540,7 @@ class ScenarioRun:
             kept = cluster.sweep_scratch(killed)
             gone = [p for p in killed if not p.exists()]
             self.event(f"scratch of a SIGKILLed process: {len(gone)} of {len(killed)} removed by the sweep" + kept)
-        scratch = cluster.scratch_dirs(self.jobs)
+            scratch = [p for p in scratch if p.exists()]
         if scratch:
             problems.append(f"scratch directories left: {[p.name for p in scratch][:3]}")
         return problems
